@@ -1,0 +1,65 @@
+"""Meshes: sizes, -1 inference, errors, axis types, abstract meshes and hardware presets."""
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+
+import workbench as wb
+from workbench.mesh import HARDWARE_PRESETS, mesh_info
+
+
+def test_make_mesh_kwargs_dict_and_infer():
+    m = wb.make_mesh(data=4, model=2)
+    assert dict(m.shape) == {"data": 4, "model": 2}
+    assert m.axis_types == (AxisType.Auto, AxisType.Auto)
+    assert dict(wb.make_mesh({"data": -1, "model": 2}).shape) == {"data": 4, "model": 2}
+    assert sorted(d.id for d in m.devices.flat) == [d.id for d in jax.devices()]
+    ex = wb.make_mesh(data=8, axis_types="explicit")
+    assert ex.axis_types == (AxisType.Explicit,)
+
+
+@pytest.mark.parametrize("axes, needle", [
+    ({"data": 4, "model": 4}, "needs 16 devices but 8 devices are available"),
+    ({"data": 3, "model": -1}, "cannot infer 'model'"),
+    ({"data": -1, "model": -1}, "only one mesh axis may be -1"),
+    ({"data": 0}, "has size 0"),
+])
+def test_make_mesh_errors(axes, needle):
+    with pytest.raises(ValueError, match=None) as err:
+        wb.make_mesh(axes)
+    assert needle in str(err.value)
+
+
+def test_dcn_needs_slices_or_processes():
+    with pytest.raises(ValueError, match="a DCN axis needs devices from several slices"):
+        wb.make_mesh(data=2, model=2, dcn={"data": 2})
+
+
+def test_mesh_info_of_concrete_mesh():
+    m = wb.make_mesh(data=4, model=2)
+    info = mesh_info(m)
+    assert info.shape == {"data": 4, "model": 2} and info.size == 8
+    np.testing.assert_array_equal(info.device_ids, np.vectorize(lambda d: d.id)(m.devices))
+    assert info.platform == "cpu" and info.peak_source.startswith("measured")
+    assert info.jax_mesh is m and not info.is_abstract
+
+
+def test_abstract_mesh_presets():
+    pod = wb.abstract_mesh("v5p-256", data=-1, model=4)
+    assert pod.shape == {"data": 32, "model": 4}  # v5p-256 = 256 TensorCores = 128 chips
+    assert pod.device_kind == "TPU v5p" and pod.peak_flops == 459e12
+    assert pod.memory_per_device == 95 * 1024**3
+    assert pod.coords.shape == (32, 4, 3) and pod.coords.max(axis=(0, 1)).tolist() == [3, 3, 7]
+    assert pod.n_hosts == 32  # 4 chips per host
+    v2 = wb.abstract_mesh("v2-8", data=8)
+    assert v2.size == 8 and v2.n_hosts == 1  # 4 chips x 2 cores
+    gpus = wb.abstract_mesh("2x8xH100", data=2, model=8)
+    assert gpus.n_hosts == 2 and gpus.peak_flops == 989e12
+    big = wb.abstract_mesh(data=256, model=8)
+    assert big.size == 2048 and big.is_abstract
+    for name in HARDWARE_PRESETS:
+        assert wb.abstract_mesh(name).size >= 1
+    with pytest.raises(ValueError, match="unknown hardware preset 'v9-8'"):
+        wb.abstract_mesh("v9-8")
+    with pytest.raises(ValueError, match="needs 64 devices but 16 v5e-16 devices"):
+        wb.abstract_mesh("v5e-16", data=8, model=8)

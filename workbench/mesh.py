@@ -1,0 +1,348 @@
+"""Meshes: named device meshes, hardware you do not have, and one description of both."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AbstractMesh, AxisType, Mesh
+
+from workbench.devices import HardwareSpec, hardware_spec, peak_flops
+
+__all__ = ["HARDWARE_PRESETS", "MeshInfo", "abstract_mesh", "make_mesh", "mesh_info"]
+
+
+def _axis_types(axis_types: Any, n: int) -> tuple[AxisType, ...]:
+    if isinstance(axis_types, str):
+        try:
+            kind = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}[axis_types.lower()]
+        except KeyError:
+            raise ValueError(
+                f"axis_types={axis_types!r} is not known; use 'auto', 'explicit' or a tuple "
+                "of jax.sharding.AxisType") from None
+        return (kind,) * n
+    types = tuple(axis_types)
+    if len(types) != n:
+        raise ValueError(f"axis_types has {len(types)} entries but the mesh has {n} axes")
+    return types
+
+
+def _resolve_sizes(axes: Mapping[str, int], total: int, what: str) -> dict[str, int]:
+    """Fill in one -1 axis and check the product equals ``total``."""
+    if not axes:
+        raise ValueError("a mesh needs at least one named axis, e.g. make_mesh(data=8)")
+    sizes = dict(axes)
+    for name, size in sizes.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"mesh axis name {name!r} must be a Python identifier")
+        if not isinstance(size, (int, np.integer)) or (size < 1 and size != -1):
+            raise ValueError(f"mesh axis {name!r} has size {size!r}; use a positive int or -1")
+    inferred = [n for n, s in sizes.items() if s == -1]
+    if len(inferred) > 1:
+        raise ValueError(f"only one mesh axis may be -1, got {inferred}")
+    known = math.prod(s for s in sizes.values() if s != -1)
+    desc = " x ".join(f"{n}={s}" for n, s in sizes.items())
+    if inferred:
+        if total % known:
+            raise ValueError(
+                f"cannot infer {inferred[0]!r}: {total} {what} are not divisible by the other "
+                f"axes' product {known} ({desc}); pick sizes whose product divides {total}")
+        sizes[inferred[0]] = total // known
+    elif known != total:
+        raise ValueError(
+            f"mesh {desc} needs {known} devices but {total} {what} are available; use sizes "
+            f"whose product is {total}, or -1 for one axis to infer it")
+    return {n: int(s) for n, s in sizes.items()}
+
+
+def make_mesh(
+    axes: Mapping[str, int] | None = None,
+    /,
+    *,
+    devices: Sequence[Any] | None = None,
+    axis_types: Any = "auto",
+    dcn: Mapping[str, int] | None = None,
+    **named: int,
+) -> Mesh:
+    """A named device mesh over real (or simulated) devices.
+
+    Axis types default to *Auto*: GSPMD propagates shardings through every op, so a
+    model annotated only on its parameters and inputs compiles as is. *Explicit* axes
+    (``axis_types="explicit"``, JAX's own default since 0.7) make sharding part of
+    the type and require an output sharding on every op whose result is ambiguous
+    (a contraction over a sharded dim, a reshape that merges sharded dims); use them
+    when you want that control.
+
+    Args:
+      axes: ordered ``{name: size}``; or pass sizes as keywords (``data=4, model=2``).
+        One size may be -1 and is inferred from the number of devices.
+      devices: the devices to use (default: all of ``jax.devices()``).
+      axis_types: "auto", "explicit", or a tuple of ``jax.sharding.AxisType``.
+      dcn: sizes across slices/hosts for a multi-slice (ICI x DCN) mesh, same axis
+        names; the mesh size of each axis is ``ici * dcn``. Built with
+        ``mesh_utils.create_hybrid_device_mesh``.
+
+    Returns:
+      A ``jax.sharding.Mesh``, usable directly with every JAX API.
+
+    Example::
+
+        mesh = wb.make_mesh(data=4, model=2)
+        mesh = wb.make_mesh({"data": -1, "model": 2})
+    """
+    if axes is not None and named:
+        raise ValueError("give the axes either as a dict or as keywords, not both")
+    spec = dict(axes if axes is not None else named)
+    devs = list(devices) if devices is not None else jax.devices()
+    types = _axis_types(axis_types, len(spec))
+    if dcn:
+        return _hybrid_mesh(spec, dict(dcn), devs, types)
+    sizes = _resolve_sizes(spec, len(devs), "devices")
+    return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devs)
+
+
+def _hybrid_mesh(ici: dict[str, int], dcn: dict[str, int], devs: list, types: tuple) -> Mesh:
+    from jax.experimental import mesh_utils
+
+    unknown = set(dcn) - set(ici)
+    if unknown:
+        raise ValueError(f"dcn axes {sorted(unknown)} are not mesh axes {list(ici)}")
+    dcn_sizes = [int(dcn.get(n, 1)) for n in ici]
+    n_granules = math.prod(dcn_sizes)
+    if len(devs) % n_granules:
+        raise ValueError(f"{len(devs)} devices cannot form {n_granules} DCN granules (dcn={dcn})")
+    ici_sizes = _resolve_sizes(ici, len(devs) // n_granules, "devices per slice")
+    has_slices = all(hasattr(d, "slice_index") for d in devs)
+    n_procs = len({d.process_index for d in devs})
+    if not has_slices and n_procs < n_granules:
+        raise ValueError(
+            f"dcn={dcn} asks for {n_granules} slices, but these devices carry no slice_index "
+            f"and come from {n_procs} process(es); a DCN axis needs devices from several "
+            "slices or processes. On one host use ICI axes only, e.g. make_mesh(data=8).")
+    grid = mesh_utils.create_hybrid_device_mesh(
+        list(ici_sizes.values()), dcn_sizes, devs, process_is_granule=not has_slices)
+    return Mesh(grid, tuple(ici_sizes), axis_types=types)
+
+
+# ---------------------------------------------------------------------------
+# One description of any mesh
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class MeshInfo:
+    """A mesh described for planning and display; real and abstract meshes alike.
+
+    Attributes:
+      axis_names: mesh axis names, major to minor.
+      axis_sizes: size of each axis.
+      device_ids: device ids laid out like the mesh (``0..size-1`` when abstract).
+      device_kind: ``device_kind`` of the devices ("cpu", "TPU v5p", ...).
+      platform: "cpu", "gpu" or "tpu".
+      memory_per_device: bytes per device where known.
+      peak_flops: dense bf16 FLOP/s per device where known.
+      peak_source: where ``peak_flops`` comes from.
+      process_index: owning process (host) per device, mesh-shaped, where known.
+      coords: physical chip coordinates per device (mesh shape + (3,)), where known.
+      hardware: the preset name for abstract meshes ("v5p-256").
+      jax_mesh: the real ``jax.sharding.Mesh``; None when abstract.
+      abstract: the ``jax.sharding.AbstractMesh`` of the same shape.
+    """
+
+    axis_names: tuple[str, ...]
+    axis_sizes: tuple[int, ...]
+    device_ids: np.ndarray
+    device_kind: str = "unknown"
+    platform: str = "unknown"
+    memory_per_device: int | None = None
+    peak_flops: float | None = None
+    peak_source: str = "unknown"
+    process_index: np.ndarray | None = None
+    coords: np.ndarray | None = None
+    hardware: str | None = None
+    jax_mesh: Mesh | None = None
+    abstract: AbstractMesh | None = None
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return dict(zip(self.axis_names, self.axis_sizes))
+
+    @property
+    def size(self) -> int:
+        return int(math.prod(self.axis_sizes))
+
+    @property
+    def is_abstract(self) -> bool:
+        return self.jax_mesh is None
+
+    @property
+    def n_hosts(self) -> int:
+        return 1 if self.process_index is None else int(np.unique(self.process_index).size)
+
+    def axis_size(self, name: str) -> int:
+        return self.shape[name]
+
+    def describe(self) -> str:
+        axes = " x ".join(f"{n}={s}" for n, s in self.shape.items())
+        what = f"{self.hardware}: {self.device_kind}" if self.hardware else self.device_kind
+        tag = "abstract " if self.is_abstract else ""
+        return f"{tag}mesh {axes} ({self.size} devices, {what}, {self.n_hosts} host(s))"
+
+    def __str__(self) -> str:
+        lines = [self.describe()]
+        if self.memory_per_device:
+            lines.append(f"memory per device: {self.memory_per_device / 1024**3:.1f} GiB")
+        if self.peak_flops:
+            lines.append(f"peak per device: {self.peak_flops / 1e12:.4g} TFLOP/s ({self.peak_source})")
+        if self.size <= 64:
+            ids = self.device_ids.reshape(self.axis_sizes[0], -1)
+            lines.append(f"device ids ({self.axis_names[0]} rows):")
+            lines += ["  " + " ".join(f"{i:>3}" for i in row) for row in ids]
+        return "\n".join(lines)
+
+    __repr__ = describe
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        from workbench import widgets
+
+        return widgets.show(self)._repr_mimebundle_(include=include, exclude=exclude)
+
+
+def mesh_info(m: Any) -> MeshInfo:
+    """Describe a ``jax.sharding.Mesh``, an ``AbstractMesh`` or a ``MeshInfo`` uniformly."""
+    if isinstance(m, MeshInfo):
+        return m
+    if isinstance(m, Mesh):
+        return _concrete_info(m)
+    if isinstance(m, AbstractMesh):
+        sizes = tuple(int(s) for s in m.axis_sizes)
+        return MeshInfo(axis_names=tuple(m.axis_names), axis_sizes=sizes,
+                        device_ids=np.arange(math.prod(sizes)).reshape(sizes), abstract=m)
+    raise TypeError(
+        f"expected a mesh (wb.make_mesh, wb.abstract_mesh, jax.sharding.Mesh), got {type(m).__name__}")
+
+
+@functools.lru_cache(maxsize=64)
+def _concrete_info(m: Mesh) -> MeshInfo:
+    devs = m.devices
+    first = devs.flat[0]
+    ids = np.vectorize(lambda d: d.id, otypes=[np.int64])(devs)
+    procs = np.vectorize(lambda d: d.process_index, otypes=[np.int64])(devs)
+    coords = None
+    if getattr(first, "coords", None) is not None:
+        coords = np.array([tuple(d.coords) for d in devs.flat], dtype=np.int64)
+        coords = coords.reshape(devs.shape + (coords.shape[-1],))
+    spec = hardware_spec(first.device_kind)
+    peak, source = peak_flops(first)
+    memory = None
+    try:
+        stats = first.memory_stats() if first.process_index == jax.process_index() else None
+        memory = int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
+    except Exception:  # noqa: BLE001 - not every platform implements memory_stats
+        memory = None
+    if memory is None and spec is not None:
+        memory = spec.memory_bytes
+    return MeshInfo(
+        axis_names=tuple(m.axis_names), axis_sizes=tuple(int(s) for s in devs.shape),
+        device_ids=ids, device_kind=str(first.device_kind), platform=str(first.platform),
+        memory_per_device=memory, peak_flops=peak, peak_source=source,
+        process_index=procs, coords=coords, jax_mesh=m, abstract=m.abstract_mesh)
+
+
+# ---------------------------------------------------------------------------
+# Hardware presets: plan for a pod on a laptop
+# ---------------------------------------------------------------------------
+
+# TPU slice name -> (device kind, number of JAX devices, physical chip topology).
+# In "v4-32" / "v5p-256" / "v2-8" / "v3-8" the number counts TensorCores (2 per chip);
+# in "v5e-16" / "v6e-256" it counts chips. Topologies follow Google's slice tables.
+_TPU_TOPOLOGIES = {
+    "v2-8": (2, 2, 1), "v3-8": (2, 2, 1), "v3-32": (4, 4, 1),
+    "v4-8": (2, 2, 1), "v4-16": (2, 2, 2), "v4-32": (2, 2, 4), "v4-64": (2, 4, 4),
+    "v4-128": (4, 4, 4), "v4-256": (4, 4, 8), "v4-512": (4, 8, 8), "v4-1024": (8, 8, 8),
+    "v4-2048": (8, 8, 16), "v4-4096": (8, 16, 16),
+    "v5p-8": (2, 2, 1), "v5p-16": (2, 2, 2), "v5p-32": (2, 2, 4), "v5p-64": (2, 4, 4),
+    "v5p-128": (4, 4, 4), "v5p-256": (4, 4, 8), "v5p-512": (4, 8, 8), "v5p-1024": (8, 8, 8),
+    "v5p-2048": (8, 8, 16), "v5p-4096": (8, 16, 16), "v5p-8192": (16, 16, 16),
+    "v5e-1": (1, 1, 1), "v5e-4": (2, 2, 1), "v5e-8": (2, 4, 1), "v5e-16": (4, 4, 1),
+    "v5e-32": (4, 8, 1), "v5e-64": (8, 8, 1), "v5e-128": (8, 16, 1), "v5e-256": (16, 16, 1),
+    "v6e-1": (1, 1, 1), "v6e-4": (2, 2, 1), "v6e-8": (2, 4, 1), "v6e-16": (4, 4, 1),
+    "v6e-32": (4, 8, 1), "v6e-64": (8, 8, 1), "v6e-128": (8, 16, 1), "v6e-256": (16, 16, 1),
+}
+_GPU_KINDS = {"A100": "NVIDIA A100-SXM4-80GB", "H100": "NVIDIA H100 80GB HBM3",
+              "H200": "NVIDIA H200", "B200": "NVIDIA B200"}
+HARDWARE_PRESETS: tuple[str, ...] = tuple(_TPU_TOPOLOGIES) + tuple(
+    f"{h}x8x{g}" if h > 1 else f"8x{g}" for g in _GPU_KINDS for h in (1, 2, 4))
+
+
+def _preset(name: str) -> tuple[HardwareSpec, str, np.ndarray, np.ndarray]:
+    """(spec, device_kind, coords (n, 3), process index (n,)) for a hardware preset."""
+    key = name.strip()
+    if key in _TPU_TOPOLOGIES:
+        gen = key.split("-")[0]
+        kind = {"v2": "TPU v2", "v3": "TPU v3", "v4": "TPU v4", "v5p": "TPU v5p",
+                "v5e": "TPU v5 lite", "v6e": "TPU v6 lite"}[gen]
+        spec = hardware_spec(kind)
+        assert spec is not None
+        topo = _TPU_TOPOLOGIES[key]
+        # chips in x-fastest order; TPU v2/v3 expose 2 cores (devices) per chip.
+        chips = np.array([(x, y, z) for z in range(topo[2]) for y in range(topo[1])
+                          for x in range(topo[0])], dtype=np.int64)
+        coords = np.repeat(chips, spec.cores_per_chip, axis=0)
+        n_chips = len(chips)
+        host = np.arange(n_chips) // min(spec.chips_per_host, n_chips)
+        return spec, kind, coords, np.repeat(host, spec.cores_per_chip)
+    m = re.fullmatch(r"(?:(\d+)x)?(\d+)x(A100|H100|H200|B200)", key, flags=re.IGNORECASE)
+    if m:
+        hosts, per_host, gpu = int(m.group(1) or 1), int(m.group(2)), m.group(3).upper()
+        kind = _GPU_KINDS[gpu]
+        spec = hardware_spec(kind)
+        assert spec is not None
+        n = hosts * per_host
+        coords = np.stack([np.arange(n) % per_host, np.arange(n) // per_host,
+                           np.zeros(n, np.int64)], axis=1)
+        return spec, kind, coords, np.arange(n) // per_host
+    raise ValueError(
+        f"unknown hardware preset {name!r}; known TPU slices: {', '.join(_TPU_TOPOLOGIES)}; "
+        "GPU servers as '8xH100' or '2x8xH100' (A100, H100, H200, B200)")
+
+
+def abstract_mesh(hardware: str | None = None, /, **axes: int) -> MeshInfo:
+    """A mesh for hardware you do not have: any size, no devices needed.
+
+    Args:
+      hardware: optional preset ("v5e-16", "v4-32", "v5p-256", "8xH100", "2x8xH100").
+        TPU v4/v5p names count TensorCores, two per chip, and JAX sees one device per
+        chip (megacore), so "v5p-256" is 128 devices; v5e/v6e names count chips;
+        it fixes the number of devices and carries device kind, memory per device,
+        peak FLOP/s and, for TPU slices, physical chip coordinates and hosts.
+      **axes: mesh axis sizes; with a preset one may be -1.
+
+    Example::
+
+        mesh = wb.abstract_mesh(data=256, model=8)            # 2048 devices
+        pod = wb.abstract_mesh("v5p-256", data=-1, model=4)   # 128 chips: data=32
+    """
+    if hardware is None:
+        if any(s == -1 for s in axes.values()):
+            raise ValueError("abstract_mesh without a hardware preset cannot infer a -1 axis; "
+                             "give every size, or a preset such as 'v5p-256'")
+        sizes = _resolve_sizes(axes, math.prod(axes.values()) if axes else 0, "devices")
+        shape = tuple(sizes.values())
+        return MeshInfo(axis_names=tuple(sizes), axis_sizes=shape,
+                        device_ids=np.arange(math.prod(shape)).reshape(shape),
+                        abstract=AbstractMesh(shape, tuple(sizes)))
+    spec, kind, coords, hosts = _preset(hardware)
+    n = len(coords)
+    sizes = _resolve_sizes(axes or {"data": -1}, n, f"{hardware} devices")
+    shape = tuple(sizes.values())
+    return MeshInfo(
+        axis_names=tuple(sizes), axis_sizes=shape, device_ids=np.arange(n).reshape(shape),
+        device_kind=kind, platform=spec.platform, memory_per_device=spec.memory_bytes,
+        peak_flops=spec.peak_flops, peak_source=f"table: {spec.source}",
+        process_index=hosts.reshape(shape), coords=coords.reshape(shape + (3,)),
+        hardware=hardware, abstract=AbstractMesh(shape, tuple(sizes)))

@@ -1,0 +1,161 @@
+"""A Llama-style decoder-only GPT in Flax NNX that names logical axes only.
+
+RMSNorm, RoPE, grouped-query attention via ``jax.nn.dot_product_attention`` (cuDNN flash
+attention on GPUs), SwiGLU MLP, optional tied embeddings and per-block remat. Every
+parameter carries its logical axes as NNX ``out_sharding`` metadata; activations are
+constrained with :func:`workbench.rules.constrain`, which follows the active ``Rules``.
+
+Shape letters: B batch, T sequence, D d_model, N query heads, K kv heads, H head_dim,
+F d_ff, V vocab.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from workbench.models.config import REMAT_POLICIES, GPTConfig
+from workbench.rules import constrain
+
+Init = Callable[..., jax.Array]
+
+
+def param(rngs: nnx.Rngs, init: Init, shape: Sequence[int], axes: tuple[str | None, ...],
+          dtype: str) -> nnx.Param:
+    """An ``nnx.Param`` annotated with logical axes (never sharded eagerly)."""
+    if len(shape) != len(axes):
+        raise ValueError(f"shape {tuple(shape)} and logical axes {axes} differ in rank")
+    value = init(rngs.params(), tuple(shape), jnp.dtype(dtype))
+    return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+
+def _fan_in_init(fan_in: int) -> Init:
+    return nnx.initializers.normal(stddev=fan_in ** -0.5)
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square layer norm with a learned scale (computed in float32)."""
+
+    def __init__(self, dim: int, *, eps: float, dtype: str, param_dtype: str,
+                 rngs: nnx.Rngs) -> None:
+        self.scale = param(rngs, nnx.initializers.ones, (dim,), ("embed",), param_dtype)
+        self.eps, self.dtype = eps, dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+def rope(x: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding on ``x`` of shape (B, T, heads, H), rotate-half form."""
+    _, t, _, h = x.shape
+    inv_freq = 1.0 / theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h)   # (H/2,)
+    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # (T, H/2)
+    sin = jnp.sin(angles)[None, :, None, :]                                  # (1, T, 1, H/2)
+    cos = jnp.cos(angles)[None, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)                   # 2 x (B, T, n, H/2)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query causal self-attention with RoPE."""
+
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs) -> None:
+        d, n, k, h, pd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.param_dtype
+        self.q = param(rngs, _fan_in_init(d), (d, n, h), ("embed", "heads", "head_dim"), pd)
+        self.k = param(rngs, _fan_in_init(d), (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
+        self.v = param(rngs, _fan_in_init(d), (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
+        self.o = param(rngs, _fan_in_init(n * h), (n, h, d), ("heads", "head_dim", "embed"), pd)
+        self.theta, self.dtype = cfg.rope_theta, cfg.dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dt = self.dtype
+        q = jnp.einsum("btd,dnh->btnh", x, self.q[...].astype(dt))   # (B, T, N, H)
+        k = jnp.einsum("btd,dkh->btkh", x, self.k[...].astype(dt))   # (B, T, K, H)
+        v = jnp.einsum("btd,dkh->btkh", x, self.v[...].astype(dt))   # (B, T, K, H)
+        q = constrain(rope(q, self.theta), ("batch", "seq", "heads", "head_dim"), name="q")
+        k = constrain(rope(k, self.theta), ("batch", "seq", "kv_heads", "head_dim"), name="k")
+        v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"), name="v")
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)     # (B, T, N, H)
+        y = constrain(y, ("batch", "seq", "heads", "head_dim"), name="attn_out")
+        return jnp.einsum("btnh,nhd->btd", y, self.o[...].astype(dt))  # (B, T, D)
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: down(silu(x @ gate) * (x @ up))."""
+
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs) -> None:
+        d, f, pd = cfg.d_model, cfg.d_ff, cfg.param_dtype
+        self.gate = param(rngs, _fan_in_init(d), (d, f), ("embed", "mlp"), pd)
+        self.up = param(rngs, _fan_in_init(d), (d, f), ("embed", "mlp"), pd)
+        self.down = param(rngs, _fan_in_init(f), (f, d), ("mlp", "embed"), pd)
+        self.dtype = cfg.dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dt = self.dtype
+        g = jnp.einsum("btd,df->btf", x, self.gate[...].astype(dt))  # (B, T, F)
+        u = jnp.einsum("btd,df->btf", x, self.up[...].astype(dt))    # (B, T, F)
+        hidden = constrain(jax.nn.silu(g) * u, ("batch", "seq", "mlp"), name="mlp_hidden")
+        return jnp.einsum("btf,fd->btd", hidden, self.down[...].astype(dt))  # (B, T, D)
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs) -> None:
+        norm = dict(eps=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        self.attn_norm = RMSNorm(cfg.d_model, **norm)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, **norm)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.attn(self.attn_norm(x))
+        x = constrain(x, ("batch", "seq", None), name="residual")
+        x = x + self.mlp(self.mlp_norm(x))
+        return constrain(x, ("batch", "seq", None), name="residual")
+
+
+class GPT(nnx.Module):
+    """Decoder-only language model: int32 tokens (B, T) -> logits (B, T, vocab_size).
+
+    Example:
+        >>> model = GPT(GPTConfig.preset("tiny"), rngs=nnx.Rngs(0))
+        >>> model(jnp.zeros((2, 16), jnp.int32)).shape
+        (2, 16, 256)
+    """
+
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs) -> None:
+        self.cfg = cfg
+        pd = cfg.param_dtype
+        self.embed = param(rngs, nnx.initializers.normal(stddev=0.02),
+                           (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), pd)
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=cfg.dtype,
+                                  param_dtype=pd, rngs=rngs)
+        self.lm_head = None if cfg.tie_embeddings else param(
+            rngs, _fan_in_init(cfg.d_model), (cfg.d_model, cfg.vocab_size),
+            ("embed", "vocab"), pd)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cfg, dt = self.cfg, self.cfg.dtype
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be (batch, seq) int32, got shape {tokens.shape}")
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)      # (B, T, D)
+        x = constrain(x, ("batch", "seq", None), name="embedded")
+        run_block: Callable[[Block, jax.Array], jax.Array] = lambda blk, h: blk(h)
+        policy = REMAT_POLICIES[cfg.remat]
+        if policy is not None:
+            run_block = nnx.remat(run_block, policy=getattr(jax.checkpoint_policies, policy))
+        for block in self.blocks:
+            x = run_block(block, x)
+        x = self.final_norm(x)
+        if self.lm_head is None:
+            logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(dt))   # (B, T, V)
+        else:
+            logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(dt))  # (B, T, V)
+        return constrain(logits, ("batch", "seq", "vocab"), name="logits")

@@ -1,0 +1,244 @@
+"""Logical axis names -> mesh axes: the one object that decides how tensors are sharded.
+
+Models name *logical* axes only (``batch, seq, embed, heads, kv_heads, head_dim, mlp,
+vocab``). A :class:`Rules` object maps each logical name to a mesh axis, a tuple of mesh
+axes, or ``None`` (replicated)::
+
+    rules = wb.Rules(batch="data", embed=None, heads="model", mlp="model", vocab="model",
+                     kv_heads="model", head_dim=None, seq=None)
+    rules.spec(("embed", "mlp"))               # PartitionSpec(None, 'model')
+    rules = wb.Rules.preset("fsdp_tp", mesh)   # dp | fsdp | tp | fsdp_tp
+
+Nothing is replicated silently: a logical name without a rule and a mesh axis used twice
+in one tensor are errors. Inside a jitted function, ``with rules.activate(mesh):`` makes
+:func:`constrain` put ``with_sharding_constraint`` on activations (a no-op otherwise).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+#: The logical axis names used by :mod:`workbench.models`.
+LOGICAL_AXES: tuple[str, ...] = (
+    "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab")
+
+#: Mesh axis names treated as data-parallel / model-parallel by :meth:`Rules.preset`.
+DATA_AXIS_NAMES = ("data", "fsdp", "dp", "replica", "batch", "dcn", "pod", "slice")
+MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
+
+MeshAxes = str | tuple[str, ...] | None
+
+_ACTIVE: contextvars.ContextVar[tuple[Rules, Any] | None] = contextvars.ContextVar(
+    "workbench_active_rules", default=None)
+
+
+def _normalise(value: Any, logical: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise TypeError(
+        f"rule for logical axis {logical!r} must be a mesh axis name, a tuple of mesh axis "
+        f"names or None; got {value!r}")
+
+
+class Rules(Mapping[str, MeshAxes]):
+    """Immutable mapping from logical axis names to mesh axes.
+
+    Args:
+        **logical_to_mesh: ``logical_name=mesh_axis`` where ``mesh_axis`` is a mesh axis
+            name, a tuple of names (sharded over their product) or ``None`` (replicated).
+
+    Example:
+        >>> Rules(batch="data", embed=None).spec(("batch", "embed"))
+        PartitionSpec('data', None)
+    """
+
+    __slots__ = ("_rules",)
+
+    def __init__(self, **logical_to_mesh: MeshAxes) -> None:
+        rules = {k: _normalise(v, k) for k, v in logical_to_mesh.items()}
+        object.__setattr__(self, "_rules", rules)
+
+    # -- Mapping ---------------------------------------------------------------
+    def __getitem__(self, logical: str) -> MeshAxes:
+        axes = self._rules[logical]
+        return None if not axes else axes[0] if len(axes) == 1 else axes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rules)
+
+    def __len__(self) -> int:
+        return len(self._rules)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Rules is immutable; use rules.replace(name=...)")
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._rules.items())))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Rules) and self._rules == other._rules
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={self[k]!r}" for k in self._rules)
+        return f"Rules({body})"
+
+    # -- construction ----------------------------------------------------------
+    def replace(self, **changes: MeshAxes) -> Rules:
+        """A copy with some rules changed or added."""
+        return Rules(**{**dict(self.items()), **changes})
+
+    def to_dict(self) -> dict[str, str | list[str] | None]:
+        """JSON-friendly form (tuples become lists); inverse of :meth:`from_dict`."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.items()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Rules:
+        """Build from :meth:`to_dict` output."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+    @classmethod
+    def preset(cls, name: str, mesh: Any) -> Rules:
+        """Standard strategies for ``mesh`` (a Mesh, AbstractMesh or MeshInfo).
+
+        - ``dp``: batch over every mesh axis, all weights replicated.
+        - ``fsdp``: batch and the weights' ``embed`` dim over every mesh axis.
+        - ``tp``: heads/kv_heads/mlp/vocab over the model axis; batch over the others.
+        - ``fsdp_tp``: like ``tp``, plus ``embed`` over the data axes.
+
+        Data axes are the mesh axes not named like a model axis
+        (``model, tensor, tp, mp``).
+        """
+        names = tuple(mesh.axis_names)
+        model = [a for a in names if a in MODEL_AXIS_NAMES]
+        data = tuple(a for a in names if a not in MODEL_AXIS_NAMES)
+        every = _collapse(names)
+        base = dict.fromkeys(LOGICAL_AXES)
+        if name == "dp":
+            return cls(**{**base, "batch": every})
+        if name == "fsdp":
+            return cls(**{**base, "batch": every, "embed": every})
+        if name in ("tp", "fsdp_tp"):
+            if len(model) != 1:
+                raise ValueError(
+                    f"preset {name!r} needs exactly one model axis named one of "
+                    f"{MODEL_AXIS_NAMES} in the mesh; mesh axes are {names}. "
+                    f"Name the tensor-parallel axis 'model', e.g. wb.make_mesh(data=-1, model=2)")
+            m = model[0]
+            tp = {"heads": m, "kv_heads": m, "mlp": m, "vocab": m}
+            rules = {**base, **tp, "batch": _collapse(data)}
+            if name == "fsdp_tp":
+                rules["embed"] = _collapse(data)
+            return cls(**rules)
+        raise ValueError(f"unknown rules preset {name!r}; choose one of dp, fsdp, tp, fsdp_tp")
+
+    # -- use ---------------------------------------------------------------------
+    def mesh_axes(self, logical: str | None, *, tensor: str = "tensor") -> tuple[str, ...]:
+        """Mesh axes (possibly empty) for one logical name; raises if it has no rule."""
+        if logical is None:
+            return ()
+        if logical not in self._rules:
+            known = ", ".join(sorted(self._rules)) or "(none)"
+            raise KeyError(
+                f"logical axis {logical!r} of {tensor!r} has no rule; known logical axes: "
+                f"{known}. Add {logical}=<mesh axis> to Rules, or {logical}=None to replicate "
+                f"it on purpose")
+        return self._rules[logical]
+
+    def spec(self, logical_axes: Sequence[str | None], *, tensor: str = "tensor",
+             strict: bool = True) -> PartitionSpec:
+        """The PartitionSpec for a tensor whose dims carry ``logical_axes``.
+
+        Args:
+            logical_axes: one logical name (or None) per dimension.
+            tensor: the tensor's name, used in error messages.
+            strict: if False, logical names without a rule are replicated instead of
+                raising (the plan does this and reports them as a lint).
+
+        Raises:
+            KeyError: a logical name has no rule (strict mode).
+            ValueError: one mesh axis would shard two dimensions of the tensor.
+        """
+        out: list[str | tuple[str, ...] | None] = []
+        used: dict[str, int] = {}
+        for dim, logical in enumerate(logical_axes):
+            if not strict and logical is not None and logical not in self._rules:
+                out.append(None)
+                continue
+            axes = self.mesh_axes(logical, tensor=tensor)
+            for a in axes:
+                if a in used:
+                    raise ValueError(
+                        f"mesh axis {a!r} shards both dim {used[a]} ({logical_axes[used[a]]!r}) "
+                        f"and dim {dim} ({logical!r}) of {tensor!r} (logical axes "
+                        f"{tuple(logical_axes)}); a mesh axis can shard one dim per tensor. "
+                        f"Map {logical!r} or {logical_axes[used[a]]!r} to another axis or None")
+                used[a] = dim
+            out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+        return PartitionSpec(*out)
+
+    def unmapped(self, logical_axes: Sequence[str | None]) -> list[str]:
+        """Logical names in ``logical_axes`` that have no rule."""
+        return [a for a in logical_axes if a is not None and a not in self._rules]
+
+    def check_mesh(self, mesh: Any) -> None:
+        """Raise if a rule names a mesh axis that ``mesh`` does not have."""
+        names = tuple(mesh.axis_names)
+        for logical, axes in self._rules.items():
+            for a in axes:
+                if a not in names:
+                    raise ValueError(
+                        f"rule {logical}={self[logical]!r} names mesh axis {a!r}, but the mesh "
+                        f"has axes {names}; use one of them or None")
+
+    def sharding(self, logical_axes: Sequence[str | None], mesh: jax.sharding.Mesh, *,
+                 tensor: str = "tensor") -> NamedSharding:
+        """``NamedSharding(mesh, self.spec(logical_axes))``."""
+        self.check_mesh(mesh)
+        return NamedSharding(mesh, self.spec(logical_axes, tensor=tensor))
+
+    @contextlib.contextmanager
+    def activate(self, mesh: jax.sharding.Mesh) -> Iterator[Rules]:
+        """Within this block (while tracing), :func:`constrain` shards activations."""
+        self.check_mesh(mesh)
+        token = _ACTIVE.set((self, mesh))
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+
+def _collapse(axes: tuple[str, ...]) -> MeshAxes:
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def active() -> tuple[Rules, Any] | None:
+    """The ``(rules, mesh)`` set by :meth:`Rules.activate`, or None."""
+    return _ACTIVE.get()
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None], *,
+              name: str = "activation") -> jax.Array:
+    """Shard an activation by logical names under the active rules (no-op without rules).
+
+    Logical names without a rule are left unconstrained (XLA propagates them) rather than
+    replicated, so partial rules never force a gather.
+    """
+    ctx = _ACTIVE.get()
+    if ctx is None:
+        return x
+    rules, mesh = ctx
+    spec = rules.spec(logical_axes, tensor=name, strict=False)
+    unmapped = set(rules.unmapped(logical_axes))
+    if unmapped:
+        spec = PartitionSpec(*(PartitionSpec.UNCONSTRAINED if a in unmapped else s
+                               for a, s in zip(logical_axes, spec, strict=True)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

@@ -1,0 +1,448 @@
+"""The run directory: run.json metadata plus append-only metrics.jsonl; write, read, list.
+
+A run directory holds ``run.json`` (replaced atomically) and ``metrics.jsonl`` (one JSON
+object per line, appended and flushed on every record). Lines with an ``"event"`` key
+(``compile``, ``resume``, ...) are not steps. After a resume, re-logged steps that were
+already seen are dropped by readers, so a resumed run reads as one continuous curve.
+
+This module is read by the Jupyter server extension: it imports only the standard
+library (never jax or numpy).
+
+Example::
+
+    from workbench import runs
+
+    with runs.RunWriter("runs/demo", config={"model": "tiny"}) as w:
+        w.event("compile", seconds=1.3)
+        w.log({"step": 1, "loss": 4.2, "mfu": 0.31})
+    runs.read_metrics("runs/demo")            # [{"step": 1, "loss": 4.2, ...}]
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RUN_JSON = "run.json"
+METRICS = "metrics.jsonl"
+STATUSES = ("running", "finished", "interrupted", "failed")
+_VERSIONED = ("workbench", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
+_SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "checkpoints"})
+_ROOT_PREFIX = re.compile(r"^(\d+):(.*)$")
+
+
+# ----------------------------------------------------------------------------- writing
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: numpy/jax scalars -> Python, NaN/inf -> None, tuples -> lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "size", 1) == 1:  # numpy / jax scalar
+        return _clean(value.item())
+    if hasattr(value, "tolist"):
+        return _clean(value.tolist())
+    return str(value)
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Stable 12-hex-digit hash of a JSON-able config (key order does not matter)."""
+    text = json.dumps(_clean(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in _VERSIONED:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".run.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, allow_nan=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunWriter:
+    """Writes one run directory: ``run.json`` and appended ``metrics.jsonl`` lines.
+
+    Re-opening an existing run directory (resumed training) keeps its id, creation
+    time and metrics, and appends. Thread-safe. Use as a context manager: leaving the
+    block closes the run as ``finished``, ``interrupted`` (KeyboardInterrupt) or
+    ``failed`` (other exceptions, with the error text).
+
+    Args:
+      run_dir: the run directory (created if missing).
+      config: the experiment's JSON-able configuration (stored in ``run.json``).
+      name: display name; defaults to the directory name (or the stored name on resume).
+      meta: further ``run.json`` fields (``mesh``, ``devices``, ``peak_flops``, ...).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, config: dict[str, Any],
+                 name: str | None = None, meta: dict[str, Any] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._last_meta_write = 0.0
+        old: dict[str, Any] = {}
+        if (self.run_dir / RUN_JSON).exists():
+            old = read_run(self.run_dir)
+        self.resumed = bool(old)
+        now = time.time()
+        self.meta: dict[str, Any] = {
+            "id": old.get("id") or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
+            "name": name or old.get("name") or self.run_dir.resolve().name,
+            "status": "running", "created": old.get("created", now), "updated": now,
+            "config": _clean(config), "config_hash": config_hash(config),
+            "mesh": {}, "devices": [], "device_kind": None, "peak_flops": None,
+            "peak_source": None, "versions": _versions(), "host": socket.gethostname(),
+            "pid": os.getpid(), "step": old.get("step", 0), "target_steps": None,
+            "error": None, "model_flops_per_step": None, "memory_per_device": None,
+        }
+        for key in ("target_steps", "mesh", "devices", "device_kind", "peak_flops",
+                    "peak_source", "model_flops_per_step", "memory_per_device"):
+            if old.get(key) is not None:
+                self.meta[key] = old[key]
+        self.meta.update(_clean(meta or {}))
+        path = self.run_dir / METRICS
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        if path.stat().st_size and not _ends_with_newline(path):
+            self._file.write("\n")  # a line cut short by a crash stays a line of its own
+        self._file.flush()
+        _write_json_atomic(self.run_dir / RUN_JSON, self.meta)
+
+    @property
+    def id(self) -> str:
+        """The run's unique id (stored in ``run.json``; kept across resumes)."""
+        return str(self.meta["id"])
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Appends one step record (must hold an int ``step``) and flushes it."""
+        step = record.get("step")
+        if isinstance(step, bool) or not isinstance(_clean(step), int):
+            raise ValueError(f"metrics record needs an integer 'step', got step={step!r} in "
+                             f"{sorted(record)}; log events with RunWriter.event(kind, ...)")
+        if "event" in record:
+            raise ValueError("a step record may not have an 'event' key; use RunWriter.event()")
+        line = {"step": int(_clean(step)), "time": time.time(), **_clean(record)}
+        line["step"] = int(line["step"])
+        with self._lock:
+            self._write_line(line)
+            self.meta["step"] = max(int(self.meta.get("step") or 0), line["step"])
+            if time.monotonic() - self._last_meta_write >= 1.0:
+                self._write_meta()
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Appends a non-step line ``{"event": kind, "time": ..., **fields}``."""
+        with self._lock:
+            self._write_line({"event": kind, "time": time.time(), **_clean(fields)})
+
+    def flush(self) -> None:
+        """Flushes metrics to the OS and rewrites ``run.json``."""
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+            self._write_meta()
+
+    def update(self, **fields: Any) -> None:
+        """Sets ``run.json`` fields (e.g. ``target_steps=200``) and rewrites it atomically."""
+        if "status" in fields and fields["status"] not in STATUSES:
+            raise ValueError(f"status {fields['status']!r} is not one of {STATUSES}")
+        with self._lock:
+            self.meta.update(_clean(fields))
+            self._write_meta()
+
+    def close(self, status: str = "finished", error: str | None = None) -> None:
+        """Flushes, closes the metrics file and records the final status."""
+        if status not in STATUSES:
+            raise ValueError(f"status {status!r} is not one of {STATUSES}")
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
+            self.meta.update(status=status, error=error)
+            self._write_meta()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        if exc_type is None:
+            self.close("finished")
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.close("interrupted")
+        else:
+            self.close("failed", error=f"{exc_type.__name__}: {exc}")
+
+    def _write_line(self, line: dict[str, Any]) -> None:
+        if self._file.closed:
+            raise RuntimeError(f"run {self.run_dir} is closed; open a new RunWriter to resume")
+        self._file.write(json.dumps(line, allow_nan=False, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def _write_meta(self) -> None:
+        self.meta["updated"] = time.time()
+        _write_json_atomic(self.run_dir / RUN_JSON, self.meta)
+        self._last_meta_write = time.monotonic()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+# ----------------------------------------------------------------------------- reading
+def read_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Returns the parsed ``run.json`` of a run directory."""
+    path = Path(run_dir) / RUN_JSON
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} not found: {run_dir} is not a run directory "
+                                "(RunWriter creates run.json)") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds {type(data).__name__}, expected a JSON object")
+    return data
+
+
+class MetricsTail:
+    """Incremental, de-duplicating reader of one ``metrics.jsonl``.
+
+    ``poll()`` returns the step records and events appended since the last call; a
+    partly written last line waits for its newline. Step records whose step is not
+    above every step seen so far (re-logged after a resume) are dropped. The reader
+    keeps sparse (offset, step) marks so ``read(since)`` seeks instead of re-parsing.
+    """
+
+    MARK_EVERY = 512
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(run_dir) / METRICS
+        self.resets = 0  # times the file shrank (replaced or truncated) and was re-read
+        self._reset()
+
+    def _reset(self) -> None:
+        self.offset = 0
+        self.last_step: int | None = None
+        self.last_record: dict[str, Any] | None = None
+        self.records_seen = 0
+        self._marks: list[tuple[int, int]] = []  # (last step before offset, offset)
+
+    def poll(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Reads what was appended since the last poll: ``(step_records, events)``."""
+        steps: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return steps, events
+        if size < self.offset:  # truncated or replaced: start over
+            self._reset()
+            self.resets += 1
+        if size == self.offset:
+            return steps, events
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break
+                start = self.offset
+                self.offset += len(raw)
+                rec = _parse(raw)
+                if rec is None:
+                    continue
+                if "event" in rec:
+                    events.append(rec)
+                    continue
+                step = rec.get("step")
+                if not isinstance(step, int) or (self.last_step is not None
+                                                 and step <= self.last_step):
+                    continue
+                if self.records_seen % self.MARK_EVERY == 0:
+                    self._marks.append((self.last_step if self.last_step is not None
+                                        else -(2**62), start))
+                self.last_step, self.last_record = step, rec
+                self.records_seen += 1
+                steps.append(rec)
+        return steps, events
+
+    def read(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """Step records with ``step > since`` up to what ``poll`` has seen (oldest first).
+
+        Args:
+          since: return only steps above this one.
+          limit: at most this many records (the oldest ones after ``since``).
+        """
+        keys = [m[0] for m in self._marks]
+        i = bisect.bisect_right(keys, since) - 1
+        if i < 0:
+            return []
+        last, offset = self._marks[i]
+        out: list[dict[str, Any]] = []
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            for raw in f:
+                if offset >= self.offset or (limit is not None and len(out) >= limit):
+                    break
+                offset += len(raw)
+                rec = _parse(raw)
+                if rec is None or "event" in rec or not isinstance(rec.get("step"), int):
+                    continue
+                if rec["step"] <= last:
+                    continue
+                last = rec["step"]
+                if last > since:
+                    out.append(rec)
+        return out
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(raw)
+    except ValueError:  # a line cut short by a crash
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def read_metrics(run_dir: str | os.PathLike[str], since: int = 0) -> list[dict[str, Any]]:
+    """Step records of a run with ``step > since``, de-duplicated across resumes."""
+    steps, _ = MetricsTail(run_dir).poll()
+    return [r for r in steps if r["step"] > since]
+
+
+def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The non-step lines (``{"event": ...}``) of a run, in order."""
+    return MetricsTail(run_dir).poll()[1]
+
+
+def columns(records: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Records -> columns: ``{"step": [...], "loss": [...], ...}`` (missing -> None)."""
+    keys: dict[str, None] = {}
+    for rec in records:
+        keys.update(dict.fromkeys(rec))
+    return {k: [rec.get(k) for rec in records] for k in keys}
+
+
+# ----------------------------------------------------------------------------- finding
+def run_id(root: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> str:
+    """The run's id under ``root``: its relative POSIX path (``"runs/tiny"``)."""
+    rel = Path(os.path.abspath(run_dir)).relative_to(os.path.abspath(root))
+    return rel.as_posix()
+
+
+def find_run_dirs(root: str | os.PathLike[str], max_depth: int = 4,
+                  max_dirs: int = 20000) -> Iterator[Path]:
+    """Run directories (holding ``run.json``) under ``root``, at most ``max_depth`` deep.
+
+    Hidden directories, ``node_modules`` and symlinked directories are not entered;
+    a run directory's own subdirectories (checkpoints) are not searched.
+    """
+    queue: list[tuple[Path, int]] = [(Path(root), 0)]
+    visited = 0
+    while queue and visited < max_dirs:
+        folder, depth = queue.pop(0)
+        visited += 1
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            continue
+        if any(e.name == RUN_JSON and e.is_file(follow_symlinks=False) for e in entries):
+            yield Path(folder)
+            continue
+        if depth >= max_depth:
+            continue
+        for e in entries:
+            if (e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+                    and e.name not in _SKIP_DIRS):
+                queue.append((Path(e.path), depth + 1))
+
+
+def list_runs(roots: Iterable[str | os.PathLike[str]], max_depth: int = 4) -> list[dict[str, Any]]:
+    """Every run under ``roots``: its ``run.json`` plus ``id`` (URL id) and ``uid``.
+
+    Ids under the first root are relative paths; under root ``k >= 1`` they read
+    ``"k:relative/path"``. Newest-updated first.
+    """
+    out: list[dict[str, Any]] = []
+    for k, root in enumerate(roots):
+        for d in find_run_dirs(root, max_depth):
+            try:
+                run = read_run(d)
+            except (OSError, ValueError):
+                continue
+            rid = run_id(root, d)
+            out.append({**run, "uid": run.get("id"), "id": rid if k == 0 else f"{k}:{rid}",
+                        "status": effective_status(run)})
+    out.sort(key=lambda r: -float(r.get("updated") or 0))
+    return out
+
+
+def resolve_run(roots: Sequence[str | os.PathLike[str]], rid: str) -> Path:
+    """The directory of run id ``rid``; it must lie inside its root, symlinks resolved.
+
+    Raises:
+      ValueError: the id is malformed (absolute, ``..``, backslash, NUL, unknown root).
+      FileNotFoundError: no run directory with that id inside the root.
+    """
+    m = _ROOT_PREFIX.match(rid)
+    k, rel = (int(m.group(1)), m.group(2)) if m else (0, rid)
+    if not roots or k >= len(roots):
+        raise ValueError(f"run id {rid!r} names root {k}, but there are {len(roots)} run roots")
+    parts = rel.split("/")
+    if (not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or ":" in parts[0]
+            or any(p in ("", ".", "..") for p in parts)):
+        raise ValueError(f"bad run id {rid!r}: use a relative path inside the run root "
+                         "without '..', '.', empty parts or backslashes")
+    root = os.path.realpath(roots[k])
+    target = os.path.realpath(os.path.join(root, *parts))
+    meta = os.path.realpath(os.path.join(target, RUN_JSON))
+    for p in (target, meta):
+        if os.path.commonpath([root, p]) != root:
+            raise FileNotFoundError(f"run id {rid!r} resolves outside its run root")
+    if not os.path.isfile(meta):
+        raise FileNotFoundError(f"no run {rid!r}: {target} has no {RUN_JSON}")
+    return Path(target)
+
+
+def effective_status(run: dict[str, Any]) -> str:
+    """``run["status"]``, but a ``running`` run whose writer died on this host reads
+    ``interrupted`` (a killed kernel never gets to close its run)."""
+    status = str(run.get("status") or "running")
+    pid = run.get("pid")
+    if status != "running" or run.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return status
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "interrupted"
+    except PermissionError:
+        pass
+    return status

@@ -1,0 +1,195 @@
+"""REST and websocket handlers of the Workbench server extension (all authenticated).
+
+Run ids travel URL-encoded in one path segment (``runs%2Ftiny``). Reading runs needs
+the same permission as reading files (``contents``/``read``): a run directory is files
+under the server's root.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import authorized, ws_authenticated
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.base.websocket import WebSocketMixin
+from tornado import web, websocket
+
+from workbench import runs
+
+if TYPE_CHECKING:
+    from workbench.server.app import Hub
+    from workbench.server.index import RunWatch
+
+AUTH_RESOURCE = "contents"
+MAX_LIMIT = 200_000  # metrics records in one response
+
+
+def metrics_payload(watch: RunWatch, records: list[dict[str, Any]],
+                    keys: list[str] | None = None) -> dict[str, Any]:
+    """Columnar JSON of step records: ``{"id", "columns": {"step": [...], ...}, ...}``."""
+    cols = runs.columns(records)
+    if keys:
+        cols = {k: cols.get(k, [None] * len(records)) for k in dict.fromkeys(["step", *keys])}
+    return {"id": watch.id, "count": len(records),
+            "last_step": records[-1]["step"] if records else None, "columns": cols}
+
+
+def _int_arg(handler: web.RequestHandler, name: str, default: int | None) -> int | None:
+    raw = handler.get_query_argument(name, None)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise web.HTTPError(400, f"query argument {name}={raw!r} is not an integer") from None
+
+
+class _Base(JupyterHandler):
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def hub(self) -> Hub:
+        return self.settings["workbench_hub"]
+
+    async def lookup(self, rid: str) -> RunWatch:
+        """The run's watch, refreshed; 400 for malformed ids, 404 for unknown runs."""
+        try:
+            watch = self.hub.index.watch(rid)
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+        except FileNotFoundError as e:
+            raise web.HTTPError(404, str(e)) from None
+        await asyncio.to_thread(watch.refresh)
+        return watch
+
+
+class RunsHandler(_Base, APIHandler):
+    """``GET /workbench/api/runs``: a summary of every run under the run roots."""
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self) -> None:
+        await self.hub.poll_now()
+        self.finish(json.dumps({"roots": [str(r) for r in self.hub.index.roots],
+                                "runs": self.hub.index.summaries()}, allow_nan=False))
+
+
+class RunHandler(_Base, APIHandler):
+    """``GET /workbench/api/runs/<id>``: the run's ``run.json`` (plus ``uid``, ``events``)."""
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, rid: str) -> None:
+        watch = await self.lookup(rid)
+        self.finish(json.dumps(watch.detail(), allow_nan=False))
+
+
+class MetricsHandler(_Base, APIHandler):
+    """``GET /workbench/api/runs/<id>/metrics?since=<step>&limit=<n>&keys=loss,mfu``.
+
+    Returns the step records above ``since`` as columns; ``more`` says that ``limit``
+    cut the answer short (ask again with ``since=last_step``).
+    """
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, rid: str) -> None:
+        since = _int_arg(self, "since", 0)
+        limit = min(_int_arg(self, "limit", MAX_LIMIT) or MAX_LIMIT, MAX_LIMIT)
+        keys = [k for k in self.get_query_argument("keys", "").split(",") if k] or None
+        watch = await self.lookup(rid)
+        records = await asyncio.to_thread(watch.read, since or 0, limit + 1)
+        more = len(records) > limit
+        payload = metrics_payload(watch, records[:limit], keys)
+        payload.update(since=since, more=more)
+        self.finish(json.dumps(payload, allow_nan=False))
+
+
+class _Socket(WebSocketMixin, websocket.WebSocketHandler, _Base):
+    """Authenticated, authorized websocket that the hub pushes JSON messages to."""
+
+    async def pre_get(self) -> None:
+        ok = await ensure_async(self.authorizer.is_authorized(self, self.current_user,
+                                                              "read", AUTH_RESOURCE))
+        if not ok:
+            raise web.HTTPError(403)
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Writes one JSON message; a closed socket unsubscribes itself."""
+        try:
+            self.write_message(json.dumps(message, allow_nan=False))
+        except websocket.WebSocketClosedError:
+            self.hub.unsubscribe(self)
+
+    def on_message(self, message: str | bytes) -> None:
+        """Clients only listen; messages are ignored."""
+
+    def on_close(self) -> None:
+        self.hub.unsubscribe(self)
+
+
+class RunStreamHandler(_Socket):
+    """``WS /workbench/api/runs/<id>/stream?since=<step>``.
+
+    Sends ``{"type": "run", "run": ...}`` first and whenever ``run.json`` changes,
+    then ``{"type": "metrics", "columns": ...}`` with every record above ``since`` and,
+    as lines are appended, the new ones. ``{"type": "reset"}`` means the metrics file
+    was replaced: drop what you have.
+    """
+
+    rid: str = ""
+
+    @ws_authenticated
+    async def get(self, rid: str) -> None:
+        await self.pre_get()
+        self.watch = await self.lookup(rid)
+        self.since = _int_arg(self, "since", 0) or 0
+        res = super().get(rid)
+        if res is not None:
+            await res
+
+    async def open(self, rid: str) -> None:  # type: ignore[override]
+        super().open(rid)
+        self.send({"type": "run", "run": self.watch.detail()})
+        since = self.since
+        while True:  # backfill in pages, then follow
+            records = await asyncio.to_thread(self.watch.read, since, 50_000)
+            if records:
+                self.send({"type": "metrics", **metrics_payload(self.watch, records)})
+                since = records[-1]["step"]
+            if len(records) < 50_000:
+                break
+        self.hub.subscribe_run(self.watch.id, self)
+
+
+class ListStreamHandler(_Socket):
+    """``WS /workbench/api/stream``: ``{"type": "runs", "runs": [...]}`` on connect, then
+    ``{"type": "update", "runs": [changed summaries]}`` and ``{"type": "removed", "ids": [...]}``.
+    """
+
+    @ws_authenticated
+    async def get(self) -> None:
+        await self.pre_get()
+        res = super().get()
+        if res is not None:
+            await res
+
+    async def open(self) -> None:  # type: ignore[override]
+        super().open()
+        await self.hub.poll_now()
+        self.send({"type": "runs", "runs": self.hub.index.summaries()})
+        self.hub.subscribe_list(self)
+
+
+def handlers() -> list[tuple[str, type, dict[str, Any]]]:
+    """URL patterns (below the server's base URL) and their handlers."""
+    rid = r"(?P<rid>[^/]+)"
+    return [
+        (r"/workbench/api/runs/?", RunsHandler, {}),
+        (r"/workbench/api/stream", ListStreamHandler, {}),
+        (rf"/workbench/api/runs/{rid}/metrics", MetricsHandler, {}),
+        (rf"/workbench/api/runs/{rid}/stream", RunStreamHandler, {}),
+        (rf"/workbench/api/runs/{rid}", RunHandler, {}),
+    ]

@@ -1,0 +1,174 @@
+// Shared helpers for the Workbench widgets: DOM building, formatting, colours, tooltip.
+// Only top-level `export function` / `export const` declarations live here: the Python
+// side (workbench/widgets/_assets.py) inlines this file into each widget's ESM.
+
+/** Create an element: el("div", {class: "x", title: "t"}, [child, "text"]). */
+export function el(tag, attrs, children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = String(value);
+    else if (key === "style") for (const [p, v] of Object.entries(value)) node.style.setProperty(p, v);
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, String(value));
+  }
+  for (const child of children || []) {
+    if (child === null || child === undefined) continue;
+    node.appendChild(typeof child === "string" ? document.createTextNode(child) : child);
+  }
+  return node;
+}
+
+/** 1536 -> "1.5 KiB" (binary units, as the Python side). */
+export function fmtBytes(n) {
+  if (n === null || n === undefined) return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+  let v = Number(n);
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+  return i === 0 ? `${v} B` : `${v.toPrecision(3).replace(/\.?0+$/, "")} ${units[i]}`;
+}
+
+/** [64, 2048] -> "(64, 2048)". */
+export function fmtShape(shape) {
+  return `(${shape.join(", ")}${shape.length === 1 ? "," : ""})`;
+}
+
+/** [[0, 16], [0, 2048]] -> "[0:16, 0:2048]". */
+export function fmtRanges(starts, stops) {
+  return `[${starts.map((s, i) => `${s}:${stops[i]}`).join(", ")}]`;
+}
+
+/** Device-id lists stay short: [0,1,2,3,4,5,6,7,8,9] -> "0, 1, 2, …, 9 (10)". */
+export function fmtIds(ids, max = 6) {
+  if (ids.length <= max) return ids.join(", ");
+  return `${ids.slice(0, max - 1).join(", ")}, …, ${ids[ids.length - 1]} (${ids.length})`;
+}
+
+/** Mesh coordinate (one int per axis) of the device at flat position `flat`. */
+export function unravel(flat, sizes) {
+  const out = new Array(sizes.length);
+  let rest = flat;
+  for (let i = sizes.length - 1; i >= 0; i -= 1) {
+    out[i] = rest % sizes[i];
+    rest = Math.floor(rest / sizes[i]);
+  }
+  return out;
+}
+
+const TABLEAU = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
+  "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+
+/** Colour of value i out of n: categorical up to 10, then an evenly spread hue ramp. */
+export function colour(i, n) {
+  if (n <= TABLEAU.length) return TABLEAU[i % TABLEAU.length];
+  const hue = Math.round((300 * i) / Math.max(1, n - 1));
+  return `hsl(${hue}, 62%, ${i % 2 ? 58 : 66}%)`;
+}
+
+/** CSS background for a block held by several colours: equal stripes, at most 8. */
+export function stripes(colours) {
+  const uniq = [...new Set(colours)];
+  if (uniq.length === 1) return uniq[0];
+  const shown = uniq.slice(0, 8);
+  const step = 100 / shown.length;
+  const stops = shown.map((c, i) => `${c} ${(i * step).toFixed(2)}% ${((i + 1) * step).toFixed(2)}%`);
+  return `linear-gradient(90deg, ${stops.join(", ")})`;
+}
+
+/** A labelled <select>; options: [[value, label], ...]. */
+export function select(label, options, value, onChange) {
+  const sel = el("select", { class: "wb-select", "aria-label": label });
+  for (const [v, text] of options) {
+    const opt = el("option", { value: String(v), text });
+    if (String(v) === String(value)) opt.setAttribute("selected", "selected");
+    sel.appendChild(opt);
+  }
+  sel.value = String(value);
+  sel.addEventListener("change", () => onChange(sel.value));
+  return el("label", { class: "wb-control" }, [`${label} `, sel]);
+}
+
+/** One floating tooltip per widget root: show(event, lines) / hide(). */
+export function tooltip(root) {
+  const tip = el("div", { class: "wb-tooltip", role: "tooltip" });
+  tip.style.setProperty("display", "none");
+  root.appendChild(tip);
+  return {
+    node: tip,
+    show(event, lines) {
+      tip.replaceChildren(...lines.map((line) => el("div", { text: line })));
+      tip.style.setProperty("display", "block");
+      const box = root.getBoundingClientRect ? root.getBoundingClientRect() : { left: 0, top: 0 };
+      tip.style.setProperty("left", `${(event.clientX || 0) - box.left + 12}px`);
+      tip.style.setProperty("top", `${(event.clientY || 0) - box.top + 12}px`);
+    },
+    hide() { tip.style.setProperty("display", "none"); },
+  };
+}
+
+/** Legend chips: [[colour, label], ...]; long ramps collapse to first … last. */
+export function legend(title, items) {
+  const shown = items.length > 16 ? [...items.slice(0, 8), null, ...items.slice(-4)] : items;
+  return el("div", { class: "wb-legend" }, [
+    el("span", { class: "wb-legend-title", text: title }),
+    ...shown.map((item) => (item === null
+      ? el("span", { class: "wb-legend-more", text: `… ${items.length - 12} more …` })
+      : el("span", { class: "wb-chip" }, [
+        el("span", { class: "wb-swatch", style: { background: item[0] } }), item[1]]))),
+  ]);
+}
+
+/**
+ * A sortable table. columns: [{key, label, numeric, format}]; rows: array of objects.
+ * onRow(row, tr) is called on click. Returns {node, setRows(rows), highlight(pred)}.
+ */
+export function table(columns, rows, { onRow, sortKey = null, descending = true } = {}) {
+  let state = { key: sortKey, desc: descending };
+  const body = el("tbody");
+  const heads = columns.map((c) => el("th", {
+    class: c.numeric ? "wb-num wb-sortable" : "wb-sortable",
+    text: c.label,
+    title: `sort by ${c.label}`,
+    onclick: () => {
+      state = { key: c.key, desc: state.key === c.key ? !state.desc : !!c.numeric };
+      draw();
+    },
+  }));
+  let current = rows;
+  function draw() {
+    heads.forEach((h, i) => {
+      const c = columns[i];
+      h.setAttribute("aria-sort", state.key !== c.key ? "none" : state.desc ? "descending" : "ascending");
+    });
+    let ordered = current;
+    if (state.key !== null) {
+      const k = state.key;
+      ordered = [...current].sort((a, b) => {
+        const x = a[k] ?? -Infinity;
+        const y = b[k] ?? -Infinity;
+        const cmp = x < y ? -1 : x > y ? 1 : 0;
+        return state.desc ? -cmp : cmp;
+      });
+    }
+    body.replaceChildren(...ordered.map((row) => {
+      const tr = el("tr", { class: "wb-row" }, columns.map((c) => el("td", {
+        class: c.numeric ? "wb-num" : null,
+        text: c.format ? c.format(row[c.key], row) : String(row[c.key] ?? ""),
+      })));
+      tr.rowData = row;
+      if (onRow) tr.addEventListener("click", () => onRow(row, tr));
+      return tr;
+    }));
+  }
+  draw();
+  const node = el("table", { class: "wb-table" }, [el("thead", {}, [el("tr", {}, heads)]), body]);
+  return {
+    node,
+    setRows(next) { current = next; draw(); },
+    highlight(pred) {
+      for (const tr of body.children) tr.classList.toggle("wb-selected", pred(tr.rowData));
+    },
+  };
+}
