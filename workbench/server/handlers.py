@@ -152,16 +152,26 @@ class RunStreamHandler(_Socket):
 
     async def open(self, rid: str) -> None:  # type: ignore[override]
         super().open(rid)
+        self.last_step = self.since
         self.send({"type": "run", "run": self.watch.detail()})
-        since = self.since
-        while True:  # backfill in pages, then follow
-            records = await asyncio.to_thread(self.watch.read, since, 50_000)
-            if records:
-                self.send({"type": "metrics", **metrics_payload(self.watch, records)})
-                since = records[-1]["step"]
+        while True:  # backfill in pages
+            records = await asyncio.to_thread(self.watch.read, self.last_step, 50_000)
+            self.push(records)
             if len(records) < 50_000:
                 break
+        # no await from here: nothing appended between this read and subscribing is lost
+        self.push(self.watch.read(self.last_step, None))
         self.hub.subscribe_run(self.watch.id, self)
+
+    def push(self, records: list[dict[str, Any]], reset: bool = False) -> None:
+        """Sends the records above the last one sent (after a reset: all of them)."""
+        if reset:
+            self.last_step = -(2**62)
+            self.send({"type": "reset"})
+        records = [r for r in records if r["step"] > self.last_step]
+        if records:
+            self.last_step = records[-1]["step"]
+            self.send({"type": "metrics", **metrics_payload(self.watch, records)})
 
 
 class ListStreamHandler(_Socket):

@@ -112,7 +112,8 @@ export function drawMesh(root, p, mode, split) {
     ? `${p.axis_names[0]} wraps every ${grid.cols}`
     : `rows: ${grid.rowAxes.map((i) => p.axis_names[i]).join(" × ")} · `
       + `columns: ${grid.colAxes.map((i) => p.axis_names[i]).join(" × ")}`;
-  return [el("div", { class: "wb-note", text: axisNote }), board, legendFor(mode, p)];
+  const key = mode === "device" ? null : legendFor(mode, p);
+  return [el("div", { class: "wb-note", text: axisNote }), board, key, tip.node].filter((x) => x !== null);
 }
 
 function render({ model, el: host }) {

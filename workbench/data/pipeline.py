@@ -1,0 +1,222 @@
+"""Grain input pipelines: sources, seeded global shuffle, per-process batches, global arrays.
+
+One pipeline serves every process count. Records are shuffled globally with a seed (and
+reshuffled each epoch), then grouped into blocks of ``batch / processes`` records; global
+batch ``j`` is blocks ``j*P .. j*P+P-1`` and process ``p`` reads block ``j*P + p``. So the
+global batch holds the same records in the same row order whether one process or many read
+it, and no process reads rows it does not own. Each process's rows become one global
+``jax.Array`` through ``jax.make_array_from_process_local_data``. The iterator's position
+is Grain's own checkpointable state.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import grain
+import numpy as np
+
+from workbench.data.corpus import TextData, build_text_corpus
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyntheticData:
+    """Synthetic token rows for benchmarks and quick tests (nothing read from disk).
+
+    Row ``i`` is the progression ``(a + b * t) mod vocab`` for ``t = 0..seq`` with ``a, b``
+    drawn from a generator seeded by ``(seed, i)``: cheap to make, identical on every
+    machine, and learnable (the loss falls), unlike uniform noise.
+
+    Attributes:
+      vocab_size: token ids are below this; ``None`` uses the model's vocabulary.
+      size: number of distinct rows (an epoch).
+      seed: seed of the rows themselves (the shuffle uses the run's seed).
+    """
+
+    vocab_size: int | None = None
+    size: int = 1 << 20
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"SyntheticData.size={self.size} must be positive")
+        if self.vocab_size is not None and self.vocab_size < 2:
+            raise ValueError(f"SyntheticData.vocab_size={self.vocab_size} must be at least 2")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form with ``"kind": "synthetic"``."""
+        return {"kind": "synthetic", **dataclasses.asdict(self)}
+
+
+DataSpec = TextData | SyntheticData
+_KINDS: dict[str, type[TextData] | type[SyntheticData]] = {
+    "text": TextData, "synthetic": SyntheticData}
+
+
+def data_spec(value: str | Mapping[str, Any] | DataSpec) -> DataSpec:
+    """Normalises ``"text"``, ``"synthetic"``, a ``to_dict()`` mapping or a spec object."""
+    if isinstance(value, (TextData, SyntheticData)):
+        return value
+    if isinstance(value, str):
+        if value not in _KINDS:
+            raise ValueError(f"unknown data {value!r}; use 'text', 'synthetic', "
+                             "wb.data.TextData(...) or wb.data.SyntheticData(...)")
+        return _KINDS[value]()
+    if isinstance(value, Mapping):
+        fields = dict(value)
+        kind = fields.pop("kind", None)
+        if kind not in _KINDS:
+            raise ValueError(f"data spec {dict(value)} needs 'kind': 'text' or 'synthetic'")
+        cls = _KINDS[kind]
+        for key, val in fields.items():
+            if isinstance(val, list):
+                fields[key] = tuple(val)
+        return cls(**fields)
+    raise TypeError(f"data must be 'text', 'synthetic', a dict or a spec; got {value!r}")
+
+
+def _synthetic_row(index: int, *, seq: int, vocab: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng((seed, index))
+    a, b = rng.integers(0, vocab), rng.integers(1, vocab)
+    return ((a + b * np.arange(seq + 1, dtype=np.int64)) % vocab).astype(np.int32)  # (seq+1,)
+
+
+def _bytes_to_tokens(record: bytes) -> np.ndarray:
+    return np.frombuffer(record, dtype=np.uint8).astype(np.int32)  # (seq+1,)
+
+
+def source(spec: DataSpec, *, seq: int, vocab_size: int,
+           cache_dir: str | os.PathLike[str] | None = None
+           ) -> tuple[grain.MapDataset, dict[str, Any]]:
+    """Records of ``seq + 1`` int32 tokens, in corpus order, and a description.
+
+    Args:
+      spec: the data spec.
+      seq: tokens per training sequence.
+      vocab_size: the model's vocabulary; every token id must be below it.
+      cache_dir: where the text corpus' ArrayRecord file lives (default: the user cache).
+    """
+    if isinstance(spec, TextData):
+        if vocab_size < spec.vocab_size:
+            raise ValueError(
+                f"the model's vocab_size={vocab_size} is smaller than the {spec.vocab_size} "
+                "byte tokens of text data; use a model with vocab_size >= 256 "
+                "(e.g. model='tiny' or GPTConfig(..., vocab_size=256))")
+        path, info = build_text_corpus(spec, seq, cache_dir)
+        src = grain.sources.ArrayRecordDataSource(str(path))
+        return grain.MapDataset.source(src).map(_bytes_to_tokens), {"kind": "text", **info}
+    vocab = spec.vocab_size or vocab_size
+    if vocab > vocab_size:
+        raise ValueError(f"SyntheticData.vocab_size={vocab} exceeds the model's "
+                         f"vocab_size={vocab_size}; lower it or leave it None")
+
+    def row(i: int) -> np.ndarray:
+        return _synthetic_row(i, seq=seq, vocab=vocab, seed=spec.seed)
+
+    info = {"kind": "synthetic", "records": spec.size, "vocab_size": vocab, "seq": seq}
+    return grain.MapDataset.range(spec.size).map(row), info
+
+
+def dataset(spec: DataSpec, *, seq: int, batch: int, seed: int, vocab_size: int,
+            process_index: int = 0, process_count: int = 1,
+            cache_dir: str | os.PathLike[str] | None = None
+            ) -> tuple[grain.MapDataset, dict[str, Any]]:
+    """This process's batches: shuffled, repeated forever, ``(batch/P, seq+1)`` int32.
+
+    Args:
+      spec: the data spec.
+      seq: tokens per sequence.
+      batch: the *global* batch size (all processes together).
+      seed: shuffle seed (each epoch is reshuffled from it).
+      vocab_size: the model's vocabulary.
+      process_index, process_count: this process and how many read.
+      cache_dir: where the text corpus lives.
+    """
+    if batch % process_count:
+        raise ValueError(f"batch={batch} is not divisible by the {process_count} processes "
+                         f"that load it; use a multiple of {process_count}")
+    local = batch // process_count
+    records, info = source(spec, seq=seq, vocab_size=vocab_size, cache_dir=cache_dir)
+    # Blocks of `local` consecutive shuffled records; process p takes block j*P + p.
+    ds = records.shuffle(seed=seed).repeat(None).batch(local, drop_remainder=True)
+    return ds[process_index::process_count], {**info, "epoch_records": len(records)}
+
+
+def batch_shards(sharding: Any) -> int:
+    """How many ways a ``NamedSharding`` splits dim 0 (the batch) across devices."""
+    spec = sharding.spec
+    first = spec[0] if len(spec) else None
+    axes = (first,) if isinstance(first, str) else tuple(first or ())
+    return math.prod(sharding.mesh.shape[a] for a in axes)
+
+
+class ShardedBatches:
+    """An endless, checkpointable iterator of global ``(batch, seq + 1)`` int32 arrays.
+
+    Args:
+      spec: ``"text"``, ``"synthetic"`` or a spec object.
+      seq: tokens per sequence (records hold ``seq + 1``: inputs plus next-token targets).
+      batch: the global batch size.
+      seed: shuffle seed.
+      sharding: a ``NamedSharding`` for the global batch (dim 0 over the data axes).
+      vocab_size: the model's vocabulary.
+      prefetch: batches read ahead by Grain's background threads (0 to read inline).
+      cache_dir: where the text corpus lives.
+
+    ``get_state()`` / ``set_state()`` exchange Grain's iterator state (JSON bytes); the
+    object can be passed to ``grain.checkpoint.CheckpointSave`` / ``CheckpointRestore``.
+    """
+
+    def __init__(self, spec: str | Mapping[str, Any] | DataSpec, *, seq: int, batch: int,
+                 seed: int, sharding: Any, vocab_size: int, prefetch: int = 2,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+        import jax
+
+        shards = batch_shards(sharding)
+        if batch % shards:
+            axes = sharding.spec[0]
+            raise ValueError(
+                f"batch={batch} is not divisible by the {shards} shards of its batch dim "
+                f"(mesh axes {axes!r} of mesh {dict(sharding.mesh.shape)}); use a batch that "
+                f"is a multiple of {shards}, e.g. batch={max(shards, batch - batch % shards)}")
+        self.spec = data_spec(spec)
+        self.sharding = sharding
+        self.global_shape = (batch, seq + 1)
+        self._ds, self.info = dataset(
+            self.spec, seq=seq, batch=batch, seed=seed, vocab_size=vocab_size,
+            process_index=jax.process_index(), process_count=jax.process_count(),
+            cache_dir=cache_dir)
+        options = grain.ReadOptions(num_threads=max(1, min(prefetch, 4)),
+                                    prefetch_buffer_size=prefetch) if prefetch else \
+            grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+        self._iter = iter(self._ds.to_iter_dataset(options))
+
+    def __iter__(self) -> ShardedBatches:
+        return self
+
+    def next_local(self) -> np.ndarray:
+        """This process's rows of the next batch, ``(batch/P, seq+1)`` int32, on the host."""
+        return next(self._iter)
+
+    def __next__(self) -> Any:
+        import jax
+
+        local = self.next_local()
+        return jax.make_array_from_process_local_data(self.sharding, local, self.global_shape)
+
+    def get_state(self) -> bytes:
+        """The position in the stream (Grain's state, JSON)."""
+        return json.dumps(self._iter.get_state(), sort_keys=True).encode()
+
+    def set_state(self, state: bytes | str | Mapping[str, Any]) -> None:
+        """Moves to a position returned by :meth:`get_state`."""
+        if isinstance(state, (bytes, str)):
+            state = json.loads(state)
+        self._iter.set_state(dict(state))
+
+    def start_prefetch(self) -> None:
+        """Called by Grain's checkpoint handler after a restore; Grain prefetches lazily."""

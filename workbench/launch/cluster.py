@@ -1,0 +1,177 @@
+"""Joining a multi-process JAX job: loopback launches, SLURM, TPU pods (jax.distributed).
+
+Every worker of a job (started by :func:`workbench.launch`, by ``srun``, or by
+``gcloud ... ssh --worker=all``) calls :func:`initialize` once, before anything
+touches a JAX backend. Three cases:
+
+* explicit: a coordinator address, the process count and this process's id are given
+  (the local launcher passes them). On CPU the processes talk through the gloo
+  collectives and each gets ``devices_per_process`` simulated devices.
+* a cluster JAX knows (SLURM, Open MPI, Cloud TPU pod, Kubernetes): plain
+  ``jax.distributed.initialize()`` reads everything from the environment.
+* neither: one process, no ``jax.distributed``.
+
+The heartbeat and shutdown timeouts are short enough that when one process dies the
+others notice it and exit instead of waiting forever in a collective.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+__all__ = ["DistributedSpec", "detect_cluster", "initialize", "LOCAL_HEARTBEAT_S"]
+
+LOCAL_HEARTBEAT_S = 15  # loopback: a dead process is noticed within ~15 s
+CLUSTER_HEARTBEAT_S = 60  # across hosts: tolerate short network hiccups
+_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistributedSpec:
+    """How one worker joins its job.
+
+    Attributes:
+      mode: "auto" (explicit values if given, else a detected cluster, else one
+        process), "on" (always call ``jax.distributed.initialize``) or "off".
+      coordinator: "host:port" of process 0's coordinator service.
+      num_processes: processes in the job.
+      process_id: this process's index (0 is the coordinator and writes metrics).
+      platform: "cpu", "gpu", "tpu" or None (JAX's default).
+      devices_per_process: on CPU the number of simulated devices of this process; on
+        GPU the number of GPUs each process of a one-host launch takes (process ``i``
+        gets GPUs ``i*M .. i*M+M-1``). Ignored on TPU.
+      heartbeat_timeout: seconds without a heartbeat after which a process counts as dead.
+      shutdown_timeout: seconds the final shutdown barrier waits for the others.
+      bind_address: where process 0's coordinator listens (default: the coordinator's
+        own address for loopback launches, every interface otherwise).
+    """
+
+    mode: Literal["auto", "on", "off"] = "auto"
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    platform: str | None = None
+    devices_per_process: int | None = None
+    heartbeat_timeout: int | None = None
+    shutdown_timeout: int = 60
+    bind_address: str | None = None
+
+    @property
+    def explicit(self) -> bool:
+        """True when coordinator, process count and id were all given."""
+        return None not in (self.coordinator, self.num_processes, self.process_id)
+
+
+def detect_cluster() -> str | None:
+    """The cluster environment ``jax.distributed.initialize()`` would detect, or None.
+
+    Asks JAX's own detectors (SLURM, Open MPI, Cloud TPU VM pods, GKE/Kubernetes),
+    skipping the opt-in ones (mpi4py), so detection never differs from JAX's.
+    """
+    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        return "JAX_COORDINATOR_ADDRESS"
+    try:
+        from jax._src import clusters  # JAX's detector registry (no public equivalent)
+    except ImportError:  # pragma: no cover - layout of a future JAX
+        return None
+    for env in getattr(clusters.ClusterEnv, "_cluster_types", []):
+        if getattr(env, "opt_in_only_method", False):
+            continue
+        try:
+            if env.is_env_present():
+                return env.__name__
+        except Exception:  # noqa: BLE001 - a detector that cannot run is not present
+            continue
+    return None
+
+
+def _set_cpu_devices(n: int) -> None:
+    """``n`` simulated CPU devices for this process (before the backends start)."""
+    import jax
+
+    flags = re.sub(rf"{_COUNT_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
+    os.environ["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={n}".strip()
+    jax.config.update("jax_num_cpu_devices", n)
+
+
+def _check(spec: DistributedSpec) -> None:
+    if spec.mode not in ("auto", "on", "off"):
+        raise ValueError(f"distributed mode {spec.mode!r} is not one of 'auto', 'on', 'off'")
+    given = {k: getattr(spec, k) for k in ("coordinator", "num_processes", "process_id")}
+    if any(v is not None for v in given.values()) and not spec.explicit:
+        missing = [k for k, v in given.items() if v is None]
+        raise ValueError(f"a multi-process launch needs coordinator, num_processes and "
+                         f"process_id together; got {given}; also pass {missing} "
+                         "(or none of them to let jax.distributed detect the cluster)")
+    if spec.explicit:
+        n, i = spec.num_processes, spec.process_id
+        assert n is not None and i is not None
+        if n < 1 or not 0 <= i < n:
+            raise ValueError(f"process_id={i} must lie in [0, num_processes={n}) "
+                             "and num_processes must be >= 1")
+    if spec.devices_per_process is not None and spec.devices_per_process < 1:
+        raise ValueError(f"devices_per_process must be >= 1, got {spec.devices_per_process}")
+
+
+def initialize(spec: DistributedSpec) -> str:
+    """Configures JAX for this worker and joins the job; call before any JAX computation.
+
+    Args:
+      spec: how to join (see :class:`DistributedSpec`).
+
+    Returns:
+      How the process joined: "single", "explicit" or the detected cluster's name.
+
+    Raises:
+      ValueError: inconsistent arguments (named in the message).
+      RuntimeError: JAX already started its backends (too late to configure them).
+    """
+    _check(spec)
+    import jax
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError("JAX already started its backends in this process, so it cannot "
+                           "join a multi-process job any more; call workbench.launch.cluster."
+                           "initialize() first thing in the worker")
+    platform = spec.platform or os.environ.get("JAX_PLATFORMS", "").split(",")[0] or None
+    if platform:
+        jax.config.update("jax_platforms", platform)
+    if platform == "cpu" and spec.devices_per_process:
+        _set_cpu_devices(spec.devices_per_process)
+
+    cluster = None if spec.explicit else detect_cluster()
+    if spec.mode == "off" or (spec.mode == "auto" and not spec.explicit and cluster is None):
+        return "single"
+    if platform == "cpu":
+        # XLA:CPU has no cross-process collectives of its own; gloo runs them over TCP.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    heartbeat = spec.heartbeat_timeout or (LOCAL_HEARTBEAT_S if spec.explicit
+                                           else CLUSTER_HEARTBEAT_S)
+    kwargs: dict[str, object] = dict(heartbeat_timeout_seconds=heartbeat,
+                                     shutdown_timeout_seconds=spec.shutdown_timeout)
+    if spec.explicit:
+        assert spec.coordinator is not None
+        kwargs.update(coordinator_address=spec.coordinator, num_processes=spec.num_processes,
+                      process_id=spec.process_id,
+                      coordinator_bind_address=spec.bind_address or _loopback_bind(spec))
+        if platform == "gpu" and spec.devices_per_process:
+            kwargs["local_device_ids"] = _gpu_ids(spec)
+    jax.distributed.initialize(**kwargs)  # type: ignore[arg-type]
+    return "explicit" if spec.explicit else (cluster or "jax.distributed")
+
+
+def _loopback_bind(spec: DistributedSpec) -> str | None:
+    """Binds a loopback coordinator to loopback only (never every interface)."""
+    assert spec.coordinator is not None
+    host, _, port = spec.coordinator.rpartition(":")
+    return spec.coordinator if host in ("127.0.0.1", "localhost", "[::1]") else None
+
+
+def _gpu_ids(spec: DistributedSpec) -> Sequence[int]:
+    m, i = spec.devices_per_process, spec.process_id
+    assert m is not None and i is not None
+    return list(range(i * m, (i + 1) * m))

@@ -1,0 +1,181 @@
+"""What one worker process of a job runs: ``train`` (the Trainer) and ``ping`` (a collectives check).
+
+Both start with :func:`workbench.launch.cluster.initialize`, so the same code runs as a
+loopback process of :func:`workbench.launch`, an ``srun`` task, or one worker of a TPU
+pod. Exit codes tell the launcher what happened: 0 reached the target, ``EXIT_STOPPED``
+stopped early after a checkpoint (SIGTERM / preemption), anything else failed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench.launch import cluster
+from workbench.launch.lock import RunLock
+
+__all__ = ["EXIT_STOPPED", "load_config", "ping", "train"]
+
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped before the target with a checkpoint; relaunch continues
+LAUNCHED_ENV = "WORKBENCH_JOB"  # set by the local launcher, which holds the run-dir lock
+
+
+def _say(msg: str) -> None:
+    print(f"[workbench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load_config(path: str | os.PathLike[str]) -> Any:
+    """Reads a ``TrainConfig`` from ``CONFIG.json`` or from ``CONFIG.py``.
+
+    A Python file must define ``config`` (a ``TrainConfig`` or a dict of its fields),
+    or a function ``config()`` returning one.
+    """
+    from workbench.train import TrainConfig
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"config file {p} does not exist; pass CONFIG.json (as written "
+                                "by TrainConfig.to_json()) or CONFIG.py defining `config`")
+    if p.suffix == ".json":
+        return TrainConfig.from_json(p.read_text(encoding="utf-8"))
+    if p.suffix != ".py":
+        raise ValueError(f"config file {p} must end in .json or .py, not {p.suffix!r}")
+    ns = runpy.run_path(str(p), run_name="__workbench_config__")
+    if "config" not in ns:
+        raise ValueError(f"{p} defines no `config`; add e.g. `config = wb.TrainConfig(...)`")
+    cfg = ns["config"]() if callable(ns["config"]) and not isinstance(ns["config"], type) \
+        else ns["config"]
+    if isinstance(cfg, dict):
+        cfg = TrainConfig.from_json(json.dumps(cfg))
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"`config` in {p} is a {type(cfg).__name__}, expected a TrainConfig "
+                        "or a dict of its fields")
+    return cfg
+
+
+def _joined(spec: cluster.DistributedSpec) -> None:
+    how = cluster.initialize(spec)
+    import jax
+
+    _say(f"process {jax.process_index()} of {jax.process_count()} joined ({how}): "
+         f"{jax.local_device_count()} local / {jax.device_count()} global "
+         f"{jax.devices()[0].platform} devices, pid {os.getpid()}")
+
+
+def _take_lock(run_dir: Path) -> RunLock | None:
+    """Process 0 of a job not started by the local launcher locks the run directory."""
+    import jax
+
+    if os.environ.get(LAUNCHED_ENV) or jax.process_index() != 0:
+        return None
+    lock = RunLock(run_dir)
+    lock.acquire(pids=[os.getpid()])
+    return lock
+
+
+def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
+          spec: cluster.DistributedSpec, *, steps: int | None = None) -> int:
+    """Joins the job, then trains ``config`` in ``run_dir`` (resuming from its checkpoint).
+
+    Returns:
+      The exit code: 0 when the run reached its target, ``EXIT_STOPPED`` when SIGTERM
+      (or a preemption notice) stopped it after a checkpoint.
+    """
+    _joined(spec)
+    run_dir = Path(run_dir)
+    config = load_config(config_path)
+    lock = _take_lock(run_dir)
+    try:
+        from workbench.train import Trainer
+
+        trainer = Trainer(config, run_dir=run_dir)
+        trainer.run(steps=steps)
+        target = steps if steps is not None else config.steps
+        if trainer.step >= target:
+            _say(f"finished: step {trainer.step} of {target}")
+            return 0
+        _say(f"stopped at step {trainer.step} of {target} with a checkpoint; "
+             "launch again into the same run directory to continue")
+        return EXIT_STOPPED
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def ping(spec: cluster.DistributedSpec, *, hold: float = 0.0) -> int:
+    """Checks that every process joined and a cross-process all-reduce is right.
+
+    Each device contributes its process index; the all-reduced sum must equal the hand
+    count ``sum(process_index * local_devices)``. With ``hold`` the check repeats for
+    that many seconds (stoppable with SIGTERM at an agreed step, like training).
+
+    Returns:
+      0 when every sum was right, ``EXIT_STOPPED`` when stopped early, 1 on a wrong sum.
+    """
+    _joined(spec)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n_local, pid = jax.local_device_count(), jax.process_index()
+    counts = np.asarray(multihost_utils.process_allgather(np.int32(n_local)))  # (processes,)
+    expected = float(sum(p * int(c) for p, c in enumerate(counts.reshape(-1))))
+    mesh = jax.make_mesh((jax.device_count(),), ("d",))
+    x = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, P("d")), np.full((n_local,), pid, np.float32))  # (devices,)
+    total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))
+    stop = _StopFlag(distributed=jax.process_count() > 1)
+    t_end, i, t0 = time.monotonic() + hold, 0, time.perf_counter()
+    while True:
+        i += 1
+        got = float(total(x + i) - i * jax.device_count())
+        if got != expected:
+            _say(f"ping FAILED at round {i}: all-reduce gave {got}, hand count {expected}")
+            return 1
+        if i == 1:
+            report = {"processes": jax.process_count(), "devices": jax.device_count(),
+                      "local_devices": [int(c) for c in counts.reshape(-1)], "sum": got,
+                      "expected": expected, "first_round_s": time.perf_counter() - t0}
+            _say("PING " + json.dumps(report))
+        if stop(i):
+            _say(f"stopped at round {i} (SIGTERM)")
+            return EXIT_STOPPED
+        if time.monotonic() >= t_end:
+            _say(f"ping ok: {i} round(s)")
+            return 0
+        time.sleep(0.1)
+
+
+class _StopFlag:
+    """True at the same round on every process once any got SIGTERM.
+
+    Across processes this is JAX's preemption sync point (its notifier catches SIGTERM
+    and the processes agree on the step); in one process, a plain signal handler.
+    """
+
+    def __init__(self, *, distributed: bool) -> None:
+        self.distributed, self.flag = distributed, False
+        if not distributed:
+            signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum: int, frame: object) -> None:
+        self.flag = True
+
+    def __call__(self, step: int) -> bool:
+        if self.distributed:
+            from jax.experimental import multihost_utils
+
+            return bool(multihost_utils.reached_preemption_sync_point(step))
+        return self.flag
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use `python -m workbench train|ping ...`")

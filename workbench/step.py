@@ -1,0 +1,249 @@
+"""The one train step: state pytree, shardings from logical axes, sharded init, pure step.
+
+The plan (:mod:`workbench.plan`) compiles exactly this step and the Trainer runs it.
+
+API::
+
+    factory = model_factory(cfg)                   # GPTConfig or (rngs -> nnx.Module)
+    graphdef, abstract = abstract_state(factory, optimizer, rules, mesh)
+    #   abstract: TrainState of ShapeDtypeStruct with NamedSharding; nothing allocated
+    shardings = state_shardings(factory, optimizer, rules, mesh)   # TrainState of NamedSharding
+    graphdef, state = init_state(factory, optimizer, rules, mesh, seed=0)
+    #   jitted with out_shardings: each device only ever holds its own shards
+    train_step = make_train_step(graphdef, optimizer, rules=rules, mesh=mesh)
+    step = jax.jit(train_step, in_shardings=(shardings, batch_shardings(rules, mesh)),
+                   out_shardings=(shardings, None), donate_argnums=0)
+    state, metrics = step(state, batch)            # metrics: loss, grad_norm (scalars)
+    model = nnx.merge(graphdef, state.params)      # an nnx.Module again, for eval/inspection
+
+``TrainState(step, params, opt_state)``: ``params`` is a plain nested dict of arrays
+(``nnx.to_pure_dict`` of the model's ``nnx.Param`` state), so optax and Orbax see an
+ordinary pytree. A batch is ``{"inputs": int32 (B, T), "targets": int32 (B, T)}`` with an
+optional float ``"mask"`` (B, T); ``{"tokens": int32 (B, T+1)}`` is split into the two.
+Gradient accumulation: wrap the optimizer in ``optax.MultiSteps`` before calling these.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from workbench.models import GPT, GPTConfig
+from workbench.rules import Rules
+
+ModelFactory = Callable[[nnx.Rngs], nnx.Module]
+LossFn = Callable[[nnx.Module, Mapping[str, jax.Array]], jax.Array]
+
+
+class TrainState(NamedTuple):
+    """Everything a train step reads and writes.
+
+    Attributes:
+        step: int32 scalar, optimizer steps taken.
+        params: plain nested dict of parameter arrays (same tree as ``nnx.to_pure_dict``).
+        opt_state: the optax state for ``params``.
+    """
+
+    step: Any
+    params: Any
+    opt_state: Any
+
+
+def model_factory(cfg_or_factory: GPTConfig | ModelFactory) -> ModelFactory:
+    """``rngs -> model``: a GPTConfig becomes ``GPT(cfg, rngs=rngs)``; callables pass through."""
+    if isinstance(cfg_or_factory, GPTConfig):
+        cfg = cfg_or_factory
+        return lambda rngs: GPT(cfg, rngs=rngs)
+    if callable(cfg_or_factory):
+        return cfg_or_factory
+    raise TypeError(f"expected a GPTConfig or a callable rngs -> nnx.Module, got "
+                    f"{type(cfg_or_factory).__name__}")
+
+
+def path_str(path: tuple[Any, ...]) -> str:
+    """``('blocks', 0, 'attn', 'q')`` or a jax key path -> ``'blocks.0.attn.q'``."""
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                k = getattr(k, attr)
+                break
+        parts.append(str(k))
+    return ".".join(parts)
+
+
+def _split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    if jax.tree.leaves(rest):
+        kinds = sorted({type(v).__name__ for _, v in nnx.to_flat_state(rest)})
+        raise TypeError(f"the train step handles models whose state is nnx.Param only; "
+                        f"this model also holds {kinds}")
+    return graphdef, params
+
+
+def abstract_model(cfg_or_factory: GPTConfig | ModelFactory
+                   ) -> tuple[nnx.GraphDef, Any, dict[str, tuple[str | None, ...]]]:
+    """Build the model with ``nnx.eval_shape`` (no allocation).
+
+    Returns:
+        ``(graphdef, params, logical)``: ``params`` a pure dict of ShapeDtypeStruct;
+        ``logical`` maps each parameter path (``'blocks.0.attn.q'``) to its logical axes.
+    """
+    factory = model_factory(cfg_or_factory)
+    model = nnx.eval_shape(lambda: factory(nnx.Rngs(0)))
+    graphdef, params = _split_params(model)
+    logical: dict[str, tuple[str | None, ...]] = {}
+    for path, var in nnx.to_flat_state(params):
+        axes = var.get_metadata().get("out_sharding")
+        if axes is None:
+            axes = (None,) * len(var.shape)
+        logical[path_str(path)] = tuple(axes)
+    return graphdef, nnx.to_pure_dict(params), logical
+
+
+def param_specs(params: Any, logical: Mapping[str, tuple[str | None, ...]], rules: Rules, *,
+                strict: bool = True) -> Any:
+    """Tree of PartitionSpec for ``params`` from their logical axes and ``rules``."""
+    def spec(path: tuple[Any, ...], leaf: Any) -> PartitionSpec:
+        name = path_str(path)
+        return rules.spec(logical[name], tensor=name, strict=strict)
+    return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def opt_state_specs(opt_state: Any, params: Any, specs: Any) -> Any:
+    """PartitionSpecs for an optax state: a leaf whose key path ends with a parameter's path
+    and has that parameter's shape is sharded like it (Adam's mu/nu, MultiSteps' buffers);
+    everything else (counts, scalars, factored moments) is replicated."""
+    by_path = {}
+    for (path, p), s in zip(jax.tree_util.tree_flatten_with_path(params)[0],
+                            jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec)),
+                            strict=True):
+        by_path[path_str(path)] = (tuple(p.shape), s)
+    depths = sorted({len(k.split(".")) for k in by_path}, reverse=True)
+
+    def spec(path: tuple[Any, ...], leaf: Any) -> PartitionSpec:
+        parts = path_str(path).split(".")
+        for d in depths:
+            hit = by_path.get(".".join(parts[-d:]))
+            if hit is not None and hit[0] == tuple(getattr(leaf, "shape", ())):
+                return hit[1]
+        return PartitionSpec()
+    return jax.tree_util.tree_map_with_path(spec, opt_state)
+
+
+def abstract_state(cfg_or_factory: GPTConfig | ModelFactory,
+                   optimizer: optax.GradientTransformation, rules: Rules,
+                   mesh: jax.sharding.Mesh, *, strict: bool = True
+                   ) -> tuple[nnx.GraphDef, TrainState]:
+    """``(graphdef, TrainState of ShapeDtypeStruct carrying NamedSharding)``; no allocation.
+
+    Args:
+        strict: raise on logical axes without a rule (False replicates them; the plan
+            uses that and reports a lint instead).
+    """
+    rules.check_mesh(mesh)
+    graphdef, params, logical = abstract_model(cfg_or_factory)
+    opt_state = jax.eval_shape(optimizer.init, params)
+    pspecs = param_specs(params, logical, rules, strict=strict)
+    specs = TrainState(step=PartitionSpec(), params=pspecs,
+                       opt_state=opt_state_specs(opt_state, params, pspecs))
+    state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                       opt_state=opt_state)
+    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+    flat_specs = jax.tree.leaves(specs, is_leaf=is_spec)
+    leaves, treedef = jax.tree.flatten(state)
+    out = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s))
+           for a, s in zip(leaves, flat_specs, strict=True)]
+    return graphdef, jax.tree.unflatten(treedef, out)
+
+
+def state_shardings(cfg_or_factory: GPTConfig | ModelFactory,
+                    optimizer: optax.GradientTransformation, rules: Rules,
+                    mesh: jax.sharding.Mesh, *, strict: bool = True) -> TrainState:
+    """TrainState-shaped pytree of NamedSharding (from the parameters' logical axes)."""
+    _, abstract = abstract_state(cfg_or_factory, optimizer, rules, mesh, strict=strict)
+    return jax.tree.map(lambda a: a.sharding, abstract)
+
+
+def batch_shardings(rules: Rules, mesh: jax.sharding.Mesh, *,
+                    keys: tuple[str, ...] = ("inputs", "targets")) -> dict[str, NamedSharding]:
+    """NamedSharding per batch entry: (B, T) arrays sharded by the rules for batch and seq."""
+    spec = rules.spec(("batch", "seq"), tensor="batch", strict=False)
+    return {k: NamedSharding(mesh, spec) for k in keys}
+
+
+def init_state(cfg_or_factory: GPTConfig | ModelFactory,
+               optimizer: optax.GradientTransformation, rules: Rules,
+               mesh: jax.sharding.Mesh, *, seed: int = 0, strict: bool = True
+               ) -> tuple[nnx.GraphDef, TrainState]:
+    """Initialise parameters and optimizer state directly into their shards.
+
+    The init function is jitted with ``out_shardings``, so XLA creates each shard on its
+    device and no device ever holds the whole model.
+    """
+    factory = model_factory(cfg_or_factory)
+    graphdef, abstract = abstract_state(factory, optimizer, rules, mesh, strict=strict)
+    shardings = jax.tree.map(lambda a: a.sharding, abstract)
+
+    def _init(key: jax.Array) -> TrainState:
+        _, params = _split_params(factory(nnx.Rngs(params=key)))
+        params = nnx.to_pure_dict(params)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                          opt_state=optimizer.init(params))
+
+    init = jax.jit(_init, out_shardings=shardings)
+    return graphdef, init(jax.random.key(seed))
+
+
+def lm_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:
+    """Mean next-token cross-entropy (float32) of ``model(inputs)`` against ``targets``."""
+    if "tokens" in batch:
+        inputs, targets = batch["tokens"][:, :-1], batch["tokens"][:, 1:]  # (B, T) each
+    else:
+        inputs, targets = batch["inputs"], batch["targets"]
+    logits = model(inputs).astype(jnp.float32)                             # (B, T, V)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # (B, T)
+    if "mask" in batch:
+        mask = batch["mask"].astype(jnp.float32)
+        return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return jnp.mean(losses)
+
+
+def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *,
+                    loss_fn: LossFn = lm_loss, rules: Rules | None = None,
+                    mesh: jax.sharding.Mesh | None = None
+                    ) -> Callable[[TrainState, Mapping[str, jax.Array]],
+                                  tuple[TrainState, dict[str, jax.Array]]]:
+    """A pure ``train_step(state, batch) -> (state, {"loss", "grad_norm"})`` (not jitted).
+
+    With ``rules`` and ``mesh``, activations are constrained by their logical axes while
+    the step is traced.
+    """
+    def train_step(state: TrainState, batch: Mapping[str, jax.Array]
+                   ) -> tuple[TrainState, dict[str, jax.Array]]:
+        ctx = rules.activate(mesh) if rules is not None and mesh is not None \
+            else contextlib.nullcontext()
+        with ctx:
+            def loss_of(params: Any) -> jax.Array:
+                return loss_fn(nnx.merge(graphdef, params), batch)
+            loss, grads = jax.value_and_grad(loss_of)(state.params)
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return train_step
+
+
+def jit_train_step(train_step: Callable[..., Any], shardings: TrainState,
+                   batch_sharding: Mapping[str, NamedSharding], *, donate: bool = True
+                   ) -> Callable[..., Any]:
+    """``jax.jit`` of ``train_step`` with state/batch in-shardings, state out-shardings and
+    the state donated (its buffers are reused for the new state)."""
+    return jax.jit(train_step, in_shardings=(shardings, dict(batch_sharding)),
+                   out_shardings=(shardings, None), donate_argnums=(0,) if donate else ())
