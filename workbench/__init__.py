@@ -15,6 +15,8 @@ can be imported by the Jupyter server without importing JAX.
 from __future__ import annotations
 
 import importlib
+import sys as _sys
+import types as _types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -61,6 +63,29 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+class _CallableSubmodule(_types.ModuleType):
+    """A submodule that is also its same-named public function (``workbench.layout``)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self, self.__name__.rpartition(".")[2])(*args, **kwargs)
+
+
+class _Package(_types.ModuleType):
+    """Importing ``workbench.layout`` makes Python set ``workbench.layout`` to the module,
+    shadowing the public function ``wb.layout``; such a module is made callable instead,
+    so ``wb.layout(...)``, ``wb.plan(...)`` work whichever import came first."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        export = _EXPORTS.get(name)
+        if (export == (f"{__name__}.{name}", name) and isinstance(value, _types.ModuleType)
+                and type(value) is _types.ModuleType):
+            value.__class__ = _CallableSubmodule
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

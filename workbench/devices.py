@@ -321,19 +321,3 @@ def devices(backend: str | None = None, *, devices: Sequence[Any] | None = None)
     devs = list(devices) if devices is not None else jax.devices(backend)
     return DeviceInventory(DeviceInfo.from_device(d) for d in devs)
 
-
-class _CallableModule(type(jax)):  # type: ignore[misc]
-    """``workbench.devices`` is both this module and ``wb.devices()``.
-
-    Importing the submodule sets the package attribute ``workbench.devices`` to the
-    module, which would shadow the public function; making the module callable keeps
-    ``wb.devices()`` working whichever is found first.
-    """
-
-    def __call__(self, backend: str | None = None, **kwargs: Any) -> DeviceInventory:
-        return devices(backend, **kwargs)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule

@@ -87,6 +87,23 @@ def _split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
     return graphdef, params
 
 
+def abstract_param_state(cfg_or_factory: GPTConfig | ModelFactory
+                         ) -> tuple[nnx.GraphDef, nnx.State]:
+    """``(graphdef, nnx.State of abstract nnx.Param)`` via ``nnx.eval_shape`` (no allocation);
+    the Variables keep their logical axes as ``out_sharding`` metadata."""
+    factory = model_factory(cfg_or_factory)
+    return _split_params(nnx.eval_shape(lambda: factory(nnx.Rngs(0))))
+
+
+def logical_axes(param_state: nnx.State) -> dict[str, tuple[str | None, ...]]:
+    """``{'blocks.0.attn.q': ('embed', 'heads', 'head_dim'), ...}`` from Param metadata."""
+    logical: dict[str, tuple[str | None, ...]] = {}
+    for path, var in nnx.to_flat_state(param_state):
+        axes = var.get_metadata().get("out_sharding")
+        logical[path_str(path)] = tuple(axes) if axes is not None else (None,) * len(var.shape)
+    return logical
+
+
 def abstract_model(cfg_or_factory: GPTConfig | ModelFactory
                    ) -> tuple[nnx.GraphDef, Any, dict[str, tuple[str | None, ...]]]:
     """Build the model with ``nnx.eval_shape`` (no allocation).
@@ -95,16 +112,8 @@ def abstract_model(cfg_or_factory: GPTConfig | ModelFactory
         ``(graphdef, params, logical)``: ``params`` a pure dict of ShapeDtypeStruct;
         ``logical`` maps each parameter path (``'blocks.0.attn.q'``) to its logical axes.
     """
-    factory = model_factory(cfg_or_factory)
-    model = nnx.eval_shape(lambda: factory(nnx.Rngs(0)))
-    graphdef, params = _split_params(model)
-    logical: dict[str, tuple[str | None, ...]] = {}
-    for path, var in nnx.to_flat_state(params):
-        axes = var.get_metadata().get("out_sharding")
-        if axes is None:
-            axes = (None,) * len(var.shape)
-        logical[path_str(path)] = tuple(axes)
-    return graphdef, nnx.to_pure_dict(params), logical
+    graphdef, params = abstract_param_state(cfg_or_factory)
+    return graphdef, nnx.to_pure_dict(params), logical_axes(params)
 
 
 def param_specs(params: Any, logical: Mapping[str, tuple[str | None, ...]], rules: Rules, *,
@@ -187,18 +196,27 @@ def init_state(cfg_or_factory: GPTConfig | ModelFactory,
     The init function is jitted with ``out_shardings``, so XLA creates each shard on its
     device and no device ever holds the whole model.
     """
-    factory = model_factory(cfg_or_factory)
-    graphdef, abstract = abstract_state(factory, optimizer, rules, mesh, strict=strict)
+    graphdef, abstract = abstract_state(cfg_or_factory, optimizer, rules, mesh, strict=strict)
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
+    return graphdef, sharded_init(cfg_or_factory, optimizer, shardings)(jax.random.key(seed))
 
-    def _init(key: jax.Array) -> TrainState:
+
+def sharded_init(cfg_or_factory: GPTConfig | ModelFactory,
+                 optimizer: optax.GradientTransformation | None, shardings: Any
+                 ) -> Callable[[jax.Array], Any]:
+    """``jax.jit(key -> TrainState, out_shardings=shardings)``; with ``optimizer=None`` it
+    returns only the params (and ``shardings`` is the params' tree)."""
+    factory = model_factory(cfg_or_factory)
+
+    def _init(key: jax.Array) -> Any:
         _, params = _split_params(factory(nnx.Rngs(params=key)))
         params = nnx.to_pure_dict(params)
+        if optimizer is None:
+            return params
         return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                           opt_state=optimizer.init(params))
 
-    init = jax.jit(_init, out_shardings=shardings)
-    return graphdef, init(jax.random.key(seed))
+    return jax.jit(_init, out_shardings=shardings)
 
 
 def lm_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:
@@ -235,7 +253,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
             loss, grads = jax.value_and_grad(loss_of)(state.params)
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
     return train_step
 

@@ -85,8 +85,18 @@ def _synthetic_row(index: int, *, seq: int, vocab: int, seed: int) -> np.ndarray
     return ((a + b * np.arange(seq + 1, dtype=np.int64)) % vocab).astype(np.int32)  # (seq+1,)
 
 
-def _bytes_to_tokens(record: bytes) -> np.ndarray:
-    return np.frombuffer(record, dtype=np.uint8).astype(np.int32)  # (seq+1,)
+class _Windows:
+    """Window ``i`` of a text corpus: record ``i // per_record``, bytes at ``(i % k) * seq``."""
+
+    def __init__(self, src: grain.sources.ArrayRecordDataSource, *, seq: int,
+                 per_record: int) -> None:
+        self.src, self.seq, self.per_record = src, seq, per_record
+
+    def __call__(self, i: int) -> np.ndarray:
+        record, k = divmod(int(i), self.per_record)
+        start = k * self.seq
+        raw = np.frombuffer(self.src[record], dtype=np.uint8)  # (k * seq + 1,)
+        return raw[start: start + self.seq + 1].astype(np.int32)  # (seq + 1,)
 
 
 def source(spec: DataSpec, *, seq: int, vocab_size: int,
@@ -108,7 +118,8 @@ def source(spec: DataSpec, *, seq: int, vocab_size: int,
                 "(e.g. model='tiny' or GPTConfig(..., vocab_size=256))")
         path, info = build_text_corpus(spec, seq, cache_dir)
         src = grain.sources.ArrayRecordDataSource(str(path))
-        return grain.MapDataset.source(src).map(_bytes_to_tokens), {"kind": "text", **info}
+        windows = _Windows(src, seq=seq, per_record=int(info["per_record"]))
+        return grain.MapDataset.range(int(info["windows"])).map(windows), {"kind": "text", **info}
     vocab = spec.vocab_size or vocab_size
     if vocab > vocab_size:
         raise ValueError(f"SyntheticData.vocab_size={vocab} exceeds the model's "
@@ -155,14 +166,17 @@ def batch_shards(sharding: Any) -> int:
 
 
 class ShardedBatches:
-    """An endless, checkpointable iterator of global ``(batch, seq + 1)`` int32 arrays.
+    """An endless, checkpointable iterator of global batches ``{"inputs", "targets"}``.
+
+    Each is an int32 ``jax.Array`` of shape ``(batch, seq)`` laid out by ``sharding``;
+    ``targets`` is ``inputs`` shifted by one token.
 
     Args:
       spec: ``"text"``, ``"synthetic"`` or a spec object.
       seq: tokens per sequence (records hold ``seq + 1``: inputs plus next-token targets).
       batch: the global batch size.
       seed: shuffle seed.
-      sharding: a ``NamedSharding`` for the global batch (dim 0 over the data axes).
+      sharding: the ``NamedSharding`` of a ``(batch, seq)`` array (dim 0 over the data axes).
       vocab_size: the model's vocabulary.
       prefetch: batches read ahead by Grain's background threads (0 to read inline).
       cache_dir: where the text corpus lives.
@@ -202,11 +216,15 @@ class ShardedBatches:
         """This process's rows of the next batch, ``(batch/P, seq+1)`` int32, on the host."""
         return next(self._iter)
 
-    def __next__(self) -> Any:
+    def __next__(self) -> dict[str, Any]:
         import jax
 
-        local = self.next_local()
-        return jax.make_array_from_process_local_data(self.sharding, local, self.global_shape)
+        local = self.next_local()                                  # (batch/P, seq + 1)
+        shape = (self.global_shape[0], self.global_shape[1] - 1)   # (batch, seq)
+        return {
+            "inputs": jax.make_array_from_process_local_data(self.sharding, local[:, :-1], shape),
+            "targets": jax.make_array_from_process_local_data(self.sharding, local[:, 1:], shape),
+        }
 
     def get_state(self) -> bytes:
         """The position in the stream (Grain's state, JSON)."""

@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
-__all__ = ["DistributedSpec", "detect_cluster", "initialize", "LOCAL_HEARTBEAT_S"]
+__all__ = ["DistributedSpec", "LOCAL_HEARTBEAT_S", "detect_cluster", "initialize", "validate"]
 
 LOCAL_HEARTBEAT_S = 15  # loopback: a dead process is noticed within ~15 s
 CLUSTER_HEARTBEAT_S = 60  # across hosts: tolerate short network hiccups
@@ -97,7 +97,8 @@ def _set_cpu_devices(n: int) -> None:
     jax.config.update("jax_num_cpu_devices", n)
 
 
-def _check(spec: DistributedSpec) -> None:
+def validate(spec: DistributedSpec) -> None:
+    """Raises ValueError naming what is inconsistent in ``spec`` and how to fix it."""
     if spec.mode not in ("auto", "on", "off"):
         raise ValueError(f"distributed mode {spec.mode!r} is not one of 'auto', 'on', 'off'")
     given = {k: getattr(spec, k) for k in ("coordinator", "num_processes", "process_id")}
@@ -129,7 +130,7 @@ def initialize(spec: DistributedSpec) -> str:
       ValueError: inconsistent arguments (named in the message).
       RuntimeError: JAX already started its backends (too late to configure them).
     """
-    _check(spec)
+    validate(spec)
     import jax
     from jax._src import xla_bridge
 

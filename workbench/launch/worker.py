@@ -13,6 +13,7 @@ import runpy
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -88,23 +89,44 @@ def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
     """
     _joined(spec)
     run_dir = Path(run_dir)
-    config = load_config(config_path)
-    lock = _take_lock(run_dir)
+    lock = None
     try:
+        config = load_config(config_path)
+        lock = _take_lock(run_dir)
         from workbench.train import Trainer
 
-        trainer = Trainer(config, run_dir=run_dir)
-        trainer.run(steps=steps)
-        target = steps if steps is not None else config.steps
-        if trainer.step >= target:
-            _say(f"finished: step {trainer.step} of {target}")
-            return 0
-        _say(f"stopped at step {trainer.step} of {target} with a checkpoint; "
-             "launch again into the same run directory to continue")
-        return EXIT_STOPPED
+        result = Trainer(config, run_dir=run_dir).run(steps=steps)
+    except BaseException:
+        _exit_now_if_distributed()
+        raise
     finally:
         if lock is not None:
             lock.release()
+    if result.step >= result.target:
+        _say(f"finished: step {result.step} of {result.target}")
+        return 0
+    _say(f"stopped at step {result.step} of {result.target} with a checkpoint; "
+         "launch again into the same run directory to continue")
+    return EXIT_STOPPED
+
+
+def _exit_now_if_distributed() -> None:
+    """After an error in a multi-process job: print it and exit at once.
+
+    A normal exit would wait in ``jax.distributed``'s shutdown barrier for the other
+    processes, which are blocked in a collective waiting for this one; exiting at once
+    lets the launcher (or the others' heartbeat check) end the job within seconds.
+    Committed checkpoints are complete (Orbax commits atomically).
+    """
+    import jax
+
+    if jax.process_count() <= 1:
+        return
+    traceback.print_exc()
+    _say(f"process {jax.process_index()} failed; exiting without the shutdown barrier")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def ping(spec: cluster.DistributedSpec, *, hold: float = 0.0) -> int:
@@ -175,7 +197,3 @@ class _StopFlag:
 
             return bool(multihost_utils.reached_preemption_sync_point(step))
         return self.flag
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("use `python -m workbench train|ping ...`")

@@ -22,12 +22,16 @@ from workbench.rules import constrain
 Init = Callable[..., jax.Array]
 
 
-def param(rngs: nnx.Rngs, init: Init, shape: Sequence[int], axes: tuple[str | None, ...],
-          dtype: str) -> nnx.Param:
-    """An ``nnx.Param`` annotated with logical axes (never sharded eagerly)."""
+def param(key: jax.Array | None, init: Init, shape: Sequence[int],
+          axes: tuple[str | None, ...], dtype: str) -> nnx.Param:
+    """An ``nnx.Param`` annotated with logical axes (never sharded eagerly).
+
+    Sub-modules take explicit PRNG keys: drawing from ``nnx.Rngs`` once per parameter makes
+    ``nnx.eval_shape`` of a 70B model quadratic in its size.
+    """
     if len(shape) != len(axes):
         raise ValueError(f"shape {tuple(shape)} and logical axes {axes} differ in rank")
-    value = init(rngs.params(), tuple(shape), jnp.dtype(dtype))
+    value = init(key, tuple(shape), jnp.dtype(dtype))
     return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
@@ -38,9 +42,8 @@ def _fan_in_init(fan_in: int) -> Init:
 class RMSNorm(nnx.Module):
     """Root-mean-square layer norm with a learned scale (computed in float32)."""
 
-    def __init__(self, dim: int, *, eps: float, dtype: str, param_dtype: str,
-                 rngs: nnx.Rngs) -> None:
-        self.scale = param(rngs, nnx.initializers.ones, (dim,), ("embed",), param_dtype)
+    def __init__(self, dim: int, *, eps: float, dtype: str, param_dtype: str) -> None:
+        self.scale = param(None, nnx.initializers.ones, (dim,), ("embed",), param_dtype)
         self.eps, self.dtype = eps, dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -64,12 +67,13 @@ def rope(x: jax.Array, theta: float) -> jax.Array:
 class Attention(nnx.Module):
     """Grouped-query causal self-attention with RoPE."""
 
-    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs) -> None:
+    def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
         d, n, k, h, pd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.param_dtype
-        self.q = param(rngs, _fan_in_init(d), (d, n, h), ("embed", "heads", "head_dim"), pd)
-        self.k = param(rngs, _fan_in_init(d), (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
-        self.v = param(rngs, _fan_in_init(d), (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
-        self.o = param(rngs, _fan_in_init(n * h), (n, h, d), ("heads", "head_dim", "embed"), pd)
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        self.q = param(kq, _fan_in_init(d), (d, n, h), ("embed", "heads", "head_dim"), pd)
+        self.k = param(kk, _fan_in_init(d), (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
+        self.v = param(kv, _fan_in_init(d), (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
+        self.o = param(ko, _fan_in_init(n * h), (n, h, d), ("heads", "head_dim", "embed"), pd)
         self.theta, self.dtype = cfg.rope_theta, cfg.dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -88,11 +92,12 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
     """SwiGLU feed-forward: down(silu(x @ gate) * (x @ up))."""
 
-    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs) -> None:
+    def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
         d, f, pd = cfg.d_model, cfg.d_ff, cfg.param_dtype
-        self.gate = param(rngs, _fan_in_init(d), (d, f), ("embed", "mlp"), pd)
-        self.up = param(rngs, _fan_in_init(d), (d, f), ("embed", "mlp"), pd)
-        self.down = param(rngs, _fan_in_init(f), (f, d), ("mlp", "embed"), pd)
+        kg, ku, kd = jax.random.split(key, 3)
+        self.gate = param(kg, _fan_in_init(d), (d, f), ("embed", "mlp"), pd)
+        self.up = param(ku, _fan_in_init(d), (d, f), ("embed", "mlp"), pd)
+        self.down = param(kd, _fan_in_init(f), (f, d), ("mlp", "embed"), pd)
         self.dtype = cfg.dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -106,12 +111,13 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs) -> None:
-        norm = dict(eps=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+    def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
+        norm = dict(eps=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+        k_attn, k_mlp = jax.random.split(key)
         self.attn_norm = RMSNorm(cfg.d_model, **norm)
-        self.attn = Attention(cfg, rngs=rngs)
+        self.attn = Attention(cfg, key=k_attn)
         self.mlp_norm = RMSNorm(cfg.d_model, **norm)
-        self.mlp = MLP(cfg, rngs=rngs)
+        self.mlp = MLP(cfg, key=k_mlp)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x + self.attn(self.attn_norm(x))
@@ -132,13 +138,14 @@ class GPT(nnx.Module):
     def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs) -> None:
         self.cfg = cfg
         pd = cfg.param_dtype
-        self.embed = param(rngs, nnx.initializers.normal(stddev=0.02),
+        keys = jax.random.split(rngs.params(), cfg.n_layers + 2)   # one draw from rngs
+        self.embed = param(keys[0], nnx.initializers.normal(stddev=0.02),
                            (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), pd)
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+        self.blocks = nnx.List([Block(cfg, key=keys[2 + i]) for i in range(cfg.n_layers)])
         self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=cfg.dtype,
-                                  param_dtype=pd, rngs=rngs)
+                                  param_dtype=pd)
         self.lm_head = None if cfg.tie_embeddings else param(
-            rngs, _fan_in_init(cfg.d_model), (cfg.d_model, cfg.vocab_size),
+            keys[1], _fan_in_init(cfg.d_model), (cfg.d_model, cfg.vocab_size),
             ("embed", "vocab"), pd)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:

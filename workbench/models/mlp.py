@@ -27,6 +27,7 @@ class MLPClassifier(nnx.Module):
                  rngs: nnx.Rngs, dtype: str = "float32") -> None:
         sizes = [in_features, *hidden]
         axes_in: list[str | None] = ["embed"] + ["mlp"] * len(hidden)
+        keys = jax.random.split(rngs.params(), len(hidden) + 1)
         self.weights = nnx.List()
         self.biases = nnx.List()
         for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
@@ -34,11 +35,11 @@ class MLPClassifier(nnx.Module):
             # hidden->hidden layers use (None, mlp) so one mesh axis never shards both dims.
             ax_in = axes_in[i] if i == 0 else None
             init = nnx.initializers.normal(stddev=(2.0 / fan_in) ** 0.5)
-            self.weights.append(param(rngs, init, (fan_in, fan_out), (ax_in, "mlp"), dtype))
-            self.biases.append(param(rngs, nnx.initializers.zeros, (fan_out,), ("mlp",), dtype))
+            self.weights.append(param(keys[i], init, (fan_in, fan_out), (ax_in, "mlp"), dtype))
+            self.biases.append(param(None, nnx.initializers.zeros, (fan_out,), ("mlp",), dtype))
         init = nnx.initializers.normal(stddev=sizes[-1] ** -0.5)
-        self.out = param(rngs, init, (sizes[-1], n_classes), ("mlp", None), dtype)
-        self.out_bias = param(rngs, nnx.initializers.zeros, (n_classes,), (None,), dtype)
+        self.out = param(keys[-1], init, (sizes[-1], n_classes), ("mlp", None), dtype)
+        self.out_bias = param(None, nnx.initializers.zeros, (n_classes,), (None,), dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.reshape(x.shape[0], -1)                                 # (B, in_features)

@@ -64,7 +64,24 @@ const TABLEAU = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
 export function colour(i, n) {
   if (n <= TABLEAU.length) return TABLEAU[i % TABLEAU.length];
   const hue = Math.round((300 * i) / Math.max(1, n - 1));
-  return `hsl(${hue}, 62%, ${i % 2 ? 58 : 66}%)`;
+  return `hsl(${hue}, 70%, ${i % 2 ? 52 : 60}%)`;
+}
+
+/** Black or white text, whichever reads better on colour `c` (from colour()). */
+export function ink(c) {
+  let r; let g; let b;
+  const hsl = /^hsl\((\d+), (\d+)%, (\d+)%\)$/.exec(c);
+  if (hsl) {
+    const [h, s, l] = [Number(hsl[1]), Number(hsl[2]) / 100, Number(hsl[3]) / 100];
+    const f = (n) => { const k = (n + h / 30) % 12; return l - s * Math.min(l, 1 - l) * Math.max(-1, Math.min(k - 3, 9 - k, 1)); };
+    [r, g, b] = [f(0), f(8), f(4)];
+  } else if (/^#[0-9a-f]{6}$/i.test(c)) {
+    [r, g, b] = [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16) / 255);
+  } else {
+    return "#111";
+  }
+  const lum = 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  return lum < 0.42 ? "#fff" : "#111";
 }
 
 /** CSS background for a block held by several colours: equal stripes, at most 8. */
@@ -108,16 +125,19 @@ export function tooltip(root) {
   };
 }
 
-/** Legend chips: [[colour, label], ...]; long ramps collapse to first … last. */
+/** Legend chips: [[colour, label], ...]; more than 16 become one colour ramp, first to last. */
 export function legend(title, items) {
-  const shown = items.length > 16 ? [...items.slice(0, 8), null, ...items.slice(-4)] : items;
-  return el("div", { class: "wb-legend" }, [
-    el("span", { class: "wb-legend-title", text: title }),
-    ...shown.map((item) => (item === null
-      ? el("span", { class: "wb-legend-more", text: `… ${items.length - 12} more …` })
-      : el("span", { class: "wb-chip" }, [
-        el("span", { class: "wb-swatch", style: { background: item[0] } }), item[1]]))),
-  ]);
+  const head = el("span", { class: "wb-legend-title", text: title });
+  if (items.length > 16) {
+    const step = (items.length - 1) / 31;
+    const stops = [...Array(32).keys()].map((i) => items[Math.round(i * step)][0]);
+    return el("div", { class: "wb-legend" }, [head,
+      el("span", { class: "wb-chip", text: items[0][1] }),
+      el("span", { class: "wb-ramp", style: { background: `linear-gradient(90deg, ${stops.join(", ")})` } }),
+      el("span", { class: "wb-chip", text: `${items[items.length - 1][1]} (${items.length} values)` })]);
+  }
+  return el("div", { class: "wb-legend" }, [head, ...items.map((item) => el("span", { class: "wb-chip" }, [
+    el("span", { class: "wb-swatch", style: { background: item[0] } }), item[1]]))]);
 }
 
 /**
@@ -154,7 +174,7 @@ export function table(columns, rows, { onRow, sortKey = null, descending = true 
     }
     body.replaceChildren(...ordered.map((row) => {
       const tr = el("tr", { class: "wb-row" }, columns.map((c) => el("td", {
-        class: c.numeric ? "wb-num" : null,
+        class: c.numeric ? "wb-num" : c.wrap ? "wb-wrap" : null,
         text: c.format ? c.format(row[c.key], row) : String(row[c.key] ?? ""),
       })));
       tr.rowData = row;

@@ -110,7 +110,10 @@ function panelBox(p, dims, panel, mode, tip, size) {
   const [dy, dx] = dims;
   const rows = dy < 0 ? 1 : p.shape[dy] || 1;
   const cols = p.shape[dx] || 1;
-  const box = el("div", { class: "wb-panel-box", style: { width: `${size[0]}px`, height: `${size[1]}px` } });
+  // Block borders only where blocks are wide (tall) enough to see between them.
+  const lines = [dx >= 0 && size[0] / p.partitions[dx] >= 4 ? "wb-lines-x" : "",
+    dy >= 0 && size[1] / p.partitions[dy] >= 4 ? "wb-lines-y" : ""].join(" ");
+  const box = el("div", { class: `wb-panel-box ${lines}`, style: { width: `${size[0]}px`, height: `${size[1]}px` } });
   const labelled = panel.blocks.length <= LABEL_BLOCKS;
   for (const index of panel.blocks) {
     const b = p.blocks[index];
@@ -142,16 +145,22 @@ function panelBox(p, dims, panel, mode, tip, size) {
 function panelSize(p, dims, count) {
   const [dy, dx] = dims;
   const extent = (d) => (d < 0 ? 1 : Math.max(1, p.shape[d]));
-  const ratio = Math.min(2, Math.max(1 / 8, extent(dy) / extent(dx)));
+  const ratio = Math.min(2, Math.max(1 / 4, extent(dy) / extent(dx)));
   let w = count <= 1 ? 560 : Math.max(130, 560 / Math.min(count, 4));
   let h = dy < 0 ? 48 : w * ratio;
-  const hMax = count <= 1 ? 320 : 160;
+  const hMax = count <= 1 ? 280 : 160;
   if (h > hMax) { w *= hMax / h; h = hMax; }
   return [Math.round(w), Math.max(24, Math.round(h))];
 }
 
 function panelTitle(p, panel) {
   return panel.others.map((d, i) => `dim ${d} ∈ [${panel.start[i]}:${panel.stop[i]}]`).join(", ");
+}
+
+function axisLabel(p, d) {
+  if (d < 0) return "";
+  const axes = p.spec[d].length ? ` split by ${p.spec[d].join(" × ")}` : " whole";
+  return `dim ${d} (${p.shape[d]})${axes}`;
 }
 
 /** Draw payload `p` into nodes: controls are wired to `state` (dims, mode, panel, set). */
@@ -163,21 +172,27 @@ export function drawLayout(root, p, state) {
   const shown = slider ? [groups[Math.min(Math.max(0, state.panel), groups.length - 1)]] : groups;
   const size = panelSize(p, dims, shown.length);
   const [dy, dx] = dims;
-  const axisLabel = (d) => (d < 0 ? "" : `dim ${d} (${p.shape[d]}${p.spec[d].length ? `, ${p.spec[d].join("×")}` : ""})`);
+  const multiple = shown.length > 1 || slider;
   const grid = el("div", { class: "wb-panels" }, shown.map((panel) => el("div", { class: "wb-panel" }, [
-    panel.others.length ? el("div", { class: "wb-panel-title", text: panelTitle(p, panel) }) : null,
-    el("div", { class: "wb-panel-frame" }, [
-      dy >= 0 ? el("div", { class: "wb-axis-y", text: `↓ ${axisLabel(dy)}` }) : null,
-      el("div", {}, [el("div", { class: "wb-axis-x", text: `→ ${axisLabel(dx)}` }), panelBox(p, dims, panel, mode, tip, size)]),
-    ]),
+    multiple ? el("div", { class: "wb-panel-title", text: panelTitle(p, panel) }) : null,
+    panelBox(p, dims, panel, mode, tip, size),
   ])));
-  const nodes = [grid];
+  const axes = el("div", { class: "wb-axes-note" }, [
+    dy >= 0 ? el("span", { text: `rows ↓ ${axisLabel(p, dy)}` }) : null,
+    el("span", { text: `columns → ${axisLabel(p, dx)}` }),
+    !multiple && groups[0].others.length ? el("span", { text: `(${panelTitle(p, groups[0])}: whole)` }) : null,
+  ]);
+  const nodes = [axes, grid];
   if (slider) {
     const idx = groups.indexOf(shown[0]);
     const range = el("input", { type: "range", min: 0, max: groups.length - 1, value: idx, class: "wb-slider", "aria-label": "panel" });
     range.addEventListener("input", () => state.set("panel", Number(range.value)));
     nodes.unshift(el("label", { class: "wb-control wb-slider-row" }, [
       `${groups.length} panels over the other dims: `, range, ` ${idx + 1}/${groups.length}`]));
+  }
+  const empty = p.blocks.filter((b) => b.bytes === 0).flatMap((b) => b.positions.map((pos) => p.mesh.device_ids[pos]));
+  if (empty.length) {
+    nodes.push(el("div", { class: "wb-note", text: `uneven split: blocks holding only padding: devices ${fmtIds(empty, 12)}` }));
   }
   nodes.push(axesLegend(p), modeLegend(p, mode), tip.node);
   return nodes;

@@ -1,32 +1,46 @@
 // Mesh widget: a grid of devices labelled with id, mesh coordinates, host and chip coords.
-import { colour, el, fmtBytes, legend, select, tooltip, unravel } from "./common.js";
+import { colour, el, fmtBytes, ink, legend, select, tooltip, unravel } from "./common.js";
 
-const LABEL_LIMIT = 128; // above this many devices, cells carry colour only (hover for text)
+const GRID_WIDTH = 760; // px available to the grid
+const MAX_CELL = 160; // px: cells never wider than this
 
-/** Mesh axes split into (row axes, column axes) so that the grid is a little wider than tall. */
-export function gridSplit(sizes, split) {
-  const k = sizes.length;
-  if (k === 1) {
-    const cols = Math.min(sizes[0], 32);
-    return { rowAxes: [], colAxes: [0], rows: Math.ceil(sizes[0] / cols), cols, wrap: true };
+/** Every way to put some mesh axes on rows and the rest on columns (mesh order kept). */
+export function gridChoices(names, sizes) {
+  const k = names.length;
+  const out = [];
+  for (let mask = 1; mask < (1 << k) - 1; mask += 1) {
+    const rowAxes = [...Array(k).keys()].filter((i) => mask & (1 << (k - 1 - i)));
+    const colAxes = [...Array(k).keys()].filter((i) => !rowAxes.includes(i));
+    const prod = (axes) => axes.reduce((a, i) => a * sizes[i], 1);
+    const prefix = rowAxes.every((a, i) => a === i);
+    out.push({ rowAxes, colAxes, rows: prod(rowAxes), cols: prod(colAxes), wrap: false, prefix,
+      key: rowAxes.map((i) => names[i]).join(",") });
   }
-  let best = split >= 1 && split < k ? split : -1;
-  if (best < 0) {
-    let bestScore = Infinity;
-    for (let s = 1; s < k; s += 1) {
-      const r = sizes.slice(0, s).reduce((a, b) => a * b, 1);
-      const c = sizes.slice(s).reduce((a, b) => a * b, 1);
-      const score = Math.abs(Math.log(c / r) - Math.log(2));
-      if (score < bestScore) { bestScore = score; best = s; }
-    }
-  }
-  const rowAxes = [...Array(best).keys()];
-  const colAxes = [...Array(k - best).keys()].map((i) => i + best);
-  const prod = (axes) => axes.reduce((a, i) => a * sizes[i], 1);
-  return { rowAxes, colAxes, rows: prod(rowAxes), cols: prod(colAxes), wrap: false };
+  return out;
 }
 
-/** Grid (row, col) of the device with mesh coordinate `coord`. */
+/** The grid: `rows` names the row axes ("data" or "data,model"); "" picks a wide grid.
+ * Small meshes keep the mesh order (first axes on rows); larger ones may be transposed. */
+export function gridSplit(names, sizes, rows) {
+  const n = sizes.reduce((a, b) => a * b, 1);
+  if (names.length === 1) {
+    const cols = Math.min(n, n > 256 ? 128 : 32);
+    return { rowAxes: [], colAxes: [0], rows: Math.ceil(n / cols), cols, wrap: true, key: "" };
+  }
+  const choices = gridChoices(names, sizes);
+  const asked = choices.find((c) => c.key === rows);
+  if (asked) return asked;
+  let best = null;
+  let bestScore = Infinity;
+  for (const c of choices) {
+    if (n <= 16 && !c.prefix) continue;
+    const score = Math.abs(Math.log(c.cols / c.rows) - Math.log(3)) - (c.prefix ? 1e-6 : 0);
+    if (score < bestScore) { bestScore = score; best = c; }
+  }
+  return best;
+}
+
+/** Grid (row, col) of the device at flat mesh position `flat` with mesh coordinate `coord`. */
 export function gridCell(coord, sizes, grid, flat) {
   if (grid.wrap) return [Math.floor(flat / grid.cols), flat % grid.cols];
   const rav = (axes) => axes.reduce((acc, i) => acc * sizes[i] + coord[i], 0);
@@ -84,34 +98,36 @@ function cellText(p, i, coord) {
   return lines;
 }
 
-/** Draw the mesh payload `p` into `root` (a fresh container). */
-export function drawMesh(root, p, mode, split) {
+/** Draw the mesh payload `p` into nodes for `root`. */
+export function drawMesh(root, p, mode, rows) {
   const tip = tooltip(root);
-  const grid = gridSplit(p.axis_sizes, split);
-  const labelled = p.size <= LABEL_LIMIT;
-  const board = el("div", { class: `wb-mesh-grid${labelled ? "" : " wb-dense"}` });
-  board.style.setProperty("grid-template-columns", `repeat(${grid.cols}, minmax(0, 1fr))`);
+  const grid = gridSplit(p.axis_names, p.axis_sizes, rows);
+  const cellWidth = Math.min(MAX_CELL, GRID_WIDTH / grid.cols);
+  const level = cellWidth >= 110 ? "full" : cellWidth >= 22 ? "id" : "none";
+  const board = el("div", { class: `wb-mesh-grid wb-cells-${level}` });
+  board.style.setProperty("grid-template-columns", `repeat(${grid.cols}, ${cellWidth.toFixed(2)}px)`);
   const cells = new Array(grid.rows * grid.cols).fill(null);
   for (let i = 0; i < p.size; i += 1) {
     const coord = unravel(i, p.axis_sizes);
     const [r, c] = gridCell(coord, p.axis_sizes, grid, i);
     const text = cellText(p, i, coord);
-    const cell = el("div", {
+    const label = level === "none" ? [] : [el("div", { class: "wb-device-id", text: String(p.device_ids[i]) })];
+    if (level === "full") label.push(...text.slice(1).map((t) => el("div", { class: "wb-device-sub", text: t })));
+    const bg = cellColour(mode, p, i, coord);
+    cells[r * grid.cols + c] = el("div", {
       class: "wb-device",
       "data-device": p.device_ids[i],
       "data-coord": coord.join(","),
-      style: { background: cellColour(mode, p, i, coord), "grid-row": `${r + 1}`, "grid-column": `${c + 1}` },
+      style: { background: bg, color: ink(bg), "grid-row": `${r + 1}`, "grid-column": `${c + 1}` },
       onmousemove: (e) => tip.show(e, text),
       onmouseleave: () => tip.hide(),
-    }, labelled ? [el("div", { class: "wb-device-id", text: String(p.device_ids[i]) }),
-      ...text.slice(1).map((t) => el("div", { class: "wb-device-sub", text: t }))] : []);
-    cells[r * grid.cols + c] = cell;
+    }, label);
   }
   board.append(...cells.filter((x) => x !== null));
+  const names = (axes) => axes.map((i) => p.axis_names[i]).join(" × ");
   const axisNote = grid.wrap
-    ? `${p.axis_names[0]} wraps every ${grid.cols}`
-    : `rows: ${grid.rowAxes.map((i) => p.axis_names[i]).join(" × ")} · `
-      + `columns: ${grid.colAxes.map((i) => p.axis_names[i]).join(" × ")}`;
+    ? `${p.axis_names[0]} runs left to right, wrapping every ${grid.cols}`
+    : `rows: ${names(grid.rowAxes)} · columns: ${names(grid.colAxes)}`;
   const key = mode === "device" ? null : legendFor(mode, p);
   return [el("div", { class: "wb-note", text: axisNote }), board, key, tip.node].filter((x) => x !== null);
 }
@@ -119,23 +135,27 @@ export function drawMesh(root, p, mode, split) {
 function render({ model, el: host }) {
   const root = el("div", { class: "wb-widget wb-mesh" });
   host.appendChild(root);
+  const names = ["payload", "color_by", "rows"];
   function draw() {
     const p = model.get("payload");
     if (!p || !p.axis_names) { root.replaceChildren(el("div", { class: "wb-note", text: "no mesh" })); return; }
     const opts = colourOptions(p);
     let mode = model.get("color_by");
     if (!opts.some(([v]) => v === mode)) mode = defaultColour(p);
-    const split = model.get("split");
+    const rows = model.get("rows") || "";
+    const grid = gridSplit(p.axis_names, p.axis_sizes, rows);
+    const gridOpts = p.axis_names.length > 1
+      ? gridChoices(p.axis_names, p.axis_sizes).map((c) => [c.key, `${c.rowAxes.map((i) => p.axis_names[i]).join(" × ")} (${c.rows})`])
+      : [];
     const controls = el("div", { class: "wb-controls" }, [
       select("colour by", opts, mode, (v) => { model.set("color_by", v); model.save_changes(); }),
-      p.axis_names.length > 2 ? select("rows", p.axis_names.slice(0, -1).map((a, i) => [i + 1, p.axis_names.slice(0, i + 1).join(" × ")]),
-        gridSplit(p.axis_sizes, split).rowAxes.length, (v) => { model.set("split", Number(v)); model.save_changes(); }) : null,
+      gridOpts.length > 1 ? select("rows", gridOpts, grid.key, (v) => { model.set("rows", v); model.save_changes(); }) : null,
     ]);
-    root.replaceChildren(header(p), controls, ...drawMesh(root, p, mode, split));
+    root.replaceChildren(header(p), controls, ...drawMesh(root, p, mode, rows));
   }
   draw();
-  for (const name of ["payload", "color_by", "split"]) model.on(`change:${name}`, draw);
-  return () => { for (const name of ["payload", "color_by", "split"]) model.off(`change:${name}`, draw); };
+  for (const name of names) model.on(`change:${name}`, draw);
+  return () => { for (const name of names) model.off(`change:${name}`, draw); };
 }
 
 export default { render };

@@ -1,0 +1,90 @@
+"""Launched jobs: time to the first step, and step time of 2 processes x 4 devices vs 1 x 8.
+
+Both jobs train the same "tiny" config through ``wb.launch`` side by side in one run, so
+they pay the same start-up costs; 1 x 8 is one process with no ``jax.distributed`` (what
+a notebook does), 2 x 4 adds the coordinator and gloo all-reduces over 127.0.0.1. On a
+2-core CPU machine the two processes also share the cores, so the ratio measures the
+loopback collectives plus that contention, not what a pod would see.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+STEPS = 30
+WARMUP = 5  # steps left out of the step-time median (first steps include lazy set-up)
+
+
+def _config() -> Any:
+    from workbench.train import TrainConfig
+
+    return TrainConfig(model="tiny", mesh={"data": 8}, rules="fsdp", batch=16, seq=64,
+                       steps=STEPS, checkpoint_every=1000, keep=1, seed=0, data="synthetic")
+
+
+def _first_step_time(job: Any, t0: float, timeout: float = 600) -> float:
+    """Seconds from launch() to the first metrics line of step 1 (polled every 20 ms)."""
+    path = Path(job.run_dir) / "metrics.jsonl"
+    while time.monotonic() - t0 < timeout:
+        if path.exists() and '"step":1,' in path.read_text():
+            return time.monotonic() - t0
+        if job.done:
+            raise RuntimeError(f"job ended before its first step:\n{job.tail()}")
+        time.sleep(0.02)
+    raise TimeoutError(f"no first step within {timeout} s:\n{job.tail()}")
+
+
+def _job(root: Path, name: str, processes: int, devices: int) -> dict[str, Any]:
+    from workbench import runs
+    from workbench.launch import launch
+
+    t0 = time.monotonic()
+    job = launch(_config(), processes=processes, devices_per_process=devices,
+                 run_dir=root / name, platform="cpu")
+    first = _first_step_time(job, t0)
+    status = job.wait(900)
+    if status != "finished":
+        raise RuntimeError(f"{name} job {status}:\n{job.tail()}")
+    records = runs.read_metrics(job.run_dir)
+    times = [r["step_time"] for r in records if r["step"] > WARMUP and r.get("step_time")]
+    compile_s = next((e.get("seconds") for e in runs.read_events(job.run_dir)
+                      if e.get("event") == "compile"), None)
+    return {"first_step_s": first, "step_time_s": statistics.median(times),
+            "compile_s": compile_s, "losses": [r["loss"] for r in records]}
+
+
+def run() -> list[dict[str, Any]]:
+    """Launches 1 x 8 and 2 x 4 jobs of the same config; returns the benchmark rows."""
+    with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
+        one = _job(Path(tmp), "1x8", 1, 8)
+        two = _job(Path(tmp), "2x4", 2, 4)
+    same = one["losses"] == two["losses"]
+    ratio = two["step_time_s"] / one["step_time_s"]
+    cfg = f"tiny, batch 16, seq 64, {STEPS} steps, synthetic data"
+    return [
+        {"name": "launch: time to first step, 2 processes x 4 CPU devices", "unit": "s",
+         "value": round(two["first_step_s"], 2), "target": "< 60 s", "ok": two["first_step_s"] < 60,
+         "notes": f"from wb.launch() to step 1 in metrics.jsonl: process start, jax.distributed "
+                  f"join, data, init, compile ({two['compile_s'] and round(two['compile_s'], 2)} s "
+                  f"compile); {cfg}"},
+        {"name": "launch: time to first step, 1 process x 8 CPU devices", "unit": "s",
+         "value": round(one["first_step_s"], 2), "target": "", "ok": None,
+         "notes": "the same without jax.distributed (reference for the row above)"},
+        {"name": "launch: step time 1 x 8 (median)", "unit": "ms",
+         "value": round(1e3 * one["step_time_s"], 2), "target": "", "ok": None,
+         "notes": f"steps {WARMUP + 1}..{STEPS}; {cfg}"},
+        {"name": "launch: step time 2 x 4 (median)", "unit": "ms",
+         "value": round(1e3 * two["step_time_s"], 2), "target": "", "ok": None,
+         "notes": "gloo all-reduces over 127.0.0.1; both processes share the CPU cores"},
+        {"name": "launch: step time 2 x 4 / 1 x 8", "unit": "x", "value": round(ratio, 3),
+         "target": "<= 2.0", "ok": ratio <= 2.0,
+         "notes": f"losses of the two jobs bitwise equal: {same}"},
+    ]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    for row in run():
+        print(row)

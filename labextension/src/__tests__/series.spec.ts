@@ -1,0 +1,70 @@
+import { decimate, decimateIndices, ema, MetricSeries } from '../series';
+
+describe('MetricSeries', () => {
+  it('appends columns, fills missing values with NaN and drops re-logged steps', () => {
+    const s = new MetricSeries();
+    expect(s.append({ step: [1, 2, 3], loss: [3, 2, null], peak_source: ['table', 'table', 'table'] })).toBe(3);
+    expect(s.append({ step: [3, 4], mfu: [0.5, 0.25] })).toBe(1); // step 3 again: dropped
+    expect(Array.from(s.column('step'))).toEqual([1, 2, 3, 4]);
+    expect(Array.from(s.column('loss'))).toEqual([3, 2, NaN, NaN]);
+    expect(Array.from(s.column('mfu'))).toEqual([NaN, NaN, NaN, 0.25]);
+    expect(s.keys().sort()).toEqual(['loss', 'mfu', 'step']); // text columns are not stored
+    expect(s.last('loss')).toBe(2);
+    expect(s.lastStep).toBe(4);
+    expect(s.has('mfu') && !s.has('hfu')).toBe(true);
+  });
+
+  it('grows past its initial capacity without losing values', () => {
+    const s = new MetricSeries();
+    const n = 10000;
+    for (let i = 0; i < n; i += 1000) {
+      const step = Array.from({ length: 1000 }, (_, k) => i + k + 1);
+      s.append({ step, loss: step.map(v => 1 / v) });
+    }
+    expect(s.length).toBe(n);
+    const loss = s.column('loss');
+    expect(loss[0]).toBe(1);
+    expect(loss[n - 1]).toBeCloseTo(1 / n, 12);
+    s.clear();
+    expect(s.length).toBe(0);
+    expect(s.lastStep).toBeNull();
+  });
+});
+
+describe('ema', () => {
+  it('matches a hand-computed debiased moving average', () => {
+    // w = 0.5: m1 = 0.5*2 = 1 -> 1/(1-0.5) = 2; m2 = 0.5*1 + 0.5*4 = 2.5 -> 2.5/0.75
+    const out = ema([2, 4, NaN, 6], 0.5);
+    expect(out[0]).toBeCloseTo(2);
+    expect(out[1]).toBeCloseTo(2.5 / 0.75);
+    expect(out[2]).toBeNaN();
+    expect(out[3]).toBeCloseTo((0.5 * 2.5 + 0.5 * 6) / (1 - 0.125));
+    expect(Array.from(ema([1, 5, 3], 0))).toEqual([1, 5, 3]);
+  });
+});
+
+describe('decimate', () => {
+  it('keeps every point when under the limit', () => {
+    expect(decimateIndices(5, [[1, 2, 3, 4, 5]], 10)).toEqual([0, 1, 2, 3, 4]);
+  });
+
+  it('stays near the limit and keeps spikes, extremes and the newest point', () => {
+    const n = 100000;
+    const x = Float64Array.from({ length: n }, (_, i) => i + 1);
+    const y = Float64Array.from({ length: n }, (_, i) => Math.sin(i / 500));
+    y[54321] = 100; // a spike
+    y[77777] = -50;
+    const d = decimate(x, [y], 2000);
+    expect(d.x.length).toBeLessThanOrEqual(2001);
+    expect(d.x.length).toBeGreaterThan(1000);
+    expect(d.x).toContain(54322);
+    expect(Math.max(...(d.ys[0] as number[]))).toBe(100);
+    expect(Math.min(...(d.ys[0] as number[]))).toBe(-50);
+    expect(d.x[d.x.length - 1]).toBe(n);
+    expect([...d.x].sort((a, b) => a - b)).toEqual(d.x); // still in step order
+  });
+
+  it('turns NaN into null gaps', () => {
+    expect(decimate([1, 2], [[NaN, 1]], 10).ys[0]).toEqual([null, 1]);
+  });
+});

@@ -1,0 +1,233 @@
+/**
+ * A run's dashboard (main area): loss with smoothing, MFU and HFU, step-time breakdown,
+ * tokens/s, memory per device and the config, live from the run stream.
+ */
+import { Widget } from '@lumino/widgets';
+
+import { LineChart, PALETTE } from './chart';
+import { fmtBytes, fmtNumber, fmtPercent, fmtRate, fmtSeconds, fmtStep } from './format';
+import { runStream, Stream } from './handler';
+import { RunMessage } from './types';
+import { button, el } from './panel';
+import { RunModel } from './runModel';
+import { decimate, ema } from './series';
+import { SettingsModel, Throttle } from './settings';
+
+const pct = (v: number) => `${(v * 100).toFixed(v < 0.1 ? 1 : 0)}%`;
+
+export class RunDashboard extends Widget {
+  readonly model: RunModel;
+  private _stream: Stream<RunMessage>;
+  private _throttle: Throttle;
+  private _smoothing: number;
+  private _head = el('div', 'jp-Workbench-dashHead');
+  private _kpis = el('div', 'jp-Workbench-kpis');
+  private _memory = el('div', 'jp-Workbench-memory');
+  private _config = el('div', 'jp-Workbench-config');
+  private _smoothLabel = el('span', 'jp-Workbench-smoothLabel');
+  private _charts: Record<'loss' | 'util' | 'time' | 'tput', LineChart>;
+
+  constructor(id: string, private readonly _settings: SettingsModel) {
+    super();
+    this.addClass('jp-Workbench-dashboard');
+    this.model = new RunModel(id);
+    this.id = `workbench-run-${encodeURIComponent(id)}`;
+    this.node.dataset.runId = id;
+    this.title.label = id;
+    this.title.closable = true;
+    this._smoothing = _settings.value.smoothing;
+    this._charts = {
+      loss: new LineChart({ title: 'Loss', series: [
+        { label: 'loss', stroke: '#9ecae1', width: 1 },
+        { label: 'smoothed', stroke: PALETTE[0], width: 2 }] }),
+      util: new LineChart({ title: 'Utilization', format: { y: pct }, series: [
+        { label: 'MFU', stroke: PALETTE[2] }, { label: 'HFU', stroke: PALETTE[3], dash: [4, 3] }] }),
+      time: new LineChart({ title: 'Step time breakdown', format: { y: fmtSeconds }, series: [
+        { label: 'total', stroke: PALETTE[4] }, { label: 'data', stroke: PALETTE[5] },
+        { label: 'checkpoint', stroke: PALETTE[6] }] }),
+      tput: new LineChart({ title: 'Throughput (tokens/s)', format: { y: fmtRate }, series: [
+        { label: 'tokens/s', stroke: PALETTE[1] }] })
+    };
+    this._charts.loss.node.classList.add('jp-Workbench-lossChart');
+    const slider = document.createElement('input');
+    slider.type = 'range';
+    slider.min = '0';
+    slider.max = '0.99';
+    slider.step = '0.01';
+    slider.value = String(this._smoothing);
+    slider.title = 'Loss smoothing (exponential moving average weight)';
+    slider.addEventListener('input', () => {
+      this._smoothing = Number(slider.value);
+      this._throttle.schedule();
+    });
+    const tools = el('div', 'jp-Workbench-tools');
+    tools.append(el('span', '', 'smoothing'), slider, this._smoothLabel,
+      button('Export CSV', 'Download the metrics as CSV', () => this._exportCsv()));
+    const grid = el('div', 'jp-Workbench-grid');
+    grid.append(...Object.values(this._charts).map(c => c.node));
+    const memSection = section('Memory per device', this._memory);
+    const cfgSection = section('Config', this._config);
+    this.node.append(this._head, this._kpis, tools, grid, memSection, cfgSection);
+    this._throttle = new Throttle(() => this.render(), () => _settings.value.refreshRate);
+    this.model.changed.connect((_, change) => {
+      if (change === 'detail') {
+        this._renderDetail();
+      }
+      this._throttle.schedule();
+    });
+    _settings.changed.connect(this._onSettings, this);
+    this._stream = runStream(id, () => this.model.series.lastStep ?? -1, m => this.model.apply(m));
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._stream.dispose();
+    this._throttle.dispose();
+    Object.values(this._charts).forEach(c => c.dispose());
+    this._settings.changed.disconnect(this._onSettings, this);
+    super.dispose();
+  }
+
+  /** Redraws the charts and the KPI line from the model. */
+  render(): void {
+    const s = this.model.series;
+    const max = this._settings.value.maxPoints;
+    const step = s.column('step');
+    const loss = s.column('loss');
+    const lossD = decimate(step, [loss, ema(loss, this._smoothing)], max);
+    this._charts.loss.setData(lossD.x, lossD.ys);
+    const util = decimate(step, [s.column('mfu'), s.column('hfu')], max);
+    this._charts.util.setData(util.x, util.ys);
+    const time = decimate(step, [s.column('step_time'), s.column('data_time'),
+      s.column('ckpt_time')], max);
+    this._charts.time.setData(time.x, time.ys);
+    const tput = decimate(step, [s.column('tokens_per_s')], max);
+    this._charts.tput.setData(tput.x, tput.ys);
+    this._smoothLabel.textContent = this._smoothing.toFixed(2);
+    const d = this.model.detail;
+    const peak = (d?.peak_source ?? '') as string;
+    this._kpis.replaceChildren(
+      kpi('step', fmtStep(s.lastStep ?? d?.step ?? 0, d?.target_steps)),
+      kpi('loss', fmtNumber(s.last('loss'))),
+      kpi('MFU', fmtPercent(s.last('mfu')), peak ? `peak FLOP/s from ${peak}` : undefined),
+      kpi('HFU', fmtPercent(s.last('hfu'))),
+      kpi('tokens/s', fmtRate(s.last('tokens_per_s'))),
+      kpi('step time', fmtSeconds(s.last('step_time'))),
+      kpi('compile', fmtSeconds(this.model.compileSeconds)));
+  }
+
+  private _onSettings(): void {
+    this._throttle.schedule();
+  }
+
+  private _renderDetail(): void {
+    const d = this.model.detail;
+    if (!d) {
+      return;
+    }
+    this.title.label = d.name || d.id;
+    this.title.caption = `Workbench run ${d.id}`;
+    const status = el('span', 'jp-Workbench-status', d.status);
+    status.dataset.status = d.status;
+    const facts = [
+      `id ${d.id}`, d.config_hash ? `config ${d.config_hash}` : '',
+      d.mesh && Object.keys(d.mesh).length ? `mesh ${Object.entries(d.mesh).map(([k, v]) => `${k}=${v}`).join(' × ')}` : '',
+      d.device_kind ? `${d.device_kind}` : '', d.host ? `host ${d.host}` : ''
+    ].filter(Boolean).join(' · ');
+    this._head.replaceChildren(status, el('h2', 'jp-Workbench-runTitle', d.name || d.id),
+      el('div', 'jp-Workbench-facts', facts));
+    if (d.error) {
+      this._head.append(el('pre', 'jp-Workbench-error', d.error));
+    }
+    this._memory.replaceChildren(memoryTable(d.memory_per_device ?? null));
+    this._config.replaceChildren(tree(d.config ?? {}));
+  }
+
+  private _exportCsv(): void {
+    const s = this.model.series;
+    const keys = s.keys();
+    const cols = keys.map(k => s.column(k));
+    const lines = [keys.join(',')];
+    for (let i = 0; i < s.length; i++) {
+      lines.push(cols.map(c => (Number.isFinite(c[i]) ? String(c[i]) : '')).join(','));
+    }
+    const a = document.createElement('a');
+    a.href = URL.createObjectURL(new Blob([lines.join('\n')], { type: 'text/csv' }));
+    a.download = `${(this.model.name || 'run').replace(/[^\w.-]+/g, '_')}.csv`;
+    a.click();
+    URL.revokeObjectURL(a.href);
+  }
+}
+
+function section(title: string, body: HTMLElement): HTMLElement {
+  const s = el('section', 'jp-Workbench-section');
+  s.append(el('h3', '', title), body);
+  return s;
+}
+
+function kpi(label: string, value: string, title?: string): HTMLElement {
+  const k = el('div', 'jp-Workbench-kpi');
+  k.append(el('span', 'jp-Workbench-kpiLabel', label), el('span', 'jp-Workbench-kpiValue', value));
+  if (title) {
+    k.title = title;
+  }
+  return k;
+}
+
+/**
+ * Memory per device as a table: `{buffer: bytes}` (argument/output/temp, the same on
+ * every device) gives one row per buffer and a total; `{device: {buffer: bytes}}` gives
+ * one row per device. Values are text.
+ */
+export function memoryTable(mem: Record<string, unknown> | null): HTMLElement {
+  if (!mem || !Object.keys(mem).length) {
+    return el('div', 'jp-Workbench-empty', 'No memory figures recorded for this run.');
+  }
+  const rows = Object.entries(mem);
+  const nested = rows.some(([, v]) => v !== null && typeof v === 'object');
+  const cols = nested
+    ? [...new Set(rows.flatMap(([, v]) => Object.keys((v ?? {}) as object)))]
+    : ['bytes per device'];
+  const table = el('table', 'jp-Workbench-table');
+  const head = el('tr', '');
+  head.append(el('th', '', nested ? 'device' : 'buffer'), ...cols.map(c => el('th', '', c)));
+  table.append(head);
+  const num = (v: unknown) => (typeof v === 'number' ? v : 0);
+  const first = (v: unknown) => (nested ? num((v as Record<string, unknown>)?.[cols[0]]) : num(v));
+  const peak = Math.max(1, ...rows.map(([, v]) => first(v)));
+  const body = nested ? rows : [...rows, ['total', rows.reduce((n, [, v]) => n + num(v), 0)] as const];
+  for (const [name, v] of body) {
+    const tr = el('tr', '');
+    tr.append(el('td', '', name));
+    for (const c of cols) {
+      const x = nested ? ((v ?? {}) as Record<string, unknown>)[c] : v;
+      const td = el('td', 'jp-Workbench-num', typeof x === 'number' ? fmtBytes(x) : String(x ?? '–'));
+      if (c === cols[0] && typeof x === 'number' && name !== 'total') {
+        td.style.setProperty('--wb-bar', `${Math.min(100, (100 * x) / peak)}%`);
+        td.classList.add('jp-Workbench-bar');
+      }
+      tr.append(td);
+    }
+    table.append(tr);
+  }
+  return table;
+}
+
+/** A JSON value as a collapsible tree; every key and value is text. */
+export function tree(value: unknown, key?: string): HTMLElement {
+  if (value !== null && typeof value === 'object') {
+    const d = el('details', 'jp-Workbench-tree');
+    d.open = true;
+    d.append(el('summary', '', key ?? (Array.isArray(value) ? '[…]' : '{…}')));
+    for (const [k, v] of Object.entries(value as Record<string, unknown>)) {
+      d.append(tree(v, k));
+    }
+    return d;
+  }
+  const line = el('div', 'jp-Workbench-leaf');
+  line.append(el('span', 'jp-Workbench-key', `${key ?? ''}: `),
+    el('span', 'jp-Workbench-value', JSON.stringify(value) ?? String(value)));
+  return line;
+}

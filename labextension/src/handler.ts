@@ -1,0 +1,127 @@
+/** Every call to the Workbench server extension: REST requests and reconnecting streams. */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { ListMessage, MetricsPage, RunDetail, RunMessage, RunSummary } from './types';
+
+const API = 'workbench/api';
+
+/** The API path of a run; its id travels percent-encoded in one path segment. */
+export function runPath(id: string, ...rest: string[]): string {
+  return ['runs', encodeURIComponent(id), ...rest].join('/');
+}
+
+/** Calls a REST endpoint below `/workbench/api/` and parses its JSON answer. */
+export async function requestAPI<T>(path: string, init: RequestInit = {}): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, API, path);
+  const response = await ServerConnection.makeRequest(url, init, settings);
+  const text = await response.text();
+  if (!response.ok) {
+    let message = text;
+    try {
+      message = (JSON.parse(text) as { message?: string }).message || text;
+    } catch {
+      // not JSON: keep the text
+    }
+    throw new ServerConnection.ResponseError(response, message);
+  }
+  return JSON.parse(text) as T;
+}
+
+/** `GET /workbench/api/runs`. */
+export function listRuns(): Promise<{ roots: string[]; runs: RunSummary[] }> {
+  return requestAPI('runs');
+}
+
+/** `GET /workbench/api/runs/<id>`. */
+export function getRun(id: string): Promise<RunDetail> {
+  return requestAPI(runPath(id));
+}
+
+/** `GET /workbench/api/runs/<id>/metrics?since=...`: columns of the steps above `since`. */
+export function getMetrics(id: string, since = 0, limit?: number): Promise<MetricsPage> {
+  const q = new URLSearchParams({ since: String(since) });
+  if (limit) {
+    q.set('limit', String(limit));
+  }
+  return requestAPI(`${runPath(id, 'metrics')}?${q}`);
+}
+
+/**
+ * A websocket to a Workbench stream that reconnects with backoff. `path` is asked
+ * again on every (re)connect, so a run stream resumes after the last step it has.
+ */
+export class Stream<M> {
+  private _socket: WebSocket | null = null;
+  private _timer = 0;
+  private _delay = 500;
+  private _disposed = false;
+
+  constructor(
+    private readonly _path: () => string,
+    private readonly _onMessage: (msg: M) => void,
+    private readonly _onStatus: (connected: boolean) => void = () => undefined
+  ) {
+    this._connect();
+  }
+
+  /** Closes the socket for good. */
+  dispose(): void {
+    this._disposed = true;
+    window.clearTimeout(this._timer);
+    this._socket?.close();
+    this._socket = null;
+  }
+
+  /** Drops the socket and connects again now. */
+  reconnect(): void {
+    this._socket?.close();
+  }
+
+  private _connect(): void {
+    if (this._disposed) {
+      return;
+    }
+    const settings = ServerConnection.makeSettings();
+    let url = URLExt.join(settings.wsUrl, API, this._path());
+    if (settings.token) {
+      url += `${url.includes('?') ? '&' : '?'}token=${encodeURIComponent(settings.token)}`;
+    }
+    const socket = new settings.WebSocket(url);
+    this._socket = socket;
+    socket.onopen = () => {
+      this._delay = 500;
+      this._onStatus(true);
+    };
+    socket.onmessage = ev => this._onMessage(JSON.parse(ev.data as string) as M);
+    socket.onclose = () => {
+      if (this._socket !== socket) {
+        return;
+      }
+      this._onStatus(false);
+      this._socket = null;
+      if (!this._disposed) {
+        this._timer = window.setTimeout(() => this._connect(), this._delay);
+        this._delay = Math.min(this._delay * 2, 10000);
+      }
+    };
+  }
+}
+
+/** The list stream: every run as it appears, changes or goes. */
+export function listStream(
+  onMessage: (msg: ListMessage) => void,
+  onStatus?: (connected: boolean) => void
+): Stream<ListMessage> {
+  return new Stream<ListMessage>(() => 'stream', onMessage, onStatus);
+}
+
+/** A run stream resuming after `since()`: run.json changes and new metrics. */
+export function runStream(
+  id: string,
+  since: () => number,
+  onMessage: (msg: RunMessage) => void
+): Stream<RunMessage> {
+  return new Stream<RunMessage>(() => `${runPath(id, 'stream')}?since=${since()}`, onMessage);
+}

@@ -1,0 +1,67 @@
+/** Shapes of the Workbench server API (workbench/server/handlers.py), shared by all views. */
+
+/** One run in the runs list (`GET /workbench/api/runs`, list stream updates). */
+export interface RunSummary {
+  id: string;
+  uid: string | null;
+  name: string;
+  status: string;
+  step: number;
+  target_steps: number | null;
+  created: number | null;
+  updated: number;
+  config_hash: string | null;
+  device_kind: string | null;
+  peak_source: string | null;
+  points: number;
+  loss: number | null;
+  mfu: number | null;
+  hfu: number | null;
+  tokens_per_s: number | null;
+  step_time: number | null;
+  spark: { step: number[]; loss: (number | null)[] };
+}
+
+/** A run's `run.json` plus its URL id (`GET /workbench/api/runs/<id>`). */
+export interface RunDetail {
+  id: string;
+  uid: string | null;
+  name: string;
+  status: string;
+  step: number;
+  target_steps: number | null;
+  config: Record<string, unknown>;
+  config_hash?: string;
+  mesh?: Record<string, number>;
+  devices?: unknown[];
+  device_kind?: string | null;
+  peak_flops?: number | null;
+  peak_source?: string | null;
+  model_flops_per_step?: number | null;
+  memory_per_device?: Record<string, unknown> | null;
+  error?: string | null;
+  host?: string;
+  events?: { event: string; [key: string]: unknown }[];
+  [key: string]: unknown;
+}
+
+/** Columnar metrics (`GET .../metrics` and run stream `metrics` messages). */
+export interface MetricsPage {
+  id: string;
+  count: number;
+  last_step: number | null;
+  columns: Record<string, unknown[]>;
+  more?: boolean;
+}
+
+/** Messages of the list stream (`/workbench/api/stream`). */
+export type ListMessage =
+  | { type: 'runs'; runs: RunSummary[] }
+  | { type: 'update'; runs: RunSummary[] }
+  | { type: 'removed'; ids: string[] };
+
+/** Messages of a run stream (`/workbench/api/runs/<id>/stream`). */
+export type RunMessage =
+  | { type: 'run'; run: RunDetail }
+  | ({ type: 'metrics' } & MetricsPage)
+  | { type: 'reset' };

@@ -1,0 +1,142 @@
+# %% [markdown]
+# # 03 · A sharded model, step by step
+#
+# The order that avoids surprises on real hardware:
+#
+# 1. **abstract**: the model's shapes and logical axes, with nothing allocated;
+# 2. **rules**: one object maps logical axes (`embed`, `mlp`, `heads`, ...) to mesh axes;
+# 3. **plan**: compile one train step ahead of time and read memory per device,
+#    FLOPs, collectives and layout mistakes, before a single parameter exists;
+# 4. **materialize**: create the parameters directly in their shards;
+# 5. **inspect** what landed where, and take a step;
+# 6. **compare** data parallel, FSDP, tensor parallel and FSDP + TP side by side.
+
+# %%
+import workbench as wb
+
+wb.simulate_devices(8)
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+mesh = wb.make_mesh(data=4, model=2)
+cfg = wb.models.GPTConfig.preset("tiny")
+print(cfg)
+print(f"{cfg.n_params:,} parameters")
+
+# %% [markdown]
+# ## 1. Abstract: shapes and logical axes, no memory
+#
+# `nnx.eval_shape` runs the model's constructor abstractly: every parameter is a
+# `ShapeDtypeStruct`. The model only names **logical** axes (look for `out_sharding`
+# below); it never mentions the mesh.
+
+# %%
+abstract = nnx.eval_shape(lambda: wb.models.GPT(cfg, rngs=nnx.Rngs(0)))
+print(abstract.blocks[0].mlp)
+
+# %% [markdown]
+# ## 2. Rules: logical axes -> mesh axes
+#
+# A `wb.Rules` object is the one place that decides the parallelism. The presets are
+# `dp`, `fsdp`, `tp` and `fsdp_tp`; any rule can be changed with `.replace(...)`.
+
+# %%
+rules = wb.Rules.preset("tp", mesh)
+print(rules)
+print("MLP up (embed, mlp):  ", rules.spec(("embed", "mlp")))
+print("MLP down (mlp, embed):", rules.spec(("mlp", "embed")))
+wb.show(abstract, rules=rules, mesh=mesh)
+
+# %% [markdown]
+# Megatron-style tensor parallelism splits the MLP's first matrix by columns and the
+# second by rows. Why that pairing?
+
+# %%
+wb.exercise("megatron_mlp")
+
+# %% [markdown]
+# ## 3. Plan before you allocate
+#
+# `wb.plan` builds the abstract train state (parameters and optax state with their
+# shardings), AOT-compiles one full train step (forward, backward, AdamW update) for
+# this mesh, and reads back what XLA decided: memory per device, FLOPs per device and
+# every collective. Nothing is allocated.
+
+# %%
+plan = wb.plan(cfg, mesh=mesh, rules=rules, batch=8, seq=128)
+print(plan.summary())
+plan
+
+# %% [markdown]
+# Each tensor's layout is in `plan.layouts`, so any single one can be looked at:
+
+# %%
+print(plan.layouts["params.blocks.0.mlp.up"])
+
+# %% [markdown]
+# ## 4. Materialize: parameters created in their shards
+#
+# `plan.materialize()` runs the initializer inside a `jit` whose outputs carry the
+# plan's shardings, so each device only ever computes and stores its own blocks. For a
+# model larger than one device this is the only way to create it at all.
+
+# %%
+model = plan.materialize(seed=0)
+up = model.blocks[0].mlp.up.value
+print(up.sharding)
+print("global shape", up.shape, "-> per device", up.addressable_shards[0].data.shape)
+assert up.addressable_shards[0].data.shape == plan.layouts["params.blocks.0.mlp.up"].shard_shape
+
+# %% [markdown]
+# ## 5. Inspect, and take one step
+#
+# `wb.show(model)` lists every parameter with its layout; click a row to see its blocks
+# on the mesh.
+
+# %%
+wb.show(model)
+
+# %%
+state = plan.init_state(seed=0)
+step = plan.train_step()
+tokens = jax.random.randint(jax.random.key(1), (8, 129), 0, cfg.vocab_size)
+batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+losses = []
+for _ in range(3):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics["loss"]))
+print("loss on one repeated batch:", [round(l, 3) for l in losses])
+assert losses[-1] < losses[0]
+print(f"start ~ ln(vocab) = {np.log(cfg.vocab_size):.3f}")
+
+# %% [markdown]
+# ## 6. dp vs fsdp vs tp vs fsdp_tp
+#
+# The same model and batch, four ways. `wb.compare` puts the plans side by side:
+# memory per device, FLOPs per device, bytes each device sends per step, and the
+# replicated compute factor (1 when the devices split the work exactly; lower when
+# they repeat each other's work).
+
+# %%
+plans = [wb.plan(cfg, mesh=mesh, rules=r, batch=8, seq=128) for r in ("dp", "fsdp")]
+plans.insert(2, plan)  # "tp", planned above
+plans.append(wb.plan(cfg, mesh=mesh, rules="fsdp_tp", batch=8, seq=128))
+comparison = wb.compare(plans)
+print(comparison.table())
+comparison
+
+# %% [markdown]
+# What to read from it, at this toy size:
+#
+# - **dp** keeps a whole copy of the weights and optimizer state on every device, and
+#   communicates by all-reducing gradients;
+# - **fsdp** stores everything split over all 8 devices (least memory) and pays with an
+#   all-gather per weight per step plus reduce-scatters of the gradients;
+# - **tp** splits the weights over `model` only, communicating activations instead;
+# - **fsdp_tp** combines both.
+#
+# With a tiny model the communication volumes are small and close together; notebook 04
+# runs the same comparison at GPT-3 scale, where they decide what fits.

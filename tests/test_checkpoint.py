@@ -1,0 +1,201 @@
+"""Orbax checkpoints: composite save, keys, data position, keep-N, another mesh, corrupt
+latest, and a real full disk."""
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import workbench as wb
+from workbench.data import ShardedBatches, TextData
+from workbench.train.checkpoint import CheckpointError, Checkpoints, abstract
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "wb-cache"))
+
+
+def _mesh(**axes):
+    return jax.make_mesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes))
+
+
+def _state(mesh, scale=1.0):
+    w = jnp.arange(16 * 8, dtype=jnp.float32).reshape(16, 8) * scale
+    return {"w": jax.device_put(w, NamedSharding(mesh, P("data"))),
+            "b": jax.device_put(jnp.full((8,), scale), NamedSharding(mesh, P())),
+            "step": jnp.int32(3), "rng": jax.random.split(jax.random.key(7), 3)}
+
+
+def _data(mesh):
+    return ShardedBatches(TextData(max_bytes=20_000), seq=16, batch=8, seed=0,
+                          sharding=NamedSharding(mesh, P("data")), vocab_size=256)
+
+
+def _equal(a, b):
+    for x, y in zip(jax.tree.leaves(jax.tree.map(_raw, a)), jax.tree.leaves(jax.tree.map(_raw, b)),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _raw(x):
+    return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+
+def test_composite_save_restores_state_keys_and_data_position(tmp_path):
+    mesh = _mesh(data=8)
+    state, data = _state(mesh), _data(mesh)
+    for _ in range(3):
+        next(data)
+    ck = Checkpoints(tmp_path / "ck", keep=3)
+    blocked = ck.save(5, state, data=data, meta={"note": "hi"})
+    want_next = np.asarray(next(data)["inputs"])           # consumed after the save
+    ck.wait()
+    assert {"data", "meta", "state"} <= set(os.listdir(tmp_path / "ck" / "5"))
+    assert blocked >= 0
+    fresh = _data(mesh)
+    r = Checkpoints(tmp_path / "ck").restore(state, data=fresh)
+    assert r.step == 5 and r.meta["note"] == "hi" and r.meta["key_impls"] == ["threefry2x32"]
+    _equal(r.state, state)
+    assert jnp.issubdtype(r.state["rng"].dtype, jax.dtypes.prng_key)    # typed keys again
+    np.testing.assert_array_equal(np.asarray(next(fresh)["inputs"]), want_next)
+
+
+def test_keep_last_n(tmp_path):
+    mesh = _mesh(data=8)
+    ck = Checkpoints(tmp_path / "ck", keep=2)
+    for s in range(1, 6):
+        ck.save(s, _state(mesh, s), force=True)
+    ck.wait()
+    assert ck.all_steps() == [4, 5]
+    _equal(ck.restore(_state(mesh)).state, _state(mesh, 5))
+
+
+def test_restore_onto_another_mesh_has_the_same_values(tmp_path):
+    state = _state(_mesh(data=8))
+    ck = Checkpoints(tmp_path / "ck")
+    ck.save(1, state)
+    ck.wait()
+    other = _mesh(data=4, model=2)
+    target = jax.tree.map(lambda a: a, abstract(_state(other)))
+    target["w"] = jax.ShapeDtypeStruct((16, 8), jnp.float32,
+                                       sharding=NamedSharding(other, P("data", "model")))
+    r = ck.restore(target)
+    assert r.state["w"].sharding == NamedSharding(other, P("data", "model"))
+    assert {s.data.shape for s in r.state["w"].addressable_shards} == {(4, 4)}
+    _equal(r.state, state)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "remove_item"])
+def test_corrupt_latest_falls_back_to_the_previous_with_a_warning(tmp_path, damage):
+    mesh = _mesh(data=8)
+    ck = Checkpoints(tmp_path / "ck", keep=3)
+    for s in (10, 20):
+        ck.save(s, _state(mesh, s), force=True)
+    ck.wait()
+    if damage == "truncate":  # a torn write: every array data file cut to half its size
+        for f in (tmp_path / "ck" / "20" / "state").glob("**/d/*"):
+            with open(f, "r+b") as fh:
+                fh.truncate(f.stat().st_size // 2)
+    else:
+        shutil.rmtree(tmp_path / "ck" / "20" / "state")
+    with pytest.warns(UserWarning, match=r"checkpoint step 20 .* unreadable .* restored step 10"):
+        r = Checkpoints(tmp_path / "ck").restore(_state(mesh))
+    assert r.step == 10 and r.skipped[0][0] == 20
+    _equal(r.state, _state(mesh, 10))
+
+
+def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        Checkpoints(tmp_path / "ck").restore({"x": jnp.zeros(2)})
+
+
+def test_interrupted_save_leaves_no_step_behind(tmp_path):
+    """A temporary directory from a save that never committed is neither listed nor restored."""
+    mesh = _mesh(data=8)
+    ck = Checkpoints(tmp_path / "ck")
+    ck.save(1, _state(mesh), force=True)
+    ck.wait()
+    shutil.copytree(tmp_path / "ck" / "1", tmp_path / "ck" / "2.orbax-checkpoint-tmp-123")
+    again = Checkpoints(tmp_path / "ck")
+    assert again.all_steps() == [1] and again.restore(_state(mesh)).step == 1
+    assert not (tmp_path / "ck" / "2.orbax-checkpoint-tmp-123").exists()   # cleaned up
+
+
+@contextlib.contextmanager
+def _small_disk(path, size_mb):
+    """A real size-limited filesystem (tmpfs, as root); else a per-process file-size limit."""
+    path.mkdir()
+    mounted = os.geteuid() == 0 and shutil.which("mount") and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
+        capture_output=True).returncode == 0
+    try:
+        yield "tmpfs" if mounted else "rlimit"
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def _fill(path):
+    """Writes until the filesystem is full (ENOSPC)."""
+    with contextlib.suppress(OSError), open(path / "filler", "wb") as f:
+        while True:
+            f.write(b"\0" * (1 << 16))
+            f.flush()
+    assert shutil.disk_usage(path).free < (1 << 16)
+
+
+def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path):
+    mesh = _mesh(data=8)
+    state1, state2 = _state(mesh, 1.0), _state(mesh, 2.0)
+    with _small_disk(tmp_path / "disk", 8) as kind:
+        ck = Checkpoints(tmp_path / "disk" / "ck", keep=3)
+        ck.save(1, state1, force=True)
+        ck.wait()
+        if kind == "tmpfs":
+            _fill(tmp_path / "disk")
+            limit = None
+        else:  # no root: writes past 1 kB fail with EFBIG, a real OS write error
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+            old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1024, limit[1]))
+        try:
+            with warnings.catch_warnings(), pytest.raises(
+                    CheckpointError, match=r"step 2 .* failed.*previous checkpoint \(step 1\) "
+                                           r"is intact"):
+                warnings.simplefilter("ignore")
+                ck.save(2, state2, force=True)
+                ck.wait()
+        finally:
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+                signal.signal(signal.SIGXFSZ, old_handler)
+        (tmp_path / "disk" / "filler").unlink(missing_ok=True)
+        again = Checkpoints(tmp_path / "disk" / "ck")
+        assert again.all_steps() == [1]
+        _equal(again.restore(_state(mesh)).state, state1)
+
+
+def test_trainer_checkpoint_restores_onto_data4_model2(tmp_path):
+    """A Trainer's checkpoint saved on data=8 (fsdp) restores into data=4, model=2 (fsdp_tp)."""
+    cfg = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8},
+                         rules="fsdp", batch=8, seq=32, steps=2, checkpoint_every=2,
+                         data="synthetic")
+    a = wb.Trainer(cfg, run_dir=tmp_path / "run", progress=None, compile_cache=False)
+    a.run()
+    saved = jax.device_get(a.state)
+    b = wb.Trainer(cfg.replace(mesh={"data": 4, "model": 2}, rules="fsdp_tp"),
+                   run_dir=tmp_path / "run", progress=None, compile_cache=False)
+    assert b.step == 2 and dict(b.mesh.shape) == {"data": 4, "model": 2}
+    q = b.state.params["blocks"][0]["attn"]["q"]
+    assert q.sharding.spec == P("data", "model", None)
+    _equal(b.state, saved)
+    assert b.losses == a.losses                 # the history comes from the run directory

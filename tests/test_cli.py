@@ -1,0 +1,106 @@
+"""The ``python -m workbench`` command: train / launch / ping / runs, run as real processes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench import runs
+from workbench.launch.local import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, timeout: float = 300, env: dict | None = None,
+         cwd: Path | None = None) -> subprocess.CompletedProcess:
+    base = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**base, **(env or {})},
+                          cwd=cwd or ROOT)
+
+
+def _ping(text: str) -> dict:
+    line = next(x for x in text.splitlines() if "PING " in x)
+    return json.loads(line.split("PING ", 1)[1])
+
+
+def test_help_names_every_command():
+    out = _cli("--help")
+    assert out.returncode == 0
+    for cmd in ("train", "launch", "ping", "runs"):
+        assert cmd in out.stdout
+    train_help = _cli("train", "--help").stdout
+    for flag in ("--run-dir", "--coordinator", "--num-processes", "--process-id",
+                 "--distributed", "--devices-per-process"):
+        assert flag in train_help
+
+
+def test_runs_lists_run_directories_without_importing_jax(tmp_path):
+    with runs.RunWriter(tmp_path / "runs" / "a", config={"model": "tiny"}) as w:
+        w.update(target_steps=10)
+        for step in (1, 2, 3):
+            w.log({"step": step, "loss": 1.0 / step})
+    code = ("import sys; from workbench.__main__ import main; rc = main(['runs', %r]); "
+            "assert 'jax' not in sys.modules, 'runs imported jax'; sys.exit(rc)"
+            % str(tmp_path / "runs"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("a "))
+    assert row.split()[1:3] == ["finished", "3/10"]
+
+
+def test_ping_in_one_process():
+    out = _cli("ping", "--distributed", "off", "--platform", "cpu", "--devices-per-process", "3")
+    assert out.returncode == 0, out.stderr + out.stdout
+    r = _ping(out.stdout)
+    assert (r["processes"], r["devices"], r["sum"], r["expected"]) == (1, 3, 0.0, 0.0)
+
+
+def test_two_workers_started_by_hand_join_like_on_a_cluster():
+    """What srun / a pod ssh does: the same command on every worker, each with its id."""
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "workbench", "ping", "--coordinator", f"127.0.0.1:{port}",
+         "--num-processes", "2", "--process-id", str(i), "--platform", "cpu",
+         "--devices-per-process", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env=dict(os.environ, PYTHONPATH=str(ROOT))) for i in range(2)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for out in outs:
+        r = _ping(out)  # process 1's two devices each add 1: hand count 2
+        assert (r["processes"], r["devices"], r["sum"], r["expected"]) == (2, 4, 2.0, 2.0)
+
+
+def test_partial_distributed_flags_are_refused_with_the_fix(tmp_path):
+    out = _cli("ping", "--coordinator", "127.0.0.1:1", "--num-processes", "2")
+    assert out.returncode != 0
+    assert "also pass ['process_id']" in out.stderr
+
+
+def test_train_without_config_says_what_to_pass():
+    out = _cli("train")
+    assert out.returncode != 0 and "give CONFIG.json or CONFIG.py" in out.stderr
+
+
+def test_load_config_from_python_and_json(tmp_path):
+    from workbench.launch.worker import load_config
+    from workbench.train import TrainConfig
+
+    want = TrainConfig(model="tiny", batch=8, seq=32, steps=7, data="synthetic")
+    (tmp_path / "cfg.py").write_text(
+        "import workbench as wb\n"
+        "config = wb.TrainConfig(model='tiny', batch=8, seq=32, steps=7, data='synthetic')\n")
+    (tmp_path / "fn.py").write_text(f"def config():\n    return {want.to_dict()!r}\n")
+    (tmp_path / "cfg.json").write_text(want.to_json())
+    for name in ("cfg.py", "fn.py", "cfg.json"):
+        assert load_config(tmp_path / name) == want, name
+    (tmp_path / "none.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match=r"none\.py defines no `config`"):
+        load_config(tmp_path / "none.py")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_config(tmp_path / "missing.json")

@@ -1,0 +1,247 @@
+"""Real JupyterLab + headless Debian Chromium: the Workbench panel, dashboard, comparison,
+status bar, escaping and layout restoration, with runs written by the Trainer and RunWriter."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jupyterlab_harness import (  # noqa: E402
+    Lab,
+    chromium,
+    require_chromium,
+    run_notebook,
+    screenshot,
+    start_lab,
+)
+
+from workbench import runs  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+REPO = Path(__file__).resolve().parent.parent
+EVIL = "<img src=x onerror=alert(1)>"
+TRAIN_CELLS = [
+    "import workbench as wb",
+    "config = wb.TrainConfig(model='tiny', mesh={'data': 8}, data='synthetic', batch=8, seq=32,\n"
+    "                        steps=30, checkpoint_every=30)\n"
+    "trainer = wb.Trainer(config, run_dir='runs/tiny')",
+    "trainer.run(steps=30)\nassert trainer.step == 30, trainer.step",
+]
+
+
+def _notebook(path: Path, cells: list[str]) -> None:
+    path.write_text(json.dumps({
+        "nbformat": 4, "nbformat_minor": 5,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                    "language": "python"}},
+        "cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None,
+                   "outputs": [], "source": src} for i, src in enumerate(cells)],
+    }))
+
+
+class LiveRun:
+    """A run written by RunWriter from a thread, one step every `period` seconds."""
+
+    def __init__(self, run_dir: Path, name: str | None = None, period: float = 0.1,
+                 scale: float = 4.0) -> None:
+        self.scale = scale
+        self.writer = runs.RunWriter(run_dir, config={"model": "tiny", "note": EVIL}, name=name,
+                                     meta={"target_steps": 10_000,
+                                           "memory_per_device": {"argument": 2**20, "temp": 3 * 2**20}})
+        self.step = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(period,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, period: float) -> None:
+        while not self._stop.wait(period):
+            self.step += 1
+            s = self.step
+            self.writer.log({"step": s, "loss": self.scale / (1 + 0.05 * s), "mfu": 0.2 + 0.001 * (s % 50),
+                             "hfu": 0.25, "step_time": 0.1, "data_time": 0.01, "ckpt_time": 0.0,
+                             "tokens_per_s": 1000.0 + s})
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.writer.close("finished")
+
+
+@pytest.fixture(scope="module")
+def lab_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("lab")
+
+
+@pytest.fixture(scope="module")
+def lab(lab_root: Path) -> Iterator[Lab]:
+    require_chromium()
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    with start_lab(lab_root, env=env) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser(lab: Lab) -> Iterator[Any]:
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    p = browser.new_page(viewport={"width": 1400, "height": 900})
+    p.dialogs = []  # type: ignore[attr-defined]
+
+    def on_dialog(d: Any) -> None:
+        if d.type == "beforeunload":  # leaving a page with a notebook open: go on
+            d.accept()
+        else:  # alert/confirm/prompt: what an injected script would open
+            p.dialogs.append(f"{d.type}: {d.message}")
+            d.dismiss()
+
+    p.on("dialog", on_dialog)
+    yield p
+    p.close()
+
+
+def _open_lab(page: Any, lab: Lab) -> None:
+    page.goto(f"{lab.url}/lab?token={lab.token}", timeout=60_000)
+    page.wait_for_selector(".jp-LabShell", timeout=60_000)
+
+
+def _show_panel(page: Any) -> Any:
+    tab = page.locator(".jp-SideBar .lm-TabBar-tab[data-id='workbench-runs']")
+    tab.wait_for(timeout=30_000)
+    if "lm-mod-current" not in (tab.get_attribute("class") or ""):
+        tab.click()
+    panel = page.locator("#workbench-runs")
+    panel.wait_for(state="visible", timeout=10_000)
+    return panel
+
+
+def _wait_saved(lab: Lab, text: str, timeout: float = 20) -> None:
+    """Waits until JupyterLab saved its layout holding `text` (the restorer's state)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        req = urllib.request.Request(f"{lab.url}/lab/api/workspaces/default",
+                                     headers={"Authorization": f"token {lab.token}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            if text in resp.read().decode():
+                return
+        time.sleep(0.25)
+    raise TimeoutError(f"the workspace never saved {text!r}")
+
+
+def _wait_attr(page: Any, selector: str, attr: str, minimum: float, timeout: float = 30) -> float:
+    """Waits until a numeric data attribute of `selector` reaches `minimum`; returns it."""
+    page.wait_for_function(
+        "([sel, attr, min]) => { const e = document.querySelector(sel);"
+        " return e && Number(e.getAttribute(attr)) >= min; }",
+        arg=[selector, attr, minimum], timeout=timeout * 1000)
+    return float(page.locator(selector).first.get_attribute(attr))
+
+
+def test_jest_models() -> None:
+    """The TypeScript models' jest tests (series, smoothing, decimation, list/run models)."""
+    ext = REPO / "labextension"
+    if not (ext / "node_modules").is_dir():
+        pytest.skip("labextension/node_modules is missing: `make install` runs npm install")
+    out = subprocess.run([shutil.which("npx") or "npx", "jest", "--ci"], cwd=ext,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_trained_run_shows_in_panel_and_dashboard(lab: Lab, page: Any, lab_root: Path) -> None:
+    """A notebook trains 'tiny' for 30 steps; the panel lists it and its charts hold 30 points."""
+    _notebook(lab_root / "train.ipynb", TRAIN_CELLS)
+    run_notebook(page, lab, lab_root / "train.ipynb", timeout=150)
+    assert runs.read_run(lab_root / "runs" / "tiny")["status"] == "finished"
+    panel = _show_panel(page)
+    row = panel.locator(".jp-Workbench-run[data-id='runs/tiny']")
+    row.wait_for(timeout=15_000)
+    page.wait_for_function(
+        "() => document.querySelector(\".jp-Workbench-run[data-id='runs/tiny'] "
+        ".jp-Workbench-step\")?.textContent === 'step 30 / 30'", timeout=15_000)
+    spark = _wait_attr(page, ".jp-Workbench-run[data-id='runs/tiny'] canvas.jp-Workbench-spark",
+                       "data-points", 30)
+    assert spark == 30
+    assert row.locator(".jp-Workbench-status").inner_text() == "finished"
+    row.click()
+    chart = ".jp-Workbench-dashboard[data-run-id='runs/tiny'] .jp-Workbench-lossChart"
+    assert _wait_attr(page, chart, "data-points", 30) == 30
+    last = runs.read_metrics(lab_root / "runs" / "tiny")[-1]
+    dash = page.locator(".jp-Workbench-dashboard[data-run-id='runs/tiny']")
+    kpis = dash.locator(".jp-Workbench-kpis").inner_text()
+    assert f"{last['mfu'] * 100:.1f}%" in kpis, kpis  # MFU of the last step, as the file says
+    assert "argument" in dash.locator(".jp-Workbench-memory").inner_text()
+    assert "synthetic" in dash.locator(".jp-Workbench-config").inner_text()
+    status = page.locator(".jp-Workbench-statusItem")
+    assert "step 30 / 30" in status.inner_text()
+    shot = screenshot(page, "workbench_panel_trained_run")
+    assert shot.stat().st_size > 10_000
+
+
+def test_live_run_escaping_compare_and_restore(lab: Lab, page: Any, lab_root: Path) -> None:
+    """A run written live by RunWriter streams into the panel and dashboard; a hostile run
+    name shows as text; two runs compare on one chart; a reload restores the dashboard."""
+    live = LiveRun(lab_root / "runs" / "live", period=0.1)
+    evil = LiveRun(lab_root / "runs" / "evil", name=EVIL, period=0.2, scale=6.0)
+    try:
+        _open_lab(page, lab)
+        panel = _show_panel(page)
+        name = panel.locator(".jp-Workbench-run[data-id='runs/evil'] .jp-Workbench-runName")
+        name.wait_for(timeout=15_000)
+        assert name.inner_text() == EVIL  # shown literally ...
+        assert panel.locator("img").count() == 0  # ... and never parsed as markup
+        panel.locator(".jp-Workbench-run[data-id='runs/live']").click()
+        chart = ".jp-Workbench-dashboard[data-run-id='runs/live'] .jp-Workbench-lossChart"
+        target = live.step + 20  # two more seconds of training must arrive while we watch
+        assert _wait_attr(page, chart, "data-last-step", target) >= target
+        dash = page.locator(".jp-Workbench-dashboard[data-run-id='runs/live']")
+        assert EVIL in dash.locator(".jp-Workbench-config").inner_text()
+        for run_id in ("runs/live", "runs/evil"):
+            panel.locator(f".jp-Workbench-run[data-id='{run_id}'] input[type=checkbox]").check()
+        panel.locator("button", has_text="Compare").click()
+        lines = ".jp-Workbench-compare .jp-Workbench-compareLines"
+        page.wait_for_function(  # one line per run, each with its own points
+            "(sel) => { const p = document.querySelector(sel)?.dataset.seriesPoints;"
+            " return p && p.split(',').length === 2 && p.split(',').every(n => Number(n) >= 10); }",
+            arg=lines, timeout=15_000)
+        legend = page.locator(f"{lines} .u-legend").inner_text()
+        assert EVIL in legend and page.locator(f"{lines} img").count() == 0
+        screenshot(page, "workbench_compare_live")
+        _wait_saved(lab, "\"workbench-compare:")
+        page.reload()
+        page.wait_for_selector(".jp-LabShell", timeout=60_000)
+        # layout restoration: dashboard and comparison come back, refilled from history
+        restored = _wait_attr(page, chart, "data-points", 30)
+        assert restored >= 30
+        _wait_attr(page, lines, "data-points", 10)
+        assert page.dialogs == []  # no alert(1) fired anywhere
+    finally:
+        live.stop()
+        evil.stop()
+    steps = [r["step"] for r in runs.read_metrics(lab_root / "runs" / "live")]
+    assert steps == list(range(1, live.step + 1))
+    page.wait_for_function(
+        "(n) => Number(document.querySelector(\".jp-Workbench-dashboard[data-run-id='runs/live'] "
+        ".jp-Workbench-lossChart\")?.dataset.points) === n", arg=len(steps), timeout=15_000)
+    screenshot(page, "workbench_dashboard_live")
+
+
+def test_extension_is_installed_and_enabled() -> None:
+    jupyter = str(Path(sys.executable).parent / "jupyter")
+    labext = subprocess.run([jupyter, "labextension", "list"], capture_output=True, text=True)
+    line = next((ln for ln in (labext.stdout + labext.stderr).splitlines()
+                 if "workbench-lab" in ln), "")
+    assert "enabled" in line and "OK" in line, labext.stdout + labext.stderr

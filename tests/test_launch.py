@@ -1,0 +1,315 @@
+"""Launching multi-process jax.distributed jobs: the lock, joining, faults, stop, training.
+
+Every job here is real: OS processes joined by ``jax.distributed`` over 127.0.0.1 with
+gloo collectives, 4 simulated CPU devices each. Training tests compare against the same
+config trained in one process with 8 devices, and a resumed job against the
+uninterrupted one; nothing is mocked.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench.launch import JobRunningError, RunLock, attach, cluster, ping
+from workbench.launch.job import read_tail
+from workbench.launch.local import free_port
+from workbench.launch.worker import EXIT_STOPPED
+
+
+def _ping_report(log: Path) -> dict:
+    line = next(x for x in reversed(log.read_text().splitlines()) if "PING " in x)
+    return json.loads(line.split("PING ", 1)[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+# ----------------------------------------------------------------------------- the lock
+def test_lock_refuses_a_live_holder_and_releases(tmp_path):
+    first = RunLock(tmp_path)
+    first.acquire(pids=[os.getpid()])
+    with pytest.raises(JobRunningError, match=rf"pid {os.getpid()}.*job.stop\(\)"):
+        RunLock(tmp_path).acquire()
+    first.release()
+    assert not (tmp_path / "job.lock").exists()
+    second = RunLock(tmp_path)
+    second.acquire()
+    assert second.read()["pid"] == os.getpid()
+    second.release()
+
+
+def test_stale_lock_of_dead_processes_is_taken_over(tmp_path):
+    dead = _dead_pid()
+    (tmp_path / "job.lock").write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": dead, "pids": [dead], "created": 0}))
+    lock = RunLock(tmp_path)
+    with pytest.warns(UserWarning, match=rf"stale lock.*pid {dead}"):
+        lock.acquire(pids=[123])
+    assert lock.read()["pid"] == os.getpid() and lock.read()["pids"] == [123]
+    lock.release()
+
+
+def test_lock_from_another_host_is_refused_with_the_fix(tmp_path):
+    (tmp_path / "job.lock").write_text(json.dumps(
+        {"host": "some-other-host", "pid": 1, "pids": [1], "created": time.time()}))
+    with pytest.raises(JobRunningError, match=r"another host.*delete .*job\.lock"):
+        RunLock(tmp_path).acquire()
+
+
+def test_reused_pid_counts_as_dead(tmp_path):
+    # our own pid, but with a different start time: a pid that was reused
+    (tmp_path / "job.lock").write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": os.getpid(), "pids": [],
+         "starts": {str(os.getpid()): "1"}, "created": 0}))
+    with pytest.warns(UserWarning, match="stale lock"):
+        RunLock(tmp_path).acquire()
+
+
+# ----------------------------------------------------------------------------- joining
+def test_partial_distributed_arguments_are_named():
+    spec = cluster.DistributedSpec(coordinator="127.0.0.1:1234", num_processes=2)
+    with pytest.raises(ValueError, match=r"also pass \['process_id'\]"):
+        cluster.initialize(spec)
+    with pytest.raises(ValueError, match=r"process_id=2 must lie in \[0, num_processes=2\)"):
+        cluster.initialize(cluster.DistributedSpec(coordinator="h:1", num_processes=2,
+                                                   process_id=2))
+
+
+def test_detect_cluster_uses_jax_detectors(monkeypatch):
+    for var in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
+                "SLURM_LOCALID", "JAX_COORDINATOR_ADDRESS", "OMPI_MCA_orte_hnp_uri"):
+        monkeypatch.delenv(var, raising=False)
+    assert cluster.detect_cluster() is None
+    env = {"SLURM_JOB_ID": "42", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_NTASKS": "2",
+           "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert cluster.detect_cluster() == "SlurmCluster"
+    from jax._src.clusters import SlurmCluster  # JAX itself reads the same environment
+
+    assert SlurmCluster.get_process_count() == 2 and SlurmCluster.get_process_id() == 0
+
+
+def test_read_tail_keeps_the_latest_launch_and_drops_gloo_chatter(tmp_path):
+    log = tmp_path / "process-0.log"
+    log.write_text("===== launch 1\nold\n===== launch 2\na\n"
+                   "[Gloo] Rank 1 is connected to 7 peer ranks. Expected number ...\nb\nc\n")
+    assert read_tail(log, 2) == ["b", "c"]
+    assert read_tail(log, 10) == ["a", "b", "c"]
+    assert len(read_tail(log, 10, raw=True)) == 4
+    assert read_tail(tmp_path / "missing.log") == []
+
+
+# ----------------------------------------------------------------------------- jobs
+def test_ping_job_all_reduces_across_two_processes(tmp_path):
+    job = ping(2, 4, run_dir=tmp_path / "p", platform="cpu")
+    assert job.wait(120) == "finished", job.tail()
+    for i in range(2):
+        r = _ping_report(job.logs[i])
+        # device d of process p contributes p: 4 * 0 + 4 * 1 (hand count)
+        assert r == {**r, "processes": 2, "devices": 8, "local_devices": [4, 4],
+                     "sum": 4.0, "expected": 4.0}
+    assert [p.state for p in job.processes] == ["finished", "finished"]
+    assert not (tmp_path / "p" / "job.lock").exists()
+
+
+def test_stop_makes_every_process_stop_at_the_same_round(tmp_path):
+    job = ping(2, 4, run_dir=tmp_path / "p", hold=120, platform="cpu")
+    _wait_for(lambda: all("PING " in p.log.read_text() for p in job.processes), 90, job)
+    assert job.stop(60) == "stopped", job.tail()
+    assert [p.returncode for p in job.processes] == [EXIT_STOPPED, EXIT_STOPPED]
+    rounds = [re.search(r"stopped at round (\d+)", p.log.read_text()).group(1)
+              for p in job.processes]
+    assert rounds[0] == rounds[1]  # JAX's preemption sync point: one agreed round
+
+
+def test_killed_process_fails_the_job_fast_and_nothing_hangs(tmp_path):
+    run_dir = tmp_path / "p"
+    job = ping(2, 4, run_dir=run_dir, hold=120, platform="cpu")
+    _wait_for(lambda: all("PING " in p.log.read_text() for p in job.processes), 90, job)
+    with pytest.raises(JobRunningError, match="already has a running job"):
+        ping(2, 4, run_dir=run_dir, platform="cpu")  # concurrent launch refused
+    victim = job.processes[1].pid
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    assert job.wait(60) == "failed"
+    assert time.monotonic() - t0 < 60
+    f = job.failure
+    assert f["process"] == 1 and f["returncode"] == -signal.SIGKILL
+    assert "process 1" in f["message"] and "SIGKILL" in f["message"]
+    assert any("PING" in line for line in f["last_lines"])
+    assert [p.state for p in job.processes] == ["killed", "failed"]
+    assert not any(_alive(p.pid) for p in job.processes)
+    assert not (run_dir / "job.lock").exists()
+    again = ping(2, 4, run_dir=run_dir, platform="cpu")  # the run dir is free again
+    assert again.wait(120) == "finished", again.tail()
+
+
+def test_attach_watches_a_job_started_elsewhere(tmp_path):
+    job = ping(2, 2, run_dir=tmp_path / "p", hold=120, platform="cpu")
+    watcher = attach(tmp_path / "p")
+    assert watcher.status == "running" and [p.pid for p in watcher.processes] == \
+        [p.pid for p in job.processes]
+    job.stop(60)
+    watcher.wait(30)
+    assert watcher.done
+    with pytest.raises(FileNotFoundError, match="no job is running"):
+        attach(tmp_path / "p")
+
+
+def test_job_widget_payload_reflects_the_job(tmp_path):
+    from workbench.widgets.job_view import JobView, job_payload
+
+    job = ping(2, 2, run_dir=tmp_path / "p", platform="cpu")
+    job.wait(120)
+    p = job_payload(job)
+    assert p["status"] == "finished" and p["done"] and p["failure"] is None
+    assert [q["state"] for q in p["processes"]] == ["finished", "finished"]
+    assert any("ping ok" in line for line in p["tails"]["0"])
+    view = JobView(job)
+    assert view.payload["name"] == "p"
+    data, _ = job._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data
+    assert data["text/plain"].startswith("Job(")
+
+
+def _wait_for(pred, timeout: float, job) -> None:
+    t_end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > t_end or job.done:
+            raise AssertionError(f"condition not reached; job {job.status}:\n{job.tail()}")
+        time.sleep(0.2)
+
+
+# ----------------------------------------------------------------------------- training
+# "tiny" with a short sequence and batch keeps each multi-process job to seconds of steps.
+CFG = dict(model="tiny", mesh={"data": 8}, rules="fsdp", batch=8, seq=32, steps=20,
+           checkpoint_every=5, keep=3, seed=0, data="text")
+
+
+def _losses(run_dir: Path) -> list[float]:
+    from workbench import runs
+
+    return [r["loss"] for r in runs.read_metrics(run_dir)]
+
+
+def _committed_steps(run_dir: Path) -> list[int]:
+    folder = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) \
+        if folder.exists() else []
+
+
+@pytest.fixture(scope="module")
+def two_by_four(tmp_path_factory):
+    """The reference job: 2 processes x 4 devices, 20 uninterrupted steps."""
+    from workbench.launch import launch
+    from workbench.train import TrainConfig
+
+    run_dir = tmp_path_factory.mktemp("launch") / "2x4"
+    job = launch(TrainConfig(**CFG), processes=2, devices_per_process=4, run_dir=run_dir,
+                 platform="cpu")
+    assert job.wait(600) == "finished", job.tail()
+    return job
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one_process_with_eight_devices(two_by_four, tmp_path):
+    from workbench.train import TrainConfig, Trainer
+
+    got = _losses(two_by_four.run_dir)
+    assert len(got) == 20 and got[-1] < got[0]
+    # One process with 8 devices and the same gloo collectives (the CLI, as on a cluster
+    # with one host): bitwise equal, 0 ulp.
+    (tmp_path / "config.json").write_text(TrainConfig(**CFG).to_json())
+    out = subprocess.run(
+        [sys.executable, "-m", "workbench", "train", str(tmp_path / "config.json"),
+         "--run-dir", str(tmp_path / "1x8"), "--platform", "cpu", "--devices-per-process", "8",
+         "--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", "1",
+         "--process-id", "0"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert _losses(tmp_path / "1x8") == got
+    # The notebook's Trainer in this process (XLA's in-process all-reduce, which sums in
+    # another order than gloo's ring): equal to float32 rounding, rtol 1e-5 (seen: 2e-7).
+    ref = Trainer(TrainConfig(**CFG), run_dir=tmp_path / "notebook", progress=None)
+    ref.run()
+    assert ref.losses == pytest.approx(got, rel=1e-5, abs=0)
+    # the Job widget shows the same curve, read from the same run directory
+    from workbench.widgets.job_view import job_payload
+
+    assert [y for _, y in job_payload(two_by_four)["loss"]] == got
+
+
+@pytest.mark.slow
+def test_sigkill_fails_the_job_and_a_relaunch_resumes_bitwise(two_by_four, tmp_path):
+    from workbench import runs
+    from workbench.launch import launch
+    from workbench.train import TrainConfig
+
+    run_dir = tmp_path / "job"
+    job = launch(TrainConfig(**CFG), processes=2, devices_per_process=4, run_dir=run_dir,
+                 platform="cpu")
+    _wait_for(lambda: 5 in _committed_steps(run_dir) and len(_losses(run_dir)) >= 6, 300, job)
+    t0 = time.monotonic()
+    os.kill(job.processes[1].pid, signal.SIGKILL)
+    assert job.wait(60) == "failed"
+    assert time.monotonic() - t0 < 60
+    assert job.failure["process"] == 1 and "SIGKILL" in job.failure["reason"]
+    assert not any(_alive(p.pid) for p in job.processes)
+    run = runs.read_run(run_dir)
+    assert run["status"] == "failed" and "process 1" in run["error"]
+    resume_from = _committed_steps(run_dir)[-1]
+
+    again = launch(TrainConfig(**CFG), processes=2, devices_per_process=4, run_dir=run_dir,
+                   platform="cpu")
+    assert again.wait(600) == "finished", again.tail()
+    resumes = [e["step"] for e in runs.read_events(run_dir) if e["event"] == "resume"]
+    assert resumes == [resume_from]
+    assert _losses(run_dir) == _losses(two_by_four.run_dir)  # the whole curve, bitwise
+    # and the steps the relaunch computed itself (after its resume marker) match too
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    mark = max(i for i, x in enumerate(lines) if x.get("event") == "resume")
+    redone = {x["step"]: x["loss"] for x in lines[mark:] if "step" in x and "event" not in x}
+    ref = dict(enumerate(_losses(two_by_four.run_dir), start=1))
+    assert sorted(redone) == list(range(resume_from + 1, 21))
+    assert all(redone[k] == ref[k] for k in redone)
+
+
+@pytest.mark.slow
+def test_stop_leaves_a_checkpoint_at_the_stop_step(tmp_path):
+    from workbench import runs
+    from workbench.launch import launch
+    from workbench.train import TrainConfig
+
+    cfg = TrainConfig(**{**CFG, "rules": "dp", "steps": 500, "checkpoint_every": 400})
+    run_dir = tmp_path / "job"
+    job = launch(cfg, processes=2, devices_per_process=4, run_dir=run_dir, platform="cpu")
+    _wait_for(lambda: len(_losses(run_dir)) >= 3, 300, job)
+    with pytest.raises(JobRunningError):
+        launch(cfg, processes=2, devices_per_process=4, run_dir=run_dir, platform="cpu")
+    assert job.stop(120) == "stopped", job.tail()
+    assert [p.returncode for p in job.processes] == [EXIT_STOPPED, EXIT_STOPPED]
+    last = runs.read_metrics(run_dir)[-1]["step"]
+    assert 3 <= last < 500
+    assert _committed_steps(run_dir) == [last]  # no periodic save before 400: this is the stop
+    assert runs.read_run(run_dir)["status"] == "interrupted"

@@ -1,0 +1,212 @@
+"""The Trainer: steps from 1, run targets, metrics and run.json, errors, Ctrl-C, panel."""
+import json
+import math
+import os
+import shutil
+import signal
+import struct
+
+import jax
+import numpy as np
+import pytest
+
+import workbench as wb
+from workbench import runs
+from workbench.data import ShardedBatches
+from workbench.flops import gpt_flops
+from workbench.mesh import make_mesh
+from workbench.rules import Rules
+from workbench.step import batch_shardings, init_state, jit_train_step, make_train_step
+from workbench.step import state_shardings
+from workbench.train import loop as train_loop
+from workbench.train.setup import RunConfigMismatch
+
+CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8},
+                     rules="fsdp", batch=8, seq=32, steps=6, checkpoint_every=2,
+                     data="synthetic", optimizer=wb.train.AdamW(lr=1e-2, warmup_steps=2))
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "wb-cache"))
+
+
+def trainer(run_dir, cfg=CFG, **kw):
+    kw.setdefault("progress", None)
+    return wb.Trainer(cfg, run_dir=run_dir, compile_cache=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of CFG (6 steps) and its run directory."""
+    os.environ["WORKBENCH_CACHE"] = str(tmp_path_factory.getbasetemp() / "wb-cache")
+    run_dir = tmp_path_factory.mktemp("ref") / "run"
+    tr = trainer(run_dir)
+    tr.run()
+    return tr, run_dir
+
+
+def bare_losses(cfg, n):
+    """The same steps by hand: workbench.step + the same data, no Trainer."""
+    mesh = make_mesh(dict(cfg.mesh))
+    rules = Rules.preset(cfg.rules, mesh)
+    tx = cfg.optimizer.build(cfg.steps)
+    graphdef, state = init_state(cfg.model_config(), tx, rules, mesh, seed=cfg.seed)
+    bsh = batch_shardings(rules, mesh)
+    step = jit_train_step(make_train_step(graphdef, tx, rules=rules, mesh=mesh),
+                          state_shardings(cfg.model_config(), tx, rules, mesh), bsh)
+    data = ShardedBatches(cfg.data, seq=cfg.seq, batch=cfg.batch, seed=cfg.seed,
+                          sharding=bsh["inputs"], vocab_size=cfg.model_config().vocab_size)
+    out = []
+    for _ in range(n):
+        state, metrics = step(state, next(data))
+        out.append(float(metrics["loss"]))
+    return out
+
+
+def test_run_targets_steps_from_one_and_metrics(tmp_path, capsys):
+    tr = trainer(tmp_path / "run", progress="line")
+    first = tr.run(steps=2)
+    assert first.status == "finished" and tr.step == 2
+    assert [r["step"] for r in runs.read_metrics(tr.run_dir)] == [1, 2]
+    tr.run()                                               # to config.steps = 6
+    again = tr.run()
+    assert again.status == "finished" and "already at step 6" in again.message
+    printed = capsys.readouterr()
+    assert "already at step 6 (target 6); nothing to do" in printed.out
+    assert "step 6/6 | loss" in printed.err and "ETA" in printed.err   # the progress line
+    recs = runs.read_metrics(tr.run_dir)
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5, 6] and int(tr.state.step) == 6
+    assert tr.losses == bare_losses(CFG, 6)                # bitwise: the one train step
+    sched = CFG.optimizer.schedule(CFG.steps)
+    flops = gpt_flops(CFG.model_config(), batch=8, seq=32).total
+    meta = runs.read_run(tr.run_dir)
+    peak = meta["peak_flops"]
+    for r in recs:
+        assert r["lr"] == pytest.approx(float(sched(r["step"] - 1)), rel=1e-6)
+        assert r["tokens_per_s"] == pytest.approx(8 * 32 / r["step_time"])
+        assert r["model_flops"] == flops
+        assert r["mfu"] == pytest.approx(flops / (r["step_time"] * 8 * peak))
+        assert r["hfu"] == pytest.approx(tr.compiled_flops / (r["step_time"] * peak))
+        assert (r["ckpt_time"] > 0) == (r["step"] % 2 == 0)
+        assert 0 <= r["data_time"] < r["step_time"] and r["grad_norm"] > 0
+        assert r["peak_source"] == meta["peak_source"]
+    events = runs.read_events(tr.run_dir)
+    assert [e["event"] for e in events] == ["compile", "resume"] and events[1]["step"] == 2
+    assert events[0]["seconds"] > 0
+    assert meta["status"] == "finished" and meta["config"] == CFG.to_dict()
+    assert meta["mesh"] == {"data": 8} and len(meta["devices"]) == 8
+    assert meta["target_steps"] == 6 and meta["step"] == 6 and "jax" in meta["versions"]
+    assert tr.checkpoints.all_steps() == [2, 4, 6]
+
+
+def test_batch_not_divisible_by_the_data_axes():
+    with pytest.raises(ValueError, match=r"batch=12 is not divisible by the 8 devices .*'data'"):
+        trainer("unused", CFG.replace(batch=12))
+    with pytest.raises(ValueError, match=r"micro-batch batch/accumulate=16/4=4 is not divisible"):
+        trainer("unused", CFG.replace(batch=16, optimizer=CFG.optimizer.replace(accumulate=4)))
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    bad = CFG.replace(steps=8, optimizer=wb.train.AdamW(lr=1e4, warmup_steps=0, clip_norm=None))
+    tr = trainer(tmp_path / "run", bad)
+    with pytest.raises(wb.train.trainer.NonFiniteLoss, match=r"is nan.* at step 4;.*"
+                       r"checkpoint step 2"):
+        tr.run()
+    assert tr.checkpoints.all_steps() == [2]
+    meta = runs.read_run(tr.run_dir)
+    assert meta["status"] == "failed" and "at step 4" in meta["error"]
+    assert [r["step"] for r in runs.read_metrics(tr.run_dir)] == [1, 2, 3]
+    assert tr.step == 2 and int(tr.state.step) == 2         # back at the good checkpoint
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(tr.state.params))
+
+
+def test_run_dir_with_another_config_is_refused_with_a_diff(reference, tmp_path):
+    _, run_dir = reference
+    other = CFG.replace(seq=16, optimizer=CFG.optimizer.replace(lr=1e-3))
+    with pytest.raises(RunConfigMismatch) as err:
+        trainer(run_dir, other)
+    text = str(err.value)
+    assert "optimizer.lr: 0.01" in text and "-> 0.001 (given)" in text and "seq: 32" in text
+    assert "fork=True" in text and "force=True" in text
+    lr_only = CFG.replace(optimizer=CFG.optimizer.replace(lr=1e-3))
+    fork = trainer(run_dir, lr_only, fork=True)
+    assert fork.run_dir.name.startswith("run-fork-") and fork.step == 6
+    ref_tr, _ = reference
+    assert fork.losses == ref_tr.losses                     # history of the source run
+    assert trainer(run_dir, CFG.replace(checkpoint_every=3, keep=5)).step == 6  # run control
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    forced = trainer(copy, lr_only, force=True)
+    forced.run(steps=7)
+    changed = [e for e in runs.read_events(copy) if e["event"] == "config_changed"]
+    assert changed[0]["diff"] == {"optimizer.lr": [0.01, 0.001]}
+    assert runs.read_run(copy)["config"]["optimizer"]["lr"] == 1e-3
+
+
+class _InterruptAt:
+    """A progress sink that presses Ctrl-C (a real SIGINT to this process) at one step."""
+
+    def __init__(self, step):
+        self.step, self.finished = step, None
+
+    def update(self, rec):
+        if rec["step"] == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def finish(self, status, message=None):
+        self.finished = (status, message)
+
+
+def test_ctrl_c_stops_at_a_step_boundary_saves_and_continues_exactly(reference, tmp_path,
+                                                                   monkeypatch):
+    ref_tr, _ = reference
+    sink = _InterruptAt(3)
+    monkeypatch.setattr(train_loop, "make_progress", lambda tr, target: sink)
+    tr = trainer(tmp_path / "run")
+    result = tr.run()
+    assert result.status == "interrupted" and 3 <= tr.step < 6
+    assert tr.checkpoints.all_steps()[-1] == tr.step        # saved at the stopping step
+    assert sink.finished[0] == "interrupted"
+    assert f"SIGINT: stopped at step {tr.step} of 6" in result.message
+    assert "trainer.run(6)" in result.message
+    assert runs.read_run(tr.run_dir)["status"] == "interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # restored
+    monkeypatch.undo()
+    again = trainer(tmp_path / "run")                       # as after a kernel restart
+    again.run()
+    assert again.losses == ref_tr.losses
+
+
+def _tensorboard_scalars(folder):
+    from tensorboardX.proto import event_pb2
+
+    out = {}
+    for path in folder.glob("events.out.tfevents.*"):
+        data = path.read_bytes()
+        i = 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+            i += 12 + n + 4
+            for v in event.summary.value:
+                out.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return out
+
+
+def test_tensorboard_export_mirrors_the_metrics(tmp_path):
+    tr = trainer(tmp_path / "run", CFG.replace(steps=2), tensorboard=True)
+    tr.run()
+    scalars = _tensorboard_scalars(tmp_path / "run" / "tensorboard")
+    recs = runs.read_metrics(tmp_path / "run")
+    assert [s for s, _ in scalars["train/loss"]] == [1, 2]
+    for (_, v), r in zip(scalars["train/loss"], recs, strict=True):
+        assert v == pytest.approx(r["loss"], rel=1e-6)
+    assert {"train/mfu", "train/lr", "train/step_time"} <= set(scalars)
+
+
+def test_run_result_and_repr(reference):
+    tr, run_dir = reference
+    assert f"step=6/6" in repr(tr) and str(run_dir) in repr(tr)
+    assert math.isfinite(tr.losses[-1]) and tr.losses[-1] < tr.losses[0]
+    assert json.loads((run_dir / runs.RUN_JSON).read_text())["model_flops_per_step"] > 0

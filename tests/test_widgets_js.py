@@ -1,0 +1,196 @@
+"""The widgets' ES modules under node: syntax, the inlined bundles, and render() against a
+small fake DOM and model, checked against the payloads and the layouts they draw."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+import jax
+import numpy as np
+import pytest
+
+from workbench.layout import layout
+from workbench.mesh import abstract_mesh, make_mesh
+from workbench.widgets import _assets
+from workbench.widgets._payload import devices_payload, layout_payload, mesh_payload
+from workbench.widgets._tree_payload import tree_payload
+
+HERE = pathlib.Path(__file__).parent / "widgets_js"
+NODE = shutil.which("node")
+
+if NODE is None:
+    if os.environ.get("CI"):
+        pytest.fail("node is required under CI to check the widget ES modules", pytrace=False)
+    pytestmark = pytest.mark.skip(reason="node is not installed (needed to check the widget ESM)")
+
+
+def render(tmp_path: pathlib.Path, view: str, state: dict, actions: list | None = None) -> dict:
+    """Run ``static/<view>.js`` (as inlined for anywidget) in node; return the DOM report."""
+    module = tmp_path / f"{view}.mjs"
+    module.write_text(_assets.esm(view))
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    args = [NODE, str(HERE / "render.mjs"), str(module), str(tmp_path / "state.json")]
+    if actions is not None:
+        (tmp_path / "actions.json").write_text(json.dumps(actions))
+        args.append(str(tmp_path / "actions.json"))
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_node_check_every_static_module():
+    files = sorted(_assets.STATIC.glob("*.js"))
+    assert {"common", "mesh", "layout", "tree", "devices"} <= {f.stem for f in files}
+    for f in files:
+        out = subprocess.run([NODE, "--check", str(f)], capture_output=True, text=True, check=False)
+        assert out.returncode == 0, f"{f.name}: {out.stderr}"
+
+
+def test_node_check_rejects_a_broken_module(tmp_path):
+    bad = tmp_path / "bad.mjs"
+    bad.write_text(_assets.esm("mesh").replace("export default { render };", "export default {"))
+    assert subprocess.run([NODE, "--check", str(bad)], capture_output=True, check=False).returncode != 0
+
+
+def test_mesh_cells_sit_at_their_mesh_coordinates(tmp_path):
+    mesh = make_mesh(data=4, model=2)
+    rep = render(tmp_path, "mesh", {"payload": mesh_payload(mesh), "color_by": "", "rows": ""},
+                 [{"op": "change", "label": "colour by", "value": "axis:model"}])
+    assert len(rep["devices"]) == 8 and rep["classes"]["wb-device-id"] == 8
+    for cell in rep["devices"]:
+        coord = tuple(int(c) for c in cell["data-coord"].split(","))
+        assert mesh.devices[coord].id == int(cell["data-device"])
+        assert (int(cell["style:grid-row"]), int(cell["style:grid-column"])) == (coord[0] + 1, coord[1] + 1)
+    assert rep["state"]["color_by"] == "axis:model" and rep["saves"] == 1
+    by_model = {}
+    for cell in rep["devices"]:  # after the change: one colour per model coordinate
+        by_model.setdefault(cell["data-coord"].split(",")[1], set()).add(cell["style:background"])
+    assert all(len(c) == 1 for c in by_model.values()) and len(set.union(*by_model.values())) == 2
+    assert rep["handlers_left"] == 0
+
+
+def test_mesh_of_2048_devices_draws_colour_cells_without_labels(tmp_path):
+    payload = mesh_payload(abstract_mesh(data=256, model=8))
+    rep = render(tmp_path, "mesh", {"payload": payload, "color_by": "", "rows": ""})
+    cells = rep["devices"]
+    assert len(cells) == 2048 and "wb-device-id" not in rep["classes"]
+    # a wide grid: model (8) on rows, data (256) on columns, one cell per device
+    for cell in cells:
+        d, m = (int(c) for c in cell["data-coord"].split(","))
+        assert (int(cell["style:grid-row"]), int(cell["style:grid-column"])) == (m + 1, d + 1)
+    assert len({c["style:background"] for c in cells}) == 256  # coloured by the data axis
+
+
+def test_pod_mesh_transposes_to_a_wide_grid_and_rows_can_be_chosen(tmp_path):
+    payload = mesh_payload(abstract_mesh("v5p-256", data=-1, model=4))
+    rep = render(tmp_path, "mesh", {"payload": payload, "color_by": "", "rows": ""})
+    assert "rows: model · columns: data" in rep["text"]
+    assert rep["classes"]["wb-device-id"] == 128 and "wb-device-sub" not in rep["classes"]
+    assert len({c["style:background"] for c in rep["devices"]}) == 32  # by host: 4 chips each
+    rep = render(tmp_path, "mesh", {"payload": payload, "color_by": "", "rows": ""},
+                 [{"op": "change", "label": "rows", "value": "data"}])
+    assert rep["state"]["rows"] == "data" and "rows: data · columns: model" in rep["text"]
+
+
+def test_layout_small_multiples_match_the_blocks(tmp_path):
+    mesh = make_mesh(data=4, model=2)
+    lay = layout((8, 12, 4), (None, "data", "model"), mesh)
+    p = layout_payload(lay)
+    rep = render(tmp_path, "layout", {"payload": p, "dims": [0, 1], "color_by": "device",
+                                      "panel": 0, "placeholder": ""})
+    assert rep["classes"]["wb-panel"] == 2  # dim 2 split in two: two panels
+    assert len(rep["blocks"]) == lay.num_shards == 8
+    groups = {g[0]: g for g in lay.replica_groups}
+    for b in rep["blocks"]:
+        ids = [int(i) for i in b["data-devices"].split(",")]
+        assert tuple(ids) == groups[ids[0]]
+        (r0, _), (c0, c1), _ = lay.indices[ids[0]]
+        assert float(b["style:top"][:-1]) == pytest.approx(100 * r0 / 8)
+        assert float(b["style:left"][:-1]) == pytest.approx(100 * c0 / 12)
+        assert float(b["style:width"][:-1]) == pytest.approx(100 * (c1 - c0) / 12)
+    assert len({b["style:background"] for b in rep["blocks"]}) == 8  # one colour per device
+
+
+def test_layout_uneven_dim_names_the_padding_only_devices(tmp_path):
+    lay = layout((6, 4), ("data", "model"), make_mesh(data=4, model=2))  # rows 0:2 2:4 4:6 6:6
+    rep = render(tmp_path, "layout", {"payload": layout_payload(lay), "dims": [0, 1],
+                                      "color_by": "", "panel": 0, "placeholder": ""})
+    empty = [d for d, b in lay.bytes_per_device.items() if b == 0]
+    assert len(rep["blocks"]) == 8 - len(empty) == 6
+    assert f"only padding: devices {', '.join(map(str, empty))}" in rep["text"]
+
+
+def test_layout_slider_over_many_panels(tmp_path):
+    lay = layout((4, 64, 2), (None, "a", "b"), abstract_mesh(a=32, b=2))
+    rep = render(tmp_path, "layout", {"payload": layout_payload(lay), "dims": [0, 2],
+                                      "color_by": "", "panel": 0, "placeholder": ""},
+                 [{"op": "input", "label": "panel", "value": 5}])
+    assert rep["state"]["panel"] == 5 and rep["classes"]["wb-slider"] == 1
+    assert rep["classes"]["wb-panel"] == 1 and len(rep["blocks"]) == 2
+    assert "dim 1 ∈ [10:12]" in rep["text"]  # the sixth slice of dim 1 (32 blocks of 2)
+
+
+def test_layout_rank0_and_rank1(tmp_path):
+    mesh = make_mesh(data=8)
+    for shape, spec, n in (((), (), 1), ((16,), ("data",), 8)):
+        p = layout_payload(layout(shape, spec, mesh))
+        rep = render(tmp_path, "layout", {"payload": p, "dims": [], "color_by": "",
+                                          "panel": 0, "placeholder": ""})
+        assert len(rep["blocks"]) == n
+
+
+def _gpt():
+    from flax import nnx
+
+    from workbench.models import GPT, GPTConfig
+
+    return nnx.eval_shape(lambda: GPT(GPTConfig.preset("tiny"), rngs=nnx.Rngs(0)))
+
+
+def test_tree_table_sorts_selects_and_draws_memory_bars(tmp_path):
+    from workbench.rules import Rules
+
+    mesh = make_mesh(data=4, model=2)
+    p = tree_payload(_gpt(), mesh=mesh, rules=Rules.preset("fsdp_tp", mesh))
+    state = {"payload": p, "selected": "", "tab": "table", "group_axis": "",
+             "want_treescope": False, "treescope_html": ""}
+    rep = render(tmp_path, "tree", state, [
+        {"op": "click", "cls": "wb-sortable", "index": 5},  # bytes / device: largest first
+        {"op": "click", "cls": "wb-row", "index": 0},
+    ])
+    assert len(rep["rows"]) == len(p["rows"]) == 21
+    biggest = max(p["rows"], key=lambda r: r["bytes"])
+    assert rep["state"]["selected"] == rep["rows"][0][0]
+    assert next(r for r in p["rows"] if r["path"] == rep["rows"][0][0])["bytes"] == biggest["bytes"]
+    assert [int(b["data-device"]) for b in rep["bars"]] == p["mesh"]["device_ids"]
+    assert rep["classes"].get("wb-selected") == 1
+
+
+def test_tree_groups_memory_by_mesh_axis_at_2048_devices(tmp_path):
+    from jax.sharding import PartitionSpec as P
+
+    tree = {"w": jax.ShapeDtypeStruct((8192, 1024), np.float32)}
+    p = tree_payload(tree, mesh=abstract_mesh(data=256, model=8), specs={"w": P("data", "model")})
+    state = {"payload": p, "selected": "", "tab": "table", "group_axis": "model",
+             "want_treescope": False, "treescope_html": ""}
+    rep = render(tmp_path, "tree", state)
+    assert len(rep["cols"]) == 8 and not rep["bars"]
+
+
+def test_tree_treescope_tab(tmp_path):
+    p = tree_payload({"w": np.zeros((4, 4), np.float32)}, mesh=make_mesh(data=8))
+    state = {"payload": p, "selected": "", "tab": "table", "group_axis": "",
+             "want_treescope": False, "treescope_html": ""}
+    rep = render(tmp_path, "tree", state, [{"op": "click", "cls": "wb-tab", "index": 1}])
+    assert rep["state"]["tab"] == "tree" and rep["state"]["want_treescope"] is True
+    state.update(tab="tree", treescope_html="<html><body>tree</body></html>")
+    assert render(tmp_path, "tree", state)["iframes"] == [len(state["treescope_html"])]
+
+
+def test_devices_table(tmp_path):
+    p = devices_payload(jax.devices())
+    rep = render(tmp_path, "devices", {"payload": p})
+    assert [int(r[0]) for r in rep["rows"]] == [d.id for d in jax.devices()]

@@ -1,0 +1,160 @@
+"""The ``workbench`` command: train one worker of a job, launch a local job, ping, list runs.
+
+Usage::
+
+    python -m workbench train CONFIG.json|CONFIG.py --run-dir DIR     # one worker
+    python -m workbench launch CONFIG.json --processes 2 --devices-per-process 4 --run-dir DIR
+    python -m workbench ping                                         # check jax.distributed
+    python -m workbench runs [ROOT ...]                              # list run directories
+
+``train`` and ``ping`` join a multi-process job first: with ``--coordinator``,
+``--num-processes`` and ``--process-id`` (what ``workbench.launch`` passes), or from the
+cluster environment (SLURM, Open MPI, Cloud TPU pods) through ``jax.distributed``.
+Nothing here imports JAX before it is configured.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _add_distributed(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("joining a multi-process job (all optional)")
+    g.add_argument("--distributed", choices=("auto", "on", "off"), default="auto",
+                   help="auto: explicit flags, else a detected cluster (SLURM, TPU pod, "
+                        "Open MPI), else one process; on: always jax.distributed.initialize(); "
+                        "off: one process")
+    g.add_argument("--coordinator", help="HOST:PORT of process 0's coordinator")
+    g.add_argument("--num-processes", type=int, help="processes in the job")
+    g.add_argument("--process-id", type=int, help="index of this process (0 writes metrics)")
+    g.add_argument("--platform", choices=("cpu", "gpu", "cuda", "rocm", "tpu"),
+                   help="JAX platform (default: JAX_PLATFORMS or JAX's choice)")
+    g.add_argument("--devices-per-process", type=int,
+                   help="CPU: simulated devices of this process; one-host GPU: GPUs per process")
+    g.add_argument("--heartbeat-timeout", type=int,
+                   help="seconds without heartbeat before a process counts as dead "
+                        "(default 15 for loopback, 60 on clusters)")
+
+
+def _spec(args: argparse.Namespace):  # -> DistributedSpec (import kept lazy)
+    from workbench.launch.cluster import DistributedSpec, validate
+
+    spec = DistributedSpec(mode=args.distributed, coordinator=args.coordinator,
+                           num_processes=args.num_processes, process_id=args.process_id,
+                           platform=args.platform, devices_per_process=args.devices_per_process,
+                           heartbeat_timeout=args.heartbeat_timeout)
+    try:
+        validate(spec)
+    except ValueError as e:
+        args.parser.error(str(e))
+    return spec
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="workbench", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train CONFIG in RUN_DIR (one worker of a job)")
+    t.add_argument("config_file", nargs="?", metavar="CONFIG", help="CONFIG.json or CONFIG.py")
+    t.add_argument("--config", dest="config_opt", metavar="CONFIG", help="same as CONFIG")
+    t.add_argument("--run-dir", help="run directory (default: the directory of CONFIG.json); "
+                                     "on shared storage when the job spans hosts")
+    t.add_argument("--steps", type=int, help="train until this many steps in total")
+    _add_distributed(t)
+    t.set_defaults(parser=t)
+
+    la = sub.add_parser("launch", help="start a local multi-process job and follow it")
+    la.add_argument("config_file", metavar="CONFIG", help="CONFIG.json or CONFIG.py")
+    la.add_argument("--run-dir", required=True)
+    la.add_argument("--processes", type=int, default=2)
+    la.add_argument("--devices-per-process", type=int)
+    la.add_argument("--steps", type=int)
+    la.add_argument("--platform", choices=("cpu", "gpu", "tpu"))
+
+    pg = sub.add_parser("ping", help="check jax.distributed and a cross-process all-reduce")
+    pg.add_argument("--hold", type=float, default=0.0, help="keep all-reducing for SECONDS")
+    _add_distributed(pg)
+    pg.set_defaults(parser=pg)
+
+    r = sub.add_parser("runs", help="list run directories (newest first)")
+    r.add_argument("roots", nargs="*", default=["runs"], help="folders to search (default runs)")
+    return ap
+
+
+def _train(args: argparse.Namespace) -> int:
+    from workbench.launch import worker
+
+    config = args.config_opt or args.config_file
+    if not config:
+        sys.exit("workbench train: give CONFIG.json or CONFIG.py (positional or --config)")
+    run_dir = args.run_dir
+    if run_dir is None:
+        if not str(config).endswith(".json"):
+            sys.exit("workbench train: --run-dir is required with a CONFIG.py")
+        run_dir = str(Path(config).resolve().parent)
+    return worker.train(config, run_dir, _spec(args), steps=args.steps)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from workbench.launch import EXIT_STOPPED, launch
+
+    cfg = args.config_file
+    if cfg.endswith(".py"):
+        from workbench.launch.worker import load_config
+
+        cfg = load_config(cfg)
+    job = launch(cfg, processes=args.processes, devices_per_process=args.devices_per_process,
+                 run_dir=args.run_dir, steps=args.steps, platform=args.platform)
+    print(f"launched {args.processes} processes; logs in {job.run_dir / 'logs'}", flush=True)
+    shown = -1
+    try:
+        while not job.done:
+            p = job.progress()
+            if p["step"] != shown:
+                shown = p["step"]
+                loss = p.get("loss")
+                print(f"step {shown} of {p['target_steps']}"
+                      + (f"  loss {loss:.4f}" if isinstance(loss, float) else ""), flush=True)
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        print("stopping (every process checkpoints, then exits)...", flush=True)
+        job.stop()
+    print(repr(job))
+    return {"finished": 0, "stopped": EXIT_STOPPED}.get(job.wait(), 1)
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from workbench import runs
+
+    found = runs.list_runs(args.roots)
+    if not found:
+        print(f"no runs under {', '.join(args.roots)}")
+        return 0
+    print(f"{'run':<32} {'status':<12} {'step':>12}  {'updated':<19}  name")
+    for r in found:
+        step = f"{r.get('step') or 0}/{r.get('target_steps') or '?'}"
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.get("updated") or 0)))
+        print(f"{r['id']:<32} {r['status']:<12} {step:>12}  {when:<19}  {r.get('name', '')}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m workbench`` and the ``workbench`` script."""
+    args = _parser().parse_args(argv)
+    if args.command == "train":
+        return _train(args)
+    if args.command == "launch":
+        return _launch(args)
+    if args.command == "ping":
+        from workbench.launch import worker
+
+        return worker.ping(_spec(args), hold=args.hold)
+    return _runs(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Collectives of a compiled step, read from its HLO text, with the mesh axes they run over.
+
+JAX 0.10 prints replica groups in several formats; all are turned into explicit groups of
+*logical* device ids (positions in the mesh's flat device order), then into mesh axes:
+
+- explicit ``replica_groups={{0,1},{2,3}}`` (``{}`` means one group of every device);
+- iota ``replica_groups=[2,4]<=[8]`` and ``[2,4]<=[4,2]T(1,0)`` (reshape, transpose, reshape);
+- mesh ``replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}``, optionally with
+  ``device_ids=([4,2]T(1,0))`` giving the devices in that mesh's order;
+- ``source_target_pairs={{0,1},{1,0}}`` for collective-permute.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+                "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_INSTR = re.compile(
+    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+"
+    r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+    r"(?P<suffix>-start)?\((?P<rest>.*)$")
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+(?:fn)?)?)\[([\d,]*)\]")
+_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_WHILE_BODY = re.compile(r"\bwhile\(.*?body=%?([\w.\-]+)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Collective:
+    """One kind of collective in the compiled step (instructions of the same kind, axes,
+    shape and group size merged).
+
+    Attributes:
+        kind: all-reduce, all-gather, reduce-scatter, all-to-all or collective-permute.
+        axes: mesh axes the groups span (empty if every group is a single device).
+        aligned: True when every group is exactly the devices along ``axes`` (a sub-mesh).
+        group_size: devices per group.
+        bytes: bytes of the result per device per instruction (summed over a tuple).
+        wire_bytes: bytes each device sends per instruction, ring model:
+            all-reduce 2(n-1)/n·b, all-gather/all-to-all (n-1)/n·b, reduce-scatter (n-1)·b.
+        count: how many such instructions the step runs.
+        shapes: result array shapes (``'f32[64,128]'``).
+        in_loop: inside a while loop body (the count is per iteration).
+        names: HLO instruction names.
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    aligned: bool
+    group_size: int
+    bytes: int
+    wire_bytes: float
+    count: int
+    shapes: tuple[str, ...]
+    in_loop: bool = False
+    names: tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        """``bytes × count``."""
+        return self.bytes * self.count
+
+    @property
+    def total_wire_bytes(self) -> float:
+        """``wire_bytes × count``: what each device sends for these per step."""
+        return self.wire_bytes * self.count
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "total_bytes": self.total_bytes,
+                "total_wire_bytes": self.total_wire_bytes}
+
+
+# -- replica group formats ------------------------------------------------------------------
+
+def _iota(spec: str) -> np.ndarray:
+    """``'[2,4]<=[4,2]T(1,0)'`` or ``'[4,2]T(1,0)'`` or ``'[8]'`` -> array of device ids."""
+    m = re.fullmatch(r"\s*(?:\[([\d,]*)\]<=)?\[([\d,]+)\](?:T\(([\d,]+)\))?\s*", spec)
+    if m is None:
+        raise ValueError(f"cannot parse iota device list {spec!r}")
+    dims = [int(x) for x in m.group(2).split(",")]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if m.group(3):
+        ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+    if m.group(1):
+        ids = ids.reshape([int(x) for x in m.group(1).split(",")])
+    return ids
+
+
+def _braces(text: str) -> list[list[int]]:
+    """``'{{0,1},{2,3}}'`` -> [[0, 1], [2, 3]]; ``'{}'`` -> []."""
+    return [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([\d,\s]*)\}",
+                                                                             text[1:-1])]
+
+
+def parse_replica_groups(attrs: str, n_devices: int) -> list[list[int]] | None:
+    """Replica groups (logical device ids) of one instruction's attribute text, or None."""
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*\)?)\))?"
+                  r"\s*\{([^}]*)\}", attrs)
+    if m:
+        axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+        names = [a for a, _ in axes]
+        sizes = [int(s) for _, s in axes]
+        if m.group(2):
+            dev = m.group(2).strip()
+            ids = (_iota(dev).reshape(-1) if dev.startswith("[")
+                   else np.array([int(x) for x in dev.split(",")]))
+        else:
+            ids = np.arange(math.prod(sizes))
+        grid = ids.reshape(sizes)
+        varying = [names.index(a) for a in re.findall(r"'([^']+)'", m.group(3))]
+        fixed = [i for i in range(len(sizes)) if i not in varying]
+        grid = grid.transpose(fixed + varying)
+        return grid.reshape(-1, math.prod(sizes[i] for i in varying) if varying else 1).tolist()
+    m = re.search(r"replica_groups=(\[[\d,]*\]<=\[[\d,]+\](?:T\([\d,]+\))?)", attrs)
+    if m:
+        ids = _iota(m.group(1))
+        return ids.reshape(ids.shape[0] if ids.ndim > 1 else 1, -1).tolist()
+    m = re.search(r"replica_groups=(\{(?:\{[\d,\s]*\},?\s*)*\})", attrs)
+    if m:
+        groups = _braces(m.group(1))
+        return groups or [list(range(n_devices))]
+    return None
+
+
+def groups_to_axes(groups: Sequence[Sequence[int]], axis_names: Sequence[str],
+                   axis_sizes: Sequence[int]) -> tuple[tuple[str, ...], bool]:
+    """Mesh axes spanned by ``groups`` of logical ids, and whether each group is exactly the
+    sub-mesh along those axes (ids are positions in the mesh's row-major order)."""
+    n = math.prod(axis_sizes)
+    varying: set[int] = set()
+    for g in groups:
+        coords = np.array(np.unravel_index(np.asarray(g, dtype=np.int64) % n, axis_sizes)).T
+        varying |= {i for i in range(len(axis_sizes)) if len(np.unique(coords[:, i])) > 1}
+    axes = tuple(axis_names[i] for i in sorted(varying))
+    expected = math.prod(axis_sizes[i] for i in varying)
+    aligned = all(len(set(g)) == expected for g in groups) and \
+        sum(len(g) for g in groups) == n
+    return axes, aligned
+
+
+def _pairs_axes(attrs: str, axis_names: Sequence[str],
+                axis_sizes: Sequence[int]) -> tuple[tuple[str, ...], int]:
+    m = re.search(r"source_target_pairs=(\{(?:\{[\d,\s]*\},?\s*)*\})", attrs)
+    pairs = [p for p in _braces(m.group(1)) if len(p) == 2 and p[0] != p[1]] if m else []
+    varying: set[int] = set()
+    for s, t in pairs:
+        cs, ct = np.unravel_index(s, axis_sizes), np.unravel_index(t, axis_sizes)
+        varying |= {i for i in range(len(axis_sizes)) if cs[i] != ct[i]}
+    return tuple(axis_names[i] for i in sorted(varying)), 2 if pairs else 1
+
+
+# -- HLO text ------------------------------------------------------------------------------
+
+def _array_bytes(type_text: str, kind: str, is_start: bool) -> tuple[int, tuple[str, ...]]:
+    arrays = [(dt, dims) for dt, dims in _ARRAY.findall(type_text) if dt in _DTYPE_BYTES]
+    if is_start and kind in ("all-gather", "collective-permute"):
+        arrays = [a for a in arrays if a[1]]               # drop u32[] sync contexts
+        arrays = arrays[len(arrays) // 2:]                 # (operands..., outputs...)
+    shapes = tuple(f"{dt}[{dims}]" for dt, dims in arrays)
+    total = sum(_DTYPE_BYTES[dt] * math.prod(int(x) for x in dims.split(",") if x)
+                for dt, dims in arrays)
+    return int(total), shapes
+
+
+def _wire(kind: str, nbytes: int, n: int) -> float:
+    if n <= 1:
+        return 0.0
+    return {"all-reduce": 2 * (n - 1) / n * nbytes, "all-gather": (n - 1) / n * nbytes,
+            "reduce-scatter": (n - 1) * nbytes, "all-to-all": (n - 1) / n * nbytes,
+            "collective-permute": float(nbytes)}[kind]
+
+
+def parse_collectives(hlo_text: str, axis_names: Sequence[str],
+                      axis_sizes: Sequence[int]) -> list[Collective]:
+    """All collectives in an optimized HLO module, merged by (kind, axes, shapes, group size),
+    largest total traffic first."""
+    n = math.prod(axis_sizes)
+    bodies = set(_WHILE_BODY.findall(hlo_text))
+    merged: dict[tuple, dict] = {}
+    computation = ""
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head and "=" not in line.split("{")[0]:
+            computation = head.group(1)
+            continue
+        m = _INSTR.match(line)
+        if m is None:
+            continue
+        kind, attrs = m.group("kind"), m.group("rest")
+        nbytes, shapes = _array_bytes(m.group("type"), kind, bool(m.group("suffix")))
+        if kind == "collective-permute":
+            axes, size = _pairs_axes(attrs, axis_names, axis_sizes)
+            aligned = True
+        else:
+            groups = parse_replica_groups(attrs, n) or [list(range(n))]
+            axes, aligned = groups_to_axes(groups, axis_names, axis_sizes)
+            size = len(groups[0])
+        key = (kind, axes, aligned, size, shapes, computation in bodies)
+        rec = merged.setdefault(key, {"count": 0, "bytes": nbytes, "names": []})
+        rec["count"] += 1
+        rec["names"].append(m.group("name"))
+    out = [Collective(kind=k[0], axes=k[1], aligned=k[2], group_size=k[3], bytes=r["bytes"],
+                      wire_bytes=_wire(k[0], r["bytes"], k[3]), count=r["count"],
+                      shapes=k[4], in_loop=k[5], names=tuple(r["names"]))
+           for k, r in merged.items()]
+    return sorted(out, key=lambda c: -c.total_wire_bytes)

@@ -1,0 +1,185 @@
+"""Layout lints of a plan: each names the tensor, says why it matters with numbers, and a fix."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from workbench._collectives import Collective
+from workbench._plan_analytic import axes_size, batch_axes, rule_axes, weight_axes
+from workbench.layout import Layout, format_bytes
+from workbench.mesh import MeshInfo
+from workbench.rules import Rules
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Lint:
+    """One finding about a plan.
+
+    Attributes:
+        kind: ``uneven``, ``replicated``, ``redundant_compute``, ``fsdp_gather``,
+            ``memory`` or ``unmapped``.
+        severity: ``error`` (will not run / fit), ``warning`` (wastes memory or compute),
+            ``info`` (a cost worth knowing).
+        path: the tensor (or mesh axis / logical axis) it is about.
+        message: what is wrong, with the numbers.
+        fix: what to change.
+        value: the key number (bytes or a ratio).
+        paths: every tensor it applies to.
+    """
+
+    kind: str
+    severity: str
+    path: str
+    message: str
+    fix: str
+    value: float | None = None
+    paths: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return f"[{self.severity}] {self.kind}: {self.message}\n    fix: {self.fix}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _fmt_axes(axes: Sequence[str]) -> str:
+    return repr(axes[0]) if len(axes) == 1 else repr(tuple(axes))
+
+
+def uneven(layouts: Mapping[str, Layout]) -> list[Lint]:
+    """Dimensions not divisible by their mesh axes (XLA pads the edge blocks)."""
+    groups: dict[tuple, list[Layout]] = {}
+    for lay in layouts.values():
+        for d in lay.uneven_dims:
+            logical = lay.logical_axes[d] if lay.logical_axes else None
+            groups.setdefault((d, lay.shape[d], lay.spec[d], logical), []).append(lay)
+    out = []
+    for (d, size, axes, logical), lays in groups.items():
+        k = axes_size(lays[0].mesh, axes)
+        c = -(-size // k)
+        filled = -(-size // c)
+        if filled < k:
+            blocks = f"blocks of {c}: {k - filled} of {k} blocks are empty (pure padding)"
+        else:
+            blocks = f"blocks of {c}, the last holds {size - c * (k - 1)}"
+        waste = sum(lay.padding_waste for lay in lays)
+        many = f" (and {len(lays) - 1} more like it)" if len(lays) > 1 else ""
+        what = f"logical {logical!r}, " if logical else ""
+        target = f"map {logical!r} to None or to an axis whose size divides {size}" if logical \
+            else "change the spec of that dim"
+        out.append(Lint(
+            kind="uneven", severity="warning", path=lays[0].name, value=float(waste),
+            paths=tuple(lay.name for lay in lays),
+            message=(f"dim {d} of {lays[0].name!r}{many} ({what}size {size}) is not divisible by "
+                     f"mesh axes {_fmt_axes(axes)} (size {k}): {blocks}; padding wastes "
+                     f"{format_bytes(waste)} over all devices"),
+            fix=f"use a size divisible by {k} (e.g. {-(-size // k) * k}), or {target}"))
+    return out
+
+
+def replicated(layouts: Mapping[str, Layout], threshold: int) -> list[Lint]:
+    """Parameters of at least ``threshold`` bytes replicated across some mesh axis."""
+    groups: dict[tuple[str, ...], list[Layout]] = {}
+    for lay in layouts.values():
+        if lay.total_bytes < threshold:
+            continue
+        used = {a for axes in lay.spec for a in axes}
+        rep = tuple(a for a, s in lay.mesh.shape.items() if s > 1 and a not in used)
+        if rep:
+            groups.setdefault(rep, []).append(lay)
+    out = []
+    for axes, lays in groups.items():
+        k = axes_size(lays[0].mesh, axes)
+        per_dev = sum(lay.padded_bytes_per_device for lay in lays)
+        big = max(lays, key=lambda lay: lay.total_bytes)
+        out.append(Lint(
+            kind="replicated", severity="warning", path=big.name,
+            value=float(per_dev * (k - 1) / k), paths=tuple(lay.name for lay in lays),
+            message=(f"{len(lays)} parameter(s) of >= {format_bytes(threshold)} "
+                     f"({format_bytes(per_dev)} per device) are replicated over mesh axes "
+                     f"{_fmt_axes(axes)}: {k} devices hold identical copies, so "
+                     f"{format_bytes(per_dev * (k - 1) / k)} per device is redundant; largest "
+                     f"{big.name!r} ({format_bytes(big.total_bytes)})"),
+            fix=(f"shard them over {_fmt_axes(axes)}: map 'embed' to {_fmt_axes(axes)} (FSDP, "
+                 f"Rules.preset('fsdp' or 'fsdp_tp')) or heads/mlp/vocab to it (tensor "
+                 f"parallel); raise replicated_threshold= to accept it")))
+    return out
+
+
+def redundant_compute(rules: Rules, mesh: MeshInfo,
+                      param_layouts: Mapping[str, Layout]) -> list[Lint]:
+    """Mesh axes that split neither the batch nor any weight: their devices repeat work."""
+    used = set(batch_axes(rules, mesh)) | weight_axes(param_layouts)
+    idle = [a for a, s in mesh.shape.items() if s > 1 and a not in used]
+    if not idle:
+        return []
+    k = axes_size(mesh, idle)
+    batch_now = rule_axes(rules, "batch")
+    suggestion = tuple(batch_now) + tuple(idle)
+    return [Lint(
+        kind="redundant_compute", severity="warning", path=", ".join(idle), value=1.0 / k,
+        message=(f"the batch is not sharded over mesh axes {_fmt_axes(idle)} ({k} devices) and "
+                 f"no weight is sharded over them: those devices compute identical results; "
+                 f"replicated compute factor 1/{k} = {1 / k:.3g}, so {1 - 1 / k:.0%} of the "
+                 f"mesh's FLOPs repeat other devices' work"),
+        fix=(f"add them to the batch rule (batch={_fmt_axes(suggestion)}), shard weights over "
+             f"them (tensor parallel: heads/mlp='{idle[0]}'), or build a smaller mesh"))]
+
+
+def fsdp_gathers(param_layouts: Mapping[str, Layout], rules: Rules, mesh: MeshInfo,
+                 collectives: Sequence[Collective], compiled: bool) -> list[Lint]:
+    """Weights sharded over a batch axis are all-gathered every step (FSDP): report bytes."""
+    bat = set(batch_axes(rules, mesh))
+    lays = [lay for lay in param_layouts.values()
+            if any(a in bat for axes in lay.spec for a in axes)]
+    if not lays:
+        return []
+    axes = tuple(a for a in mesh.axis_names
+                 if a in bat and any(a in ax for lay in lays for ax in lay.spec))
+    gathers = [c for c in collectives if c.kind == "all-gather" and set(c.axes) & set(axes)]
+    received = sum(c.total_wire_bytes for c in gathers)
+    n = sum(c.count for c in gathers)
+    full = sum(lay.total_bytes for lay in lays)
+    big = max(lays, key=lambda lay: lay.total_bytes)
+    src = "compiled step" if compiled else "estimate"
+    return [Lint(
+        kind="fsdp_gather", severity="info", path=big.name, value=float(received),
+        paths=tuple(lay.name for lay in lays),
+        message=(f"{len(lays)} weight(s) ({format_bytes(full)} in total) are sharded over batch "
+                 f"axes {_fmt_axes(axes)} (FSDP) and gathered every step: {n} all-gather(s), "
+                 f"{format_bytes(received)} received per device per step ({src}); largest "
+                 f"{big.name!r}"),
+        fix=("expected with FSDP; if communication dominates, raise the batch per device, or "
+             "shard weights over fewer devices (FSDP inside a host or slice, data parallel "
+             "across them)"))]
+
+
+def over_memory(memory: Mapping[str, int | None], source: str) -> list[Lint]:
+    """Total bytes per device above the device's memory."""
+    total, limit = memory.get("total"), memory.get("limit")
+    if not total or not limit or total <= limit:
+        return []
+    parts = ", ".join(f"{k} {format_bytes(memory[k] or 0)}"
+                      for k in ("params", "optimizer", "gradients", "temp") if k in memory)
+    return [Lint(
+        kind="memory", severity="error", path="<device>", value=float(total - limit),
+        message=(f"needs {format_bytes(total)} per device ({source}) but a device has "
+                 f"{format_bytes(limit)}: {format_bytes(total - limit)} over ({parts})"),
+        fix=("shard weights and optimizer state over more devices (fsdp / fsdp_tp), use "
+             "remat='full', a smaller batch per device, or bfloat16 parameters"))]
+
+
+def unmapped(unmapped_names: Mapping[str, Sequence[str]]) -> list[Lint]:
+    """Logical axes the rules do not mention (the plan replicated those dims)."""
+    out = []
+    for logical, tensors in sorted(unmapped_names.items()):
+        out.append(Lint(
+            kind="unmapped", severity="warning", path=logical, value=float(len(tensors)),
+            paths=tuple(tensors),
+            message=(f"logical axis {logical!r} has no rule: {len(tensors)} tensor(s) such as "
+                     f"{tensors[0]!r} were planned with that dim replicated on every device"),
+            fix=(f"add {logical}=<mesh axis> to the Rules to shard it, or {logical}=None to "
+                 f"replicate it on purpose")))
+    return out

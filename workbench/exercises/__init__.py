@@ -1,0 +1,62 @@
+"""Exercises that check a learner's answer against JAX and explain what is wrong.
+
+Usage::
+
+    import workbench as wb
+
+    wb.exercise("spec_for_block")                  # in a notebook: prompt, answer box, check
+    r = wb.exercise("spec_for_block").check("P('data', None, 'model')")
+    r.correct, r.explanation                       # in a terminal
+
+Every check computes the answer with JAX (``NamedSharding.shard_shape``,
+``devices_indices_map``, a ``jit(...).lower().compile()`` read for its collectives and
+FLOPs, optax's real state shapes) rather than from a stored key, so an explanation says
+what the learner's own answer gives. Headless: the widget is imported only on display.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Callable
+
+from workbench.exercises import _compiled, _hardware, _memory, _sharding
+from workbench.exercises._core import AnswerError, Exercise, Result
+
+__all__ = ["AnswerError", "Exercise", "Result", "exercise", "exercises"]
+
+# name -> builder, in teaching order (notebook 01, 02, ...).
+_BUILDERS: dict[str, Callable[[], Exercise]] = {
+    "mesh_for_block": _sharding.mesh_for_block,
+    "tp_within_host": _hardware.tp_within_host,
+    "spec_for_block": _sharding.spec_for_block,
+    "device_block": _sharding.device_block,
+    "replication": _sharding.replication,
+    "vocab_padding": _sharding.vocab_padding,
+    "fsdp_collective": _compiled.fsdp_collective,
+    "repeated_work": _compiled.repeated_work,
+    "megatron_mlp": _compiled.megatron_mlp,
+    "adam_state_bytes": _memory.adam_state_bytes,
+    "megacore_devices": _hardware.megacore_devices,
+    "host_batch": _hardware.host_batch,
+}
+
+
+def exercise(name: str) -> Exercise:
+    """The exercise called ``name``; shows as a widget in a notebook.
+
+    Raises:
+      KeyError: an unknown name, with the closest known names.
+    """
+    try:
+        return _BUILDERS[name]()
+    except KeyError:
+        close = difflib.get_close_matches(name, _BUILDERS, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise KeyError(f"no exercise {name!r}{hint} Known: {', '.join(_BUILDERS)}") from None
+
+
+def exercises(notebook: str | None = None) -> list[Exercise]:
+    """All exercises, or those of one notebook (``"02"`` or ``"02_partition_specs"``)."""
+    out = [build() for build in _BUILDERS.values()]
+    if notebook is None:
+        return out
+    return [e for e in out if notebook.startswith(e.notebook) or e.notebook.startswith(notebook)]

@@ -1,0 +1,134 @@
+"""Analytic model FLOPs per training step (MaxText convention), 6N, and MFU.
+
+Convention (MaxText ``calculate_tflops_training_per_device``; PaLM appendix B):
+a matmul of (m, k) by (k, n) costs 2·m·k·n FLOPs; training = 3 × forward (backward is
+twice the forward); the logits matmul is counted; the embedding lookup costs 0; causal
+attention counts half of the T² score and value matmuls; norms, softmax and elementwise
+ops are ignored; rematerialisation is *not* counted (these are model FLOPs, not hardware
+FLOPs). Per layer and per token, with N query heads, K kv heads, head dim H, width D,
+MLP width F, sequence T::
+
+    qkv   = 2·D·(N + 2K)·H         out-proj = 2·N·H·D
+    mlp   = 2·3·D·F (SwiGLU)       attn     = 4·T·N·H  (× 1/2 if causal)
+    logits = 2·D·V (once, after the last layer)
+
+MFU = model FLOPs / (step time × devices × peak FLOP/s per device).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.extend import core as jax_core
+
+from workbench.models.config import GPTConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FlopCount:
+    """Model FLOPs of one step, all devices together.
+
+    Attributes:
+        total: FLOPs of the step (3 × forward for training).
+        forward: FLOPs of one forward pass.
+        breakdown: per component (qkv, out_proj, attention, mlp, logits), same scale as total.
+        six_n: the 6·N·tokens estimate (N = all parameters; attention excluded).
+        tokens: tokens per step (batch × seq).
+        causal: whether attention counted half of T².
+        formula: the formula, in words.
+    """
+
+    total: float
+    forward: float
+    breakdown: dict[str, float]
+    six_n: float
+    tokens: int
+    causal: bool
+    formula: str
+
+    def __float__(self) -> float:
+        return float(self.total)
+
+    def per_token(self) -> float:
+        """FLOPs per token."""
+        return self.total / self.tokens
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k} {v / self.total:.0%}" for k, v in self.breakdown.items())
+        return (f"model FLOPs/step {self.total:.4g} ({parts}); 6N·tokens {self.six_n:.4g}; "
+                f"{self.formula}")
+
+
+def gpt_flops(cfg: GPTConfig, batch: int, seq: int | None = None, *, causal: bool = True,
+              training: bool = True) -> FlopCount:
+    """Analytic FLOPs of a step of ``GPT(cfg)`` on ``batch`` sequences of length ``seq``.
+
+    Example:
+        >>> gpt_flops(GPTConfig.preset("tiny"), batch=8, seq=128).total
+        956301312.0
+    """
+    t = int(seq or cfg.seq_len)
+    tokens = int(batch) * t
+    d, n, k, h, f, v = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
+                        cfg.vocab_size)
+    per_token_layer = {
+        "qkv": 2 * d * (n + 2 * k) * h,
+        "out_proj": 2 * n * h * d,
+        "attention": 4 * t * n * h * (0.5 if causal else 1.0),
+        "mlp": 2 * 3 * d * f,
+    }
+    mult = 3 if training else 1
+    breakdown = {name: float(x) * cfg.n_layers * tokens * mult
+                 for name, x in per_token_layer.items()}
+    breakdown["logits"] = float(2 * d * v) * tokens * mult
+    forward = sum(breakdown.values()) / mult
+    formula = ("3 x forward; per token per layer 2D(N+2K)H + 2NHD + 6DF + 4TNH"
+               + ("/2 (causal)" if causal else " (full attention)")
+               + "; + 2DV logits; embedding lookup 0")
+    return FlopCount(total=forward * mult, forward=forward, breakdown=breakdown,
+                     six_n=6.0 * cfg.n_params * tokens, tokens=tokens, causal=causal,
+                     formula=formula if training else formula.replace("3 x forward", "forward"))
+
+
+def dot_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
+    """FLOPs of the matmuls (``dot_general``) in the jaxpr of ``fn(*args)``: 2·∏(batch, free,
+    contracted dims). Scans and nested jaxprs are followed; a scan multiplies by its length.
+
+    Used for models without a closed formula: their model FLOPs are 3 × this forward count.
+    """
+    jaxpr = jax.make_jaxpr(fn)(*args, **kwargs)
+    return _jaxpr_dot_flops(jaxpr.jaxpr)
+
+
+def _jaxpr_dot_flops(jaxpr: Any) -> float:
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (lc, _), (lb, _) = eqn.params["dimension_numbers"]
+            lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+            out = eqn.outvars[0].aval.shape
+            contracted = math.prod(lhs[i] for i in lc)
+            total += 2.0 * math.prod(out) * contracted
+            del rhs, lb
+        mult = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+        for sub in jax_core.jaxprs_in_params(eqn.params):
+            total += mult * _jaxpr_dot_flops(sub)
+    return total
+
+
+def mfu(model_flops: float, step_time: float, n_devices: int, peak: float) -> float:
+    """Model FLOPs utilisation: ``model_flops / (step_time × n_devices × peak)``.
+
+    Args:
+        model_flops: analytic FLOPs of one step, all devices (e.g. ``FlopCount.total``).
+        step_time: seconds per step.
+        n_devices: devices the step ran on.
+        peak: peak FLOP/s of one device.
+    """
+    if step_time <= 0 or n_devices <= 0 or peak <= 0:
+        raise ValueError(f"mfu needs positive step_time, n_devices and peak; got "
+                         f"step_time={step_time}, n_devices={n_devices}, peak={peak}")
+    return float(model_flops) / (step_time * n_devices * peak)

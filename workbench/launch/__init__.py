@@ -1,0 +1,45 @@
+"""Multi-process training jobs over ``jax.distributed``: launch from a cell, run on pods.
+
+``launch(config, processes=N, devices_per_process=M, run_dir=...)`` starts N worker
+processes on this machine, each running ``python -m workbench train`` (the same command
+a SLURM task or a TPU pod worker runs), and returns a :class:`Job`.
+
+Example::
+
+    import workbench as wb
+
+    job = wb.launch(wb.TrainConfig(model="tiny", steps=200), processes=2,
+                    devices_per_process=4, run_dir="runs/tiny-2x4")
+    job                      # live widget: processes, loss, log tails, Stop button
+    job.wait()               # "finished" | "failed" | "stopped"
+"""
+from workbench.launch.cluster import DistributedSpec, detect_cluster
+from workbench.launch.job import Job, ProcessInfo, attach
+from workbench.launch.local import launch, ping
+from workbench.launch.lock import JobRunningError, RunLock
+from workbench.launch.worker import EXIT_STOPPED
+
+__all__ = ["EXIT_STOPPED", "DistributedSpec", "Job", "JobRunningError", "ProcessInfo",
+           "RunLock", "attach", "detect_cluster", "launch", "ping"]
+
+
+import sys as _sys  # noqa: E402
+import types as _types  # noqa: E402
+from typing import Any  # noqa: E402
+
+
+class _CallableModule(_types.ModuleType):
+    """``workbench.launch`` is both this package and ``wb.launch(...)``.
+
+    Importing the subpackage sets the attribute ``workbench.launch`` to the package,
+    which would shadow the public function; a callable package keeps ``wb.launch(...)``
+    working whichever is found first.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Job:
+        return launch(*args, **kwargs)
+
+    __call__.__doc__ = launch.__doc__
+
+
+_sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,216 @@
+"""Starting a job's worker processes on this machine: ``launch`` (training) and ``ping``.
+
+Each worker is ``python -m workbench train --config <run_dir>/config.json`` with the
+coordinator (127.0.0.1 at a free port), the process count and its own index on the
+command line, so what runs here is exactly what ``srun`` or a TPU pod runs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import workbench
+from workbench.launch.job import Job
+from workbench.launch.lock import RunLock
+from workbench.launch.worker import LAUNCHED_ENV
+
+__all__ = ["launch", "ping", "free_port", "default_platform"]
+
+CONFIG_NAME = "config.json"
+_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def default_platform() -> str:
+    """The platform the workers use: ``JAX_PLATFORMS`` if set, else JAX's default backend."""
+    env = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip()
+    if env:
+        return env
+    import jax
+
+    return jax.default_backend()
+
+
+def _config_text(config: Any) -> str:
+    """JSON text of a ``TrainConfig`` (or a dict of its fields, or a path to CONFIG.json)."""
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        if path.suffix != ".json" or not path.is_file():
+            raise ValueError(f"launch(config={str(config)!r}): pass a TrainConfig, a dict, or "
+                             "an existing CONFIG.json")
+        return path.read_text(encoding="utf-8")
+    if isinstance(config, dict):
+        return json.dumps(config, indent=1)
+    to_json = getattr(config, "to_json", None)
+    if to_json is None:
+        raise TypeError(f"launch() needs a TrainConfig (or a dict / CONFIG.json), got "
+                        f"{type(config).__name__}")
+    text = to_json()
+    return text if isinstance(text, str) else json.dumps(text, indent=1)
+
+
+def _check_mesh(mesh: dict[str, int], processes: int, devices_per_process: int | None) -> None:
+    """Refuses a mesh larger than the devices the launch gives (before any process starts)."""
+    if not devices_per_process or any(v == -1 for v in mesh.values()):
+        return
+    need, have = math.prod(mesh.values()), processes * devices_per_process
+    if need > have:
+        raise ValueError(f"config.mesh {mesh} needs {need} devices, but the launch gives "
+                         f"processes={processes} x devices_per_process={devices_per_process} "
+                         f"= {have}; launch more processes/devices, or use a mesh of {have} "
+                         "devices (one axis may be -1, e.g. {'data': -1})")
+
+
+def _child_env(platform: str, devices_per_process: int | None) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS=platform)
+    env[LAUNCHED_ENV] = "1"
+    # The workers import the same workbench as this process, installed or not.
+    root = str(Path(workbench.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    if platform == "cpu" and devices_per_process:
+        flags = re.sub(rf"{_COUNT_FLAG}=\d+", "", env.get("XLA_FLAGS", "")).strip()
+        env["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={devices_per_process}".strip()
+    return env
+
+
+def _start(run_dir: Path, subcommand: list[str], *, processes: int,
+           devices_per_process: int | None, platform: str | None,
+           heartbeat_timeout: int | None, what: str, target_steps: int | None,
+           files: dict[str, str] | None = None) -> Job:
+    """Locks ``run_dir``, writes ``files`` into it, starts the workers, returns their Job."""
+    if not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes must be a positive int, got {processes!r}")
+    platform = platform or default_platform()
+    if platform == "tpu" and processes > 1:
+        raise ValueError(f"launch(processes={processes}) on a TPU VM: run one process per "
+                         "host, i.e. processes=1 here, and start `python -m workbench train` "
+                         "on every worker of a pod (README: 'Running on GPU, TPU pods and "
+                         "SLURM')")
+    lock = RunLock(run_dir)
+    lock.acquire(what=what)
+    try:
+        for name, text in (files or {}).items():
+            tmp = run_dir / f".{name}.tmp"
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, run_dir / name)
+        port = free_port()
+        logs = run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = _child_env(platform, devices_per_process)
+        procs, log_paths, commands = [], [], []
+        for i in range(processes):
+            argv = [sys.executable, "-m", "workbench", *subcommand, "--platform", platform]
+            if processes > 1:
+                argv += ["--coordinator", f"127.0.0.1:{port}", "--num-processes",
+                         str(processes), "--process-id", str(i)]
+            else:  # one process: exactly what a notebook Trainer does, no jax.distributed
+                argv += ["--distributed", "off"]
+            if devices_per_process:
+                argv += ["--devices-per-process", str(devices_per_process)]
+            if heartbeat_timeout:
+                argv += ["--heartbeat-timeout", str(heartbeat_timeout)]
+            log_path = logs / f"process-{i}.log"
+            with open(log_path, "ab") as log:
+                log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} launch: "
+                          f"{shlex.join(argv)}\n".encode())
+                log.flush()
+                # own session: a Ctrl-C in the terminal/kernel reaches the launcher, which
+                # turns it into a coordinated stop, not into N uncoordinated interrupts
+                procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, env=env,
+                                              cwd=os.getcwd(), start_new_session=True))
+            log_paths.append(log_path)
+            commands.append(argv)
+        lock.update([p.pid for p in procs], what=what, platform=platform,
+                    logs=[str(p) for p in log_paths], target_steps=target_steps)
+    except BaseException:
+        for p in locals().get("procs", []):
+            p.kill()
+        lock.release()
+        raise
+    return Job(run_dir, procs, log_paths, lock=lock, commands=commands,
+               devices_per_process=devices_per_process, platform=platform,
+               target_steps=target_steps)
+
+
+def launch(config: Any, processes: int = 1, devices_per_process: int | None = None,
+           run_dir: str | os.PathLike[str] | None = None, *, steps: int | None = None,
+           platform: str | None = None, heartbeat_timeout: int | None = None) -> Job:
+    """Launches ``config`` as a multi-process ``jax.distributed`` training job on this machine.
+
+    Writes ``<run_dir>/config.json`` and starts ``processes`` workers, each running
+    ``python -m workbench train --config <run_dir>/config.json``; they join through a
+    coordinator on 127.0.0.1 (gloo collectives on CPU). Process 0 writes the metrics to
+    the run directory, so the lab panel and the Job widget show them live. Launching
+    again into the same run directory continues from its last checkpoint.
+
+    Args:
+      config: a ``TrainConfig`` (or a dict of its fields, or a path to CONFIG.json).
+      processes: number of worker processes.
+      devices_per_process: simulated CPU devices per process (CPU), or GPUs per process
+        (one-host GPU launch: process i takes GPUs i*M .. i*M+M-1); None: all/JAX default.
+      run_dir: the run directory (default ``runs/launch-<time>``); on shared storage
+        when the job spans hosts.
+      steps: train until this many steps in total (default: ``config.steps``).
+      platform: "cpu", "gpu" or "tpu" (default: ``JAX_PLATFORMS`` or JAX's backend).
+      heartbeat_timeout: seconds after which a silent process counts as dead (default 15).
+
+    Returns:
+      The running :class:`Job` (``status``, ``wait()``, ``stop()``, ``tail()``; it shows
+      as a live widget in a notebook).
+
+    Raises:
+      JobRunningError: ``run_dir`` already has a running job.
+
+    Example::
+
+        job = wb.launch(cfg.replace(steps=500), processes=2, devices_per_process=4,
+                        run_dir="runs/tiny-2x4")
+        job.wait()
+    """
+    run_dir = Path(run_dir or f"runs/launch-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
+    text = _config_text(config)
+    fields = json.loads(text)
+    target = steps if steps is not None else fields.get("steps")
+    _check_mesh(fields.get("mesh") or {}, processes, devices_per_process)
+    sub = ["train", "--config", str(run_dir / CONFIG_NAME), "--run-dir", str(run_dir)]
+    if steps is not None:
+        sub += ["--steps", str(steps)]
+    return _start(run_dir, sub, processes=processes, devices_per_process=devices_per_process,
+                  platform=platform, heartbeat_timeout=heartbeat_timeout, what="train",
+                  target_steps=target, files={CONFIG_NAME: text})
+
+
+def ping(processes: int = 2, devices_per_process: int | None = None,
+         run_dir: str | os.PathLike[str] | None = None, *, hold: float = 0.0,
+         platform: str | None = None, heartbeat_timeout: int | None = None) -> Job:
+    """Starts a job that only checks ``jax.distributed`` and a cross-process all-reduce.
+
+    Useful before a long launch (and on a new machine): the job finishes in seconds, and
+    its logs show every process, its devices and the all-reduce against a hand count.
+
+    Args:
+      processes, devices_per_process, run_dir, platform, heartbeat_timeout: as in launch.
+      hold: keep all-reducing for this many seconds (stoppable with ``job.stop()``).
+    """
+    run_dir = Path(run_dir or f"runs/ping-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
+    sub: Sequence[str] = ["ping", "--hold", str(hold)]
+    return _start(run_dir, list(sub), processes=processes,
+                  devices_per_process=devices_per_process, platform=platform,
+                  heartbeat_timeout=heartbeat_timeout, what="ping", target_steps=None)

@@ -1,0 +1,13 @@
+"""Resumable training: TrainConfig, the optimizer spec, the Trainer and its checkpoints."""
+from workbench.train.config import RUN_CONTROL_FIELDS, TrainConfig
+from workbench.train.optim import AdamW
+
+__all__ = ["AdamW", "RUN_CONTROL_FIELDS", "TrainConfig", "Trainer"]
+
+
+def __getattr__(name: str):  # the Trainer pulls in orbax and the step: load on first use
+    if name == "Trainer":
+        from workbench.train.trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'workbench.train' has no attribute {name!r}")

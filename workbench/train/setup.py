@@ -1,0 +1,174 @@
+"""What a Trainer is built from: run-directory checks, compile cache, mesh, state, data."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from workbench import runs
+from workbench.data import ShardedBatches, batch_shards, cache_root
+from workbench.train.config import RUN_CONTROL_FIELDS, TrainConfig
+
+
+class RunConfigMismatch(ValueError):
+    """The run directory holds a run of a different experiment."""
+
+
+def identity_fields(config: TrainConfig) -> tuple[str, ...]:
+    """Fields that may differ when continuing a run: cadence, retention, the mesh layout,
+    and ``steps`` when the learning-rate schedule does not depend on it."""
+    if config.optimizer.decay_steps is not None:
+        return (*RUN_CONTROL_FIELDS, "steps")
+    return RUN_CONTROL_FIELDS
+
+
+def config_diff(stored: dict[str, Any], config: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """Differences that matter between a stored config (dict) and ``config``."""
+    try:
+        old = TrainConfig.from_dict(stored)
+    except (TypeError, ValueError) as e:
+        return {"config": (f"unreadable: {e}", "given")}
+    skip = set(identity_fields(old)) & set(identity_fields(config))
+    return {k: v for k, v in old.diff(config).items() if k.split(".")[0] not in skip}
+
+
+def check_run_dir(run_dir: Path, config: TrainConfig, *, fork: bool, force: bool
+                  ) -> tuple[Path, Any, dict[str, Any] | None]:
+    """Refuses a run directory of another experiment unless forking or forcing.
+
+    Returns:
+      ``(run_dir, source, event)``: the directory to use, the checkpoints to start from
+      when forking (else None), and an event to log (``fork`` / ``config_changed``).
+    """
+    if not (run_dir / runs.RUN_JSON).exists():
+        return run_dir, None, None
+    stored = runs.read_run(run_dir).get("config") or {}
+    diff = config_diff(stored, config)
+    if not diff:
+        return run_dir, None, None
+    changes = {k: [a, b] for k, (a, b) in diff.items()}
+    if force:
+        return run_dir, None, {"kind": "config_changed", "diff": changes}
+    if fork:
+        from workbench.train.checkpoint import Checkpoints
+
+        new_dir = run_dir.with_name(f"{run_dir.name}-fork-{config.hash()[:6]}")
+        if (new_dir / runs.RUN_JSON).exists():  # the fork exists already: continue it
+            return check_run_dir(new_dir, config, fork=False, force=False)
+        source = Checkpoints(run_dir / "checkpoints", read_only=True)
+        return new_dir, source, {"kind": "fork", "source": str(run_dir), "diff": changes}
+    lines = "\n".join(f"  {k}: {a!r} (in {run_dir}) -> {b!r} (given)"
+                      for k, (a, b) in diff.items())
+    raise RunConfigMismatch(
+        f"run_dir {str(run_dir)!r} holds a run with a different config:\n{lines}\n"
+        "Nothing was changed. Use a new run_dir, Trainer(..., fork=True) to start a new run "
+        "from its newest checkpoint, or Trainer(..., force=True) to continue it with the "
+        "new config.")
+
+
+def enable_compile_cache(setting: bool | str | os.PathLike[str]) -> str | None:
+    """Turns on JAX's persistent compilation cache so a restarted kernel skips XLA compiles.
+
+    True uses the configured ``jax_compilation_cache_dir`` or ``~/.cache/workbench/
+    jax-compile``; when Workbench picks the directory it also caches every compile
+    (``jax_persistent_cache_min_compile_time_secs=0``), since CPU compiles are short.
+    """
+    if setting is False:
+        return None
+    current = jax.config.jax_compilation_cache_dir
+    if setting is True and current:
+        return str(current)
+    path = str(cache_root() / "jax-compile") if setting is True else os.fspath(setting)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def resolve_rules(rules: Any, mesh: jax.sharding.Mesh) -> Any:
+    """A ``Rules`` from a preset name, a ``Rules`` or a mapping."""
+    from workbench.rules import Rules
+
+    if isinstance(rules, Rules):
+        return rules
+    if isinstance(rules, str):
+        return Rules.preset(rules, mesh)
+    return Rules.from_dict(dict(rules))
+
+
+def analytic_flops(model_config: Any, batch: int, seq: int) -> float | None:
+    """Model FLOPs of one update (``workbench.flops.gpt_flops``: 3 x forward, no remat)."""
+    from workbench.flops import gpt_flops
+    from workbench.models.config import GPTConfig
+
+    if not isinstance(model_config, GPTConfig):
+        return None
+    return gpt_flops(model_config, batch=batch, seq=seq).total
+
+
+@dataclasses.dataclass
+class Parts:
+    """Everything a Trainer is built from (computed once per Trainer)."""
+
+    mesh: jax.sharding.Mesh
+    rules: Any
+    model_config: Any
+    tx: Any
+    schedule: Any
+    graphdef: Any
+    abstract_state: Any
+    shardings: Any
+    batch_shardings: dict[str, Any]
+    abstract_batch: dict[str, jax.ShapeDtypeStruct]
+    data: ShardedBatches
+    initial_data_state: bytes
+    model_flops: float | None
+    peak: float | None
+    peak_source: str | None
+    device_kind: str
+    n_devices: int
+
+
+def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | None = None
+                ) -> Parts:
+    """Mesh, rules, optimizer, abstract sharded state, step shardings and the data."""
+    from workbench.devices import peak_flops
+    from workbench.mesh import make_mesh
+    from workbench.step import abstract_state, batch_shardings
+
+    mesh = make_mesh(dict(config.mesh))
+    rules = resolve_rules(config.rules, mesh)
+    model_config = config.model_config()
+    tx = config.optimizer.build(config.steps)
+    graphdef, abstract = abstract_state(model_config, tx, rules, mesh)
+    shardings = jax.tree.map(lambda a: a.sharding, abstract)
+    bsh = batch_shardings(rules, mesh)
+    micro = config.micro_batch
+    shards = batch_shards(bsh["inputs"])
+    if micro % shards:
+        acc = config.optimizer.accumulate
+        what = f"batch={config.batch}" if acc == 1 else \
+            f"the micro-batch batch/accumulate={config.batch}/{acc}={micro}"
+        raise ValueError(
+            f"{what} is not divisible by the {shards} devices that split the batch dim "
+            f"(mesh axes {bsh['inputs'].spec[0]!r} of mesh {dict(mesh.shape)}); use a batch "
+            f"that is a multiple of {shards * acc}, or a mesh with fewer data devices")
+    abstract_batch = {k: jax.ShapeDtypeStruct((micro, config.seq), jnp.int32, sharding=s)
+                      for k, s in bsh.items()}
+    data = ShardedBatches(config.data, seq=config.seq, batch=micro, seed=config.seed,
+                          sharding=bsh["inputs"], vocab_size=model_config.vocab_size,
+                          cache_dir=data_cache)
+    device = mesh.devices.flat[0]
+    peak, source = peak_flops(device)
+    return Parts(
+        mesh=mesh, rules=rules, model_config=model_config, tx=tx,
+        schedule=config.optimizer.schedule(config.steps), graphdef=graphdef,
+        abstract_state=abstract, shardings=shardings, batch_shardings=bsh,
+        abstract_batch=abstract_batch, data=data, initial_data_state=data.get_state(),
+        model_flops=analytic_flops(model_config, config.batch, config.seq),
+        peak=peak, peak_source=source, device_kind=device.device_kind,
+        n_devices=mesh.devices.size)

@@ -1,0 +1,222 @@
+"""The Trainer: a resumable run loop around the one train step of ``workbench.step``.
+
+``Trainer(config, run_dir=...)`` builds the mesh, the sharded state (restored from the
+run directory's newest readable checkpoint, else initialised from the seed), the Grain
+input pipeline and the jitted step (in/out shardings, donated state). ``run(steps=N)``
+trains until the run has done ``N`` updates in total; a metrics line is written after each
+update (step ``k`` is the ``k``-th update, from 1). Ctrl-C and SIGTERM stop at a step
+boundary with a checkpoint; a new process with the same ``run_dir`` continues where the
+last checkpoint left off, with bitwise the same losses on CPU.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from workbench import runs
+from workbench.train.checkpoint import Checkpoints, abstract
+from workbench.train.config import TrainConfig
+from workbench.train.loop import NonFiniteLoss, RunResult, run_loop
+from workbench.train.setup import (
+    RunConfigMismatch,
+    build_parts,
+    check_run_dir,
+    enable_compile_cache,
+)
+
+__all__ = ["NonFiniteLoss", "RunConfigMismatch", "RunResult", "Trainer"]
+
+
+class Trainer:
+    """Trains ``config`` in ``run_dir``, resuming from its checkpoints.
+
+    Args:
+      config: the experiment.
+      run_dir: the run directory (``run.json``, ``metrics.jsonl``, ``checkpoints/``).
+      fork: if ``run_dir`` holds a run with a different config, start a new run directory
+        ``<run_dir>-fork-<hash>`` from that run's newest checkpoint instead of refusing.
+      force: continue ``run_dir`` with the new config anyway (recorded as an event).
+      progress: "auto" (a live panel in notebooks, a progress line elsewhere), "widget",
+        "line" or None.
+      tensorboard: also write TensorBoard event files to ``<run_dir>/tensorboard``.
+      compile_cache: JAX's persistent compilation cache: True (``~/.cache/workbench/
+        jax-compile`` unless one is configured), a directory, or False (leave JAX alone).
+      async_checkpoint: write checkpoints in the background after the device-to-host copy.
+      data_cache: where the text corpus' ArrayRecord file is kept.
+
+    Example::
+
+        trainer = wb.Trainer(wb.TrainConfig(model="tiny", mesh={"data": 8}), run_dir="runs/tiny")
+        trainer.run(steps=200)   # after Ctrl-C or a restart, the same cell continues
+    """
+
+    def __init__(self, config: TrainConfig, run_dir: str | os.PathLike[str], *,
+                 fork: bool = False, force: bool = False, progress: str | None = "auto",
+                 tensorboard: bool = False, compile_cache: bool | str | os.PathLike[str] = True,
+                 async_checkpoint: bool = True,
+                 data_cache: str | os.PathLike[str] | None = None) -> None:
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"Trainer needs a wb.TrainConfig, got {type(config).__name__}; "
+                            "use Trainer.from_plan(plan, ...) for a Plan")
+        self.config = config
+        self.run_dir, source, self._config_event = check_run_dir(
+            Path(run_dir), config, fork=fork, force=force)
+        self.progress, self.tensorboard = progress, tensorboard
+        self.compile_cache = enable_compile_cache(compile_cache)
+        self.primary = jax.process_index() == 0
+        t0 = time.perf_counter()
+        self.parts = build_parts(config, data_cache=data_cache)
+        self.mesh, self.rules = self.parts.mesh, self.parts.rules
+        self.checkpoints = Checkpoints(self.run_dir / "checkpoints", keep=config.keep,
+                                       every=config.checkpoint_every,
+                                       async_save=async_checkpoint)
+        self._state: Any = None
+        self._rng: Any = None
+        self.step = 0
+        self.restored_from: int | None = None
+        self._compiled: Any = None
+        self.compile_seconds: float | None = None
+        self.history: list[dict[str, Any]] = []
+        self._source = source
+        self._load(source)
+        self.setup_seconds = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ state
+    @property
+    def state(self) -> Any:
+        """The current ``TrainState`` (step, params, opt_state) as sharded arrays."""
+        if self._state is None:
+            self._load(self._source)
+        return self._state
+
+    @property
+    def model(self) -> Any:
+        """The model as an ``nnx.Module`` with the current parameters."""
+        from flax import nnx
+
+        return nnx.merge(self.parts.graphdef, self.state.params)
+
+    @property
+    def losses(self) -> list[float]:
+        """Loss of every step done so far (the whole run, across resumes)."""
+        return [r["loss"] for r in self.history if r["step"] <= self.step]
+
+    def _load(self, source: Checkpoints | None) -> None:
+        """Restores the newest readable checkpoint (of ``source`` for a fork), else inits."""
+        ckpts = self.checkpoints
+        if source is not None and not ckpts.all_steps():
+            ckpts = source
+        if ckpts.all_steps():
+            t0 = time.perf_counter()
+            target = {"train": self.parts.abstract_state,
+                      "rng": jax.eval_shape(lambda: jax.random.key(0))}
+            restored = ckpts.restore(target, data=self.parts.data)
+            self._state, self._rng = restored.state["train"], restored.state["rng"]
+            self.step = self.restored_from = restored.step
+            done = int(self._state.step)
+            want = restored.step * self.config.optimizer.accumulate
+            if done != want:
+                raise RuntimeError(f"checkpoint step {restored.step} holds state.step={done}, "
+                                   f"expected {want} micro-steps; the checkpoint does not "
+                                   "belong to this config")
+            self._say(f"restored checkpoint step {restored.step} from {ckpts.directory} "
+                      f"({time.perf_counter() - t0:.1f} s)")
+        else:
+            from workbench.step import init_state
+
+            _, self._state = init_state(self.parts.model_config, self.parts.tx, self.rules,
+                                        self.mesh, seed=self.config.seed)
+            self._rng = jax.random.key(self.config.seed)
+            self.step = 0
+            self.parts.data.set_state(self.parts.initial_data_state)
+        if (self.run_dir / runs.METRICS).exists():
+            self.history = [r for r in runs.read_metrics(self.run_dir) if r["step"] <= self.step]
+        else:
+            self.history = []
+
+    # ------------------------------------------------------------------ compile
+    def compiled_step(self) -> Any:
+        """The AOT-compiled train step (compiled once, timed, logged as an event)."""
+        if self._compiled is None:
+            from workbench.step import jit_train_step, make_train_step
+
+            p = self.parts
+            fn = make_train_step(p.graphdef, p.tx, rules=self.rules, mesh=self.mesh)
+            jitted = jit_train_step(fn, p.shardings, p.batch_shardings, donate=True)
+            t0 = time.perf_counter()
+            self._compiled = jitted.lower(p.abstract_state, p.abstract_batch).compile()
+            self.compile_seconds = time.perf_counter() - t0
+            cost = self._compiled.cost_analysis()
+            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+            flops = float((cost or {}).get("flops", 0.0))
+            self.compiled_flops = flops * self.config.optimizer.accumulate if flops else None
+            mem = self._compiled.memory_analysis()
+            self.memory_per_device = None if mem is None else {
+                k: int(getattr(mem, f"{k}_size_in_bytes", 0) or 0)
+                for k in ("argument", "output", "temp", "generated_code")}
+        return self._compiled
+
+    # ------------------------------------------------------------------ run
+    def run(self, steps: int | None = None) -> RunResult:
+        """Trains until the run has done ``steps`` updates in total (default ``config.steps``).
+
+        Re-running when the target is reached does nothing (and says so). Ctrl-C or
+        SIGTERM: finishes the current step, saves a checkpoint, waits for it and returns.
+
+        Raises:
+          NonFiniteLoss: the loss or gradient norm became NaN/inf (the last good
+            checkpoint is kept; nothing after it is saved).
+          CheckpointError: a save failed (disk full); the previous checkpoint is intact.
+        """
+        target = self.config.steps if steps is None else int(steps)
+        if self.step >= target:
+            msg = (f"run {self.run_dir} is already at step {self.step} (target {target}); "
+                   f"nothing to do. Train further with trainer.run(steps=N), N > {self.step}.")
+            self._say(msg)
+            return RunResult(status="finished", step=self.step, target=target, message=msg)
+        state = self.state  # restores after a failed or aborted run
+        return run_loop(self, state, target)
+
+    # ------------------------------------------------------------------ helpers
+    def run_meta(self, target: int) -> dict[str, Any]:
+        """``run.json`` fields describing the hardware and the model."""
+        devices = self.mesh.devices.flat
+        p = self.parts
+        return {
+            "mesh": dict(self.mesh.shape), "devices": [int(d.id) for d in devices],
+            "device_kind": p.device_kind, "peak_flops": p.peak, "peak_source": p.peak_source,
+            "model_flops_per_step": p.model_flops, "target_steps": target,
+            "memory_per_device": getattr(self, "memory_per_device", None),
+            "data": p.data.info, "process_count": jax.process_count(),
+        }
+
+    def lr_table(self, target: int) -> np.ndarray:
+        """Learning rate of updates 1..target (``schedule(k - 1)``), computed once."""
+        schedule = self.parts.schedule
+        return np.asarray(jax.jit(jax.vmap(schedule))(np.arange(max(target, 1))))
+
+    def _say(self, message: str) -> None:
+        if self.primary:
+            print(message, file=sys.stderr if self.progress is None else sys.stdout,
+                  flush=True)
+
+    def __repr__(self) -> str:
+        last = self.history[-1]["loss"] if self.history else math.nan
+        return (f"Trainer(run_dir={str(self.run_dir)!r}, step={self.step}/"
+                f"{self.config.steps}, loss={last:.4f}, mesh={dict(self.mesh.shape)})")
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        from workbench.widgets.train_panel import train_widget
+
+        return train_widget(self)._repr_mimebundle_(include=include, exclude=exclude)
+
+    def abstract_state(self) -> Any:
+        """The state's ``ShapeDtypeStruct`` tree with shardings (nothing allocated)."""
+        return abstract(self.parts.abstract_state)

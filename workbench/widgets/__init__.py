@@ -1,0 +1,103 @@
+"""Notebook widgets of Workbench objects; ``show(obj)`` picks the view by the object's type.
+
+Every view lives in its own module and is imported only when first used, so importing
+this package imports neither anywidget nor the objects' modules. To add a view, add one
+line to ``_VIEWS``: ``"<module>.<ClassName>": "<view module>:<function>"``; the function
+takes the object (plus any keyword options of ``show``) and returns a widget.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+__all__ = ["show"]
+
+_VIEWS: dict[str, str] = {
+    "workbench.mesh.MeshInfo": "workbench.widgets.mesh_view:mesh_widget",
+    "jax.sharding.Mesh": "workbench.widgets.mesh_view:mesh_widget",
+    "jax.sharding.AbstractMesh": "workbench.widgets.mesh_view:mesh_widget",
+    "workbench.layout.Layout": "workbench.widgets.layout_view:layout_widget",
+    "workbench.devices.DeviceInventory": "workbench.widgets.devices_view:devices_widget",
+    "workbench.devices.DeviceInfo": "workbench.widgets.devices_view:devices_widget",
+    "workbench.plan.Plan": "workbench.widgets.plan_view:plan_widget",
+    "workbench.launch.Job": "workbench.widgets.job_view:job_widget",
+    "workbench.train.Trainer": "workbench.widgets.train_panel:train_widget",
+    "workbench.exercises.Exercise": "workbench.widgets.exercise_view:exercise_widget",
+}
+
+# Structural fallbacks, tried in order when no class in the object's MRO is in _VIEWS.
+_ARRAY_VIEW = "workbench.widgets.layout_view:layout_widget"
+_DEVICES_VIEW = "workbench.widgets.devices_view:devices_widget"
+_TREE_VIEW = "workbench.widgets.tree_view:tree_widget"
+
+
+def _matches(cls: type, key: str) -> bool:
+    """Whether ``cls`` is the class named by ``key`` ("pkg.mod.Name"), without importing.
+
+    The class may be defined in a submodule of ``pkg.mod`` (``workbench.train.trainer``)
+    or re-exported by it (``jax.sharding.Mesh`` is defined in ``jax._src.mesh``).
+    """
+    module, _, name = key.rpartition(".")
+    if cls.__qualname__ == name and (cls.__module__ == module
+                                     or cls.__module__.startswith(module + ".")):
+        return True
+    loaded = sys.modules.get(module)
+    return loaded is not None and getattr(loaded, name, None) is cls
+
+
+def _resolve(target: str) -> Any:
+    module, _, func = target.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def view_for(obj: Any) -> str:
+    """The ``"module:function"`` that draws ``obj``."""
+    for cls in type(obj).__mro__:
+        for key, target in _VIEWS.items():
+            if _matches(cls, key):
+                return target
+    if hasattr(obj, "sharding") and hasattr(obj, "shape") and hasattr(obj, "dtype"):
+        return _ARRAY_VIEW
+    if isinstance(obj, (list, tuple)) and obj and all(
+            type(d).__name__ == "Device" or _is_jax_device(d) for d in obj):
+        return _DEVICES_VIEW
+    if _is_tree(obj):
+        return _TREE_VIEW
+    raise TypeError(
+        f"wb.show does not know how to draw a {type(obj).__module__}.{type(obj).__qualname__}; "
+        "it draws meshes, Layouts, sharded arrays, pytrees of arrays, nnx.Modules, "
+        "wb.devices(), plans, jobs and trainers")
+
+
+def _is_jax_device(d: Any) -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(d, jax.Device)
+
+
+def _is_tree(obj: Any) -> bool:
+    if isinstance(obj, (dict, list, tuple)):
+        return True
+    flax_nnx = sys.modules.get("flax.nnx")
+    if flax_nnx is not None and isinstance(obj, (flax_nnx.Module, flax_nnx.State)):
+        return True
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
+    leaves = jax.tree_util.tree_leaves(obj)
+    return bool(leaves) and not (len(leaves) == 1 and leaves[0] is obj)
+
+
+def show(obj: Any, **options: Any) -> Any:
+    """A widget for ``obj``: mesh, Layout, sharded array, pytree / ``nnx.Module``, devices,
+    plan, job or trainer. Keyword options go to the view (e.g. ``dims=(0, 2)`` for a
+    layout, ``rules=`` for a model).
+
+    Example::
+
+        mesh = wb.make_mesh(data=4, model=2)
+        wb.show(mesh)
+        wb.show(wb.layout((64, 2048, 12288), ("data", None, "model"), mesh), dims=(0, 2))
+        wb.show(model, rules=wb.Rules(embed="data", mlp="model"))
+    """
+    return _resolve(view_for(obj))(obj, **options)

@@ -1,0 +1,153 @@
+"""Plan widget (memory bars per device, FLOPs, lints, collectives, tensor table) and the
+``wb.compare`` table + plotly chart."""
+from __future__ import annotations
+
+from typing import Any
+
+import anywidget
+import ipywidgets
+import numpy as np
+import traitlets
+
+from workbench.widgets import _assets
+from workbench.widgets._payload import mesh_summary
+from workbench.widgets._tree_payload import TreeLayouts
+from workbench.widgets.tree_view import TreeView
+
+__all__ = ["PlanView", "PlanWidget", "compare_figure", "compare_widget", "plan_payload",
+           "plan_widget"]
+
+STACK = ("params", "optimizer", "gradients", "activations", "batch")
+
+
+class PlanWidget(anywidget.AnyWidget):
+    """Draws a plan's summary, per-device memory, FLOPs, lints and collectives."""
+
+    _esm = _assets.esm("plan")
+    _css = _assets.css("plan")
+    payload = traitlets.Dict().tag(sync=True)
+
+
+class PlanView(ipywidgets.VBox):
+    """The plan above the table of every tensor (params and optimizer state).
+
+    Attributes:
+        summary: the ``PlanWidget``.
+        tensors: the ``TreeView`` (click a row to draw that tensor's layout).
+    """
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self.summary = PlanWidget(payload=plan_payload(plan))
+        tree, specs = plan_tree(plan)
+        layouts = TreeLayouts(tree, mesh=plan.mesh, specs=specs, title=f"plan {plan.name!r}")
+        self.tensors = TreeView(tree, layouts)
+        super().__init__(children=[self.summary, self.tensors])
+
+    def __repr__(self) -> str:
+        return str(self.plan)
+
+
+def plan_tree(plan: Any) -> tuple[dict, dict]:
+    """``(tree, specs)`` for the tensor table: params as NNX Variables (so their logical
+    axes show) and the optimizer state, with the plan's PartitionSpecs."""
+    specs = {"params": _specs(plan.shardings.params),
+             "opt_state": _specs(plan.shardings.opt_state)}
+    return {"params": plan.param_state, "opt_state": plan.abstract_state.opt_state}, specs
+
+
+def _specs(shardings: Any) -> Any:
+    import jax
+
+    return jax.tree.map(lambda s: s.spec, shardings)
+
+
+def _per_device(plan: Any, prefix: str) -> np.ndarray:
+    total = np.zeros(plan.mesh.size, dtype=np.int64)
+    for name, lay in plan.layouts.items():
+        if name.startswith(prefix):
+            total += np.asarray(lay.block_bytes, dtype=np.int64)   # mesh order
+    return total
+
+
+def plan_payload(plan: Any) -> dict[str, Any]:
+    """The plan widget's JSON payload (pure; no front end)."""
+    params = _per_device(plan, "params.")
+    mem = plan.memory
+    per_device = {
+        "params": params.tolist(),
+        "optimizer": _per_device(plan, "opt_state.").tolist(),
+        "gradients": params.tolist(),
+        "activations": [int(mem.get("activations") or 0)] * plan.mesh.size,
+        "batch": _per_device(plan, "batch.").tolist(),
+    }
+    f = plan.flops
+    return {
+        "kind": "plan",
+        "name": plan.name,
+        "estimate": bool(plan.is_estimate),
+        "compile_seconds": plan.compile_seconds,
+        "mesh": mesh_summary(plan.mesh),
+        "mesh_text": plan.mesh.describe(),
+        "rules": plan.rules.to_dict(),
+        "batch": plan.batch, "seq": plan.seq,
+        "memory": {"rows": plan.memory_rows(), "per_device": per_device, "stack": list(STACK),
+                   "limit": mem.get("limit"), "total": mem.get("total"), "fits": plan.fits},
+        "flops": {"model": f.total, "six_n": f.six_n, "formula": f.formula,
+                  "breakdown": f.breakdown, "per_device": plan.flops_per_device,
+                  "compiled_per_device": plan.compiled_flops_per_device,
+                  "replicated_compute_factor": plan.replicated_compute_factor,
+                  "tokens": f.tokens},
+        "collectives": [{k: v for k, v in c.to_dict().items() if k != "names"}
+                        | {"note": c.names[0] if c.names and c.names[0].startswith("estimate")
+                           else None} for c in plan.collectives],
+        "comm_bytes_per_device": plan.comm_bytes_per_device,
+        "warnings": [w.to_dict() | {"paths": list(w.paths[:20]), "n_paths": len(w.paths)}
+                     for w in plan.warnings],
+    }
+
+
+def plan_widget(plan: Any) -> PlanView:
+    """The plan widget: summary and lints on top, the tensor table below."""
+    return PlanView(plan)
+
+
+def compare_figure(comparison: Any) -> Any:
+    """Plotly figure: memory per device stacked by kind (limit dashed), FLOPs per device,
+    bytes sent per device per step, replicated compute factor."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rows = comparison.rows
+    names = [r["name"] + (" (est.)" if r["estimate"] else "") for r in rows]
+    fig = make_subplots(rows=1, cols=4, subplot_titles=(
+        "memory / device (GiB)", "FLOPs / device (TFLOP)", "sent / device / step (GiB)",
+        "replicated compute factor"))
+    gib = 1024 ** 3
+    for key in (*STACK,):
+        fig.add_trace(go.Bar(name=key, x=names, y=[(r["memory"].get(key) or 0) / gib
+                                                   for r in rows]), row=1, col=1)
+    limits = [r["limit"] for r in rows]
+    if any(limits):
+        fig.add_trace(go.Scatter(name="device limit", x=names,
+                                 y=[(x or np.nan) / gib for x in limits], mode="markers+lines",
+                                 line={"dash": "dash", "color": "black"}), row=1, col=1)
+    fig.add_trace(go.Bar(name="FLOPs/device", x=names, showlegend=False,
+                         y=[r["flops_per_device"] / 1e12 for r in rows]), row=1, col=2)
+    fig.add_trace(go.Bar(name="sent/device", x=names, showlegend=False,
+                         y=[r["comm_bytes_per_device"] / gib for r in rows]), row=1, col=3)
+    fig.add_trace(go.Bar(name="compute factor", x=names, showlegend=False,
+                         y=[r["replicated_compute_factor"] for r in rows]), row=1, col=4)
+    fig.update_layout(barmode="stack", height=340, margin={"t": 40, "b": 30, "l": 40, "r": 10},
+                      legend={"orientation": "h", "y": -0.15})
+    return fig
+
+
+def compare_widget(comparison: Any) -> ipywidgets.VBox:
+    """The comparison table (HTML) above its plotly chart."""
+    import html
+
+    import plotly.graph_objects as go
+
+    table = ipywidgets.HTML(f"<pre class='wb-compare'>{html.escape(comparison.table())}</pre>")
+    return ipywidgets.VBox([table, go.FigureWidget(compare_figure(comparison))])

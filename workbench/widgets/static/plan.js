@@ -1,0 +1,135 @@
+// Plan widget: summary, stacked memory per device with the device limit, FLOPs, lints, collectives.
+import { colour, el, fmtBytes, legend, table, tooltip } from "./common.js";
+
+const SEVERITY = { error: "#d62728", warning: "#e8a33d", info: "#4e79a7" };
+
+function fmtFlops(x) {
+  if (x === null || x === undefined) return "—";
+  const units = [["PFLOP", 1e15], ["TFLOP", 1e12], ["GFLOP", 1e9], ["MFLOP", 1e6]];
+  for (const [u, s] of units) if (Math.abs(x) >= s) return `${(x / s).toPrecision(3)} ${u}`;
+  return `${x.toPrecision(3)} FLOP`;
+}
+
+function header(p) {
+  const badge = p.estimate
+    ? el("span", { class: "wb-badge wb-estimate", text: "ESTIMATE — analytic, nothing compiled" })
+    : el("span", { class: "wb-badge", text: `compiled in ${p.compile_seconds.toFixed(1)} s` });
+  return el("div", { class: "wb-header" }, [
+    el("span", { class: "wb-title", text: `plan ${p.name}` }),
+    badge,
+    el("span", { class: "wb-facts", text: `batch ${p.batch} × seq ${p.seq} on ${p.mesh_text}` }),
+  ]);
+}
+
+/** Distinct per-device stacks (devices with equal bytes share a column) in mesh order. */
+function columns(mem) {
+  const n = mem.per_device[mem.stack[0]].length;
+  const cols = [];
+  const seen = new Map();
+  for (let i = 0; i < n; i += 1) {
+    const parts = mem.stack.map((k) => mem.per_device[k][i]);
+    const key = parts.join(",");
+    if (n > 64 && seen.has(key)) { seen.get(key).positions.push(i); continue; }
+    const col = { parts, positions: [i] };
+    seen.set(key, col);
+    cols.push(col);
+  }
+  return cols;
+}
+
+function memoryBars(p, tip) {
+  const mem = p.memory;
+  const cols = columns(mem);
+  const totals = cols.map((c) => c.parts.reduce((a, b) => a + b, 0));
+  const top = Math.max(mem.limit || 0, ...totals, 1);
+  const height = 120;
+  const chart = el("div", { class: "wb-plan-bars", style: { height: `${height}px` } });
+  cols.forEach((c, ci) => {
+    const col = el("div", { class: "wb-plan-col" });
+    c.parts.forEach((bytes, k) => {
+      if (!bytes) return;
+      col.appendChild(el("div", { class: "wb-plan-seg", style: {
+        height: `${(bytes / top) * height}px`, background: colour(k, mem.stack.length) } }));
+    });
+    const ids = c.positions.map((i) => p.mesh.device_ids[i]);
+    col.addEventListener("mousemove", (e) => tip.show(e, [
+      ids.length === 1 ? `device ${ids[0]}` : `${ids.length} devices (${ids.slice(0, 4).join(", ")}…)`,
+      ...mem.stack.map((k, i) => `${k}: ${fmtBytes(c.parts[i])}`),
+      `total: ${fmtBytes(totals[ci])}`]));
+    col.addEventListener("mouseleave", () => tip.hide());
+    chart.appendChild(col);
+  });
+  if (mem.limit) {
+    chart.appendChild(el("div", { class: "wb-plan-limit", title: `device memory ${fmtBytes(mem.limit)}`,
+      style: { bottom: `${(mem.limit / top) * height}px` } }, [
+      el("span", { text: `limit ${fmtBytes(mem.limit)}` })]));
+  }
+  const fits = mem.fits === null ? "device limit unknown" : mem.fits ? "fits" : "DOES NOT FIT";
+  return el("div", { class: "wb-plan-memory" }, [
+    el("div", { class: "wb-subtitle", text: `memory per device — total ${fmtBytes(mem.total)} (${fits})` }),
+    chart,
+    legend("", mem.stack.map((k, i) => [colour(i, mem.stack.length), k])),
+    table([
+      { key: "key", label: "component" },
+      { key: "bytes", label: p.estimate ? "estimate" : "compiled", numeric: true, format: fmtBytes },
+      { key: "estimate", label: "by formula", numeric: true, format: fmtBytes },
+    ], mem.rows).node,
+  ]);
+}
+
+function flops(p) {
+  const f = p.flops;
+  const parts = Object.entries(f.breakdown).map(([k, v]) => `${k} ${((100 * v) / f.model).toFixed(0)}%`);
+  const perDev = f.compiled_per_device === null ? `${fmtFlops(f.per_device)} (estimate)`
+    : `${fmtFlops(f.compiled_per_device)} (compiled cost analysis)`;
+  return el("div", { class: "wb-plan-flops" }, [
+    el("div", { class: "wb-subtitle", text: "FLOPs per step" }),
+    el("div", { text: `model FLOPs ${fmtFlops(f.model)} (all devices; ${parts.join(", ")}) · 6N·tokens ${fmtFlops(f.six_n)}` }),
+    el("div", { text: `per device ${perDev} · replicated compute factor ${f.replicated_compute_factor.toPrecision(3)}` }),
+    el("div", { class: "wb-note", text: f.formula }),
+  ]);
+}
+
+function lints(p) {
+  if (!p.warnings.length) return el("div", { class: "wb-note", text: "no lints: the layout looks sound" });
+  return el("div", { class: "wb-plan-lints" }, [
+    el("div", { class: "wb-subtitle", text: `lints (${p.warnings.length})` }),
+    ...p.warnings.map((w) => el("div", { class: "wb-lint", style: { "border-left-color": SEVERITY[w.severity] } }, [
+      el("div", {}, [el("b", { text: `${w.severity} · ${w.kind} · ` }), el("code", { text: w.path })]),
+      el("div", { text: w.message }),
+      el("div", { class: "wb-note", text: `fix: ${w.fix}` }),
+    ])),
+  ]);
+}
+
+function collectives(p) {
+  const rows = p.collectives.map((c) => ({ ...c, axes_text: c.axes.join(", ") || "—", shapes_text: c.shapes.slice(0, 3).join(" ") }));
+  return el("div", { class: "wb-plan-collectives" }, [
+    el("div", { class: "wb-subtitle", text: `collectives — ${fmtBytes(p.comm_bytes_per_device)} sent per device per step${p.estimate ? " (estimate)" : ""}` }),
+    el("div", { class: "wb-scroll" }, [table([
+      { key: "kind", label: "kind" },
+      { key: "axes_text", label: "mesh axes" },
+      { key: "count", label: "count", numeric: true },
+      { key: "bytes", label: "bytes each", numeric: true, format: fmtBytes },
+      { key: "total_wire_bytes", label: "sent/step", numeric: true, format: fmtBytes },
+      { key: "group_size", label: "group", numeric: true },
+      { key: "shapes_text", label: "shapes" },
+    ], rows, { sortKey: "total_wire_bytes" }).node]),
+  ]);
+}
+
+function render({ model, el: host }) {
+  const root = el("div", { class: "wb-widget wb-plan" });
+  host.appendChild(root);
+  function draw() {
+    const p = model.get("payload");
+    if (!p || !p.memory) { root.replaceChildren(el("div", { class: "wb-note", text: "empty plan" })); return; }
+    const tip = tooltip(root);
+    root.replaceChildren(header(p), memoryBars(p, tip), flops(p), lints(p), collectives(p), tip.node);
+  }
+  draw();
+  model.on("change:payload", draw);
+  return () => model.off("change:payload", draw);
+}
+
+export default { render };

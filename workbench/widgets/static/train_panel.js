@@ -1,0 +1,201 @@
+// Train panel: the live view of Trainer.run in its cell — progress and ETA, loss and MFU
+// curves, and where the step time goes (compute, data, checkpoint).
+// Self-contained (no imports): anywidget loads it as one ES module.
+//
+// Model state: `info` {name, run_dir, peak_source, model_flops}; `status` {step, target,
+// eta, state, message, last}; `history` {step: [...], loss: [...], ...} (the whole run,
+// read from the run directory by Python). Live rows arrive as custom messages
+// {type: "append", rows: [[step, loss, mfu, step_time, data_time, ckpt_time], ...]},
+// batched by Python to at most 10 per second. Nodes are built once and updated in place.
+
+const SVG = "http://www.w3.org/2000/svg";
+const COLS = ["step", "loss", "mfu", "step_time", "data_time", "ckpt_time"];
+const MAX_POINTS = 1200;
+
+function el(tag, attrs, children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = String(value);
+    else node.setAttribute(key, String(value));
+  }
+  for (const child of children || []) node.appendChild(child);
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  return node;
+}
+
+function num(v, digits = 4) {
+  return typeof v === "number" && Number.isFinite(v) ? v.toPrecision(digits) : "—";
+}
+
+/** 62.4 -> "1:02", 3725 -> "1:02:05". */
+export function duration(seconds) {
+  if (typeof seconds !== "number" || !Number.isFinite(seconds)) return "?";
+  const s = Math.round(seconds);
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const r = String(s % 60).padStart(2, "0");
+  return h ? `${h}:${String(m).padStart(2, "0")}:${r}` : `${m}:${r}`;
+}
+
+/** Every k-th point so that at most `max` are drawn (the last one always kept). */
+export function thin(xs, ys, max = MAX_POINTS) {
+  const pts = [];
+  for (let i = 0; i < xs.length; i += 1) {
+    if (typeof ys[i] === "number" && Number.isFinite(ys[i])) pts.push([xs[i], ys[i]]);
+  }
+  if (pts.length <= max) return pts;
+  const stride = Math.ceil(pts.length / max);
+  const out = pts.filter((_, i) => i % stride === 0);
+  if (out[out.length - 1] !== pts[pts.length - 1]) out.push(pts[pts.length - 1]);
+  return out;
+}
+
+/** A line chart whose path and labels are updated in place (no re-created nodes). */
+function chart(title, { width = 320, height = 140, scale = 1, unit = "" } = {}) {
+  const pad = { l: 48, r: 8, t: 20, b: 18 };
+  const box = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
+    class: "wb-train-chart", "aria-label": title });
+  const label = svg("text", { x: 6, y: 13, "font-size": 11, fill: "currentColor" });
+  label.textContent = title;
+  const path = svg("path", { d: "", fill: "none", stroke: "#4e79a7", "stroke-width": 1.5,
+    class: "wb-train-path" });
+  const texts = [0, 1, 2, 3].map(() => svg("text", { "font-size": 10, fill: "#888" }));
+  for (const node of [label, path, ...texts]) box.appendChild(node);
+  function update(points) {
+    if (!points.length) {
+      path.setAttribute("d", "");
+      texts[0].textContent = "waiting for the first step…";
+      texts[0].setAttribute("x", pad.l);
+      texts[0].setAttribute("y", height / 2);
+      for (const t of texts.slice(1)) t.textContent = "";
+      return;
+    }
+    const xs = points.map((p) => p[0]);
+    const ys = points.map((p) => p[1] * scale);
+    const x0 = xs[0];
+    const x1 = xs[xs.length - 1];
+    let y0 = Math.min(...ys);
+    let y1 = Math.max(...ys);
+    if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
+    const sx = (x) => pad.l + ((x - x0) / Math.max(1, x1 - x0)) * (width - pad.l - pad.r);
+    const sy = (y) => height - pad.b - ((y - y0) / (y1 - y0)) * (height - pad.t - pad.b);
+    path.setAttribute("d", ys.map((y, i) => `${i ? "L" : "M"}${sx(xs[i]).toFixed(1)},${sy(y).toFixed(1)}`).join(""));
+    const place = [[pad.l - 4, pad.t + 4, "end", `${num(y1, 3)}${unit}`],
+      [pad.l - 4, height - pad.b, "end", `${num(y0, 3)}${unit}`],
+      [pad.l, height - 4, "start", `step ${x0}`], [width - pad.r, height - 4, "end", `step ${x1}`]];
+    place.forEach(([x, y, anchor, text], i) => {
+      texts[i].setAttribute("x", x);
+      texts[i].setAttribute("y", y);
+      texts[i].setAttribute("text-anchor", anchor);
+      texts[i].textContent = text;
+    });
+  }
+  return { node: box, update };
+}
+
+/** Mean of the last `n` finite values of a column. */
+function recentMean(values, n = 20) {
+  const tail = values.slice(-n).filter((v) => typeof v === "number" && Number.isFinite(v));
+  return tail.length ? tail.reduce((a, b) => a + b, 0) / tail.length : null;
+}
+
+/** Step time split into compute, data wait and checkpoint blocking (recent means). */
+function breakdown() {
+  const parts = [["compute", "#4e79a7"], ["data", "#f28e2b"], ["checkpoint", "#e15759"]];
+  const bar = el("div", { class: "wb-train-stack" });
+  const segs = parts.map(([name, colour]) => {
+    const seg = el("div", { class: `wb-train-seg wb-train-${name}`, title: name });
+    seg.style.setProperty("background", colour);
+    bar.appendChild(seg);
+    return seg;
+  });
+  const text = el("div", { class: "wb-train-times" });
+  const node = el("div", { class: "wb-train-breakdown" }, [bar, text]);
+  function update(cols) {
+    const total = recentMean(cols.step_time);
+    const data = recentMean(cols.data_time) || 0;
+    const ckpt = recentMean(cols.ckpt_time) || 0;
+    if (total === null) { text.textContent = "step time: waiting for the first step…"; return; }
+    const compute = Math.max(0, total - data - ckpt);
+    [compute, data, ckpt].forEach((v, i) => segs[i].style.setProperty("width", `${(100 * v / total).toFixed(1)}%`));
+    const ms = (v) => `${(1000 * v).toFixed(1)} ms`;
+    text.textContent = `step time ${ms(total)} (mean of last 20): compute ${ms(compute)} · ` +
+      `data ${ms(data)} · checkpoint ${ms(ckpt)}`;
+  }
+  return { node, update };
+}
+
+function render({ model, el: host }) {
+  const cols = Object.fromEntries(COLS.map((c) => [c, []]));
+  const title = el("span", { class: "wb-title" });
+  const badge = el("span", { class: "wb-badge" });
+  const facts = el("span", { class: "wb-facts" });
+  const fill = el("div", { class: "wb-train-fill" });
+  const bar = el("div", { class: "wb-train-bar" }, [fill]);
+  const loss = chart("loss");
+  const mfu = chart("MFU", { scale: 100, unit: "%" });
+  const times = breakdown();
+  const note = el("div", { class: "wb-note" });
+  const message = el("div", { class: "wb-train-message" });
+  const root = el("div", { class: "wb-widget wb-train" }, [
+    el("div", { class: "wb-header" }, [title, badge, facts]), bar,
+    el("div", { class: "wb-train-charts" }, [loss.node, mfu.node]), times.node, message, note]);
+  host.appendChild(root);
+
+  function loadHistory() {
+    const h = model.get("history") || {};
+    for (const c of COLS) cols[c] = Array.isArray(h[c]) ? h[c].slice() : [];
+  }
+  function draw() {
+    const info = model.get("info") || {};
+    const st = model.get("status") || {};
+    const step = st.step ?? (cols.step.length ? cols.step[cols.step.length - 1] : 0);
+    const target = st.target || 0;
+    const frac = target ? Math.min(1, step / target) : 0;
+    title.textContent = `train ${info.name || ""}`;
+    badge.textContent = st.state || "idle";
+    badge.className = `wb-badge wb-${st.state || "idle"}`;
+    const last = st.last || {};
+    const bits = [`step ${step}/${target}`, `ETA ${duration(st.eta)}`, `loss ${num(last.loss)}`];
+    if (typeof last.mfu === "number") bits.push(`MFU ${num(100 * last.mfu, 3)}%`);
+    if (typeof last.tokens_per_s === "number") bits.push(`${num(last.tokens_per_s / 1e3, 3)}k tok/s`);
+    facts.textContent = bits.join(" · ");
+    fill.style.setProperty("width", `${(100 * frac).toFixed(1)}%`);
+    bar.setAttribute("title", `${(100 * frac).toFixed(1)}%`);
+    loss.update(thin(cols.step, cols.loss));
+    mfu.update(thin(cols.step, cols.mfu));
+    times.update(cols);
+    message.textContent = st.message || "";
+    note.textContent = `run directory ${info.run_dir || "?"}` +
+      (info.peak_source ? ` · MFU = model FLOPs ÷ (step time × devices × peak); peak ${info.peak_source}` : "");
+  }
+  function onMessage(msg) {
+    if (!msg || msg.type !== "append") return;
+    const lastStep = cols.step.length ? cols.step[cols.step.length - 1] : -Infinity;
+    for (const row of msg.rows || []) {
+      if (row[0] <= lastStep) continue;  // already in the history
+      COLS.forEach((c, i) => cols[c].push(row[i]));
+    }
+    draw();
+  }
+  function onHistory() { loadHistory(); draw(); }
+  loadHistory();
+  draw();
+  model.on("change:history", onHistory);
+  model.on("change:status", draw);
+  model.on("msg:custom", onMessage);
+  return () => {
+    model.off("change:history", onHistory);
+    model.off("change:status", draw);
+    model.off("msg:custom", onMessage);
+  };
+}
+
+export default { render };
