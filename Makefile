@@ -12,7 +12,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: lab test bench browser install clean
 
-$(STAMP): pyproject.toml $(wildcard labextension/package.json labextension/src/*.ts labextension/style/*)
+$(STAMP): pyproject.toml $(wildcard labextension/package.json labextension/src/*.ts labextension/style/* labextension/schema/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -e ".[test]"

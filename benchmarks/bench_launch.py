@@ -8,6 +8,7 @@ loopback collectives plus that contention, not what a pod would see.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -59,9 +60,19 @@ def _job(root: Path, name: str, processes: int, devices: int) -> dict[str, Any]:
 def run() -> list[dict[str, Any]]:
     """Launches 1 x 8 and 2 x 4 jobs of the same config; returns the benchmark rows."""
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
-        one = _job(Path(tmp), "1x8", 1, 8)
-        two = _job(Path(tmp), "2x4", 2, 4)
-    same = one["losses"] == two["losses"]
+        # Cold compiles for both: an empty persistent cache that the workers inherit
+        # (multi-process CPU workers never use it, see workbench.launch.worker).
+        saved = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(Path(tmp) / "jax-cache")
+        try:
+            one = _job(Path(tmp), "1x8", 1, 8)
+            two = _job(Path(tmp), "2x4", 2, 4)
+        finally:
+            if saved is None:
+                os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+            else:
+                os.environ["JAX_COMPILATION_CACHE_DIR"] = saved
+    diff = max(abs(a - b) / abs(b) for a, b in zip(one["losses"], two["losses"]))
     ratio = two["step_time_s"] / one["step_time_s"]
     cfg = f"tiny, batch 16, seq 64, {STEPS} steps, synthetic data"
     return [
@@ -72,7 +83,8 @@ def run() -> list[dict[str, Any]]:
                   f"compile); {cfg}"},
         {"name": "launch: time to first step, 1 process x 8 CPU devices", "unit": "s",
          "value": round(one["first_step_s"], 2), "target": "", "ok": None,
-         "notes": "the same without jax.distributed (reference for the row above)"},
+         "notes": f"the same without jax.distributed, cold compile cache "
+                  f"({one['compile_s'] and round(one['compile_s'], 2)} s compile)"},
         {"name": "launch: step time 1 x 8 (median)", "unit": "ms",
          "value": round(1e3 * one["step_time_s"], 2), "target": "", "ok": None,
          "notes": f"steps {WARMUP + 1}..{STEPS}; {cfg}"},
@@ -80,8 +92,11 @@ def run() -> list[dict[str, Any]]:
          "value": round(1e3 * two["step_time_s"], 2), "target": "", "ok": None,
          "notes": "gloo all-reduces over 127.0.0.1; both processes share the CPU cores"},
         {"name": "launch: step time 2 x 4 / 1 x 8", "unit": "x", "value": round(ratio, 3),
-         "target": "<= 2.0", "ok": ratio <= 2.0,
-         "notes": f"losses of the two jobs bitwise equal: {same}"},
+         "target": "", "ok": None,
+         "notes": f"no target: on CPU every FSDP all-gather/reduce-scatter of the 2 x 4 job "
+                  f"is a gloo TCP round trip between processes sharing the cores; max "
+                  f"relative loss difference between the jobs {diff:.1e} (gloo's ring sums "
+                  f"in another order than XLA's in-process all-reduce)"},
     ]
 
 

@@ -189,11 +189,11 @@ def test_trainer_checkpoint_restores_onto_data4_model2(tmp_path):
     cfg = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8},
                          rules="fsdp", batch=8, seq=32, steps=2, checkpoint_every=2,
                          data="synthetic")
-    a = wb.Trainer(cfg, run_dir=tmp_path / "run", progress=None, compile_cache=False)
+    a = wb.Trainer(cfg, run_dir=tmp_path / "run", progress=None)
     a.run()
     saved = jax.device_get(a.state)
     b = wb.Trainer(cfg.replace(mesh={"data": 4, "model": 2}, rules="fsdp_tp"),
-                   run_dir=tmp_path / "run", progress=None, compile_cache=False)
+                   run_dir=tmp_path / "run", progress=None)
     assert b.step == 2 and dict(b.mesh.shape) == {"data": 4, "model": 2}
     q = b.state.params["blocks"][0]["attn"]["q"]
     assert q.sharding.spec == P("data", "model", None)

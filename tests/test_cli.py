@@ -20,7 +20,7 @@ def _cli(*args: str, timeout: float = 300, env: dict | None = None,
     base = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True,
                           text=True, timeout=timeout, env={**base, **(env or {})},
-                          cwd=cwd or ROOT)
+                          cwd=cwd or ROOT, check=False)
 
 
 def _ping(text: str) -> dict:
@@ -44,11 +44,11 @@ def test_runs_lists_run_directories_without_importing_jax(tmp_path):
         w.update(target_steps=10)
         for step in (1, 2, 3):
             w.log({"step": step, "loss": 1.0 / step})
-    code = ("import sys; from workbench.__main__ import main; rc = main(['runs', %r]); "
-            "assert 'jax' not in sys.modules, 'runs imported jax'; sys.exit(rc)"
-            % str(tmp_path / "runs"))
+    code = ("import sys; from workbench.__main__ import main; "
+            f"rc = main(['runs', {str(tmp_path / 'runs')!r}]); "
+            "assert 'jax' not in sys.modules, 'runs imported jax'; sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
     assert out.returncode == 0, out.stderr
     row = next(line for line in out.stdout.splitlines() if line.startswith("a "))
     assert row.split()[1:3] == ["finished", "3/10"]
@@ -104,3 +104,37 @@ def test_load_config_from_python_and_json(tmp_path):
         load_config(tmp_path / "none.py")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_config(tmp_path / "missing.json")
+
+
+TINY = ("import workbench as wb\n"
+        "config = wb.TrainConfig(model='tiny', mesh={'data': 8}, rules='dp', batch=8, seq=32,\n"
+        "                        steps=6, checkpoint_every=3, data='synthetic')\n")
+
+
+@pytest.mark.slow
+def test_train_runs_a_config_py_and_a_second_call_continues(tmp_path):
+    (tmp_path / "tiny.py").write_text(TINY)
+    run_dir = tmp_path / "run"
+    first = _cli("train", str(tmp_path / "tiny.py"), "--run-dir", str(run_dir), "--steps", "3",
+                 env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    assert "process 0 of 1 joined (single)" in first.stdout
+    assert runs.read_run(run_dir)["status"] == "finished"
+    assert [r["step"] for r in runs.read_metrics(run_dir)] == [1, 2, 3]
+    second = _cli("train", "--config", str(tmp_path / "tiny.py"), "--run-dir", str(run_dir),
+                  env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert [e["step"] for e in runs.read_events(run_dir) if e["event"] == "resume"] == [3]
+    assert [r["step"] for r in runs.read_metrics(run_dir)] == list(range(1, 7))
+    assert not (run_dir / "job.lock").exists()  # the worker's own lock is released
+
+
+@pytest.mark.slow
+def test_launch_command_follows_the_job_to_the_end(tmp_path):
+    (tmp_path / "tiny.py").write_text(TINY)
+    out = _cli("launch", str(tmp_path / "tiny.py"), "--processes", "1",
+               "--devices-per-process", "8", "--run-dir", str(tmp_path / "run"), "--steps", "2")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "launched 1 processes" in out.stdout and "finished" in out.stdout
+    assert [r["step"] for r in runs.read_metrics(tmp_path / "run")] == [1, 2]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["steps"] == 6

@@ -3,6 +3,7 @@ status bar, escaping and layout restoration, with runs written by the Trainer an
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -223,10 +224,11 @@ def test_live_run_escaping_compare_and_restore(lab: Lab, page: Any, lab_root: Pa
         _wait_saved(lab, "\"workbench-compare:")
         page.reload()
         page.wait_for_selector(".jp-LabShell", timeout=60_000)
-        # layout restoration: dashboard and comparison come back, refilled from history
-        restored = _wait_attr(page, chart, "data-points", 30)
-        assert restored >= 30
+        # layout restoration: comparison and dashboard come back, refilled from history
         _wait_attr(page, lines, "data-points", 10)
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").filter(
+            has_text=re.compile(r"^live$")).click()
+        assert _wait_attr(page, chart, "data-points", 30) >= 30
         assert page.dialogs == []  # no alert(1) fired anywhere
     finally:
         live.stop()

@@ -166,46 +166,57 @@ def test_killed_process_fails_the_job_fast_and_nothing_hangs(tmp_path):
     assert again.wait(120) == "finished", again.tail()
 
 
-def test_attach_watches_a_job_started_elsewhere(tmp_path):
+def test_attach_watches_and_stops_a_job_started_elsewhere(tmp_path):
     job = ping(2, 2, run_dir=tmp_path / "p", hold=120, platform="cpu")
-    watcher = attach(tmp_path / "p")
-    assert watcher.status == "running" and [p.pid for p in watcher.processes] == \
-        [p.pid for p in job.processes]
-    job.stop(60)
-    watcher.wait(30)
-    assert watcher.done
+    _wait_for(lambda: all("PING " in p.log.read_text() for p in job.processes), 90, job)
+    watcher = attach(tmp_path / "p")  # e.g. from a restarted kernel: no Popen handles
+    assert watcher.status == "running"
+    assert [p.pid for p in watcher.processes] == [p.pid for p in job.processes]
+    assert watcher.stop(60) == "stopped"
+    assert [p.returncode for p in watcher.processes] == [EXIT_STOPPED, EXIT_STOPPED]
+    assert job.wait(30) == "stopped"
     with pytest.raises(FileNotFoundError, match="no job is running"):
         attach(tmp_path / "p")
 
 
-def test_job_widget_payload_reflects_the_job(tmp_path):
+@pytest.fixture(scope="module")
+def finished_ping(tmp_path_factory):
+    job = ping(2, 1, run_dir=tmp_path_factory.mktemp("ping") / "p", platform="cpu")
+    assert job.wait(120) == "finished", job.tail()
+    return job
+
+
+def test_job_widget_follows_the_job_live(tmp_path):
     from workbench.widgets.job_view import JobView, job_payload
 
-    job = ping(2, 2, run_dir=tmp_path / "p", platform="cpu")
+    job = ping(2, 1, run_dir=tmp_path / "p", hold=2, platform="cpu")
+    view = JobView(job, interval=0.2)
+    assert view.payload["status"] == "running" and not view.payload["done"]
     job.wait(120)
-    p = job_payload(job)
-    assert p["status"] == "finished" and p["done"] and p["failure"] is None
+    _wait_for(lambda: view.payload["done"], 10, None)
+    p = view.payload
+    assert p == job_payload(job) and p["status"] == "finished" and p["failure"] is None
     assert [q["state"] for q in p["processes"]] == ["finished", "finished"]
     assert any("ping ok" in line for line in p["tails"]["0"])
-    view = JobView(job)
-    assert view.payload["name"] == "p"
     data, _ = job._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in data
     assert data["text/plain"].startswith("Job(")
+    view.close()
 
 
 def _wait_for(pred, timeout: float, job) -> None:
     t_end = time.monotonic() + timeout
     while not pred():
-        if time.monotonic() > t_end or job.done:
-            raise AssertionError(f"condition not reached; job {job.status}:\n{job.tail()}")
+        if time.monotonic() > t_end or (job is not None and job.done):
+            detail = "" if job is None else f"; job {job.status}:\n{job.tail()}"
+            raise AssertionError(f"condition not reached within {timeout} s{detail}")
         time.sleep(0.2)
 
 
 # ----------------------------------------------------------------------------- training
 # "tiny" with a short sequence and batch keeps each multi-process job to seconds of steps.
-CFG = dict(model="tiny", mesh={"data": 8}, rules="fsdp", batch=8, seq=32, steps=20,
-           checkpoint_every=5, keep=3, seed=0, data="text")
+CFG = {"model": "tiny", "mesh": {"data": 8}, "rules": "fsdp", "batch": 8, "seq": 32,
+       "steps": 20, "checkpoint_every": 5, "keep": 3, "seed": 0, "data": "text"}
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -246,7 +257,7 @@ def test_two_processes_train_like_one_process_with_eight_devices(two_by_four, tm
         [sys.executable, "-m", "workbench", "train", str(tmp_path / "config.json"),
          "--run-dir", str(tmp_path / "1x8"), "--platform", "cpu", "--devices-per-process", "8",
          "--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", "1",
-         "--process-id", "0"], capture_output=True, text=True, timeout=600)
+         "--process-id", "0"], capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert _losses(tmp_path / "1x8") == got
     # The notebook's Trainer in this process (XLA's in-process all-reduce, which sums in
@@ -313,3 +324,74 @@ def test_stop_leaves_a_checkpoint_at_the_stop_step(tmp_path):
     assert 3 <= last < 500
     assert _committed_steps(run_dir) == [last]  # no periodic save before 400: this is the stop
     assert runs.read_run(run_dir)["status"] == "interrupted"
+
+
+def test_a_mesh_larger_than_the_launch_is_refused_before_starting(tmp_path):
+    from workbench.launch import launch
+    from workbench.train import TrainConfig
+
+    with pytest.raises(ValueError, match=r"needs 8 devices.*processes=2 x "
+                                         r"devices_per_process=2 = 4"):
+        launch(TrainConfig(**CFG), processes=2, devices_per_process=2, run_dir=tmp_path / "r")
+    assert not (tmp_path / "r" / "logs").exists()
+
+
+NODE_RUNNER = """
+import { readFileSync } from "node:fs";
+import { pathToFileURL } from "node:url";
+import { Node, byClass, fakeModel, installDom, walk } from "%(harness)s";
+installDom();
+document.createElementNS = (ns, tag) => new Node(tag);
+const mod = await import(pathToFileURL("%(module)s").href);
+const model = fakeModel(JSON.parse(readFileSync("%(state)s", "utf8")));
+const sent = [];
+model.send = (msg) => sent.push(msg);
+const host = document.createElement("div");
+const cleanup = mod.default.render({ model, el: host });
+const stop = byClass(host, "wb-stop")[0];
+const disabled = stop.getAttribute("disabled");
+stop.dispatch("click");
+const report = {
+  text: host.textContent,
+  badges: byClass(host, "wb-badge").map((n) => n.textContent),
+  paths: walk(host).filter((n) => String(n.tagName).toLowerCase() === "path")
+    .map((n) => n.getAttribute("d")),
+  disabled, sent,
+};
+cleanup();
+report.handlers_left = Object.values(model.handlers).reduce((a, h) => a + h.length, 0);
+process.stdout.write(JSON.stringify(report));
+"""
+
+
+@pytest.mark.parametrize("done", [True, False])
+def test_job_widget_renders_status_curve_and_stop(finished_ping, tmp_path, done):
+    import shutil
+
+    from workbench.widgets.job_view import STATIC, job_payload
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (needed to run the widget's ES module)")
+    payload = job_payload(finished_ping)
+    payload.update(loss=[[1, 5.0], [2, 4.0], [3, 3.0]], step=3, target_steps=6, done=done,
+                   latest={"loss": 3.0, "mfu": 0.25, "step_time": 0.5, "peak_source": "table"})
+    (tmp_path / "state.json").write_text(json.dumps({"payload": payload}))
+    runner = tmp_path / "run.mjs"
+    runner.write_text(NODE_RUNNER % {
+        "harness": Path(__file__).parent / "widgets_js" / "fake_dom.mjs",
+        "module": STATIC / "job.js", "state": tmp_path / "state.json"})
+    out = subprocess.run([node, str(runner)], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["badges"] == ["finished", "finished", "finished"]  # job, process 0, process 1
+    assert "step 3 of 6" in rep["text"] and "loss 3.000" in rep["text"]
+    assert "MFU 25.0% (table)" in rep["text"] and "ping ok" in rep["text"]
+    # the loss curve: 3 points left to right, falling (SVG y grows downwards)
+    (path,) = rep["paths"]
+    pts = [tuple(map(float, p.split(","))) for p in path.replace("M", "").split("L")]
+    assert len(pts) == 3 and pts[0][0] < pts[1][0] < pts[2][0] and pts[0][1] < pts[2][1]
+    assert (rep["disabled"] is not None) == done
+    assert rep["sent"] == ([] if done else [{"type": "stop"}])
+    assert rep["handlers_left"] == 0

@@ -1,4 +1,6 @@
 """GPT and MLP models: forward vs a plain jax.numpy reference, sharded vs unsharded."""
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,21 @@ from jax.sharding import AxisType, NamedSharding
 from workbench.models import GPT, PRESETS, GPTConfig, MLPClassifier
 from workbench.rules import Rules
 from workbench.step import abstract_model, param_specs
+
+
+def build(cfg: GPTConfig, seed: int = 0) -> GPT:
+    """The model with random numpy weights: the graph from ``nnx.eval_shape``, values from
+    numpy (compiling the PRNG init of every test model would dominate these tests' time)."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0))))
+    rng = np.random.default_rng(seed)
+
+    def fill(path, x):
+        if path[-1].key == "scale":                           # RMSNorm scales around 1
+            return jnp.asarray(1 + 0.2 * rng.standard_normal(x.shape), x.dtype)
+        return jnp.asarray(rng.standard_normal(x.shape) / np.sqrt(x.shape[0]), x.dtype)
+
+    return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(fill, nnx.to_pure_dict(abstract)))
+
 
 CFG = GPTConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                 d_ff=32, seq_len=8)
@@ -49,12 +66,8 @@ def _ref_forward(p: dict, tokens: np.ndarray, cfg: GPTConfig) -> np.ndarray:
 @pytest.mark.parametrize("tie", [False, True])
 def test_forward_matches_plain_jnp_reference(tie):
     cfg = CFG.replace(tie_embeddings=tie)
-    model = GPT(cfg, rngs=nnx.Rngs(3))
+    model = build(cfg, 3)
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    # make norms non-trivial so their scales are checked too
-    for blk in params["blocks"].values():
-        blk["attn_norm"]["scale"] = blk["attn_norm"]["scale"] * 1.5
-    nnx.update(model, params)
     tokens = np.array(jax.random.randint(jax.random.key(0), (2, 8), 0, cfg.vocab_size))
     got = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(tokens, jnp.int32))
     want = jax.jit(lambda p, t: _ref_forward(p, t, cfg))(params, tokens)
@@ -63,7 +76,7 @@ def test_forward_matches_plain_jnp_reference(tie):
 
 
 def test_causal_logits_ignore_future_tokens():
-    model = GPT(CFG, rngs=nnx.Rngs(0))
+    model = build(CFG)
     a = jnp.array([[1, 2, 3, 4, 5, 6, 7, 8]], jnp.int32)
     b = a.at[0, 5:].set(9)
     fwd = nnx.jit(lambda m, t: m(t))
@@ -92,8 +105,8 @@ def test_presets_param_counts_match_published():
     assert abs(counts["1b"] / 1.236e9 - 1) < 0.01
     assert abs(counts["7b"] / 6.738e9 - 1) < 0.001
     assert abs(counts["70b"] / 70.554e9 - 1) < 0.001
-    model = GPT(GPTConfig.preset("tiny"), rngs=nnx.Rngs(0))
-    assert sum(x.size for x in jax.tree.leaves(nnx.state(model))) == counts["tiny"]
+    model = nnx.eval_shape(lambda: GPT(GPTConfig.preset("tiny"), rngs=nnx.Rngs(0)))
+    assert sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model))) == counts["tiny"]
 
 
 def test_config_validation_errors():
@@ -110,7 +123,7 @@ def test_remat_gives_same_gradients():
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % CFG.vocab_size
 
     def grads(cfg):
-        model = GPT(cfg, rngs=nnx.Rngs(0))
+        model = build(cfg)
         return nnx.jit(nnx.grad(lambda m: jnp.mean(m(tokens) ** 2)))(model)
 
     g0, g1 = grads(CFG), grads(CFG.replace(remat="full"))
@@ -123,7 +136,7 @@ def test_sharded_forward_equals_unsharded():
     cfg = GPTConfig.preset("tiny")
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
     rules = Rules.preset("fsdp_tp", mesh)
-    model = GPT(cfg, rngs=nnx.Rngs(0))
+    model = build(cfg)
     graphdef, params = nnx.split(model)
     pure = nnx.to_pure_dict(params)
     _, _, logical = abstract_model(cfg)
@@ -145,9 +158,10 @@ def test_sharded_forward_equals_unsharded():
 def test_mlp_classifier_learns_and_shards():
     x = jax.random.normal(jax.random.key(0), (64, 8))
     y = (x[:, 0] > 0).astype(jnp.int32)
-    clf = MLPClassifier(8, (16,), 2, rngs=nnx.Rngs(0))
+    clf = nnx.jit(lambda: MLPClassifier(8, (16,), 2, rngs=nnx.Rngs(0)))()
     assert clf(x).shape == (64, 2)
     import optax
+
     from workbench.models import classifier_loss
     opt = nnx.Optimizer(clf, optax.adam(1e-2), wrt=nnx.Param)
     loss0 = classifier_loss(clf, {"x": x, "y": y})

@@ -4,7 +4,6 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
@@ -224,7 +223,7 @@ def test_analytic_estimate_matches_compiled_where_exact(fsdp_tp):
 
 
 def test_plan_of_a_factory_model(mesh):
-    factory = lambda rngs: MLPClassifier(32, (64,), 10, rngs=rngs)  # noqa: E731
+    factory = lambda rngs: MLPClassifier(32, (64,), 10, rngs=rngs)
     example = {"x": jax.ShapeDtypeStruct((16, 32), jnp.float32),
                "y": jax.ShapeDtypeStruct((16,), jnp.int32)}
     p = wb.plan(factory, mesh=mesh, rules=Rules(batch="data", embed=None, mlp="model"),
@@ -246,3 +245,48 @@ def test_compare_figure_and_table(fsdp_tp):
     assert math.isfinite(rows[0]["comm_bytes_per_device"])
     with pytest.raises(ValueError):
         wb.compare([])
+
+
+# -- widget -------------------------------------------------------------------------------------
+
+def test_plan_widget_payload_and_render(fsdp_tp, tmp_path):
+    import json
+    import pathlib
+    import shutil
+    import subprocess
+
+    from workbench.widgets import _assets
+    from workbench.widgets.plan_view import PlanView, plan_payload
+
+    p = plan_payload(fsdp_tp)
+    per = p["memory"]["per_device"]
+    assert per["params"] == [fsdp_tp.memory["params"]] * 8
+    assert per["optimizer"] == [fsdp_tp.memory["optimizer"]] * 8
+    assert json.loads(json.dumps(p)) == p                  # JSON-clean
+    view = fsdp_tp._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in view
+    w = wb.show(fsdp_tp)
+    assert isinstance(w, PlanView)
+    assert {r["path"] for r in w.tensors.layouts.payload()["rows"]} >= {
+        "params.blocks.0.attn.q", "opt_state.0.mu.blocks.0.attn.q"}
+    row = next(r for r in w.tensors.layouts.payload()["rows"]
+               if r["path"] == "params.blocks.0.attn.q")
+    assert row["logical"] == ["embed", "heads", "head_dim"]
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    bad = _abstract("fsdp", memory_limit=1024 ** 2)          # over the limit: a lint + a line
+    harness = pathlib.Path(__file__).parent / "widgets_js" / "render.mjs"
+    (tmp_path / "plan.mjs").write_text(_assets.esm("plan"))
+    (tmp_path / "state.json").write_text(json.dumps({"payload": plan_payload(bad)}))
+    out = subprocess.run([node, str(harness), str(tmp_path / "plan.mjs"),
+                          str(tmp_path / "state.json")], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert len(rep["cols"]) == 8 and rep["classes"]["wb-plan-limit"] == 1
+    top = max(bad.memory["limit"], bad.memory["total"])
+    assert float(rep["cols"][0]["style:height"][:-2]) == pytest.approx(
+        120 * bad.memory["total"] / top, rel=1e-3)
+    assert rep["classes"]["wb-lint"] == len(bad.warnings) and "ESTIMATE" in rep["text"]
+    assert rep["handlers_left"] == 0

@@ -82,6 +82,22 @@ def test_partial_line_waits_and_crash_cut_line_is_skipped(tmp_path: Path) -> Non
     assert [(r["step"], r["loss"]) for r in new] == [(3, 0.25)]
 
 
+def test_lines_longer_than_a_read_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runs, "_CHUNK", 64)
+    d = tmp_path / "r"
+    with runs.RunWriter(d, config={}) as w:
+        w.log({"step": 1, "note": "x" * 300})
+        w.log({"step": 2, "loss": 1.0})
+    with open(d / runs.METRICS, "a") as f:
+        f.write('{"step": 3, "note": "' + "y" * 300)  # long and not finished yet
+    tail = runs.MetricsTail(d)
+    assert [r["step"] for r in tail.poll()[0]] == [1, 2]
+    with open(d / runs.METRICS, "a") as f:
+        f.write('"}\n{"step": 4}\n')
+    assert [r["step"] for r in tail.poll()[0]] == [3, 4]
+    assert [r["step"] for r in tail.read(1)] == [2, 3, 4]
+
+
 def test_log_rejects_records_without_step(tmp_path: Path) -> None:
     w = runs.RunWriter(tmp_path / "r", config={})
     with pytest.raises(ValueError, match="integer 'step'"):
@@ -121,13 +137,13 @@ def test_tail_read_matches_a_full_scan(tmp_path_factory: pytest.TempPathFactory,
             if s > since:
                 expected.append(i)
     expected = expected[:limit] if limit else expected
-    runs.MetricsTail.MARK_EVERY = 7  # many marks, so reads seek
+    runs.MetricsTail.MARK_EVERY, runs._CHUNK = 7, 100  # many marks and chunk edges
     try:
         tail = runs.MetricsTail(d)
         tail.poll()
         assert [r["loss"] for r in tail.read(since, limit)] == expected
     finally:
-        runs.MetricsTail.MARK_EVERY = 512
+        runs.MetricsTail.MARK_EVERY, runs._CHUNK = 512, 8 << 20
     assert [r["loss"] for r in runs.read_metrics(d, since)][: len(expected)] == expected
 
 

@@ -5,12 +5,21 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from workbench.models import GPTConfig
 from workbench.rules import Rules
-from workbench.step import (TrainState, abstract_state, batch_shardings, init_state,
-                            jit_train_step, lm_loss, make_train_step, state_shardings)
+from workbench.step import (
+    TrainState,
+    abstract_state,
+    batch_shardings,
+    init_state,
+    jit_train_step,
+    lm_loss,
+    make_train_step,
+    state_shardings,
+)
 
 CFG = GPTConfig.preset("tiny", n_layers=1, seq_len=32)
 
@@ -27,7 +36,7 @@ def _batch(seed=1, b=8, t=32):
 
 def test_abstract_state_allocates_nothing_and_carries_shardings(mesh):
     rules = Rules.preset("fsdp_tp", mesh)
-    graphdef, st = abstract_state(GPTConfig.preset("70b"), optax.adamw(1e-4), rules, mesh)
+    _graphdef, st = abstract_state(GPTConfig.preset("70b"), optax.adamw(1e-4), rules, mesh)
     q = st.params["blocks"][0]["attn"]["q"]
     assert isinstance(q, jax.ShapeDtypeStruct) and q.shape == (8192, 64, 128)
     assert q.sharding.spec == P("data", "model", None)
@@ -77,22 +86,25 @@ def test_sharded_steps_match_single_device_steps(mesh):
 def test_loss_and_grad_norm_match_optax_reference():
     graphdef, state = init_state(CFG, optax.sgd(0.1), Rules.preset("dp", _one()), _one())
     batch = _batch()
-    _, metrics = make_train_step(graphdef, optax.sgd(0.1))(state, batch)
-    model = nnx.merge(graphdef, state.params)
-    logits = model(batch["inputs"])
-    ref = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
-    np.testing.assert_allclose(metrics["loss"], ref, rtol=1e-6)
-    grads = jax.grad(lambda p: lm_loss(nnx.merge(graphdef, p), batch))(state.params)
-    leaves = jax.tree.leaves(grads)
-    np.testing.assert_allclose(metrics["grad_norm"],
-                               np.sqrt(sum(float(jnp.sum(g ** 2)) for g in leaves)), rtol=1e-5)
-    tok = jnp.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)
-    np.testing.assert_allclose(lm_loss(model, {"tokens": tok}), ref, rtol=1e-6)
-    mask = jnp.zeros(batch["inputs"].shape).at[:, :4].set(1.0)
-    masked = lm_loss(model, {**batch, "mask": mask})
-    ref_masked = optax.softmax_cross_entropy_with_integer_labels(
-        logits[:, :4], batch["targets"][:, :4]).mean()
-    np.testing.assert_allclose(masked, ref_masked, rtol=1e-6)
+    _, metrics = jax.jit(make_train_step(graphdef, optax.sgd(0.1)))(state, batch)
+
+    @jax.jit
+    def reference(params, batch):
+        model = nnx.merge(graphdef, params)
+        logits = model(batch["inputs"])
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+        grads = jax.grad(lambda p: lm_loss(nnx.merge(graphdef, p), batch))(params)
+        sq = sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads))
+        tok = jnp.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)
+        mask = jnp.zeros(batch["inputs"].shape).at[:, :4].set(1.0)
+        return (ce.mean(), jnp.sqrt(sq), lm_loss(model, {"tokens": tok}),
+                lm_loss(model, {**batch, "mask": mask}), ce[:, :4].mean())
+
+    ce, norm, from_tokens, masked, ce_first4 = reference(state.params, batch)
+    np.testing.assert_allclose(metrics["loss"], ce, rtol=1e-6)
+    np.testing.assert_allclose(metrics["grad_norm"], norm, rtol=1e-5)
+    np.testing.assert_allclose(from_tokens, ce, rtol=1e-6)
+    np.testing.assert_allclose(masked, ce_first4, rtol=1e-6)
 
 
 def _one():

@@ -5,6 +5,8 @@ import os
 import shutil
 import signal
 import struct
+import subprocess
+import time
 
 import jax
 import numpy as np
@@ -33,7 +35,7 @@ def _cache(tmp_path_factory, monkeypatch):
 
 def trainer(run_dir, cfg=CFG, **kw):
     kw.setdefault("progress", None)
-    return wb.Trainer(cfg, run_dir=run_dir, compile_cache=False, **kw)
+    return wb.Trainer(cfg, run_dir=run_dir, **kw)   # compile cache under WORKBENCH_CACHE
 
 
 @pytest.fixture(scope="module")
@@ -129,19 +131,23 @@ def test_run_dir_with_another_config_is_refused_with_a_diff(reference, tmp_path)
     text = str(err.value)
     assert "optimizer.lr: 0.01" in text and "-> 0.001 (given)" in text and "seq: 32" in text
     assert "fork=True" in text and "force=True" in text
-    lr_only = CFG.replace(optimizer=CFG.optimizer.replace(lr=1e-3))
-    fork = trainer(run_dir, lr_only, fork=True)
+    new_data = CFG.replace(data=wb.data.SyntheticData(size=1000))   # fine-tune on other data
+    fork = trainer(run_dir, new_data, fork=True)
     assert fork.run_dir.name.startswith("run-fork-") and fork.step == 6
     ref_tr, _ = reference
     assert fork.losses == ref_tr.losses                     # history of the source run
     assert trainer(run_dir, CFG.replace(checkpoint_every=3, keep=5)).step == 6  # run control
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
-    forced = trainer(copy, lr_only, force=True)
+    fork.run(steps=7)
+    assert [r["step"] for r in runs.read_metrics(fork.run_dir)] == list(range(1, 8))
+    assert runs.read_metrics(fork.run_dir)[:6] == runs.read_metrics(run_dir)  # inherited curve
+    assert runs.read_run(run_dir)["step"] == 6                               # source untouched
+    forced = trainer(copy, new_data, force=True)
     forced.run(steps=7)
     changed = [e for e in runs.read_events(copy) if e["event"] == "config_changed"]
-    assert changed[0]["diff"] == {"optimizer.lr": [0.01, 0.001]}
-    assert runs.read_run(copy)["config"]["optimizer"]["lr"] == 1e-3
+    assert changed[0]["diff"] == {"data.size": [1 << 20, 1000]} and changed[0]["step"] == 6
+    assert runs.read_run(copy)["config"]["data"]["size"] == 1000
 
 
 class _InterruptAt:
@@ -195,8 +201,8 @@ def _tensorboard_scalars(folder):
 
 
 def test_tensorboard_export_mirrors_the_metrics(tmp_path):
-    tr = trainer(tmp_path / "run", CFG.replace(steps=2), tensorboard=True)
-    tr.run()
+    tr = trainer(tmp_path / "run", tensorboard=True)
+    tr.run(steps=2)
     scalars = _tensorboard_scalars(tmp_path / "run" / "tensorboard")
     recs = runs.read_metrics(tmp_path / "run")
     assert [s for s, _ in scalars["train/loss"]] == [1, 2]
@@ -210,3 +216,116 @@ def test_run_result_and_repr(reference):
     assert f"step=6/6" in repr(tr) and str(run_dir) in repr(tr)
     assert math.isfinite(tr.losses[-1]) and tr.losses[-1] < tr.losses[0]
     assert json.loads((run_dir / runs.RUN_JSON).read_text())["model_flops_per_step"] > 0
+
+
+# ----------------------------------------------------------------------------- the panel
+def test_panel_batches_updates_and_shows_the_whole_run_after_resume(reference, tmp_path):
+    from workbench.widgets.train_panel import TrainPanel
+
+    _, run_dir = reference
+    panel = TrainPanel(run_dir, target=400, start=6, rate=10.0)
+    assert panel.history["step"] == [1, 2, 3, 4, 5, 6]            # read from the run dir
+    assert panel.history["loss"] == [r["loss"] for r in runs.read_metrics(run_dir)]
+    sent = []
+    panel.send = lambda content, buffers=None: sent.append(content)  # the comm, observed
+    t0 = time.monotonic()
+    rows = 0
+    for step in range(7, 400):                                     # ~20k records/s
+        panel.update({"step": step, "loss": 1.0, "mfu": 0.1, "step_time": 1e-3,
+                      "data_time": 0.0, "ckpt_time": 0.0})
+        rows += 1
+        if step % 50 == 0:
+            time.sleep(0.05)
+    elapsed = time.monotonic() - t0
+    panel.finish("finished", "done")
+    assert len(sent) <= 10 * elapsed + 2                           # at most 10 per second
+    got = [r[0] for m in sent for r in m["rows"]]
+    assert got == list(range(7, 400)) and rows == len(got)         # nothing lost, in order
+    assert panel.status["state"] == "finished" and panel.status["step"] == 399
+
+
+_HARNESS = r"""
+import { readFileSync } from "node:fs";
+class N {
+  constructor(tag) { this.tag = tag; this.children = []; this.attrs = {}; this.text = "";
+    this.className = ""; const p = {}; this.style = { setProperty: (k, v) => { p[k] = v; }, p }; }
+  appendChild(c) { this.children.push(c); return c; }
+  setAttribute(k, v) { this.attrs[k] = String(v); }
+  getAttribute(k) { return this.attrs[k] ?? null; }
+  set textContent(v) { this.text = String(v); this.children = []; }
+  get textContent() { return this.text + this.children.map((c) => c.textContent).join(""); }
+}
+globalThis.document = { createElement: (t) => new N(t), createElementNS: (ns, t) => new N(t) };
+const mod = await import(process.argv[2]);
+const state = JSON.parse(readFileSync(process.argv[3], "utf8"));
+const handlers = {};
+const model = { get: (k) => state[k], on: (e, f) => { (handlers[e] ||= []).push(f); },
+  off: (e, f) => { handlers[e] = handlers[e].filter((g) => g !== f); } };
+const host = new N("div");
+const cleanup = mod.default.render({ model, el: host });
+const walk = (n, out = []) => { out.push(n); n.children.forEach((c) => walk(c, out)); return out; };
+const paths = () => walk(host).filter((n) => n.tag === "path").map((n) => n.attrs.d);
+const before = { text: host.textContent, paths: paths() };
+const nodes = walk(host).length;
+for (const f of handlers["msg:custom"]) f({ type: "append", rows: [[5, 2.5, 0.02, 0.1, 0.01, 0.0],
+  [6, 2.0, 0.03, 0.1, 0.01, 0.05]] });
+const after = { text: host.textContent, paths: paths(), same_nodes: walk(host).length === nodes };
+cleanup();
+const left = Object.values(handlers).reduce((a, h) => a + h.length, 0);
+process.stdout.write(JSON.stringify({ before, after, left }));
+"""
+
+
+def test_panel_js_draws_history_and_live_rows(tmp_path):
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    from workbench.widgets.train_panel import STATIC
+
+    (tmp_path / "h.mjs").write_text(_HARNESS)
+    state = {"info": {"name": "tiny", "run_dir": "runs/tiny", "peak_source": "measured"},
+             "status": {"step": 4, "target": 10, "eta": 65, "state": "running",
+                        "last": {"loss": 3.0, "mfu": 0.012}},
+             "history": {"step": [1, 2, 3, 4], "loss": [5.0, 4.0, 3.5, 3.0],
+                         "mfu": [0.01, 0.011, 0.012, 0.012], "step_time": [0.1] * 4,
+                         "data_time": [0.02] * 4, "ckpt_time": [0.0, 0.04, 0.0, 0.04]}}
+    (tmp_path / "s.json").write_text(json.dumps(state))
+    out = subprocess.run([node, str(tmp_path / "h.mjs"), (STATIC / "train_panel.js").as_uri(),
+                          str(tmp_path / "s.json")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    text = rep["before"]["text"]
+    assert "step 4/10" in text and "ETA 1:05" in text and "MFU 1.20%" in text
+    assert "step time 100.0 ms (mean of last 20): compute 60.0 ms · data 20.0 ms · " \
+           "checkpoint 20.0 ms" in text
+    loss_path = rep["before"]["paths"][0]
+    assert loss_path.count("L") == 3 and loss_path.startswith("M48.0,")     # 4 points
+    assert rep["after"]["paths"][0].count("L") == 5 and rep["after"]["same_nodes"]
+    assert rep["left"] == 0                                                 # handlers removed
+
+
+def test_notebook_cell_shows_one_live_panel(reference, tmp_path):
+    """A real kernel runs the cell: one widget output, no flood of text."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    _, run_dir = reference
+    shutil.copytree(run_dir, tmp_path / "run")
+    code = ("import os\nos.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'\n"
+            "os.environ['JAX_PLATFORMS'] = 'cpu'\n"
+            f"os.environ['WORKBENCH_CACHE'] = {os.environ['WORKBENCH_CACHE']!r}\n"
+            "import workbench as wb\n"
+            f"cfg = wb.TrainConfig.from_json({CFG.to_json()!r})\n"
+            f"trainer = wb.Trainer(cfg, run_dir={str(tmp_path / 'run')!r})\n"
+            "result = trainer.run(steps=8)")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code),
+                                         nbformat.v4.new_code_cell("result.status, trainer.step")])
+    NotebookClient(nb, timeout=600, kernel_name="python3").execute()
+    outputs = nb.cells[0].outputs
+    views = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(views) == 1 and len(outputs) <= 3, outputs
+    assert not any(o.output_type == "error" for o in outputs)
+    assert nb.cells[1].outputs[0]["data"]["text/plain"] == "('finished', 8)"
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    panel = [w["state"] for w in state.values() if "history" in w["state"]][0]
+    assert panel["status"]["step"] == 8 and panel["history"]["step"] == [1, 2, 3, 4, 5, 6]

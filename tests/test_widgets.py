@@ -189,6 +189,20 @@ def test_sharded_nnx_module_reads_shardings_from_arrays(mesh):
     assert p["mesh"]["device_ids"] == mesh_info(mesh).device_ids.reshape(-1).tolist()
 
 
+def test_rules_plan_an_unsharded_model_and_single_device_arrays_say_where_they_are(mesh):
+    from flax import nnx
+
+    model = nnx.eval_shape(_tiny_gpt)
+    for _, var in nnx.to_flat_state(nnx.state(model)):  # as after eager init on one device
+        var.set_value(jax.device_put(np.ones(var.get_value().shape, np.float32), jax.devices()[0]))
+    rules = Rules.preset("fsdp_tp", mesh)
+    planned = {r["path"]: r for r in tree_payload(model, mesh=mesh, rules=rules)["rows"]}
+    assert planned["lm_head"]["spec"] == "P('data', 'model')" and planned["lm_head"]["note"] is None
+    placed = tree_payload(model)  # no rules: where the arrays are now, all on device 0
+    assert {r["spec"] for r in placed["rows"]} == {"SingleDeviceSharding"}
+    assert placed["memory"] == [sum(r["total"] for r in placed["rows"])]
+
+
 def test_unsharded_leaves_say_so():
     p = tree_payload({"w": np.zeros((4, 4), np.float32)}, mesh=make_mesh(data=8))
     assert p["rows"][0]["replication"] == 8 and "no sharding given" in p["rows"][0]["note"]
@@ -218,6 +232,11 @@ def test_show_dispatches_each_kind(mesh):
     assert isinstance(show(nnx.eval_shape(_tiny_gpt), mesh=mesh), TreeView)
     with pytest.raises(TypeError, match="does not know how to draw a builtins.object"):
         show(object())
+    with pytest.raises(TypeError, match=r"ndarray of shape \(3,\) has no sharding to draw"):
+        show(np.zeros(3))
+    single = jax.device_put(np.zeros((4, 2), np.float32), jax.devices()[3])
+    assert show(single).payload["blocks"][0]["positions"] == [0]
+    assert show(single).payload["mesh"]["device_ids"] == [3]
     with pytest.raises(ValueError, match="no array leaves"):
         show({"a": 1})
 

@@ -1,5 +1,5 @@
-"""The widgets in a real JupyterLab in headless Chromium: a mesh, a rank-3 layout, an NNX model
-(click a row, open treescope) and a 2048-device layout render; screenshots are saved."""
+"""The widgets in a real JupyterLab in headless Chromium: meshes, a rank-3 layout, an NNX model
+(click a row, open treescope), 2048-device layouts and trees, devices; screenshots are saved."""
 from __future__ import annotations
 
 import json
@@ -24,6 +24,29 @@ CELLS = [
     'wb.show(wb.abstract_mesh("v5p-256", data=-1, model=4))',
     ('wb.show(wb.layout((8192, 28672), ("data", "model"), wb.abstract_mesh(data=256, model=8), '
      'dtype="bfloat16"))'),
+    # 5: the device inventory
+    "wb.show(wb.devices())",
+    # 6: Llama-2-70B-shaped parameters (723 tensors) on 2048 abstract devices
+    ("import jax, jax.numpy as jnp\n"
+     "from jax.sharding import PartitionSpec as P\n"
+     "D, F, V, KV = 8192, 28672, 32000, 1024\n"
+     "sds = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)\n"
+     "shapes = {'wq': (D, D), 'wk': (D, KV), 'wv': (D, KV), 'wo': (D, D), 'w1': (D, F),\n"
+     "          'w3': (D, F), 'w2': (F, D), 'attention_norm': (D,), 'ffn_norm': (D,)}\n"
+     "out_proj = {'wo', 'w2'}\n"
+     "layer_specs = {k: P(None) if len(s) == 1 else P('tp', 'fsdp') if k in out_proj\n"
+     "               else P('fsdp', 'tp') for k, s in shapes.items()}\n"
+     "params = {'tok_embeddings': sds(V, D), 'layers': [{k: sds(*s) for k, s in shapes.items()}\n"
+     "          for _ in range(80)], 'norm': sds(D), 'output': sds(D, V)}\n"
+     "specs = {'tok_embeddings': P('tp', 'fsdp'), 'layers': [layer_specs] * 80, 'norm': P(None),\n"
+     "         'output': P('fsdp', 'tp')}\n"
+     "wb.show(params, mesh=wb.abstract_mesh('v5p-4096', fsdp=256, tp=8), specs=specs)"),
+    # 7: the dims not drawn as small multiples, and as a slider when there are many
+    ("from IPython.display import display\n"
+     'display(wb.show(wb.layout((8, 12, 4), (None, "data", "model"), mesh, name="multiples"),'
+     " dims=(0, 1)))\n"
+     'wb.show(wb.layout((4, 64, 2), (None, "a", "b"), wb.abstract_mesh(a=32, b=2), name="sliced"),'
+     " dims=(0, 2))"),
 ]
 
 
@@ -93,3 +116,24 @@ def _check_widgets(page) -> None:
     big = output(4)
     assert big.locator(".wb-block").count() == 2048
     screenshot(big, "widgets-layout-2048")
+
+    devices = output(5)
+    assert devices.locator(".wb-row").count() == 8
+    screenshot(devices, "widgets-devices")
+
+    llama = output(6)
+    assert llama.locator(".wb-row").count() == 723
+    assert llama.locator(".wb-col").count() == 256  # memory grouped by the fsdp coordinate
+    llama.locator(".wb-row", has_text="layers.0.w1").click()
+    llama.locator(".wb-layout .wb-block").first.wait_for(timeout=30_000)
+    assert llama.locator(".wb-layout .wb-block").count() == 2048
+    screenshot(llama, "widgets-tree-llama70b")
+
+    panels = output(7)
+    multiples, sliced = panels.locator(".wb-layout").nth(0), panels.locator(".wb-layout").nth(1)
+    assert multiples.locator(".wb-panel").count() == 2 and multiples.locator(".wb-block").count() == 8
+    slider = sliced.locator("input.wb-slider")
+    slider.evaluate("e => { e.value = 5; e.dispatchEvent(new Event('input')); }")
+    sliced.get_by_text("dim 1 ∈ [10:12]").wait_for(timeout=10_000)
+    assert sliced.locator(".wb-block").count() == 2
+    screenshot(panels, "widgets-layout-panels")

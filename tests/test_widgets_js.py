@@ -167,6 +167,7 @@ def test_tree_table_sorts_selects_and_draws_memory_bars(tmp_path):
     assert next(r for r in p["rows"] if r["path"] == rep["rows"][0][0])["bytes"] == biggest["bytes"]
     assert [int(b["data-device"]) for b in rep["bars"]] == p["mesh"]["device_ids"]
     assert rep["classes"].get("wb-selected") == 1
+    assert "logical axes" in rep["text"] and len(rep["rows"][0]) == 8  # no notes: no note column
 
 
 def test_tree_groups_memory_by_mesh_axis_at_2048_devices(tmp_path):
@@ -178,6 +179,7 @@ def test_tree_groups_memory_by_mesh_axis_at_2048_devices(tmp_path):
              "want_treescope": False, "treescope_html": ""}
     rep = render(tmp_path, "tree", state)
     assert len(rep["cols"]) == 8 and not rep["bars"]
+    assert "logical axes" not in rep["text"] and "all 2048 devices hold 16 KiB" in rep["text"]
 
 
 def test_tree_treescope_tab(tmp_path):
@@ -186,6 +188,8 @@ def test_tree_treescope_tab(tmp_path):
              "want_treescope": False, "treescope_html": ""}
     rep = render(tmp_path, "tree", state, [{"op": "click", "cls": "wb-tab", "index": 1}])
     assert rep["state"]["tab"] == "tree" and rep["state"]["want_treescope"] is True
+    table = render(tmp_path, "tree", {**state, "tab": "table"})
+    assert table["rows"][0][-1] == "no sharding given: drawn replicated"  # the note column
     state.update(tab="tree", treescope_html="<html><body>tree</body></html>")
     assert render(tmp_path, "tree", state)["iframes"] == [len(state["treescope_html"])]
 

@@ -145,15 +145,22 @@ def _runs(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m workbench`` and the ``workbench`` script."""
     args = _parser().parse_args(argv)
-    if args.command == "train":
-        return _train(args)
     if args.command == "launch":
         return _launch(args)
-    if args.command == "ping":
-        from workbench.launch import worker
+    if args.command == "runs":
+        return _runs(args)
+    from workbench.launch import worker
 
-        return worker.ping(_spec(args), hold=args.hold)
-    return _runs(args)
+    code = 1
+    try:
+        code = _train(args) if args.command == "train" else worker.ping(_spec(args),
+                                                                       hold=args.hold)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 2
+        raise
+    finally:
+        worker.record_exit(code)
+    return code
 
 
 if __name__ == "__main__":

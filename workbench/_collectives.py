@@ -72,8 +72,9 @@ class Collective:
         return self.wire_bytes * self.count
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "total_bytes": self.total_bytes,
-                "total_wire_bytes": self.total_wire_bytes}
+        """JSON-friendly (tuples become lists), with the per-step totals."""
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        return {**d, "total_bytes": self.total_bytes, "total_wire_bytes": self.total_wire_bytes}
 
 
 # -- replica group formats ------------------------------------------------------------------

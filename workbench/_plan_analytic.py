@@ -64,7 +64,7 @@ def activation_bytes(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     softmax and gradient add ``3·4·V/shards(vocab)`` per token.
     """
     b = np.dtype(cfg.dtype).itemsize
-    shard = lambda name: axes_size(mesh, rule_axes(rules, name))  # noqa: E731
+    shard = lambda name: axes_size(mesh, rule_axes(rules, name))
     tokens = batch * seq / (shard("batch") * shard("seq"))
     d, f = cfg.d_model, cfg.d_ff / shard("mlp")
     nh = cfg.n_heads * cfg.head_dim / shard("heads")

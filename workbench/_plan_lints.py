@@ -41,7 +41,8 @@ class Lint:
         return f"[{self.severity}] {self.kind}: {self.message}\n    fix: {self.fix}"
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """JSON-friendly record."""
+        return {**dataclasses.asdict(self), "paths": list(self.paths)}
 
 
 def _fmt_axes(axes: Sequence[str]) -> str:

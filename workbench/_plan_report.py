@@ -37,19 +37,19 @@ class PlanReport:
         mem = self.memory
         fits = {True: "fits", False: "DOES NOT FIT", None: "limit unknown"}[self.fits]
         lines = [
-            f"Plan {self.name!r}: batch {self.batch} x seq {self.seq} on {self.mesh.describe()}"
-            f" — {label}",
+            (f"Plan {self.name!r}: batch {self.batch} x seq {self.seq} on {self.mesh.describe()}"
+            f" — {label}"),
             f"  rules: {self.rules!r}",
-            f"  memory/device: total {_bytes(mem['total'])} of {_bytes(mem.get('limit'))} "
+            (f"  memory/device: total {_bytes(mem['total'])} of {_bytes(mem.get('limit'))} "
             f"({fits}): params {_bytes(mem['params'])}, optimizer {_bytes(mem['optimizer'])}, "
-            f"temp {_bytes(mem['temp'])} (gradients {_bytes(mem.get('gradients'))})",
-            f"  model FLOPs/step {_flops(self.model_flops)} (6N: {_flops(self.flops.six_n)}); "
+            f"temp {_bytes(mem['temp'])} (gradients {_bytes(mem.get('gradients'))})"),
+            (f"  model FLOPs/step {_flops(self.model_flops)} (6N: {_flops(self.flops.six_n)}); "
             f"per device {_flops(self.flops_per_device)}"
             f"{'' if self.compiled_flops_per_device is not None else ' (estimate)'}; "
-            f"replicated compute factor {self.replicated_compute_factor:.3g}",
-            f"  communication/device/step {_bytes(self.comm_bytes_per_device)} in "
+            f"replicated compute factor {self.replicated_compute_factor:.3g}"),
+            (f"  communication/device/step {_bytes(self.comm_bytes_per_device)} in "
             f"{sum(c.count for c in self.collectives)} collective(s)"
-            f"{' (estimate)' if self.is_estimate else ''}",
+            f"{' (estimate)' if self.is_estimate else ''}"),
         ]
         if self.warnings:
             counts = {}

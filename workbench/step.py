@@ -164,7 +164,7 @@ def abstract_state(cfg_or_factory: GPTConfig | ModelFactory,
                        opt_state=opt_state_specs(opt_state, params, pspecs))
     state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
                        opt_state=opt_state)
-    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+    is_spec = lambda x: isinstance(x, PartitionSpec)
     flat_specs = jax.tree.leaves(specs, is_leaf=is_spec)
     leaves, treedef = jax.tree.flatten(state)
     out = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s))

@@ -25,7 +25,7 @@ export const PALETTE = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '
 /**
  * The chart element carries `data-points` (points drawn in the first series),
  * `data-last-step`, `data-drawn-at` (epoch ms of the last draw) and `data-draw-ms`
- * (how long the last setData + draw took), for tests and benchmarks.
+ * (from preparing the data to drawn), for tests and benchmarks.
  */
 export class LineChart {
   readonly node: HTMLDivElement;
@@ -43,9 +43,13 @@ export class LineChart {
     this._observer.observe(this.node);
   }
 
-  /** Replaces the data: x values and one array per series (null = gap). */
-  setData(x: number[], ys: (number | null)[][]): void {
-    this._t0 = performance.now();
+  /**
+   * Replaces the data: x values and one array per series (null = gap). `startedAt`
+   * (a `performance.now()` time) is when the caller began preparing it, so `data-draw-ms`
+   * covers decimation too.
+   */
+  setData(x: number[], ys: (number | null)[][], startedAt = performance.now()): void {
+    this._t0 = startedAt;
     this._data = [x, ...ys] as uPlot.AlignedData;
     if (this._plot) {
       this._plot.setData(this._data);

@@ -60,15 +60,11 @@ export class CompareRuns extends Widget {
           this._throttle.schedule();
         }
       });
-      return runStream(run.id, () => run.series.lastStep ?? -1, m => run.apply(m));
+      return runStream(run.id, () => run.series.lastStep ?? -1, m => run.apply(m),
+        Object.keys(COMPARABLE));
     });
     _settings.changed.connect(this._onSettings, this);
     this._rebuild();
-  }
-
-  /** The chart's element (for tests: `data-points`, `data-draw-ms`). */
-  get chartNode(): HTMLElement | null {
-    return this._chart?.node ?? null;
   }
 
   dispose(): void {
@@ -82,11 +78,15 @@ export class CompareRuns extends Widget {
     super.dispose();
   }
 
-  /** Redraws: each run decimated on its own steps, then joined on the union of steps. */
+  /**
+   * Redraws: each run decimated on its own steps, then joined on the union of steps.
+   * The chart element carries `data-raw-points` and `data-series-points` (per run).
+   */
   render(): void {
     if (!this._chart) {
       return;
     }
+    const t0 = performance.now();
     const per = Math.max(100, Math.floor(this._settings.value.maxPoints));
     const tables = this.runs.map(run => {
       const s = run.series;
@@ -98,7 +98,8 @@ export class CompareRuns extends Widget {
       return [d.x, d.ys[0]] as uPlot.AlignedData;
     });
     const joined = tables.length ? uPlot.join(tables) : [[]];
-    this._chart.setData(joined[0] as number[], joined.slice(1) as (number | null)[][]);
+    this._chart.setData(joined[0] as number[], joined.slice(1) as (number | null)[][], t0);
+    this._chart.node.dataset.rawPoints = this.runs.map(r => r.series.length).join(',');
     this._chart.node.dataset.seriesPoints = joined.slice(1)
       .map(y => (y as (number | null)[]).filter(v => v !== null && v !== undefined).length)
       .join(',');

@@ -13,6 +13,10 @@ import { RunModel } from './runModel';
 import { decimate, ema } from './series';
 import { SettingsModel, Throttle } from './settings';
 
+/** The metric columns a dashboard streams (the charts, KPIs and CSV export). */
+export const DASHBOARD_KEYS = ['time', 'loss', 'grad_norm', 'lr', 'step_time', 'data_time',
+  'ckpt_time', 'tokens_per_s', 'mfu', 'hfu'];
+
 const pct = (v: number) => `${(v * 100).toFixed(v < 0.1 ? 1 : 0)}%`;
 
 export class RunDashboard extends Widget {
@@ -76,7 +80,8 @@ export class RunDashboard extends Widget {
       this._throttle.schedule();
     });
     _settings.changed.connect(this._onSettings, this);
-    this._stream = runStream(id, () => this.model.series.lastStep ?? -1, m => this.model.apply(m));
+    this._stream = runStream(id, () => this.model.series.lastStep ?? -1,
+      m => this.model.apply(m), DASHBOARD_KEYS);
   }
 
   dispose(): void {
@@ -92,12 +97,13 @@ export class RunDashboard extends Widget {
 
   /** Redraws the charts and the KPI line from the model. */
   render(): void {
+    const t0 = performance.now();
     const s = this.model.series;
     const max = this._settings.value.maxPoints;
     const step = s.column('step');
     const loss = s.column('loss');
     const lossD = decimate(step, [loss, ema(loss, this._smoothing)], max);
-    this._charts.loss.setData(lossD.x, lossD.ys);
+    this._charts.loss.setData(lossD.x, lossD.ys, t0);
     const util = decimate(step, [s.column('mfu'), s.column('hfu')], max);
     this._charts.util.setData(util.x, util.ys);
     const time = decimate(step, [s.column('step_time'), s.column('data_time'),

@@ -117,11 +117,13 @@ export function listStream(
   return new Stream<ListMessage>(() => 'stream', onMessage, onStatus);
 }
 
-/** A run stream resuming after `since()`: run.json changes and new metrics. */
+/** A run stream resuming after `since()`: run.json changes and new metrics (`keys` only). */
 export function runStream(
   id: string,
   since: () => number,
-  onMessage: (msg: RunMessage) => void
+  onMessage: (msg: RunMessage) => void,
+  keys: string[] = []
 ): Stream<RunMessage> {
-  return new Stream<RunMessage>(() => `${runPath(id, 'stream')}?since=${since()}`, onMessage);
+  const q = keys.length ? `&keys=${encodeURIComponent(keys.join(','))}` : '';
+  return new Stream<RunMessage>(() => `${runPath(id, 'stream')}?since=${since()}${q}`, onMessage);
 }

@@ -120,7 +120,12 @@ export class RunsPanel extends Widget {
     return row;
   }
 
+  /** Updates a row's text; `data-step`/`data-drawn-at` record when a new step showed. */
   private _update(row: IRow, run: RunSummary): void {
+    if (row.node.dataset.step !== String(run.step)) {
+      row.node.dataset.step = String(run.step);
+      row.node.dataset.drawnAt = String(Date.now());
+    }
     row.name.textContent = run.name;
     row.status.textContent = run.status;
     row.status.dataset.status = run.status;

@@ -138,7 +138,7 @@ export function ema(values: ArrayLike<number>, weight: number): Float64Array {
   const out = new Float64Array(values.length);
   const w = Math.min(Math.max(weight, 0), 0.999);
   let m = 0;
-  let n = 0;
+  let wn = 1; // w^n after n finite values
   for (let i = 0; i < values.length; i++) {
     const v = values[i];
     if (!Number.isFinite(v)) {
@@ -146,8 +146,8 @@ export function ema(values: ArrayLike<number>, weight: number): Float64Array {
       continue;
     }
     m = w * m + (1 - w) * v;
-    n++;
-    out[i] = w === 0 ? v : m / (1 - Math.pow(w, n));
+    wn *= w;
+    out[i] = w === 0 ? v : m / (1 - wn);
   }
   return out;
 }
@@ -168,30 +168,38 @@ export function decimateIndices(
   const perBucket = 1 + 2 * Math.max(ys.length, 1);
   const buckets = Math.max(1, Math.floor(maxPoints / perBucket));
   const out: number[] = [];
+  const picks: number[] = [];
   for (let b = 0; b < buckets; b++) {
     const lo = Math.floor((b * length) / buckets);
     const hi = Math.floor(((b + 1) * length) / buckets);
-    const picked = new Set<number>([lo]);
+    picks.length = 0;
+    picks.push(lo);
     for (const y of ys) {
       let iMin = -1;
       let iMax = -1;
+      let vMin = Infinity;
+      let vMax = -Infinity;
       for (let i = lo; i < hi; i++) {
         const v = y[i];
-        if (!Number.isFinite(v)) {
-          continue;
-        }
-        if (iMin < 0 || v < y[iMin]) {
+        if (v < vMin) {
+          vMin = v;
           iMin = i;
         }
-        if (iMax < 0 || v > y[iMax]) {
+        if (v > vMax) {
+          vMax = v;
           iMax = i;
         }
       }
       if (iMin >= 0) {
-        picked.add(iMin).add(iMax);
+        picks.push(iMin, iMax);
       }
     }
-    out.push(...[...picked].sort((a, b) => a - b));
+    picks.sort((a, b) => a - b);
+    for (const i of picks) {
+      if (i !== out[out.length - 1]) {
+        out.push(i); // buckets are disjoint and in order, so `out` stays sorted
+      }
+    }
   }
   if (out[out.length - 1] !== length - 1) {
     out.push(length - 1); // the newest point is always drawn

@@ -66,7 +66,7 @@ wb.exercise("megatron_mlp")
 # every collective. Nothing is allocated.
 
 # %%
-plan = wb.plan(cfg, mesh=mesh, rules=rules, batch=8, seq=128)
+plan = wb.plan(cfg, mesh=mesh, rules=rules, batch=8, seq=128, name="tp")
 print(plan.summary())
 plan
 
@@ -85,34 +85,26 @@ print(plan.layouts["params.blocks.0.mlp.up"])
 
 # %%
 model = plan.materialize(seed=0)
-up = model.blocks[0].mlp.up.value
+up = model.blocks[0].mlp.up[...]  # the parameter's array
 print(up.sharding)
 print("global shape", up.shape, "-> per device", up.addressable_shards[0].data.shape)
 assert up.addressable_shards[0].data.shape == plan.layouts["params.blocks.0.mlp.up"].shard_shape
 
 # %% [markdown]
-# ## 5. Inspect, and take one step
+# ## 5. Inspect
 #
 # `wb.show(model)` lists every parameter with its layout; click a row to see its blocks
-# on the mesh.
+# on the mesh. The same view works on the abstract model of step 1, which is the point:
+# what you planned is what you get.
 
 # %%
 wb.show(model)
 
-# %%
-state = plan.init_state(seed=0)
-step = plan.train_step()
-tokens = jax.random.randint(jax.random.key(1), (8, 129), 0, cfg.vocab_size)
-batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-losses = []
-for _ in range(3):
-    state, metrics = step(state, batch)
-    losses.append(float(metrics["loss"]))
-print("loss on one repeated batch:", [round(l, 3) for l in losses])
-assert losses[-1] < losses[0]
-print(f"start ~ ln(vocab) = {np.log(cfg.vocab_size):.3f}")
-
 # %% [markdown]
+# The plan's compiled step (`plan.compiled`) can be called directly on a state created
+# with `plan.init_state(seed)`; notebook 05 trains with `wb.Trainer`, which does this in
+# a loop with checkpoints.
+#
 # ## 6. dp vs fsdp vs tp vs fsdp_tp
 #
 # The same model and batch, four ways. `wb.compare` puts the plans side by side:

@@ -23,9 +23,9 @@ __all__ = ["EXIT_STOPPED", "DistributedSpec", "Job", "JobRunningError", "Process
            "RunLock", "attach", "detect_cluster", "launch", "ping"]
 
 
-import sys as _sys  # noqa: E402
-import types as _types  # noqa: E402
-from typing import Any  # noqa: E402
+import sys as _sys
+import types as _types
+from typing import Any
 
 
 class _CallableModule(_types.ModuleType):

@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
-__all__ = ["DistributedSpec", "LOCAL_HEARTBEAT_S", "detect_cluster", "initialize", "validate"]
+__all__ = ["LOCAL_HEARTBEAT_S", "DistributedSpec", "detect_cluster", "initialize", "validate"]
 
 LOCAL_HEARTBEAT_S = 15  # loopback: a dead process is noticed within ~15 s
 CLUSTER_HEARTBEAT_S = 60  # across hosts: tolerate short network hiccups
@@ -81,10 +81,11 @@ def detect_cluster() -> str | None:
         if getattr(env, "opt_in_only_method", False):
             continue
         try:
-            if env.is_env_present():
-                return env.__name__
+            present = env.is_env_present()
         except Exception:  # noqa: BLE001 - a detector that cannot run is not present
-            continue
+            present = False
+        if present:
+            return env.__name__
     return None
 
 
@@ -152,14 +153,14 @@ def initialize(spec: DistributedSpec) -> str:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     heartbeat = spec.heartbeat_timeout or (LOCAL_HEARTBEAT_S if spec.explicit
                                            else CLUSTER_HEARTBEAT_S)
-    kwargs: dict[str, object] = dict(heartbeat_timeout_seconds=heartbeat,
-                                     shutdown_timeout_seconds=spec.shutdown_timeout)
+    kwargs: dict[str, object] = {"heartbeat_timeout_seconds": heartbeat,
+                                 "shutdown_timeout_seconds": spec.shutdown_timeout}
     if spec.explicit:
         assert spec.coordinator is not None
         kwargs.update(coordinator_address=spec.coordinator, num_processes=spec.num_processes,
                       process_id=spec.process_id,
                       coordinator_bind_address=spec.bind_address or _loopback_bind(spec))
-        if platform == "gpu" and spec.devices_per_process:
+        if platform in ("gpu", "cuda", "rocm") and spec.devices_per_process:
             kwargs["local_device_ids"] = _gpu_ids(spec)
     jax.distributed.initialize(**kwargs)  # type: ignore[arg-type]
     return "explicit" if spec.explicit else (cluster or "jax.distributed")
@@ -168,7 +169,7 @@ def initialize(spec: DistributedSpec) -> str:
 def _loopback_bind(spec: DistributedSpec) -> str | None:
     """Binds a loopback coordinator to loopback only (never every interface)."""
     assert spec.coordinator is not None
-    host, _, port = spec.coordinator.rpartition(":")
+    host = spec.coordinator.rpartition(":")[0]
     return spec.coordinator if host in ("127.0.0.1", "localhost", "[::1]") else None
 
 

@@ -24,7 +24,7 @@ from workbench import runs
 from workbench.launch.lock import RunLock, pid_alive
 from workbench.launch.worker import EXIT_STOPPED
 
-__all__ = ["Job", "ProcessInfo", "attach"]
+__all__ = ["Job", "ProcessInfo", "attach", "exit_file"]
 
 STATUSES = ("running", "finished", "failed", "stopped")
 _POLL_S = 0.25
@@ -83,14 +83,22 @@ def read_tail(path: Path, n: int = 20, max_bytes: int = 256 * 1024, *,
 
 
 class _Pid:
-    """A worker this Python process did not start (see :func:`attach`): alive or not."""
+    """A worker this Python process did not start (see :func:`attach`).
 
-    def __init__(self, pid: int, start: str | None) -> None:
-        self.pid, self._start, self.returncode = pid, start, None
+    Its exit code comes from the ``process-<i>.exit`` file the worker writes as it exits;
+    a worker that left none was killed (reported as SIGKILL).
+    """
+
+    def __init__(self, pid: int, start: str | None, exit_file: Path) -> None:
+        self.pid, self._start, self._exit_file = pid, start, exit_file
+        self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None and not pid_alive(self.pid, self._start):
-            self.returncode = 0  # unknown; the run directory's status tells the outcome
+            try:
+                self.returncode = int(self._exit_file.read_text().strip())
+            except (OSError, ValueError):
+                self.returncode = -int(signal.SIGKILL)
         return self.returncode
 
 
@@ -145,7 +153,7 @@ class Job:
                 for i, p in enumerate(self._procs)]
 
     def progress(self) -> dict[str, Any]:
-        """The latest metrics of the run: ``step``, ``target_steps``, ``loss``, ... (may be empty)."""
+        """The run's latest metrics: ``step``, ``target_steps``, ``loss``, ... (from process 0)."""
         with self._metrics_mutex:
             self._metrics.poll()
             last = dict(self._metrics.last_record or {})
@@ -284,8 +292,6 @@ class Job:
             self._update_states([c if c is not None else -9 for c in codes])
             if self._failure is not None:
                 status = "failed"
-            elif self._attached:
-                status = self._attached_outcome()
             elif self._stop_requested or "stopped" in self._states:
                 status = "stopped"
             else:
@@ -299,14 +305,6 @@ class Job:
             if RunLock.holder_alive(lock.read() or {}) is False:
                 lock.path.unlink(missing_ok=True)
         self._done.set()
-
-    def _attached_outcome(self) -> str:
-        try:
-            run = runs.read_run(self.run_dir)
-        except (OSError, ValueError):
-            return "failed"
-        return {"finished": "finished", "interrupted": "stopped"}.get(
-            str(run.get("status")), "failed")
 
     def _close_run(self, status: str) -> None:
         """Records a failure in run.json when process 0 could not (it was killed)."""
@@ -333,9 +331,14 @@ def attach(run_dir: str | os.PathLike[str]) -> Job:
     if not holder or RunLock.holder_alive(holder) is not True:
         raise FileNotFoundError(f"no job is running in {run_dir} on this host (no live "
                                 f"{lock.path}); read its results with workbench.runs")
-    starts = holder.get("starts") or {}
-    procs = [_Pid(p, starts.get(str(p))) for p in holder.get("pids", [])]
-    logs = holder.get("logs") or [Path(run_dir) / "logs" / f"process-{i}.log"
-                                  for i in range(len(procs))]
-    return Job(Path(run_dir), procs, [Path(p) for p in logs], lock=None, attached=True,
+    starts, pids = holder.get("starts") or {}, holder.get("pids", [])
+    logs = [Path(p) for p in holder.get("logs") or
+            [Path(run_dir) / "logs" / f"process-{i}.log" for i in range(len(pids))]]
+    procs = [_Pid(p, starts.get(str(p)), exit_file(log)) for p, log in zip(pids, logs)]
+    return Job(Path(run_dir), procs, logs, lock=None, attached=True,
                platform=holder.get("platform"), target_steps=holder.get("target_steps"))
+
+
+def exit_file(log: Path) -> Path:
+    """Where the worker logging to ``log`` records its exit code (``process-0.exit``)."""
+    return log.with_suffix(".exit")

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import workbench
-from workbench.launch.job import Job
+from workbench.launch.job import Job, exit_file
 from workbench.launch.lock import RunLock
-from workbench.launch.worker import LAUNCHED_ENV
+from workbench.launch.worker import EXIT_FILE_ENV, LAUNCHED_ENV
 
-__all__ = ["launch", "ping", "free_port", "default_platform"]
+__all__ = ["default_platform", "free_port", "launch", "ping"]
 
 CONFIG_NAME = "config.json"
 _COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -126,6 +126,7 @@ def _start(run_dir: Path, subcommand: list[str], *, processes: int,
             if heartbeat_timeout:
                 argv += ["--heartbeat-timeout", str(heartbeat_timeout)]
             log_path = logs / f"process-{i}.log"
+            exit_file(log_path).unlink(missing_ok=True)
             with open(log_path, "ab") as log:
                 log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} launch: "
                           f"{shlex.join(argv)}\n".encode())
@@ -133,7 +134,8 @@ def _start(run_dir: Path, subcommand: list[str], *, processes: int,
                 # own session: a Ctrl-C in the terminal/kernel reaches the launcher, which
                 # turns it into a coordinated stop, not into N uncoordinated interrupts
                 procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, env=env,
+                                              stdin=subprocess.DEVNULL,
+                                              env={**env, EXIT_FILE_ENV: str(exit_file(log_path))},
                                               cwd=os.getcwd(), start_new_session=True))
             log_paths.append(log_path)
             commands.append(argv)

@@ -1,4 +1,4 @@
-"""What one worker process of a job runs: ``train`` (the Trainer) and ``ping`` (a collectives check).
+"""What one worker process of a job runs: ``train`` (the Trainer) and ``ping`` (collectives).
 
 Both start with :func:`workbench.launch.cluster.initialize`, so the same code runs as a
 loopback process of :func:`workbench.launch`, an ``srun`` task, or one worker of a TPU
@@ -20,10 +20,22 @@ from typing import Any
 from workbench.launch import cluster
 from workbench.launch.lock import RunLock
 
-__all__ = ["EXIT_STOPPED", "load_config", "ping", "train"]
+__all__ = ["EXIT_STOPPED", "load_config", "ping", "record_exit", "train"]
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped before the target with a checkpoint; relaunch continues
 LAUNCHED_ENV = "WORKBENCH_JOB"  # set by the local launcher, which holds the run-dir lock
+EXIT_FILE_ENV = "WORKBENCH_EXIT_FILE"  # where a launched worker records its exit code
+
+
+def record_exit(code: int) -> None:
+    """Writes this worker's exit code where the launcher asked (for ``attach``)."""
+    path = os.environ.get(EXIT_FILE_ENV)
+    if path:
+        try:
+            with open(path, "w", encoding="ascii") as f:
+                f.write(f"{code}\n")
+        except OSError:
+            pass
 
 
 def _say(msg: str) -> None:
@@ -95,7 +107,8 @@ def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
         lock = _take_lock(run_dir)
         from workbench.train import Trainer
 
-        result = Trainer(config, run_dir=run_dir).run(steps=steps)
+        trainer = Trainer(config, run_dir=run_dir, compile_cache=_compile_cache())
+        result = trainer.run(steps=steps)
     except BaseException:
         _exit_now_if_distributed()
         raise
@@ -108,6 +121,23 @@ def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
     _say(f"stopped at step {result.step} of {result.target} with a checkpoint; "
          "launch again into the same run directory to continue")
     return EXIT_STOPPED
+
+
+def _compile_cache() -> bool:
+    """Whether to use JAX's persistent compilation cache in this worker.
+
+    Not across CPU processes: JAX writes cache entries from process 0 only, and the
+    other processes' keys differ, so process 0 would skip its compiles while the others
+    compile for tens of seconds, and gloo gives up on a collective whose peers arrive
+    more than 30 s apart ("Gloo context initialization failed: GetKeyValue() timed
+    out"). With no cache every process compiles, and they reach step 1 together.
+    """
+    import jax
+
+    if jax.process_count() > 1 and jax.devices()[0].platform == "cpu":
+        jax.config.update("jax_enable_compilation_cache", False)
+        return False
+    return True
 
 
 def _exit_now_if_distributed() -> None:
@@ -126,6 +156,7 @@ def _exit_now_if_distributed() -> None:
     _say(f"process {jax.process_index()} failed; exiting without the shutdown barrier")
     sys.stdout.flush()
     sys.stderr.flush()
+    record_exit(1)
     os._exit(1)
 
 

@@ -3,5 +3,16 @@ from workbench.models.config import PRESETS, REMAT_POLICIES, GPTConfig
 from workbench.models.gpt import GPT, MLP, Attention, Block, RMSNorm, rope
 from workbench.models.mlp import MLPClassifier, classifier_loss
 
-__all__ = ["GPT", "GPTConfig", "PRESETS", "REMAT_POLICIES", "Attention", "Block", "MLP",
-           "MLPClassifier", "RMSNorm", "classifier_loss", "rope"]
+__all__ = [
+           "GPT",
+           "MLP",
+           "PRESETS",
+           "REMAT_POLICIES",
+           "Attention",
+           "Block",
+           "GPTConfig",
+           "MLPClassifier",
+           "RMSNorm",
+           "classifier_loss",
+           "rope",
+]

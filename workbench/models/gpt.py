@@ -112,7 +112,7 @@ class Block(nnx.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
     def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
-        norm = dict(eps=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+        norm = {"eps": cfg.norm_eps, "dtype": cfg.dtype, "param_dtype": cfg.param_dtype}
         k_attn, k_mlp = jax.random.split(key)
         self.attn_norm = RMSNorm(cfg.d_model, **norm)
         self.attn = Attention(cfg, key=k_attn)

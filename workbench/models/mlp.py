@@ -1,6 +1,7 @@
 """A small MLP classifier for the teaching notebooks, with logical axis annotations."""
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import jax
@@ -26,14 +27,13 @@ class MLPClassifier(nnx.Module):
     def __init__(self, in_features: int, hidden: Sequence[int], n_classes: int, *,
                  rngs: nnx.Rngs, dtype: str = "float32") -> None:
         sizes = [in_features, *hidden]
-        axes_in: list[str | None] = ["embed"] + ["mlp"] * len(hidden)
         keys = jax.random.split(rngs.params(), len(hidden) + 1)
         self.weights = nnx.List()
         self.biases = nnx.List()
-        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-            # alternate (embed, mlp) / (mlp, embed) would need an embed-sized hidden layer;
-            # hidden->hidden layers use (None, mlp) so one mesh axis never shards both dims.
-            ax_in = axes_in[i] if i == 0 else None
+        for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
+            # input layer (embed, mlp); hidden->hidden (None, mlp): one mesh axis never
+            # shards both dims of a weight.
+            ax_in = "embed" if i == 0 else None
             init = nnx.initializers.normal(stddev=(2.0 / fan_in) ** 0.5)
             self.weights.append(param(keys[i], init, (fan_in, fan_out), (ax_in, "mlp"), dtype))
             self.biases.append(param(None, nnx.initializers.zeros, (fan_out,), ("mlp",), dtype))

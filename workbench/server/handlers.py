@@ -28,12 +28,20 @@ MAX_LIMIT = 200_000  # metrics records in one response
 
 def metrics_payload(watch: RunWatch, records: list[dict[str, Any]],
                     keys: list[str] | None = None) -> dict[str, Any]:
-    """Columnar JSON of step records: ``{"id", "columns": {"step": [...], ...}, ...}``."""
-    cols = runs.columns(records)
+    """Columnar JSON of step records: ``{"id", "columns": {"step": [...], ...}, ...}``.
+
+    ``keys`` limits the columns (``step`` is always sent).
+    """
     if keys:
-        cols = {k: cols.get(k, [None] * len(records)) for k in dict.fromkeys(["step", *keys])}
+        cols = {k: [r.get(k) for r in records] for k in dict.fromkeys(["step", *keys])}
+    else:
+        cols = runs.columns(records)
     return {"id": watch.id, "count": len(records),
             "last_step": records[-1]["step"] if records else None, "columns": cols}
+
+
+def _keys_arg(handler: web.RequestHandler) -> list[str] | None:
+    return [k for k in handler.get_query_argument("keys", "").split(",") if k] or None
 
 
 def _int_arg(handler: web.RequestHandler, name: str, default: int | None) -> int | None:
@@ -98,7 +106,7 @@ class MetricsHandler(_Base, APIHandler):
     async def get(self, rid: str) -> None:
         since = _int_arg(self, "since", 0)
         limit = min(_int_arg(self, "limit", MAX_LIMIT) or MAX_LIMIT, MAX_LIMIT)
-        keys = [k for k in self.get_query_argument("keys", "").split(",") if k] or None
+        keys = _keys_arg(self)
         watch = await self.lookup(rid)
         records = await asyncio.to_thread(watch.read, since or 0, limit + 1)
         more = len(records) > limit
@@ -131,7 +139,7 @@ class _Socket(WebSocketMixin, websocket.WebSocketHandler, _Base):
 
 
 class RunStreamHandler(_Socket):
-    """``WS /workbench/api/runs/<id>/stream?since=<step>``.
+    """``WS /workbench/api/runs/<id>/stream?since=<step>&keys=loss,mfu``.
 
     Sends ``{"type": "run", "run": ...}`` first and whenever ``run.json`` changes,
     then ``{"type": "metrics", "columns": ...}`` with every record above ``since`` and,
@@ -146,6 +154,7 @@ class RunStreamHandler(_Socket):
         await self.pre_get()
         self.watch = await self.lookup(rid)
         self.since = _int_arg(self, "since", 0) or 0
+        self.keys = _keys_arg(self)
         res = super().get(rid)
         if res is not None:
             await res
@@ -171,7 +180,7 @@ class RunStreamHandler(_Socket):
         records = [r for r in records if r["step"] > self.last_step]
         if records:
             self.last_step = records[-1]["step"]
-            self.send({"type": "metrics", **metrics_payload(self.watch, records)})
+            self.send({"type": "metrics", **metrics_payload(self.watch, records, self.keys)})
 
 
 class ListStreamHandler(_Socket):

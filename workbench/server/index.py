@@ -126,7 +126,7 @@ class RunIndex:
         self.max_depth = max_depth
         self.scan_interval = scan_interval
         self.watches: dict[str, RunWatch] = {}
-        self._last_scan = -float("inf")
+        self._next_scan = -float("inf")
         self._lock = threading.RLock()
 
     def watch(self, rid: str) -> RunWatch:
@@ -140,14 +140,20 @@ class RunIndex:
         return w
 
     def scan(self) -> tuple[list[str], list[str]]:
-        """Re-walks the roots: ``(added ids, removed ids)``."""
+        """Re-walks the roots: ``(added ids, removed ids)``.
+
+        The next scan is due after ``scan_interval`` or ten times this scan's duration,
+        whichever is longer, so a huge root costs at most ~10% of one core.
+        """
+        t0 = time.monotonic()
         found: dict[str, Path] = {}
         for k, root in enumerate(self.roots):
             for d in runs.find_run_dirs(root, self.max_depth):
                 rid = runs.run_id(root, d)
                 found.setdefault(rid if k == 0 else f"{k}:{rid}", d)
         with self._lock:
-            self._last_scan = time.monotonic()
+            now = time.monotonic()
+            self._next_scan = now + max(self.scan_interval, 10 * (now - t0))
             added = [rid for rid in found if rid not in self.watches]
             removed = [rid for rid, w in self.watches.items()
                        if rid not in found and not (w.path / runs.RUN_JSON).is_file()]
@@ -160,7 +166,7 @@ class RunIndex:
     def poll(self, force_scan: bool = False) -> tuple[list[Change], list[str]]:
         """Scans when due, then refreshes every run: ``(changes, removed ids)``."""
         removed: list[str] = []
-        if force_scan or time.monotonic() - self._last_scan >= self.scan_interval:
+        if force_scan or time.monotonic() >= self._next_scan:
             _, removed = self.scan()
         with self._lock:
             watches = list(self.watches.values())

@@ -78,9 +78,8 @@ class NonFiniteLoss(FloatingPointError):
 class _Finisher:
     """Fetches a step's metrics, checks them, saves when asked, and logs the record."""
 
-    def __init__(self, tr: Trainer, target: int, sinks: list[Any]) -> None:
+    def __init__(self, tr: Trainer, sinks: list[Any]) -> None:
         self.tr, self.sinks = tr, sinks
-        self.lrs = tr.lr_table(target)
         self.tokens = tr.config.tokens_per_step
         self.t_prev = time.perf_counter()
         self.last_saved = tr.checkpoints.latest_step()
@@ -109,7 +108,7 @@ class _Finisher:
         now = time.perf_counter()
         p = tr.parts
         rec = step_record(
-            step=step, loss=loss, grad_norm=grad_norm, lr=float(self.lrs[step - 1]),
+            step=step, loss=loss, grad_norm=grad_norm, lr=tr.lr(step),
             step_time=now - self.t_prev, data_time=data_time, ckpt_time=ckpt_time,
             tokens=self.tokens, model_flops=p.model_flops, n_devices=p.n_devices,
             peak=p.peak, peak_source=p.peak_source,
@@ -158,8 +157,11 @@ def run_loop(tr: Trainer, state: Any, target: int) -> RunResult:
     progress = make_progress(tr, target)
     if writer is not None:
         if tr._config_event is not None:
-            writer.event(**tr._config_event)
+            writer.event(**tr._config_event, step=tr.step)
             tr._config_event = None
+        if tr._inherited and not tr.checkpoints.all_steps():
+            for rec in tr.history:            # a fork's first run: the source's curve so far
+                writer.log(rec)
         if compiled_now:
             writer.event("compile", seconds=tr.compile_seconds, cache=tr.compile_cache)
         if tr.step > 0:
@@ -168,7 +170,7 @@ def run_loop(tr: Trainer, state: Any, target: int) -> RunResult:
     sinks += [s.log for s in (board,) if s is not None]
     if progress is not None:
         sinks.append(progress.update)
-    finish = _Finisher(tr, target, sinks)
+    finish = _Finisher(tr, sinks)
     start = tr.step
     status, message, error = "finished", "", None
     with StopSignals(distributed=jax.process_count() > 1) as stop:

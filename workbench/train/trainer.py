@@ -33,6 +33,8 @@ from workbench.train.setup import (
 
 __all__ = ["NonFiniteLoss", "RunConfigMismatch", "RunResult", "Trainer"]
 
+_LR_BLOCK = 4096
+
 
 class Trainer:
     """Trains ``config`` in ``run_dir``, resuming from its checkpoints.
@@ -82,6 +84,8 @@ class Trainer:
         self.step = 0
         self.restored_from: int | None = None
         self._compiled: Any = None
+        self._lr_fn: Any = None
+        self._lr_blocks: dict[int, np.ndarray] = {}
         self.compile_seconds: float | None = None
         self.history: list[dict[str, Any]] = []
         self._source = source
@@ -136,8 +140,11 @@ class Trainer:
             self._rng = jax.random.key(self.config.seed)
             self.step = 0
             self.parts.data.set_state(self.parts.initial_data_state)
-        if (self.run_dir / runs.METRICS).exists():
-            self.history = [r for r in runs.read_metrics(self.run_dir) if r["step"] <= self.step]
+        # A fork starts with the history of its source run, up to the step it starts from.
+        history_dir = ckpts.directory.parent if ckpts is source else self.run_dir
+        self._inherited = ckpts is source
+        if (history_dir / runs.METRICS).exists():
+            self.history = [r for r in runs.read_metrics(history_dir) if r["step"] <= self.step]
         else:
             self.history = []
 
@@ -197,10 +204,19 @@ class Trainer:
             "data": p.data.info, "process_count": jax.process_count(),
         }
 
-    def lr_table(self, target: int) -> np.ndarray:
-        """Learning rate of updates 1..target (``schedule(k - 1)``), computed once."""
-        schedule = self.parts.schedule
-        return np.asarray(jax.jit(jax.vmap(schedule))(np.arange(max(target, 1))))
+    def lr(self, step: int) -> float:
+        """Learning rate of update ``step`` (1-based): ``schedule(step - 1)``.
+
+        Evaluated by one jitted function on blocks of 4096 steps (compiled once).
+        """
+        block, i = divmod(step - 1, _LR_BLOCK)
+        table = self._lr_blocks.get(block)
+        if table is None:
+            if self._lr_fn is None:
+                self._lr_fn = jax.jit(jax.vmap(self.parts.schedule))
+            steps = np.arange(block * _LR_BLOCK, (block + 1) * _LR_BLOCK, dtype=np.int32)
+            table = self._lr_blocks[block] = np.asarray(self._lr_fn(steps))
+        return float(table[i])
 
     def _say(self, message: str) -> None:
         if self.primary:

@@ -64,6 +64,11 @@ def view_for(obj: Any) -> str:
         return _DEVICES_VIEW
     if _is_tree(obj):
         return _TREE_VIEW
+    if hasattr(obj, "shape") and hasattr(obj, "dtype"):
+        raise TypeError(
+            f"this {type(obj).__name__} of shape {tuple(obj.shape)} has no sharding to draw; "
+            "place it with jax.device_put(x, NamedSharding(mesh, spec)), or draw a planned "
+            "layout with wb.show(wb.layout(x.shape, spec, mesh))")
     raise TypeError(
         f"wb.show does not know how to draw a {type(obj).__module__}.{type(obj).__qualname__}; "
         "it draws meshes, Layouts, sharded arrays, pytrees of arrays, nnx.Modules, "

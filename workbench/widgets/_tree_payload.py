@@ -130,12 +130,14 @@ class TreeLayouts:
         sharding = meta if isinstance(meta, NamedSharding) else getattr(value, "sharding", None)
         if spec is None and isinstance(meta, PartitionSpec):
             spec = meta
-        if spec is None and sharding is not None:
+        planned = logical is not None and self.rules is not None
+        if spec is None and sharding is not None and (
+                isinstance(sharding, NamedSharding) or not planned):
             key: Any = ("sharding", shape, dtype.str, sharding)
             if not isinstance(sharding, NamedSharding):
                 note = type(sharding).__name__
         else:
-            if spec is None and logical is not None and self.rules is not None:
+            if spec is None and planned:
                 unmapped = self.rules.unmapped(logical)
                 spec = self.rules.spec(logical, tensor=path, strict=False)
                 if unmapped:

@@ -25,10 +25,12 @@ _CSS = """
 .wb-job .wb-bar { height: 6px; background: var(--jp-layout-color3, #ddd); border-radius: 3px; }
 .wb-job .wb-bar > div { height: 6px; background: #4e79a7; border-radius: 3px; }
 .wb-job .wb-charts { display: flex; flex-wrap: wrap; gap: 8px; margin: 6px 0; }
-.wb-job svg { border: 1px solid var(--jp-border-color2, #ddd); background: var(--jp-layout-color0, #fff); }
+.wb-job svg { border: 1px solid var(--jp-border-color2, #ddd);
+  background: var(--jp-layout-color0, #fff); }
 .wb-job pre { margin: 2px 0 6px; max-height: 160px; overflow: auto; font-size: 11px;
   background: var(--jp-layout-color2, #f6f6f6); padding: 4px; }
-.wb-job .wb-error { color: #b22; white-space: pre-wrap; font-family: var(--jp-code-font-family, monospace); }
+.wb-job .wb-error { color: #b22; white-space: pre-wrap;
+  font-family: var(--jp-code-font-family, monospace); }
 .wb-job button { font: inherit; margin-left: auto; }
 """
 
@@ -51,7 +53,7 @@ def job_payload(job: Job, records: list[dict[str, Any]] | None = None) -> dict[s
     """
     records = runs.read_metrics(job.run_dir) if records is None else records
     last = records[-1] if records else {}
-    curve = lambda key: _thin([[r["step"], r[key]] for r in records  # noqa: E731
+    curve = lambda key: _thin([[r["step"], r[key]] for r in records
                                if isinstance(r.get(key), (int, float))])
     procs = [{"index": p.index, "pid": p.pid, "state": p.state, "returncode": p.returncode,
               "log": str(p.log)} for p in job.processes]

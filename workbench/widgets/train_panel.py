@@ -91,10 +91,13 @@ class TrainPanel(anywidget.AnyWidget):
                            "message": "", "last": {k: last.get(k) for k in _LAST}}
 
     def display(self) -> None:
-        """Shows the panel in the current cell's output."""
+        """Shows the panel in the current cell's output (nothing outside a kernel)."""
+        from IPython import get_ipython
         from IPython.display import display
 
-        display(self)
+        shell = get_ipython()
+        if shell is not None and "IPKernelApp" in getattr(shell, "config", {}):
+            display(self)
 
     def update(self, rec: dict[str, Any]) -> None:
         """Buffers one step record; sends the buffer if ``1/rate`` s passed since the last."""

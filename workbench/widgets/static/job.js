@@ -80,7 +80,12 @@ function header(p, onStop) {
   const stop = el("button", {
     class: "wb-stop", text: p.done ? "done" : "Stop", disabled: p.done ? "disabled" : null,
     title: "SIGTERM: every process saves a checkpoint at the same step, then exits",
-    onclick: (e) => { e.target.disabled = true; e.target.textContent = "stopping…"; onStop(); },
+    onclick: (e) => {
+      if (p.done) return;
+      e.target.disabled = true;
+      e.target.textContent = "stopping…";
+      onStop();
+    },
   });
   return el("div", { class: "wb-header" }, [
     el("span", { class: "wb-title", text: `job ${p.name}` }),
@@ -129,7 +134,7 @@ function render({ model, el: host }) {
     const p = model.get("payload");
     if (!p || !p.processes) { root.replaceChildren(el("div", { class: "wb-note", text: "no job" })); return; }
     if (p.status === "failed") p.processes.forEach((q) => { if (q.state === "failed") open.add(q.index); });
-    root.replaceChildren(
+    root.replaceChildren(...[
       header(p, onStop),
       progress(p),
       p.failure ? el("div", { class: "wb-error", text: p.failure }) : null,
@@ -140,7 +145,7 @@ function render({ model, el: host }) {
       processTable(p),
       ...tails(p, open),
       el("div", { class: "wb-note", text: `run directory ${p.run_dir} — also in the Workbench runs panel` }),
-    );
+    ].filter((node) => node !== null));
   }
   draw();
   model.on("change:payload", draw);

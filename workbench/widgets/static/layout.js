@@ -179,7 +179,7 @@ export function drawLayout(root, p, state) {
   ])));
   const axes = el("div", { class: "wb-axes-note" }, [
     dy >= 0 ? el("span", { text: `rows ↓ ${axisLabel(p, dy)}` }) : null,
-    el("span", { text: `columns → ${axisLabel(p, dx)}` }),
+    el("span", { text: dx < 0 ? "a scalar: one block" : `columns → ${axisLabel(p, dx)}` }),
     !multiple && groups[0].others.length ? el("span", { text: `(${panelTitle(p, groups[0])}: whole)` }) : null,
   ]);
   const nodes = [axes, grid];

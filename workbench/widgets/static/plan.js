@@ -45,13 +45,14 @@ function memoryBars(p, tip) {
   const height = 120;
   const chart = el("div", { class: "wb-plan-bars", style: { height: `${height}px` } });
   cols.forEach((c, ci) => {
-    const col = el("div", { class: "wb-plan-col" });
+    const ids = c.positions.map((i) => p.mesh.device_ids[i]);
+    const col = el("div", { class: "wb-plan-col wb-col", "data-group": ids.join(","),
+      style: { height: `${(totals[ci] / top) * height}px` } });
     c.parts.forEach((bytes, k) => {
       if (!bytes) return;
       col.appendChild(el("div", { class: "wb-plan-seg", style: {
         height: `${(bytes / top) * height}px`, background: colour(k, mem.stack.length) } }));
     });
-    const ids = c.positions.map((i) => p.mesh.device_ids[i]);
     col.addEventListener("mousemove", (e) => tip.show(e, [
       ids.length === 1 ? `device ${ids[0]}` : `${ids.length} devices (${ids.slice(0, 4).join(", ")}…)`,
       ...mem.stack.map((k, i) => `${k}: ${fmtBytes(c.parts[i])}`),

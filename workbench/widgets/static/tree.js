@@ -1,5 +1,5 @@
 // Pytree widget: a sortable table of tensors, per-device memory bars, and a treescope tab.
-import { colour, el, fmtBytes, fmtIds, fmtShape, select, table, tooltip, unravel } from "./common.js";
+import { colour, el, fmtBytes, fmtShape, select, table, tooltip, unravel } from "./common.js";
 
 const BAR_LIMIT = 64; // up to this many devices: one bar each; above: grouped by a mesh axis
 
@@ -12,7 +12,13 @@ export const COLUMNS = [
   { key: "bytes", label: "bytes / device", numeric: true, format: fmtBytes },
   { key: "replication", label: "replicas", numeric: true, format: (r) => (r === null ? "—" : `×${r}`) },
   { key: "total", label: "total", numeric: true, format: fmtBytes },
+  { key: "note", label: "note", wrap: true, format: (n) => n || "" },
 ];
+
+/** The columns worth showing: logical axes and notes only when some row has them. */
+export function columnsFor(rows) {
+  return COLUMNS.filter((c) => (c.key !== "logical" && c.key !== "note") || rows.some((r) => r[c.key]));
+}
 
 /** Per-device bytes grouped by the coordinate along mesh axis `axis`: [{label, max, min, n}]. */
 export function groupMemory(mesh, memory, axis) {
@@ -34,13 +40,15 @@ export function memoryBars(root, p, axis, onAxis) {
   const tip = tooltip(root);
   const cap = m.memory_per_device;
   const peak = Math.max(1, ...p.memory);
-  const scale = cap && cap >= peak ? cap : peak;
-  const title = `memory per device (parameters only${cap ? `; bar = share of ${fmtBytes(cap)}` : ""})`;
+  const low = Math.min(...p.memory);
+  const share = cap ? `; max is ${((100 * peak) / cap).toPrecision(2)}% of ${fmtBytes(cap)} per device` : "";
+  const spread = low === peak ? `all ${m.size} devices hold ${fmtBytes(peak)}` : `${fmtBytes(low)} to ${fmtBytes(peak)}`;
+  const title = `parameter memory per device: ${spread}${share}`;
   if (m.size <= BAR_LIMIT) {
     const bars = p.memory.map((bytes, pos) => el("div", { class: "wb-bar-row", "data-device": m.device_ids[pos] }, [
       el("span", { class: "wb-bar-label", text: `${m.device_ids[pos]}` }),
       el("span", { class: "wb-bar-track" }, [el("span", {
-        class: "wb-bar", style: { width: `${(100 * bytes) / scale}%`, background: colour(0, 1) },
+        class: "wb-bar", style: { width: `${(100 * bytes) / peak}%`, background: colour(0, 1) },
       })]),
       el("span", { class: "wb-bar-value", text: fmtBytes(bytes) }),
     ]));
@@ -48,16 +56,17 @@ export function memoryBars(root, p, axis, onAxis) {
   }
   const groups = groupMemory(m, p.memory, axis);
   const width = Math.max(2, Math.min(24, Math.floor(560 / groups.length)));
-  const cols = groups.map((g, i) => el("div", {
+  const cols = groups.map((g) => el("div", {
     class: "wb-col", "data-group": g.label,
-    style: { width: `${width}px`, height: `${(100 * g.max) / scale}%`, background: colour(i, groups.length) },
+    style: { width: `${width}px`, height: `${(100 * g.max) / peak}%`, background: colour(0, 1) },
     onmousemove: (e) => tip.show(e, [g.label, `max ${fmtBytes(g.max)}, min ${fmtBytes(g.min)} over ${g.n} devices`]),
     onmouseleave: () => tip.hide(),
   }));
   const axes = m.axis_names.map((a, i) => [a, `${a} (${m.axis_sizes[i]})`]);
   return el("div", { class: "wb-memory" }, [
-    el("div", { class: "wb-subtitle", text: `${title}; ${m.size} devices, max per group` }),
-    select("group by", axes, axis, onAxis),
+    el("div", { class: "wb-subtitle", text: title }),
+    el("div", { class: "wb-controls" }, [select("one column per", axes, axis, onAxis),
+      el("span", { class: "wb-note", text: `${m.size} devices; a column shows the most loaded device of its group` })]),
     el("div", { class: "wb-columns" }, cols),
     tip.node,
   ]);
@@ -83,7 +92,7 @@ function header(p) {
 
 function tableTab(root, p, model) {
   const filter = el("input", { type: "search", class: "wb-filter", placeholder: "filter paths", "aria-label": "filter paths" });
-  const tab = table(COLUMNS, p.rows, {
+  const tab = table(columnsFor(p.rows), p.rows, {
     onRow: (row) => { model.set("selected", row.path); model.save_changes(); },
   });
   const mark = () => tab.highlight((row) => row.path === model.get("selected"));
