@@ -1,11 +1,12 @@
 """Trainer overhead vs a bare jitted loop, async-save blocking time, restart vs cold start.
 
-- Trainer ÷ bare loop: the same model, optimizer, batch and step function (workbench.step),
-  measured side by side in one process. The bare loop dispatches steps on pre-made device
-  batches and blocks once at the end. Trainer step time is its own wall clock between
-  step completions (``metrics.jsonl``), over steps that are neither warm-up nor the final
-  save. The bare loop runs before and after each Trainer window; their mean is the
-  reference (cancels drift on a shared machine). Median of 3 windows.
+- Trainer ÷ bare loop: the same model, optimizer, batch, Grain pipeline and step function
+  (workbench.step), side by side in one process. The bare loop dispatches steps on
+  ``next(batches)`` and blocks once at the end (no metrics, no checks, no logging).
+  Trainer step time is its own wall clock between step completions (``metrics.jsonl``),
+  over steps that are neither warm-up nor the final save. The bare loop runs before and
+  after each Trainer window; their mean is the reference (cancels drift on a shared
+  machine). Median of 3 windows.
 - "small" (124M) steps take tens of seconds on 2 CPU cores, so its run is a few steps:
   the checkpoint cost every 20 steps is amortised from the measured blocking save time.
 - Restart ÷ cold start: seconds from ``Trainer(...)`` to the end of the first step in a
@@ -38,7 +39,7 @@ def _cfg(model: str, **kw: Any) -> Any:
 
 
 class _Bare:
-    """The hand-written loop: init, jit the one train step, loop on fixed batches."""
+    """The hand-written loop: init, jit the one train step, loop over the same pipeline."""
 
     def __init__(self, cfg: Any) -> None:
         import jax
@@ -56,9 +57,8 @@ class _Bare:
         bsh = batch_shardings(rules, mesh)
         self.step = jit_train_step(make_train_step(graphdef, tx, rules=rules, mesh=mesh),
                                    state_shardings(model, tx, rules, mesh), bsh)
-        data = ShardedBatches(cfg.data, seq=cfg.seq, batch=cfg.batch, seed=cfg.seed,
-                              sharding=bsh["inputs"], vocab_size=model.vocab_size)
-        self.batches = [next(data) for _ in range(8)]
+        self.data = ShardedBatches(cfg.data, seq=cfg.seq, batch=cfg.batch, seed=cfg.seed,
+                                   sharding=bsh["inputs"], vocab_size=model.vocab_size)
         self.jax = jax
         self.time(2)  # compile + warm-up
 
@@ -66,8 +66,8 @@ class _Bare:
         """Mean seconds per step over ``n`` steps."""
         t0 = time.perf_counter()
         metrics = None
-        for i in range(n):
-            self.state, metrics = self.step(self.state, self.batches[i % len(self.batches)])
+        for _ in range(n):
+            self.state, metrics = self.step(self.state, next(self.data))
         self.jax.block_until_ready((self.state, metrics))
         return (time.perf_counter() - t0) / n
 

@@ -5,7 +5,8 @@ import jax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import workbench as wb
 from workbench.exercises import _core, exercises
@@ -287,3 +288,61 @@ def test_widget_front_end_sends_answers_and_shows_verdicts(tmp_path):
     assert right["verdict"] == "✓ correct" and right["hint"] == ""
     assert r["saved"] == 2 and r["left"] == 0
     assert r["code"] == 1 and "Which collective" in r["prompt"]
+
+
+def test_exercises_are_headless():
+    """The core of the exercises imports no display library (the widget comes on display)."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.abc, sys\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] in ('IPython', 'ipywidgets', 'anywidget', 'plotly'):\n"
+            "            raise ImportError(name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import workbench as wb\n"
+            "print(wb.exercise('replication').check('4').correct)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_exercise_round_trip_in_jupyterlab(tmp_path):
+    """Type an answer in the real widget, press Check / Enter: the kernel's verdict shows."""
+    import json
+
+    from jupyterlab_harness import chromium, require_chromium, run_notebook, screenshot, start_lab
+
+    require_chromium()
+    source = "import workbench as wb\nwb.simulate_devices(8)\nwb.exercise('repeated_work')"
+    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c0", "metadata": {},
+                     "outputs": [], "source": source}],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                      "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "exercise.ipynb"
+    path.write_text(json.dumps(nb))
+    with start_lab(tmp_path) as lab, chromium() as browser:
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        try:
+            run_notebook(page, lab, path, timeout=150)
+            card = page.locator(".wb-exercise").first
+            card.wait_for(timeout=30_000)
+            box = card.locator("input.wb-ex-input")
+            box.fill("P('model', None)")
+            card.locator("button.wb-ex-check").click()
+            page.locator(".wb-exercise[data-status='wrong']").wait_for(timeout=60_000)
+            assert "4 times over" in card.locator(".wb-ex-explanation").inner_text()
+            assert card.locator(".wb-ex-hint").inner_text().startswith("hint:")
+            screenshot(card, "exercise-wrong")
+            box.fill("P('data', None)")
+            box.press("Enter")
+            page.locator(".wb-exercise[data-status='correct']").wait_for(timeout=60_000)
+            assert "exactly 1/8 each" in card.locator(".wb-ex-explanation").inner_text()
+            assert card.locator(".wb-ex-verdict").inner_text().startswith("✓ correct")
+            screenshot(card, "exercise-correct")
+        except Exception:
+            screenshot(page, "exercise-failure")
+            raise

@@ -235,9 +235,12 @@ def test_live_run_escaping_compare_and_restore(lab: Lab, page: Any, lab_root: Pa
         evil.stop()
     steps = [r["step"] for r in runs.read_metrics(lab_root / "runs" / "live")]
     assert steps == list(range(1, live.step + 1))
-    page.wait_for_function(
-        "(n) => Number(document.querySelector(\".jp-Workbench-dashboard[data-run-id='runs/live'] "
-        ".jp-Workbench-lossChart\")?.dataset.points) === n", arg=len(steps), timeout=15_000)
+    try:  # every step written, each drawn once: nothing lost or doubled across the reload
+        page.wait_for_function(f"(n) => Number(document.querySelector(\"{chart}\")"
+                               "?.dataset.points) === n", arg=len(steps), timeout=15_000)
+    except Exception:
+        got = page.locator(chart).get_attribute("data-points")
+        raise AssertionError(f"chart shows {got} points, the run has {len(steps)}") from None
     screenshot(page, "workbench_dashboard_live")
 
 

@@ -290,3 +290,22 @@ def test_plan_widget_payload_and_render(fsdp_tp, tmp_path):
         120 * bad.memory["total"] / top, rel=1e-3)
     assert rep["classes"]["wb-lint"] == len(bad.warnings) and "ESTIMATE" in rep["text"]
     assert rep["handlers_left"] == 0
+
+
+def test_explicit_axes_are_refused_with_the_fix():
+    explicit = jax.make_mesh((4, 2), ("data", "model"),
+                             axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    with pytest.raises(ValueError, match=r"needs Auto axes: build the mesh with wb.make_mesh"):
+        wb.plan(TINY, mesh=explicit, rules="fsdp_tp", batch=8, seq=64)
+    with pytest.raises(ValueError, match="unknown rules preset"):
+        wb.plan(TINY, mesh=wb.abstract_mesh(data=8), rules="ddp", batch=8)
+    with pytest.raises(ValueError, match="dtype='bfloat16' applies to a GPTConfig"):
+        wb.plan(lambda rngs: MLPClassifier(4, (4,), 2, rngs=rngs), mesh=wb.abstract_mesh(data=8),
+                rules=Rules(batch="data", embed=None, mlp=None), batch=8, dtype="bfloat16")
+
+
+def test_analytic_remat_trades_memory_for_compute():
+    base, remat = _abstract("fsdp_tp"), _abstract("fsdp_tp", cfg=TINY.replace(remat="full"))
+    assert remat.replicated_compute_factor == pytest.approx(0.75)     # 4 forwards, not 3
+    assert remat.memory["activations"] < base.memory["activations"]
+    assert remat.model_flops == base.model_flops                      # model FLOPs exclude remat

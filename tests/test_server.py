@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 import subprocess
 import sys
@@ -14,11 +16,30 @@ from typing import Any
 import pytest
 import tornado.httpclient
 import tornado.websocket
+from pytest_jupyter.jupyter_server import *  # noqa: F403 - its fixtures, for this module only
 from traitlets.config import Config
 
 from workbench import runs
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
+# pytest-jupyter's fixtures are imported above rather than registered with `pytest_plugins`:
+# registered, its autouse event-loop fixture would run around every test of the session and
+# close the loop Playwright's sync API runs on in the browser tests.
+
+
+def run_async(fn: Any) -> Any:
+    """Runs an ``async def`` test to completion on pytest-jupyter's event loop."""
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    if "jp_asyncio_loop" not in sig.parameters:
+        params.append(inspect.Parameter("jp_asyncio_loop", inspect.Parameter.KEYWORD_ONLY))
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> None:
+        loop = kwargs["jp_asyncio_loop"]
+        loop.run_until_complete(fn(**{k: v for k, v in kwargs.items() if k in sig.parameters}))
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return wrapper
 
 
 @pytest.fixture
@@ -106,6 +127,7 @@ ENDPOINTS = [("runs",), ("runs", "a"), ("runs", "a", "metrics")]
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "token wrong"}], ids=["none", "bad"])
 @pytest.mark.parametrize("parts", ENDPOINTS, ids=lambda p: "/".join(p))
+@run_async
 async def test_http_needs_a_valid_token(get: Any, jp_root_dir: Path, parts: tuple[str, ...],
                                         headers: dict[str, str]) -> None:
     _make_run(jp_root_dir / "a", 2).close()
@@ -116,6 +138,7 @@ async def test_http_needs_a_valid_token(get: Any, jp_root_dir: Path, parts: tupl
 
 
 @pytest.mark.parametrize("parts", [("stream",), ("runs", "a", "stream")], ids=["list", "run"])
+@run_async
 async def test_websockets_need_a_valid_token(ws: Any, jp_root_dir: Path,
                                              parts: tuple[str, ...]) -> None:
     _make_run(jp_root_dir / "a", 2).close()
@@ -128,6 +151,7 @@ async def test_websockets_need_a_valid_token(ws: Any, jp_root_dir: Path,
     conn.close()
 
 
+@run_async
 async def test_list_and_detail(get: Any, jp_root_dir: Path, extra_root: Path) -> None:
     _make_run(jp_root_dir / "runs" / "one", 3, name="<img src=x onerror=alert(1)>").close()
     w = _make_run(extra_root / "two", 5)
@@ -152,6 +176,7 @@ async def test_list_and_detail(get: Any, jp_root_dir: Path, extra_root: Path) ->
 
 @pytest.mark.parametrize("rid", ["../outside/secret", "..", "/etc", "/" + "x" * 3, "a/../../outside",
                                  "link", "metalink", "runs/missing", "9:secret", "a\\b", "."])
+@run_async
 async def test_ids_never_leave_the_roots(get: Any, jp_root_dir: Path, outside: Path,
                                          rid: str) -> None:
     _make_run(jp_root_dir / "a", 1).close()
@@ -163,6 +188,7 @@ async def test_ids_never_leave_the_roots(get: Any, jp_root_dir: Path, outside: P
         assert code in (400, 404), (parts, code)
 
 
+@run_async
 async def test_raw_dotdot_urls_are_not_served(http_server_client: Any, jp_http_port: int,
                                               jp_auth_header: dict[str, str], outside: Path,
                                               jp_root_dir: Path) -> None:
@@ -174,6 +200,7 @@ async def test_raw_dotdot_urls_are_not_served(http_server_client: Any, jp_http_p
         assert b"secret" not in resp.body or resp.code != 200
 
 
+@run_async
 async def test_symlink_inside_the_root_is_served(get: Any, jp_root_dir: Path) -> None:
     _make_run(jp_root_dir / "runs" / "a", 2).close()
     (jp_root_dir / "alias").symlink_to(jp_root_dir / "runs" / "a", target_is_directory=True)
@@ -181,6 +208,7 @@ async def test_symlink_inside_the_root_is_served(get: Any, jp_root_dir: Path) ->
     assert code == 200 and body["columns"]["step"] == [1, 2]
 
 
+@run_async
 async def test_metrics_paging_is_columnar_and_complete(get: Any, jp_root_dir: Path) -> None:
     w = _make_run(jp_root_dir / "r", 1200)
     w.event("resume", step=1000)  # re-logged steps 1001..1100 must not come back twice
@@ -208,6 +236,7 @@ async def test_metrics_paging_is_columnar_and_complete(get: Any, jp_root_dir: Pa
     assert code == 400
 
 
+@run_async
 async def test_run_stream_pushes_appended_lines(ws: Any, jp_root_dir: Path) -> None:
     w = _make_run(jp_root_dir / "live", 10)
     conn = await ws("runs", "live", "stream", since=4)
@@ -232,6 +261,7 @@ async def test_run_stream_pushes_appended_lines(ws: Any, jp_root_dir: Path) -> N
     conn.close()
 
 
+@run_async
 async def test_list_stream_pushes_new_changed_and_removed_runs(ws: Any, jp_root_dir: Path) -> None:
     _make_run(jp_root_dir / "old", 2).close()
     conn = await ws("stream")

@@ -12,6 +12,7 @@ from workbench.models import GPTConfig
 from workbench.rules import Rules
 from workbench.step import (
     TrainState,
+    abstract_model,
     abstract_state,
     batch_shardings,
     init_state,
@@ -27,6 +28,17 @@ CFG = GPTConfig.preset("tiny", n_layers=1, seq_len=32)
 @pytest.fixture(scope="module")
 def mesh():
     return jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+def _numpy_state(tx, seed=0):
+    """A TrainState with random numpy weights (no PRNG init to compile; init_state has its
+    own test)."""
+    graphdef, abstract, _ = abstract_model(CFG)
+    rng = np.random.default_rng(seed)
+    params = jax.tree.map(lambda x: jnp.asarray(
+        rng.standard_normal(x.shape) / np.sqrt(x.shape[0]), x.dtype), abstract)
+    return graphdef, TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                opt_state=jax.jit(tx.init)(params))
 
 
 def _batch(seed=1, b=8, t=32):
@@ -65,9 +77,11 @@ def test_sharded_steps_match_single_device_steps(mesh):
     one = jax.make_mesh((1,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:1])
     results = []
     for m, rules in ((mesh, Rules.preset("fsdp_tp", mesh)), (one, Rules.preset("dp", one))):
-        graphdef, state = init_state(CFG, tx, rules, m, seed=0)
+        graphdef, start = _numpy_state(tx)          # same seed: same weights (donated below)
+        shardings = state_shardings(CFG, tx, rules, m)
+        state = jax.device_put(start, shardings)
         step = jit_train_step(make_train_step(graphdef, tx, rules=rules, mesh=m),
-                              state_shardings(CFG, tx, rules, m), batch_shardings(rules, m))
+                              shardings, batch_shardings(rules, m))
         losses = []
         for i in range(3):
             state, metrics = step(state, _batch())
@@ -84,7 +98,7 @@ def test_sharded_steps_match_single_device_steps(mesh):
 
 
 def test_loss_and_grad_norm_match_optax_reference():
-    graphdef, state = init_state(CFG, optax.sgd(0.1), Rules.preset("dp", _one()), _one())
+    graphdef, state = _numpy_state(optax.sgd(0.1))
     batch = _batch()
     _, metrics = jax.jit(make_train_step(graphdef, optax.sgd(0.1)))(state, batch)
 

@@ -160,6 +160,9 @@ class _InterruptAt:
         if rec["step"] == self.step:
             os.kill(os.getpid(), signal.SIGINT)
 
+    def event(self, kind, **fields):
+        pass
+
     def finish(self, status, message=None):
         self.finished = (status, message)
 
@@ -329,3 +332,25 @@ def test_notebook_cell_shows_one_live_panel(reference, tmp_path):
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     panel = [w["state"] for w in state.values() if "history" in w["state"]][0]
     assert panel["status"]["step"] == 8 and panel["history"]["step"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_trainer_from_a_plan_and_its_materialized_model(reference, tmp_path):
+    """plan.materialize(seed) gives the same start as TrainConfig(seed): same losses."""
+    ref_tr, _ = reference
+    mesh = make_mesh(data=8)
+    plan = wb.plan(CFG.model_config(), mesh=mesh, rules="fsdp", batch=8, seq=32)
+    model = plan.materialize(seed=0)
+    tr = wb.Trainer.from_plan(plan, tmp_path / "run", model=model, optimizer=CFG.optimizer,
+                              steps=6, data="synthetic", checkpoint_every=2, progress=None)
+    assert tr.config.model == CFG.model_config() and tr.config.rules == plan.rules
+    assert wb.TrainConfig.from_json(tr.config.to_json()) == tr.config
+    np.testing.assert_array_equal(np.asarray(tr.state.params["embed"]),
+                                  np.asarray(nnx_params(model)["embed"]))
+    tr.run()
+    assert tr.losses == ref_tr.losses
+
+
+def nnx_params(model):
+    from flax import nnx
+
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))

@@ -45,6 +45,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "models": ("workbench.models", None),
     "runs": ("workbench.runs", None),
     "data": ("workbench.data", None),
+    "train": ("workbench.train", None),
 }
 
 __all__ = sorted(_EXPORTS)
@@ -89,7 +90,7 @@ _sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from workbench import data, models, runs
+    from workbench import data, models, runs, train
     from workbench.devices import DeviceInfo, devices, peak_flops, simulate_devices
     from workbench.exercises import exercise
     from workbench.launch import Job, launch

@@ -48,6 +48,7 @@ from workbench.step import (
     opt_state_specs,
     param_specs,
     path_str,
+    require_auto_axes,
     sharded_init,
 )
 
@@ -94,10 +95,13 @@ class Plan(PlanReport):
 
     @property
     def flops_per_device(self) -> float:
-        """Compiled per-device FLOPs, or the analytic model FLOPs / compute split."""
+        """Compiled per-device FLOPs, or (estimate) model FLOPs × remat overhead / the
+        number of ways the mesh splits the compute."""
         if self._compiled_flops is not None:
             return self._compiled_flops
-        return self.model_flops / self._split
+        # remat="full" runs every block's forward twice: 4 forwards' worth instead of 3
+        remat = 4 / 3 if self.cfg is not None and self.cfg.remat == "full" else 1.0
+        return self.model_flops * remat / self._split
 
     @property
     def replicated_compute_factor(self) -> float:
@@ -174,6 +178,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     rules = Rules.preset(rules or "fsdp", info) if rules is None or isinstance(rules, str) \
         else rules
     rules.check_mesh(info)
+    if info.jax_mesh is not None:
+        require_auto_axes(info.jax_mesh)
     cfg = cfg_or_factory if isinstance(cfg_or_factory, GPTConfig) else None
     if dtype is not None:
         if cfg is None:

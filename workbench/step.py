@@ -66,6 +66,18 @@ def model_factory(cfg_or_factory: GPTConfig | ModelFactory) -> ModelFactory:
                     f"{type(cfg_or_factory).__name__}")
 
 
+def require_auto_axes(mesh: Any) -> None:
+    """Raise unless every axis of ``mesh`` is ``AxisType.Auto`` (what the step relies on)."""
+    types = tuple(getattr(mesh, "axis_types", ()) or ())
+    if any(t != jax.sharding.AxisType.Auto for t in types):
+        names = tuple(mesh.axis_names)
+        raise ValueError(
+            f"mesh axes {names} have axis types {tuple(t.name for t in types)}; the train step "
+            f"names logical axes and lets GSPMD propagate shardings, so it needs Auto axes: "
+            f"build the mesh with wb.make_mesh(...) or jax.make_mesh(..., axis_types="
+            f"(jax.sharding.AxisType.Auto,) * {len(names)})")
+
+
 def path_str(path: tuple[Any, ...]) -> str:
     """``('blocks', 0, 'attn', 'q')`` or a jax key path -> ``'blocks.0.attn.q'``."""
     parts = []
@@ -157,6 +169,7 @@ def abstract_state(cfg_or_factory: GPTConfig | ModelFactory,
             uses that and reports a lint instead).
     """
     rules.check_mesh(mesh)
+    require_auto_axes(mesh)
     graphdef, params, logical = abstract_model(cfg_or_factory)
     opt_state = jax.eval_shape(optimizer.init, params)
     pspecs = param_specs(params, logical, rules, strict=strict)
@@ -243,6 +256,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     With ``rules`` and ``mesh``, activations are constrained by their logical axes while
     the step is traced.
     """
+    if mesh is not None:
+        require_auto_axes(mesh)
     def train_step(state: TrainState, batch: Mapping[str, jax.Array]
                    ) -> tuple[TrainState, dict[str, jax.Array]]:
         ctx = rules.activate(mesh) if rules is not None and mesh is not None \

@@ -93,8 +93,10 @@ job = wb.launch(cfg_train.replace(steps=6), processes=2, devices_per_process=4,
 job
 
 # %%
-print(job.wait(timeout=300))
+status = job.wait(timeout=300)
+print(status)
 print(job.tail(2))
+assert status == "finished", job.tail(20)
 
 # %% [markdown]
 # ## 7. Exercises check your answers with JAX

@@ -126,9 +126,11 @@ comparison
 # - **dp** keeps a whole copy of the weights and optimizer state on every device, and
 #   communicates by all-reducing gradients;
 # - **fsdp** stores everything split over all 8 devices (least memory) and pays with an
-#   all-gather per weight per step plus reduce-scatters of the gradients;
-# - **tp** splits the weights over `model` only, communicating activations instead;
+#   all-gather of every weight each step, plus the gradient reduction;
+# - **tp** splits the weights over `model` only and communicates activations instead
+#   (an all-reduce after each block's row-split matmul, as in the exercise above);
 # - **fsdp_tp** combines both.
 #
-# With a tiny model the communication volumes are small and close together; notebook 04
-# runs the same comparison at GPT-3 scale, where they decide what fits.
+# `print(p)` of any plan lists its collectives one by one. With a tiny model the numbers
+# are small and close together; notebook 04 runs the same comparison at GPT-3 scale,
+# where they decide what fits.

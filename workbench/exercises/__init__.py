@@ -16,7 +16,7 @@ what the learner's own answer gives. Headless: the widget is imported only on di
 from __future__ import annotations
 
 import difflib
-from typing import Callable
+from collections.abc import Callable
 
 from workbench.exercises import _compiled, _hardware, _memory, _sharding
 from workbench.exercises._core import AnswerError, Exercise, Result

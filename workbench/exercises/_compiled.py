@@ -2,15 +2,22 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench._collectives import KINDS, Collective, parse_collectives
-from workbench.exercises._core import (Exercise, Result, fmt_spec, parse_choice, parse_spec,
-                                       parse_specs)
+from workbench.exercises._core import (
+    Exercise,
+    Result,
+    fmt_spec,
+    parse_choice,
+    parse_spec,
+    parse_specs,
+)
 from workbench.exercises._sharding import _spec_errors, concrete_mesh
 
 __all__ = ["Compiled", "compile_on_mesh", "fsdp_collective", "megatron_mlp", "repeated_work"]
@@ -119,9 +126,9 @@ def repeated_work() -> Exercise:
                 f"work. XLA compiled: {c.describe()}."))
         used = _axes_in(x_spec) | _axes_in(w_spec)
         idle = [a for a in axes if a not in used]
-        why = [f"no spec uses {' or '.join(map(repr, idle))}, so the devices along it hold "
-               "the same blocks and do the same work"] if idle else []
-        if "model" in _axes_in(x_spec) and x_spec[0] is not None:
+        why = [(f"no spec uses {' or '.join(map(repr, idle))}, so the devices along it hold "
+                "the same blocks and do the same work")] if idle else []
+        if len(x_spec) and "model" in _axes_in(PartitionSpec(x_spec[0])):
             why.append("x's batch and w's columns both sit on 'model', so XLA first re-gathers "
                        "x over 'model'")
         return Result(correct=False, explanation=(

@@ -5,7 +5,8 @@ import ast
 import dataclasses
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jax.sharding import PartitionSpec
 
@@ -285,10 +286,6 @@ def parse_ranges(answer: Any) -> tuple[tuple[int, int], ...]:
 def fmt_spec(spec: PartitionSpec) -> str:
     """``P('data', None)`` as the learner would type it."""
     return "P(" + ", ".join(repr(e) for e in spec) + ")"
-
-
-def split_ways(n: int, k: int) -> str:
-    return "not split" if k == 1 else f"split {k} ways"
 
 
 def close(a: float, b: float, rel: float = 5e-3) -> bool:

@@ -18,7 +18,7 @@ def adam_state_bytes() -> Exercise:
 
     def reference() -> tuple[float, float]:
         """(MiB of Adam state per device, MiB of one moment unsharded) from optax itself."""
-        mesh = AbstractMesh((8,), ("model",), axis_types=(AxisType.Auto,))
+        mesh = AbstractMesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,))
         param = jax.ShapeDtypeStruct(shape, jnp.float32)
         state = jax.eval_shape(optax.adam(1e-4).init, param)
         per_device = 0
@@ -42,12 +42,12 @@ def adam_state_bytes() -> Exercise:
         mistakes = [
             (want / 2, "that is one moment; Adam keeps two (mu and nu), each the size of w"),
             (want * 8, "that is the unsharded size; each device holds 1/8 of each moment"),
-            (want * 4, "that is the unsharded size of one moment; Adam keeps two, each split "
-                       "8 ways"),
+            (want * 4, ("that is the unsharded size of one moment; Adam keeps two, each split "
+                        "8 ways")),
             (want * _MIB / 1e6, "that is in MB (10^6 bytes); the question asks for MiB (2^20)"),
             (want * 2, "that counts more than the two moments (the weight or the gradient?)"),
-            (want * 1.5, "that adds the weight itself; the question asks for the optimizer "
-                         "state only"),
+            (want * 1.5, ("that adds the weight itself; the question asks for the optimizer "
+                          "state only")),
         ]
         for value, why in mistakes:
             if close(mib, value):

@@ -8,8 +8,15 @@ from typing import Any
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from workbench.exercises._core import (Exercise, Result, fmt_spec, parse_axes,
-                                       parse_number, parse_ranges, parse_spec)
+from workbench.exercises._core import (
+    Exercise,
+    Result,
+    fmt_spec,
+    parse_axes,
+    parse_number,
+    parse_ranges,
+    parse_spec,
+)
 from workbench.layout import normalize_spec
 from workbench.mesh import make_mesh, mesh_info
 

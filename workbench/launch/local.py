@@ -6,6 +6,8 @@ command line, so what runs here is exactly what ``srun`` or a TPU pod runs.
 """
 from __future__ import annotations
 
+import glob
+import importlib.util
 import json
 import math
 import os
@@ -38,13 +40,29 @@ def free_port() -> int:
 
 
 def default_platform() -> str:
-    """The platform the workers use: ``JAX_PLATFORMS`` if set, else JAX's default backend."""
+    """The platform the workers use, found without starting JAX's backends here.
+
+    ``JAX_PLATFORMS`` if set; JAX's default backend if this process already started it;
+    else what JAX would pick: a TPU or CUDA plugin with its device present, else CPU.
+    (Starting the GPU backend in the launching kernel would take the GPUs' memory from
+    the workers.)
+    """
     env = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip()
     if env:
         return env
-    import jax
+    from jax._src import xla_bridge
 
-    return jax.default_backend()
+    if xla_bridge.backends_are_initialized():
+        import jax
+
+        return jax.default_backend()
+    has = importlib.util.find_spec
+    if has("libtpu") is not None and (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/*")):
+        return "tpu"
+    cuda = any(has(f"jax_cuda{v}_plugin") is not None for v in (12, 13))
+    if cuda and glob.glob("/dev/nvidia[0-9]*"):
+        return "gpu"
+    return "cpu"
 
 
 def _config_text(config: Any) -> str:
@@ -170,7 +188,7 @@ def launch(config: Any, processes: int = 1, devices_per_process: int | None = No
       run_dir: the run directory (default ``runs/launch-<time>``); on shared storage
         when the job spans hosts.
       steps: train until this many steps in total (default: ``config.steps``).
-      platform: "cpu", "gpu" or "tpu" (default: ``JAX_PLATFORMS`` or JAX's backend).
+      platform: "cpu", "gpu" or "tpu" (default: :func:`default_platform`).
       heartbeat_timeout: seconds after which a silent process counts as dead (default 15).
 
     Returns:

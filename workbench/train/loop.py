@@ -148,13 +148,18 @@ def _steps(tr: Trainer, state: Any, target: int, stop: StopSignals, finish: _Fin
 
 def run_loop(tr: Trainer, state: Any, target: int) -> RunResult:
     """Trains ``tr`` from its current step to ``target``; see ``Trainer.run``."""
+    progress = make_progress(tr, target)
     compiled_now = tr._compiled is None
-    tr.compiled_step()
+    if compiled_now:
+        if progress is not None:
+            progress.event("compiling")
+        tr.compiled_step()
+        if progress is not None:
+            progress.event("compiled", seconds=tr.compile_seconds)
     writer = runs.RunWriter(tr.run_dir, config=tr.config.to_dict(),
                             meta=tr.run_meta(target)) if tr.primary else None
     sinks: list[Any] = []
     board = TensorBoard(tr.run_dir / "tensorboard") if tr.tensorboard and tr.primary else None
-    progress = make_progress(tr, target)
     if writer is not None:
         if tr._config_event is not None:
             writer.event(**tr._config_event, step=tr.step)
@@ -206,7 +211,8 @@ def run_loop(tr: Trainer, state: Any, target: int) -> RunResult:
                 board.close()
             if progress is not None:
                 progress.finish(status, message or error)
-            elif message and tr.primary and status != "finished":
+            if (message and tr.primary and status != "finished"
+                    and not isinstance(progress, ProgressLine)):  # how to continue
                 print(message, file=sys.stderr, flush=True)
     return RunResult(status=status, step=tr.step, target=target, message=message)
 

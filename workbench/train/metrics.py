@@ -114,7 +114,13 @@ class ProgressLine:
         self.stream.flush()
 
     def event(self, kind: str, **fields: Any) -> None:
-        """Events (compile, checkpoint) are not shown on the line."""
+        """Shows the compile phase (``compiling`` / ``compiled``) on its own line."""
+        if kind == "compiling":
+            self._write("compiling the train step (XLA)...")
+        elif kind == "compiled":
+            self._write(f"compiled in {fields.get('seconds', 0.0):.1f} s")
+        if self.tty and kind in ("compiling", "compiled"):
+            self.stream.write("\n")
 
     def finish(self, status: str, message: str | None = None) -> None:
         if self._pending:

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from workbench import runs
-from workbench.train.checkpoint import Checkpoints, abstract
+from workbench.train.checkpoint import Checkpoints
 from workbench.train.config import TrainConfig
 from workbench.train.loop import NonFiniteLoss, RunResult, run_loop
 from workbench.train.setup import (
@@ -52,6 +52,8 @@ class Trainer:
         jax-compile`` unless one is configured), a directory, or False (leave JAX alone).
       async_checkpoint: write checkpoints in the background after the device-to-host copy.
       data_cache: where the text corpus' ArrayRecord file is kept.
+      initial_model: an ``nnx.Module`` whose parameters start the run when it has no
+        checkpoint yet (see :meth:`from_plan`).
 
     Example::
 
@@ -63,7 +65,8 @@ class Trainer:
                  fork: bool = False, force: bool = False, progress: str | None = "auto",
                  tensorboard: bool = False, compile_cache: bool | str | os.PathLike[str] = True,
                  async_checkpoint: bool = True,
-                 data_cache: str | os.PathLike[str] | None = None) -> None:
+                 data_cache: str | os.PathLike[str] | None = None,
+                 initial_model: Any = None) -> None:
         if not isinstance(config, TrainConfig):
             raise TypeError(f"Trainer needs a wb.TrainConfig, got {type(config).__name__}; "
                             "use Trainer.from_plan(plan, ...) for a Plan")
@@ -89,6 +92,7 @@ class Trainer:
         self.compile_seconds: float | None = None
         self.history: list[dict[str, Any]] = []
         self._source = source
+        self._initial_model = initial_model
         self._load(source)
         self.setup_seconds = time.perf_counter() - t0
 
@@ -132,6 +136,11 @@ class Trainer:
                                    "belong to this config")
             self._say(f"restored checkpoint step {restored.step} from {ckpts.directory} "
                       f"({time.perf_counter() - t0:.1f} s)")
+        elif self._initial_model is not None:
+            self._state = self._state_from_model(self._initial_model)
+            self._rng = jax.random.key(self.config.seed)
+            self.step = 0
+            self.parts.data.set_state(self.parts.initial_data_state)
         else:
             from workbench.step import init_state
 
@@ -147,6 +156,60 @@ class Trainer:
             self.history = [r for r in runs.read_metrics(history_dir) if r["step"] <= self.step]
         else:
             self.history = []
+
+    def _state_from_model(self, model: Any) -> Any:
+        """A fresh TrainState whose params are ``model``'s, laid out by this run's rules."""
+        from flax import nnx
+
+        from workbench.step import TrainState
+
+        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        want = self.parts.abstract_state.params
+        if jax.tree.structure(params) != jax.tree.structure(want):
+            raise ValueError("the model's parameters do not match the config's model "
+                             f"({self.parts.model_config}); pass the model of the same plan")
+        sh = self.parts.shardings
+        params = jax.device_put(params, sh.params)
+        opt_state = jax.jit(self.parts.tx.init, out_shardings=sh.opt_state)(params)
+        step = jax.device_put(np.zeros((), np.int32), sh.step)
+        return TrainState(step=step, params=params, opt_state=opt_state)
+
+    @classmethod
+    def from_plan(cls, plan: Any, run_dir: str | os.PathLike[str], *, model: Any = None,
+                  optimizer: Any = None, steps: int = 200, data: Any = "text",
+                  checkpoint_every: int = 20, keep: int = 3, seed: int = 0,
+                  **kwargs: Any) -> Trainer:
+        """A Trainer for a plan's model config, mesh, rules, batch and sequence length.
+
+        Args:
+          plan: a ``wb.plan(...)`` of a ``GPTConfig`` on real devices.
+          run_dir: the run directory.
+          model: ``plan.materialize(...)``: its parameters start the run (when the run has
+            no checkpoint yet); default: initialised from ``seed``.
+          optimizer: a ``wb.train.AdamW`` spec (the plan's optax object is not
+            serialisable; default ``AdamW()``).
+          steps, data, checkpoint_every, keep, seed: as in ``TrainConfig``.
+          **kwargs: passed to ``Trainer`` (``progress``, ``fork``, ...).
+
+        Example::
+
+            plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=128)
+            trainer = wb.Trainer.from_plan(plan, "runs/p", model=plan.materialize(seed=0))
+        """
+        from workbench.train.optim import AdamW
+
+        if getattr(plan, "cfg", None) is None:
+            raise TypeError("Trainer.from_plan needs a plan of a GPTConfig; a model factory "
+                            "has no JSON config to save with the run")
+        if plan.mesh.jax_mesh is None:
+            raise ValueError(f"plan is on {plan.mesh.describe()} (no real devices); plan on "
+                             "wb.make_mesh(...) to train")
+        config = TrainConfig(model=plan.cfg, mesh=dict(plan.mesh.shape), rules=plan.rules,
+                             batch=plan.batch, seq=plan.seq, steps=steps,
+                             optimizer=optimizer if optimizer is not None else AdamW(),
+                             data=data, checkpoint_every=checkpoint_every, keep=keep,
+                             seed=seed)
+        return cls(config, run_dir, initial_model=model, **kwargs)
 
     # ------------------------------------------------------------------ compile
     def compiled_step(self) -> Any:
@@ -229,10 +292,11 @@ class Trainer:
                 f"{self.config.steps}, loss={last:.4f}, mesh={dict(self.mesh.shape)})")
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """In a notebook: the run's panel (the whole run so far); elsewhere: the repr."""
+        from workbench.train.loop import in_notebook
+
+        if not in_notebook():
+            return {"text/plain": repr(self)}
         from workbench.widgets.train_panel import train_widget
 
         return train_widget(self)._repr_mimebundle_(include=include, exclude=exclude)
-
-    def abstract_state(self) -> Any:
-        """The state's ``ShapeDtypeStruct`` tree with shardings (nothing allocated)."""
-        return abstract(self.parts.abstract_state)

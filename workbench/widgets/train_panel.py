@@ -31,6 +31,7 @@ _CSS = """
 .wb-train .wb-badge { padding: 1px 7px; border-radius: 9px; color: #fff; background: #888; }
 .wb-train .wb-running { background: #4e79a7; } .wb-train .wb-finished { background: #59a14f; }
 .wb-train .wb-failed { background: #e15759; } .wb-train .wb-interrupted { background: #9c755f; }
+.wb-train .wb-compiling { background: #edc948; color: #333; }
 .wb-train .wb-train-bar { height: 6px; margin: 4px 0; border-radius: 3px;
   background: var(--jp-layout-color3, #ddd); }
 .wb-train .wb-train-fill { height: 6px; border-radius: 3px; background: #4e79a7; }
@@ -127,7 +128,12 @@ class TrainPanel(anywidget.AnyWidget):
         self._last_send = time.monotonic()
 
     def event(self, kind: str, **fields: Any) -> None:
-        """Run events are not drawn (compile time shows in the run directory)."""
+        """Shows the compile phase: ``compiling``, then ``compiled`` (with its seconds)."""
+        if kind == "compiling":
+            self.flush(state="compiling", message="compiling the train step (XLA)…")
+        elif kind == "compiled":
+            self.flush(state="running",
+                       message=f"compiled in {fields.get('seconds') or 0.0:.1f} s")
 
     def finish(self, status: str, message: str | None = None) -> None:
         """Final update: remaining rows, the final status and the run's message."""
