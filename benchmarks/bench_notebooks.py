@@ -5,8 +5,9 @@ Notebooks run exactly as ``tests/test_notebooks.py`` runs them (a fresh kernel e
 simulated-device flag inherited, a scratch working directory); the target is the
 issue's "under 2 minutes each". Exercise latency is the time of ``Exercise.check`` for
 the answer a learner types: the compiled exercises lower and compile a small program on
-the 8-device mesh, the others only ask JAX for shardings; the median of 5 checks after
-one warm-up (JAX caches the compilation, so a repeated answer is faster).
+the 8-device mesh, the others only ask JAX for shardings. The value is the first check
+in the process (compilation included, what a learner waits for); the note gives the
+median of 5 repeats (JAX caches the compilation).
 """
 from __future__ import annotations
 
@@ -29,16 +30,16 @@ def _exercise_latency() -> list[dict[str, Any]]:
     rows = []
     for ex in exercises():
         times = []
-        for i in range(6):
+        for _ in range(6):
             t0 = time.perf_counter()
             wb.exercise(ex.name).check(ex.solution)
-            if i:
-                times.append(time.perf_counter() - t0)
-        value = statistics.median(times)
-        rows.append({"name": f"exercise check latency: {ex.name}", "value": round(value, 4),
+            times.append(time.perf_counter() - t0)
+        first, again = times[0], statistics.median(times[1:])
+        rows.append({"name": f"exercise check latency: {ex.name}", "value": round(first, 4),
                      "unit": "s", "target": f"< {CHECK_TARGET_S:g} s",
-                     "ok": value < CHECK_TARGET_S,
-                     "notes": f"notebook {ex.notebook}; median of 5 checks of the solution"})
+                     "ok": first < CHECK_TARGET_S,
+                     "notes": (f"notebook {ex.notebook}; first check (any compilation included); the same "
+                               f"answer again: {again * 1e3:.1f} ms (median of 5)")})
     return rows
 
 

@@ -2,6 +2,7 @@
 and frame/redraw times with 5 runs x 100k points."""
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import sys
@@ -13,7 +14,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from workbench import runs  # noqa: E402
+from workbench import runs
 
 BIG_RUNS, BIG_POINTS, LATENCY_SAMPLES = 5, 100_000, 40
 PEAK = "measured: float32 1024^3 matmul on this host (174.7 GFLOP/s), shared by 8 CPU device(s)"
@@ -140,6 +141,7 @@ def run() -> list[dict]:
         for w in writers:
             w.close()
     n = len(dash)
+    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     return [
         {"name": "append -> drawn in run dashboard chart, p95", "value": _p95(dash), "unit": "s",
          "target": "<= 1 s", "ok": _p95(dash) <= 1.0,
@@ -151,7 +153,7 @@ def run() -> list[dict]:
         {"name": f"frame time, {BIG_RUNS} runs x {BIG_POINTS // 1000}k points streaming, p95",
          "value": frames["frame_p95"], "unit": "ms", "target": "<= 50 ms", "ok": frames["frame_p95"] <= 50,
          "notes": f"comparison chart while all 5 runs append 10 steps/s for 6 s; worst frame "
-                  f"{frames['frame_max']:.0f} ms; headless Chromium, software rendering"},
+                  f"{frames['frame_max']:.0f} ms; headless Chromium, software rendering, {load}"},
         {"name": f"redraw (decimate + join + uPlot draw), {BIG_RUNS} x {BIG_POINTS // 1000}k, p95",
          "value": frames["draw_p95"], "unit": "ms", "target": "<= 50 ms", "ok": frames["draw_p95"] <= 50,
          "notes": f"median {frames['draw_p50']:.1f} ms over {frames['draws']} redraws; "

@@ -33,8 +33,8 @@ REPS = 3
 def _cfg(model: str, **kw: Any) -> Any:
     from workbench.train import TrainConfig
 
-    base = dict(model=model, mesh={"data": 8}, rules="fsdp", batch=16, seq=64, steps=10_000,
-                checkpoint_every=20, keep=2, seed=0, data="synthetic")
+    base = {"model": model, "mesh": {"data": 8}, "rules": "fsdp", "batch": 16, "seq": 64,
+            "steps": 10_000, "checkpoint_every": 20, "keep": 2, "seed": 0, "data": "synthetic"}
     return TrainConfig(**{**base, **kw})
 
 
@@ -47,8 +47,13 @@ class _Bare:
         from workbench.data import ShardedBatches
         from workbench.mesh import make_mesh
         from workbench.rules import Rules
-        from workbench.step import (batch_shardings, init_state, jit_train_step,
-                                    make_train_step, state_shardings)
+        from workbench.step import (
+            batch_shardings,
+            init_state,
+            jit_train_step,
+            make_train_step,
+            state_shardings,
+        )
 
         mesh = make_mesh(dict(cfg.mesh))
         rules = Rules.preset(cfg.rules, mesh)
@@ -104,18 +109,23 @@ def _overhead(root: Path, model: str, *, panel: bool, ckpt: bool, reps: int = RE
 
 
 def _small(root: Path) -> dict[str, Any]:
-    """A handful of 'small' steps: step ratio, blocking save, amortised every-20 ratio."""
+    """A handful of 'small' steps: step ratio, blocking save, amortised every-20 ratio.
+
+    Steps take seconds here, so each bare step is timed on its own (blocking) and the
+    medians are compared; bare steps run before and after the Trainer's.
+    """
     import workbench as wb
 
     cfg = _cfg("small", batch=8, seq=32)
     bare = _Bare(cfg)
-    t_bare = bare.time(2)
+    bare_times = [bare.time(1) for _ in range(2)]
     tr = wb.Trainer(cfg.replace(checkpoint_every=20), run_dir=root / "small",
                     progress="widget")
     tr.run(steps=4)                      # steps 2-3 measured; step 4 ends with a save
-    t_tr = statistics.mean(r["step_time"] for r in tr.history if r["step"] in (2, 3))
+    t_tr = statistics.median(r["step_time"] for r in tr.history if r["step"] in (2, 3))
     block = tr.history[-1]["ckpt_time"]
-    t_bare = (t_bare + bare.time(1)) / 2
+    bare_times += [bare.time(1) for _ in range(2)]
+    t_bare = statistics.median(bare_times)
     return {"ratio": t_tr / t_bare, "block": block, "bare": t_bare,
             "amortised": (t_tr + block / 20) / t_bare}
 
@@ -153,7 +163,7 @@ def run() -> list[dict[str, Any]]:
     full = _overhead(root, "tiny", panel=True, ckpt=True)
     small = _small(root)
     first = _first_step(root)
-    ms = lambda s: f"{1e3 * s:.1f} ms"  # noqa: E731
+    ms = lambda s: f"{1e3 * s:.1f} ms"
     rows = [
         {"name": "train: Trainer / bare jitted loop, tiny, no checkpoints",
          "value": plain["ratio"], "unit": "x", "target": "<= 1.02",

@@ -18,8 +18,8 @@ from workbench.models import GPTConfig
 from workbench.rules import Rules
 from workbench.train import AdamW, TrainConfig
 
-ISSUE_EXAMPLE = dict(model="tiny", mesh={"data": 8}, rules="fsdp", batch=8, seq=128, steps=200,
-                     checkpoint_every=20, keep=3, seed=0, data="text")
+ISSUE_EXAMPLE = {"model": "tiny", "mesh": {"data": 8}, "rules": "fsdp", "batch": 8, "seq": 128,
+                 "steps": 200, "checkpoint_every": 20, "keep": 3, "seed": 0, "data": "text"}
 
 
 def test_issue_example_and_every_field_has_a_default():

@@ -7,10 +7,19 @@ import grain
 import jax
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from workbench.data import (ShardedBatches, SyntheticData, TextData, build_text_corpus,
-                            corpus_bytes, data_spec, dataset, source)
+from workbench.data import (
+    ShardedBatches,
+    SyntheticData,
+    TextData,
+    build_text_corpus,
+    corpus_bytes,
+    data_spec,
+    dataset,
+    source,
+)
 
 SMALL = TextData(max_bytes=60_000)   # the first 60 kB of the stdlib stream
 
@@ -66,7 +75,7 @@ def test_corpus_is_written_once_and_read_through_grain(tmp_path):
 def test_shuffle_is_a_seeded_permutation_reshuffled_each_epoch():
     ds, info = dataset(SMALL, seq=64, batch=1, seed=3, vocab_size=256)
     n = info["epoch_records"]
-    rows = lambda d, lo, hi: [bytes(d[i][0].astype(np.uint8)) for i in range(lo, hi)]  # noqa: E731
+    rows = lambda d, lo, hi: [bytes(d[i][0].astype(np.uint8)) for i in range(lo, hi)]
     windows = [bytes(w.astype(np.uint8)) for w in source(SMALL, seq=64, vocab_size=256)[0]]
     epoch0, epoch1 = rows(ds, 0, n), rows(ds, n, 2 * n)
     assert sorted(epoch0) == sorted(windows) == sorted(epoch1)         # each window once

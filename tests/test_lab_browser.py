@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jupyterlab_harness import (  # noqa: E402
+from jupyterlab_harness import (
     Lab,
     chromium,
     require_chromium,
@@ -26,7 +27,7 @@ from jupyterlab_harness import (  # noqa: E402
     start_lab,
 )
 
-from workbench import runs  # noqa: E402
+from workbench import runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -34,9 +35,9 @@ REPO = Path(__file__).resolve().parent.parent
 EVIL = "<img src=x onerror=alert(1)>"
 TRAIN_CELLS = [
     "import workbench as wb",
-    "config = wb.TrainConfig(model='tiny', mesh={'data': 8}, data='synthetic', batch=8, seq=32,\n"
-    "                        steps=30, checkpoint_every=30)\n"
-    "trainer = wb.Trainer(config, run_dir='runs/tiny')",
+    ("config = wb.TrainConfig(model='tiny', mesh={'data': 8}, data='synthetic', batch=8, seq=32,\n"
+     "                        steps=30, checkpoint_every=30)\n"
+     "trainer = wb.Trainer(config, run_dir='runs/tiny')"),
     "trainer.run(steps=30)\nassert trainer.step == 30, trainer.step",
 ]
 
@@ -158,7 +159,7 @@ def test_jest_models() -> None:
     if not (ext / "node_modules").is_dir():
         pytest.skip("labextension/node_modules is missing: `make install` runs npm install")
     out = subprocess.run([shutil.which("npx") or "npx", "jest", "--ci"], cwd=ext,
-                         capture_output=True, text=True, timeout=180)
+                         capture_output=True, text=True, timeout=180, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -176,7 +177,9 @@ def test_trained_run_shows_in_panel_and_dashboard(lab: Lab, page: Any, lab_root:
     spark = _wait_attr(page, ".jp-Workbench-run[data-id='runs/tiny'] canvas.jp-Workbench-spark",
                        "data-points", 30)
     assert spark == 30
-    assert row.locator(".jp-Workbench-status").inner_text() == "finished"
+    page.wait_for_function(  # the run's closing run.json reaches the panel too
+        "() => document.querySelector(\".jp-Workbench-run[data-id='runs/tiny'] "
+        ".jp-Workbench-status\")?.textContent === 'finished'", timeout=15_000)
     row.click()
     chart = ".jp-Workbench-dashboard[data-run-id='runs/tiny'] .jp-Workbench-lossChart"
     assert _wait_attr(page, chart, "data-points", 30) == 30
@@ -186,8 +189,10 @@ def test_trained_run_shows_in_panel_and_dashboard(lab: Lab, page: Any, lab_root:
     assert f"{last['mfu'] * 100:.1f}%" in kpis, kpis  # MFU of the last step, as the file says
     assert "argument" in dash.locator(".jp-Workbench-memory").inner_text()
     assert "synthetic" in dash.locator(".jp-Workbench-config").inner_text()
-    status = page.locator(".jp-Workbench-statusItem")
-    assert "step 30 / 30" in status.inner_text()
+    page.wait_for_function(  # the status bar follows the current dashboard's run
+        "(mfu) => document.querySelector('.jp-Workbench-statusItem')?.textContent"
+        " === 'tiny · step 30 / 30 · MFU ' + mfu", arg=f"{last['mfu'] * 100:.1f}%",
+        timeout=15_000)
     shot = screenshot(page, "workbench_panel_trained_run")
     assert shot.stat().st_size > 10_000
 
@@ -238,7 +243,7 @@ def test_live_run_escaping_compare_and_restore(lab: Lab, page: Any, lab_root: Pa
     try:  # every step written, each drawn once: nothing lost or doubled across the reload
         page.wait_for_function(f"(n) => Number(document.querySelector(\"{chart}\")"
                                "?.dataset.points) === n", arg=len(steps), timeout=15_000)
-    except Exception:
+    except PlaywrightTimeout:
         got = page.locator(chart).get_attribute("data-points")
         raise AssertionError(f"chart shows {got} points, the run has {len(steps)}") from None
     screenshot(page, "workbench_dashboard_live")
@@ -246,7 +251,8 @@ def test_live_run_escaping_compare_and_restore(lab: Lab, page: Any, lab_root: Pa
 
 def test_extension_is_installed_and_enabled() -> None:
     jupyter = str(Path(sys.executable).parent / "jupyter")
-    labext = subprocess.run([jupyter, "labextension", "list"], capture_output=True, text=True)
+    labext = subprocess.run([jupyter, "labextension", "list"], capture_output=True, text=True,
+                            check=True)
     line = next((ln for ln in (labext.stdout + labext.stderr).splitlines()
                  if "workbench-lab" in ln), "")
     assert "enabled" in line and "OK" in line, labext.stdout + labext.stderr

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench import runs
+from workbench import _tail, runs
 
 
 def _write(run_dir: Path, steps: range, **extra: float) -> None:
@@ -83,7 +83,7 @@ def test_partial_line_waits_and_crash_cut_line_is_skipped(tmp_path: Path) -> Non
 
 
 def test_lines_longer_than_a_read_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runs, "_CHUNK", 64)
+    monkeypatch.setattr(_tail, "_CHUNK", 64)
     d = tmp_path / "r"
     with runs.RunWriter(d, config={}) as w:
         w.log({"step": 1, "note": "x" * 300})
@@ -102,6 +102,8 @@ def test_log_rejects_records_without_step(tmp_path: Path) -> None:
     w = runs.RunWriter(tmp_path / "r", config={})
     with pytest.raises(ValueError, match="integer 'step'"):
         w.log({"loss": 1.0})
+    with pytest.raises(TypeError, match="integer 'step'"):
+        w.log({"step": 1.5})
     with pytest.raises(ValueError, match="event"):
         w.log({"step": 1, "event": "x"})
     with pytest.raises(ValueError, match="status"):
@@ -137,13 +139,13 @@ def test_tail_read_matches_a_full_scan(tmp_path_factory: pytest.TempPathFactory,
             if s > since:
                 expected.append(i)
     expected = expected[:limit] if limit else expected
-    runs.MetricsTail.MARK_EVERY, runs._CHUNK = 7, 100  # many marks and chunk edges
+    runs.MetricsTail.MARK_EVERY, _tail._CHUNK = 7, 100  # many marks and chunk edges
     try:
         tail = runs.MetricsTail(d)
         tail.poll()
         assert [r["loss"] for r in tail.read(since, limit)] == expected
     finally:
-        runs.MetricsTail.MARK_EVERY, runs._CHUNK = 512, 8 << 20
+        runs.MetricsTail.MARK_EVERY, _tail._CHUNK = 512, 8 << 20
     assert [r["loss"] for r in runs.read_metrics(d, since)][: len(expected)] == expected
 
 

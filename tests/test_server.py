@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import tornado.httpclient
 import tornado.websocket
-from pytest_jupyter.jupyter_server import *  # noqa: F403 - its fixtures, for this module only
+from pytest_jupyter.jupyter_server import *  # its fixtures, for this module only
 from traitlets.config import Config
 
 from workbench import runs
@@ -247,8 +247,8 @@ async def test_run_stream_pushes_appended_lines(ws: Any, jp_root_dir: Path) -> N
     latencies = []
     for s in range(11, 14):
         appended: list[float] = []
-        timer = threading.Timer(0.2, lambda s=s: (w.log({"step": s, "loss": 0.5}),
-                                                  appended.append(time.time())))
+        timer = threading.Timer(0.2, lambda s=s, out=appended: (
+            w.log({"step": s, "loss": 0.5}), out.append(time.time())))
         timer.start()
         msg = await _recv(conn)
         latencies.append(time.time() - appended[0])
@@ -259,6 +259,41 @@ async def test_run_stream_pushes_appended_lines(ws: Any, jp_root_dir: Path) -> N
     status = await _recv(conn)
     assert status["type"] == "run" and status["run"]["status"] == "finished"
     conn.close()
+
+
+@run_async
+async def test_streams_lose_nothing_while_other_requests_read_the_run(
+        ws: Any, get: Any, jp_root_dir: Path) -> None:
+    """Every appended step reaches every socket exactly once, while REST requests and new
+    sockets on the same run read it concurrently (a regression test: a request's own
+    refresh once consumed lines that the sockets never got)."""
+    w = _make_run(jp_root_dir / "busy", 1)
+    first = await ws("runs", "busy", "stream")
+
+    def write() -> None:
+        for s in range(2, 301):
+            w.log({"step": s, "loss": 1.0})
+            time.sleep(0.002)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    socks = [first]
+    for i in range(12):
+        await get("runs", "busy", "metrics", since=290)
+        await get("runs", "busy")
+        if i % 4 == 3:
+            socks.append(await ws("runs", "busy", "stream"))
+        await asyncio.sleep(0.03)
+    writer.join()
+    for conn in socks:
+        steps: list[int] = []
+        while not steps or steps[-1] < 300:
+            msg = await _recv(conn, timeout=10)
+            if msg["type"] == "metrics":
+                steps += msg["columns"]["step"]
+        assert steps == list(range(1, 301))
+        conn.close()
+    w.close()
 
 
 @run_async

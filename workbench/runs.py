@@ -19,7 +19,6 @@ Example::
 """
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import math
@@ -34,10 +33,15 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
+
+from workbench._tail import METRICS, MetricsTail
+
+__all__ = ["METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunWriter", "columns",
+           "config_hash", "effective_status", "find_run_dirs", "list_runs", "read_events",
+           "read_metrics", "read_run", "resolve_run", "run_id"]
 
 RUN_JSON = "run.json"
-METRICS = "metrics.jsonl"
 STATUSES = ("running", "finished", "interrupted", "failed")
 _VERSIONED = ("workbench", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
 _SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "checkpoints"})
@@ -144,14 +148,17 @@ class RunWriter:
 
     def log(self, record: dict[str, Any]) -> None:
         """Appends one step record (must hold an int ``step``) and flushes it."""
-        step = record.get("step")
-        if isinstance(step, bool) or not isinstance(_clean(step), int):
-            raise ValueError(f"metrics record needs an integer 'step', got step={step!r} in "
-                             f"{sorted(record)}; log events with RunWriter.event(kind, ...)")
+        step = _clean(record.get("step"))
+        if step is None or isinstance(step, bool):
+            raise ValueError(f"metrics record needs an integer 'step', got "
+                             f"step={record.get('step')!r} in {sorted(record)}; log events "
+                             "with RunWriter.event(kind, ...)")
+        if not isinstance(step, int):
+            raise TypeError(f"metrics record needs an integer 'step', got {step!r} "
+                            f"({type(step).__name__}); pass int(step)")
         if "event" in record:
             raise ValueError("a step record may not have an 'event' key; use RunWriter.event()")
-        line = {"step": int(_clean(step)), "time": time.time(), **_clean(record)}
-        line["step"] = int(line["step"])
+        line = {"step": step, "time": time.time(), **_clean(record)}
         with self._lock:
             self._write_line(line)
             self.meta["step"] = max(int(self.meta.get("step") or 0), line["step"])
@@ -188,7 +195,7 @@ class RunWriter:
             self.meta.update(status=status, error=error)
             self._write_meta()
 
-    def __enter__(self) -> RunWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -229,137 +236,9 @@ def read_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise FileNotFoundError(f"{path} not found: {run_dir} is not a run directory "
                                 "(RunWriter creates run.json)") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} holds {type(data).__name__}, expected a JSON object")
+        raise TypeError(f"{path} holds a JSON {type(data).__name__}, expected an object; "
+                        "it was not written by RunWriter")
     return data
-
-
-class MetricsTail:
-    """Incremental, de-duplicating reader of one ``metrics.jsonl``.
-
-    ``poll()`` returns the step records and events appended since the last call; a
-    partly written last line waits for its newline. Step records whose step is not
-    above every step seen so far (re-logged after a resume) are dropped. The reader
-    keeps sparse (offset, step) marks so ``read(since)`` seeks instead of re-parsing.
-    """
-
-    MARK_EVERY = 512
-
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir) / METRICS
-        self.resets = 0  # times the file shrank (replaced or truncated) and was re-read
-        self._reset()
-
-    def _reset(self) -> None:
-        self.offset = 0
-        self.last_step: int | None = None
-        self.last_record: dict[str, Any] | None = None
-        self.records_seen = 0
-        self._marks: list[tuple[int, int]] = []  # (last step before offset, offset)
-
-    def poll(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Reads what was appended since the last poll: ``(step_records, events)``."""
-        steps: list[dict[str, Any]] = []
-        events: list[dict[str, Any]] = []
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            return steps, events
-        if size < self.offset:  # truncated or replaced: start over
-            self._reset()
-            self.resets += 1
-        if size == self.offset:
-            return steps, events
-        for start, end, rec in _records(self.path, self.offset, size):
-            self.offset = end  # after the loop: the end of the last whole line
-            if rec is None:
-                continue
-            if "event" in rec:
-                events.append(rec)
-                continue
-            step = rec.get("step")
-            if not isinstance(step, int) or (self.last_step is not None and step <= self.last_step):
-                continue
-            if self.records_seen % self.MARK_EVERY == 0:
-                self._marks.append((self.last_step if self.last_step is not None else -(2**62),
-                                    start))
-            self.last_step, self.last_record = step, rec
-            self.records_seen += 1
-            steps.append(rec)
-        return steps, events
-
-    def read(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        """Step records with ``step > since`` up to what ``poll`` has seen (oldest first).
-
-        Args:
-          since: return only steps above this one.
-          limit: at most this many records (the oldest ones after ``since``).
-        """
-        keys = [m[0] for m in self._marks]
-        i = bisect.bisect_right(keys, since) - 1
-        if i < 0:
-            return []
-        last, offset = self._marks[i]
-        out: list[dict[str, Any]] = []
-        for _, _, rec in _records(self.path, offset, self.offset):
-            if rec is None or "event" in rec or not isinstance(rec.get("step"), int):
-                continue
-            if rec["step"] <= last:
-                continue
-            last = rec["step"]
-            if last > since:
-                out.append(rec)
-                if limit is not None and len(out) >= limit:
-                    break
-        return out
-
-
-_CHUNK = 8 << 20  # bytes parsed per json.loads call
-
-
-def _records(path: Path, start: int,
-             stop: int) -> Iterator[tuple[int, int, dict[str, Any] | None]]:
-    """Whole lines of ``path`` in ``[start, stop)``: ``(line start, line end, dict or None)``.
-
-    Lines are parsed a chunk at a time with one ``json.loads`` (3x faster than line by
-    line); a partly written last line is left for the next call.
-    """
-    with open(path, "rb") as f:
-        f.seek(start)
-        pos = start
-        while pos < stop:
-            data = f.read(min(_CHUNK, stop - pos))
-            cut = data.rfind(b"\n") + 1
-            if not cut:
-                if len(data) < _CHUNK:
-                    return  # a partly written last line: wait for its newline
-                cut = len(data) + len(f.readline())  # one line longer than a chunk
-                f.seek(pos)
-                data = f.read(cut)
-                if not data.endswith(b"\n"):
-                    return
-            f.seek(pos + cut)
-            lines = data[:cut].split(b"\n")[:-1]
-            for raw, rec in zip(lines, _parse_lines(lines)):
-                yield pos, pos + len(raw) + 1, rec
-                pos += len(raw) + 1
-
-
-def _parse_lines(lines: list[bytes]) -> list[dict[str, Any] | None]:
-    try:
-        out = json.loads(b"[" + b",".join(lines) + b"]")
-        if len(out) == len(lines):
-            return [r if isinstance(r, dict) else None for r in out]
-    except ValueError:
-        pass
-    return [_parse(raw) for raw in lines]  # some line is cut short or not an object
-
-
-def _parse(raw: bytes) -> dict[str, Any] | None:
-    try:
-        rec = json.loads(raw)
-    except ValueError:  # a line cut short by a crash
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 def read_metrics(run_dir: str | os.PathLike[str], since: int = 0) -> list[dict[str, Any]]:
@@ -426,7 +305,7 @@ def list_runs(roots: Iterable[str | os.PathLike[str]], max_depth: int = 4) -> li
         for d in find_run_dirs(root, max_depth):
             try:
                 run = read_run(d)
-            except (OSError, ValueError):
+            except (OSError, ValueError, TypeError):
                 continue
             rid = run_id(root, d)
             out.append({**run, "uid": run.get("id"), "id": rid if k == 0 else f"{k}:{rid}",

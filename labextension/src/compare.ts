@@ -8,7 +8,7 @@ import { runStream, Stream } from './handler';
 import { RunMessage } from './types';
 import { el } from './panel';
 import { RunModel } from './runModel';
-import { decimate, ema } from './series';
+import { Decimator, EmaCache } from './series';
 import { SettingsModel, Throttle } from './settings';
 
 /** Metrics a comparison can show, with their tick format. */
@@ -28,6 +28,8 @@ export class CompareRuns extends Widget {
   private _box = el('div', 'jp-Workbench-compareChart');
   private _throttle: Throttle;
   private _names = '';
+  private _decimators: Decimator[] = [];
+  private _emas: EmaCache[] = [];
 
   constructor(readonly ids: string[], private readonly _settings: SettingsModel) {
     super();
@@ -54,8 +56,8 @@ export class CompareRuns extends Widget {
     this.runs = ids.map(id => new RunModel(id));
     this._streams = this.runs.map(run => {
       run.changed.connect((_, change) => {
-        if (change === 'detail' && this._names !== this._currentNames()) {
-          this._rebuild(); // a legend label (run name) changed
+        if (change === 'reset' || (change === 'detail' && this._names !== this._currentNames())) {
+          this._rebuild(); // a legend label (run name) changed, or a run's file was replaced
         } else {
           this._throttle.schedule();
         }
@@ -88,13 +90,13 @@ export class CompareRuns extends Widget {
     }
     const t0 = performance.now();
     const per = Math.max(100, Math.floor(this._settings.value.maxPoints));
-    const tables = this.runs.map(run => {
+    const tables = this.runs.map((run, i) => {
       const s = run.series;
       let y: ArrayLike<number> = s.column(this._metric);
       if (this._metric === 'loss') {
-        y = ema(y, this._settings.value.smoothing);
+        y = this._emas[i].update(y, this._settings.value.smoothing);
       }
-      const d = decimate(s.column('step'), [y], per);
+      const d = this._decimators[i].decimate(s.column('step'), [y], per);
       return [d.x, d.ys[0]] as uPlot.AlignedData;
     });
     const joined = tables.length ? uPlot.join(tables) : [[]];
@@ -115,6 +117,8 @@ export class CompareRuns extends Widget {
 
   private _rebuild(): void {
     this._chart?.dispose();
+    this._decimators = this.runs.map(() => new Decimator()); // per run, for this metric
+    this._emas = this.runs.map(() => new EmaCache());
     this._names = this._currentNames();
     const m = COMPARABLE[this._metric];
     this._chart = new LineChart({

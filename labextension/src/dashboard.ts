@@ -10,7 +10,7 @@ import { runStream, Stream } from './handler';
 import { RunMessage } from './types';
 import { button, el } from './panel';
 import { RunModel } from './runModel';
-import { decimate, ema } from './series';
+import { Decimator, EmaCache } from './series';
 import { SettingsModel, Throttle } from './settings';
 
 /** The metric columns a dashboard streams (the charts, KPIs and CSV export). */
@@ -30,6 +30,8 @@ export class RunDashboard extends Widget {
   private _config = el('div', 'jp-Workbench-config');
   private _smoothLabel = el('span', 'jp-Workbench-smoothLabel');
   private _charts: Record<'loss' | 'util' | 'time' | 'tput', LineChart>;
+  private _decimators = RunDashboard._newDecimators();
+  private _ema = new EmaCache();
 
   constructor(id: string, private readonly _settings: SettingsModel) {
     super();
@@ -76,6 +78,8 @@ export class RunDashboard extends Widget {
     this.model.changed.connect((_, change) => {
       if (change === 'detail') {
         this._renderDetail();
+      } else if (change === 'reset') {
+        this._resetCaches();
       }
       this._throttle.schedule();
     });
@@ -102,14 +106,16 @@ export class RunDashboard extends Widget {
     const max = this._settings.value.maxPoints;
     const step = s.column('step');
     const loss = s.column('loss');
-    const lossD = decimate(step, [loss, ema(loss, this._smoothing)], max);
+    const smooth = this._ema.update(loss, this._smoothing);
+    const dec = this._decimators;
+    const lossD = dec.loss.decimate(step, [loss], max, [smooth]);
     this._charts.loss.setData(lossD.x, lossD.ys, t0);
-    const util = decimate(step, [s.column('mfu'), s.column('hfu')], max);
+    const util = dec.util.decimate(step, [s.column('mfu'), s.column('hfu')], max);
     this._charts.util.setData(util.x, util.ys);
-    const time = decimate(step, [s.column('step_time'), s.column('data_time'),
+    const time = dec.time.decimate(step, [s.column('step_time'), s.column('data_time'),
       s.column('ckpt_time')], max);
     this._charts.time.setData(time.x, time.ys);
-    const tput = decimate(step, [s.column('tokens_per_s')], max);
+    const tput = dec.tput.decimate(step, [s.column('tokens_per_s')], max);
     this._charts.tput.setData(tput.x, tput.ys);
     this._smoothLabel.textContent = this._smoothing.toFixed(2);
     const d = this.model.detail;
@@ -122,6 +128,17 @@ export class RunDashboard extends Widget {
       kpi('tokens/s', fmtRate(s.last('tokens_per_s'))),
       kpi('step time', fmtSeconds(s.last('step_time'))),
       kpi('compile', fmtSeconds(this.model.compileSeconds)));
+  }
+
+  private static _newDecimators(): Record<'loss' | 'util' | 'time' | 'tput', Decimator> {
+    return { loss: new Decimator(), util: new Decimator(), time: new Decimator(),
+      tput: new Decimator() };
+  }
+
+  /** The metrics file was replaced: cached decimation and smoothing no longer apply. */
+  private _resetCaches(): void {
+    this._decimators = RunDashboard._newDecimators();
+    this._ema = new EmaCache();
   }
 
   private _onSettings(): void {

@@ -130,92 +130,161 @@ export class MetricSeries {
 }
 
 /**
- * Exponential moving average with TensorBoard's debiasing: with weight w,
- * `m_i = w m_{i-1} + (1 - w) v_i` and the output is `m_i / (1 - w^n)` after n finite
- * values, so early points are not pulled toward zero. NaN stays NaN; w = 0 is identity.
+ * Exponential moving average with TensorBoard's debiasing, kept up to date on an
+ * append-only column: with weight w, `m_i = w m_{i-1} + (1 - w) v_i` and the output is
+ * `m_i / (1 - w^n)` after n finite values, so early points are not pulled toward zero.
+ * NaN stays NaN; w = 0 is the identity. Only points appended since the last call are
+ * computed (a new weight or a shorter column starts over).
  */
-export function ema(values: ArrayLike<number>, weight: number): Float64Array {
-  const out = new Float64Array(values.length);
-  const w = Math.min(Math.max(weight, 0), 0.999);
-  let m = 0;
-  let wn = 1; // w^n after n finite values
-  for (let i = 0; i < values.length; i++) {
-    const v = values[i];
-    if (!Number.isFinite(v)) {
-      out[i] = NaN;
-      continue;
+export class EmaCache {
+  private _out = new Float64Array(0);
+  private _n = 0;
+  private _m = 0;
+  private _wn = 1; // w^n after n finite values
+  private _w = NaN;
+
+  update(values: ArrayLike<number>, weight: number): Float64Array {
+    const w = Math.min(Math.max(weight, 0), 0.999);
+    if (w !== this._w || values.length < this._n) {
+      this._n = 0;
+      this._m = 0;
+      this._wn = 1;
+      this._w = w;
     }
-    m = w * m + (1 - w) * v;
-    wn *= w;
-    out[i] = w === 0 ? v : m / (1 - wn);
+    if (this._out.length < values.length) {
+      const grown = new Float64Array(Math.max(values.length, 2 * this._out.length));
+      grown.set(this._out.subarray(0, this._n));
+      this._out = grown;
+    }
+    for (let i = this._n; i < values.length; i++) {
+      const v = values[i];
+      if (!Number.isFinite(v)) {
+        this._out[i] = NaN;
+        continue;
+      }
+      this._m = w * this._m + (1 - w) * v;
+      this._wn *= w;
+      this._out[i] = w === 0 ? v : this._m / (1 - this._wn);
+    }
+    this._n = values.length;
+    return this._out.subarray(0, values.length);
   }
-  return out;
+}
+
+/** The debiased EMA of `values` (see `EmaCache`), computed once. */
+export function ema(values: ArrayLike<number>, weight: number): Float64Array {
+  return new EmaCache().update(values, weight).slice();
+}
+
+/** Appends the sorted, distinct picks of one bucket: its first index and each series'
+ * minimum and maximum. */
+function pickBucket(lo: number, hi: number, ys: ReadonlyArray<ArrayLike<number>>,
+  out: number[]): void {
+  const picks = [lo];
+  for (const y of ys) {
+    let iMin = -1;
+    let iMax = -1;
+    let vMin = Infinity;
+    let vMax = -Infinity;
+    for (let i = lo; i < hi; i++) {
+      const v = y[i];
+      if (v < vMin) {
+        vMin = v;
+        iMin = i;
+      }
+      if (v > vMax) {
+        vMax = v;
+        iMax = i;
+      }
+    }
+    if (iMin >= 0) {
+      picks.push(iMin, iMax);
+    }
+  }
+  picks.sort((a, b) => a - b);
+  for (const i of picks) {
+    if (i !== out[out.length - 1]) {
+      out.push(i); // buckets are disjoint and in order, so `out` stays sorted
+    }
+  }
 }
 
 /**
- * Indices to draw at most about `maxPoints` points per series without losing spikes:
- * the index range is cut into buckets and each bucket keeps its first index and the
- * indices of every series' minimum and maximum (min-max decimation).
+ * Min-max decimation of append-only series, incremental: indices to draw at most about
+ * `maxPoints` points per series without losing spikes. The index range is cut into
+ * buckets of a power-of-two size; each bucket keeps its first index and every series'
+ * minimum and maximum. Complete buckets are computed once and kept; only the newest,
+ * partial bucket is recomputed on each call (the bucket size doubles as the series
+ * grows, which recomputes everything once per doubling).
  */
+export class Decimator {
+  private _size = 0;
+  private _done = 0; // indices below this are covered by complete buckets in _picks
+  private _picks: number[] = [];
+  private _key = '';
+
+  indices(length: number, ys: ReadonlyArray<ArrayLike<number>>, maxPoints: number): number[] {
+    if (length <= maxPoints || maxPoints < 4) {
+      return Array.from({ length }, (_, i) => i);
+    }
+    const buckets = Math.max(1, Math.floor(maxPoints / (1 + 2 * Math.max(ys.length, 1))));
+    let size = 2;
+    while (Math.ceil(length / size) > buckets) {
+      size *= 2;
+    }
+    const key = `${ys.length}:${maxPoints}:${size}`;
+    if (key !== this._key || length < this._done) {
+      this._key = key;
+      this._size = size;
+      this._done = 0;
+      this._picks = [];
+    }
+    while (this._done + this._size <= length) {
+      pickBucket(this._done, this._done + this._size, ys, this._picks);
+      this._done += this._size;
+    }
+    const out = this._picks.slice();
+    if (this._done < length) {
+      pickBucket(this._done, length, ys, out);
+    }
+    if (out[out.length - 1] !== length - 1) {
+      out.push(length - 1); // the newest point is always drawn
+    }
+    return out;
+  }
+
+  /**
+   * Gathers `x` and each series at the decimated indices (NaN -> null, a gap); `extra`
+   * series (a smoothed copy) are gathered at the same indices without choosing them.
+   */
+  decimate(
+    x: ArrayLike<number>,
+    ys: ReadonlyArray<ArrayLike<number>>,
+    maxPoints: number,
+    extra: ReadonlyArray<ArrayLike<number>> = []
+  ): Decimated {
+    const idx = this.indices(x.length, ys, maxPoints);
+    return {
+      x: idx.map(i => x[i]),
+      ys: [...ys, ...extra].map(y => idx.map(i => (Number.isFinite(y[i]) ? y[i] : null)))
+    };
+  }
+}
+
+/** Indices of a one-off min-max decimation (see `Decimator`). */
 export function decimateIndices(
   length: number,
   ys: ReadonlyArray<ArrayLike<number>>,
   maxPoints: number
 ): number[] {
-  if (length <= maxPoints || maxPoints < 4) {
-    return Array.from({ length }, (_, i) => i);
-  }
-  const perBucket = 1 + 2 * Math.max(ys.length, 1);
-  const buckets = Math.max(1, Math.floor(maxPoints / perBucket));
-  const out: number[] = [];
-  const picks: number[] = [];
-  for (let b = 0; b < buckets; b++) {
-    const lo = Math.floor((b * length) / buckets);
-    const hi = Math.floor(((b + 1) * length) / buckets);
-    picks.length = 0;
-    picks.push(lo);
-    for (const y of ys) {
-      let iMin = -1;
-      let iMax = -1;
-      let vMin = Infinity;
-      let vMax = -Infinity;
-      for (let i = lo; i < hi; i++) {
-        const v = y[i];
-        if (v < vMin) {
-          vMin = v;
-          iMin = i;
-        }
-        if (v > vMax) {
-          vMax = v;
-          iMax = i;
-        }
-      }
-      if (iMin >= 0) {
-        picks.push(iMin, iMax);
-      }
-    }
-    picks.sort((a, b) => a - b);
-    for (const i of picks) {
-      if (i !== out[out.length - 1]) {
-        out.push(i); // buckets are disjoint and in order, so `out` stays sorted
-      }
-    }
-  }
-  if (out[out.length - 1] !== length - 1) {
-    out.push(length - 1); // the newest point is always drawn
-  }
-  return out;
+  return new Decimator().indices(length, ys, maxPoints);
 }
 
-/** Gathers `x` and each series at the decimated indices (NaN -> null, a gap). */
+/** A one-off min-max decimation of `x` and `ys` (see `Decimator`). */
 export function decimate(
   x: ArrayLike<number>,
   ys: ReadonlyArray<ArrayLike<number>>,
   maxPoints: number
 ): Decimated {
-  const idx = decimateIndices(x.length, ys, maxPoints);
-  return {
-    x: idx.map(i => x[i]),
-    ys: ys.map(y => idx.map(i => (Number.isFinite(y[i]) ? y[i] : null)))
-  };
+  return new Decimator().decimate(x, ys, maxPoints);
 }

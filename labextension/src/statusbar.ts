@@ -22,10 +22,14 @@ export class RunStatus extends Widget {
     this.render();
   }
 
-  /** Shows the run of the current dashboard, else the latest running run; hides if none. */
+  /**
+   * Shows the run of the current dashboard, else the latest running run, else the most
+   * recently updated one; hidden when there are no runs.
+   */
   render(): void {
     const active = this._wb.activeRunId();
-    const run = (active && this._wb.runs.get(active)) || this._wb.runs.latestRunning();
+    const runs = this._wb.runs;
+    const run = (active && runs.get(active)) || runs.latestRunning() || runs.runs[0];
     this.node.dataset.runId = run?.id ?? '';
     this.node.textContent = run
       ? `${run.name} · ${fmtStep(run.step, run.target_steps)} · MFU ${fmtPercent(run.mfu)}`

@@ -72,10 +72,12 @@ except ValueError as e:
 # %% [markdown]
 # ### The axis order matters
 #
-# The device ids fill the grid in row-major order: along the **last** axis, neighbours
-# have consecutive ids. On real hardware consecutive ids are usually physically close
-# (the same host, the same NVLink island, neighbouring chips on a TPU torus), so the
-# last axis is the one to give the chattiest kind of parallelism (tensor parallelism).
+# Here the device ids fill the grid in row-major order: along the **last** axis,
+# neighbours have consecutive ids. On GPU servers consecutive ids share a host (and its
+# NVLink); on TPUs `jax.make_mesh` orders the chips along the physical torus, so the
+# devices of the last axis are direct neighbours. Either way the last axis is the
+# closest-knit, and the one to give the chattiest kind of parallelism (tensor
+# parallelism).
 
 # %%
 for axes in ({"data": 4, "model": 2}, {"model": 2, "data": 4}):

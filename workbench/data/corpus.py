@@ -2,7 +2,8 @@
 
 The default corpus is built from files already on every machine: the ``.py`` sources of
 the Python standard library (``sysconfig.get_paths()["stdlib"]``), code and docstrings,
-without its test suites, ``idlelib`` and ``site-packages``. Files are read in sorted
+without its test suites, ``idlelib``, ``lib2to3`` and ``site-packages`` (about 600 files,
+11 MB on CPython 3.11). Files are read in sorted
 order and joined, each after a ``# ==== <relative path> ====`` header line, into one byte
 stream (tokens are bytes, vocabulary 256). Training windows are ``seq + 1`` bytes at
 stride ``seq`` (inputs and next-byte targets). They are written once as an ArrayRecord
@@ -25,10 +26,10 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-#: Directory names never read into the default corpus.
 #: Bytes of text per ArrayRecord record (several windows each).
 RECORD_BYTES = 8192
 
+#: Directory names never read into the default corpus.
 DEFAULT_EXCLUDE: tuple[str, ...] = (
     "site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__", "lib2to3")
 

@@ -53,7 +53,7 @@ class SyntheticData:
 
 
 DataSpec = TextData | SyntheticData
-_KINDS: dict[str, type[TextData] | type[SyntheticData]] = {
+_KINDS: dict[str, type[TextData | SyntheticData]] = {
     "text": TextData, "synthetic": SyntheticData}
 
 

@@ -79,12 +79,14 @@ def fsdp_collective() -> Exercise:
         c = compile_on_mesh(_matmul, shapes, specs, None, axes)
         kinds = set(c.kinds) or {"none"}
         total = 2 * 64 * 256 * 512
+        share = (f"{c.flops:,.0f} FLOPs per device = 1/{total / c.flops:.0f} of the "
+                 f"{total:,} total")
         fsdp = (f"XLA compiled: {c.describe()}. Each device gathers the full (256, 512) "
-                f"weight and multiplies it with its own 8 rows of x ({c.flops:,.0f} FLOPs "
-                f"per device = 1/{total / c.flops:.0f} of the {total:,} total). This is FSDP "
+                f"weight and multiplies it with its own 8 rows of x ({share}). This is FSDP "
                 "(ZeRO-3): the weight is *stored* split over 'data' and gathered when used; "
                 "every replica computes with the same, whole weight, so it is one model, not "
-                "8 different ones.")
+                "8 different ones.") if "all-gather" in kinds else (
+                f"XLA compiled: {c.describe()} ({share}).")
         if choice in kinds:
             return Result(correct=True, explanation=fsdp)
         why = {

@@ -62,14 +62,18 @@ class _Base(JupyterHandler):
         return self.settings["workbench_hub"]
 
     async def lookup(self, rid: str) -> RunWatch:
-        """The run's watch, refreshed; 400 for malformed ids, 404 for unknown runs."""
+        """The run's watch, up to date; 400 for malformed ids, 404 for unknown runs.
+
+        The refresh goes through the hub, which pushes what it read to the run's
+        websockets: a refresh of its own would consume appended lines unseen by them.
+        """
         try:
             watch = self.hub.index.watch(rid)
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
         except FileNotFoundError as e:
             raise web.HTTPError(404, str(e)) from None
-        await asyncio.to_thread(watch.refresh)
+        await self.hub.poll_now(max_age=0.0)
         return watch
 
 

@@ -45,7 +45,7 @@ class RunWatch:
                 stamp = (st.st_mtime_ns, st.st_size)
                 if stamp != self._meta_stamp:
                     self.meta, self._meta_stamp, changed = runs.read_run(self.path), stamp, True
-            except (OSError, ValueError):
+            except (OSError, ValueError, TypeError):
                 pass  # mid-replace or gone: the next poll (or a scan) sorts it out
             status = runs.effective_status(self.meta) if self.meta else "running"
             changed = changed or status != self._status

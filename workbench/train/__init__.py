@@ -2,7 +2,7 @@
 from workbench.train.config import RUN_CONTROL_FIELDS, TrainConfig
 from workbench.train.optim import AdamW
 
-__all__ = ["AdamW", "RUN_CONTROL_FIELDS", "TrainConfig", "Trainer"]
+__all__ = ["RUN_CONTROL_FIELDS", "AdamW", "TrainConfig", "Trainer"]
 
 
 def __getattr__(name: str):  # the Trainer pulls in orbax and the step: load on first use

@@ -46,7 +46,7 @@ def fmt_duration(seconds: float | None) -> str:
     """62.3 -> '1:02'; 3725 -> '1:02:05'; None -> '?'."""
     if seconds is None or not math.isfinite(seconds):
         return "?"
-    s = int(round(seconds))
+    s = round(seconds)
     h, rest = divmod(s, 3600)
     m, s = divmod(rest, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import Any
+from typing import Any, Self
 
 _NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
@@ -67,7 +67,7 @@ class StopSignals:
             print(f"\n{name} received: stopping after this step and saving a checkpoint"
                   f"{hint}", file=sys.stderr, flush=True)
 
-    def __enter__(self) -> StopSignals:
+    def __enter__(self) -> Self:
         # Across processes JAX's preemption notifier owns SIGTERM; no local handlers.
         if not self.distributed and threading.current_thread() is threading.main_thread():
             for signum in _NAMES:

@@ -124,7 +124,7 @@ class Trainer:
         if ckpts.all_steps():
             t0 = time.perf_counter()
             target = {"train": self.parts.abstract_state,
-                      "rng": jax.eval_shape(lambda: jax.random.key(0))}
+                      "rng": self._abstract_rng()}
             restored = ckpts.restore(target, data=self.parts.data)
             self._state, self._rng = restored.state["train"], restored.state["rng"]
             self.step = self.restored_from = restored.step
@@ -138,7 +138,7 @@ class Trainer:
                       f"({time.perf_counter() - t0:.1f} s)")
         elif self._initial_model is not None:
             self._state = self._state_from_model(self._initial_model)
-            self._rng = jax.random.key(self.config.seed)
+            self._rng = self._new_rng()
             self.step = 0
             self.parts.data.set_state(self.parts.initial_data_state)
         else:
@@ -146,7 +146,7 @@ class Trainer:
 
             _, self._state = init_state(self.parts.model_config, self.parts.tx, self.rules,
                                         self.mesh, seed=self.config.seed)
-            self._rng = jax.random.key(self.config.seed)
+            self._rng = self._new_rng()
             self.step = 0
             self.parts.data.set_state(self.parts.initial_data_state)
         # A fork starts with the history of its source run, up to the step it starts from.
@@ -156,6 +156,17 @@ class Trainer:
             self.history = [r for r in runs.read_metrics(history_dir) if r["step"] <= self.step]
         else:
             self.history = []
+
+    def _new_rng(self) -> Any:
+        """The run's base PRNG key (typed), replicated over the mesh: a global array, so
+        every process saves the same key in a multi-process checkpoint."""
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return jax.jit(lambda: jax.random.key(self.config.seed), out_shardings=replicated)()
+
+    def _abstract_rng(self) -> Any:
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
 
     def _state_from_model(self, model: Any) -> Any:
         """A fresh TrainState whose params are ``model``'s, laid out by this run's rules."""

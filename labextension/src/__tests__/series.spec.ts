@@ -1,4 +1,4 @@
-import { decimate, decimateIndices, ema, MetricSeries } from '../series';
+import { decimate, decimateIndices, Decimator, ema, EmaCache, MetricSeries } from '../series';
 
 describe('MetricSeries', () => {
   it('appends columns, fills missing values with NaN and drops re-logged steps', () => {
@@ -41,6 +41,17 @@ describe('ema', () => {
     expect(out[3]).toBeCloseTo((0.5 * 2.5 + 0.5 * 6) / (1 - 0.125));
     expect(Array.from(ema([1, 5, 3], 0))).toEqual([1, 5, 3]);
   });
+
+  it('updates incrementally to the same values as computed at once', () => {
+    const values = Array.from({ length: 5000 }, (_, i) => Math.cos(i / 7) + (i % 13 === 0 ? NaN : 0));
+    const cache = new EmaCache();
+    for (let n = 0; n <= values.length; n += 777) {
+      cache.update(values.slice(0, n), 0.9);
+    }
+    const whole = ema(values, 0.9);
+    expect(Array.from(cache.update(values, 0.9))).toEqual(Array.from(whole));
+    expect(Array.from(cache.update(values, 0.5))).toEqual(Array.from(ema(values, 0.5)));
+  });
 });
 
 describe('decimate', () => {
@@ -56,12 +67,28 @@ describe('decimate', () => {
     y[77777] = -50;
     const d = decimate(x, [y], 2000);
     expect(d.x.length).toBeLessThanOrEqual(2001);
-    expect(d.x.length).toBeGreaterThan(1000);
+    expect(d.x.length).toBeGreaterThan(600);
     expect(d.x).toContain(54322);
     expect(Math.max(...(d.ys[0] as number[]))).toBe(100);
     expect(Math.min(...(d.ys[0] as number[]))).toBe(-50);
     expect(d.x[d.x.length - 1]).toBe(n);
     expect([...d.x].sort((a, b) => a - b)).toEqual(d.x); // still in step order
+  });
+
+  it('gives the same picks incrementally as from scratch, as the series grows', () => {
+    const n = 60000;
+    const y = Float64Array.from({ length: n }, (_, i) => Math.sin(i / 300) + ((i * 7919) % 101) / 50);
+    const inc = new Decimator();
+    for (let len = 1; len <= n; len += 997) {
+      const got = inc.indices(len, [y.subarray(0, len)], 1500);
+      expect(got).toEqual(new Decimator().indices(len, [y.subarray(0, len)], 1500));
+      expect(got.length).toBeLessThanOrEqual(1501);
+    }
+  });
+
+  it('gathers extra series at the chosen indices', () => {
+    const d = new Decimator().decimate([1, 2, 3], [[5, 6, 7]], 10, [[0.5, NaN, 0.7]]);
+    expect(d.ys).toEqual([[5, 6, 7], [0.5, null, 0.7]]);
   });
 
   it('turns NaN into null gaps', () => {
