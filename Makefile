@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: lab test bench browser install clean
+.PHONY: lab test bench browser install clean screenshots
 
 $(STAMP): pyproject.toml $(wildcard labextension/package.json labextension/src/*.ts labextension/style/* labextension/schema/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,15 @@ test: $(STAMP) browser
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# The README's screenshots, retaken by the real-browser tests.
+README_SHOTS := widgets-mesh-v5p widgets-layout-rank3 widgets-tree exercise-wrong \
+	workbench_panel_trained_run workbench_compare_live
+screenshots: $(STAMP) browser
+	$(BIN)/python -m pytest -q tests/test_widgets_browser.py tests/test_lab_browser.py \
+	  tests/test_exercises.py
+	mkdir -p docs/screenshots
+	for s in $(README_SHOTS); do cp artifacts/screenshots/$$s.png docs/screenshots/; done
 
 clean:
 	rm -rf $(VENV) build dist labextension/node_modules labextension/lib workbench/labextension

@@ -48,3 +48,18 @@ def _exists(mod: str) -> bool:
         return importlib.util.find_spec(mod) is not None
     except ModuleNotFoundError:
         return False
+
+
+def test_public_functions_survive_importing_their_modules():
+    """``import workbench.layout`` (or .plan, .launch) must not replace ``wb.layout`` with a
+    module that cannot be called: the public function and the submodule share a name."""
+    code = ("import workbench.layout, workbench.plan, workbench.launch, workbench.devices\n"
+            "import workbench as wb\n"
+            "from workbench.layout import layout\n"
+            "lay = wb.layout((8, 4), ('x', None), wb.abstract_mesh(x=4))\n"
+            "assert lay.bytes_per_device[0] == layout((8, 4), ('x', None),"
+            " wb.abstract_mesh(x=4)).bytes_per_device[0] == 32\n"
+            "assert all(callable(f) for f in (wb.plan, wb.launch, wb.devices))\n"
+            "print('ok')")
+    out = _run(code)
+    assert out.stdout.strip() == "ok", out.stderr[-3000:]

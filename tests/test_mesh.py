@@ -53,6 +53,10 @@ def test_abstract_mesh_presets():
     assert pod.n_hosts == 32  # 4 chips per host
     v2 = wb.abstract_mesh("v2-8", data=8)
     assert v2.size == 8 and v2.n_hosts == 1  # 4 chips x 2 cores
+    # v5e/v6e slices up to 8 chips are one VM; larger ones have 4 chips per host.
+    assert wb.abstract_mesh("v5e-8", data=8).n_hosts == 1
+    assert wb.abstract_mesh("v6e-8", data=8).n_hosts == 1
+    assert wb.abstract_mesh("v5e-16", data=16).n_hosts == 4
     gpus = wb.abstract_mesh("2x8xH100", data=2, model=8)
     assert gpus.n_hosts == 2 and gpus.peak_flops == 989e12
     big = wb.abstract_mesh(data=256, model=8)

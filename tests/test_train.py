@@ -250,6 +250,9 @@ def test_panel_batches_updates_and_shows_the_whole_run_after_resume(reference, t
     got = [r[0] for m in sent for r in m["rows"]]
     assert got == list(range(7, 400)) and rows == len(got)         # nothing lost, in order
     assert panel.status["state"] == "finished" and panel.status["step"] == 399
+    text = repr(panel)                                             # the text form
+    assert text.startswith("TrainPanel") and "finished: step 399/400" in text
+    assert "loss 1.0000" in text and "MFU 10.0%" in text and str(run_dir) in text
 
 
 _HARNESS = r"""

@@ -145,6 +145,18 @@ def fsdp_gathers(param_layouts: Mapping[str, Layout], rules: Rules, mesh: MeshIn
     full = sum(lay.total_bytes for lay in lays)
     big = max(lays, key=lambda lay: lay.total_bytes)
     src = "compiled step" if compiled else "estimate"
+    if compiled and not gathers:
+        # XLA may keep the weights sharded and move activations instead (all-reduce or
+        # reduce-scatter of partial products): say so rather than report "0 all-gathers".
+        return [Lint(
+            kind="fsdp_gather", severity="info", path=big.name, value=0.0,
+            paths=tuple(lay.name for lay in lays),
+            message=(f"{len(lays)} weight(s) ({format_bytes(full)} in total) are sharded over "
+                     f"batch axes {_fmt_axes(axes)} (FSDP), but the compiled step gathers none "
+                     "of them: XLA computes with the sharded weights and communicates "
+                     "activations instead (see the collectives table)"),
+            fix=("nothing to fix; with a larger batch per device XLA usually switches to "
+                 "gathering the weights"))]
     return [Lint(
         kind="fsdp_gather", severity="info", path=big.name, value=float(received),
         paths=tuple(lay.name for lay in lays),

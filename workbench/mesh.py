@@ -294,7 +294,10 @@ def _preset(name: str) -> tuple[HardwareSpec, str, np.ndarray, np.ndarray]:
                           for x in range(topo[0])], dtype=np.int64)
         coords = np.repeat(chips, spec.cores_per_chip, axis=0)
         n_chips = len(chips)
-        host = np.arange(n_chips) // min(spec.chips_per_host, n_chips)
+        # v5e/v6e slices of up to 8 chips are single-host VMs (ct5lp/ct6e-...-8t);
+        # larger ones, like every other generation, attach chips_per_host chips per host.
+        per_host = n_chips if gen in ("v5e", "v6e") and n_chips <= 8 else spec.chips_per_host
+        host = np.arange(n_chips) // min(per_host, n_chips)
         return spec, kind, coords, np.repeat(host, spec.cores_per_chip)
     m = re.fullmatch(r"(?:(\d+)x)?(\d+)x(A100|H100|H200|B200)", key, flags=re.IGNORECASE)
     if m:

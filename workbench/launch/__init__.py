@@ -22,24 +22,3 @@ from workbench.launch.worker import EXIT_STOPPED
 __all__ = ["EXIT_STOPPED", "DistributedSpec", "Job", "JobRunningError", "ProcessInfo",
            "RunLock", "attach", "detect_cluster", "launch", "ping"]
 
-
-import sys as _sys
-import types as _types
-from typing import Any
-
-
-class _CallableModule(_types.ModuleType):
-    """``workbench.launch`` is both this package and ``wb.launch(...)``.
-
-    Importing the subpackage sets the attribute ``workbench.launch`` to the package,
-    which would shadow the public function; a callable package keeps ``wb.launch(...)``
-    working whichever is found first.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Job:
-        return launch(*args, **kwargs)
-
-    __call__.__doc__ = launch.__doc__
-
-
-_sys.modules[__name__].__class__ = _CallableModule

@@ -91,6 +91,19 @@ class TrainPanel(anywidget.AnyWidget):
                            "state": meta.get("status", "idle") if records else "idle",
                            "message": "", "last": {k: last.get(k) for k in _LAST}}
 
+    def __repr__(self) -> str:
+        """Text form (terminals, nbconvert, screen readers): where the run stands."""
+        st, last = self.status, self.status.get("last") or {}
+        parts = [f"{st.get('state', 'idle')}: step {st.get('step', 0)}/{st.get('target')}"]
+        for key, fmt in (("loss", "loss {:.4f}"), ("mfu", "MFU {:.1%}"),
+                         ("step_time", "{:.3f} s/step"), ("tokens_per_s", "{:,.0f} tok/s")):
+            if isinstance(last.get(key), (int, float)):
+                parts.append(fmt.format(last[key]))
+        if st.get("message"):
+            parts.append(str(st["message"]))
+        return f"TrainPanel {self.info.get('name')!r} ({self.info.get('run_dir')}): " \
+            + ", ".join(parts)
+
     def display(self) -> None:
         """Shows the panel in the current cell's output (nothing outside a kernel)."""
         from IPython import get_ipython
