@@ -1,13 +1,17 @@
 /** Shapes of the Workbench server API (workbench/server/handlers.py), shared by all views. */
 
-/** One run in the runs list (`GET /workbench/api/runs`, list stream updates). */
-export interface RunSummary {
+/** What every run record carries: its URL id, `run.json` id, name, status and progress. */
+export interface RunBase {
   id: string;
   uid: string | null;
   name: string;
   status: string;
   step: number;
   target_steps: number | null;
+}
+
+/** One run in the runs list (`GET /workbench/api/runs`, list stream updates). */
+export interface RunSummary extends RunBase {
   created: number | null;
   updated: number;
   config_hash: string | null;
@@ -23,13 +27,7 @@ export interface RunSummary {
 }
 
 /** A run's `run.json` plus its URL id (`GET /workbench/api/runs/<id>`). */
-export interface RunDetail {
-  id: string;
-  uid: string | null;
-  name: string;
-  status: string;
-  step: number;
-  target_steps: number | null;
+export interface RunDetail extends RunBase {
   config: Record<string, unknown>;
   config_hash?: string;
   mesh?: Record<string, number>;

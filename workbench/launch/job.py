@@ -258,7 +258,11 @@ class Job:
             self._finish()
 
     def _update_states(self, codes: list[int | None]) -> None:
-        for i, code in enumerate(codes):
+        # Within one poll, a process killed by a signal is the cause and the others that
+        # lost their collective peer are the consequence: look at the signalled ones first.
+        order = sorted(range(len(codes)), key=lambda i: (not (codes[i] or 0) < 0, i))
+        for i in order:
+            code = codes[i]
             if code is None or self._states[i] != "running":
                 continue
             if code == 0:
@@ -307,14 +311,21 @@ class Job:
         self._done.set()
 
     def _close_run(self, status: str) -> None:
-        """Records a failure in run.json when process 0 could not (it was killed)."""
+        """Records the job's outcome in run.json when process 0 could not (it was killed),
+        or when process 0 recorded only a consequence of another process's failure (a
+        collective that lost its peer): the job knows which process failed first."""
         try:
             run = runs.read_run(self.run_dir)
         except (OSError, ValueError):
             return
-        if run.get("status") != "running" or status in ("running", "finished"):
+        if status in ("running", "finished"):
+            return
+        first_failed = self._failure is not None and self._failure["process"] != 0
+        if run.get("status") != "running" and not (first_failed and run.get("status") == "failed"):
             return
         error = self._failure["message"] if self._failure else self._note
+        if run.get("status") == "failed" and run.get("error"):
+            error = f"{error}\nProcess 0 then reported: {run['error']}"
         writer = runs.RunWriter(self.run_dir, config=run.get("config") or {})
         writer.event("job", status=status, error=error)
         writer.close("failed" if status == "failed" else "interrupted", error=error)

@@ -10,6 +10,7 @@ import anywidget
 import traitlets
 
 from workbench import runs
+from workbench.widgets import _assets
 from workbench.launch.job import Job, read_tail
 
 __all__ = ["JobView", "job_payload", "job_widget"]
@@ -77,7 +78,7 @@ class JobView(anywidget.AnyWidget):
     the Stop button calls ``job.stop()`` (SIGTERM: checkpoint, then exit).
     """
 
-    _esm = STATIC / "job.js"
+    _esm = _assets.esm("job")
     _css = (STATIC / "common.css").read_text() + _CSS
     payload = traitlets.Dict({}).tag(sync=True)
 

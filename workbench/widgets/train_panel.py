@@ -18,6 +18,7 @@ import anywidget
 import traitlets
 
 from workbench import runs
+from workbench.widgets import _assets
 
 __all__ = ["TrainPanel", "history_columns", "train_widget"]
 
@@ -62,7 +63,7 @@ class TrainPanel(anywidget.AnyWidget):
       rate: at most this many updates a second are sent to the browser.
     """
 
-    _esm = STATIC / "train_panel.js"
+    _esm = _assets.esm("train_panel")
     _css = _CSS
     info = traitlets.Dict({}).tag(sync=True)
     status = traitlets.Dict({}).tag(sync=True)

@@ -20,6 +20,13 @@ export function el(tag, attrs, children) {
   return node;
 }
 
+/** Create an SVG element with attributes: svg("path", {d: "M0,0L1,1"}). */
+export function svg(tag, attrs) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  return node;
+}
+
 /** 1536 -> "1.5 KiB" (binary units, as the Python side). */
 export function fmtBytes(n) {
   if (n === null || n === undefined) return "—";

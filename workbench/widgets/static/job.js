@@ -1,31 +1,8 @@
 // Job widget: a launched multi-process job — status per process, live loss and MFU read
 // from the run directory, the last log lines of every process, and a Stop button.
-// Self-contained (no imports): anywidget loads it as one ES module.
+// Its helpers come from common.js, inlined by workbench/widgets/_assets.py for anywidget.
 
-function el(tag, attrs, children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs || {})) {
-    if (value === undefined || value === null || value === false) continue;
-    if (key === "class") node.className = value;
-    else if (key === "text") node.textContent = String(value);
-    else if (key === "style") for (const [p, v] of Object.entries(value)) node.style.setProperty(p, v);
-    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
-    else node.setAttribute(key, String(value));
-  }
-  for (const child of children || []) {
-    if (child === null || child === undefined) continue;
-    node.appendChild(typeof child === "string" ? document.createTextNode(child) : child);
-  }
-  return node;
-}
-
-const SVG = "http://www.w3.org/2000/svg";
-
-function svg(tag, attrs) {
-  const node = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
-  return node;
-}
+import { el, svg } from "./common.js";
 
 function fmt(v, digits = 4) {
   return typeof v === "number" && Number.isFinite(v) ? v.toPrecision(digits) : "—";

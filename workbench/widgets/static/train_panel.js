@@ -1,6 +1,6 @@
 // Train panel: the live view of Trainer.run in its cell — progress and ETA, loss and MFU
 // curves, and where the step time goes (compute, data, checkpoint).
-// Self-contained (no imports): anywidget loads it as one ES module.
+// Its helpers come from common.js, inlined by workbench/widgets/_assets.py for anywidget.
 //
 // Model state: `info` {name, run_dir, peak_source, model_flops}; `status` {step, target,
 // eta, state, message, last}; `history` {step: [...], loss: [...], ...} (the whole run,
@@ -8,27 +8,10 @@
 // {type: "append", rows: [[step, loss, mfu, step_time, data_time, ckpt_time], ...]},
 // batched by Python to at most 10 per second. Nodes are built once and updated in place.
 
-const SVG = "http://www.w3.org/2000/svg";
+import { el, svg } from "./common.js";
+
 const COLS = ["step", "loss", "mfu", "step_time", "data_time", "ckpt_time"];
 const MAX_POINTS = 1200;
-
-function el(tag, attrs, children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs || {})) {
-    if (value === undefined || value === null) continue;
-    if (key === "class") node.className = value;
-    else if (key === "text") node.textContent = String(value);
-    else node.setAttribute(key, String(value));
-  }
-  for (const child of children || []) node.appendChild(child);
-  return node;
-}
-
-function svg(tag, attrs) {
-  const node = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
-  return node;
-}
 
 function num(v, digits = 4) {
   return typeof v === "number" && Number.isFinite(v) ? v.toPrecision(digits) : "—";
