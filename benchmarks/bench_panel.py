@@ -65,7 +65,9 @@ def _latency(page: Any, lab: Any, root: Path) -> tuple[list[float], list[float]]
     w.log(_record(1, 0))
     page.goto(f"{lab.url}/lab?token={lab.token}")
     page.wait_for_selector(".jp-LabShell", timeout=60_000)
-    page.locator(".jp-SideBar .lm-TabBar-tab[data-id='workbench-runs']").click()
+    from jupyterlab_harness import show_runs_panel
+
+    show_runs_panel(page)
     row = ".jp-Workbench-run[data-id='runs/latency']"
     page.locator(row).click(timeout=30_000)
     chart = ".jp-Workbench-dashboard[data-run-id='runs/latency'] .jp-Workbench-lossChart"
@@ -99,9 +101,9 @@ def _big_runs(root: Path) -> list[runs.RunWriter]:
 def _frames(page: Any, lab: Any, writers: list[runs.RunWriter]) -> dict[str, float]:
     page.goto(f"{lab.url}/lab?token={lab.token}")
     page.wait_for_selector(".jp-LabShell", timeout=60_000)
-    tab = page.locator(".jp-SideBar .lm-TabBar-tab[data-id='workbench-runs']")
-    if "lm-mod-current" not in (tab.get_attribute("class") or ""):
-        tab.click()
+    from jupyterlab_harness import show_runs_panel
+
+    show_runs_panel(page)
     for k in range(BIG_RUNS):
         page.locator(f".jp-Workbench-run[data-id='runs/big{k}'] input[type=checkbox]").check()
     t0 = time.perf_counter()

@@ -210,6 +210,18 @@ def _wait_kernel(lab: Lab, rel: str, want: str, deadline: float) -> None:
     raise TimeoutError(f"{rel}: kernel is {state!r}, not {want!r}\n{lab.log_tail(30)}")
 
 
+def show_runs_panel(page: Any) -> Any:
+    """Opens the Workbench runs side panel (a click on its tab toggles it, so only when it
+    is not already the current one, e.g. after a restored layout) and returns it."""
+    tab = page.locator(".jp-SideBar .lm-TabBar-tab[data-id='workbench-runs']")
+    tab.wait_for(timeout=30_000)
+    if "lm-mod-current" not in (tab.get_attribute("class") or ""):
+        tab.click()
+    panel = page.locator("#workbench-runs")
+    panel.wait_for(state="visible", timeout=10_000)
+    return panel
+
+
 def screenshot(target: Any, name: str, *, full_page: bool = True) -> pathlib.Path:
     """Save ``artifacts/screenshots/<name>.png`` (gitignored) and return its path.
 

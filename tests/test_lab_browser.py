@@ -24,6 +24,7 @@ from jupyterlab_harness import (
     require_chromium,
     run_notebook,
     screenshot,
+    show_runs_panel,
     start_lab,
 )
 
@@ -121,16 +122,6 @@ def _open_lab(page: Any, lab: Lab) -> None:
     page.wait_for_selector(".jp-LabShell", timeout=60_000)
 
 
-def _show_panel(page: Any) -> Any:
-    tab = page.locator(".jp-SideBar .lm-TabBar-tab[data-id='workbench-runs']")
-    tab.wait_for(timeout=30_000)
-    if "lm-mod-current" not in (tab.get_attribute("class") or ""):
-        tab.click()
-    panel = page.locator("#workbench-runs")
-    panel.wait_for(state="visible", timeout=10_000)
-    return panel
-
-
 def _wait_saved(lab: Lab, text: str, timeout: float = 20) -> None:
     """Waits until JupyterLab saved its layout holding `text` (the restorer's state)."""
     deadline = time.monotonic() + timeout
@@ -168,7 +159,7 @@ def test_trained_run_shows_in_panel_and_dashboard(lab: Lab, page: Any, lab_root:
     _notebook(lab_root / "train.ipynb", TRAIN_CELLS)
     run_notebook(page, lab, lab_root / "train.ipynb", timeout=150)
     assert runs.read_run(lab_root / "runs" / "tiny")["status"] == "finished"
-    panel = _show_panel(page)
+    panel = show_runs_panel(page)
     row = panel.locator(".jp-Workbench-run[data-id='runs/tiny']")
     row.wait_for(timeout=15_000)
     page.wait_for_function(
@@ -204,7 +195,7 @@ def test_live_run_escaping_compare_and_restore(lab: Lab, page: Any, lab_root: Pa
     evil = LiveRun(lab_root / "runs" / "evil", name=EVIL, period=0.2, scale=6.0)
     try:
         _open_lab(page, lab)
-        panel = _show_panel(page)
+        panel = show_runs_panel(page)
         name = panel.locator(".jp-Workbench-run[data-id='runs/evil'] .jp-Workbench-runName")
         name.wait_for(timeout=15_000)
         assert name.inner_text() == EVIL  # shown literally ...
