@@ -174,6 +174,15 @@ def test_lint_fsdp_gathers_report_bytes(fsdp_tp):
     assert w.value == sum(c.total_wire_bytes for c in gathers) > 0
     assert "compiled step" in w.message
     assert not _kinds(_abstract("tp"), "fsdp_gather")
+    # A compiled step that gathers no weight (XLA moved activations instead) is said so,
+    # not reported as a cost of 0 all-gathers.
+    from workbench import _plan_lints
+
+    params = {k[len("params."):]: v for k, v in fsdp_tp.layouts.items() if k.startswith("params.")}
+    others = [c for c in fsdp_tp.collectives if c.kind != "all-gather"]
+    (none,) = _plan_lints.fsdp_gathers(params, fsdp_tp.rules, fsdp_tp.mesh, others, True)
+    assert none.value == 0 and "gathers none of them" in none.message
+    assert none.paths == w.paths
 
 
 def test_lint_memory_over_limit():

@@ -28,6 +28,7 @@ from flax import nnx
 
 from workbench import _plan_analytic as analytic
 from workbench import _plan_lints as lints
+from workbench._notebook import in_notebook
 from workbench._collectives import Collective, parse_collectives
 from workbench._plan_lints import Lint
 from workbench._plan_report import Comparison, PlanReport
@@ -277,9 +278,7 @@ def _announce(text: str, enabled: bool) -> Callable[[str], None]:
     updated in place; elsewhere, lines on stderr)."""
     if not enabled:
         return lambda _: None
-    ipython = sys.modules.get("IPython")  # never imported here: the core stays headless
-    shell = ipython.get_ipython() if ipython is not None else None
-    if shell is not None and "IPKernelApp" in getattr(shell, "config", {}):
+    if in_notebook():
         from IPython.display import display
 
         handle = display({"text/plain": text}, raw=True, display_id=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from workbench import runs
+from workbench._notebook import in_notebook
 from workbench.train.checkpoint import CheckpointError
 from workbench.train.metrics import ProgressLine, TensorBoard, step_record
 from workbench.train.signals import StopSignals
@@ -42,15 +43,6 @@ class RunResult:
 
     def __repr__(self) -> str:
         return f"RunResult(status={self.status!r}, step={self.step}, target={self.target})"
-
-
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel (IPython is only looked at if already imported)."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    shell = ipython.get_ipython()
-    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
 def make_progress(tr: Trainer, target: int) -> Any:

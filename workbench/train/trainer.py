@@ -304,7 +304,7 @@ class Trainer:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         """In a notebook: the run's panel (the whole run so far); elsewhere: the repr."""
-        from workbench.train.loop import in_notebook
+        from workbench._notebook import in_notebook
 
         if not in_notebook():
             return {"text/plain": repr(self)}

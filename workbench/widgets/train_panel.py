@@ -18,6 +18,7 @@ import anywidget
 import traitlets
 
 from workbench import runs
+from workbench._notebook import in_notebook
 from workbench.widgets import _assets
 
 __all__ = ["TrainPanel", "history_columns", "train_widget"]
@@ -107,11 +108,9 @@ class TrainPanel(anywidget.AnyWidget):
 
     def display(self) -> None:
         """Shows the panel in the current cell's output (nothing outside a kernel)."""
-        from IPython import get_ipython
         from IPython.display import display
 
-        shell = get_ipython()
-        if shell is not None and "IPKernelApp" in getattr(shell, "config", {}):
+        if in_notebook():
             display(self)
 
     def update(self, rec: dict[str, Any]) -> None:
