@@ -192,7 +192,9 @@ def run() -> list[dict[str, Any]]:
                   f"{small['amortised']:.3f}x"},
         {"name": "train: blocking part of an async save (tiny / small)",
          "value": full["block"], "unit": "s", "target": "", "ok": None,
-         "notes": f"small: {small['block']:.2f} s; the rest is written in the background"},
+         "notes": f"tiny: device snapshot + hand-over to the writer thread; small "
+                  f"(1.5 GB of state, saved from the loop's thread): {small['block']:.2f} s; "
+                  "the rest is written in the background"},
         {"name": "train: first step after restart / cold start (compile cache)",
          "value": first["ratio"], "unit": "x", "target": "<= 1.0", "ok": first["ratio"] <= 1.0,
          "notes": f"cold {first['cold']['first_step_s']:.1f} s (compile "

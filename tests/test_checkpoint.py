@@ -80,7 +80,43 @@ def test_keep_last_n(tmp_path):
     _equal(ck.restore(_state(mesh)).state, _state(mesh, 5))
 
 
-def test_restore_onto_another_mesh_has_the_same_values(tmp_path):
+def test_snapshot_saves_the_state_and_data_position_it_was_taken_at(tmp_path):
+    """The loop snapshots at step k, then runs step k + 1 (donating the state's buffers) and
+    reads on, before the snapshot is saved: the checkpoint is still step k's."""
+    mesh = _mesh(data=8)
+    state, data = _state(mesh), _data(mesh)
+    want = jax.device_get(state)
+    ck = Checkpoints(tmp_path / "ck")
+    snap = ck.snapshot(state, data)
+    assert snap is not None
+    want_next = np.asarray(next(data)["inputs"])            # the batch after the snapshot
+    step = jax.jit(lambda t: jax.tree.map(lambda x: x if x.dtype == jnp.int32 or
+                                          jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+                                          else x * 10, t), donate_argnums=0)
+    state = step(state)                                      # donates the old buffers
+    next(data)
+    ck.save(4, snap)
+    ck.wait()
+    fresh = _data(mesh)
+    r = Checkpoints(tmp_path / "ck").restore(state, data=fresh)
+    _equal(r.state, want)
+    np.testing.assert_array_equal(np.asarray(next(fresh)["inputs"]), want_next)
+
+
+def test_no_snapshot_for_large_states_or_synchronous_saves(tmp_path, monkeypatch):
+    mesh = _mesh(data=8)
+    assert Checkpoints(tmp_path / "a", async_save=False).snapshot(_state(mesh)) is None
+    monkeypatch.setattr(wb.train.checkpoint, "HOST_GATHER_BYTES", 256)   # "w" is 512 bytes
+    assert Checkpoints(tmp_path / "b").snapshot(_state(mesh)) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(wb.train.checkpoint, "SNAPSHOT_BYTES", 256)
+    assert Checkpoints(tmp_path / "c").snapshot(_state(mesh)) is None
+
+
+# 1 << 40: every array is gathered to the host and saved whole; 0: Orbax's per-shard writes
+@pytest.mark.parametrize("gather", [1 << 40, 0], ids=["host-arrays", "per-shard"])
+def test_restore_onto_another_mesh_has_the_same_values(tmp_path, monkeypatch, gather):
+    monkeypatch.setattr(wb.train.checkpoint, "HOST_GATHER_BYTES", gather)
     state = _state(_mesh(data=8))
     ck = Checkpoints(tmp_path / "ck")
     ck.save(1, state)
@@ -95,6 +131,8 @@ def test_restore_onto_another_mesh_has_the_same_values(tmp_path):
     _equal(r.state, state)
 
 
+# a failed read may report once more from orbax's reader after its event loop closed
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage", ["truncate", "remove_item"])
 def test_corrupt_latest_falls_back_to_the_previous_with_a_warning(tmp_path, damage):
     mesh = _mesh(data=8)

@@ -63,6 +63,20 @@ def _wait_for_step(proc, run_dir, step, timeout=300):
     pytest.fail(f"no step {step} within {timeout} s")
 
 
+def _wait_for_checkpoint(proc, run_dir, timeout=120):
+    """Polls until a committed checkpoint exists (Orbax renames a step's temporary
+    directory to the bare step number when it commits)."""
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        if proc.poll() is not None:
+            pytest.fail(f"child exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        ckpts = run_dir / "checkpoints"
+        if ckpts.exists() and any(p.name.isdigit() for p in ckpts.iterdir()):
+            return
+        time.sleep(0.005)
+    pytest.fail(f"no committed checkpoint within {timeout} s")
+
+
 def _raw_steps(run_dir):
     """Every step line as written, duplicates included, and the resume markers."""
     lines = [json.loads(x) for x in (run_dir / runs.METRICS).read_text().splitlines() if x]
@@ -72,6 +86,7 @@ def _raw_steps(run_dir):
 def test_sigkill_then_resume_gives_bitwise_the_same_losses(reference, tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(run_dir)
+    _wait_for_checkpoint(proc, run_dir)                        # saves commit in the background
     seen = _wait_for_step(proc, run_dir, 7)
     proc.send_signal(signal.SIGKILL)                           # no handler, no final save
     proc.wait(timeout=60)

@@ -17,9 +17,25 @@ half-written checkpoint under a step's name. A checkpoint that is unreadable any
 (truncated files, missing items) is skipped on restore: the previous one is used and a
 warning names both steps. Restoring onto another mesh goes through an abstract target
 (``jax.ShapeDtypeStruct`` leaves with shardings): Orbax reads each device's block.
+
+Small arrays are gathered to the host before saving, in a single process: Orbax writes a
+sharded ``jax.Array`` as one chunk per device shard, and for the many small leaves of a
+small model (66 leaves x 8 shards for "tiny") that per-chunk cost dominates -- 0.25 s of
+CPU per save against 0.07 s for the same leaves as whole host arrays. The files are the
+same Zarr arrays either way and restore onto any mesh; large arrays and multi-process runs
+keep Orbax's per-shard writes.
+
+A small state (every leaf a fully addressable array of at most ``HOST_GATHER_BYTES``, in
+all at most ``SNAPSHOT_BYTES``, one process) is saved without draining the step pipeline:
+:meth:`Checkpoints.snapshot` copies it on the devices (one asynchronous dispatch, about
+1 ms) and captures the data position, the next step is dispatched, and one writer thread
+copies the snapshot to the host and hands it to Orbax (about 20 ms of Python for "tiny")
+while that step runs. Larger states are saved from the calling thread, whose blocking
+part is Orbax's device-to-host copy.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import time
@@ -28,7 +44,14 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+
+#: Arrays up to this size are saved as one host array (one chunk) rather than per shard.
+HOST_GATHER_BYTES = 8 << 20
+#: States up to this size are snapshotted on device and written from a background thread.
+SNAPSHOT_BYTES = 256 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -86,6 +109,52 @@ def data_to_keys(tree: Any, target: Any, impls: list[str]) -> Any:
     return jax.tree.map(convert, tree, target)
 
 
+def gather_small(tree: Any, limit: int | None = None) -> Any:
+    """Fully addressable ``jax.Array`` leaves of at most ``limit`` bytes -> host copies.
+
+    ``limit`` defaults to ``HOST_GATHER_BYTES``.
+    A no-op across processes (no process holds a whole global array). The host arrays are
+    copies, so a later step that donates the device buffers cannot change what is written.
+    """
+    if jax.process_count() > 1:
+        return tree
+    limit = HOST_GATHER_BYTES if limit is None else limit
+    leaves, treedef = jax.tree.flatten(tree)
+    small = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)
+             and x.is_fully_addressable and x.nbytes <= limit]
+    for i, host in zip(small, jax.device_get([leaves[i] for i in small])):
+        leaves[i] = np.array(host, copy=True)
+    return jax.tree.unflatten(treedef, leaves)
+
+
+class _DataPosition:
+    """A data iterator's position, captured now, for ``grain.checkpoint.CheckpointSave``."""
+
+    def __init__(self, iterator: Any) -> None:
+        self._state = iterator.get_state()
+
+    def get_state(self) -> Any:
+        return self._state
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """A state held for saving: a device-side copy of it, captured between two steps.
+
+    Attributes:
+      tree: the copy, typed PRNG keys replaced by their key data.
+      impls: the key implementations, in leaf order.
+      data: the data iterator's position when the snapshot was taken (or None).
+    """
+
+    tree: Any
+    impls: list[str]
+    data: _DataPosition | None
+
+
+_device_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+
+
 def abstract(tree: Any) -> Any:
     """``jax.ShapeDtypeStruct`` (with sharding) for every array leaf of ``tree``."""
     def leaf(x: Any) -> Any:
@@ -111,6 +180,7 @@ class Checkpoints:
                  async_save: bool = True, read_only: bool = False) -> None:
         self.directory = Path(directory).absolute()
         self.every = every
+        self._async = async_save
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, save_interval_steps=every, create=not read_only,
             read_only=read_only, enable_async_checkpointing=async_save,
@@ -118,6 +188,8 @@ class Checkpoints:
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=("state", "data", "meta"))
         self._pending: int | None = None
+        self._writer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._submitted: tuple[int, concurrent.futures.Future[bool]] | None = None
 
     # ------------------------------------------------------------------ queries
     def all_steps(self) -> list[int]:
@@ -131,17 +203,70 @@ class Checkpoints:
         return steps[-1] if steps else None
 
     # ------------------------------------------------------------------ save
+    def snapshot(self, state: Any, data: Any = None) -> Snapshot | None:
+        """A device-side copy of a small ``state`` and the ``data`` position, or None.
+
+        None when the state is too large to copy (see the module docstring), saves are
+        synchronous, or the run spans processes: then ``save`` the state itself.
+        """
+        if not self._async or jax.process_count() > 1:
+            return None
+        tree, impls = keys_to_data(state)
+        leaves = jax.tree.leaves(tree)
+        if not all(isinstance(x, jax.Array) and x.is_fully_addressable
+                   and x.nbytes <= HOST_GATHER_BYTES for x in leaves):
+            return None
+        if sum(x.nbytes for x in leaves) > SNAPSHOT_BYTES:
+            return None
+        return Snapshot(_device_copy(tree), impls,
+                        _DataPosition(data) if data is not None else None)
+
     def save(self, step: int, state: Any, *, data: Any = None,
              meta: dict[str, Any] | None = None, force: bool = False) -> float:
         """Starts saving ``state`` (and the data iterator position) as ``step``.
 
-        Returns the seconds the caller was blocked (device-to-host copy and set-up);
-        the files are written in the background. Raises ``CheckpointError`` if the
-        *previous* background save failed (disk full, ...).
+        Args:
+          step: the checkpoint's step.
+          state: the train state pytree, or a :class:`Snapshot` of it (which holds its own
+            data position; ``data`` is then ignored).
+          data: the data iterator (``get_state``), saved with Grain's checkpoint handler.
+          meta: JSON-able facts stored next to the state.
+          force: save even if ``step`` is not a multiple of ``every``.
+
+        Returns the seconds the caller was blocked; the files are written in the
+        background. Raises ``CheckpointError`` if the *previous* background save failed
+        (disk full, ...).
         """
         t0 = time.perf_counter()
         self.raise_if_failed()
+        self._join_writer()  # at most one save is handed over at a time
+        snap = state if isinstance(state, Snapshot) else self.snapshot(state, data)
+        if snap is not None:
+            if self._writer is None:
+                self._writer = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="workbench-checkpoint")
+            self._submitted = (step, self._writer.submit(self._write, step, snap, meta, force))
+            self._pending = step
+            return time.perf_counter() - t0
         tree, impls = keys_to_data(state)
+        args = self._args(step, gather_small(tree), impls, data, meta)
+        try:
+            saved = self._manager.save(step, args=args, force=force)
+        except OSError as e:
+            raise self._write_error(step, e) from e
+        if saved:
+            self._pending = step
+        return time.perf_counter() - t0
+
+    def _write(self, step: int, snap: Snapshot, meta: dict[str, Any] | None,
+               force: bool) -> bool:
+        """The writer thread: the snapshot to host, then Orbax's (async) save."""
+        args = self._args(step, gather_small(snap.tree), snap.impls, snap.data, meta)
+        return self._manager.save(step, args=args, force=force)
+
+    @staticmethod
+    def _args(step: int, tree: Any, impls: list[str], data: Any,
+              meta: dict[str, Any] | None) -> ocp.args.Composite:
         items: dict[str, Any] = {
             "state": ocp.args.StandardSave(tree),
             "meta": ocp.args.JsonSave({"step": step, "time": time.time(),
@@ -151,13 +276,24 @@ class Checkpoints:
             import grain
 
             items["data"] = grain.checkpoint.CheckpointSave(data)
+        return ocp.args.Composite(**items)
+
+    def _join_writer(self) -> None:
+        """Waits until the writer thread has handed its save to Orbax (or failed)."""
+        if self._submitted is None:
+            return
+        step, future = self._submitted
+        self._submitted = None
         try:
-            saved = self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+            saved = future.result()
         except OSError as e:
+            self._pending = None
             raise self._write_error(step, e) from e
-        if saved:
-            self._pending = step
-        return time.perf_counter() - t0
+        except BaseException:
+            self._pending = None
+            raise
+        if not saved and self._pending == step:
+            self._pending = None
 
     def wait(self) -> float:
         """Blocks until background saves are done; returns the seconds waited.
@@ -166,6 +302,7 @@ class Checkpoints:
           CheckpointError: the save failed; the previous checkpoint is intact.
         """
         t0 = time.perf_counter()
+        self._join_writer()
         try:
             self._manager.wait_until_finished()
         except OSError as e:
@@ -175,6 +312,10 @@ class Checkpoints:
 
     def raise_if_failed(self) -> None:
         """Raises ``CheckpointError`` if the last finished save did not commit."""
+        if self._submitted is not None:
+            if not self._submitted[1].done():
+                return
+            self._join_writer()
         step = self._pending
         if step is None or self._manager.is_saving_in_progress():
             return
@@ -249,4 +390,7 @@ class Checkpoints:
         try:
             self.wait()
         finally:
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)
+                self._writer = None
             self._manager.close()

@@ -3,7 +3,10 @@
 Steps are dispatched asynchronously: the metrics of step ``k`` are fetched after step
 ``k + 1`` has been queued, so the host's logging overlaps the device's work. At a
 checkpoint step (every ``checkpoint_every``, the target, or a stop request) the step's
-metrics are checked first, so a NaN state is never saved.
+metrics are checked first, so a NaN state is never saved. A small state keeps the
+pipeline going through a checkpoint: it is snapshotted on device (``Checkpoints.snapshot``)
+and step ``k + 1`` is queued before step ``k`` is checked and its snapshot saved; the
+target and a stop request save the state itself, at once.
 """
 from __future__ import annotations
 
@@ -77,7 +80,8 @@ class _Finisher:
         self.last_saved = tr.checkpoints.latest_step()
 
     def __call__(self, step: int, outs: list[dict[str, Any]], data_time: float,
-                 state: Any = None) -> None:
+                 save: Any = None) -> None:
+        """Logs step ``step``; then saves ``save`` (a state pytree or a Snapshot) if given."""
         tr = self.tr
         values = jax.device_get(outs)                   # blocks until the step is done
         loss = math.fsum(float(v["loss"]) for v in values) / len(values)
@@ -92,10 +96,10 @@ class _Finisher:
                 "nothing after it was saved. Lower optimizer.lr, keep clip_norm on, or check "
                 f"the data, then re-run: it continues from step {self.last_saved or 0}.")
         ckpt_time = 0.0
-        if state is not None:
+        if save is not None:
             meta = {"config": tr.config.to_dict(), "loss": loss}
-            ckpt_time = tr.checkpoints.save(step, {"train": state, "rng": tr._rng},
-                                            data=tr.parts.data, meta=meta, force=True)
+            ckpt_time = tr.checkpoints.save(step, save, data=tr.parts.data, meta=meta,
+                                            force=True)
             self.last_saved = step
         now = time.perf_counter()
         p = tr.parts
@@ -114,7 +118,7 @@ class _Finisher:
 def _steps(tr: Trainer, state: Any, target: int, stop: StopSignals, finish: _Finisher) -> Any:
     compiled = tr.compiled_step()
     acc, every, data = tr.config.optimizer.accumulate, tr.config.checkpoint_every, tr.parts.data
-    pending: tuple[int, list[Any], float] | None = None
+    pending: tuple[int, list[Any], float, Any] | None = None
     finish.t_prev = time.perf_counter()
     while tr.step < target:
         t0 = time.perf_counter()
@@ -128,11 +132,17 @@ def _steps(tr: Trainer, state: Any, target: int, stop: StopSignals, finish: _Fin
         tr.step += 1
         if pending is not None:
             finish(*pending)
-        pending = (tr.step, outs, data_time)
+        pending = (tr.step, outs, data_time, None)
         stopping = stop.should_stop(tr.step)
         if tr.step % every == 0 or tr.step == target or stopping:
-            finish(*pending, state=state)
-            pending = None
+            save = {"train": state, "rng": tr._rng}
+            last = tr.step == target or stopping
+            snap = None if last else tr.checkpoints.snapshot(save, data)
+            if snap is None:
+                finish(tr.step, outs, data_time, save)
+                pending = None
+            else:  # saved once step k + 1 is queued and step k's loss is known to be finite
+                pending = (tr.step, outs, data_time, snap)
         if stopping:
             break
     return state
