@@ -167,18 +167,22 @@ _PROMPTS_JS = """() => Array.from(document.querySelectorAll(
 
 
 def run_notebook(page: Any, lab: Lab, nb_path: str | os.PathLike, timeout: float = 120, *,
-                 check_errors: bool = True) -> None:
+                 check_errors: bool = True, frontend: str = "lab") -> None:
     """Open ``nb_path`` in JupyterLab, run all cells, and return once the kernel is idle.
+
+    ``frontend="notebook"`` opens it in Notebook 7 instead (served by the same server:
+    the ``notebook`` package's server extension), whose menus and cells are JupyterLab's.
 
     Waits until every code cell shows an execution count (``[n]:``, none ``[*]:``) and
     the server reports the notebook's kernel idle. With ``check_errors``, raises if a
     cell's output holds a traceback (its text is in the message).
     """
     rel = pathlib.Path(nb_path).resolve().relative_to(lab.root_dir).as_posix()
-    page.goto(f"{lab.url}/lab/tree/{rel}?token={lab.token}", timeout=timeout * 1000)
+    where = {"lab": "lab/tree", "notebook": "notebooks"}[frontend]
+    page.goto(f"{lab.url}/{where}/{rel}?token={lab.token}", timeout=timeout * 1000)
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=timeout * 1000)
     _wait_kernel(lab, rel, "idle", time.monotonic() + timeout)
-    page.locator(".jp-NotebookPanel .jp-Notebook").first.click()
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first.click()
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     deadline = time.monotonic() + timeout

@@ -188,6 +188,52 @@ def test_trained_run_shows_in_panel_and_dashboard(lab: Lab, page: Any, lab_root:
     assert shot.stat().st_size > 10_000
 
 
+INLINE_CELLS = [
+    "import workbench as wb",
+    ("config = wb.TrainConfig(model='tiny', mesh={'data': 8}, data='synthetic', batch=8, seq=32,\n"
+     "                        steps=24, checkpoint_every=12)\n"
+     "run_dir = 'runs/inline-{frontend}'\n"
+     "wb.Trainer(config, run_dir=run_dir).run(steps=12)"),
+    "wb.Trainer(config, run_dir=run_dir).run()  # a new Trainer: resumes at step 12",
+]
+
+
+def _path_points(path: Any) -> int:
+    """Points of a chart's SVG path ("M x,y L x,y ...")."""
+    return len(re.findall(r"[ML]", path.get_attribute("d") or ""))
+
+
+@pytest.mark.parametrize("frontend", ["lab", "notebook"])
+def test_inline_panel_live_then_whole_curve_after_resume(lab: Lab, page: Any, lab_root: Path,
+                                                         frontend: str) -> None:
+    """trainer.run's inline panel, in JupyterLab and in Notebook 7: steps, status and curves;
+    after a resume (a new Trainer on the run directory) it draws the whole run from step 1."""
+    cells = [c.replace("{frontend}", frontend) for c in INLINE_CELLS]
+    nb = lab_root / f"inline-{frontend}.ipynb"
+    _notebook(nb, cells)
+    run_notebook(page, lab, nb, timeout=180, frontend=frontend)
+    if frontend == "notebook":  # Notebook 7's own shell, not JupyterLab's
+        assert "/notebooks/" in page.url and page.locator(".jp-LabShell").count() == 0
+    metrics = runs.read_metrics(lab_root / "runs" / f"inline-{frontend}")
+    assert [r["step"] for r in metrics] == list(range(1, 25))
+    panels = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .wb-train")
+    panels.nth(1).wait_for(timeout=30_000)
+    assert panels.count() == 2
+    first, resumed = panels.nth(0), panels.nth(1)
+    for panel, step, target, first_step in ((first, 12, 12, 1), (resumed, 24, 24, 1)):
+        page.wait_for_function(  # the last batched update has arrived
+            "([el, want]) => el.querySelector('.wb-facts').textContent.startsWith(want)",
+            arg=[panel.element_handle(), f"step {step}/{target}"], timeout=15_000)
+        assert panel.locator(".wb-badge").inner_text() == "finished"
+        loss = panel.locator("svg.wb-train-chart").first
+        assert _path_points(loss.locator("path.wb-train-path")) == step   # every step drawn
+        labels = loss.locator("text").all_text_contents()
+        assert f"step {first_step}" in labels and f"step {step}" in labels, labels
+    facts, last = resumed.locator(".wb-facts").inner_text(), metrics[-1]["loss"]
+    assert 1 <= last < 10 and f"loss {last:.3f}" in facts, facts   # toPrecision(4): the file's
+    screenshot(resumed, f"inline_panel_{frontend}")
+
+
 def test_live_run_escaping_compare_and_restore(lab: Lab, page: Any, lab_root: Path) -> None:
     """A run written live by RunWriter streams into the panel and dashboard; a hostile run
     name shows as text; two runs compare on one chart; a reload restores the dashboard."""

@@ -18,20 +18,17 @@ half-written checkpoint under a step's name. A checkpoint that is unreadable any
 warning names both steps. Restoring onto another mesh goes through an abstract target
 (``jax.ShapeDtypeStruct`` leaves with shardings): Orbax reads each device's block.
 
-Small arrays are gathered to the host before saving, in a single process: Orbax writes a
-sharded ``jax.Array`` as one chunk per device shard, and for the many small leaves of a
-small model (66 leaves x 8 shards for "tiny") that per-chunk cost dominates -- 0.25 s of
-CPU per save against 0.07 s for the same leaves as whole host arrays. The files are the
-same Zarr arrays either way and restore onto any mesh; large arrays and multi-process runs
-keep Orbax's per-shard writes.
-
-A small state (every leaf a fully addressable array of at most ``HOST_GATHER_BYTES``, in
-all at most ``SNAPSHOT_BYTES``, one process) is saved without draining the step pipeline:
-:meth:`Checkpoints.snapshot` copies it on the devices (one asynchronous dispatch, about
-1 ms) and captures the data position, the next step is dispatched, and one writer thread
-copies the snapshot to the host and hands it to Orbax (about 20 ms of Python for "tiny")
-while that step runs. Larger states are saved from the calling thread, whose blocking
-part is Orbax's device-to-host copy.
+A small state (one process; every leaf a fully addressable array of at most
+``HOST_GATHER_BYTES``, in all at most ``SNAPSHOT_BYTES``) is saved without draining the
+step pipeline: :meth:`Checkpoints.snapshot` copies it on the devices (one asynchronous
+dispatch, about 1 ms) and captures the data position, the next step is dispatched, and one
+writer thread copies the snapshot to the host and hands it to Orbax while that step runs.
+It is saved as whole host arrays: Orbax writes a sharded ``jax.Array`` as one chunk per
+device shard, and for the many small leaves of a small model (66 leaves x 8 shards for
+"tiny") that per-chunk cost dominates -- 0.25 s of CPU per save against 0.06 s for the same
+leaves whole. The files are Zarr arrays either way and restore onto any mesh. Larger
+states, and runs across processes, are saved from the calling thread with Orbax's
+per-shard writes; the blocking part is Orbax's device-to-host copy.
 """
 from __future__ import annotations
 
@@ -45,12 +42,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 
-#: Arrays up to this size are saved as one host array (one chunk) rather than per shard.
+#: Snapshots (see the module docstring) hold arrays of at most this size: each is saved
+#: as one chunk, where larger arrays are better written per shard.
 HOST_GATHER_BYTES = 8 << 20
-#: States up to this size are snapshotted on device and written from a background thread.
+#: States up to this size are snapshotted on device and written from a writer thread.
 SNAPSHOT_BYTES = 256 << 20
 
 
@@ -107,24 +104,6 @@ def data_to_keys(tree: Any, target: Any, impls: list[str]) -> Any:
         return jax.random.wrap_key_data(x, impl=next(it)) if _is_key(t) else x
 
     return jax.tree.map(convert, tree, target)
-
-
-def gather_small(tree: Any, limit: int | None = None) -> Any:
-    """Fully addressable ``jax.Array`` leaves of at most ``limit`` bytes -> host copies.
-
-    ``limit`` defaults to ``HOST_GATHER_BYTES``.
-    A no-op across processes (no process holds a whole global array). The host arrays are
-    copies, so a later step that donates the device buffers cannot change what is written.
-    """
-    if jax.process_count() > 1:
-        return tree
-    limit = HOST_GATHER_BYTES if limit is None else limit
-    leaves, treedef = jax.tree.flatten(tree)
-    small = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)
-             and x.is_fully_addressable and x.nbytes <= limit]
-    for i, host in zip(small, jax.device_get([leaves[i] for i in small])):
-        leaves[i] = np.array(host, copy=True)
-    return jax.tree.unflatten(treedef, leaves)
 
 
 class _DataPosition:
@@ -249,7 +228,7 @@ class Checkpoints:
             self._pending = step
             return time.perf_counter() - t0
         tree, impls = keys_to_data(state)
-        args = self._args(step, gather_small(tree), impls, data, meta)
+        args = self._args(step, tree, impls, data, meta)
         try:
             saved = self._manager.save(step, args=args, force=force)
         except OSError as e:
@@ -261,7 +240,8 @@ class Checkpoints:
     def _write(self, step: int, snap: Snapshot, meta: dict[str, Any] | None,
                force: bool) -> bool:
         """The writer thread: the snapshot to host, then Orbax's (async) save."""
-        args = self._args(step, gather_small(snap.tree), snap.impls, snap.data, meta)
+        tree = jax.device_get(snap.tree)  # a private copy: no later step can change it
+        args = self._args(step, tree, snap.impls, snap.data, meta)
         return self._manager.save(step, args=args, force=force)
 
     @staticmethod
