@@ -95,7 +95,7 @@ def test_snapshot_saves_the_state_and_data_position_it_was_taken_at(tmp_path):
                                           else x * 10, t), donate_argnums=0)
     state = step(state)                                      # donates the old buffers
     next(data)
-    ck.save(4, snap)
+    assert ck.save(4, snap) >= snap.seconds > 0              # blocking time counts the copy
     ck.wait()
     fresh = _data(mesh)
     r = Checkpoints(tmp_path / "ck").restore(state, data=fresh)
@@ -103,7 +103,7 @@ def test_snapshot_saves_the_state_and_data_position_it_was_taken_at(tmp_path):
     np.testing.assert_array_equal(np.asarray(next(fresh)["inputs"]), want_next)
 
 
-def test_no_snapshot_for_large_states_or_synchronous_saves(tmp_path, monkeypatch):
+def test_snapshot_only_of_small_states_and_for_asynchronous_saves(tmp_path, monkeypatch):
     mesh = _mesh(data=8)
     assert Checkpoints(tmp_path / "a", async_save=False).snapshot(_state(mesh)) is None
     monkeypatch.setattr(wb.train.checkpoint, "HOST_GATHER_BYTES", 256)   # "w" is 512 bytes
@@ -111,6 +111,15 @@ def test_no_snapshot_for_large_states_or_synchronous_saves(tmp_path, monkeypatch
     monkeypatch.undo()
     monkeypatch.setattr(wb.train.checkpoint, "SNAPSHOT_BYTES", 256)
     assert Checkpoints(tmp_path / "c").snapshot(_state(mesh)) is None
+    monkeypatch.undo()
+    d = jax.devices()   # leaves on different devices: each copied where it is
+    apart = {"a": jax.device_put(jnp.arange(4.0), d[0]), "b": jax.device_put(jnp.ones(4), d[1])}
+    ck = Checkpoints(tmp_path / "d")
+    snap = ck.snapshot(apart)
+    assert [x.devices() for x in jax.tree.leaves(snap.tree)] == [{d[0]}, {d[1]}]
+    ck.save(1, snap)
+    ck.wait()
+    _equal(ck.restore(apart).state, apart)
 
 
 # 1 << 40: every array is gathered to the host and saved whole; 0: Orbax's per-shard writes

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -55,12 +56,18 @@ trainer.run(steps=10)
 # ## Interrupt
 #
 # Press ■ (Kernel ▸ Interrupt) during the next cell. To make this notebook run by
-# itself, the cell interrupts itself after one second, the same way: a kernel interrupt
-# is a SIGINT to the kernel process.
+# itself, the cell interrupts itself once step 20 is done, the same way: a kernel
+# interrupt is a SIGINT to the kernel process.
 
 # %%
-threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
-result = trainer.run(steps=trainer.step + 10_000)
+def interrupt_after(step):
+    while trainer.step < step:
+        time.sleep(0.005)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+threading.Thread(target=interrupt_after, args=(20,), daemon=True).start()
+result = trainer.run()
 print(result)
 assert result.status == "interrupted"
 stopped_at = trainer.step

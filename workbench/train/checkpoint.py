@@ -20,8 +20,8 @@ warning names both steps. Restoring onto another mesh goes through an abstract t
 
 A small state (one process; every leaf a fully addressable array of at most
 ``HOST_GATHER_BYTES``, in all at most ``SNAPSHOT_BYTES``) is saved without draining the
-step pipeline: :meth:`Checkpoints.snapshot` copies it on the devices (one asynchronous
-dispatch, about 1 ms) and captures the data position, the next step is dispatched, and one
+step pipeline: :meth:`Checkpoints.snapshot` copies it on the devices (asynchronously, a
+few ms to dispatch) and captures the data position, the next step is dispatched, and one
 writer thread copies the snapshot to the host and hands it to Orbax while that step runs.
 It is saved as whole host arrays: Orbax writes a sharded ``jax.Array`` as one chunk per
 device shard, and for the many small leaves of a small model (66 leaves x 8 shards for
@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 #: Snapshots (see the module docstring) hold arrays of at most this size: each is saved
@@ -124,14 +123,13 @@ class Snapshot:
       tree: the copy, typed PRNG keys replaced by their key data.
       impls: the key implementations, in leaf order.
       data: the data iterator's position when the snapshot was taken (or None).
+      seconds: how long taking it blocked the caller (counted in ``save``'s result).
     """
 
     tree: Any
     impls: list[str]
     data: _DataPosition | None
-
-
-_device_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+    seconds: float = 0.0
 
 
 def abstract(tree: Any) -> Any:
@@ -190,6 +188,7 @@ class Checkpoints:
         """
         if not self._async or jax.process_count() > 1:
             return None
+        t0 = time.perf_counter()
         tree, impls = keys_to_data(state)
         leaves = jax.tree.leaves(tree)
         if not all(isinstance(x, jax.Array) and x.is_fully_addressable
@@ -197,8 +196,11 @@ class Checkpoints:
             return None
         if sum(x.nbytes for x in leaves) > SNAPSHOT_BYTES:
             return None
-        return Snapshot(_device_copy(tree), impls,
-                        _DataPosition(data) if data is not None else None)
+        # An asynchronous copy on the same devices (a jitted copy would wait for the step
+        # in flight on CPU, where small programs run inline).
+        copy = jax.device_put(tree, may_alias=False)
+        position = _DataPosition(data) if data is not None else None
+        return Snapshot(copy, impls, position, seconds=time.perf_counter() - t0)
 
     def save(self, step: int, state: Any, *, data: Any = None,
              meta: dict[str, Any] | None = None, force: bool = False) -> float:
@@ -212,21 +214,22 @@ class Checkpoints:
           meta: JSON-able facts stored next to the state.
           force: save even if ``step`` is not a multiple of ``every``.
 
-        Returns the seconds the caller was blocked; the files are written in the
-        background. Raises ``CheckpointError`` if the *previous* background save failed
+        Returns the seconds the caller was blocked (for a snapshot, taking it included);
+        the files are written in the background. Raises ``CheckpointError`` if the *previous* background save failed
         (disk full, ...).
         """
         t0 = time.perf_counter()
         self.raise_if_failed()
         self._join_writer()  # at most one save is handed over at a time
-        snap = state if isinstance(state, Snapshot) else self.snapshot(state, data)
+        given = isinstance(state, Snapshot)
+        snap = state if given else self.snapshot(state, data)
         if snap is not None:
             if self._writer is None:
                 self._writer = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="workbench-checkpoint")
             self._submitted = (step, self._writer.submit(self._write, step, snap, meta, force))
             self._pending = step
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0 + (snap.seconds if given else 0.0)
         tree, impls = keys_to_data(state)
         args = self._args(step, tree, impls, data, meta)
         try:
@@ -304,7 +307,7 @@ class Checkpoints:
             self._manager.check_for_errors()
         except Exception as e:  # orbax re-raises the background thread's error
             raise self._write_error(step, e) from e
-        if step not in self.all_steps():
+        if not (self.directory / str(step)).is_dir():  # a commit renames tmp -> "<step>"
             raise self._write_error(step, None)
 
     def _write_error(self, step: int, error: BaseException | None) -> CheckpointError:
