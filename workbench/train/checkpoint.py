@@ -196,8 +196,10 @@ class Checkpoints:
             return None
         if sum(x.nbytes for x in leaves) > SNAPSHOT_BYTES:
             return None
-        # An asynchronous copy on the same devices (a jitted copy would wait for the step
-        # in flight on CPU, where small programs run inline).
+        # An asynchronous copy with the same shardings (a jitted copy would wait for the
+        # step in flight on CPU, where small programs run inline). Not gathered onto one
+        # device: device_put then aliases shard 0 of a replicated leaf, whose buffer the
+        # next step donates.
         copy = jax.device_put(tree, may_alias=False)
         position = _DataPosition(data) if data is not None else None
         return Snapshot(copy, impls, position, seconds=time.perf_counter() - t0)
