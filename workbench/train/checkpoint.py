@@ -217,8 +217,8 @@ class Checkpoints:
           force: save even if ``step`` is not a multiple of ``every``.
 
         Returns the seconds the caller was blocked (for a snapshot, taking it included);
-        the files are written in the background. Raises ``CheckpointError`` if the *previous* background save failed
-        (disk full, ...).
+        the files are written in the background. Raises ``CheckpointError`` if the
+        *previous* background save failed (disk full, ...).
         """
         t0 = time.perf_counter()
         self.raise_if_failed()
