@@ -106,7 +106,7 @@ def test_snapshot_saves_the_state_and_data_position_it_was_taken_at(tmp_path):
 def test_snapshot_only_of_small_states_and_for_asynchronous_saves(tmp_path, monkeypatch):
     mesh = _mesh(data=8)
     assert Checkpoints(tmp_path / "a", async_save=False).snapshot(_state(mesh)) is None
-    monkeypatch.setattr(wb.train.checkpoint, "HOST_GATHER_BYTES", 256)   # "w" is 512 bytes
+    monkeypatch.setattr(wb.train.checkpoint, "SNAPSHOT_LEAF_BYTES", 256)   # "w" is 512 bytes
     assert Checkpoints(tmp_path / "b").snapshot(_state(mesh)) is None
     monkeypatch.undo()
     monkeypatch.setattr(wb.train.checkpoint, "SNAPSHOT_BYTES", 256)
@@ -122,10 +122,10 @@ def test_snapshot_only_of_small_states_and_for_asynchronous_saves(tmp_path, monk
     _equal(ck.restore(apart).state, apart)
 
 
-# 1 << 40: every array is gathered to the host and saved whole; 0: Orbax's per-shard writes
+# 1 << 40: snapshotted, every array saved whole from the host; 0: Orbax's per-shard writes
 @pytest.mark.parametrize("gather", [1 << 40, 0], ids=["host-arrays", "per-shard"])
 def test_restore_onto_another_mesh_has_the_same_values(tmp_path, monkeypatch, gather):
-    monkeypatch.setattr(wb.train.checkpoint, "HOST_GATHER_BYTES", gather)
+    monkeypatch.setattr(wb.train.checkpoint, "SNAPSHOT_LEAF_BYTES", gather)
     state = _state(_mesh(data=8))
     ck = Checkpoints(tmp_path / "ck")
     ck.save(1, state)

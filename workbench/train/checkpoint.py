@@ -19,7 +19,7 @@ warning names both steps. Restoring onto another mesh goes through an abstract t
 (``jax.ShapeDtypeStruct`` leaves with shardings): Orbax reads each device's block.
 
 A small state (one process; every leaf a fully addressable array of at most
-``HOST_GATHER_BYTES``, in all at most ``SNAPSHOT_BYTES``) is saved without draining the
+``SNAPSHOT_LEAF_BYTES``, in all at most ``SNAPSHOT_BYTES``) is saved without draining the
 step pipeline: :meth:`Checkpoints.snapshot` copies it on the devices (asynchronously, a
 few ms to dispatch) and captures the data position, the next step is dispatched, and one
 writer thread copies the snapshot to the host and hands it to Orbax while that step runs.
@@ -45,7 +45,7 @@ import orbax.checkpoint as ocp
 
 #: Snapshots (see the module docstring) hold arrays of at most this size: each is saved
 #: as one chunk, where larger arrays are better written per shard.
-HOST_GATHER_BYTES = 8 << 20
+SNAPSHOT_LEAF_BYTES = 8 << 20
 #: States up to this size are snapshotted on device and written from a writer thread.
 SNAPSHOT_BYTES = 256 << 20
 
@@ -192,7 +192,7 @@ class Checkpoints:
         tree, impls = keys_to_data(state)
         leaves = jax.tree.leaves(tree)
         if not all(isinstance(x, jax.Array) and x.is_fully_addressable
-                   and x.nbytes <= HOST_GATHER_BYTES for x in leaves):
+                   and x.nbytes <= SNAPSHOT_LEAF_BYTES for x in leaves):
             return None
         if sum(x.nbytes for x in leaves) > SNAPSHOT_BYTES:
             return None
