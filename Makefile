@@ -37,7 +37,8 @@ bench: $(STAMP)
 
 # The README's screenshots, retaken by the real-browser tests.
 README_SHOTS := widgets-mesh-v5p widgets-layout-rank3 widgets-tree exercise-wrong \
-	workbench_panel_trained_run workbench_compare_live inline_panel_notebook
+	workbench_panel_trained_run workbench_compare_live inline_panel_notebook \
+	inline_panel_lab
 screenshots: $(STAMP) browser
 	$(BIN)/python -m pytest -q tests/test_widgets_browser.py tests/test_lab_browser.py \
 	  tests/test_exercises.py

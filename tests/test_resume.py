@@ -48,33 +48,37 @@ def _start(run_dir):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _wait_for_step(proc, run_dir, step, timeout=300):
-    """Polls metrics.jsonl until it has ``step`` (the child keeps training meanwhile)."""
+def _wait_until(proc, found, what, timeout):
+    """Polls ``found()`` until it returns a value (the child keeps training meanwhile)."""
     t_end = time.monotonic() + timeout
     while time.monotonic() < t_end:
         if proc.poll() is not None:
             pytest.fail(f"child exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-        path = run_dir / runs.METRICS
-        if path.exists():
+        value = found()
+        if value is not None:
+            return value
+        time.sleep(0.005)
+    pytest.fail(f"no {what} within {timeout} s")
+
+
+def _wait_for_step(proc, run_dir, step, timeout=300):
+    """Waits until metrics.jsonl has ``step``; returns the newest step written."""
+    def newest():
+        if (run_dir / runs.METRICS).exists():
             seen = [r["step"] for r in runs.read_metrics(run_dir)]
             if seen and seen[-1] >= step:
                 return seen[-1]
-        time.sleep(0.005)
-    pytest.fail(f"no step {step} within {timeout} s")
+        return None
+
+    return _wait_until(proc, newest, f"step {step}", timeout)
 
 
 def _wait_for_checkpoint(proc, run_dir, timeout=120):
-    """Polls until a committed checkpoint exists (Orbax renames a step's temporary
+    """Waits until a committed checkpoint exists (Orbax renames a step's temporary
     directory to the bare step number when it commits)."""
-    t_end = time.monotonic() + timeout
-    while time.monotonic() < t_end:
-        if proc.poll() is not None:
-            pytest.fail(f"child exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-        ckpts = run_dir / "checkpoints"
-        if ckpts.exists() and any(p.name.isdigit() for p in ckpts.iterdir()):
-            return
-        time.sleep(0.005)
-    pytest.fail(f"no committed checkpoint within {timeout} s")
+    ckpts = run_dir / "checkpoints"
+    _wait_until(proc, lambda: ckpts.exists() and any(p.name.isdigit() for p in ckpts.iterdir())
+                or None, "committed checkpoint", timeout)
 
 
 def _raw_steps(run_dir):

@@ -186,10 +186,14 @@ class Checkpoints:
         None when the state is too large to copy (see the module docstring), saves are
         synchronous, or the run spans processes: then ``save`` the state itself.
         """
-        if not self._async or jax.process_count() > 1:
-            return None
         t0 = time.perf_counter()
         tree, impls = keys_to_data(state)
+        return self._snapshot(tree, impls, data, t0)
+
+    def _snapshot(self, tree: Any, impls: list[str], data: Any, t0: float) -> Snapshot | None:
+        """:meth:`snapshot` of a tree whose keys are already key data."""
+        if not self._async or jax.process_count() > 1:
+            return None
         leaves = jax.tree.leaves(tree)
         if not all(isinstance(x, jax.Array) and x.is_fully_addressable
                    and x.nbytes <= SNAPSHOT_LEAF_BYTES for x in leaves):
@@ -223,16 +227,14 @@ class Checkpoints:
         t0 = time.perf_counter()
         self.raise_if_failed()
         self._join_writer()  # at most one save is handed over at a time
-        given = isinstance(state, Snapshot)
-        snap = state if given else self.snapshot(state, data)
-        if snap is not None:
-            if self._writer is None:
-                self._writer = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="workbench-checkpoint")
-            self._submitted = (step, self._writer.submit(self._write, step, snap, meta, force))
-            self._pending = step
-            return time.perf_counter() - t0 + (snap.seconds if given else 0.0)
+        if isinstance(state, Snapshot):  # taken earlier: its seconds were not in t0's span
+            self._submit(step, state, meta, force)
+            return time.perf_counter() - t0 + state.seconds
         tree, impls = keys_to_data(state)
+        snap = self._snapshot(tree, impls, data, t0)
+        if snap is not None:
+            self._submit(step, snap, meta, force)
+            return time.perf_counter() - t0
         args = self._args(step, tree, impls, data, meta)
         try:
             saved = self._manager.save(step, args=args, force=force)
@@ -241,6 +243,15 @@ class Checkpoints:
         if saved:
             self._pending = step
         return time.perf_counter() - t0
+
+    def _submit(self, step: int, snap: Snapshot, meta: dict[str, Any] | None,
+                force: bool) -> None:
+        """Hands ``snap`` to the writer thread."""
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="workbench-checkpoint")
+        self._submitted = (step, self._writer.submit(self._write, step, snap, meta, force))
+        self._pending = step
 
     def _write(self, step: int, snap: Snapshot, meta: dict[str, Any] | None,
                force: bool) -> bool:
