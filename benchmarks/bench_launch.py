@@ -40,7 +40,7 @@ def _first_step_time(job: Any, t0: float, timeout: float = 600) -> float:
 
 def _job(root: Path, name: str, processes: int, devices: int) -> dict[str, Any]:
     from workbench import runs
-    from workbench.launch import launch
+    from workbench.jobs import launch
 
     t0 = time.monotonic()
     job = launch(_config(), processes=processes, devices_per_process=devices,
@@ -61,7 +61,7 @@ def run() -> list[dict[str, Any]]:
     """Launches 1 x 8 and 2 x 4 jobs of the same config; returns the benchmark rows."""
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
         # Cold compiles for both: an empty persistent cache that the workers inherit
-        # (multi-process CPU workers never use it, see workbench.launch.worker).
+        # (multi-process CPU workers never use it, see workbench.jobs.worker).
         saved = os.environ.get("JAX_COMPILATION_CACHE_DIR")
         os.environ["JAX_COMPILATION_CACHE_DIR"] = str(Path(tmp) / "jax-cache")
         try:

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from workbench.layout import layout
+from workbench.layouts import layout
 from workbench.mesh import abstract_mesh
 from workbench.widgets._payload import layout_payload
 from workbench.widgets._tree_payload import TreeLayouts

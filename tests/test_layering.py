@@ -2,9 +2,9 @@
 import subprocess
 import sys
 
-CORE = ["workbench", "workbench.devices", "workbench.mesh", "workbench.layout", "workbench.rules",
-        "workbench.models", "workbench.flops", "workbench.step", "workbench.plan", "workbench.runs",
-        "workbench.train", "workbench.data", "workbench.launch"]
+CORE = ["workbench", "workbench.hardware", "workbench.mesh", "workbench.layouts", "workbench.rules",
+        "workbench.models", "workbench.flops", "workbench.step", "workbench.planning", "workbench.runs",
+        "workbench.train", "workbench.data", "workbench.jobs"]
 BLOCK = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
@@ -50,16 +50,29 @@ def _exists(mod: str) -> bool:
         return False
 
 
-def test_public_functions_survive_importing_their_modules():
-    """``import workbench.layout`` (or .plan, .launch) must not replace ``wb.layout`` with a
-    module that cannot be called: the public function and the submodule share a name."""
-    code = ("import workbench.layout, workbench.plan, workbench.launch, workbench.devices\n"
-            "import workbench as wb\n"
-            "from workbench.layout import layout\n"
-            "lay = wb.layout((8, 4), ('x', None), wb.abstract_mesh(x=4))\n"
-            "assert lay.bytes_per_device[0] == layout((8, 4), ('x', None),"
-            " wb.abstract_mesh(x=4)).bytes_per_device[0] == 32\n"
-            "assert all(callable(f) for f in (wb.plan, wb.launch, wb.devices))\n"
-            "print('ok')")
-    out = _run(code)
-    assert out.stdout.strip() == "ok", out.stderr[-3000:]
+PUBLIC_FUNCTIONS = {"devices": "workbench.hardware", "layout": "workbench.layouts",
+                    "plan": "workbench.planning", "launch": "workbench.jobs",
+                    "show": "workbench.widgets", "simulate_devices": "workbench.hardware"}
+
+
+def test_public_functions_are_plain_functions_whatever_was_imported_first():
+    """``wb.layout`` / ``wb.plan`` / ``wb.devices`` / ``wb.launch`` / ``wb.show`` are the
+    functions themselves (real signature and docstring), whether their modules were imported
+    before or after the name was first used, and ``from workbench import layout`` too."""
+    check = ("import inspect, types, workbench as wb\n"
+             "for name, mod in %r.items():\n"
+             "    f = getattr(wb, name)\n"
+             "    assert type(f) is types.FunctionType, (name, type(f))\n"
+             "    assert f is getattr(__import__(mod, fromlist=['x']), name), name\n"
+             "    assert 'args' not in inspect.signature(f).parameters, name\n"
+             "    assert f.__doc__ and f.__module__.startswith(mod), name\n"
+             "from workbench import layout, plan, devices, launch, show\n"
+             "assert all(type(f) is types.FunctionType for f in (layout, plan, devices, launch, show))\n"
+             "print('ok')\n") % PUBLIC_FUNCTIONS
+    modules_first = "".join(f"import {m}\n" for m in sorted(set(PUBLIC_FUNCTIONS.values())))
+    names_first = ("import workbench as wb\n"
+                   + "".join(f"wb.{n}\n" for n in PUBLIC_FUNCTIONS)
+                   + modules_first)
+    for prefix in (modules_first, names_first, "import workbench as wb\nwb.simulate_devices(8)\n"):
+        out = _run(prefix + check)
+        assert out.stdout.strip() == "ok", (prefix, out.stderr[-3000:])

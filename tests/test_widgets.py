@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.layout import layout
+from workbench.layouts import layout
 from workbench.mesh import abstract_mesh, make_mesh, mesh_info
 from workbench.rules import Rules
 from workbench.widgets import _VIEWS, show, view_for
@@ -214,7 +214,7 @@ def test_unsharded_leaves_say_so():
 def test_show_dispatches_each_kind(mesh):
     from flax import nnx
 
-    from workbench.devices import devices
+    from workbench.hardware import devices
     from workbench.widgets.devices_view import DevicesWidget
     from workbench.widgets.layout_view import LayoutWidget
     from workbench.widgets.mesh_view import MeshWidget
@@ -242,14 +242,14 @@ def test_show_dispatches_each_kind(mesh):
 
 
 def test_registered_views_resolve_by_name_without_importing():
-    assert _VIEWS["workbench.plan.Plan"] == "workbench.widgets.plan_view:plan_widget"
-    assert _VIEWS["workbench.launch.Job"] == "workbench.widgets.job_view:job_widget"
+    assert _VIEWS["workbench.planning.Plan"] == "workbench.widgets.plan_view:plan_widget"
+    assert _VIEWS["workbench.jobs.Job"] == "workbench.widgets.job_view:job_widget"
     assert _VIEWS["workbench.train.Trainer"] == "workbench.widgets.train_panel:train_widget"
     trainer_cls = types.new_class("Trainer")
     trainer_cls.__module__ = "workbench.train.trainer"  # defined in a submodule
     assert view_for(trainer_cls()) == "workbench.widgets.train_panel:train_widget"
     code = ("import sys, workbench.widgets as w; "
-            "bad = [m for m in ('anywidget', 'ipywidgets', 'IPython', 'jax', 'workbench.plan') "
+            "bad = [m for m in ('anywidget', 'ipywidgets', 'IPython', 'jax', 'workbench.planning') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from workbench.layout import layout
+from workbench.layouts import layout
 from workbench.mesh import abstract_mesh, make_mesh
 from workbench.widgets import _assets
 from workbench.widgets._payload import devices_payload, layout_payload, mesh_payload

@@ -11,35 +11,39 @@ Usage::
 Importing ``workbench`` has no side effects and imports nothing heavy: every public
 name is resolved on first use (PEP 562), so ``workbench.server`` and ``workbench.runs``
 can be imported by the Jupyter server without importing JAX.
+
+No submodule shares a name with a public function (``wb.layout`` is a function defined in
+``workbench.layouts``, ``wb.plan`` in ``workbench.planning``, ``wb.devices`` in
+``workbench.hardware``, ``wb.launch`` in ``workbench.jobs``), so what a name is never
+depends on what was imported first.
 """
 from __future__ import annotations
 
 import importlib
-import sys as _sys
-import types as _types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None means the module itself.
 _EXPORTS: dict[str, tuple[str, str | None]] = {
-    "simulate_devices": ("workbench.devices", "simulate_devices"),
-    "devices": ("workbench.devices", "devices"),
-    "DeviceInfo": ("workbench.devices", "DeviceInfo"),
-    "peak_flops": ("workbench.devices", "peak_flops"),
+    "simulate_devices": ("workbench.hardware", "simulate_devices"),
+    "devices": ("workbench.hardware", "devices"),
+    "DeviceInfo": ("workbench.hardware", "DeviceInfo"),
+    "peak_flops": ("workbench.hardware", "peak_flops"),
     "make_mesh": ("workbench.mesh", "make_mesh"),
     "abstract_mesh": ("workbench.mesh", "abstract_mesh"),
     "MeshInfo": ("workbench.mesh", "MeshInfo"),
-    "layout": ("workbench.layout", "layout"),
-    "Layout": ("workbench.layout", "Layout"),
+    "layout": ("workbench.layouts", "layout"),
+    "Layout": ("workbench.layouts", "Layout"),
     "Rules": ("workbench.rules", "Rules"),
-    "plan": ("workbench.plan", "plan"),
-    "Plan": ("workbench.plan", "Plan"),
-    "compare": ("workbench.plan", "compare"),
+    "plan": ("workbench.planning", "plan"),
+    "Plan": ("workbench.planning", "Plan"),
+    "compare": ("workbench.planning", "compare"),
     "TrainConfig": ("workbench.train", "TrainConfig"),
     "Trainer": ("workbench.train", "Trainer"),
-    "launch": ("workbench.launch", "launch"),
-    "Job": ("workbench.launch", "Job"),
+    "launch": ("workbench.jobs", "launch"),
+    "attach": ("workbench.jobs", "attach"),
+    "Job": ("workbench.jobs", "Job"),
     "show": ("workbench.widgets", "show"),
     "exercise": ("workbench.exercises", "exercise"),
     "models": ("workbench.models", None),
@@ -66,37 +70,14 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-class _CallableSubmodule(_types.ModuleType):
-    """A submodule that is also its same-named public function (``workbench.layout``)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self, self.__name__.rpartition(".")[2])(*args, **kwargs)
-
-
-class _Package(_types.ModuleType):
-    """Importing ``workbench.layout`` makes Python set ``workbench.layout`` to the module,
-    shadowing the public function ``wb.layout``; such a module is made callable instead,
-    so ``wb.layout(...)``, ``wb.plan(...)`` work whichever import came first."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        export = _EXPORTS.get(name)
-        if (export == (f"{__name__}.{name}", name) and isinstance(value, _types.ModuleType)
-                and type(value) is _types.ModuleType):
-            value.__class__ = _CallableSubmodule
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package
-
-
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench import data, models, runs, train
-    from workbench.devices import DeviceInfo, devices, peak_flops, simulate_devices
+    from workbench.hardware import DeviceInfo, devices, peak_flops, simulate_devices
     from workbench.exercises import exercise
-    from workbench.launch import Job, launch
-    from workbench.layout import Layout, layout
+    from workbench.jobs import Job, attach, launch
+    from workbench.layouts import Layout, layout
     from workbench.mesh import MeshInfo, abstract_mesh, make_mesh
-    from workbench.plan import Plan, compare, plan
+    from workbench.planning import Plan, compare, plan
     from workbench.rules import Rules
     from workbench.train import TrainConfig, Trainer
     from workbench.widgets import show

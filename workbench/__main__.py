@@ -8,7 +8,7 @@ Usage::
     python -m workbench runs [ROOT ...]                              # list run directories
 
 ``train`` and ``ping`` join a multi-process job first: with ``--coordinator``,
-``--num-processes`` and ``--process-id`` (what ``workbench.launch`` passes), or from the
+``--num-processes`` and ``--process-id`` (what ``workbench.jobs`` passes), or from the
 cluster environment (SLURM, Open MPI, Cloud TPU pods) through ``jax.distributed``.
 Nothing here imports JAX before it is configured.
 """
@@ -40,7 +40,7 @@ def _add_distributed(p: argparse.ArgumentParser) -> None:
 
 
 def _spec(args: argparse.Namespace):  # -> DistributedSpec (import kept lazy)
-    from workbench.launch.cluster import DistributedSpec, validate
+    from workbench.jobs.cluster import DistributedSpec, validate
 
     spec = DistributedSpec(mode=args.distributed, coordinator=args.coordinator,
                            num_processes=args.num_processes, process_id=args.process_id,
@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from workbench.launch import worker
+    from workbench.jobs import worker
 
     config = args.config_opt or args.config_file
     if not config:
@@ -100,11 +100,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from workbench.launch import EXIT_STOPPED, launch
+    from workbench.jobs import EXIT_STOPPED, launch
 
     cfg = args.config_file
     if cfg.endswith(".py"):
-        from workbench.launch.worker import load_config
+        from workbench.jobs.worker import load_config
 
         cfg = load_config(cfg)
     job = launch(cfg, processes=args.processes, devices_per_process=args.devices_per_process,
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _launch(args)
     if args.command == "runs":
         return _runs(args)
-    from workbench.launch import worker
+    from workbench.jobs import worker
 
     code = 1
     try:

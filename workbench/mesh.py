@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
-from workbench.devices import HardwareSpec, hardware_spec, peak_flops
+from workbench.hardware import HardwareSpec, hardware_spec, peak_flops
 
 __all__ = ["HARDWARE_PRESETS", "MeshInfo", "abstract_mesh", "make_mesh", "mesh_info"]
 

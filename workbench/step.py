@@ -1,6 +1,6 @@
 """The one train step: state pytree, shardings from logical axes, sharded init, pure step.
 
-The plan (:mod:`workbench.plan`) compiles exactly this step and the Trainer runs it.
+The plan (:mod:`workbench.planning`) compiles exactly this step and the Trainer runs it.
 
 API::
 

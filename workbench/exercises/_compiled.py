@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from workbench._collectives import KINDS, Collective, parse_collectives
+from workbench.planning.hlo import KINDS, Collective, parse_collectives
 from workbench.exercises._core import (
     Exercise,
     Result,
@@ -30,7 +30,7 @@ class Compiled:
     """What XLA made of a jitted function on a mesh.
 
     Attributes:
-      collectives: the collectives of the compiled program (``workbench._collectives``).
+      collectives: the collectives of the compiled program (``workbench.planning.hlo``).
       flops: FLOPs each device executes (``compiled.cost_analysis()``).
     """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.exercises._core import Exercise, Result, parse_axes, parse_number
-from workbench.layout import layout
+from workbench.layouts import layout
 from workbench.mesh import abstract_mesh
 
 __all__ = ["host_batch", "megacore_devices", "tp_within_host"]

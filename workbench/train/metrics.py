@@ -9,7 +9,7 @@ Definitions (shown with the numbers):
   the step was blocked by its checkpoint save (the rest of the save is asynchronous).
 - ``mfu`` = model FLOPs per step ÷ (step_time × devices × peak FLOP/s per device), with
   the analytic model FLOPs of ``workbench.flops`` (no rematerialisation) and the peak's
-  source (``workbench.devices.peak_flops``: a table, or measured on CPUs).
+  source (``workbench.hardware.peak_flops``: a table, or measured on CPUs).
 - ``hfu`` = FLOPs XLA compiled for one device per step ÷ (step_time × peak): hardware
   FLOPs, rematerialisation included.
 """

@@ -136,7 +136,7 @@ class Parts:
 def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | None = None
                 ) -> Parts:
     """Mesh, rules, optimizer, abstract sharded state, step shardings and the data."""
-    from workbench.devices import peak_flops
+    from workbench.hardware import peak_flops
     from workbench.mesh import make_mesh
     from workbench.step import abstract_state, batch_shardings
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.layout import Layout
+from workbench.layouts import Layout
 from workbench.mesh import MeshInfo, mesh_info
 
 __all__ = ["devices_payload", "layout_payload", "mesh_payload", "mesh_summary"]
@@ -92,7 +92,7 @@ def layout_payload(lay: Layout) -> dict[str, Any]:
 
 def devices_payload(devices: Sequence[Any]) -> dict[str, Any]:
     """The devices widget's payload from ``wb.devices()`` (or a list of JAX devices)."""
-    from workbench.devices import DeviceInfo, peak_flops
+    from workbench.hardware import DeviceInfo, peak_flops
 
     infos = [d if isinstance(d, DeviceInfo) else DeviceInfo.from_device(d) for d in devices]
     rows = [dataclasses.asdict(d) for d in infos]

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from workbench.layout import Layout, format_bytes, layout
+from workbench.layouts import Layout, format_bytes, layout
 from workbench.mesh import MeshInfo, abstract_mesh, mesh_info
 from workbench.widgets._payload import mesh_summary
 

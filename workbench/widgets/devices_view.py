@@ -30,8 +30,8 @@ class DevicesWidget(anywidget.AnyWidget):
 
 def devices_widget(devices: Any = None) -> DevicesWidget:
     """The device inventory widget (default: every device of the default backend)."""
-    from workbench.devices import DeviceInfo, DeviceInventory
-    from workbench.devices import devices as inventory
+    from workbench.hardware import DeviceInfo, DeviceInventory
+    from workbench.hardware import devices as inventory
 
     if devices is None:
         return DevicesWidget(inventory())

@@ -11,7 +11,7 @@ import traitlets
 
 from workbench import runs
 from workbench.widgets import _assets
-from workbench.launch.job import Job, read_tail
+from workbench.jobs.job import Job, read_tail
 
 __all__ = ["JobView", "job_payload", "job_widget"]
 
@@ -72,7 +72,7 @@ def job_payload(job: Job, records: list[dict[str, Any]] | None = None) -> dict[s
 
 
 class JobView(anywidget.AnyWidget):
-    """Live view of a :class:`~workbench.launch.Job`; refreshes once a second until it ends.
+    """Live view of a :class:`~workbench.jobs.Job`; refreshes once a second until it ends.
 
     It only reads the job and its run directory (the same files the lab panel reads);
     the Stop button calls ``job.stop()`` (SIGTERM: checkpoint, then exit).

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from workbench.launch import JobRunningError, RunLock, attach, cluster, ping
-from workbench.launch.job import read_tail
-from workbench.launch.local import free_port
-from workbench.launch.worker import EXIT_STOPPED
+from workbench.jobs import JobRunningError, RunLock, attach, cluster, ping
+from workbench.jobs.job import read_tail
+from workbench.jobs.local import free_port
+from workbench.jobs.worker import EXIT_STOPPED
 
 
 def _ping_report(log: Path) -> dict:
@@ -234,7 +234,7 @@ def _committed_steps(run_dir: Path) -> list[int]:
 @pytest.fixture(scope="module")
 def two_by_four(tmp_path_factory):
     """The reference job: 2 processes x 4 devices, 20 uninterrupted steps."""
-    from workbench.launch import launch
+    from workbench.jobs import launch
     from workbench.train import TrainConfig
 
     run_dir = tmp_path_factory.mktemp("launch") / "2x4"
@@ -274,7 +274,7 @@ def test_two_processes_train_like_one_process_with_eight_devices(two_by_four, tm
 @pytest.mark.slow
 def test_sigkill_fails_the_job_and_a_relaunch_resumes_bitwise(two_by_four, tmp_path):
     from workbench import runs
-    from workbench.launch import launch
+    from workbench.jobs import launch
     from workbench.train import TrainConfig
 
     run_dir = tmp_path / "job"
@@ -309,7 +309,7 @@ def test_sigkill_fails_the_job_and_a_relaunch_resumes_bitwise(two_by_four, tmp_p
 @pytest.mark.slow
 def test_stop_leaves_a_checkpoint_at_the_stop_step(tmp_path):
     from workbench import runs
-    from workbench.launch import launch
+    from workbench.jobs import launch
     from workbench.train import TrainConfig
 
     cfg = TrainConfig(**{**CFG, "rules": "dp", "steps": 500, "checkpoint_every": 400})
@@ -327,7 +327,7 @@ def test_stop_leaves_a_checkpoint_at_the_stop_step(tmp_path):
 
 
 def test_a_mesh_larger_than_the_launch_is_refused_before_starting(tmp_path):
-    from workbench.launch import launch
+    from workbench.jobs import launch
     from workbench.train import TrainConfig
 
     with pytest.raises(ValueError, match=r"needs 8 devices.*processes=2 x "

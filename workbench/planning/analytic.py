@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from workbench._collectives import Collective, _wire
-from workbench.layout import Layout
+from workbench.planning.hlo import Collective, _wire
+from workbench.layouts import Layout
 from workbench.mesh import MeshInfo
 from workbench.models.config import GPTConfig
 from workbench.rules import Rules

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import workbench
-from workbench.launch.job import Job, exit_file
-from workbench.launch.lock import RunLock
-from workbench.launch.worker import EXIT_FILE_ENV, LAUNCHED_ENV
+from workbench.jobs.job import Job, exit_file
+from workbench.jobs.lock import RunLock
+from workbench.jobs.worker import EXIT_FILE_ENV, LAUNCHED_ENV
 
 __all__ = ["default_platform", "free_port", "launch", "ping"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from workbench._collectives import Collective
-from workbench._plan_analytic import axes_size, batch_axes, rule_axes, weight_axes
-from workbench.layout import Layout, format_bytes
+from workbench.planning.hlo import Collective
+from workbench.planning.analytic import axes_size, batch_axes, rule_axes, weight_axes
+from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
 from workbench.rules import Rules
 

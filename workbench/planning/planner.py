@@ -26,14 +26,14 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from workbench import _plan_analytic as analytic
-from workbench import _plan_lints as lints
+from workbench.planning import analytic
+from workbench.planning import lints
 from workbench._notebook import in_notebook
-from workbench._collectives import Collective, parse_collectives
-from workbench._plan_lints import Lint
-from workbench._plan_report import Comparison, PlanReport
+from workbench.planning.hlo import Collective, parse_collectives
+from workbench.planning.lints import Lint
+from workbench.planning.report import Comparison, PlanReport
 from workbench.flops import FlopCount, dot_flops, gpt_flops
-from workbench.layout import Layout, layout
+from workbench.layouts import Layout, layout
 from workbench.mesh import MeshInfo, mesh_info
 from workbench.models import GPTConfig
 from workbench.rules import Rules

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench import runs
-from workbench.launch.lock import RunLock, pid_alive
-from workbench.launch.worker import EXIT_STOPPED
+from workbench.jobs.lock import RunLock, pid_alive
+from workbench.jobs.worker import EXIT_STOPPED
 
 __all__ = ["Job", "ProcessInfo", "attach", "exit_file"]
 
@@ -103,7 +103,7 @@ class _Pid:
 
 
 class Job:
-    """A multi-process training job started by :func:`workbench.launch`.
+    """A multi-process training job started by :func:`workbench.jobs`.
 
     Attributes:
       run_dir: the run directory (config.json, run.json, metrics.jsonl, logs/, checkpoints).

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench._collectives import groups_to_axes, parse_collectives, parse_replica_groups
+from workbench.planning.hlo import groups_to_axes, parse_collectives, parse_replica_groups
 from workbench.flops import gpt_flops
 from workbench.models import GPTConfig, MLPClassifier, classifier_loss
 from workbench.rules import Rules
@@ -176,7 +176,7 @@ def test_lint_fsdp_gathers_report_bytes(fsdp_tp):
     assert not _kinds(_abstract("tp"), "fsdp_gather")
     # A compiled step that gathers no weight (XLA moved activations instead) is said so,
     # not reported as a cost of 0 all-gathers.
-    from workbench import _plan_lints
+    from workbench.planning import lints as _plan_lints
 
     params = {k[len("params."):]: v for k, v in fsdp_tp.layouts.items() if k.startswith("params.")}
     others = [c for c in fsdp_tp.collectives if c.kind != "all-gather"]

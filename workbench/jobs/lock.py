@@ -142,7 +142,7 @@ class RunLock:
                     "and launch again, or launch into another run_dir")
         return (f"run directory {self.run_dir} already has a running job ({who}). Stop it with "
                 f"job.stop() (or `kill -TERM {holder.get('pid')}`), wait for it with job.wait(), "
-                "or launch into another run_dir; workbench.launch.attach(run_dir) watches it")
+                "or launch into another run_dir; workbench.jobs.attach(run_dir) watches it")
 
     def _refuse_running_trainer(self) -> None:
         """A notebook Trainer writing this run directory right now also blocks a launch."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.layout import format_bytes
+from workbench.layouts import format_bytes
 
 MEMORY_KEYS = ("params", "optimizer", "gradients", "activations", "batch")
 

@@ -5,7 +5,7 @@ import sys
 import jax
 
 import workbench as wb
-from workbench.devices import hardware_spec, peak_flops
+from workbench.hardware import hardware_spec, peak_flops
 
 
 def test_inventory_matches_jax():

@@ -1,6 +1,6 @@
 """Joining a multi-process JAX job: loopback launches, SLURM, TPU pods (jax.distributed).
 
-Every worker of a job (started by :func:`workbench.launch`, by ``srun``, or by
+Every worker of a job (started by :func:`workbench.jobs`, by ``srun``, or by
 ``gcloud ... ssh --worker=all``) calls :func:`initialize` once, before anything
 touches a JAX backend. Three cases:
 
@@ -137,7 +137,7 @@ def initialize(spec: DistributedSpec) -> str:
 
     if xla_bridge.backends_are_initialized():
         raise RuntimeError("JAX already started its backends in this process, so it cannot "
-                           "join a multi-process job any more; call workbench.launch.cluster."
+                           "join a multi-process job any more; call workbench.jobs.cluster."
                            "initialize() first thing in the worker")
     platform = spec.platform or os.environ.get("JAX_PLATFORMS", "").split(",")[0] or None
     if platform:

@@ -13,11 +13,11 @@ Example::
     job                      # live widget: processes, loss, log tails, Stop button
     job.wait()               # "finished" | "failed" | "stopped"
 """
-from workbench.launch.cluster import DistributedSpec, detect_cluster
-from workbench.launch.job import Job, ProcessInfo, attach
-from workbench.launch.local import launch, ping
-from workbench.launch.lock import JobRunningError, RunLock
-from workbench.launch.worker import EXIT_STOPPED
+from workbench.jobs.cluster import DistributedSpec, detect_cluster
+from workbench.jobs.job import Job, ProcessInfo, attach
+from workbench.jobs.local import launch, ping
+from workbench.jobs.lock import JobRunningError, RunLock
+from workbench.jobs.worker import EXIT_STOPPED
 
 __all__ = ["EXIT_STOPPED", "DistributedSpec", "Job", "JobRunningError", "ProcessInfo",
            "RunLock", "attach", "detect_cluster", "launch", "ping"]

@@ -1,7 +1,7 @@
 """What one worker process of a job runs: ``train`` (the Trainer) and ``ping`` (collectives).
 
-Both start with :func:`workbench.launch.cluster.initialize`, so the same code runs as a
-loopback process of :func:`workbench.launch`, an ``srun`` task, or one worker of a TPU
+Both start with :func:`workbench.jobs.cluster.initialize`, so the same code runs as a
+loopback process of :func:`workbench.jobs`, an ``srun`` task, or one worker of a TPU
 pod. Exit codes tell the launcher what happened: 0 reached the target, ``EXIT_STOPPED``
 stopped early after a checkpoint (SIGTERM / preemption), anything else failed.
 """
@@ -17,8 +17,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from workbench.launch import cluster
-from workbench.launch.lock import RunLock
+from workbench.jobs import cluster
+from workbench.jobs.lock import RunLock
 
 __all__ = ["EXIT_STOPPED", "load_config", "ping", "record_exit", "train"]
 
