@@ -210,11 +210,14 @@ def test_widget_checks_messages_from_the_browser():
     assert view.attempts == 2
 
 
-def test_exercise_displays_as_widget_and_prints_as_text():
+def test_exercise_displays_as_widget_and_prints_as_text(monkeypatch):
+    import workbench._display
+
     ex = wb.exercise("spec_for_block")
-    bundle = ex._repr_mimebundle_()
-    data = bundle[0] if isinstance(bundle, tuple) else bundle
-    assert "application/vnd.jupyter.widget-view+json" in data
+    assert ex._repr_mimebundle_() == {"text/plain": repr(ex)}  # a terminal: text only
+    monkeypatch.setattr(workbench._display, "in_notebook", lambda: True)
+    data, _ = ex._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data and data["text/plain"] == repr(ex)
     assert "(64, 2048, 12288)" in str(ex) and "P('data', None, 'model')" in str(ex)
     view = ex.widget()
     assert "export default" in view._esm and ".wb-exercise" in view._css

@@ -275,8 +275,7 @@ def test_plan_widget_payload_and_render(fsdp_tp, tmp_path):
     assert per["params"] == [fsdp_tp.memory["params"]] * 8
     assert per["optimizer"] == [fsdp_tp.memory["optimizer"]] * 8
     assert json.loads(json.dumps(p)) == p                  # JSON-clean
-    view = fsdp_tp._repr_mimebundle_()
-    assert "application/vnd.jupyter.widget-view+json" in view
+    assert isinstance(fsdp_tp.widget(), PlanView)
     w = wb.show(fsdp_tp)
     assert isinstance(w, PlanView)
     assert {r["path"] for r in w.tensors.layouts.payload()["rows"]} >= {

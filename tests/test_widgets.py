@@ -241,13 +241,48 @@ def test_show_dispatches_each_kind(mesh):
         show({"a": 1})
 
 
-def test_registered_views_resolve_by_name_without_importing():
-    assert _VIEWS["workbench.planning.Plan"] == "workbench.widgets.plan_view:plan_widget"
-    assert _VIEWS["workbench.jobs.Job"] == "workbench.widgets.job_view:job_widget"
-    assert _VIEWS["workbench.train.Trainer"] == "workbench.widgets.train_panel:train_widget"
-    trainer_cls = types.new_class("Trainer")
-    trainer_cls.__module__ = "workbench.train.trainer"  # defined in a submodule
-    assert view_for(trainer_cls()) == "workbench.widgets.train_panel:train_widget"
+def _displayable_classes():
+    """Every class in the workbench package that displays itself through ``_view``."""
+    import importlib
+    import pkgutil
+
+    import workbench
+    from workbench._display import Displayable
+
+    for m in pkgutil.walk_packages(workbench.__path__, "workbench."):
+        if not m.name.startswith(("workbench.server", "workbench.widgets", "workbench.__main__")):
+            importlib.import_module(m.name)
+    found, todo = set(), [Displayable]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found.add(sub)
+            todo.append(sub)
+    return found
+
+
+def test_every_workbench_object_displays_through_its_own_view():
+    """One route: each core class names a view function of workbench.widgets, ``show`` draws
+    it with that function, and outside a notebook the bundle is the object's text."""
+    from workbench.exercises import exercise
+
+    classes = _displayable_classes()
+    names = {c.__name__ for c in classes}
+    assert {"MeshInfo", "Layout", "DeviceInventory", "Plan", "Comparison", "Job", "Trainer",
+            "Exercise"} <= names, names
+    for cls in classes:
+        module, _, func = cls._view.partition(":")
+        assert callable(getattr(__import__(f"workbench.widgets.{module}", fromlist=[func]), func))
+    m = make_mesh(data=4, model=2)
+    lay = layout((8, 4), ("data", "model"), m)
+    ex = exercise("spec_for_block")
+    for obj, widget_cls in ((mesh_info(m), "MeshWidget"), (lay, "LayoutWidget"),
+                            (ex, "ExerciseView")):
+        assert view_for(obj) == f"workbench.widgets.{type(obj)._view}"
+        assert type(show(obj)).__name__ == widget_cls
+        assert obj._repr_mimebundle_() == {"text/plain": repr(obj)}  # not in a notebook
+    # foreign types go through the registry, which holds nothing of workbench's own
+    assert all(not k.startswith("workbench.") for k in _VIEWS)
+    assert view_for(m) == "workbench.widgets.mesh_view:mesh_widget"
     code = ("import sys, workbench.widgets as w; "
             "bad = [m for m in ('anywidget', 'ipywidgets', 'IPython', 'jax', 'workbench.planning') "
             "if m in sys.modules]; assert not bad, bad")

@@ -1,4 +1,5 @@
-"""Analytic model FLOPs per training step (MaxText convention), 6N, and MFU.
+"""FLOPs of a training step: analytic model FLOPs (MaxText convention), 6N, FLOPs counted
+in a jaxpr or read from a compiled executable, and MFU.
 
 Convention (MaxText ``calculate_tflops_training_per_device``; PaLM appendix B):
 a matmul of (m, k) by (k, n) costs 2·m·k·n FLOPs; training = 3 × forward (backward is
@@ -117,6 +118,16 @@ def _jaxpr_dot_flops(jaxpr: Any) -> float:
         for sub in jax_core.jaxprs_in_params(eqn.params):
             total += mult * _jaxpr_dot_flops(sub)
     return total
+
+
+def compiled_flops(compiled: Any) -> float | None:
+    """FLOPs per device of an AOT-compiled executable (``compiled.cost_analysis()``), or
+    None when the backend reports none. Pallas/custom kernels are not counted by XLA."""
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
+        cost = cost[0] if cost else None
+    flops = (cost or {}).get("flops")
+    return None if flops is None or flops <= 0 else float(flops)
 
 
 def mfu(model_flops: float, step_time: float, n_devices: int, peak: float) -> float:

@@ -12,6 +12,8 @@ from typing import Any, Sequence
 
 import jax
 
+from workbench._display import Displayable
+
 __all__ = [
     "DeviceInfo",
     "DeviceInventory",
@@ -240,7 +242,7 @@ def peak_flops(device: Any = None) -> tuple[float, str]:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DeviceInfo:
+class DeviceInfo(Displayable):
     """One device as a user needs to see it.
 
     Attributes:
@@ -253,6 +255,8 @@ class DeviceInfo:
       memory_bytes: memory limit in bytes where known, else None.
       host: host name of the owning process when it is this process, else None.
     """
+
+    _view = "devices_view:devices_widget"
 
     id: int
     kind: str
@@ -286,8 +290,10 @@ class DeviceInfo:
         )
 
 
-class DeviceInventory(tuple):
+class DeviceInventory(Displayable, tuple):
     """A tuple of ``DeviceInfo`` that prints as a table and shows as a widget."""
+
+    _view = "devices_view:devices_widget"
 
     def __str__(self) -> str:
         rows = [("id", "kind", "platform", "process", "coords", "core", "memory")]
@@ -304,11 +310,6 @@ class DeviceInventory(tuple):
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from workbench import widgets
-
-        return widgets.show(self)._repr_mimebundle_(include=include, exclude=exclude)
 
 
 def devices(backend: str | None = None, *, devices: Sequence[Any] | None = None) -> DeviceInventory:

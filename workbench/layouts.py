@@ -10,6 +10,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from workbench._display import Displayable
 from workbench.mesh import MeshInfo, mesh_info
 
 __all__ = ["Layout", "layout", "normalize_spec", "format_bytes"]
@@ -86,7 +87,7 @@ def _block_index(axis_names: tuple[str, ...], axis_sizes: tuple[int, ...],
     return block
 
 
-class Layout:
+class Layout(Displayable):
     """Where each block of one tensor lives on a mesh.
 
     Build it with ``wb.layout``. Arrays are per device, rows in ``device_ids`` order
@@ -101,6 +102,8 @@ class Layout:
       shard_shape: the block shape XLA allocates (ceil division; edge blocks padded).
       partitions: number of blocks along each dim.
     """
+
+    _view = "layout_view:layout_widget"
 
     def __init__(self, *, shape: Sequence[int], dtype: Any, spec: Spec, mesh: MeshInfo,
                  name: str = "tensor", logical_axes: tuple[str | None, ...] | None = None):
@@ -235,11 +238,6 @@ class Layout:
 
     def __repr__(self) -> str:
         return f"<Layout {self.summary().splitlines()[0]}>"
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from workbench import widgets
-
-        return widgets.show(self)._repr_mimebundle_(include=include, exclude=exclude)
 
 
 def _from_sharding(shape: tuple[int, ...], dtype: Any, sharding: Any, name: str) -> Layout:

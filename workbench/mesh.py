@@ -11,6 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
+from workbench._display import Displayable
 from workbench.hardware import HardwareSpec, hardware_spec, peak_flops
 
 __all__ = ["HARDWARE_PRESETS", "MeshInfo", "abstract_mesh", "make_mesh", "mesh_info"]
@@ -134,7 +135,7 @@ def _hybrid_mesh(ici: dict[str, int], dcn: dict[str, int], devs: list, types: tu
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class MeshInfo:
+class MeshInfo(Displayable):
     """A mesh described for planning and display; real and abstract meshes alike.
 
     Attributes:
@@ -152,6 +153,8 @@ class MeshInfo:
       jax_mesh: the real ``jax.sharding.Mesh``; None when abstract.
       abstract: the ``jax.sharding.AbstractMesh`` of the same shape.
     """
+
+    _view = "mesh_view:mesh_widget"
 
     axis_names: tuple[str, ...]
     axis_sizes: tuple[int, ...]
@@ -205,11 +208,6 @@ class MeshInfo:
         return "\n".join(lines)
 
     __repr__ = describe
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from workbench import widgets
-
-        return widgets.show(self)._repr_mimebundle_(include=include, exclude=exclude)
 
 
 def mesh_info(m: Any) -> MeshInfo:

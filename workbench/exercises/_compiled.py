@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from workbench.flops import compiled_flops
 from workbench.planning.hlo import KINDS, Collective, parse_collectives
 from workbench.exercises._core import (
     Exercise,
@@ -59,10 +60,8 @@ def compile_on_mesh(fn: Callable[..., Any], shapes: Sequence[tuple[int, ...]],
             for s, p in zip(shapes, specs)]
     kw = {} if out is None else {"out_shardings": NamedSharding(mesh, out)}
     compiled = jax.jit(fn, **kw).lower(*args).compile()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     ops = parse_collectives(compiled.as_text(), tuple(axes), tuple(axes.values()))
-    return Compiled(collectives=tuple(ops), flops=float(cost.get("flops", 0.0)))
+    return Compiled(collectives=tuple(ops), flops=compiled_flops(compiled) or 0.0)
 
 
 def _matmul(x: jax.Array, w: jax.Array) -> jax.Array:

@@ -10,6 +10,8 @@ from typing import Any
 
 from jax.sharding import PartitionSpec
 
+from workbench._display import Displayable
+
 __all__ = ["AnswerError", "Exercise", "Result", "parse_axes", "parse_choice", "parse_number",
            "parse_ranges", "parse_spec", "parse_specs"]
 
@@ -44,7 +46,7 @@ class Result:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class Exercise:
+class Exercise(Displayable):
     """One exercise: a prompt, how to read an answer, and a check against JAX.
 
     Attributes:
@@ -58,6 +60,8 @@ class Exercise:
       parse: typed text or a Python value -> the value ``judge`` takes.
       judge: the parsed value -> ``Result`` (computed with JAX).
     """
+
+    _view = "exercise_view:exercise_widget"
 
     name: str
     title: str
@@ -96,15 +100,6 @@ class Exercise:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
-
-    def widget(self) -> Any:
-        """The interactive view: prompt, answer box, check button, feedback."""
-        from workbench import widgets
-
-        return widgets.show(self)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        return self.widget()._repr_mimebundle_(include=include, exclude=exclude)
 
 
 # ---------------------------------------------------------------------------

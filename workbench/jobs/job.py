@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from workbench._display import Displayable
 from workbench import runs
 from workbench.jobs.lock import RunLock, pid_alive
 from workbench.jobs.worker import EXIT_STOPPED
@@ -102,13 +103,15 @@ class _Pid:
         return self.returncode
 
 
-class Job:
+class Job(Displayable):
     """A multi-process training job started by :func:`workbench.jobs`.
 
     Attributes:
       run_dir: the run directory (config.json, run.json, metrics.jsonl, logs/, checkpoints).
       logs: one log file per process (stdout and stderr).
     """
+
+    _view = "job_view:job_widget"
 
     def __init__(self, run_dir: Path, procs: Sequence[subprocess.Popen[bytes] | _Pid],
                  logs: Sequence[Path], *, lock: RunLock | None, commands: Sequence[Any] = (),
@@ -223,15 +226,6 @@ class Job:
         if self._note:
             head += f"\n{self._note}"
         return head
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        try:
-            from workbench.widgets.job_view import JobView
-        except ImportError:  # no widget libraries: text only
-            return {"text/plain": repr(self)}
-        bundle = JobView(self)._repr_mimebundle_(include=include, exclude=exclude)
-        data, meta = bundle if isinstance(bundle, tuple) else (bundle, {})
-        return {**data, "text/plain": repr(self)}, meta
 
     # ------------------------------------------------------------------ monitor
     def _signal_all(self, sig: signal.Signals) -> None:

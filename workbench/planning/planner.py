@@ -33,6 +33,7 @@ from workbench.planning.hlo import Collective, parse_collectives
 from workbench.planning.lints import Lint
 from workbench.planning.report import Comparison, PlanReport
 from workbench.flops import FlopCount, dot_flops, gpt_flops
+from workbench.flops import compiled_flops as flops_of
 from workbench.layouts import Layout, layout
 from workbench.mesh import MeshInfo, mesh_info
 from workbench.models import GPTConfig
@@ -250,7 +251,7 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
         compiled = jitted.lower(abstract, batch_abs).compile()
         compile_seconds = time.perf_counter() - tc
         done(f"{label}: compiled the train step in {compile_seconds:.1f} s")
-        compiled_flops = _cost_flops(compiled)
+        compiled_flops = flops_of(compiled)
         memory = _compiled_memory(compiled, estimate, limit)
         collectives = parse_collectives(compiled.as_text(), info.axis_names, info.axis_sizes)
     else:
@@ -344,13 +345,6 @@ def _factory_flops(graphdef: Any, params: Any, loss_fn: LossFn, example: Mapping
                      formula=(f"forward + backward matmul FLOPs counted in the jaxpr of the "
                               f"loss's value-and-grad ({step / fwd:.2f} x forward; the "
                               f"3 x forward convention would give {3 * fwd:.3g})"))
-
-
-def _cost_flops(compiled: Any) -> float | None:
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else None
-    return None if not cost or "flops" not in cost else float(cost["flops"])
 
 
 def _compiled_memory(compiled: Any, estimate: Mapping[str, Any],

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench._display import Displayable
 from workbench.layouts import format_bytes
 
 MEMORY_KEYS = ("params", "optimizer", "gradients", "activations", "batch")
@@ -21,8 +22,10 @@ def _bytes(x: float | None) -> str:
     return "-" if x is None else format_bytes(x)
 
 
-class PlanReport:
+class PlanReport(Displayable):
     """Mixin: text report, ``to_dict`` and ``_repr_mimebundle_`` of a ``Plan``."""
+
+    _view = "plan_view:plan_widget"
 
     def memory_rows(self) -> list[dict[str, Any]]:
         """One row per memory component: compiled (or estimate) and estimate bytes."""
@@ -95,14 +98,11 @@ class PlanReport:
             "compile_seconds": self.compile_seconds,
         }
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from workbench import widgets
 
-        return widgets.show(self)._repr_mimebundle_(include=include, exclude=exclude)
-
-
-class Comparison:
+class Comparison(Displayable):
     """Plans side by side (``wb.compare``): ``rows``, ``table()``, ``figure()``."""
+
+    _view = "plan_view:compare_widget"
 
     COLUMNS = ("name", "memory_per_device", "limit", "fits", "flops_per_device",
                "comm_bytes_per_device", "replicated_compute_factor", "n_warnings", "estimate")
@@ -147,7 +147,4 @@ class Comparison:
 
         return compare_figure(self)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from workbench.widgets.plan_view import compare_widget
 
-        return compare_widget(self)._repr_mimebundle_(include=include, exclude=exclude)

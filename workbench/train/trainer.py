@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from workbench import runs
+from workbench._display import Displayable
 from workbench.train.checkpoint import Checkpoints
 from workbench.train.config import TrainConfig
 from workbench.train.loop import NonFiniteLoss, RunResult, run_loop
@@ -36,7 +37,7 @@ __all__ = ["NonFiniteLoss", "RunConfigMismatch", "RunResult", "Trainer"]
 _LR_BLOCK = 4096
 
 
-class Trainer:
+class Trainer(Displayable):
     """Trains ``config`` in ``run_dir``, resuming from its checkpoints.
 
     Args:
@@ -60,6 +61,8 @@ class Trainer:
         trainer = wb.Trainer(wb.TrainConfig(model="tiny", mesh={"data": 8}), run_dir="runs/tiny")
         trainer.run(steps=200)   # after Ctrl-C or a restart, the same cell continues
     """
+
+    _view = "train_panel:train_widget"
 
     def __init__(self, config: TrainConfig, run_dir: str | os.PathLike[str], *,
                  fork: bool = False, force: bool = False, progress: str | None = "auto",
@@ -226,6 +229,7 @@ class Trainer:
     def compiled_step(self) -> Any:
         """The AOT-compiled train step (compiled once, timed, logged as an event)."""
         if self._compiled is None:
+            from workbench.flops import compiled_flops
             from workbench.step import jit_train_step, make_train_step
 
             p = self.parts
@@ -234,9 +238,7 @@ class Trainer:
             t0 = time.perf_counter()
             self._compiled = jitted.lower(p.abstract_state, p.abstract_batch).compile()
             self.compile_seconds = time.perf_counter() - t0
-            cost = self._compiled.cost_analysis()
-            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-            flops = float((cost or {}).get("flops", 0.0))
+            flops = compiled_flops(self._compiled)
             self.compiled_flops = flops * self.config.optimizer.accumulate if flops else None
             mem = self._compiled.memory_analysis()
             self.memory_per_device = None if mem is None else {
@@ -302,12 +304,4 @@ class Trainer:
         return (f"Trainer(run_dir={str(self.run_dir)!r}, step={self.step}/"
                 f"{self.config.steps}, loss={last:.4f}, mesh={dict(self.mesh.shape)})")
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """In a notebook: the run's panel (the whole run so far); elsewhere: the repr."""
-        from workbench._notebook import in_notebook
 
-        if not in_notebook():
-            return {"text/plain": repr(self)}
-        from workbench.widgets.train_panel import train_widget
-
-        return train_widget(self)._repr_mimebundle_(include=include, exclude=exclude)

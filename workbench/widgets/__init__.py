@@ -1,9 +1,10 @@
 """Notebook widgets of Workbench objects; ``show(obj)`` picks the view by the object's type.
 
 Every view lives in its own module and is imported only when first used, so importing
-this package imports neither anywidget nor the objects' modules. To add a view, add one
-line to ``_VIEWS``: ``"<module>.<ClassName>": "<view module>:<function>"``; the function
-takes the object (plus any keyword options of ``show``) and returns a widget.
+this package imports neither anywidget nor the objects' modules. A Workbench object names
+its view itself (``_view = "mesh_view:mesh_widget"``, see ``workbench._display``) and
+displays through ``show``; ``_VIEWS`` maps only foreign types (JAX meshes) to views. A view
+function takes the object (plus any keyword options of ``show``) and returns a widget.
 """
 from __future__ import annotations
 
@@ -14,16 +15,8 @@ from typing import Any
 __all__ = ["show"]
 
 _VIEWS: dict[str, str] = {
-    "workbench.mesh.MeshInfo": "workbench.widgets.mesh_view:mesh_widget",
     "jax.sharding.Mesh": "workbench.widgets.mesh_view:mesh_widget",
     "jax.sharding.AbstractMesh": "workbench.widgets.mesh_view:mesh_widget",
-    "workbench.layouts.Layout": "workbench.widgets.layout_view:layout_widget",
-    "workbench.hardware.DeviceInventory": "workbench.widgets.devices_view:devices_widget",
-    "workbench.hardware.DeviceInfo": "workbench.widgets.devices_view:devices_widget",
-    "workbench.planning.Plan": "workbench.widgets.plan_view:plan_widget",
-    "workbench.jobs.Job": "workbench.widgets.job_view:job_widget",
-    "workbench.train.Trainer": "workbench.widgets.train_panel:train_widget",
-    "workbench.exercises.Exercise": "workbench.widgets.exercise_view:exercise_widget",
 }
 
 # Structural fallbacks, tried in order when no class in the object's MRO is in _VIEWS.
@@ -53,6 +46,9 @@ def _resolve(target: str) -> Any:
 
 def view_for(obj: Any) -> str:
     """The ``"module:function"`` that draws ``obj``."""
+    own = getattr(type(obj), "_view", None)
+    if isinstance(own, str):  # a Workbench object names its view
+        return f"{__name__}.{own}"
     for cls in type(obj).__mro__:
         for key, target in _VIEWS.items():
             if _matches(cls, key):
