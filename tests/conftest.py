@@ -5,3 +5,19 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402 - after the environment above, before any test imports JAX
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """The session's one data and compile cache (``WORKBENCH_CACHE``)."""
+    return tmp_path_factory.getbasetemp() / "wb-cache"
+
+
+@pytest.fixture
+def wb_cache(cache_dir, monkeypatch):
+    """Points ``WORKBENCH_CACHE`` at the session's cache for one test (use it with
+    ``pytestmark = pytest.mark.usefixtures("wb_cache")``)."""
+    monkeypatch.setenv("WORKBENCH_CACHE", str(cache_dir))
+    return cache_dir

@@ -20,9 +20,7 @@ from workbench.data import ShardedBatches, TextData
 from workbench.train.checkpoint import CheckpointError, Checkpoints, abstract
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "wb-cache"))
+pytestmark = pytest.mark.usefixtures("wb_cache")
 
 
 def _mesh(**axes):

@@ -1,5 +1,6 @@
 """TrainConfig (JSON round trip, stable hash, validation) and the AdamW spec (optax)."""
 import dataclasses
+import hashlib
 import json
 import math
 import pickle
@@ -13,10 +14,11 @@ import optax
 import pytest
 
 import workbench as wb
+from workbench import runs
 from workbench.data import SyntheticData, TextData
 from workbench.models import GPTConfig
 from workbench.rules import Rules
-from workbench.train import AdamW, TrainConfig
+from workbench.train import RUN_CONTROL_FIELDS, AdamW, TrainConfig
 
 ISSUE_EXAMPLE = {"model": "tiny", "mesh": {"data": 8}, "rules": "fsdp", "batch": 8, "seq": 128,
                  "steps": 200, "checkpoint_every": 20, "keep": 3, "seed": 0, "data": "text"}
@@ -61,6 +63,17 @@ def test_hash_is_stable_across_processes_and_key_order():
     assert TrainConfig.from_dict(shuffled).hash() == cfg.hash()
     assert cfg.replace(seed=1).hash() != cfg.hash()
     assert cfg.hash(exclude=("seed",)) == cfg.replace(seed=1).hash(exclude=("seed",))
+
+
+def test_hash_is_the_config_hash_of_run_json(tmp_path):
+    cfg = TrainConfig(**ISSUE_EXAMPLE)
+    text = json.dumps(cfg.to_dict(), sort_keys=True, separators=(",", ":"))
+    assert cfg.hash() == hashlib.sha256(text.encode()).hexdigest()[:12]       # by hand
+    runs.RunWriter(tmp_path / "run", config=cfg.to_dict()).close()
+    assert runs.read_run(tmp_path / "run")["config_hash"] == cfg.hash()
+    kept = {k: v for k, v in cfg.to_dict().items() if k not in RUN_CONTROL_FIELDS}
+    assert cfg.hash(exclude=RUN_CONTROL_FIELDS) == runs.config_hash(kept) != cfg.hash()
+    assert cfg.replace(keep=9).hash(exclude=RUN_CONTROL_FIELDS) == runs.config_hash(kept)
 
 
 def test_replace_and_diff():

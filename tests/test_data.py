@@ -24,9 +24,7 @@ from workbench.data import (
 SMALL = TextData(max_bytes=60_000)   # the first 60 kB of the stdlib stream
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "wb-cache"))
+pytestmark = pytest.mark.usefixtures("wb_cache")
 
 
 @pytest.fixture(scope="module")

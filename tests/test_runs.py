@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +205,37 @@ def test_runs_imports_neither_jax_nor_numpy() -> None:
     code = "import sys, workbench.runs; print('jax' in sys.modules, 'numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_pid_alive_on_this_host() -> None:
+    me = os.getpid()
+    assert runs.pid_alive(me) and runs.pid_alive(me, runs.pid_start_time(me))
+    assert not runs.pid_alive(me, "1")                  # our pid, another start: reused
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    assert not runs.pid_alive(done.pid)                 # exited and reaped
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        for _ in range(500):                            # exited, not yet reaped
+            with open(f"/proc/{zombie.pid}/stat", encoding="ascii") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        assert not runs.pid_alive(zombie.pid)
+    finally:
+        zombie.wait()
+    for bad in (0, -1, -me, 2**31, 2**64, True, None, "1"):  # os.kill(-1, 0) would succeed
+        assert not runs.pid_alive(bad), bad
+
+
+def test_one_pid_check_for_runs_and_job_locks(tmp_path: Path) -> None:
+    from workbench.jobs import lock
+
+    assert lock.pid_alive is runs.pid_alive
+    w = runs.RunWriter(tmp_path / "r", config={})
+    meta = runs.read_run(tmp_path / "r")
+    assert meta["pid_start"] == runs.pid_start_time(os.getpid())
+    assert runs.effective_status(meta) == "running"
+    w.update(pid_start="1")              # run.json of a dead writer whose pid was reused
+    assert runs.effective_status(runs.read_run(tmp_path / "r")) == "interrupted"
+    w.close()

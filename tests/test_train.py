@@ -25,7 +25,6 @@ from workbench.step import (
     make_train_step,
     state_shardings,
 )
-from workbench.train import loop as train_loop
 from workbench.train.setup import RunConfigMismatch
 
 CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8},
@@ -33,9 +32,7 @@ CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data"
                      data="synthetic", optimizer=wb.train.AdamW(lr=1e-2, warmup_steps=2))
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "wb-cache"))
+pytestmark = pytest.mark.usefixtures("wb_cache")
 
 
 def trainer(run_dir, cfg=CFG, **kw):
@@ -44,9 +41,9 @@ def trainer(run_dir, cfg=CFG, **kw):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory, cache_dir):
     """An uninterrupted run of CFG (6 steps) and its run directory."""
-    os.environ["WORKBENCH_CACHE"] = str(tmp_path_factory.getbasetemp() / "wb-cache")
+    os.environ["WORKBENCH_CACHE"] = str(cache_dir)
     run_dir = tmp_path_factory.mktemp("ref") / "run"
     tr = trainer(run_dir)
     tr.run()
@@ -107,6 +104,54 @@ def test_run_targets_steps_from_one_and_metrics(tmp_path, capsys):
     assert tr.checkpoints.all_steps() == [2, 4, 6]
 
 
+class _Collect:
+    """A plain sink of the test's own: every call the run loop makes, in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def event(self, kind, **fields):
+        self.calls.append(("event", kind, fields))
+
+    def update(self, record):
+        self.calls.append(("update", record))
+
+    def finish(self, status, message=None):
+        self.calls.append(("finish", status, message))
+
+    def records(self):
+        return [c[1] for c in self.calls if c[0] == "update"]
+
+    def events(self):
+        return [(c[1], c[2]) for c in self.calls if c[0] == "event"]
+
+
+def _written(run_dir, steps=None):
+    """The reference: step records as the run writer wrote them (less its time stamp)."""
+    return [{k: v for k, v in r.items() if k != "time"} for r in runs.read_metrics(run_dir)
+            if steps is None or r["step"] in steps]
+
+
+def test_a_custom_sink_gets_what_the_run_writer_wrote(tmp_path):
+    tr = trainer(tmp_path / "run", CFG.replace(checkpoint_every=1))  # snapshot saves too
+    first, second = _Collect(), _Collect()
+    done = tr.run(steps=3, sinks=[first])
+    again = tr.run(steps=5, sinks=[second])
+    for sink, steps, result in ((first, [1, 2, 3], done), (second, [4, 5], again)):
+        kinds = [c[0] for c in sink.calls]                     # events, steps, then finish
+        n_events = len(sink.events())
+        assert kinds == ["event"] * n_events + ["update"] * len(steps) + ["finish"]
+        assert [r["step"] for r in sink.records()] == steps    # each step once, in order
+        assert sink.records() == _written(tr.run_dir, steps)   # the very records written
+        assert sink.calls[-1] == ("finish", "finished", result.message)
+    written = [(e["event"], {k: v for k, v in e.items() if k not in ("event", "time")})
+               for e in runs.read_events(tr.run_dir)]
+    assert first.events() == [("compiling", {}), *written[:1]]  # compiling: before run.json
+    assert written[0] == ("compile", {"seconds": tr.compile_seconds, "cache": tr.compile_cache})
+    assert second.events() == written[1:] == [("resume", {"step": 3})]
+    assert tr.history == first.records() + second.records()
+
+
 def test_batch_not_divisible_by_the_data_axes():
     with pytest.raises(ValueError, match=r"batch=12 is not divisible by the 8 devices .*'data'"):
         trainer("unused", CFG.replace(batch=12))
@@ -117,13 +162,16 @@ def test_batch_not_divisible_by_the_data_axes():
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     bad = CFG.replace(steps=8, optimizer=wb.train.AdamW(lr=1e4, warmup_steps=0, clip_norm=None))
     tr = trainer(tmp_path / "run", bad)
+    sink = _Collect()
     with pytest.raises(wb.train.trainer.NonFiniteLoss, match=r"is nan.* at step 4;.*"
                        r"checkpoint step 2"):
-        tr.run()
+        tr.run(sinks=[sink])
     assert tr.checkpoints.all_steps() == [2]
     meta = runs.read_run(tr.run_dir)
     assert meta["status"] == "failed" and "at step 4" in meta["error"]
     assert [r["step"] for r in runs.read_metrics(tr.run_dir)] == [1, 2, 3]
+    assert sink.records() == _written(tr.run_dir)             # step 4 is never reported
+    assert sink.calls[-1] == ("finish", "failed", meta["error"])
     assert tr.step == 2 and int(tr.state.step) == 2         # back at the good checkpoint
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(tr.state.params))
 
@@ -156,7 +204,7 @@ def test_run_dir_with_another_config_is_refused_with_a_diff(reference, tmp_path)
 
 
 class _InterruptAt:
-    """A progress sink that presses Ctrl-C (a real SIGINT to this process) at one step."""
+    """A sink that presses Ctrl-C (a real SIGINT to this process) at one step."""
 
     def __init__(self, step):
         self.step, self.finished = step, None
@@ -172,13 +220,11 @@ class _InterruptAt:
         self.finished = (status, message)
 
 
-def test_ctrl_c_stops_at_a_step_boundary_saves_and_continues_exactly(reference, tmp_path,
-                                                                   monkeypatch):
+def test_ctrl_c_stops_at_a_step_boundary_saves_and_continues_exactly(reference, tmp_path):
     ref_tr, _ = reference
     sink = _InterruptAt(3)
-    monkeypatch.setattr(train_loop, "make_progress", lambda tr, target: sink)
     tr = trainer(tmp_path / "run")
-    result = tr.run()
+    result = tr.run(sinks=[sink])
     assert result.status == "interrupted" and 3 <= tr.step < 6
     assert tr.checkpoints.all_steps()[-1] == tr.step        # saved at the stopping step
     assert sink.finished[0] == "interrupted"
@@ -186,7 +232,6 @@ def test_ctrl_c_stops_at_a_step_boundary_saves_and_continues_exactly(reference, 
     assert "trainer.run(6)" in result.message
     assert runs.read_run(tr.run_dir)["status"] == "interrupted"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # restored
-    monkeypatch.undo()
     again = trainer(tmp_path / "run")                       # as after a kernel restart
     again.run()
     assert again.losses == ref_tr.losses

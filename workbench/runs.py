@@ -38,8 +38,8 @@ from typing import Any, Self
 from workbench._tail import METRICS, MetricsTail
 
 __all__ = ["METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunWriter", "columns",
-           "config_hash", "effective_status", "find_run_dirs", "list_runs", "read_events",
-           "read_metrics", "read_run", "resolve_run", "run_id"]
+           "config_hash", "effective_status", "find_run_dirs", "list_runs", "pid_alive",
+           "pid_start_time", "read_events", "read_metrics", "read_run", "resolve_run", "run_id"]
 
 RUN_JSON = "run.json"
 STATUSES = ("running", "finished", "interrupted", "failed")
@@ -126,7 +126,8 @@ class RunWriter:
             "config": _clean(config), "config_hash": config_hash(config),
             "mesh": {}, "devices": [], "device_kind": None, "peak_flops": None,
             "peak_source": None, "versions": _versions(), "host": socket.gethostname(),
-            "pid": os.getpid(), "step": old.get("step", 0), "target_steps": None,
+            "pid": os.getpid(), "pid_start": pid_start_time(os.getpid()),
+            "step": old.get("step", 0), "target_steps": None,
             "error": None, "model_flops_per_step": None, "memory_per_device": None,
         }
         for key in ("target_steps", "mesh", "devices", "device_kind", "peak_flops",
@@ -348,10 +349,39 @@ def effective_status(run: dict[str, Any]) -> str:
     pid = run.get("pid")
     if status != "running" or run.get("host") != socket.gethostname() or not isinstance(pid, int):
         return status
+    return status if pid_alive(pid, run.get("pid_start")) else "interrupted"
+
+
+# ----------------------------------------------------------------------------- processes
+def pid_start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (tells a live pid from a reused one), if known."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]  # field 22: starttime
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int, start: str | None = None) -> bool:
+    """Whether process ``pid`` lives on this host (and is the one that started at ``start``).
+
+    A zombie (exited, not yet reaped) is dead; so is a pid reused by another process
+    (its start time differs from ``start``, as recorded by :func:`pid_start_time`). A value
+    that is no process id (zero, negative, too large, not an int) is never alive: ``os.kill``
+    would signal a whole process group for it.
+    """
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return "interrupted"
-    except PermissionError:
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # another user's process: alive, unless reused or a zombie
         pass
-    return status
+    if start is not None and pid_start_time(pid) not in (None, start):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from workbench.runs import pid_alive, pid_start_time, read_run
+
 __all__ = ["JobRunningError", "RunLock", "pid_alive"]
 
 LOCK_NAME = "job.lock"
@@ -24,32 +26,6 @@ LOCK_NAME = "job.lock"
 
 class JobRunningError(RuntimeError):
     """A job (or a trainer) is already running in this run directory."""
-
-
-def _start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (tells a live pid from a reused one), if known."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]  # field 22: starttime
-    except (OSError, IndexError):
-        return None
-
-
-def pid_alive(pid: int, start: str | None = None) -> bool:
-    """Whether process ``pid`` lives on this host (and is the one that started at ``start``)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if start is not None and _start_time(pid) not in (None, start):
-        return False  # the pid was reused by another process
-    try:  # a zombie (exited, not yet reaped) is dead for our purposes
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 class RunLock:
@@ -81,7 +57,7 @@ class RunLock:
             return None
         starts = holder.get("starts") or {}
         pids = [holder.get("pid"), *holder.get("pids", [])]
-        return any(isinstance(p, int) and pid_alive(p, starts.get(str(p))) for p in pids)
+        return any(pid_alive(p, starts.get(str(p))) for p in pids)
 
     def acquire(self, pids: Iterable[int] = (), **info: Any) -> None:
         """Takes the lock for this process (and ``pids``), or raises if a live job holds it.
@@ -128,7 +104,7 @@ class RunLock:
 
     def _record(self, pids: Iterable[int], info: dict[str, Any]) -> dict[str, Any]:
         pids = [int(p) for p in pids]
-        starts = {str(p): _start_time(p) for p in [os.getpid(), *pids]}
+        starts = {str(p): pid_start_time(p) for p in [os.getpid(), *pids]}
         return {"host": socket.gethostname(), "pid": os.getpid(), "pids": pids,
                 "starts": starts, "created": time.time(), **info}
 
@@ -147,12 +123,12 @@ class RunLock:
     def _refuse_running_trainer(self) -> None:
         """A notebook Trainer writing this run directory right now also blocks a launch."""
         try:
-            run = json.loads((self.run_dir / "run.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            run = read_run(self.run_dir)
+        except (OSError, ValueError, TypeError):
             return
         pid = run.get("pid")
         if (run.get("status") == "running" and run.get("host") == socket.gethostname()
-                and isinstance(pid, int) and pid != os.getpid() and pid_alive(pid)
+                and pid != os.getpid() and pid_alive(pid, run.get("pid_start"))
                 and not self.path.exists()):
             raise JobRunningError(
                 f"run directory {self.run_dir} is being trained right now by pid {pid} on this "

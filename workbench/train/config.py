@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -10,6 +9,7 @@ from typing import Any
 
 from workbench.data.corpus import TextData
 from workbench.data.pipeline import DataSpec, SyntheticData, data_spec
+from workbench.runs import config_hash
 from workbench.train.optim import AdamW
 
 #: Fields that may change when an existing run is continued: they do not change the
@@ -167,15 +167,14 @@ class TrainConfig:
         return cls.from_dict(json.loads(text) if isinstance(text, str) else text)
 
     def hash(self, *, exclude: tuple[str, ...] = ()) -> str:
-        """Stable 12-hex-digit hash of the JSON form (field order does not matter).
+        """Stable 12-hex-digit hash of the JSON form (``workbench.runs.config_hash``: the
+        ``config_hash`` a run directory's ``run.json`` stores for ``to_dict()``).
 
         Args:
           exclude: fields left out (``RUN_CONTROL_FIELDS`` gives the hash of what the
             numbers depend on).
         """
-        d = {k: v for k, v in self.to_dict().items() if k not in exclude}
-        text = json.dumps(d, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
+        return config_hash({k: v for k, v in self.to_dict().items() if k not in exclude})
 
     def diff(self, other: TrainConfig | Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
         """Fields that differ, flattened with dots: ``{"optimizer.lr": (3e-3, 1e-3)}``."""

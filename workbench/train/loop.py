@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import jax
 
-from workbench import runs
-from workbench._notebook import in_notebook
-from workbench.train.checkpoint import CheckpointError
-from workbench.train.metrics import ProgressLine, TensorBoard, step_record
+from workbench.train.checkpoint import CheckpointError, Checkpoints
+from workbench.train.sinks import Sink
 from workbench.train.signals import StopSignals
-
-if TYPE_CHECKING:
-    from workbench.train.trainer import Trainer
 
 
 @dataclasses.dataclass
@@ -48,189 +44,166 @@ class RunResult:
         return f"RunResult(status={self.status!r}, step={self.step}, target={self.target})"
 
 
-def make_progress(tr: Trainer, target: int) -> Any:
-    """The live panel in a notebook, a progress line elsewhere, or None."""
-    mode = tr.progress
-    if mode is None or not tr.primary:
-        return None
-    if mode == "auto":
-        mode = "widget" if in_notebook() else "line"
-    if mode == "widget":
-        from workbench.widgets.train_panel import TrainPanel
-
-        panel = TrainPanel(tr.run_dir, target=target, start=tr.step)
-        panel.display()
-        return panel
-    if mode == "line":
-        return ProgressLine(target)
-    raise ValueError(f"progress={mode!r}; use 'auto', 'widget', 'line' or None")
-
-
 class NonFiniteLoss(FloatingPointError):
     """The loss or gradient norm became NaN/inf; the run stopped (see the message)."""
 
 
-class _Finisher:
-    """Fetches a step's metrics, checks them, saves when asked, and logs the record."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopInputs:
+    """Everything the run loop uses, passed explicitly (the loop never sees the Trainer).
 
-    def __init__(self, tr: Trainer, sinks: list[Any]) -> None:
-        self.tr, self.sinks = tr, sinks
-        self.tokens = tr.config.tokens_per_step
+    Attributes:
+      step_fn: the compiled train step, ``(state, batch) -> (state, metrics)``; donates
+        the state.
+      rng: the run's base PRNG key, saved with every checkpoint.
+      data: the input pipeline (``next(data)`` is a batch; its position is checkpointed).
+      checkpoints: where checkpoints are saved.
+      accumulate: micro-batches (train-step calls) per update.
+      checkpoint_every: save every this many updates (also at the target and on a stop).
+      config: the run's config as a dict, stored with every checkpoint.
+      lr: learning rate of update ``k`` (1-based).
+      record: a step's record from ``step``, ``loss``, ``grad_norm``, ``lr``,
+        ``step_time``, ``data_time`` and ``ckpt_time`` (``metrics.step_record`` with the
+        run's constants bound).
+      sinks: where records and the end of the call are reported, in order.
+      run_dir: the run directory (named in the message on how to continue).
+    """
+
+    step_fn: Callable[[Any, Any], tuple[Any, Any]]
+    rng: Any
+    data: Any
+    checkpoints: Checkpoints
+    accumulate: int
+    checkpoint_every: int
+    config: dict[str, Any]
+    lr: Callable[[int], float]
+    record: Callable[..., dict[str, Any]]
+    sinks: Sequence[Sink]
+    run_dir: Path
+
+
+class _Run:
+    """One call of the loop: the step reached, the live state, and each step's finishing
+    (fetch its metrics, check them, save when asked, report the record)."""
+
+    def __init__(self, inputs: LoopInputs, state: Any, step: int) -> None:
+        self.inputs, self.state, self.step = inputs, state, step
+        self.updates = tuple(sink.update for sink in inputs.sinks)
+        self.last_saved = inputs.checkpoints.latest_step()
         self.t_prev = time.perf_counter()
-        self.last_saved = tr.checkpoints.latest_step()
 
-    def __call__(self, step: int, outs: list[dict[str, Any]], data_time: float,
-                 save: Any = None) -> None:
-        """Logs step ``step``; then saves ``save`` (a state pytree or a Snapshot) if given."""
-        tr = self.tr
+    def finish(self, step: int, outs: list[dict[str, Any]], data_time: float,
+               save: Any = None) -> None:
+        """Reports step ``step``; first saves ``save`` (a state pytree or a Snapshot) if given."""
+        inp = self.inputs
         values = jax.device_get(outs)                   # blocks until the step is done
         loss = math.fsum(float(v["loss"]) for v in values) / len(values)
         grad_norm = math.fsum(float(v["grad_norm"]) for v in values) / len(values)
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            kept = f"checkpoint step {self.last_saved}" if self.last_saved else "no checkpoint"
-            what = f"loss is {loss}" if not math.isfinite(loss) else \
-                f"gradient norm is {grad_norm} (loss {loss:.4f})"
-            raise NonFiniteLoss(
-                f"{what} at step {step}; training stopped. "
-                f"The last good checkpoint is kept ({kept} in {tr.checkpoints.directory}); "
-                "nothing after it was saved. Lower optimizer.lr, keep clip_norm on, or check "
-                f"the data, then re-run: it continues from step {self.last_saved or 0}.")
+            raise NonFiniteLoss(self._non_finite(step, loss, grad_norm))
         ckpt_time = 0.0
         if save is not None:
-            meta = {"config": tr.config.to_dict(), "loss": loss}
-            ckpt_time = tr.checkpoints.save(step, save, data=tr.parts.data, meta=meta,
-                                            force=True)
+            ckpt_time = inp.checkpoints.save(step, save, data=inp.data, force=True,
+                                             meta={"config": inp.config, "loss": loss})
             self.last_saved = step
         now = time.perf_counter()
-        p = tr.parts
-        rec = step_record(
-            step=step, loss=loss, grad_norm=grad_norm, lr=tr.lr(step),
-            step_time=now - self.t_prev, data_time=data_time, ckpt_time=ckpt_time,
-            tokens=self.tokens, model_flops=p.model_flops, n_devices=p.n_devices,
-            peak=p.peak, peak_source=p.peak_source,
-            compiled_flops=getattr(tr, "compiled_flops", None))
+        rec = inp.record(step=step, loss=loss, grad_norm=grad_norm, lr=inp.lr(step),
+                         step_time=now - self.t_prev, data_time=data_time,
+                         ckpt_time=ckpt_time)
         self.t_prev = now
-        tr.history.append(rec)
-        for sink in self.sinks:
-            sink(rec)
+        for update in self.updates:
+            update(rec)
+
+    def _non_finite(self, step: int, loss: float, grad_norm: float) -> str:
+        kept = f"checkpoint step {self.last_saved}" if self.last_saved else "no checkpoint"
+        what = f"loss is {loss}" if not math.isfinite(loss) else \
+            f"gradient norm is {grad_norm} (loss {loss:.4f})"
+        return (f"{what} at step {step}; training stopped. The last good checkpoint is kept "
+                f"({kept} in {self.inputs.checkpoints.directory}); nothing after it was "
+                "saved. Lower optimizer.lr, keep clip_norm on, or check the data, then "
+                f"re-run: it continues from step {self.last_saved or 0}.")
+
+    def steps(self, target: int, stop: StopSignals) -> None:
+        """Trains to ``target`` or to a stop request, one update ahead of its reporting."""
+        inp = self.inputs
+        compiled, acc, every, data = inp.step_fn, inp.accumulate, inp.checkpoint_every, inp.data
+        state = self.state
+        pending: tuple[int, list[Any], float, Any] | None = None
+        self.t_prev = time.perf_counter()
+        while self.step < target:
+            t0 = time.perf_counter()
+            batches = [next(data) for _ in range(acc)]
+            data_time = time.perf_counter() - t0
+            outs = []
+            for batch in batches:
+                state, metrics = compiled(state, batch)
+                outs.append(metrics)
+            self.state = state
+            self.step = step = self.step + 1
+            if pending is not None:
+                self.finish(*pending)
+            pending = (step, outs, data_time, None)
+            stopping = stop.should_stop(step)
+            if step % every == 0 or step == target or stopping:
+                save = {"train": state, "rng": inp.rng}
+                last = step == target or stopping
+                snap = None if last else inp.checkpoints.snapshot(save, data)
+                if snap is None:
+                    self.finish(step, outs, data_time, save)
+                    pending = None
+                else:  # saved once step k + 1 is queued and step k's loss is known to be finite
+                    pending = (step, outs, data_time, snap)
+            if stopping:
+                break
 
 
-def _steps(tr: Trainer, state: Any, target: int, stop: StopSignals, finish: _Finisher) -> Any:
-    compiled = tr.compiled_step()
-    acc, every, data = tr.config.optimizer.accumulate, tr.config.checkpoint_every, tr.parts.data
-    pending: tuple[int, list[Any], float, Any] | None = None
-    finish.t_prev = time.perf_counter()
-    while tr.step < target:
-        t0 = time.perf_counter()
-        batches = [next(data) for _ in range(acc)]
-        data_time = time.perf_counter() - t0
-        outs = []
-        for batch in batches:
-            state, metrics = compiled(state, batch)
-            outs.append(metrics)
-        tr._state = state
-        tr.step += 1
-        if pending is not None:
-            finish(*pending)
-        pending = (tr.step, outs, data_time, None)
-        stopping = stop.should_stop(tr.step)
-        if tr.step % every == 0 or tr.step == target or stopping:
-            save = {"train": state, "rng": tr._rng}
-            last = tr.step == target or stopping
-            snap = None if last else tr.checkpoints.snapshot(save, data)
-            if snap is None:
-                finish(tr.step, outs, data_time, save)
-                pending = None
-            else:  # saved once step k + 1 is queued and step k's loss is known to be finite
-                pending = (tr.step, outs, data_time, snap)
-        if stopping:
-            break
-    return state
+def run_loop(inputs: LoopInputs, state: Any, *, start: int, target: int
+             ) -> tuple[RunResult, Any]:
+    """Trains ``state`` from update ``start`` to ``target``; see ``Trainer.run``.
 
+    Returns:
+      ``(result, state)``: what happened, and the state after the last update.
 
-def run_loop(tr: Trainer, state: Any, target: int) -> RunResult:
-    """Trains ``tr`` from its current step to ``target``; see ``Trainer.run``."""
-    progress = make_progress(tr, target)
-    compiled_now = tr._compiled is None
-    if compiled_now:
-        if progress is not None:
-            progress.event("compiling")
-        tr.compiled_step()
-        if progress is not None:
-            progress.event("compiled", seconds=tr.compile_seconds)
-    writer = runs.RunWriter(tr.run_dir, config=tr.config.to_dict(),
-                            meta=tr.run_meta(target)) if tr.primary else None
-    sinks: list[Any] = []
-    board = TensorBoard(tr.run_dir / "tensorboard") if tr.tensorboard and tr.primary else None
-    if writer is not None:
-        if tr._config_event is not None:
-            writer.event(**tr._config_event, step=tr.step)
-            tr._config_event = None
-        if tr._inherited and not tr.checkpoints.all_steps():
-            for rec in tr.history:            # a fork's first run: the source's curve so far
-                writer.log(rec)
-        if compiled_now:
-            writer.event("compile", seconds=tr.compile_seconds, cache=tr.compile_cache)
-        if tr.step > 0:
-            writer.event("resume", step=tr.step)
-        sinks.append(writer.log)
-    sinks += [s.log for s in (board,) if s is not None]
-    if progress is not None:
-        sinks.append(progress.update)
-    finish = _Finisher(tr, sinks)
-    start = tr.step
+    Raises:
+      NonFiniteLoss, CheckpointError, KeyboardInterrupt: after the sinks were finished
+        (the state is then lost: reload it from the newest checkpoint).
+    """
+    run = _Run(inputs, state, start)
+    ckpts = inputs.checkpoints
     status, message, error = "finished", "", None
     with StopSignals(distributed=jax.process_count() > 1) as stop:
         try:
-            state = _steps(tr, state, target, stop, finish)
-            tr.checkpoints.wait()
-            if tr.step < target:
+            run.steps(target, stop)
+            ckpts.wait()
+            if run.step < target:
                 status = "interrupted"
-                message = (f"{stop.signal}: stopped at step {tr.step} of {target}; checkpoint "
-                           f"step {tr.step} saved in {tr.checkpoints.directory}. Re-run "
+                message = (f"{stop.signal}: stopped at step {run.step} of {target}; checkpoint "
+                           f"step {run.step} saved in {ckpts.directory}. Re-run "
                            f"trainer.run({target}) (or this cell, or a new Trainer on "
-                           f"{str(tr.run_dir)!r}) to continue from step {tr.step}.")
+                           f"{str(inputs.run_dir)!r}) to continue from step {run.step}.")
             else:
-                message = (f"finished: step {tr.step} of {target} "
-                           f"({tr.step - start} steps this call).")
+                message = (f"finished: step {run.step} of {target} "
+                           f"({run.step - start} steps this call).")
         except KeyboardInterrupt:
-            tr._state = None  # the step in flight may have consumed the state's buffers
             status, error = "interrupted", "KeyboardInterrupt"
-            last = _wait_quietly(tr)
-            message = (f"aborted during step {tr.step} without saving; the newest checkpoint "
+            last = _wait_quietly(ckpts)
+            message = (f"aborted during step {run.step} without saving; the newest checkpoint "
                        f"is step {last}. Re-run to continue from step {last}.")
-            _reload_quietly(tr)
             raise
         except Exception as e:  # NonFiniteLoss, CheckpointError, ...
-            tr._state, status, error = None, "failed", f"{type(e).__name__}: {e}"
-            _wait_quietly(tr)
-            _reload_quietly(tr)
+            status, error = "failed", f"{type(e).__name__}: {e}"
+            _wait_quietly(ckpts)
             raise
         finally:
-            if writer is not None:
-                writer.close(status, error=error if status == "failed" else None)
-            if board is not None:
-                board.close()
-            if progress is not None:
-                progress.finish(status, message or error)
-            if (message and tr.primary and status != "finished"
-                    and not isinstance(progress, ProgressLine)):  # how to continue
-                print(message, file=sys.stderr, flush=True)
-    return RunResult(status=status, step=tr.step, target=target, message=message)
+            for sink in inputs.sinks:
+                sink.finish(status, message or error)
+    return RunResult(status=status, step=run.step, target=target, message=message), run.state
 
 
-def _wait_quietly(tr: Trainer) -> int:
+def _wait_quietly(checkpoints: Checkpoints) -> int:
     """Waits for in-flight saves after a failure; returns the newest committed step."""
     try:
-        tr.checkpoints.wait()
+        checkpoints.wait()
     except CheckpointError:
         pass
-    return tr.checkpoints.latest_step() or 0
-
-
-def _reload_quietly(tr: Trainer) -> None:
-    """After a failure: back to the newest good checkpoint (step, state, data position)."""
-    try:
-        tr._load(tr._source)
-    except Exception:  # noqa: BLE001 - the state stays None and reloads on next use
-        tr._state = None
+    return checkpoints.latest_step() or 0

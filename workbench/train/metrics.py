@@ -114,12 +114,12 @@ class ProgressLine:
         self.stream.flush()
 
     def event(self, kind: str, **fields: Any) -> None:
-        """Shows the compile phase (``compiling`` / ``compiled``) on its own line."""
+        """Shows the compile phase (``compiling``, then ``compile``) on its own line."""
         if kind == "compiling":
             self._write("compiling the train step (XLA)...")
-        elif kind == "compiled":
-            self._write(f"compiled in {fields.get('seconds', 0.0):.1f} s")
-        if self.tty and kind in ("compiling", "compiled"):
+        elif kind == "compile":
+            self._write(f"compiled in {fields.get('seconds') or 0.0:.1f} s")
+        if self.tty and kind in ("compiling", "compile"):
             self.stream.write("\n")
 
     def finish(self, status: str, message: str | None = None) -> None:
@@ -146,12 +146,17 @@ class TensorBoard:
                               ) from e
         self.writer = SummaryWriter(str(logdir))
 
-    def log(self, rec: dict[str, Any]) -> None:
+    def event(self, kind: str, **fields: Any) -> None:
+        """Events are not scalars."""
+
+    def update(self, rec: dict[str, Any]) -> None:
+        """Writes the record's finite numbers as ``train/<key>`` scalars."""
         for key in self.KEYS:
             value = rec.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 self.writer.add_scalar(f"train/{key}", value, rec["step"])
 
-    def close(self) -> None:
+    def finish(self, status: str, message: str | None = None) -> None:
+        """Flushes and closes the event file."""
         self.writer.flush()
         self.writer.close()

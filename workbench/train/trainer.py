@@ -10,10 +10,12 @@ last checkpoint left off, with bitwise the same losses on CPU.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,9 @@ from workbench import runs
 from workbench._display import Displayable
 from workbench.train.checkpoint import Checkpoints
 from workbench.train.config import TrainConfig
-from workbench.train.loop import NonFiniteLoss, RunResult, run_loop
+from workbench.train.loop import LoopInputs, NonFiniteLoss, RunResult, run_loop
+from workbench.train.metrics import step_record
+from workbench.train.sinks import History, Sink, broadcast, progress_sink, run_sinks
 from workbench.train.setup import (
     RunConfigMismatch,
     build_parts,
@@ -93,7 +97,10 @@ class Trainer(Displayable):
         self._lr_fn: Any = None
         self._lr_blocks: dict[int, np.ndarray] = {}
         self.compile_seconds: float | None = None
+        self.compiled_flops: float | None = None
+        self.memory_per_device: dict[str, int] | None = None
         self.history: list[dict[str, Any]] = []
+        self._inherited = False
         self._source = source
         self._initial_model = initial_model
         self._load(source)
@@ -247,11 +254,16 @@ class Trainer(Displayable):
         return self._compiled
 
     # ------------------------------------------------------------------ run
-    def run(self, steps: int | None = None) -> RunResult:
+    def run(self, steps: int | None = None, *, sinks: Sequence[Sink] = ()) -> RunResult:
         """Trains until the run has done ``steps`` updates in total (default ``config.steps``).
 
         Re-running when the target is reached does nothing (and says so). Ctrl-C or
         SIGTERM: finishes the current step, saves a checkpoint, waits for it and returns.
+
+        Args:
+          steps: the total number of updates to reach.
+          sinks: further reporters (``workbench.train.sinks.Sink``: ``event``, ``update``,
+            ``finish``) beside the run directory, TensorBoard and the progress display.
 
         Raises:
           NonFiniteLoss: the loss or gradient norm became NaN/inf (the last good
@@ -265,7 +277,69 @@ class Trainer(Displayable):
             self._say(msg)
             return RunResult(status="finished", step=self.step, target=target, message=msg)
         state = self.state  # restores after a failed or aborted run
-        return run_loop(self, state, target)
+        reporters = self._reporters(target, sinks)
+        try:
+            result, state = run_loop(self._loop_inputs(reporters), state,
+                                     start=self.step, target=target)
+        except BaseException:
+            self._state = None  # the step in flight may have consumed the state's buffers
+            self._reload_quietly()
+            raise
+        self._state, self.step = state, result.step
+        return result
+
+    def _reporters(self, target: int, extra: Sequence[Sink]) -> list[Sink]:
+        """Compiles the step if needed (showing it), opens the run directory and builds the
+        sinks of this call: history, run writer, TensorBoard, message, progress, ``extra``."""
+        progress = progress_sink(self.progress if self.primary else None, target,
+                                 panel=lambda: self.widget(target=target))
+        shown = [s for s in (progress,) if s is not None] + list(extra)
+        compiled_now = self._compiled is None
+        if compiled_now:
+            broadcast(shown, "compiling")
+            self.compiled_step()
+        writer = runs.RunWriter(self.run_dir, config=self.config.to_dict(),
+                                meta=self.run_meta(target)) if self.primary else None
+        reporters = [History(self.history),
+                     *run_sinks(writer, progress, tensorboard=self.tensorboard), *shown]
+        self._opening_events(reporters, writer, compiled_now)
+        return reporters
+
+    def _opening_events(self, reporters: Sequence[Sink], writer: runs.RunWriter | None,
+                        compiled_now: bool) -> None:
+        """A config change or fork (once; a fork's first run also copies the source's
+        curve into the run directory), the compile, and the step a run resumes from."""
+        if self._config_event is not None:
+            event = dict(self._config_event)
+            broadcast(reporters, event.pop("kind"), **event, step=self.step)
+            self._config_event = None
+        if writer is not None and self._inherited and not self.checkpoints.all_steps():
+            for rec in self.history:
+                writer.log(rec)
+        if compiled_now:
+            broadcast(reporters, "compile", seconds=self.compile_seconds,
+                             cache=self.compile_cache)
+        if self.step > 0:
+            broadcast(reporters, "resume", step=self.step)
+
+    def _loop_inputs(self, reporters: Sequence[Sink]) -> LoopInputs:
+        p, cfg = self.parts, self.config
+        record = functools.partial(
+            step_record, tokens=cfg.tokens_per_step, model_flops=p.model_flops,
+            n_devices=p.n_devices, peak=p.peak, peak_source=p.peak_source,
+            compiled_flops=self.compiled_flops)
+        return LoopInputs(step_fn=self.compiled_step(), rng=self._rng, data=p.data,
+                          checkpoints=self.checkpoints, accumulate=cfg.optimizer.accumulate,
+                          checkpoint_every=cfg.checkpoint_every, config=cfg.to_dict(),
+                          lr=self.lr, record=record, sinks=tuple(reporters),
+                          run_dir=self.run_dir)
+
+    def _reload_quietly(self) -> None:
+        """After a failure: back to the newest good checkpoint (step, state, data position)."""
+        try:
+            self._load(self._source)
+        except Exception:  # noqa: BLE001 - the state stays None and reloads on next use
+            self._state = None
 
     # ------------------------------------------------------------------ helpers
     def run_meta(self, target: int) -> dict[str, Any]:
@@ -276,7 +350,7 @@ class Trainer(Displayable):
             "mesh": dict(self.mesh.shape), "devices": [int(d.id) for d in devices],
             "device_kind": p.device_kind, "peak_flops": p.peak, "peak_source": p.peak_source,
             "model_flops_per_step": p.model_flops, "target_steps": target,
-            "memory_per_device": getattr(self, "memory_per_device", None),
+            "memory_per_device": self.memory_per_device,
             "data": p.data.info, "process_count": jax.process_count(),
         }
 

@@ -3,8 +3,8 @@
 ``Trainer.run`` shows one :class:`TrainPanel` in its cell. The panel's history is read
 from the run directory (so after a resume it shows the whole run); live steps are
 buffered and sent at most ``rate`` times a second as one message each (no flood of
-output, no flicker: the browser updates its nodes in place). It only displays: the
-Trainer calls ``update`` and ``finish``.
+output, no flicker: the browser updates its nodes in place). It only displays: it is one
+of the run loop's sinks (``event``, ``update``, ``finish``; ``workbench.train.sinks``).
 """
 from __future__ import annotations
 
@@ -26,25 +26,6 @@ __all__ = ["TrainPanel", "history_columns", "train_widget"]
 STATIC = pathlib.Path(__file__).parent / "static"
 COLUMNS = ("step", "loss", "mfu", "step_time", "data_time", "ckpt_time")
 _LAST = ("loss", "mfu", "hfu", "step_time", "tokens_per_s", "grad_norm", "lr")
-_CSS = """
-.wb-train { font-family: var(--jp-ui-font-family, sans-serif); font-size: 12px; }
-.wb-train .wb-header { display: flex; gap: 8px; align-items: baseline; flex-wrap: wrap; }
-.wb-train .wb-title { font-weight: 600; }
-.wb-train .wb-badge { padding: 1px 7px; border-radius: 9px; color: #fff; background: #888; }
-.wb-train .wb-running { background: #4e79a7; } .wb-train .wb-finished { background: #59a14f; }
-.wb-train .wb-failed { background: #e15759; } .wb-train .wb-interrupted { background: #9c755f; }
-.wb-train .wb-compiling { background: #edc948; color: #333; }
-.wb-train .wb-train-bar { height: 6px; margin: 4px 0; border-radius: 3px;
-  background: var(--jp-layout-color3, #ddd); }
-.wb-train .wb-train-fill { height: 6px; border-radius: 3px; background: #4e79a7; }
-.wb-train .wb-train-charts { display: flex; flex-wrap: wrap; gap: 8px; margin: 4px 0; }
-.wb-train svg { border: 1px solid var(--jp-border-color2, #ddd);
-  background: var(--jp-layout-color0, #fff); }
-.wb-train .wb-train-stack { display: flex; height: 10px; width: 320px; border-radius: 2px;
-  overflow: hidden; background: var(--jp-layout-color3, #ddd); }
-.wb-train .wb-train-times, .wb-train .wb-note { color: var(--jp-ui-font-color2, #666); margin: 2px 0; }
-.wb-train .wb-train-message { white-space: pre-wrap; margin: 2px 0; }
-"""
 
 
 def history_columns(records: list[dict[str, Any]]) -> dict[str, list[Any]]:
@@ -65,7 +46,7 @@ class TrainPanel(anywidget.AnyWidget):
     """
 
     _esm = _assets.esm("train_panel")
-    _css = _CSS
+    _css = _assets.css("train_panel")
     info = traitlets.Dict({}).tag(sync=True)
     status = traitlets.Dict({}).tag(sync=True)
     history = traitlets.Dict({}).tag(sync=True)
@@ -141,10 +122,10 @@ class TrainPanel(anywidget.AnyWidget):
         self._last_send = time.monotonic()
 
     def event(self, kind: str, **fields: Any) -> None:
-        """Shows the compile phase: ``compiling``, then ``compiled`` (with its seconds)."""
+        """Shows the compile phase: ``compiling``, then ``compile`` (with its seconds)."""
         if kind == "compiling":
             self.flush(state="compiling", message="compiling the train step (XLA)…")
-        elif kind == "compiled":
+        elif kind == "compile":
             self.flush(state="running",
                        message=f"compiled in {fields.get('seconds') or 0.0:.1f} s")
 
