@@ -224,9 +224,9 @@ def test_inline_panel_live_then_whole_curve_after_resume(lab: Lab, page: Any, la
         page.wait_for_function(  # the last batched update has arrived
             "([el, want]) => el.querySelector('.wb-facts').textContent.startsWith(want)",
             arg=[panel.element_handle(), f"step {step}/{step}"], timeout=15_000)
-        assert panel.locator(".wb-badge").inner_text() == "finished"
-        loss = panel.locator("svg.wb-train-chart").first
-        assert _path_points(loss.locator("path.wb-train-path")) == step   # every step drawn
+        assert panel.locator(".wb-status").inner_text() == "finished"
+        loss = panel.locator("svg.wb-chart").first
+        assert _path_points(loss.locator("path.wb-chart-path")) == step   # every step drawn
         labels = loss.locator("text").all_text_contents()
         assert "step 1" in labels and f"step {step}" in labels, labels   # from step 1
     facts, last = resumed.locator(".wb-facts").inner_text(), metrics[-1]["loss"]

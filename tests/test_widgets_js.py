@@ -3,8 +3,10 @@ small fake DOM and model, checked against the payloads and the layouts they draw
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -49,10 +51,95 @@ def test_node_check_every_static_module():
         assert out.returncode == 0, f"{f.name}: {out.stderr}"
 
 
-def test_node_check_rejects_a_broken_module(tmp_path):
-    bad = tmp_path / "bad.mjs"
-    bad.write_text(_assets.esm("mesh").replace("export default { render };", "export default {"))
-    assert subprocess.run([NODE, "--check", str(bad)], capture_output=True, check=False).returncode != 0
+def _vertices(d: str) -> list[tuple[float, float]]:
+    return [(float(x), float(y)) for x, y in re.findall(r"[ML](-?[\d.]+),(-?[\d.]+)", d)]
+
+
+def check_chart(chart: dict, points: list[list[float]], scale: float = 1.0, unit: str = "") -> None:
+    """The chart's path has one vertex per point, placed linearly in step (left to right)
+    and value (larger is higher), inside the view box; its labels give the value range and
+    the first and last step."""
+    (d,) = chart["d"]
+    verts = _vertices(d)
+    assert len(verts) == len(points) and d.startswith("M") and d.count("M") == 1
+    steps = [p[0] for p in points]
+    values = [p[1] * scale for p in points]
+    (xa, ya), (xb, _) = verts[0], verts[-1]
+    top = min(y for _, y in verts)
+    bottom = max(y for _, y in verts)
+    assert ya == verts[0][1] and xb > xa and bottom > top
+    for (x, y), s, v in zip(verts, steps, values):
+        assert (x - xa) / (xb - xa) == pytest.approx((s - steps[0]) / (steps[-1] - steps[0]), abs=0.01)
+        assert (bottom - y) / (bottom - top) == pytest.approx(
+            (v - min(values)) / (max(values) - min(values)), abs=0.01)
+    _, _, width, height = (float(v) for v in chart["viewBox"].split())
+    assert 0 < xa < xb < width and 0 < top < bottom < height
+    assert f"step {steps[0]}" in chart["texts"] and f"step {steps[-1]}" in chart["texts"]
+    for v in (max(values), min(values)):
+        assert f"{to_precision(v, 3)}{unit}" in chart["texts"], (v, chart["texts"])
+
+
+def to_precision(v: float, digits: int) -> str:
+    """JavaScript's ``v.toPrecision(digits)`` (for 1e-6 <= |v| < 10**digits)."""
+    exp = math.floor(math.log10(abs(float(f"{v:.{digits - 1}e}"))))
+    return f"{v:.{max(0, digits - 1 - exp)}f}"
+
+
+def _job_payload(steps: int, target: int) -> dict:
+    """A payload in the shape ``job_view.job_payload`` sends."""
+    procs = [{"index": i, "pid": 100 + i, "state": "running", "returncode": None,
+              "log": f"/runs/j/process_{i}.log"} for i in range(2)]
+    return {"run_dir": "/runs/j", "name": "j", "status": "running", "done": False,
+            "platform": "cpu", "devices_per_process": 2, "processes": procs,
+            "step": steps, "target_steps": target,
+            "latest": {"loss": 5 / steps, "mfu": 0.01 * steps, "step_time": 0.5,
+                       "tokens_per_s": 1e3, "peak_source": "measured"} if steps else {},
+            "loss": [[s, 5 / s] for s in range(1, steps + 1)],
+            "mfu": [[s, 0.01 * s] for s in range(1, steps + 1)],
+            "failure": None, "tails": {"0": ["step 1", "step 2"], "1": []}}
+
+
+def test_job_draws_its_curves_and_progress_and_stop_asks_python(tmp_path):
+    p = _job_payload(30, 60)
+    rep = render(tmp_path, "job", {"payload": p}, [{"op": "click", "cls": "wb-stop"}])
+    loss, mfu = rep["charts"]
+    assert (loss["label"], mfu["label"]) == ("loss", "MFU")
+    check_chart(loss, p["loss"])
+    check_chart(mfu, p["mfu"], scale=100, unit="%")
+    assert rep["titles"] == ["50.0%"]  # step 30 of 60
+    assert "step 30 of 60" in rep["text"] and "MFU 30.0% (measured)" in rep["text"]
+    assert rep["sent"] == [{"type": "stop"}] and "stopping…" in rep["text"]
+    assert rep["classes"]["wb-status"] == 3  # the job's and each process's state
+    assert rep["handlers_left"] == 0
+
+
+def test_train_panel_appends_live_rows_after_its_history(tmp_path):
+    history = {"step": [1, 2, 3], "loss": [4.0, 3.0, 2.5], "mfu": [0.1, 0.2, 0.25],
+               "step_time": [0.5] * 3, "data_time": [0.1] * 3, "ckpt_time": [0.0] * 3}
+    state = {"info": {"name": "tiny", "run_dir": "/runs/tiny", "peak_source": "measured"},
+             "status": {"step": 5, "target": 10, "eta": 62.4, "state": "running",
+                        "last": {"loss": 2.0, "mfu": 0.3}},
+             "history": history}
+    rows = [[2, 9.0, 0.9, 0.5, 0.1, 0.0],   # already in the history: dropped
+            [3, 9.0, 0.9, 0.5, 0.1, 0.0],
+            [4, 2.2, 0.28, 0.5, 0.1, 0.0], [5, 2.0, 0.3, 0.5, 0.1, 0.0]]
+    rep = render(tmp_path, "train_panel", state, [{"op": "msg", "msg": {"type": "append", "rows": rows}}])
+    loss, mfu = rep["charts"]
+    points = [[s, v] for s, v in zip(history["step"], history["loss"])] + [[4, 2.2], [5, 2.0]]
+    check_chart(loss, points)
+    check_chart(mfu, [[s, m] for s, m in zip(range(1, 6), [0.1, 0.2, 0.25, 0.28, 0.3])],
+                scale=100, unit="%")
+    assert rep["titles"] == ["50.0%"]
+    assert "step 5/10 · ETA 1:02 · loss 2.000 · MFU 30.0%" in rep["text"]
+    assert "compute 400.0 ms · data 100.0 ms · checkpoint 0.0 ms" in rep["text"]
+    assert rep["handlers_left"] == 0
+
+
+def test_charts_wait_for_the_first_step(tmp_path):
+    rep = render(tmp_path, "job", {"payload": _job_payload(0, 60)})
+    assert [c["d"] for c in rep["charts"]] == [[""], [""]]
+    assert all("waiting for the first step…" in c["texts"] for c in rep["charts"])
+    assert rep["titles"] == ["0.0%"] and "loss —" in rep["text"]
 
 
 def test_mesh_cells_sit_at_their_mesh_coordinates(tmp_path):

@@ -59,6 +59,7 @@ export class Node {
 export function installDom() {
   globalThis.document = {
     createElement: (tag) => new Node(tag),
+    createElementNS: (_ns, tag) => new Node(tag),
     createTextNode: (text) => new Node("#text", text),
   };
 }
@@ -72,16 +73,21 @@ export function walk(root, out = []) {
 
 export function byClass(root, cls) { return walk(root).filter((n) => n.classList.contains(cls)); }
 
-/** An anywidget-like model: get/set/save_changes/on/off, change events on set. */
+/** An anywidget-like model: get/set/save_changes/on/off/send, change events on set;
+ * emit(event, ...args) calls the handlers of an event (e.g. "msg:custom"). */
 export function fakeModel(state) {
   const handlers = {};
   const saved = [];
+  const sent = [];
   return {
     state,
     saved,
+    sent,
     get: (k) => state[k],
     set(k, v) { state[k] = v; for (const fn of handlers[`change:${k}`] || []) fn(); },
     save_changes() { saved.push(JSON.parse(JSON.stringify(state))); },
+    send(msg) { sent.push(msg); },
+    emit(ev, ...args) { for (const fn of handlers[ev] || []) fn(...args); },
     on(ev, fn) { (handlers[ev] ||= []).push(fn); },
     off(ev, fn) { handlers[ev] = (handlers[ev] || []).filter((f) => f !== fn); },
     handlers,

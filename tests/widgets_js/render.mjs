@@ -24,6 +24,7 @@ function find(action) {
   return nodes[action.index ?? 0];
 }
 for (const a of actions) {
+  if (a.op === "msg") { model.emit("msg:custom", a.msg); continue; }  // a custom message from Python
   const node = find(a);
   if (a.value !== undefined) node.value = String(a.value);
   node.dispatch(a.op);
@@ -42,8 +43,16 @@ const report = {
   bars: pick("wb-bar-row", ["data-device", "text"]),
   cols: pick("wb-col", ["data-group", "style:height"]),
   iframes: walk(host).filter((n) => n.tagName === "IFRAME").map((n) => n.getAttribute("srcdoc")?.length ?? 0),
+  charts: walk(host).filter((n) => n.tagName === "SVG").map((n) => ({
+    label: n.getAttribute("aria-label"),
+    d: walk(n).filter((c) => c.tagName === "PATH").map((c) => c.getAttribute("d")),
+    texts: walk(n).filter((c) => c.tagName === "TEXT").map((c) => c.textContent),
+    viewBox: n.getAttribute("viewBox"),
+  })),
+  titles: pick("wb-progress", ["title"]).map((t) => t.title),
   state: model.state,
   saves: model.saved.length,
+  sent: model.sent,
   text: host.textContent.slice(0, 4000),
 };
 if (typeof cleanup === "function") cleanup();

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import pathlib
 import threading
 from typing import Any
 
@@ -15,26 +14,8 @@ from workbench.jobs.job import Job, read_tail
 
 __all__ = ["JobView", "job_payload", "job_widget"]
 
-STATIC = pathlib.Path(__file__).parent / "static"
 MAX_POINTS = 400  # curve points sent to the browser (older ones thinned evenly)
 TAIL_LINES = 8
-_CSS = """
-.wb-job .wb-badge { padding: 1px 7px; border-radius: 9px; font-weight: 600; color: #fff; }
-.wb-job .wb-running { background: #4e79a7; } .wb-job .wb-finished { background: #59a14f; }
-.wb-job .wb-failed, .wb-job .wb-killed { background: #e15759; }
-.wb-job .wb-stopped { background: #9c755f; }
-.wb-job .wb-bar { height: 6px; background: var(--jp-layout-color3, #ddd); border-radius: 3px; }
-.wb-job .wb-bar > div { height: 6px; background: #4e79a7; border-radius: 3px; }
-.wb-job .wb-charts { display: flex; flex-wrap: wrap; gap: 8px; margin: 6px 0; }
-.wb-job svg { border: 1px solid var(--jp-border-color2, #ddd);
-  background: var(--jp-layout-color0, #fff); }
-.wb-job pre { margin: 2px 0 6px; max-height: 160px; overflow: auto; font-size: 11px;
-  background: var(--jp-layout-color2, #f6f6f6); padding: 4px; }
-.wb-job .wb-error { color: #b22; white-space: pre-wrap;
-  font-family: var(--jp-code-font-family, monospace); }
-.wb-job button { font: inherit; margin-left: auto; }
-"""
-
 
 def _thin(points: list[list[float]], n: int = MAX_POINTS) -> list[list[float]]:
     """At most ``n`` points, evenly spaced, always keeping the last one."""
@@ -79,7 +60,7 @@ class JobView(anywidget.AnyWidget):
     """
 
     _esm = _assets.esm("job")
-    _css = (STATIC / "common.css").read_text() + _CSS
+    _css = _assets.css("job")
     payload = traitlets.Dict({}).tag(sync=True)
 
     def __init__(self, job: Job, *, interval: float = 1.0, **kwargs: Any) -> None:

@@ -27,6 +27,11 @@ export function svg(tag, attrs) {
   return node;
 }
 
+/** 0.123456 -> "0.1235" (`digits` significant digits); "—" when missing or not finite. */
+export function fmtNum(v, digits = 4) {
+  return typeof v === "number" && Number.isFinite(v) ? v.toPrecision(digits) : "—";
+}
+
 /** 1536 -> "1.5 KiB" (binary units, as the Python side). */
 export function fmtBytes(n) {
   if (n === null || n === undefined) return "—";
@@ -198,4 +203,64 @@ export function table(columns, rows, { onRow, sortKey = null, descending = true 
       for (const tr of body.children) tr.classList.toggle("wb-selected", pred(tr.rowData));
     },
   };
+}
+
+/**
+ * A line chart of [[step, value], ...] (steps ascending) with min/max and first/last step
+ * labels; update(points) redraws it in place (no new nodes). Values are multiplied by
+ * `scale` and labelled with `unit` (MFU: scale 100, unit "%").
+ */
+export function lineChart(title, { width = 320, height = 140, scale = 1, unit = "" } = {}) {
+  const pad = { l: 48, r: 8, t: 20, b: 18 };
+  const box = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
+    class: "wb-chart", "aria-label": title });
+  const label = svg("text", { x: 6, y: 13, "font-size": 11, fill: "currentColor" });
+  label.textContent = title;
+  const path = svg("path", { d: "", fill: "none", stroke: "#4e79a7", "stroke-width": 1.5,
+    class: "wb-chart-path" });
+  const texts = [0, 1, 2, 3].map(() => svg("text", { "font-size": 10, fill: "#666" }));
+  for (const node of [label, path, ...texts]) box.appendChild(node);
+  function update(points) {
+    if (!points || !points.length) {
+      path.setAttribute("d", "");
+      texts[0].textContent = "waiting for the first step…";
+      texts[0].setAttribute("x", pad.l);
+      texts[0].setAttribute("y", height / 2);
+      texts[0].setAttribute("text-anchor", "start");
+      for (const t of texts.slice(1)) t.textContent = "";
+      return;
+    }
+    const xs = points.map((p) => p[0]);
+    const ys = points.map((p) => p[1] * scale);
+    const x0 = xs[0];
+    const x1 = xs[xs.length - 1];
+    let y0 = Math.min(...ys);
+    let y1 = Math.max(...ys);
+    if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
+    const sx = (x) => pad.l + ((x - x0) / Math.max(1, x1 - x0)) * (width - pad.l - pad.r);
+    const sy = (y) => height - pad.b - ((y - y0) / (y1 - y0)) * (height - pad.t - pad.b);
+    path.setAttribute("d", ys.map((y, i) => `${i ? "L" : "M"}${sx(xs[i]).toFixed(1)},${sy(y).toFixed(1)}`).join(""));
+    const place = [[pad.l - 4, pad.t + 4, "end", `${fmtNum(y1, 3)}${unit}`],
+      [pad.l - 4, height - pad.b, "end", `${fmtNum(y0, 3)}${unit}`],
+      [pad.l, height - 4, "start", `step ${x0}`], [width - pad.r, height - 4, "end", `step ${x1}`]];
+    place.forEach(([x, y, anchor, text], i) => {
+      texts[i].setAttribute("x", x);
+      texts[i].setAttribute("y", y);
+      texts[i].setAttribute("text-anchor", anchor);
+      texts[i].textContent = text;
+    });
+  }
+  return { node: box, update };
+}
+
+/** A thin progress bar; update(fraction) sets its fill and its title (a percentage). */
+export function progressBar() {
+  const fill = el("div", { class: "wb-progress-fill" });
+  const node = el("div", { class: "wb-progress" }, [fill]);
+  function update(fraction) {
+    const pct = `${(100 * Math.max(0, Math.min(1, fraction || 0))).toFixed(1)}%`;
+    fill.style.setProperty("width", pct);
+    node.setAttribute("title", pct);
+  }
+  return { node, update };
 }

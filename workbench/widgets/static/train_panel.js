@@ -8,14 +8,10 @@
 // {type: "append", rows: [[step, loss, mfu, step_time, data_time, ckpt_time], ...]},
 // batched by Python to at most 10 per second. Nodes are built once and updated in place.
 
-import { el, svg } from "./common.js";
+import { el, fmtNum, lineChart, progressBar } from "./common.js";
 
 const COLS = ["step", "loss", "mfu", "step_time", "data_time", "ckpt_time"];
 const MAX_POINTS = 1200;
-
-function num(v, digits = 4) {
-  return typeof v === "number" && Number.isFinite(v) ? v.toPrecision(digits) : "—";
-}
 
 /** 62.4 -> "1:02", 3725 -> "1:02:05". */
 export function duration(seconds) {
@@ -38,49 +34,6 @@ export function thin(xs, ys, max = MAX_POINTS) {
   const out = pts.filter((_, i) => i % stride === 0);
   if (out[out.length - 1] !== pts[pts.length - 1]) out.push(pts[pts.length - 1]);
   return out;
-}
-
-/** A line chart whose path and labels are updated in place (no re-created nodes). */
-function chart(title, { width = 320, height = 140, scale = 1, unit = "" } = {}) {
-  const pad = { l: 48, r: 8, t: 20, b: 18 };
-  const box = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
-    class: "wb-train-chart", "aria-label": title });
-  const label = svg("text", { x: 6, y: 13, "font-size": 11, fill: "currentColor" });
-  label.textContent = title;
-  const path = svg("path", { d: "", fill: "none", stroke: "#4e79a7", "stroke-width": 1.5,
-    class: "wb-train-path" });
-  const texts = [0, 1, 2, 3].map(() => svg("text", { "font-size": 10, fill: "#888" }));
-  for (const node of [label, path, ...texts]) box.appendChild(node);
-  function update(points) {
-    if (!points.length) {
-      path.setAttribute("d", "");
-      texts[0].textContent = "waiting for the first step…";
-      texts[0].setAttribute("x", pad.l);
-      texts[0].setAttribute("y", height / 2);
-      for (const t of texts.slice(1)) t.textContent = "";
-      return;
-    }
-    const xs = points.map((p) => p[0]);
-    const ys = points.map((p) => p[1] * scale);
-    const x0 = xs[0];
-    const x1 = xs[xs.length - 1];
-    let y0 = Math.min(...ys);
-    let y1 = Math.max(...ys);
-    if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
-    const sx = (x) => pad.l + ((x - x0) / Math.max(1, x1 - x0)) * (width - pad.l - pad.r);
-    const sy = (y) => height - pad.b - ((y - y0) / (y1 - y0)) * (height - pad.t - pad.b);
-    path.setAttribute("d", ys.map((y, i) => `${i ? "L" : "M"}${sx(xs[i]).toFixed(1)},${sy(y).toFixed(1)}`).join(""));
-    const place = [[pad.l - 4, pad.t + 4, "end", `${num(y1, 3)}${unit}`],
-      [pad.l - 4, height - pad.b, "end", `${num(y0, 3)}${unit}`],
-      [pad.l, height - 4, "start", `step ${x0}`], [width - pad.r, height - 4, "end", `step ${x1}`]];
-    place.forEach(([x, y, anchor, text], i) => {
-      texts[i].setAttribute("x", x);
-      texts[i].setAttribute("y", y);
-      texts[i].setAttribute("text-anchor", anchor);
-      texts[i].textContent = text;
-    });
-  }
-  return { node: box, update };
 }
 
 /** Mean of the last `n` finite values of a column. */
@@ -118,18 +71,17 @@ function breakdown() {
 function render({ model, el: host }) {
   const cols = Object.fromEntries(COLS.map((c) => [c, []]));
   const title = el("span", { class: "wb-title" });
-  const badge = el("span", { class: "wb-badge" });
+  const badge = el("span", { class: "wb-status" });
   const facts = el("span", { class: "wb-facts" });
-  const fill = el("div", { class: "wb-train-fill" });
-  const bar = el("div", { class: "wb-train-bar" }, [fill]);
-  const loss = chart("loss");
-  const mfu = chart("MFU", { scale: 100, unit: "%" });
+  const bar = progressBar();
+  const loss = lineChart("loss");
+  const mfu = lineChart("MFU", { scale: 100, unit: "%" });
   const times = breakdown();
   const note = el("div", { class: "wb-note" });
   const message = el("div", { class: "wb-train-message" });
   const root = el("div", { class: "wb-widget wb-train" }, [
-    el("div", { class: "wb-header" }, [title, badge, facts]), bar,
-    el("div", { class: "wb-train-charts" }, [loss.node, mfu.node]), times.node, message, note]);
+    el("div", { class: "wb-header" }, [title, badge, facts]), bar.node,
+    el("div", { class: "wb-charts" }, [loss.node, mfu.node]), times.node, message, note]);
   host.appendChild(root);
 
   function loadHistory() {
@@ -141,17 +93,15 @@ function render({ model, el: host }) {
     const st = model.get("status") || {};
     const step = st.step ?? (cols.step.length ? cols.step[cols.step.length - 1] : 0);
     const target = st.target || 0;
-    const frac = target ? Math.min(1, step / target) : 0;
     title.textContent = `train ${info.name || ""}`;
     badge.textContent = st.state || "idle";
-    badge.className = `wb-badge wb-${st.state || "idle"}`;
+    badge.className = `wb-status wb-${st.state || "idle"}`;
     const last = st.last || {};
-    const bits = [`step ${step}/${target}`, `ETA ${duration(st.eta)}`, `loss ${num(last.loss)}`];
-    if (typeof last.mfu === "number") bits.push(`MFU ${num(100 * last.mfu, 3)}%`);
-    if (typeof last.tokens_per_s === "number") bits.push(`${num(last.tokens_per_s / 1e3, 3)}k tok/s`);
+    const bits = [`step ${step}/${target}`, `ETA ${duration(st.eta)}`, `loss ${fmtNum(last.loss)}`];
+    if (typeof last.mfu === "number") bits.push(`MFU ${fmtNum(100 * last.mfu, 3)}%`);
+    if (typeof last.tokens_per_s === "number") bits.push(`${fmtNum(last.tokens_per_s / 1e3, 3)}k tok/s`);
     facts.textContent = bits.join(" · ");
-    fill.style.setProperty("width", `${(100 * frac).toFixed(1)}%`);
-    bar.setAttribute("title", `${(100 * frac).toFixed(1)}%`);
+    bar.update(target ? step / target : 0);
     loss.update(thin(cols.step, cols.loss));
     mfu.update(thin(cols.step, cols.mfu));
     times.update(cols);
