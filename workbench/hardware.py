@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import glob
+import importlib.util
 import json
 import os
 import platform as _platform
 import re
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 
@@ -18,8 +21,11 @@ __all__ = [
     "DeviceInfo",
     "DeviceInventory",
     "HardwareSpec",
+    "cpu_spec",
     "devices",
     "hardware_spec",
+    "libtpu_installed",
+    "measured_cpu_memory_bandwidth",
     "measured_cpu_peak",
     "peak_flops",
     "simulate_devices",
@@ -69,6 +75,64 @@ def simulate_devices(n: int = 8) -> None:
 
 
 # ---------------------------------------------------------------------------
+# libtpu: the TPU compiler, installed for planning, kept quiet where no TPU is attached
+# ---------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def libtpu_installed() -> bool:
+    """True when the ``libtpu`` package is importable; nothing is imported or started."""
+    try:
+        return importlib.util.find_spec("libtpu") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _tpu_chips_attached() -> bool:
+    """JAX's own test for a Cloud TPU host (TPU PCI devices), plus TPU device files."""
+    from jax._src import hardware_utils
+
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        return True
+    return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+
+
+def _quiet_tpu_backend() -> None:
+    """Skip JAX's TPU backend on hosts without TPU chips when libtpu is installed.
+
+    libtpu is installed for TPU-compiled plans (``workbench[tpu-compile]``). JAX then
+    tries to start a TPU backend on every host at the first ``jax.devices()``: on a
+    host without TPU chips it loads the 700 MB library, prints "could not determine TPU
+    accelerator type" and fails (quietly), then falls back to CPU/GPU. This wraps JAX's
+    TPU backend factory so that, where no TPU chip is attached (JAX's own PCI test),
+    it fails at once instead, with the reason. On TPU hosts nothing changes; nothing is
+    done when libtpu is not installed, when JAX's backends have already started, or
+    when ``JAX_FORCE_TPU_INIT`` is set. Compile-only TPU topologies
+    (``workbench.topology``) load libtpu themselves and are unaffected.
+    """
+    from jax._src import xla_bridge
+
+    if not libtpu_installed() or os.environ.get("JAX_FORCE_TPU_INIT") or _backends_started():
+        return
+    registration = xla_bridge._backend_factories.get("tpu")
+    if registration is None or getattr(registration.factory, "_workbench_quiet", False):
+        return
+    factory = registration.factory
+
+    def tpu_factory() -> Any:
+        if not _tpu_chips_attached():
+            raise RuntimeError("no TPU chip is attached to this host; workbench skipped "
+                               "loading libtpu (set JAX_FORCE_TPU_INIT=1 to try anyway)")
+        return factory()
+
+    tpu_factory._workbench_quiet = True  # type: ignore[attr-defined]
+    xla_bridge._backend_factories["tpu"] = dataclasses.replace(registration, factory=tpu_factory)
+
+
+_quiet_tpu_backend()
+
+
+# ---------------------------------------------------------------------------
 # Peak FLOP/s and memory by device kind
 # ---------------------------------------------------------------------------
 
@@ -86,6 +150,17 @@ class HardwareSpec:
       cores_per_chip: JAX devices per chip (2 on TPU v2/v3, else 1).
       chips_per_host: chips attached to one host in the usual VM/server shape.
       topology_dims: 2 (v2/v3/v5e/v6e tori) or 3 (v4/v5p).
+      hbm_bandwidth: HBM bytes/s per JAX device.
+      ici_link_bandwidth: TPU inter-chip link bytes/s, one direction, per link; a chip
+        has two links (+ and -) along each torus dimension.
+      torus_wrap: when a TPU slice's dimension wraps around: "cube" (v4/v5p: every
+        dimension of a slice made of whole 4x4x4 cubes) or "16" (v5e/v6e: a dimension
+        of 16 chips, the full pod side).
+      dcn_bandwidth: data-center network egress bytes/s per chip (across TPU slices).
+      nvlink_bandwidth: GPU NVLink bytes/s per GPU, one direction (through NVSwitch).
+      network_bandwidth: GPU scale-out (InfiniBand) bytes/s per GPU, one direction.
+        (For the CPU entry, ``nvlink_bandwidth`` is the in-process copy bandwidth.)
+      sources: the source of each bandwidth value, by field name.
     """
 
     name: str
@@ -96,6 +171,19 @@ class HardwareSpec:
     cores_per_chip: int = 1
     chips_per_host: int = 4
     topology_dims: int = 2
+    hbm_bandwidth: float | None = None
+    ici_link_bandwidth: float | None = None
+    torus_wrap: str | None = None
+    dcn_bandwidth: float | None = None
+    nvlink_bandwidth: float | None = None
+    network_bandwidth: float | None = None
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+
+    def source_of(self, field: str) -> str:
+        """Where the value of ``field`` comes from ("unknown" when the table has none)."""
+        if field in ("peak_flops", "memory_bytes"):
+            return self.source
+        return self.sources.get(field, "unknown")
 
 
 _GIB = 1024**3
@@ -144,6 +232,70 @@ _HARDWARE: list[tuple[str, HardwareSpec]] = [
                            "GPUs, so 2.25 PFLOP/s dense bf16 per GPU; 180 GB",
                            platform="gpu", chips_per_host=8)),
 ]
+
+
+_BOOK = "How to Scale Your Model (jax-ml scaling book), part 2 'How to think about TPUs'"
+_GBPS = 1e9 / 8  # bytes/s in one Gbit/s
+# Bandwidths per JAX device, each value beside its source: (value in bytes/s, source).
+_BANDWIDTHS: dict[str, dict[str, tuple[Any, str]]] = {
+    "TPU v2": {"hbm_bandwidth": (700e9 / 2, f"{_TPU_DOC}: 700 GB/s HBM per chip, 2 cores")},
+    "TPU v3": {"hbm_bandwidth": (900e9 / 2, f"{_BOOK}: 9.0e11 B/s HBM per chip, 2 cores"),
+               "ici_link_bandwidth": (1e11, f"{_BOOK}: 1e11 B/s one-way per ICI link"),
+               "torus_wrap": ("16", "full 32x32 pod; assumed like v5e: a side of 16+ wraps")},
+    "TPU v4": {"hbm_bandwidth": (1.2e12, f"{_BOOK}: 1.2e12 B/s HBM per chip"),
+               "ici_link_bandwidth": (4.5e10, f"{_BOOK}: 4.5e10 B/s one-way per ICI link"),
+               "torus_wrap": ("cube", f"{_TPU_DOC}: slices of whole 4x4x4 cubes are tori"),
+               "dcn_bandwidth": (50 * _GBPS, "estimate: 200 Gbit/s per 4-chip host "
+                                 "(ct4p VM), like v5p")},
+    "TPU v5e": {"hbm_bandwidth": (8.1e11, f"{_BOOK}: 8.1e11 B/s HBM per chip"),
+                "ici_link_bandwidth": (4.5e10, f"{_BOOK}: 4.5e10 B/s one-way per ICI link"),
+                "torus_wrap": ("16", f"{_TPU_DOC}: the 16x16 pod is a 2D torus"),
+                "dcn_bandwidth": (50 * _GBPS, f"{_TPU_DOC}: 50 Gbit/s DCN per v5e chip")},
+    "TPU v5p": {"hbm_bandwidth": (2.765e12, f"{_TPU_DOC}: 2765 GB/s HBM per chip"),
+                "ici_link_bandwidth": (9e10, f"{_BOOK}: 9e10 B/s one-way per ICI link"),
+                "torus_wrap": ("cube", f"{_TPU_DOC}: slices of whole 4x4x4 cubes are tori"),
+                "dcn_bandwidth": (50 * _GBPS, f"{_TPU_DOC}: 200 Gbit/s per ct5p-hightpu-4t "
+                                  "VM, 50 Gbit/s per chip")},
+    "TPU v6e": {"hbm_bandwidth": (1.64e12, f"{_TPU_DOC}: 1640 GB/s HBM per chip"),
+                "ici_link_bandwidth": (9e10, f"{_BOOK}: 9e10 B/s one-way per ICI link"),
+                "torus_wrap": ("16", f"{_TPU_DOC}: the 16x16 pod is a 2D torus"),
+                "dcn_bandwidth": (100 * _GBPS, f"{_TPU_DOC}: 100 Gbit/s DCN per v6e chip")},
+    "A100 80GB": {"hbm_bandwidth": (2.039e12, "NVIDIA A100 datasheet: 2039 GB/s (SXM 80GB)"),
+                  "nvlink_bandwidth": (300e9, "NVIDIA A100 datasheet: NVLink 600 GB/s "
+                                       "(both directions), so 300 GB/s one way"),
+                  "network_bandwidth": (200 * _GBPS, "NVIDIA DGX A100 datasheet: one 200 "
+                                        "Gbit/s HDR InfiniBand port per GPU")},
+    "A100 40GB": {"hbm_bandwidth": (1.555e12, "NVIDIA A100 datasheet: 1555 GB/s (40GB)"),
+                  "nvlink_bandwidth": (300e9, "NVIDIA A100 datasheet: NVLink 600 GB/s "
+                                       "(both directions), so 300 GB/s one way"),
+                  "network_bandwidth": (200 * _GBPS, "NVIDIA DGX A100 datasheet: one 200 "
+                                        "Gbit/s HDR InfiniBand port per GPU")},
+    "H100 SXM": {"hbm_bandwidth": (3.35e12, "NVIDIA H100 datasheet: 3.35 TB/s (SXM)"),
+                 "nvlink_bandwidth": (450e9, "NVIDIA H100 datasheet: NVLink 900 GB/s "
+                                      "(both directions), so 450 GB/s one way"),
+                 "network_bandwidth": (400 * _GBPS, "NVIDIA DGX H100 datasheet: one 400 "
+                                       "Gbit/s NDR InfiniBand port per GPU")},
+    "H100 PCIe": {"hbm_bandwidth": (2.0e12, "NVIDIA H100 datasheet: 2 TB/s (PCIe)"),
+                  "nvlink_bandwidth": (300e9, "NVIDIA H100 datasheet: NVLink bridge 600 GB/s "
+                                       "(both directions), so 300 GB/s one way")},
+    "H100 NVL": {"hbm_bandwidth": (3.9e12, "NVIDIA H100 datasheet: 3.9 TB/s (NVL)"),
+                 "nvlink_bandwidth": (300e9, "NVIDIA H100 datasheet: NVLink 600 GB/s "
+                                      "(both directions), so 300 GB/s one way")},
+    "H200": {"hbm_bandwidth": (4.8e12, "NVIDIA H200 datasheet: 4.8 TB/s"),
+             "nvlink_bandwidth": (450e9, "NVIDIA H200 datasheet: NVLink 900 GB/s "
+                                  "(both directions), so 450 GB/s one way"),
+             "network_bandwidth": (400 * _GBPS, "NVIDIA DGX H200 datasheet: one 400 "
+                                   "Gbit/s InfiniBand port per GPU")},
+    "B200": {"hbm_bandwidth": (8e12, "NVIDIA DGX B200 datasheet: 64 TB/s HBM3e per 8 GPUs"),
+             "nvlink_bandwidth": (900e9, "NVIDIA DGX B200 datasheet: NVLink 5, 1.8 TB/s per "
+                                  "GPU (both directions), so 900 GB/s one way"),
+             "network_bandwidth": (400 * _GBPS, "NVIDIA DGX B200 datasheet: one 400 Gbit/s "
+                                   "ConnectX-7 port per GPU")},
+}
+_HARDWARE = [(pattern, dataclasses.replace(
+    spec, **{k: v for k, (v, _) in _BANDWIDTHS.get(spec.name, {}).items()},
+    sources={k: src for k, (_, src) in _BANDWIDTHS.get(spec.name, {}).items()}))
+    for pattern, spec in _HARDWARE]
 
 
 def hardware_spec(device_kind: str) -> HardwareSpec | None:
@@ -200,16 +352,74 @@ def measured_cpu_peak(*, refresh: bool = False, size: int = 1024) -> float:
         matmul(a, a).block_until_ready()
         best = min(best, time.perf_counter() - t0)
     peak = 2 * size**3 / best
+    _cache_put(path, key, peak)
+    return peak
+
+
+def measured_cpu_memory_bandwidth(*, refresh: bool = False, mib: int = 64) -> float:
+    """The host's measured memory bandwidth in bytes/s (read + write), cached per machine.
+
+    A ``mib``-MiB float32 array is copied into another with numpy (best of 5 after a
+    warm-up); a copy reads and writes every byte, so bandwidth = 2 x size / time. One
+    thread: a lower bound for what several simulated devices share.
+    """
+    import numpy as np
+
+    key = f"mem|{_platform.node()}|{_cpu_name()}|{os.cpu_count()}|{mib}"
+    path = _cache_dir() / "cpu_peak.json"
+    if not refresh:
+        try:
+            cached = json.loads(path.read_text())
+            if key in cached:
+                return float(cached[key])
+        except (OSError, ValueError):
+            pass
+    src = np.ones(mib * 2**18, np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    bandwidth = 2 * src.nbytes / best
+    _cache_put(path, key, bandwidth)
+    return bandwidth
+
+
+def _cache_put(path: Path, key: str, value: float) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         cached = json.loads(path.read_text()) if path.exists() else {}
-        cached[key] = peak
-        tmp = path.with_suffix(".tmp")
+        cached[key] = value
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(cached, indent=1))
         os.replace(tmp, path)
     except (OSError, ValueError):
         pass
-    return peak
+
+
+def cpu_spec(n_devices: int | None = None) -> HardwareSpec:
+    """A hardware entry for this host's (simulated) CPU devices, measured at runtime.
+
+    Peak FLOP/s and memory bandwidth are measured for the whole host and shared by
+    ``n_devices`` devices (default: the local CPU devices when JAX has started, else 1).
+    The collective bandwidth between simulated devices is an estimate, labelled so: an
+    in-process collective copies through host memory, so half the memory bandwidth
+    (each byte is read once and written once). Collectives between processes over
+    gloo on loopback are not modelled by this entry.
+    """
+    n = n_devices or (max(1, jax.local_device_count("cpu")) if _backends_started() else 1)
+    peak, mem = measured_cpu_peak(), measured_cpu_memory_bandwidth()
+    return HardwareSpec(
+        name=f"CPU ({_cpu_name()})", peak_flops=peak / n, memory_bytes=0, platform="cpu",
+        source=f"measured: float32 1024^3 matmul ({peak / 1e9:.1f} GFLOP/s per host), "
+               f"shared by {n} device(s)",
+        chips_per_host=n, hbm_bandwidth=mem / n, nvlink_bandwidth=mem / 2 / n,
+        sources={"hbm_bandwidth": f"measured: numpy copy ({mem / 1e9:.1f} GB/s per host), "
+                                  f"shared by {n} device(s)",
+                 "nvlink_bandwidth": "estimate: half the measured memory bandwidth (a "
+                                     f"collective copies through host memory), shared by {n}"})
 
 
 def peak_flops(device: Any = None) -> tuple[float, str]:

@@ -150,6 +150,8 @@ class MeshInfo(Displayable):
       process_index: owning process (host) per device, mesh-shaped, where known.
       coords: physical chip coordinates per device (mesh shape + (3,)), where known.
       hardware: the preset name for abstract meshes ("v5p-256").
+      dcn_axis_sizes: for a multi-slice mesh, how many slices each axis spans (its size is
+        ICI size x DCN size); None for one slice.
       jax_mesh: the real ``jax.sharding.Mesh``; None when abstract.
       abstract: the ``jax.sharding.AbstractMesh`` of the same shape.
     """
@@ -167,6 +169,7 @@ class MeshInfo(Displayable):
     process_index: np.ndarray | None = None
     coords: np.ndarray | None = None
     hardware: str | None = None
+    dcn_axis_sizes: tuple[int, ...] | None = None
     jax_mesh: Mesh | None = None
     abstract: AbstractMesh | None = None
 
@@ -186,12 +189,25 @@ class MeshInfo(Displayable):
     def n_hosts(self) -> int:
         return 1 if self.process_index is None else int(np.unique(self.process_index).size)
 
+    @property
+    def num_slices(self) -> int:
+        """Slices joined over DCN (1 for a single slice or host group)."""
+        return int(math.prod(self.dcn_axis_sizes)) if self.dcn_axis_sizes else 1
+
+    @property
+    def ici_axis_sizes(self) -> tuple[int, ...]:
+        """Size of each axis within one slice."""
+        dcn = self.dcn_axis_sizes or (1,) * len(self.axis_sizes)
+        return tuple(s // d for s, d in zip(self.axis_sizes, dcn))
+
     def axis_size(self, name: str) -> int:
         return self.shape[name]
 
     def describe(self) -> str:
         axes = " x ".join(f"{n}={s}" for n, s in self.shape.items())
         what = f"{self.hardware}: {self.device_kind}" if self.hardware else self.device_kind
+        if self.num_slices > 1:
+            what = f"{self.num_slices} slices of {what}"
         tag = "abstract " if self.is_abstract else ""
         return f"{tag}mesh {axes} ({self.size} devices, {what}, {self.n_hosts} host(s))"
 
@@ -244,11 +260,18 @@ def _concrete_info(m: Mesh) -> MeshInfo:
         memory = None
     if memory is None and spec is not None:
         memory = spec.memory_bytes
+    dcn = None
+    if getattr(first, "slice_index", None) is not None:
+        slices = np.vectorize(lambda d: d.slice_index, otypes=[np.int64])(devs)
+        along = [len(np.unique(np.moveaxis(slices, i, 0)[(slice(None),) + (0,) * (devs.ndim - 1)]))
+                 for i in range(devs.ndim)]
+        dcn = tuple(along) if math.prod(along) > 1 else None
     return MeshInfo(
         axis_names=tuple(m.axis_names), axis_sizes=tuple(int(s) for s in devs.shape),
         device_ids=ids, device_kind=str(first.device_kind), platform=str(first.platform),
         memory_per_device=memory, peak_flops=peak, peak_source=source,
-        process_index=procs, coords=coords, jax_mesh=m, abstract=m.abstract_mesh)
+        process_index=procs, coords=coords, dcn_axis_sizes=dcn, jax_mesh=m,
+        abstract=m.abstract_mesh)
 
 
 # ---------------------------------------------------------------------------
@@ -312,7 +335,8 @@ def _preset(name: str) -> tuple[HardwareSpec, str, np.ndarray, np.ndarray]:
         "GPU servers as '8xH100' or '2x8xH100' (A100, H100, H200, B200)")
 
 
-def abstract_mesh(hardware: str | None = None, /, **axes: int) -> MeshInfo:
+def abstract_mesh(hardware: str | None = None, /, *, dcn: Mapping[str, int] | None = None,
+                  **axes: int) -> MeshInfo:
     """A mesh for hardware you do not have: any size, no devices needed.
 
     Args:
@@ -321,12 +345,16 @@ def abstract_mesh(hardware: str | None = None, /, **axes: int) -> MeshInfo:
         chip (megacore), so "v5p-256" is 128 devices; v5e/v6e names count chips;
         it fixes the number of devices and carries device kind, memory per device,
         peak FLOP/s and, for TPU slices, physical chip coordinates and hosts.
+      dcn: with a TPU preset, slices joined over the data-center network, per axis
+        (``dcn={"data": 2}``: two slices of the preset; each axis size is ICI x DCN,
+        as in ``make_mesh(..., dcn=...)``).
       **axes: mesh axis sizes; with a preset one may be -1.
 
     Example::
 
         mesh = wb.abstract_mesh(data=256, model=8)            # 2048 devices
         pod = wb.abstract_mesh("v5p-256", data=-1, model=4)   # 128 chips: data=32
+        two = wb.abstract_mesh("v5p-256", data=-1, model=4, dcn={"data": 2})  # data=64
     """
     if hardware is None:
         if any(s == -1 for s in axes.values()):
@@ -338,6 +366,8 @@ def abstract_mesh(hardware: str | None = None, /, **axes: int) -> MeshInfo:
                         device_ids=np.arange(math.prod(shape)).reshape(shape),
                         abstract=AbstractMesh(shape, tuple(sizes)))
     spec, kind, coords, hosts = _preset(hardware)
+    if dcn:
+        return _multislice(hardware, dict(axes or {"data": -1}), dict(dcn))
     n = len(coords)
     sizes = _resolve_sizes(axes or {"data": -1}, n, f"{hardware} devices")
     shape = tuple(sizes.values())
@@ -347,3 +377,41 @@ def abstract_mesh(hardware: str | None = None, /, **axes: int) -> MeshInfo:
         peak_flops=spec.peak_flops, peak_source=f"table: {spec.source}",
         process_index=hosts.reshape(shape), coords=coords.reshape(shape + (3,)),
         hardware=hardware, abstract=AbstractMesh(shape, tuple(sizes)))
+
+
+def _multislice(hardware: str, axes: dict[str, int], dcn: dict[str, int]) -> MeshInfo:
+    """Several slices of one preset; mesh index along an axis = slice index x ICI size +
+    index within the slice (the order of ``mesh_utils.create_hybrid_device_mesh``)."""
+    unknown = set(dcn) - set(axes)
+    if unknown:
+        raise ValueError(f"dcn axes {sorted(unknown)} are not mesh axes {list(axes)}")
+    dcn_sizes = tuple(int(dcn.get(a, 1)) for a in axes)
+    if any(d < 1 for d in dcn_sizes):
+        raise ValueError(f"dcn sizes must be positive, got {dcn}")
+    n_slices = math.prod(dcn_sizes)
+    one = abstract_mesh(hardware, **{a: (s if s == -1 else s // d) if s == -1 or s % d == 0
+                                     else s for (a, s), d in zip(axes.items(), dcn_sizes)})
+    ici = one.axis_sizes
+    for (a, s), d, i in zip(axes.items(), dcn_sizes, ici):
+        if s != -1 and s != d * i:
+            raise ValueError(f"mesh axis {a!r} (size {s}) is not its dcn size {d} times a "
+                             f"size within one {hardware} slice; use {d} x (ICI size)")
+    k = len(ici)
+    hosts_per_slice = one.n_hosts
+
+    def tile(block: np.ndarray, per_slice: np.ndarray) -> np.ndarray:
+        # (dcn..., ici..., extra...) -> interleave (dcn0, ici0, dcn1, ici1, ...) -> mesh shape
+        stacked = np.stack([block + off for off in per_slice]).reshape(
+            dcn_sizes + block.shape)
+        extra = block.ndim - k
+        order = [x for j in range(k) for x in (j, k + j)] + [2 * k + e for e in range(extra)]
+        shape = tuple(d * i for d, i in zip(dcn_sizes, ici)) + block.shape[k:]
+        return stacked.transpose(order).reshape(shape)
+
+    offsets = np.arange(n_slices)
+    shape = tuple(d * i for d, i in zip(dcn_sizes, ici))
+    return dataclasses.replace(
+        one, axis_sizes=shape, device_ids=tile(one.device_ids, offsets * one.size),
+        process_index=tile(one.process_index, offsets * hosts_per_slice),
+        coords=tile(one.coords, offsets[:, None] * 0), dcn_axis_sizes=dcn_sizes,
+        abstract=AbstractMesh(shape, one.axis_names))
