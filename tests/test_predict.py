@@ -1,0 +1,126 @@
+"""Predictions: hand-counted roofline cases (a lone matmul, a lone all-gather, HBM-bound)."""
+import math
+
+import pytest
+
+import workbench as wb
+from workbench.hardware import hardware_spec
+from workbench.planning.hlo import Collective
+from workbench.planning.predict import predict
+
+
+def _gather(nbytes, n, axes, kind="all-gather", count=1):
+    return Collective(kind=kind, axes=axes, aligned=True, group_size=n, bytes=nbytes,
+                      wire_bytes=0.0, count=count, shapes=())
+
+
+def test_lone_matmul_is_compute_bound_at_peak():
+    mesh = wb.abstract_mesh("v5p-8", data=4)
+    m = k = n = 8192
+    flops = 2 * m * k * n                      # one bf16 matmul per device
+    hbm = 2 * (m * k + k * n + m * n)          # read A, B; write C
+    p = predict(flops=flops, bytes_accessed=hbm, collectives=[], mesh=mesh,
+                tokens_per_step=m, model_flops=4 * flops)
+    assert p.step_seconds == pytest.approx(flops / 459e12)
+    assert p.bound == "compute"
+    assert p.mfu == pytest.approx(1.0)
+    assert p.tokens_per_s == pytest.approx(m / (flops / 459e12))
+    assert "459 TFLOP/s" in p.sources["peak_flops"]
+
+
+def test_elementwise_is_memory_bound_at_hbm_bandwidth():
+    mesh = wb.abstract_mesh("v5e-4", data=4)
+    size = 2**28                                # f32 add: read 2, write 1 per element
+    p = predict(flops=size, bytes_accessed=3 * 4 * size, collectives=[], mesh=mesh)
+    assert p.step_seconds == pytest.approx(3 * 4 * size / 8.1e11)
+    assert p.bound == "memory" and p.mfu is None
+
+
+def test_lone_all_gather_on_a_torus_dimension():
+    # v5p-128 = 64 chips, 4x4x4: a whole cube, so every dimension wraps around. The last
+    # mesh axis runs along x (coords are x-fastest): a ring of 4 chips using both links.
+    mesh = wb.abstract_mesh("v5p-128", a=4, b=4, c=4)
+    nbytes = 2**30
+    p = predict(flops=0, bytes_accessed=0, collectives=[_gather(nbytes, 4, ("c",))],
+                mesh=mesh)
+    expected = (4 - 1) / 4 * nbytes / (2 * 9e10)    # scaling book: 9e10 B/s per link one way
+    assert p.step_seconds == pytest.approx(expected)
+    assert p.bound == "communication"
+    (c,) = p.breakdown["collectives"]
+    assert c.bandwidth == 2 * 9e10 and c.axes == ("c",) and "torus" in c.links
+
+
+def test_all_gather_without_wraparound_uses_one_link_per_dimension():
+    # v5p-8 = 2x2x1 chips: no wraparound; a group over both mesh axes spans x and y.
+    mesh = wb.abstract_mesh("v5p-8", data=2, model=2)
+    nbytes = 3 * 2**20
+    p = predict(flops=0, bytes_accessed=0, collectives=[_gather(nbytes, 4, ("data", "model"))],
+                mesh=mesh)
+    assert p.step_seconds == pytest.approx(3 / 4 * nbytes / (9e10 + 9e10))
+
+
+@pytest.mark.parametrize("kind, factor", [
+    ("all-reduce", lambda n: 2 * (n - 1) / n), ("reduce-scatter", lambda n: n - 1),
+    ("collective-permute", lambda n: 1.0)])
+def test_ring_formulas_on_gpus_in_one_server(kind, factor):
+    mesh = wb.abstract_mesh("8xH100", data=8)
+    nbytes = 2**26
+    p = predict(flops=0, bytes_accessed=0, collectives=[_gather(nbytes, 8, ("data",), kind)],
+                mesh=mesh)
+    assert p.step_seconds == pytest.approx(factor(8) * nbytes / 450e9)  # NVLink 900 GB/s bidi
+
+
+def test_all_reduce_across_servers_is_hierarchical():
+    mesh = wb.abstract_mesh("2x8xH100", data=16)
+    b = 2**28
+    p = predict(flops=0, bytes_accessed=0, collectives=[_gather(b, 16, ("data",), "all-reduce")],
+                mesh=mesh)
+    inside = 2 * 7 / 8 * b / 450e9              # ring of 8 over NVLink
+    across = 2 * 1 / 2 * (b / 8) / 50e9         # ring of 2 over 400 Gbit/s InfiniBand, 1/8 each
+    assert p.step_seconds == pytest.approx(inside + across)
+
+
+def test_dcn_axis_of_two_slices():
+    mesh = wb.abstract_mesh("v5e-16", data=-1, model=4, dcn={"data": 2})
+    assert mesh.shape == {"data": 8, "model": 4} and mesh.num_slices == 2
+    b = 2**26
+    p = predict(flops=0, bytes_accessed=0, collectives=[_gather(b, 8, ("data",), "all-reduce")],
+                mesh=mesh)
+    (c,) = p.breakdown["collectives"]
+    assert "dcn across 2" in c.links
+    # within a slice: 4 chips along y of a 4x4 v5e (no wraparound below 16) -> 1 link
+    inside = 2 * 3 / 4 * b / 4.5e10
+    across = 2 * 1 / 2 * (b / 4) / (50e9 / 8)
+    assert p.step_seconds == pytest.approx(inside + across)
+
+
+def test_overlap_and_bound_labels():
+    mesh = wb.abstract_mesh("v5p-8", data=4)
+    spec = hardware_spec("TPU v5p")
+    flops = 1e12
+    coll = [_gather(2**30, 4, ("data",), "all-reduce")]
+    full = predict(flops=flops, bytes_accessed=0, collectives=coll, mesh=mesh)
+    none = predict(flops=flops, bytes_accessed=0, collectives=coll, mesh=mesh, overlap=0.0)
+    t_comp, t_comm = flops / spec.peak_flops, none.breakdown["communication_total"]
+    assert full.step_seconds == pytest.approx(max(t_comp, t_comm))
+    assert none.step_seconds == pytest.approx(t_comp + t_comm)
+    assert full.breakdown["no_overlap_step"] == pytest.approx(none.step_seconds)
+    assert full.bound == ("communication" if t_comm > t_comp else "compute")
+    assert "latency-hiding" in full.sources["overlap"]
+
+
+def test_every_gpu_and_tpu_entry_has_sourced_bandwidths():
+    for kind in ("TPU v4", "TPU v5 lite", "TPU v5p", "TPU v6 lite", "NVIDIA A100-SXM4-80GB",
+                 "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA B200"):
+        spec = hardware_spec(kind)
+        assert spec.hbm_bandwidth and spec.source_of("hbm_bandwidth") != "unknown", kind
+        link = "ici_link_bandwidth" if spec.platform == "tpu" else "nvlink_bandwidth"
+        assert getattr(spec, link) and spec.source_of(link) != "unknown", kind
+        assert math.isfinite(spec.peak_flops / spec.hbm_bandwidth)
+
+
+def test_cpu_mesh_uses_measured_entry():
+    mesh = wb.make_mesh(data=8)
+    p = predict(flops=1e9, bytes_accessed=0, collectives=[], mesh=mesh)
+    assert p.sources["peak_flops"].startswith("measured") and p.bound == "compute"
+    assert p.sources["overlap"].startswith("assumed 0")

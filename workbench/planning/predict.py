@@ -1,0 +1,301 @@
+"""Predicted step time and MFU: a roofline over FLOPs, HBM bytes and collectives.
+
+Formulas and their sources are in docs/predictions.md. In short, per device and step:
+
+    compute   = FLOPs / peak FLOP/s
+    memory    = bytes accessed / HBM bandwidth
+    local     = max(compute, memory)                 (the roofline: they overlap)
+    comm      = sum of collective times (ring formulas below, per mesh axis bandwidth)
+    step      = local + comm - overlap * min(local, comm)
+
+Ring formulas (n devices in the group, b bytes of the result per device, W bytes/s each
+device can send in one direction summed over the links the ring uses):
+all-gather (n-1)/n b/W, reduce-scatter (n-1) b/W, all-reduce 2 (n-1)/n b/W,
+all-to-all (n-1)/n b/W on a switch and n b/(4W) on a torus ring, collective-permute b/W.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from workbench.hardware import HardwareSpec, cpu_spec, hardware_spec
+from workbench.mesh import MeshInfo, mesh_info
+from workbench.planning.hlo import Collective
+
+__all__ = ["CollectiveTime", "Prediction", "collective_seconds", "predict"]
+
+BOUNDS = ("compute", "memory", "communication")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CollectiveTime:
+    """One collective of the step, timed.
+
+    Attributes:
+      kind: all-gather, reduce-scatter, all-reduce, all-to-all or collective-permute.
+      axes: mesh axes its groups span.
+      group_size: devices per group.
+      bytes: result bytes per device per instruction.
+      count: instructions per step.
+      links: the links it runs over ("ici x2 (torus) on 1 dim", "dcn", "nvlink", ...).
+      bandwidth: bytes/s one device sends over those links (one direction).
+      seconds: time per step (all ``count`` instructions).
+      overlap: fraction of ``seconds`` assumed hidden behind compute.
+      formula: the formula used, with its numbers.
+      source: where the bandwidth comes from.
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    group_size: int
+    bytes: float
+    count: int
+    links: str
+    bandwidth: float
+    seconds: float
+    overlap: float
+    formula: str
+    source: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """A predicted step: time, MFU, throughput, what bounds it, and why.
+
+    Attributes:
+      step_seconds: predicted time of one step.
+      mfu: model FLOPs / (step x devices x peak); None without model FLOPs.
+      tokens_per_s: tokens per step / step time; None without tokens.
+      bound: "compute", "memory" or "communication": the largest term.
+      breakdown: seconds per term: "compute", "memory", "communication" (after overlap),
+        "communication_total" (before), "no_overlap_step" (upper bound), and
+        "collectives": a tuple of ``CollectiveTime``.
+      sources: where each number comes from, by name ("flops", "bytes", "peak_flops",
+        "hbm_bandwidth", "overlap", "mfu", "compiler_seconds").
+      compiler_seconds: the TPU compiler's own estimate (``optimal_seconds`` of its cost
+        analysis) where the plan was TPU-compiled, shown beside ours; else None.
+    """
+
+    step_seconds: float
+    mfu: float | None
+    tokens_per_s: float | None
+    bound: str
+    breakdown: dict[str, Any]
+    sources: dict[str, str]
+    compiler_seconds: float | None = None
+
+    def __str__(self) -> str:
+        b = self.breakdown
+        lines = [f"predicted step {self.step_seconds * 1e3:.3g} ms ({self.bound}-bound)"
+                 + (f", MFU {self.mfu:.1%}" if self.mfu is not None else "")
+                 + (f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""),
+                 f"  compute {b['compute'] * 1e3:.3g} ms, HBM {b['memory'] * 1e3:.3g} ms, "
+                 f"communication {b['communication_total'] * 1e3:.3g} ms "
+                 f"({b['communication'] * 1e3:.3g} ms not overlapped)"]
+        lines += [f"  {c.kind} over {','.join(c.axes) or '-'} x{c.count}: {c.seconds * 1e3:.3g}"
+                  f" ms at {c.bandwidth / 1e9:.3g} GB/s ({c.links})" for c in b["collectives"]]
+        if self.compiler_seconds is not None:
+            lines.append(f"  TPU compiler's estimate: {self.compiler_seconds * 1e3:.3g} ms")
+        return "\n".join(lines)
+
+
+# -- links --------------------------------------------------------------------------------
+
+def _wraps(spec: HardwareSpec, dim_size: int, slice_dims: Sequence[int]) -> bool:
+    if spec.torus_wrap == "cube":
+        return all(d % 4 == 0 for d in slice_dims)
+    if spec.torus_wrap == "16":
+        return dim_size >= 16
+    return False
+
+
+def _group_index(info: MeshInfo, axes: Sequence[str]) -> tuple:
+    """Index of the group through device 0 that spans ``axes``."""
+    return tuple(slice(None) if n in axes else 0 for n in info.axis_names)
+
+
+def _ici_bandwidth(info: MeshInfo, spec: HardwareSpec, axes: Sequence[str]) -> tuple[float, str, bool]:
+    """(bytes/s one device sends, description, torus?) for a group inside one slice."""
+    link = spec.ici_link_bandwidth or 0.0
+    if info.coords is None:  # no physical layout: one torus dimension per mesh axis
+        return 2 * link * len(axes), f"ici x2 per axis on {len(axes)} axis (assumed)", True
+    slice_dims = tuple(int(x) + 1 for x in info.coords.reshape(-1, 3).max(axis=0))
+    group = info.coords[_group_index(info, axes)].reshape(-1, 3)
+    total, parts, torus = 0.0, [], True
+    for d in range(3):
+        extent = len(np.unique(group[:, d]))
+        if extent < 2:
+            continue
+        wrap = extent == slice_dims[d] and _wraps(spec, extent, slice_dims)
+        total += (2 if wrap else 1) * link
+        parts.append(f"dim {d}: {extent} chips, {'torus x2' if wrap else 'line x1'}")
+        torus &= wrap
+    if total == 0.0:  # the group shares chips (cores of one chip): on-chip
+        return float(spec.hbm_bandwidth or link), "on chip", True
+    return total, "ici " + "; ".join(parts), torus
+
+
+def _hosts_in_group(info: MeshInfo, axes: Sequence[str]) -> int:
+    if info.process_index is None:
+        return 1
+    return int(len(np.unique(info.process_index[_group_index(info, axes)])))
+
+
+def _ring_seconds(kind: str, nbytes: float, n: int, bandwidth: float, torus: bool) -> float:
+    if n <= 1 or nbytes == 0:
+        return 0.0
+    if kind == "all-gather":
+        return (n - 1) / n * nbytes / bandwidth
+    if kind == "reduce-scatter":
+        return (n - 1) * nbytes / bandwidth
+    if kind == "all-reduce":
+        return 2 * (n - 1) / n * nbytes / bandwidth
+    if kind == "all-to-all":
+        # on a torus ring each byte travels n/4 hops on average (scaling book, part 3);
+        # through a switch it is sent once.
+        return nbytes * n / (4 * bandwidth) if torus else (n - 1) / n * nbytes / bandwidth
+    if kind == "collective-permute":
+        return nbytes / bandwidth
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def collective_seconds(c: Collective, mesh: Any, spec: HardwareSpec) -> CollectiveTime:
+    """Time of one merged collective of a compiled step on ``mesh`` with ``spec``'s links.
+
+    Within one slice (TPU) or one host (GPU, CPU) a ring over the group's links; across
+    slices or hosts, hierarchically: the ring inside the slice/host on the full bytes,
+    then a ring over slices/hosts on the bytes left per device (1/n_inner of them for
+    reductions and gathers), over DCN or InfiniBand.
+    """
+    info = mesh_info(mesh)
+    n, b = max(1, c.group_size), float(c.bytes)
+    outer, bw_out, out_name, out_src = 1, 0.0, "", ""
+    if spec.platform == "tpu":
+        dcn = info.dcn_axis_sizes or (1,) * len(info.axis_names)
+        outer = math.prod(d for a, d in zip(info.axis_names, dcn) if a in c.axes) or 1
+        bw_in, links, torus = _ici_bandwidth(info, spec, c.axes)
+        src = spec.source_of("ici_link_bandwidth")
+        bw_out, out_name, out_src = spec.dcn_bandwidth or 0.0, "dcn", spec.source_of(
+            "dcn_bandwidth")
+    else:
+        outer = _hosts_in_group(info, c.axes) if c.axes else 1
+        bw_in, torus = float(spec.nvlink_bandwidth or spec.hbm_bandwidth or 0.0), False
+        links = "loopback copy" if spec.platform == "cpu" else "nvlink"
+        src = spec.source_of("nvlink_bandwidth")
+        bw_out, out_name, out_src = spec.network_bandwidth or 0.0, "infiniband", \
+            spec.source_of("network_bandwidth")
+    inner = max(1, n // outer)
+    if (inner > 1 and bw_in <= 0) or (outer > 1 and bw_out <= 0):
+        missing = "link" if inner > 1 and bw_in <= 0 else out_name
+        raise ValueError(f"{spec.name} has no {missing} bandwidth in the hardware table; "
+                         f"cannot time a {c.kind} over {c.axes}")
+    # reduce-scatter's result is 1/outer of what the ring inside a slice/host produces
+    b_in = b * outer if c.kind == "reduce-scatter" else b
+    t_in = _ring_seconds(c.kind, b_in, inner, bw_in, torus) if inner > 1 else 0.0
+    shrink = inner if c.kind in ("all-reduce", "all-gather") else 1
+    t_out = _ring_seconds(c.kind, b / shrink, outer, bw_out, False) if outer > 1 else 0.0
+    formula = f"{c.kind} ring, n={inner}, {b_in:.4g} B at {bw_in:.4g} B/s"
+    if outer > 1:
+        links = f"{links}; {out_name} across {outer}"
+        formula += f"; then n={outer}, {b / shrink:.4g} B at {bw_out:.4g} B/s ({out_name})"
+        src = f"{src}; {out_src}"
+    return CollectiveTime(kind=c.kind, axes=tuple(c.axes), group_size=n, bytes=b,
+                          count=c.count, links=links, bandwidth=bw_in if inner > 1 else bw_out,
+                          seconds=(t_in + t_out) * c.count, overlap=0.0,
+                          formula=formula, source=src)
+
+
+# -- the roofline ---------------------------------------------------------------------------
+
+def _default_overlap(platform: str) -> tuple[float, str]:
+    if platform == "cpu":
+        return 0.0, "assumed 0: XLA:CPU runs collectives synchronously"
+    return 1.0, ("assumed 1: XLA's latency-hiding scheduler runs collectives asynchronously "
+                 "beside independent compute (a lower bound on step time; "
+                 "'no_overlap_step' is the upper bound)")
+
+
+def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collective],
+            mesh: Any, hardware: HardwareSpec | str | None = None,
+            tokens_per_step: int | None = None, model_flops: float | None = None,
+            overlap: float | None = None, compiler_seconds: float | None = None,
+            flops_source: str = "compiled cost analysis",
+            bytes_source: str = "compiled cost analysis") -> Prediction:
+    """Predict one training step's time, MFU and throughput (a roofline).
+
+    Args:
+      flops: FLOPs per device per step (the compiler's ``cost_analysis()["flops"]``, or an
+        analytic count divided by devices).
+      bytes_accessed: HBM bytes read + written per device per step
+        (``cost_analysis()["bytes accessed"]``).
+      collectives: the step's collectives (``workbench.planning.hlo.parse_collectives``).
+      mesh: the mesh (MeshInfo, Mesh or AbstractMesh); its coords, hosts and DCN axes
+        decide which links each collective uses.
+      hardware: a ``HardwareSpec`` or device kind; default: the mesh's device kind, and
+        for CPU meshes the runtime-measured ``cpu_spec``.
+      tokens_per_step: global batch x sequence length, for tokens/s.
+      model_flops: analytic model FLOPs per step (all devices, no rematerialization) for
+        MFU; without it MFU is None.
+      overlap: fraction (0..1) of the shorter of local work and communication assumed
+        hidden; default by platform (0 on CPU, 1 on TPU/GPU), said in ``sources``.
+      compiler_seconds: the TPU compiler's estimate, carried beside ours.
+      flops_source, bytes_source: where ``flops`` and ``bytes_accessed`` come from.
+
+    Example::
+
+        ca = compiled.cost_analysis()
+        p = predict(flops=ca["flops"], bytes_accessed=ca["bytes accessed"],
+                    collectives=parse_collectives(compiled.as_text(), names, sizes),
+                    mesh=info, tokens_per_step=batch * seq, model_flops=model_flops)
+    """
+    info = mesh_info(mesh)
+    spec = _spec(hardware, info)
+    if not spec.hbm_bandwidth:
+        raise ValueError(f"{spec.name} has no HBM bandwidth in the hardware table")
+    t_compute = flops / spec.peak_flops
+    t_memory = bytes_accessed / spec.hbm_bandwidth
+    if overlap is None:
+        overlap, overlap_src = _default_overlap(spec.platform)
+    else:
+        overlap_src = "given"
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap must be in [0, 1], got {overlap}")
+    times = [collective_seconds(c, info, spec) for c in collectives]
+    t_local, t_comm = max(t_compute, t_memory), sum(t.seconds for t in times)
+    hidden = overlap * min(t_local, t_comm)
+    step = t_local + t_comm - hidden
+    frac = hidden / t_comm if t_comm else 0.0
+    times = [dataclasses.replace(t, overlap=frac) for t in times]
+    terms = {"compute": t_compute, "memory": t_memory, "communication": t_comm - hidden}
+    bound = max(BOUNDS, key=lambda k: terms[k])
+    mfu = None
+    if model_flops is not None and step > 0:
+        mfu = model_flops / (step * info.size * spec.peak_flops)
+    return Prediction(
+        step_seconds=step, mfu=mfu,
+        tokens_per_s=tokens_per_step / step if tokens_per_step and step > 0 else None,
+        bound=bound,
+        breakdown={**terms, "communication_total": t_comm, "no_overlap_step": t_local + t_comm,
+                   "collectives": tuple(times)},
+        sources={"flops": flops_source, "bytes": bytes_source, "peak_flops": spec.source,
+                 "hbm_bandwidth": spec.source_of("hbm_bandwidth"), "overlap": overlap_src,
+                 "mfu": "model FLOPs / (step time x devices x peak FLOP/s per device)",
+                 "compiler_seconds": "TPU compiler cost analysis (optimal_seconds)"
+                 if compiler_seconds is not None else "none"},
+        compiler_seconds=compiler_seconds)
+
+
+def _spec(hardware: HardwareSpec | str | None, info: MeshInfo) -> HardwareSpec:
+    if isinstance(hardware, HardwareSpec):
+        return hardware
+    kind = hardware or info.device_kind
+    if kind.lower() == "cpu" or (hardware is None and info.platform == "cpu"):
+        return cpu_spec(info.size)
+    spec = hardware_spec(kind)
+    if spec is None:
+        raise ValueError(f"no hardware entry for {kind!r}; pass hardware= a HardwareSpec "
+                         "or a device kind such as 'TPU v5p' or 'H100'")
+    return spec
