@@ -20,8 +20,14 @@ $(STAMP): pyproject.toml $(wildcard labextension/package.json labextension/src/*
 
 install: $(STAMP)
 
+# jupyter_server refuses to start as root (containers, fresh cloud and TPU VMs) without
+# --allow-root, so `make lab` passes it when, and only when, it runs as root. LAB_ARGS comes
+# last: it adds to or overrides everything before it (e.g. LAB_ARGS="--no-browser --port=8888").
+LAB_ROOT_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
+LAB_ROOT_WHY := make lab: running as root, so passing --allow-root (jupyter_server refuses root without it)
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+	$(if $(LAB_ROOT_ARGS),@echo "$(LAB_ROOT_WHY)")
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
 # Debian's chromium for the real-browser tests (never a browser download).
 browser:

@@ -83,6 +83,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, for a server a test starts by other means than start_lab."""
+    return _free_port()
+
+
 @contextlib.contextmanager
 def start_lab(root_dir: str | os.PathLike, *, env: dict[str, str] | None = None,
               extra_args: Sequence[str] = (), startup_timeout: float = 90) -> Iterator[Lab]:
@@ -133,6 +138,12 @@ def _wait_ready(lab: Lab, timeout: float) -> None:
             time.sleep(0.25)
     raise TimeoutError(f"jupyter lab did not answer /api/status within {timeout:.0f} s:\n"
                        f"{lab.log_tail()}")
+
+
+def wait_ready(lab: Lab, timeout: float) -> None:
+    """Return once ``lab`` answers ``/api/status``; raises (with the log tail) if its process
+    exits first or ``timeout`` seconds pass. For a ``Lab`` a test started itself."""
+    _wait_ready(lab, timeout)
 
 
 def _stop(proc: subprocess.Popen) -> None:

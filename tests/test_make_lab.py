@@ -1,0 +1,252 @@
+"""The README's own commands, run as a user runs them.
+
+``make lab`` starts JupyterLab on notebooks/ for whoever runs it: as root (where
+jupyter_server refuses to start without ``--allow-root``; these tests run as root here) and
+as an unprivileged user. Each run is headless (``LAB_ARGS`` with ``--no-browser``, a free
+port, a token), opens the lab page in Debian's headless Chromium, runs the Workbench side
+panel's command from the command palette, then stops ``make`` with Ctrl-C (SIGINT to its
+process group) and checks that the port is free and no process of it is left.
+
+``python -m workbench train|launch|ping|runs --help`` (the entry points the README names)
+each exit 0 with their usage, from the venv's python in a fresh process.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from jupyterlab_harness import Lab, chromium, free_port, require_chromium, wait_ready
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+OPEN_RUNS = "workbench:open-runs"  # CommandIDs.openRuns in labextension/src/tokens.ts
+ROOT_NOTE = "make lab: running as root, so passing --allow-root"
+STARTUP_S = 180  # 2 shared CPU cores, other tests beside this one
+STOP_S = 60
+
+
+# --- python -m workbench: the entry points the README names ------------------------------
+
+@pytest.mark.parametrize("command", ["train", "launch", "ping", "runs"])
+def test_workbench_command_help(command: str, tmp_path: pathlib.Path) -> None:
+    if not VENV_PYTHON.exists():
+        pytest.skip(f"{VENV_PYTHON} is missing; `make install` creates it")
+    assert f"python -m workbench {command}" in (REPO / "README.md").read_text(), \
+        f"the README no longer names `python -m workbench {command}`"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([str(VENV_PYTHON), "-m", "workbench", command, "--help"],
+                         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: workbench {command}"), out.stdout
+    assert "options:" in out.stdout and "--help" in out.stdout, out.stdout
+
+
+# --- make lab ------------------------------------------------------------------------------
+
+def _session_pids(sid: int) -> dict[int, str]:
+    """Live processes of session ``sid``: pid -> command line."""
+    found = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
+            if int(fields[3]) != sid or fields[0] == "Z":
+                continue
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        found[int(entry.name)] = cmd.strip()
+    return found
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _require_make_and_venv() -> str:
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("`make` is not installed")
+    if not VENV_PYTHON.exists():
+        pytest.skip(f"{VENV_PYTHON} is missing; `make install` creates it")
+    stale = subprocess.run([make, "-q", "install"], cwd=REPO, stdin=subprocess.DEVNULL,
+                           capture_output=True, check=False)
+    if stale.returncode != 0:
+        # `make lab` would reinstall first (minutes, and into the venv other tests use).
+        pytest.skip(".venv is older than pyproject.toml or labextension/; `make install` "
+                    "(which `make test` runs first) brings it up to date")
+    return make
+
+
+def _unprivileged(workdir: pathlib.Path) -> tuple[list[str], str]:
+    """The command prefix that runs a command as ``nobody``, and how it does so.
+
+    ``runuser -u nobody`` when nobody can run the venv; where the venv's interpreter lies
+    in a directory nobody cannot enter (a pyenv Python under a mode-700 /root, as here),
+    ``setpriv`` as nobody with only CAP_DAC_READ_SEARCH (read any file, nothing else): still
+    not root, which is what decides whether ``make lab`` passes ``--allow-root``.
+    Skips with the reasons when neither can run the venv.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("switching to another user needs root; this run is not root")
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("this machine has no `nobody` user")
+    probe = ["sh", "-c", f"test -r Makefile && test -r notebooks && test -x notebooks && "
+                         f"cd {workdir} && {VENV_PYTHON} -c 'import jupyterlab, workbench'"]
+    tried = []
+    ways = [("runuser -u nobody", ["runuser", "-u", "nobody", "--"]),
+            ("setpriv as nobody with CAP_DAC_READ_SEARCH only",
+             ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+              "--inh-caps=-all,+dac_read_search", "--ambient-caps=+dac_read_search",
+              "--bounding-set=-all,+dac_read_search", "--"])]
+    for how, prefix in ways:
+        if shutil.which(prefix[0]) is None:
+            tried.append(f"{how}: `{prefix[0]}` is not installed")
+            continue
+        out = subprocess.run([*prefix, *probe], cwd=REPO, stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=120, check=False)
+        if out.returncode == 0:
+            return prefix, how
+        tried.append(f"{how}: cannot read the repository or run {VENV_PYTHON} "
+                     f"({(out.stderr.strip() or f'exit {out.returncode}').splitlines()[-1]})")
+    pytest.skip("no unprivileged user can run make lab here: " + "; ".join(tried))
+
+
+@contextlib.contextmanager
+def _make_lab(make: str, prefix: list[str], state: pathlib.Path) -> Iterator[Lab]:
+    """``make lab LAB_ARGS="--no-browser --port=P --ip=127.0.0.1 ..."`` in its own session;
+    Jupyter's runtime files, settings, workspaces and config go to ``state``."""
+    port, token = free_port(), secrets.token_hex(16)
+    lab_args = (f"--no-browser --port={port} --ip=127.0.0.1 --ServerApp.port_retries=0 "
+                f"--IdentityProvider.token={token}")
+    env = [f"HOME={state}", f"JUPYTER_RUNTIME_DIR={state / 'runtime'}",
+           f"JUPYTER_CONFIG_DIR={state / 'config'}",
+           f"JUPYTERLAB_SETTINGS_DIR={state / 'settings'}",
+           f"JUPYTERLAB_WORKSPACES_DIR={state / 'workspaces'}"]
+    log_path = state.parent / "make-lab.log"
+    cmd = [*prefix, "env", *env, make, "lab", f"LAB_ARGS={lab_args}"]
+    with open(log_path, "wb") as log:
+        # A terminal's Ctrl-C must reach make and jupyter even where this test itself runs
+        # with SIGINT ignored (a background job), so the child starts with the default.
+        proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lab = Lab(url=f"http://127.0.0.1:{port}", token=token, port=port,
+              root_dir=REPO / "notebooks", log_path=log_path, process=proc)
+    try:
+        yield lab
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        for pid in _session_pids(proc.pid):  # what this test started, by pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _check_lab_page(lab: Lab) -> None:
+    """The lab page loads in Chromium and the palette runs the Workbench panel's command."""
+    with chromium() as browser:
+        page = browser.new_page()
+        page.goto(f"{lab.url}/lab?token={lab.token}", timeout=STARTUP_S * 1000)
+        page.wait_for_selector("#jp-main-dock-panel", timeout=STARTUP_S * 1000)
+        page.wait_for_selector(".jp-SideBar .lm-TabBar-tab[data-id='workbench-runs']",
+                               timeout=60_000)
+        # JupyterLab 4.6 does not expose window.jupyterapp unless told; the command palette
+        # lists every registered command, as a user sees it.
+        page.locator("#jp-main-dock-panel").click()
+        page.keyboard.press("Control+Shift+C")
+        search = page.locator(".jp-ModalCommandPalette input")
+        search.wait_for(timeout=30_000)
+        search.fill("Workbench")
+        item = page.locator(f".lm-CommandPalette-item[data-command='{OPEN_RUNS}']")
+        item.wait_for(timeout=30_000)
+        assert "Workbench: Show Runs" in item.inner_text()
+        item.click()
+        page.locator("#workbench-runs").wait_for(state="visible", timeout=30_000)
+
+
+def _stop_and_check(lab: Lab) -> None:
+    """Ctrl-C to the make process group: make, jupyter and all else of it exit, port free."""
+    proc = lab.process
+    running = _session_pids(proc.pid)
+    assert any(re.search(r"jupyter[- ]lab ", cmd) for cmd in running.values()), running
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=STOP_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"make lab still runs {STOP_S} s after Ctrl-C:\n{lab.log_tail()}")
+    deadline = time.monotonic() + 15
+    while (left := _session_pids(proc.pid)) or not _port_free(lab.port):
+        if time.monotonic() > deadline:
+            pytest.fail(f"after make lab exited: processes left {left}, port {lab.port} "
+                        f"free: {_port_free(lab.port)}\n{lab.log_tail()}")
+        time.sleep(0.25)
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.parametrize("who", ["as-root", "unprivileged"])
+def test_make_lab_starts_for_whoever_runs_it(who: str) -> None:
+    require_chromium()
+    make = _require_make_and_venv()
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="wb-make-lab-"))
+    state = workdir / "home"
+    state.mkdir()
+    try:
+        if who == "as-root":
+            if os.geteuid() != 0:
+                pytest.skip("this run is not root (the unprivileged case covers it)")
+            prefix, how = [], "root"
+        else:
+            workdir.chmod(0o755)  # mkdtemp's 0700 would keep nobody out
+            prefix, how = _unprivileged(workdir)
+            nobody = pwd.getpwnam("nobody")
+            os.chown(state, nobody.pw_uid, nobody.pw_gid)  # nobody's HOME, writable
+        print(f"make lab run by: {how}")
+        with _make_lab(make, prefix, state) as lab:
+            try:
+                wait_ready(lab, STARTUP_S)
+            except (RuntimeError, TimeoutError) as e:
+                pytest.fail(f"make lab ({how}) did not start JupyterLab: {e}", pytrace=False)
+            log = lab.log_path.read_text(errors="replace")
+            notes = [ln for ln in log.splitlines() if ln.startswith(ROOT_NOTE)]
+            if who == "as-root":
+                assert len(notes) == 1, log  # says once, one line, why
+            else:
+                assert notes == [] and "--allow-root" not in log, log
+            assert "Running as root is not recommended" not in log, log
+            names = {c["name"] for c in lab.api("contents")["content"]}
+            assert "00_tour.ipynb" in names, names  # served from notebooks/
+            _check_lab_page(lab)
+            _stop_and_check(lab)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
