@@ -43,3 +43,14 @@ def test_simulate_devices_in_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_cpu_entry_is_measured_and_shared():
+    from workbench.hardware import cpu_spec, measured_cpu_memory_bandwidth, measured_cpu_peak
+
+    spec = cpu_spec(8)
+    assert spec.peak_flops == measured_cpu_peak() / 8
+    assert spec.hbm_bandwidth == measured_cpu_memory_bandwidth() / 8
+    assert 1e8 < spec.hbm_bandwidth * 8 < 1e13
+    assert spec.source_of("hbm_bandwidth").startswith("measured")
+    assert spec.source_of("nvlink_bandwidth").startswith("estimate")

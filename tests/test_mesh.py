@@ -67,3 +67,14 @@ def test_abstract_mesh_presets():
         wb.abstract_mesh("v9-8")
     with pytest.raises(ValueError, match="needs 64 devices but 16 v5e-16 devices"):
         wb.abstract_mesh("v5e-16", data=8, model=8)
+
+
+def test_abstract_multislice_mesh_matches_hybrid_order():
+    two = wb.abstract_mesh("v5e-16", data=-1, model=4, dcn={"data": 2})
+    one = wb.abstract_mesh("v5e-16", data=4, model=4)
+    assert two.shape == {"data": 8, "model": 4} and two.num_slices == 2
+    assert two.dcn_axis_sizes == (2, 1) and two.ici_axis_sizes == (4, 4)
+    # slice-major along data, as mesh_utils.create_hybrid_device_mesh lays devices out
+    np.testing.assert_array_equal(two.coords[:4], one.coords)
+    np.testing.assert_array_equal(two.coords[4:], one.coords)
+    assert two.n_hosts == 2 * one.n_hosts and "2 slices" in two.describe()

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from workbench.hardware import libtpu_installed
+from workbench.hardware import _tpu_chips_attached, libtpu_installed
 from workbench.mesh import _TPU_TOPOLOGIES, MeshInfo, mesh_info
 
 __all__ = ["TpuTarget", "topology_name", "tpu_compiler_available", "tpu_devices", "tpu_mesh",
@@ -116,6 +116,10 @@ def _topology_devices(name: str, num_slices: int) -> tuple[Any, ...]:
                 and xla_client.pjrt_plugin_initialized("tpu")):
             # libtpu's start-up expects a TPU VM and prints about its absence; that noise is
             # not ours to show. Only the first load is captured; errors are raised below.
+            # Without chips nothing needs libtpu's one-process-per-host lock (/tmp/
+            # libtpu_lockfile), which would stop a second kernel from planning for TPUs.
+            if not _tpu_chips_attached():
+                os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
             with _captured_stderr():
                 try:
                     topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2")
