@@ -20,6 +20,8 @@ from pytest_jupyter.jupyter_server import *  # its fixtures, for this module onl
 from traitlets.config import Config
 
 from workbench import runs
+from workbench.server.hub import Hub
+from workbench.server.index import RunIndex
 
 # pytest-jupyter's fixtures are imported above rather than registered with `pytest_plugins`:
 # registered, its autouse event-loop fixture would run around every test of the session and
@@ -192,12 +194,23 @@ async def test_ids_never_leave_the_roots(get: Any, jp_root_dir: Path, outside: P
 async def test_raw_dotdot_urls_are_not_served(http_server_client: Any, jp_http_port: int,
                                               jp_auth_header: dict[str, str], outside: Path,
                                               jp_root_dir: Path) -> None:
-    for path in ("runs/../../outside/secret", "runs/%2E%2E/outside", "runs/..%2Foutside%2Fsecret"):
-        resp = await http_server_client.fetch(
-            f"/base%40url/workbench/api/{path}", headers=jp_auth_header,
-            raise_error=False)
+    """Raw ``..`` segments, plain or percent-encoded, never reach the run outside the roots
+    (its id appears in no answer), while the same URL shape to a run inside is served."""
+    _make_run(jp_root_dir / "runs" / "inside", 1).close()
+    secret = runs.read_run(outside)["id"].encode()
+
+    async def fetch(path: str) -> Any:
+        return await http_server_client.fetch(f"/base%40url/workbench/api/{path}",
+                                              headers=jp_auth_header, raise_error=False)
+
+    resp = await fetch("runs/runs%2Finside")  # the control: a run inside is served
+    assert resp.code == 200
+    assert json.loads(resp.body)["uid"] == runs.read_run(jp_root_dir / "runs" / "inside")["id"]
+    for path in ("runs/../../outside/secret", "runs/%2E%2E/outside", "runs/..%2Foutside%2Fsecret",
+                 "runs/..%2Foutside%2Fsecret/metrics", "runs/runs%2F..%2F..%2Foutside%2Fsecret"):
+        resp = await fetch(path)
         assert resp.code in (400, 404), (path, resp.code)
-        assert b"secret" not in resp.body or resp.code != 200
+        assert secret not in resp.body, path
 
 
 @run_async
@@ -326,8 +339,63 @@ async def test_list_stream_pushes_new_changed_and_removed_runs(ws: Any, jp_root_
     conn.close()
 
 
+class Recorder:
+    """A hub subscriber (``hub.RunSubscriber``) that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.pushed: list[tuple[list[int], bool]] = []
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+    def push(self, records: list[dict[str, Any]], reset: bool = False) -> None:
+        self.pushed.append(([r["step"] for r in records], reset))
+
+
+@run_async
+async def test_hub_sends_each_subscriber_its_changes_while_anyone_listens(tmp_path: Path) -> None:
+    """The hub without a server: run subscribers get their run's new records and run.json
+    changes, list subscribers the summaries and removals; nobody listening, nobody polls."""
+    w = _make_run(tmp_path / "a", 2)
+    hub = Hub(RunIndex([tmp_path], scan_interval=0.0), poll_interval=0.05)
+    run_sub, list_sub, other = Recorder(), Recorder(), Recorder()
+    hub.subscribe_run("a", run_sub)
+    hub.subscribe_run("b", other)
+    hub.subscribe_list(list_sub)
+    await hub.poll_now(max_age=0.0)
+    assert run_sub.pushed == [([1, 2], False)]
+    assert [m["type"] for m in run_sub.messages] == ["run"]
+    assert run_sub.messages[0]["run"]["uid"] == runs.read_run(tmp_path / "a")["id"]
+    assert (other.messages, other.pushed) == ([], [])
+    (update,) = list_sub.messages
+    assert update["type"] == "update" and [(r["id"], r["step"]) for r in update["runs"]] == [("a", 2)]
+
+    w.log({"step": 3, "loss": 0.5})  # the hub's own timer polls
+    for _ in range(100):
+        if run_sub.pushed[-1][0] == [3]:
+            break
+        await asyncio.sleep(0.02)
+    assert run_sub.pushed[-1] == ([3], False) and list_sub.messages[-1]["runs"][0]["step"] == 3
+
+    w.close()
+    for p in (tmp_path / "a").iterdir():
+        p.unlink()
+    await hub.poll_now(max_age=0.0)
+    assert list_sub.messages[-1] == {"type": "removed", "ids": ["a"]}
+
+    for sub in (run_sub, list_sub, other):
+        hub.unsubscribe(sub)
+    w2 = _make_run(tmp_path / "c", 1)
+    await asyncio.sleep(0.3)  # six poll intervals: had the timer run, it would have found "c"
+    assert "c" not in hub.index.watches
+    w2.close()
+    hub.stop()
+
+
 def test_server_modules_never_import_jax() -> None:
-    code = ("import sys, workbench.server, workbench.server.app, workbench.server.handlers; "
+    code = ("import sys, workbench.server, workbench.server.app, workbench.server.handlers, "
+            "workbench.server.hub; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'numpy')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -2,7 +2,9 @@
 
 Run ids travel URL-encoded in one path segment (``runs%2Ftiny``). Reading runs needs
 the same permission as reading files (``contents``/``read``): a run directory is files
-under the server's root.
+under the server's root. Every handler gets the :class:`~workbench.server.hub.Hub` as
+its ``hub`` argument (see :func:`handlers`); the websockets implement the hub's
+``Subscriber`` protocols and subscribe to it.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from tornado import web, websocket
 from workbench import runs
 
 if TYPE_CHECKING:
-    from workbench.server.app import Hub
+    from workbench.server.hub import Hub
     from workbench.server.index import RunWatch
 
 AUTH_RESOURCE = "contents"
@@ -56,10 +58,10 @@ def _int_arg(handler: web.RequestHandler, name: str, default: int | None) -> int
 
 class _Base(JupyterHandler):
     auth_resource = AUTH_RESOURCE
+    hub: Hub
 
-    @property
-    def hub(self) -> Hub:
-        return self.settings["workbench_hub"]
+    def initialize(self, hub: Hub) -> None:  # type: ignore[override]
+        self.hub = hub
 
     async def lookup(self, rid: str) -> RunWatch:
         """The run's watch, up to date; 400 for malformed ids, 404 for unknown runs.
@@ -120,7 +122,8 @@ class MetricsHandler(_Base, APIHandler):
 
 
 class _Socket(WebSocketMixin, websocket.WebSocketHandler, _Base):
-    """Authenticated, authorized websocket that the hub pushes JSON messages to."""
+    """Authenticated, authorized websocket that the hub sends JSON messages to (a
+    :class:`~workbench.server.hub.Subscriber`)."""
 
     async def pre_get(self) -> None:
         ok = await ensure_async(self.authorizer.is_authorized(self, self.current_user,
@@ -143,7 +146,8 @@ class _Socket(WebSocketMixin, websocket.WebSocketHandler, _Base):
 
 
 class RunStreamHandler(_Socket):
-    """``WS /workbench/api/runs/<id>/stream?since=<step>&keys=loss,mfu``.
+    """``WS /workbench/api/runs/<id>/stream?since=<step>&keys=loss,mfu`` (a
+    :class:`~workbench.server.hub.RunSubscriber`).
 
     Sends ``{"type": "run", "run": ...}`` first and whenever ``run.json`` changes,
     then ``{"type": "metrics", "columns": ...}`` with every record above ``since`` and,
@@ -206,13 +210,13 @@ class ListStreamHandler(_Socket):
         self.hub.subscribe_list(self)
 
 
-def handlers() -> list[tuple[str, type, dict[str, Any]]]:
-    """URL patterns (below the server's base URL) and their handlers."""
+def handlers(hub: Hub) -> list[tuple[str, type, dict[str, Any]]]:
+    """URL patterns (below the server's base URL), their handlers and the handlers' ``hub``."""
     rid = r"(?P<rid>[^/]+)"
     return [
-        (r"/workbench/api/runs/?", RunsHandler, {}),
-        (r"/workbench/api/stream", ListStreamHandler, {}),
-        (rf"/workbench/api/runs/{rid}/metrics", MetricsHandler, {}),
-        (rf"/workbench/api/runs/{rid}/stream", RunStreamHandler, {}),
-        (rf"/workbench/api/runs/{rid}", RunHandler, {}),
+        (r"/workbench/api/runs/?", RunsHandler, {"hub": hub}),
+        (r"/workbench/api/stream", ListStreamHandler, {"hub": hub}),
+        (rf"/workbench/api/runs/{rid}/metrics", MetricsHandler, {"hub": hub}),
+        (rf"/workbench/api/runs/{rid}/stream", RunStreamHandler, {"hub": hub}),
+        (rf"/workbench/api/runs/{rid}", RunHandler, {"hub": hub}),
     ]
