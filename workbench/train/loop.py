@@ -7,6 +7,10 @@ metrics are checked first, so a NaN state is never saved. A small state keeps th
 pipeline going through a checkpoint: it is snapshotted on device (``Checkpoints.snapshot``)
 and step ``k + 1`` is queued before step ``k`` is checked and its snapshot saved; the
 target and a stop request save the state itself, at once.
+
+The loop never sees the Trainer: it gets what it uses as :class:`LoopInputs` and reports
+through sinks (``workbench.train.sinks``): ``update`` with each step's record, exactly
+once and in order, and ``finish`` with the call's status and message.
 """
 from __future__ import annotations
 

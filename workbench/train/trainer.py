@@ -291,6 +291,11 @@ class Trainer(Displayable):
     def _reporters(self, target: int, extra: Sequence[Sink]) -> list[Sink]:
         """Compiles the step if needed (showing it), opens the run directory and builds the
         sinks of this call: history, run writer, TensorBoard, message, progress, ``extra``."""
+        for sink in extra:
+            if not isinstance(sink, Sink):
+                raise TypeError(f"sinks=[...] needs objects with event(kind, **fields), "
+                                f"update(record) and finish(status, message); got "
+                                f"{type(sink).__name__}")
         progress = progress_sink(self.progress if self.primary else None, target,
                                  panel=lambda: self.widget(target=target))
         shown = [s for s in (progress,) if s is not None] + list(extra)
@@ -318,11 +323,12 @@ class Trainer(Displayable):
                 writer.log(rec)
         if compiled_now:
             broadcast(reporters, "compile", seconds=self.compile_seconds,
-                             cache=self.compile_cache)
+                      cache=self.compile_cache)
         if self.step > 0:
             broadcast(reporters, "resume", step=self.step)
 
     def _loop_inputs(self, reporters: Sequence[Sink]) -> LoopInputs:
+        """What the run loop uses: the compiled step, the run's pieces, and ``reporters``."""
         p, cfg = self.parts, self.config
         record = functools.partial(
             step_record, tokens=cfg.tokens_per_step, model_flops=p.model_flops,
