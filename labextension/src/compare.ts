@@ -3,13 +3,14 @@ import { Widget } from '@lumino/widgets';
 import uPlot from 'uplot';
 
 import { LineChart, PALETTE } from './chart';
+import { el } from './dom';
 import { fmtRate, fmtSeconds } from './format';
 import { runStream, Stream } from './handler';
-import { RunMessage } from './types';
-import { el } from './panel';
 import { RunModel } from './runModel';
 import { Decimator, EmaCache } from './series';
-import { SettingsModel, Throttle } from './settings';
+import { SettingsModel } from './settings';
+import { Throttle } from './throttle';
+import { RunMessage } from './types';
 
 /** Metrics a comparison can show, with their tick format. */
 export const COMPARABLE: Record<string, { label: string; format?: (v: number) => string }> = {

@@ -5,13 +5,14 @@
 import { Widget } from '@lumino/widgets';
 
 import { LineChart, PALETTE } from './chart';
+import { button, el } from './dom';
 import { fmtBytes, fmtNumber, fmtPercent, fmtRate, fmtSeconds, fmtStep } from './format';
 import { runStream, Stream } from './handler';
-import { RunMessage } from './types';
-import { button, el } from './panel';
 import { RunModel } from './runModel';
 import { Decimator, EmaCache } from './series';
-import { SettingsModel, Throttle } from './settings';
+import { SettingsModel } from './settings';
+import { Throttle } from './throttle';
+import { RunMessage } from './types';
 
 /** The metric columns a dashboard streams (the charts, KPIs and CSV export). */
 export const DASHBOARD_KEYS = ['time', 'loss', 'grad_norm', 'lr', 'step_time', 'data_time',

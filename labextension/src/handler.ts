@@ -1,51 +1,17 @@
-/** Every call to the Workbench server extension: REST requests and reconnecting streams. */
+/**
+ * The lab's connection to the Workbench server extension: reconnecting websocket streams
+ * (the REST endpoints under `/workbench/api/runs` serve other clients and scripts).
+ */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { ListMessage, MetricsPage, RunDetail, RunMessage, RunSummary } from './types';
+import { ListMessage, RunMessage } from './types';
 
 const API = 'workbench/api';
 
 /** The API path of a run; its id travels percent-encoded in one path segment. */
-export function runPath(id: string, ...rest: string[]): string {
+function runPath(id: string, ...rest: string[]): string {
   return ['runs', encodeURIComponent(id), ...rest].join('/');
-}
-
-/** Calls a REST endpoint below `/workbench/api/` and parses its JSON answer. */
-export async function requestAPI<T>(path: string, init: RequestInit = {}): Promise<T> {
-  const settings = ServerConnection.makeSettings();
-  const url = URLExt.join(settings.baseUrl, API, path);
-  const response = await ServerConnection.makeRequest(url, init, settings);
-  const text = await response.text();
-  if (!response.ok) {
-    let message = text;
-    try {
-      message = (JSON.parse(text) as { message?: string }).message || text;
-    } catch {
-      // not JSON: keep the text
-    }
-    throw new ServerConnection.ResponseError(response, message);
-  }
-  return JSON.parse(text) as T;
-}
-
-/** `GET /workbench/api/runs`. */
-export function listRuns(): Promise<{ roots: string[]; runs: RunSummary[] }> {
-  return requestAPI('runs');
-}
-
-/** `GET /workbench/api/runs/<id>`. */
-export function getRun(id: string): Promise<RunDetail> {
-  return requestAPI(runPath(id));
-}
-
-/** `GET /workbench/api/runs/<id>/metrics?since=...`: columns of the steps above `since`. */
-export function getMetrics(id: string, since = 0, limit?: number): Promise<MetricsPage> {
-  const q = new URLSearchParams({ since: String(since) });
-  if (limit) {
-    q.set('limit', String(limit));
-  }
-  return requestAPI(`${runPath(id, 'metrics')}?${q}`);
 }
 
 /**

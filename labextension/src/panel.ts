@@ -1,10 +1,12 @@
 /** The Workbench side panel: every run with live status, step, loss, MFU and a sparkline. */
 import { Widget } from '@lumino/widgets';
 
+import { button, el } from './dom';
 import { fmtNumber, fmtPercent, fmtStep } from './format';
 import { RunsModel } from './runsModel';
-import { SettingsModel, Throttle } from './settings';
+import { SettingsModel } from './settings';
 import { drawSparkline } from './sparkline';
+import { Throttle } from './throttle';
 import { RunSummary } from './types';
 
 /** One row's elements, kept so updates touch text only (names are always textContent). */
@@ -135,26 +137,4 @@ export class RunsPanel extends Widget {
     row.mfu.title = run.peak_source ? `peak FLOP/s: ${run.peak_source}` : '';
     drawSparkline(row.spark, run.spark.loss);
   }
-}
-
-/** A new element of `tag` with a class and plain text. */
-export function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  node.className = className;
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
-
-/** A small toolbar button. */
-export function button(label: string, title: string, onClick: () => void): HTMLButtonElement {
-  const b = el('button', 'jp-Workbench-button jp-mod-styled', label);
-  b.title = title;
-  b.addEventListener('click', onClick);
-  return b;
 }

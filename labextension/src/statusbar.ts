@@ -2,7 +2,7 @@
 import { Widget } from '@lumino/widgets';
 
 import { fmtPercent, fmtStep } from './format';
-import { Throttle } from './settings';
+import { Throttle } from './throttle';
 import { IWorkbench } from './tokens';
 
 export class RunStatus extends Widget {
