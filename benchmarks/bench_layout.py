@@ -12,8 +12,9 @@ from jax.sharding import PartitionSpec as P
 
 from workbench.layouts import layout
 from workbench.mesh import abstract_mesh
+from workbench.pytrees import tree_layouts
 from workbench.widgets._payload import layout_payload
-from workbench.widgets._tree_payload import TreeLayouts
+from workbench.widgets._tree_payload import tree_payload
 
 # Llama-2-70B (Touvron et al. 2023, table 1 / the released params.json): d_model 8192,
 # 80 layers, 64 query heads and 8 KV heads of 128 (wk/wv: 8192 x 1024), SwiGLU d_ff 28672,
@@ -44,9 +45,9 @@ def llama70b() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _tree_payload_bytes(params: Any, specs: Any, mesh: Any) -> tuple[int, int, int]:
-    tl = TreeLayouts(params, mesh=mesh, specs=specs, title="Llama-2-70B")
-    text = json.dumps(tl.payload())
-    return len(text), len(tl.entries), len(tl.layouts)
+    tl = tree_layouts(params, mesh, specs=specs)
+    text = json.dumps(tree_payload(tl, title="Llama-2-70B"))
+    return len(text), len(tl.layouts), tl.distinct
 
 
 def _timed(fn: Any, repeat: int) -> tuple[float, list[float], Any]:

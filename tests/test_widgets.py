@@ -20,7 +20,8 @@ from workbench.mesh import abstract_mesh, make_mesh, mesh_info
 from workbench.rules import Rules
 from workbench.widgets import _VIEWS, show, view_for
 from workbench.widgets._payload import layout_payload, mesh_payload
-from workbench.widgets._tree_payload import TreeLayouts, tree_payload
+from workbench.pytrees import tree_layouts
+from workbench.widgets._tree_payload import tree_payload
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +163,8 @@ def test_nnx_module_rows_carry_logical_axes_and_rules_specs(mesh):
 
     model = nnx.eval_shape(_tiny_gpt)
     rules = Rules.preset("fsdp_tp", mesh)
-    tl = TreeLayouts(model, mesh=mesh, rules=rules)
-    p = tl.payload()
+    tl = tree_layouts(model, mesh, rules=rules)
+    p = tree_payload(tl)
     flat = nnx.to_flat_state(nnx.state(model))
     meta = {".".join(map(str, k)): v.get_metadata()["out_sharding"] for k, v in flat}
     assert {r["path"]: tuple(r["logical"]) for r in p["rows"]} == meta
@@ -171,7 +172,7 @@ def test_nnx_module_rows_carry_logical_axes_and_rules_specs(mesh):
         want = layout(tuple(r["shape"]), rules.spec(r["logical"]), mesh)
         assert r["spec"] == "P(" + ", ".join(repr(a[0]) if a else "None" for a in want.spec) + ")"
         assert r["bytes"] == max(want.bytes_per_device.values())
-    assert len(tl.layouts) < len(p["rows"])  # identical layouts built once
+    assert tl.distinct < len(p["rows"])  # identical layouts built once
 
 
 def test_sharded_nnx_module_reads_shardings_from_arrays(mesh):

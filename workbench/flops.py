@@ -6,8 +6,8 @@ a matmul of (m, k) by (k, n) costs 2·m·k·n FLOPs; training = 3 × forward (ba
 twice the forward); the logits matmul is counted; the embedding lookup costs 0; causal
 attention counts half of the T² score and value matmuls; norms, softmax and elementwise
 ops are ignored; rematerialisation is *not* counted (these are model FLOPs, not hardware
-FLOPs). Per layer and per token, with N query heads, K kv heads, head dim H, width D,
-MLP width F, sequence T::
+FLOPs; ``FlopCount.recompute`` says what remat adds). Per layer and per token, with N query
+heads, K kv heads, head dim H, width D, MLP width F, sequence T::
 
     qkv   = 2·D·(N + 2K)·H         out-proj = 2·N·H·D
     mlp   = 2·3·D·F (SwiGLU)       attn     = 4·T·N·H  (× 1/2 if causal)
@@ -40,6 +40,8 @@ class FlopCount:
         tokens: tokens per step (batch × seq).
         causal: whether attention counted half of T².
         formula: the formula, in words.
+        recompute: FLOPs that rematerialisation adds to the step (hardware FLOPs, not
+            model FLOPs: MFU never counts them); 0 without remat.
     """
 
     total: float
@@ -49,6 +51,7 @@ class FlopCount:
     tokens: int
     causal: bool
     formula: str
+    recompute: float = 0.0
 
     def __float__(self) -> float:
         return float(self.total)
@@ -89,9 +92,42 @@ def gpt_flops(cfg: GPTConfig, batch: int, seq: int | None = None, *, causal: boo
     formula = ("3 x forward; per token per layer 2D(N+2K)H + 2NHD + 6DF + 4TNH"
                + ("/2 (causal)" if causal else " (full attention)")
                + "; + 2DV logits; embedding lookup 0")
+    # remat="full" (jax.checkpoint, nothing saved) runs each block's forward again in the
+    # backward pass, except its last matmul (MLP down): only that matmul's input is needed.
+    # remat="dots" saves every matmul output, so no matmul runs twice.
+    again = ("qkv", "out_proj", "attention")
+    recompute = 0.0 if not training or cfg.remat != "full" else \
+        (sum(breakdown[k] for k in again) + breakdown["mlp"] * 2 / 3) / mult
+    if recompute:
+        formula += "; remat='full' adds the blocks' forward again without the MLP down matmul"
     return FlopCount(total=forward * mult, forward=forward, breakdown=breakdown,
                      six_n=6.0 * cfg.n_params * tokens, tokens=tokens, causal=causal,
-                     formula=formula if training else formula.replace("3 x forward", "forward"))
+                     formula=formula if training else formula.replace("3 x forward", "forward"),
+                     recompute=recompute)
+
+
+def jaxpr_step_flops(loss: Callable[[Any, Any], Any], params: Any, batch: Any,
+                     n_examples: int) -> FlopCount:
+    """Matmul FLOPs of one training step, counted in the jaxpr of ``loss``'s value-and-grad
+    (for models without a closed formula).
+
+    Not 3 x forward: the first layer needs no gradient with respect to its input, so a
+    small model's backward pass is well under 2 x forward, and the 3 x convention would
+    make devices look as if they skipped work (replicated compute factor above 1).
+
+    Args:
+        loss: ``(params, batch) -> scalar``.
+        params, batch: pytrees of arrays or ShapeDtypeStructs.
+        n_examples: examples in ``batch`` (the ``tokens`` of the count).
+    """
+    fwd = dot_flops(loss, params, batch)
+    step = dot_flops(jax.value_and_grad(loss), params, batch)
+    n = sum(x.size for x in jax.tree.leaves(params))
+    return FlopCount(total=step, forward=fwd, breakdown={"forward": fwd, "backward": step - fwd},
+                     six_n=6.0 * n * n_examples, tokens=n_examples, causal=False,
+                     formula=(f"forward + backward matmul FLOPs counted in the jaxpr of the "
+                              f"loss's value-and-grad ({step / fwd:.2f} x forward; the "
+                              f"3 x forward convention would give {3 * fwd:.3g})"))
 
 
 def dot_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:

@@ -16,10 +16,16 @@ API::
     state, metrics = step(state, batch)            # metrics: loss, grad_norm (scalars)
     model = nnx.merge(graphdef, state.params)      # an nnx.Module again, for eval/inspection
 
+    st = abstract_train_state(factory, optimizer, rules, mesh, strict=False)
+    #   the same plus logical axes of every sharded leaf and the axes without a rule (the plan)
+    batch_abs = abstract_batch(example, rules, mesh)   # any batch: dim 0 "batch", tokens' dim 1 "seq"
+
 ``TrainState(step, params, opt_state)``: ``params`` is a plain nested dict of arrays
 (``nnx.to_pure_dict`` of the model's ``nnx.Param`` state), so optax and Orbax see an
 ordinary pytree. A batch is ``{"inputs": int32 (B, T), "targets": int32 (B, T)}`` with an
 optional float ``"mask"`` (B, T); ``{"tokens": int32 (B, T+1)}`` is split into the two.
+Batch entries are sharded by the rules for ``("batch", "seq")`` when they are integer
+arrays of rank >= 2 (tokens), else for ``("batch", None, ...)`` (:func:`batch_logical_axes`).
 Gradient accumulation: wrap the optimizer in ``optax.MultiSteps`` before calling these.
 """
 from __future__ import annotations
@@ -35,7 +41,14 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench.models import GPT, GPTConfig
+from workbench.pytrees import path_str
 from workbench.rules import Rules
+
+__all__ = ["AbstractTrainState", "LossFn", "ModelFactory", "TrainState", "abstract_batch",
+           "abstract_model", "abstract_state", "abstract_train_state", "batch_logical_axes",
+           "batch_shardings", "init_state", "jit_train_step", "lm_loss", "logical_axes",
+           "make_train_step", "model_factory", "param_specs", "path_str", "require_auto_axes",
+           "sharded_init", "state_shardings"]
 
 ModelFactory = Callable[[nnx.Rngs], nnx.Module]
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array]], jax.Array]
@@ -76,18 +89,6 @@ def require_auto_axes(mesh: Any) -> None:
             f"names logical axes and lets GSPMD propagate shardings, so it needs Auto axes: "
             f"build the mesh with wb.make_mesh(...) or jax.make_mesh(..., axis_types="
             f"(jax.sharding.AxisType.Auto,) * {len(names)})")
-
-
-def path_str(path: tuple[Any, ...]) -> str:
-    """``('blocks', 0, 'attn', 'q')`` or a jax key path -> ``'blocks.0.attn.q'``."""
-    parts = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                k = getattr(k, attr)
-                break
-        parts.append(str(k))
-    return ".".join(parts)
 
 
 def _split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
@@ -137,67 +138,139 @@ def param_specs(params: Any, logical: Mapping[str, tuple[str | None, ...]], rule
     return jax.tree_util.tree_map_with_path(spec, params)
 
 
-def opt_state_specs(opt_state: Any, params: Any, specs: Any) -> Any:
-    """PartitionSpecs for an optax state: a leaf whose key path ends with a parameter's path
-    and has that parameter's shape is sharded like it (Adam's mu/nu, MultiSteps' buffers);
-    everything else (counts, scalars, factored moments) is replicated."""
-    by_path = {}
-    for (path, p), s in zip(jax.tree_util.tree_flatten_with_path(params)[0],
-                            jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec)),
-                            strict=True):
-        by_path[path_str(path)] = (tuple(p.shape), s)
-    depths = sorted({len(k.split(".")) for k in by_path}, reverse=True)
-
-    def spec(path: tuple[Any, ...], leaf: Any) -> PartitionSpec:
+def opt_state_params(opt_state: Any, params: Any) -> list[str | None]:
+    """For each leaf of an optax state (flattened order), the path of the parameter it
+    mirrors: the longest parameter path its key path ends with, of the same shape (Adam's
+    mu/nu, MultiSteps' buffers); None for counts, scalars and factored moments."""
+    shapes = {path_str(p): tuple(x.shape)
+              for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    depths = sorted({k.count(".") + 1 for k in shapes}, reverse=True)
+    out: list[str | None] = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
         parts = path_str(path).split(".")
-        for d in depths:
-            hit = by_path.get(".".join(parts[-d:]))
-            if hit is not None and hit[0] == tuple(getattr(leaf, "shape", ())):
-                return hit[1]
-        return PartitionSpec()
-    return jax.tree_util.tree_map_with_path(spec, opt_state)
+        shape = tuple(getattr(leaf, "shape", ()))
+        out.append(next((c for d in depths if shapes.get(c := ".".join(parts[-d:])) == shape),
+                        None))
+    return out
+
+
+class AbstractTrainState(NamedTuple):
+    """The train state before anything is allocated (:func:`abstract_train_state`).
+
+    Attributes:
+        graphdef: the model's ``nnx.GraphDef``.
+        param_state: ``nnx.State`` of abstract ``nnx.Param`` (logical axes in metadata).
+        state: ``TrainState`` of ``ShapeDtypeStruct`` carrying their ``NamedSharding``.
+        logical: ``{path: logical axes}`` of every sharded leaf of ``state``
+            (``'params.blocks.0.attn.q'``, ``'opt_state.0.mu.blocks.0.attn.q'``); leaves
+            not listed (step, counts) are replicated.
+        unmapped: ``{logical axis: [parameter paths]}`` for logical axes without a rule
+            (replicated; only non-empty with ``strict=False``).
+    """
+
+    graphdef: nnx.GraphDef
+    param_state: nnx.State
+    state: TrainState
+    logical: dict[str, tuple[str | None, ...]]
+    unmapped: dict[str, list[str]]
+
+    @property
+    def shardings(self) -> TrainState:
+        """``TrainState`` of ``NamedSharding``."""
+        return jax.tree.map(lambda a: a.sharding, self.state)
+
+
+def abstract_train_state(cfg_or_factory: GPTConfig | ModelFactory,
+                         optimizer: optax.GradientTransformation, rules: Rules,
+                         mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, *,
+                         strict: bool = True) -> AbstractTrainState:
+    """Params and optimizer state as ShapeDtypeStructs with their shardings; no allocation.
+
+    Parameters are sharded by ``rules`` from their logical axes; an optimizer leaf that
+    mirrors a parameter (:func:`opt_state_params`) like that parameter; the rest replicated.
+
+    Args:
+        mesh: a ``Mesh``, or an ``AbstractMesh`` to plan hardware you do not have.
+        strict: raise on logical axes without a rule (False replicates them and lists them
+            in ``unmapped``; the plan reports them as a lint).
+    """
+    rules.check_mesh(mesh)
+    require_auto_axes(mesh)
+    graphdef, param_state = abstract_param_state(cfg_or_factory)
+    params, logical = nnx.to_pure_dict(param_state), logical_axes(param_state)
+    unmapped: dict[str, list[str]] = {}
+    for tensor, axes in logical.items():
+        for ax in rules.unmapped(axes):
+            unmapped.setdefault(ax, []).append(tensor)
+    specs = {k: rules.spec(v, tensor=k, strict=strict) for k, v in logical.items()}
+    opt_state = jax.eval_shape(optimizer.init, params)
+    param_paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    mirrors = [None, *param_paths, *opt_state_params(opt_state, params)]  # step, params, opt
+    state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                       opt_state=opt_state)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+    out, state_logical = [], {}
+    for (path, a), param in zip(flat, mirrors, strict=True):
+        if param is not None:
+            state_logical[path_str(path)] = logical[param]
+        spec = specs[param] if param is not None else PartitionSpec()
+        out.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec)))
+    return AbstractTrainState(graphdef=graphdef, param_state=param_state,
+                              state=jax.tree.unflatten(treedef, out), logical=state_logical,
+                              unmapped=unmapped)
 
 
 def abstract_state(cfg_or_factory: GPTConfig | ModelFactory,
                    optimizer: optax.GradientTransformation, rules: Rules,
                    mesh: jax.sharding.Mesh, *, strict: bool = True
                    ) -> tuple[nnx.GraphDef, TrainState]:
-    """``(graphdef, TrainState of ShapeDtypeStruct carrying NamedSharding)``; no allocation.
-
-    Args:
-        strict: raise on logical axes without a rule (False replicates them; the plan
-            uses that and reports a lint instead).
-    """
-    rules.check_mesh(mesh)
-    require_auto_axes(mesh)
-    graphdef, params, logical = abstract_model(cfg_or_factory)
-    opt_state = jax.eval_shape(optimizer.init, params)
-    pspecs = param_specs(params, logical, rules, strict=strict)
-    specs = TrainState(step=PartitionSpec(), params=pspecs,
-                       opt_state=opt_state_specs(opt_state, params, pspecs))
-    state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-                       opt_state=opt_state)
-    is_spec = lambda x: isinstance(x, PartitionSpec)
-    flat_specs = jax.tree.leaves(specs, is_leaf=is_spec)
-    leaves, treedef = jax.tree.flatten(state)
-    out = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s))
-           for a, s in zip(leaves, flat_specs, strict=True)]
-    return graphdef, jax.tree.unflatten(treedef, out)
+    """``(graphdef, TrainState of ShapeDtypeStruct carrying NamedSharding)``; no allocation
+    (:func:`abstract_train_state` without the logical axes)."""
+    a = abstract_train_state(cfg_or_factory, optimizer, rules, mesh, strict=strict)
+    return a.graphdef, a.state
 
 
 def state_shardings(cfg_or_factory: GPTConfig | ModelFactory,
                     optimizer: optax.GradientTransformation, rules: Rules,
                     mesh: jax.sharding.Mesh, *, strict: bool = True) -> TrainState:
     """TrainState-shaped pytree of NamedSharding (from the parameters' logical axes)."""
-    _, abstract = abstract_state(cfg_or_factory, optimizer, rules, mesh, strict=strict)
-    return jax.tree.map(lambda a: a.sharding, abstract)
+    return abstract_train_state(cfg_or_factory, optimizer, rules, mesh, strict=strict).shardings
 
 
-def batch_shardings(rules: Rules, mesh: jax.sharding.Mesh, *,
-                    keys: tuple[str, ...] = ("inputs", "targets")) -> dict[str, NamedSharding]:
-    """NamedSharding per batch entry: (B, T) arrays sharded by the rules for batch and seq."""
-    spec = rules.spec(("batch", "seq"), tensor="batch", strict=False)
-    return {k: NamedSharding(mesh, spec) for k in keys}
+def batch_logical_axes(x: Any) -> tuple[str | None, ...]:
+    """Logical axes of one batch entry: dim 0 is ``"batch"``; dim 1 of an integer array of
+    rank >= 2 (token ids, ``(B, T)``) is ``"seq"``; every other dim is None (features,
+    float masks). A ``seq`` rule thus shards token arrays along the sequence."""
+    rank = len(x.shape)
+    if rank == 0:
+        return ()
+    seq = rank >= 2 and jnp.issubdtype(x.dtype, jnp.integer)
+    return ("batch", "seq" if seq else None, *([None] * (rank - 2)))[:rank]
+
+
+def batch_shardings(rules: Rules, mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, *,
+                    keys: tuple[str, ...] = ("inputs", "targets"),
+                    example: Mapping[str, Any] | None = None) -> dict[str, NamedSharding]:
+    """NamedSharding per batch entry, by the rules for :func:`batch_logical_axes`.
+
+    Args:
+        keys: the entries of a language-model batch, each int32 ``(B, T)``: sharded by the
+            rules for ``("batch", "seq")``.
+        example: instead of ``keys``, any batch (arrays or ShapeDtypeStructs).
+    """
+    if example is None:
+        example = {k: jax.ShapeDtypeStruct((1, 1), jnp.int32) for k in keys}
+    return {k: NamedSharding(mesh, rules.spec(batch_logical_axes(v), tensor=f"batch.{k}",
+                                              strict=False))
+            for k, v in example.items()}
+
+
+def abstract_batch(example: Mapping[str, Any], rules: Rules,
+                   mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+    """``example``'s entries as ShapeDtypeStructs carrying :func:`batch_shardings`."""
+    sh = batch_shardings(rules, mesh, example=example)
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh[k]) for k, v in example.items()}
 
 
 def init_state(cfg_or_factory: GPTConfig | ModelFactory,

@@ -2,8 +2,9 @@
 formula on hardware you do not have) -> memory, FLOPs, collectives and layout lints per
 device; ``Plan.materialize()`` builds the sharded model.
 
-Modules: ``planner`` (``plan()``, ``compare()``), ``report`` (the ``Plan`` text, table and
-comparison), ``analytic`` (formulas for abstract meshes), ``lints`` (layout mistakes),
+Modules: ``planner`` (``plan()``, ``compare()``: the Trainer's step from ``workbench.step``,
+compiled or estimated), ``report`` (the ``Plan`` record, its text and dict forms, and
+``Comparison``), ``analytic`` (formulas for abstract meshes), ``lints`` (layout mistakes),
 ``hlo`` (collectives read from the compiled program).
 """
 from workbench.planning.hlo import Collective

@@ -1,10 +1,25 @@
-"""Text, dict and notebook display of plans and of plan comparisons (no display imports here)."""
+"""The ``Plan`` record (every field declared) with its text and dict forms, and
+``Comparison`` of plans. No display imports here: notebooks draw them through ``_view``."""
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import optax
 
 from workbench._display import Displayable
-from workbench.layouts import format_bytes
+from workbench.flops import FlopCount, compiled_flops
+from workbench.layouts import Layout, format_bytes
+from workbench.mesh import MeshInfo
+from workbench.models import GPTConfig
+from workbench.planning.analytic import compute_split
+from workbench.planning.hlo import Collective
+from workbench.planning.lints import Lint
+from workbench.rules import Rules
+from workbench.step import LossFn, ModelFactory, TrainState, sharded_init
 
 MEMORY_KEYS = ("params", "optimizer", "gradients", "activations", "batch")
 
@@ -22,10 +37,149 @@ def _bytes(x: float | None) -> str:
     return "-" if x is None else format_bytes(x)
 
 
-class PlanReport(Displayable):
-    """Mixin: text report, ``to_dict`` and ``_repr_mimebundle_`` of a ``Plan``."""
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
+class Plan(Displayable):
+    """What one train step needs on a mesh, before any parameter is allocated (``wb.plan``).
 
-    _view = "plan_view:plan_widget"
+    ``repr`` is a one-line summary, ``str`` the full report; a notebook shows the plan widget.
+
+    Attributes:
+        name: label used by ``compare``.
+        cfg: the GPTConfig (None for a model factory).
+        mesh: the ``MeshInfo``.
+        rules: the ``Rules`` used.
+        batch, seq: global batch size and sequence length.
+        optimizer: the optax transformation whose state is planned.
+        is_estimate: True when nothing was compiled (abstract mesh): all numbers by formula.
+        flops: the analytic ``FlopCount`` (formula, breakdown, 6N, remat recompute).
+        memory: per-device bytes ``params, optimizer, batch, gradients, temp, activations,
+            total, limit`` (compiled when available, plus XLA's ``arguments, outputs,
+            aliased``; else ``memory_estimate``).
+        memory_estimate: the same keys by formula.
+        collectives: ``Collective`` records (compiled HLO, or estimates).
+        warnings: ``Lint`` records.
+        layouts: ``{path: Layout}`` of every parameter (``params.*``), optimizer leaf
+            (``opt_state.*``), the step counter (``step``) and batch input (``batch.*``),
+            each with its logical axes.
+        logical: ``{parameter path: logical axes}`` (``'blocks.0.attn.q'``, no prefix).
+        graphdef: the model's ``nnx.GraphDef``.
+        param_state: ``nnx.State`` of abstract ``nnx.Param`` (logical axes in metadata).
+        abstract_state: ``TrainState`` of ShapeDtypeStruct carrying the shardings.
+        shardings: ``TrainState`` of ``NamedSharding`` matching the model state.
+        abstract_batch: ``{name: ShapeDtypeStruct}`` of the batch, carrying its shardings.
+        batch_shardings: ``{name: NamedSharding}`` of the batch (``step.batch_shardings``).
+        compiled: the ``jax.stages.Compiled`` step (None when analytic).
+        compile_seconds: lowering + compilation time (0 when analytic).
+        plan_seconds: time ``wb.plan`` took in all.
+        factory: ``rngs -> nnx.Module`` that builds the model (for ``materialize``).
+        loss_fn: ``(model, batch) -> loss`` of the step.
+        jitted: the jitted step ``(state, batch) -> (state, metrics)`` before AOT
+            compilation (None on an abstract mesh).
+    """
+
+    _view: ClassVar[str] = "plan_view:plan_widget"
+
+    name: str
+    cfg: GPTConfig | None
+    mesh: MeshInfo
+    rules: Rules
+    batch: int
+    seq: int
+    optimizer: optax.GradientTransformation
+    is_estimate: bool
+    flops: FlopCount
+    memory: dict[str, int | None]
+    memory_estimate: dict[str, int | None]
+    collectives: list[Collective]
+    warnings: list[Lint]
+    layouts: dict[str, Layout]
+    logical: dict[str, tuple[str | None, ...]]
+    graphdef: Any
+    param_state: Any
+    abstract_state: TrainState
+    shardings: TrainState
+    abstract_batch: dict[str, jax.ShapeDtypeStruct]
+    batch_shardings: dict[str, jax.sharding.NamedSharding]
+    compiled: Any | None
+    compile_seconds: float
+    plan_seconds: float
+    factory: ModelFactory
+    loss_fn: LossFn
+    jitted: Callable[..., Any] | None
+
+    # -- numbers -----------------------------------------------------------------------
+
+    @property
+    def model_flops(self) -> float:
+        """Analytic model FLOPs of one step, all devices (no remat; MaxText convention)."""
+        return self.flops.total
+
+    @functools.cached_property
+    def compiled_flops_per_device(self) -> float | None:
+        """FLOPs per device from ``compiled.cost_analysis()`` (None when analytic)."""
+        return None if self.compiled is None else compiled_flops(self.compiled)
+
+    @property
+    def compute_split(self) -> int:
+        """Into how many parts the mesh divides the step's compute (``analytic.compute_split``)."""
+        params = {k[len("params."):]: v for k, v in self.layouts.items()
+                  if k.startswith("params.")}
+        return compute_split(self.rules, self.mesh, params)
+
+    @property
+    def flops_per_device(self) -> float:
+        """Compiled per-device FLOPs, or (estimate) model FLOPs plus remat's recompute,
+        divided by ``compute_split``."""
+        if self.compiled_flops_per_device is not None:
+            return self.compiled_flops_per_device
+        return (self.model_flops + self.flops.recompute) / self.compute_split
+
+    @property
+    def replicated_compute_factor(self) -> float:
+        """``model_flops / (devices × per-device FLOPs)``: 1 when devices split the work
+        exactly; below 1 when devices repeat each other's work (or rematerialise)."""
+        return self.model_flops / (self.mesh.size * self.flops_per_device)
+
+    @property
+    def comm_bytes_per_device(self) -> float:
+        """Bytes each device sends per step over all collectives (ring model)."""
+        return float(sum(c.total_wire_bytes for c in self.collectives))
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether ``memory['total'] <= memory['limit']`` (None when the limit is unknown)."""
+        limit = self.memory.get("limit")
+        return None if not limit else self.memory["total"] <= limit
+
+    # -- the model and the step -----------------------------------------------------------
+
+    def init_state(self, seed: int = 0) -> TrainState:
+        """Params and optimizer state created directly into the plan's shardings."""
+        self._require_devices("init_state")
+        return sharded_init(self.factory, self.optimizer, self.shardings)(jax.random.key(seed))
+
+    def materialize(self, seed: int = 0) -> Any:
+        """The sharded ``nnx.Module``: parameters are created by a function jitted with the
+        plan's output shardings, so no device ever holds the full parameters."""
+        from flax import nnx
+
+        self._require_devices("materialize")
+        params = sharded_init(self.factory, None, self.shardings.params)(jax.random.key(seed))
+        return nnx.merge(self.graphdef, params)
+
+    def train_step(self) -> Callable[..., Any]:
+        """The step this plan compiled, ``(state, batch) -> (state, metrics)``: the AOT
+        executable (donates ``state``), or the jitted function when nothing was compiled."""
+        self._require_devices("train_step")
+        return self.compiled if self.compiled is not None else self.jitted
+
+    def _require_devices(self, what: str) -> None:
+        if self.mesh.jax_mesh is None:
+            raise RuntimeError(
+                f"plan.{what}() needs real devices, but this plan is on {self.mesh.describe()}; "
+                "plan on wb.make_mesh(...) to build the model")
+
+    # -- text ------------------------------------------------------------------------------
 
     def memory_rows(self) -> list[dict[str, Any]]:
         """One row per memory component: compiled (or estimate) and estimate bytes."""

@@ -9,9 +9,9 @@ import ipywidgets
 import numpy as np
 import traitlets
 
+from workbench.pytrees import TreeLayouts, bytes_per_device
 from workbench.widgets import _assets
 from workbench.widgets._payload import mesh_summary
-from workbench.widgets._tree_payload import TreeLayouts
 from workbench.widgets.tree_view import TreeView
 
 __all__ = ["PlanView", "PlanWidget", "compare_figure", "compare_widget", "plan_payload",
@@ -39,35 +39,23 @@ class PlanView(ipywidgets.VBox):
     def __init__(self, plan: Any) -> None:
         self.plan = plan
         self.summary = PlanWidget(payload=plan_payload(plan))
-        tree, specs = plan_tree(plan)
-        layouts = TreeLayouts(tree, mesh=plan.mesh, specs=specs, title=f"plan {plan.name!r}")
-        self.tensors = TreeView(tree, layouts)
+        tree = {"params": plan.param_state, "opt_state": plan.abstract_state.opt_state}
+        self.tensors = TreeView(tree, plan_tensors(plan), title=f"plan {plan.name!r}")
         super().__init__(children=[self.summary, self.tensors])
 
     def __repr__(self) -> str:
         return str(self.plan)
 
 
-def plan_tree(plan: Any) -> tuple[dict, dict]:
-    """``(tree, specs)`` for the tensor table: params as NNX Variables (so their logical
-    axes show) and the optimizer state, with the plan's PartitionSpecs."""
-    specs = {"params": _specs(plan.shardings.params),
-             "opt_state": _specs(plan.shardings.opt_state)}
-    return {"params": plan.param_state, "opt_state": plan.abstract_state.opt_state}, specs
-
-
-def _specs(shardings: Any) -> Any:
-    import jax
-
-    return jax.tree.map(lambda s: s.spec, shardings)
+def plan_tensors(plan: Any) -> TreeLayouts:
+    """The plan's own layouts of the parameters and optimizer state, for the tensor table."""
+    lays = {k: v for k, v in plan.layouts.items() if k.startswith(("params.", "opt_state."))}
+    return TreeLayouts(mesh=plan.mesh, layouts=lays, notes={}, skipped=())
 
 
 def _per_device(plan: Any, prefix: str) -> np.ndarray:
-    total = np.zeros(plan.mesh.size, dtype=np.int64)
-    for name, lay in plan.layouts.items():
-        if name.startswith(prefix):
-            total += np.asarray(lay.block_bytes, dtype=np.int64)   # mesh order
-    return total
+    return bytes_per_device([v for k, v in plan.layouts.items() if k.startswith(prefix)],
+                            plan.mesh)
 
 
 def plan_payload(plan: Any) -> dict[str, Any]:

@@ -8,8 +8,9 @@ import anywidget
 import ipywidgets
 import traitlets
 
+from workbench.pytrees import TreeLayouts, tree_layouts
 from workbench.widgets import _assets
-from workbench.widgets._tree_payload import TreeLayouts
+from workbench.widgets._tree_payload import tree_payload, tree_text
 from workbench.widgets.layout_view import LayoutWidget
 
 __all__ = ["TreeTable", "TreeView", "tree_widget"]
@@ -35,13 +36,14 @@ class TreeView(ipywidgets.VBox):
     Attributes:
       table: the ``TreeTable`` widget.
       layout_view: the ``LayoutWidget`` that draws the selected row.
-      layouts: the ``TreeLayouts`` behind both (``.layout(path)`` gives any tensor's).
+      layouts: the core ``TreeLayouts`` behind both (``layouts[path]`` is any tensor's).
     """
 
-    def __init__(self, tree: Any, layouts: TreeLayouts) -> None:
+    def __init__(self, tree: Any, layouts: TreeLayouts, *, title: str | None = None) -> None:
         self.tree = tree
         self.layouts = layouts
-        self.table = TreeTable(payload=layouts.payload())
+        self.table = TreeTable(payload=tree_payload(
+            layouts, title=title or ("pytree" if isinstance(tree, dict) else type(tree).__name__)))
         self.layout_view = LayoutWidget(placeholder="click a row above to draw that tensor's layout")
         super().__init__(children=[self.table, self.layout_view])
         self.table.observe(self._on_select, names="selected")
@@ -53,14 +55,14 @@ class TreeView(ipywidgets.VBox):
 
     def _on_select(self, change: dict) -> None:
         if change["new"]:
-            self.layout_view.show_layout(self.layouts.layout(change["new"]))
+            self.layout_view.show_layout(self.layouts[change["new"]])
 
     def _on_treescope(self, change: dict) -> None:
         if change["new"] and not self.table.treescope_html:
             self.table.treescope_html = treescope_html(self.tree)
 
     def __repr__(self) -> str:
-        return self.layouts.text()
+        return tree_text(self.layouts)
 
 
 def treescope_html(tree: Any) -> str:
@@ -82,12 +84,12 @@ def tree_widget(tree: Any, *, mesh: Any = None, rules: Any = None, specs: Any = 
       specs: a matching pytree of ``PartitionSpec``.
       select: a path to draw at once (e.g. ``"blocks.0.mlp.up"``).
     """
-    layouts = TreeLayouts(tree, mesh=mesh, rules=rules, specs=specs, title=title)
-    if not layouts.entries:
+    layouts = tree_layouts(tree, mesh, rules=rules, specs=specs)
+    if not layouts.layouts:
         raise ValueError(f"nothing to draw: the {type(tree).__name__} has no array leaves "
                          f"(leaves skipped: {layouts.skipped[:5]}); wb.show draws pytrees of "
                          "arrays, ShapeDtypeStructs or an nnx.Module")
-    view = TreeView(tree, layouts)
+    view = TreeView(tree, layouts, title=title)
     if select:
         view.select(select)
     return view
