@@ -146,3 +146,34 @@ def test_text_form_has_the_numbers():
     text = str(wb.layout((64, 2048, 12288), ("data", None, "model"), mesh, dtype="bfloat16"))
     assert "block (16, 2048, 6144) = 384 MiB per device" in text
     assert "replication x1" in text and "devices 7" in text
+
+
+# -- pytrees (workbench.pytrees) ------------------------------------------------------------
+
+def test_tree_layouts_equal_jax_shards_and_carry_logical_axes():
+    """Every leaf's ranges equal ``devices_indices_map``, bytes per device equal the sum of
+    ``addressable_shards``; equal (shape, dtype, spec) leaves share one geometry."""
+    from workbench.pytrees import tree_layouts
+
+    mesh = wb.make_mesh(data=4, model=2, devices=jax.devices()[::-1])   # ids != positions
+    sds = lambda shape, spec, dtype=np.float32: jax.ShapeDtypeStruct(
+        shape, dtype, sharding=NamedSharding(mesh, spec))
+    tree = {"w": sds((8, 64), P("data", "model")), "mu": {"w": sds((8, 64), P("data", "model"))},
+            "b": sds((6,), P("model")), "count": sds((), P(), np.int32)}
+    tl = tree_layouts(tree, mesh, logical={"w": ("embed", "mlp"), "mu.w": ("embed", "mlp")})
+    arrays = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding), tree)
+    per_device: dict[int, int] = {}
+    for path, arr in jax.tree_util.tree_flatten_with_path(arrays)[0]:
+        name = jax.tree_util.keystr(path, simple=True, separator=".")
+        want = {d.id: tuple((s.start or 0, n if s.stop is None else s.stop)
+                            for s, n in zip(idx, arr.shape))
+                for d, idx in arr.sharding.devices_indices_map(arr.shape).items()}
+        assert tl[name].indices == want and tl[name].name == name
+        for shard in arr.addressable_shards:
+            per_device[shard.device.id] = per_device.get(shard.device.id, 0) + shard.data.nbytes
+    ids = np.asarray(tl.mesh.device_ids).reshape(-1).tolist()
+    assert dict(zip(ids, tl.bytes_per_device().tolist())) == per_device
+    assert tl["mu.w"].logical_axes == ("embed", "mlp") and tl["b"].logical_axes is None
+    assert tl.distinct == 3 and not tl.notes                      # w and mu.w share one
+    with pytest.raises(KeyError, match="no tensor 'x' in this tree"):
+        tl["x"]

@@ -14,6 +14,7 @@ from workbench.step import (
     TrainState,
     abstract_model,
     abstract_state,
+    abstract_train_state,
     batch_shardings,
     init_state,
     jit_train_step,
@@ -141,3 +142,28 @@ def test_strict_rules_error_names_tensor(mesh):
         state_shardings(CFG, optax.sgd(0.1), Rules(batch="data", embed=None, heads="model",
                                                    mlp="model", vocab="model", head_dim=None),
                         mesh)
+
+
+def test_batch_shardings_split_tokens_along_seq_and_features_never(mesh):
+    """Tokens (int, rank >= 2) are (batch, seq); float features and labels only batch."""
+    rules = Rules.preset("dp", mesh).replace(batch="data", seq="model")
+    lm = batch_shardings(rules, mesh)
+    assert lm == {k: NamedSharding(mesh, P("data", "model")) for k in ("inputs", "targets")}
+    example = {"x": jax.ShapeDtypeStruct((16, 32), jnp.float32),
+               "y": jax.ShapeDtypeStruct((16,), jnp.int32),
+               "tokens": jax.ShapeDtypeStruct((16, 33), jnp.int32)}
+    got = {k: v.spec for k, v in batch_shardings(rules, mesh, example=example).items()}
+    assert got == {"x": P("data", None), "y": P("data"), "tokens": P("data", "model")}
+
+
+def test_non_strict_state_replicates_and_lists_unmapped_axes(mesh):
+    rules = Rules(batch="data", embed=None, heads="model", mlp="model", vocab="model",
+                  head_dim=None)                                  # no rule for kv_heads
+    st = abstract_train_state(CFG, optax.adam(1e-3), rules, mesh, strict=False)
+    assert st.unmapped == {"kv_heads": ["blocks.0.attn.k", "blocks.0.attn.v"]}
+    k = st.state.params["blocks"][0]["attn"]["k"]
+    assert k.sharding.spec == P(None, None, None)
+    assert st.logical["opt_state.0.mu.blocks.0.attn.q"] == ("embed", "heads", "head_dim")
+    assert st.state.opt_state[0].mu["blocks"][0]["attn"]["q"].sharding.spec == \
+        P(None, "model", None)
+    assert "opt_state.0.count" not in st.logical and st.state.opt_state[0].count.sharding.spec == P()

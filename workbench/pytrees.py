@@ -23,15 +23,9 @@ _META_KEYS = ("out_sharding", "sharding_names", "sharding")   # where NNX keeps 
 
 def path_str(path: tuple[Any, ...]) -> str:
     """``(DictKey('blocks'), SequenceKey(0), GetAttrKey('q'))`` or ``('blocks', 0, 'q')`` ->
-    ``'blocks.0.q'``: the one spelling of tensor paths in plans, lints and widgets."""
-    parts = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                k = getattr(k, attr)
-                break
-        parts.append(str(k))
-    return ".".join(parts)
+    ``'blocks.0.q'`` (JAX's ``keystr``): the one spelling of tensor paths in plans, lints
+    and widgets."""
+    return jax.tree_util.keystr(tuple(path), simple=True, separator=".")
 
 
 def _variable_type() -> type | None:
@@ -42,16 +36,17 @@ def _variable_type() -> type | None:
     return nnx.Variable
 
 
-def _flatten(tree: Any) -> list[tuple[str, Any, Any]]:
+def _flatten(tree: Any, *, specs: bool = False) -> list[tuple[str, Any, Any]]:
     """``[(path, value, metadata)]``; NNX Variables are unwrapped, their sharding metadata
-    (logical axes, a PartitionSpec or a NamedSharding) kept; PartitionSpec/None are leaves."""
+    (logical axes, a PartitionSpec or a NamedSharding) kept; PartitionSpecs are leaves, and
+    in a tree of ``specs`` None too (no spec)."""
     var = _variable_type()
     if var is not None:
         from flax import nnx
 
         if isinstance(tree, nnx.Module):
             tree = nnx.state(tree)
-    is_leaf = lambda x: x is None or isinstance(x, PartitionSpec) or (
+    is_leaf = lambda x: (specs and x is None) or isinstance(x, PartitionSpec) or (
         var is not None and isinstance(x, var))
     out = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]:
@@ -157,7 +152,7 @@ def tree_layouts(tree: Any, mesh: Any = None, *, rules: Any = None, specs: Any =
 
         rules = Rules(**dict(rules))
     leaves = _flatten(tree)
-    spec_of = {p: v for p, v, _ in _flatten(specs)} if specs is not None else {}
+    spec_of = {p: v for p, v, _ in _flatten(specs, specs=True)} if specs is not None else {}
     logical = dict(logical or {})
     info = None if mesh is None else mesh_info(mesh)
     info = info or next((mesh_info(s.mesh) for _, v, m in leaves
