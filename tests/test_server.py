@@ -369,7 +369,8 @@ async def test_hub_sends_each_subscriber_its_changes_while_anyone_listens(tmp_pa
     assert run_sub.messages[0]["run"]["uid"] == runs.read_run(tmp_path / "a")["id"]
     assert (other.messages, other.pushed) == ([], [])
     (update,) = list_sub.messages
-    assert update["type"] == "update" and [(r["id"], r["step"]) for r in update["runs"]] == [("a", 2)]
+    assert update["type"] == "update"
+    assert [(r["id"], r["step"]) for r in update["runs"]] == [("a", 2)]
 
     w.log({"step": 3, "loss": 0.5})  # the hub's own timer polls
     for _ in range(100):

@@ -55,7 +55,8 @@ def _vertices(d: str) -> list[tuple[float, float]]:
     return [(float(x), float(y)) for x, y in re.findall(r"[ML](-?[\d.]+),(-?[\d.]+)", d)]
 
 
-def check_chart(chart: dict, points: list[list[float]], scale: float = 1.0, unit: str = "") -> None:
+def check_chart(chart: dict, points: list[list[float]], scale: float = 1.0,
+                unit: str = "") -> None:
     """The chart's path has one vertex per point, placed linearly in step (left to right)
     and value (larger is higher), inside the view box; its labels give the value range and
     the first and last step."""
@@ -69,7 +70,8 @@ def check_chart(chart: dict, points: list[list[float]], scale: float = 1.0, unit
     bottom = max(y for _, y in verts)
     assert ya == verts[0][1] and xb > xa and bottom > top
     for (x, y), s, v in zip(verts, steps, values):
-        assert (x - xa) / (xb - xa) == pytest.approx((s - steps[0]) / (steps[-1] - steps[0]), abs=0.01)
+        assert (x - xa) / (xb - xa) == pytest.approx(
+            (s - steps[0]) / (steps[-1] - steps[0]), abs=0.01)
         assert (bottom - y) / (bottom - top) == pytest.approx(
             (v - min(values)) / (max(values) - min(values)), abs=0.01)
     _, _, width, height = (float(v) for v in chart["viewBox"].split())
@@ -123,7 +125,8 @@ def test_train_panel_appends_live_rows_after_its_history(tmp_path):
     rows = [[2, 9.0, 0.9, 0.5, 0.1, 0.0],   # already in the history: dropped
             [3, 9.0, 0.9, 0.5, 0.1, 0.0],
             [4, 2.2, 0.28, 0.5, 0.1, 0.0], [5, 2.0, 0.3, 0.5, 0.1, 0.0]]
-    rep = render(tmp_path, "train_panel", state, [{"op": "msg", "msg": {"type": "append", "rows": rows}}])
+    rep = render(tmp_path, "train_panel", state,
+                 [{"op": "msg", "msg": {"type": "append", "rows": rows}}])
     loss, mfu = rep["charts"]
     points = [[s, v] for s, v in zip(history["step"], history["loss"])] + [[4, 2.2], [5, 2.0]]
     check_chart(loss, points)
