@@ -94,15 +94,6 @@ def test_public_functions_are_plain_functions_whatever_was_imported_first():
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "workbench"
 DISPLAY = ("IPython", "ipywidgets", "anywidget", "plotly")
 DISPLAY_HOOK = "_display.py"  # the one core module that may import workbench.widgets (lazily)
-# Known offenders, (file, imported module): each is a bug to fix, not a permission.
-KNOWN_OFFENDERS: set[tuple[str, str]] = {
-    # TODO(planning owner): the compile progress line shows through IPython directly;
-    # route it through workbench._display (which reaches IPython only via workbench.widgets).
-    ("planning/planner.py", "IPython.display"),
-    # TODO(planning owner): Comparison.figure imports the widget module; go through the
-    # display hook (workbench._display) or leave the figure to workbench.widgets.
-    ("planning/report.py", "workbench.widgets.plan_view"),
-}
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -200,11 +191,9 @@ def test_the_import_reader_sees_lazy_relative_and_dynamic_imports():
 def test_core_never_imports_display_code_even_lazily():
     """The headless core never imports IPython, ipywidgets, anywidget, plotly or the server,
     not even inside a function; workbench.widgets only through the display hook."""
-    offenders = core_offenders()
-    new = sorted((rel, name, line) for rel, name, line in offenders
-                 if not any(rel == k_rel and _within(name, (k_name,))
-                            for k_rel, k_name in KNOWN_OFFENDERS))
-    assert not new, "display imports in the headless core (file, module, line): " + repr(new)
+    offenders = sorted(core_offenders())
+    assert not offenders, ("display imports in the headless core (file, module, line): "
+                           + repr(offenders))
     hook = PACKAGE / DISPLAY_HOOK  # and the reader does see the hook's lazy import
     hook_imports = imports(hook.read_text(), module_name(hook))
     assert any(_within(n, ("workbench.widgets",)) for _, n in hook_imports)

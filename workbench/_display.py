@@ -7,6 +7,9 @@ rich display.
 """
 from __future__ import annotations
 
+import importlib
+import sys
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from workbench._notebook import in_notebook
@@ -26,6 +29,12 @@ class Displayable:
 
         return widgets.show(self, **options)
 
+    def _view_function(self, name: str) -> Callable[..., Any]:
+        """Another function of this object's view module (``compare_figure`` beside
+        ``compare_widget``), for views that offer more than the widget."""
+        module = self._view.partition(":")[0]
+        return getattr(importlib.import_module(f"workbench.widgets.{module}"), name)
+
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
         if not in_notebook():
             return {"text/plain": repr(self)}
@@ -38,3 +47,14 @@ class Displayable:
         bundle = view._repr_mimebundle_(include=include, exclude=exclude)
         data, meta = bundle if isinstance(bundle, tuple) else (bundle, {})
         return {**data, "text/plain": repr(self)}, meta
+
+
+def status_line(text: str) -> Callable[[str], None]:
+    """Shows ``text`` now and returns a callable that replaces it: in a notebook one output
+    line updated in place (through ``workbench.widgets``), elsewhere lines on stderr."""
+    if in_notebook():
+        from workbench import widgets
+
+        return widgets.status_line(text)
+    print(text, file=sys.stderr, flush=True)
+    return lambda done: print(done, file=sys.stderr, flush=True)

@@ -15,7 +15,6 @@ all labelled as estimates.
 """
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,7 +24,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from workbench._notebook import in_notebook
+from workbench._display import status_line
 from workbench.flops import gpt_flops, jaxpr_step_flops
 from workbench.mesh import mesh_info
 from workbench.models import GPTConfig
@@ -169,15 +168,7 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
 def _announce(text: str, enabled: bool) -> Callable[[str], None]:
     """Shows ``text`` now; the returned callable replaces it (in a notebook, one output line
     updated in place; elsewhere, lines on stderr)."""
-    if not enabled:
-        return lambda _: None
-    if in_notebook():
-        from IPython.display import display
-
-        handle = display({"text/plain": text}, raw=True, display_id=True)
-        return lambda done: handle.update({"text/plain": done}, raw=True)
-    print(text, file=sys.stderr, flush=True)
-    return lambda done: print(done, file=sys.stderr, flush=True)
+    return status_line(text) if enabled else (lambda _: None)
 
 
 def _compiled_memory(compiled: Any, estimate: Mapping[str, Any],

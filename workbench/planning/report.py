@@ -297,8 +297,6 @@ class Comparison(Displayable):
 
     def figure(self) -> Any:
         """A plotly figure: memory per device (stacked, limit line), FLOPs and bytes per device."""
-        from workbench.widgets.plan_view import compare_figure
-
-        return compare_figure(self)
+        return self._view_function("compare_figure")(self)
 
 

@@ -12,7 +12,7 @@ import importlib
 import sys
 from typing import Any
 
-__all__ = ["show"]
+__all__ = ["show", "status_line"]
 
 _VIEWS: dict[str, str] = {
     "jax.sharding.Mesh": "workbench.widgets.mesh_view:mesh_widget",
@@ -102,3 +102,12 @@ def show(obj: Any, **options: Any) -> Any:
         wb.show(model, rules=wb.Rules(embed="data", mlp="model"))
     """
     return _resolve(view_for(obj))(obj, **options)
+
+
+def status_line(text: str) -> Any:
+    """One notebook output line showing ``text``; the returned callable replaces its text
+    (how ``wb.plan`` says it is compiling, then how long it took)."""
+    from IPython.display import display
+
+    handle = display({"text/plain": text}, raw=True, display_id=True)
+    return lambda done: handle.update({"text/plain": done}, raw=True)
