@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from workbench import _display
 from workbench.jobs import JobRunningError, RunLock, attach, cluster, ping
 from workbench.jobs.job import read_tail
 from workbench.jobs.local import free_port
@@ -198,7 +199,9 @@ def test_job_widget_follows_the_job_live(tmp_path):
     assert p == job_payload(job) and p["status"] == "finished" and p["failure"] is None
     assert [q["state"] for q in p["processes"]] == ["finished", "finished"]
     assert any("ping ok" in line for line in p["tails"]["0"])
-    data, _ = job._repr_mimebundle_()
+    with pytest.MonkeyPatch.context() as mp:   # in a notebook; elsewhere its text only
+        mp.setattr(_display, "in_notebook", lambda: True)
+        data, _ = job._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in data
     assert data["text/plain"].startswith("Job(")
     view.close()
@@ -368,7 +371,8 @@ process.stdout.write(JSON.stringify(report));
 def test_job_widget_renders_status_curve_and_stop(finished_ping, tmp_path, done):
     import shutil
 
-    from workbench.widgets.job_view import STATIC, job_payload
+    from workbench.widgets._assets import STATIC
+    from workbench.widgets.job_view import job_payload
 
     node = shutil.which("node")
     if node is None:
