@@ -15,7 +15,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(STAMP): pyproject.toml $(wildcard labextension/package.json labextension/src/*.ts labextension/style/* labextension/schema/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -e ".[test]"
+	$(BIN)/pip install -e ".[test,tpu-compile]"
 	touch $(STAMP)
 
 install: $(STAMP)

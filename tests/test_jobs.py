@@ -356,7 +356,7 @@ const disabled = stop.getAttribute("disabled");
 stop.dispatch("click");
 const report = {
   text: host.textContent,
-  badges: byClass(host, "wb-badge").map((n) => n.textContent),
+  badges: byClass(host, "wb-status").map((n) => n.textContent),
   paths: walk(host).filter((n) => String(n.tagName).toLowerCase() === "path")
     .map((n) => n.getAttribute("d")),
   disabled, sent,
@@ -371,7 +371,7 @@ process.stdout.write(JSON.stringify(report));
 def test_job_widget_renders_status_curve_and_stop(finished_ping, tmp_path, done):
     import shutil
 
-    from workbench.widgets._assets import STATIC
+    from workbench.widgets import _assets
     from workbench.widgets.job_view import job_payload
 
     node = shutil.which("node")
@@ -381,10 +381,11 @@ def test_job_widget_renders_status_curve_and_stop(finished_ping, tmp_path, done)
     payload.update(loss=[[1, 5.0], [2, 4.0], [3, 3.0]], step=3, target_steps=6, done=done,
                    latest={"loss": 3.0, "mfu": 0.25, "step_time": 0.5, "peak_source": "table"})
     (tmp_path / "state.json").write_text(json.dumps({"payload": payload}))
+    (tmp_path / "job.mjs").write_text(_assets.esm("job"))  # with common.js inlined
     runner = tmp_path / "run.mjs"
     runner.write_text(NODE_RUNNER % {
         "harness": Path(__file__).parent / "widgets_js" / "fake_dom.mjs",
-        "module": STATIC / "job.js", "state": tmp_path / "state.json"})
+        "module": tmp_path / "job.mjs", "state": tmp_path / "state.json"})
     out = subprocess.run([node, str(runner)], capture_output=True, text=True, timeout=60,
                          check=False)
     assert out.returncode == 0, out.stderr
@@ -393,7 +394,7 @@ def test_job_widget_renders_status_curve_and_stop(finished_ping, tmp_path, done)
     assert "step 3 of 6" in rep["text"] and "loss 3.000" in rep["text"]
     assert "MFU 25.0% (table)" in rep["text"] and "ping ok" in rep["text"]
     # the loss curve: 3 points left to right, falling (SVG y grows downwards)
-    (path,) = rep["paths"]
+    path = rep["paths"][0]  # the loss chart comes first (then MFU, empty here)
     pts = [tuple(map(float, p.split(","))) for p in path.replace("M", "").split("L")]
     assert len(pts) == 3 and pts[0][0] < pts[1][0] < pts[2][0] and pts[0][1] < pts[2][1]
     assert (rep["disabled"] is not None) == done
