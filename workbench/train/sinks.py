@@ -55,11 +55,20 @@ def broadcast(sinks: Iterable[Sink], kind: str, **fields: Any) -> None:
 
 
 class History:
-    """The Trainer's ``history``: appends every step record to ``records``."""
+    """The Trainer's ``history``: appends every step record to ``records`` and, with
+    ``on_step``, tells the owner the step each record completes (so ``trainer.step`` is live
+    while ``run`` trains, for a thread or a widget that watches it)."""
 
-    def __init__(self, records: list[dict[str, Any]]) -> None:
-        self.records = records
-        self.update = records.append
+    def __init__(self, records: list[dict[str, Any]],
+                 on_step: Callable[[int], None] | None = None) -> None:
+        self.records, self.on_step = records, on_step
+        if on_step is None:
+            self.update = records.append  # type: ignore[method-assign]
+
+    def update(self, record: dict[str, Any]) -> None:
+        """Appends ``record`` and reports its step."""
+        self.records.append(record)
+        self.on_step(record["step"])  # type: ignore[misc]
 
     def event(self, kind: str, **fields: Any) -> None:
         """Events are not history."""

@@ -288,6 +288,9 @@ class Trainer(Displayable):
         self._state, self.step = state, result.step
         return result
 
+    def _set_step(self, step: int) -> None:
+        self.step = step
+
     def _reporters(self, target: int, extra: Sequence[Sink]) -> list[Sink]:
         """Compiles the step if needed (showing it), opens the run directory and builds the
         sinks of this call: history, run writer, TensorBoard, message, progress, ``extra``."""
@@ -305,7 +308,7 @@ class Trainer(Displayable):
             self.compiled_step()
         writer = runs.RunWriter(self.run_dir, config=self.config.to_dict(),
                                 meta=self.run_meta(target)) if self.primary else None
-        reporters = [History(self.history),
+        reporters = [History(self.history, on_step=self._set_step),
                      *run_sinks(writer, progress, tensorboard=self.tensorboard), *shown]
         self._opening_events(reporters, writer, compiled_now)
         return reporters
