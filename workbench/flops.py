@@ -156,13 +156,19 @@ def _jaxpr_dot_flops(jaxpr: Any) -> float:
     return total
 
 
-def compiled_flops(compiled: Any) -> float | None:
-    """FLOPs per device of an AOT-compiled executable (``compiled.cost_analysis()``), or
-    None when the backend reports none. Pallas/custom kernels are not counted by XLA."""
+def compiled_cost(compiled: Any) -> dict[str, float]:
+    """``compiled.cost_analysis()`` as one dict per device (``flops``, ``bytes accessed``,
+    and on TPU the compiler's own ``optimal_seconds``); empty when the backend has none."""
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
         cost = cost[0] if cost else None
-    flops = (cost or {}).get("flops")
+    return {k: float(v) for k, v in (cost or {}).items() if isinstance(v, (int, float))}
+
+
+def compiled_flops(compiled: Any) -> float | None:
+    """FLOPs per device of an AOT-compiled executable (``compiled.cost_analysis()``), or
+    None when the backend reports none. Pallas/custom kernels are not counted by XLA."""
+    flops = compiled_cost(compiled).get("flops")
     return None if flops is None or flops <= 0 else float(flops)
 
 

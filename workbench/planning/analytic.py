@@ -95,6 +95,27 @@ def analytic_memory(param_layouts: Mapping[str, Layout], opt_layouts: Mapping[st
             "limit": limit}
 
 
+def hbm_bytes(memory: Mapping[str, int | None], param_layouts: Mapping[str, Layout],
+              rules: Rules, mesh: MeshInfo) -> int:
+    """HBM bytes read + written per device in one step (estimate, for the roofline).
+
+    ``W`` = the weights as the matmuls use them (each parameter's shard times the batch
+    axes that shard it: FSDP gathers them): read in the forward and in the backward
+    (input gradient) and their gradient written once, ``3W``; the optimizer reads
+    parameters, gradients and its state and writes parameters and state,
+    ``2 params + gradients + 2 optimizer``; saved activations are written in the forward
+    and read in the backward, ``2 activations``; the batch is read once.
+    """
+    bat = set(batch_axes(rules, mesh))
+    gathered = 0
+    for lay in param_layouts.values():
+        fsdp = [a for axes in lay.spec for a in axes if a in bat]
+        gathered += lay.padded_bytes_per_device * axes_size(mesh, fsdp)
+    get = lambda k: int(memory.get(k) or 0)
+    return int(3 * gathered + 2 * get("params") + get("gradients") + 2 * get("optimizer")
+               + 2 * get("activations") + get("batch"))
+
+
 def _merge(records: list[Collective]) -> list[Collective]:
     merged: dict[tuple, Collective] = {}
     for r in records:

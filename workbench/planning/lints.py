@@ -174,12 +174,16 @@ def over_memory(memory: Mapping[str, int | None], source: str) -> list[Lint]:
     total, limit = memory.get("total"), memory.get("limit")
     if not total or not limit or total <= limit:
         return []
-    parts = ", ".join(f"{k} {format_bytes(memory[k] or 0)}"
-                      for k in ("params", "optimizer", "gradients", "temp") if k in memory)
+    cats = {k: int(memory.get(k) or 0) for k in ("params", "optimizer", "gradients",
+                                                   "activations", "batch")}
+    parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in cats.items() if v)
+    largest = max(cats, key=cats.get)
     return [Lint(
         kind="memory", severity="error", path="<device>", value=float(total - limit),
         message=(f"needs {format_bytes(total)} per device ({source}) but a device has "
-                 f"{format_bytes(limit)}: {format_bytes(total - limit)} over ({parts})"),
+                 f"{format_bytes(limit)}: {format_bytes(total - limit)} over "
+                 f"({total / limit:.2f}x); largest: {largest} {format_bytes(cats[largest])} "
+                 f"({parts})"),
         fix=("shard weights and optimizer state over more devices (fsdp / fsdp_tp), use "
              "remat='full', a smaller batch per device, or bfloat16 parameters"))]
 

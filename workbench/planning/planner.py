@@ -15,8 +15,10 @@ all labelled as estimates.
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -25,15 +27,19 @@ import optax
 from flax import nnx
 
 from workbench._display import status_line
+from workbench._notebook import in_notebook
 from workbench.flops import gpt_flops, jaxpr_step_flops
+from workbench.layouts import format_bytes
 from workbench.mesh import mesh_info
 from workbench.models import GPTConfig
 from workbench.planning import analytic, lints
+from workbench.planning.compile import compile_lowered
 from workbench.planning.hlo import Collective, parse_collectives
 from workbench.planning.lints import Lint
 from workbench.planning.report import Comparison, Plan
 from workbench.pytrees import tree_layouts
 from workbench.rules import Rules
+from workbench.topology import tpu_target
 from workbench.step import (
     LossFn,
     ModelFactory,
@@ -104,7 +110,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     factory = model_factory(cfg if cfg is not None else cfg_or_factory)
     seq = int(seq or (cfg.seq_len if cfg else 1))
     optimizer = optimizer if optimizer is not None else optax.adamw(3e-4)
-    jmesh = info.jax_mesh if info.jax_mesh is not None else info.abstract
+    target = _compile_target(info, compile)
+    jmesh = target.mesh if target.mesh is not None else info.abstract
 
     st = abstract_train_state(factory, optimizer, rules, jmesh, strict=False)
     example = dict(example_batch) if example_batch is not None else {
@@ -123,28 +130,45 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     limit = memory_limit if memory_limit is not None else info.memory_per_device
     estimate = analytic.analytic_memory(p_lay, o_lay, b_lay, act, limit)
 
-    do_compile = info.jax_mesh is not None if compile is None else compile
-    if do_compile and info.jax_mesh is None:
-        raise ValueError(f"compile=True needs real devices; {info.describe()} is abstract")
-    compiled = jitted = None
+    compiled = jitted = memory = None
     compile_seconds = 0.0
     batch_sh = {k: v.sharding for k, v in batch_abs.items()}
-    if info.jax_mesh is not None:
+    if target.mesh is not None:
         step = make_train_step(st.graphdef, optimizer, loss_fn=loss_fn, rules=rules,
-                               mesh=info.jax_mesh)
+                               mesh=target.mesh)
         jitted = jit_train_step(step, st.shardings, batch_sh)
-    if do_compile:
-        tc = time.perf_counter()
+    if target.compile:
         label = f"wb.plan({name or rules_name or 'fsdp'!r})"
-        done = _announce(f"{label}: compiling the train step on {info.describe()}...",
-                         progress)
-        compiled = jitted.lower(st.state, batch_abs).compile()
-        compile_seconds = time.perf_counter() - tc
-        done(f"{label}: compiled the train step in {compile_seconds:.1f} s")
-        memory = _compiled_memory(compiled, estimate, limit)
-        collectives = parse_collectives(compiled.as_text(), info.axis_names, info.axis_sizes)
-    else:
-        memory = dict(estimate)
+        where = info.describe() + (f" ({target.topology})" if target.topology else "")
+        status = status_line if progress else None
+        lowered = jitted.lower(st.state, batch_abs)
+        try:
+            result = compile_lowered(lowered, list(target.mesh.devices.flat),
+                                     what=f"{label}: the train step for {where}",
+                                     status=status, in_place=in_notebook())
+        except Exception as err:  # noqa: BLE001 - only the compiler's OOM verdict is kept
+            oom = _compiler_oom(err)
+            if oom is None:
+                raise
+            target = dataclasses.replace(target, compile=False, source="estimate", reason=(
+                f"the {target.source.replace('-', ' ')} rejected this step: it needs "
+                f"{format_bytes(oom[0])} of temporaries per device where {format_bytes(oom[1])}"
+                " are free, so it does not fit; memory 'temp' is the compiler's, the rest "
+                "are estimates"))
+            memory = dict(estimate, temp=oom[0],
+                          activations=oom[0] - int(estimate["gradients"]),
+                          total=int(estimate["total"]) - int(estimate["temp"]) + oom[0],
+                          compiler_required_temp=oom[0], compiler_available=oom[1])
+        else:
+            compiled, compile_seconds = result.compiled, result.seconds
+            memory = _compiled_memory(compiled, estimate, limit)
+            collectives = parse_collectives(compiled.as_text(), info.axis_names,
+                                            info.axis_sizes)
+    if compiled is None:
+        if memory is None:
+            memory = dict(estimate)
+            if progress:
+                _say_once(target.reason)
         collectives = analytic.analytic_collectives(p_lay, rules, info, cfg, batch, seq)
 
     warnings = (lints.over_memory(memory, "compiled" if compiled else "estimate")
@@ -155,6 +179,9 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     return Plan(
         name=name or rules_name or "plan", cfg=cfg, mesh=info, rules=rules, batch=batch,
         seq=seq, optimizer=optimizer, is_estimate=compiled is None, flops=flops,
+        source=target.source if compiled is not None else "estimate",
+        source_reason=target.reason,
+        hbm_bytes_estimate=analytic.hbm_bytes(estimate, p_lay, rules, info),
         memory=memory, memory_estimate=estimate, collectives=collectives, warnings=warnings,
         layouts=layouts, logical={k[len("params."):]: v for k, v in st.logical.items()
                                   if k.startswith("params.")},
@@ -165,10 +192,67 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
         jitted=jitted)
 
 
-def _announce(text: str, enabled: bool) -> Callable[[str], None]:
-    """Shows ``text`` now; the returned callable replaces it (in a notebook, one output line
-    updated in place; elsewhere, lines on stderr)."""
-    return status_line(text) if enabled else (lambda _: None)
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """Where the plan's step is compiled: ``mesh`` (None: estimate only), whether to
+    compile, the ``source`` label, the TPU topology and why."""
+
+    mesh: Any
+    compile: bool
+    source: str
+    topology: str | None
+    reason: str
+
+
+def _compile_target(info: Any, compile: bool | None) -> _Target:
+    """Real devices compile on themselves; an abstract TPU preset compiles for its
+    topology with the TPU compiler when it is installed; anything else is estimated."""
+    if compile is not None and not isinstance(compile, bool):
+        raise TypeError(f"compile must be True, False or None, got {compile!r}")
+    if info.jax_mesh is not None:
+        platform = info.platform
+        return _Target(mesh=info.jax_mesh, compile=compile is not False,
+                       source=f"{platform}-compiler", topology=None,
+                       reason=f"compiled by XLA for the {platform.upper()} devices at hand")
+    if compile is False:
+        return _Target(mesh=None, compile=False, source="estimate", topology=None,
+                       reason="compile=False: analytic estimate")
+    tgt = tpu_target(info)
+    if tgt.mesh is None:
+        if compile:
+            raise ValueError(f"compile=True cannot compile for {info.describe()}: "
+                             f"{tgt.reason}")
+        return _Target(mesh=None, compile=False, source="estimate", topology=tgt.topology,
+                       reason=f"analytic estimate: {tgt.reason}")
+    return _Target(mesh=tgt.mesh, compile=True, source="tpu-compiler", topology=tgt.topology,
+                   reason=tgt.reason)
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(reason: str) -> None:
+    """Why a plan is an estimate, said once per process and reason (the TPU compiler
+    missing, a topology it does not know)."""
+    if "compile=False" in reason or "not a TPU slice" in reason or reason in _SAID:
+        return
+    _SAID.add(reason)
+    status_line(f"wb.plan: {reason}")
+
+
+_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM "
+                  r"\(([\d.]+)([KMGT]?)\)")
+
+
+def _compiler_oom(err: Exception) -> tuple[int, int] | None:
+    """(bytes of temporaries needed, bytes available) from the TPU compiler's
+    RESOURCE_EXHAUSTED error, or None for any other error."""
+    m = _OOM.search(str(err))
+    if m is None:
+        return None
+    scale = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
+    return (int(float(m.group(1)) * scale[m.group(2)]),
+            int(float(m.group(3)) * scale[m.group(4)]))
 
 
 def _compiled_memory(compiled: Any, estimate: Mapping[str, Any],

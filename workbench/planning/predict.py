@@ -87,6 +87,15 @@ class Prediction:
     sources: dict[str, str]
     compiler_seconds: float | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (run.json, the plan widget, the lab dashboard)."""
+        b = self.breakdown
+        return {"step_seconds": self.step_seconds, "mfu": self.mfu,
+                "tokens_per_s": self.tokens_per_s, "bound": self.bound,
+                "compiler_seconds": self.compiler_seconds, "sources": dict(self.sources),
+                "breakdown": {k: v for k, v in b.items() if k != "collectives"}
+                | {"collectives": [dataclasses.asdict(c) for c in b["collectives"]]}}
+
     def __str__(self) -> str:
         b = self.breakdown
         lines = [f"predicted step {self.step_seconds * 1e3:.3g} ms ({self.bound}-bound)"

@@ -11,13 +11,14 @@ import jax
 import optax
 
 from workbench._display import Displayable
-from workbench.flops import FlopCount, compiled_flops
+from workbench.flops import FlopCount, compiled_cost, compiled_flops
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
 from workbench.planning.analytic import compute_split
 from workbench.planning.hlo import Collective
 from workbench.planning.lints import Lint
+from workbench.planning.predict import Prediction, predict
 from workbench.rules import Rules
 from workbench.step import LossFn, ModelFactory, TrainState, sharded_init
 
@@ -50,7 +51,13 @@ class Plan(Displayable):
         rules: the ``Rules`` used.
         batch, seq: global batch size and sequence length.
         optimizer: the optax transformation whose state is planned.
-        is_estimate: True when nothing was compiled (abstract mesh): all numbers by formula.
+        is_estimate: True when nothing was compiled: all numbers by formula.
+        source: where memory, FLOPs and collectives come from: ``"tpu-compiler"`` (the TPU
+            compiler, for TPU devices or an abstract TPU slice), ``"cpu-compiler"`` /
+            ``"gpu-compiler"`` (XLA for the devices at hand) or ``"estimate"`` (formulas).
+        source_reason: why that source (the topology compiled for, or why not compiled).
+        hbm_bytes_estimate: HBM bytes read + written per device per step, by formula
+            (``analytic.hbm_bytes``); the roofline uses the compiler's count when there is one.
         flops: the analytic ``FlopCount`` (formula, breakdown, 6N, remat recompute).
         memory: per-device bytes ``params, optimizer, batch, gradients, temp, activations,
             total, limit`` (compiled when available, plus XLA's ``arguments, outputs,
@@ -87,6 +94,9 @@ class Plan(Displayable):
     seq: int
     optimizer: optax.GradientTransformation
     is_estimate: bool
+    source: str
+    source_reason: str
+    hbm_bytes_estimate: int
     flops: FlopCount
     memory: dict[str, int | None]
     memory_estimate: dict[str, int | None]
@@ -118,6 +128,44 @@ class Plan(Displayable):
     def compiled_flops_per_device(self) -> float | None:
         """FLOPs per device from ``compiled.cost_analysis()`` (None when analytic)."""
         return None if self.compiled is None else compiled_flops(self.compiled)
+
+    @functools.cached_property
+    def cost(self) -> dict[str, float]:
+        """The compiler's per-device cost analysis (``flops``, ``bytes accessed``, on TPU
+        ``optimal_seconds``); empty when nothing was compiled."""
+        return {} if self.compiled is None else compiled_cost(self.compiled)
+
+    @functools.cached_property
+    def predicted(self) -> Prediction:
+        """Predicted step time, MFU, tokens/s, bound and breakdown (``predict()`` with
+        the defaults: the mesh's hardware table, overlap by platform)."""
+        return self.predict()
+
+    def predict(self, *, hardware: Any = None, overlap: float | None = None) -> Prediction:
+        """A roofline prediction of one step (``workbench.planning.predict``) from this
+        plan's FLOPs, HBM bytes and collectives: compiled numbers where there are, else
+        the analytic ones.
+
+        Args:
+          hardware: a ``HardwareSpec`` or device kind ("TPU v5p", "H100") to predict for
+            another chip with the same program; default the mesh's device kind (measured
+            for CPU devices).
+          overlap: fraction of communication hidden behind compute (default by platform).
+        """
+        cost = self.cost
+        compiled = "bytes accessed" in cost and cost.get("flops", 0) > 0
+        label = f"{self.source} cost analysis"
+        return predict(
+            flops=cost["flops"] if compiled else (self.model_flops + self.flops.recompute)
+            / self.compute_split,
+            bytes_accessed=cost["bytes accessed"] if compiled else self.hbm_bytes_estimate,
+            collectives=self.collectives, mesh=self.mesh, hardware=hardware,
+            tokens_per_step=self.batch * self.seq if self.cfg is not None else None,
+            model_flops=self.model_flops, overlap=overlap,
+            compiler_seconds=cost.get("optimal_seconds") if compiled else None,
+            flops_source=label if compiled else "analytic model FLOPs (+ remat) / compute "
+                                                "split",
+            bytes_source=label if compiled else "analytic estimate (analytic.hbm_bytes)")
 
     @property
     def compute_split(self) -> int:
@@ -190,7 +238,7 @@ class Plan(Displayable):
     def summary(self) -> str:
         """A few lines: where, how much memory, FLOPs, communication, lints."""
         label = "ESTIMATE (analytic, nothing compiled)" if self.is_estimate else \
-            f"compiled in {self.compile_seconds:.1f} s"
+            f"{self.source}, compiled in {self.compile_seconds:.1f} s"
         mem = self.memory
         fits = {True: "fits", False: "DOES NOT FIT", None: "limit unknown"}[self.fits]
         lines = [
@@ -207,6 +255,8 @@ class Plan(Displayable):
             (f"  communication/device/step {_bytes(self.comm_bytes_per_device)} in "
             f"{sum(c.count for c in self.collectives)} collective(s)"
             f"{' (estimate)' if self.is_estimate else ''}"),
+            f"  source: {self.source} — {self.source_reason}",
+            "  " + self._predicted_line(),
         ]
         if self.warnings:
             counts = {}
@@ -214,6 +264,18 @@ class Plan(Displayable):
                 counts[w.severity] = counts.get(w.severity, 0) + 1
             lines.append("  lints: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
         return "\n".join(lines)
+
+    def _predicted_line(self) -> str:
+        try:
+            p = self.predicted
+        except (ValueError, OSError) as err:  # a hardware table without the numbers
+            return f"predicted: unavailable ({err})"
+        text = (f"predicted: {p.step_seconds * 1e3:.4g} ms/step ({p.bound}-bound)"
+                + (f", MFU {p.mfu:.1%}" if p.mfu is not None else "")
+                + (f", {p.tokens_per_s:,.0f} tokens/s" if p.tokens_per_s else ""))
+        if p.compiler_seconds is not None:
+            text += f"; TPU compiler's estimate {p.compiler_seconds * 1e3:.4g} ms"
+        return text
 
     def __str__(self) -> str:
         lines = [self.summary(), "", "memory per device (bytes)  compiled/estimate"]
@@ -250,7 +312,31 @@ class Plan(Displayable):
             "collectives": [c.to_dict() for c in self.collectives],
             "warnings": [w.to_dict() for w in self.warnings],
             "compile_seconds": self.compile_seconds,
+            "source": self.source, "source_reason": self.source_reason,
+            "predicted": self._predicted_dict(),
         }
+
+    def _predicted_dict(self) -> dict[str, Any] | None:
+        try:
+            return self.predicted.to_dict()
+        except (ValueError, OSError):
+            return None
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.4g} ms"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _predicted_columns(p: Plan) -> dict[str, Any]:
+    try:
+        pred = p.predicted
+    except (ValueError, OSError):
+        return {"step_seconds": None, "mfu": None, "bound": None}
+    return {"step_seconds": pred.step_seconds, "mfu": pred.mfu, "bound": pred.bound}
 
 
 class Comparison(Displayable):
@@ -259,7 +345,8 @@ class Comparison(Displayable):
     _view = "plan_view:compare_widget"
 
     COLUMNS = ("name", "memory_per_device", "limit", "fits", "flops_per_device",
-               "comm_bytes_per_device", "replicated_compute_factor", "n_warnings", "estimate")
+               "comm_bytes_per_device", "replicated_compute_factor", "step_seconds", "mfu",
+               "bound", "n_warnings", "estimate", "source")
 
     def __init__(self, plans: list) -> None:
         self.plans = plans
@@ -268,6 +355,7 @@ class Comparison(Displayable):
     def rows(self) -> list[dict[str, Any]]:
         """One dict per plan with the ``COLUMNS``."""
         return [{"name": p.name, "memory_per_device": p.memory["total"],
+                 **_predicted_columns(p), "source": p.source,
                  "limit": p.memory.get("limit"), "fits": p.fits,
                  "flops_per_device": p.flops_per_device,
                  "comm_bytes_per_device": p.comm_bytes_per_device,
@@ -279,15 +367,16 @@ class Comparison(Displayable):
     def table(self) -> str:
         """The comparison as aligned text."""
         head = (f"{'plan':<14}{'memory/dev':>12}{'fits':>8}{'FLOPs/dev':>13}{'comm/dev':>12}"
-                f"{'compute x':>11}{'lints':>7}")
+                f"{'compute x':>11}{'step (pred.)':>14}{'MFU':>7}{'lints':>7}  source")
         lines = [head]
         for r in self.rows:
             fits = {True: "yes", False: "NO", None: "?"}[r["fits"]]
             lines.append(f"{r['name']:<14}{_bytes(r['memory_per_device']):>12}{fits:>8}"
                          f"{_flops(r['flops_per_device']):>13}"
                          f"{_bytes(r['comm_bytes_per_device']):>12}"
-                         f"{r['replicated_compute_factor']:>11.3g}{r['n_warnings']:>7}"
-                         + ("  (estimate)" if r["estimate"] else ""))
+                         f"{r['replicated_compute_factor']:>11.3g}"
+                         f"{_ms(r['step_seconds']):>14}{_pct(r['mfu']):>7}{r['n_warnings']:>7}"
+                         f"  {r['source']}")
         return "\n".join(lines)
 
     __str__ = table

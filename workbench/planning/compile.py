@@ -1,0 +1,142 @@
+"""Compiling a plan's step: in a background thread, with progress, Ctrl-C and a cache.
+
+A 7B step compiles for minutes on a laptop (the TPU compiler included). ``compile_lowered``
+
+* shows what is being compiled and the elapsed time (one line updated in place in a
+  notebook; a line every ``REPORT_EVERY`` seconds on stderr elsewhere);
+* keeps the kernel responsive: XLA compiles in a worker thread, the caller waits in short
+  slices, so Ctrl-C (a ``KeyboardInterrupt``) returns at once. The compile itself cannot be
+  cancelled; it finishes in the background and the next identical request picks it up;
+* caches executables (and compile errors, such as the TPU compiler's out-of-memory
+  verdict) in this process by the lowered program's fingerprint (its StableHLO
+  text) and the devices it is compiled for: the same plan again is instant. Across
+  processes JAX's persistent compilation cache applies where it is enabled
+  (``jax_compilation_cache_dir``; measured in BENCHMARKS.md).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["CompileResult", "clear_cache", "compile_lowered", "fingerprint"]
+
+REPORT_EVERY = 10.0          # seconds between progress lines outside a notebook
+_MAX_ENTRIES = 32            # executables kept (they hold their HLO; a 7B one is ~10 MB)
+_LOCK = threading.Lock()
+_CACHE: OrderedDict[str, concurrent.futures.Future] = OrderedDict()
+
+
+class CompileResult:
+    """A compiled executable, how long it took, and whether it came from the cache."""
+
+    __slots__ = ("compiled", "seconds", "cached")
+
+    def __init__(self, compiled: Any, seconds: float, cached: bool) -> None:
+        self.compiled, self.seconds, self.cached = compiled, seconds, cached
+
+
+def fingerprint(lowered: Any, devices: Any) -> str:
+    """Cache key: the lowered program's text plus the platform, kind and id of every
+    device in mesh order (the same program for a TPU slice and for CPU devices differs)."""
+    h = hashlib.sha256(lowered.as_text().encode())
+    for d in devices:
+        h.update(f"{d.platform}/{d.device_kind}/{d.id}/{getattr(d, 'slice_index', 0)};"
+                 .encode())
+    return h.hexdigest()
+
+
+def clear_cache() -> None:
+    """Forget every cached executable of this process (running compiles finish unseen)."""
+    with _LOCK:
+        _CACHE.clear()
+
+
+def _submit(key: str, lowered: Any) -> tuple[concurrent.futures.Future, bool]:
+    with _LOCK:
+        fut = _CACHE.get(key)
+        if fut is not None:  # done, failed (compile errors are deterministic) or running
+            _CACHE.move_to_end(key)
+            return fut, True
+        fut = concurrent.futures.Future()
+        _CACHE[key] = fut
+        while len(_CACHE) > _MAX_ENTRIES:
+            _CACHE.popitem(last=False)
+
+    def work() -> None:
+        t0 = time.perf_counter()
+        try:
+            compiled = lowered.compile()
+        except MemoryError as err:  # the host ran short: another try may succeed
+            with _LOCK:
+                if _CACHE.get(key) is fut:
+                    del _CACHE[key]
+            fut.set_exception(err)
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting caller
+            fut.set_exception(err)
+            return
+        fut.set_result((compiled, time.perf_counter() - t0))
+
+    threading.Thread(target=work, name="workbench-compile", daemon=True).start()
+    return fut, False
+
+
+def compile_lowered(lowered: Any, devices: Any, *, what: str,
+                    status: Callable[[str], Callable[[str], None]] | None,
+                    in_place: bool = False) -> CompileResult:
+    """Compile ``lowered`` (a ``jax.stages.Lowered``) for ``devices`` with progress.
+
+    Args:
+      lowered: the lowered step.
+      devices: the mesh's devices, in order (part of the cache key).
+      what: the progress text's subject ("wb.plan('fsdp'): the train step on ...").
+      status: ``workbench._display.status_line`` or None for silence.
+      in_place: the status line is updated in place (a notebook): show the elapsed time
+        every second; else every ``REPORT_EVERY`` seconds.
+
+    Raises:
+      KeyboardInterrupt: Ctrl-C while waiting; the compile goes on in the background and a
+        later identical call returns its result.
+      Exception: whatever the compiler raised.
+    """
+    t0 = time.perf_counter()
+    key = fingerprint(lowered, devices)
+    fut, cached = _submit(key, lowered)
+    if cached and fut.done() and fut.exception() is None:
+        compiled, seconds = fut.result()
+        if status is not None:
+            status(f"{what}: compiled before in this process ({seconds:.1f} s then); "
+                   "reused")
+        return CompileResult(compiled, 0.0, True)
+    update = status(f"{what}: compiling" + (" (already running in the background)"
+                                            if cached else "") + "...") \
+        if status is not None else None
+    every = 1.0 if in_place else REPORT_EVERY
+    last = t0
+    try:
+        while True:
+            try:
+                compiled, seconds = fut.result(timeout=0.25)
+                break
+            except concurrent.futures.TimeoutError:
+                now = time.perf_counter()
+                if update is not None and now - last >= every:
+                    last = now
+                    update(f"{what}: compiling... {now - t0:.0f} s (Ctrl-C stops waiting)")
+    except KeyboardInterrupt:
+        if update is not None:
+            update(f"{what}: interrupted after {time.perf_counter() - t0:.0f} s; the "
+                   "compile finishes in the background and the same call again picks it up")
+        raise
+    except Exception:
+        if update is not None:
+            update(f"{what}: compilation failed after {time.perf_counter() - t0:.1f} s")
+        raise
+    elapsed = time.perf_counter() - t0
+    if update is not None:
+        update(f"{what}: compiled in {elapsed:.1f} s")
+    return CompileResult(compiled, elapsed, cached)
