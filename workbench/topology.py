@@ -31,8 +31,9 @@ from workbench.mesh import _TPU_TOPOLOGIES, MeshInfo, mesh_info
 __all__ = ["TpuTarget", "topology_name", "tpu_compiler_available", "tpu_devices", "tpu_mesh",
            "tpu_target"]
 
-# Our preset generation -> the name libtpu gives that TPU ("v5e:4x4"); v2/v3/v4 slices
-# have two TensorCores per chip, and the compile-only topology shows each as a device.
+# Our preset generation -> the name libtpu gives that TPU ("v5e:4x4"); v2/v3 slices have
+# two TensorCores per chip and the compile-only topology shows each as a device; v4 is
+# asked for in megacore mode (one device per chip, as JAX runs it on a v4 VM).
 _GENERATIONS = {"v2": "v2", "v3": "v3", "v4": "v4", "v5p": "v5p", "v5e": "v5e", "v6e": "v6e"}
 _LOCK = threading.Lock()
 
@@ -111,6 +112,10 @@ def _topology_devices(name: str, num_slices: int) -> tuple[Any, ...]:
         kwargs["num_slices"] = num_slices
     if (bounds := _chips_per_host(name)) is not None:
         kwargs["chips_per_host_bounds"] = bounds
+    if name.startswith("v4:"):
+        # a v4 chip's two TensorCores run as one JAX device (megacore), as on a real v4 VM;
+        # libtpu's compile-only default shows each core as a device.
+        kwargs["chip_config_name"] = "megacore"
     with _LOCK:
         if not (xla_client.pjrt_plugin_loaded("tpu")
                 and xla_client.pjrt_plugin_initialized("tpu")):

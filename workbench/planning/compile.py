@@ -9,21 +9,33 @@ A 7B step compiles for minutes on a laptop (the TPU compiler included). ``compil
   cancelled; it finishes in the background and the next identical request picks it up;
 * caches executables (and compile errors, such as the TPU compiler's out-of-memory
   verdict) in this process by the lowered program's fingerprint (its StableHLO
-  text) and the devices it is compiled for: the same plan again is instant. Across
-  processes JAX's persistent compilation cache applies where it is enabled
-  (``jax_compilation_cache_dir``; measured in BENCHMARKS.md).
+  text) and the devices it is compiled for: the same plan again is instant;
+* across processes, for compile-only TPU devices (an abstract TPU slice), keeps what a
+  plan reads of the executable (memory and cost analysis, the optimized HLO text) on disk
+  under ``<cache_root>/plans/`` (``persist=True``): JAX's persistent compilation cache
+  stores these executables but cannot load them back without a TPU client ("PjRtCompiler
+  must be constructed with a Client"), so it is no help there. Executables for real
+  devices use JAX's persistent cache where the Trainer enabled it.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import gzip
 import hashlib
+import json
+import os
 import threading
 import time
+import types
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CompileResult", "clear_cache", "compile_lowered", "fingerprint"]
+from workbench._cache import cache_root
+
+__all__ = ["CompileResult", "StoredExecutable", "clear_cache", "compile_lowered",
+           "fingerprint"]
 
 REPORT_EVERY = 10.0          # seconds between progress lines outside a notebook
 _MAX_ENTRIES = 32            # executables kept (they hold their HLO; a 7B one is ~10 MB)
@@ -50,13 +62,93 @@ def fingerprint(lowered: Any, devices: Any) -> str:
     return h.hexdigest()
 
 
+_MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+                  "temp_size_in_bytes", "generated_code_size_in_bytes")
+
+
+class StoredExecutable:
+    """What a plan reads of a compiled executable, loaded from the plan cache on disk:
+    ``memory_analysis()``, ``cost_analysis()`` and ``as_text()`` answer as the executable
+    did. It cannot run (neither can a compile-only TPU executable)."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self._record = record
+
+    def memory_analysis(self) -> Any:
+        return types.SimpleNamespace(**self._record["memory"])
+
+    def cost_analysis(self) -> dict[str, float]:
+        return dict(self._record["cost"])
+
+    def as_text(self) -> str:
+        return self._record["hlo"]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("this executable was compiled for TPU devices that are not here "
+                           "(loaded from the plan cache); it can be inspected, not run")
+
+
+def _versions() -> str:
+    from importlib import metadata
+
+    out = []
+    for pkg in ("jax", "jaxlib", "libtpu"):
+        try:
+            out.append(f"{pkg}={metadata.version(pkg)}")
+        except metadata.PackageNotFoundError:
+            out.append(f"{pkg}=none")
+    return ",".join(out)
+
+
+def _disk_path(key: str) -> Any:
+    digest = hashlib.sha256(f"{key}|{_versions()}".encode()).hexdigest()
+    return cache_root() / "plans" / f"{digest}.json.gz"
+
+
+def _disk_load(key: str) -> tuple[StoredExecutable, float] | None:
+    path = _disk_path(key)
+    try:
+        with gzip.open(path, "rt") as f:
+            record = json.load(f)
+        if not all(k in record["memory"] for k in _MEMORY_FIELDS) or \
+                not isinstance(record["hlo"], str):
+            return None
+        return StoredExecutable(record), float(record.get("seconds", 0.0))
+    except (OSError, EOFError, ValueError, KeyError, TypeError):
+        return None  # absent, truncated or hand-edited: compile again (and overwrite)
+
+
+def _disk_store(key: str, compiled: Any, seconds: float) -> None:
+    ma = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    record = {"memory": {k: int(getattr(ma, k)) for k in _MEMORY_FIELDS},
+              "cost": {k: float(v) for k, v in (cost or {}).items()
+                       if isinstance(v, (int, float))},
+              "hlo": compiled.as_text(), "seconds": seconds, "versions": _versions()}
+    path = _disk_path(key)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(tmp, "wt") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)
+    except OSError:  # a full or read-only cache only costs the next process a compile
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
 def clear_cache() -> None:
     """Forget every cached executable of this process (running compiles finish unseen)."""
     with _LOCK:
         _CACHE.clear()
 
 
-def _submit(key: str, lowered: Any) -> tuple[concurrent.futures.Future, bool]:
+def _submit(key: str, lowered: Any, persist: bool
+            ) -> tuple[concurrent.futures.Future, bool]:
     with _LOCK:
         fut = _CACHE.get(key)
         if fut is not None:  # done, failed (compile errors are deterministic) or running
@@ -70,7 +162,19 @@ def _submit(key: str, lowered: Any) -> tuple[concurrent.futures.Future, bool]:
     def work() -> None:
         t0 = time.perf_counter()
         try:
-            compiled = lowered.compile()
+            if persist:
+                stored = _disk_load(key)
+                if stored is not None:
+                    fut.set_result((*stored, True))
+                    return
+                with warnings.catch_warnings():
+                    # JAX's own cache (if on) cannot read compile-only executables back
+                    warnings.filterwarnings(
+                        "ignore", message="Error reading persistent compilation cache")
+                    compiled = lowered.compile()
+                _disk_store(key, compiled, time.perf_counter() - t0)
+            else:
+                compiled = lowered.compile()
         except MemoryError as err:  # the host ran short: another try may succeed
             with _LOCK:
                 if _CACHE.get(key) is fut:
@@ -79,7 +183,7 @@ def _submit(key: str, lowered: Any) -> tuple[concurrent.futures.Future, bool]:
         except BaseException as err:  # noqa: BLE001 - handed to the waiting caller
             fut.set_exception(err)
             return
-        fut.set_result((compiled, time.perf_counter() - t0))
+        fut.set_result((compiled, time.perf_counter() - t0, False))
 
     threading.Thread(target=work, name="workbench-compile", daemon=True).start()
     return fut, False
@@ -87,7 +191,7 @@ def _submit(key: str, lowered: Any) -> tuple[concurrent.futures.Future, bool]:
 
 def compile_lowered(lowered: Any, devices: Any, *, what: str,
                     status: Callable[[str], Callable[[str], None]] | None,
-                    in_place: bool = False) -> CompileResult:
+                    in_place: bool = False, persist: bool = False) -> CompileResult:
     """Compile ``lowered`` (a ``jax.stages.Lowered``) for ``devices`` with progress.
 
     Args:
@@ -97,6 +201,8 @@ def compile_lowered(lowered: Any, devices: Any, *, what: str,
       status: ``workbench._display.status_line`` or None for silence.
       in_place: the status line is updated in place (a notebook): show the elapsed time
         every second; else every ``REPORT_EVERY`` seconds.
+      persist: keep the result in the plan cache on disk and look there first (for
+        compile-only devices; the result is then a ``StoredExecutable``).
 
     Raises:
       KeyboardInterrupt: Ctrl-C while waiting; the compile goes on in the background and a
@@ -105,9 +211,9 @@ def compile_lowered(lowered: Any, devices: Any, *, what: str,
     """
     t0 = time.perf_counter()
     key = fingerprint(lowered, devices)
-    fut, cached = _submit(key, lowered)
+    fut, cached = _submit(key, lowered, persist)
     if cached and fut.done() and fut.exception() is None:
-        compiled, seconds = fut.result()
+        compiled, seconds, _ = fut.result()
         if status is not None:
             status(f"{what}: compiled before in this process ({seconds:.1f} s then); "
                    "reused")
@@ -120,7 +226,7 @@ def compile_lowered(lowered: Any, devices: Any, *, what: str,
     try:
         while True:
             try:
-                compiled, seconds = fut.result(timeout=0.25)
+                compiled, seconds, from_disk = fut.result(timeout=0.25)
                 break
             except concurrent.futures.TimeoutError:
                 now = time.perf_counter()
@@ -137,6 +243,10 @@ def compile_lowered(lowered: Any, devices: Any, *, what: str,
             update(f"{what}: compilation failed after {time.perf_counter() - t0:.1f} s")
         raise
     elapsed = time.perf_counter() - t0
+    if from_disk:
+        if update is not None:
+            update(f"{what}: loaded from the plan cache ({seconds:.1f} s to compile then)")
+        return CompileResult(compiled, 0.0, True)
     if update is not None:
         update(f"{what}: compiled in {elapsed:.1f} s")
     return CompileResult(compiled, elapsed, cached)

@@ -131,7 +131,7 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     estimate = analytic.analytic_memory(p_lay, o_lay, b_lay, act, limit)
 
     compiled = jitted = memory = None
-    compile_seconds = 0.0
+    compile_seconds, compile_cached = 0.0, False
     batch_sh = {k: v.sharding for k, v in batch_abs.items()}
     if target.mesh is not None:
         step = make_train_step(st.graphdef, optimizer, loss_fn=loss_fn, rules=rules,
@@ -145,7 +145,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
         try:
             result = compile_lowered(lowered, list(target.mesh.devices.flat),
                                      what=f"{label}: the train step for {where}",
-                                     status=status, in_place=in_notebook())
+                                     status=status, in_place=in_notebook(),
+                                     persist=info.jax_mesh is None)
         except Exception as err:  # noqa: BLE001 - only the compiler's OOM verdict is kept
             oom = _compiler_oom(err)
             if oom is None:
@@ -161,6 +162,7 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
                           compiler_required_temp=oom[0], compiler_available=oom[1])
         else:
             compiled, compile_seconds = result.compiled, result.seconds
+            compile_cached = result.cached
             memory = _compiled_memory(compiled, estimate, limit)
             collectives = parse_collectives(compiled.as_text(), info.axis_names,
                                             info.axis_sizes)
@@ -187,7 +189,7 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
                                   if k.startswith("params.")},
         graphdef=st.graphdef, param_state=st.param_state, abstract_state=st.state,
         shardings=st.shardings, abstract_batch=batch_abs, batch_shardings=batch_sh,
-        compiled=compiled, compile_seconds=compile_seconds,
+        compiled=compiled, compile_seconds=compile_seconds, compile_cached=compile_cached,
         plan_seconds=time.perf_counter() - t0, factory=factory, loss_fn=loss_fn,
         jitted=jitted)
 

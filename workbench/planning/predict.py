@@ -94,7 +94,8 @@ class Prediction:
                 "tokens_per_s": self.tokens_per_s, "bound": self.bound,
                 "compiler_seconds": self.compiler_seconds, "sources": dict(self.sources),
                 "breakdown": {k: v for k, v in b.items() if k != "collectives"}
-                | {"collectives": [dataclasses.asdict(c) for c in b["collectives"]]}}
+                | {"collectives": [dataclasses.asdict(c) | {"axes": list(c.axes)}
+                                   for c in b["collectives"]]}}
 
     def __str__(self) -> str:
         b = self.breakdown

@@ -76,7 +76,9 @@ class Plan(Displayable):
         abstract_batch: ``{name: ShapeDtypeStruct}`` of the batch, carrying its shardings.
         batch_shardings: ``{name: NamedSharding}`` of the batch (``step.batch_shardings``).
         compiled: the ``jax.stages.Compiled`` step (None when analytic).
-        compile_seconds: lowering + compilation time (0 when analytic).
+        compile_seconds: compilation time (0 when analytic or cached).
+        compile_cached: the executable came from the compile cache (this process's, or the
+            plan cache on disk for abstract TPU slices).
         plan_seconds: time ``wb.plan`` took in all.
         factory: ``rngs -> nnx.Module`` that builds the model (for ``materialize``).
         loss_fn: ``(model, batch) -> loss`` of the step.
@@ -112,6 +114,7 @@ class Plan(Displayable):
     batch_shardings: dict[str, jax.sharding.NamedSharding]
     compiled: Any | None
     compile_seconds: float
+    compile_cached: bool
     plan_seconds: float
     factory: ModelFactory
     loss_fn: LossFn
@@ -238,7 +241,8 @@ class Plan(Displayable):
     def summary(self) -> str:
         """A few lines: where, how much memory, FLOPs, communication, lints."""
         label = "ESTIMATE (analytic, nothing compiled)" if self.is_estimate else \
-            f"{self.source}, compiled in {self.compile_seconds:.1f} s"
+            (f"{self.source}, from the compile cache" if self.compile_cached
+             else f"{self.source}, compiled in {self.compile_seconds:.1f} s")
         mem = self.memory
         fits = {True: "fits", False: "DOES NOT FIT", None: "limit unknown"}[self.fits]
         lines = [

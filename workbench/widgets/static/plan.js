@@ -10,14 +10,63 @@ function fmtFlops(x) {
   return `${x.toPrecision(3)} FLOP`;
 }
 
+const SOURCES = { "tpu-compiler": "TPU compiler", "cpu-compiler": "CPU compiler", "gpu-compiler": "GPU compiler" };
+
 function header(p) {
+  const how = p.compile_cached ? "from the compile cache" : `compiled in ${p.compile_seconds.toFixed(1)} s`;
   const badge = p.estimate
-    ? el("span", { class: "wb-badge wb-estimate", text: "ESTIMATE — analytic, nothing compiled" })
-    : el("span", { class: "wb-badge", text: `compiled in ${p.compile_seconds.toFixed(1)} s` });
-  return el("div", { class: "wb-header" }, [
-    el("span", { class: "wb-title", text: `plan ${p.name}` }),
-    badge,
-    el("span", { class: "wb-facts", text: `batch ${p.batch} × seq ${p.seq} on ${p.mesh_text}` }),
+    ? el("span", { class: "wb-badge wb-estimate", text: "ESTIMATE — analytic, nothing compiled", title: p.source_reason })
+    : el("span", { class: "wb-badge wb-source", text: `${SOURCES[p.source] || p.source} · ${how}`, title: p.source_reason });
+  return el("div", { class: "wb-plan-head" }, [
+    el("div", { class: "wb-header" }, [
+      el("span", { class: "wb-title", text: `plan ${p.name}` }),
+      badge,
+      el("span", { class: "wb-facts", text: `batch ${p.batch} × seq ${p.seq} on ${p.mesh_text}` }),
+    ]),
+    el("div", { class: "wb-note wb-plan-source", text: `source: ${p.source} — ${p.source_reason}` }),
+  ]);
+}
+
+function fmtSeconds(s) {
+  if (s === null || s === undefined) return "—";
+  if (s >= 1) return `${s.toPrecision(3)} s`;
+  if (s >= 1e-3) return `${(s * 1e3).toPrecision(3)} ms`;
+  return `${(s * 1e6).toPrecision(3)} µs`;
+}
+
+/** Predicted step: time, bound, MFU, the roofline terms as bars, each collective's time. */
+function predicted(p) {
+  const pr = p.predicted;
+  if (!pr) return el("div", { class: "wb-note", text: "no prediction: the hardware table lacks this device's numbers" });
+  const b = pr.breakdown;
+  const terms = [["compute", b.compute], ["HBM traffic", b.memory], ["communication", b.communication_total]];
+  const top = Math.max(...terms.map((t) => t[1]), pr.step_seconds, 1e-12);
+  const facts = [`${fmtSeconds(pr.step_seconds)} per step (${pr.bound}-bound)`];
+  if (pr.mfu !== null) facts.push(`MFU ${(pr.mfu * 100).toFixed(1)}%`);
+  if (pr.tokens_per_s) facts.push(`${Math.round(pr.tokens_per_s).toLocaleString()} tokens/s`);
+  if (pr.compiler_seconds !== null) facts.push(`TPU compiler's own estimate ${fmtSeconds(pr.compiler_seconds)}`);
+  const bars = terms.map(([name, t]) => el("div", { class: "wb-pred-row" }, [
+    el("span", { class: "wb-pred-name", text: name }),
+    el("span", { class: "wb-pred-bar", style: { width: `${Math.max(1, (t / top) * 240)}px` },
+      title: name === "communication" ? `${fmtSeconds(b.communication)} not hidden behind compute (${pr.sources.overlap})` : pr.sources[name === "compute" ? "flops" : "bytes"] }),
+    el("span", { class: "wb-pred-value", text: fmtSeconds(t) }),
+  ]));
+  const rows = b.collectives.map((c) => ({ ...c, axes_text: c.axes.join(", ") || "—",
+    gbps: c.bandwidth / 1e9, overlap_text: `${Math.round(c.overlap * 100)}%` }));
+  return el("div", { class: "wb-plan-predicted" }, [
+    el("div", { class: "wb-subtitle", text: `predicted — ${facts.join(" · ")}` }),
+    ...bars,
+    rows.length ? el("div", { class: "wb-scroll" }, [table([
+      { key: "kind", label: "collective" },
+      { key: "axes_text", label: "mesh axes" },
+      { key: "count", label: "count", numeric: true },
+      { key: "bytes", label: "bytes each", numeric: true, format: fmtBytes },
+      { key: "links", label: "links" },
+      { key: "gbps", label: "GB/s", numeric: true, format: (v) => v.toPrecision(3) },
+      { key: "seconds", label: "time/step", numeric: true, format: fmtSeconds },
+      { key: "overlap_text", label: "hidden" },
+    ], rows, { sortKey: "seconds" }).node]) : el("div", { class: "wb-note", text: "no collectives" }),
+    el("div", { class: "wb-note", text: `peak FLOP/s: ${pr.sources.peak_flops}; HBM: ${pr.sources.hbm_bandwidth}; overlap: ${pr.sources.overlap}` }),
   ]);
 }
 
@@ -126,7 +175,7 @@ function render({ model, el: host }) {
     const p = model.get("payload");
     if (!p || !p.memory) { root.replaceChildren(el("div", { class: "wb-note", text: "empty plan" })); return; }
     const tip = tooltip(root);
-    root.replaceChildren(header(p), memoryBars(p, tip), flops(p), lints(p), collectives(p), tip.node);
+    root.replaceChildren(header(p), memoryBars(p, tip), flops(p), predicted(p), lints(p), collectives(p), tip.node);
   }
   draw();
   model.on("change:payload", draw);

@@ -1,0 +1,252 @@
+"""Plans for TPU slices you do not have, compiled by the TPU compiler on this machine, checked
+against the same step compiled directly with JAX's topology API; where the numbers come
+from (plan.source), the compile cache, Ctrl-C, and the out-of-memory verdict."""
+import json
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import AxisType, Mesh
+
+import workbench as wb
+from workbench.mesh import mesh_info
+from workbench.models import GPTConfig
+from workbench.planning import compile as plan_compile
+from workbench.planning.hlo import parse_collectives
+from workbench.rules import Rules
+from workbench.step import abstract_batch, abstract_train_state, jit_train_step, make_train_step
+from workbench.step import model_factory
+from workbench.topology import tpu_compiler_available
+
+pytestmark = [
+    pytest.mark.usefixtures("wb_cache"),
+    pytest.mark.skipif(not tpu_compiler_available(),
+                       reason="the TPU compiler (libtpu) is not installed: "
+                              "pip install 'workbench[tpu-compile]'"),
+]
+
+TINY = GPTConfig.preset("tiny")
+AXES = {"data": 2, "model": 2}
+
+
+def _reference(cfg, topology, rules_name, batch, seq, axes=AXES):
+    """The same train step, compiled straight from JAX's topology API (no workbench mesh
+    or planner code): devices from ``get_topology_desc``, laid out in their order."""
+    from jax.experimental import topologies
+
+    devs = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+    mesh = Mesh(np.array(devs).reshape(tuple(axes.values())), tuple(axes),
+                axis_types=(AxisType.Auto,) * len(axes))
+    rules = Rules.preset(rules_name, mesh_info(mesh))
+    opt = optax.adamw(3e-4)
+    st = abstract_train_state(model_factory(cfg), opt, rules, mesh, strict=False)
+    ex = {k: jax.ShapeDtypeStruct((batch, seq), jnp.int32) for k in ("inputs", "targets")}
+    b = abstract_batch(ex, rules, mesh)
+    step = make_train_step(st.graphdef, opt, rules=rules, mesh=mesh)
+    jitted = jit_train_step(step, st.shardings, {k: v.sharding for k, v in b.items()})
+    return jitted.lower(st.state, b).compile()
+
+
+@pytest.fixture(scope="module")
+def tpu_plan():
+    return wb.plan(TINY, mesh=wb.abstract_mesh("v5e-4", **AXES), rules="fsdp_tp", batch=8,
+                   seq=64, progress=False)
+
+
+def test_tpu_plan_matches_the_step_compiled_directly(tpu_plan):
+    assert tpu_plan.source == "tpu-compiler" and not tpu_plan.is_estimate
+    assert "v5e:2x2" in tpu_plan.source_reason
+    ref = _reference(TINY, "v5e:2x2", "fsdp_tp", 8, 64)
+    ma = ref.memory_analysis()
+    mem = tpu_plan.memory
+    assert mem["arguments"] == ma.argument_size_in_bytes
+    assert mem["outputs"] == ma.output_size_in_bytes
+    assert mem["aliased"] == ma.alias_size_in_bytes
+    assert mem["temp"] == ma.temp_size_in_bytes
+    assert mem["total"] == (ma.argument_size_in_bytes + ma.output_size_in_bytes
+                            - ma.alias_size_in_bytes + ma.temp_size_in_bytes)
+    assert tpu_plan.cost["flops"] == ref.cost_analysis()["flops"]
+    assert tpu_plan.compiled_flops_per_device == ref.cost_analysis()["flops"]
+
+    text = tpu_plan.compiled.as_text()
+    assert re.search(r"\{1,0:T\(\d+,128\)", text), "TPU tiled layouts in the HLO"
+    found = re.findall(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.+?\s(all-reduce|all-gather|"
+                       r"reduce-scatter|all-to-all|collective-permute)(?:-start)?\(",
+                       text, flags=re.M)
+    by_kind = {k: sum(c.count for c in tpu_plan.collectives if c.kind == k) for k in set(found)}
+    assert found and by_kind == {k: found.count(k) for k in set(found)}
+    assert {c.kind for c in tpu_plan.collectives} == set(found)
+
+
+def test_tpu_plan_predicts_with_the_tpu_table_and_shows_the_compiler_estimate(tpu_plan):
+    pred = tpu_plan.predicted
+    cost = tpu_plan.cost
+    spec = wb.hardware.hardware_spec("TPU v5 lite")
+    # the roofline terms are the compiler's per-device counts over the table's numbers
+    assert pred.breakdown["compute"] == pytest.approx(cost["flops"] / spec.peak_flops)
+    assert pred.breakdown["memory"] == pytest.approx(cost["bytes accessed"] / spec.hbm_bandwidth)
+    assert pred.compiler_seconds == cost["optimal_seconds"] > 0
+    assert pred.mfu == pytest.approx(tpu_plan.model_flops / (pred.step_seconds * 4
+                                                             * spec.peak_flops))
+    assert pred.sources["flops"] == "tpu-compiler cost analysis"
+    text = str(tpu_plan)
+    assert "source: tpu-compiler" in text and "TPU compiler's estimate" in text
+    d = json.loads(json.dumps(tpu_plan.to_dict()))
+    assert d["source"] == "tpu-compiler"
+    assert d["predicted"]["step_seconds"] == pytest.approx(pred.step_seconds)
+    row = wb.compare([tpu_plan]).rows[0]
+    assert row["source"] == "tpu-compiler" and row["step_seconds"] == pred.step_seconds
+
+
+def test_every_source_is_named():
+    cpu = wb.plan(TINY, mesh=wb.make_mesh(data=4, model=2), rules="fsdp", batch=8, seq=32,
+                  progress=False)
+    assert cpu.source == "cpu-compiler" and "CPU" in cpu.source_reason
+    off = wb.plan(TINY, mesh=wb.abstract_mesh("v5e-4", **AXES), rules="fsdp", batch=8, seq=32,
+                  compile=False, progress=False)
+    assert off.source == "estimate" and off.is_estimate and off.compiled is None
+    gpu = wb.plan(TINY, mesh=wb.abstract_mesh("8xH100", data=8), rules="fsdp", batch=8, seq=32,
+                  progress=False)
+    assert gpu.source == "estimate" and "not a TPU slice" in gpu.source_reason
+    with pytest.raises(ValueError, match="compile=True cannot compile .*not a TPU slice"):
+        wb.plan(TINY, mesh=wb.abstract_mesh("8xH100", data=8), rules="fsdp", batch=8, seq=32,
+                compile=True)
+    with pytest.raises(TypeError, match="compile must be"):
+        wb.plan(TINY, mesh=wb.abstract_mesh("v5e-4", **AXES), batch=8, compile="yes")
+
+
+def test_missing_tpu_compiler_falls_back_and_says_so_once(monkeypatch, capsys):
+    import workbench.topology as topology
+
+    monkeypatch.setattr(topology, "tpu_compiler_available", lambda: False)
+    monkeypatch.setattr("workbench.planning.planner._SAID", set())
+    mesh = wb.abstract_mesh("v5p-8", **AXES)
+    first = wb.plan(TINY, mesh=mesh, rules="fsdp", batch=8, seq=32)
+    second = wb.plan(TINY, mesh=mesh, rules="tp", batch=8, seq=32)
+    assert first.source == second.source == "estimate"
+    assert "not installed" in first.source_reason
+    err = capsys.readouterr().err
+    assert err.count("not installed") == 1
+
+
+def test_same_plan_again_is_served_from_the_cache(tpu_plan):
+    again = wb.plan(TINY, mesh=wb.abstract_mesh("v5e-4", **AXES), rules="fsdp_tp", batch=8,
+                    seq=64, progress=False)
+    assert again.compile_cached and again.compile_seconds == 0.0
+    assert again.compiled is tpu_plan.compiled
+    assert again.memory == tpu_plan.memory
+
+
+def test_plan_cache_on_disk_serves_a_new_process(tmp_path, wb_cache):
+    """A second process gets the plan from the disk cache, equal to a fresh compile; a
+    corrupt entry is recompiled and replaced, never fatal."""
+    code = ("import json, workbench as wb\n"
+            "p = wb.plan(wb.models.GPTConfig.preset('tiny'), mesh=wb.abstract_mesh('v5e-4', "
+            "data=4), rules='fsdp', batch=8, seq=32, progress=False)\n"
+            "print(json.dumps([p.compile_cached, p.memory, p.cost.get('flops'), "
+            "len(p.collectives)]))\n")
+
+    def run():
+        out = subprocess.run([shutil.which("python") or "python", "-c", code],
+                             capture_output=True, text=True, timeout=300, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = run()
+    entries = list((wb_cache / "plans").glob("*.json.gz"))
+    assert entries
+    second = run()
+    assert second[0] is True and second[1:] == first[1:]
+    for e in entries:
+        e.write_bytes(b"not gzip")
+    third = run()
+    assert third[0] is False and third[1:] == first[1:]
+
+
+def test_ctrl_c_while_compiling_returns_at_once_and_the_compile_is_kept():
+    cfg = TINY.replace(n_layers=3)
+    mesh = wb.abstract_mesh("v5e-4", **AXES)
+    main = threading.main_thread().ident
+    lines = []
+
+    def status(text):
+        lines.append(text)
+        # the compile has started: Ctrl-C now, as a notebook's interrupt would
+        threading.Timer(0.1, signal.pthread_kill, (main, signal.SIGINT)).start()
+        return lines.append
+
+    real = plan_compile.compile_lowered
+
+    def with_interrupt(*args, **kwargs):
+        return real(*args, **{**kwargs, "status": status})
+
+    plan_compile.clear_cache()
+    from workbench.planning import planner
+    planner.compile_lowered = with_interrupt
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=64)
+    finally:
+        planner.compile_lowered = real
+    assert any("interrupted" in line for line in lines)
+    p = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=64, progress=False)
+    assert p.source == "tpu-compiler" and p.compile_cached   # the background compile's result
+
+
+def test_a_step_the_tpu_compiler_cannot_fit_is_a_plan_that_says_by_how_much():
+    mesh = wb.abstract_mesh("v5e-4", data=4)
+    big = TINY.replace(vocab_size=32768, d_model=1024, n_heads=16, n_kv_heads=16, d_ff=4096,
+                       n_layers=2)
+    p = wb.plan(big, mesh=mesh, rules="dp", batch=256, seq=2048, progress=False)
+    assert p.fits is False and p.source == "estimate"
+    assert "rejected this step" in p.source_reason and "does not fit" in p.source_reason
+    # the compiler's own number, as it reports it when the step is compiled directly
+    with pytest.raises(Exception, match="RESOURCE_EXHAUSTED") as err:
+        _reference(big, "v5e:2x2", "dp", 256, 2048, axes={"data": 4})
+    need = re.search(r"HLO temporaries \(([\d.]+)G\)", str(err.value)).group(1)
+    assert p.memory["compiler_required_temp"] / 1024 ** 3 == pytest.approx(float(need), abs=0.01)
+    assert p.memory["temp"] == p.memory["compiler_required_temp"]
+    assert p.memory["total"] > p.memory["limit"]
+    (lint,) = [w for w in p.warnings if w.kind == "memory"]
+    assert "over" in lint.message and "largest: activations" in lint.message
+
+
+def test_multislice_plan_compiles_with_dcn_collectives():
+    mesh = wb.abstract_mesh("v5e-4", data=-1, model=2, dcn={"data": 2})
+    p = wb.plan(TINY, mesh=mesh, rules="fsdp", batch=16, seq=32, progress=False)
+    assert p.source == "tpu-compiler" and "2 slices" in p.source_reason
+    assert {d.slice_index for d in p.shardings.step.mesh.devices.flat} == {0, 1}
+    over_data = [c for c in p.collectives if "data" in c.axes]
+    assert over_data
+    links = [t.links for t in p.predicted.breakdown["collectives"] if "data" in t.axes]
+    assert any("dcn" in link for link in links)
+
+
+def test_plan_widget_shows_source_and_prediction(tpu_plan, tmp_path):
+    from workbench.widgets import _assets
+    from workbench.widgets.plan_view import plan_payload
+
+    payload = plan_payload(tpu_plan)
+    assert payload["source"] == "tpu-compiler"
+    assert json.loads(json.dumps(payload)) == payload
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    harness = pathlib.Path(__file__).parent / "widgets_js" / "render.mjs"
+    (tmp_path / "plan.mjs").write_text(_assets.esm("plan"))
+    (tmp_path / "state.json").write_text(json.dumps({"payload": payload}))
+    out = subprocess.run([node, str(harness), str(tmp_path / "plan.mjs"),
+                          str(tmp_path / "state.json")], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert "TPU compiler ·" in rep["text"] and "TPU compiler's own estimate" in rep["text"]
+    assert rep["classes"]["wb-pred-row"] == 3
+    assert rep["handlers_left"] == 0
