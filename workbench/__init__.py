@@ -39,6 +39,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "plan": ("workbench.planning", "plan"),
     "Plan": ("workbench.planning", "Plan"),
     "compare": ("workbench.planning", "compare"),
+    "search": ("workbench.planning.search", "search"),
+    "SearchResult": ("workbench.planning.search", "SearchResult"),
     "TrainConfig": ("workbench.train", "TrainConfig"),
     "Trainer": ("workbench.train", "Trainer"),
     "launch": ("workbench.jobs", "launch"),
@@ -78,6 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench.layouts import Layout, layout
     from workbench.mesh import MeshInfo, abstract_mesh, make_mesh
     from workbench.planning import Plan, compare, plan
+    from workbench.planning.search import SearchResult, search
     from workbench.rules import Rules
     from workbench.train import TrainConfig, Trainer
     from workbench.widgets import show

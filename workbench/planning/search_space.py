@@ -1,0 +1,200 @@
+"""What ``wb.search`` enumerates: the hardware, its mesh splits, the candidates (rules x
+remat x micro-batches) and why a candidate cannot be planned as asked."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from workbench.mesh import HARDWARE_PRESETS, abstract_mesh, make_mesh, mesh_info
+from workbench.models import GPTConfig
+from workbench.models.config import REMAT_POLICIES
+from workbench.planning.analytic import axes_size, rule_axes
+from workbench.rules import Rules
+
+__all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "Candidate", "Hardware", "candidates",
+           "check_options", "hardware", "invalid", "larger_presets", "mesh_shape", "skip"]
+
+DEFAULT_STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp")
+DEFAULT_REMAT = ("none", "dots", "full")
+PRESETS = ("dp", "fsdp", "tp", "fsdp_tp")
+# cfg dimensions a tensor-parallel split must divide exactly (attention reshapes them)
+_EXACT = {"heads": "n_heads", "kv_heads": "n_kv_heads", "mlp": "d_ff"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One layout: mesh shape, rules, remat policy and micro-batches per optimizer step."""
+
+    id: int
+    mesh: dict[str, int]
+    rules: str | Rules
+    rules_name: str
+    remat: str
+    microbatches: int
+
+    @property
+    def label(self) -> str:
+        """``"fsdp_tp data=16 model=8 remat=dots mb=2"`` (mb: micro-batches, when > 1)."""
+        shape = " ".join(f"{a}={s}" for a, s in self.mesh.items())
+        mb = f" mb={self.microbatches}" if self.microbatches > 1 else ""
+        return f"{self.rules_name} {shape} remat={self.remat}{mb}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """What the search lays out over: a preset (abstract meshes) or the devices at hand."""
+
+    name: str
+    size: int
+    mesh: Callable[[dict[str, int]], Any]
+    preset: str | None
+
+
+def hardware(spec: Any) -> Hardware:
+    """A preset name, a mesh (its devices, or its preset when abstract), or None
+    (``jax.devices()``)."""
+    if isinstance(spec, str):
+        try:
+            size = abstract_mesh(spec).size
+        except ValueError as err:
+            raise ValueError(f"wb.search(hardware={spec!r}): {err}") from None
+        return Hardware(spec, size, lambda s: abstract_mesh(spec, **s), spec)
+    if spec is None:
+        devices = jax.devices()
+    else:
+        info = mesh_info(spec)
+        if info.jax_mesh is None:
+            if info.hardware is None:
+                raise ValueError("wb.search needs a hardware preset or real devices; this "
+                                 "abstract mesh has neither: use hardware='v5p-256' or similar")
+            return hardware(info.hardware)
+        devices = list(info.jax_mesh.devices.flat)
+    name = f"{len(devices)} x {devices[0].device_kind} at hand"
+    return Hardware(name, len(devices), lambda s: make_mesh(s, devices=devices), None)
+
+
+def check_options(batch: int, strategies: Sequence, remat: Sequence[str],
+                  microbatches: Sequence[int], top_k: int, max_model: int) -> None:
+    """Raise ``ValueError`` naming the bad option and what to give instead."""
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive int, got {batch!r}")
+    examples = {"strategies": DEFAULT_STRATEGIES, "remat": DEFAULT_REMAT,
+                "microbatches": (1, 2)}
+    for name, value in (("strategies", strategies), ("remat", remat),
+                        ("microbatches", microbatches)):
+        if isinstance(value, (str, Rules)) or not len(value):
+            raise ValueError(f"{name}={value!r}: give a non-empty list, e.g. "
+                             f"{name}={examples[name]!r}")
+    for s in strategies:
+        if not isinstance(s, Rules) and s not in PRESETS:
+            raise ValueError(f"unknown strategy {s!r}; use rules presets {PRESETS} or "
+                             "wb.Rules objects")
+    for r in remat:
+        if r not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat policy {r!r}; choose from {sorted(REMAT_POLICIES)}")
+    for m in microbatches:
+        if not isinstance(m, int) or m < 1 or batch % m:
+            ok = [d for d in range(1, batch + 1) if batch % d == 0][:12]
+            raise ValueError(f"batch {batch} is not divisible by microbatches={m!r}; use "
+                             f"micro-batch counts that divide the batch: {ok}")
+    if not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (how many candidates to compile), got "
+                         f"{top_k!r}; top_k=0 or exact=False compiles none")
+    if not isinstance(max_model, int) or max_model < 1:
+        raise ValueError(f"max_model must be a positive int, got {max_model!r}")
+
+
+def candidates(cfg: GPTConfig, hw: Hardware, batch: int, strategies: Sequence,
+               remats: Sequence[str], microbatches: Sequence[int],
+               mesh_shapes: Sequence | None, max_model: int
+               ) -> tuple[list[Candidate], list[dict[str, Any]]]:
+    """Every combination to plan, and those skipped before planning (with the reason).
+
+    Default meshes are ``data x model`` with ``model`` a power of two up to ``max_model``
+    dividing the devices; dp and fsdp shard over every axis, so the split changes nothing
+    for them: they get ``model=1`` only, and tp and fsdp_tp ``model > 1`` only.
+    """
+    named = [(s, s if isinstance(s, str) else f"rules#{i}") for i, s in enumerate(strategies, 1)]
+    if mesh_shapes is None:
+        models = [m for m in (2 ** k for k in range(16)) if m <= max_model and hw.size % m == 0]
+        combos = [({"data": hw.size // m, "model": m}, s, n) for m in models for s, n in named
+                  if not isinstance(s, str) or (m == 1) == (s in ("dp", "fsdp"))]
+    else:
+        combos = [(mesh_shape(s, hw.size, hw.name), st, n) for s in mesh_shapes
+                  for st, n in named]
+    cands, skipped, i = [], [], 0
+    for shape, rules, name in combos:
+        for r in remats:
+            for m in microbatches:
+                c = Candidate(id=i, mesh=shape, rules=rules, rules_name=name, remat=r,
+                              microbatches=m)
+                i += 1
+                why = invalid(cfg, c, batch)
+                if why:
+                    skipped.append(skip(c, why))
+                else:
+                    cands.append(c)
+    return cands, skipped
+
+
+def mesh_shape(s: Mapping[str, int] | Sequence[int], size: int, where: str) -> dict[str, int]:
+    """``{"data": 16, "model": 8}`` or ``(16, 8)`` (one size may be -1) covering ``size``."""
+    shape = dict(s) if isinstance(s, Mapping) else dict(zip(("data", "model"), s))
+    if isinstance(s, Mapping) or len(s) == 2:
+        known = math.prod(v for v in shape.values() if v != -1)
+        if list(shape.values()).count(-1) == 1 and known and size % known == 0:
+            shape = {a: size // known if v == -1 else v for a, v in shape.items()}
+        if all(isinstance(v, int) and v > 0 for v in shape.values()) \
+                and math.prod(shape.values()) == size:
+            return {a: int(v) for a, v in shape.items()}
+    raise ValueError(f"mesh shape {s!r} does not cover the {size} devices of {where}; "
+                     f"give {{'data': d, 'model': m}} or (d, m) with d x m = {size}")
+
+
+def invalid(cfg: GPTConfig, c: Candidate, batch: int) -> str | None:
+    """Why a candidate cannot be planned as asked (the batch per micro-batch does not
+    divide over the devices that split it; heads or the MLP do not divide over the model
+    axis), or None."""
+    info = mesh_info(abstract_mesh(**c.mesh))
+    try:
+        rules = Rules.preset(c.rules, info) if isinstance(c.rules, str) else c.rules
+        rules.check_mesh(info)
+    except ValueError as err:
+        return str(err)
+    per_step, shards = batch // c.microbatches, axes_size(info, rule_axes(rules, "batch"))
+    if per_step % shards:
+        what = f"batch {batch} / {c.microbatches} micro-batches" if c.microbatches > 1 \
+            else f"batch {batch}"
+        axes = " x ".join(f"{a}={info.shape[a]}" for a in rule_axes(rules, "batch"))
+        return (f"{what} = {per_step} sequences per step do not divide over the {shards} "
+                f"devices that split the batch ({axes})")
+    for logical, field in _EXACT.items():
+        n, size = axes_size(info, rule_axes(rules, logical)), getattr(cfg, field)
+        if size % n:
+            return f"cfg.{field}={size} does not divide over {logical} shards of size {n}"
+    return None
+
+
+def skip(c: Candidate, reason: str) -> dict[str, Any]:
+    """The record of a candidate that was not planned."""
+    return {"id": c.id, "layout": c.label, "mesh": dict(c.mesh), "rules": c.rules_name,
+            "remat": c.remat, "microbatches": c.microbatches, "reason": reason}
+
+
+def larger_presets(hw: Hardware, n: int = 2) -> list[str]:
+    """The next ``n`` larger presets of the same chip ("v5p-256" -> v5p-512, v5p-1024;
+    "8xH100" -> 2x8xH100, 4x8xH100)."""
+    if hw.preset is None:
+        return []
+    if "-" in hw.preset:
+        family = hw.preset.split("-")[0] + "-"
+        same = [p for p in HARDWARE_PRESETS if p.startswith(family)]
+    else:
+        gpu = hw.preset.split("x")[-1].upper()
+        same = [p for p in HARDWARE_PRESETS if p.upper().endswith("X" + gpu)]
+    sizes = sorted((abstract_mesh(p).size, p) for p in same)
+    return [p for s, p in sizes if s > hw.size][:n]
