@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -186,6 +187,85 @@ def test_trained_run_shows_in_panel_and_dashboard(lab: Lab, page: Any, lab_root:
         timeout=15_000)
     shot = screenshot(page, "workbench_panel_trained_run")
     assert shot.stat().st_size > 10_000
+
+
+# The plan's prediction as Trainer.from_plan records it (plan.predicted.to_dict() + where from)
+PREDICTION = {"step_seconds": 0.08, "mfu": 0.3, "tokens_per_s": 3200.0, "bound": "compute",
+              "compiler_seconds": None, "source": "cpu-compiler", "plan_name": "tiny",
+              "source_reason": "compiled for the real mesh", "hardware": "cpu",
+              "breakdown": {"compute": 0.08, "memory": 0.02, "communication": 0.0,
+                            "collectives": []}, "sources": {"flops": "cost analysis"}}
+
+
+def _planned_run(run_dir: Path, prediction: dict[str, Any] | str) -> list[dict[str, Any]]:
+    """A finished 30-step run with a prediction (a dict as recorded, or raw JSON text as a
+    person might edit it into run.json); returns its step records."""
+    meta = {"prediction": prediction} if isinstance(prediction, dict) else {}
+    recs = [{"step": s, "loss": 4.0 / (1 + 0.05 * s), "mfu": 0.2 + 0.01 * (s % 5),
+             "hfu": 0.25, "step_time": 0.09 + 0.005 * (s % 7), "data_time": 0.01,
+             "ckpt_time": 0.0, "tokens_per_s": 3000.0} for s in range(1, 31)]
+    with runs.RunWriter(run_dir, config={"model": "tiny"}, meta=meta) as w:
+        for rec in recs:
+            w.log(rec)
+    if isinstance(prediction, str):
+        text = (run_dir / runs.RUN_JSON).read_text().rstrip()
+        (run_dir / runs.RUN_JSON).write_text(text[:-1] + f', "prediction": {prediction}}}')
+    return recs
+
+
+def test_dashboard_shows_the_plan_prediction_beside_measured(lab: Lab, page: Any,
+                                                             lab_root: Path) -> None:
+    """A run with the plan's prediction: the list hints at it; the dashboard's step-time and
+    MFU cards show predicted and measured ÷ predicted, and both charts a dashed predicted line.
+    A hand-edited, malformed prediction (NaN, strings) shows as none and breaks nothing."""
+    recs = _planned_run(lab_root / "runs" / "planned", PREDICTION)
+    _planned_run(lab_root / "runs" / "hand-edited",
+                 '{"step_seconds": NaN, "mfu": "31%", "bound": 3, "breakdown": "x"}')
+    _open_lab(page, lab)
+    panel = show_runs_panel(page)
+    hint = panel.locator(".jp-Workbench-run[data-id='runs/planned'] .jp-Workbench-pred")
+    hint.wait_for(timeout=15_000)
+    assert "pred. 80 ms/step · MFU 30.0% (cpu-compiler)" in hint.get_attribute("title")
+    bad_row = panel.locator(".jp-Workbench-run[data-id='runs/hand-edited']")
+    bad_row.wait_for(timeout=15_000)
+    assert bad_row.locator(".jp-Workbench-pred").is_hidden()
+    assert bad_row.locator(".jp-Workbench-step").inner_text() == "step 30"
+
+    panel.locator(".jp-Workbench-run[data-id='runs/planned']").click()
+    dash = ".jp-Workbench-dashboard[data-run-id='runs/planned']"
+    assert _wait_attr(page, f"{dash} .jp-Workbench-lossChart", "data-points", 30) == 30
+    recent = lambda key: statistics.median(r[key] for r in recs[-20:])  # noqa: E731
+    step_card = page.locator(f"{dash} .jp-Workbench-kpi", has_text="step time")
+    step_card.locator(".jp-Workbench-kpiPred").wait_for(timeout=15_000)
+    ratio = recent("step_time") / PREDICTION["step_seconds"]
+    assert step_card.locator(".jp-Workbench-kpiPred").inner_text() == \
+        f"pred. {PREDICTION['step_seconds'] * 1e3:.0f} ms · measured {ratio:.3g}×"
+    assert "compute-bound" in step_card.get_attribute("title")
+    mfu_card = page.locator(f"{dash} .jp-Workbench-kpi", has_text="MFU").first
+    ratio = recent("mfu") / PREDICTION["mfu"]
+    assert mfu_card.locator(".jp-Workbench-kpiPred").inner_text() == \
+        f"pred. {PREDICTION['mfu'] * 100:.1f}% · measured {ratio:.3g}×"
+    charts = page.locator(f"{dash} .jp-Workbench-chart")
+    time_chart = charts.filter(has_text="Step time breakdown")
+    util_chart = charts.filter(has_text="Utilization")
+    assert float(time_chart.get_attribute("data-predicted")) == PREDICTION["step_seconds"]
+    assert float(util_chart.get_attribute("data-predicted")) == PREDICTION["mfu"]
+    for chart, label in ((time_chart, "predicted"), (util_chart, "predicted MFU")):
+        entry = chart.locator(".u-legend .jp-Workbench-predicted")
+        assert entry.is_visible() and label in entry.inner_text()
+    assert "predicted by plan tiny · cpu-compiler on cpu" in page.locator(
+        f"{dash} .jp-Workbench-facts").inner_text()
+    screenshot(page, "workbench_dashboard_predicted")
+
+    panel.locator(".jp-Workbench-run[data-id='runs/hand-edited']").click()
+    bad = ".jp-Workbench-dashboard[data-run-id='runs/hand-edited']"
+    assert _wait_attr(page, f"{bad} .jp-Workbench-lossChart", "data-points", 30) == 30
+    assert page.locator(f"{bad} .jp-Workbench-kpiPred").count() == 0
+    bad_time = page.locator(f"{bad} .jp-Workbench-chart").filter(has_text="Step time breakdown")
+    assert "jp-mod-noPrediction" in bad_time.get_attribute("class")
+    assert bad_time.get_attribute("data-predicted") is None
+    assert bad_time.locator(".u-legend .jp-Workbench-predicted").is_hidden()
+    assert page.dialogs == []
 
 
 INLINE_CELLS = [

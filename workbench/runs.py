@@ -37,15 +37,22 @@ from typing import Any, Self
 
 from workbench._tail import METRICS, MetricsTail
 
-__all__ = ["METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunWriter", "columns",
-           "config_hash", "effective_status", "find_run_dirs", "list_runs", "pid_alive",
-           "pid_start_time", "read_events", "read_metrics", "read_run", "resolve_run", "run_id"]
+__all__ = ["METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunWriter", "clean_prediction",
+           "columns", "config_hash", "effective_status", "find_run_dirs", "json_safe",
+           "list_runs", "pid_alive", "pid_start_time", "read_events", "read_metrics",
+           "read_run", "resolve_run", "run_id"]
 
 RUN_JSON = "run.json"
 STATUSES = ("running", "finished", "interrupted", "failed")
 _VERSIONED = ("workbench", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
 _SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "checkpoints"})
 _ROOT_PREFIX = re.compile(r"^(\d+):(.*)$")
+# A run.json ``prediction`` (the plan's, recorded by Trainer.from_plan): the fields readers use.
+_PREDICTION_NUMBERS = ("step_seconds", "mfu", "tokens_per_s", "compiler_seconds")
+_PREDICTION_TEXT = ("bound", "source", "source_reason", "hardware", "plan_name")
+_PREDICTION_TERMS = ("compute", "memory", "communication", "communication_total",
+                     "no_overlap_step")
+_TEXT_MAX = 2000
 
 
 # ----------------------------------------------------------------------------- writing
@@ -64,6 +71,12 @@ def _clean(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return _clean(value.tolist())
     return str(value)
+
+
+def json_safe(value: Any) -> Any:
+    """A strict-JSON copy of ``value`` (NaN/inf -> None, numpy scalars -> Python, tuples ->
+    lists, other objects -> their text): what ``json.dumps(..., allow_nan=False)`` takes."""
+    return _clean(value)
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -131,9 +144,9 @@ class RunWriter:
             "error": None, "model_flops_per_step": None, "memory_per_device": None,
         }
         for key in ("target_steps", "mesh", "devices", "device_kind", "peak_flops",
-                    "peak_source", "model_flops_per_step", "memory_per_device"):
+                    "peak_source", "model_flops_per_step", "memory_per_device", "prediction"):
             if old.get(key) is not None:
-                self.meta[key] = old[key]
+                self.meta[key] = _clean(old[key])
         self.meta.update(_clean(meta or {}))
         path = self.run_dir / METRICS
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
@@ -240,6 +253,54 @@ def read_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise TypeError(f"{path} holds a JSON {type(data).__name__}, expected an object; "
                         "it was not written by RunWriter")
     return data
+
+
+def clean_prediction(value: Any) -> dict[str, Any] | None:
+    """A run.json ``prediction`` reduced to what readers may trust, or None.
+
+    ``Trainer.from_plan`` records the plan's ``predicted.to_dict()`` plus ``source``,
+    ``hardware`` and ``plan_name``; a hand-edited file may hold anything. Kept: the
+    numbers ``step_seconds``, ``mfu``, ``tokens_per_s``, ``compiler_seconds`` when finite
+    and positive (never bools or strings); the texts ``bound``, ``source``,
+    ``source_reason``, ``hardware``, ``plan_name`` when strings; the breakdown's seconds
+    per term (``compute``, ``memory``, ``communication``, ...) and ``sources`` (text to
+    text). Everything else is dropped. Without a usable step time or MFU: None.
+
+    Example::
+
+        clean_prediction({"step_seconds": 0.02, "mfu": "NaN"})   # {"step_seconds": 0.02}
+    """
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, Any] = {}
+    for key in _PREDICTION_NUMBERS:
+        if _positive(value.get(key)):
+            out[key] = float(value[key])
+    if "step_seconds" not in out and "mfu" not in out:
+        return None
+    for key in _PREDICTION_TEXT:
+        if isinstance(value.get(key), str):
+            out[key] = value[key][:_TEXT_MAX]
+    breakdown = value.get("breakdown")
+    if isinstance(breakdown, dict):
+        terms = {k: float(breakdown[k]) for k in _PREDICTION_TERMS
+                 if _finite(breakdown.get(k)) and breakdown[k] >= 0}
+        if terms:
+            out["breakdown"] = terms
+    sources = value.get("sources")
+    if isinstance(sources, dict):
+        texts = {str(k)[:200]: v[:_TEXT_MAX] for k, v in sources.items() if isinstance(v, str)}
+        if texts:
+            out["sources"] = texts
+    return out
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _positive(v: Any) -> bool:
+    return _finite(v) and v > 0
 
 
 def read_metrics(run_dir: str | os.PathLike[str], since: int = 0) -> list[dict[str, Any]]:

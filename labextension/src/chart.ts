@@ -9,6 +9,8 @@ export interface ISeriesSpec {
   dash?: number[];
   /** Scale key; series with another scale get a right-hand axis. */
   scale?: string;
+  /** A class on the series' legend row (e.g. to hide a reference line's entry). */
+  className?: string;
 }
 
 export interface IChartOptions {
@@ -117,6 +119,7 @@ export class LineChart {
           stroke: s.stroke,
           width: s.width ?? 1.5,
           dash: s.dash,
+          class: s.className,
           scale: s.scale ?? 'y',
           spanGaps: true,
           points: { show: false },

@@ -1,6 +1,8 @@
 /**
  * A run's dashboard (main area): loss with smoothing, MFU and HFU, step-time breakdown,
- * tokens/s, memory per device and the config, live from the run stream.
+ * tokens/s, memory per device and the config, live from the run stream. A run started
+ * from a plan also shows the plan's prediction: under the step-time and MFU cards, and as
+ * a dashed "predicted" line on the step-time and utilization charts.
  */
 import { Widget } from '@lumino/widgets';
 
@@ -8,6 +10,7 @@ import { LineChart, PALETTE } from './chart';
 import { button, el } from './dom';
 import { fmtBytes, fmtNumber, fmtPercent, fmtRate, fmtSeconds, fmtStep } from './format';
 import { runStream, Stream } from './handler';
+import { describePrediction, IPrediction, recentMedian, versus } from './prediction';
 import { RunModel } from './runModel';
 import { Decimator, EmaCache } from './series';
 import { SettingsModel } from './settings';
@@ -19,6 +22,9 @@ export const DASHBOARD_KEYS = ['time', 'loss', 'grad_norm', 'lr', 'step_time', '
   'ckpt_time', 'tokens_per_s', 'mfu', 'hfu'];
 
 const pct = (v: number) => `${(v * 100).toFixed(v < 0.1 ? 1 : 0)}%`;
+
+/** The dashed reference line of a prediction; its legend row hides without one. */
+const PREDICTED = { dash: [6, 4], width: 1.5, className: 'jp-Workbench-predicted' };
 
 export class RunDashboard extends Widget {
   readonly model: RunModel;
@@ -48,10 +54,12 @@ export class RunDashboard extends Widget {
         { label: 'loss', stroke: '#9ecae1', width: 1 },
         { label: 'smoothed', stroke: PALETTE[0], width: 2 }] }),
       util: new LineChart({ title: 'Utilization', format: { y: pct }, series: [
-        { label: 'MFU', stroke: PALETTE[2] }, { label: 'HFU', stroke: PALETTE[3], dash: [4, 3] }] }),
+        { label: 'MFU', stroke: PALETTE[2] }, { label: 'HFU', stroke: PALETTE[3], dash: [4, 3] },
+        { label: 'predicted MFU', stroke: PALETTE[2], ...PREDICTED }] }),
       time: new LineChart({ title: 'Step time breakdown', format: { y: fmtSeconds }, series: [
         { label: 'total', stroke: PALETTE[4] }, { label: 'data', stroke: PALETTE[5] },
-        { label: 'checkpoint', stroke: PALETTE[6] }] }),
+        { label: 'checkpoint', stroke: PALETTE[6] },
+        { label: 'predicted', stroke: PALETTE[4], ...PREDICTED }] }),
       tput: new LineChart({ title: 'Throughput (tokens/s)', format: { y: fmtRate }, series: [
         { label: 'tokens/s', stroke: PALETTE[1] }] })
     };
@@ -111,24 +119,46 @@ export class RunDashboard extends Widget {
     const dec = this._decimators;
     const lossD = dec.loss.decimate(step, [loss], max, [smooth]);
     this._charts.loss.setData(lossD.x, lossD.ys, t0);
+    const pred = this.model.prediction;
     const util = dec.util.decimate(step, [s.column('mfu'), s.column('hfu')], max);
-    this._charts.util.setData(util.x, util.ys);
+    this._charts.util.setData(util.x, [...util.ys, level(util.x, pred?.mfu ?? null)]);
     const time = dec.time.decimate(step, [s.column('step_time'), s.column('data_time'),
       s.column('ckpt_time')], max);
-    this._charts.time.setData(time.x, time.ys);
+    this._charts.time.setData(time.x, [...time.ys, level(time.x, pred?.step_seconds ?? null)]);
     const tput = dec.tput.decimate(step, [s.column('tokens_per_s')], max);
     this._charts.tput.setData(tput.x, tput.ys);
     this._smoothLabel.textContent = this._smoothing.toFixed(2);
     const d = this.model.detail;
     const peak = (d?.peak_source ?? '') as string;
+    const mfu = kpi('MFU', fmtPercent(s.last('mfu')),
+      peak ? `peak FLOP/s from ${peak}` : undefined);
+    const stepTime = kpi('step time', fmtSeconds(s.last('step_time')));
+    addVersus(mfu, versus('mfu', recentMedian(s.column('mfu')), pred));
+    addVersus(stepTime, versus('step_time', recentMedian(s.column('step_time')), pred));
     this._kpis.replaceChildren(
       kpi('step', fmtStep(s.lastStep ?? d?.step ?? 0, d?.target_steps)),
       kpi('loss', fmtNumber(s.last('loss'))),
-      kpi('MFU', fmtPercent(s.last('mfu')), peak ? `peak FLOP/s from ${peak}` : undefined),
+      mfu,
       kpi('HFU', fmtPercent(s.last('hfu'))),
       kpi('tokens/s', fmtRate(s.last('tokens_per_s'))),
-      kpi('step time', fmtSeconds(s.last('step_time'))),
+      stepTime,
       kpi('compile', fmtSeconds(this.model.compileSeconds)));
+    this._markPrediction(pred);
+  }
+
+  /** Says on the charts whether (and what) they show as predicted, for CSS and tests. */
+  private _markPrediction(pred: IPrediction | null): void {
+    const marks: ['util' | 'time', number | null][] = [
+      ['util', pred?.mfu ?? null], ['time', pred?.step_seconds ?? null]];
+    for (const [name, value] of marks) {
+      const node = this._charts[name].node;
+      node.classList.toggle('jp-mod-noPrediction', value === null);
+      if (value === null) {
+        delete node.dataset.predicted;
+      } else {
+        node.dataset.predicted = String(value);
+      }
+    }
   }
 
   private static _newDecimators(): Record<'loss' | 'util' | 'time' | 'tput', Decimator> {
@@ -155,10 +185,12 @@ export class RunDashboard extends Widget {
     this.title.caption = `Workbench run ${d.id}`;
     const status = el('span', 'jp-Workbench-status', d.status);
     status.dataset.status = d.status;
+    const pred = this.model.prediction;
     const facts = [
       `id ${d.id}`, d.config_hash ? `config ${d.config_hash}` : '',
       d.mesh && Object.keys(d.mesh).length ? `mesh ${Object.entries(d.mesh).map(([k, v]) => `${k}=${v}`).join(' × ')}` : '',
-      d.device_kind ? `${d.device_kind}` : '', d.host ? `host ${d.host}` : ''
+      d.device_kind ? `${d.device_kind}` : '', d.host ? `host ${d.host}` : '',
+      pred ? `predicted by ${describePrediction(pred) || 'its plan'}` : ''
     ].filter(Boolean).join(' · ');
     this._head.replaceChildren(status, el('h2', 'jp-Workbench-runTitle', d.name || d.id),
       el('div', 'jp-Workbench-facts', facts));
@@ -189,6 +221,21 @@ function section(title: string, body: HTMLElement): HTMLElement {
   const s = el('section', 'jp-Workbench-section');
   s.append(el('h3', '', title), body);
   return s;
+}
+
+/** A constant line at `value` over `x` (all gaps without a value). */
+function level(x: number[], value: number | null): (number | null)[] {
+  return x.map(() => value);
+}
+
+/** Adds a prediction line ('pred. 10 ms · measured 1.23×') under a KPI card's value. */
+function addVersus(card: HTMLElement, v: { text: string; title: string } | null): void {
+  if (!v) {
+    return;
+  }
+  card.append(el('span', 'jp-Workbench-kpiPred', v.text));
+  card.classList.add('jp-mod-predicted');
+  card.title = card.title ? `${card.title}\n${v.title}` : v.title;
 }
 
 function kpi(label: string, value: string, title?: string): HTMLElement {

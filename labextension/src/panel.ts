@@ -3,6 +3,7 @@ import { Widget } from '@lumino/widgets';
 
 import { button, el } from './dom';
 import { fmtNumber, fmtPercent, fmtStep } from './format';
+import { predictionHint } from './prediction';
 import { RunsModel } from './runsModel';
 import { SettingsModel } from './settings';
 import { drawSparkline } from './sparkline';
@@ -18,6 +19,7 @@ interface IRow {
   step: HTMLSpanElement;
   loss: HTMLSpanElement;
   mfu: HTMLSpanElement;
+  pred: HTMLSpanElement;
   spark: HTMLCanvasElement;
 }
 
@@ -110,14 +112,16 @@ export class RunsPanel extends Widget {
     const step = el('span', 'jp-Workbench-step');
     const loss = el('span', 'jp-Workbench-loss');
     const mfu = el('span', 'jp-Workbench-mfu');
+    const pred = el('span', 'jp-Workbench-pred', 'pred.');
+    pred.hidden = true;
     const spark = el('canvas', 'jp-Workbench-spark');
     const top = el('div', 'jp-Workbench-runTop');
     top.append(check, status, name);
     const stats = el('div', 'jp-Workbench-runStats');
-    stats.append(step, loss, mfu, spark);
+    stats.append(step, loss, mfu, pred, spark);
     node.append(top, stats);
     node.addEventListener('click', () => this._o.openRun(id));
-    const row = { node, check, name, status, step, loss, mfu, spark };
+    const row = { node, check, name, status, step, loss, mfu, pred, spark };
     this._rows.set(id, row);
     return row;
   }
@@ -134,7 +138,12 @@ export class RunsPanel extends Widget {
     row.step.textContent = fmtStep(run.step, run.target_steps);
     row.loss.textContent = `loss ${fmtNumber(run.loss)}`;
     row.mfu.textContent = `MFU ${fmtPercent(run.mfu)}`;
-    row.mfu.title = run.peak_source ? `peak FLOP/s: ${run.peak_source}` : '';
+    const hint = predictionHint(run.prediction);
+    row.mfu.title = [run.peak_source ? `peak FLOP/s: ${run.peak_source}` : '', hint]
+      .filter(Boolean).join('\n');
+    row.pred.hidden = !hint;
+    row.pred.title = hint;
+    row.node.title = hint ? `${run.id}\n${hint}` : run.id;
     drawSparkline(row.spark, run.spark.loss);
   }
 }

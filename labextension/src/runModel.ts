@@ -1,6 +1,7 @@
 /** One run as a dashboard or comparison sees it: its run.json and its metric columns. */
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { IPrediction, parsePrediction } from './prediction';
 import { MetricSeries } from './series';
 import { RunDetail, RunMessage } from './types';
 
@@ -10,6 +11,7 @@ export type RunChange = 'detail' | 'metrics' | 'reset';
 export class RunModel {
   readonly series = new MetricSeries();
   private _detail: RunDetail | null = null;
+  private _prediction: IPrediction | null = null;
   private _changed = new Signal<this, RunChange>(this);
 
   constructor(readonly id: string) {}
@@ -22,6 +24,11 @@ export class RunModel {
   /** The run's `run.json` (null until the first message). */
   get detail(): RunDetail | null {
     return this._detail;
+  }
+
+  /** The plan's predicted step (checked), or null for runs not started from a plan. */
+  get prediction(): IPrediction | null {
+    return this._prediction;
   }
 
   /** Display name: run.json's name, else the id. */
@@ -40,6 +47,7 @@ export class RunModel {
   apply(msg: RunMessage): void {
     if (msg.type === 'run') {
       this._detail = msg.run;
+      this._prediction = parsePrediction(msg.run?.prediction);
       this._changed.emit('detail');
     } else if (msg.type === 'metrics') {
       if (this.series.append(msg.columns)) {

@@ -24,6 +24,9 @@ export interface RunSummary extends RunBase {
   tokens_per_s: number | null;
   step_time: number | null;
   spark: { step: number[]; loss: (number | null)[] };
+  /** The plan's prediction (step_seconds, mfu, bound, source), if the run has one;
+   * check it with `parsePrediction` before use. */
+  prediction?: unknown;
 }
 
 /** A run's `run.json` plus its URL id (`GET /workbench/api/runs/<id>`). */
@@ -39,6 +42,8 @@ export interface RunDetail extends RunBase {
   memory_per_device?: Record<string, unknown> | null;
   error?: string | null;
   host?: string;
+  /** The plan's prediction (`Trainer.from_plan`); check it with `parsePrediction`. */
+  prediction?: unknown;
   events?: { event: string; [key: string]: unknown }[];
   [key: string]: unknown;
 }

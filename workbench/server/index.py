@@ -18,6 +18,7 @@ from workbench import runs
 
 SPARK_POINTS = 64  # a sparkline keeps between 64 and 128 evenly strided points
 SUMMARY_KEYS = ("loss", "mfu", "hfu", "tokens_per_s", "step_time", "grad_norm", "lr")
+PREDICTION_SUMMARY_KEYS = ("step_seconds", "mfu", "bound", "source")
 
 
 class RunWatch:
@@ -44,7 +45,8 @@ class RunWatch:
                 st = os.stat(self.path / runs.RUN_JSON)
                 stamp = (st.st_mtime_ns, st.st_size)
                 if stamp != self._meta_stamp:
-                    self.meta, self._meta_stamp, changed = runs.read_run(self.path), stamp, True
+                    self.meta, self._meta_stamp, changed = (served_meta(runs.read_run(self.path)),
+                                                            stamp, True)
             except (OSError, ValueError, TypeError):
                 pass  # mid-replace or gone: the next poll (or a scan) sorts it out
             status = runs.effective_status(self.meta) if self.meta else "running"
@@ -98,7 +100,19 @@ class RunWatch:
                 "spark": {"step": list(self._spark_steps), "loss": list(self._spark_loss)},
             }
             out.update({k: last.get(k) for k in SUMMARY_KEYS})
+            pred = meta.get("prediction")
+            out["prediction"] = None if pred is None else {
+                k: pred[k] for k in PREDICTION_SUMMARY_KEYS if k in pred}
             return out
+
+
+def served_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """``run.json`` as the server sends it: strict JSON (a hand-edited ``NaN`` becomes
+    null) and ``prediction`` checked field by field (``runs.clean_prediction``; None when
+    absent or unusable), so no run.json breaks a response or the lab's views."""
+    out = runs.json_safe(meta)
+    out["prediction"] = runs.clean_prediction(meta.get("prediction"))
+    return out
 
 
 @dataclass

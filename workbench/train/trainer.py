@@ -59,6 +59,9 @@ class Trainer(Displayable):
       data_cache: where the text corpus' ArrayRecord file is kept.
       initial_model: an ``nnx.Module`` whose parameters start the run when it has no
         checkpoint yet (see :meth:`from_plan`).
+      prediction: the ``wb.plan(...)`` of this config (see :meth:`from_plan`): its predicted
+        step time and MFU are recorded in ``run.json`` (``"prediction"``) beside the
+        measured ones. Without it, a resumed run keeps the prediction it has.
 
     Example::
 
@@ -73,7 +76,7 @@ class Trainer(Displayable):
                  tensorboard: bool = False, compile_cache: bool | str | os.PathLike[str] = True,
                  async_checkpoint: bool = True,
                  data_cache: str | os.PathLike[str] | None = None,
-                 initial_model: Any = None) -> None:
+                 initial_model: Any = None, prediction: Any = None) -> None:
         if not isinstance(config, TrainConfig):
             raise TypeError(f"Trainer needs a wb.TrainConfig, got {type(config).__name__}; "
                             "use Trainer.from_plan(plan, ...) for a Plan")
@@ -103,6 +106,8 @@ class Trainer(Displayable):
         self._inherited = False
         self._source = source
         self._initial_model = initial_model
+        self._recorded_prediction, self._prediction_event = prediction_record(prediction)
+        self.prediction = self._recorded_prediction or self._stored_prediction()
         self._load(source)
         self.setup_seconds = time.perf_counter() - t0
 
@@ -120,6 +125,13 @@ class Trainer(Displayable):
         from flax import nnx
 
         return nnx.merge(self.parts.graphdef, self.state.params)
+
+    def _stored_prediction(self) -> dict[str, Any] | None:
+        """The prediction an earlier run in ``run_dir`` recorded (checked), if any."""
+        try:
+            return runs.clean_prediction(runs.read_run(self.run_dir).get("prediction"))
+        except (OSError, ValueError, TypeError):
+            return None
 
     @property
     def losses(self) -> list[float]:
@@ -212,6 +224,11 @@ class Trainer(Displayable):
           steps, data, checkpoint_every, keep, seed: as in ``TrainConfig``.
           **kwargs: passed to ``Trainer`` (``progress``, ``fork``, ...).
 
+        The plan's prediction (``plan.predicted``: step time, MFU, tokens/s, bound, with
+        ``plan.source``) is recorded in ``run.json`` as ``"prediction"`` (kept on resume)
+        and shown beside the measured numbers; where the plan has none (no hardware
+        numbers), a ``prediction`` event in ``metrics.jsonl`` says why.
+
         Example::
 
             plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=128)
@@ -230,7 +247,7 @@ class Trainer(Displayable):
                              optimizer=optimizer if optimizer is not None else AdamW(),
                              data=data, checkpoint_every=checkpoint_every, keep=keep,
                              seed=seed)
-        return cls(config, run_dir, initial_model=model, **kwargs)
+        return cls(config, run_dir, initial_model=model, prediction=plan, **kwargs)
 
     # ------------------------------------------------------------------ compile
     def compiled_step(self) -> Any:
@@ -316,7 +333,8 @@ class Trainer(Displayable):
     def _opening_events(self, reporters: Sequence[Sink], writer: runs.RunWriter | None,
                         compiled_now: bool) -> None:
         """A config change or fork (once; a fork's first run also copies the source's
-        curve into the run directory), the compile, and the step a run resumes from."""
+        curve into the run directory), the plan's prediction (once), the compile, and the
+        step a run resumes from."""
         if self._config_event is not None:
             event = dict(self._config_event)
             broadcast(reporters, event.pop("kind"), **event, step=self.step)
@@ -324,6 +342,9 @@ class Trainer(Displayable):
         if writer is not None and self._inherited and not self.checkpoints.all_steps():
             for rec in self.history:
                 writer.log(rec)
+        if self._prediction_event is not None:
+            broadcast(reporters, "prediction", **self._prediction_event, step=self.step)
+            self._prediction_event = None
         if compiled_now:
             broadcast(reporters, "compile", seconds=self.compile_seconds,
                       cache=self.compile_cache)
@@ -361,7 +382,8 @@ class Trainer(Displayable):
             "model_flops_per_step": p.model_flops, "target_steps": target,
             "memory_per_device": self.memory_per_device,
             "data": p.data.info, "process_count": jax.process_count(),
-        }
+        } | ({} if self._recorded_prediction is None
+             else {"prediction": self._recorded_prediction})
 
     def lr(self, step: int) -> float:
         """Learning rate of update ``step`` (1-based): ``schedule(step - 1)``.
@@ -388,3 +410,32 @@ class Trainer(Displayable):
                 f"{self.config.steps}, loss={last:.4f}, mesh={dict(self.mesh.shape)})")
 
 
+def prediction_record(plan: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``(run.json "prediction", run event)`` for a plan: the plan's prediction and where
+    it comes from, or None and a ``prediction`` event saying why there is none.
+
+    Args:
+      plan: a ``wb.plan(...)`` Plan, or None (no prediction, no event).
+
+    The record is ``plan.predicted.to_dict()`` (``step_seconds``, ``mfu``,
+    ``tokens_per_s``, ``bound``, ``compiler_seconds``, ``sources``, ``breakdown``) plus
+    ``source`` and ``source_reason`` (compiler or estimate), ``hardware`` and
+    ``plan_name``. A plan whose prediction raises (a hardware table without the numbers)
+    never stops the run: the event carries the error instead.
+    """
+    if plan is None:
+        return None, None
+    if not hasattr(type(plan), "predicted"):  # the class: reading it may raise
+        raise TypeError(f"prediction= needs a wb.plan(...) Plan, got {type(plan).__name__}; "
+                        "use Trainer.from_plan(plan, run_dir)")
+    try:
+        predicted = plan.predicted.to_dict()
+    except Exception as err:  # noqa: BLE001 - a missing prediction never fails the run
+        reason = f"{type(err).__name__}: {err}"
+        return None, {"recorded": False, "reason": f"the plan has no prediction ({reason})"}
+    mesh = plan.mesh
+    record = {**predicted, "source": plan.source, "source_reason": plan.source_reason,
+              "hardware": getattr(mesh, "hardware", None) or getattr(mesh, "device_kind", None),
+              "plan_name": plan.name}
+    return runs.json_safe(record), {"recorded": True, "step_seconds": predicted["step_seconds"],
+                                    "mfu": predicted["mfu"], "source": plan.source}

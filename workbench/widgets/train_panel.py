@@ -43,6 +43,8 @@ class TrainPanel(anywidget.AnyWidget):
       target: the step the run trains to.
       start: the step the run starts from (history beyond it is not shown).
       rate: at most this many updates a second are sent to the browser.
+      prediction: the plan's prediction (``Trainer.prediction``), shown beside the measured
+        step time and MFU; default: the one ``run.json`` records, if any.
     """
 
     _esm = _assets.esm("train_panel")
@@ -52,7 +54,8 @@ class TrainPanel(anywidget.AnyWidget):
     history = traitlets.Dict({}).tag(sync=True)
 
     def __init__(self, run_dir: str | os.PathLike[str], *, target: int, start: int = 0,
-                 rate: float = 10.0, **kwargs: Any) -> None:
+                 rate: float = 10.0, prediction: dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run_dir = pathlib.Path(run_dir)
         self.target, self.interval = target, 1.0 / rate
@@ -67,7 +70,9 @@ class TrainPanel(anywidget.AnyWidget):
         with self.hold_sync():
             self.info = {"name": meta.get("name") or self.run_dir.name,
                          "run_dir": str(self.run_dir), "peak_source": meta.get("peak_source"),
-                         "model_flops": meta.get("model_flops_per_step")}
+                         "model_flops": meta.get("model_flops_per_step"),
+                         "prediction": runs.clean_prediction(
+                             meta.get("prediction") if prediction is None else prediction)}
             self.history = history_columns(records)
             last = records[-1] if records else {}
             self.status = {"step": start, "target": target, "eta": None,
@@ -82,6 +87,9 @@ class TrainPanel(anywidget.AnyWidget):
                          ("step_time", "{:.3f} s/step"), ("tokens_per_s", "{:,.0f} tok/s")):
             if isinstance(last.get(key), (int, float)):
                 parts.append(fmt.format(last[key]))
+        pred = self.info.get("prediction") or {}
+        if "step_seconds" in pred:
+            parts.append(f"predicted {pred['step_seconds']:.3f} s/step")
         if st.get("message"):
             parts.append(str(st["message"]))
         return f"TrainPanel {self.info.get('name')!r} ({self.info.get('run_dir')}): " \
@@ -136,6 +144,7 @@ class TrainPanel(anywidget.AnyWidget):
 
 def train_widget(trainer: Any, **options: Any) -> TrainPanel:
     """``wb.show(trainer)``: the run's panel, with the whole run read from its directory."""
+    options.setdefault("prediction", getattr(trainer, "prediction", None))
     panel = TrainPanel(trainer.run_dir, target=options.pop("target", trainer.config.steps),
                        start=trainer.step, **options)
     panel.flush(state="finished" if trainer.step >= panel.target else "idle")

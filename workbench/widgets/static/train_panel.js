@@ -2,7 +2,9 @@
 // curves, and where the step time goes (compute, data, checkpoint).
 // Its helpers come from common.js, inlined by workbench/widgets/_assets.py for anywidget.
 //
-// Model state: `info` {name, run_dir, peak_source, model_flops}; `status` {step, target,
+// Model state: `info` {name, run_dir, peak_source, model_flops, prediction}, where
+// `prediction` is the plan's (checked by Python: finite numbers or absent; null for runs
+// not started from a plan) {step_seconds, mfu, bound, source, ...}; `status` {step, target,
 // eta, state, message, last}; `history` {step: [...], loss: [...], ...} (the whole run,
 // read from the run directory by Python). Live rows arrive as custom messages
 // {type: "append", rows: [[step, loss, mfu, step_time, data_time, ckpt_time], ...]},
@@ -36,6 +38,20 @@ export function thin(xs, ys, max = MAX_POINTS) {
   return out;
 }
 
+/** A finite positive number, else null (a prediction field from a hand-edited run.json). */
+function positive(v) {
+  return typeof v === "number" && Number.isFinite(v) && v > 0 ? v : null;
+}
+
+/** "predicted 10.0 ms, measured 1.23× that" or "" without a prediction. */
+export function predictedText(measured, predicted) {
+  const p = positive(predicted);
+  if (p === null) return "";
+  const text = `predicted ${(1000 * p).toFixed(1)} ms`;
+  const m = positive(measured);
+  return m === null ? text : `${text}, measured ${Number((m / p).toPrecision(3))}× that`;
+}
+
 /** Mean of the last `n` finite values of a column. */
 function recentMean(values, n = 20) {
   const tail = values.slice(-n).filter((v) => typeof v === "number" && Number.isFinite(v));
@@ -43,7 +59,7 @@ function recentMean(values, n = 20) {
 }
 
 /** Step time split into compute, data wait and checkpoint blocking (recent means). */
-function breakdown() {
+function breakdown(prediction) {
   const parts = [["compute", "#4e79a7"], ["data", "#f28e2b"], ["checkpoint", "#e15759"]];
   const bar = el("div", { class: "wb-train-stack" });
   const segs = parts.map(([name, colour]) => {
@@ -58,12 +74,16 @@ function breakdown() {
     const total = recentMean(cols.step_time);
     const data = recentMean(cols.data_time) || 0;
     const ckpt = recentMean(cols.ckpt_time) || 0;
-    if (total === null) { text.textContent = "step time: waiting for the first step…"; return; }
+    const pred = predictedText(total, prediction().step_seconds);
+    if (total === null) {
+      text.textContent = "step time: waiting for the first step…" + (pred ? ` (${pred})` : "");
+      return;
+    }
     const compute = Math.max(0, total - data - ckpt);
     [compute, data, ckpt].forEach((v, i) => segs[i].style.setProperty("width", `${(100 * v / total).toFixed(1)}%`));
     const ms = (v) => `${(1000 * v).toFixed(1)} ms`;
-    text.textContent = `step time ${ms(total)} (mean of last 20): compute ${ms(compute)} · ` +
-      `data ${ms(data)} · checkpoint ${ms(ckpt)}`;
+    text.textContent = `step time ${ms(total)} (mean of last 20${pred ? `; ${pred}` : ""}): ` +
+      `compute ${ms(compute)} · data ${ms(data)} · checkpoint ${ms(ckpt)}`;
   }
   return { node, update };
 }
@@ -76,7 +96,11 @@ function render({ model, el: host }) {
   const bar = progressBar();
   const loss = lineChart("loss");
   const mfu = lineChart("MFU", { scale: 100, unit: "%" });
-  const times = breakdown();
+  const prediction = () => {
+    const p = (model.get("info") || {}).prediction;
+    return p && typeof p === "object" ? p : {};
+  };
+  const times = breakdown(prediction);
   const note = el("div", { class: "wb-note" });
   const message = el("div", { class: "wb-train-message" });
   const root = el("div", { class: "wb-widget wb-train" }, [
@@ -98,7 +122,13 @@ function render({ model, el: host }) {
     badge.className = `wb-status wb-${st.state || "idle"}`;
     const last = st.last || {};
     const bits = [`step ${step}/${target}`, `ETA ${duration(st.eta)}`, `loss ${fmtNum(last.loss)}`];
-    if (typeof last.mfu === "number") bits.push(`MFU ${fmtNum(100 * last.mfu, 3)}%`);
+    const predMfu = positive(prediction().mfu);
+    if (typeof last.mfu === "number") {
+      bits.push(`MFU ${fmtNum(100 * last.mfu, 3)}%` +
+        (predMfu === null ? "" : ` (pred. ${fmtNum(100 * predMfu, 3)}%)`));
+    } else if (predMfu !== null) {
+      bits.push(`MFU pred. ${fmtNum(100 * predMfu, 3)}%`);
+    }
     if (typeof last.tokens_per_s === "number") bits.push(`${fmtNum(last.tokens_per_s / 1e3, 3)}k tok/s`);
     facts.textContent = bits.join(" · ");
     bar.update(target ? step / target : 0);

@@ -1,0 +1,97 @@
+import {
+  fmtRatio,
+  parsePrediction,
+  predictionHint,
+  ratio,
+  recentMedian,
+  versus
+} from '../prediction';
+import { RunModel } from '../runModel';
+import { RunDetail } from '../types';
+
+const GOOD = {
+  step_seconds: 0.02, mfu: 0.3, tokens_per_s: 12800, compiler_seconds: null, bound: 'compute',
+  source: 'cpu-compiler', source_reason: 'compiled for the real mesh', hardware: 'cpu',
+  plan_name: 'tiny', breakdown: { compute: 0.02, memory: 0.01, communication: 0,
+    collectives: [{ kind: 'all-reduce' }] },
+  sources: { flops: 'cpu-compiler cost analysis' }
+};
+
+describe('parsePrediction', () => {
+  it('keeps the numbers and texts of a recorded prediction', () => {
+    const p = parsePrediction(GOOD);
+    expect(p).not.toBeNull();
+    expect(p?.step_seconds).toBe(0.02);
+    expect(p?.mfu).toBe(0.3);
+    expect(p?.tokens_per_s).toBe(12800);
+    expect(p?.compiler_seconds).toBeNull();
+    expect(p?.source).toBe('cpu-compiler');
+    expect(p?.plan_name).toBe('tiny');
+    expect(p?.breakdown).toEqual({ compute: 0.02, memory: 0.01, communication: 0 });
+  });
+
+  it('drops what a hand-edited run.json may hold instead of numbers', () => {
+    const p = parsePrediction({ step_seconds: 'fast', mfu: NaN, tokens_per_s: Infinity,
+      compiler_seconds: -1, bound: 7, source: { x: 1 }, breakdown: 'no' });
+    expect(p).toBeNull(); // neither a step time nor an MFU survives
+    const q = parsePrediction({ step_seconds: true, mfu: 0.25, bound: ['x'],
+      breakdown: { compute: 'a', memory: -2, communication: 0.001 } });
+    expect(q?.step_seconds).toBeNull();
+    expect(q?.mfu).toBe(0.25);
+    expect(q?.bound).toBeNull();
+    expect(q?.breakdown).toEqual({ communication: 0.001 });
+    for (const bad of [null, undefined, 'x', 3, [GOOD], {}]) {
+      expect(parsePrediction(bad)).toBeNull();
+    }
+    expect(parsePrediction({ step_seconds: 0.1, source: 'x'.repeat(10000) })?.source?.length)
+      .toBe(500);
+  });
+});
+
+describe('measured against predicted', () => {
+  it('takes the median of the last finite values', () => {
+    expect(recentMedian(new Float64Array([9, 1, 2, NaN, 3]), 3)).toBe(2); // 1, 2, 3
+    expect(recentMedian(new Float64Array([5, NaN, 1, 2, 3, 4]), 4)).toBe(2.5);
+    expect(recentMedian(new Float64Array([NaN]))).toBeNull();
+    expect(recentMedian(new Float64Array([]))).toBeNull();
+  });
+
+  it('divides measured by predicted, and says so on the cards', () => {
+    expect(ratio(0.03, 0.02)).toBeCloseTo(1.5);
+    expect(ratio(null, 0.02)).toBeNull();
+    expect(ratio(0.03, 0)).toBeNull();
+    expect(fmtRatio(0.03 / 0.02)).toBe('1.5×');
+    const p = parsePrediction(GOOD);
+    const t = versus('step_time', 0.03, p);
+    expect(t?.text).toBe('pred. 20 ms · measured 1.5×');
+    expect(t?.title).toContain('predicted step time 20 ms (compute-bound)');
+    expect(t?.title).toContain('plan tiny · cpu-compiler on cpu');
+    const m = versus('mfu', 0.15, p);
+    expect(m?.text).toBe('pred. 30.0% · measured 0.5×');
+    expect(versus('mfu', null, p)?.text).toBe('pred. 30.0%');
+    expect(versus('step_time', 0.03, null)).toBeNull();
+    expect(versus('step_time', 0.03, parsePrediction({ mfu: 0.3 }))).toBeNull();
+  });
+
+  it('hints at a prediction in the runs list, and at nothing without one', () => {
+    expect(predictionHint({ step_seconds: 0.02, mfu: 0.3, source: 'estimate' }))
+      .toBe('pred. 20 ms/step · MFU 30.0% (estimate)');
+    expect(predictionHint({ mfu: 0.3 })).toBe('pred. MFU 30.0%');
+    expect(predictionHint(null)).toBe('');
+    expect(predictionHint({ step_seconds: 'NaN' })).toBe('');
+  });
+});
+
+describe('RunModel.prediction', () => {
+  it('follows run.json and survives a malformed field', () => {
+    const m = new RunModel('runs/p');
+    const detail = { id: 'runs/p', uid: 'u', name: 'p', status: 'running', step: 0,
+      target_steps: 10, config: {} } as RunDetail;
+    m.apply({ type: 'run', run: detail });
+    expect(m.prediction).toBeNull(); // an older run.json without the field
+    m.apply({ type: 'run', run: { ...detail, prediction: GOOD } });
+    expect(m.prediction?.step_seconds).toBe(0.02);
+    m.apply({ type: 'run', run: { ...detail, prediction: { step_seconds: 'oops' } } });
+    expect(m.prediction).toBeNull();
+  });
+});

@@ -1,0 +1,142 @@
+/**
+ * A run's predicted step (the plan's, recorded in run.json by `Trainer.from_plan`) beside
+ * the measured one. The server checks the field already; this checks it again, since any
+ * JSON may reach the lab (an older server, a hand-edited file). Framework-free (jest).
+ */
+import { fmtPercent, fmtSeconds } from './format';
+
+/** The numbers of a prediction that the views use (null: absent or unusable). */
+export interface IPrediction {
+  step_seconds: number | null;
+  mfu: number | null;
+  tokens_per_s: number | null;
+  compiler_seconds: number | null;
+  bound: string | null;
+  source: string | null;
+  source_reason: string | null;
+  hardware: string | null;
+  plan_name: string | null;
+  /** Seconds per roofline term (compute, memory, communication, ...). */
+  breakdown: Record<string, number>;
+}
+
+const NUMBERS = ['step_seconds', 'mfu', 'tokens_per_s', 'compiler_seconds'] as const;
+const TEXTS = ['bound', 'source', 'source_reason', 'hardware', 'plan_name'] as const;
+const TEXT_MAX = 500;
+
+/** A finite positive number, else null (never a string, boolean or NaN). */
+export function positive(v: unknown): number | null {
+  return typeof v === 'number' && Number.isFinite(v) && v > 0 ? v : null;
+}
+
+/**
+ * A `prediction` field checked: finite positive numbers, strings as text, anything else
+ * dropped. Null when it is no object or holds neither a step time nor an MFU.
+ */
+export function parsePrediction(value: unknown): IPrediction | null {
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    return null;
+  }
+  const v = value as Record<string, unknown>;
+  const out: IPrediction = {
+    step_seconds: null, mfu: null, tokens_per_s: null, compiler_seconds: null, bound: null,
+    source: null, source_reason: null, hardware: null, plan_name: null, breakdown: {}
+  };
+  for (const k of NUMBERS) {
+    out[k] = positive(v[k]);
+  }
+  if (out.step_seconds === null && out.mfu === null) {
+    return null;
+  }
+  for (const k of TEXTS) {
+    const t = v[k];
+    out[k] = typeof t === 'string' ? t.slice(0, TEXT_MAX) : null;
+  }
+  const b = v['breakdown'];
+  if (b !== null && typeof b === 'object' && !Array.isArray(b)) {
+    for (const [k, x] of Object.entries(b as Record<string, unknown>)) {
+      if (typeof x === 'number' && Number.isFinite(x) && x >= 0) {
+        out.breakdown[k] = x;
+      }
+    }
+  }
+  return out;
+}
+
+/** Median of the last `n` finite values of a column (a steady measure of recent steps). */
+export function recentMedian(values: ArrayLike<number>, n = 20): number | null {
+  const tail: number[] = [];
+  for (let i = values.length - 1; i >= 0 && tail.length < n; i--) {
+    if (Number.isFinite(values[i])) {
+      tail.push(values[i]);
+    }
+  }
+  if (!tail.length) {
+    return null;
+  }
+  tail.sort((a, b) => a - b);
+  const m = tail.length >> 1;
+  return tail.length % 2 ? tail[m] : (tail[m - 1] + tail[m]) / 2;
+}
+
+/** measured ÷ predicted, or null when either is missing. */
+export function ratio(measured: number | null | undefined,
+  predicted: number | null | undefined): number | null {
+  const m = positive(measured);
+  const p = positive(predicted);
+  return m === null || p === null ? null : m / p;
+}
+
+/** `1.234` -> '1.23×'; '' when missing. */
+export function fmtRatio(r: number | null): string {
+  return r === null ? '' : `${Number(r.toPrecision(3))}×`;
+}
+
+/** What a KPI card shows under the measured value, and its tooltip. */
+export interface IVersus {
+  text: string;
+  title: string;
+}
+
+/**
+ * The predicted line of a KPI card: 'pred. 10 ms · measured 1.23×' (time) or
+ * 'pred. 31.0% · measured 0.5×' (MFU); null without a prediction of that metric.
+ * `recent` is the measured median of the last steps (the ratio's numerator).
+ */
+export function versus(metric: 'step_time' | 'mfu', recent: number | null,
+  p: IPrediction | null): IVersus | null {
+  const predicted = metric === 'step_time' ? p?.step_seconds ?? null : p?.mfu ?? null;
+  if (p === null || predicted === null) {
+    return null;
+  }
+  const fmt = metric === 'step_time' ? fmtSeconds : fmtPercent;
+  const r = ratio(recent, predicted);
+  const text = `pred. ${fmt(predicted)}` + (r === null ? '' : ` · measured ${fmtRatio(r)}`);
+  const lines = [
+    `predicted ${metric === 'step_time' ? 'step time' : 'MFU'} ${fmt(predicted)}` +
+      (p.bound ? ` (${p.bound}-bound)` : ''),
+    `measured ${fmt(recent)} (median of the last 20 steps)` +
+      (r === null ? '' : `: ${fmtRatio(r)} the prediction`),
+    describePrediction(p)
+  ];
+  return { text, title: lines.filter(Boolean).join('\n') };
+}
+
+/** Where a prediction comes from: 'plan tiny · cpu-compiler on cpu — reason'. */
+export function describePrediction(p: IPrediction): string {
+  const head = [p.plan_name ? `plan ${p.plan_name}` : '',
+    p.source ? `${p.source}${p.hardware ? ` on ${p.hardware}` : ''}` : p.hardware ?? ''
+  ].filter(Boolean).join(' · ');
+  return [head, p.source_reason ?? ''].filter(Boolean).join(' — ');
+}
+
+/** The runs list's hint: 'pred. 10 ms/step · MFU 31.0% (cpu-compiler)', '' without one. */
+export function predictionHint(value: unknown): string {
+  const p = parsePrediction(value);
+  if (p === null) {
+    return '';
+  }
+  const bits = [p.step_seconds !== null ? `${fmtSeconds(p.step_seconds)}/step` : '',
+    p.mfu !== null ? `MFU ${fmtPercent(p.mfu)}` : ''].filter(Boolean).join(' · ');
+  return `pred. ${bits}${p.source ? ` (${p.source})` : ''}`;
+}

@@ -1,0 +1,259 @@
+"""A run started from a plan records the plan's prediction (run.json "prediction"), keeps it
+on resume, and serves it checked: to the lab's API and to the inline train panel."""
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import math
+import shutil
+import subprocess
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pytest_jupyter.jupyter_server import *  # noqa: F403 - its fixtures, for this module only
+from traitlets.config import Config
+
+import workbench as wb
+from workbench import runs
+from workbench.mesh import make_mesh
+from workbench.server.index import RunIndex
+from workbench.widgets import _assets
+from workbench.widgets.train_panel import TrainPanel
+
+CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8},
+                     rules="fsdp", batch=8, seq=32, steps=3, checkpoint_every=2,
+                     data="synthetic", optimizer=wb.train.AdamW(lr=1e-2, warmup_steps=2))
+# What a hand-edited run.json may hold where numbers belong (NaN is what json.dumps writes).
+MALFORMED = ('{"step_seconds": NaN, "mfu": "31%", "tokens_per_s": Infinity, "bound": 3, '
+             '"compiler_seconds": true, "source": ["x"], "breakdown": "none"}')
+PARTLY = ('{"step_seconds": 0.025, "mfu": -1, "bound": "memory", "source": "estimate", '
+          '"breakdown": {"compute": 0.01, "memory": NaN, "communication": "a"}, '
+          '"sources": {"flops": "formula", "bytes": 5}}')
+JS_HERE = Path(__file__).parent / "widgets_js"
+
+
+def _from_plan(plan: Any, run_dir: Path, **kw: Any) -> wb.Trainer:
+    return wb.Trainer.from_plan(plan, run_dir, optimizer=CFG.optimizer, steps=CFG.steps,
+                                data=CFG.data, checkpoint_every=CFG.checkpoint_every,
+                                progress=None, **kw)
+
+
+@pytest.fixture(scope="module")
+def plan() -> Any:
+    return wb.plan(CFG.model_config(), mesh=make_mesh(data=8), rules="fsdp", batch=8, seq=32,
+                   progress=False)
+
+
+class NoHardwareNumbers:
+    """A plan whose prediction raises, as one for a chip without table numbers does."""
+
+    def __init__(self, plan: Any) -> None:
+        self._plan = plan
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._plan, name)
+
+    @property
+    def predicted(self) -> Any:
+        raise ValueError("TPU v2 has no HBM bandwidth in the hardware table")
+
+
+@pytest.mark.usefixtures("wb_cache")
+def test_from_plan_records_the_plan_prediction_and_resume_keeps_it(plan: Any,
+                                                                   tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    tr = _from_plan(plan, run_dir)
+    tr.run(steps=2)
+    want = json.loads(json.dumps(runs.json_safe(plan.predicted.to_dict())))  # as JSON reads it
+    got = runs.read_run(run_dir)["prediction"]
+    assert {k: got[k] for k in want} == want
+    assert (got["source"], got["source_reason"], got["plan_name"]) == (
+        plan.source, plan.source_reason, plan.name)
+    assert got["hardware"] == plan.mesh.device_kind
+    assert got["step_seconds"] == plan.predicted.step_seconds and got["mfu"] == plan.predicted.mfu
+    events = [e for e in runs.read_events(run_dir) if e["event"] == "prediction"]
+    assert len(events) == 1 and events[0]["recorded"] is True
+    assert events[0]["step_seconds"] == plan.predicted.step_seconds
+    # the measured side: the metrics carry step time and MFU to compare with
+    last = runs.read_metrics(run_dir)[-1]
+    assert last["step_time"] > 0 and last["mfu"] > 0
+
+    # resume with a plain Trainer: run.json is rewritten, the prediction stays
+    again = wb.Trainer(tr.config, run_dir, progress=None)
+    assert again.prediction == runs.clean_prediction(got)
+    again.run(steps=3)
+    meta = runs.read_run(run_dir)
+    assert meta["step"] == 3 and meta["prediction"] == got
+    assert len([e for e in runs.read_events(run_dir) if e["event"] == "prediction"]) == 1
+    # ... and its inline panel shows it beside the measured numbers
+    panel = again.widget()
+    assert panel.info["prediction"] == runs.clean_prediction(got)
+    assert f"predicted {plan.predicted.step_seconds:.3f} s/step" in repr(panel)
+
+
+@pytest.mark.usefixtures("wb_cache")
+def test_a_plan_without_a_prediction_never_fails_the_run(plan: Any, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    tr = _from_plan(NoHardwareNumbers(plan), run_dir)
+    assert tr.prediction is None
+    result = tr.run(steps=1)
+    assert result.status == "finished"
+    assert runs.read_run(run_dir).get("prediction") is None
+    (event,) = [e for e in runs.read_events(run_dir) if e["event"] == "prediction"]
+    assert event["recorded"] is False and "no HBM bandwidth" in event["reason"]
+    with pytest.raises(TypeError, match="wb.plan"):
+        wb.Trainer(CFG, tmp_path / "other", prediction={"step_seconds": 1.0}, progress=None)
+
+
+def test_run_writer_keeps_a_prediction_and_reads_older_runs(tmp_path: Path) -> None:
+    pred = {"step_seconds": 0.02, "mfu": 0.3, "bound": "compute", "source": "estimate",
+            "breakdown": {"compute": 0.02, "collectives": [{"kind": "all-reduce"}]}}
+    with runs.RunWriter(tmp_path / "a", config={"m": 1}, meta={"prediction": pred}) as w:
+        w.log({"step": 1, "loss": 1.0})
+    with runs.RunWriter(tmp_path / "a", config={"m": 1}, meta={"target_steps": 5}) as w:
+        w.log({"step": 2, "loss": 0.5})
+    assert runs.read_run(tmp_path / "a")["prediction"] == pred     # kept whole on resume
+    with runs.RunWriter(tmp_path / "old", config={"m": 1}) as w:   # no prediction at all
+        w.log({"step": 1, "loss": 1.0})
+    meta = runs.read_run(tmp_path / "old")
+    assert meta.get("prediction") is None and runs.clean_prediction(meta.get("prediction")) is None
+
+
+def test_clean_prediction_keeps_numbers_and_texts_only() -> None:
+    assert runs.clean_prediction(json.loads(MALFORMED)) is None  # no step time, no MFU
+    assert runs.clean_prediction(json.loads(PARTLY)) == {
+        "step_seconds": 0.025, "bound": "memory", "source": "estimate",
+        "breakdown": {"compute": 0.01}, "sources": {"flops": "formula"}}
+    for bad in (None, "0.02", 0.02, [0.02], {"step_seconds": True}, {"mfu": math.inf}):
+        assert runs.clean_prediction(bad) is None
+    assert runs.clean_prediction({"step_seconds": 2}) == {"step_seconds": 2.0}
+
+
+def _hand_edited(root: Path, name: str, prediction: str) -> Path:
+    """A run whose run.json a person edited: ``prediction`` is spliced in as raw text."""
+    d = root / name
+    with runs.RunWriter(d, config={"model": "tiny"}) as w:
+        w.log({"step": 1, "loss": 2.0, "mfu": 0.1, "step_time": 0.05})
+    text = (d / runs.RUN_JSON).read_text()
+    (d / runs.RUN_JSON).write_text(text.rstrip()[:-1] + f', "prediction": {prediction}}}')
+    return d
+
+
+def test_index_serves_malformed_predictions_checked(tmp_path: Path) -> None:
+    _hand_edited(tmp_path, "bad", MALFORMED)
+    _hand_edited(tmp_path, "partly", PARTLY)
+    _hand_edited(tmp_path, "nan-elsewhere", '{"step_seconds": 0.5}')
+    raw = (tmp_path / "nan-elsewhere" / runs.RUN_JSON).read_text()
+    (tmp_path / "nan-elsewhere" / runs.RUN_JSON).write_text(
+        raw.replace('"peak_flops": null', '"peak_flops": NaN'))
+    index = RunIndex([tmp_path])
+    index.poll(force_scan=True)
+    for rid in ("bad", "partly", "nan-elsewhere"):
+        detail = index.watch(rid).detail()
+        json.dumps(detail, allow_nan=False)   # what the handlers send: strict JSON
+        want = runs.clean_prediction(json.loads(
+            (tmp_path / rid / runs.RUN_JSON).read_text())["prediction"])
+        assert detail["prediction"] == want
+    summaries = {s["id"]: s for s in index.summaries()}
+    json.dumps(summaries, allow_nan=False)
+    assert summaries["bad"]["prediction"] is None
+    assert summaries["partly"]["prediction"] == {"step_seconds": 0.025, "bound": "memory",
+                                                 "source": "estimate"}
+    assert index.watch("nan-elsewhere").detail()["peak_flops"] is None
+
+
+# ---------------------------------------------------------------------------- the server
+def run_async(fn: Any) -> Any:
+    """Runs an ``async def`` test on pytest-jupyter's event loop."""
+    sig = inspect.signature(fn)
+    params = [*sig.parameters.values(),
+              inspect.Parameter("jp_asyncio_loop", inspect.Parameter.KEYWORD_ONLY)]
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> None:
+        loop = kwargs["jp_asyncio_loop"]
+        loop.run_until_complete(fn(**{k: v for k, v in kwargs.items() if k in sig.parameters}))
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return wrapper
+
+
+@pytest.fixture
+def jp_server_config() -> Config:
+    return Config({"ServerApp": {"jpserver_extensions": {"workbench.server": True}},
+                   "WorkbenchExtension": {"poll_interval": 0.1, "scan_interval": 0.2}})
+
+
+@run_async
+async def test_runs_api_passes_the_prediction_through(jp_root_dir: Path, jp_base_url: str,
+                                                      jp_serverapp: Any, http_server_client: Any,
+                                                      jp_auth_header: dict[str, str]) -> None:
+    pred = {"step_seconds": 0.02, "mfu": 0.3, "tokens_per_s": 12800.0, "bound": "compute",
+            "source": "cpu-compiler", "plan_name": "tiny"}
+    with runs.RunWriter(jp_root_dir / "good", config={"m": 1}, meta={"prediction": pred}) as w:
+        w.log({"step": 1, "loss": 1.0})
+    _hand_edited(jp_root_dir, "bad", MALFORMED)
+    _hand_edited(jp_root_dir, "partly", PARTLY)
+
+    async def get(*parts: str) -> Any:
+        path = "/".join(urllib.parse.quote(p, safe="") for p in parts)
+        resp = await http_server_client.fetch(f"{jp_base_url}workbench/api/{path}",
+                                              headers=jp_auth_header, raise_error=False)
+        assert resp.code == 200, (parts, resp.code)
+        return json.loads(resp.body)
+
+    good = await get("runs", "good")
+    assert good["prediction"] == runs.clean_prediction(pred) == pred
+    assert (await get("runs", "bad"))["prediction"] is None
+    partly = await get("runs", "partly")
+    assert partly["prediction"] == runs.clean_prediction(json.loads(PARTLY))
+    listed = {r["id"]: r for r in (await get("runs"))["runs"]}
+    assert listed["good"]["prediction"] == {k: pred[k] for k in ("step_seconds", "mfu",
+                                                                 "bound", "source")}
+    assert listed["bad"]["prediction"] is None and listed["bad"]["step"] == 1
+
+
+# ---------------------------------------------------------------------------- the panel
+def _render_panel(tmp_path: Path, panel: TrainPanel) -> dict[str, Any]:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (needed to render the panel's ES module)")
+    module = tmp_path / "train_panel.mjs"
+    module.write_text(_assets.esm("train_panel"))
+    state = {"info": panel.info, "status": panel.status, "history": panel.history}
+    (tmp_path / "state.json").write_text(json.dumps(state, allow_nan=False))
+    out = subprocess.run([node, str(JS_HERE / "render.mjs"), str(module),
+                          str(tmp_path / "state.json")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_train_panel_shows_predicted_beside_measured(tmp_path: Path) -> None:
+    pred = {"step_seconds": 0.02, "mfu": 0.3, "bound": "compute", "source": "estimate"}
+    with runs.RunWriter(tmp_path / "run", config={"m": 1}, meta={"prediction": pred}) as w:
+        for s in (1, 2):
+            w.log({"step": s, "loss": 2.0 / s, "mfu": 0.15, "step_time": 0.03,
+                   "data_time": 0.0, "ckpt_time": 0.0})
+    panel = TrainPanel(tmp_path / "run", target=4, start=2)   # read from run.json
+    assert panel.info["prediction"] == runs.clean_prediction(pred)
+    panel.status = dict(panel.status, last={"mfu": 0.15, "loss": 1.0})
+    text = _render_panel(tmp_path, panel)["text"]
+    assert f"MFU 15.0% (pred. {100 * pred['mfu']:.1f}%)" in text, text
+    ms, ratio = 1000 * pred["step_seconds"], 0.03 / pred["step_seconds"]
+    want = (f"step time 30.0 ms (mean of last 20; predicted {ms:.1f} ms, "
+            f"measured {ratio:.3g}× that)")
+    assert want in text, text
+
+    _hand_edited(tmp_path, "bad", MALFORMED)
+    bad = TrainPanel(tmp_path / "bad", target=4, start=1)
+    assert bad.info["prediction"] is None
+    text = _render_panel(tmp_path, bad)["text"]
+    assert "pred." not in text and "predicted" not in text, text
+    assert "step time 50.0 ms (mean of last 20)" in text, text
+    # a prediction handed over directly is checked the same way
+    given = TrainPanel(tmp_path / "bad", target=4, start=1, prediction=json.loads(PARTLY))
+    assert given.info["prediction"] == runs.clean_prediction(json.loads(PARTLY))
