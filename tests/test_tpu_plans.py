@@ -123,6 +123,14 @@ def test_every_source_is_named():
         wb.plan(TINY, mesh=wb.abstract_mesh("v5e-4", **AXES), batch=8, compile="yes")
 
 
+def test_a_layout_the_tpu_compiler_cannot_take_is_an_estimate_with_the_lint():
+    # tiny has 2 kv heads; model=4 cannot split them
+    p = wb.plan(TINY, mesh=wb.abstract_mesh("v5e-8", data=2, model=4), rules="fsdp_tp",
+                batch=8, seq=32, progress=False)
+    assert p.source == "estimate" and "not divisible" in p.source_reason, p.source_reason
+    assert any(w.kind == "uneven" for w in p.warnings)
+
+
 def test_missing_tpu_compiler_falls_back_and_says_so_once(monkeypatch, capsys):
     import workbench.topology as topology
 

@@ -115,6 +115,36 @@ print(v4.describe())
 wb.show(v4, color_by="host")
 
 # %% [markdown]
+# ### The program the TPU compiler makes, on a laptop
+#
+# With the TPU compiler installed (`make lab` installs it, `pip install
+# "workbench[tpu-compile]"` elsewhere), `wb.plan` on a TPU preset compiles the real train
+# step for that slice, here on a CPU-only machine: memory per chip, the collectives and
+# the HLO come from the TPU executable itself (`plan.source`), and its roofline prediction
+# sits beside the TPU compiler's own estimate. A class can see what a v5e-8 runs before
+# anyone has one.
+
+# %%
+cfg = wb.models.GPTConfig.preset("tiny")          # 2 kv heads: model=2 divides them
+tpu_plan = wb.plan(cfg, mesh=wb.abstract_mesh("v5e-8", data=4, model=2), rules="fsdp_tp",
+                   batch=16, seq=128)
+print(tpu_plan.source, "-", tpu_plan.source_reason)
+print(tpu_plan.predicted)
+
+# %% [markdown]
+# The collectives, read from the TPU program: which mesh axis each one crosses, how many
+# bytes, and how often. Compare with the CPU program of the same step on simulated
+# devices (section 3 of notebook 03): XLA for TPU picks its own fusions and layouts.
+
+# %%
+for c in tpu_plan.collectives[:8]:
+    print(f"{c.kind:<18} over {','.join(c.axes):<10} x{c.count:<3} {c.bytes:>8} B  {c.shapes[0]}")
+hlo = tpu_plan.compiled.as_text()
+line = next(ln.strip() for ln in hlo.splitlines() if "all-gather-start(" in ln or " all-gather(" in ln)
+print("\none all-gather as the TPU compiler wrote it (T(8,128) is the TPU tile layout):")
+print(line[:300])
+
+# %% [markdown]
 # On the VM itself, the real thing (on a laptop these are the simulated CPU devices):
 
 # %%

@@ -137,11 +137,22 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
         step = make_train_step(st.graphdef, optimizer, loss_fn=loss_fn, rules=rules,
                                mesh=target.mesh)
         jitted = jit_train_step(step, st.shardings, batch_sh)
+    lowered = None
     if target.compile:
         label = f"wb.plan({name or rules_name or 'fsdp'!r})"
         where = info.describe() + (f" ({target.topology})" if target.topology else "")
         status = status_line if progress else None
-        lowered = jitted.lower(st.state, batch_abs)
+        try:
+            lowered = jitted.lower(st.state, batch_abs)
+        except ValueError as err:  # jax's IndivisibleError: a dim its mesh axes don't divide
+            if info.jax_mesh is not None or "evenly divide" not in str(err):
+                raise
+            lowered = None
+            target = dataclasses.replace(target, compile=False, source="estimate", reason=(
+                f"the {target.source.replace('-', ' ')} cannot take this layout (a tensor "
+                f"dimension is not divisible by its mesh axes: {str(err).splitlines()[0][:200]}); "
+                "see the 'uneven' lint for which tensor and the fix"))
+    if target.compile and lowered is not None:
         try:
             result = compile_lowered(lowered, list(target.mesh.devices.flat),
                                      what=f"{label}: the train step for {where}",
