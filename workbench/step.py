@@ -31,6 +31,7 @@ Gradient accumulation: wrap the optimizer in ``optax.MultiSteps`` before calling
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -104,7 +105,18 @@ def abstract_param_state(cfg_or_factory: GPTConfig | ModelFactory
                          ) -> tuple[nnx.GraphDef, nnx.State]:
     """``(graphdef, nnx.State of abstract nnx.Param)`` via ``nnx.eval_shape`` (no allocation);
     the Variables keep their logical axes as ``out_sharding`` metadata."""
+    if isinstance(cfg_or_factory, GPTConfig):
+        return _abstract_gpt(cfg_or_factory)
     factory = model_factory(cfg_or_factory)
+    return _split_params(nnx.eval_shape(lambda: factory(nnx.Rngs(0))))
+
+
+@functools.lru_cache(maxsize=16)
+def _abstract_gpt(cfg: GPTConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    """The abstract GPT of a config, built once per config: shapes and logical axes do not
+    depend on the mesh or the rules, and ``wb.search`` plans one config many times.
+    Callers must not mutate the returned state."""
+    factory = model_factory(cfg)
     return _split_params(nnx.eval_shape(lambda: factory(nnx.Rngs(0))))
 
 

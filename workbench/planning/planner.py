@@ -113,7 +113,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     target = _compile_target(info, compile)
     jmesh = target.mesh if target.mesh is not None else info.abstract
 
-    st = abstract_train_state(factory, optimizer, rules, jmesh, strict=False)
+    st = abstract_train_state(cfg if cfg is not None else factory, optimizer, rules, jmesh,
+                              strict=False)
     example = dict(example_batch) if example_batch is not None else {
         k: jax.ShapeDtypeStruct((batch, seq), jnp.int32) for k in ("inputs", "targets")}
     batch_abs = abstract_batch(example, rules, jmesh)
