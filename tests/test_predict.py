@@ -124,3 +124,22 @@ def test_cpu_mesh_uses_measured_entry():
     p = predict(flops=1e9, bytes_accessed=0, collectives=[], mesh=mesh)
     assert p.sources["peak_flops"].startswith("measured") and p.bound == "compute"
     assert p.sources["overlap"].startswith("assumed 0")
+
+
+def test_tensor_parallel_collectives_stay_on_the_critical_path():
+    # compute 10 ms; an FSDP gather over "data" (hidden behind compute on TPU) and a
+    # tensor-parallel all-reduce over "model" (the next matmul waits for it: never hidden)
+    mesh = wb.abstract_mesh("v5p-128", data=16, model=4)
+    flops = 0.010 * 459e12
+    gather = _gather(2**28, 16, ("data",))
+    reduce = _gather(2**26, 4, ("model",), kind="all-reduce")
+    both = predict(flops=flops, bytes_accessed=0, collectives=[gather, reduce], mesh=mesh,
+                   exposed_axes=("model",))
+    alone = {c.kind: predict(flops=0, bytes_accessed=0, collectives=[c], mesh=mesh).step_seconds
+             for c in (gather, reduce)}
+    assert alone["all-gather"] < 0.010                       # fits behind the compute
+    assert both.step_seconds == pytest.approx(0.010 + alone["all-reduce"])
+    by_kind = {c.kind: c.overlap for c in both.breakdown["collectives"]}
+    assert by_kind == {"all-gather": 1.0, "all-reduce": 0.0}
+    hidden = predict(flops=flops, bytes_accessed=0, collectives=[gather, reduce], mesh=mesh)
+    assert hidden.step_seconds == pytest.approx(0.010)      # without exposed axes: all hidden

@@ -6,7 +6,9 @@ Formulas and their sources are in docs/predictions.md. In short, per device and 
     memory    = bytes accessed / HBM bandwidth
     local     = max(compute, memory)                 (the roofline: they overlap)
     comm      = sum of collective times (ring formulas below, per mesh axis bandwidth)
-    step      = local + comm - overlap * min(local, comm)
+    exposed   = the collectives on the critical path (``exposed_axes``: tensor-parallel
+                traffic, whose result the next matmul waits for)
+    step      = local + exposed + (comm - exposed) - overlap * min(local, comm - exposed)
 
 Ring formulas (n devices in the group, b bytes of the result per device, W bytes/s each
 device can send in one direction summed over the links the ring uses):
@@ -232,6 +234,7 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
             mesh: Any, hardware: HardwareSpec | str | None = None,
             tokens_per_step: int | None = None, model_flops: float | None = None,
             overlap: float | None = None, compiler_seconds: float | None = None,
+            exposed_axes: Sequence[str] = (),
             flops_source: str = "compiled cost analysis",
             bytes_source: str = "compiled cost analysis") -> Prediction:
     """Predict one training step's time, MFU and throughput (a roofline).
@@ -252,6 +255,10 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
       overlap: fraction (0..1) of the shorter of local work and communication assumed
         hidden; default by platform (0 on CPU, 1 on TPU/GPU), said in ``sources``.
       compiler_seconds: the TPU compiler's estimate, carried beside ours.
+      exposed_axes: mesh axes whose collectives are never hidden: a collective whose axes
+        all lie in ``exposed_axes`` counts in full (tensor-parallel all-reduces of
+        activations feed the next matmul). ``Plan.predict`` passes the axes that shard
+        weights but not the batch.
       flops_source, bytes_source: where ``flops`` and ``bytes_accessed`` come from.
 
     Example::
@@ -274,11 +281,14 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     if not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap must be in [0, 1], got {overlap}")
     times = [collective_seconds(c, info, spec) for c in collectives]
+    crit = [bool(t.axes) and set(t.axes) <= set(exposed_axes) for t in times]
     t_local, t_comm = max(t_compute, t_memory), sum(t.seconds for t in times)
-    hidden = overlap * min(t_local, t_comm)
+    t_exposed = sum(t.seconds for t, c in zip(times, crit) if c)
+    t_free = t_comm - t_exposed
+    hidden = overlap * min(t_local, t_free)
     step = t_local + t_comm - hidden
-    frac = hidden / t_comm if t_comm else 0.0
-    times = [dataclasses.replace(t, overlap=frac) for t in times]
+    frac = hidden / t_free if t_free else 0.0
+    times = [dataclasses.replace(t, overlap=0.0 if c else frac) for t, c in zip(times, crit)]
     terms = {"compute": t_compute, "memory": t_memory, "communication": t_comm - hidden}
     bound = max(BOUNDS, key=lambda k: terms[k])
     mfu = None
@@ -291,7 +301,11 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         breakdown={**terms, "communication_total": t_comm, "no_overlap_step": t_local + t_comm,
                    "collectives": tuple(times)},
         sources={"flops": flops_source, "bytes": bytes_source, "peak_flops": spec.source,
-                 "hbm_bandwidth": spec.source_of("hbm_bandwidth"), "overlap": overlap_src,
+                 "hbm_bandwidth": spec.source_of("hbm_bandwidth"),
+                 "overlap": overlap_src + (
+                     f"; collectives over {', '.join(exposed_axes)} only are on the critical "
+                     "path (tensor parallel: the next matmul waits for them), never hidden"
+                     if exposed_axes and t_exposed else ""),
                  "mfu": "model FLOPs / (step time x devices x peak FLOP/s per device)",
                  "compiler_seconds": "TPU compiler cost analysis (optimal_seconds)"
                  if compiler_seconds is not None else "none"},

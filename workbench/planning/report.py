@@ -15,7 +15,7 @@ from workbench.flops import FlopCount, compiled_cost, compiled_flops
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
-from workbench.planning.analytic import compute_split
+from workbench.planning.analytic import batch_axes, compute_split, weight_axes
 from workbench.planning.hlo import Collective
 from workbench.planning.lints import Lint
 from workbench.planning.predict import Prediction, predict
@@ -166,9 +166,19 @@ class Plan(Displayable):
             tokens_per_step=self.batch * self.seq if self.cfg is not None else None,
             model_flops=self.model_flops, overlap=overlap,
             compiler_seconds=cost.get("optimal_seconds") if compiled else None,
+            exposed_axes=self._weight_only_axes(),
             flops_source=label if compiled else "analytic model FLOPs (+ remat) / compute "
                                                 "split",
             bytes_source=label if compiled else "analytic estimate (analytic.hbm_bytes)")
+
+    def _weight_only_axes(self) -> tuple[str, ...]:
+        """Mesh axes (size > 1) that shard weights but split neither batch nor sequence:
+        their collectives carry activations between the matmuls of one layer."""
+
+        params = {k: v for k, v in self.layouts.items() if k.startswith("params.")}
+        bat = set(batch_axes(self.rules, self.mesh))
+        return tuple(a for a in self.mesh.axis_names
+                     if a in weight_axes(params) and a not in bat and self.mesh.shape[a] > 1)
 
     @property
     def compute_split(self) -> int:
