@@ -131,53 +131,19 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     limit = memory_limit if memory_limit is not None else info.memory_per_device
     estimate = analytic.analytic_memory(p_lay, o_lay, b_lay, act, limit)
 
-    compiled = jitted = memory = None
-    compile_seconds, compile_cached = 0.0, False
     batch_sh = {k: v.sharding for k, v in batch_abs.items()}
+    jitted = None
     if target.mesh is not None:
         step = make_train_step(st.graphdef, optimizer, loss_fn=loss_fn, rules=rules,
                                mesh=target.mesh)
         jitted = jit_train_step(step, st.shardings, batch_sh)
-    lowered = None
+    out = _CompileOutcome(target=target)
     if target.compile:
-        label = f"wb.plan({name or rules_name or 'fsdp'!r})"
-        where = info.describe() + (f" ({target.topology})" if target.topology else "")
-        status = status_line if progress else None
-        try:
-            lowered = jitted.lower(st.state, batch_abs)
-        except ValueError as err:  # jax's IndivisibleError: a dim its mesh axes don't divide
-            if info.jax_mesh is not None or "evenly divide" not in str(err):
-                raise
-            lowered = None
-            target = dataclasses.replace(target, compile=False, source="estimate", reason=(
-                f"the {target.source.replace('-', ' ')} cannot take this layout (a tensor "
-                f"dimension is not divisible by its mesh axes: {str(err).splitlines()[0][:200]}); "
-                "see the 'uneven' lint for which tensor and the fix"))
-    if target.compile and lowered is not None:
-        try:
-            result = compile_lowered(lowered, list(target.mesh.devices.flat),
-                                     what=f"{label}: the train step for {where}",
-                                     status=status, in_place=in_notebook(),
-                                     persist=info.jax_mesh is None)
-        except Exception as err:  # noqa: BLE001 - only the compiler's OOM verdict is kept
-            oom = _compiler_oom(err)
-            if oom is None:
-                raise
-            target = dataclasses.replace(target, compile=False, source="estimate", reason=(
-                f"the {target.source.replace('-', ' ')} rejected this step: it needs "
-                f"{format_bytes(oom[0])} of temporaries per device where {format_bytes(oom[1])}"
-                " are free, so it does not fit; memory 'temp' is the compiler's, the rest "
-                "are estimates"))
-            memory = dict(estimate, temp=oom[0],
-                          activations=oom[0] - int(estimate["gradients"]),
-                          total=int(estimate["total"]) - int(estimate["temp"]) + oom[0],
-                          compiler_required_temp=oom[0], compiler_available=oom[1])
-        else:
-            compiled, compile_seconds = result.compiled, result.seconds
-            compile_cached = result.cached
-            memory = _compiled_memory(compiled, estimate, limit)
-            collectives = parse_collectives(compiled.as_text(), info.axis_names,
-                                            info.axis_sizes)
+        out = _compile_step(jitted, (st.state, batch_abs), info, target, estimate, limit,
+                            label=f"wb.plan({name or rules_name or 'fsdp'!r})",
+                            progress=progress)
+    target, compiled, memory = out.target, out.compiled, out.memory
+    collectives = out.collectives
     if compiled is None:
         if memory is None:
             memory = dict(estimate)
@@ -201,7 +167,7 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
                                   if k.startswith("params.")},
         graphdef=st.graphdef, param_state=st.param_state, abstract_state=st.state,
         shardings=st.shardings, abstract_batch=batch_abs, batch_shardings=batch_sh,
-        compiled=compiled, compile_seconds=compile_seconds, compile_cached=compile_cached,
+        compiled=compiled, compile_seconds=out.seconds, compile_cached=out.cached,
         plan_seconds=time.perf_counter() - t0, factory=factory, loss_fn=loss_fn,
         jitted=jitted)
 
@@ -240,6 +206,63 @@ def _compile_target(info: Any, compile: bool | None) -> _Target:
                        reason=f"analytic estimate: {tgt.reason}")
     return _Target(mesh=tgt.mesh, compile=True, source="tpu-compiler", topology=tgt.topology,
                    reason=tgt.reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CompileOutcome:
+    """What compiling the step gave: the executable and its memory and collectives, or
+    (``compiled`` None) the target turned into an estimate, with the compiler's memory
+    verdict when it refused the step for memory."""
+
+    target: _Target
+    compiled: Any = None
+    seconds: float = 0.0
+    cached: bool = False
+    memory: dict[str, Any] | None = None
+    collectives: list[Collective] | None = None
+
+
+def _compile_step(jitted: Any, args: tuple[Any, ...], info: Any, target: _Target,
+                  estimate: Mapping[str, Any], limit: int | None, *, label: str,
+                  progress: bool) -> _CompileOutcome:
+    """Lower and compile the step for ``target``. On an abstract TPU slice, a layout JAX
+    cannot lower (indivisible dims) or a step the compiler refuses for memory becomes an
+    estimate that says why; any other error is raised."""
+    where = info.describe() + (f" ({target.topology})" if target.topology else "")
+    compiler = target.source.replace("-", " ")
+    try:
+        lowered = jitted.lower(*args)
+    except ValueError as err:  # jax's IndivisibleError: a dim its mesh axes don't divide
+        if info.jax_mesh is not None or "evenly divide" not in str(err):
+            raise
+        return _CompileOutcome(target=dataclasses.replace(
+            target, compile=False, source="estimate", reason=(
+                f"the {compiler} cannot take this layout (a tensor dimension is not "
+                f"divisible by its mesh axes: {str(err).splitlines()[0][:200]}); see the "
+                "'uneven' lint for which tensor and the fix")))
+    try:
+        result = compile_lowered(lowered, list(target.mesh.devices.flat),
+                                 what=f"{label}: the train step for {where}",
+                                 status=status_line if progress else None,
+                                 in_place=in_notebook(), persist=info.jax_mesh is None)
+    except Exception as err:  # noqa: BLE001 - only the compiler's OOM verdict is kept
+        oom = _compiler_oom(err)
+        if oom is None:
+            raise
+        need, free = oom
+        return _CompileOutcome(
+            target=dataclasses.replace(target, compile=False, source="estimate", reason=(
+                f"the {compiler} rejected this step: it needs {format_bytes(need)} of "
+                f"temporaries per device where {format_bytes(free)} are free, so it does "
+                "not fit; memory 'temp' is the compiler's, the rest are estimates")),
+            memory=dict(estimate, temp=need, activations=need - int(estimate["gradients"]),
+                        total=int(estimate["total"]) - int(estimate["temp"]) + need,
+                        compiler_required_temp=need, compiler_available=free))
+    compiled = result.compiled
+    return _CompileOutcome(
+        target=target, compiled=compiled, seconds=result.seconds, cached=result.cached,
+        memory=_compiled_memory(compiled, estimate, limit),
+        collectives=parse_collectives(compiled.as_text(), info.axis_names, info.axis_sizes))
 
 
 _SAID: set[str] = set()
