@@ -110,8 +110,22 @@ def test_unknown_and_unsupported_topologies_say_why():
         tpu_devices("v5e:3x3")
     gpu = tpu_target(wb.abstract_mesh("8xH100", data=8))
     assert gpu.mesh is None and "not a TPU slice" in gpu.reason
-    v4 = tpu_target(wb.abstract_mesh("v4-8", data=4))      # v4 compiles per TensorCore
-    assert v4.mesh is None and "megacore" in v4.reason
+
+
+@needs_libtpu
+def test_v4_compiles_in_megacore_mode_like_jax_itself():
+    """A v4 chip is one JAX device (megacore), as on a v4 VM: 4 devices for v4-8."""
+    from jax.experimental import topologies
+
+    v4 = tpu_target(wb.abstract_mesh("v4-8", data=2, model=2))
+    assert v4.mesh is not None and v4.topology == "v4:2x2x1", v4.reason
+    assert v4.mesh.devices.size == 4 and {d.device_kind for d in v4.mesh.devices.flat} == {"TPU v4"}
+    devs = topologies.get_topology_desc(platform="tpu", topology_name="v4:2x2x1",
+                                        chip_config_name="megacore").devices
+    ref = Mesh(np.array(devs).reshape(2, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    mine, theirs = _compile(v4.mesh).memory_analysis(), _compile(ref).memory_analysis()
+    assert mine.temp_size_in_bytes == theirs.temp_size_in_bytes
+    assert mine.argument_size_in_bytes == theirs.argument_size_in_bytes
 
 
 def test_without_libtpu_plans_fall_back_with_a_reason():

@@ -258,3 +258,28 @@ def test_plan_widget_shows_source_and_prediction(tpu_plan, tmp_path):
     assert "TPU compiler ·" in rep["text"] and "TPU compiler's own estimate" in rep["text"]
     assert rep["classes"]["wb-pred-row"] == 3
     assert rep["handlers_left"] == 0
+
+
+def test_collectives_inside_a_scanned_loop_count_once_per_iteration():
+    """A psum inside a 5-step lax.scan runs 5 times per call: the parser multiplies the
+    loop body's instructions by the trip count read from the loop condition."""
+    from jax.sharding import PartitionSpec as P
+
+    from workbench.planning.hlo import loop_trip_counts
+
+    mesh = wb.make_mesh(data=8)
+
+    def body(carry, _):
+        return carry + jax.lax.psum(carry, "data"), None
+
+    @jax.jit
+    def f(x):
+        g = jax.shard_map(lambda v: jax.lax.scan(body, v, None, length=5)[0], mesh=mesh,
+                          in_specs=P("data"), out_specs=P("data"))
+        return g(x)
+
+    text = f.lower(jax.ShapeDtypeStruct((8, 128), jnp.float32)).compile().as_text()
+    trips = loop_trip_counts(text)
+    assert list(trips.values()) == [5]
+    (c,) = [c for c in parse_collectives(text, ("data",), (8,)) if c.kind == "all-reduce"]
+    assert c.in_loop and c.count == 5 and c.axes == ("data",)

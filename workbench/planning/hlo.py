@@ -29,6 +29,10 @@ _INSTR = re.compile(
 _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+(?:fn)?)?)\[([\d,]*)\]")
 _COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _WHILE_BODY = re.compile(r"\bwhile\(.*?body=%?([\w.\-]+)")
+_WHILE = re.compile(r"\bwhile\(.*?condition=%?([\w.\-]+),\s*body=%?([\w.\-]+)(.*)$", re.M)
+_KNOWN_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_BOUND = re.compile(r"\bcompare\(|calls=%?[\w.\-]*compare")
+_INT_CONSTANT = re.compile(r"=\s*s(?:32|64)\[\][^=]*\bconstant\((-?\d+)\)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,7 +50,8 @@ class Collective:
             all-reduce 2(n-1)/n·b, all-gather/all-to-all (n-1)/n·b, reduce-scatter (n-1)·b.
         count: how many such instructions the step runs.
         shapes: result array shapes (``'f32[64,128]'``).
-        in_loop: inside a while loop body (the count is per iteration).
+        in_loop: inside a while loop body (a scan over layers); ``count`` is per step:
+            the instructions in the body times the loop's trip count.
         names: HLO instruction names.
     """
 
@@ -177,17 +182,50 @@ def _wire(kind: str, nbytes: int, n: int) -> float:
             "collective-permute": float(nbytes)}[kind]
 
 
+def _computations(hlo_text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head and not line[:1].isspace():
+            current = out.setdefault(head.group(1), [])
+            continue
+        if current is not None:
+            current.append(line)
+    return out
+
+
+def loop_trip_counts(hlo_text: str) -> dict[str, int]:
+    """``{while body computation: trip count}`` of the module's while loops (a scan over
+    layers lowers to one): XLA's ``known_trip_count`` where the backend writes it, else
+    the loop condition's comparison with its one integer constant (``i < 32``). A loop
+    whose bound is not a constant is left out."""
+    comps = _computations(hlo_text)
+    trips: dict[str, int] = {}
+    for cond, body, attrs in _WHILE.findall(hlo_text):
+        known = _KNOWN_TRIPS.search(attrs)
+        if known:
+            trips[body] = int(known.group(1))
+            continue
+        lines = comps.get(cond, [])
+        consts = [int(c) for ln in lines for c in _INT_CONSTANT.findall(ln)]
+        if len(consts) == 1 and any(_BOUND.search(ln) for ln in lines) and consts[0] > 0:
+            trips[body] = consts[0]
+    return trips
+
+
 def parse_collectives(hlo_text: str, axis_names: Sequence[str],
                       axis_sizes: Sequence[int]) -> list[Collective]:
     """All collectives in an optimized HLO module, merged by (kind, axes, shapes, group size),
     largest total traffic first."""
     n = math.prod(axis_sizes)
     bodies = set(_WHILE_BODY.findall(hlo_text))
+    trips = loop_trip_counts(hlo_text)
     merged: dict[tuple, dict] = {}
     computation = ""
     for line in hlo_text.splitlines():
         head = _COMPUTATION.match(line)
-        if head and "=" not in line.split("{")[0]:
+        if head and not line[:1].isspace():
             computation = head.group(1)
             continue
         m = _INSTR.match(line)
@@ -204,7 +242,7 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
             size = len(groups[0])
         key = (kind, axes, aligned, size, shapes, computation in bodies)
         rec = merged.setdefault(key, {"count": 0, "bytes": nbytes, "names": []})
-        rec["count"] += 1
+        rec["count"] += trips.get(computation, 1)
         rec["names"].append(m.group("name"))
     out = [Collective(kind=k[0], axes=k[1], aligned=k[2], group_size=k[3], bytes=r["bytes"],
                       wire_bytes=_wire(k[0], r["bytes"], k[3]), count=r["count"],

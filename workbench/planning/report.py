@@ -16,7 +16,7 @@ from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
 from workbench.planning.analytic import batch_axes, compute_split, weight_axes
-from workbench.planning.hlo import Collective
+from workbench.planning.hlo import Collective, loop_trip_counts
 from workbench.planning.lints import Lint
 from workbench.planning.predict import Prediction, predict
 from workbench.rules import Rules
@@ -128,9 +128,18 @@ class Plan(Displayable):
         return self.flops.total
 
     @functools.cached_property
+    def loops(self) -> dict[str, int]:
+        """``{loop body: trip count}`` of the compiled program's while loops (scanned
+        layers); empty when analytic or unrolled."""
+        return {} if self.compiled is None else loop_trip_counts(self.compiled.as_text())
+
+    @functools.cached_property
     def compiled_flops_per_device(self) -> float | None:
-        """FLOPs per device from ``compiled.cost_analysis()`` (None when analytic)."""
-        return None if self.compiled is None else compiled_flops(self.compiled)
+        """FLOPs per device from ``compiled.cost_analysis()``; None when analytic, or when
+        the program loops (scanned layers): XLA's cost analysis counts a loop body once."""
+        if self.compiled is None or self.loops:
+            return None
+        return compiled_flops(self.compiled)
 
     @functools.cached_property
     def cost(self) -> dict[str, float]:
@@ -156,8 +165,10 @@ class Plan(Displayable):
           overlap: fraction of communication hidden behind compute (default by platform).
         """
         cost = self.cost
-        compiled = "bytes accessed" in cost and cost.get("flops", 0) > 0
+        compiled = "bytes accessed" in cost and cost.get("flops", 0) > 0 and not self.loops
         label = f"{self.source} cost analysis"
+        why = ("analytic: the compiled program loops over layers and XLA's cost analysis "
+               "counts a loop body once; " if self.loops else "")
         return predict(
             flops=cost["flops"] if compiled else (self.model_flops + self.flops.recompute)
             / self.compute_split,
@@ -167,9 +178,8 @@ class Plan(Displayable):
             model_flops=self.model_flops, overlap=overlap,
             compiler_seconds=cost.get("optimal_seconds") if compiled else None,
             exposed_axes=self._weight_only_axes(),
-            flops_source=label if compiled else "analytic model FLOPs (+ remat) / compute "
-                                                "split",
-            bytes_source=label if compiled else "analytic estimate (analytic.hbm_bytes)")
+            flops_source=label if compiled else why + "model FLOPs (+ remat) / compute split",
+            bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
 
     def _weight_only_axes(self) -> tuple[str, ...]:
         """Mesh axes (size > 1) that shard weights but split neither batch nor sequence:
