@@ -1,8 +1,9 @@
 """Logical axis names -> mesh axes: the one object that decides how tensors are sharded.
 
 Models name *logical* axes only (``batch, seq, embed, heads, kv_heads, head_dim, mlp,
-vocab``). A :class:`Rules` object maps each logical name to a mesh axis, a tuple of mesh
-axes, or ``None`` (replicated)::
+vocab``, and ``layers`` for the stacked blocks of ``GPTConfig(scan_layers=True)``). A
+:class:`Rules` object maps each logical name to a mesh axis, a tuple of mesh axes, or
+``None`` (replicated)::
 
     rules = wb.Rules(batch="data", embed=None, heads="model", mlp="model", vocab="model",
                      kv_heads="model", head_dim=None, seq=None)
@@ -23,9 +24,10 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-#: The logical axis names used by :mod:`workbench.models`.
+#: The logical axis names used by :mod:`workbench.models` ("layers": the leading axis of
+#: scanned blocks' stacked parameters, replicated by every preset since the scan walks it).
 LOGICAL_AXES: tuple[str, ...] = (
-    "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab")
+    "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers")
 
 #: Mesh axis names treated as data-parallel / model-parallel by :meth:`Rules.preset`.
 DATA_AXIS_NAMES = ("data", "fsdp", "dp", "replica", "batch", "dcn", "pod", "slice")
@@ -115,7 +117,8 @@ class Rules(Mapping[str, MeshAxes]):
         - ``fsdp_tp``: like ``tp``, plus ``embed`` over the data axes.
 
         Data axes are the mesh axes not named like a model axis
-        (``model, tensor, tp, mp``).
+        (``model, tensor, tp, mp``). Every preset maps ``layers`` (the scan axis of
+        stacked blocks) to None.
         """
         names = tuple(mesh.axis_names)
         model = [a for a in names if a in MODEL_AXIS_NAMES]

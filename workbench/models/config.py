@@ -30,7 +30,18 @@ class GPTConfig:
         dtype: compute dtype of activations and matmuls.
         param_dtype: storage dtype of parameters.
         tie_embeddings: reuse the embedding table as the output projection.
-        remat: rematerialisation policy per block: "none", "dots" or "full".
+        remat: rematerialisation policy per block: "none", "dots" or "full" (the same per
+            scanned block with ``scan_layers``).
+        scan_layers: hold the blocks as one stacked module (each parameter gets a leading
+            ``"layers"`` axis of size ``n_layers``; paths ``blocks.attn.q`` instead of
+            ``blocks.0.attn.q``) and apply them with ``jax.lax.scan``, so XLA compiles one block
+            body instead of ``n_layers`` copies: compile time several times shorter for deep
+            models (MaxText's ``scan_layers``). Same initial weights, logits and gradients
+            as the unrolled model; ``workbench.models.gpt.stack_blocks`` / ``unstack_blocks``
+            convert parameter dicts between the two layouts. Rules map ``"layers"`` to None
+            (every device holds all layers of its shard). The compiled step can need more
+            temporary memory than the unrolled one (XLA schedules inside a loop body less
+            freely): compare ``wb.plan`` of both.
         rope_theta: RoPE base frequency.
         norm_eps: RMSNorm epsilon.
     """
@@ -47,6 +58,7 @@ class GPTConfig:
     param_dtype: str = "float32"
     tie_embeddings: bool = False
     remat: str = "none"
+    scan_layers: bool = False
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
 
@@ -61,6 +73,8 @@ class GPTConfig:
                 f"grouped-query attention shares each kv head among n_heads/n_kv_heads heads")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+        if not isinstance(self.scan_layers, bool):
+            raise TypeError(f"scan_layers must be True or False, got {self.scan_layers!r}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; choose one of {sorted(REMAT_POLICIES)}")
         for f in ("dtype", "param_dtype"):

@@ -10,7 +10,8 @@ F d_ff, V vocab.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,10 @@ from workbench.models.config import REMAT_POLICIES, GPTConfig
 from workbench.rules import constrain
 
 Init = Callable[..., jax.Array]
+
+#: Logical name of the stacked blocks' leading axis (``cfg.scan_layers``).
+LAYERS_AXIS = "layers"
+_LAYERS_METADATA = {nnx.PARTITION_NAME: LAYERS_AXIS}
 
 
 def param(key: jax.Array | None, init: Init, shape: Sequence[int],
@@ -141,7 +146,10 @@ class GPT(nnx.Module):
         keys = jax.random.split(rngs.params(), cfg.n_layers + 2)   # one draw from rngs
         self.embed = param(keys[0], nnx.initializers.normal(stddev=0.02),
                            (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), pd)
-        self.blocks = nnx.List([Block(cfg, key=keys[2 + i]) for i in range(cfg.n_layers)])
+        if cfg.scan_layers:   # one Block whose params stack the n_layers blocks' params
+            self.blocks = _stacked_blocks(cfg, keys[2:])
+        else:
+            self.blocks = nnx.List([Block(cfg, key=keys[2 + i]) for i in range(cfg.n_layers)])
         self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=cfg.dtype,
                                   param_dtype=pd)
         self.lm_head = None if cfg.tie_embeddings else param(
@@ -157,12 +165,105 @@ class GPT(nnx.Module):
         run_block: Callable[[Block, jax.Array], jax.Array] = lambda blk, h: blk(h)
         policy = REMAT_POLICIES[cfg.remat]
         if policy is not None:
-            run_block = nnx.remat(run_block, policy=getattr(jax.checkpoint_policies, policy))
-        for block in self.blocks:
-            x = run_block(block, x)
+            # jax.checkpoint: prevent_cse=False is safe inside a scan (the loop keeps XLA
+            # from merging the recomputation into the forward) and spares the barriers.
+            run_block = nnx.remat(run_block, policy=getattr(jax.checkpoint_policies, policy),
+                                  prevent_cse=not cfg.scan_layers)
+        if cfg.scan_layers:
+            x = _scan_blocks(run_block, self.blocks, x)
+        else:
+            for block in self.blocks:
+                x = run_block(block, x)
         x = self.final_norm(x)
         if self.lm_head is None:
             logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(dt))   # (B, T, V)
         else:
             logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(dt))  # (B, T, V)
         return constrain(logits, ("batch", "seq", "vocab"), name="logits")
+
+
+def _stacked_blocks(cfg: GPTConfig, keys: jax.Array) -> Block:
+    """``n_layers`` blocks as one ``Block`` whose params have a leading "layers" axis; block
+    ``i`` is initialised from ``keys[i]`` exactly as the unrolled model's block ``i``."""
+    @nnx.vmap(in_axes=0, out_axes=0, transform_metadata=_LAYERS_METADATA)
+    def make(key: jax.Array) -> Block:
+        return Block(cfg, key=key)
+    return make(keys)
+
+
+def _scan_blocks(run_block: Callable[[Block, jax.Array], jax.Array], blocks: Block,
+                 x: jax.Array) -> jax.Array:
+    """``x`` through the stacked ``blocks`` in order: ``jax.lax.scan`` over the layers axis
+    of their parameters with the residual stream as carry; ``run_block`` (remat included)
+    is the loop body.
+
+    A plain ``lax.scan`` over the parameter arrays: ``nnx.scan`` would also return the
+    unchanged stacked state as a loop output (XLA drops it, but the jaxpr carries it).
+    """
+    graphdef, state = nnx.split(blocks)
+    params = nnx.to_pure_dict(state)
+
+    def body(h: jax.Array, layer: Any) -> tuple[jax.Array, None]:
+        return run_block(nnx.merge(graphdef, layer), h), None
+
+    x, _ = jax.lax.scan(body, x, params)
+    return x
+
+
+def stack_blocks(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Unrolled parameters -> the ``scan_layers=True`` layout.
+
+    Args:
+        params: a pure parameter dict of ``GPT(cfg)`` (``nnx.to_pure_dict``) whose
+            ``"blocks"`` maps layer index -> block params.
+
+    Returns:
+        The same dict with ``"blocks"`` one block's tree whose leaves stack the layers'
+        leaves along a new leading axis (layer ``i`` at index ``i``); other entries shared.
+
+    Example::
+
+        params = nnx.to_pure_dict(nnx.state(GPT(cfg, rngs=nnx.Rngs(0)), nnx.Param))
+        graphdef, _ = nnx.split(nnx.eval_shape(
+            lambda: GPT(cfg.replace(scan_layers=True), rngs=nnx.Rngs(0))))
+        scanned = nnx.merge(graphdef, stack_blocks(params))   # the same function
+    """
+    blocks = _blocks_of(params, "stack_blocks")
+    if not isinstance(blocks, Mapping) or not blocks or \
+            not all(isinstance(k, int) for k in blocks):
+        raise ValueError(
+            f"stack_blocks expects unrolled blocks keyed by layer index (0, 1, ...), got keys "
+            f"{list(blocks)[:4] if isinstance(blocks, Mapping) else type(blocks).__name__}; "
+            f"these params may already be stacked (scan_layers=True)")
+    order = sorted(blocks)
+    if order != list(range(len(order))):
+        raise ValueError(f"stack_blocks needs layers 0..{len(order) - 1}, got {order}")
+    layers = [blocks[i] for i in order]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+    return {**params, "blocks": stacked}
+
+
+def unstack_blocks(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``scan_layers=True`` parameters -> the unrolled layout (inverse of
+    :func:`stack_blocks`): ``"blocks"`` becomes ``{0: block 0's params, 1: ...}``."""
+    blocks = _blocks_of(params, "unstack_blocks")
+    leaves = jax.tree.leaves(blocks)
+    if not isinstance(blocks, Mapping) or not leaves or any(isinstance(k, int) for k in blocks):
+        raise ValueError(
+            f"unstack_blocks expects stacked blocks (scan_layers=True: one block's tree with a "
+            f"leading layers axis), got keys "
+            f"{list(blocks)[:4] if isinstance(blocks, Mapping) else type(blocks).__name__}")
+    n = leaves[0].shape[0]
+    if any(x.shape[:1] != (n,) for x in leaves):
+        raise ValueError(f"stacked block leaves disagree on the layers axis: "
+                         f"{sorted({x.shape[:1] for x in leaves})}")
+    return {**params, "blocks": {i: jax.tree.map(lambda x, i=i: x[i], blocks)
+                                 for i in range(n)}}
+
+
+def _blocks_of(params: Mapping[str, Any], what: str) -> Any:
+    if not isinstance(params, Mapping) or "blocks" not in params:
+        raise ValueError(f"{what} expects GPT parameters as a pure dict with a 'blocks' entry "
+                         f"(nnx.to_pure_dict(nnx.state(model, nnx.Param))), got "
+                         f"{type(params).__name__}")
+    return params["blocks"]
