@@ -1,0 +1,162 @@
+# %% [markdown]
+# # 08 · Plan for a pod: Llama 2 70B on TPU v5p, from a laptop
+#
+# Before you rent a pod slice you want three answers: **which layout, how much memory per
+# chip, how fast**. This notebook answers them for Llama 2 70B on a v5p-128 slice (64
+# chips) without a TPU: the TPU compiler itself (the `libtpu` package, installed by
+# `make lab`) compiles the training step for that slice's topology on this machine's
+# CPU, and Workbench reads memory, FLOPs, collectives and HLO from the TPU executable.
+#
+# The workload is the one MaxText publishes for this model (its `llama2-70b-4096`
+# benchmark configuration): sequence length 4096, 4 sequences per chip, the weights and
+# optimizer state sharded over every chip (FSDP), and full rematerialization of each
+# block in the backward pass.
+
+# %%
+import time
+
+import workbench as wb
+
+wb.simulate_devices(8)   # nothing here runs on devices; the plans are for the v5p slice
+
+GiB = 2**30
+
+# %% [markdown]
+# ## The model and the slice
+#
+# Llama 2 70B: 80 layers, width 8192, 64 query heads sharing 8 key/value heads (GQA),
+# SwiGLU MLP of width 28672, a 32000-token vocabulary. Workbench's `"70b"` preset is
+# Llama 3 70B, the same shape with a 128256-token vocabulary, so one `replace` gives
+# Llama 2. `scan_layers=True` stacks the 80 blocks and runs them as one scanned layer,
+# as MaxText does: the compiler sees one block instead of 80, which keeps the compile to
+# a minute or two on a laptop.
+
+# %%
+cfg = wb.models.GPTConfig.preset("70b").replace(vocab_size=32000, remat="full",
+                                                 scan_layers=True)
+print(f"{cfg.n_params / 1e9:.1f} B parameters")
+pod = wb.abstract_mesh("v5p-128", data=-1)
+print(pod.describe())
+pod
+
+# %% [markdown]
+# ## The public layout, compiled by the TPU compiler
+#
+# `wb.plan` on a TPU preset compiles the very step the Trainer would run, for the
+# slice's real topology (`v5p:4x4x4`). It reports progress while the compiler works;
+# Ctrl-C stops waiting at once (the compile finishes in the background, and running the
+# cell again picks it up), and the same plan again, even in a new kernel, comes from the
+# plan cache.
+
+# %%
+t0 = time.perf_counter()
+public = wb.plan(cfg, mesh=pod, rules="fsdp", batch=64 * 4, seq=4096, name="MaxText layout")
+print(f"planned in {time.perf_counter() - t0:.0f} s")
+print(public.summary())
+
+# %% [markdown]
+# The TPU compiler's verdict: the step fits, but with little to spare. The memory lint
+# (if any) and `plan.fits` say the same; `source_reason` says what compiled it.
+
+# %%
+mem = public.memory
+print(public.source, "—", public.source_reason)
+print(f"per chip: {mem['total'] / GiB:.1f} GiB of {mem['limit'] / GiB:.1f} GiB "
+      f"({mem['total'] / mem['limit']:.0%}); fits: {public.fits}")
+
+# %% [markdown]
+# ## Where the estimate was off
+#
+# The formulas alone (`compile=False`, what a plan on hardware you don't have gave
+# before the TPU compiler was in the loop) put this layout far lower. Side by side, per
+# chip:
+
+# %%
+print(f"{'':<13}{'TPU compiler':>14}{'formula':>12}")
+for row in public.memory_rows():
+    if row["bytes"] is not None and row["key"] != "limit":
+        print(f"{row['key']:<13}{row['bytes'] / GiB:>12.1f} G{(row['estimate'] or 0) / GiB:>10.1f} G")
+
+# %% [markdown]
+# Parameters, optimizer state and gradients agree: they are shards of known tensors.
+# The activations and temporaries are where a formula is a guess. Workbench's attention
+# is XLA's dense attention (`jax.nn.dot_product_attention` without a fused kernel), so
+# the backward pass of each rematerialized block materializes the `(batch, heads, 4096,
+# 4096)` score matrix, its softmax and their gradients — per chip, one float32 copy is
+# `4 x 64 x 4096² x 4 bytes`:
+
+# %%
+scores = 4 * 64 * 4096**2 * 4
+print(f"one float32 score matrix per chip: {scores / GiB:.0f} GiB")
+
+# %% [markdown]
+# MaxText runs this workload with a flash attention kernel (splash attention) that never
+# holds the whole matrix, which is where its headroom comes from. Here, a layout with
+# more room is the lever we have.
+#
+# %% [markdown]
+# ## Search for a layout
+#
+# `wb.search` enumerates mesh splits (data x model) x sharding rules x micro-batching
+# for the same global batch (256 sequences of 4096 tokens), plans each one analytically
+# (a fraction of a second each), drops what does not fit, ranks the rest by predicted
+# step time, then compiles the best two with the TPU compiler and re-ranks them (the
+# first is the plan above: it comes from the compile cache).
+# Micro-batching (gradient accumulation) divides the activations by the number of
+# micro-batches at the price of re-gathering the weights each time.
+
+# %%
+result = wb.search(cfg, hardware="v5p-128", batch=256, seq=4096, strategies=("fsdp", "fsdp_tp"),
+                   remat=("full",), microbatches=(1, 2, 4), top_k=2)
+result
+
+# %%
+print(result.table())
+
+# %% [markdown]
+# The chart puts every candidate at its memory per chip (x) and predicted step time (y);
+# the shaded region fits in a chip's HBM. Hover a point for its layout.
+
+# %%
+result.figure()
+
+# %% [markdown]
+# ## The best layout, exactly
+#
+# The best candidate's plan was compiled by the TPU compiler: its memory is what the
+# chip will allocate. Its predicted step time is a roofline over the step's FLOPs and HBM
+# bytes with v5p's peak FLOP/s, HBM and ICI bandwidths from the hardware table (sources
+# in `docs/predictions.md`), and the collectives the TPU compiler wrote, each timed on
+# the torus links it crosses. (For a program without loops, the TPU compiler's own
+# estimate is shown beside it; with `scan_layers=True` the compiler's cost analysis
+# counts the scanned block once, so Workbench uses the analytic FLOP count and says so
+# in `predicted.sources`.) Neither number is a measurement: nothing here ran on a TPU.
+
+# %%
+best = result.best
+print(best.summary())
+print()
+print(best.predicted)
+print(best.predicted.sources["flops"])
+
+# %% [markdown]
+# MFU is model FLOPs over (step time x chips x peak). With full rematerialization the
+# chips also redo each block's forward pass, so the best possible MFU is about 3/4 even
+# before communication and memory traffic; the prediction shows how far below that the
+# layout lands and which term bounds it.
+
+# %%
+p = best.predicted
+print(f"predicted: {p.step_seconds:.2f} s/step, MFU {p.mfu:.1%}, {p.tokens_per_s:,.0f} tokens/s "
+      f"({p.bound}-bound)")
+if p.compiler_seconds is not None:
+    print(f"the TPU compiler's own estimate: {p.compiler_seconds:.2f} s/step")
+
+# %% [markdown]
+# ## Your turn
+#
+# * Plan the same model on `"v5p-256"` with 4 sequences per chip: how much headroom
+#   does splitting the optimizer state over twice the chips buy?
+# * Search with `strategies=("fsdp_tp",)` only: how much slower does tensor parallelism
+#   make each step here, and why (look at `best.predicted.breakdown["collectives"]`)?
+# * `wb.compare([public, best])` puts the two plans side by side.
