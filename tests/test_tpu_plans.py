@@ -283,3 +283,29 @@ def test_collectives_inside_a_scanned_loop_count_once_per_iteration():
     assert list(trips.values()) == [5]
     (c,) = [c for c in parse_collectives(text, ("data",), (8,)) if c.kind == "all-reduce"]
     assert c.in_loop and c.count == 5 and c.axes == ("data",)
+
+
+def test_scanned_layers_plan_counts_loop_collectives_and_predicts_from_the_analytic_flops():
+    """With scan_layers the program loops over the blocks: the collectives in the loop body
+    count once per layer (reference: the unrolled plan's tensor-parallel all-reduces; XLA
+    gathers the stacked FSDP weights differently, so those are not compared)
+    and XLA's one-body cost analysis is not used for the prediction."""
+    cfg = TINY.replace(n_layers=4)
+    mesh = wb.abstract_mesh("v5e-4", **AXES)
+    unrolled = wb.plan(cfg, mesh=mesh, rules="fsdp_tp", batch=8, seq=64, progress=False)
+    scanned = wb.plan(cfg.replace(scan_layers=True), mesh=mesh, rules="fsdp_tp", batch=8,
+                      seq=64, progress=False)
+    assert scanned.source == unrolled.source == "tpu-compiler"
+    assert list(scanned.loops.values()) and set(scanned.loops.values()) == {4}
+    assert not unrolled.loops and unrolled.compiled_flops_per_device is not None
+    assert scanned.compiled_flops_per_device is None
+    assert scanned.predicted.sources["flops"].startswith("analytic: the compiled program loops")
+    assert scanned.predicted.compiler_seconds is None
+    in_loop = [c for c in scanned.collectives if c.in_loop]
+    assert in_loop and all(c.count % 4 == 0 for c in in_loop)
+
+    def tp_bytes(p):  # the per-layer tensor-parallel all-reduces of activations
+        return sum(c.total_wire_bytes for c in p.collectives
+                   if c.kind == "all-reduce" and c.axes == ("model",))
+
+    assert tp_bytes(scanned) == tp_bytes(unrolled) > 0
