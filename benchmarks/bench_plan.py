@@ -67,12 +67,13 @@ import json, sys, time
 import workbench as wb
 from workbench.models import GPTConfig
 cfg, preset, model, batch, seq = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+scan = sys.argv[6] == "scan"
 t = time.perf_counter()
-p = wb.plan(GPTConfig.preset(cfg).replace(remat="full"), mesh=wb.abstract_mesh(preset, data=-1, model=model),
+p = wb.plan(GPTConfig.preset(cfg).replace(remat="full", scan_layers=scan), mesh=wb.abstract_mesh(preset, data=-1, model=model),
             rules="fsdp_tp", batch=batch, seq=seq, progress=False)
 wall = time.perf_counter() - t
 t = time.perf_counter()
-again = wb.plan(GPTConfig.preset(cfg).replace(remat="full"), mesh=wb.abstract_mesh(preset, data=-1, model=model),
+again = wb.plan(GPTConfig.preset(cfg).replace(remat="full", scan_layers=scan), mesh=wb.abstract_mesh(preset, data=-1, model=model),
                 rules="fsdp_tp", batch=batch, seq=seq, progress=False)
 print(json.dumps({"wall": wall, "compile": p.compile_seconds, "cached": p.compile_cached,
                   "again": time.perf_counter() - t, "again_cached": again.compile_cached,
@@ -100,13 +101,14 @@ def tpu_rows() -> list[dict[str, Any]]:
         return [{"name": "TPU-compiled plans", "value": None, "unit": "", "target": "",
                  "ok": None, "notes": "libtpu not installed: not measured"}]
     rows = []
-    cases = [("1b", "v5p-32", 4, 64, 2048), ("7b", "v5p-128", 4, 64, 4096)]
-    for cfg, preset, model, batch, seq in cases:
+    cases = [("1b", "v5p-32", 4, 64, 2048, "unrolled"), ("7b", "v5p-128", 4, 64, 4096, "scan")]
+    for cfg, preset, model, batch, seq, layers in cases:
         with tempfile.TemporaryDirectory() as cache:
-            args = [cfg, preset, str(model), str(batch), str(seq)]
+            args = [cfg, preset, str(model), str(batch), str(seq), layers]
             first = _plan_process(args, cache)
             second = _plan_process(args, cache)
-        what = f"{cfg} on {preset} (fsdp_tp, model={model}, batch {batch} x {seq}, remat full)"
+        what = (f"{cfg} on {preset} (fsdp_tp, model={model}, batch {batch} x {seq}, remat full, "
+                f"{'scanned' if layers == 'scan' else 'unrolled'} layers)")
         rows += [
             {"name": f"TPU-compiled plan of {what}: first", "value": round(first["wall"], 1),
              "unit": "s", "target": "", "ok": None,
@@ -114,7 +116,9 @@ def tpu_rows() -> list[dict[str, Any]]:
                        f"{first['total'] / 2**30:.1f} GiB/chip compiled vs "
                        f"{first['estimate'] / 2**30:.1f} GiB analytic; predicted step "
                        f"{first['step']:.3g} s, MFU {first['mfu']:.1%}; TPU compiler's own "
-                       f"estimate {first['compiler_seconds'] or float('nan'):.3g} s")},
+                       "estimate " + (f"{first['compiler_seconds']:.3g} s"
+                                      if first["compiler_seconds"] else
+                                      "not used (a scanned program: one loop body)"))},
             {"name": f"TPU-compiled plan of {what}: same plan again in the process",
              "value": round(first["again"], 2), "unit": "s", "target": "instant (< 5 s)",
              "ok": first["again_cached"] and first["again"] < 5,
