@@ -26,6 +26,8 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
+from workbench._cache import cache_root
+
 #: Bytes of text per ArrayRecord record (several windows each).
 RECORD_BYTES = 8192
 
@@ -66,13 +68,6 @@ class TextData:
         d = dataclasses.asdict(self)
         return {"kind": "text", **{k: list(v) if isinstance(v, tuple) else v
                                    for k, v in d.items()}}
-
-
-def cache_root() -> Path:
-    """Workbench's cache directory: ``$WORKBENCH_CACHE`` or ``~/.cache/workbench``."""
-    root = os.environ.get("WORKBENCH_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "workbench")
-    return Path(root)
 
 
 def corpus_root(spec: TextData) -> Path:
