@@ -25,8 +25,10 @@ __all__ = [
     "devices",
     "hardware_spec",
     "libtpu_installed",
+    "measured_cpu_collective_bandwidth",
     "measured_cpu_memory_bandwidth",
     "measured_cpu_peak",
+    "measured_loopback_bandwidth",
     "peak_flops",
     "simulate_devices",
 ]
@@ -399,27 +401,136 @@ def _cache_put(path: Path, key: str, value: float) -> None:
         pass
 
 
+def _cached(key: str) -> float | None:
+    try:
+        value = json.loads((_cache_dir() / "cpu_peak.json").read_text()).get(key)
+        return None if value is None else float(value)
+    except (OSError, ValueError):
+        return None
+
+
+def measured_cpu_collective_bandwidth(*, refresh: bool = False, mib: int = 8) -> float | None:
+    """Bytes/s one simulated CPU device sends in an all-reduce among this process's CPU
+    devices, measured and cached per machine and device count; None with one device.
+
+    A jitted ``psum`` of ``mib`` MiB per device over every local CPU device is timed (best
+    of 5 after a warm-up) and turned into a link bandwidth with the ring formula that
+    ``workbench.planning.predict`` applies to it: ``W = 2 (n-1)/n x bytes / time``. XLA:CPU
+    runs it through host memory on the cores the devices share, so this includes that
+    sharing (and, in a ``jax.distributed`` process on CPU, gloo's in-process path).
+    """
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    devs = jax.local_devices(backend="cpu")
+    n = len(devs)
+    if n < 2:
+        return None
+    key = f"psum|{_platform.node()}|{_cpu_name()}|{os.cpu_count()}|{jax.__version__}|{n}|{mib}"
+    cached = None if refresh else _cached(key)
+    if cached is not None:
+        return cached
+    mesh = jax.sharding.Mesh(np.array(devs), ("d",))
+    per = mib * 2**18
+    x = jax.device_put(np.ones((n, per), np.float32), NamedSharding(mesh, PartitionSpec("d")))
+    psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh,
+                                 in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d")))
+    psum(x).block_until_ready()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        psum(x).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    bandwidth = 2 * (n - 1) / n * per * 4 / best
+    _cache_put(_cache_dir() / "cpu_peak.json", key, bandwidth)
+    return bandwidth
+
+
+def measured_loopback_bandwidth(*, refresh: bool = False, mib: int = 64) -> float:
+    """Bytes/s of one TCP stream over 127.0.0.1 (what gloo uses between CPU processes on
+    one host), measured and cached per machine.
+
+    A sender thread writes ``mib`` MiB through a loopback socket to a receiver in this
+    process (best of 3 after a warm-up). Both ends share the host's cores, as two worker
+    processes on one machine do.
+    """
+    import socket
+    import threading
+
+    key = f"tcp|{_platform.node()}|{_cpu_name()}|{os.cpu_count()}|{mib}"
+    cached = None if refresh else _cached(key)
+    if cached is not None:
+        return cached
+    payload = b"\0" * (1 << 20)
+
+    def once() -> float:
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        client = socket.create_connection(server.getsockname())
+        conn, _ = server.accept()
+        total = mib << 20
+
+        def send() -> None:
+            for _ in range(mib):
+                client.sendall(payload)
+
+        t0 = time.perf_counter()
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        got = 0
+        while got < total:
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                break
+            got += len(chunk)
+        sender.join()
+        took = time.perf_counter() - t0
+        for s in (client, conn, server):
+            s.close()
+        return got / took
+
+    once()
+    bandwidth = max(once() for _ in range(3))
+    _cache_put(_cache_dir() / "cpu_peak.json", key, bandwidth)
+    return bandwidth
+
+
 def cpu_spec(n_devices: int | None = None) -> HardwareSpec:
     """A hardware entry for this host's (simulated) CPU devices, measured at runtime.
 
     Peak FLOP/s and memory bandwidth are measured for the whole host and shared by
     ``n_devices`` devices (default: the local CPU devices when JAX has started, else 1).
-    The collective bandwidth between simulated devices is an estimate, labelled so: an
-    in-process collective copies through host memory, so half the memory bandwidth
-    (each byte is read once and written once). Collectives between processes over
-    gloo on loopback are not modelled by this entry.
+    The collective bandwidth between simulated devices of one process is a measured
+    all-reduce (``measured_cpu_collective_bandwidth``; before JAX has started, or with one
+    local device, the estimate half the memory bandwidth); between processes (gloo on
+    loopback) the measured TCP loopback bandwidth shared by each process's devices
+    (``measured_loopback_bandwidth``).
     """
-    n = n_devices or (max(1, jax.local_device_count("cpu")) if _backends_started() else 1)
+    started = _backends_started()
+    n = n_devices or (max(1, jax.local_device_count("cpu")) if started else 1)
     peak, mem = measured_cpu_peak(), measured_cpu_memory_bandwidth()
+    local = max(1, jax.local_device_count("cpu")) if started else 1
+    psum = measured_cpu_collective_bandwidth() if started and local > 1 else None
+    tcp = measured_loopback_bandwidth()
+    if psum is not None:
+        link, link_src = psum, (f"measured: psum of 8 MiB per device over {local} local "
+                                f"devices, ring formula ({psum / 1e9:.2f} GB/s per device)")
+    else:
+        link, link_src = mem / 2 / n, ("estimate: half the measured memory bandwidth (a "
+                                       f"collective copies through host memory), shared by {n}")
     return HardwareSpec(
         name=f"CPU ({_cpu_name()})", peak_flops=peak / n, memory_bytes=0, platform="cpu",
         source=f"measured: float32 1024^3 matmul ({peak / 1e9:.1f} GFLOP/s per host), "
                f"shared by {n} device(s)",
-        chips_per_host=n, hbm_bandwidth=mem / n, nvlink_bandwidth=mem / 2 / n,
+        chips_per_host=n, hbm_bandwidth=mem / n, nvlink_bandwidth=link,
+        network_bandwidth=tcp / local,
         sources={"hbm_bandwidth": f"measured: numpy copy ({mem / 1e9:.1f} GB/s per host), "
                                   f"shared by {n} device(s)",
-                 "nvlink_bandwidth": "estimate: half the measured memory bandwidth (a "
-                                     f"collective copies through host memory), shared by {n}"})
+                 "nvlink_bandwidth": link_src,
+                 "network_bandwidth": f"measured: one TCP stream over 127.0.0.1 "
+                                      f"({tcp / 1e9:.2f} GB/s), shared by the {local} "
+                                      "device(s) of each process (gloo between processes)"})
 
 
 def peak_flops(device: Any = None) -> tuple[float, str]:

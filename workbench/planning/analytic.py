@@ -51,41 +51,215 @@ def per_device(layouts: Mapping[str, Layout]) -> int:
     return int(sum(lay.padded_bytes_per_device for lay in layouts.values()))
 
 
+# -- temporaries: what XLA's temp holds at its peak ---------------------------------------
+#
+# Per token and layer, the tensors a GPT block keeps for its backward pass: bytes per
+# element of the D-sized (d_model), F-sized (d_ff), NH-sized (query heads x head_dim) and
+# KH-sized (kv heads x head_dim) tensors, each dimension divided by the mesh axes that
+# shard it; plus the attention scores (``heads x T`` per token: a float32 copy, since
+# ``jax.nn.dot_product_attention`` computes them in float32, and the probabilities in the
+# compute dtype) and the logits (``V`` per token: float32 for the loss and the compute
+# dtype's). ``b`` is the compute dtype's size.
+#
+# Calibrated against the compilers' buffer assignments (docs/predictions.md, "Calibration"):
+# with a 16-bit compute dtype the TPU compiler keeps 3 D-sized (norm outputs, the attention
+# and MLP outputs), 3 F-sized (gate, up, their product), 2 NH-sized (q after RoPE, the
+# attention output) and 2 KH-sized (k after RoPE, v) tensors per layer; XLA:CPU also keeps
+# SiLU's two intermediates (5 F-sized). In float32 the TPU compiler keeps some matmul
+# operands in bfloat16 (the MXU's default precision) and only the float32 scores: its
+# coefficients are the mean of two compiles (small, fsdp and tp), each within 9%.
+_LAYER_KEYS = ("D", "F", "NH", "KH", "scores", "logits")
+
+
+def _bytes_per_element(kind: str, b: int, remat: str) -> dict[str, float]:
+    """Bytes kept per element of each per-token tensor class (``_LAYER_KEYS``)."""
+    if kind == "cpu":   # XLA:CPU: remat does not lower the peak (temp_breakdown)
+        return dict(zip(_LAYER_KEYS, (3 * b, 5 * b, 2 * b, 2 * b, 4 + b, 4 + b)))
+    if remat == "dots":  # matmul outputs without batch dimensions: q, k, v, o, gate, up, down
+        return dict(zip(_LAYER_KEYS, (2 * b, 2 * b, b, 2 * b, 0, 4 + b)))
+    if remat == "full":  # the block input
+        return dict(zip(_LAYER_KEYS, (b, 0, 0, 0, 0, 4 + b)))
+    if b == 4:
+        return dict(zip(_LAYER_KEYS, (9, 9, 4, 3, 4, 5)))
+    return dict(zip(_LAYER_KEYS, (3 * b, 3 * b, 2 * b, 2 * b, 4 + b, 4 + b)))
+
+
+#: On-chip scratch (VMEM, memory space 1) the TPU compiler reports inside
+#: ``memory_analysis().temp_size_in_bytes``: 47-50 MiB in every v5p program above a toy size.
+TPU_SCRATCH_BYTES = 48 * 2**20
+
+
+def _kind(mesh: MeshInfo) -> str:
+    """"cpu" for XLA:CPU, else "accelerator" (calibrated on the TPU compiler; GPU assumed
+    alike)."""
+    return "cpu" if mesh.platform == "cpu" else "accelerator"
+
+
+def _ceil_div(n: int, d: int) -> int:
+    return -(-int(n) // max(1, int(d)))
+
+
+def _gpt_weights(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], tuple[str | None, ...],
+                                                int]]:
+    """(name, shape, logical axes, copies) of ``GPT(cfg)``'s parameters (one block's
+    tensors with ``copies = n_layers``), as in ``workbench.models.gpt``."""
+    d, f, n, k, h, v = (cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                        cfg.vocab_size)
+    L = cfg.n_layers
+    out = [("embed", (v, d), ("vocab", "embed"), 1),
+           ("final_norm", (d,), ("embed",), 1),
+           ("q", (d, n, h), ("embed", "heads", "head_dim"), L),
+           ("k", (d, k, h), ("embed", "kv_heads", "head_dim"), L),
+           ("v", (d, k, h), ("embed", "kv_heads", "head_dim"), L),
+           ("o", (n, h, d), ("heads", "head_dim", "embed"), L),
+           ("gate", (d, f), ("embed", "mlp"), L), ("up", (d, f), ("embed", "mlp"), L),
+           ("down", (f, d), ("mlp", "embed"), L), ("norms", (d,), ("embed",), 2 * L)]
+    if not cfg.tie_embeddings:
+        out.append(("lm_head", (d, v), ("embed", "vocab"), 1))
+    return out
+
+
+def _weight_bytes(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, itemsize: int,
+                  skip_axes: set[str]) -> dict[str, int]:
+    """Bytes per device of each weight (all layers), divided by the mesh axes its logical
+    axes map to except ``skip_axes`` (the batch axes: what an FSDP gather makes whole)."""
+    out: dict[str, int] = {}
+    for name, shape, logical, copies in _gpt_weights(cfg):
+        used: set[str] = set()
+        elems = 1
+        for dim, lg in zip(shape, logical):
+            axes = [a for a in (rule_axes(rules, lg) if lg else ())
+                    if a in mesh.shape and a not in used]
+            used.update(axes)
+            elems *= _ceil_div(dim, axes_size(mesh, [a for a in axes if a not in skip_axes]))
+        out[name] = elems * itemsize * copies
+    return out
+
+
+def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
+                   mesh: MeshInfo) -> dict[str, int | str]:
+    """What holds XLA's temporary memory at its peak, per device (estimate, bytes).
+
+    Two phases can be the peak: the end of the forward pass (everything kept for the
+    backward pass) and the gradient reduction. ``temp = max(forward_peak,
+    reduction_peak)``; ``phase`` says which. Terms (``b``: compute dtype bytes; tokens per
+    device = batch x seq over their shards; d_ff, heads, kv heads and vocab over theirs):
+
+    - ``saved``: activations kept for the backward pass, all layers: per token and layer
+      ``cD·D + cF·F + cN·NH + cK·KH + cS·heads·T`` bytes (``_bytes_per_element`` by
+      platform, dtype and ``cfg.remat``; ``T`` the attention span). XLA:CPU schedules
+      every rematerialisation right after the forward pass, so remat does not lower its
+      peak: the CPU keeps the ``"none"`` set.
+    - ``transient``: the last layer's backward pass: its recomputed set under remat, else
+      the gradients of its MLP activations and output, ``cF·F + b·D`` per token; on an
+      accelerator also the gradients of the attention scores and probabilities,
+      ``heads·T·(4 + b)``. It runs once the logits are freed, so the peak holds
+      ``max(logits, transient)``. This is what remat needs at least: where HBM is to
+      spare the TPU compiler recomputes several layers ahead and uses more (1b,
+      remat="full", 2048 tokens per sequence on v5p-16: 13.4 GiB of temp for ~7.8).
+    - ``logits``: float32 logits for the loss and the compute dtype's, ``cL·V`` per token.
+    - ``gathered``: FSDP gather buffers (weights sharded over a batch axis). The TPU
+      compiler gathers each layer's weights just before use, in the matmul dtype: the
+      output projection plus two layers (one in use, one prefetched). XLA:CPU gathers
+      every layer once and keeps it for the backward pass: all block weights, in the
+      parameter dtype.
+    - ``embedding_grads`` (CPU): the output projection's gradient and the embedding's
+      scatter-add buffer (with FSDP: the gathered table), whole over the batch axes.
+    - ``scratch`` (TPU): on-chip scratch the compiler counts in temp
+      (``TPU_SCRATCH_BYTES``).
+    - ``reduction_peak``: XLA:CPU all-reduces every gradient replicated over a batch axis
+      at once and holds the unreduced and the reduced copy (a tied embedding's two partial
+      gradients count twice): ``2 x`` those gradients plus the other gradient shards. On
+      an accelerator the reduction runs layer by layer beside the backward pass: the
+      gradient shards (``gradients``) and the scratch.
+
+    Calibrated against the CPU and TPU compilers' buffer assignments; the ratios over a
+    matrix of presets, strategies and meshes are in BENCHMARKS.md and the method in
+    docs/predictions.md ("Calibration"). GPUs use the accelerator (TPU) coefficients,
+    unchecked.
+    """
+    kind = _kind(mesh)
+    b = np.dtype(cfg.dtype).itemsize
+    pbytes = np.dtype(cfg.param_dtype).itemsize
+    shard = lambda name: axes_size(mesh, [a for a in rule_axes(rules, name) if a in mesh.shape])
+    tokens = _ceil_div(batch, shard("batch")) * _ceil_div(seq, shard("seq"))
+    d = cfg.d_model
+    f = _ceil_div(cfg.d_ff, shard("mlp"))
+    heads = _ceil_div(cfg.n_heads, shard("heads"))
+    nh = heads * cfg.head_dim
+    kh = _ceil_div(cfg.n_kv_heads, shard("kv_heads")) * cfg.head_dim
+    vocab = _ceil_div(cfg.vocab_size, shard("vocab"))
+
+    def per_token(remat: str) -> float:
+        c = _bytes_per_element(kind, b, remat)
+        return c["D"] * d + c["F"] * f + c["NH"] * nh + c["KH"] * kh + c["scores"] * heads * seq
+
+    remat = cfg.remat if kind == "accelerator" else "none"
+    saved = int(tokens * per_token(remat)) * cfg.n_layers
+    # the backward pass of the last layer: its recomputed set under remat, else the
+    # gradients of its MLP activations and of its output
+    none = _bytes_per_element(kind, b, "none")
+    transient = int(tokens * per_token("none")) if remat != "none" else \
+        int(tokens * (none["F"] * f + b * d))
+    if kind == "accelerator":   # the softmax's backward: gradients of scores and probabilities
+        transient += int(tokens * heads * seq * (4 + b))
+    logits = int(tokens * vocab * none["logits"])
+    scratch = TPU_SCRATCH_BYTES if mesh.platform == "tpu" else 0
+
+    bat = set(batch_axes(rules, mesh))
+    shards = _weight_bytes(cfg, rules, mesh, pbytes, set())
+    grads = sum(shards.values())
+    fsdp = {k for k, full in _weight_bytes(cfg, rules, mesh, pbytes, bat).items()
+            if full != shards[k]}
+    out_proj = "embed" if cfg.tie_embeddings else "lm_head"
+    whole = _weight_bytes(cfg, rules, mesh, pbytes, bat)
+    blocks = sum(v for k, v in whole.items()
+                 if k in fsdp and k not in ("embed", "lm_head", "final_norm"))
+    gathered = embedding_grads = 0
+    if kind == "cpu":
+        gathered = blocks
+        embedding_grads = 2 * whole[out_proj]
+    elif fsdp:
+        mm = min(b, 2) if mesh.platform == "tpu" else b   # the MXU takes bfloat16 operands
+        per_layer = blocks * mm // (pbytes * cfg.n_layers)
+        gathered = (whole[out_proj] * mm // pbytes if out_proj in fsdp else 0) \
+            + 2 * per_layer
+    forward = saved + max(logits, transient) + gathered + embedding_grads + scratch
+    if kind == "cpu":
+        reduced = sum(v for k, v in whole.items() if k not in fsdp)
+        if cfg.tie_embeddings and "embed" not in fsdp:
+            reduced += whole["embed"]
+        reduction = 2 * reduced + sum(v for k, v in shards.items() if k in fsdp)
+    else:
+        reduction = grads + scratch
+    temp = max(forward, reduction)
+    return {"saved": saved, "transient": transient, "logits": logits,
+            "gathered": gathered, "embedding_grads": embedding_grads, "scratch": scratch,
+            "forward_peak": forward, "reduction_peak": reduction, "gradients": grads,
+            "temp": temp, "phase": "forward" if forward >= reduction else "reduction",
+            "model": kind}
+
+
 def activation_bytes(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
                      mesh: MeshInfo) -> int:
-    """Activations kept for the backward pass of ``GPT(cfg)``, per device (estimate).
+    """Temporaries of one train step of ``GPT(cfg)`` besides the gradient shards, per
+    device (estimate): ``temp_breakdown(...)["temp"] - gradients``, the same split the
+    compiled plan reports (XLA's temp minus the gradient shards).
 
-    Per token and layer, in the compute dtype, without remat:
-    ``6D + 3NH + 4KH + N·T (attention probabilities) + 4F`` (norm inputs/outputs, residuals,
-    q/k/v before and after RoPE, attention output, SwiGLU gate, up, product, down output);
-    heads, kv_heads and mlp terms divided by their mesh shards, tokens by the batch and
-    seq shards. ``remat="dots"`` keeps ``2D + NH + 2KH + N·T + 2F``; ``"full"`` keeps the
-    block input ``D`` per layer plus one layer's full set. The float32 logits, their
-    softmax and gradient add ``3·4·V/shards(vocab)`` per token.
+    At the forward pass's end this is the activations kept for the backward pass, the
+    float32 logits and FSDP gather buffers; when the gradient reduction is the peak, its
+    buffers. Formulas and their calibration: :func:`temp_breakdown`.
     """
-    b = np.dtype(cfg.dtype).itemsize
-    shard = lambda name: axes_size(mesh, rule_axes(rules, name))
-    tokens = batch * seq / (shard("batch") * shard("seq"))
-    d, f = cfg.d_model, cfg.d_ff / shard("mlp")
-    nh = cfg.n_heads * cfg.head_dim / shard("heads")
-    kh = cfg.n_kv_heads * cfg.head_dim / shard("kv_heads")
-    probs = cfg.n_heads / shard("heads") * seq
-    full = 6 * d + 3 * nh + 4 * kh + probs + 4 * f
-    if cfg.remat == "none":
-        per_layer_total = full * cfg.n_layers
-    elif cfg.remat == "dots":
-        per_layer_total = (2 * d + nh + 2 * kh + probs + 2 * f) * cfg.n_layers
-    else:
-        per_layer_total = d * cfg.n_layers + full
-    logits = 3 * 4 * cfg.vocab_size / shard("vocab")
-    return int(tokens * (per_layer_total * b + logits))
+    t = temp_breakdown(cfg, batch, seq, rules, mesh)
+    return int(t["temp"]) - int(t["gradients"])
 
 
 def analytic_memory(param_layouts: Mapping[str, Layout], opt_layouts: Mapping[str, Layout],
                     batch_layouts: Mapping[str, Layout], activations: int | None,
                     limit: int | None) -> dict[str, int | None]:
     """Per-device bytes: params, optimizer, batch, gradients (= params' shards), temp
-    (gradients + activations), total and limit."""
+    (gradients + ``activations``: the rest of the temporaries, see
+    :func:`activation_bytes`), total and limit."""
     params, opt = per_device(param_layouts), per_device(opt_layouts)
     batch = per_device(batch_layouts)
     grads = params
@@ -95,16 +269,34 @@ def analytic_memory(param_layouts: Mapping[str, Layout], opt_layouts: Mapping[st
             "limit": limit}
 
 
+#: HBM traffic per step in units of what it moves, fitted to the TPU compiler's
+#: ``cost_analysis()["bytes accessed"]`` (GPT "small" in bfloat16 on a v5p-16 slice: fsdp,
+#: tp, fsdp_tp without remat, with "dots" and "full", and dp at 8 x 128 tokens):
+#: ``activations`` per byte of the no-remat forward-end set (saved activations + logits:
+#: written and read in the forward pass, their gradients in the backward pass, the
+#: fusions' intermediates and the softmax passes); ``dots`` / ``full`` added by the
+#: recomputation; ``weights`` per byte of the weights as the matmuls use them (the
+#: float32 read, its bfloat16 copy read by the forward, input-gradient and
+#: weight-gradient matmuls, the weight gradients and their reduction).
+TRAFFIC = {"activations": 7.7, "dots": 1.1, "full": 1.6, "weights": 17.0}
+
+
 def hbm_bytes(memory: Mapping[str, int | None], param_layouts: Mapping[str, Layout],
-              rules: Rules, mesh: MeshInfo) -> int:
+              rules: Rules, mesh: MeshInfo, *, cfg: GPTConfig | None = None,
+              batch: int | None = None, seq: int | None = None) -> int:
     """HBM bytes read + written per device in one step (estimate, for the roofline).
 
     ``W`` = the weights as the matmuls use them (each parameter's shard times the batch
-    axes that shard it: FSDP gathers them): read in the forward and in the backward
-    (input gradient) and their gradient written once, ``3W``; the optimizer reads
-    parameters, gradients and its state and writes parameters and state,
-    ``2 params + gradients + 2 optimizer``; saved activations are written in the forward
-    and read in the backward, ``2 activations``; the batch is read once.
+    axes that shard it: FSDP gathers them). The optimizer reads parameters, gradients and
+    its state and writes parameters and state, ``2 params + gradients + 2 optimizer``;
+    the batch is read once.
+
+    With the model (``cfg``, ``batch``, ``seq``): ``TRAFFIC["weights"]·W`` and
+    ``(TRAFFIC["activations"] + TRAFFIC[remat])·A`` where ``A`` is the forward-end set
+    without remat (``temp_breakdown``'s saved activations + logits; remat keeps less but
+    moves as much, and recomputes). Calibrated against the TPU compiler (``TRAFFIC``);
+    docs/predictions.md, "Calibration". Without it (a model factory): ``3W`` (weights read
+    by the forward and backward matmuls, gradient written) and ``2 activations``.
     """
     bat = set(batch_axes(rules, mesh))
     gathered = 0
@@ -112,8 +304,13 @@ def hbm_bytes(memory: Mapping[str, int | None], param_layouts: Mapping[str, Layo
         fsdp = [a for axes in lay.spec for a in axes if a in bat]
         gathered += lay.padded_bytes_per_device * axes_size(mesh, fsdp)
     get = lambda k: int(memory.get(k) or 0)
-    return int(3 * gathered + 2 * get("params") + get("gradients") + 2 * get("optimizer")
-               + 2 * get("activations") + get("batch"))
+    update = 2 * get("params") + get("gradients") + 2 * get("optimizer") + get("batch")
+    if cfg is None or batch is None:
+        return int(3 * gathered + update + 2 * get("activations"))
+    t = temp_breakdown(cfg.replace(remat="none"), batch, int(seq or cfg.seq_len), rules, mesh)
+    per_byte = TRAFFIC["activations"] + TRAFFIC.get(cfg.remat, 0.0)
+    return int(TRAFFIC["weights"] * gathered + update
+               + per_byte * (int(t["saved"]) + int(t["logits"])))
 
 
 def _merge(records: list[Collective]) -> list[Collective]:
