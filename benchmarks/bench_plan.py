@@ -167,37 +167,46 @@ def _jax_cache_row() -> dict[str, Any]:
                       "own plan cache for TPU plans")}
 
 
-_IMPORT = ("import time; t = time.perf_counter(); import workbench, jax; jax.devices(); "
-           "print(time.perf_counter() - t)")
+_IMPORT = ("import time; t = time.perf_counter(); import workbench as wb, jax; wb.devices(); "
+           "jax.devices(); print(time.perf_counter() - t)")
+_BARE = "import jax; jax.devices()"
 
 
 def import_rows() -> list[dict[str, Any]]:
-    """``import workbench; jax.devices()`` on this CPU host with libtpu installed vs hidden
-    (a shadow ``libtpu`` module that fails to import), interleaved, 5 windows."""
+    """``import workbench; wb.devices(); jax.devices()`` on this CPU host with libtpu
+    installed vs hidden (a shadow ``libtpu`` module that fails to import), interleaved,
+    5 windows; and what a process that never imports workbench's device code prints."""
     from workbench.topology import tpu_compiler_available
 
     if not tpu_compiler_available():
         return []
     shadow = tempfile.mkdtemp()
     Path(shadow, "libtpu.py").write_text("raise ImportError('hidden for the benchmark')\n")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     times: dict[str, list[float]] = {"installed": [], "hidden": []}
     noise: dict[str, str] = {}
     for _ in range(5):
         for side in ("installed", "hidden"):
             e = dict(env, PYTHONPATH=shadow) if side == "hidden" else env
-            e.pop("JAX_PLATFORMS", None)
             out = subprocess.run([sys.executable, "-c", _IMPORT], env=e, capture_output=True,
                                  text=True, timeout=300, check=True)
             times[side].append(float(out.stdout.split()[-1]))
             noise[side] = out.stderr.strip()
+    bare = subprocess.run([sys.executable, "-c", _BARE], env=env, capture_output=True,
+                          text=True, timeout=300, check=True).stderr.strip()
     ratio = statistics.median(times["installed"]) / statistics.median(times["hidden"])
-    return [{"name": "import workbench + jax.devices() on CPU: libtpu installed / hidden",
+    return [{"name": "import workbench + wb.devices() + jax.devices() on CPU: libtpu "
+                     "installed / hidden",
              "value": round(ratio, 3), "unit": "x", "target": "<= 1.05, no output",
              "ok": ratio <= 1.05 and not noise["installed"],
              "notes": (f"medians {statistics.median(times['installed']):.2f} s vs "
                        f"{statistics.median(times['hidden']):.2f} s over 5 interleaved windows; "
-                       f"stderr with libtpu: {noise['installed'][:120]!r}")}]
+                       f"stderr with libtpu: {noise['installed'][:120]!r}")},
+            {"name": "plain 'import jax; jax.devices()' with libtpu installed (no workbench)",
+             "value": len(bare.splitlines()), "unit": "stderr lines", "target": "", "ok": None,
+             "notes": ("libtpu's start-up messages, which workbench's device code (any wb "
+                       "mesh, device or plan call; importing workbench.hardware) suppresses "
+                       f"on hosts without TPU chips: {bare[:100]!r}")}]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -47,10 +47,19 @@ def test_simulate_devices_in_fresh_process():
 
 def test_cpu_entry_is_measured_and_shared():
     from workbench.hardware import cpu_spec, measured_cpu_memory_bandwidth, measured_cpu_peak
+    import jax
 
+    jax.devices()                      # the backend is up: collectives can be measured
     spec = cpu_spec(8)
     assert spec.peak_flops == measured_cpu_peak() / 8
     assert spec.hbm_bandwidth == measured_cpu_memory_bandwidth() / 8
     assert 1e8 < spec.hbm_bandwidth * 8 < 1e13
     assert spec.source_of("hbm_bandwidth").startswith("measured")
-    assert spec.source_of("nvlink_bandwidth").startswith("estimate")
+    # tests run on 8 simulated devices: the in-process collective is measured, as is its
+    # per-instruction latency (a psum of one float per device, the reference timing here)
+    from workbench.hardware import measured_cpu_collective_bandwidth, measured_cpu_collective_latency
+
+    assert spec.nvlink_bandwidth == measured_cpu_collective_bandwidth()
+    assert spec.source_of("nvlink_bandwidth").startswith("measured")
+    assert spec.collective_latency == measured_cpu_collective_latency() > 0
+    assert spec.source_of("collective_latency").startswith("measured")

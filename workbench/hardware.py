@@ -11,7 +11,7 @@ import platform as _platform
 import re
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import jax
 
@@ -134,179 +134,8 @@ def _quiet_tpu_backend() -> None:
 _quiet_tpu_backend()
 
 
-# ---------------------------------------------------------------------------
-# Peak FLOP/s and memory by device kind
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class HardwareSpec:
-    """Published numbers for one device kind, per JAX device.
-
-    Attributes:
-      name: short name ("TPU v5p", "H100 SXM").
-      peak_flops: dense bf16 FLOP/s per JAX device (a TPU v2/v3 device is one core).
-      memory_bytes: HBM per JAX device.
-      source: where the numbers come from.
-      platform: "tpu" or "gpu".
-      cores_per_chip: JAX devices per chip (2 on TPU v2/v3, else 1).
-      chips_per_host: chips attached to one host in the usual VM/server shape.
-      topology_dims: 2 (v2/v3/v5e/v6e tori) or 3 (v4/v5p).
-      hbm_bandwidth: HBM bytes/s per JAX device.
-      ici_link_bandwidth: TPU inter-chip link bytes/s, one direction, per link; a chip
-        has two links (+ and -) along each torus dimension.
-      torus_wrap: when a TPU slice's dimension wraps around: "cube" (v4/v5p: every
-        dimension of a slice made of whole 4x4x4 cubes) or "16" (v5e/v6e: a dimension
-        of 16 chips, the full pod side).
-      dcn_bandwidth: data-center network egress bytes/s per chip (across TPU slices).
-      nvlink_bandwidth: GPU NVLink bytes/s per GPU, one direction (through NVSwitch).
-      network_bandwidth: GPU scale-out (InfiniBand) bytes/s per GPU, one direction.
-        (For the CPU entry, ``nvlink_bandwidth`` is the in-process copy bandwidth.)
-      sources: the source of each bandwidth value, by field name.
-    """
-
-    name: str
-    peak_flops: float
-    memory_bytes: int
-    source: str
-    platform: str
-    cores_per_chip: int = 1
-    chips_per_host: int = 4
-    topology_dims: int = 2
-    hbm_bandwidth: float | None = None
-    ici_link_bandwidth: float | None = None
-    torus_wrap: str | None = None
-    dcn_bandwidth: float | None = None
-    nvlink_bandwidth: float | None = None
-    network_bandwidth: float | None = None
-    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
-
-    def source_of(self, field: str) -> str:
-        """Where the value of ``field`` comes from ("unknown" when the table has none)."""
-        if field in ("peak_flops", "memory_bytes"):
-            return self.source
-        return self.sources.get(field, "unknown")
-
-
-_GIB = 1024**3
-_GB = 1000**3
-_TPU_DOC = "Google Cloud TPU system architecture docs"
-# Order matters: the first pattern that matches a JAX device_kind wins.
-_HARDWARE: list[tuple[str, HardwareSpec]] = [
-    (r"v2", HardwareSpec(name="TPU v2", peak_flops=45e12 / 2, memory_bytes=8 * _GIB,
-                         source=f"{_TPU_DOC}: 45 TFLOP/s bf16 and 16 GiB per chip, 2 cores",
-                         platform="tpu", cores_per_chip=2)),
-    (r"v3", HardwareSpec(name="TPU v3", peak_flops=123e12 / 2, memory_bytes=16 * _GIB,
-                         source=f"{_TPU_DOC}: 123 TFLOP/s bf16 and 32 GiB per chip, 2 cores",
-                         platform="tpu", cores_per_chip=2)),
-    (r"v4", HardwareSpec(name="TPU v4", peak_flops=275e12, memory_bytes=32 * _GIB,
-                         source=f"{_TPU_DOC}: 275 TFLOP/s bf16, 32 GiB per chip (megacore)",
-                         platform="tpu", topology_dims=3)),
-    (r"v5 ?lite|v5e", HardwareSpec(name="TPU v5e", peak_flops=197e12, memory_bytes=16 * _GIB,
-                                   source=f"{_TPU_DOC}: 197 TFLOP/s bf16, 16 GiB per chip",
-                                   platform="tpu")),
-    (r"v5p|v5$", HardwareSpec(name="TPU v5p", peak_flops=459e12, memory_bytes=95 * _GIB,
-                              source=f"{_TPU_DOC}: 459 TFLOP/s bf16, 95 GiB per chip (megacore)",
-                              platform="tpu", topology_dims=3)),
-    (r"v6 ?lite|v6e", HardwareSpec(name="TPU v6e", peak_flops=918e12, memory_bytes=32 * _GIB,
-                                   source=f"{_TPU_DOC}: 918 TFLOP/s bf16, 32 GiB per chip",
-                                   platform="tpu")),
-    (r"a100.*80", HardwareSpec(name="A100 80GB", peak_flops=312e12, memory_bytes=80 * _GB,
-                               source="NVIDIA A100 datasheet: 312 TFLOP/s dense bf16",
-                               platform="gpu", chips_per_host=8)),
-    (r"a100", HardwareSpec(name="A100 40GB", peak_flops=312e12, memory_bytes=40 * _GB,
-                           source="NVIDIA A100 datasheet: 312 TFLOP/s dense bf16",
-                           platform="gpu", chips_per_host=8)),
-    (r"h100.*nvl", HardwareSpec(name="H100 NVL", peak_flops=835e12, memory_bytes=94 * _GB,
-                                source="NVIDIA H100 datasheet: 1671 TFLOP/s bf16 with "
-                                "sparsity, so 835 dense", platform="gpu", chips_per_host=8)),
-    (r"h100.*pcie", HardwareSpec(name="H100 PCIe", peak_flops=756e12, memory_bytes=80 * _GB,
-                                 source="NVIDIA H100 datasheet: 1513 TFLOP/s bf16 with "
-                                 "sparsity, so 756 dense", platform="gpu", chips_per_host=8)),
-    (r"h100", HardwareSpec(name="H100 SXM", peak_flops=989e12, memory_bytes=80 * _GB,
-                           source="NVIDIA H100 datasheet: 1979 TFLOP/s bf16 with sparsity, "
-                           "so 989 dense", platform="gpu", chips_per_host=8)),
-    (r"h200", HardwareSpec(name="H200", peak_flops=989e12, memory_bytes=141 * _GB,
-                           source="NVIDIA H200 datasheet: 1979 TFLOP/s bf16 with sparsity, "
-                           "so 989 dense; 141 GB HBM3e", platform="gpu", chips_per_host=8)),
-    (r"b200", HardwareSpec(name="B200", peak_flops=2250e12, memory_bytes=180 * _GB,
-                           source="NVIDIA DGX B200 datasheet: 72 PFLOP/s fp8 training per 8 "
-                           "GPUs, so 2.25 PFLOP/s dense bf16 per GPU; 180 GB",
-                           platform="gpu", chips_per_host=8)),
-]
-
-
-_BOOK = "How to Scale Your Model (jax-ml scaling book), part 2 'How to think about TPUs'"
-_GBPS = 1e9 / 8  # bytes/s in one Gbit/s
-# Bandwidths per JAX device, each value beside its source: (value in bytes/s, source).
-_BANDWIDTHS: dict[str, dict[str, tuple[Any, str]]] = {
-    "TPU v2": {"hbm_bandwidth": (700e9 / 2, f"{_TPU_DOC}: 700 GB/s HBM per chip, 2 cores")},
-    "TPU v3": {"hbm_bandwidth": (900e9 / 2, f"{_BOOK}: 9.0e11 B/s HBM per chip, 2 cores"),
-               "ici_link_bandwidth": (1e11, f"{_BOOK}: 1e11 B/s one-way per ICI link"),
-               "torus_wrap": ("16", "full 32x32 pod; assumed like v5e: a side of 16+ wraps")},
-    "TPU v4": {"hbm_bandwidth": (1.2e12, f"{_BOOK}: 1.2e12 B/s HBM per chip"),
-               "ici_link_bandwidth": (4.5e10, f"{_BOOK}: 4.5e10 B/s one-way per ICI link"),
-               "torus_wrap": ("cube", f"{_TPU_DOC}: slices of whole 4x4x4 cubes are tori"),
-               "dcn_bandwidth": (50 * _GBPS, "estimate: 200 Gbit/s per 4-chip host "
-                                 "(ct4p VM), like v5p")},
-    "TPU v5e": {"hbm_bandwidth": (8.1e11, f"{_BOOK}: 8.1e11 B/s HBM per chip"),
-                "ici_link_bandwidth": (4.5e10, f"{_BOOK}: 4.5e10 B/s one-way per ICI link"),
-                "torus_wrap": ("16", f"{_TPU_DOC}: the 16x16 pod is a 2D torus"),
-                "dcn_bandwidth": (50 * _GBPS, f"{_TPU_DOC}: 50 Gbit/s DCN per v5e chip")},
-    "TPU v5p": {"hbm_bandwidth": (2.765e12, f"{_TPU_DOC}: 2765 GB/s HBM per chip"),
-                "ici_link_bandwidth": (9e10, f"{_BOOK}: 9e10 B/s one-way per ICI link"),
-                "torus_wrap": ("cube", f"{_TPU_DOC}: slices of whole 4x4x4 cubes are tori"),
-                "dcn_bandwidth": (50 * _GBPS, f"{_TPU_DOC}: 200 Gbit/s per ct5p-hightpu-4t "
-                                  "VM, 50 Gbit/s per chip")},
-    "TPU v6e": {"hbm_bandwidth": (1.64e12, f"{_TPU_DOC}: 1640 GB/s HBM per chip"),
-                "ici_link_bandwidth": (9e10, f"{_BOOK}: 9e10 B/s one-way per ICI link"),
-                "torus_wrap": ("16", f"{_TPU_DOC}: the 16x16 pod is a 2D torus"),
-                "dcn_bandwidth": (100 * _GBPS, f"{_TPU_DOC}: 100 Gbit/s DCN per v6e chip")},
-    "A100 80GB": {"hbm_bandwidth": (2.039e12, "NVIDIA A100 datasheet: 2039 GB/s (SXM 80GB)"),
-                  "nvlink_bandwidth": (300e9, "NVIDIA A100 datasheet: NVLink 600 GB/s "
-                                       "(both directions), so 300 GB/s one way"),
-                  "network_bandwidth": (200 * _GBPS, "NVIDIA DGX A100 datasheet: one 200 "
-                                        "Gbit/s HDR InfiniBand port per GPU")},
-    "A100 40GB": {"hbm_bandwidth": (1.555e12, "NVIDIA A100 datasheet: 1555 GB/s (40GB)"),
-                  "nvlink_bandwidth": (300e9, "NVIDIA A100 datasheet: NVLink 600 GB/s "
-                                       "(both directions), so 300 GB/s one way"),
-                  "network_bandwidth": (200 * _GBPS, "NVIDIA DGX A100 datasheet: one 200 "
-                                        "Gbit/s HDR InfiniBand port per GPU")},
-    "H100 SXM": {"hbm_bandwidth": (3.35e12, "NVIDIA H100 datasheet: 3.35 TB/s (SXM)"),
-                 "nvlink_bandwidth": (450e9, "NVIDIA H100 datasheet: NVLink 900 GB/s "
-                                      "(both directions), so 450 GB/s one way"),
-                 "network_bandwidth": (400 * _GBPS, "NVIDIA DGX H100 datasheet: one 400 "
-                                       "Gbit/s NDR InfiniBand port per GPU")},
-    "H100 PCIe": {"hbm_bandwidth": (2.0e12, "NVIDIA H100 datasheet: 2 TB/s (PCIe)"),
-                  "nvlink_bandwidth": (300e9, "NVIDIA H100 datasheet: NVLink bridge 600 GB/s "
-                                       "(both directions), so 300 GB/s one way")},
-    "H100 NVL": {"hbm_bandwidth": (3.9e12, "NVIDIA H100 datasheet: 3.9 TB/s (NVL)"),
-                 "nvlink_bandwidth": (300e9, "NVIDIA H100 datasheet: NVLink 600 GB/s "
-                                      "(both directions), so 300 GB/s one way")},
-    "H200": {"hbm_bandwidth": (4.8e12, "NVIDIA H200 datasheet: 4.8 TB/s"),
-             "nvlink_bandwidth": (450e9, "NVIDIA H200 datasheet: NVLink 900 GB/s "
-                                  "(both directions), so 450 GB/s one way"),
-             "network_bandwidth": (400 * _GBPS, "NVIDIA DGX H200 datasheet: one 400 "
-                                   "Gbit/s InfiniBand port per GPU")},
-    "B200": {"hbm_bandwidth": (8e12, "NVIDIA DGX B200 datasheet: 64 TB/s HBM3e per 8 GPUs"),
-             "nvlink_bandwidth": (900e9, "NVIDIA DGX B200 datasheet: NVLink 5, 1.8 TB/s per "
-                                  "GPU (both directions), so 900 GB/s one way"),
-             "network_bandwidth": (400 * _GBPS, "NVIDIA DGX B200 datasheet: one 400 Gbit/s "
-                                   "ConnectX-7 port per GPU")},
-}
-_HARDWARE = [(pattern, dataclasses.replace(
-    spec, **{k: v for k, (v, _) in _BANDWIDTHS.get(spec.name, {}).items()},
-    sources={k: src for k, (_, src) in _BANDWIDTHS.get(spec.name, {}).items()}))
-    for pattern, spec in _HARDWARE]
-
-
-def hardware_spec(device_kind: str) -> HardwareSpec | None:
-    """The published numbers for a JAX ``device_kind`` (or a short name), or None."""
-    kind = device_kind.lower().strip()
-    for pattern, spec in _HARDWARE:
-        if re.search(pattern, kind):
-            return spec
-    return None
+# Published numbers by device kind live in workbench.hardware_specs (re-exported here).
+from workbench.hardware_specs import _GIB, HardwareSpec, hardware_spec  # noqa: E402
 
 
 def _cache_dir() -> Path:
@@ -419,9 +248,6 @@ def measured_cpu_collective_bandwidth(*, refresh: bool = False, mib: int = 8) ->
     runs it through host memory on the cores the devices share, so this includes that
     sharing (and, in a ``jax.distributed`` process on CPU, gloo's in-process path).
     """
-    import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec
-
     devs = jax.local_devices(backend="cpu")
     n = len(devs)
     if n < 2:
@@ -430,20 +256,47 @@ def measured_cpu_collective_bandwidth(*, refresh: bool = False, mib: int = 8) ->
     cached = None if refresh else _cached(key)
     if cached is not None:
         return cached
-    mesh = jax.sharding.Mesh(np.array(devs), ("d",))
     per = mib * 2**18
-    x = jax.device_put(np.ones((n, per), np.float32), NamedSharding(mesh, PartitionSpec("d")))
+    bandwidth = 2 * (n - 1) / n * per * 4 / _best_psum_seconds(devs, per, 5)
+    _cache_put(_cache_dir() / "cpu_peak.json", key, bandwidth)
+    return bandwidth
+
+
+def _best_psum_seconds(devs: list[Any], per_device: int, repeats: int) -> float:
+    """Best time of a jitted psum of ``per_device`` float32 values over ``devs``."""
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = jax.sharding.Mesh(np.array(devs), ("d",))
+    x = jax.device_put(np.ones((len(devs), per_device), np.float32),
+                       NamedSharding(mesh, PartitionSpec("d")))
     psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh,
                                  in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d")))
     psum(x).block_until_ready()
     best = float("inf")
-    for _ in range(5):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         psum(x).block_until_ready()
         best = min(best, time.perf_counter() - t0)
-    bandwidth = 2 * (n - 1) / n * per * 4 / best
-    _cache_put(_cache_dir() / "cpu_peak.json", key, bandwidth)
-    return bandwidth
+    return best
+
+
+def measured_cpu_collective_latency(*, refresh: bool = False) -> float | None:
+    """Seconds of one collective among this process's CPU devices with (almost) no data:
+    a jitted psum of one float32 per device, best of 20 after a warm-up, cached per
+    machine and device count; None with one device. XLA:CPU pays it per collective
+    instruction (a rendezvous of the device threads), whatever the size."""
+    devs = jax.local_devices(backend="cpu")
+    if len(devs) < 2:
+        return None
+    key = f"psum-latency|{_platform.node()}|{_cpu_name()}|{os.cpu_count()}|{jax.__version__}" \
+          f"|{len(devs)}"
+    cached = None if refresh else _cached(key)
+    if cached is not None:
+        return cached
+    latency = _best_psum_seconds(devs, 1, 20)
+    _cache_put(_cache_dir() / "cpu_peak.json", key, latency)
+    return latency
 
 
 def measured_loopback_bandwidth(*, refresh: bool = False, mib: int = 64) -> float:
@@ -512,6 +365,7 @@ def cpu_spec(n_devices: int | None = None) -> HardwareSpec:
     peak, mem = measured_cpu_peak(), measured_cpu_memory_bandwidth()
     local = max(1, jax.local_device_count("cpu")) if started else 1
     psum = measured_cpu_collective_bandwidth() if started and local > 1 else None
+    latency = measured_cpu_collective_latency() if started and local > 1 else None
     tcp = measured_loopback_bandwidth()
     if psum is not None:
         link, link_src = psum, (f"measured: psum of 8 MiB per device over {local} local "
@@ -524,10 +378,13 @@ def cpu_spec(n_devices: int | None = None) -> HardwareSpec:
         source=f"measured: float32 1024^3 matmul ({peak / 1e9:.1f} GFLOP/s per host), "
                f"shared by {n} device(s)",
         chips_per_host=n, hbm_bandwidth=mem / n, nvlink_bandwidth=link,
-        network_bandwidth=tcp / local,
+        network_bandwidth=tcp / local, collective_latency=latency,
         sources={"hbm_bandwidth": f"measured: numpy copy ({mem / 1e9:.1f} GB/s per host), "
                                   f"shared by {n} device(s)",
                  "nvlink_bandwidth": link_src,
+                 "collective_latency": (f"measured: psum of one float32 per device over {local}"
+                                        f" local devices ({latency * 1e3:.3f} ms)"
+                                        if latency is not None else "none"),
                  "network_bandwidth": f"measured: one TCP stream over 127.0.0.1 "
                                       f"({tcp / 1e9:.2f} GB/s), shared by the {local} "
                                       "device(s) of each process (gloo between processes)"})

@@ -4,7 +4,8 @@ Formulas and their sources are in docs/predictions.md. In short, per device and 
 
     compute   = FLOPs / peak FLOP/s
     memory    = bytes accessed / HBM bandwidth
-    local     = max(compute, memory)                 (the roofline: they overlap)
+    local     = max(compute, memory)                 (the roofline: they overlap; on
+                                                      CPU compute + memory: shared cores)
     comm      = sum of collective times (ring formulas below, per mesh axis bandwidth)
     exposed   = the collectives on the critical path (``exposed_axes``: tensor-parallel
                 traffic, whose result the next matmul waits for)
@@ -214,9 +215,13 @@ def collective_seconds(c: Collective, mesh: Any, spec: HardwareSpec) -> Collecti
         links = f"{links}; {out_name} across {outer}"
         formula += f"; then n={outer}, {b / shrink:.4g} B at {bw_out:.4g} B/s ({out_name})"
         src = f"{src}; {out_src}"
+    latency = (spec.collective_latency or 0.0) if n > 1 else 0.0
+    if latency:
+        formula += f"; + {latency:.3g} s per instruction"
+        src = f"{src}; {spec.source_of('collective_latency')}"
     return CollectiveTime(kind=c.kind, axes=tuple(c.axes), group_size=n, bytes=b,
                           count=c.count, links=links, bandwidth=bw_in if inner > 1 else bw_out,
-                          seconds=(t_in + t_out) * c.count, overlap=0.0,
+                          seconds=(t_in + t_out + latency) * c.count, overlap=0.0,
                           formula=formula, source=src)
 
 
@@ -282,7 +287,10 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         raise ValueError(f"overlap must be in [0, 1], got {overlap}")
     times = [collective_seconds(c, info, spec) for c in collectives]
     crit = [bool(t.axes) and set(t.axes) <= set(exposed_axes) for t in times]
-    t_local, t_comm = max(t_compute, t_memory), sum(t.seconds for t in times)
+    cpu = spec.platform == "cpu"
+    # XLA:CPU's devices share the host's cores: math and memory traffic take turns
+    t_local = t_compute + t_memory if cpu else max(t_compute, t_memory)
+    t_comm = sum(t.seconds for t in times)
     t_exposed = sum(t.seconds for t, c in zip(times, crit) if c)
     t_free = t_comm - t_exposed
     hidden = overlap * min(t_local, t_free)
@@ -298,10 +306,14 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         step_seconds=step, mfu=mfu,
         tokens_per_s=tokens_per_step / step if tokens_per_step and step > 0 else None,
         bound=bound,
-        breakdown={**terms, "communication_total": t_comm, "no_overlap_step": t_local + t_comm,
+        breakdown={**terms, "local": t_local, "communication_total": t_comm,
+                   "no_overlap_step": t_local + t_comm,
                    "collectives": tuple(times)},
         sources={"flops": flops_source, "bytes": bytes_source, "peak_flops": spec.source,
                  "hbm_bandwidth": spec.source_of("hbm_bandwidth"),
+                 "local": ("compute + memory: simulated CPU devices share the host's cores, "
+                           "so math and memory traffic do not overlap" if cpu else
+                           "max(compute, memory): the roofline (HBM traffic overlaps math)"),
                  "overlap": overlap_src + (
                      f"; collectives over {', '.join(exposed_axes)} only are on the critical "
                      "path (tensor parallel: the next matmul waits for them), never hidden"

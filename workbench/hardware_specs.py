@@ -1,0 +1,185 @@
+"""Published numbers per device kind (peak FLOP/s, memory, HBM / ICI / DCN / NVLink /
+InfiniBand bandwidths), each value beside its source: the tables behind plans and
+predictions. The CPU entry is measured at runtime instead (``workbench.hardware.cpu_spec``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Mapping
+
+__all__ = ["HardwareSpec", "hardware_spec"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HardwareSpec:
+    """Published numbers for one device kind, per JAX device.
+
+    Attributes:
+      name: short name ("TPU v5p", "H100 SXM").
+      peak_flops: dense bf16 FLOP/s per JAX device (a TPU v2/v3 device is one core).
+      memory_bytes: HBM per JAX device.
+      source: where the numbers come from.
+      platform: "tpu" or "gpu".
+      cores_per_chip: JAX devices per chip (2 on TPU v2/v3, else 1).
+      chips_per_host: chips attached to one host in the usual VM/server shape.
+      topology_dims: 2 (v2/v3/v5e/v6e tori) or 3 (v4/v5p).
+      hbm_bandwidth: HBM bytes/s per JAX device.
+      ici_link_bandwidth: TPU inter-chip link bytes/s, one direction, per link; a chip
+        has two links (+ and -) along each torus dimension.
+      torus_wrap: when a TPU slice's dimension wraps around: "cube" (v4/v5p: every
+        dimension of a slice made of whole 4x4x4 cubes) or "16" (v5e/v6e: a dimension
+        of 16 chips, the full pod side).
+      dcn_bandwidth: data-center network egress bytes/s per chip (across TPU slices).
+      nvlink_bandwidth: GPU NVLink bytes/s per GPU, one direction (through NVSwitch).
+      network_bandwidth: GPU scale-out (InfiniBand) bytes/s per GPU, one direction.
+        (For the CPU entry, ``nvlink_bandwidth`` is the in-process copy bandwidth.)
+      collective_latency: seconds each collective instruction costs whatever its size
+        (measured for the CPU entry, where XLA:CPU synchronises the device threads; None
+        in the published tables: bandwidth-only).
+      sources: the source of each bandwidth value, by field name.
+    """
+
+    name: str
+    peak_flops: float
+    memory_bytes: int
+    source: str
+    platform: str
+    cores_per_chip: int = 1
+    chips_per_host: int = 4
+    topology_dims: int = 2
+    hbm_bandwidth: float | None = None
+    ici_link_bandwidth: float | None = None
+    torus_wrap: str | None = None
+    dcn_bandwidth: float | None = None
+    nvlink_bandwidth: float | None = None
+    network_bandwidth: float | None = None
+    collective_latency: float | None = None
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+
+    def source_of(self, field: str) -> str:
+        """Where the value of ``field`` comes from ("unknown" when the table has none)."""
+        if field in ("peak_flops", "memory_bytes"):
+            return self.source
+        return self.sources.get(field, "unknown")
+
+
+_GIB = 1024**3
+_GB = 1000**3
+_TPU_DOC = "Google Cloud TPU system architecture docs"
+# Order matters: the first pattern that matches a JAX device_kind wins.
+_HARDWARE: list[tuple[str, HardwareSpec]] = [
+    (r"v2", HardwareSpec(name="TPU v2", peak_flops=45e12 / 2, memory_bytes=8 * _GIB,
+                         source=f"{_TPU_DOC}: 45 TFLOP/s bf16 and 16 GiB per chip, 2 cores",
+                         platform="tpu", cores_per_chip=2)),
+    (r"v3", HardwareSpec(name="TPU v3", peak_flops=123e12 / 2, memory_bytes=16 * _GIB,
+                         source=f"{_TPU_DOC}: 123 TFLOP/s bf16 and 32 GiB per chip, 2 cores",
+                         platform="tpu", cores_per_chip=2)),
+    (r"v4", HardwareSpec(name="TPU v4", peak_flops=275e12, memory_bytes=32 * _GIB,
+                         source=f"{_TPU_DOC}: 275 TFLOP/s bf16, 32 GiB per chip (megacore)",
+                         platform="tpu", topology_dims=3)),
+    (r"v5 ?lite|v5e", HardwareSpec(name="TPU v5e", peak_flops=197e12, memory_bytes=16 * _GIB,
+                                   source=f"{_TPU_DOC}: 197 TFLOP/s bf16, 16 GiB per chip",
+                                   platform="tpu")),
+    (r"v5p|v5$", HardwareSpec(name="TPU v5p", peak_flops=459e12, memory_bytes=95 * _GIB,
+                              source=f"{_TPU_DOC}: 459 TFLOP/s bf16, 95 GiB per chip (megacore)",
+                              platform="tpu", topology_dims=3)),
+    (r"v6 ?lite|v6e", HardwareSpec(name="TPU v6e", peak_flops=918e12, memory_bytes=32 * _GIB,
+                                   source=f"{_TPU_DOC}: 918 TFLOP/s bf16, 32 GiB per chip",
+                                   platform="tpu")),
+    (r"a100.*80", HardwareSpec(name="A100 80GB", peak_flops=312e12, memory_bytes=80 * _GB,
+                               source="NVIDIA A100 datasheet: 312 TFLOP/s dense bf16",
+                               platform="gpu", chips_per_host=8)),
+    (r"a100", HardwareSpec(name="A100 40GB", peak_flops=312e12, memory_bytes=40 * _GB,
+                           source="NVIDIA A100 datasheet: 312 TFLOP/s dense bf16",
+                           platform="gpu", chips_per_host=8)),
+    (r"h100.*nvl", HardwareSpec(name="H100 NVL", peak_flops=835e12, memory_bytes=94 * _GB,
+                                source="NVIDIA H100 datasheet: 1671 TFLOP/s bf16 with "
+                                "sparsity, so 835 dense", platform="gpu", chips_per_host=8)),
+    (r"h100.*pcie", HardwareSpec(name="H100 PCIe", peak_flops=756e12, memory_bytes=80 * _GB,
+                                 source="NVIDIA H100 datasheet: 1513 TFLOP/s bf16 with "
+                                 "sparsity, so 756 dense", platform="gpu", chips_per_host=8)),
+    (r"h100", HardwareSpec(name="H100 SXM", peak_flops=989e12, memory_bytes=80 * _GB,
+                           source="NVIDIA H100 datasheet: 1979 TFLOP/s bf16 with sparsity, "
+                           "so 989 dense", platform="gpu", chips_per_host=8)),
+    (r"h200", HardwareSpec(name="H200", peak_flops=989e12, memory_bytes=141 * _GB,
+                           source="NVIDIA H200 datasheet: 1979 TFLOP/s bf16 with sparsity, "
+                           "so 989 dense; 141 GB HBM3e", platform="gpu", chips_per_host=8)),
+    (r"b200", HardwareSpec(name="B200", peak_flops=2250e12, memory_bytes=180 * _GB,
+                           source="NVIDIA DGX B200 datasheet: 72 PFLOP/s fp8 training per 8 "
+                           "GPUs, so 2.25 PFLOP/s dense bf16 per GPU; 180 GB",
+                           platform="gpu", chips_per_host=8)),
+]
+
+
+_BOOK = "How to Scale Your Model (jax-ml scaling book), part 2 'How to think about TPUs'"
+_GBPS = 1e9 / 8  # bytes/s in one Gbit/s
+# Bandwidths per JAX device, each value beside its source: (value in bytes/s, source).
+_BANDWIDTHS: dict[str, dict[str, tuple[Any, str]]] = {
+    "TPU v2": {"hbm_bandwidth": (700e9 / 2, f"{_TPU_DOC}: 700 GB/s HBM per chip, 2 cores")},
+    "TPU v3": {"hbm_bandwidth": (900e9 / 2, f"{_BOOK}: 9.0e11 B/s HBM per chip, 2 cores"),
+               "ici_link_bandwidth": (1e11, f"{_BOOK}: 1e11 B/s one-way per ICI link"),
+               "torus_wrap": ("16", "full 32x32 pod; assumed like v5e: a side of 16+ wraps")},
+    "TPU v4": {"hbm_bandwidth": (1.2e12, f"{_BOOK}: 1.2e12 B/s HBM per chip"),
+               "ici_link_bandwidth": (4.5e10, f"{_BOOK}: 4.5e10 B/s one-way per ICI link"),
+               "torus_wrap": ("cube", f"{_TPU_DOC}: slices of whole 4x4x4 cubes are tori"),
+               "dcn_bandwidth": (50 * _GBPS, "estimate: 200 Gbit/s per 4-chip host "
+                                 "(ct4p VM), like v5p")},
+    "TPU v5e": {"hbm_bandwidth": (8.1e11, f"{_BOOK}: 8.1e11 B/s HBM per chip"),
+                "ici_link_bandwidth": (4.5e10, f"{_BOOK}: 4.5e10 B/s one-way per ICI link"),
+                "torus_wrap": ("16", f"{_TPU_DOC}: the 16x16 pod is a 2D torus"),
+                "dcn_bandwidth": (50 * _GBPS, f"{_TPU_DOC}: 50 Gbit/s DCN per v5e chip")},
+    "TPU v5p": {"hbm_bandwidth": (2.765e12, f"{_TPU_DOC}: 2765 GB/s HBM per chip"),
+                "ici_link_bandwidth": (9e10, f"{_BOOK}: 9e10 B/s one-way per ICI link"),
+                "torus_wrap": ("cube", f"{_TPU_DOC}: slices of whole 4x4x4 cubes are tori"),
+                "dcn_bandwidth": (50 * _GBPS, f"{_TPU_DOC}: 200 Gbit/s per ct5p-hightpu-4t "
+                                  "VM, 50 Gbit/s per chip")},
+    "TPU v6e": {"hbm_bandwidth": (1.64e12, f"{_TPU_DOC}: 1640 GB/s HBM per chip"),
+                "ici_link_bandwidth": (9e10, f"{_BOOK}: 9e10 B/s one-way per ICI link"),
+                "torus_wrap": ("16", f"{_TPU_DOC}: the 16x16 pod is a 2D torus"),
+                "dcn_bandwidth": (100 * _GBPS, f"{_TPU_DOC}: 100 Gbit/s DCN per v6e chip")},
+    "A100 80GB": {"hbm_bandwidth": (2.039e12, "NVIDIA A100 datasheet: 2039 GB/s (SXM 80GB)"),
+                  "nvlink_bandwidth": (300e9, "NVIDIA A100 datasheet: NVLink 600 GB/s "
+                                       "(both directions), so 300 GB/s one way"),
+                  "network_bandwidth": (200 * _GBPS, "NVIDIA DGX A100 datasheet: one 200 "
+                                        "Gbit/s HDR InfiniBand port per GPU")},
+    "A100 40GB": {"hbm_bandwidth": (1.555e12, "NVIDIA A100 datasheet: 1555 GB/s (40GB)"),
+                  "nvlink_bandwidth": (300e9, "NVIDIA A100 datasheet: NVLink 600 GB/s "
+                                       "(both directions), so 300 GB/s one way"),
+                  "network_bandwidth": (200 * _GBPS, "NVIDIA DGX A100 datasheet: one 200 "
+                                        "Gbit/s HDR InfiniBand port per GPU")},
+    "H100 SXM": {"hbm_bandwidth": (3.35e12, "NVIDIA H100 datasheet: 3.35 TB/s (SXM)"),
+                 "nvlink_bandwidth": (450e9, "NVIDIA H100 datasheet: NVLink 900 GB/s "
+                                      "(both directions), so 450 GB/s one way"),
+                 "network_bandwidth": (400 * _GBPS, "NVIDIA DGX H100 datasheet: one 400 "
+                                       "Gbit/s NDR InfiniBand port per GPU")},
+    "H100 PCIe": {"hbm_bandwidth": (2.0e12, "NVIDIA H100 datasheet: 2 TB/s (PCIe)"),
+                  "nvlink_bandwidth": (300e9, "NVIDIA H100 datasheet: NVLink bridge 600 GB/s "
+                                       "(both directions), so 300 GB/s one way")},
+    "H100 NVL": {"hbm_bandwidth": (3.9e12, "NVIDIA H100 datasheet: 3.9 TB/s (NVL)"),
+                 "nvlink_bandwidth": (300e9, "NVIDIA H100 datasheet: NVLink 600 GB/s "
+                                      "(both directions), so 300 GB/s one way")},
+    "H200": {"hbm_bandwidth": (4.8e12, "NVIDIA H200 datasheet: 4.8 TB/s"),
+             "nvlink_bandwidth": (450e9, "NVIDIA H200 datasheet: NVLink 900 GB/s "
+                                  "(both directions), so 450 GB/s one way"),
+             "network_bandwidth": (400 * _GBPS, "NVIDIA DGX H200 datasheet: one 400 "
+                                   "Gbit/s InfiniBand port per GPU")},
+    "B200": {"hbm_bandwidth": (8e12, "NVIDIA DGX B200 datasheet: 64 TB/s HBM3e per 8 GPUs"),
+             "nvlink_bandwidth": (900e9, "NVIDIA DGX B200 datasheet: NVLink 5, 1.8 TB/s per "
+                                  "GPU (both directions), so 900 GB/s one way"),
+             "network_bandwidth": (400 * _GBPS, "NVIDIA DGX B200 datasheet: one 400 Gbit/s "
+                                   "ConnectX-7 port per GPU")},
+}
+_HARDWARE = [(pattern, dataclasses.replace(
+    spec, **{k: v for k, (v, _) in _BANDWIDTHS.get(spec.name, {}).items()},
+    sources={k: src for k, (_, src) in _BANDWIDTHS.get(spec.name, {}).items()}))
+    for pattern, spec in _HARDWARE]
+
+
+def hardware_spec(device_kind: str) -> HardwareSpec | None:
+    """The published numbers for a JAX ``device_kind`` (or a short name), or None."""
+    kind = device_kind.lower().strip()
+    for pattern, spec in _HARDWARE:
+        if re.search(pattern, kind):
+            return spec
+    return None
