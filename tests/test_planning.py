@@ -46,7 +46,9 @@ def test_compiled_plan_accessors(fsdp_tp):
     assert q.logical_axes == ("embed", "heads", "head_dim")
     assert q.partition_spec == jax.sharding.PartitionSpec("data", "model", None)
     assert p.layouts["opt_state.0.mu.blocks.0.attn.q"].logical_axes == q.logical_axes
-    assert "compiled in" in str(p) and "fsdp_tp" in repr(p)
+    # compiled here, or served from this process's compile cache (another test planned it)
+    assert ("from the compile cache" if p.compile_cached else "compiled in") in str(p)
+    assert "cpu-compiler" in str(p) and "fsdp_tp" in repr(p)
 
 
 def test_compiled_arguments_equal_layout_bytes(fsdp_tp):

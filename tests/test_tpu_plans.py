@@ -7,6 +7,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 
 import jax
@@ -163,7 +164,7 @@ def test_plan_cache_on_disk_serves_a_new_process(tmp_path, wb_cache):
             "len(p.collectives)]))\n")
 
     def run():
-        out = subprocess.run([shutil.which("python") or "python", "-c", code],
+        out = subprocess.run([sys.executable, "-c", code],
                              capture_output=True, text=True, timeout=300, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
