@@ -247,23 +247,10 @@ def _batch(plan: Any, vocab: int, batch: int, seq: int) -> dict[str, Any]:
 def collective_latency(mesh: Any, repeats: int = 20) -> float:
     """Seconds of one all-reduce of 8 floats per device over every device of ``mesh``
     (best of ``repeats``): the fixed cost of a collective, which the bandwidth-only ring
-    formulas of ``predict.py`` leave out."""
-    import jax
-    import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec
+    formulas of ``predict.py`` leave out (across gloo processes it is not in the model)."""
+    from workbench.hardware import psum_seconds
 
-    axes = tuple(mesh.axis_names)
-    x = jax.make_array_from_callback((mesh.size, 8), NamedSharding(mesh, PartitionSpec(axes)),
-                                     lambda idx: np.ones((mesh.size, 8), np.float32)[idx])
-    psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, axes), mesh=mesh,
-                                 in_specs=PartitionSpec(axes), out_specs=PartitionSpec(axes)))
-    psum(x).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        psum(x).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return psum_seconds(mesh, 8, repeats)
 
 
 def measure_steps(cases: Sequence[Sequence[Any]], *, windows: int = WINDOWS) -> list[dict]:

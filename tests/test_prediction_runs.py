@@ -2,8 +2,6 @@
 on resume, and serves it checked: to the lab's API and to the inline train panel."""
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import math
 import shutil
@@ -14,6 +12,7 @@ from typing import Any
 
 import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403 - its fixtures, for this module only
+from server_async import run_async
 from traitlets.config import Config
 
 import workbench as wb
@@ -166,19 +165,6 @@ def test_index_serves_malformed_predictions_checked(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- the server
-def run_async(fn: Any) -> Any:
-    """Runs an ``async def`` test on pytest-jupyter's event loop."""
-    sig = inspect.signature(fn)
-    params = [*sig.parameters.values(),
-              inspect.Parameter("jp_asyncio_loop", inspect.Parameter.KEYWORD_ONLY)]
-
-    @functools.wraps(fn)
-    def wrapper(**kwargs: Any) -> None:
-        loop = kwargs["jp_asyncio_loop"]
-        loop.run_until_complete(fn(**{k: v for k, v in kwargs.items() if k in sig.parameters}))
-
-    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    return wrapper
 
 
 @pytest.fixture

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import json
 import subprocess
 import sys
@@ -17,6 +15,7 @@ import pytest
 import tornado.httpclient
 import tornado.websocket
 from pytest_jupyter.jupyter_server import *  # its fixtures, for this module only
+from server_async import run_async
 from traitlets.config import Config
 
 from workbench import runs
@@ -28,20 +27,6 @@ from workbench.server.index import RunIndex
 # close the loop Playwright's sync API runs on in the browser tests.
 
 
-def run_async(fn: Any) -> Any:
-    """Runs an ``async def`` test to completion on pytest-jupyter's event loop."""
-    sig = inspect.signature(fn)
-    params = list(sig.parameters.values())
-    if "jp_asyncio_loop" not in sig.parameters:
-        params.append(inspect.Parameter("jp_asyncio_loop", inspect.Parameter.KEYWORD_ONLY))
-
-    @functools.wraps(fn)
-    def wrapper(**kwargs: Any) -> None:
-        loop = kwargs["jp_asyncio_loop"]
-        loop.run_until_complete(fn(**{k: v for k, v in kwargs.items() if k in sig.parameters}))
-
-    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    return wrapper
 
 
 @pytest.fixture

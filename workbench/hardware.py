@@ -257,21 +257,24 @@ def measured_cpu_collective_bandwidth(*, refresh: bool = False, mib: int = 8) ->
     if cached is not None:
         return cached
     per = mib * 2**18
-    bandwidth = 2 * (n - 1) / n * per * 4 / _best_psum_seconds(devs, per, 5)
+    bandwidth = 2 * (n - 1) / n * per * 4 / psum_seconds(_local_mesh(devs), per, 5)
     _cache_put(_cache_dir() / "cpu_peak.json", key, bandwidth)
     return bandwidth
 
 
-def _best_psum_seconds(devs: list[Any], per_device: int, repeats: int) -> float:
-    """Best time of a jitted psum of ``per_device`` float32 values over ``devs``."""
+def psum_seconds(mesh: Any, per_device: int, repeats: int) -> float:
+    """Best time of a jitted psum of ``per_device`` float32 values per device over every
+    device of ``mesh`` (all its axes; in a multi-process mesh every process must call it)."""
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    mesh = jax.sharding.Mesh(np.array(devs), ("d",))
-    x = jax.device_put(np.ones((len(devs), per_device), np.float32),
-                       NamedSharding(mesh, PartitionSpec("d")))
-    psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh,
-                                 in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d")))
+    axes = tuple(mesh.axis_names)
+    spec = PartitionSpec(axes)
+    x = jax.make_array_from_callback(
+        (mesh.size, per_device), NamedSharding(mesh, spec),
+        lambda idx: np.ones((mesh.size, per_device), np.float32)[idx])
+    psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, axes), mesh=mesh,
+                                 in_specs=spec, out_specs=spec))
     psum(x).block_until_ready()
     best = float("inf")
     for _ in range(repeats):
@@ -279,6 +282,12 @@ def _best_psum_seconds(devs: list[Any], per_device: int, repeats: int) -> float:
         psum(x).block_until_ready()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def _local_mesh(devs: list[Any]) -> Any:
+    import numpy as np
+
+    return jax.sharding.Mesh(np.array(devs), ("d",))
 
 
 def measured_cpu_collective_latency(*, refresh: bool = False) -> float | None:
@@ -294,7 +303,7 @@ def measured_cpu_collective_latency(*, refresh: bool = False) -> float | None:
     cached = None if refresh else _cached(key)
     if cached is not None:
         return cached
-    latency = _best_psum_seconds(devs, 1, 20)
+    latency = psum_seconds(_local_mesh(devs), 1, 20)
     _cache_put(_cache_dir() / "cpu_peak.json", key, latency)
     return latency
 
