@@ -27,7 +27,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 #: The logical axis names used by :mod:`workbench.models` ("layers": the leading axis of
 #: scanned blocks' stacked parameters, replicated by every preset since the scan walks it).
 LOGICAL_AXES: tuple[str, ...] = (
-    "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers")
+    "batch", "seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers",
+    "experts", "expert_mlp")
+
+#: The mesh axis of pipeline stages: presets shard only ``layers`` over it.
+STAGE_AXIS = "stage"
 
 #: Mesh axis names treated as data-parallel / model-parallel by :meth:`Rules.preset`.
 DATA_AXIS_NAMES = ("data", "fsdp", "dp", "replica", "batch", "dcn", "pod", "slice")
@@ -115,16 +119,31 @@ class Rules(Mapping[str, MeshAxes]):
         - ``fsdp``: batch and the weights' ``embed`` dim over every mesh axis.
         - ``tp``: heads/kv_heads/mlp/vocab over the model axis; batch over the others.
         - ``fsdp_tp``: like ``tp``, plus ``embed`` over the data axes.
+        - ``cp``: context parallelism: ``seq`` over the ``context`` axis (attention by
+          ``GPTConfig.context_attention``), batch over the other data axes, weights
+          replicated (or tensor-parallel over a model axis if the mesh has one).
+        - ``fsdp_cp``: like ``cp``, plus ``embed`` over the data axes *and* ``context``
+          (the weights are sharded over every device that splits the tokens).
+        - ``ep``: expert parallelism: ``experts`` (MoE expert weights) over the ``expert``
+          axis, batch over every axis but a model axis (the expert axis splits the tokens
+          of the dense layers too), other weights replicated.
+        - ``fsdp_ep``: like ``ep``, plus ``embed`` over the data axes (not ``expert``,
+          which already shards the experts' first dim).
+        - ``ep_tp``: like ``ep``, plus tensor parallelism over the model axis (heads,
+          kv_heads, mlp, vocab, and the experts' hidden dim ``expert_mlp``).
 
         Data axes are the mesh axes not named like a model axis
         (``model, tensor, tp, mp``). Every preset maps ``layers`` (the scan axis of
-        stacked blocks) to None.
+        stacked blocks) to None, or to the ``stage`` axis when the mesh has one (pipeline
+        stages; ``stage`` then shards nothing else).
         """
-        names = tuple(mesh.axis_names)
+        names = tuple(a for a in mesh.axis_names if a != STAGE_AXIS)   # stage: layers only
         model = [a for a in names if a in MODEL_AXIS_NAMES]
         data = tuple(a for a in names if a not in MODEL_AXIS_NAMES)
         every = _collapse(names)
         base = dict.fromkeys(LOGICAL_AXES)
+        if STAGE_AXIS in mesh.axis_names:   # pipeline parallelism (workbench.models.pipeline)
+            base["layers"] = STAGE_AXIS
         if name == "dp":
             return cls(**{**base, "batch": every})
         if name == "fsdp":
@@ -136,12 +155,17 @@ class Rules(Mapping[str, MeshAxes]):
                     f"{MODEL_AXIS_NAMES} in the mesh; mesh axes are {names}. "
                     f"Name the tensor-parallel axis 'model', e.g. wb.make_mesh(data=-1, model=2)")
             m = model[0]
-            tp = {"heads": m, "kv_heads": m, "mlp": m, "vocab": m}
+            tp = {"heads": m, "kv_heads": m, "mlp": m, "vocab": m, "expert_mlp": m}
             rules = {**base, **tp, "batch": _collapse(data)}
             if name == "fsdp_tp":
                 rules["embed"] = _collapse(data)
             return cls(**rules)
-        raise ValueError(f"unknown rules preset {name!r}; choose one of dp, fsdp, tp, fsdp_tp")
+        if name in ("cp", "fsdp_cp"):
+            return cls(**_context_rules(name, names, model, base))
+        if name in ("ep", "fsdp_ep", "ep_tp"):
+            return cls(**_expert_rules(name, names, model, base))
+        raise ValueError(f"unknown rules preset {name!r}; choose one of dp, fsdp, tp, fsdp_tp, cp, fsdp_cp, "
+                         f"ep, fsdp_ep, ep_tp")
 
     # -- use ---------------------------------------------------------------------
     def mesh_axes(self, logical: str | None, *, tensor: str = "tensor") -> tuple[str, ...]:
@@ -217,6 +241,63 @@ class Rules(Mapping[str, MeshAxes]):
             yield self
         finally:
             _ACTIVE.reset(token)
+
+
+#: Mesh axis names that the ``cp`` / ``fsdp_cp`` presets shard the sequence over.
+CONTEXT_AXIS_NAMES = ("context",)
+
+
+def _context_rules(name: str, names: tuple[str, ...], model: list[str],
+                   base: dict[str, MeshAxes]) -> dict[str, MeshAxes]:
+    """The ``cp`` / ``fsdp_cp`` presets (see :meth:`Rules.preset`)."""
+    ctx = [a for a in names if a in CONTEXT_AXIS_NAMES]
+    if len(ctx) != 1:
+        raise ValueError(
+            f"preset {name!r} needs one mesh axis named 'context' to shard the sequence over; "
+            f"mesh axes are {names}. Build the mesh with one, e.g. "
+            f"wb.make_mesh(data=2, context=4)")
+    if len(model) > 1:
+        raise ValueError(f"preset {name!r} takes at most one model axis, got {model}")
+    data = tuple(a for a in names if a not in MODEL_AXIS_NAMES and a not in ctx)
+    rules = {**base, "batch": _collapse(data), "seq": ctx[0]}
+    if model:
+        m = model[0]
+        rules.update(heads=m, kv_heads=m, mlp=m, vocab=m)
+    if name == "fsdp_cp":
+        rules["embed"] = _collapse((*data, ctx[0]))
+    return rules
+
+
+#: Mesh axis names that the ``ep`` presets shard the experts over.
+EXPERT_AXIS_NAMES = ("expert",)
+
+
+def _expert_rules(name: str, names: tuple[str, ...], model: list[str],
+                  base: dict[str, MeshAxes]) -> dict[str, MeshAxes]:
+    """The ``ep`` / ``fsdp_ep`` / ``ep_tp`` presets (see :meth:`Rules.preset`)."""
+    ex = [a for a in names if a in EXPERT_AXIS_NAMES]
+    if len(ex) != 1:
+        raise ValueError(
+            f"preset {name!r} needs one mesh axis named 'expert' to shard the experts over; "
+            f"mesh axes are {names}. Build the mesh with one, e.g. "
+            f"wb.make_mesh(expert=4, data=2)")
+    if name == "ep_tp" and len(model) != 1:
+        raise ValueError(
+            f"preset 'ep_tp' needs exactly one model axis named one of {MODEL_AXIS_NAMES}; "
+            f"mesh axes are {names}, e.g. wb.make_mesh(expert=2, data=2, model=2)")
+    if name != "ep_tp" and model:
+        raise ValueError(
+            f"preset {name!r} has no tensor parallelism, but the mesh has model axis "
+            f"{model[0]!r}; use 'ep_tp', or a mesh without it")
+    tokens = tuple(a for a in names if a not in MODEL_AXIS_NAMES)
+    data = tuple(a for a in tokens if a not in ex)
+    rules = {**base, "batch": _collapse(tokens), "experts": ex[0]}
+    if name == "fsdp_ep":
+        rules["embed"] = _collapse(data)
+    if name == "ep_tp":
+        m = model[0]
+        rules.update(heads=m, kv_heads=m, mlp=m, vocab=m, expert_mlp=m)
+    return rules
 
 
 def _collapse(axes: tuple[str, ...]) -> MeshAxes:

@@ -41,7 +41,9 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from workbench.models import GPT, GPTConfig
+from workbench.models import GPT, GPTConfig, moe
+from workbench.models.pipeline import Pipeline, check_rules, stages_of
+from workbench.models.pipeline import activate as pipeline_context
 from workbench.pytrees import path_str
 from workbench.rules import Rules
 
@@ -208,6 +210,8 @@ def abstract_train_state(cfg_or_factory: GPTConfig | ModelFactory,
     """
     rules.check_mesh(mesh)
     require_auto_axes(mesh)
+    if isinstance(cfg_or_factory, GPTConfig):
+        moe.check_layout(cfg_or_factory, rules, mesh)   # experts vs the expert axis
     graphdef, param_state = abstract_param_state(cfg_or_factory)
     params, logical = nnx.to_pure_dict(param_state), logical_axes(param_state)
     unmapped: dict[str, list[str]] = {}
@@ -333,27 +337,52 @@ def lm_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *,
                     loss_fn: LossFn = lm_loss, rules: Rules | None = None,
-                    mesh: jax.sharding.Mesh | None = None
+                    mesh: jax.sharding.Mesh | None = None,
+                    pipeline: Pipeline | Mapping[str, Any] | None = None
                     ) -> Callable[[TrainState, Mapping[str, jax.Array]],
                                   tuple[TrainState, dict[str, jax.Array]]]:
     """A pure ``train_step(state, batch) -> (state, {"loss", "grad_norm"})`` (not jitted).
 
+    For a mixture-of-experts model the loss includes the router losses
+    (``moe_router_loss``: load balance and z-loss, weighted by the config) and the metrics
+    add ``moe_aux_loss``, ``moe_z_loss``, ``moe_entropy``, ``moe_dropped`` and
+    ``moe_tokens_per_expert`` (int32 ``(moe layers, experts)``); see
+    :func:`workbench.models.moe.summarize`.
+
     With ``rules`` and ``mesh``, activations are constrained by their logical axes while
-    the step is traced.
+    the step is traced. With ``pipeline`` (``{"microbatches", "schedule", "repeats"}``),
+    a scanned GPT's blocks run as pipeline stages over the mesh's ``stage`` axis
+    (:mod:`workbench.models.pipeline`): the batch is cut into micro-batches inside the
+    model; the loss is the same function of the batch.
     """
     if mesh is not None:
         require_auto_axes(mesh)
+    pipe = Pipeline.of(pipeline)
+    pipe_ctx: Callable[[], Any] = contextlib.nullcontext
+    if pipe is not None:
+        if rules is None or mesh is None:
+            raise ValueError("make_train_step(pipeline=...) needs rules= and mesh= (the "
+                             "stage axis)")
+        check_rules(pipe, rules, mesh)
+        pipe_ctx = functools.partial(pipeline_context, pipe, stages_of(mesh))
     def train_step(state: TrainState, batch: Mapping[str, jax.Array]
                    ) -> tuple[TrainState, dict[str, jax.Array]]:
         ctx = rules.activate(mesh) if rules is not None and mesh is not None \
             else contextlib.nullcontext()
-        with ctx:
-            def loss_of(params: Any) -> jax.Array:
-                return loss_fn(nnx.merge(graphdef, params), batch)
-            loss, grads = jax.value_and_grad(loss_of)(state.params)
+        with ctx, pipe_ctx():
+            def loss_of(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+                with moe.collect() as stats:   # MoE router statistics (none if dense)
+                    loss = loss_fn(nnx.merge(graphdef, params), batch)
+                moe_metrics = moe.summarize(stats)
+                if moe_metrics:
+                    loss = loss + moe_metrics["router_loss"]
+                return loss, moe_metrics
+            (loss, moe_metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(
+                state.params)
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+                   **{f"moe_{k}": v for k, v in moe_metrics.items()}}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
     return train_step
 

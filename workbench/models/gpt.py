@@ -1,7 +1,7 @@
 """A Llama-style decoder-only GPT in Flax NNX that names logical axes only.
 
-RMSNorm, RoPE, grouped-query attention via ``jax.nn.dot_product_attention`` (cuDNN flash
-attention on GPUs), SwiGLU MLP, optional tied embeddings and per-block remat. Every
+RMSNorm, RoPE, grouped-query attention by ``cfg.attention`` (XLA, the Pallas splash kernel
+or cuDNN flash attention: :mod:`workbench.models.attention`), SwiGLU MLP, optional tied embeddings and per-block remat. Every
 parameter carries its logical axes as NNX ``out_sharding`` metadata; activations are
 constrained with :func:`workbench.rules.constrain`, which follows the active ``Rules``.
 
@@ -17,7 +17,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workbench.models.config import REMAT_POLICIES, GPTConfig
+from jax.ad_checkpoint import checkpoint_name
+
+from workbench.models import attention as attention_impl
+from workbench.models import context as context_parallel
+from workbench.models.config import GPTConfig, remat_policy
+from workbench.models.pipeline import active as active_pipeline
+from workbench.models.pipeline import run_pipeline
 from workbench.rules import constrain
 
 Init = Callable[..., jax.Array]
@@ -57,11 +63,16 @@ class RMSNorm(nnx.Module):
         return (normed * self.scale[...].astype(jnp.float32)).astype(self.dtype)
 
 
-def rope(x: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding on ``x`` of shape (B, T, heads, H), rotate-half form."""
+def rope(x: jax.Array, theta: float, positions: jax.Array | None = None) -> jax.Array:
+    """Rotary position embedding on ``x`` of shape (B, T, heads, H), rotate-half form.
+
+    ``positions`` (T,): the global position of each row (default ``arange(T)``; the
+    zig-zag order under context parallelism, :func:`workbench.models.context.positions`).
+    """
     _, t, _, h = x.shape
+    pos = jnp.arange(t) if positions is None else positions
     inv_freq = 1.0 / theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h)   # (H/2,)
-    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # (T, H/2)
+    angles = pos.astype(jnp.float32)[:, None] * inv_freq[None, :]           # (T, H/2)
     sin = jnp.sin(angles)[None, :, None, :]                                  # (1, T, 1, H/2)
     cos = jnp.cos(angles)[None, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)                   # 2 x (B, T, n, H/2)
@@ -80,18 +91,31 @@ class Attention(nnx.Module):
         self.v = param(kv, _fan_in_init(d), (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
         self.o = param(ko, _fan_in_init(n * h), (n, h, d), ("heads", "head_dim", "embed"), pd)
         self.theta, self.dtype = cfg.rope_theta, cfg.dtype
+        self.impl, self.block_sizes = cfg.attention, cfg.attention_block_sizes
+        self.context_attention, self.context_zigzag = cfg.context_attention, cfg.context_zigzag
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = self.dtype
         q = jnp.einsum("btd,dnh->btnh", x, self.q[...].astype(dt))   # (B, T, N, H)
         k = jnp.einsum("btd,dkh->btkh", x, self.k[...].astype(dt))   # (B, T, K, H)
         v = jnp.einsum("btd,dkh->btkh", x, self.v[...].astype(dt))   # (B, T, K, H)
-        q = constrain(rope(q, self.theta), ("batch", "seq", "heads", "head_dim"), name="q")
-        k = constrain(rope(k, self.theta), ("batch", "seq", "kv_heads", "head_dim"), name="k")
+        q = checkpoint_name(q, "query_proj")
+        k = checkpoint_name(k, "key_proj")
+        v = checkpoint_name(v, "value_proj")
+        pos = context_parallel.positions(x.shape[1], zigzag=self.context_zigzag)  # global
+        q = constrain(rope(q, self.theta, pos), ("batch", "seq", "heads", "head_dim"), name="q")
+        k = constrain(rope(k, self.theta, pos), ("batch", "seq", "kv_heads", "head_dim"),
+                      name="k")
         v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"), name="v")
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)     # (B, T, N, H)
+        y = context_parallel.attend(q, k, v, variant=self.context_attention,
+                                    zigzag=self.context_zigzag)   # None: seq not sharded
+        if y is None:
+            y = attention_impl.attend(q, k, v, impl=self.impl,
+                                      block_sizes=self.block_sizes)       # (B, T, N, H)
+        y = checkpoint_name(y, "context")
         y = constrain(y, ("batch", "seq", "heads", "head_dim"), name="attn_out")
-        return jnp.einsum("btnh,nhd->btd", y, self.o[...].astype(dt))  # (B, T, D)
+        out = jnp.einsum("btnh,nhd->btd", y, self.o[...].astype(dt))     # (B, T, D)
+        return checkpoint_name(out, "out_proj")
 
 
 class MLP(nnx.Module):
@@ -107,10 +131,13 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = self.dtype
-        g = jnp.einsum("btd,df->btf", x, self.gate[...].astype(dt))  # (B, T, F)
-        u = jnp.einsum("btd,df->btf", x, self.up[...].astype(dt))    # (B, T, F)
+        g = checkpoint_name(jnp.einsum("btd,df->btf", x, self.gate[...].astype(dt)),
+                            "mlpwi_0")                                  # (B, T, F)
+        u = checkpoint_name(jnp.einsum("btd,df->btf", x, self.up[...].astype(dt)),
+                            "mlpwi_1")                                  # (B, T, F)
         hidden = constrain(jax.nn.silu(g) * u, ("batch", "seq", "mlp"), name="mlp_hidden")
-        return jnp.einsum("btf,fd->btd", hidden, self.down[...].astype(dt))  # (B, T, D)
+        out = jnp.einsum("btf,fd->btd", hidden, self.down[...].astype(dt))  # (B, T, D)
+        return checkpoint_name(out, "mlpwo")
 
 
 class Block(nnx.Module):
@@ -122,9 +149,14 @@ class Block(nnx.Module):
         self.attn_norm = RMSNorm(cfg.d_model, **norm)
         self.attn = Attention(cfg, key=k_attn)
         self.mlp_norm = RMSNorm(cfg.d_model, **norm)
-        self.mlp = MLP(cfg, key=k_mlp)
+        if cfg.n_experts:   # mixture of experts (workbench.models.moe)
+            from workbench.models.moe import MoE
+            self.mlp = MoE(cfg, key=k_mlp)
+        else:
+            self.mlp = MLP(cfg, key=k_mlp)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        x = checkpoint_name(x, "decoder_layer_input")
         x = x + self.attn(self.attn_norm(x))
         x = constrain(x, ("batch", "seq", None), name="residual")
         x = x + self.mlp(self.mlp_norm(x))
@@ -162,18 +194,27 @@ class GPT(nnx.Module):
             raise ValueError(f"tokens must be (batch, seq) int32, got shape {tokens.shape}")
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)      # (B, T, D)
         x = constrain(x, ("batch", "seq", None), name="embedded")
+        x = context_parallel.to_model_order(x, zigzag=cfg.context_zigzag)  # CP zig-zag
         run_block: Callable[[Block, jax.Array], jax.Array] = lambda blk, h: blk(h)
-        policy = REMAT_POLICIES[cfg.remat]
+        if cfg.n_experts:   # MoE router statistics leave the remat as outputs
+            from workbench.models import moe
+            run_block = moe.returning_stats(run_block)
+        policy = remat_policy(cfg.remat, attention_impl.current_platform())
         if policy is not None:
             # jax.checkpoint: prevent_cse=False is safe inside a scan (the loop keeps XLA
             # from merging the recomputation into the forward) and spares the barriers.
-            run_block = nnx.remat(run_block, policy=getattr(jax.checkpoint_policies, policy),
+            run_block = nnx.remat(run_block, policy=policy,
                                   prevent_cse=not cfg.scan_layers)
-        if cfg.scan_layers:
+        if cfg.n_experts:
+            run_block = moe.recording_stats(run_block)
+        if cfg.scan_layers and active_pipeline() is not None:   # inside a pipelined step
+            x = run_pipeline(run_block, self.blocks, x, *active_pipeline())
+        elif cfg.scan_layers:
             x = _scan_blocks(run_block, self.blocks, x)
         else:
             for block in self.blocks:
                 x = run_block(block, x)
+        x = context_parallel.to_token_order(x, zigzag=cfg.context_zigzag)
         x = self.final_norm(x)
         if self.lm_head is None:
             logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(dt))   # (B, T, V)
@@ -204,9 +245,15 @@ def _scan_blocks(run_block: Callable[[Block, jax.Array], jax.Array], blocks: Blo
     params = nnx.to_pure_dict(state)
 
     def body(h: jax.Array, layer: Any) -> tuple[jax.Array, None]:
-        return run_block(nnx.merge(graphdef, layer), h), None
+        from workbench.models import moe   # MoE router statistics: scan outputs
+        with moe.collect() as stats:
+            h = run_block(nnx.merge(graphdef, layer), h)
+        return h, moe.stack(stats)
 
-    x, _ = jax.lax.scan(body, x, params)
+    x, stats = jax.lax.scan(body, x, params)
+    if stats:
+        from workbench.models import moe
+        moe.record({k: v.reshape(-1, *v.shape[2:]) for k, v in stats.items()}, stacked=True)
     return x
 
 

@@ -14,7 +14,8 @@ from workbench.train.optim import AdamW
 
 #: Fields that may change when an existing run is continued: they do not change the
 #: numbers a step computes (checkpoint cadence, retention, the mesh layout).
-RUN_CONTROL_FIELDS: tuple[str, ...] = ("checkpoint_every", "keep", "mesh", "rules")
+RUN_CONTROL_FIELDS: tuple[str, ...] = ("checkpoint_every", "keep", "mesh", "rules",
+                                        "pipeline")
 
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -48,6 +49,12 @@ class TrainConfig:
       checkpoint_every: save a checkpoint every this many steps (also at the end).
       keep: keep the newest ``keep`` checkpoints.
       seed: seeds parameter init, dropout keys and the data shuffle.
+      pipeline: None, or pipeline parallelism over the mesh's ``stage`` axis:
+        ``{"microbatches": M, "schedule": "gpipe" | "circular", "repeats": R}``
+        (``wb.models.pipeline.Pipeline``); needs ``model_overrides={"scan_layers": True}``
+        (stacked layers), ``n_layers`` divisible by stages x R and ``batch`` by M. The
+        same numbers as without it, up to float rounding: it may change when a run is
+        continued (like ``mesh``).
     """
 
     model: str | Any = "tiny"
@@ -62,9 +69,14 @@ class TrainConfig:
     checkpoint_every: int = 20
     keep: int = 3
     seed: int = 0
+    pipeline: Any = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if self.pipeline is not None:
+            from workbench.models.pipeline import Pipeline
+
+            set_(self, "pipeline", Pipeline.of(self.pipeline))
         set_(self, "model_overrides", _frozen_mapping(self.model_overrides))
         set_(self, "mesh", _frozen_mapping(self.mesh))
         set_(self, "data", data_spec(self.data))
@@ -96,6 +108,29 @@ class TrainConfig:
             from workbench.models.config import GPTConfig
 
             GPTConfig.preset(self.model, **dict(self.model_overrides))  # validates early
+        if self.pipeline is not None:
+            self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        """Pipeline errors that the config alone decides (before any mesh is built)."""
+        from workbench.models.config import GPTConfig
+        from workbench.models.pipeline import check_pipeline
+        from workbench.rules import STAGE_AXIS
+
+        cfg = self.model_config()
+        if not isinstance(cfg, GPTConfig) or not cfg.scan_layers:
+            raise ValueError(
+                f"pipeline={self.pipeline.to_dict()} splits stacked layers into stages; the "
+                f"model has scan_layers=False. Add model_overrides={{'scan_layers': True, "
+                f"...}} (stack_blocks converts unrolled parameters)")
+        stages = self.mesh.get(STAGE_AXIS)
+        if stages is None:
+            raise ValueError(
+                f"pipeline={self.pipeline.to_dict()} needs a {STAGE_AXIS!r} mesh axis; mesh="
+                f"{dict(self.mesh)}. Use e.g. mesh={{'stage': 4, 'data': -1}}")
+        if stages > 0:
+            check_pipeline(self.pipeline, n_layers=cfg.n_layers, stages=stages,
+                           batch=self.micro_batch)
 
     def __hash__(self) -> int:
         return hash(self.to_json())
@@ -139,6 +174,8 @@ class TrainConfig:
             "data": self.data.to_dict(), "batch": self.batch, "seq": self.seq,
             "steps": self.steps, "checkpoint_every": self.checkpoint_every,
             "keep": self.keep, "seed": self.seed,
+            # only when set: configs without a pipeline keep their hash
+            **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
         }
 
     @classmethod

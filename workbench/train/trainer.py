@@ -246,7 +246,7 @@ class Trainer(Displayable):
                              batch=plan.batch, seq=plan.seq, steps=steps,
                              optimizer=optimizer if optimizer is not None else AdamW(),
                              data=data, checkpoint_every=checkpoint_every, keep=keep,
-                             seed=seed)
+                             seed=seed, pipeline=getattr(plan, "pipeline", None))
         return cls(config, run_dir, initial_model=model, prediction=plan, **kwargs)
 
     # ------------------------------------------------------------------ compile
@@ -257,7 +257,8 @@ class Trainer(Displayable):
             from workbench.step import jit_train_step, make_train_step
 
             p = self.parts
-            fn = make_train_step(p.graphdef, p.tx, rules=self.rules, mesh=self.mesh)
+            fn = make_train_step(p.graphdef, p.tx, rules=self.rules, mesh=self.mesh,
+                                 pipeline=self.config.pipeline)
             jitted = jit_train_step(fn, p.shardings, p.batch_shardings, donate=True)
             t0 = time.perf_counter()
             self._compiled = jitted.lower(p.abstract_state, p.abstract_batch).compile()

@@ -1,0 +1,431 @@
+"""Pipeline parallelism in SPMD: stacked layers split into stages on the ``stage`` mesh axis.
+
+The blocks of ``GPTConfig(scan_layers=True)`` hold parameters of shape ``(L, ...)`` on the
+logical ``layers`` axis; the rules map it to the ``stage`` mesh axis, so device row ``s``
+holds layers ``[s L/S, (s+1) L/S)``. The batch is cut into ``M`` micro-batches that flow
+through a shifting state buffer of shape ``(S, micro-batch, T, D)`` (one slot per stage,
+the stage dim sharded on ``stage``): every iteration each stage applies its layers to its
+slot (a ``vmap`` over stages whose ``spmd_axis_name`` is ``stage``), then the buffer is
+rolled by one stage (``jnp.roll`` on the sharded dim compiles to a collective-permute).
+``jax.grad`` of the loop runs the iterations backwards: all forwards, then all backwards
+(GPipe). This is MaxText's and praxis' layout, written for GSPMD without ``shard_map``.
+
+Schedules:
+
+- ``gpipe``: ``M + S - 1`` iterations, stage ``s`` busy for micro-batch ``t - s``.
+- ``circular`` (``repeats=R``): each stage holds ``R`` chunks of ``L/(S R)`` layers, a
+  micro-batch goes round the ring ``R`` times; ``R M + S - 1`` iterations of ``1/R`` the
+  work, so the bubble shrinks ``R``-fold. Needs ``M >= S`` (a micro-batch leaving the last
+  stage re-enters the first one ``M`` iterations after it first entered).
+- ``1f1b``: same bubble as GPipe, fewer activations in flight (at most ``S - s`` at stage
+  ``s``). Planned and drawn (:func:`timeline`), not trained: the backward of one
+  micro-batch must run between forwards of later ones, and ``jax.grad`` of a loop runs
+  every backward after every forward; 1F1B in SPMD needs a hand-written per-stage VJP loop.
+
+API::
+
+    pipe = Pipeline(microbatches=8, schedule="circular", repeats=2)
+    pipe.bubble_fraction(stages=4)          # (S-1) / (R M + S - 1)
+    timeline(pipe, stages=4)                # events (stage, start, end, kind, micro, repeat)
+    with activate(pipe, stages=4):          # inside the traced step (workbench.step does it)
+        logits = model(tokens)              # blocks run through run_pipeline
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from workbench.rules import STAGE_AXIS
+from workbench.rules import active as active_rules
+
+__all__ = ["SCHEDULES", "STAGE_AXIS", "TRAINABLE_SCHEDULES", "Event", "Pipeline", "activate",
+           "active", "check_pipeline", "check_rules", "in_flight", "run_pipeline", "schedule_bubble",
+           "stages_of", "timeline"]
+
+SCHEDULES: tuple[str, ...] = ("gpipe", "circular", "1f1b")
+TRAINABLE_SCHEDULES: tuple[str, ...] = ("gpipe", "circular")
+#: Time of one backward relative to one forward of the same layers (two matmuls per one).
+BACKWARD_COST = 2.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    """How the stacked layers are pipelined over the ``stage`` mesh axis.
+
+    Attributes:
+        microbatches: ``M``, micro-batches the batch is cut into (divides the batch).
+        schedule: "gpipe", "circular" (``repeats > 1``) or "1f1b" (planned, not trained).
+        repeats: ``R``, rounds of the stage ring per micro-batch (circular only); each
+            stage holds ``R`` chunks of ``n_layers / (stages R)`` layers.
+    """
+
+    microbatches: int = 1
+    schedule: str = "gpipe"
+    repeats: int = 1
+
+    def __post_init__(self) -> None:
+        for f in ("microbatches", "repeats"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"pipeline {f}={v!r} must be a positive integer")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"pipeline schedule={self.schedule!r}; choose one of {SCHEDULES}")
+        if self.repeats > 1 and self.schedule != "circular":
+            raise ValueError(
+                f"pipeline repeats={self.repeats} needs schedule='circular' (got "
+                f"{self.schedule!r}); use {{'schedule': 'circular', 'repeats': {self.repeats}}} "
+                f"or repeats=1")
+
+    @classmethod
+    def of(cls, value: Pipeline | Mapping[str, Any] | None) -> Pipeline | None:
+        """None, a ``Pipeline`` or a mapping ``{"microbatches", "schedule", "repeats"}``."""
+        if value is None or isinstance(value, Pipeline):
+            return value
+        if isinstance(value, Mapping):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = set(value) - known
+            if unknown:
+                raise ValueError(f"unknown pipeline keys {sorted(unknown)}; known: "
+                                 f"{sorted(known)}")
+            return cls(**dict(value))
+        raise TypeError(f"pipeline must be None, a Pipeline or a mapping like "
+                        f"{{'microbatches': 4, 'schedule': 'gpipe'}}; got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (``Pipeline.of`` inverts it)."""
+        return dataclasses.asdict(self)
+
+    def iterations(self, stages: int) -> int:
+        """Loop iterations of the SPMD program: ``R M + S - 1``."""
+        return self.repeats * self.microbatches + stages - 1
+
+    def bubble_fraction(self, stages: int) -> float:
+        """Idle fraction of every stage's time by formula: ``(S - 1) / (R M + S - 1)``
+        (GPipe and 1F1B: Huang et al. 2019, Narayanan et al. 2021; circular divides the
+        bubble's length by ``R``)."""
+        return (stages - 1) / self.iterations(stages)
+
+
+def stages_of(mesh: Any) -> int:
+    """Size of the ``stage`` axis of a Mesh / AbstractMesh / MeshInfo (1 without one)."""
+    return int(dict(mesh.shape).get(STAGE_AXIS, 1))
+
+
+def check_rules(pipe: Pipeline | None, rules: Any, mesh: Any) -> None:
+    """Raise unless ``rules`` pipeline the ``layers`` axis over the mesh's ``stage`` axis
+    and shard nothing else over it (before anything is traced)."""
+    if pipe is None:
+        return
+    names = tuple(mesh.axis_names)
+    if STAGE_AXIS not in names:
+        raise ValueError(
+            f"pipeline={pipe.to_dict()} needs a {STAGE_AXIS!r} mesh axis (its size is the "
+            f"number of stages); mesh axes are {names}. Add one, e.g. mesh={{'stage': 4, "
+            f"'data': -1}}, or pass pipeline=None")
+    layers = rules.get("layers")
+    if layers != STAGE_AXIS:
+        raise ValueError(
+            f"rules map 'layers' to {layers!r}, but pipeline stages split the layers over the "
+            f"{STAGE_AXIS!r} mesh axis: use rules.replace(layers={STAGE_AXIS!r}) (the presets "
+            f"do this when the mesh has a {STAGE_AXIS!r} axis)")
+    for logical, axes in rules.items():
+        axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        if logical != "layers" and STAGE_AXIS in axes:
+            raise ValueError(
+                f"rules shard {logical!r} over {axes!r}, but the {STAGE_AXIS!r} axis holds "
+                f"pipeline stages (layers) only: map {logical!r} to other mesh axes, e.g. "
+                f"rules.replace({logical}={tuple(a for a in axes if a != STAGE_AXIS) or None!r})")
+
+
+def check_pipeline(pipe: Pipeline, *, n_layers: int, stages: int, batch: int | None = None,
+                   batch_shards: int = 1, train: bool = True) -> None:
+    """Raise a ValueError naming the value, the constraint and the fix (before compiling).
+
+    Args:
+        n_layers: the model's layers.
+        stages: size of the ``stage`` mesh axis.
+        batch: global batch per step (None: not checked).
+        batch_shards: devices the batch dim of a micro-batch is split over.
+        train: also refuse schedules that are only planned ("1f1b").
+    """
+    if n_layers % (stages * pipe.repeats):
+        per = stages * pipe.repeats
+        raise ValueError(
+            f"n_layers={n_layers} is not divisible by stages x repeats = {stages} x "
+            f"{pipe.repeats} = {per}: each stage holds repeats chunks of equal depth. Use "
+            f"n_layers a multiple of {per} (e.g. {per * max(1, round(n_layers / per))}), or a "
+            f"stage axis / repeats whose product divides {n_layers}")
+    if pipe.schedule == "circular" and pipe.repeats > 1 and pipe.microbatches < stages:
+        raise ValueError(
+            f"circular schedule with microbatches={pipe.microbatches} < stages={stages}: a "
+            f"micro-batch re-enters stage 0 M iterations after it entered, before it left "
+            f"the last stage. Use microbatches >= {stages}")
+    if train and pipe.schedule not in TRAINABLE_SCHEDULES:
+        raise ValueError(
+            f"schedule={pipe.schedule!r} is planned and drawn but not trained: jax.grad of "
+            f"the pipeline loop runs every backward after every forward, so 1F1B's "
+            f"interleaving needs a hand-written backward. Train with schedule='gpipe' (same "
+            f"bubble) or 'circular'")
+    if batch is not None:
+        if batch % pipe.microbatches:
+            raise ValueError(
+                f"batch={batch} is not divisible by microbatches={pipe.microbatches}; use a "
+                f"batch that is a multiple of {pipe.microbatches} or microbatches dividing "
+                f"{batch}")
+        micro = batch // pipe.microbatches
+        if micro % batch_shards:
+            raise ValueError(
+                f"a micro-batch of batch/microbatches = {batch}/{pipe.microbatches} = {micro} "
+                f"sequences does not split over the {batch_shards} devices of the batch axes; "
+                f"use a batch that is a multiple of {pipe.microbatches * batch_shards} or "
+                f"fewer micro-batches")
+
+
+# ------------------------------------------------------------------ the traced pipeline
+_ACTIVE: contextvars.ContextVar[tuple[Pipeline, int] | None] = contextvars.ContextVar(
+    "workbench_active_pipeline", default=None)
+
+
+@contextlib.contextmanager
+def activate(pipe: Pipeline, stages: int) -> Iterator[Pipeline]:
+    """While tracing inside this block, GPT's stacked blocks run through the pipeline."""
+    token = _ACTIVE.set((pipe, int(stages)))
+    try:
+        yield pipe
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active() -> tuple[Pipeline, int] | None:
+    """The ``(pipeline, stages)`` set by :func:`activate`, or None."""
+    return _ACTIVE.get()
+
+
+def _constrain(x: jax.Array, spec: PartitionSpec) -> jax.Array:
+    ctx = active_rules()
+    if ctx is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, NamedSharding(ctx[1], spec))
+
+
+def _activation_spec(rank: int) -> tuple[Any, ...]:
+    """Mesh axes of one micro-batch's ``(mb, T, D)`` under the active rules."""
+    ctx = active_rules()
+    if ctx is None:
+        return (None,) * rank
+    rules = ctx[0]
+    axes = ("batch", "seq", *([None] * (rank - 2)))
+    spec = rules.spec(axes, tensor="pipeline state", strict=False)
+    return tuple(PartitionSpec.UNCONSTRAINED if a is not None and a not in rules else s
+                 for a, s in zip(axes, spec, strict=True))
+
+
+def run_pipeline(run_block: Callable[[Any, jax.Array], jax.Array], blocks: nnx.Module,
+                 x: jax.Array, pipe: Pipeline, stages: int) -> jax.Array:
+    """``x`` (B, T, D) through the stacked ``blocks`` pipelined over ``stages`` stages.
+
+    The same function of ``x`` and the parameters as a scan over the layers in order.
+
+    Args:
+        run_block: ``(block, h) -> h``, remat included (GPT's loop body).
+        blocks: one ``Block`` whose params stack ``L`` layers on a leading axis.
+        x: the residual stream of the whole batch.
+        pipe: micro-batches, schedule and repeats.
+        stages: ``S``, the size of the ``stage`` mesh axis.
+    """
+    graphdef, state = nnx.split(blocks)
+    params = nnx.to_pure_dict(state)
+    leaves = jax.tree.leaves(params)
+    n_layers = leaves[0].shape[0]
+    ctx = active_rules()
+    shards = 1
+    if ctx is not None:
+        sizes = dict(ctx[1].shape)
+        shards = int(np.prod([sizes[a] for a in ctx[0].mesh_axes("batch")], dtype=int))
+    check_pipeline(pipe, n_layers=n_layers, stages=stages, batch=x.shape[0],
+                   batch_shards=shards)
+    s_, r_, m_ = stages, pipe.repeats, pipe.microbatches
+    k_ = n_layers // (s_ * r_)
+    mesh_ctx = active_rules() is not None
+    stage_axis = STAGE_AXIS if mesh_ctx else None
+
+    # (L, ...) -> (R, S, K, ...): logical layer r S K + s K + k runs on stage s in round r.
+    specs = _param_specs(state)
+
+    def split_layers(path: Any, w: jax.Array) -> jax.Array:
+        w = w.reshape(r_, s_, k_, *w.shape[1:])
+        rest = specs.get(_path(path), (None,) * (w.ndim - 3))
+        return _constrain(w, PartitionSpec(None, stage_axis, None, *rest))
+    w = jax.tree_util.tree_map_with_path(split_layers, params)
+
+    batch, *feat = x.shape
+    mb = batch // m_
+    act = _activation_spec(x.ndim)
+    # micro-batch m = sequences m, m + M, m + 2M, ...: each keeps the batch sharding.
+    xs = jnp.swapaxes(x.reshape(mb, m_, *feat), 0, 1)                # (M, mb, T, D)
+    xs = _constrain(xs, PartitionSpec(None, *act))
+    state_spec = PartitionSpec(stage_axis, *act)
+
+    def stage_fn(w_stage: Any, h: jax.Array) -> jax.Array:          # w: (K, ...)
+        def body(h: jax.Array, layer: Any) -> tuple[jax.Array, None]:
+            return run_block(nnx.merge(graphdef, layer), h), None
+        return jax.lax.scan(body, h, w_stage)[0]
+
+    v_stage = jax.vmap(stage_fn, spmd_axis_name=stage_axis)
+    take = jax.vmap(lambda a, r: jax.lax.dynamic_index_in_dim(a, r, 0, keepdims=False),
+                    in_axes=(1, 0), spmd_axis_name=stage_axis)
+    stage_ids = jnp.arange(s_)
+    first_stage = (stage_ids == 0).reshape(s_, *([1] * x.ndim))
+
+    def iteration(carry: tuple[jax.Array, jax.Array], t: jax.Array
+                  ) -> tuple[tuple[jax.Array, jax.Array], None]:
+        out, buf = carry       # out: (S, mb, T, D) last outputs; buf: (M, mb, T, D)
+        shifted = _constrain(jnp.roll(out, 1, axis=0), state_spec)   # collective-permute
+        done = t - s_          # item that left the last stage in the previous iteration
+        buf = jnp.where(done >= 0, jax.lax.dynamic_update_index_in_dim(
+            buf, shifted[0], jnp.maximum(done, 0) % m_, 0), buf)
+        first = jax.lax.dynamic_index_in_dim(buf, t % m_, 0, keepdims=False)
+        inp = _constrain(jnp.where(first_stage, first[None], shifted), state_spec)
+        if r_ == 1:
+            w_t = jax.tree.map(lambda a: a[0], w)                     # (S, K, ...)
+        else:
+            rounds = jnp.clip((t - stage_ids) // m_, 0, r_ - 1)        # (S,)
+            w_t = jax.tree.map(lambda a: take(a, rounds), w)
+        out = _constrain(v_stage(w_t, inp), state_spec)
+        return (out, buf), None
+
+    out0 = _constrain(jnp.zeros((s_, mb, *feat), x.dtype), state_spec)
+    (out, buf), _ = jax.lax.scan(iteration, (out0, xs), jnp.arange(pipe.iterations(s_)))
+    last = (r_ * m_ - 1) % m_                      # the final item left in the last iteration
+    buf = jax.lax.dynamic_update_index_in_dim(buf, out[s_ - 1], last, 0)
+    return jnp.swapaxes(buf, 0, 1).reshape(batch, *feat)
+
+
+def _path(path: Any) -> str:
+    from workbench.pytrees import path_str
+    return path_str(path)
+
+
+def _param_specs(state: Any) -> dict[str, tuple[Any, ...]]:
+    """Mesh axes of each stacked parameter's dims after ``layers`` (active rules)."""
+    ctx = active_rules()
+    if ctx is None:
+        return {}
+    rules = ctx[0]
+    out: dict[str, tuple[Any, ...]] = {}
+    for path, var in nnx.to_flat_state(state):
+        axes = tuple(var.get_metadata().get("out_sharding") or (None,) * len(var.shape))
+        out[_path(path)] = tuple(rules.spec(axes[1:], tensor=_path(path), strict=False))
+    return out
+
+
+# ------------------------------------------------------------------ the schedule as events
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Event:
+    """One stage working on one micro-batch: forward ("F") or backward ("B") of one chunk.
+
+    Attributes:
+        stage: the stage (row of devices on the ``stage`` axis).
+        start: start time in units of one full-stage forward of one micro-batch.
+        end: end time.
+        kind: "F" or "B".
+        micro: the micro-batch.
+        repeat: the round of the ring (circular), else 0.
+    """
+
+    stage: int
+    start: float
+    end: float
+    kind: str
+    micro: int
+    repeat: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return dataclasses.asdict(self)
+
+
+def _stage_orders(pipe: Pipeline, stages: int) -> list[list[tuple[str, int]]]:
+    """Each stage's operations in order: ``(kind, item)`` with item ``r M + m``."""
+    m_, items = pipe.microbatches, pipe.microbatches * pipe.repeats
+    orders = []
+    for s in range(stages):
+        if pipe.schedule == "1f1b":
+            warm = min(stages - s - 1, m_)
+            ops = [("F", i) for i in range(warm)]
+            for j in range(m_ - warm):
+                ops += [("F", warm + j), ("B", j)]
+            ops += [("B", j) for j in range(m_ - warm, m_)]
+        else:   # GPipe / circular as the SPMD loop and its transpose run them
+            ops = [("F", i) for i in range(items)] + [("B", i) for i in reversed(range(items))]
+        orders.append(ops)
+    return orders
+
+
+def timeline(pipe: Pipeline, stages: int) -> list[Event]:
+    """The schedule as events, each operation starting as soon as its stage is free and its
+    input has arrived (forward from the previous stage, backward from the next).
+
+    Times are in units of one stage's forward of one micro-batch through all its layers;
+    a circular chunk takes ``1/R`` of that, a backward :data:`BACKWARD_COST` times its
+    forward.
+    """
+    m_, r_ = pipe.microbatches, pipe.repeats
+    f_cost, b_cost = 1.0 / r_, BACKWARD_COST / r_
+    orders = _stage_orders(pipe, stages)
+    end: dict[tuple[str, int, int], float] = {}
+    pos, free = [0] * stages, [0.0] * stages
+    events: list[Event] = []
+    total = sum(len(o) for o in orders)
+    while len(events) < total:
+        progressed = False
+        for s in range(stages):
+            while pos[s] < len(orders[s]):
+                kind, i = orders[s][pos[s]]
+                if kind == "F":
+                    dep = ("F", s - 1, i) if s > 0 else (("F", stages - 1, i - m_)
+                                                         if i >= m_ else None)
+                else:
+                    dep = ("B", s + 1, i) if s < stages - 1 else (
+                        ("B", 0, i + m_) if i + m_ < m_ * r_ else ("F", s, i))
+                if dep is not None and dep not in end:
+                    break
+                start = max(free[s], end[dep] if dep is not None else 0.0)
+                stop = start + (f_cost if kind == "F" else b_cost)
+                end[(kind, s, i)] = free[s] = stop
+                events.append(Event(stage=s, start=start, end=stop, kind=kind,
+                                    micro=i % m_, repeat=i // m_))
+                pos[s] += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"schedule {pipe} deadlocks on {stages} stages")
+    return sorted(events, key=lambda e: (e.stage, e.start))
+
+
+def schedule_bubble(events: list[Event], stages: int) -> float:
+    """Idle fraction of the stages' time in a timeline: ``1 - busy / (S x makespan)``."""
+    span = max(e.end for e in events) - min(e.start for e in events)
+    busy = sum(e.end - e.start for e in events)
+    return 1.0 - busy / (stages * span)
+
+
+def in_flight(events: list[Event], stages: int) -> list[int]:
+    """Per stage, the most chunks whose forward has finished and backward not yet started
+    (their activations are held): ``R M`` for GPipe/circular, ``min(S - s, M)`` for 1F1B."""
+    out = []
+    for s in range(stages):
+        level = peak = 0
+        for e in sorted((e for e in events if e.stage == s), key=lambda e: e.start):
+            level += 1 if e.kind == "F" else -1
+            peak = max(peak, level)
+        out.append(peak)
+    return out
