@@ -1,0 +1,402 @@
+"""Mixture-of-experts feed-forward with expert parallelism over an ``expert`` mesh axis.
+
+A top-k router (float32 softmax, optional renormalisation of the k weights), SwiGLU experts
+held as stacked ``(experts, ...)`` parameters, and capacity-based dispatch with fixed
+shapes (``capacity_factor=None`` is dropless: each expert gets room for every token of
+its group). Under active rules the layer runs in ``jax.shard_map`` over the whole mesh:
+each device routes its own tokens (one *group*) and the experts dimension is split over
+the mesh axes of the ``experts`` rule, with one of two dispatches
+(``GPTConfig.moe_dispatch``):
+
+- ``"all_to_all"``: every device fills an ``(experts, capacity, D)`` buffer from its
+  tokens and an all-to-all over the expert axis hands each device the slots of its own
+  experts from every peer, ``(experts / n, n * capacity, D)``; a second all-to-all returns
+  the outputs (GShard, Lepikhin et al. 2020, section 2.2).
+- ``"all_gather"``: every device all-gathers the tokens (and their routes) of its expert
+  group, runs its own experts on those routed to them, and a reduce-scatter sums the
+  partial outputs back to the tokens' devices; fewer, larger collectives that pay off on
+  small meshes and short groups.
+
+Router statistics of each MoE layer (load-balance loss, router z-loss, tokens per expert,
+dropped assignments, router entropy) are recorded into :func:`collect` while the model
+is traced; the train step (:func:`workbench.step.make_train_step`) adds
+``router_loss`` to the loss and returns the rest as metrics.
+
+Shape letters: B batch, T sequence, D d_model, E experts, F expert d_ff, k experts per
+token, G tokens of one group, C capacity (slots per expert and group).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec
+
+from workbench.models.config import GPTConfig
+from workbench.rules import Rules, active, constrain
+
+#: Token dispatch implementations accepted by ``GPTConfig.moe_dispatch``.
+DISPATCH: tuple[str, ...] = ("all_to_all", "all_gather")
+
+#: Per-layer statistics a MoE layer records (each a scalar except ``tokens_per_expert``).
+STAT_KEYS: tuple[str, ...] = ("router_loss", "aux_loss", "z_loss", "tokens_per_expert",
+                              "dropped", "entropy")
+
+_Stats = dict[str, jax.Array]
+_COLLECT: contextvars.ContextVar[tuple[list[_Stats], Any] | None] = contextvars.ContextVar(
+    "workbench_moe_stats", default=None)
+
+
+# -- statistics collection ---------------------------------------------------------------
+
+@contextlib.contextmanager
+def collect() -> Iterator[list[dict[str, jax.Array]]]:
+    """Collect the router statistics recorded while tracing inside this block.
+
+    Yields a list that receives one dict per :func:`record` call: each value has a leading
+    layers axis (one MoE layer, or a scanned stack of them). :func:`summarize` merges it.
+    Statistics recorded inside a ``jax.checkpoint`` or ``lax.scan`` body must be returned
+    out of it (``GPT`` does, with :func:`returning_stats`); recording into a collector of
+    another trace raises instead of leaking tracers.
+    """
+    buf: list[dict[str, jax.Array]] = []
+    token = _COLLECT.set((buf, _trace()))
+    try:
+        yield buf
+    finally:
+        _COLLECT.reset(token)
+
+
+def _trace() -> Any:
+    return jax.extend.core.get_opaque_trace_state(convention="nnx")
+
+
+def record(stats: Mapping[str, jax.Array], *, stacked: bool = False) -> None:
+    """Add one MoE layer's statistics (``stacked``: already with a leading layers axis) to
+    the innermost :func:`collect`; a no-op outside one."""
+    ctx = _COLLECT.get()
+    if ctx is None or not stats:
+        return
+    buf, trace = ctx
+    if trace != _trace():
+        raise RuntimeError(
+            "MoE router statistics were recorded inside a JAX transformation (scan, remat, "
+            "shard_map...) that their collector was opened outside of; return them out of "
+            "the transformation (workbench.models.moe.returning_stats) and record them there")
+    buf.append({k: v if stacked else v[None] for k, v in stats.items()})
+
+
+def returning_stats(fn: Callable[[Any, jax.Array], jax.Array]
+                    ) -> Callable[[Any, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]:
+    """``(block, x) -> y`` as ``(block, x) -> (y, stats)``: the statistics its MoE layers
+    record, stacked over layers (``{}`` for dense blocks); safe to wrap in remat/scan."""
+    def wrapped(block: Any, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        with collect() as buf:
+            y = fn(block, x)
+        return y, stack(buf)
+    return wrapped
+
+
+def recording_stats(fn: Callable[[Any, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+                    ) -> Callable[[Any, jax.Array], jax.Array]:
+    """Inverse of :func:`returning_stats`: records the statistics in the caller's trace."""
+    def wrapped(block: Any, x: jax.Array) -> jax.Array:
+        y, stats = fn(block, x)
+        record(stats, stacked=True)
+        return y
+    return wrapped
+
+
+def stack(buf: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+    """The collected statistics concatenated along their layers axis ({} when none)."""
+    if not buf:
+        return {}
+    return {k: jnp.concatenate([b[k] for b in buf]) for k in buf[0]}
+
+
+def summarize(buf: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+    """Step metrics from the collected per-layer statistics ({} for a dense model).
+
+    ``router_loss``: the mean over MoE layers of ``router_aux_loss * aux_loss +
+    router_z_loss * z_loss`` (what the step adds to the loss); ``aux_loss``, ``z_loss``,
+    ``entropy``: means over layers; ``dropped``: dropped (token, expert) assignments summed
+    over layers; ``tokens_per_expert``: int32 ``(layers, E)`` assignments per expert
+    before capacity.
+    """
+    s = stack(buf)
+    if not s:
+        return {}
+    return {"router_loss": jnp.mean(s["router_loss"]), "aux_loss": jnp.mean(s["aux_loss"]),
+            "z_loss": jnp.mean(s["z_loss"]), "entropy": jnp.mean(s["entropy"]),
+            "dropped": jnp.sum(s["dropped"]),
+            "tokens_per_expert": s["tokens_per_expert"].astype(jnp.int32)}
+
+
+# -- layout checks -----------------------------------------------------------------------
+
+def _axes(rules: Rules, logical: str) -> tuple[str, ...]:
+    return rules.mesh_axes(logical) if logical in rules else ()
+
+
+def expert_axes(rules: Rules) -> tuple[str, ...]:
+    """Mesh axes the ``experts`` logical axis is sharded over (empty: unsharded)."""
+    return _axes(rules, "experts")
+
+
+def capacity(cfg: GPTConfig, group: int) -> int:
+    """Slots per expert for a group of ``group`` tokens: the group itself when dropless
+    (``capacity_factor=None``), else ``ceil(capacity_factor * group * k / E)`` (at most
+    ``group``: a token picks an expert once)."""
+    if cfg.capacity_factor is None:
+        return group
+    c = math.ceil(cfg.capacity_factor * group * cfg.experts_per_token / cfg.n_experts)
+    return max(1, min(group, c))
+
+
+def check_layout(cfg: GPTConfig, rules: Rules, mesh: Any) -> None:
+    """Raise ``ValueError`` if ``rules`` on ``mesh`` cannot run ``cfg``'s experts (called
+    before anything is compiled or written).
+
+    Raises:
+        ValueError: the experts are not divisible by their mesh axes, or the experts'
+            hidden dim is sharded over a mesh axis that also shards the tokens.
+    """
+    if not cfg.n_experts:
+        return
+    shape = dict(mesh.shape)
+    ea = tuple(a for a in expert_axes(rules) if a in shape)
+    n = math.prod(shape[a] for a in ea)
+    if cfg.n_experts % n:
+        fits = [d for d in range(1, cfg.n_experts + 1) if cfg.n_experts % d == 0]
+        raise ValueError(
+            f"n_experts={cfg.n_experts} is not divisible by the expert mesh axes {ea} (size "
+            f"{n}): each device must hold a whole number of experts. Use an expert axis "
+            f"size in {fits}, or n_experts a multiple of {n}")
+    tokens = set(_axes(rules, "batch")) | set(_axes(rules, "seq"))
+    both = sorted(set(_axes(rules, "expert_mlp")) & tokens)
+    if both:
+        raise ValueError(
+            f"expert_mlp is sharded over mesh axes {both}, which also shard the tokens "
+            f"(batch/seq rules); the experts' hidden dim can only be split over an axis "
+            f"whose devices hold the same tokens. Map expert_mlp to the model axis or None")
+
+
+# -- the layer -----------------------------------------------------------------------------
+
+class MoE(nnx.Module):
+    """Top-k routed SwiGLU experts, plus optional always-on shared experts.
+
+    Parameters: ``router`` (D, E) with logical axes ``("embed", None)`` (replicated over
+    the expert axis: every device routes its own tokens); ``gate``/``up`` (E, D, F) and
+    ``down`` (E, F, D) with ``("experts", "embed", "expert_mlp")``; ``shared`` a dense
+    SwiGLU of width ``n_shared_experts * expert_d_ff`` (logical ``mlp``).
+    """
+
+    def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
+        from workbench.models.gpt import MLP, param  # gpt imports this module lazily
+
+        d, e, f, pd = cfg.d_model, cfg.n_experts, cfg.moe_d_ff, cfg.param_dtype
+        kr, kg, ku, kd, ks = jax.random.split(key, 5)
+        normal = lambda fan_in: nnx.initializers.normal(stddev=fan_in ** -0.5)
+        self.router = param(kr, normal(d), (d, e), ("embed", None), pd)
+        self.gate = param(kg, normal(d), (e, d, f), ("experts", "embed", "expert_mlp"), pd)
+        self.up = param(ku, normal(d), (e, d, f), ("experts", "embed", "expert_mlp"), pd)
+        self.down = param(kd, normal(f), (e, f, d), ("experts", "expert_mlp", "embed"), pd)
+        self.shared = None
+        if cfg.n_shared_experts:
+            self.shared = MLP(cfg.replace(d_ff=cfg.n_shared_experts * f, n_experts=0), key=ks)
+        self.cfg = cfg
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        k, e = cfg.experts_per_token, cfg.n_experts
+        logits = jnp.einsum("btd,de->bte", x.astype(jnp.float32),
+                            self.router[...].astype(jnp.float32))          # (B, T, E) f32
+        logits = constrain(logits, ("batch", "seq", None), name="router_logits")
+        probs = jax.nn.softmax(logits, axis=-1)
+        weights, idx = jax.lax.top_k(probs, k)                              # (B, T, k)
+        if cfg.router_norm_topk:
+            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        stats = router_stats(logits, probs, idx, e)
+        stats["router_loss"] = (cfg.router_aux_loss * stats["aux_loss"]
+                                + cfg.router_z_loss * stats["z_loss"])
+        y, stats["dropped"] = dispatch_combine(
+            cfg, x, idx, weights, self.gate[...], self.up[...], self.down[...])
+        record(stats)
+        if self.shared is not None:
+            y = y + self.shared(x)
+        return y
+
+
+def router_stats(logits: jax.Array, probs: jax.Array, idx: jax.Array,
+                 n_experts: int) -> dict[str, jax.Array]:
+    """Load-balance statistics over all tokens (global: the same under any sharding).
+
+    - ``aux_loss``: ``E * sum_e f_e * P_e`` with ``f_e`` the fraction of the ``B*T*k``
+      assignments routed to expert ``e`` and ``P_e`` its mean router probability (Switch
+      Transformer, Fedus et al. 2021, eq. 4, with k choices per token); 1.0 when balanced.
+    - ``z_loss``: mean of ``logsumexp(logits)^2`` (ST-MoE, Zoph et al. 2022, eq. 5).
+    - ``tokens_per_expert``: (E,) assignments per expert, before capacity.
+    - ``entropy``: mean over tokens of the router distribution's entropy (nats; ``log E``
+      is uniform, 0 is one expert).
+    """
+    counts = jnp.sum(jax.nn.one_hot(idx, n_experts, dtype=jnp.float32), axis=(0, 1, 2))
+    frac = counts / jnp.maximum(jnp.sum(counts), 1.0)
+    mean_prob = jnp.mean(probs, axis=(0, 1))
+    z = jax.nn.logsumexp(logits, axis=-1)
+    return {"aux_loss": n_experts * jnp.sum(frac * mean_prob), "z_loss": jnp.mean(z * z),
+            "tokens_per_expert": counts,
+            "entropy": jnp.mean(jnp.sum(jax.scipy.special.entr(probs), axis=-1))}
+
+
+def route(idx: jax.Array, n_experts: int, cap: int, valid: jax.Array | None = None
+          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Slots of one group's assignments.
+
+    Assignments are queued per expert in choice-major order (every token's first choice
+    before any second choice, tokens in order: GShard's priority), and those past
+    ``cap`` are dropped.
+
+    Args:
+        idx: int (G, k) expert of each token's choices (values >= ``n_experts`` or
+            ``valid`` False: not for these experts).
+        n_experts: experts of the buffer.
+        cap: slots per expert.
+        valid: optional bool (G, k).
+
+    Returns:
+        ``(slot, keep, slot_token)``: int (k*G,) buffer row of each assignment
+        (choice-major; ``n_experts*cap`` when dropped), bool (k*G,) kept, and int
+        (n_experts*cap,) the token of each buffer row (``G``: empty).
+    """
+    g, k = idx.shape
+    flat = idx.T.reshape(-1)                                                # (kG,)
+    ok = flat < n_experts
+    if valid is not None:
+        ok = ok & valid.T.reshape(-1)
+    onehot = jax.nn.one_hot(jnp.where(ok, flat, n_experts), n_experts, dtype=jnp.int32)
+    pos = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=-1)      # (kG,)
+    keep = ok & (pos < cap)
+    slot = jnp.where(keep, flat * cap + pos, n_experts * cap)
+    token = jnp.tile(jnp.arange(g, dtype=jnp.int32), k)
+    slot_token = jnp.full((n_experts * cap,), g, jnp.int32).at[slot].set(token, mode="drop")
+    return slot, keep, slot_token
+
+
+def _rows(x: jax.Array, index: jax.Array) -> jax.Array:
+    """``x[index]`` with index ``len(x)`` reading a zero row."""
+    return jnp.concatenate([x, jnp.zeros((1, x.shape[1]), x.dtype)])[index]
+
+
+def _experts(buf: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array,
+             dtype: str) -> jax.Array:
+    """SwiGLU of each expert on its slots: (E', C', D) -> (E', C', D)."""
+    g = jnp.einsum("ecd,edf->ecf", buf, gate.astype(dtype))
+    u = jnp.einsum("ecd,edf->ecf", buf, up.astype(dtype))
+    return jnp.einsum("ecf,efd->ecd", jax.nn.silu(g) * u, down.astype(dtype))
+
+
+def _combine(out: jax.Array, slot: jax.Array, keep: jax.Array, weights: jax.Array,
+             dtype: str) -> jax.Array:
+    """Each token's weighted sum over its kept choices: out (rows, D), slot/keep (k*G,),
+    weights (G, k) -> (G, D)."""
+    g, k = weights.shape
+    picked = _rows(out, slot).reshape(k, g, -1).astype(jnp.float32)        # (k, G, D)
+    w = weights.T.astype(jnp.float32) * keep.reshape(k, g)                 # (k, G)
+    return jnp.einsum("kgd,kg->gd", picked, w).astype(dtype)
+
+
+def _group_all_to_all(cfg: GPTConfig, x: jax.Array, idx: jax.Array, w: jax.Array,
+                      gate: jax.Array, up: jax.Array, down: jax.Array,
+                      ea: tuple[str, ...], mlp: tuple[str, ...]
+                      ) -> tuple[jax.Array, jax.Array]:
+    """One group (G tokens) through the experts with the all-to-all dispatch."""
+    e, g = cfg.n_experts, x.shape[0]
+    cap = capacity(cfg, g)
+    slot, keep, slot_token = route(idx, e, cap)
+    buf = _rows(x, slot_token).reshape(e, cap, -1)                          # (E, C, D)
+    if ea:
+        buf = jax.lax.all_to_all(buf, ea, 0, 1, tiled=True)                 # (E/n, n*C, D)
+    out = _experts(buf, gate, up, down, cfg.dtype)
+    if mlp:
+        out = jax.lax.psum(out, mlp)
+    if ea:
+        out = jax.lax.all_to_all(out, ea, 1, 0, tiled=True)                 # (E, C, D)
+    y = _combine(out.reshape(e * cap, -1), slot, keep, w, cfg.dtype)
+    return y, jnp.sum(~keep).astype(jnp.float32)
+
+
+def _group_all_gather(cfg: GPTConfig, x: jax.Array, idx: jax.Array, w: jax.Array,
+                      gate: jax.Array, up: jax.Array, down: jax.Array,
+                      ea: tuple[str, ...], mlp: tuple[str, ...]
+                      ) -> tuple[jax.Array, jax.Array]:
+    """One group through the experts with the all-gather dispatch (``ea`` non-empty)."""
+    n = jax.lax.psum(1, ea)
+    e_local = gate.shape[0]
+    xs = jax.lax.all_gather(x, ea, axis=0, tiled=True)                      # (nG, D)
+    ids = jax.lax.all_gather(idx, ea, axis=0, tiled=True)                   # (nG, k)
+    ws = jax.lax.all_gather(w, ea, axis=0, tiled=True)
+    local = ids - jax.lax.axis_index(ea) * e_local
+    mine = (local >= 0) & (local < e_local)
+    cap = capacity(cfg, xs.shape[0])
+    slot, keep, slot_token = route(jnp.where(mine, local, e_local), e_local, cap, mine)
+    buf = _rows(xs, slot_token).reshape(e_local, cap, -1)                   # (E/n, C, D)
+    out = _experts(buf, gate, up, down, cfg.dtype)
+    if mlp:
+        out = jax.lax.psum(out, mlp)
+    ys = _combine(out.reshape(e_local * cap, -1), slot, keep, ws, cfg.dtype)  # (nG, D)
+    y = jax.lax.psum_scatter(ys, ea, scatter_dimension=0, tiled=True)       # (G, D)
+    dropped = jnp.sum(mine.T.reshape(-1) & ~keep).astype(jnp.float32)
+    return y, jax.lax.psum(dropped, ea) / n
+
+
+def dispatch_combine(cfg: GPTConfig, x: jax.Array, idx: jax.Array, weights: jax.Array,
+                     gate: jax.Array, up: jax.Array, down: jax.Array
+                     ) -> tuple[jax.Array, jax.Array]:
+    """Route ``x`` (B, T, D) to the experts and back.
+
+    Without active rules the whole batch is one group. Under ``Rules.activate(mesh)`` it
+    runs in ``jax.shard_map`` over every mesh axis: tokens split by the ``batch``/``seq``
+    rules (each device's tokens are a group), experts by the ``experts`` rule, their
+    hidden dim by ``expert_mlp`` (partial outputs summed with a psum).
+
+    Returns:
+        ``(y, dropped)``: (B, T, D) and the float32 number of dropped assignments.
+    """
+    b, t, d = x.shape
+    k = idx.shape[-1]
+    ctx = active()
+    if ctx is None:
+        y, dropped = _group_all_to_all(cfg, x.reshape(-1, d), idx.reshape(-1, k),
+                                       weights.reshape(-1, k), gate, up, down, (), ())
+        return y.reshape(b, t, d), dropped
+    rules, mesh = ctx
+    check_layout(cfg, rules, mesh)
+    ea, mlp = expert_axes(rules), _axes(rules, "expert_mlp")
+    batch, seq = _axes(rules, "batch"), _axes(rules, "seq")
+    spec = lambda axes: None if not axes else axes[0] if len(axes) == 1 else axes
+    tok = PartitionSpec(spec(batch), spec(seq), None)
+    w_in = PartitionSpec(spec(ea), None, spec(mlp))
+    w_out = PartitionSpec(spec(ea), spec(mlp), None)
+    token_axes = tuple(a for a in mesh.axis_names if a in batch + seq)
+    group = _group_all_gather if cfg.moe_dispatch == "all_gather" and ea \
+        else _group_all_to_all
+
+    def body(x, idx, w, gate, up, down):
+        bl, tl, _ = x.shape
+        y, dropped = group(cfg, x.reshape(-1, d), idx.reshape(-1, k), w.reshape(-1, k),
+                           gate, up, down, ea, mlp)
+        return y.reshape(bl, tl, d), dropped[None]
+
+    y, dropped = jax.shard_map(
+        body, mesh=mesh, in_specs=(tok, tok, tok, w_in, w_in, w_out),
+        out_specs=(tok, PartitionSpec(spec(token_axes))),
+    )(x, idx, weights, gate, up, down)
+    return y, jnp.sum(dropped)
