@@ -105,15 +105,15 @@ def _gpt_weights(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], tuple[str |
     tensors with ``copies = n_layers``), as in ``workbench.models.gpt``."""
     d, f, n, k, h, v = (cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                         cfg.vocab_size)
-    L = cfg.n_layers
+    L, ly = cfg.n_layers, "layers"   # the blocks' layers axis (sharded by pipeline stages)
     out = [("embed", (v, d), ("vocab", "embed"), 1),
            ("final_norm", (d,), ("embed",), 1),
-           ("q", (d, n, h), ("embed", "heads", "head_dim"), L),
-           ("k", (d, k, h), ("embed", "kv_heads", "head_dim"), L),
-           ("v", (d, k, h), ("embed", "kv_heads", "head_dim"), L),
-           ("o", (n, h, d), ("heads", "head_dim", "embed"), L),
-           ("gate", (d, f), ("embed", "mlp"), L), ("up", (d, f), ("embed", "mlp"), L),
-           ("down", (f, d), ("mlp", "embed"), L), ("norms", (d,), ("embed",), 2 * L)]
+           ("q", (L, d, n, h), (ly, "embed", "heads", "head_dim"), 1),
+           ("k", (L, d, k, h), (ly, "embed", "kv_heads", "head_dim"), 1),
+           ("v", (L, d, k, h), (ly, "embed", "kv_heads", "head_dim"), 1),
+           ("o", (L, n, h, d), (ly, "heads", "head_dim", "embed"), 1),
+           ("gate", (L, d, f), (ly, "embed", "mlp"), 1), ("up", (L, d, f), (ly, "embed", "mlp"), 1),
+           ("down", (L, f, d), (ly, "mlp", "embed"), 1), ("norms", (L, d), (ly, "embed"), 2)]
     if not cfg.tie_embeddings:
         out.append(("lm_head", (d, v), ("embed", "vocab"), 1))
     return out
@@ -385,3 +385,41 @@ def analytic_collectives(param_layouts: Mapping[str, Layout], rules: Rules, mesh
             out.append(_record("all-reduce", axes, mesh, act, 2, shp,
                                "vocab-sharded embedding lookup, forward and backward"))
     return _merge(out)
+
+
+def pipeline_stage_activations(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
+                               mesh: MeshInfo, in_flight: Sequence[int], chunks: int
+                               ) -> list[int]:
+    """Per pipeline stage, :func:`activation_bytes` with the stage's saved activations:
+    ``saved x (in-flight chunks / chunks) / stages`` (a stage holds ``n_layers / stages``
+    layers; GPipe and circular keep every chunk, ``chunks = repeats x microbatches``, 1F1B
+    at most ``stages - s`` at stage ``s``), plus what every stage holds whole (logits of
+    the batch, the last layer's backward, gather buffers of its own layers).
+
+    Args:
+        in_flight: per stage, chunks whose activations are held at the peak
+            (``pipeline.in_flight`` of the schedule's timeline).
+        chunks: ``repeats x microbatches``, the chunks a stage works through.
+    """
+    t = temp_breakdown(cfg, batch, seq, rules, mesh)
+    stages = len(in_flight)
+    out = []
+    for n in in_flight:
+        saved = int(int(t["saved"]) * n / (chunks * stages))
+        forward = int(t["forward_peak"]) - int(t["saved"]) + saved
+        out.append(max(forward, int(t["reduction_peak"])) - int(t["gradients"]))
+    return out
+
+
+def pipeline_permutes(cfg: GPTConfig, batch: int, seq: int, rules: Rules, mesh: MeshInfo,
+                      iterations: int, microbatches: int) -> list[Collective]:
+    """The pipeline's collective permutes (estimate): each loop iteration shifts every
+    stage's micro-batch activation ``(batch / M, T, D)`` (its shard) to the next stage,
+    forward and again backward: ``2 x iterations`` permutes over the ``stage`` axis."""
+    shard = lambda name: axes_size(mesh, [a for a in rule_axes(rules, name) if a in mesh.shape])
+    shape = (_ceil_div(batch // microbatches, shard("batch")), _ceil_div(seq, shard("seq")),
+             cfg.d_model)
+    nbytes = int(np.prod(shape)) * np.dtype(cfg.dtype).itemsize
+    return [_record("collective-permute", ("stage",), mesh, nbytes, 2 * iterations,
+                    _shape_str(np.dtype(cfg.dtype), shape),
+                    "pipeline: micro-batch activations to the next stage, forward and backward")]

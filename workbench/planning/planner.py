@@ -31,6 +31,9 @@ from workbench._notebook import in_notebook
 from workbench.flops import gpt_flops, jaxpr_step_flops
 from workbench.layouts import format_bytes
 from workbench.mesh import mesh_info
+from workbench.models.pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipeline,
+                                       check_rules, in_flight, schedule_bubble, stages_of,
+                                       timeline)
 from workbench.models import GPTConfig
 from workbench.planning import analytic, lints
 from workbench.planning.compile import compile_lowered
@@ -66,7 +69,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
          replicated_threshold: int = DEFAULT_REPLICATED_THRESHOLD,
          loss_fn: LossFn = lm_loss,
          example_batch: Mapping[str, jax.ShapeDtypeStruct] | None = None,
-         progress: bool = True) -> Plan:
+         progress: bool = True,
+         pipeline: Pipeline | Mapping[str, Any] | None = None) -> Plan:
     """Plan one train step of a model on a mesh without allocating it.
 
     The state, its shardings, the batch shardings and the step are built by the functions
@@ -92,6 +96,10 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
             default ``{"inputs", "targets"}`` int32 ``(batch, seq)``.
         progress: say when compilation starts and how long it took (it can take minutes
             for a large model on many devices).
+        pipeline: ``{"microbatches": M, "schedule": "gpipe" | "circular" | "1f1b",
+            "repeats": R}``: pipeline stages over the mesh's ``stage`` axis (a GPTConfig with
+            ``scan_layers=True``); the plan adds ``plan.pipeline`` (bubble, per-stage
+            memory, collective permutes). "1f1b" is planned by formula only (not compiled).
     """
     t0 = time.perf_counter()
     info = mesh_info(mesh)
@@ -110,7 +118,12 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     factory = model_factory(cfg if cfg is not None else cfg_or_factory)
     seq = int(seq or (cfg.seq_len if cfg else 1))
     optimizer = optimizer if optimizer is not None else optax.adamw(3e-4)
+    pipe = Pipeline.of(pipeline)
+    if pipe is not None and compile is None and pipe.schedule not in TRAINABLE_SCHEDULES:
+        compile = False   # planned by formula: the step has no 1F1B program
     target = _compile_target(info, compile)
+    if pipe is not None:
+        _check_pipeline_plan(pipe, cfg, rules, info, batch, train=target.compile)
     jmesh = target.mesh if target.mesh is not None else info.abstract
 
     st = abstract_train_state(cfg if cfg is not None else factory, optimizer, rules, jmesh,
@@ -128,6 +141,9 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     flops = gpt_flops(cfg, batch, seq) if cfg is not None else jaxpr_step_flops(
         lambda p, b: loss_fn(nnx.merge(st.graphdef, p), b), params, example, batch)
     act = analytic.activation_bytes(cfg, batch, seq, rules, info) if cfg else None
+    pipe_info = _pipeline_info(pipe, cfg, batch, seq, rules, info) if pipe else None
+    if pipe_info is not None:
+        act = max(pipe_info.pop("stage_activations"))
     limit = memory_limit if memory_limit is not None else info.memory_per_device
     estimate = analytic.analytic_memory(p_lay, o_lay, b_lay, act, limit)
 
@@ -135,7 +151,9 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     jitted = None
     if target.mesh is not None:
         step = make_train_step(st.graphdef, optimizer, loss_fn=loss_fn, rules=rules,
-                               mesh=target.mesh)
+                               mesh=target.mesh,
+                               pipeline=pipe if target.compile or pipe is None or
+                               pipe.schedule in TRAINABLE_SCHEDULES else None)
         jitted = jit_train_step(step, st.shardings, batch_sh)
     out = _CompileOutcome(target=target)
     if target.compile:
@@ -150,6 +168,14 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
             if progress:
                 _say_once(target.reason)
         collectives = analytic.analytic_collectives(p_lay, rules, info, cfg, batch, seq)
+        if pipe is not None and cfg is not None:
+            collectives = collectives + analytic.pipeline_permutes(
+                cfg, batch, seq, rules, info, pipe_info["iterations"], pipe.microbatches)
+    if pipe_info is not None:
+        pipe_info["permutes"] = [c.to_dict() for c in collectives
+                                 if c.kind == "collective-permute" and "stage" in c.axes]
+        per_stage = [memory[k] or 0 for k in ("params", "optimizer", "batch", "gradients")]
+        pipe_info["stage_memory"] = [sum(per_stage) + a for a in pipe_info["stage_memory"]]
 
     warnings = (lints.over_memory(memory, "compiled" if compiled else "estimate")
                 + lints.unmapped(st.unmapped) + lints.uneven({**p_lay, **b_lay})
@@ -170,7 +196,36 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
         shardings=st.shardings, abstract_batch=batch_abs, batch_shardings=batch_sh,
         compiled=compiled, compile_seconds=out.seconds, compile_cached=out.cached,
         plan_seconds=time.perf_counter() - t0, factory=factory, loss_fn=loss_fn,
-        jitted=jitted)
+        jitted=jitted, pipeline=pipe_info)
+
+
+def _check_pipeline_plan(pipe: Pipeline, cfg: GPTConfig | None, rules: Rules, info: Any,
+                         batch: int, *, train: bool) -> None:
+    """The pipeline's errors, before anything is traced or compiled."""
+    if cfg is None or not cfg.scan_layers:
+        raise ValueError(
+            f"pipeline={pipe.to_dict()} splits stacked layers into stages: plan a GPTConfig "
+            f"with scan_layers=True (cfg.replace(scan_layers=True))")
+    check_rules(pipe, rules, info)
+    shards = analytic.axes_size(info, [a for a in analytic.rule_axes(rules, "batch")
+                                       if a in info.shape])
+    check_pipeline(pipe, n_layers=cfg.n_layers, stages=stages_of(info), batch=batch,
+                   batch_shards=shards, train=train)
+
+
+def _pipeline_info(pipe: Pipeline, cfg: GPTConfig | None, batch: int, seq: int,
+                   rules: Rules, info: Any) -> dict[str, Any]:
+    """``plan.pipeline`` before the compiled collectives: bubble by formula and from the
+    schedule's timeline, chunks in flight and activations per stage."""
+    stages = stages_of(info)
+    events = timeline(pipe, stages)
+    flight = in_flight(events, stages)
+    acts = analytic.pipeline_stage_activations(cfg, batch, seq, rules, info, flight,
+                                               pipe.repeats * pipe.microbatches)
+    return {**pipe.to_dict(), "stages": stages, "iterations": pipe.iterations(stages),
+            "bubble_formula": pipe.bubble_fraction(stages),
+            "bubble_schedule": schedule_bubble(events, stages), "in_flight": flight,
+            "stage_activations": acts, "stage_memory": list(acts)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -84,6 +84,12 @@ class Plan(Displayable):
         loss_fn: ``(model, batch) -> loss`` of the step.
         jitted: the jitted step ``(state, batch) -> (state, metrics)`` before AOT
             compilation (None on an abstract mesh).
+        pipeline: None, or the pipeline over the ``stage`` axis (``wb.plan(pipeline=)``):
+            ``stages, microbatches, schedule, repeats, iterations``, ``bubble_formula``
+            (``(S-1)/(R M+S-1)``), ``bubble_schedule`` (idle fraction of the schedule's
+            timeline), ``in_flight`` (chunks held per stage), ``stage_memory`` (per-stage
+            bytes by formula: params, optimizer, batch, gradients and the stage's
+            activations), ``permutes`` (the collective permutes, compiled or estimated).
     """
 
     _view: ClassVar[str] = "plan_view:plan_widget"
@@ -119,6 +125,7 @@ class Plan(Displayable):
     factory: ModelFactory
     loss_fn: LossFn
     jitted: Callable[..., Any] | None
+    pipeline: dict[str, Any] | None = None
 
     # -- numbers -----------------------------------------------------------------------
 
@@ -282,6 +289,15 @@ class Plan(Displayable):
             f"  source: {self.source} — {self.source_reason}",
             "  " + self._predicted_line(),
         ]
+        if self.pipeline:
+            pp = self.pipeline
+            lines.append(
+                f"  pipeline: {pp['stages']} stages x {pp['microbatches']} micro-batches, "
+                f"{pp['schedule']}" + (f" x{pp['repeats']}" if pp['repeats'] > 1 else "")
+                + f"; bubble {pp['bubble_formula']:.1%} (formula), "
+                f"{pp['bubble_schedule']:.1%} (schedule); stage memory "
+                + "/".join(_bytes(m) for m in pp["stage_memory"])
+                + f"; {sum(c['count'] for c in pp['permutes'])} collective permute(s)")
         if self.warnings:
             counts = {}
             for w in self.warnings:
@@ -338,6 +354,7 @@ class Plan(Displayable):
             "compile_seconds": self.compile_seconds,
             "source": self.source, "source_reason": self.source_reason,
             "predicted": self._predicted_dict(),
+            **({"pipeline": self.pipeline} if self.pipeline else {}),
         }
 
     def _predicted_dict(self) -> dict[str, Any] | None:
