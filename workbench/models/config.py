@@ -6,12 +6,115 @@ from typing import Any
 
 import jax.numpy as jnp
 
-#: Rematerialisation policies accepted by ``GPTConfig.remat`` -> jax.checkpoint_policies name.
-REMAT_POLICIES: dict[str, str | None] = {
-    "none": None,                      # keep every activation
-    "full": "nothing_saveable",        # recompute the whole block in the backward pass
-    "dots": "dots_with_no_batch_dims_saveable",  # keep matmul outputs, recompute the rest
+#: Names the model gives its activations (``jax.ad_checkpoint.checkpoint_name``), which
+#: named remat policies save, offload to host memory or recompute (MaxText's names).
+CHECKPOINT_NAMES: tuple[str, ...] = (
+    "decoder_layer_input",   # a block's input (the residual stream)
+    "query_proj", "key_proj", "value_proj",   # the q, k, v projections (before RoPE)
+    "context",               # the attention output, before the output projection
+    "out_proj",              # the attention output projection (B, T, D)
+    "mlpwi_0", "mlpwi_1",    # the MLP input projections (gate, up) (B, T, F)
+    "mlpwo",                 # the MLP output projection (B, T, D)
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RematPolicy:
+    """What one block keeps for its backward pass.
+
+    Attributes:
+        description: one line.
+        base: a ``jax.checkpoint_policies`` policy name (saves without names), or None.
+        saved: checkpoint names kept in device memory.
+        offloaded: checkpoint names moved to host memory (``pinned_host``) after the
+            forward pass and back for the backward pass (TPU only).
+        offload_dots: ``offload_dot_with_no_batch_dims``: every matmul output to host.
+    """
+
+    description: str
+    base: str | None = None
+    saved: tuple[str, ...] = ()
+    offloaded: tuple[str, ...] = ()
+    offload_dots: bool = False
+
+    @property
+    def offloads(self) -> bool:
+        """Whether the policy moves activations to host memory."""
+        return bool(self.offloaded) or self.offload_dots
+
+
+_QKV = ("query_proj", "key_proj", "value_proj")
+
+#: Rematerialisation policies accepted by ``GPTConfig.remat`` (MaxText's names where it
+#: has them: ``maxtext/layers/decoders.py``).
+REMAT_POLICIES: dict[str, RematPolicy] = {
+    "none": RematPolicy(description="keep every activation (no remat)"),
+    "full": RematPolicy(description="recompute the whole block in the backward pass",
+                        base="nothing_saveable"),
+    "dots": RematPolicy(description="keep matmul outputs without batch dims, recompute the "
+                        "rest", base="dots_with_no_batch_dims_saveable"),
+    "minimal": RematPolicy(description="MaxText 'minimal': keep every projection (matmuls "
+                           "without batch dims), recompute norms, RoPE, attention",
+                           base="dots_with_no_batch_dims_saveable"),
+    "minimal_flash": RematPolicy(description="'minimal' plus the attention output (a fused "
+                                 "kernel's forward is not rerun)",
+                                 base="dots_with_no_batch_dims_saveable", saved=("context",)),
+    "save_dot_except_mlpwi": RematPolicy(
+        description="keep q/k/v/out projections and the MLP output; recompute the MLP "
+        "input projections", saved=(*_QKV, "out_proj", "mlpwo")),
+    "save_dot_except_mlp": RematPolicy(description="keep q/k/v/out projections",
+                                       saved=(*_QKV, "out_proj")),
+    "save_qkv_proj": RematPolicy(description="keep the q/k/v projections", saved=_QKV),
+    "qkv_proj_offloaded": RematPolicy(description="q/k/v projections to host memory",
+                                      offloaded=_QKV),
+    "minimal_offloaded": RematPolicy(description="every projection to host memory",
+                                     offload_dots=True),
+    "qkv_input_offloaded": RematPolicy(
+        description="q/k/v projections and the block input to host memory (MaxText's "
+        "Llama-3.1-70B v6e 'custom')", offloaded=(*_QKV, "decoder_layer_input")),
+    "qkvo_input_offloaded": RematPolicy(
+        description="q/k/v/out projections and the block input to host memory (MaxText's "
+        "Llama-3.1-8B v6e 'custom')", offloaded=(*_QKV, "out_proj", "decoder_layer_input")),
 }
+
+#: Platforms whose JAX backend moves activations to host memory (``pinned_host``).
+OFFLOAD_PLATFORMS: tuple[str, ...] = ("tpu",)
+
+
+def remat_policy(name: str, platform: str | None = None) -> Any:
+    """The ``jax.checkpoint`` policy for ``GPTConfig.remat`` (None: no remat).
+
+    Args:
+        name: a key of ``REMAT_POLICIES``.
+        platform: the platform compiled for; an offloading policy elsewhere than on
+            ``OFFLOAD_PLATFORMS`` raises (checked before compiling).
+    """
+    import jax
+
+    if name not in REMAT_POLICIES:
+        raise ValueError(f"remat={name!r}; choose one of {sorted(REMAT_POLICIES)}")
+    p = REMAT_POLICIES[name]
+    if p.offloads and platform is not None and platform not in OFFLOAD_PLATFORMS:
+        raise ValueError(
+            f"remat={name!r} offloads activations to host memory, which this workbench "
+            f"enables on {', '.join(OFFLOAD_PLATFORMS)} only (JAX's pinned_host memory "
+            f"kind); this step is for {platform}. Use a policy that keeps or recomputes "
+            f"them instead, e.g. 'save_qkv_proj' or 'full'")
+    cp = jax.checkpoint_policies
+    if name == "none":
+        return None
+    if p.offload_dots:
+        return cp.offload_dot_with_no_batch_dims(offload_src="device",
+                                                 offload_dst="pinned_host")
+    if p.offloaded:
+        return cp.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(p.saved), names_which_can_be_offloaded=list(
+                p.offloaded), offload_src="device", offload_dst="pinned_host")
+    named = cp.save_only_these_names(*p.saved) if p.saved else None
+    base = getattr(cp, p.base) if p.base else None
+    if named is not None and base is not None:
+        return cp.save_from_both_policies(base, named)
+    return named or base or cp.nothing_saveable
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,8 +133,25 @@ class GPTConfig:
         dtype: compute dtype of activations and matmuls.
         param_dtype: storage dtype of parameters.
         tie_embeddings: reuse the embedding table as the output projection.
-        remat: rematerialisation policy per block: "none", "dots" or "full" (the same per
-            scanned block with ``scan_layers``).
+        remat: rematerialisation policy per block, a key of ``REMAT_POLICIES``: "none",
+            "full", "dots"/"minimal", named policies that keep chosen projections
+            ("save_qkv_proj", "save_dot_except_mlp", "save_dot_except_mlpwi",
+            "minimal_flash") and, on TPU, ones that offload them to host memory
+            ("qkv_proj_offloaded", "minimal_offloaded", "qkv_input_offloaded",
+            "qkvo_input_offloaded"). The same per scanned block with ``scan_layers``.
+        attention: "xla", "splash" (Pallas TPU kernel; interpret mode on CPU), "cudnn"
+            (GPU) or "auto" (splash on TPU, cudnn on GPU, xla on CPU); see
+            :mod:`workbench.models.attention`.
+        attention_block_sizes: splash ``(block_q, block_kv)`` tile sizes, dividing the
+            sequence length (default ``min(512, seq)`` each).
+        context_attention: attention when the rules shard ``seq`` over a mesh axis
+            (context parallelism, rules presets ``cp`` / ``fsdp_cp``): "allgather" (gather
+            K/V along the sequence) or "ring" (K/V blocks passed around the ring by
+            collective permutes, causal blocks skipped); see
+            :mod:`workbench.models.context`. Ignored when ``seq`` is not sharded.
+        context_zigzag: under context parallelism, hold the sequence in zig-zag order
+            (shard ``i`` gets chunks ``i`` and ``2n-1-i`` of ``2n``) so causal attention
+            work is equal on every device; the sequence must divide into ``2n`` chunks.
         scan_layers: hold the blocks as one stacked module (each parameter gets a leading
             ``"layers"`` axis of size ``n_layers``; paths ``blocks.attn.q`` instead of
             ``blocks.0.attn.q``) and apply them with ``jax.lax.scan``, so XLA compiles one block
@@ -44,6 +164,19 @@ class GPTConfig:
             freely): compare ``wb.plan`` of both.
         rope_theta: RoPE base frequency.
         norm_eps: RMSNorm epsilon.
+        n_experts: routed experts per MoE block (0: a dense SwiGLU MLP in every block);
+            :mod:`workbench.models.moe`.
+        experts_per_token: experts each token is routed to (top-k, <= ``n_experts``).
+        expert_d_ff: hidden width of one expert (0: ``d_ff``).
+        n_shared_experts: always-on shared experts (DeepSeekMoE / Qwen-MoE), one dense
+            SwiGLU of width ``n_shared_experts * expert_d_ff`` added to the routed output.
+        capacity_factor: slots per expert and group as a multiple of the balanced share
+            ``group * k / n_experts`` (assignments past it are dropped); None: dropless
+            (room for every token of the group).
+        router_aux_loss: weight of the load-balance loss (Switch Transformer) in the loss.
+        router_z_loss: weight of the router z-loss (ST-MoE) in the loss.
+        router_norm_topk: renormalise the k routing weights to sum to 1 (Mixtral, Qwen3).
+        moe_dispatch: "all_to_all" or "all_gather" token dispatch over the expert axis.
     """
 
     vocab_size: int
@@ -58,9 +191,22 @@ class GPTConfig:
     param_dtype: str = "float32"
     tie_embeddings: bool = False
     remat: str = "none"
+    attention: str = "xla"
+    attention_block_sizes: tuple[int, int] | None = None
+    context_attention: str = "allgather"
+    context_zigzag: bool = False
     scan_layers: bool = False
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    n_experts: int = 0
+    experts_per_token: int = 2
+    expert_d_ff: int = 0
+    n_shared_experts: int = 0
+    capacity_factor: float | None = None
+    router_aux_loss: float = 0.01
+    router_z_loss: float = 0.001
+    router_norm_topk: bool = True
+    moe_dispatch: str = "all_to_all"
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
@@ -77,8 +223,51 @@ class GPTConfig:
             raise TypeError(f"scan_layers must be True or False, got {self.scan_layers!r}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; choose one of {sorted(REMAT_POLICIES)}")
+        from workbench.models.attention import IMPLEMENTATIONS
+
+        if self.attention not in IMPLEMENTATIONS:
+            raise ValueError(f"attention={self.attention!r}; choose one of {IMPLEMENTATIONS}")
+        from workbench.models.context import VARIANTS
+
+        if self.context_attention not in VARIANTS:
+            raise ValueError(f"context_attention={self.context_attention!r}; choose one of "
+                             f"{VARIANTS}")
+        if not isinstance(self.context_zigzag, bool):
+            raise TypeError(f"context_zigzag must be True or False, got "
+                            f"{self.context_zigzag!r}")
+        if self.attention_block_sizes is not None:
+            bs = tuple(self.attention_block_sizes)
+            if len(bs) != 2 or not all(isinstance(b, int) and b > 0 for b in bs):
+                raise ValueError(f"attention_block_sizes={self.attention_block_sizes!r} must "
+                                 "be two positive ints (block_q, block_kv)")
+            object.__setattr__(self, "attention_block_sizes", bs)
         for f in ("dtype", "param_dtype"):
             jnp.dtype(getattr(self, f))  # raises TypeError on an unknown dtype name
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        """Validate the mixture-of-experts fields (before anything is built)."""
+        from workbench.models.moe import DISPATCH
+
+        for f in ("n_experts", "expert_d_ff", "n_shared_experts"):
+            if int(getattr(self, f)) < 0:
+                raise ValueError(f"GPTConfig.{f} must be >= 0, got {getattr(self, f)}")
+        if not self.n_experts:
+            return
+        if not 1 <= self.experts_per_token <= self.n_experts:
+            raise ValueError(
+                f"experts_per_token={self.experts_per_token} must be between 1 and "
+                f"n_experts={self.n_experts} (top-k picks k distinct experts); lower "
+                f"experts_per_token or raise n_experts")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ValueError(
+                f"capacity_factor={self.capacity_factor} must be > 0 (slots per expert as a "
+                f"multiple of its balanced share, e.g. 1.25), or None for dropless routing")
+        if self.moe_dispatch not in DISPATCH:
+            raise ValueError(f"moe_dispatch={self.moe_dispatch!r}; choose one of {DISPATCH}")
+        for f in ("router_aux_loss", "router_z_loss"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"GPTConfig.{f} must be >= 0, got {getattr(self, f)}")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> GPTConfig:
@@ -90,6 +279,23 @@ class GPTConfig:
         - ``1b``: Llama 3.2 1B (Meta, ``config.json`` of meta-llama/Llama-3.2-1B).
         - ``7b``: Llama 2 7B (Touvron et al. 2023, Table 1 / ``params.json``).
         - ``70b``: Llama 3 70B (Meta, ``config.json`` of meta-llama/Meta-Llama-3-70B).
+        - ``moe-tiny``: ``tiny`` with 8 experts (top-2, dropless); trains on CPU in seconds.
+        - ``moe-small``: 8 layers of width 512, 16 experts (top-2) plus one shared expert,
+          capacity factor 1.25 (~0.25B parameters, ~0.07B active).
+        - ``mixtral-8x7b``: Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1;
+          ``config.json`` of mistralai/Mixtral-8x7B-v0.1): 8 experts, top-2, 46.7B
+          parameters, 12.9B active.
+        - ``qwen3-30b-a3b``: Qwen3-30B-A3B, fine-grained (``config.json`` of
+          Qwen/Qwen3-30B-A3B; Qwen3 technical report 2025, Table 2): 128 experts of width
+          768, top-8, 30.5B parameters, 3.3B active (its q/k RMSNorms, 0.1M, are omitted).
+        - ``qwen1.5-moe-a2.7b``: Qwen1.5-MoE-A2.7B, fine-grained with shared experts
+          (``config.json`` of Qwen/Qwen1.5-MoE-A2.7B): 60 experts of width 1408, top-4, a
+          shared expert of width 5632 (= 4 experts; its sigmoid gate, 2048 weights per
+          layer, is omitted), 14.3B parameters, 2.7B active.
+
+        The public MoE shapes use ``capacity_factor=1.25`` (GShard/Switch's common
+        setting) so plans of them have bounded dispatch buffers; their reference
+        implementations route dropless (set ``capacity_factor=None``).
         """
         try:
             base = _PRESETS[name]
@@ -108,10 +314,30 @@ class GPTConfig:
 
     @property
     def n_params(self) -> int:
-        """Parameter count (embeddings included)."""
+        """Parameter count (embeddings included; every expert counted)."""
+        return self._count(self.n_experts)
+
+    @property
+    def n_active_params(self) -> int:
+        """Parameters one token uses (embeddings included): the dense parts, the router,
+        the shared experts and ``experts_per_token`` routed experts (``n_params`` for a
+        dense model)."""
+        return self._count(self.experts_per_token if self.n_experts else 0)
+
+    @property
+    def moe_d_ff(self) -> int:
+        """Hidden width of one expert (``expert_d_ff``, or ``d_ff`` when 0)."""
+        return self.expert_d_ff or self.d_ff
+
+    def _count(self, experts: int) -> int:
         d, f, h, k, hd = self.d_model, self.d_ff, self.n_heads, self.n_kv_heads, self.head_dim
         attn = d * h * hd * 2 + d * k * hd * 2        # q, o + k, v
-        block = attn + 3 * d * f + 2 * d               # + SwiGLU + two norms
+        if self.n_experts:                             # router + experts + shared experts
+            fe = self.moe_d_ff
+            mlp = d * self.n_experts + experts * 3 * d * fe + 3 * d * self.n_shared_experts * fe
+        else:
+            mlp = 3 * d * f                            # SwiGLU
+        block = attn + mlp + 2 * d                     # + two norms
         head = 0 if self.tie_embeddings else d * self.vocab_size
         return self.vocab_size * d + self.n_layers * block + d + head
 
@@ -129,6 +355,28 @@ _PRESETS: dict[str, GPTConfig] = {
     "70b": GPTConfig(vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
                      head_dim=128, d_ff=28672, seq_len=8192, dtype="bfloat16",
                      rope_theta=500000.0),
+    "moe-tiny": GPTConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                          head_dim=16, d_ff=256, seq_len=128, n_experts=8,
+                          experts_per_token=2, expert_d_ff=128),
+    "moe-small": GPTConfig(vocab_size=50304, d_model=512, n_layers=8, n_heads=8,
+                           n_kv_heads=8, head_dim=64, d_ff=1024, seq_len=1024,
+                           tie_embeddings=True, n_experts=16, experts_per_token=2,
+                           expert_d_ff=1024, n_shared_experts=1, capacity_factor=1.25),
+    "mixtral-8x7b": GPTConfig(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32,
+                              n_kv_heads=8, head_dim=128, d_ff=14336, seq_len=4096,
+                              dtype="bfloat16", rope_theta=1e6, n_experts=8,
+                              experts_per_token=2, capacity_factor=1.25),
+    "qwen3-30b-a3b": GPTConfig(vocab_size=151936, d_model=2048, n_layers=48, n_heads=32,
+                               n_kv_heads=4, head_dim=128, d_ff=6144, seq_len=4096,
+                               dtype="bfloat16", rope_theta=1e6, norm_eps=1e-6,
+                               n_experts=128, experts_per_token=8, expert_d_ff=768,
+                               capacity_factor=1.25),
+    "qwen1.5-moe-a2.7b": GPTConfig(vocab_size=151936, d_model=2048, n_layers=24, n_heads=16,
+                                   n_kv_heads=16, head_dim=128, d_ff=5632, seq_len=4096,
+                                   dtype="bfloat16", rope_theta=1e6, norm_eps=1e-6,
+                                   n_experts=60, experts_per_token=4, expert_d_ff=1408,
+                                   n_shared_experts=4, router_norm_topk=False,
+                                   capacity_factor=1.25),
 }
 
 PRESETS: tuple[str, ...] = tuple(_PRESETS)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -42,7 +43,8 @@ from jax.sharding import PartitionSpec
 
 from workbench.rules import active
 
-__all__ = ["VARIANTS", "ContextLayout", "attend", "blocks_per_device", "check_sequence",
+__all__ = ["VARIANTS", "ContextLayout", "attend", "blocks_per_device", "check_layout",
+           "check_sequence", "seq_axes",
            "kv_bytes_per_device", "layout", "local_attention", "positions", "to_model_order",
            "to_token_order", "zigzag_order"]
 
@@ -101,6 +103,44 @@ def check_sequence(seq: int, size: int, *, zigzag: bool = False,
             f"{size} ({what}); every device must hold an equal slice of the sequence. Use "
             f"seq={ok} or {ok + parts}, a context axis that divides {seq}"
             + (", or context_zigzag=False" if zigzag and seq % size == 0 else ""))
+
+
+def seq_axes(rules: Any, mesh_shape: Mapping[str, int]) -> tuple[str, ...]:
+    """Mesh axes (size != 1) that ``rules`` shard the logical ``seq`` axis over."""
+    if "seq" not in rules:
+        return ()
+    return tuple(a for a in rules.mesh_axes("seq") if mesh_shape.get(a, 1) != 1)
+
+
+def check_layout(seq: int, mesh_shape: Mapping[str, int], rules: Any, *,
+                 zigzag: bool = False) -> None:
+    """Raise before anything is traced when the context axes do not divide ``seq``.
+
+    Args:
+        seq: tokens per sequence.
+        mesh_shape: mesh axis -> size (an axis of size -1, still to be inferred, is
+            skipped).
+        rules: a ``Rules``, or a preset name (resolved for the mesh's axis names; an
+            unresolvable preset is left to the code that resolves it).
+        zigzag: ``GPTConfig.context_zigzag`` (then ``2 x`` the context size must divide).
+    """
+    if isinstance(rules, str):
+        from workbench.rules import Rules
+
+        try:
+            rules = Rules.preset(rules, _Names(tuple(mesh_shape)))
+        except ValueError:
+            return
+    axes = seq_axes(rules, mesh_shape)
+    if not axes or any(int(mesh_shape[a]) < 1 for a in axes):
+        return
+    size = math.prod(int(mesh_shape[a]) for a in axes)
+    check_sequence(seq, size, zigzag=zigzag, axes=axes[0] if len(axes) == 1 else axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Names:
+    axis_names: tuple[str, ...]
 
 
 def zigzag_order(seq: int, size: int) -> np.ndarray:

@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
 
 from workbench.planning.hlo import Collective
-from workbench.planning.analytic import axes_size, batch_axes, rule_axes, weight_axes
+from workbench.planning.analytic import (axes_size, batch_axes, fsdp_axes, rule_axes,
+                                         weight_axes)
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
-from workbench.rules import Rules
+from workbench.rules import EXPERT_AXIS_NAMES, Rules
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -19,7 +24,9 @@ class Lint:
 
     Attributes:
         kind: ``uneven``, ``replicated``, ``redundant_compute``, ``fsdp_gather``,
-            ``memory`` or ``unmapped``.
+            ``memory``, ``unmapped``, or for context parallelism ``context_uneven``,
+            ``ring_slow_links``, ``context_kv``, or for mixtures of experts
+            ``moe_experts_uneven``, ``moe_expert_batch``, ``moe_capacity``.
         severity: ``error`` (will not run / fit), ``warning`` (wastes memory or compute),
             ``info`` (a cost worth knowing).
         path: the tensor (or mesh axis / logical axis) it is about.
@@ -133,12 +140,11 @@ def fsdp_gathers(param_layouts: Mapping[str, Layout], rules: Rules, mesh: MeshIn
                  collectives: Sequence[Collective], compiled: bool) -> list[Lint]:
     """Weights sharded over a batch axis are all-gathered every step (FSDP): report bytes."""
     bat = set(batch_axes(rules, mesh))
-    lays = [lay for lay in param_layouts.values()
-            if any(a in bat for axes in lay.spec for a in axes)]
+    lays = [lay for lay in param_layouts.values() if fsdp_axes(lay, bat)]
     if not lays:
         return []
     axes = tuple(a for a in mesh.axis_names
-                 if a in bat and any(a in ax for lay in lays for ax in lay.spec))
+                 if a in bat and any(a in fsdp_axes(lay, bat) for lay in lays))
     gathers = [c for c in collectives if c.kind == "all-gather" and set(c.axes) & set(axes)]
     received = sum(c.total_wire_bytes for c in gathers)
     n = sum(c.count for c in gathers)
@@ -199,4 +205,152 @@ def unmapped(unmapped_names: Mapping[str, Sequence[str]]) -> list[Lint]:
                      f"{tensors[0]!r} were planned with that dim replicated on every device"),
             fix=(f"add {logical}=<mesh axis> to the Rules to shard it, or {logical}=None to "
                  f"replicate it on purpose")))
+    return out
+
+
+def _crosses_slow_links(mesh: MeshInfo, axis: str) -> str | None:
+    """Why ``axis`` spans slow links (DCN between slices, or several hosts), else None."""
+    i = mesh.axis_names.index(axis)
+    if mesh.dcn_axis_sizes and mesh.dcn_axis_sizes[i] > 1:
+        return f"it spans {mesh.dcn_axis_sizes[i]} slices over DCN"
+    procs = mesh.process_index
+    if procs is not None and mesh.n_hosts > 1:
+        rows = np.moveaxis(np.asarray(procs), i, -1).reshape(-1, mesh.axis_sizes[i])
+        if any(len(set(r.tolist())) > 1 for r in rows):
+            return "its devices sit on different hosts (processes), joined by the network"
+    return None
+
+
+def context_parallel(cfg: Any, rules: Rules, mesh: MeshInfo, seq: int,
+                     batch: int) -> list[Lint]:
+    """Context parallelism (``seq`` sharded over mesh axes): a sequence the context axes do
+    not divide (error), ring attention over slow links (warning), and the K/V bytes each
+    device receives per layer (info; hand count of :mod:`workbench.models.context`)."""
+    from workbench.models.context import kv_bytes_per_device
+
+    axes = tuple(a for a in rule_axes(rules, "seq") if mesh.shape.get(a, 1) > 1)
+    if not axes:
+        return []
+    n = axes_size(mesh, axes)
+    zigzag = bool(getattr(cfg, "context_zigzag", False))
+    variant = getattr(cfg, "context_attention", "allgather")
+    parts = n * (2 if zigzag else 1)
+    path = _fmt_axes(axes)
+    if seq % parts:
+        ok = max(parts, seq - seq % parts)
+        return [Lint(
+            kind="context_uneven", severity="error", path=path, value=float(seq % parts),
+            message=(f"sequence length {seq} is not divisible by the context axis {path} of "
+                     f"size {n}" + (f" (x2 zig-zag chunks = {parts})" if zigzag else "")
+                     + ": every device must hold an equal slice of each sequence"),
+            fix=(f"use seq={ok} or {ok + parts}, a context axis that divides {seq}"
+                 + (", or context_zigzag=False" if zigzag and seq % n == 0 else "")))]
+    out = []
+    slow = [(a, why) for a in axes if (why := _crosses_slow_links(mesh, a))]
+    if variant == "ring" and slow:
+        a, why = slow[0]
+        out.append(Lint(
+            kind="ring_slow_links", severity="warning", path=a, value=float(n - 1),
+            message=(f"ring attention passes K/V blocks around context axis {a!r} in {n - 1} "
+                     f"dependent collective permutes per layer (and {n} more in the backward "
+                     f"pass), but {why}: each step waits on the slowest link"),
+            fix=(f"put the context axis inside a slice/host (mesh axis order: make {a!r} "
+                 f"minor, data/fsdp over DCN), or use context_attention='allgather' (one "
+                 "collective per layer)")))
+    if cfg is not None and hasattr(cfg, "n_kv_heads"):
+        bsh = axes_size(mesh, [a for a in rule_axes(rules, "batch")
+                               if mesh.shape.get(a, 1) > 1 and a not in axes])
+        hsh = axes_size(mesh, [a for a in rule_axes(rules, "kv_heads")
+                               if mesh.shape.get(a, 1) > 1])
+        kv = kv_bytes_per_device(
+            batch=batch, seq=seq, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+            itemsize=int(np.dtype(cfg.dtype).itemsize), size=n, variant=variant,
+            batch_shards=bsh if batch % bsh == 0 else 1,
+            head_shards=hsh if cfg.n_kv_heads % hsh == 0 else 1)
+        how = ("all-gathered: every device holds the whole sequence's K/V"
+               if variant == "allgather" else
+               "ring: a device holds its own K/V block and the one in flight")
+        out.append(Lint(
+            kind="context_kv", severity="info", path=path, value=float(kv["received"]),
+            message=(f"context parallelism over {path} ({n} devices, {variant}"
+                     + (", zig-zag" if zigzag else "") + f"): per layer each device receives "
+                     f"{format_bytes(kv['received'])} of K/V in the forward pass ({n - 1} "
+                     f"blocks of {format_bytes(kv['block'])}) and holds "
+                     f"{format_bytes(kv['held'])} ({how})"),
+            fix=("nothing to fix" if variant == "ring" or zigzag else
+                 "for long sequences, context_attention='ring' holds 2 blocks instead of "
+                 f"{n}; context_zigzag=True balances causal work")))
+    return out
+
+
+def moe(cfg: Any, rules: Rules, mesh: MeshInfo, batch: int, seq: int) -> list[Lint]:
+    """Mixture-of-experts layouts: experts the expert axes do not divide (error), an expert
+    axis that shards the experts but not the tokens, or the tokens but not the experts
+    (warnings), and capacity overflow: a capacity below the balanced share drops tokens
+    even when routing is perfectly balanced (warning), else how much imbalance it absorbs
+    (info). Hand counts of :mod:`workbench.models.moe`."""
+    from workbench.models.moe import capacity
+
+    if cfg is None or not getattr(cfg, "n_experts", 0):
+        return []
+    e, k = cfg.n_experts, cfg.experts_per_token
+    ea = tuple(a for a in rule_axes(rules, "experts") if a in mesh.shape)
+    n = axes_size(mesh, ea)
+    if e % n:
+        fits = [d for d in range(1, e + 1) if e % d == 0 and d <= math.prod(mesh.axis_sizes)]
+        return [Lint(
+            kind="moe_experts_uneven", severity="error", path=_fmt_axes(ea), value=float(e % n),
+            message=(f"n_experts={e} is not divisible by the expert mesh axes {_fmt_axes(ea)} "
+                     f"(size {n}): each device must hold a whole number of experts"),
+            fix=f"use an expert axis of size in {fits}, or n_experts a multiple of {n}")]
+    out = []
+    tokens = set(batch_axes(rules, mesh))
+    big = tuple(a for a in ea if mesh.shape[a] > 1)
+    lost = [a for a in big if a not in tokens]
+    if lost:
+        out.append(Lint(
+            kind="moe_expert_batch", severity="warning", path=_fmt_axes(lost),
+            value=float(axes_size(mesh, lost)),
+            message=(f"the experts are sharded over {_fmt_axes(lost)} but the batch is not: "
+                     f"the {axes_size(mesh, lost)} devices along it hold the same tokens, so "
+                     f"attention and the router repeat the same work and the all-to-all "
+                     f"moves duplicate tokens"),
+            fix=(f"add {_fmt_axes(lost)} to the batch rule (Rules.preset('ep' or "
+                 f"'fsdp_ep') does)")))
+    idle = [a for a in rule_axes(rules, "batch") if a in EXPERT_AXIS_NAMES and
+            mesh.shape.get(a, 1) > 1 and a not in ea]
+    if idle:
+        out.append(Lint(
+            kind="moe_expert_batch", severity="warning", path=_fmt_axes(idle),
+            value=float(axes_size(mesh, idle)),
+            message=(f"mesh axis {_fmt_axes(idle)} shards the batch but not the experts: every "
+                     f"device along it holds all {e} experts ({cfg.n_params / 1e9:.3g}B "
+                     f"parameters in all), acting as plain data parallelism"),
+            fix=f"map experts={idle[0]!r} (Rules.preset('ep' or 'fsdp_ep'))"))
+    shards = axes_size(mesh, [a for a in rule_axes(rules, "batch") + rule_axes(rules, "seq")
+                              if a in mesh.shape])
+    group = max(1, batch * seq // max(1, shards))
+    if cfg.moe_dispatch == "all_gather" and ea:
+        group *= n
+    if cfg.capacity_factor is not None:
+        cap = capacity(cfg, group)
+        share = group * k / e
+        if cap < share:
+            out.append(Lint(
+                kind="moe_capacity", severity="warning", path="capacity_factor",
+                value=float(1 - cap / share),
+                message=(f"capacity {cap} slots per expert for groups of {group} tokens is "
+                         f"below the balanced share {share:.1f} (capacity_factor="
+                         f"{cfg.capacity_factor}): at least {1 - cap / share:.0%} of the "
+                         f"assignments are dropped even with perfectly balanced routing"),
+                fix="raise capacity_factor to >= 1 (1.25 is common), or None for dropless"))
+        else:
+            out.append(Lint(
+                kind="moe_capacity", severity="info", path="capacity_factor",
+                value=float(cap / share),
+                message=(f"capacity {cap} slots per expert per group of {group} tokens "
+                         f"({cap / share:.2f}x the balanced share {share:.1f}): an expert "
+                         f"drops what it receives beyond that (see moe_dropped in the "
+                         f"metrics)"),
+                fix="capacity_factor=None routes dropless (more memory, no drops)"))
     return out

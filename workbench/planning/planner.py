@@ -124,6 +124,13 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     target = _compile_target(info, compile)
     if pipe is not None:
         _check_pipeline_plan(pipe, cfg, rules, info, batch, train=target.compile)
+    cp_lints = lints.context_parallel(cfg, rules, info, seq, batch)
+    cp_error = next((w for w in cp_lints if w.severity == "error"), None)
+    if cp_error is not None and target.compile:   # before anything is traced
+        if info.jax_mesh is not None:
+            raise ValueError(f"{cp_error.message}; {cp_error.fix}")
+        target = dataclasses.replace(target, compile=False, source="estimate",
+                                     reason=f"analytic estimate: {cp_error.message}")
     jmesh = target.mesh if target.mesh is not None else info.abstract
 
     st = abstract_train_state(cfg if cfg is not None else factory, optimizer, rules, jmesh,
@@ -181,7 +188,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
                 + lints.unmapped(st.unmapped) + lints.uneven({**p_lay, **b_lay})
                 + lints.redundant_compute(rules, info, p_lay)
                 + lints.replicated(p_lay, replicated_threshold)
-                + lints.fsdp_gathers(p_lay, rules, info, collectives, compiled is not None))
+                + lints.fsdp_gathers(p_lay, rules, info, collectives, compiled is not None)
+                + cp_lints)
     return Plan(
         name=name or rules_name or "plan", cfg=cfg, mesh=info, rules=rules, batch=batch,
         seq=seq, optimizer=optimizer, is_estimate=compiled is None, flops=flops,

@@ -108,6 +108,10 @@ class TrainConfig:
             from workbench.models.config import GPTConfig
 
             GPTConfig.preset(self.model, **dict(self.model_overrides))  # validates early
+        from workbench.models.context import check_layout  # context axis divides seq
+
+        check_layout(self.seq, dict(self.mesh), self.rules,
+                     zigzag=bool(getattr(self.model_config(), "context_zigzag", False)))
         if self.pipeline is not None:
             self._check_pipeline()
 

@@ -143,6 +143,10 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
     mesh = make_mesh(dict(config.mesh))
     rules = resolve_rules(config.rules, mesh)
     model_config = config.model_config()
+    from workbench.models.context import check_layout
+
+    check_layout(config.seq, dict(mesh.shape), rules,
+                 zigzag=bool(getattr(model_config, "context_zigzag", False)))
     tx = config.optimizer.build(config.steps)
     graphdef, abstract = abstract_state(model_config, tx, rules, mesh)
     shardings = jax.tree.map(lambda a: a.sharding, abstract)

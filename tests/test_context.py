@@ -1,0 +1,184 @@
+"""Context parallelism: attention with the sequence sharded over a ``context`` mesh axis.
+
+References: ``jax.nn.dot_product_attention`` on the whole sequence (outputs and
+gradients), the same model trained with the sequence unsharded (losses), a hand count
+of K/V bytes against the compiled HLO's collective permutes, and ``x[:, order]``.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import workbench as wb
+from workbench import step as S
+from workbench.models import GPTConfig
+from workbench.models import context as C
+from workbench.planning.hlo import parse_collectives
+
+B, T, N, K, H = 2, 32, 4, 2, 8
+
+
+def _qkvw():
+    ks = jax.random.split(jax.random.key(0), 4)
+    return (jax.random.normal(ks[0], (B, T, N, H)), jax.random.normal(ks[1], (B, T, K, H)),
+            jax.random.normal(ks[2], (B, T, K, H)), jax.random.normal(ks[3], (B, T, N, H)))
+
+
+def _sharded(mesh, variant, zigzag):
+    spec = P("data", "context")
+    fn = functools.partial(C.local_attention, variant=variant, axes="context",
+                           size=mesh.shape["context"], zigzag=zigzag)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
+                         check_vma=False)
+
+
+@pytest.mark.parametrize("variant", C.VARIANTS)
+@pytest.mark.parametrize("zigzag", [False, True])
+def test_attention_and_gradients_match_plain_attention_on_the_gathered_sequence(variant,
+                                                                                 zigzag):
+    mesh = wb.make_mesh(data=2, context=4)
+    q, k, v, w = _qkvw()
+    order = C._order(T, 4, zigzag)     # the rows each device holds, in the model's order
+    fn = _sharded(mesh, variant, zigzag)
+
+    def ref(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+    got = jax.jit(fn)(q[:, order], k[:, order], v[:, order])
+    np.testing.assert_allclose(got, ref(q, k, v)[:, order], atol=2e-6, rtol=0)
+
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) * w[:, order]), argnums=(0, 1, 2)))(
+        q[:, order], k[:, order], v[:, order])
+    want = jax.grad(lambda *a: jnp.sum(ref(*a) * w), argnums=(0, 1, 2))(q, k, v)
+    for g, r in zip(grads, want, strict=True):
+        np.testing.assert_allclose(g, r[:, order], atol=1e-5, rtol=0)
+
+
+def test_zigzag_reorder_is_the_permutation_and_its_inverse():
+    mesh = wb.make_mesh(data=2, context=4)
+    rules = wb.Rules.preset("cp", mesh)
+    x = jnp.arange(2 * T * 3, dtype=jnp.float32).reshape(2, T, 3)
+    order = C.zigzag_order(T, 4)
+    assert sorted(order.tolist()) == list(range(T))
+
+    @jax.jit
+    def both(x):
+        with rules.activate(mesh):
+            z = C.to_model_order(x, zigzag=True)
+            return z, C.to_token_order(z, zigzag=True), C.positions(T, zigzag=True)
+
+    z, back, pos = both(x)
+    np.testing.assert_array_equal(z, x[:, order])
+    np.testing.assert_array_equal(back, x)
+    np.testing.assert_array_equal(pos, order)
+    # device i holds chunks i and 2n-1-i of 2n: equal causal work per device
+    c = T // 8
+    assert order[: 2 * c].tolist() == [*range(0, c), *range(7 * c, 8 * c)]
+    assert C.blocks_per_device(4, zigzag=True) == [2.5] * 4
+    assert max(C.blocks_per_device(4, zigzag=False)) == 4
+
+
+def _train(cfg, mesh, rules, batch, steps=2):
+    tx = optax.adamw(1e-2)
+    graphdef, state = S.init_state(cfg, tx, rules, mesh, seed=0)
+    shardings = S.state_shardings(cfg, tx, rules, mesh)
+    step = S.jit_train_step(S.make_train_step(graphdef, tx, rules=rules, mesh=mesh),
+                            shardings, S.batch_shardings(rules, mesh, example=batch))
+    losses = []
+    for _ in range(steps):
+        state, m = step(state, batch)
+        losses.append(float(m["loss"]))
+    return losses
+
+
+@pytest.fixture(scope="module")
+def lm_batch():
+    tokens = jax.random.randint(jax.random.key(1), (4, 65), 0, 256)
+    # a loss mask that ends mid-shard: the per-shard mask must stay aligned with its tokens
+    lengths = jnp.array([[64], [40], [17], [63]])
+    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+            "mask": (jnp.arange(64)[None, :] < lengths).astype(jnp.float32)}
+
+
+@pytest.fixture(scope="module")
+def unsharded_losses(lm_batch):
+    cfg = GPTConfig.preset("tiny", seq_len=64)
+    one = wb.make_mesh(data=1, devices=jax.devices()[:1])
+    return _train(cfg, one, wb.Rules.preset("dp", one), lm_batch)
+
+
+@pytest.mark.parametrize("variant,zigzag,preset", [
+    ("allgather", False, "cp"), ("allgather", True, "fsdp_cp"),
+    ("ring", False, "fsdp_cp"), ("ring", True, "cp")])
+def test_context4_trains_like_context1(variant, zigzag, preset, lm_batch, unsharded_losses):
+    cfg = GPTConfig.preset("tiny", seq_len=64, context_attention=variant,
+                           context_zigzag=zigzag)
+    mesh = wb.make_mesh(data=2, context=4)
+    rules = wb.Rules.preset(preset, mesh)
+    assert rules["seq"] == "context"
+    got = _train(cfg, mesh, rules, lm_batch)
+    np.testing.assert_allclose(got, unsharded_losses, rtol=2e-6, atol=0)
+
+
+def test_ring_kv_bytes_in_the_compiled_hlo_match_the_hand_count():
+    mesh = wb.make_mesh(data=2, context=4)
+    q, k, v, _ = _qkvw()
+    fn = _sharded(mesh, "ring", False)
+    hlo = jax.jit(fn).lower(q, k, v).compile().as_text()
+    perms = [c for c in parse_collectives(hlo, mesh.axis_names, mesh.axis_sizes)
+             if c.kind == "collective-permute"]
+    assert perms and all(c.axes == ("context",) for c in perms)
+    received = sum(c.total_bytes for c in perms)
+    hand = C.kv_bytes_per_device(batch=B, seq=T, n_kv_heads=K, head_dim=H, itemsize=4,
+                                 size=4, variant="ring", batch_shards=2)
+    # per device: (n - 1) K/V blocks of (B/2) x (T/4) x K x H float32, K and V
+    assert hand["block"] == 2 * (B // 2) * (T // 4) * K * H * 4
+    assert received == hand["received"] == 3 * hand["block"]
+    assert hand["held"] == 2 * hand["block"]
+    gathered = C.kv_bytes_per_device(batch=B, seq=T, n_kv_heads=K, head_dim=H, itemsize=4,
+                                     size=4, variant="allgather", batch_shards=2)
+    assert gathered["held"] == 4 * hand["block"]
+
+
+def test_context_axis_not_dividing_the_sequence_fails_before_compiling(tmp_path):
+    with pytest.raises(ValueError, match=r"sequence length 30 .* context axis 'context' of "
+                                         r"size 4.*seq=28 or 32"):
+        wb.TrainConfig(model="tiny", mesh={"data": 2, "context": 4}, rules="cp", seq=30)
+    with pytest.raises(ValueError, match="8 zig-zag chunks.*context_zigzag=False"):
+        wb.TrainConfig(model="tiny", model_overrides={"context_zigzag": True},
+                       mesh={"data": 2, "context": 4}, rules="cp", seq=36)
+    with pytest.raises(ValueError, match="context_attention='ringg'"):
+        GPTConfig.preset("tiny", context_attention="ringg")
+    mesh = wb.make_mesh(data=2, context=4)
+    with pytest.raises(ValueError, match="sequence length 30 is not divisible"):
+        wb.plan(GPTConfig.preset("tiny"), mesh=mesh, rules="cp", batch=2, seq=30,
+                progress=False)
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="needs one mesh axis named 'context'"):
+        wb.Rules.preset("cp", wb.make_mesh(data=8))
+
+
+def test_plan_lints_name_uneven_context_and_ring_over_slow_links():
+    big = wb.abstract_mesh("v5p-128", data=16, context=4)
+    cfg = GPTConfig.preset("1b", context_attention="ring")
+    p = wb.plan(cfg, mesh=big, rules="fsdp_cp", batch=16, seq=8190, compile=False,
+                progress=False)
+    assert [w.kind for w in p.warnings if w.severity == "error"] == ["context_uneven"]
+    info = wb.mesh.mesh_info(big)
+    slow = wb.mesh.MeshInfo(axis_names=info.axis_names, axis_sizes=info.axis_sizes,
+                            device_ids=info.device_ids, dcn_axis_sizes=(1, 2))
+    from workbench.planning import lints
+
+    kinds = [w.kind for w in lints.context_parallel(cfg, wb.Rules.preset("cp", big), slow,
+                                                    8192, 16)]
+    assert kinds == ["ring_slow_links", "context_kv"]
+    kinds = [w.kind for w in lints.context_parallel(
+        cfg.replace(context_attention="allgather"), wb.Rules.preset("cp", big), slow,
+        8192, 16)]
+    assert kinds == ["context_kv"]
