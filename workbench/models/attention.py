@@ -1,0 +1,309 @@
+"""Causal grouped-query attention by implementation: XLA, the Pallas splash kernel, cuDNN.
+
+``GPTConfig(attention=...)`` picks one; :func:`attend` runs it on ``q (B, T, N, H)``,
+``k, v (B, T, K, H)`` (RoPE applied, unscaled) and returns ``(B, T, N, H)``:
+
+- ``"xla"``: ``jax.nn.dot_product_attention(implementation="xla")``: the T x T scores are
+  materialized (float32), on every platform.
+- ``"splash"``: the Pallas TPU splash-attention kernel
+  (``jax.experimental.pallas.ops.tpu.splash_attention``): blocks of ``block_q`` queries
+  against ``block_kv`` keys in VMEM, causal blocks above the diagonal skipped, never the
+  T x T scores. On a TPU it is compiled by Mosaic; on CPU it runs in Pallas *interpret
+  mode* (the same kernel, evaluated op by op: slow, for correctness checks on a laptop);
+  a GPU has no splash kernel (use "cudnn"). Under active rules the kernel runs inside
+  ``jax.shard_map`` over the batch and head axes (a Pallas call cannot be partitioned by
+  XLA); a sequence sharded over a mesh axis (context parallelism) is not handled here.
+- ``"cudnn"``: ``jax.nn.dot_product_attention(implementation="cudnn")``: cuDNN's fused
+  flash attention, GPUs only.
+- ``"auto"``: splash on TPU, cudnn on GPU, xla on CPU (:func:`resolve`, which says why).
+
+:func:`check` validates an implementation against a platform and shapes before anything
+is traced or compiled; :func:`kernel_flops` counts what a kernel computes (a compiler's
+``cost_analysis()`` does not count Pallas kernels).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from workbench.rules import active
+
+__all__ = ["IMPLEMENTATIONS", "Resolved", "attend", "block_sizes_for", "check",
+           "current_platform", "kernel_flops", "resolve", "splash_attention", "xla_attention"]
+
+#: Values of ``GPTConfig.attention``.
+IMPLEMENTATIONS: tuple[str, ...] = ("xla", "splash", "cudnn", "auto")
+#: Default splash block (queries and keys per tile), capped at the sequence length.
+DEFAULT_BLOCK = 512
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """The implementation that runs on a platform, and why.
+
+    Attributes:
+        impl: "xla", "splash" or "cudnn".
+        interpret: splash in Pallas interpret mode (CPU).
+        block_q, block_kv: splash tile sizes (0 for other implementations).
+        reason: one sentence: why this implementation.
+    """
+
+    impl: str
+    interpret: bool = False
+    block_q: int = 0
+    block_kv: int = 0
+    reason: str = ""
+
+
+def current_platform() -> str:
+    """The platform being traced for: the active rules' mesh devices (a plan's TPU
+    slice, the Trainer's devices), else JAX's default backend."""
+    ctx = active()
+    if ctx is not None:
+        mesh = ctx[1]
+        devices = getattr(mesh, "devices", None)
+        if devices is not None and getattr(devices, "size", 0):
+            return str(devices.flat[0].platform)
+        abstract = getattr(mesh, "abstract_device", None)
+        if abstract is not None and getattr(abstract, "platform", None):
+            return str(abstract.platform)
+    return jax.default_backend()
+
+
+def block_sizes_for(seq: int, block_sizes: tuple[int, int] | None) -> tuple[int, int]:
+    """``(block_q, block_kv)``: the configured ones, or ``min(DEFAULT_BLOCK, seq)`` each."""
+    if block_sizes is None:
+        b = min(DEFAULT_BLOCK, int(seq))
+        return b, b
+    return int(block_sizes[0]), int(block_sizes[1])
+
+
+def resolve(impl: str, platform: str, *, seq: int,
+            block_sizes: tuple[int, int] | None = None) -> Resolved:
+    """Which implementation runs for ``impl`` on ``platform`` (no checks; see :func:`check`).
+
+    Args:
+        impl: one of ``IMPLEMENTATIONS``.
+        platform: "tpu", "gpu"/"cuda"/"rocm" or "cpu".
+        seq: sequence length (for the splash block sizes).
+        block_sizes: ``GPTConfig.attention_block_sizes``.
+    """
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"attention={impl!r}; choose one of {IMPLEMENTATIONS}")
+    gpu = platform in ("gpu", "cuda", "rocm")
+    if impl == "auto":
+        if platform == "tpu":
+            bq, bkv = block_sizes_for(seq, block_sizes)
+            if seq % bq or seq % bkv:
+                return Resolved(impl="xla", reason=(
+                    f"auto: splash blocks ({bq}, {bkv}) do not divide seq={seq}; XLA "
+                    "attention"))
+            return Resolved(impl="splash", block_q=bq, block_kv=bkv,
+                            reason="auto: the Pallas splash kernel on TPU")
+        if gpu:
+            return Resolved(impl="cudnn", reason="auto: cuDNN flash attention on GPU")
+        return Resolved(impl="xla", reason=f"auto: XLA attention on {platform} (no fused "
+                        "kernel there; attention='splash' runs the TPU kernel in interpret "
+                        "mode for checks)")
+    if impl == "splash":
+        bq, bkv = block_sizes_for(seq, block_sizes)
+        interp = platform != "tpu"
+        return Resolved(impl="splash", interpret=interp, block_q=bq, block_kv=bkv,
+                        reason="Pallas splash kernel" + (
+                            f" in interpret mode on {platform} (slow; for correctness)"
+                            if interp else " (Mosaic)"))
+    return Resolved(impl=impl, reason={"xla": "XLA attention (T x T scores materialized)",
+                                       "cudnn": "cuDNN flash attention"}[impl])
+
+
+def check(impl: str, platform: str, *, seq: int, head_dim: int, n_heads: int,
+          n_kv_heads: int, block_sizes: tuple[int, int] | None = None) -> Resolved:
+    """:func:`resolve`, raising before tracing when the choice cannot run.
+
+    Raises:
+        ValueError: splash on a GPU, cudnn off a GPU, splash blocks that don't divide
+            ``seq`` or are not multiples of 128 on TPU, an unknown implementation.
+    """
+    r = resolve(impl, platform, seq=seq, block_sizes=block_sizes)
+    gpu = platform in ("gpu", "cuda", "rocm")
+    if r.impl == "splash":
+        if gpu:
+            raise ValueError(
+                f"attention='splash' is the Pallas TPU kernel; {platform} has none (it runs "
+                "on TPU, or on CPU in interpret mode). Use attention='cudnn' or 'auto' on GPU")
+        bq, bkv = r.block_q, r.block_kv
+        for name, b in (("block_q", bq), ("block_kv", bkv)):
+            if b <= 0 or seq % b:
+                raise ValueError(
+                    f"splash {name}={b} does not divide the sequence length {seq}; set "
+                    f"GPTConfig(attention_block_sizes=(bq, bkv)) to divisors of {seq} "
+                    f"(e.g. ({_divisor(seq)}, {_divisor(seq)}))")
+            if b % 128 and (name == "block_kv" or (platform == "tpu" and b != seq)):
+                raise ValueError(
+                    f"splash {name}={b}: the kernel tiles keys by multiples of 128 (and, "
+                    f"on TPU, queries by multiples of 128 or the whole sequence, {seq}); "
+                    "set attention_block_sizes accordingly")
+    if r.impl == "cudnn":
+        if not gpu:
+            raise ValueError(
+                f"attention='cudnn' is cuDNN flash attention, GPUs only; this step is for "
+                f"{platform}. Use attention='splash' on TPU, 'xla' on CPU, or 'auto'")
+        if head_dim > 256 or head_dim % 8:
+            raise ValueError(f"cuDNN flash attention needs head_dim <= 256 and a multiple "
+                             f"of 8, got {head_dim}; use attention='xla'")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+    return r
+
+
+def _divisor(seq: int) -> int:
+    for b in (512, 256, 128):
+        if seq % b == 0:
+            return b
+    return seq
+
+
+# -- implementations -------------------------------------------------------------------------
+
+def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal GQA attention by XLA (``jax.nn.dot_product_attention``, scale 1/sqrt(H))."""
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+
+
+def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal GQA attention by cuDNN's fused flash kernel (GPU)."""
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+
+
+@functools.lru_cache(maxsize=64)
+def _splash_kernel(n_heads: int, seq: int, block_q: int, block_kv: int,
+                   interpret: bool) -> Any:
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    mask = sa.MultiHeadMask([sa.CausalMask(shape=(seq, seq)) for _ in range(n_heads)])
+    sizes = sa.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
+                          block_q_dkv=block_q, block_kv_dkv=block_kv,
+                          block_kv_dkv_compute=block_kv, block_q_dq=block_q,
+                          block_kv_dq=block_kv)
+    with jax.ensure_compile_time_eval():   # concrete mask tables, safe to cache across traces
+        return sa.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                  interpret=interpret)
+
+
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_q: int,
+                     block_kv: int, interpret: bool) -> jax.Array:
+    """Causal GQA attention by the splash kernel on local (unsharded) arrays.
+
+    Args:
+        q: (B, T, N, H) queries, RoPE applied, not scaled.
+        k, v: (B, T, K, H) keys and values (K divides N).
+        block_q, block_kv: tile sizes (divide T).
+        interpret: Pallas interpret mode (any platform; slow).
+
+    Returns:
+        (B, T, N, H) in q's dtype. Use inside ``shard_map`` for sharded arrays (the
+        context-parallel module calls this per shard).
+    """
+    _, t, n, h = q.shape
+    kernel = _splash_kernel(n, t, block_q, block_kv, bool(interpret))
+    qt = jnp.swapaxes(q * jnp.asarray(h ** -0.5, q.dtype), 1, 2)      # (B, N, T, H)
+    kt, vt = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)             # (B, K, T, H)
+    out = jax.vmap(kernel)(qt, kt, vt)
+    return jnp.swapaxes(out, 1, 2).astype(q.dtype)
+
+
+def _mesh_axes(rules: Any, logical: str, mesh: Any) -> tuple[str, ...]:
+    if logical not in rules:
+        return ()
+    return tuple(a for a in rules.mesh_axes(logical) if mesh.shape[a] > 1)
+
+
+def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, r: Resolved) -> jax.Array:
+    """Splash under the active rules: ``shard_map`` over batch and head axes."""
+    fn = functools.partial(splash_attention, block_q=r.block_q, block_kv=r.block_kv,
+                           interpret=r.interpret)
+    ctx = active()
+    if ctx is None:
+        return fn(q, k, v)
+    rules, mesh = ctx
+    seq_axes = _mesh_axes(rules, "seq", mesh)
+    if seq_axes:
+        raise ValueError(
+            f"attention='splash' with the sequence sharded over {seq_axes}: the kernel needs "
+            "every key of its queries' sequence on the device; use the context-parallel "
+            "attention (workbench.models.context) or rules with seq=None")
+    batch = _mesh_axes(rules, "batch", mesh)
+    heads = _mesh_axes(rules, "heads", mesh)
+    kv_heads = _mesh_axes(rules, "kv_heads", mesh)
+    n, kh = q.shape[2], k.shape[2]
+    size = lambda axes: math.prod(mesh.shape[a] for a in axes)
+    if heads != kv_heads or n % size(heads) or kh % size(kv_heads):
+        raise ValueError(
+            f"attention='splash' shards query heads over {heads or 'nothing'} and kv heads "
+            f"over {kv_heads or 'nothing'} ({n} and {kh} heads): each device needs the kv "
+            "heads of its query heads, so map heads and kv_heads to the same mesh axes, "
+            "dividing both counts")
+    if q.shape[0] % size(batch):
+        raise ValueError(f"batch {q.shape[0]} is not divisible by its mesh axes {batch}")
+    b_spec = batch if len(batch) != 1 else batch[0]
+    h_spec = heads if len(heads) != 1 else heads[0]
+    spec = PartitionSpec(b_spec or None, None, h_spec or None, None)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                         check_vma=False)(q, k, v)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str = "xla",
+           block_sizes: tuple[int, int] | None = None,
+           platform: str | None = None) -> jax.Array:
+    """Causal grouped-query attention by ``impl`` (see the module docstring).
+
+    Args:
+        q: (B, T, N, H) queries after RoPE.
+        k, v: (B, T, K, H).
+        impl: one of ``IMPLEMENTATIONS``.
+        block_sizes: splash ``(block_q, block_kv)``; default ``min(512, T)`` each.
+        platform: the platform traced for (default :func:`current_platform`).
+    """
+    platform = platform or current_platform()
+    r = check(impl, platform, seq=q.shape[1], head_dim=q.shape[3], n_heads=q.shape[2],
+              n_kv_heads=k.shape[2], block_sizes=block_sizes)
+    if r.impl == "splash":
+        return _sharded_splash(q, k, v, r)
+    if r.impl == "cudnn":
+        return cudnn_attention(q, k, v)
+    return xla_attention(q, k, v)
+
+
+def kernel_flops(impl: str, platform: str, *, batch: int, seq: int, n_heads: int,
+                 head_dim: int, n_layers: int, block_sizes: tuple[int, int] | None = None,
+                 recompute_forward: bool = False) -> float:
+    """FLOPs a fused attention kernel runs in one training step, all devices (the
+    hardware count, for predictions: XLA's cost analysis does not see inside a Pallas
+    kernel). 0 for XLA attention, which the cost analysis counts itself.
+
+    Splash computes only the blocks on or below the causal diagonal: with ``nb = T/block``
+    blocks per side, a fraction ``(nb + 1) / (2 nb)`` of the T x T products. Forward: 2
+    matmuls (scores, values), ``4·T²·N·H`` per sequence over that fraction; backward
+    (separate dq and dkv kernels, as configured here): 7 matmuls (scores and dP again in
+    each, dq, dk, dv); ``recompute_forward`` (a remat policy that does not save the
+    kernel's output) adds the forward again. cuDNN is counted the same way with an exact
+    causal half.
+    """
+    r = resolve(impl, platform, seq=seq, block_sizes=block_sizes)
+    if r.impl == "xla":
+        return 0.0
+    if r.impl == "splash":
+        nb = seq // max(r.block_q, 1)
+        frac = (nb + 1) / (2 * nb) if nb else 0.5
+        bwd_matmuls = 7
+    else:
+        frac, bwd_matmuls = 0.5, 5
+    per_matmul = 2.0 * seq * seq * n_heads * head_dim * frac * batch * n_layers
+    fwd = 2 * per_matmul
+    return fwd * (2 if recompute_forward else 1) + bwd_matmuls * per_matmul
