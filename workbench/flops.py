@@ -13,6 +13,13 @@ heads, K kv heads, head dim H, width D, MLP width F, sequence T::
     mlp   = 2·3·D·F (SwiGLU)       attn     = 4·T·N·H  (× 1/2 if causal)
     logits = 2·D·V (once, after the last layer)
 
+Mixture of experts (``cfg.n_experts``): only the *active* experts count, as in MaxText
+(``calculate_routed_and_shared_ffn_tflops_per_device``) and the 6·N_active convention of
+Switch Transformer / DeepSeek-V3: per token and layer ``mlp = 2·3·D·Fe·k`` (k routed
+experts of width Fe) ``+ 2·3·D·Fe·S`` (S shared experts) ``+ 2·D·E`` (the router);
+capacity padding, dropped tokens and the dispatch's gathers are not model FLOPs.
+``six_n`` uses ``cfg.n_active_params``. Memory (``wb.plan``) counts every expert.
+
 MFU = model FLOPs / (step time × devices × peak FLOP/s per device).
 """
 from __future__ import annotations
@@ -84,12 +91,18 @@ def gpt_flops(cfg: GPTConfig, batch: int, seq: int | None = None, *, causal: boo
         "attention": 4 * t * n * h * (0.5 if causal else 1.0),
         "mlp": 2 * 3 * d * f,
     }
+    if cfg.n_experts:   # active experts only (module docstring)
+        fe = cfg.moe_d_ff
+        per_token_layer["mlp"] = 2 * 3 * d * fe * (cfg.experts_per_token
+                                                   + cfg.n_shared_experts)
+        per_token_layer["router"] = 2 * d * cfg.n_experts
     mult = 3 if training else 1
     breakdown = {name: float(x) * cfg.n_layers * tokens * mult
                  for name, x in per_token_layer.items()}
     breakdown["logits"] = float(2 * d * v) * tokens * mult
     forward = sum(breakdown.values()) / mult
-    formula = ("3 x forward; per token per layer 2D(N+2K)H + 2NHD + 6DF + 4TNH"
+    mlp = "6DFe(k+S) + 2DE (active experts)" if cfg.n_experts else "6DF"
+    formula = (f"3 x forward; per token per layer 2D(N+2K)H + 2NHD + {mlp} + 4TNH"
                + ("/2 (causal)" if causal else " (full attention)")
                + "; + 2DV logits; embedding lookup 0")
     # remat="full" (jax.checkpoint, nothing saved) runs each block's forward again in the
@@ -101,7 +114,7 @@ def gpt_flops(cfg: GPTConfig, batch: int, seq: int | None = None, *, causal: boo
     if recompute:
         formula += "; remat='full' adds the blocks' forward again without the MLP down matmul"
     return FlopCount(total=forward * mult, forward=forward, breakdown=breakdown,
-                     six_n=6.0 * cfg.n_params * tokens, tokens=tokens, causal=causal,
+                     six_n=6.0 * cfg.n_active_params * tokens, tokens=tokens, causal=causal,
                      formula=formula if training else formula.replace("3 x forward", "forward"),
                      recompute=recompute)
 

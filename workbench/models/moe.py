@@ -209,9 +209,8 @@ class MoE(nnx.Module):
         self.gate = param(kg, normal(d), (e, d, f), ("experts", "embed", "expert_mlp"), pd)
         self.up = param(ku, normal(d), (e, d, f), ("experts", "embed", "expert_mlp"), pd)
         self.down = param(kd, normal(f), (e, f, d), ("experts", "expert_mlp", "embed"), pd)
-        self.shared = None
-        if cfg.n_shared_experts:
-            self.shared = MLP(cfg.replace(d_ff=cfg.n_shared_experts * f, n_experts=0), key=ks)
+        self.shared = MLP(cfg.replace(d_ff=cfg.n_shared_experts * f, n_experts=0), key=ks) \
+            if cfg.n_shared_experts else None
         self.cfg = cfg
 
     def __call__(self, x: jax.Array) -> jax.Array:

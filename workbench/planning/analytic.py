@@ -34,6 +34,15 @@ def batch_axes(rules: Rules, mesh: MeshInfo) -> tuple[str, ...]:
     return tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
 
 
+def fsdp_axes(lay: Layout, bat: set[str] | Sequence[str]) -> tuple[str, ...]:
+    """Batch axes that shard ``lay`` as FSDP (gathered before use): every batch axis in its
+    spec except on a dim whose logical axis is ``experts`` (expert parallelism keeps those
+    shards where they are and moves the tokens instead)."""
+    logical = lay.logical_axes or (None,) * len(lay.spec)
+    return tuple(a for axes, lg in zip(lay.spec, logical) if lg != "experts"
+                 for a in axes if a in bat)
+
+
 def weight_axes(layouts: Mapping[str, Layout]) -> set[str]:
     """Mesh axes that shard at least one parameter."""
     return {a for lay in layouts.values() for axes in lay.spec for a in axes}
@@ -112,8 +121,19 @@ def _gpt_weights(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], tuple[str |
            ("k", (L, d, k, h), (ly, "embed", "kv_heads", "head_dim"), 1),
            ("v", (L, d, k, h), (ly, "embed", "kv_heads", "head_dim"), 1),
            ("o", (L, n, h, d), (ly, "heads", "head_dim", "embed"), 1),
-           ("gate", (L, d, f), (ly, "embed", "mlp"), 1), ("up", (L, d, f), (ly, "embed", "mlp"), 1),
-           ("down", (L, f, d), (ly, "mlp", "embed"), 1), ("norms", (L, d), (ly, "embed"), 2)]
+           ("norms", (L, d), (ly, "embed"), 2)]
+    if cfg.n_experts:   # router, routed experts (memory counts every one), shared experts
+        e, fe = cfg.n_experts, cfg.moe_d_ff
+        ex = (ly, "experts")
+        out += [("router", (L, d, e), (ly, "embed", None), 1),
+                ("expert_gate", (L, e, d, fe), (*ex, "embed", "expert_mlp"), 1),
+                ("expert_up", (L, e, d, fe), (*ex, "embed", "expert_mlp"), 1),
+                ("expert_down", (L, e, fe, d), (*ex, "expert_mlp", "embed"), 1)]
+        f = cfg.n_shared_experts * fe
+    if f:
+        out += [("gate", (L, d, f), (ly, "embed", "mlp"), 1),
+                ("up", (L, d, f), (ly, "embed", "mlp"), 1),
+                ("down", (L, f, d), (ly, "mlp", "embed"), 1)]
     if not cfg.tie_embeddings:
         out.append(("lm_head", (d, v), ("embed", "vocab"), 1))
     return out
@@ -131,7 +151,8 @@ def _weight_bytes(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, itemsize: int,
             axes = [a for a in (rule_axes(rules, lg) if lg else ())
                     if a in mesh.shape and a not in used]
             used.update(axes)
-            elems *= _ceil_div(dim, axes_size(mesh, [a for a in axes if a not in skip_axes]))
+            skip = skip_axes if lg != "experts" else set()   # expert shards stay put
+            elems *= _ceil_div(dim, axes_size(mesh, [a for a in axes if a not in skip]))
         out[name] = elems * itemsize * copies
     return out
 
@@ -146,7 +167,10 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     device = batch x seq over their shards; d_ff, heads, kv heads and vocab over theirs):
 
     - ``saved``: activations kept for the backward pass, all layers: per token and layer
-      ``cD·D + cF·F + cN·NH + cK·KH + cS·heads·T`` bytes (``_bytes_per_element`` by
+      ``cD·D + cF·F + cN·NH + cK·KH + cS·heads·T`` bytes (mixture of experts: ``F`` is
+      ``slots · expert_d_ff`` plus the shared experts' width, and each slot adds a D-sized
+      input and output, ``2b·slots·D``, plus float32 router logits, probabilities and
+      one-hot counts, ``12·E``; :func:`moe_slots_per_token`) (``_bytes_per_element`` by
       platform, dtype and ``cfg.remat``; ``T`` the attention span). XLA:CPU schedules
       every rematerialisation right after the forward pass, so remat does not lower its
       peak: the CPU keeps the ``"none"`` set.
@@ -190,9 +214,19 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     kh = _ceil_div(cfg.n_kv_heads, shard("kv_heads")) * cfg.head_dim
     vocab = _ceil_div(cfg.vocab_size, shard("vocab"))
 
+    s = 0.0
+    if cfg.n_experts:   # MoE: F-sized tensors per slot, slots = E * capacity / group
+        ea = [a for a in rule_axes(rules, "experts") if a in mesh.shape]
+        s = moe_slots_per_token(cfg, tokens * (axes_size(mesh, ea)
+                                               if cfg.moe_dispatch == "all_gather" else 1))
+        f = int(s * _ceil_div(cfg.moe_d_ff, shard("expert_mlp"))) \
+            + _ceil_div(cfg.n_shared_experts * cfg.moe_d_ff, shard("mlp"))
+
     def per_token(remat: str) -> float:
         c = _bytes_per_element(kind, b, remat)
-        return c["D"] * d + c["F"] * f + c["NH"] * nh + c["KH"] * kh + c["scores"] * heads * seq
+        moe = 2 * b * s * d + 3 * 4 * cfg.n_experts   # slot inputs/outputs, router floats
+        return c["D"] * d + c["F"] * f + c["NH"] * nh + c["KH"] * kh \
+            + c["scores"] * heads * seq + moe
 
     remat = cfg.remat if kind == "accelerator" else "none"
     saved = int(tokens * per_token(remat)) * cfg.n_layers
@@ -238,6 +272,16 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
             "forward_peak": forward, "reduction_peak": reduction, "gradients": grads,
             "temp": temp, "phase": "forward" if forward >= reduction else "reduction",
             "model": kind}
+
+
+def moe_slots_per_token(cfg: GPTConfig, group: int) -> float:
+    """Expert slots per token of a group of ``group`` tokens, ``E * capacity / group``:
+    ``E`` when dropless (every expert has room for the whole group), about
+    ``capacity_factor * k`` otherwise. Each slot holds a D-sized input and output and the
+    expert's F-sized hidden tensors, so MoE activations scale with it."""
+    from workbench.models.moe import capacity
+
+    return cfg.n_experts * capacity(cfg, max(1, int(group))) / max(1, int(group))
 
 
 def activation_bytes(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
@@ -301,8 +345,7 @@ def hbm_bytes(memory: Mapping[str, int | None], param_layouts: Mapping[str, Layo
     bat = set(batch_axes(rules, mesh))
     gathered = 0
     for lay in param_layouts.values():
-        fsdp = [a for axes in lay.spec for a in axes if a in bat]
-        gathered += lay.padded_bytes_per_device * axes_size(mesh, fsdp)
+        gathered += lay.padded_bytes_per_device * axes_size(mesh, fsdp_axes(lay, bat))
     get = lambda k: int(memory.get(k) or 0)
     update = 2 * get("params") + get("gradients") + 2 * get("optimizer") + get("batch")
     if cfg is None or batch is None:
@@ -354,12 +397,12 @@ def analytic_collectives(param_layouts: Mapping[str, Layout], rules: Rules, mesh
     out: list[Collective] = []
     for name, lay in param_layouts.items():
         sharded = {a for axes in lay.spec for a in axes}
-        fsdp = tuple(a for a in mesh.axis_names if a in bat and a in sharded)
+        fsdp = tuple(a for a in mesh.axis_names if a in fsdp_axes(lay, bat))
         dp = tuple(a for a in mesh.axis_names if a in bat and a not in sharded)
         shard = lay.padded_bytes_per_device
         if fsdp:
             full = shard * axes_size(mesh, fsdp)
-            gathered = [s * (axes_size(mesh, fsdp) if any(a in fsdp for a in axes) else 1)
+            gathered = [s * axes_size(mesh, [a for a in axes if a in fsdp])
                         for s, axes in zip(lay.shard_shape, lay.spec)]
             out.append(_record("all-gather", fsdp, mesh, full, 2,
                                _shape_str(lay.dtype, gathered), f"FSDP gather of {name}"))
@@ -384,7 +427,43 @@ def analytic_collectives(param_layouts: Mapping[str, Layout], rules: Rules, mesh
         if axes:
             out.append(_record("all-reduce", axes, mesh, act, 2, shp,
                                "vocab-sharded embedding lookup, forward and backward"))
+        out += moe_collectives(cfg, rules, mesh, batch, seq)
     return _merge(out)
+
+
+def moe_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
+                    seq: int) -> list[Collective]:
+    """Hand count of the MoE token dispatch's collectives per step (per device).
+
+    With ``G`` tokens per device (batch x seq over the axes that shard them), ``n``
+    devices on the expert axes, capacity ``C`` (:func:`workbench.models.moe.capacity`)
+    and a compute dtype of ``b`` bytes, per MoE layer:
+
+    - ``all_to_all``: 4 all-to-alls (dispatch and return, forward and backward) of the
+      ``(E, C, D)`` buffer, ``E·C·D·b`` bytes each;
+    - ``all_gather``: 2 all-gathers of the group's tokens, ``n·G·D·b`` (forward, and the
+      backward of the reduce-scatter) and 2 reduce-scatters to ``G·D·b`` (forward, and the
+      backward of the gather); the routes' small gathers are left out.
+    """
+    from workbench.models.moe import capacity
+
+    ea = tuple(a for a in rule_axes(rules, "experts") if mesh.shape.get(a, 1) > 1)
+    if not cfg.n_experts or not ea:
+        return []
+    n = axes_size(mesh, ea)
+    shards = axes_size(mesh, [a for a in rule_axes(rules, "batch") + rule_axes(rules, "seq")
+                              if a in mesh.shape])
+    g, d, e = max(1, batch * seq // shards), cfg.d_model, cfg.n_experts
+    dt = np.dtype(cfg.dtype)
+    layers = cfg.n_layers
+    if cfg.moe_dispatch == "all_gather":
+        return [_record("all-gather", ea, mesh, n * g * d * dt.itemsize, 2 * layers,
+                        _shape_str(dt, (n * g, d)), "MoE token all-gather, fwd + bwd"),
+                _record("reduce-scatter", ea, mesh, g * d * dt.itemsize, 2 * layers,
+                        _shape_str(dt, (g, d)), "MoE output reduce-scatter, fwd + bwd")]
+    c = capacity(cfg, g)
+    return [_record("all-to-all", ea, mesh, e * c * d * dt.itemsize, 4 * layers,
+                    _shape_str(dt, (e, c, d)), "MoE dispatch + return, fwd + bwd")]
 
 
 def pipeline_stage_activations(cfg: GPTConfig, batch: int, seq: int, rules: Rules,

@@ -24,6 +24,7 @@ from typing import Any
 import jax
 
 from workbench.train.checkpoint import CheckpointError, Checkpoints
+from workbench.train.metrics import moe_record
 from workbench.train.sinks import Sink
 from workbench.train.signals import StopSignals
 
@@ -114,6 +115,7 @@ class _Run:
         rec = inp.record(step=step, loss=loss, grad_norm=grad_norm, lr=inp.lr(step),
                          step_time=now - self.t_prev, data_time=data_time,
                          ckpt_time=ckpt_time)
+        rec.update(moe_record(values))   # mixture of experts: router load per step
         self.t_prev = now
         for update in self.updates:
             update(rec)

@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+import numpy as np
+
 from workbench.flops import mfu
 
 
@@ -40,6 +42,27 @@ def step_record(*, step: int, loss: float, grad_norm: float, lr: float, step_tim
         if compiled_flops:
             rec["hfu"] = compiled_flops / (step_time * peak)
     return rec
+
+
+def moe_record(values: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mixture-of-experts entries of a ``metrics.jsonl`` line from the step's
+    micro-batch metrics (``moe_*`` keys of :func:`workbench.step.make_train_step`; {} for a
+    dense model).
+
+    ``moe_tokens_per_expert``: (token, expert) assignments per MoE layer and expert, a list
+    of lists summed over micro-batches; ``moe_dropped``: assignments dropped by the
+    capacity, summed; the losses and the router entropy: means over micro-batches.
+    """
+    keys = [k for k in values[0] if k.startswith("moe_")] if values else []
+    out: dict[str, Any] = {}
+    for k in keys:
+        if k == "moe_tokens_per_expert":
+            out[k] = sum(np.asarray(v[k], dtype=np.int64) for v in values).tolist()
+        elif k == "moe_dropped":
+            out[k] = int(round(math.fsum(float(v[k]) for v in values)))
+        else:
+            out[k] = math.fsum(float(v[k]) for v in values) / len(values)
+    return out
 
 
 def fmt_duration(seconds: float | None) -> str:
