@@ -182,3 +182,35 @@ def test_plan_lints_name_uneven_context_and_ring_over_slow_links():
         cfg.replace(context_attention="allgather"), wb.Rules.preset("cp", big), slow,
         8192, 16)]
     assert kinds == ["context_kv"]
+
+
+@pytest.fixture(scope="module")
+def dense_reference(tmp_path_factory):
+    """The same training with the sequence unsharded: 8 devices, data parallel."""
+    from workbench.train import TrainConfig, Trainer
+
+    cfg = TrainConfig(model="tiny", mesh={"data": 8}, rules="dp", batch=8, seq=32, steps=4,
+                      checkpoint_every=4, keep=1, seed=0, data="text")
+    t = Trainer(cfg, run_dir=tmp_path_factory.mktemp("cp") / "dp8", progress=None)
+    t.run()
+    return t.losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant,zigzag", [("ring", True)])   # allgather: in-process tests
+def test_launch_two_processes_with_context4_trains_like_context1(variant, zigzag, tmp_path,
+                                                                 dense_reference):
+    from workbench import runs
+    from workbench.jobs import launch
+    from workbench.train import TrainConfig
+
+    cfg = TrainConfig(model="tiny", model_overrides={"context_attention": variant,
+                                                     "context_zigzag": zigzag},
+                      mesh={"data": 2, "context": 4}, rules="cp", batch=8, seq=32, steps=4,
+                      checkpoint_every=4, keep=1, seed=0, data="text")
+    # `python -m workbench train` in 2 processes x 4 CPU devices, joined over gloo
+    job = launch(cfg, processes=2, devices_per_process=4, run_dir=tmp_path / "cp",
+                 platform="cpu")
+    assert job.wait(600) == "finished", job.tail()
+    got = [r["loss"] for r in runs.read_metrics(tmp_path / "cp")]
+    assert got == pytest.approx(dense_reference, rel=1e-5, abs=0)

@@ -199,8 +199,10 @@ class TrainConfig:
         return cls(**fields)
 
     def to_json(self, indent: int | None = None) -> str:
-        """The config as JSON text (keys sorted)."""
-        return json.dumps(self.to_dict(), sort_keys=True, indent=indent)
+        """The config as JSON text, in ``to_dict()`` order: not key-sorted, since the order
+        of ``mesh`` axes is the mesh's major-to-minor layout (``{"data": 2, "context": 4}``
+        puts each context group inside a process). ``hash()`` sorts keys itself."""
+        return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_json(cls, text: str | Mapping[str, Any]) -> TrainConfig:
