@@ -47,7 +47,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from workbench.rules import STAGE_AXIS
 from workbench.rules import active as active_rules
 
-__all__ = ["SCHEDULES", "STAGE_AXIS", "TRAINABLE_SCHEDULES", "Event", "Pipeline", "activate",
+__all__ = ["SCHEDULES", "STAGE_AXIS", "TRAINABLE_SCHEDULES", "Event", "Pipeline", "Schedule", "activate",
            "active", "check_pipeline", "check_rules", "in_flight", "run_pipeline", "schedule_bubble",
            "stages_of", "timeline"]
 
@@ -109,6 +109,12 @@ class Pipeline:
         return self.repeats * self.microbatches + stages - 1
 
     def bubble_fraction(self, stages: int) -> float:
+    def on(self, stages: int) -> Schedule:
+        """The timeline on ``stages`` stages (a notebook draws it: stages x time, forward
+        and backward per micro-batch, the bubble shaded; micro-batches and repeats can be
+        changed in the widget)."""
+        return Schedule(pipeline=self, stages=stages)
+
         """Idle fraction of every stage's time by formula: ``(S - 1) / (R M + S - 1)``
         (GPipe and 1F1B: Huang et al. 2019, Narayanan et al. 2021; circular divides the
         bubble's length by ``R``)."""
@@ -429,3 +435,40 @@ def in_flight(events: list[Event], stages: int) -> list[int]:
             peak = max(peak, level)
         out.append(peak)
     return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
+class Schedule(Displayable):
+    """One pipeline's schedule on ``stages`` stages (``Pipeline.on(stages)``).
+
+    Attributes:
+        pipeline: micro-batches, schedule and repeats.
+        stages: ``S``.
+    """
+
+    _view: ClassVar[str] = "schedule_view:schedule_widget"
+
+    pipeline: Pipeline
+    stages: int
+
+    @property
+    def events(self) -> list[Event]:
+        """:func:`timeline`."""
+        return timeline(self.pipeline, self.stages)
+
+    @property
+    def bubble(self) -> float:
+        """Idle fraction of the timeline (:func:`schedule_bubble`)."""
+        return schedule_bubble(self.events, self.stages)
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Chunks whose activations each stage holds at its peak (:func:`in_flight`)."""
+        return in_flight(self.events, self.stages)
+
+    def __repr__(self) -> str:
+        p = self.pipeline
+        return (f"<Schedule {p.schedule} on {self.stages} stages x {p.microbatches} "
+                f"micro-batches" + (f" x {p.repeats} repeats" if p.repeats > 1 else "")
+                + f": bubble {self.bubble:.1%} (formula {p.bubble_fraction(self.stages):.1%}),"
+                f" in flight {self.in_flight}>")

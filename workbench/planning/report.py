@@ -178,7 +178,7 @@ class Plan(Displayable):
                "counts a loop body once; " if self.loops else "")
         return predict(
             flops=cost["flops"] if compiled else (self.model_flops + self.flops.recompute)
-            / self.compute_split,
+            / self.compute_split * self.pipeline_factor,
             bytes_accessed=cost["bytes accessed"] if compiled else self.hbm_bytes_estimate,
             collectives=self.collectives, mesh=self.mesh, hardware=hardware,
             tokens_per_step=self.batch * self.seq if self.cfg is not None else None,
@@ -210,7 +210,17 @@ class Plan(Displayable):
         divided by ``compute_split``."""
         if self.compiled_flops_per_device is not None:
             return self.compiled_flops_per_device
-        return (self.model_flops + self.flops.recompute) / self.compute_split
+        return (self.model_flops + self.flops.recompute) / self.compute_split \
+            * self.pipeline_factor
+
+    @property
+    def pipeline_factor(self) -> float:
+        """Work per device over its share of the model's: every stage computes all
+        ``R M + S - 1`` pipeline iterations, ``R M`` of them useful: ``1 / (1 - bubble)``
+        (1 without a pipeline)."""
+        if not self.pipeline:
+            return 1.0
+        return 1.0 / (1.0 - self.pipeline["bubble_formula"])
 
     @property
     def replicated_compute_factor(self) -> float:

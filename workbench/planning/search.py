@@ -43,7 +43,8 @@ def search(cfg: GPTConfig, hardware: str | Any = None, *, batch: int, seq: int |
            max_model: int = 16, top_k: int = 3, exact: bool = True,
            memory_limit: int | None = None, overlap: float | None = None,
            optimizer: optax.GradientTransformation | None = None,
-           progress: bool = True) -> SearchResult:
+           progress: bool = True, stages: Sequence[int] = (1,),
+           pipeline: Mapping[str, Any] | None = None) -> SearchResult:
     """Search layouts of ``cfg`` on ``hardware``: plan each by formula, keep what fits, rank
     by predicted step time, compile the best ``top_k`` and re-rank them by their compiled
     predictions.
@@ -73,6 +74,11 @@ def search(cfg: GPTConfig, hardware: str | Any = None, *, batch: int, seq: int |
             (the step without overlap), then to the least memory.
         optimizer: optax transformation (default ``optax.adamw(3e-4)``).
         progress: one status line while it works (and the compiler's own while compiling).
+        stages: pipeline stage counts to try besides none (1): each ``s > 1`` adds
+            candidates with a ``stage`` axis of size ``s`` taken from ``data``, planned with
+            ``scan_layers=True`` and ``pipeline``.
+        pipeline: the pipelined candidates' ``{"microbatches", "schedule", "repeats"}``
+            (default GPipe with ``2 x stages`` micro-batches).
 
     Returns:
         A ``SearchResult``: ``.rows``, ``.best`` (a Plan), ``.pareto``, ``.rank_changes``,
@@ -100,7 +106,7 @@ def search(cfg: GPTConfig, hardware: str | Any = None, *, batch: int, seq: int |
                 seq=int(seq or cfg.seq_len), optimizer=optimizer, memory_limit=memory_limit,
                 overlap=overlap, progress=progress, say=_Status("wb.search", progress))
     cands, skipped = candidates(cfg, s.hw, batch, strategies, remat, microbatches,
-                                mesh_shapes, max_model)
+                                mesh_shapes, max_model, stages=stages, pipeline=pipeline)
     rows, plans = s.analytic_pass(cands, skipped)
     analytic_seconds = time.perf_counter() - t0
     notes = _notes(mesh_shapes, rows)
@@ -136,10 +142,12 @@ class _Search:
              batch: int | None = None) -> Plan:
         """``wb.plan`` of one micro-batch of ``c`` (on ``hw``, of ``batch`` if given)."""
         hw, batch = hw or self.hw, batch or self.batch
-        return make_plan(self.cfg.replace(remat=c.remat), mesh=hw.mesh(c.mesh), rules=c.rules,
+        cfg = self.cfg.replace(remat=c.remat, **({"scan_layers": True} if c.pipeline else {}))
+        return make_plan(cfg, mesh=hw.mesh(c.mesh), rules=c.rules,
                          batch=batch // c.microbatches, seq=self.seq, optimizer=self.optimizer,
                          name=c.label, compile=compile, memory_limit=self.memory_limit,
-                         progress=self.progress and compile is not False)
+                         progress=self.progress and compile is not False,
+                         pipeline=c.pipeline)
 
     def measure(self, p: Plan, microbatches: int, batch: int | None = None) -> dict[str, Any]:
         """Memory, fit and predicted time of one optimizer step of ``batch`` run as

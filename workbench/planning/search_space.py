@@ -35,13 +35,18 @@ class Candidate:
     rules_name: str
     remat: str
     microbatches: int
+    pipeline: Mapping[str, Any] | None = None
 
     @property
     def label(self) -> str:
-        """``"fsdp_tp data=16 model=8 remat=dots mb=2"`` (mb: micro-batches, when > 1)."""
+        """``"fsdp_tp data=16 model=8 remat=dots mb=2"`` (mb: micro-batches, when > 1;
+        ``pp=gpipe/8``: a pipeline over the ``stage`` axis, its schedule and micro-batches)."""
         shape = " ".join(f"{a}={s}" for a, s in self.mesh.items())
         mb = f" mb={self.microbatches}" if self.microbatches > 1 else ""
-        return f"{self.rules_name} {shape} remat={self.remat}{mb}"
+        pp = "" if self.pipeline is None else \
+            f" pp={self.pipeline['schedule']}/{self.pipeline['microbatches']}" + (
+                f"x{self.pipeline['repeats']}" if self.pipeline.get("repeats", 1) > 1 else "")
+        return f"{self.rules_name} {shape} remat={self.remat}{mb}{pp}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,13 +115,17 @@ def check_options(batch: int, strategies: Sequence, remat: Sequence[str],
 
 def candidates(cfg: GPTConfig, hw: Hardware, batch: int, strategies: Sequence,
                remats: Sequence[str], microbatches: Sequence[int],
-               mesh_shapes: Sequence | None, max_model: int
+               mesh_shapes: Sequence | None, max_model: int, stages: Sequence[int] = (1,),
+               pipeline: Mapping[str, Any] | None = None
                ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """Every combination to plan, and those skipped before planning (with the reason).
 
     Default meshes are ``data x model`` with ``model`` a power of two up to ``max_model``
     dividing the devices; dp and fsdp shard over every axis, so the split changes nothing
-    for them: they get ``model=1`` only, and tp and fsdp_tp ``model > 1`` only.
+    for them: they get ``model=1`` only, and tp and fsdp_tp ``model > 1`` only. Each stage
+    count ``s > 1`` in ``stages`` adds pipelined candidates: a ``stage`` axis of size ``s``
+    taken from ``data`` (``pipeline`` gives the schedule; default GPipe with ``2 s``
+    micro-batches).
     """
     named = [(s, s if isinstance(s, str) else f"rules#{i}") for i, s in enumerate(strategies, 1)]
     if mesh_shapes is None:
@@ -126,12 +135,21 @@ def candidates(cfg: GPTConfig, hw: Hardware, batch: int, strategies: Sequence,
     else:
         combos = [(mesh_shape(s, hw.size, hw.name), st, n) for s in mesh_shapes
                   for st, n in named]
+    piped = []
+    for st in stages:
+        if st > 1:
+            pp = {"schedule": "gpipe", "repeats": 1, "microbatches": 2 * st, **(pipeline or {})}
+            for shape, rules, name in combos:
+                if shape.get("data", 1) % st == 0:
+                    staged = {"stage": st, **shape, "data": shape["data"] // st}
+                    piped.append((staged, rules, name, pp))
+    combos = [(*c, None) for c in combos] + piped
     cands, skipped, i = [], [], 0
     for shape, rules, name in combos:
         for r in remats:
             for m in microbatches:
                 c = Candidate(id=i, mesh=shape, rules=rules, rules_name=name, remat=r,
-                              microbatches=m)
+                              microbatches=m, pipeline=pp)
                 i += 1
                 why = invalid(cfg, c, batch)
                 if why:
@@ -176,13 +194,24 @@ def invalid(cfg: GPTConfig, c: Candidate, batch: int) -> str | None:
         n, size = axes_size(info, rule_axes(rules, logical)), getattr(cfg, field)
         if size % n:
             return f"cfg.{field}={size} does not divide over {logical} shards of size {n}"
+    if c.pipeline is not None:
+        from workbench.models.pipeline import Pipeline, check_pipeline, check_rules, stages_of
+
+        try:
+            pipe = Pipeline.of(c.pipeline)
+            check_rules(pipe, rules, info)
+            check_pipeline(pipe, n_layers=cfg.n_layers, stages=stages_of(info),
+                           batch=per_step, batch_shards=shards, train=False)
+        except ValueError as err:
+            return str(err)
     return None
 
 
 def skip(c: Candidate, reason: str) -> dict[str, Any]:
     """The record of a candidate that was not planned."""
     return {"id": c.id, "layout": c.label, "mesh": dict(c.mesh), "rules": c.rules_name,
-            "remat": c.remat, "microbatches": c.microbatches, "reason": reason}
+            "remat": c.remat, "microbatches": c.microbatches, "pipeline": c.pipeline,
+            "reason": reason}
 
 
 def larger_presets(hw: Hardware, n: int = 2) -> list[str]:
