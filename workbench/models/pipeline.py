@@ -36,7 +36,7 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +44,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from workbench._display import Displayable
 from workbench.rules import STAGE_AXIS
 from workbench.rules import active as active_rules
 
@@ -108,13 +109,13 @@ class Pipeline:
         """Loop iterations of the SPMD program: ``R M + S - 1``."""
         return self.repeats * self.microbatches + stages - 1
 
-    def bubble_fraction(self, stages: int) -> float:
     def on(self, stages: int) -> Schedule:
         """The timeline on ``stages`` stages (a notebook draws it: stages x time, forward
         and backward per micro-batch, the bubble shaded; micro-batches and repeats can be
         changed in the widget)."""
         return Schedule(pipeline=self, stages=stages)
 
+    def bubble_fraction(self, stages: int) -> float:
         """Idle fraction of every stage's time by formula: ``(S - 1) / (R M + S - 1)``
         (GPipe and 1F1B: Huang et al. 2019, Narayanan et al. 2021; circular divides the
         bubble's length by ``R``)."""

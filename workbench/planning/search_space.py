@@ -145,7 +145,7 @@ def candidates(cfg: GPTConfig, hw: Hardware, batch: int, strategies: Sequence,
                     piped.append((staged, rules, name, pp))
     combos = [(*c, None) for c in combos] + piped
     cands, skipped, i = [], [], 0
-    for shape, rules, name in combos:
+    for shape, rules, name, pp in combos:
         for r in remats:
             for m in microbatches:
                 c = Candidate(id=i, mesh=shape, rules=rules, rules_name=name, remat=r,
