@@ -52,6 +52,12 @@ CASES = {
                           ("100", "Count the moments")]),
     "megacore_devices": (["16"], [("32", "TensorCores"), ("4", "local_devices")]),
     "host_batch": (["64"], [("256", "global batch"), ("16", "one chip's share")]),
+    "pipeline_bubble": (["0.3333", "33.33%", "3/9"],
+                        [("1/2", "relative to the useful time"), ("2/3", "busy share"),
+                         ("1/4", "share of the layers")]),
+    "stage_block_bytes": (["240.5", "0.2349 MiB"],
+                          [("481 KiB", "forgets fsdp"), ("962 KiB", "only its 2 of the 8"),
+                           ("1924 KiB", "every layer")]),
 }
 
 
