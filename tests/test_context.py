@@ -7,6 +7,8 @@ of K/V bytes against the compiled HLO's collective permutes, and ``x[:, order]``
 from __future__ import annotations
 
 import functools
+import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +21,6 @@ import workbench as wb
 from workbench import step as S
 from workbench.models import GPTConfig
 from workbench.models import context as C
-from workbench.planning.hlo import parse_collectives
 
 B, T, N, K, H = 2, 32, 4, 2, 8
 
@@ -126,21 +127,33 @@ def test_context4_trains_like_context1(variant, zigzag, preset, lm_batch, unshar
     np.testing.assert_allclose(got, unsharded_losses, rtol=2e-6, atol=0)
 
 
+def _permute_bytes(hlo: str) -> list[int]:
+    """Result bytes of each collective-permute instruction in a compiled HLO module (read
+    per instruction: every shard_map permute on CPU carries channel_id=1)."""
+    sizes = {"f32": 4, "bf16": 2, "f16": 2}
+    out = []
+    for m in re.finditer(r"= (\w+)\[([\d,]*)\][^=]*? collective-permute\(", hlo):
+        out.append(sizes[m.group(1)] * math.prod(int(d) for d in m.group(2).split(",") if d))
+    return out
+
+
 def test_ring_kv_bytes_in_the_compiled_hlo_match_the_hand_count():
     mesh = wb.make_mesh(data=2, context=4)
     q, k, v, _ = _qkvw()
     fn = _sharded(mesh, "ring", False)
-    hlo = jax.jit(fn).lower(q, k, v).compile().as_text()
-    perms = [c for c in parse_collectives(hlo, mesh.axis_names, mesh.axis_sizes)
-             if c.kind == "collective-permute"]
-    assert perms and all(c.axes == ("context",) for c in perms)
-    received = sum(c.total_bytes for c in perms)
     hand = C.kv_bytes_per_device(batch=B, seq=T, n_kv_heads=K, head_dim=H, itemsize=4,
                                  size=4, variant="ring", batch_shards=2)
     # per device: (n - 1) K/V blocks of (B/2) x (T/4) x K x H float32, K and V
     assert hand["block"] == 2 * (B // 2) * (T // 4) * K * H * 4
-    assert received == hand["received"] == 3 * hand["block"]
     assert hand["held"] == 2 * hand["block"]
+    forward = _permute_bytes(jax.jit(fn).lower(q, k, v).compile().as_text())
+    assert len(forward) == 2 * 3 and sum(forward) == hand["received"] == 3 * hand["block"]
+    # forward and backward: the backward ring passes K/V again (stacked, so XLA cannot
+    # merge it with the forward's) and n dK/dV blocks (float32)
+    grad = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a)), argnums=(0, 1, 2)))
+    both = _permute_bytes(grad.lower(q, k, v).compile().as_text())
+    assert sum(both) == hand["received"] + hand["received_backward"]
+    assert hand["received_backward"] == (3 + 4) * hand["block"]
     gathered = C.kv_bytes_per_device(batch=B, seq=T, n_kv_heads=K, head_dim=H, itemsize=4,
                                      size=4, variant="allgather", batch_shards=2)
     assert gathered["held"] == 4 * hand["block"]

@@ -186,13 +186,15 @@ def blocks_per_device(size: int, *, zigzag: bool) -> list[float]:
 def kv_bytes_per_device(*, batch: int, seq: int, n_kv_heads: int, head_dim: int,
                         itemsize: int, size: int, variant: str, batch_shards: int = 1,
                         head_shards: int = 1) -> dict[str, int]:
-    """Hand count of the K/V bytes one device holds and receives per layer (forward).
+    """Hand count of the K/V bytes one device holds and receives per layer.
 
     Returns:
         ``block``: one K/V block (K and V of ``T/n`` positions of the local batch rows and
         kv heads); ``held``: K/V a device holds at once (allgather: the whole sequence;
         ring: its own block and the one in flight); ``received``: K/V bytes that arrive
-        per layer in the forward pass ((n - 1) blocks either way).
+        per layer in the forward pass ((n - 1) blocks either way); ``received_backward``
+        (ring): the backward ring's (n - 1) K/V blocks and n dK/dV blocks (float32
+        accumulators: ``block * 4 / itemsize`` each).
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}; choose one of {VARIANTS}")
@@ -200,7 +202,9 @@ def kv_bytes_per_device(*, batch: int, seq: int, n_kv_heads: int, head_dim: int,
     block = 2 * (batch // batch_shards) * (seq // size) * (n_kv_heads // head_shards) \
         * head_dim * itemsize
     held = block * size if variant == "allgather" else 2 * block
-    return {"block": block, "held": held, "received": block * (size - 1)}
+    back = (size - 1) * block + size * block * 4 // itemsize if size > 1 else 0
+    return {"block": block, "held": held, "received": block * (size - 1),
+            "received_backward": back if variant == "ring" else 0}
 
 
 # -- reordering the residual stream --------------------------------------------------------
@@ -441,9 +445,13 @@ def _ring_backward(q: jax.Array, k: jax.Array, v: jax.Array, o: jax.Array, lse: 
     perm = _ring_perm(size)
     delta = jnp.moveaxis(jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), -1), 1, -1)
     dq, dk, dv = _block_bwd(q, k, v, _diag_mask(tl, size, zigzag, i), lse, do, delta)
-    kb, vb = k, v
+    # K and V travel stacked as one array: separate permutes of K and V would be identical
+    # to the forward ring's, and XLA would merge them and keep every received block alive
+    # until the backward pass (K/V memory O(T) instead of two blocks).
+    kv = jnp.stack([k, v])
     for s in range(1, size):
-        kb, vb, dk, dv = (jax.lax.ppermute(x, axes, perm) for x in (kb, vb, dk, dv))
+        kv, dk, dv = (jax.lax.ppermute(x, axes, perm) for x in (kv, dk, dv))
+        kb, vb = kv[0], kv[1]
         if zigzag:
             def earlier(dq, dk, dv, kb=kb, vb=vb):
                 g_q, g_k, g_v = _block_bwd(q, kb[:, :c], vb[:, :c], None, lse, do, delta)
