@@ -227,3 +227,14 @@ def test_launch_two_processes_with_context4_trains_like_context1(variant, zigzag
     assert job.wait(600) == "finished", job.tail()
     got = [r["loss"] for r in runs.read_metrics(tmp_path / "cp")]
     assert got == pytest.approx(dense_reference, rel=1e-5, abs=0)
+
+
+def test_exercise_reference_is_the_traced_ring_and_equals_the_hand_count():
+    from workbench.exercises._context import ring_permute_bytes
+
+    got, count = ring_permute_bytes(batch=1, seq=131072, n_heads=64, n_kv_heads=8,
+                                    head_dim=128, dtype="bfloat16", context=8)
+    hand = C.kv_bytes_per_device(batch=1, seq=131072, n_kv_heads=8, head_dim=128,
+                                 itemsize=2, size=8, variant="ring")
+    assert (got, count) == (hand["received"], 2 * 7)
+    assert wb.exercise("ring_kv_bytes").check(f"{got / 2**20} MiB").correct

@@ -58,6 +58,9 @@ CASES = {
     "stage_block_bytes": (["240.5", "0.2349 MiB"],
                           [("481 KiB", "forgets fsdp"), ("962 KiB", "only its 2 of the 8"),
                            ("1924 KiB", "every layer")]),
+    "ring_kv_bytes": (["448 MiB", "0.4375 GiB"],
+                      [("512 MiB", "already has its own"), ("224 MiB", "K or V alone"),
+                       ("3584 MiB", "kv heads"), ("896 MiB", "float32")]),
 }
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
-from workbench.exercises import _compiled, _hardware, _memory, _pipeline, _sharding
+from workbench.exercises import _compiled, _context, _hardware, _memory, _pipeline, _sharding
 from workbench.exercises._core import AnswerError, Exercise, Result
 
 __all__ = ["AnswerError", "Exercise", "Result", "exercise", "exercises"]
@@ -45,6 +45,7 @@ _BUILDERS: dict[str, Callable[[], Exercise]] = {
     "host_batch": _hardware.host_batch,
     "pipeline_bubble": _pipeline.pipeline_bubble,
     "stage_block_bytes": _pipeline.stage_block_bytes,
+    "ring_kv_bytes": _context.ring_kv_bytes,
 }
 
 
