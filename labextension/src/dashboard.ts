@@ -10,6 +10,7 @@ import { LineChart, PALETTE } from './chart';
 import { button, el } from './dom';
 import { fmtBytes, fmtNumber, fmtPercent, fmtRate, fmtSeconds, fmtStep } from './format';
 import { runStream, Stream } from './handler';
+import { EXPERT_KEYS, expertHeatmap, ExpertLoadModel } from './expertLoad';
 import { describePrediction, IPrediction, recentMedian, versus } from './prediction';
 import { RunModel } from './runModel';
 import { Decimator, EmaCache } from './series';
@@ -19,7 +20,7 @@ import { RunMessage } from './types';
 
 /** The metric columns a dashboard streams (the charts, KPIs and CSV export). */
 export const DASHBOARD_KEYS = ['time', 'loss', 'grad_norm', 'lr', 'step_time', 'data_time',
-  'ckpt_time', 'tokens_per_s', 'mfu', 'hfu'];
+  'ckpt_time', 'tokens_per_s', 'mfu', 'hfu', ...EXPERT_KEYS];
 
 const pct = (v: number) => `${(v * 100).toFixed(v < 0.1 ? 1 : 0)}%`;
 
@@ -35,6 +36,10 @@ export class RunDashboard extends Widget {
   private _kpis = el('div', 'jp-Workbench-kpis');
   private _memory = el('div', 'jp-Workbench-memory');
   private _config = el('div', 'jp-Workbench-config');
+  private _experts = new ExpertLoadModel();
+  private _expertLayer = -1;
+  private _expertBody = el('div', 'jp-Workbench-expertBody');
+  private _expertSection = section('Expert load (tokens per expert / balanced)', this._expertBody);
   private _smoothLabel = el('span', 'jp-Workbench-smoothLabel');
   private _charts: Record<'loss' | 'util' | 'time' | 'tput', LineChart>;
   private _decimators = RunDashboard._newDecimators();
@@ -82,7 +87,9 @@ export class RunDashboard extends Widget {
     grid.append(...Object.values(this._charts).map(c => c.node));
     const memSection = section('Memory per device', this._memory);
     const cfgSection = section('Config', this._config);
-    this.node.append(this._head, this._kpis, tools, grid, memSection, cfgSection);
+    this._expertSection.hidden = true;   // shown once a mixture-of-experts run logs loads
+    this.node.append(this._head, this._kpis, tools, grid, this._expertSection, memSection,
+      cfgSection);
     this._throttle = new Throttle(() => this.render(), () => _settings.value.refreshRate);
     this.model.changed.connect((_, change) => {
       if (change === 'detail') {
@@ -94,7 +101,10 @@ export class RunDashboard extends Widget {
     });
     _settings.changed.connect(this._onSettings, this);
     this._stream = runStream(id, () => this.model.series.lastStep ?? -1,
-      m => this.model.apply(m), DASHBOARD_KEYS);
+      m => {
+        this._experts.apply(m);
+        this.model.apply(m);
+      }, DASHBOARD_KEYS);
   }
 
   dispose(): void {
@@ -144,6 +154,18 @@ export class RunDashboard extends Widget {
       stepTime,
       kpi('compile', fmtSeconds(this.model.compileSeconds)));
     this._markPrediction(pred);
+    this._renderExperts();
+  }
+
+  /** The expert-load heatmap of a mixture-of-experts run (hidden for dense runs). */
+  private _renderExperts(): void {
+    this._expertSection.hidden = !this._experts.rows.length;
+    if (this._experts.rows.length) {
+      this._expertBody.replaceChildren(expertHeatmap(this._experts, this._expertLayer, l => {
+        this._expertLayer = l;
+        this._renderExperts();
+      }));
+    }
   }
 
   /** Says on the charts whether (and what) they show as predicted, for CSS and tests. */
