@@ -244,12 +244,13 @@ def test_restore_onto_a_mesh_without_pipelining_and_back(reference, pipelined, t
 
 @pytest.mark.slow
 def test_launch_two_processes_by_four_devices(pipelined, tmp_path):
-    """wb.launch: 2 processes x 4 devices, stage=4 x data=2: the in-process run's losses
-    (gloo's all-reduce sums in another order: float32 rounding)."""
+    """wb.launch: 2 processes x 4 devices, data=2 x stage=4 (each process holds the 4
+    stages of its data shard: the data loader gives each process a disjoint block of
+    rows): the in-process run's losses (gloo sums in another order: float32 rounding)."""
     from workbench.jobs import launch
 
     _, want = pipelined
-    cfg = PIPE.replace(steps=6)
+    cfg = PIPE.replace(steps=6, mesh={"data": 2, "stage": 4})
     job = launch(cfg, processes=2, devices_per_process=4, run_dir=tmp_path / "job",
                  platform="cpu")
     assert job.wait(600) == "finished", job.tail()
@@ -313,3 +314,21 @@ def test_schedule_widget_draws_the_timeline_and_follows_its_controls(tmp_path):
                      {"op": "change", "label": "stages", "value": 3}])
     _close(_drawn(report), _python(Pipeline(microbatches=4, schedule="1f1b"), 3))
     assert report["handlers_left"] == 0
+
+
+def test_search_plans_pipelined_candidates_like_wb_plan():
+    """wb.search(stages=(1, 4)) adds stage=4 layouts (scanned, GPipe with 8 micro-batches);
+    each row is the plan wb.plan makes of that layout, bubble included."""
+    cfg = GPTConfig.preset("1b", seq_len=512)
+    res = wb.search(cfg, "v5p-64", batch=64, strategies=("fsdp",), remat=("full",),
+                    stages=(1, 4), exact=False, progress=False)
+    piped = [r for r in res.rows if "pp=gpipe/8" in r["layout"]]
+    assert piped and all(r["mesh"]["stage"] == 4 for r in piped)
+    row = piped[0]
+    p = wb.plan(cfg.replace(remat="full", scan_layers=True), mesh=wb.abstract_mesh(
+        "v5p-64", **row["mesh"]), rules="fsdp", batch=64, seq=512, compile=False,
+        progress=False, pipeline={"microbatches": 8, "schedule": "gpipe"})
+    assert row["memory_per_device"] == p.memory["total"]
+    assert p.pipeline["bubble_formula"] == pytest.approx(3 / 11)
+    assert p.flops_per_device == pytest.approx(
+        (p.model_flops + p.flops.recompute) / p.compute_split / (1 - 3 / 11))
