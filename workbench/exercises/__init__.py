@@ -24,7 +24,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
-from workbench.exercises import _compiled, _context, _hardware, _memory, _pipeline, _sharding
+from workbench.exercises import (_compiled, _context, _experts, _hardware, _memory,
+                                 _pipeline, _sharding)
 from workbench.exercises._core import AnswerError, Exercise, Result
 
 __all__ = ["AnswerError", "Exercise", "Result", "exercise", "exercises"]
@@ -46,6 +47,8 @@ _BUILDERS: dict[str, Callable[[], Exercise]] = {
     "pipeline_bubble": _pipeline.pipeline_bubble,
     "stage_block_bytes": _pipeline.stage_block_bytes,
     "ring_kv_bytes": _context.ring_kv_bytes,
+    "moe_all_to_all_axis": _experts.moe_all_to_all_axis,
+    "moe_dispatch_bytes": _experts.moe_dispatch_bytes,
 }
 
 
