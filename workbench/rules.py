@@ -1,7 +1,8 @@
 """Logical axis names -> mesh axes: the one object that decides how tensors are sharded.
 
 Models name *logical* axes only (``batch, seq, embed, heads, kv_heads, head_dim, mlp,
-vocab``, and ``layers`` for the stacked blocks of ``GPTConfig(scan_layers=True)``). A
+vocab``, ``layers`` for the stacked blocks of ``GPTConfig(scan_layers=True)``, and
+``experts, expert_mlp`` for mixture-of-experts weights). A
 :class:`Rules` object maps each logical name to a mesh axis, a tuple of mesh axes, or
 ``None`` (replicated)::
 

@@ -37,6 +37,7 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
 from workbench.models.config import GPTConfig
@@ -297,9 +298,10 @@ def _rows(x: jax.Array, index: jax.Array) -> jax.Array:
 def _experts(buf: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array,
              dtype: str) -> jax.Array:
     """SwiGLU of each expert on its slots: (E', C', D) -> (E', C', D)."""
-    g = jnp.einsum("ecd,edf->ecf", buf, gate.astype(dtype))
-    u = jnp.einsum("ecd,edf->ecf", buf, up.astype(dtype))
-    return jnp.einsum("ecf,efd->ecd", jax.nn.silu(g) * u, down.astype(dtype))
+    g = checkpoint_name(jnp.einsum("ecd,edf->ecf", buf, gate.astype(dtype)), "mlpwi_0")
+    u = checkpoint_name(jnp.einsum("ecd,edf->ecf", buf, up.astype(dtype)), "mlpwi_1")
+    out = jnp.einsum("ecf,efd->ecd", jax.nn.silu(g) * u, down.astype(dtype))
+    return checkpoint_name(out, "mlpwo")   # the remat policies' names (config.CHECKPOINT_NAMES)
 
 
 def _combine(out: jax.Array, slot: jax.Array, keep: jax.Array, weights: jax.Array,
