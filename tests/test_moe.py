@@ -99,6 +99,26 @@ def test_flops_count_active_experts_only():
     assert f.breakdown["mlp"] == 3 * 2 * 3 * d * fe * k * cfg.n_layers * 128
 
 
+def test_expert_rules_presets():
+    mesh = wb.abstract_mesh("v5p-16", expert=4, data=2)
+    ep = Rules.preset("ep", mesh)
+    assert ep["experts"] == "expert" and ep["batch"] == ("expert", "data")
+    assert ep.spec(("experts", "embed", "expert_mlp")) == \
+        jax.sharding.PartitionSpec("expert", None, None)
+    fsdp_ep = Rules.preset("fsdp_ep", mesh)
+    assert fsdp_ep["embed"] == "data"
+    assert fsdp_ep.spec(("experts", "embed", "expert_mlp")) == \
+        jax.sharding.PartitionSpec("expert", "data", None)
+    tp = Rules.preset("ep_tp", wb.abstract_mesh("v5p-16", expert=2, data=2, model=2))
+    assert tp["expert_mlp"] == "model" and tp["batch"] == ("expert", "data")
+    with pytest.raises(ValueError, match="needs one mesh axis named 'expert'"):
+        Rules.preset("ep", wb.abstract_mesh("v5p-16", data=8))
+    with pytest.raises(ValueError, match="use 'ep_tp'"):
+        Rules.preset("ep", wb.abstract_mesh("v5p-16", expert=4, model=2))
+    # the dense presets replicate the experts on an expert axis (plain data parallelism)
+    assert Rules.preset("fsdp", mesh)["experts"] is None
+
+
 # ----------------------------------------------------------------------------- exactness
 def _train(cfg, mesh, rules, steps=3):
     opt = optax.adam(1e-2)
