@@ -32,7 +32,7 @@ from typing import Any
 import jax
 from jax.extend import core as jax_core
 
-from workbench.models.config import GPTConfig
+from workbench.models.config import REMAT_POLICIES, GPTConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -105,18 +105,45 @@ def gpt_flops(cfg: GPTConfig, batch: int, seq: int | None = None, *, causal: boo
     formula = (f"3 x forward; per token per layer 2D(N+2K)H + 2NHD + {mlp} + 4TNH"
                + ("/2 (causal)" if causal else " (full attention)")
                + "; + 2DV logits; embedding lookup 0")
-    # remat="full" (jax.checkpoint, nothing saved) runs each block's forward again in the
-    # backward pass, except its last matmul (MLP down): only that matmul's input is needed.
-    # remat="dots" saves every matmul output, so no matmul runs twice.
-    again = ("qkv", "out_proj", "attention")
-    recompute = 0.0 if not training or cfg.remat != "full" else \
-        (sum(breakdown[k] for k in again) + breakdown["mlp"] * 2 / 3) / mult
+    # Remat reruns in the backward pass the forward matmuls whose outputs the policy
+    # neither saves nor offloads, except the MLP down projection (only its input is
+    # needed). remat="full": the whole forward but that matmul; "dots"/"minimal": the
+    # attention only (its dots have batch dims; a fused kernel's output is unnamed).
+    recompute = remat_recompute(cfg, {k: v / mult for k, v in breakdown.items()}) \
+        if training else 0.0
     if recompute:
-        formula += "; remat='full' adds the blocks' forward again without the MLP down matmul"
+        formula += (f"; remat={cfg.remat!r} adds the forward matmuls it does not keep "
+                    f"({recompute / forward:.0%} of the forward)")
     return FlopCount(total=forward * mult, forward=forward, breakdown=breakdown,
                      six_n=6.0 * cfg.n_active_params * tokens, tokens=tokens, causal=causal,
                      formula=formula if training else formula.replace("3 x forward", "forward"),
                      recompute=recompute)
+
+
+_PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1",
+                "mlpwo")
+
+
+def remat_recompute(cfg: GPTConfig, forward: dict[str, float]) -> float:
+    """Forward FLOPs that ``cfg.remat`` runs again in the backward pass.
+
+    Args:
+        cfg: the model (its ``remat`` policy, head counts).
+        forward: forward FLOPs by component (``qkv, out_proj, attention, mlp, logits``).
+    """
+    if cfg.remat == "none":
+        return 0.0
+    p = REMAT_POLICIES[cfg.remat]
+    kept = set(p.saved) | set(p.offloaded)
+    if p.offload_dots or p.base == "dots_with_no_batch_dims_saveable":
+        kept |= set(_PROJECTIONS)
+    n, k = cfg.n_heads, cfg.n_kv_heads
+    qkv = (n * ("query_proj" not in kept) + k * ("key_proj" not in kept)
+           + k * ("value_proj" not in kept)) / (n + 2 * k)
+    return (forward["qkv"] * qkv
+            + forward["attention"] * ("context" not in kept)
+            + forward["out_proj"] * ("out_proj" not in kept)
+            + forward["mlp"] / 3 * (("mlpwi_0" not in kept) + ("mlpwi_1" not in kept)))
 
 
 def jaxpr_step_flops(loss: Callable[[Any, Any], Any], params: Any, batch: Any,

@@ -210,7 +210,7 @@ def abstract_train_state(cfg_or_factory: GPTConfig | ModelFactory,
     """
     rules.check_mesh(mesh)
     require_auto_axes(mesh)
-    if isinstance(cfg_or_factory, GPTConfig):
+    if strict and isinstance(cfg_or_factory, GPTConfig):   # (plans: a lint instead)
         moe.check_layout(cfg_or_factory, rules, mesh)   # experts vs the expert axis
     graphdef, param_state = abstract_param_state(cfg_or_factory)
     params, logical = nnx.to_pure_dict(param_state), logical_axes(param_state)
@@ -388,9 +388,14 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
 
 def jit_train_step(train_step: Callable[..., Any], shardings: TrainState,
-                   batch_sharding: Mapping[str, NamedSharding], *, donate: bool = True
-                   ) -> Callable[..., Any]:
+                   batch_sharding: Mapping[str, NamedSharding], *, donate: bool = True,
+                   compiler_options: Mapping[str, Any] | None = None) -> Callable[..., Any]:
     """``jax.jit`` of ``train_step`` with state/batch in-shardings, state out-shardings and
-    the state donated (its buffers are reused for the new state)."""
-    return jax.jit(train_step, in_shardings=(shardings, dict(batch_sharding)),
-                   out_shardings=(shardings, None), donate_argnums=(0,) if donate else ())
+    the state donated (its buffers are reused for the new state); ``compiler_options``:
+    XLA compile options (``workbench.planning.flags.compile_options``: overlap flags)."""
+    jitted = jax.jit(train_step, in_shardings=(shardings, dict(batch_sharding)),
+                     out_shardings=(shardings, None), donate_argnums=(0,) if donate else (),
+                     compiler_options=dict(compiler_options) if compiler_options else None)
+    if compiler_options:   # part of the plan cache's key (the lowered text omits them)
+        jitted._workbench_options = dict(compiler_options)
+    return jitted

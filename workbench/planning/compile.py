@@ -52,10 +52,13 @@ class CompileResult:
         self.compiled, self.seconds, self.cached = compiled, seconds, cached
 
 
-def fingerprint(lowered: Any, devices: Any) -> str:
+def fingerprint(lowered: Any, devices: Any, options: dict[str, Any] | None = None) -> str:
     """Cache key: the lowered program's text plus the platform, kind and id of every
-    device in mesh order (the same program for a TPU slice and for CPU devices differs)."""
+    device in mesh order (the same program for a TPU slice and for CPU devices differs),
+    and the compile options (overlap flags) when there are any."""
     h = hashlib.sha256(lowered.as_text().encode())
+    if options:
+        h.update(json.dumps(options, sort_keys=True, default=str).encode())
     for d in devices:
         h.update(f"{d.platform}/{d.device_kind}/{d.id}/{getattr(d, 'slice_index', 0)};"
                  .encode())
@@ -191,7 +194,8 @@ def _submit(key: str, lowered: Any, persist: bool
 
 def compile_lowered(lowered: Any, devices: Any, *, what: str,
                     status: Callable[[str], Callable[[str], None]] | None,
-                    in_place: bool = False, persist: bool = False) -> CompileResult:
+                    in_place: bool = False, persist: bool = False,
+                    options: dict[str, Any] | None = None) -> CompileResult:
     """Compile ``lowered`` (a ``jax.stages.Lowered``) for ``devices`` with progress.
 
     Args:
@@ -203,6 +207,8 @@ def compile_lowered(lowered: Any, devices: Any, *, what: str,
         every second; else every ``REPORT_EVERY`` seconds.
       persist: keep the result in the plan cache on disk and look there first (for
         compile-only devices; the result is then a ``StoredExecutable``).
+      options: the compile options ``lowered`` carries (from ``jax.jit(compiler_options=)``),
+        part of the cache key.
 
     Raises:
       KeyboardInterrupt: Ctrl-C while waiting; the compile goes on in the background and a
@@ -210,7 +216,7 @@ def compile_lowered(lowered: Any, devices: Any, *, what: str,
       Exception: whatever the compiler raised.
     """
     t0 = time.perf_counter()
-    key = fingerprint(lowered, devices)
+    key = fingerprint(lowered, devices, options)
     fut, cached = _submit(key, lowered, persist)
     if cached and fut.done() and fut.exception() is None:
         compiled, seconds, _ = fut.result()

@@ -53,6 +53,9 @@ class Collective:
         in_loop: inside a while loop body (a scan over layers); ``count`` is per step:
             the instructions in the body times the loop's trip count.
         names: HLO instruction names.
+        overlapped: the compiled program runs it asynchronously (an async start/done
+            pair, or inside the TPU compiler's async collective fusion), so independent
+            compute can run beside it; False: it blocks the program until done.
     """
 
     kind: str
@@ -65,6 +68,7 @@ class Collective:
     shapes: tuple[str, ...]
     in_loop: bool = False
     names: tuple[str, ...] = ()
+    overlapped: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -214,13 +218,48 @@ def loop_trip_counts(hlo_text: str) -> dict[str, int]:
     return trips
 
 
+_ASYNC_CALL = re.compile(r"^\s*(?:ROOT\s+)?%?(?:async-collective-start[\w.\-]*\s*=.*?|.*?"
+                         r"\basync-start\(.*?)calls=%?([\w.\-]+)", re.M)
+_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
+
+
+def _async_computations(hlo_text: str) -> set[str]:
+    """Computations whose collectives run asynchronously: those an async start calls, and
+    the TPU compiler's ``async_collective_fusion`` computations (the overlap flags)."""
+    comps = set(_ASYNC_CALL.findall(hlo_text))
+    comps |= {c for c in _computations(hlo_text) if c.startswith("async_collective_fusion")}
+    return comps
+
+
+def _channels_in(hlo_text: str, computations: set[str]) -> set[tuple[str, str]]:
+    """(kind, channel_id) of the collectives inside ``computations``."""
+    out: set[tuple[str, str]] = set()
+    for name, lines in _computations(hlo_text).items():
+        if name not in computations:
+            continue
+        for line in lines:
+            m = _INSTR.match(line)
+            channel = _CHANNEL.search(line) if m else None
+            if channel is not None:
+                out.add((m.group("kind"), channel.group(1)))
+    return out
+
+
 def parse_collectives(hlo_text: str, axis_names: Sequence[str],
                       axis_sizes: Sequence[int]) -> list[Collective]:
-    """All collectives in an optimized HLO module, merged by (kind, axes, shapes, group size),
-    largest total traffic first."""
+    """All collectives in an optimized HLO module, merged by (kind, axes, shapes, group size,
+    overlapped), largest total traffic first.
+
+    An instruction cloned into several computations (the TPU compiler's async collective
+    fusion repeats one collective, with its ``channel_id``, in the computations of its
+    steps) counts once per channel in each loop nest.
+    """
     n = math.prod(axis_sizes)
     bodies = set(_WHILE_BODY.findall(hlo_text))
     trips = loop_trip_counts(hlo_text)
+    asyncs = _async_computations(hlo_text)
+    seen: dict[tuple[str, str], str] = {}   # (kind, channel) -> first computation
+    async_channels = _channels_in(hlo_text, asyncs)
     merged: dict[tuple, dict] = {}
     computation = ""
     for line in hlo_text.splitlines():
@@ -232,6 +271,14 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
         if m is None:
             continue
         kind, attrs = m.group("kind"), m.group("rest")
+        channel = _CHANNEL.search(attrs)
+        if channel is not None:
+            # a clone in another computation repeats it; XLA:CPU gives distinct
+            # instructions of one computation the same channel_id (all-to-alls: 1)
+            if seen.setdefault((kind, channel.group(1)), computation) != computation:
+                continue
+        overlapped = bool(m.group("suffix")) or computation in asyncs or (
+            channel is not None and (kind, channel.group(1)) in async_channels)
         nbytes, shapes = _array_bytes(m.group("type"), kind, bool(m.group("suffix")))
         if kind == "collective-permute":
             axes, size = _pairs_axes(attrs, axis_names, axis_sizes)
@@ -240,12 +287,12 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
             groups = parse_replica_groups(attrs, n) or [list(range(n))]
             axes, aligned = groups_to_axes(groups, axis_names, axis_sizes)
             size = len(groups[0])
-        key = (kind, axes, aligned, size, shapes, computation in bodies)
+        key = (kind, axes, aligned, size, shapes, computation in bodies, overlapped)
         rec = merged.setdefault(key, {"count": 0, "bytes": nbytes, "names": []})
         rec["count"] += trips.get(computation, 1)
         rec["names"].append(m.group("name"))
     out = [Collective(kind=k[0], axes=k[1], aligned=k[2], group_size=k[3], bytes=r["bytes"],
                       wire_bytes=_wire(k[0], r["bytes"], k[3]), count=r["count"],
-                      shapes=k[4], in_loop=k[5], names=tuple(r["names"]))
+                      shapes=k[4], in_loop=k[5], names=tuple(r["names"]), overlapped=k[6])
            for k, r in merged.items()]
     return sorted(out, key=lambda c: -c.total_wire_bytes)

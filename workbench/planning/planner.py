@@ -36,7 +36,10 @@ from workbench.models.pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipe
                                        timeline)
 from workbench.models import GPTConfig
 from workbench.planning import analytic, lints
+from workbench.models import attention as attention_impl
+from workbench.models.config import remat_policy
 from workbench.planning.compile import compile_lowered
+from workbench.planning.flags import compile_options
 from workbench.planning.hlo import Collective, parse_collectives
 from workbench.planning.lints import Lint
 from workbench.planning.report import Comparison, Plan
@@ -70,7 +73,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
          loss_fn: LossFn = lm_loss,
          example_batch: Mapping[str, jax.ShapeDtypeStruct] | None = None,
          progress: bool = True,
-         pipeline: Pipeline | Mapping[str, Any] | None = None) -> Plan:
+         pipeline: Pipeline | Mapping[str, Any] | None = None,
+         overlap: bool | Mapping[str, Any] = True) -> Plan:
     """Plan one train step of a model on a mesh without allocating it.
 
     The state, its shardings, the batch shardings and the step are built by the functions
@@ -96,6 +100,11 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
             default ``{"inputs", "targets"}`` int32 ``(batch, seq)``.
         progress: say when compilation starts and how long it took (it can take minutes
             for a large model on many devices).
+        overlap: compile with the platform's flags that overlap collectives with compute
+            (``workbench.planning.flags.OVERLAP_FLAGS``: async collective fusion on TPU,
+            the latency-hiding scheduler on GPU); False: without; a dict: exactly these
+            XLA compile options. ``Plan.compiler_options`` shows them and
+            ``Collective.overlapped`` what the compiled program runs asynchronously.
         pipeline: ``{"microbatches": M, "schedule": "gpipe" | "circular" | "1f1b",
             "repeats": R}``: pipeline stages over the mesh's ``stage`` axis (a GPTConfig with
             ``scan_layers=True``); the plan adds ``plan.pipeline`` (bubble, per-stage
@@ -122,9 +131,13 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     if pipe is not None and compile is None and pipe.schedule not in TRAINABLE_SCHEDULES:
         compile = False   # planned by formula: the step has no 1F1B program
     target = _compile_target(info, compile)
+    platform = "tpu" if target.source == "tpu-compiler" else info.platform
+    options = compile_options(platform, overlap)
+    attention = _check_kernels(cfg, platform, seq)   # before anything is traced
     if pipe is not None:
         _check_pipeline_plan(pipe, cfg, rules, info, batch, train=target.compile)
-    cp_lints = lints.context_parallel(cfg, rules, info, seq, batch)
+    cp_lints = (lints.context_parallel(cfg, rules, info, seq, batch)
+                + lints.moe(cfg, rules, info, batch, seq))   # errors: before tracing
     cp_error = next((w for w in cp_lints if w.severity == "error"), None)
     if cp_error is not None and target.compile:   # before anything is traced
         if info.jax_mesh is not None:
@@ -161,7 +174,7 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
                                mesh=target.mesh,
                                pipeline=pipe if target.compile or pipe is None or
                                pipe.schedule in TRAINABLE_SCHEDULES else None)
-        jitted = jit_train_step(step, st.shardings, batch_sh)
+        jitted = jit_train_step(step, st.shardings, batch_sh, compiler_options=options)
     out = _CompileOutcome(target=target)
     if target.compile:
         out = _compile_step(jitted, (st.state, batch_abs), info, target, estimate, limit,
@@ -204,7 +217,20 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
         shardings=st.shardings, abstract_batch=batch_abs, batch_shardings=batch_sh,
         compiled=compiled, compile_seconds=out.seconds, compile_cached=out.cached,
         plan_seconds=time.perf_counter() - t0, factory=factory, loss_fn=loss_fn,
-        jitted=jitted, pipeline=pipe_info)
+        jitted=jitted, pipeline=pipe_info, compiler_options=options, attention=attention)
+
+
+def _check_kernels(cfg: GPTConfig | None, platform: str, seq: int) -> str:
+    """The attention kernel and remat policy checked for ``platform`` before tracing
+    (splash off TPU/CPU, blocks that don't divide ``seq``, host offload without host
+    memory raise); returns which attention runs and why."""
+    if cfg is None:
+        return ""
+    remat_policy(cfg.remat, platform)
+    r = attention_impl.check(cfg.attention, platform, seq=seq, head_dim=cfg.head_dim,
+                             n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                             block_sizes=cfg.attention_block_sizes)
+    return f"{r.impl}: {r.reason}"
 
 
 def _check_pipeline_plan(pipe: Pipeline, cfg: GPTConfig | None, rules: Rules, info: Any,
@@ -308,7 +334,8 @@ def _compile_step(jitted: Any, args: tuple[Any, ...], info: Any, target: _Target
         result = compile_lowered(lowered, list(target.mesh.devices.flat),
                                  what=f"{label}: the train step for {where}",
                                  status=status_line if progress else None,
-                                 in_place=in_notebook(), persist=info.jax_mesh is None)
+                                 in_place=in_notebook(), persist=info.jax_mesh is None,
+                                 options=getattr(jitted, "_workbench_options", None))
     except Exception as err:  # noqa: BLE001 - only the compiler's OOM verdict is kept
         oom = _compiler_oom(err)
         if oom is None:

@@ -241,7 +241,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
             overlap: float | None = None, compiler_seconds: float | None = None,
             exposed_axes: Sequence[str] = (),
             flops_source: str = "compiled cost analysis",
-            bytes_source: str = "compiled cost analysis") -> Prediction:
+            bytes_source: str = "compiled cost analysis",
+            sync_exposed: bool = False) -> Prediction:
     """Predict one training step's time, MFU and throughput (a roofline).
 
     Args:
@@ -265,6 +266,10 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         activations feed the next matmul). ``Plan.predict`` passes the axes that shard
         weights but not the batch.
       flops_source, bytes_source: where ``flops`` and ``bytes_accessed`` come from.
+      sync_exposed: the collectives say whether the compiled program runs them
+        asynchronously (``Collective.overlapped``, read from the TPU compiler's HLO): the
+        synchronous ones block the program and count in full (``wb.plan(overlap=False)``
+        compiles without the overlap flags).
 
     Example::
 
@@ -286,7 +291,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     if not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap must be in [0, 1], got {overlap}")
     times = [collective_seconds(c, info, spec) for c in collectives]
-    crit = [bool(t.axes) and set(t.axes) <= set(exposed_axes) for t in times]
+    crit = [(bool(t.axes) and set(t.axes) <= set(exposed_axes))
+            or (sync_exposed and not c.overlapped) for t, c in zip(times, collectives)]
     cpu = spec.platform == "cpu"
     # XLA:CPU's devices share the host's cores: math and memory traffic take turns
     t_local = t_compute + t_memory if cpu else max(t_compute, t_memory)
@@ -317,7 +323,10 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                  "overlap": overlap_src + (
                      f"; collectives over {', '.join(exposed_axes)} only are on the critical "
                      "path (tensor parallel: the next matmul waits for them), never hidden"
-                     if exposed_axes and t_exposed else ""),
+                     if exposed_axes and t_exposed else "")
+                 + ("; collectives the compiled program runs synchronously (no async start "
+                    "or async collective fusion in its HLO) block it: never hidden"
+                    if sync_exposed else ""),
                  "mfu": "model FLOPs / (step time x devices x peak FLOP/s per device)",
                  "compiler_seconds": "TPU compiler cost analysis (optimal_seconds)"
                  if compiler_seconds is not None else "none"},

@@ -15,6 +15,8 @@ from workbench.flops import FlopCount, compiled_cost, compiled_flops
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
+from workbench.models import attention as attention_impl
+from workbench.models.config import REMAT_POLICIES
 from workbench.planning.analytic import batch_axes, compute_split, weight_axes
 from workbench.planning.hlo import Collective, loop_trip_counts
 from workbench.planning.lints import Lint
@@ -90,6 +92,10 @@ class Plan(Displayable):
             timeline), ``in_flight`` (chunks held per stage), ``stage_memory`` (per-stage
             bytes by formula: params, optimizer, batch, gradients and the stage's
             activations), ``permutes`` (the collective permutes, compiled or estimated).
+        compiler_options: the XLA compile options of the step (``wb.plan(overlap=)``: the
+            platform's overlap flags by default).
+        attention: the attention that runs and why (``"splash: Pallas splash kernel
+            (Mosaic)"``); empty for a model factory.
     """
 
     _view: ClassVar[str] = "plan_view:plan_widget"
@@ -126,6 +132,8 @@ class Plan(Displayable):
     loss_fn: LossFn
     jitted: Callable[..., Any] | None
     pipeline: dict[str, Any] | None = None
+    compiler_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    attention: str = ""
 
     # -- numbers -----------------------------------------------------------------------
 
@@ -176,8 +184,14 @@ class Plan(Displayable):
         label = f"{self.source} cost analysis"
         why = ("analytic: the compiled program loops over layers and XLA's cost analysis "
                "counts a loop body once; " if self.loops else "")
+        kernel, attn = self.kernel_flops, 0.0
+        if kernel and not compiled:   # the formula's attention gives way to the kernel's
+            fwd_attn = self.flops.breakdown["attention"] / 3
+            attn = 3 * fwd_attn + (fwd_attn if self.flops.recompute and self.cfg is not None
+                                   and "context" not in _kept(self.cfg.remat) else 0.0)
         return predict(
-            flops=cost["flops"] if compiled else (self.model_flops + self.flops.recompute)
+            flops=(cost["flops"] + kernel / self.compute_split) if compiled else
+            (self.model_flops + self.flops.recompute - attn + kernel)
             / self.compute_split * self.pipeline_factor,
             bytes_accessed=cost["bytes accessed"] if compiled else self.hbm_bytes_estimate,
             collectives=self.collectives, mesh=self.mesh, hardware=hardware,
@@ -185,8 +199,28 @@ class Plan(Displayable):
             model_flops=self.model_flops, overlap=overlap,
             compiler_seconds=cost.get("optimal_seconds") if compiled else None,
             exposed_axes=self._weight_only_axes(),
-            flops_source=label if compiled else why + "model FLOPs (+ remat) / compute split",
+            flops_source=(label if compiled else why + "model FLOPs (+ remat) / compute split")
+            + (f"; + the {self.attention.split(':')[0]} kernel's FLOPs by formula "
+               "(attention.kernel_flops: cost analysis does not count Pallas kernels)"
+               if kernel else ""),
+            sync_exposed=self.source == "tpu-compiler",
             bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
+
+    @property
+    def kernel_flops(self) -> float:
+        """FLOPs of the fused attention kernel in one step, all devices, by formula
+        (``workbench.models.attention.kernel_flops``); 0 for XLA attention."""
+        impl = self.attention.split(":")[0]
+        if self.cfg is None or impl in ("", "xla"):
+            return 0.0
+        platform = "tpu" if self.source == "tpu-compiler" or self.mesh.platform == "tpu" \
+            else self.mesh.platform
+        cfg = self.cfg
+        return attention_impl.kernel_flops(
+            cfg.attention, platform, batch=self.batch, seq=self.seq, n_heads=cfg.n_heads,
+            head_dim=cfg.head_dim, n_layers=cfg.n_layers,
+            block_sizes=cfg.attention_block_sizes,
+            recompute_forward=cfg.remat != "none" and "context" not in _kept(cfg.remat))
 
     def _weight_only_axes(self) -> tuple[str, ...]:
         """Mesh axes (size > 1) that shard weights but split neither batch nor sequence:
@@ -295,7 +329,15 @@ class Plan(Displayable):
             f"replicated compute factor {self.replicated_compute_factor:.3g}"),
             (f"  communication/device/step {_bytes(self.comm_bytes_per_device)} in "
             f"{sum(c.count for c in self.collectives)} collective(s)"
-            f"{' (estimate)' if self.is_estimate else ''}"),
+            f"{' (estimate)' if self.is_estimate else ''}"
+            + ("" if self.is_estimate else
+               f", {sum(c.count for c in self.collectives if c.overlapped)} overlapped "
+               "(async)")),
+            (f"  attention {self.attention or 'n/a'}; remat "
+             f"{self.cfg.remat if self.cfg is not None else 'n/a'}; overlap flags: "
+             f"{len(self.compiler_options)}"
+             + (f" ({', '.join(sorted(self.compiler_options))})"
+                if self.compiler_options else " (none)")),
             f"  source: {self.source} — {self.source_reason}",
             "  " + self._predicted_line(),
         ]
@@ -365,6 +407,7 @@ class Plan(Displayable):
             "source": self.source, "source_reason": self.source_reason,
             "predicted": self._predicted_dict(),
             **({"pipeline": self.pipeline} if self.pipeline else {}),
+            "compiler_options": dict(self.compiler_options), "attention": self.attention,
         }
 
     def _predicted_dict(self) -> dict[str, Any] | None:
@@ -380,6 +423,12 @@ def _ms(x: float | None) -> str:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
+
+
+def _kept(remat: str) -> set[str]:
+    """Checkpoint names a remat policy saves or offloads."""
+    p = REMAT_POLICIES[remat]
+    return set(p.saved) | set(p.offloaded)
 
 
 def _predicted_columns(p: Plan) -> dict[str, Any]:

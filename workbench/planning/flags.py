@@ -1,0 +1,59 @@
+"""XLA compile options that overlap collectives with compute, chosen per platform.
+
+FSDP all-gathers every layer's weights before its matmuls and reduce-scatters the
+gradients after; run synchronously, each blocks the program. The reference runs (MaxText's
+``benchmarks/maxtext_v5p_model_configs.py`` and v6e configs) compile with flags that make
+the TPU compiler run them as *async collective fusions* beside independent compute, and
+GPU runs enable XLA's latency-hiding scheduler. :func:`compile_options` gives the set for
+a platform; ``wb.plan(..., overlap=...)`` and the Trainer pass them to ``jax.jit``
+(``compiler_options``), the plan shows them (``Plan.compiler_options``) and its
+collectives say which ones the compiled program runs asynchronously
+(``Collective.overlapped``).
+
+Every TPU flag here is accepted by libtpu 0.0.42's compiler (an unknown name is an
+``INVALID_ARGUMENT: No such compile option`` error: ``tests/test_remat.py`` checks).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["OVERLAP_FLAGS", "compile_options"]
+
+#: Overlap flags by platform (MaxText's LIBTPU_INIT_ARGS for FSDP on v5p/v6e; XLA's GPU
+#: latency-hiding scheduler and pipelined collectives).
+OVERLAP_FLAGS: dict[str, dict[str, bool]] = {
+    "tpu": {
+        "xla_tpu_enable_async_collective_fusion": True,
+        "xla_tpu_enable_async_collective_fusion_fuse_all_gather": True,
+        "xla_tpu_enable_async_collective_fusion_multiple_steps": True,
+        "xla_tpu_overlap_compute_collective_tc": True,
+        "xla_enable_async_all_gather": True,
+        "xla_enable_async_collective_permute": True,
+        "xla_tpu_enable_data_parallel_all_reduce_opt": True,
+        "xla_tpu_data_parallel_opt_different_sized_ops": True,
+    },
+    "gpu": {
+        "xla_gpu_enable_latency_hiding_scheduler": True,
+    },
+    "cpu": {},
+}
+
+
+def compile_options(platform: str, overlap: bool | Mapping[str, Any] = True
+                    ) -> dict[str, Any]:
+    """Compile options for ``platform`` ("tpu", "gpu"/"cuda"/"rocm", "cpu").
+
+    Args:
+        platform: the platform compiled for.
+        overlap: True: the platform's ``OVERLAP_FLAGS``; False: none (collectives run
+            synchronously, the compiler's default); a mapping: exactly these options
+            (names are checked by the compiler).
+    """
+    if isinstance(overlap, Mapping):
+        return dict(overlap)
+    if not isinstance(overlap, bool):
+        raise TypeError(f"overlap must be True, False or a dict of XLA compile options, "
+                        f"got {overlap!r}")
+    key = "gpu" if platform in ("gpu", "cuda", "rocm") else platform
+    return dict(OVERLAP_FLAGS.get(key, {})) if overlap else {}
