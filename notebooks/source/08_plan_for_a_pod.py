@@ -153,6 +153,64 @@ if p.compiler_seconds is not None:
     print(f"the TPU compiler's own estimate: {p.compiler_seconds:.2f} s/step")
 
 # %% [markdown]
+# ## MaxText's own run: a fused attention kernel and a named remat policy
+#
+# MaxText publishes this model on a v5p-512 slice (256 chips) at the same 4 sequences of
+# 4096 tokens per chip, at 65.4% MFU (causal-halved FLOPs, 692 tokens/s/chip; its
+# `llama2_70b_v5p_128` benchmark config). It does not use full remat: it runs attention
+# with the Pallas *splash* kernel, which never holds the 4096 x 4096 scores, and keeps
+# the q/k/v and output projections (remat policy `save_dot_except_mlpwi`), so the
+# backward pass recomputes only the MLP's input projections and the attention.
+#
+# Workbench has both: `GPTConfig(attention="splash")` (or `"auto"`: splash on TPU,
+# cuDNN flash attention on GPU) and named remat policies (`wb.models.REMAT_POLICIES`).
+# The path from the step above to MaxText's, each step compiled by the TPU compiler for
+# the 256-chip slice (Llama 2's RoPE base, 10000, and `overlap=True`: the TPU flags that
+# run the FSDP collectives as async collective fusions, `plan.compiler_options`). A
+# step the compiler refuses for memory comes back as a plan that says so, with the
+# compiler's own count of what it needs.
+
+# %%
+ref_cfg = cfg.replace(rope_theta=10000.0, seq_len=4096)
+ref_pod = wb.abstract_mesh("v5p-512", fsdp=-1)
+steps = {"XLA attention, remat full": dict(attention="xla", remat="full"),
+         "splash, remat full": dict(attention="splash", remat="full"),
+         "splash, remat save_dot_except_mlpwi": dict(attention="splash",
+                                                     remat="save_dot_except_mlpwi")}
+path = {label: wb.plan(ref_cfg.replace(**change), mesh=ref_pod, rules="fsdp",
+                       batch=256 * 4, seq=4096, name=label)
+        for label, change in steps.items()}
+
+# %%
+for label, p in path.items():
+    pred = p.predicted
+    need = p.memory.get("compiler_required_temp")
+    verdict = "fits" if p.fits else (
+        f"does NOT fit (the compiler needs {need / GiB:.0f} GiB of temporaries)" if need
+        else "does NOT fit")
+    print(f"{label:<38} {p.memory['total'] / GiB:6.1f} GiB/chip  {verdict}")
+    print(f"{'':<38} predicted {pred.step_seconds:.1f} s/step, MFU {pred.mfu:.1%}, "
+          f"{pred.tokens_per_s / 256:,.0f} tokens/s/chip ({pred.bound}-bound)")
+
+# %% [markdown]
+# Reading the path:
+#
+# * **Splash attention** removes the score matrices from the temporaries; with full
+#   remat the chips still redo every block's forward pass (about 1/3 more FLOPs).
+# * **`save_dot_except_mlpwi`** spends the memory splash freed on keeping the
+#   projections: less recomputation, so a shorter predicted step at a memory cost the
+#   compiler confirms still fits.
+# * The splash kernel's FLOPs are added by formula (`plan.kernel_flops`): XLA's cost
+#   analysis does not see inside a Pallas kernel (`predicted.sources["flops"]`).
+# * The prediction is a roofline at the chip's peak FLOP/s, so it is an upper bound on
+#   MFU: MaxText's measured 65.4% is below it by what the MXUs lose to non-matmul work
+#   and imperfect overlap. `benchmarks/bench_reference.py` does the same for MaxText's
+#   v6e runs (BENCHMARKS.md, "reference" rows).
+
+# %%
+wb.compare(list(path.values()))
+
+# %% [markdown]
 # ## Your turn
 #
 # * Plan the same model on `"v5p-256"` with 4 sequences per chip: how much headroom

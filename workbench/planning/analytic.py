@@ -13,7 +13,8 @@ import numpy as np
 from workbench.planning.hlo import Collective, _wire
 from workbench.layouts import Layout
 from workbench.mesh import MeshInfo
-from workbench.models.config import GPTConfig
+from workbench.models import attention as attention_impl
+from workbench.models.config import REMAT_POLICIES, GPTConfig
 from workbench.rules import Rules
 
 
@@ -84,6 +85,20 @@ def _bytes_per_element(kind: str, b: int, remat: str) -> dict[str, float]:
     """Bytes kept per element of each per-token tensor class (``_LAYER_KEYS``)."""
     if kind == "cpu":   # XLA:CPU: remat does not lower the peak (temp_breakdown)
         return dict(zip(_LAYER_KEYS, (3 * b, 5 * b, 2 * b, 2 * b, 4 + b, 4 + b)))
+    policy = REMAT_POLICIES[remat]
+    if remat not in ("none", "dots", "full"):   # named policies: what stays on the device
+        if policy.base == "dots_with_no_batch_dims_saveable":
+            remat = "dots"
+        elif policy.offload_dots:   # every projection on the host: the block input stays
+            remat = "full"
+        else:
+            kept = set(policy.saved)  # (offloaded names live in host memory)
+            host = set(policy.offloaded)
+            return dict(zip(_LAYER_KEYS, (
+                b * ("decoder_layer_input" not in host) + b * ("out_proj" in kept),
+                b * (("mlpwi_0" in kept) + ("mlpwi_1" in kept)),
+                b * (("query_proj" in kept) + ("context" in kept)),
+                b * (("key_proj" in kept) + ("value_proj" in kept)), 0, 4 + b)))
     if remat == "dots":  # matmul outputs without batch dimensions: q, k, v, o, gate, up, down
         return dict(zip(_LAYER_KEYS, (2 * b, 2 * b, b, 2 * b, 0, 4 + b)))
     if remat == "full":  # the block input
@@ -91,6 +106,16 @@ def _bytes_per_element(kind: str, b: int, remat: str) -> dict[str, float]:
     if b == 4:
         return dict(zip(_LAYER_KEYS, (9, 9, 4, 3, 4, 5)))
     return dict(zip(_LAYER_KEYS, (3 * b, 3 * b, 2 * b, 2 * b, 4 + b, 4 + b)))
+
+
+def _fused_attention(cfg: GPTConfig, mesh: MeshInfo, seq: int) -> bool:
+    """Whether ``cfg.attention`` runs a fused kernel on ``mesh``'s platform."""
+    try:
+        r = attention_impl.resolve(getattr(cfg, "attention", "xla"), mesh.platform, seq=seq,
+                                   block_sizes=getattr(cfg, "attention_block_sizes", None))
+    except ValueError:
+        return False
+    return r.impl != "xla"
 
 
 #: On-chip scratch (VMEM, memory space 1) the TPU compiler reports inside
@@ -171,7 +196,8 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
       ``slots · expert_d_ff`` plus the shared experts' width, and each slot adds a D-sized
       input and output, ``2b·slots·D``, plus float32 router logits, probabilities and
       one-hot counts, ``12·E``; :func:`moe_slots_per_token`) (``_bytes_per_element`` by
-      platform, dtype and ``cfg.remat``; ``T`` the attention span). XLA:CPU schedules
+      platform, dtype and ``cfg.remat``; ``T`` the attention span: the sequence, or one
+      ``T/n`` block for ring attention over a context axis of size ``n``). XLA:CPU schedules
       every rematerialisation right after the forward pass, so remat does not lower its
       peak: the CPU keeps the ``"none"`` set.
     - ``transient``: the last layer's backward pass: its recomputed set under remat, else
@@ -207,6 +233,11 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     pbytes = np.dtype(cfg.param_dtype).itemsize
     shard = lambda name: axes_size(mesh, [a for a in rule_axes(rules, name) if a in mesh.shape])
     tokens = _ceil_div(batch, shard("batch")) * _ceil_div(seq, shard("seq"))
+    # attention span: ring attention (context parallelism) scores one T/n block at a time
+    span = _ceil_div(seq, shard("seq")) \
+        if getattr(cfg, "context_attention", "") == "ring" else seq
+    if kind == "accelerator" and _fused_attention(cfg, mesh, seq):
+        span = 0   # a fused kernel (splash, cuDNN) never holds the T x T scores
     d = cfg.d_model
     f = _ceil_div(cfg.d_ff, shard("mlp"))
     heads = _ceil_div(cfg.n_heads, shard("heads"))
@@ -226,7 +257,7 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
         c = _bytes_per_element(kind, b, remat)
         moe = 2 * b * s * d + 3 * 4 * cfg.n_experts   # slot inputs/outputs, router floats
         return c["D"] * d + c["F"] * f + c["NH"] * nh + c["KH"] * kh \
-            + c["scores"] * heads * seq + moe
+            + c["scores"] * heads * span + moe
 
     remat = cfg.remat if kind == "accelerator" else "none"
     saved = int(tokens * per_token(remat)) * cfg.n_layers
@@ -236,7 +267,7 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     transient = int(tokens * per_token("none")) if remat != "none" else \
         int(tokens * (none["F"] * f + b * d))
     if kind == "accelerator":   # the softmax's backward: gradients of scores and probabilities
-        transient += int(tokens * heads * seq * (4 + b))
+        transient += int(tokens * heads * span * (4 + b))
     logits = int(tokens * vocab * none["logits"])
     scratch = TPU_SCRATCH_BYTES if mesh.platform == "tpu" else 0
 
