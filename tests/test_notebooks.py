@@ -17,7 +17,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 EXPECTED = ["00_tour", "01_meshes_and_devices", "02_partition_specs",
             "03_sharded_model_step_by_step", "04_memory_math", "05_resumable_training",
             "06_launch_from_a_cell", "07_teaching_on_tpu_vms", "08_plan_for_a_pod",
-            "10_pipelines"]
+            "10_pipelines", "11_experts_and_long_sequences"]
 
 
 def kernel_env() -> dict[str, str]:
