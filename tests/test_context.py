@@ -238,3 +238,24 @@ def test_exercise_reference_is_the_traced_ring_and_equals_the_hand_count():
                                  itemsize=2, size=8, variant="ring")
     assert (got, count) == (hand["received"], 2 * 7)
     assert wb.exercise("ring_kv_bytes").check(f"{got / 2**20} MiB").correct
+
+
+def test_layout_widget_draws_a_seq_sharded_activation_as_jax_places_it():
+    from jax.sharding import NamedSharding
+
+    from workbench.widgets._payload import layout_payload
+
+    mesh = wb.make_mesh(data=2, context=4)
+    spec = wb.Rules.preset("cp", mesh).spec(("batch", "seq", None))
+    lay = wb.layout((4, 4096, 64), spec, mesh, name="residual",
+                    logical_axes=("batch", "seq", None))
+    payload = layout_payload(lay)
+    assert payload["spec"] == [["data"], ["context"], []]
+    assert payload["shard_shape"] == [2, 1024, 64] and len(payload["blocks"]) == 8
+    want = NamedSharding(mesh, spec).devices_indices_map((4, 4096, 64))
+    ids = mesh.devices.reshape(-1)
+    for block in payload["blocks"]:
+        for pos in block["positions"]:
+            idx = want[ids[pos]]
+            assert [(s.start or 0, s.stop if s.stop is not None else n) for s, n in
+                    zip(idx, (4, 4096, 64))] == list(zip(block["start"], block["stop"]))
