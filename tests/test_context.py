@@ -259,3 +259,13 @@ def test_layout_widget_draws_a_seq_sharded_activation_as_jax_places_it():
             idx = want[ids[pos]]
             assert [(s.start or 0, s.stop if s.stop is not None else n) for s, n in
                     zip(idx, (4, 4096, 64))] == list(zip(block["start"], block["stop"]))
+
+
+def test_search_ranks_context_parallel_layouts():
+    cfg = GPTConfig.preset("1b", remat="full", scan_layers=True, context_attention="ring")
+    r = wb.search(cfg, "v5p-128", batch=8, seq=131072, strategies=("fsdp_cp",),
+                  remat=("full",), mesh_shapes=[{"data": 8, "context": 8},
+                                                {"data": 4, "context": 16}, {"data": 64}],
+                  exact=False, progress=False)
+    assert r.best.mesh.shape == {"data": 4, "context": 16} and r.best.rules["seq"] == "context"
+    assert "needs one mesh axis named 'context'" in r.table()

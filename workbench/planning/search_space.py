@@ -20,7 +20,7 @@ __all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "Candidate", "Hardware", "cand
 
 DEFAULT_STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp")
 DEFAULT_REMAT = ("none", "dots", "full")
-PRESETS = ("dp", "fsdp", "tp", "fsdp_tp")
+PRESETS = ("dp", "fsdp", "tp", "fsdp_tp", "cp", "fsdp_cp")   # cp: give mesh_shapes with a context axis
 # cfg dimensions a tensor-parallel split must divide exactly (attention reshapes them)
 _EXACT = {"heads": "n_heads", "kv_heads": "n_kv_heads", "mlp": "d_ff"}
 
