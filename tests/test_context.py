@@ -114,12 +114,15 @@ def unsharded_losses(lm_batch):
     return _train(cfg, one, wb.Rules.preset("dp", one), lm_batch)
 
 
-@pytest.mark.parametrize("variant,zigzag,preset", [
-    ("allgather", False, "cp"), ("allgather", True, "fsdp_cp"),
-    ("ring", False, "fsdp_cp"), ("ring", True, "cp")])
-def test_context4_trains_like_context1(variant, zigzag, preset, lm_batch, unsharded_losses):
+@pytest.mark.parametrize("variant,zigzag,preset,scan", [
+    ("allgather", False, "cp", False), ("allgather", True, "fsdp_cp", False),
+    ("ring", False, "fsdp_cp", False), ("ring", True, "cp", True)])
+def test_context4_trains_like_context1(variant, zigzag, preset, scan, lm_batch,
+                                       unsharded_losses):
+    # scan: the blocks stacked and scanned, each rematerialized (same function as unrolled)
     cfg = GPTConfig.preset("tiny", seq_len=64, context_attention=variant,
-                           context_zigzag=zigzag)
+                           context_zigzag=zigzag, scan_layers=scan,
+                           remat="full" if scan else "none")
     mesh = wb.make_mesh(data=2, context=4)
     rules = wb.Rules.preset(preset, mesh)
     assert rules["seq"] == "context"
