@@ -126,8 +126,8 @@ def _step_rows() -> list[dict[str, Any]]:
         "notes": (f"per device contiguous {C.blocks_per_device(4, zigzag=False)}, zig-zag "
                   f"{C.blocks_per_device(4, zigzag=True)}; measured step ring "
                   f"{times['ring'] * 1e3:.0f} ms vs ring + zig-zag "
-                  f"{times['ring + zig-zag'] * 1e3:.0f} ms (simulated devices share the CPU, "
-                  "so idle devices do not show as lost time)")})
+                  f"{times['ring + zig-zag'] * 1e3:.0f} ms (CPU: the simulated devices share "
+                  "the host's cores)")})
     return rows
 
 
