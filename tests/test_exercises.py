@@ -61,6 +61,10 @@ CASES = {
     "ring_kv_bytes": (["448 MiB", "0.4375 GiB"],
                       [("512 MiB", "already has its own"), ("224 MiB", "K or V alone"),
                        ("3584 MiB", "kv heads"), ("896 MiB", "float32")]),
+    "moe_all_to_all_axis": (["expert", "'expert'"], [("data", "splits the batch")]),
+    "moe_dispatch_bytes": (["80 MiB", "0.078125 GiB"],
+                           [("160 MiB", "float32"), ("64 MiB", "capacity factor"),
+                            ("10 MiB", "one expert")]),
 }
 
 
