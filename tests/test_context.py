@@ -114,16 +114,18 @@ def unsharded_losses(lm_batch):
     return _train(cfg, one, wb.Rules.preset("dp", one), lm_batch)
 
 
-@pytest.mark.parametrize("variant,zigzag,preset,scan", [
-    ("allgather", False, "cp", False), ("allgather", True, "fsdp_cp", False),
-    ("ring", False, "fsdp_cp", False), ("ring", True, "cp", True)])
-def test_context4_trains_like_context1(variant, zigzag, preset, scan, lm_batch,
+@pytest.mark.parametrize("variant,zigzag,preset,scan,axes", [
+    ("allgather", False, "cp", False, {"data": 2}),
+    ("allgather", True, "fsdp_cp", False, {"model": 2}),   # heads over model, seq over context
+    ("ring", False, "fsdp_cp", False, {"data": 2}),
+    ("ring", True, "cp", True, {"data": 2})])
+def test_context4_trains_like_context1(variant, zigzag, preset, scan, axes, lm_batch,
                                        unsharded_losses):
     # scan: the blocks stacked and scanned, each rematerialized (same function as unrolled)
     cfg = GPTConfig.preset("tiny", seq_len=64, context_attention=variant,
                            context_zigzag=zigzag, scan_layers=scan,
                            remat="full" if scan else "none")
-    mesh = wb.make_mesh(data=2, context=4)
+    mesh = wb.make_mesh(**axes, context=4)   # data/model major, context minor
     rules = wb.Rules.preset(preset, mesh)
     assert rules["seq"] == "context"
     got = _train(cfg, mesh, rules, lm_batch)
