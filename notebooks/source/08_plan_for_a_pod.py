@@ -166,14 +166,17 @@ if p.compiler_seconds is not None:
 # cuDNN flash attention on GPU) and named remat policies (`wb.models.REMAT_POLICIES`).
 # The path from the step above to MaxText's, each step compiled by the TPU compiler for
 # the 256-chip slice (Llama 2's RoPE base, 10000, and `overlap=True`: the TPU flags that
-# run the FSDP collectives as async collective fusions, `plan.compiler_options`). A
-# step the compiler refuses for memory comes back as a plan that says so, with the
-# compiler's own count of what it needs.
+# run the FSDP collectives as async collective fusions, `plan.compiler_options`). It
+# starts from MaxText's remat policy with Workbench's XLA attention. A step the compiler
+# refuses for memory comes back as a plan that says so, with the compiler's own count of
+# what it needs.
 
 # %%
 ref_cfg = cfg.replace(rope_theta=10000.0, seq_len=4096)
 ref_pod = wb.abstract_mesh("v5p-512", fsdp=-1)
-steps = {"XLA attention, remat full": dict(attention="xla", remat="full"),
+steps = {"XLA attention, save_dot_except_mlpwi": dict(attention="xla",
+                                                     remat="save_dot_except_mlpwi"),
+         "XLA attention, remat full": dict(attention="xla", remat="full"),
          "splash, remat full": dict(attention="splash", remat="full"),
          "splash, remat save_dot_except_mlpwi": dict(attention="splash",
                                                      remat="save_dot_except_mlpwi")}
@@ -195,11 +198,17 @@ for label, p in path.items():
 # %% [markdown]
 # Reading the path:
 #
-# * **Splash attention** removes the score matrices from the temporaries; with full
-#   remat the chips still redo every block's forward pass (about 1/3 more FLOPs).
+# * **MaxText's policy with XLA attention does not fit**: the backward pass of each
+#   block holds float32 score matrices (`4 x 64 x 4096²` per chip per layer) on top of
+#   the saved projections; the compiler asks for more than the chip's 95 GiB.
+# * **Full remat** makes it fit, at the price of running every block's forward pass
+#   twice (about a third more FLOPs).
+# * **Splash attention** removes the score matrices from the temporaries: the same
+#   full-remat step needs far less memory (the kernel's own backward pass does more
+#   matmuls than XLA's, so alone it is not faster).
 # * **`save_dot_except_mlpwi`** spends the memory splash freed on keeping the
-#   projections: less recomputation, so a shorter predicted step at a memory cost the
-#   compiler confirms still fits.
+#   projections: less recomputation, the shortest predicted step, and it fits: MaxText's
+#   configuration, compiled and checked by the TPU compiler on this laptop.
 # * The splash kernel's FLOPs are added by formula (`plan.kernel_flops`): XLA's cost
 #   analysis does not see inside a Pallas kernel (`predicted.sources["flops"]`).
 # * The prediction is a roofline at the chip's peak FLOP/s, so it is an upper bound on
