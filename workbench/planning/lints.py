@@ -19,7 +19,8 @@ class Lint:
 
     Attributes:
         kind: ``uneven``, ``replicated``, ``redundant_compute``, ``fsdp_gather``,
-            ``memory`` or ``unmapped``.
+            ``memory``, ``unmapped``, ``unannotated`` or ``reshard`` (a layout conflict the
+            compiler resolved by moving data).
         severity: ``error`` (will not run / fit), ``warning`` (wastes memory or compute),
             ``info`` (a cost worth knowing).
         path: the tensor (or mesh axis / logical axis) it is about.
@@ -200,3 +201,26 @@ def unmapped(unmapped_names: Mapping[str, Sequence[str]]) -> list[Lint]:
             fix=(f"add {logical}=<mesh axis> to the Rules to shard it, or {logical}=None to "
                  f"replicate it on purpose")))
     return out
+
+
+def unannotated(logical: Mapping[str, Sequence[str | None]],
+                param_layouts: Mapping[str, Layout]) -> list[Lint]:
+    """A model none of whose parameters carries a sharding annotation: all replicated."""
+    params = {k[len("params."):] if k.startswith("params.") else k: v
+              for k, v in logical.items() if k.startswith("params.")}
+    if not param_layouts or any(a is not None for axes in params.values() for a in axes):
+        return []
+    lays = list(param_layouts.values())
+    total = sum(lay.total_bytes for lay in lays)
+    n = lays[0].mesh.size
+    big = max(lays, key=lambda lay: lay.total_bytes)
+    return [Lint(
+        kind="unannotated", severity="warning", path=big.name, value=float(total),
+        paths=tuple(lay.name for lay in lays),
+        message=(f"no parameter of this model carries a sharding annotation: all "
+                 f"{len(lays)} parameter(s) ({format_bytes(total)}) are replicated on each of "
+                 f"the {n} devices, and their gradients are all-reduced every step; largest "
+                 f"{big.name!r}"),
+        fix=("annotate parameters with mesh or logical axes: nnx.Linear(..., kernel_init="
+             "nnx.with_partitioning(init, (None, 'model'))) or nnx.Param(value, "
+             "out_sharding=('embed', 'mlp')) with wb.Rules for the logical names"))]
