@@ -16,10 +16,12 @@ all labelled as estimates.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from collections.abc import Mapping
 from typing import Any
+from warnings import warn
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +30,7 @@ from flax import nnx
 
 from workbench._display import status_line
 from workbench._notebook import in_notebook
+from workbench._validate import check_int, nearest_multiples
 from workbench.flops import gpt_flops, jaxpr_step_flops
 from workbench.layouts import format_bytes
 from workbench.mesh import mesh_info
@@ -78,8 +81,13 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
         cfg_or_factory: a ``GPTConfig`` or a callable ``rngs -> nnx.Module``.
         mesh: ``wb.make_mesh(...)`` (compiled plan) or ``wb.abstract_mesh(...)`` (analytic).
         rules: ``Rules`` or a preset name ("dp", "fsdp", "tp", "fsdp_tp"); default "fsdp".
-        batch: global batch size (sequences per step).
-        seq: sequence length (default ``cfg.seq_len``).
+        batch: global batch size (sequences per step): a positive int divisible by the
+            data-parallel size (the product of the mesh axes the rules map ``batch`` to);
+            otherwise a ValueError names the nearest batches that are.
+        seq: sequence length, a positive int (default ``cfg.seq_len``). Longer than the
+            model's ``seq_len`` is planned with a warning naming both: the model computes
+            at any length (RoPE has no position table), so it is a legitimate experiment,
+            but one the config does not state; ``cfg.replace(seq_len=seq)`` states it.
         optimizer: optax transformation (default ``optax.adamw(3e-4)``).
         dtype: compute dtype override for a GPTConfig ("bfloat16", ...).
         name: label for ``compare`` (default: the preset name).
@@ -94,6 +102,12 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
             for a large model on many devices).
     """
     t0 = time.perf_counter()
+    batch = check_int(batch, "batch", where="wb.plan: ",
+                      fix="batch is the global number of sequences per step, e.g. batch=8")
+    if seq is not None:
+        seq = check_int(seq, "seq", where="wb.plan: ",
+                        fix="seq is tokens per sequence; leave it out for the model's seq_len")
+    given_rules = rules
     info = mesh_info(mesh)
     rules_name = rules if isinstance(rules, str) else None
     rules = Rules.preset(rules or "fsdp", info) if rules is None or isinstance(rules, str) \
@@ -108,7 +122,15 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
                              "its own dtypes")
         cfg = cfg.replace(dtype=dtype)
     factory = model_factory(cfg if cfg is not None else cfg_or_factory)
-    seq = int(seq or (cfg.seq_len if cfg else 1))
+    _check_batch_divides(batch, rules, info, rules_name, given_rules)
+    if seq is None:
+        seq = cfg.seq_len if cfg else 1
+    elif cfg is not None and seq > cfg.seq_len:
+        warn(
+            f"wb.plan: seq={seq} is longer than the model's seq_len={cfg.seq_len}; the plan is "
+            f"for {seq} tokens (RoPE has no length limit, attention costs grow as seq**2). "
+            f"Plan cfg.replace(seq_len={seq}) to say so and silence this warning",
+            UserWarning, stacklevel=2)
     optimizer = optimizer if optimizer is not None else optax.adamw(3e-4)
     target = _compile_target(info, compile)
     jmesh = target.mesh if target.mesh is not None else info.abstract
@@ -171,6 +193,24 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
         compiled=compiled, compile_seconds=out.seconds, compile_cached=out.cached,
         plan_seconds=time.perf_counter() - t0, factory=factory, loss_fn=loss_fn,
         jitted=jitted)
+
+
+def _check_batch_divides(batch: int, rules: Rules, info: Any, rules_name: str | None,
+                         given: Any) -> None:
+    """Refuses a batch its data-parallel devices do not divide, naming the nearest ones
+    that work (JAX cannot lay out the batch otherwise, and the Trainer refuses it too)."""
+    axes = rules.mesh_axes("batch") if "batch" in rules else ()
+    shards = math.prod(info.shape[a] for a in axes)
+    if batch % shards == 0:
+        return
+    near = " or ".join(f"batch={b}" for b in nearest_multiples(batch, shards))
+    how = f"rules {rules_name!r}" if rules_name else \
+        "the rules" if given is not None else "the default rules 'fsdp'"
+    raise ValueError(
+        f"wb.plan: batch={batch} is not divisible by the data-parallel size {shards}: "
+        f"{how} split the batch over mesh axes {axes} of mesh "
+        f"{' x '.join(f'{n}={s}' for n, s in info.shape.items())}; use {near} (a multiple "
+        f"of {shards}), or rules/mesh axes whose sizes divide {batch}")
 
 
 @dataclasses.dataclass(frozen=True)
