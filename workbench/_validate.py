@@ -1,12 +1,16 @@
 """Argument checks shared by the config and API entry points: integers that are integers."""
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["check_int", "nearest_multiples"]
+__all__ = ["check_int", "nearest_multiples", "no_new_empty_dirs"]
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = 1, maximum: int | None = None,
@@ -83,3 +87,37 @@ def _range_text(minimum: int | None, maximum: int | None, allow: tuple[int, ...]
     if allow:
         text += " or " + " or ".join(str(a) for a in allow)
     return text
+
+
+@contextlib.contextmanager
+def no_new_empty_dirs(*paths: str | os.PathLike[str]) -> Iterator[None]:
+    """On an exception, removes the directories the block created under ``paths`` while
+    they are empty.
+
+    For each path, the directories of it and its parents that did not exist before the
+    block, and every directory below them (all made by the block), are removed bottom-up
+    when empty: a failed start leaves no empty run directory or ``checkpoints/`` behind,
+    and no file is ever deleted (a directory holding one stays, with its parents).
+    """
+    before = {Path(p).absolute(): _missing(Path(p).absolute()) for p in paths}
+    try:
+        yield
+    except BaseException:
+        for missing in before.values():
+            if missing and missing[0].is_dir():
+                for root, _dirs, _files in os.walk(missing[0], topdown=False):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(root)  # only succeeds on an empty directory
+            for d in missing[1:]:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        raise
+
+
+def _missing(path: Path) -> list[Path]:
+    """``path`` and its parents that do not exist yet, deepest first."""
+    out = []
+    while not path.exists() and path != path.parent:
+        out.append(path)
+        path = path.parent
+    return out
