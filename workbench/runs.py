@@ -283,15 +283,13 @@ def read_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if len(raw) > MAX_RUN_JSON:
         raise RunFileError(f"{path} is larger than {MAX_RUN_JSON >> 20} MiB, far more than "
                            f"a run.json holds; {fix}")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RunFileError(f"{path} is not UTF-8 text (byte {e.start} is {raw[e.start]:#04x}; "
-                           f"binary?); {fix}") from None
-    if not text.strip():
+    if not raw.strip():
         raise RunFileError(f"{path} is empty; {fix}")
-    try:
-        data = json.loads(text, parse_constant=lambda _: None, parse_float=_finite_float)
+    try:  # bytes: UTF-8, -16 or -32, as JSON allows
+        data = json.loads(raw, parse_constant=lambda _: None, parse_float=_finite_float)
+    except UnicodeDecodeError as e:
+        raise RunFileError(f"{path} is not UTF-8 text (byte {e.start} is "
+                           f"{e.object[e.start]:#04x}; binary?); {fix}") from None
     except RecursionError:
         raise RunFileError(f"{path} is nested too deeply to read; {fix}") from None
     except ValueError as e:
@@ -388,7 +386,8 @@ def check_run(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         if kind is _as_float:
             ok = _as_float(v) is not None
         elif kind is int:
-            ok = isinstance(v, int) and not isinstance(v, bool) and -2**53 < v < 2**53
+            ok = isinstance(v, int) and not isinstance(v, bool) and (
+                key == "pid" or -2**53 < v < 2**53)  # no pid is that large: a dead writer
         else:
             ok = isinstance(v, kind)
         if not ok:

@@ -40,7 +40,7 @@ def metrics_payload(watch: RunWatch, records: list[dict[str, Any]],
     if keys:
         cols = {k: [r.get(k) for r in records] for k in dict.fromkeys(["step", *keys])}
     else:
-        cols = runs.columns(records)
+        cols = {"step": [], **runs.columns(records)}
     gaps: dict[str, list[int]] = {}
     for key, col in cols.items():
         bad = [i for i, v in enumerate(col) if v is None or (v.__class__ is float and v - v)]
