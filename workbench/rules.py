@@ -245,3 +245,35 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None], *,
         spec = PartitionSpec(*(PartitionSpec.UNCONSTRAINED if a in unmapped else s
                                for a, s in zip(logical_axes, spec, strict=True)))
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+#: penzai transformer axis names -> the Workbench logical axis whose rule they follow
+#: (``penzai.models.transformer``: ``embedding``, ``neurons``, attention ``heads`` or
+#: ``head_groups`` x ``query_heads``, ``projection``, ``vocabulary``, ``blocks`` of a
+#: layer stack). ``query_heads`` follows ``heads`` only when ``kv_heads`` is not sharded
+#: the same way (one mesh axis cannot shard both head dims of a query weight).
+PENZAI_AXES: dict[str, str] = {
+    "embedding": "embed", "neurons": "mlp", "heads": "heads", "head_groups": "kv_heads",
+    "query_heads": "heads", "projection": "head_dim", "vocabulary": "vocab",
+    "blocks": "layers", "batch": "batch", "seq": "seq"}
+
+
+def penzai_rules(rules: Rules) -> Rules:
+    """``rules`` plus a rule for each penzai transformer axis (:data:`PENZAI_AXES`) that
+    ``rules`` do not name, copied from its Workbench logical axis: the presets and any
+    GPT rules shard a penzai Llama-like model as they shard the GPT.
+
+    Example:
+        >>> penzai_rules(Rules(embed="data", mlp="model", heads="model",
+        ...                    kv_heads="model"))["neurons"]
+        'model'
+    """
+    extra: dict[str, MeshAxes] = {}
+    for pz_name, ours in PENZAI_AXES.items():
+        if pz_name in rules or ours not in rules:
+            continue
+        if pz_name == "query_heads" and rules.get("kv_heads") == rules[ours]:
+            extra[pz_name] = None
+            continue
+        extra[pz_name] = rules[ours]
+    return rules.replace(**extra) if extra else rules

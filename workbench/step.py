@@ -219,6 +219,11 @@ def abstract_train_state(cfg_or_factory: GPTConfig | ModelFactory,
     graphdef, param_state = abstract if abstract is not None else \
         abstract_param_state(cfg_or_factory)
     params, logical = nnx.to_pure_dict(param_state), logical_axes(param_state)
+    if not isinstance(cfg_or_factory, GPTConfig):  # rules for a model's own axis names
+        from workbench.models.adapters import ModelSpec, resolve_rules
+
+        spec = cfg_or_factory if isinstance(cfg_or_factory, ModelSpec) else None
+        rules = resolve_rules(logical, rules, mesh, spec=spec)
     unmapped: dict[str, list[str]] = {}
     for tensor, axes in logical.items():
         for ax in rules.unmapped(axes):

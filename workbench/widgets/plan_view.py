@@ -41,10 +41,35 @@ class PlanView(ipywidgets.VBox):
         self.summary = PlanWidget(payload=plan_payload(plan))
         tree = {"params": plan.param_state, "opt_state": plan.abstract_state.opt_state}
         self.tensors = TreeView(tree, plan_tensors(plan), title=f"plan {plan.name!r}")
+        if _is_penzai(plan):  # treescope draws the penzai model itself, its arrays sharded
+            self.tensors.table.unobserve(self.tensors._on_treescope, names="want_treescope")
+            self.tensors.table.observe(self._on_penzai_treescope, names="want_treescope")
         super().__init__(children=[self.summary, self.tensors])
+
+    def penzai_model(self) -> Any:
+        """The plan's penzai model with its parameters materialised into the plan's
+        shardings (on real devices), else with abstract parameters."""
+        from workbench.models.penzai_adapter import PenzaiModel, penzai_tree
+
+        if self.plan.mesh.jax_mesh is not None:
+            return penzai_tree(self.plan.materialize(seed=0))
+        from flax import nnx
+
+        model = nnx.merge(self.plan.graphdef, self.plan.abstract_state.params)
+        assert isinstance(model, PenzaiModel)
+        return penzai_tree(model)
+
+    def _on_penzai_treescope(self, change: dict) -> None:
+        if change["new"] and not self.tensors.table.treescope_html:
+            self.tensors.tree = self.penzai_model()
+            self.tensors._on_treescope(change)
 
     def __repr__(self) -> str:
         return str(self.plan)
+
+
+def _is_penzai(plan: Any) -> bool:
+    return (getattr(plan.factory, "config", None) or {}).get("family") == "penzai"
 
 
 def plan_tensors(plan: Any) -> TreeLayouts:
