@@ -38,7 +38,6 @@ from workbench.train.setup import (
     check_keep,
     check_run_dir,
     enable_compile_cache,
-    removed_if_failed,
 )
 
 __all__ = ["NonFiniteLoss", "RunConfigMismatch", "RunResult", "Trainer"]
@@ -127,7 +126,7 @@ class Trainer(Displayable):
         self._initial_model = initial_model
         self._recorded_prediction, self._prediction_event = prediction_record(prediction)
         self.prediction = self._recorded_prediction or self._stored_prediction()
-        with removed_if_failed(self.run_dir), self._writing():
+        with self._writing():
             self.checkpoints = Checkpoints(self.run_dir / "checkpoints", keep=config.keep,
                                            every=config.checkpoint_every,
                                            async_save=async_checkpoint)
