@@ -244,7 +244,27 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None], *,
     if unmapped:
         spec = PartitionSpec(*(PartitionSpec.UNCONSTRAINED if a in unmapped else s
                                for a, s in zip(logical_axes, spec, strict=True)))
+    record = _RECORD.get()
+    if record is not None:  # planning.activations lists the constrained activations
+        record.append((name, tuple(logical_axes), x, spec))
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+#: While :func:`recording` is active, every :func:`constrain` call appends
+#: ``(name, logical axes, value, PartitionSpec)`` here.
+_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "workbench_constrain_record", default=None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list]:
+    """Collect the :func:`constrain` calls made while tracing inside this block."""
+    out: list = []
+    token = _RECORD.set(out)
+    try:
+        yield out
+    finally:
+        _RECORD.reset(token)
 
 
 #: penzai transformer axis names -> the Workbench logical axis whose rule they follow

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from workbench.planning.hlo import Collective
+from workbench.planning.hlo import Collective, Reshard
 from workbench.planning.analytic import axes_size, batch_axes, rule_axes, weight_axes
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
@@ -224,3 +224,25 @@ def unannotated(logical: Mapping[str, Sequence[str | None]],
         fix=("annotate parameters with mesh or logical axes: nnx.Linear(..., kernel_init="
              "nnx.with_partitioning(init, (None, 'model'))) or nnx.Param(value, "
              "out_sharding=('embed', 'mlp')) with wb.Rules for the logical names"))]
+
+
+def reshards(found: Sequence[Reshard]) -> list[Lint]:
+    """Layout conflicts the compiler resolved by moving an activation between two ops
+    (one lint per producer/consumer pair of source lines)."""
+    groups: dict[tuple[str, str, str, str], list[Reshard]] = {}
+    for r in found:
+        groups.setdefault((r.producer, r.producer_source, r.consumer, r.consumer_source),
+                          []).append(r)
+    out = []
+    for (prod, psrc, cons, csrc), rs in groups.items():
+        kinds = ", ".join(sorted({f"{r.kind} over {'+'.join(r.axes) or '-'}" for r in rs}))
+        out.append(Lint(
+            kind="reshard", severity="info", path=csrc or cons, value=float(len(rs)),
+            paths=tuple(r.name for r in rs),
+            message=(f"the compiler reshards {rs[0].shape} between {prod!r} "
+                     f"({psrc or 'no source line'}) and {cons!r} ({csrc or 'no source line'}): "
+                     f"{len(rs)} {kinds} inserted because the two ops want different layouts"),
+            fix=("constrain the tensor between them to the layout the consumer wants "
+                 "(wb.rules.constrain / jax.lax.with_sharding_constraint), or change the "
+                 "rule that shards one of them differently")))
+    return out

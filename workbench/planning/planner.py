@@ -35,9 +35,11 @@ from workbench.flops import gpt_flops, jaxpr_step_flops
 from workbench.layouts import format_bytes
 from workbench.mesh import mesh_info
 from workbench.models import GPTConfig
+from workbench.models.adapters import ModelSpec, resolve_rules
 from workbench.planning import analytic, lints
 from workbench.planning.compile import compile_lowered
-from workbench.planning.hlo import Collective, parse_collectives
+from workbench.planning.activations import explain_collectives
+from workbench.planning.hlo import Collective, parse_collectives, parse_reshards
 from workbench.planning.lints import Lint
 from workbench.planning.report import Comparison, Plan
 from workbench.pytrees import tree_layouts
@@ -47,10 +49,12 @@ from workbench.step import (
     LossFn,
     ModelFactory,
     abstract_batch,
+    abstract_param_state,
     abstract_train_state,
     batch_logical_axes,
     jit_train_step,
     lm_loss,
+    logical_axes,
     make_train_step,
     model_factory,
     require_auto_axes,
@@ -122,6 +126,17 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
                              "its own dtypes")
         cfg = cfg.replace(dtype=dtype)
     factory = model_factory(cfg if cfg is not None else cfg_or_factory)
+    abstract = None
+    if cfg is None:  # any NNX module: its annotations name mesh axes or logical axes
+        spec = factory if isinstance(factory, ModelSpec) else None
+        abstract = abstract_param_state(factory)
+        rules = resolve_rules(logical_axes(abstract[1]), given_rules, info, spec=spec)
+        rules.check_mesh(info)
+        if spec is not None:
+            loss_fn = spec.loss_fn if spec.loss_fn is not None and loss_fn is lm_loss \
+                else loss_fn
+            if example_batch is None and spec.example_batch is not None:
+                example_batch = spec.batch(batch, int(seq or 1))
     _check_batch_divides(batch, rules, info, rules_name, given_rules)
     if seq is None:
         seq = cfg.seq_len if cfg else 1
@@ -136,7 +151,7 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     jmesh = target.mesh if target.mesh is not None else info.abstract
 
     st = abstract_train_state(cfg if cfg is not None else factory, optimizer, rules, jmesh,
-                              strict=False)
+                              strict=False, abstract=abstract)
     example = dict(example_batch) if example_batch is not None else {
         k: jax.ShapeDtypeStruct((batch, seq), jnp.int32) for k in ("inputs", "targets")}
     batch_abs = abstract_batch(example, rules, jmesh)
@@ -147,8 +162,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     o_lay = {k: v for k, v in layouts.items() if k.startswith("opt_state.")}
     b_lay = {k: v for k, v in layouts.items() if k.startswith("batch.")}
     params = nnx.to_pure_dict(st.param_state)
-    flops = gpt_flops(cfg, batch, seq) if cfg is not None else jaxpr_step_flops(
-        lambda p, b: loss_fn(nnx.merge(st.graphdef, p), b), params, example, batch)
+    flops = gpt_flops(cfg, batch, seq) if cfg is not None else _model_flops(
+        st.graphdef, loss_fn, params, example, batch, rules, jmesh)
     act = analytic.activation_bytes(cfg, batch, seq, rules, info) if cfg else None
     limit = memory_limit if memory_limit is not None else info.memory_per_device
     estimate = analytic.analytic_memory(p_lay, o_lay, b_lay, act, limit)
@@ -172,12 +187,20 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
             if progress:
                 _say_once(target.reason)
         collectives = analytic.analytic_collectives(p_lay, rules, info, cfg, batch, seq)
+    reshards = []
+    if compiled is not None:  # which rule made each collective; layout conflicts
+        collectives = explain_collectives(
+            collectives, {k[len("params."):]: v for k, v in st.logical.items()
+                          if k.startswith("params.")}, layouts, rules, info)
+        reshards = parse_reshards(compiled.as_text(), info.axis_names, info.axis_sizes)
 
     warnings = (lints.over_memory(memory, "compiled" if compiled else "estimate")
                 + lints.unmapped(st.unmapped) + lints.uneven({**p_lay, **b_lay})
                 + lints.redundant_compute(rules, info, p_lay)
                 + lints.replicated(p_lay, replicated_threshold)
-                + lints.fsdp_gathers(p_lay, rules, info, collectives, compiled is not None))
+                + lints.fsdp_gathers(p_lay, rules, info, collectives, compiled is not None)
+                + (lints.unannotated(st.logical, p_lay) if cfg is None else [])
+                + lints.reshards(reshards))
     return Plan(
         name=name or rules_name or "plan", cfg=cfg, mesh=info, rules=rules, batch=batch,
         seq=seq, optimizer=optimizer, is_estimate=compiled is None, flops=flops,
@@ -193,6 +216,27 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
         compiled=compiled, compile_seconds=out.seconds, compile_cached=out.cached,
         plan_seconds=time.perf_counter() - t0, factory=factory, loss_fn=loss_fn,
         jitted=jitted)
+
+
+def _model_flops(graphdef: Any, loss_fn: LossFn, params: Any,
+                 example: Mapping[str, jax.ShapeDtypeStruct], batch: int, rules: Rules,
+                 mesh: Any) -> Any:
+    """FLOPs of a model factory's step from its jaxpr; a forward that fails on the example
+    batch is an error naming the batch it was given."""
+    def loss(p: Any, b: Any) -> Any:
+        with jax.sharding.use_abstract_mesh(getattr(mesh, "abstract_mesh", mesh)), \
+                rules.activate(mesh):
+            return loss_fn(nnx.merge(graphdef, p), b)
+    try:
+        return jaxpr_step_flops(loss, params, example, batch)
+    except Exception as err:  # noqa: BLE001 - any failure of the user's forward
+        given = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in example.items())
+        raise ValueError(
+            f"the model's loss failed on the example batch {{{given}}}: "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Pass "
+            "example_batch={name: jax.ShapeDtypeStruct(shape, dtype)} with the inputs the "
+            "model takes and loss_fn=(model, batch) -> loss that feeds them (or wrap it with "
+            "wb.models.from_nnx(..., example_batch=..., loss_fn=...))") from err
 
 
 def _check_batch_divides(batch: int, rules: Rules, info: Any, rules_name: str | None,
