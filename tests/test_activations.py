@@ -145,3 +145,68 @@ def test_tpu_compiled_plan_collectives_have_sources():
     assert all(c.rule and "embed -> data" in c.rule for c in gathers
                if any(t.startswith("params.") for t in c.tensors))
     assert np.isfinite(sum(a.bytes_per_device for a in p.activations))
+
+
+# -- the plan widget's activations and collectives tabs ------------------------------------
+
+def _render_js(tmp_path, state, actions):
+    import json
+    import shutil
+    import subprocess
+
+    from workbench.widgets import _assets
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (needed to run the widget ESM)")
+    here = Path(__file__).parent / "widgets_js"
+    (tmp_path / "plan.mjs").write_text(_assets.esm("plan"))
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    (tmp_path / "actions.json").write_text(json.dumps(actions))
+    out = subprocess.run([node, str(here / "render.mjs"), str(tmp_path / "plan.mjs"),
+                          str(tmp_path / "state.json"), str(tmp_path / "actions.json")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_widget_activations_tab_lists_the_plans_activations(plan, tmp_path):
+    from workbench.widgets.plan_view import plan_payload
+
+    p = plan_payload(plan)
+    state = {"payload": p, "tab": "overview", "selected_collective": -1, "collective_note": ""}
+    rep = _render_js(tmp_path, state, [{"op": "click", "cls": "wb-tab", "index": 1}])
+    assert rep["state"]["tab"] == "activations"
+    assert len(rep["rows"]) == len(plan.activations)
+    hidden = next(a for a in plan.activations if a.name == "mlp_hidden" and a.layer == 0)
+    row = next(r for r in rep["rows"] if r[0] == "mlp_hidden" and r[1] == "0")
+    assert row[2] == f"float32[{', '.join(map(str, hidden.shape))}]"
+    assert row[4] == "P(data, None, model)"
+
+
+def test_widget_collectives_tab_click_draws_before_and_after(plan, tmp_path):
+    from workbench.widgets.plan_view import PlanView, plan_payload
+
+    p = plan_payload(plan)
+    state = {"payload": p, "tab": "collectives", "selected_collective": -1,
+             "collective_note": ""}
+    rep = _render_js(tmp_path, state, [{"op": "click", "cls": "wb-row", "index": 0}])
+    # rows sorted by bytes sent: the first row is the collective that sends the most
+    top = max(range(len(plan.collectives)),
+              key=lambda i: plan.collectives[i].total_wire_bytes)
+    assert rep["state"]["selected_collective"] == top
+    assert len(rep["rows"]) == len(plan.collectives)
+    assert plan.collectives[top].sources[0] in rep["rows"][0]
+    # Python draws the layouts of what the click picked: a parameter's FSDP gather
+    view = PlanView(plan)
+    i = next(i for i, c in enumerate(plan.collectives) if "params.blocks.0.mlp.up" in c.tensors)
+    view.select_collective(i)
+    drawn = next(t for t in plan.collectives[i].tensors if t in plan.layouts)
+    lay = plan.layouts[drawn]           # the first parameter the merged gathers move
+    assert view.exchange.layout.display == "flex"
+    from workbench.widgets._payload import layout_payload
+
+    assert view.before.payload == layout_payload(lay)
+    gathered = wb.layout(lay.shape, (None, "model"), plan.mesh, name="x")
+    assert view.after.payload["blocks"] == layout_payload(gathered)["blocks"]
+    assert "gathered over data" in view.summary.collective_note

@@ -25,7 +25,8 @@ from workbench.planning.analytic import batch_axes
 from workbench.planning.hlo import Collective
 from workbench.rules import Rules, recording
 
-__all__ = ["Activation", "explain_collectives", "trace_activations"]
+__all__ = ["Activation", "CollectiveLayouts", "collective_layouts", "explain_collectives",
+           "trace_activations"]
 
 #: Per-layer activation names of Workbench's GPT, in call order within a block.
 LAYER_NAMES = ("q", "k", "v", "attn_out", "residual", "mlp_hidden")
@@ -249,3 +250,92 @@ def _rule(c: Collective, logical: Mapping[str, Any], layouts: Mapping[str, Any],
         return (f"{'/'.join(names) or '?'} -> {fmt} (tensor parallel: partial sums of a "
                 f"matmul whose contracted dim is sharded)")
     return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CollectiveLayouts:
+    """What one collective instruction does to its tensor's layout (``collective_layouts``).
+
+    Attributes:
+        before, after: ``Layout`` of the tensor on the plan's mesh before and after it.
+        note: what changes (``"gathered over 'data' along dim 0"``).
+        instruction: the HLO instruction drawn.
+    """
+
+    before: Any
+    after: Any
+    note: str
+    instruction: str
+
+
+def _dims(type_text: str) -> tuple[int, ...]:
+    import re
+
+    m = re.search(r"[a-z]+\d*\[([\d,]*)\]", type_text)
+    return tuple(int(x) for x in m.group(1).split(",") if x) if m else ()
+
+
+def collective_layouts(plan: Any, index: int) -> CollectiveLayouts:
+    """The layouts before and after ``plan.collectives[index]`` (its first instruction).
+
+    A parameter's gather is drawn on its own layout (the rules' spec, then without the
+    gathered axes); any other tensor on the shape the instruction works on, sharded only
+    by the collective's own axes (the other mesh axes as the compiler left them are not
+    in the instruction).
+    """
+    from workbench.layouts import layout
+    from workbench.planning.hlo import HloGraph
+
+    c = plan.collectives[index]
+    axes = tuple(c.axes)
+    mesh = plan.mesh
+    param = next((t for t in c.tensors if t in plan.layouts), None)
+    dtype = (c.shapes[0].split("[")[0] if c.shapes else "f32")
+    dtype = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "s32": "int32"}.get(
+        dtype, "float32")
+    spec_axes = axes[0] if len(axes) == 1 else axes
+    if param is not None and c.kind == "all-gather":
+        lay = plan.layouts[param]
+        after = tuple(tuple(a for a in s if a not in axes) for s in lay.spec)
+        after = tuple(None if not s else s[0] if len(s) == 1 else s for s in after)
+        return CollectiveLayouts(
+            before=lay, after=layout(lay.shape, after, mesh,
+                                     dtype=lay.dtype, name=f"{param} (gathered)"),
+            note=f"{param} gathered over {'+'.join(axes)}", instruction=c.names[0])
+    ins = None
+    if plan.compiled is not None and c.names:
+        graph = HloGraph.parse(plan.compiled.as_text())
+        ins = graph.instructions.get(c.names[0])
+        operand = graph.instructions.get(ins.operands[0]) if ins and ins.operands else None
+    out_dims = _dims(ins.type) if ins is not None else _dims(c.shapes[0]) if c.shapes else ()
+    in_dims = _dims(operand.type) if ins is not None and operand is not None else out_dims
+    rank = len(out_dims)
+    none = (None,) * rank
+    m = mesh
+    if c.kind == "all-gather" and len(in_dims) == rank:
+        d = next((i for i in range(rank) if out_dims[i] != in_dims[i]), 0)
+        before = tuple(spec_axes if i == d else None for i in range(rank))
+        shape, after, note = out_dims, none, f"gathered over {'+'.join(axes)} along dim {d}"
+    elif c.kind == "reduce-scatter" and len(in_dims) == rank:
+        d = next((i for i in range(rank) if out_dims[i] != in_dims[i]), 0)
+        shape, before = in_dims, none
+        after = tuple(spec_axes if i == d else None for i in range(rank))
+        note = (f"partial sums on every device of {'+'.join(axes)}, summed and scattered "
+                f"along dim {d}")
+    elif c.kind == "all-to-all" and len(in_dims) == rank:
+        grow = next((i for i in range(rank) if out_dims[i] > in_dims[i]), 0)
+        shrink = next((i for i in range(rank) if out_dims[i] < in_dims[i]), 0)
+        shape = tuple(max(a, b) for a, b in zip(in_dims, out_dims, strict=True))
+        before = tuple(spec_axes if i == grow else None for i in range(rank))
+        after = tuple(spec_axes if i == shrink else None for i in range(rank))
+        note = f"resharded over {'+'.join(axes)}: dim {grow} gathered, dim {shrink} split"
+    else:
+        shape, before, after = out_dims, none, none
+        note = ("partial sums on every device, the full sum on every device after"
+                if c.kind == "all-reduce" else f"values moved between devices along "
+                f"{'+'.join(axes) or '-'}")
+    name = c.tensors[0] if c.tensors else c.kind
+    return CollectiveLayouts(
+        before=layout(shape, before, m, dtype=dtype, name=f"{name} (before {c.kind})"),
+        after=layout(shape, after, m, dtype=dtype, name=f"{name} (after {c.kind})"),
+        note=note, instruction=c.names[0] if c.names else "")
