@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 AUTH_RESOURCE = "contents"
 MAX_LIMIT = 200_000  # metrics records in one response
+EVERY_STEP = -(2**53)  # ``since`` when none is given: below every valid step
 
 
 def metrics_payload(watch: RunWatch, records: list[dict[str, Any]],
@@ -130,22 +131,22 @@ class MetricsHandler(_Base, APIHandler):
     """``GET /workbench/api/runs/<id>/metrics?since=<step>&limit=<n>&keys=loss,mfu``.
 
     Returns the step records above ``since`` as columns; ``more`` says that ``limit``
-    cut the answer short (ask again with ``since=last_step``). ``since`` is an integer
-    (|since| <= 2**53), ``limit`` a positive one (at most 200000 are sent); anything
-    else answers 400.
+    cut the answer short (ask again with ``since=last_step``); without ``since``, every
+    step (zero and negative ones too). ``since`` is an integer (|since| <= 2**53),
+    ``limit`` a positive one (at most 200000 are sent); anything else answers 400.
     """
 
     @web.authenticated
     @authorized("read")
     async def get(self, rid: str) -> None:
-        since = _int_arg(self, "since", 0)
+        since = _int_arg(self, "since", EVERY_STEP)
         limit = min(_int_arg(self, "limit", MAX_LIMIT, lo=1), MAX_LIMIT)
         keys = _keys_arg(self)
         watch = await self.lookup(rid)
         records = await asyncio.to_thread(watch.read, since, limit + 1)
         more = len(records) > limit
         payload = metrics_payload(watch, records[:limit], keys)
-        payload.update(since=since, more=more)
+        payload.update(since=None if since == EVERY_STEP else since, more=more)
         self.finish(dumps(payload))
 
 
@@ -178,7 +179,8 @@ class RunStreamHandler(_Socket):
     :class:`~workbench.server.hub.RunSubscriber`).
 
     Sends ``{"type": "run", "run": ...}`` first and whenever ``run.json`` changes,
-    then ``{"type": "metrics", "columns": ...}`` with every record above ``since`` and,
+    then ``{"type": "metrics", "columns": ...}`` with every record above ``since`` (all
+    when not given) and,
     as lines are appended, the new ones. ``{"type": "reset"}`` means the metrics file
     was replaced: drop what you have.
     """
@@ -189,7 +191,7 @@ class RunStreamHandler(_Socket):
     async def get(self, rid: str) -> None:
         await self.pre_get()
         self.watch = await self.lookup(rid)
-        self.since = _int_arg(self, "since", 0)
+        self.since = _int_arg(self, "since", EVERY_STEP)
         self.keys = _keys_arg(self)
         res = super().get(rid)
         if res is not None:
