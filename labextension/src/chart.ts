@@ -26,6 +26,7 @@ export const PALETTE = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '
 
 /**
  * The chart element carries `data-points` (points drawn in the first series),
+ * `data-gaps` (its gaps: nulls, where the line breaks),
  * `data-last-step`, `data-drawn-at` (epoch ms of the last draw) and `data-draw-ms`
  * (from preparing the data to drawn), for tests and benchmarks.
  */
@@ -67,6 +68,7 @@ export class LineChart {
     const x = this._data[0];
     const first = (this._data[1] ?? []) as (number | null | undefined)[];
     this.node.dataset.points = String(first.filter(v => v !== null && v !== undefined).length);
+    this.node.dataset.gaps = String(first.filter(v => v === null).length);
     this.node.dataset.lastStep = x.length ? String(x[x.length - 1]) : '';
     this.node.dataset.drawnAt = String(Date.now());
     this.node.dataset.drawMs = (performance.now() - this._t0).toFixed(2);
