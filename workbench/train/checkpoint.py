@@ -500,9 +500,10 @@ class Checkpoints:
         elif code in (errno.EACCES, errno.EPERM, errno.EROFS):
             fix = f"make {self.directory} writable and re-run to continue from it"
         elif isinstance(error, ocp.checkpoint_manager.StepAlreadyExistsError):
-            fix = ("another writer saved this step meanwhile (two trainers on one run "
-                   "directory?); stop the other one, then re-run to continue from the newest "
-                   "checkpoint")
+            fix = ("another writer saved it meanwhile, or an earlier run left it and this one "
+                   f"does not continue from it: stop the other writer, or move {self.directory}"
+                   f"/{step} out of the way if it should go, then re-run to continue from the "
+                   "newest checkpoint")
         else:
             fix = "fix the error above and re-run to continue from it"
         return CheckpointError(
@@ -529,7 +530,6 @@ class Checkpoints:
             (names the first differing leaf); nothing is moved.
           CheckpointError: no checkpoint exists, or none can be read.
         """
-        self._set_aside_strays()
         steps = [step] if step is not None else self.all_steps()[::-1]
         if not steps:
             raise CheckpointError(f"no checkpoint in {self.directory}")
@@ -698,19 +698,6 @@ class Checkpoints:
         self._manager.reload()
         return dest
 
-    def _set_aside_strays(self) -> None:
-        """Moves aside directories named like a step that Orbax does not list (a damaged or
-        never-committed step), so no later save of that step trips over them."""
-        if self.read_only or not self.directory.is_dir():
-            return
-        listed = set(self.all_steps())
-        for p in sorted(self.directory.iterdir()):
-            if p.name.isdigit() and p.is_dir() and int(p.name) not in listed:
-                dest = self._set_aside(int(p.name), "Orbax does not list it as a checkpoint "
-                                       "(a damaged or never-committed step directory)")
-                warnings.warn(f"{p} is not a complete checkpoint; moved aside to {dest} "
-                              "(nothing deleted)", stacklevel=3)
-
     def _clear_the_way(self, step: int) -> None:
         """Before saving ``step``: a directory of that name Orbax does not list is moved
         aside; one it lists means another writer saved it (refused with the fix)."""
@@ -720,7 +707,8 @@ class Checkpoints:
         if step in self.all_steps():
             raise self._write_error(
                 step, ocp.checkpoint_manager.StepAlreadyExistsError(
-                    f"checkpoint step {step} already exists in {self.directory}"))
+                    f"checkpoint step {step} already exists in {self.directory} and was not "
+                    "overwritten"))
         dest = self._set_aside(step, "Orbax does not list it as a checkpoint (a damaged or "
                                      "never-committed step directory)")
         warnings.warn(f"{path} is not a complete checkpoint; moved aside to {dest} before "
