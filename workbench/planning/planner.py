@@ -227,8 +227,11 @@ def _model_flops(graphdef: Any, loss_fn: LossFn, params: Any,
         with jax.sharding.use_abstract_mesh(getattr(mesh, "abstract_mesh", mesh)), \
                 rules.activate(mesh):
             return loss_fn(nnx.merge(graphdef, p), b)
+    tokens = all(jnp.issubdtype(v.dtype, jnp.integer) and len(v.shape) == 2
+                 for v in example.values())   # a language model: count tokens, not rows
+    n = batch * int(next(iter(example.values())).shape[1]) if tokens and example else batch
     try:
-        return jaxpr_step_flops(loss, params, example, batch)
+        return jaxpr_step_flops(loss, params, example, n)
     except Exception as err:  # noqa: BLE001 - any failure of the user's forward
         given = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in example.items())
         raise ValueError(

@@ -201,7 +201,8 @@ class Plan(Displayable):
             / self.compute_split,
             bytes_accessed=cost["bytes accessed"] if compiled else self.hbm_bytes_estimate,
             collectives=self.collectives, mesh=self.mesh, hardware=hardware,
-            tokens_per_step=self.batch * self.seq if self.cfg is not None else None,
+            tokens_per_step=self.batch * self.seq if self.cfg is not None
+            or self.flops.tokens == self.batch * self.seq else None,
             model_flops=self.model_flops, overlap=overlap,
             compiler_seconds=cost.get("optimal_seconds") if compiled else None,
             exposed_axes=self._weight_only_axes(),
