@@ -308,13 +308,17 @@ class Checkpoints:
       every: ``save`` writes only at multiples of ``every`` unless ``force=True``.
       async_save: write in a background thread after the blocking device-to-host copy.
       read_only: only restore (e.g. the source run of a fork); nothing is written or removed.
+      checksums: record per-array checksums at save (restore checks them whenever a
+        checkpoint has them); False skips the device pass at save (see the module docstring).
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, keep: int = 3, every: int = 1,
-                 async_save: bool = True, read_only: bool = False) -> None:
+                 async_save: bool = True, read_only: bool = False,
+                 checksums: bool = True) -> None:
         self.directory = Path(directory).absolute()
         self.every = every
         self.read_only = read_only
+        self.checksums = checksums
         self._async = async_save
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, save_interval_steps=every, create=not read_only,
@@ -394,7 +398,8 @@ class Checkpoints:
         if snap is not None:
             self._submit(step, snap, meta, force)
             return time.perf_counter() - t0
-        args = self._args(step, tree, impls, data, meta, leaf_checksums(tree))
+        args = self._args(step, tree, impls, data, meta,
+                          leaf_checksums(tree) if self.checksums else None)
         try:
             saved = self._manager.save(step, args=args, force=force)
         except (OSError, ocp.checkpoint_manager.StepAlreadyExistsError) as e:
@@ -415,17 +420,20 @@ class Checkpoints:
     def _write(self, step: int, snap: Snapshot, meta: dict[str, Any] | None,
                force: bool) -> bool:
         """The writer thread: the snapshot to host, then Orbax's (async) save."""
-        sums = leaf_checksums(snap.tree)  # of the device copy: the same numbers as a restore's
+        # of the device copy: the same numbers as a restore's
+        sums = leaf_checksums(snap.tree) if self.checksums else None
         tree = jax.device_get(snap.tree)  # a private copy: no later step can change it
         args = self._args(step, tree, snap.impls, snap.data, meta, sums)
         return self._manager.save(step, args=args, force=force)
 
     @staticmethod
     def _args(step: int, tree: Any, impls: list[str], data: Any,
-              meta: dict[str, Any] | None, sums: dict[str, list[int]]) -> ocp.args.Composite:
+              meta: dict[str, Any] | None, sums: dict[str, list[int]] | None
+              ) -> ocp.args.Composite:
         facts: dict[str, Any] = {"step": step, "time": time.time(), "key_impls": impls,
-                                 **(meta or {}),
-                                 "checksums": {"algorithm": CHECKSUM_ALGORITHM, "leaves": sums}}
+                                 **(meta or {})}
+        if sums is not None:
+            facts["checksums"] = {"algorithm": CHECKSUM_ALGORITHM, "leaves": sums}
         if data is not None and jax.process_count() == 1:
             position = data.get_state()
             facts["data_state"] = position.decode() if isinstance(position, bytes) else position
