@@ -115,6 +115,17 @@ def test_wrong_types_are_type_errors(changes, match):
         TrainConfig(**changes)
 
 
+@pytest.mark.parametrize("changes, match", [
+    ({"lr": "3e-3"}, r"AdamW.lr='3e-3' must be a finite number"),
+    ({"lr": float("nan")}, r"AdamW.lr=nan must be a finite number"),
+    ({"accumulate": True}, r"AdamW.accumulate=True is a bool"),
+    ({"decay_steps": 2.5}, r"AdamW.decay_steps=2.5 is a float; .*pick AdamW.decay_steps=2 or"),
+])
+def test_optimizer_fields_of_the_wrong_type_are_type_errors(changes, match):
+    with pytest.raises(TypeError, match=match):
+        AdamW(**changes)
+
+
 def test_seq_longer_than_the_model_warns_naming_both_and_the_override_silences_it():
     import warnings
 
