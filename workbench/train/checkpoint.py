@@ -204,10 +204,24 @@ def _weighted_sums(x: jax.Array) -> jax.Array:
     return jnp.stack([jnp.sum(b * w1, dtype=jnp.uint32), jnp.sum(mixed * w2, dtype=jnp.uint32)])
 
 
-@jax.jit
 def _checksum_arrays(arrays: list[jax.Array]) -> jax.Array:
     return jnp.stack([_weighted_sums(a) for a in arrays]) if arrays else \
         jnp.zeros((0, 2), jnp.uint32)
+
+
+_CHECKSUM_FNS: dict[Any, Any] = {}
+
+
+def _checksum_fn(devices: tuple[Any, ...] | None) -> Any:
+    """The jitted checksum for arrays on ``devices``: its result replicated on all of them,
+    so every process can read it (None: JAX's default placement)."""
+    key = None if devices is None else tuple(d.id for d in devices)
+    fn = _CHECKSUM_FNS.get(key)
+    if fn is None:
+        out = None if devices is None else jax.sharding.NamedSharding(
+            jax.sharding.Mesh(np.array(devices), ("all",)), jax.sharding.PartitionSpec())
+        fn = _CHECKSUM_FNS[key] = jax.jit(_checksum_arrays, out_shardings=out)
+    return fn
 
 
 def leaf_checksums(tree: Any) -> dict[str, list[int]]:
@@ -227,12 +241,12 @@ def leaf_checksums(tree: Any) -> dict[str, list[int]]:
     groups: dict[Any, list[tuple[str, Any]]] = {}
     for name, x in named:  # one jitted call per set of devices (jit takes no mixed sets)
         where = getattr(x, "sharding", None)
-        key = (frozenset(d.id for d in where.device_set) if where is not None else None,
-               getattr(x, "committed", True))
+        committed = isinstance(x, jax.Array) and where is not None and x.committed
+        key = tuple(sorted(where.device_set, key=lambda d: d.id)) if committed else None
         groups.setdefault(key, []).append((name, x))
     out: dict[str, list[int]] = {}
-    for group in groups.values():
-        sums = np.asarray(jax.device_get(_checksum_arrays([x for _, x in group])))
+    for devices, group in groups.items():
+        sums = np.asarray(jax.device_get(_checksum_fn(devices)([x for _, x in group])))
         out.update({name: [int(a), int(b)] for (name, _), (a, b) in zip(group, sums, strict=True)})
     return out
 
