@@ -25,9 +25,10 @@ with the target (a different model is a :class:`CheckpointMismatch` naming the f
 differing parameter, never "corrupt"), then reads the step and recomputes the checksums of
 what it read. A step that cannot be read (truncated, random or zeroed files, missing or
 garbage metadata or manifests, an emptied directory) or whose checksums differ (flipped
-bytes inside an array file) is **moved aside**, never deleted, to
-``checkpoints/corrupt/<step>`` (Orbax ignores that folder; a ``<step>.reason.txt`` beside
-it says why) with a warning naming it, and the next older step is tried. A later save of
+bytes inside an array file) is skipped for the next older one, and once an older step has
+restored (so the failure is the step's, not this machine's) it is **moved aside**, never
+deleted, to ``checkpoints/corrupt/<step>`` (Orbax ignores that folder; a
+``<step>.reason.txt`` beside it says why) with a warning naming it. A later save of
 the same step number therefore never trips over it. What is verified: every array leaf
 (parameters, optimizer state, step counter, RNG key data) bit for bit; the data position
 in single-process runs (multi-process runs: each process's position file must parse); the
@@ -543,9 +544,11 @@ class Checkpoints:
           step: a specific step; None tries the newest and falls back to older ones.
 
         A step that cannot be read or fails verification (see the module docstring) is
-        moved aside to ``<directory>/corrupt/`` (not in a read-only ``Checkpoints``) and
-        the next older one is tried; a warning names the step, why, where it went and
-        the step restored instead.
+        skipped for the next older one; once an older step restores, the skipped ones are
+        moved aside to ``<directory>/corrupt/`` (not in a read-only ``Checkpoints``) and a
+        warning names them, why, where they went and the step restored instead. When none
+        restores, only steps whose checksums or data position differ are moved (the others
+        may fail because of this machine, not their files).
 
         Raises:
           CheckpointMismatch: the newest checkpoint holds other shapes than ``target``
