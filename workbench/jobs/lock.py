@@ -11,9 +11,10 @@ A second writer is refused (:class:`JobRunningError`) with who holds it (pid, ho
 when) and how to proceed. A lock whose processes are all dead on this host is stale and is
 taken over with a warning; a lock from another host cannot be checked from here: the error
 says how to clear it by hand. Within one process, a second holder is refused only while
-the first one holds it (e.g. a Trainer running in another thread); locks this process still
-holds are released at exit. A directory that cannot be written raises
-:class:`RunDirNotWritable` with the path and the fix, before anything else is touched.
+the first one holds it (e.g. a Trainer running in another thread). Locks held for a block
+(:meth:`RunLock.hold`) are released at interpreter exit; a launcher's lock stays while its
+workers live. A directory that cannot be written raises :class:`RunDirNotWritable` with
+the path and the fix, before anything else is touched.
 """
 from __future__ import annotations
 
@@ -52,9 +53,10 @@ class RunDirNotWritable(PermissionError):
 
 
 def _release_all() -> None:
-    """At interpreter exit: removes the locks this process still holds."""
+    """At interpreter exit: removes the locks this process holds for a block (a Trainer's);
+    a launcher's lock stays while its workers live (``attach`` finds them after a restart)."""
     with _HELD_MUTEX:
-        held = list(_HELD.values())
+        held = [lock for lock in _HELD.values() if lock._depth]
     for lock in held:
         with contextlib.suppress(Exception):
             lock.release()
