@@ -134,6 +134,15 @@ CASES = [
                              "--run-dir", tmp / "runs" / "cli"), CliError,
      r"batch=12 is not divisible by the 8 devices that split the batch dim .*use a batch "
      r"that is a multiple of 8"),
+    ("wb.launch with a bad config (starts workers that fail)",
+     lambda tmp: wb.launch({"seed": -1}, run_dir=tmp / "runs" / "job"), ValueError,
+     r"TrainConfig.seed=-1 is out of range"),
+    ("wb.launch(steps=0)",
+     lambda tmp: wb.launch(TrainConfig(**GOOD), run_dir=tmp / "runs" / "job", steps=0),
+     ValueError, r"wb.launch: steps=0 is out of range; steps must be a positive integer"),
+    ("wb.launch with an unreadable CONFIG.json",
+     lambda tmp: wb.launch(config_file(tmp, "{bad"), run_dir=tmp / "runs" / "job"),
+     ValueError, r"wb.launch: the config .*cfg.json' is not valid JSON: Expecting property"),
     ("GPTConfig(d_model='64') (accepted, then a raw shape error)",
      lambda tmp: TINY.replace(d_model="64"), TypeError,
      r"GPTConfig.d_model='64' is a string; GPTConfig.d_model must be a positive integer: "

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import workbench
+from workbench._validate import check_int
 from workbench.jobs.job import Job, exit_file
 from workbench.jobs.lock import LAUNCHED_ENV, RunLock
 from workbench.jobs.worker import EXIT_FILE_ENV
@@ -206,7 +207,18 @@ def launch(config: Any, processes: int = 1, devices_per_process: int | None = No
     """
     run_dir = Path(run_dir or f"runs/launch-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     text = _config_text(config)
-    fields = json.loads(text)
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"wb.launch: the config {str(config)[:200]!r} is not valid JSON: "
+                         f"{err}; write it with TrainConfig.to_json()") from None
+    from workbench.train.config import TrainConfig
+
+    TrainConfig.from_dict(fields)  # a bad config is refused here: no directory, no process
+    for name, value in (("processes", processes), ("devices_per_process", devices_per_process),
+                        ("steps", steps)):
+        if value is not None:
+            check_int(value, name, where="wb.launch: ")
     target = steps if steps is not None else fields.get("steps")
     _check_mesh(fields.get("mesh") or {}, processes, devices_per_process)
     sub = ["train", "--config", str(run_dir / CONFIG_NAME), "--run-dir", str(run_dir)]
