@@ -236,16 +236,19 @@ class RunLock:
                                     "of it) exists but is not a directory; pass a directory path")
 
     def _not_writable(self, error: OSError) -> OSError:
-        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+        full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS) and not full:
             return error
         why = os.strerror(error.errno) if error.errno else str(error)
+        fix = ("free disk space there, or pass a run_dir on another disk" if full else
+               "make it writable (e.g. `chmod -R u+w` it, or remount it read-write), or pass "
+               "a run_dir in a writable place. To only read a finished run, use "
+               "workbench.runs.read_metrics(run_dir)")
         return RunDirNotWritable(
             error.errno,
             f"run directory {str(self.run_dir)!r} cannot be written ({why}: "
             f"{error.filename or self.path}). A run directory receives checkpoints, run.json "
-            "and metrics.jsonl: make it writable (e.g. `chmod -R u+w` it, or remount it "
-            "read-write), or pass a run_dir in a writable place. To only read a finished "
-            "run, use workbench.runs.read_metrics(run_dir)")
+            f"and metrics.jsonl: {fix}")
 
     def _record(self, pids: Iterable[int], info: dict[str, Any]) -> dict[str, Any]:
         pids = [int(p) for p in pids]
