@@ -106,7 +106,11 @@ class MetricsTail:
                 self.lines += 1
                 if rec is None:
                     continue
-                kind = classify(rec)
+                step = rec.get("step") if rec.__class__ is dict else None
+                if step.__class__ is int and -STEP_LIMIT < step < STEP_LIMIT and "event" not in rec:
+                    kind = "step"  # the common case, without a call
+                else:
+                    kind = classify(rec)
                 if isinstance(kind, _Bad):
                     self.bad_lines += 1
                     if self.first_bad is None:
