@@ -128,7 +128,9 @@ class MetricsTail:
                 self.last_step, self.last_record = step, rec
                 self.records_seen += 1
                 steps.append(rec)
-        except OSError as e:  # vanished or unreadable mid-read: the next poll retries
+        except FileNotFoundError:  # deleted mid-read: the next poll sees it gone
+            pass
+        except OSError as e:  # unreadable mid-read: the next poll retries
             self.file_problem = f"{METRICS} cannot be read: {e.strerror or e}"
         return steps, events
 

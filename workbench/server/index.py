@@ -37,6 +37,7 @@ class RunWatch:
         self.meta_error: str | None = None  # why run.json cannot be read
         self.meta_problems: list[str] = []  # fields of run.json that were ignored
         self.internal_error: str | None = None
+        self.gone = False  # run.json was missing at the last refresh
         self.events: list[dict[str, Any]] = []
         self._meta_stamp: tuple[int, int, int] | None = None
         self._status = ""
@@ -72,6 +73,7 @@ class RunWatch:
 
     def _refresh(self) -> tuple[list[dict[str, Any]], bool, bool]:
         changed = False
+        self.gone = False
         try:
             st = os.stat(self.path / runs.RUN_JSON)
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -85,7 +87,7 @@ class RunWatch:
                 except (OSError, ValueError) as e:
                     self.meta_error = str(e)
         except FileNotFoundError:
-            pass  # gone: a scan removes the run
+            self.gone = True  # a scan removes the run
         except OSError as e:
             changed, self.meta_error = self.meta_error != str(e), str(e)
         if self.meta_error is not None:
@@ -261,7 +263,8 @@ class RunIndex:
     def poll(self, force_scan: bool = False) -> tuple[list[Change], list[str]]:
         """Scans when due, then refreshes every run: ``(changes, removed ids)``."""
         removed: list[str] = []
-        if force_scan or time.monotonic() >= self._next_scan:
+        scanned = force_scan or time.monotonic() >= self._next_scan
+        if scanned:
             _, removed = self.scan()
         with self._lock:
             watches = list(self.watches.values())
@@ -270,6 +273,9 @@ class RunIndex:
             records, meta_changed, reset = w.refresh()
             if records or meta_changed or reset:
                 changes.append(Change(w, records, meta_changed, reset))
+        if not scanned and any(w.gone for w in watches):  # a run vanished: say so now
+            _, removed = self.scan()
+            changes = [c for c in changes if c.watch.id not in removed]
         return changes, removed
 
     def summaries(self) -> list[dict[str, Any]]:
