@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jupyterlab_harness import Lab, chromium, require_chromium, screenshot, show_runs_panel, start_lab
+from jupyterlab_harness import (
+    Lab,
+    chromium,
+    require_chromium,
+    screenshot,
+    show_runs_panel,
+    start_lab,
+)
 
 from workbench import runs
 

@@ -77,8 +77,8 @@ def get(jp_serverapp: Any, http_server_client: Any, jp_auth_header: dict[str, st
 @pytest.fixture
 def ws(jp_serverapp: Any, jp_http_port: int, jp_auth_header: dict[str, str]):
     async def connect(*parts: str, **query: Any) -> Any:
-        req = tornado.httpclient.HTTPRequest(f"ws://127.0.0.1:{jp_http_port}{_path(*parts, **query)}",
-                                             headers=jp_auth_header)
+        url = f"ws://127.0.0.1:{jp_http_port}{_path(*parts, **query)}"
+        req = tornado.httpclient.HTTPRequest(url, headers=jp_auth_header)
         return await tornado.websocket.websocket_connect(req)
 
     return connect
