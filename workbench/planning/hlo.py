@@ -481,6 +481,7 @@ class Reshard:
     Attributes:
         kind, axes, shape: the collective, the mesh axes it spans, its result type.
         name: its HLO instruction.
+        bytes: bytes of its result per device.
         producer, producer_source: the op whose result is resharded and its source line.
         consumer, consumer_source: the op that needed the other layout and its line.
     """
@@ -489,6 +490,7 @@ class Reshard:
     axes: tuple[str, ...]
     shape: str
     name: str
+    bytes: int
     producer: str
     producer_source: str
     consumer: str
@@ -521,6 +523,7 @@ def parse_reshards(hlo_text: str, axis_names: Sequence[str],
         cons = graph.consumer(ins)
         out.append(Reshard(
             kind=kind, axes=axes, shape=ins.type.strip("()").split("{")[0], name=ins.name,
+            bytes=_array_bytes(ins.type, kind, ins.op.endswith("-start"))[0],
             producer=_short_op(prod.op_name) if prod is not None and prod.op_name else
             (prod.op if prod is not None else "?"),
             producer_source=graph.source(prod) if prod is not None else "",

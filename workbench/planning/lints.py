@@ -226,23 +226,40 @@ def unannotated(logical: Mapping[str, Sequence[str | None]],
              "out_sharding=('embed', 'mlp')) with wb.Rules for the logical names"))]
 
 
-def reshards(found: Sequence[Reshard]) -> list[Lint]:
-    """Layout conflicts the compiler resolved by moving an activation between two ops
-    (one lint per producer/consumer pair of source lines)."""
-    groups: dict[tuple[str, str, str, str], list[Reshard]] = {}
+def reshards(found: Sequence[Reshard], *, most: int = 6) -> list[Lint]:
+    """Layout conflicts the compiler resolved by moving an activation between two ops:
+    one lint per pair of source lines (producer, consumer), the ``most`` that move the
+    most bytes, then one lint counting the rest."""
+    groups: dict[tuple[str, str], list[Reshard]] = {}
     for r in found:
-        groups.setdefault((r.producer, r.producer_source, r.consumer, r.consumer_source),
+        groups.setdefault((r.producer_source or r.producer, r.consumer_source or r.consumer),
                           []).append(r)
+    ranked = sorted(groups.values(), key=lambda rs: -sum(r.bytes for r in rs))
     out = []
-    for (prod, psrc, cons, csrc), rs in groups.items():
+    for rs in ranked[:most]:
+        first = rs[0]
         kinds = ", ".join(sorted({f"{r.kind} over {'+'.join(r.axes) or '-'}" for r in rs}))
+        moved = sum(r.bytes for r in rs)
         out.append(Lint(
-            kind="reshard", severity="info", path=csrc or cons, value=float(len(rs)),
-            paths=tuple(r.name for r in rs),
-            message=(f"the compiler reshards {rs[0].shape} between {prod!r} "
-                     f"({psrc or 'no source line'}) and {cons!r} ({csrc or 'no source line'}): "
-                     f"{len(rs)} {kinds} inserted because the two ops want different layouts"),
+            kind="reshard", severity="info", path=first.consumer_source or first.consumer,
+            value=float(moved), paths=tuple(r.name for r in rs),
+            message=(f"the compiler reshards {first.shape} between {first.producer!r} "
+                     f"({first.producer_source or 'no source line'}) and {first.consumer!r} "
+                     f"({first.consumer_source or 'no source line'}): {len(rs)} {kinds} "
+                     f"({format_bytes(moved)} per device) inserted because the two ops want "
+                     "different layouts"),
             fix=("constrain the tensor between them to the layout the consumer wants "
                  "(wb.rules.constrain / jax.lax.with_sharding_constraint), or change the "
                  "rule that shards one of them differently")))
+    rest = ranked[most:]
+    if rest:
+        n = sum(len(rs) for rs in rest)
+        out.append(Lint(
+            kind="reshard", severity="info", path="<more reshards>",
+            value=float(sum(r.bytes for rs in rest for r in rs)),
+            paths=tuple(r.name for rs in rest for r in rs),
+            message=(f"{n} more reshard(s) between {len(rest)} other pair(s) of source lines, "
+                     f"{format_bytes(sum(r.bytes for rs in rest for r in rs))} per device in "
+                     "all (plan.reshards lists every one)"),
+            fix="constrain the model's activations to the layouts their consumers want"))
     return out
