@@ -27,12 +27,13 @@ def _float_dtype(value: Any, name: str) -> str:
     try:
         dt = jnp.dtype(value)
     except TypeError:
-        raise TypeError(f"{name}={value!r} is not a dtype; use one of {', '.join(FLOAT_DTYPES)}") from None
+        raise TypeError(f"{name}={value!r} is not a dtype; use one of "
+                        f"{', '.join(FLOAT_DTYPES)}") from None
     if not jnp.issubdtype(dt, jnp.floating):
         raise ValueError(
             f"{name}={value!r} is not a floating-point dtype: activations, matmuls, gradients "
-            f"and parameters need one ({', '.join(FLOAT_DTYPES)}); for half the memory use 'bfloat16'. "
-            "Integer or 8-bit quantised training is not supported")
+            f"and parameters need one ({', '.join(FLOAT_DTYPES)}); for half the memory use "
+            "'bfloat16'. Integer or 8-bit quantised training is not supported")
     return dt.name
 
 
