@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -260,26 +261,37 @@ def _records(path: Path, start: int,
 
 
 _scan_once = json.JSONDecoder().scan_once  # the C scanner: one JSON value from an index
+# Where one JSON object may end and another begin. Without one inside any line, a chunk
+# joined into one JSON array parses line by line (no line can borrow its neighbours' text).
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
 
 def _parse_lines(lines: list[bytes], data: bytes) -> list[dict[str, Any] | _Bad | None]:
-    """Each line parsed on its own (a value must end exactly at its line's end, so no
-    line can borrow text from its neighbours); the C scanner's direct entry is about as
-    fast as one ``json.loads`` of the whole chunk."""
+    """Each line's value. Fast path: the chunk as one JSON array (one C call), taken only
+    when every element is an object and no line holds an object boundary of its own, so
+    element i is line i. Otherwise each line is scanned alone and must end where its
+    value ends."""
+    flat = data.count(b"{") == len(lines) and b"[" not in data  # no nesting anywhere
+    if not _BOUNDARY.search(data):
+        try:
+            out = json.loads(b"[" + b",".join(lines) + b"]")
+        except (ValueError, RecursionError):
+            out = None
+        if out is not None and len(out) == len(lines) and all(r.__class__ is dict for r in out):
+            return out if flat else [_checked(r, False) for r in out]
     try:
         texts = data.decode("utf-8").split("\n")
     except UnicodeDecodeError:
         return [_parse(raw) for raw in lines]
-    flat = data.count(b"{") == len(lines) and b"[" not in data  # no nesting anywhere
-    out: list[dict[str, Any] | _Bad | None] = []
+    parsed: list[dict[str, Any] | _Bad | None] = []
     for text, raw in zip(texts, lines):
         try:
             rec, end = _scan_once(text, 0)
         except (StopIteration, ValueError, RecursionError):
-            out.append(_parse(raw))
+            parsed.append(_parse(raw))
             continue
-        out.append(_checked(rec, flat) if end == len(text) else _parse(raw))
-    return out
+        parsed.append(_checked(rec, flat) if end == len(text) else _parse(raw))
+    return parsed
 
 
 def _parse(raw: bytes) -> dict[str, Any] | _Bad | None:
