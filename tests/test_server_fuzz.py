@@ -400,6 +400,9 @@ _FILE_CASES = [
      "error"),
     ("truncated lines", _meta(), _good_lines(range(1, 3)) + b'{"step": 3, "lo\n'
      + _good_lines(range(4, 6)) + b'{"step": 6, "loss"', "line 3", "finished"),
+    ("no line borrows its neighbours' text", _meta(),
+     b'{"a":"}\n{"b":1}"}\n{"step": 5},{"step": 6}\n' + _good_lines(range(7, 9)), "line 1",
+     "finished"),
     ("wrong types in metrics", _meta(), b'{"step": "abc"}\n{"step": 1.5}\n{"step": null}\n'
      + _good_lines(range(1, 3)) + b'{"step": 3, "time": "yesterday", "loss": "x"}\n',
      "'step' is \"abc\"", "finished"),
