@@ -57,7 +57,6 @@ import dataclasses
 import errno
 import json
 import os
-import re
 import time
 import warnings
 from collections.abc import Sequence
