@@ -276,8 +276,7 @@ class RunLock:
                     "other's checkpoints, so this one was refused and nothing was changed. "
                     f"Wait for that run to finish, or stop it (interrupt its cell, or `kill "
                     f"-TERM {pid}`: it stops at the next step with a checkpoint), then run "
-                    "again here: it continues from that checkpoint. Or use another run_dir "
-                    f"(Trainer(..., fork=True) from a copy).")
+                    "again here: it continues from that checkpoint. Or use another run_dir.")
         who = f"pid {pid} with workers {holder.get('pids')} on host {host}, since {since}"
         return (f"run directory {self.run_dir} already has a running job ({who}). Stop it with "
                 f"job.stop() (or `kill -TERM {pid}`), wait for it with job.wait(), "
