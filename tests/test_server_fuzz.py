@@ -165,6 +165,8 @@ def reference_steps(data: bytes) -> list[int]:
 
 def reference_run_json(path: Path) -> dict[str, Any] | None:
     """``run.json`` parsed by plain ``json.loads`` when it is a JSON object (else None)."""
+    if not path.is_file():  # a directory or a pipe
+        return None
     try:
         data = json.loads(path.read_bytes())
     except (OSError, ValueError, RecursionError):
@@ -235,12 +237,13 @@ def _write_run(root: Path, run_json: bytes, metrics: bytes | None) -> tuple[str,
     name = f"fuzz{next(_names)}"
     d = root / name
     d.mkdir()
-    if run_json == b"DIRECTORY":
-        (d / runs.RUN_JSON).mkdir()
-    else:
-        (d / runs.RUN_JSON).write_bytes(run_json)
-    if metrics is not None:
-        (d / runs.METRICS).write_bytes(metrics)
+    for file, contents in ((runs.RUN_JSON, run_json), (runs.METRICS, metrics)):
+        if contents == b"DIRECTORY":
+            (d / file).mkdir()
+        elif contents == b"FIFO":
+            os.mkfifo(d / file)  # a named pipe: opening it for reading would block
+        elif contents is not None:
+            (d / file).write_bytes(contents)
     return name, d
 
 
@@ -252,7 +255,7 @@ async def _check_bad(get: Any, ws: Any, name: str, d: Path, metrics: bytes | Non
     assert detail["status"] in STATUSES
     if ref is None:
         assert detail["status"] == "error" and detail["problem"], detail
-    want = reference_steps(metrics or b"")
+    want = reference_steps(metrics if metrics not in (None, b"DIRECTORY", b"FIFO") else b"")
     code, page, raw = await get("runs", name, "metrics")
     assert code == 200, raw[:300]
     assert page["columns"]["step"] == want
@@ -403,6 +406,9 @@ _FILE_CASES = [
     ("no line borrows its neighbours' text", _meta(),
      b'{"a":"}\n{"b":1}"}\n{"step": 5},{"step": 6}\n' + _good_lines(range(7, 9)), "line 1",
      "finished"),
+    ("run.json a named pipe", b"FIFO", None, "not a regular file", "error"),
+    ("metrics.jsonl a directory", _meta(), b"DIRECTORY", "not a regular file", "finished"),
+    ("metrics.jsonl a named pipe", _meta(), b"FIFO", "not a regular file", "finished"),
     ("wrong types in metrics", _meta(), b'{"step": "abc"}\n{"step": 1.5}\n{"step": null}\n'
      + _good_lines(range(1, 3)) + b'{"step": 3, "time": "yesterday", "loss": "x"}\n',
      "'step' is \"abc\"", "finished"),
@@ -433,8 +439,9 @@ async def test_issue_case_affects_only_its_run(get: Any, ws: Any, jp_root_dir: P
     (summary,) = [r for r in runs_list if r["id"] == name]
     assert (summary["status"], summary["problem"]) == (status, detail["problem"])
     code, page, _ = await get("runs", name, "metrics")
-    want = reference_steps(metrics or b"")
-    ref = [json.loads(line) for line in (metrics or b"").split(b"\n")[:-1] if _is_step(line)]
+    text = metrics if metrics not in (b"DIRECTORY", b"FIFO") else b""
+    want = reference_steps(text or b"")
+    ref = [json.loads(line) for line in (text or b"").split(b"\n")[:-1] if _is_step(line)]
     for key, col in page["columns"].items():  # NaN / Infinity -> null and listed as a gap
         gaps = [i for i, r in enumerate(ref) if key in r and not _finite_or_text(r[key])]
         assert page["gaps"].get(key, []) == gaps, key

@@ -198,7 +198,9 @@ _BACK = 1 << 16  # bytes read per step of the backwards newline search
 def _last_newline(path: Path, lo: int, hi: int) -> int | None:
     """The offset just past the last newline in ``path[lo:hi]``, or None if it has none
     (searched from the end, so a long unfinished line costs only its new bytes)."""
-    with open(path, "rb") as f:
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:  # never block
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise IsADirectoryError(f"{path} is no longer a regular file")
         end = hi
         while end > lo:
             start = max(lo, end - _BACK)

@@ -26,6 +26,7 @@ import os
 import platform
 import re
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -270,7 +271,13 @@ def read_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     fix = (f"move it aside (e.g. to {RUN_JSON}.bad) or delete it; a training run that "
            "resumes there writes a new one (its metrics.jsonl and checkpoints are kept)")
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the reader
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(path)
+            if not stat.S_ISREG(mode):
+                raise RunFileError(f"{path} is not a regular file (a pipe or device); {fix}")
             raw = f.read(MAX_RUN_JSON + 1)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} not found: {run_dir} is not a run directory "
