@@ -163,6 +163,14 @@ def _launch(args: argparse.Namespace) -> int:
     return {"finished": 0, "stopped": EXIT_STOPPED}.get(job.wait(), 1)
 
 
+def _when(updated: object) -> str:
+    """``run.json``'s ``updated`` as local time, or "?" when it is not a time."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(updated or 0)))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+
+
 def _runs(args: argparse.Namespace) -> int:
     from workbench import runs
 
@@ -173,7 +181,7 @@ def _runs(args: argparse.Namespace) -> int:
     print(f"{'run':<32} {'status':<12} {'step':>12}  {'updated':<19}  name")
     for r in found:
         step = f"{r.get('step') or 0}/{r.get('target_steps') or '?'}"
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.get("updated") or 0)))
+        when = _when(r.get("updated"))
         print(f"{r['id']:<32} {r['status']:<12} {step:>12}  {when:<19}  {r.get('name', '')}")
     return 0
 
