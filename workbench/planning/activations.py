@@ -249,6 +249,9 @@ def _rule(c: Collective, logical: Mapping[str, Any], layouts: Mapping[str, Any],
                  set((v,) if isinstance(v, str) else v) & axes and k not in ("batch", "seq")]
         return (f"{'/'.join(names) or '?'} -> {fmt} (tensor parallel: partial sums of a "
                 f"matmul whose contracted dim is sharded)")
+    if not params:
+        return (f"no rule: two ops want this tensor laid out differently over {fmt}, so the "
+                "compiler reshards it (see the 'reshard' lint)")
     return None
 
 
