@@ -285,7 +285,9 @@ class Trainer(Displayable):
         """A Trainer for a plan's model config, mesh, rules, batch and sequence length.
 
         Args:
-          plan: a ``wb.plan(...)`` of a ``GPTConfig`` on real devices.
+          plan: a ``wb.plan(...)`` on real devices of a ``GPTConfig`` or of a model
+            factory (``wb.models.from_nnx`` / ``from_penzai`` spec, trained on token
+            batches; see ``_plan_spec``).
           run_dir: the run directory.
           model: ``plan.materialize(...)``: its parameters start the run (when the run has
             no checkpoint yet); default: initialised from ``seed``.
@@ -306,13 +308,14 @@ class Trainer(Displayable):
         """
         from workbench.train.optim import AdamW
 
-        if getattr(plan, "cfg", None) is None:
-            raise TypeError("Trainer.from_plan needs a plan of a GPTConfig; a model factory "
-                            "has no JSON config to save with the run")
+        if getattr(plan, "cfg", None) is None and getattr(plan, "factory", None) is None:
+            raise TypeError(f"Trainer.from_plan needs a wb.plan(...) Plan, got "
+                            f"{type(plan).__name__}")
         if plan.mesh.jax_mesh is None:
             raise ValueError(f"plan is on {plan.mesh.describe()} (no real devices); plan on "
                              "wb.make_mesh(...) to train")
-        config = TrainConfig(model=plan.cfg, mesh=dict(plan.mesh.shape), rules=plan.rules,
+        config = TrainConfig(model=plan.cfg if plan.cfg is not None else _plan_spec(plan),
+                             mesh=dict(plan.mesh.shape), rules=plan.rules,
                              batch=plan.batch, seq=plan.seq, steps=steps,
                              optimizer=optimizer if optimizer is not None else AdamW(),
                              data=data, checkpoint_every=checkpoint_every, keep=keep,
@@ -491,6 +494,34 @@ class Trainer(Displayable):
         last = self.history[-1]["loss"] if self.history else math.nan
         return (f"Trainer(run_dir={str(self.run_dir)!r}, step={self.step}/"
                 f"{self.config.steps}, loss={last:.4f}, mesh={dict(self.mesh.shape)})")
+
+
+def _plan_spec(plan: Any) -> Any:
+    """The ``ModelSpec`` a factory plan trains: the plan's own spec, or its factory and
+    loss wrapped by ``wb.models.from_nnx``. The Trainer feeds token batches (``{"inputs",
+    "targets"}`` int32 ``(batch, seq)``), so a plan of another batch is refused with the
+    supported way: a ``loss_fn`` that makes the model's inputs from the token batch."""
+    from workbench.models.adapters import ModelSpec, from_nnx
+    from workbench.step import lm_loss
+
+    tokens = set(plan.abstract_batch) == {"inputs", "targets"} and all(
+        len(v.shape) == 2 and np.issubdtype(v.dtype, np.integer)
+        for v in plan.abstract_batch.values())
+    if not tokens:
+        given = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in plan.abstract_batch.items())
+        raise ValueError(
+            f"Trainer.from_plan: the plan's batch is {{{given}}}, but the Trainer feeds token "
+            "batches {inputs, targets: int32[batch, seq]} from TrainConfig.data; plan the model "
+            "with a loss_fn that makes its inputs from the token batch (docs/your_model.md)")
+    spec = plan.factory
+    if not isinstance(spec, ModelSpec):
+        spec = from_nnx(plan.factory, name=plan.name,
+                        loss_fn=None if plan.loss_fn is lm_loss else plan.loss_fn)
+    if spec.vocab_size is None:
+        raise ValueError(f"Trainer.from_plan: model {spec.name!r} has no vocab_size, which the "
+                         "Trainer's token data needs; plan wb.models.from_nnx(factory, "
+                         "vocab_size=..., loss_fn=...) instead of the bare factory")
+    return spec
 
 
 def prediction_record(plan: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
