@@ -54,6 +54,21 @@ def test_runs_lists_run_directories_without_importing_jax(tmp_path):
     assert row.split()[1:3] == ["finished", "3/10"]
 
 
+def test_runs_lists_a_run_whose_times_and_steps_are_not_numbers(tmp_path, capsys):
+    from workbench.__main__ import main
+
+    for name, meta in {"huge": {"updated": 1e300, "step": 10**30},
+                       "words": {"updated": "yesterday", "step": "abc"}}.items():
+        d = tmp_path / "runs" / name
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps({"status": "finished", **meta}))
+        (d / "metrics.jsonl").write_text("")
+    assert main(["runs", str(tmp_path / "runs")]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert set(rows) == {"huge", "words"}
+    assert "?" in rows["huge"].split()
+
+
 def test_ping_in_one_process():
     out = _cli("ping", "--distributed", "off", "--platform", "cpu", "--devices-per-process", "3")
     assert out.returncode == 0, out.stderr + out.stdout

@@ -84,10 +84,13 @@ def test_replace_and_diff():
 
 
 @pytest.mark.parametrize("changes, match", [
-    ({"batch": 0}, r"TrainConfig.batch=0 must be a positive integer"),
+    ({"batch": 0}, r"TrainConfig.batch=0 .*must be a positive integer"),
     ({"steps": -1}, r"TrainConfig.steps=-1"),
+    ({"steps": 0}, r"TrainConfig.steps=0 .*must be a positive integer: .*e.g. steps=200"),
+    ({"seed": -1}, r"TrainConfig.seed=-1 .*from 0 to 4294967295: .*seed % 2\*\*32"),
+    ({"rules": "fdsp"}, r"TrainConfig.rules='fdsp' is not a rules preset; choose one of dp"),
+    ({"model_overrides": {"dmodel": 8}}, r"unknown GPTConfig fields \['dmodel'\]"),
     ({"model": "huge"}, r"unknown GPT preset 'huge'"),
-    ({"mesh": {"data": "8"}}, r"must map axis names to sizes"),
     ({"batch": 6, "optimizer": AdamW(accumulate=4)},
      r"batch=6 is not divisible by optimizer.accumulate=4"),
     ({"data": "imagenet"}, r"unknown data 'imagenet'"),
@@ -95,6 +98,44 @@ def test_replace_and_diff():
 def test_bad_fields_are_clear_errors(changes, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(**changes)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"mesh": {"data": "8"}}, r"TrainConfig.mesh\['data'\]='8' is a string; .*: write "
+                              r"TrainConfig.mesh\['data'\]=8"),
+    ({"mesh": {"data": True}}, r"TrainConfig.mesh\['data'\]=True is a bool"),
+    ({"steps": True}, r"TrainConfig.steps=True is a bool; .*must be a positive integer"),
+    ({"batch": 8.0}, r"TrainConfig.batch=8.0 is a float; .*: write TrainConfig.batch=8"),
+    ({"seed": "abc"}, r"TrainConfig.seed='abc' is a string; .*from 0 to 4294967295"),
+    ({"optimizer": "adam"}, r"TrainConfig.optimizer='adam' must be a wb.train.AdamW"),
+    ({"model": 3}, r"TrainConfig.model=3 must be a preset name \(tiny, small"),
+])
+def test_wrong_types_are_type_errors(changes, match):
+    with pytest.raises(TypeError, match=match):
+        TrainConfig(**changes)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"lr": "3e-3"}, r"AdamW.lr='3e-3' must be a finite number"),
+    ({"lr": float("nan")}, r"AdamW.lr=nan must be a finite number"),
+    ({"accumulate": True}, r"AdamW.accumulate=True is a bool"),
+    ({"decay_steps": 2.5}, r"AdamW.decay_steps=2.5 is a float; .*pick AdamW.decay_steps=2 or"),
+])
+def test_optimizer_fields_of_the_wrong_type_are_type_errors(changes, match):
+    with pytest.raises(TypeError, match=match):
+        AdamW(**changes)
+
+
+def test_seq_longer_than_the_model_warns_naming_both_and_the_override_silences_it():
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"TrainConfig.seq=256 is longer than the model's "
+                                         r"seq_len=128.*model_overrides=\{'seq_len': 256\}"):
+        TrainConfig(seq=256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert TrainConfig(seq=256, model_overrides={"seq_len": 256}).seq == 256
+        TrainConfig(seq=64)
 
 
 def test_unknown_fields_in_json_are_rejected():

@@ -141,6 +141,31 @@ def test_bad_specs_name_tensor_axis_and_fix(shape, spec, needle):
     assert needle in str(err.value)
 
 
+@pytest.mark.parametrize("shape, spec, needle", [
+    ((64, 8), "data", "spec='data' for 'w' is a bare string, which would be read one character "
+                      "per dim (P('d', 'a', 't', 'a')); a spec has one entry per tensor dim: "
+                      "write P('data') or ('data',)"),
+    ((64.7, 8), ("data",), "wb.layout of 'w': shape[0]=64.7 is a float; shape[0] must be an "
+                           "integer >= 0: pick shape[0]=64 or shape[0]=65"),
+    ((64, "8"), None, "shape[1]='8' is a string; shape[1] must be an integer >= 0: write "
+                      "shape[1]=8"),
+    ((4,), (3,), "entry 3 (dim 0) in the spec of 'w' must be None, a mesh axis name"),
+    ((4,), 3, "spec=3 for 'w' must be a PartitionSpec or a tuple"),
+])
+def test_bare_string_specs_and_non_integer_dims_are_refused(shape, spec, needle):
+    mesh = wb.make_mesh(data=4, model=2)
+    with pytest.raises(TypeError) as err:
+        wb.layout(shape, spec, mesh, name="w")
+    assert needle in str(err.value)
+    # what the message says to write works, and equals JAX's own sharding
+    if isinstance(spec, str):
+        lay = wb.layout(shape, P(spec), mesh, name="w")
+        want = NamedSharding(mesh, P(spec)).devices_indices_map(shape)
+        assert lay.indices == {d.id: tuple((s.start or 0, n if s.stop is None else s.stop)
+                                           for s, n in zip(idx, shape))
+                               for d, idx in want.items()}
+
+
 def test_text_form_has_the_numbers():
     mesh = wb.make_mesh(data=4, model=2)
     text = str(wb.layout((64, 2048, 12288), ("data", None, "model"), mesh, dtype="bfloat16"))

@@ -22,12 +22,39 @@ def test_make_mesh_kwargs_dict_and_infer():
     ({"data": 4, "model": 4}, "needs 16 devices but 8 devices are available"),
     ({"data": 3, "model": -1}, "cannot infer 'model'"),
     ({"data": -1, "model": -1}, "only one mesh axis may be -1"),
-    ({"data": 0}, "has size 0"),
+    ({"data": 0}, "mesh axis data=0 is out of range; data must be a positive integer or -1"),
 ])
 def test_make_mesh_errors(axes, needle):
     with pytest.raises(ValueError, match=None) as err:
         wb.make_mesh(axes)
     assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs, error, needle", [
+    ({"data": True, "devices": "first"}, TypeError, "mesh axis data=True is a bool"),
+    ({"data": 2.0}, TypeError, "mesh axis data=2.0 is a float; data must be a positive "
+                               "integer or -1: write data=2"),
+    ({"data": 2, "devices": "dup"}, ValueError, "devices lists the same device more than "
+                                                "once"),
+    ({"data": -1, "devices": []}, ValueError, "devices=[] is empty; a mesh needs at least "
+                                              "one device"),
+    ({"data": 2, "devices": [0, 1]}, TypeError, "devices holds 0 (int), not a JAX device"),
+])
+def test_make_mesh_refuses_bools_floats_and_bad_device_lists(kwargs, error, needle):
+    devs = {"first": jax.devices()[:1], "dup": [jax.devices()[0]] * 2}
+    kwargs = dict(kwargs)
+    if isinstance(kwargs.get("devices"), str):
+        kwargs["devices"] = devs[kwargs["devices"]]
+    with pytest.raises(error) as err:
+        wb.make_mesh(**kwargs)
+    assert needle in str(err.value)
+
+
+def test_make_mesh_takes_a_device_array_and_numpy_sizes():
+    grid = np.array(jax.devices()).reshape(2, 4)
+    m = wb.make_mesh(data=np.int64(2), model=-1, devices=grid)
+    assert dict(m.shape) == {"data": 2, "model": 4}
+    assert sorted(d.id for d in m.devices.flat) == sorted(d.id for d in jax.devices())
 
 
 def test_dcn_needs_slices_or_processes():

@@ -2,7 +2,8 @@
 
 Reference: one uninterrupted run of N steps. Test: a child process trains the same config,
 is killed for real, and a new Trainer on the same run directory continues to N. The losses
-must be bitwise equal to the reference (CPU, same binary).
+must be bitwise equal to the reference (CPU, same binary). The killed writer's run-directory
+lock is taken over with a note; a stopped one releases it.
 """
 import json
 import os
@@ -98,7 +99,9 @@ def test_sigkill_then_resume_gives_bitwise_the_same_losses(reference, tmp_path):
     killed = [r["step"] for r in runs.read_metrics(run_dir)]
     assert seen <= killed[-1] < N                              # killed mid-run, for real
     assert runs.effective_status(runs.read_run(run_dir)) == "interrupted"
-    trainer = wb.Trainer(CFG, run_dir=run_dir, progress=None)  # a new process's view
+    assert json.loads((run_dir / "job.lock").read_text())["pid"] == proc.pid   # left behind
+    with pytest.warns(UserWarning, match=rf"taking over the stale lock .*pid {proc.pid}"):
+        trainer = wb.Trainer(CFG, run_dir=run_dir, progress=None)  # a new process's view
     k = trainer.step
     assert k % 3 == 0 and 3 <= k <= killed[-1]   # newest committed (a save may be in flight)
     trainer.run()
@@ -130,6 +133,7 @@ def test_sigterm_saves_then_stops_and_resumes_exactly(reference, tmp_path):
     assert ck.latest_step() == k                               # saved at the stop step
     assert [r["step"] for r in runs.read_metrics(run_dir)][-1] == k
     assert runs.read_run(run_dir)["status"] == "interrupted"
+    assert not (run_dir / "job.lock").exists()                 # released on the way out
     trainer = wb.Trainer(CFG, run_dir=run_dir, progress=None)
     assert trainer.step == k
     trainer.run()

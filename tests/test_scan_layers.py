@@ -121,7 +121,7 @@ def test_stack_and_unstack_refuse_the_other_layout():
         unstack_blocks(unrolled)
     with pytest.raises(ValueError, match="'blocks' entry"):
         stack_blocks({"embed": unrolled["embed"]})
-    with pytest.raises(TypeError, match="scan_layers must be True or False"):
+    with pytest.raises(TypeError, match="scan_layers=.yes. must be True or False"):
         CFG.replace(scan_layers="yes")
 
 

@@ -200,9 +200,9 @@ def test_bad_input_raises_clear_errors(kwargs, match):
         wb.search(TINY, **(args | kwargs))
 
 
-def test_a_model_factory_is_refused():
-    with pytest.raises(TypeError, match="needs a GPTConfig"):
-        wb.search(lambda rngs: None, HW, batch=BATCH)
+def test_a_model_that_is_not_a_model_is_refused():
+    with pytest.raises(TypeError, match="GPTConfig or a model factory"):
+        wb.search("tiny", HW, batch=BATCH)
 
 
 def test_explicit_mesh_shapes(res):

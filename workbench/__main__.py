@@ -21,6 +21,28 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
+def _count(text: str) -> int:
+    """argparse type of a count: a positive integer (``--steps 0`` is an error, not a no-op)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def _index(text: str) -> int:
+    """argparse type of an index: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
 def _add_distributed(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("joining a multi-process job (all optional)")
     g.add_argument("--distributed", choices=("auto", "on", "off"), default="auto",
@@ -28,13 +50,13 @@ def _add_distributed(p: argparse.ArgumentParser) -> None:
                         "Open MPI), else one process; on: always jax.distributed.initialize(); "
                         "off: one process")
     g.add_argument("--coordinator", help="HOST:PORT of process 0's coordinator")
-    g.add_argument("--num-processes", type=int, help="processes in the job")
-    g.add_argument("--process-id", type=int, help="index of this process (0 writes metrics)")
+    g.add_argument("--num-processes", type=_count, help="processes in the job")
+    g.add_argument("--process-id", type=_index, help="index of this process (0 writes metrics)")
     g.add_argument("--platform", choices=("cpu", "gpu", "cuda", "rocm", "tpu"),
                    help="JAX platform (default: JAX_PLATFORMS or JAX's choice)")
-    g.add_argument("--devices-per-process", type=int,
+    g.add_argument("--devices-per-process", type=_count,
                    help="CPU: simulated devices of this process; one-host GPU: GPUs per process")
-    g.add_argument("--heartbeat-timeout", type=int,
+    g.add_argument("--heartbeat-timeout", type=_count,
                    help="seconds without heartbeat before a process counts as dead "
                         "(default 15 for loopback, 60 on clusters)")
 
@@ -63,17 +85,18 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--config", dest="config_opt", metavar="CONFIG", help="same as CONFIG")
     t.add_argument("--run-dir", help="run directory (default: the directory of CONFIG.json); "
                                      "on shared storage when the job spans hosts")
-    t.add_argument("--steps", type=int, help="train until this many steps in total")
+    t.add_argument("--steps", type=_count, help="train until this many steps in total")
     _add_distributed(t)
     t.set_defaults(parser=t)
 
     la = sub.add_parser("launch", help="start a local multi-process job and follow it")
     la.add_argument("config_file", metavar="CONFIG", help="CONFIG.json or CONFIG.py")
     la.add_argument("--run-dir", required=True)
-    la.add_argument("--processes", type=int, default=2)
-    la.add_argument("--devices-per-process", type=int)
-    la.add_argument("--steps", type=int)
+    la.add_argument("--processes", type=_count, default=2)
+    la.add_argument("--devices-per-process", type=_count)
+    la.add_argument("--steps", type=_count)
     la.add_argument("--platform", choices=("cpu", "gpu", "tpu"))
+    la.set_defaults(parser=la)
 
     pg = sub.add_parser("ping", help="check jax.distributed and a cross-process all-reduce")
     pg.add_argument("--hold", type=float, default=0.0, help="keep all-reducing for SECONDS")
@@ -85,28 +108,41 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _checked_config(args: argparse.Namespace, path: str) -> object:
+    """The ``TrainConfig`` of CONFIG.json / CONFIG.py, or a usage error (exit status 2,
+    no traceback) naming the file and what is wrong, before any run directory exists."""
+    import json
+
+    from workbench.jobs.worker import load_config
+
+    try:
+        return load_config(path)
+    except (OSError, json.JSONDecodeError, ValueError, TypeError) as err:
+        args.parser.exit(2, f"{args.parser.prog}: error: config {path}: {err}\n")
+        raise  # unreachable: exit() exits
+
+
 def _train(args: argparse.Namespace) -> int:
+    from workbench._validate import no_new_empty_dirs
     from workbench.jobs import worker
 
     config = args.config_opt or args.config_file
     if not config:
-        sys.exit("workbench train: give CONFIG.json or CONFIG.py (positional or --config)")
+        args.parser.error("give CONFIG.json or CONFIG.py (positional or --config)")
     run_dir = args.run_dir
     if run_dir is None:
         if not str(config).endswith(".json"):
-            sys.exit("workbench train: --run-dir is required with a CONFIG.py")
+            args.parser.error("--run-dir is required with a CONFIG.py")
         run_dir = str(Path(config).resolve().parent)
-    return worker.train(config, run_dir, _spec(args), steps=args.steps)
+    _checked_config(args, config)  # the worker reads it again after joining the job
+    with no_new_empty_dirs(run_dir):
+        return worker.train(config, run_dir, _spec(args), steps=args.steps)
 
 
 def _launch(args: argparse.Namespace) -> int:
     from workbench.jobs import EXIT_STOPPED, launch
 
-    cfg = args.config_file
-    if cfg.endswith(".py"):
-        from workbench.jobs.worker import load_config
-
-        cfg = load_config(cfg)
+    cfg = _checked_config(args, args.config_file)
     job = launch(cfg, processes=args.processes, devices_per_process=args.devices_per_process,
                  run_dir=args.run_dir, steps=args.steps, platform=args.platform)
     print(f"launched {args.processes} processes; logs in {job.run_dir / 'logs'}", flush=True)
@@ -127,6 +163,14 @@ def _launch(args: argparse.Namespace) -> int:
     return {"finished": 0, "stopped": EXIT_STOPPED}.get(job.wait(), 1)
 
 
+def _when(updated: object) -> str:
+    """``run.json``'s ``updated`` as local time, or "?" when it is not a time."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(updated or 0)))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+
+
 def _runs(args: argparse.Namespace) -> int:
     from workbench import runs
 
@@ -137,7 +181,7 @@ def _runs(args: argparse.Namespace) -> int:
     print(f"{'run':<32} {'status':<12} {'step':>12}  {'updated':<19}  name")
     for r in found:
         step = f"{r.get('step') or 0}/{r.get('target_steps') or '?'}"
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.get("updated") or 0)))
+        when = _when(r.get("updated"))
         print(f"{r['id']:<32} {r['status']:<12} {step:>12}  {when:<19}  {r.get('name', '')}")
     return 0
 

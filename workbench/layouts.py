@@ -11,6 +11,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench._display import Displayable
+from workbench._validate import check_int
 from workbench.mesh import MeshInfo, mesh_info
 
 __all__ = ["Layout", "layout", "normalize_spec", "format_bytes"]
@@ -31,9 +32,19 @@ def normalize_spec(spec: Any, rank: int, mesh: MeshInfo, name: str = "tensor") -
     """Validate a PartitionSpec against a tensor rank and a mesh; one tuple of axes per dim.
 
     Raises:
+      TypeError: the spec is a bare string (``"data"``: write ``P("data")``) or holds
+        something that is not an axis name.
       ValueError: naming the tensor, the axis and the fix for a spec longer than the
         rank, an unknown mesh axis, or a mesh axis used twice.
     """
+    if isinstance(spec, str):
+        raise TypeError(
+            f"spec={spec!r} for {name!r} is a bare string, which would be read one character "
+            f"per dim (P{tuple(spec)!r}); a spec has one entry per tensor dim: write "
+            f"P({spec!r}) or ({spec!r},) to split dim 0 over {spec!r}")
+    if spec is not None and not isinstance(spec, (PartitionSpec, tuple, list)):
+        raise TypeError(f"spec={spec!r} for {name!r} must be a PartitionSpec or a tuple with one "
+                        "entry per tensor dim (None, a mesh axis name, or a tuple of them)")
     entries = tuple(spec) if spec is not None else ()
     if len(entries) > rank:
         raise ValueError(
@@ -46,6 +57,10 @@ def normalize_spec(spec: Any, rank: int, mesh: MeshInfo, name: str = "tensor") -
         if entry is None or entry is PartitionSpec.UNCONSTRAINED:
             out.append(())
             continue
+        if not isinstance(entry, (str, tuple, list)):
+            raise TypeError(
+                f"entry {entry!r} (dim {dim}) in the spec of {name!r} must be None, a mesh "
+                f"axis name or a tuple of them; the mesh axes are {mesh.axis_names}")
         axes = (entry,) if isinstance(entry, str) else tuple(entry)
         for ax in axes:
             if ax not in mesh.axis_names:
@@ -273,10 +288,12 @@ def layout(
     """How a tensor is split across a mesh: per-device index ranges, bytes and replicas.
 
     Args:
-      x: a shape tuple, or a ``jax.Array`` / ``jax.ShapeDtypeStruct`` carrying a
-        sharding (then ``spec`` and ``mesh`` are taken from it).
+      x: a shape tuple of ints >= 0 (``64.7`` or ``"64"`` is an error, never rounded),
+        or a ``jax.Array`` / ``jax.ShapeDtypeStruct`` carrying a sharding (then
+        ``spec`` and ``mesh`` are taken from it).
       spec: a ``PartitionSpec`` or tuple: one entry per tensor dim (None, an axis
-        name, or a tuple of axis names, major first).
+        name, or a tuple of axis names, major first). Not a bare string: ``"data"``
+        would mean one dim per letter; write ``P("data")`` or ``("data",)``.
       mesh: a ``jax.sharding.Mesh``, ``AbstractMesh``, or ``wb.abstract_mesh(...)``.
       dtype: element type, for bytes.
       name: the tensor's name, used in messages.
@@ -297,10 +314,9 @@ def layout(
                                  "it with a NamedSharding first")
             return _from_sharding(shape, arr_dtype, sharding, nm)
         x, dtype = shape, arr_dtype
-    shape = tuple(int(s) for s in x)
     nm = name or "tensor"
-    if any(s < 0 for s in shape):
-        raise ValueError(f"{nm!r} has a negative dimension: {shape}")
+    shape = tuple(check_int(s, f"shape[{i}]", minimum=0, where=f"wb.layout of {nm!r}: ")
+                  for i, s in enumerate(x))
     if mesh is None:
         raise ValueError(f"wb.layout({shape}, {spec}) needs a mesh: pass mesh=wb.make_mesh(...)")
     info = mesh_info(mesh)

@@ -1,6 +1,7 @@
 """Meshes: named device meshes, hardware you do not have, and one description of both."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -12,6 +13,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from workbench._display import Displayable
+from workbench._validate import check_int
 from workbench.hardware import HardwareSpec, hardware_spec, peak_flops
 
 __all__ = ["HARDWARE_PRESETS", "MeshInfo", "abstract_mesh", "make_mesh", "mesh_info"]
@@ -40,8 +42,8 @@ def _resolve_sizes(axes: Mapping[str, int], total: int, what: str) -> dict[str, 
     for name, size in sizes.items():
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"mesh axis name {name!r} must be a Python identifier")
-        if not isinstance(size, (int, np.integer)) or (size < 1 and size != -1):
-            raise ValueError(f"mesh axis {name!r} has size {size!r}; use a positive int or -1")
+        sizes[name] = check_int(size, name, allow=(-1,), where="mesh axis ",
+                                fix="-1 infers one axis from the device count")
     inferred = [n for n, s in sizes.items() if s == -1]
     if len(inferred) > 1:
         raise ValueError(f"only one mesh axis may be -1, got {inferred}")
@@ -80,8 +82,10 @@ def make_mesh(
 
     Args:
       axes: ordered ``{name: size}``; or pass sizes as keywords (``data=4, model=2``).
-        One size may be -1 and is inferred from the number of devices.
-      devices: the devices to use (default: all of ``jax.devices()``).
+        Sizes are positive ints (not bools); one may be -1, inferred from the number
+        of devices.
+      devices: the devices to use, distinct ``jax.Device`` objects (default: all of
+        ``jax.devices()``).
       axis_types: "auto", "explicit", or a tuple of ``jax.sharding.AxisType``.
       dcn: sizes across slices/hosts for a multi-slice (ICI x DCN) mesh, same axis
         names; the mesh size of each axis is ``ici * dcn``. Built with
@@ -98,12 +102,36 @@ def make_mesh(
     if axes is not None and named:
         raise ValueError("give the axes either as a dict or as keywords, not both")
     spec = dict(axes if axes is not None else named)
-    devs = list(devices) if devices is not None else jax.devices()
+    devs = _check_devices(devices) if devices is not None else jax.devices()
     types = _axis_types(axis_types, len(spec))
     if dcn:
         return _hybrid_mesh(spec, dict(dcn), devs, types)
     sizes = _resolve_sizes(spec, len(devs), "devices")
     return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devs)
+
+
+def _check_devices(devices: Any) -> list[Any]:
+    """``devices`` as a list of distinct JAX devices, or an error saying what is wrong."""
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+        raise TypeError(f"devices={devices!r} must be a sequence of JAX devices, e.g. "
+                        "jax.devices()[:4]")
+    devs = list(np.asarray(devices, dtype=object).flat) if isinstance(devices, np.ndarray) \
+        else list(devices)
+    if not devs:
+        raise ValueError("devices=[] is empty; a mesh needs at least one device: pass e.g. "
+                         "jax.devices()[:4], or leave devices out to use all of jax.devices()")
+    bad = [d for d in devs if not isinstance(d, jax.Device)]
+    if bad:
+        raise TypeError(f"devices holds {bad[0]!r} ({type(bad[0]).__name__}), not a JAX device; "
+                        "pass device objects, e.g. jax.devices()[:4], not their ids")
+    counts = collections.Counter(devs)
+    dups = [d for d, n in counts.items() if n > 1]
+    if dups:
+        listed = ", ".join(f"{d} (x{counts[d]})" for d in dups[:4])
+        raise ValueError(f"devices lists the same device more than once: {listed}; each mesh "
+                         "position needs its own device: pass distinct devices, e.g. "
+                         f"jax.devices()[:{len(devs)}]")
+    return devs
 
 
 def _hybrid_mesh(ici: dict[str, int], dcn: dict[str, int], devs: list, types: tuple) -> Mesh:

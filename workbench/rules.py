@@ -56,6 +56,11 @@ def _normalise(value: Any, logical: str) -> tuple[str, ...]:
         f"names or None; got {value!r}")
 
 
+#: Names accepted by :meth:`Rules.preset` (and ``TrainConfig.rules``).
+PRESETS: tuple[str, ...] = ("dp", "fsdp", "tp", "fsdp_tp", "cp", "fsdp_cp", "ep", "fsdp_ep",
+                            "ep_tp")
+
+
 class Rules(Mapping[str, MeshAxes]):
     """Immutable mapping from logical axis names to mesh axes.
 
@@ -165,8 +170,7 @@ class Rules(Mapping[str, MeshAxes]):
             return cls(**_context_rules(name, names, model, base))
         if name in ("ep", "fsdp_ep", "ep_tp"):
             return cls(**_expert_rules(name, names, model, base))
-        raise ValueError(f"unknown rules preset {name!r}; choose one of dp, fsdp, tp, fsdp_tp, cp, fsdp_cp, "
-                         f"ep, fsdp_ep, ep_tp")
+        raise ValueError(f"unknown rules preset {name!r}; choose one of {', '.join(PRESETS)}")
 
     # -- use ---------------------------------------------------------------------
     def mesh_axes(self, logical: str | None, *, tensor: str = "tensor") -> tuple[str, ...]:
@@ -326,4 +330,56 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None], *,
     if unmapped:
         spec = PartitionSpec(*(PartitionSpec.UNCONSTRAINED if a in unmapped else s
                                for a, s in zip(logical_axes, spec, strict=True)))
+    record = _RECORD.get()
+    if record is not None:  # planning.activations lists the constrained activations
+        record.append((name, tuple(logical_axes), x, spec))
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+#: While :func:`recording` is active, every :func:`constrain` call appends
+#: ``(name, logical axes, value, PartitionSpec)`` here.
+_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "workbench_constrain_record", default=None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list]:
+    """Collect the :func:`constrain` calls made while tracing inside this block."""
+    out: list = []
+    token = _RECORD.set(out)
+    try:
+        yield out
+    finally:
+        _RECORD.reset(token)
+
+
+#: penzai transformer axis names -> the Workbench logical axis whose rule they follow
+#: (``penzai.models.transformer``: ``embedding``, ``neurons``, attention ``heads`` or
+#: ``head_groups`` x ``query_heads``, ``projection``, ``vocabulary``, ``blocks`` of a
+#: layer stack). ``query_heads`` follows ``heads`` only when ``kv_heads`` is not sharded
+#: the same way (one mesh axis cannot shard both head dims of a query weight).
+PENZAI_AXES: dict[str, str] = {
+    "embedding": "embed", "neurons": "mlp", "heads": "heads", "head_groups": "kv_heads",
+    "query_heads": "heads", "projection": "head_dim", "vocabulary": "vocab",
+    "blocks": "layers", "batch": "batch", "seq": "seq"}
+
+
+def penzai_rules(rules: Rules) -> Rules:
+    """``rules`` plus a rule for each penzai transformer axis (:data:`PENZAI_AXES`) that
+    ``rules`` do not name, copied from its Workbench logical axis: the presets and any
+    GPT rules shard a penzai Llama-like model as they shard the GPT.
+
+    Example:
+        >>> penzai_rules(Rules(embed="data", mlp="model", heads="model",
+        ...                    kv_heads="model"))["neurons"]
+        'model'
+    """
+    extra: dict[str, MeshAxes] = {}
+    for pz_name, ours in PENZAI_AXES.items():
+        if pz_name in rules or ours not in rules:
+            continue
+        if pz_name == "query_heads" and rules.get("kv_heads") == rules[ours]:
+            extra[pz_name] = None
+            continue
+        extra[pz_name] = rules[ours]
+    return rules.replace(**extra) if extra else rules

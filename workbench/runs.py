@@ -26,6 +26,7 @@ import os
 import platform
 import re
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -35,17 +36,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Self
 
-from workbench._tail import METRICS, MetricsTail
+from workbench._tail import METRICS, MetricsTail, _depth_ok
 
-__all__ = ["METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunWriter", "clean_prediction",
-           "columns", "config_hash", "effective_status", "find_run_dirs", "json_safe",
+__all__ = ["METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunFileError", "RunWriter",
+           "check_run", "clean_prediction", "columns", "config_hash", "effective_status",
+           "find_run_dirs", "is_hidden", "json_safe",
            "list_runs", "pid_alive", "pid_start_time", "read_events", "read_metrics",
            "read_run", "resolve_run", "run_id"]
 
 RUN_JSON = "run.json"
 STATUSES = ("running", "finished", "interrupted", "failed")
 _VERSIONED = ("workbench", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
-_SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "checkpoints"})
+_SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "checkpoints", ".git",
+                        ".ipynb_checkpoints"})
 _ROOT_PREFIX = re.compile(r"^(\d+):(.*)$")
 # A run.json ``prediction`` (the plan's, recorded by Trainer.from_plan): the fields readers use.
 _PREDICTION_NUMBERS = ("step_seconds", "mfu", "tokens_per_s", "compiler_seconds")
@@ -129,18 +132,18 @@ class RunWriter:
         self._last_meta_write = 0.0
         old: dict[str, Any] = {}
         if (self.run_dir / RUN_JSON).exists():
-            old = read_run(self.run_dir)
+            old = check_run(read_run(self.run_dir))[0]  # wrong-typed fields read as absent
         self.resumed = bool(old)
         now = time.time()
         self.meta: dict[str, Any] = {
             "id": old.get("id") or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
             "name": name or old.get("name") or self.run_dir.resolve().name,
-            "status": "running", "created": old.get("created", now), "updated": now,
+            "status": "running", "created": old.get("created") or now, "updated": now,
             "config": _clean(config), "config_hash": config_hash(config),
             "mesh": {}, "devices": [], "device_kind": None, "peak_flops": None,
             "peak_source": None, "versions": _versions(), "host": socket.gethostname(),
             "pid": os.getpid(), "pid_start": pid_start_time(os.getpid()),
-            "step": old.get("step", 0), "target_steps": None,
+            "step": old.get("step") or 0, "target_steps": None,
             "error": None, "model_flops_per_step": None, "memory_per_device": None,
         }
         for key in ("target_steps", "mesh", "devices", "device_kind", "peak_flops",
@@ -240,18 +243,69 @@ def _ends_with_newline(path: Path) -> bool:
 
 
 # ----------------------------------------------------------------------------- reading
+class RunFileError(ValueError):
+    """A ``run.json`` that exists but cannot be used (binary, empty, not an object, ...);
+    the message names the file, what is wrong and what to do."""
+
+
+MAX_RUN_JSON = 16 << 20  # bytes
+RUN_JSON_DEPTH = 64  # deepest nesting read_run accepts
+
+
+def _finite_float(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
 def read_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Returns the parsed ``run.json`` of a run directory."""
+    """Returns the parsed ``run.json`` of a run directory.
+
+    ``NaN``, ``Infinity`` and numbers too large for a float read as None (JSON null).
+
+    Raises:
+      FileNotFoundError: there is no ``run.json``.
+      RunFileError: it cannot be used (a directory, unreadable, larger than 16 MiB, not
+        UTF-8, empty, not JSON, nested more than 64 levels, not a JSON object).
+    """
     path = Path(run_dir) / RUN_JSON
+    fix = (f"move it aside (e.g. to {RUN_JSON}.bad) or delete it; a training run that "
+           "resumes there writes a new one (its metrics.jsonl and checkpoints are kept)")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the reader
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(path)
+            if not stat.S_ISREG(mode):
+                raise RunFileError(f"{path} is not a regular file (a pipe or device); {fix}")
+            raw = f.read(MAX_RUN_JSON + 1)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} not found: {run_dir} is not a run directory "
                                 "(RunWriter creates run.json)") from None
+    except IsADirectoryError:
+        raise RunFileError(f"{path} is a directory, not a file; {fix}") from None
+    except OSError as e:
+        raise RunFileError(f"{path} cannot be read ({e.strerror or e}); check its "
+                           "permissions, or " + fix) from None
+    if len(raw) > MAX_RUN_JSON:
+        raise RunFileError(f"{path} is larger than {MAX_RUN_JSON >> 20} MiB, far more than "
+                           f"a run.json holds; {fix}")
+    if not raw.strip():
+        raise RunFileError(f"{path} is empty; {fix}")
+    try:  # bytes: UTF-8, -16 or -32, as JSON allows
+        data = json.loads(raw, parse_constant=lambda _: None, parse_float=_finite_float)
+    except UnicodeDecodeError as e:
+        raise RunFileError(f"{path} is not UTF-8 text (byte {e.start} is "
+                           f"{e.object[e.start]:#04x}; binary?); {fix}") from None
+    except RecursionError:
+        raise RunFileError(f"{path} is nested too deeply to read; {fix}") from None
+    except ValueError as e:
+        raise RunFileError(f"{path} is not valid JSON ({e}); {fix}") from None
     if not isinstance(data, dict):
-        raise TypeError(f"{path} holds a JSON {type(data).__name__}, expected an object; "
-                        "it was not written by RunWriter")
+        raise RunFileError(f"{path} holds a JSON {type(data).__name__}, expected an object; "
+                           f"it was not written by RunWriter; {fix}")
+    if not _depth_ok(data, RUN_JSON_DEPTH):
+        raise RunFileError(f"{path} is nested more than {RUN_JSON_DEPTH} levels deep; {fix}")
     return data
 
 
@@ -296,7 +350,69 @@ def clean_prediction(value: Any) -> dict[str, Any] | None:
 
 
 def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return _as_float(v) is not None
+
+
+def _as_float(v: Any) -> float | None:
+    """``v`` as a finite float; None for bools, non-numbers, NaN, inf and ints too large."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+_RUN_TYPES: dict[str, tuple[str, Any]] = {
+    "id": ("a string", str), "name": ("a string", str), "host": ("a string", str),
+    "config_hash": ("a string", str), "device_kind": ("a string", str),
+    "peak_source": ("a string", str), "error": ("a string", str),
+    "created": ("a number", _as_float), "updated": ("a number", _as_float),
+    "peak_flops": ("a number", _as_float), "model_flops_per_step": ("a number", _as_float),
+    "step": ("an integer", int), "target_steps": ("an integer", int), "pid": ("an integer", int),
+    "config": ("an object", dict), "mesh": ("an object", dict),
+    "memory_per_device": ("an object", dict), "versions": ("an object", dict),
+    "devices": ("a list", list),
+}
+
+
+def check_run(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A parsed ``run.json`` with every known field of the wrong type set to None, and what
+    was wrong (``["run.json 'step' is \"abc\", not an integer"]``).
+
+    A ``status`` that is not one of :data:`STATUSES` becomes ``"error"``; texts are cut
+    to 2000 characters; the result is strict JSON (see :func:`json_safe`).
+    """
+    out = json_safe(meta)
+    problems: list[str] = []
+    for key, (what, kind) in _RUN_TYPES.items():
+        v = out.get(key)
+        if v is None:
+            continue
+        if kind is _as_float:
+            ok = _as_float(v) is not None
+        elif kind is int:
+            ok = isinstance(v, int) and not isinstance(v, bool) and (
+                key == "pid" or -2**53 < v < 2**53)  # no pid is that large: a dead writer
+        else:
+            ok = isinstance(v, kind)
+        if not ok:
+            problems.append(f"{RUN_JSON} '{key}' is {_short(v)}, not {what}")
+            out[key] = None
+        elif isinstance(v, str) and len(v) > _TEXT_MAX:
+            out[key] = v[:_TEXT_MAX] + "..."
+    status = out.get("status")
+    if status is not None and status not in STATUSES:
+        problems.append(f"{RUN_JSON} 'status' is {_short(status)}, not one of "
+                        f"{', '.join(STATUSES)}")
+        out["status"] = "error"
+    return out, problems
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v) if isinstance(v, (str, bool, type(None))) else repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _positive(v: Any) -> bool:
@@ -330,11 +446,12 @@ def run_id(root: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> str
 
 
 def find_run_dirs(root: str | os.PathLike[str], max_depth: int = 4,
-                  max_dirs: int = 20000) -> Iterator[Path]:
+                  max_dirs: int = 20000, hidden: bool = False) -> Iterator[Path]:
     """Run directories (holding ``run.json``) under ``root``, at most ``max_depth`` deep.
 
-    Hidden directories, ``node_modules`` and symlinked directories are not entered;
-    a run directory's own subdirectories (checkpoints) are not searched.
+    Hidden directories (unless ``hidden``), ``node_modules``, ``.git`` and symlinked
+    directories are not entered; a run directory's own subdirectories (checkpoints) are
+    not searched. A ``run.json`` that is a directory still marks a run (an unreadable one).
     """
     queue: list[tuple[Path, int]] = [(Path(root), 0)]
     visited = 0
@@ -345,46 +462,65 @@ def find_run_dirs(root: str | os.PathLike[str], max_depth: int = 4,
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError:
             continue
-        if any(e.name == RUN_JSON and e.is_file(follow_symlinks=False) for e in entries):
+        if any(e.name == RUN_JSON and (e.is_file(follow_symlinks=False)
+                                       or e.is_dir(follow_symlinks=False)) for e in entries):
             yield Path(folder)
             continue
         if depth >= max_depth:
             continue
         for e in entries:
-            if (e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+            if (e.is_dir(follow_symlinks=False) and (hidden or not e.name.startswith("."))
                     and e.name not in _SKIP_DIRS):
                 queue.append((Path(e.path), depth + 1))
 
 
-def list_runs(roots: Iterable[str | os.PathLike[str]], max_depth: int = 4) -> list[dict[str, Any]]:
-    """Every run under ``roots``: its ``run.json`` plus ``id`` (URL id) and ``uid``.
+def list_runs(roots: Iterable[str | os.PathLike[str]], max_depth: int = 4,
+              hidden: bool = False) -> list[dict[str, Any]]:
+    """Every run under ``roots``: its checked ``run.json`` (:func:`check_run`) plus ``id``
+    (URL id), ``uid`` and ``problem`` (what could not be read, or None).
 
     Ids under the first root are relative paths; under root ``k >= 1`` they read
-    ``"k:relative/path"``. Newest-updated first.
+    ``"k:relative/path"``. Newest-updated first. A run whose ``run.json`` cannot be read
+    is listed with status ``"error"`` and the reason as ``problem``.
     """
     out: list[dict[str, Any]] = []
     for k, root in enumerate(roots):
-        for d in find_run_dirs(root, max_depth):
-            try:
-                run = read_run(d)
-            except (OSError, ValueError, TypeError):
-                continue
+        for d in find_run_dirs(root, max_depth, hidden=hidden):
             rid = run_id(root, d)
+            try:
+                run, problems = check_run(read_run(d))
+                status = effective_status(run)
+            except (OSError, ValueError) as e:
+                run, problems, status = {"name": d.name}, [str(e)], "error"
             out.append({**run, "uid": run.get("id"), "id": rid if k == 0 else f"{k}:{rid}",
-                        "status": effective_status(run)})
-    out.sort(key=lambda r: -float(r.get("updated") or 0))
+                        "status": status, "problem": "; ".join(problems) or None})
+    out.sort(key=lambda r: -(r.get("updated") or 0))
     return out
 
 
-def resolve_run(roots: Sequence[str | os.PathLike[str]], rid: str) -> Path:
+def is_hidden(rel: str | os.PathLike[str]) -> bool:
+    """Whether a path relative to a root has a hidden part (a name starting with ``.``),
+    as Jupyter's contents API judges it."""
+    return any(p.startswith(".") and p not in (".", "..") for p in Path(rel).parts)
+
+
+def resolve_run(roots: Sequence[str | os.PathLike[str]], rid: str,
+                allow_hidden: bool = False) -> Path:
     """The directory of run id ``rid``; it must lie inside its root, symlinks resolved.
+
+    Args:
+      roots: the run roots.
+      rid: the run id (see :func:`run_id`).
+      allow_hidden: serve runs under hidden directories (Jupyter's
+        ``ContentsManager.allow_hidden``); else the id and its resolved path must have no
+        part starting with ``.``.
 
     Raises:
       ValueError: the id is malformed (absolute, ``..``, backslash, NUL, unknown root).
-      FileNotFoundError: no run directory with that id inside the root.
+      FileNotFoundError: no run directory with that id inside the root (or a hidden one).
     """
     m = _ROOT_PREFIX.match(rid)
-    k, rel = (int(m.group(1)), m.group(2)) if m else (0, rid)
+    k, rel = (int(m.group(1)), m.group(2)) if m and len(m.group(1)) < 6 else (0, rid)
     if not roots or k >= len(roots):
         raise ValueError(f"run id {rid!r} names root {k}, but there are {len(roots)} run roots")
     parts = rel.split("/")
@@ -398,7 +534,10 @@ def resolve_run(roots: Sequence[str | os.PathLike[str]], rid: str) -> Path:
     for p in (target, meta):
         if os.path.commonpath([root, p]) != root:
             raise FileNotFoundError(f"run id {rid!r} resolves outside its run root")
-    if not os.path.isfile(meta):
+    if not allow_hidden and (is_hidden(rel) or is_hidden(os.path.relpath(meta, root))):
+        raise FileNotFoundError(f"no run {rid!r}: runs in hidden directories are not served "
+                                "(the server's ContentsManager.allow_hidden is False)")
+    if not os.path.lexists(os.path.join(target, RUN_JSON)):
         raise FileNotFoundError(f"no run {rid!r}: {target} has no {RUN_JSON}")
     return Path(target)
 

@@ -77,7 +77,12 @@ def model_factory(cfg_or_factory: GPTConfig | ModelFactory) -> ModelFactory:
         cfg = cfg_or_factory
         return lambda rngs: GPT(cfg, rngs=rngs)
     if callable(cfg_or_factory):
-        return cfg_or_factory
+        from workbench.models.adapters import ModelSpec, build_without_mesh
+
+        if isinstance(cfg_or_factory, ModelSpec):
+            return cfg_or_factory
+        factory = cfg_or_factory
+        return functools.wraps(factory)(lambda rngs: build_without_mesh(factory, rngs))
     raise TypeError(f"expected a GPTConfig or a callable rngs -> nnx.Module, got "
                     f"{type(cfg_or_factory).__name__}")
 
@@ -197,7 +202,9 @@ class AbstractTrainState(NamedTuple):
 def abstract_train_state(cfg_or_factory: GPTConfig | ModelFactory,
                          optimizer: optax.GradientTransformation, rules: Rules,
                          mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, *,
-                         strict: bool = True) -> AbstractTrainState:
+                         strict: bool = True,
+                         abstract: tuple[nnx.GraphDef, nnx.State] | None = None
+                         ) -> AbstractTrainState:
     """Params and optimizer state as ShapeDtypeStructs with their shardings; no allocation.
 
     Parameters are sharded by ``rules`` from their logical axes; an optimizer leaf that
@@ -207,13 +214,20 @@ def abstract_train_state(cfg_or_factory: GPTConfig | ModelFactory,
         mesh: a ``Mesh``, or an ``AbstractMesh`` to plan hardware you do not have.
         strict: raise on logical axes without a rule (False replicates them and lists them
             in ``unmapped``; the plan reports them as a lint).
+        abstract: ``abstract_param_state(cfg_or_factory)`` when the caller has it already.
     """
     rules.check_mesh(mesh)
     require_auto_axes(mesh)
     if strict and isinstance(cfg_or_factory, GPTConfig):   # (plans: a lint instead)
         moe.check_layout(cfg_or_factory, rules, mesh)   # experts vs the expert axis
-    graphdef, param_state = abstract_param_state(cfg_or_factory)
+    graphdef, param_state = abstract if abstract is not None else \
+        abstract_param_state(cfg_or_factory)
     params, logical = nnx.to_pure_dict(param_state), logical_axes(param_state)
+    if not isinstance(cfg_or_factory, GPTConfig):  # rules for a model's own axis names
+        from workbench.models.adapters import ModelSpec, resolve_rules
+
+        spec = cfg_or_factory if isinstance(cfg_or_factory, ModelSpec) else None
+        rules = resolve_rules(logical, rules, mesh, spec=spec)
     unmapped: dict[str, list[str]] = {}
     for tensor, axes in logical.items():
         for ax in rules.unmapped(axes):
@@ -336,7 +350,7 @@ def lm_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *,
-                    loss_fn: LossFn = lm_loss, rules: Rules | None = None,
+                    loss_fn: LossFn | None = None, rules: Rules | None = None,
                     mesh: jax.sharding.Mesh | None = None,
                     pipeline: Pipeline | Mapping[str, Any] | None = None
                     ) -> Callable[[TrainState, Mapping[str, jax.Array]],
@@ -353,8 +367,14 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     the step is traced. With ``pipeline`` (``{"microbatches", "schedule", "repeats"}``),
     a scanned GPT's blocks run as pipeline stages over the mesh's ``stage`` axis
     (:mod:`workbench.models.pipeline`): the batch is cut into micro-batches inside the
-    model; the loss is the same function of the batch.
+    model; the loss is the same function of the batch. ``loss_fn`` None: the loss a
+    ``wb.models.from_nnx`` model carries, else :func:`lm_loss`. A model that is not a GPT
+    is traced with ``mesh`` as the context mesh (``jax.sharding.use_abstract_mesh``), so
+    its own ``with_sharding_constraint(x, PartitionSpec(...))`` calls resolve (the Flax
+    sharding guide's models).
     """
+    from workbench.models.adapters import model_loss
+
     if mesh is not None:
         require_auto_axes(mesh)
     pipe = Pipeline.of(pipeline)
@@ -369,10 +389,14 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                    ) -> tuple[TrainState, dict[str, jax.Array]]:
         ctx = rules.activate(mesh) if rules is not None and mesh is not None \
             else contextlib.nullcontext()
-        with ctx, pipe_ctx():
+        probe = nnx.merge(graphdef, state.params)
+        fn = loss_fn or model_loss(probe) or lm_loss
+        own = contextlib.nullcontext() if isinstance(probe, GPT) or mesh is None \
+            else jax.sharding.use_abstract_mesh(getattr(mesh, "abstract_mesh", mesh))
+        with ctx, own, pipe_ctx():
             def loss_of(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
                 with moe.collect() as stats:   # MoE router statistics (none if dense)
-                    loss = loss_fn(nnx.merge(graphdef, params), batch)
+                    loss = fn(nnx.merge(graphdef, params), batch)
                 moe_metrics = moe.summarize(stats)
                 if moe_metrics:
                     loss = loss + moe_metrics["router_loss"]

@@ -26,6 +26,7 @@ export const PALETTE = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '
 
 /**
  * The chart element carries `data-points` (points drawn in the first series),
+ * `data-gaps` (its gaps: nulls, where the line breaks),
  * `data-last-step`, `data-drawn-at` (epoch ms of the last draw) and `data-draw-ms`
  * (from preparing the data to drawn), for tests and benchmarks.
  */
@@ -46,11 +47,13 @@ export class LineChart {
   }
 
   /**
-   * Replaces the data: x values and one array per series (null = gap). `startedAt`
+   * Replaces the data: x values and one array per series (null: a gap, the line breaks;
+   * undefined: missing, the line joins across). `startedAt`
    * (a `performance.now()` time) is when the caller began preparing it, so `data-draw-ms`
    * covers decimation too.
    */
-  setData(x: number[], ys: (number | null)[][], startedAt = performance.now()): void {
+  setData(x: number[], ys: (number | null | undefined)[][],
+    startedAt = performance.now()): void {
     this._t0 = startedAt;
     this._data = [x, ...ys] as uPlot.AlignedData;
     if (this._plot) {
@@ -63,8 +66,9 @@ export class LineChart {
   /** uPlot's draw hook: the data is on the canvas now. */
   private _drawn(): void {
     const x = this._data[0];
-    const first = (this._data[1] ?? []) as (number | null)[];
+    const first = (this._data[1] ?? []) as (number | null | undefined)[];
     this.node.dataset.points = String(first.filter(v => v !== null && v !== undefined).length);
+    this.node.dataset.gaps = String(first.filter(v => v === null).length);
     this.node.dataset.lastStep = x.length ? String(x[x.length - 1]) : '';
     this.node.dataset.drawnAt = String(Date.now());
     this.node.dataset.drawMs = (performance.now() - this._t0).toFixed(2);
@@ -121,7 +125,7 @@ export class LineChart {
           dash: s.dash,
           class: s.className,
           scale: s.scale ?? 'y',
-          spanGaps: true,
+          spanGaps: false, // null breaks the line; undefined (missing) is joined across
           points: { show: false },
           value: (_u: uPlot, v: number | null) =>
             v === null ? '–' : (fmt[s.scale ?? 'y'] ?? String)(v)

@@ -101,7 +101,8 @@ export class CompareRuns extends Widget {
       return [d.x, d.ys[0]] as uPlot.AlignedData;
     });
     const joined = tables.length ? uPlot.join(tables) : [[]];
-    this._chart.setData(joined[0] as number[], joined.slice(1) as (number | null)[][], t0);
+    this._chart.setData(joined[0] as number[],
+      joined.slice(1) as (number | null | undefined)[][], t0);
     this._chart.node.dataset.rawPoints = this.runs.map(r => r.series.length).join(',');
     this._chart.node.dataset.seriesPoints = joined.slice(1)
       .map(y => (y as (number | null)[]).filter(v => v !== null && v !== undefined).length)

@@ -219,6 +219,10 @@ export class RunDashboard extends Widget {
     if (d.error) {
       this._head.append(el('pre', 'jp-Workbench-error', d.error));
     }
+    if (typeof d.problem === 'string' && d.problem) {
+      this._head.append(el('pre', 'jp-Workbench-error jp-Workbench-problem',
+        `Not everything of this run could be read: ${d.problem}`));
+    }
     this._memory.replaceChildren(memoryTable(d.memory_per_device ?? null));
     this._config.replaceChildren(tree(d.config ?? {}));
   }

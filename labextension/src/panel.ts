@@ -16,6 +16,7 @@ interface IRow {
   check: HTMLInputElement;
   name: HTMLSpanElement;
   status: HTMLSpanElement;
+  problem: HTMLSpanElement;
   step: HTMLSpanElement;
   loss: HTMLSpanElement;
   mfu: HTMLSpanElement;
@@ -109,6 +110,8 @@ export class RunsPanel extends Widget {
     check.addEventListener('change', () => (this._compareBtn.disabled = this.selected().length < 1));
     const name = el('span', 'jp-Workbench-runName');
     const status = el('span', 'jp-Workbench-status');
+    const problem = el('span', 'jp-Workbench-problemBadge', '!');
+    problem.hidden = true;
     const step = el('span', 'jp-Workbench-step');
     const loss = el('span', 'jp-Workbench-loss');
     const mfu = el('span', 'jp-Workbench-mfu');
@@ -116,12 +119,12 @@ export class RunsPanel extends Widget {
     pred.hidden = true;
     const spark = el('canvas', 'jp-Workbench-spark');
     const top = el('div', 'jp-Workbench-runTop');
-    top.append(check, status, name);
+    top.append(check, status, problem, name);
     const stats = el('div', 'jp-Workbench-runStats');
     stats.append(step, loss, mfu, pred, spark);
     node.append(top, stats);
     node.addEventListener('click', () => this._o.openRun(id));
-    const row = { node, check, name, status, step, loss, mfu, pred, spark };
+    const row = { node, check, name, status, problem, step, loss, mfu, pred, spark };
     this._rows.set(id, row);
     return row;
   }
@@ -143,7 +146,12 @@ export class RunsPanel extends Widget {
       .filter(Boolean).join('\n');
     row.pred.hidden = !hint;
     row.pred.title = hint;
-    row.node.title = hint ? `${run.id}\n${hint}` : run.id;
+    // a run with something unreadable: an error badge whose title is the reason
+    const problem = typeof run.problem === 'string' ? run.problem : '';
+    row.problem.hidden = !problem;
+    row.problem.title = problem;
+    row.node.classList.toggle('jp-mod-problem', !!problem);
+    row.node.title = [run.id, hint, problem].filter(Boolean).join('\n');
     drawSparkline(row.spark, run.spark.loss);
   }
 }

@@ -50,7 +50,7 @@ export class RunModel {
       this._prediction = parsePrediction(msg.run?.prediction);
       this._changed.emit('detail');
     } else if (msg.type === 'metrics') {
-      if (this.series.append(msg.columns)) {
+      if (this.series.append(msg.columns, msg.gaps)) {
         this._changed.emit('metrics');
       }
     } else if (msg.type === 'reset') {

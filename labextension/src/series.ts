@@ -6,15 +6,22 @@
 /** Column values as the server sends them (columnar JSON). */
 export type RawColumns = Record<string, ReadonlyArray<unknown>>;
 
-/** Indices and values a chart draws (x plus one array per series). */
+/**
+ * Indices and values a chart draws (x plus one array per series): null is a gap (the
+ * line breaks), undefined a missing value (the line joins across it).
+ */
 export interface Decimated {
   x: number[];
-  ys: (number | null)[][];
+  ys: (number | null | undefined)[][];
 }
+
+/** How a column stores a value that was NaN, ±Infinity or null in the metrics file (the
+ * server lists those rows in `gaps`): drawn as a gap. */
+export const GAP = Infinity;
 
 /**
  * Numeric metric columns keyed by name, all of one length, `step` strictly increasing.
- * Missing and non-numeric values are stored as NaN.
+ * Missing and non-numeric values are stored as NaN, gaps (see `GAP`) as Infinity.
  */
 export class MetricSeries {
   private _length = 0;
@@ -61,9 +68,10 @@ export class MetricSeries {
 
   /**
    * Appends columnar records; rows whose step is not above the last step are dropped
-   * (a resumed run re-logs steps). Returns the number of rows appended.
+   * (a resumed run re-logs steps). `gaps` lists, per column, the rows that hold a gap
+   * (see `GAP`). Returns the number of rows appended.
    */
-  append(columns: RawColumns): number {
+  append(columns: RawColumns, gaps: Record<string, ReadonlyArray<number>> = {}): number {
     const steps = columns['step'];
     if (!steps) {
       return 0;
@@ -85,10 +93,18 @@ export class MetricSeries {
         continue; // text columns (peak_source) are not charted
       }
       const col = this._ensure(key);
+      const gap = new Set(gaps[key] ?? []);
       keep.forEach((src, k) => {
         const v = values[src];
-        col[this._length + k] = typeof v === 'number' ? v : NaN;
+        col[this._length + k] = gap.has(src) ? GAP : typeof v === 'number' ? v : NaN;
       });
+    }
+    for (const [key, rows] of Object.entries(gaps)) {
+      if (key in columns && !this._cols.has(key) && rows.length) {
+        const col = this._ensure(key); // a column of gaps only (every value NaN)
+        const gap = new Set(rows);
+        keep.forEach((src, k) => (col[this._length + k] = gap.has(src) ? GAP : NaN));
+      }
     }
     for (const [key, col] of this._cols) {
       if (!(key in columns)) {
@@ -133,7 +149,7 @@ export class MetricSeries {
  * Exponential moving average with TensorBoard's debiasing, kept up to date on an
  * append-only column: with weight w, `m_i = w m_{i-1} + (1 - w) v_i` and the output is
  * `m_i / (1 - w^n)` after n finite values, so early points are not pulled toward zero.
- * NaN stays NaN; w = 0 is the identity. Only points appended since the last call are
+ * NaN stays NaN and a gap a gap; w = 0 is the identity. Only points appended since the last call are
  * computed (a new weight or a shorter column starts over).
  */
 export class EmaCache {
@@ -159,7 +175,7 @@ export class EmaCache {
     for (let i = this._n; i < values.length; i++) {
       const v = values[i];
       if (!Number.isFinite(v)) {
-        this._out[i] = NaN;
+        this._out[i] = v === GAP ? GAP : NaN;
         continue;
       }
       this._m = w * this._m + (1 - w) * v;
@@ -176,8 +192,8 @@ export function ema(values: ArrayLike<number>, weight: number): Float64Array {
   return new EmaCache().update(values, weight).slice();
 }
 
-/** Appends the sorted, distinct picks of one bucket: its first index and each series'
- * minimum and maximum. */
+/** Appends the sorted, distinct picks of one bucket: its first index, each series'
+ * minimum and maximum, and its first gap (so a gap survives decimation). */
 function pickBucket(lo: number, hi: number, ys: ReadonlyArray<ArrayLike<number>>,
   out: number[]): void {
   const picks = [lo];
@@ -186,8 +202,13 @@ function pickBucket(lo: number, hi: number, ys: ReadonlyArray<ArrayLike<number>>
     let iMax = -1;
     let vMin = Infinity;
     let vMax = -Infinity;
+    let iGap = -1;
     for (let i = lo; i < hi; i++) {
       const v = y[i];
+      if (v === GAP) {
+        iGap = iGap < 0 ? i : iGap;
+        continue;
+      }
       if (v < vMin) {
         vMin = v;
         iMin = i;
@@ -199,6 +220,9 @@ function pickBucket(lo: number, hi: number, ys: ReadonlyArray<ArrayLike<number>>
     }
     if (iMin >= 0) {
       picks.push(iMin, iMax);
+    }
+    if (iGap >= 0) {
+      picks.push(iGap);
     }
   }
   picks.sort((a, b) => a - b);
@@ -254,8 +278,9 @@ export class Decimator {
   }
 
   /**
-   * Gathers `x` and each series at the decimated indices (NaN -> null, a gap); `extra`
-   * series (a smoothed copy) are gathered at the same indices without choosing them.
+   * Gathers `x` and each series at the decimated indices (a gap -> null, which breaks
+   * the line; NaN, a missing value -> undefined, joined across); `extra` series (a
+   * smoothed copy) are gathered at the same indices without choosing them.
    */
   decimate(
     x: ArrayLike<number>,
@@ -266,9 +291,14 @@ export class Decimator {
     const idx = this.indices(x.length, ys, maxPoints);
     return {
       x: idx.map(i => x[i]),
-      ys: [...ys, ...extra].map(y => idx.map(i => (Number.isFinite(y[i]) ? y[i] : null)))
+      ys: [...ys, ...extra].map(y => idx.map(i => drawn(y[i])))
     };
   }
+}
+
+/** A column value as a chart draws it: itself, null (a gap) or undefined (missing). */
+export function drawn(v: number): number | null | undefined {
+  return Number.isFinite(v) ? v : v === GAP ? null : undefined;
 }
 
 /** Indices of a one-off min-max decimation (see `Decimator`). */

@@ -1,8 +1,9 @@
 /** A loss sparkline on a small canvas (the side panel's per-run trend). */
 
 /**
- * Draws `ys` (nulls skipped) scaled into the canvas; sets `data-points` on the canvas
- * to the number of points drawn.
+ * Draws `ys` scaled into the canvas, the line broken at each null (a NaN loss: a gap);
+ * sets `data-points` on the canvas to the number of points drawn and `data-gaps` to
+ * the number of nulls.
  */
 export function drawSparkline(
   canvas: HTMLCanvasElement,
@@ -18,6 +19,7 @@ export function drawSparkline(
   const pts = ys.map((y, i) => [i, y] as const).filter((p): p is readonly [number, number] =>
     p[1] !== null && Number.isFinite(p[1]));
   canvas.dataset.points = String(pts.length);
+  canvas.dataset.gaps = String(ys.length - pts.length);
   if (!ctx || pts.length < 2) {
     ctx?.clearRect(0, 0, canvas.width, canvas.height);
     return;
@@ -33,8 +35,8 @@ export function drawSparkline(
   pts.forEach(([i, y], k) => {
     const px = (i / n) * (w - 2) + 1;
     const py = hi === lo ? h / 2 : h - 2 - ((y - lo) / (hi - lo)) * (h - 4);
-    if (k === 0) {
-      ctx.moveTo(px, py);
+    if (k === 0 || pts[k - 1][0] !== i - 1) {
+      ctx.moveTo(px, py); // the first point, or the first after a gap
     } else {
       ctx.lineTo(px, py);
     }

@@ -23,7 +23,11 @@ export interface RunSummary extends RunBase {
   hfu: number | null;
   tokens_per_s: number | null;
   step_time: number | null;
+  /** Sampled loss for the sparkline; null: a NaN/Infinity loss, drawn as a gap. */
   spark: { step: number[]; loss: (number | null)[] };
+  /** What of the run could not be read (an unreadable run.json: status 'error';
+   * skipped metrics lines; run.json fields of the wrong type), or null. */
+  problem?: string | null;
   /** The plan's prediction (step_seconds, mfu, bound, source), if the run has one;
    * check it with `parsePrediction` before use. */
   prediction?: unknown;
@@ -45,6 +49,8 @@ export interface RunDetail extends RunBase {
   /** The plan's prediction (`Trainer.from_plan`); check it with `parsePrediction`. */
   prediction?: unknown;
   events?: { event: string; [key: string]: unknown }[];
+  /** What of the run could not be read (see `RunSummary.problem`), or null. */
+  problem?: string | null;
   [key: string]: unknown;
 }
 
@@ -54,6 +60,9 @@ export interface MetricsPage {
   count: number;
   last_step: number | null;
   columns: Record<string, unknown[]>;
+  /** Per column, the rows whose value was null, NaN or ±Infinity in the file (sent as
+   * null): drawn as gaps, while missing values (also null) are joined across. */
+  gaps?: Record<string, number[]>;
   more?: boolean;
 }
 

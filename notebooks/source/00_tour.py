@@ -71,6 +71,10 @@ wb.show(model)
 # `wb.Trainer` runs the jitted step with checkpoints in a run directory. Interrupt the
 # cell or restart the kernel: re-running it continues (notebook 05). The JupyterLab
 # **Runs** side panel (left sidebar) shows every run directory live.
+#
+# Running this notebook again reuses `runs/00-tour`: the run is already at step 20 from
+# the first time, so `trainer.run()` restores that checkpoint, says there is nothing
+# to do, and the losses below are the first run's. Delete `runs/00-tour` to train anew.
 
 # %%
 cfg_train = wb.TrainConfig(model="tiny", mesh={"data": 4, "model": 2}, rules="fsdp_tp",
@@ -85,7 +89,8 @@ print(f"loss {trainer.losses[0]:.3f} -> {trainer.losses[-1]:.3f} in {trainer.ste
 # ## 6. The same configuration as a multi-process job
 #
 # Two processes with four devices each, joined by `jax.distributed`; process 0 streams
-# the metrics into a run directory, which the widget and the side panel follow.
+# the metrics into a run directory, which the widget and the side panel follow. Run
+# again, the job finds `runs/00-tour-job` already at its 6 steps and finishes at once.
 
 # %%
 job = wb.launch(cfg_train.replace(steps=6), processes=2, devices_per_process=4,

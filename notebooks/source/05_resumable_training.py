@@ -35,11 +35,33 @@ import numpy as np
 # experiment: model preset, mesh, sharding rules, optimizer, data, batch, steps,
 # checkpoint cadence, seed. The data here is byte-level text (the Python standard
 # library's sources), read through a deterministic Grain pipeline.
+#
+# **Running this notebook again.** The story below (train to step 10, interrupt at 20,
+# restart, finish at 40) needs an empty run directory, so each run of the notebook from
+# the top starts a new one: `runs/05-resumable-1`, then `-2`, ... Nothing is reused from
+# an earlier run of the notebook except the reference run at the end (see there). In
+# your own notebooks, write one fixed `run_dir`: running the cells again then *continues*
+# that run, which is what this notebook demonstrates.
 
 # %%
+import pathlib
+
 cfg = wb.TrainConfig(model="tiny", mesh={"data": 8}, rules="fsdp", batch=8, seq=64,
                      steps=40, checkpoint_every=10, seed=0)
-run_dir = "runs/05-resumable"  # delete it to start over
+
+
+def run_number(path):
+    tail = path.name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+earlier = sorted(pathlib.Path("runs").glob("05-resumable-*"), key=run_number)
+run_dir = f"runs/05-resumable-{max(map(run_number, earlier), default=0) + 1}"
+if earlier:
+    print(f"earlier runs of this notebook left {', '.join(p.name for p in earlier)} in runs/; "
+          f"this run starts a new run directory, {run_dir}, and reuses nothing from them")
+else:
+    print(f"run directory: {run_dir}")
 cfg
 
 # %% [markdown]
@@ -56,8 +78,8 @@ trainer.run(steps=10)
 # ## Interrupt
 #
 # Press ■ (Kernel ▸ Interrupt) during the next cell. To make this notebook run by
-# itself, the cell interrupts itself once step 20 is done, the same way: a kernel
-# interrupt is a SIGINT to the kernel process.
+# itself, the cell interrupts itself ten steps on (once step 20 is done), the same way:
+# a kernel interrupt is a SIGINT to the kernel process.
 
 # %%
 def interrupt_after(step):
@@ -66,7 +88,7 @@ def interrupt_after(step):
     os.kill(os.getpid(), signal.SIGINT)
 
 
-threading.Thread(target=interrupt_after, args=(20,), daemon=True).start()
+threading.Thread(target=interrupt_after, args=(trainer.step + 10,), daemon=True).start()
 result = trainer.run()
 print(result)
 assert result.status == "interrupted"
@@ -78,9 +100,10 @@ stopped_at = trainer.step
 #
 # ## Restart
 #
-# In a live session: **Kernel ▸ Restart**, then run the cells from the top;
-# `wb.Trainer(cfg, run_dir=run_dir)` restores the checkpoint and `trainer.run(...)`
-# carries on. So that this notebook also runs unattended, a *fresh Python process*
+# In a live session: **Kernel ▸ Restart**, then `wb.Trainer(cfg, run_dir=run_dir)` with
+# the same `run_dir` restores the checkpoint and `trainer.run(...)` carries on (in this
+# notebook, set `run_dir` to the directory printed above instead of running the cell
+# that picks a new one). So that this notebook also runs unattended, a *fresh Python process*
 # stands in for the restarted kernel: it runs the same configuration with the
 # `workbench train` command, the one launched jobs and cluster workers run, for five
 # more steps.
@@ -131,6 +154,11 @@ fig
 # Resuming restores the parameters, the optimizer state, the step and the data
 # pipeline's position, so on CPU the resumed run computes bit-for-bit the same losses
 # as a run that never stopped.
+#
+# The reference is the same run every time, so it lives in one fixed directory,
+# `runs/05-reference`: the first run of this notebook trains it; when you run the
+# notebook again, it already holds all 40 steps, `reference.run()` says there is nothing
+# to do, and the comparison reads the losses it saved the first time.
 
 # %%
 reference = wb.Trainer(cfg, run_dir="runs/05-reference", progress=None)

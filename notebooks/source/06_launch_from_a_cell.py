@@ -23,10 +23,17 @@ import time
 #
 # The mesh still has 8 devices (`data=8`); they now belong to two processes. Every
 # process feeds its own half of each global batch.
+#
+# Running this notebook again reuses `runs/06-job`: the job continues from the last
+# checkpoint the earlier run left there (`already` below says how many steps that is),
+# and the history keeps growing. Delete `runs/06-job` to start from step 0.
 
 # %%
 cfg = wb.TrainConfig(model="tiny", mesh={"data": 8}, rules="fsdp", batch=8, seq=64,
                      steps=10_000, checkpoint_every=5, seed=0)
+already = max((m["step"] for m in wb.runs.read_metrics("runs/06-job") if "loss" in m),
+              default=0)
+print(f"runs/06-job already holds {already} steps" if already else "a new run: runs/06-job")
 job = wb.launch(cfg, processes=2, devices_per_process=4, run_dir="runs/06-job")
 job
 
@@ -36,7 +43,7 @@ job
 
 # %%
 deadline = time.time() + 240
-while (job.progress().get("step") or 0) < 8 and not job.done and time.time() < deadline:
+while (job.progress().get("step") or 0) < already + 8 and not job.done and time.time() < deadline:
     time.sleep(0.5)
 print(job)
 print(job.tail(3))

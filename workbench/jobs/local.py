@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import workbench
+from workbench._validate import check_int
 from workbench.jobs.job import Job, exit_file
-from workbench.jobs.lock import RunLock
-from workbench.jobs.worker import EXIT_FILE_ENV, LAUNCHED_ENV
+from workbench.jobs.lock import LAUNCHED_ENV, RunLock
+from workbench.jobs.worker import EXIT_FILE_ENV
 
 __all__ = ["default_platform", "free_port", "launch", "ping"]
 
@@ -95,9 +96,9 @@ def _check_mesh(mesh: dict[str, int], processes: int, devices_per_process: int |
                          "devices (one axis may be -1, e.g. {'data': -1})")
 
 
-def _child_env(platform: str, devices_per_process: int | None) -> dict[str, str]:
+def _child_env(platform: str, devices_per_process: int | None, token: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS=platform)
-    env[LAUNCHED_ENV] = "1"
+    env[LAUNCHED_ENV] = token  # the workers write under the launcher's run-dir lock
     # The workers import the same workbench as this process, installed or not.
     root = str(Path(workbench.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -130,7 +131,7 @@ def _start(run_dir: Path, subcommand: list[str], *, processes: int,
         port = free_port()
         logs = run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        env = _child_env(platform, devices_per_process)
+        env = _child_env(platform, devices_per_process, lock.token or "")
         procs, log_paths, commands = [], [], []
         for i in range(processes):
             argv = [sys.executable, "-m", "workbench", *subcommand, "--platform", platform]
@@ -206,7 +207,18 @@ def launch(config: Any, processes: int = 1, devices_per_process: int | None = No
     """
     run_dir = Path(run_dir or f"runs/launch-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     text = _config_text(config)
-    fields = json.loads(text)
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"wb.launch: the config {str(config)[:200]!r} is not valid JSON: "
+                         f"{err}; write it with TrainConfig.to_json()") from None
+    from workbench.train.config import TrainConfig
+
+    TrainConfig.from_dict(fields)  # a bad config is refused here: no directory, no process
+    for name, value in (("processes", processes), ("devices_per_process", devices_per_process),
+                        ("steps", steps)):
+        if value is not None:
+            check_int(value, name, where="wb.launch: ")
     target = steps if steps is not None else fields.get("steps")
     _check_mesh(fields.get("mesh") or {}, processes, devices_per_process)
     sub = ["train", "--config", str(run_dir / CONFIG_NAME), "--run-dir", str(run_dir)]

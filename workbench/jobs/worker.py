@@ -18,12 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from workbench.jobs import cluster
-from workbench.jobs.lock import RunLock
 
 __all__ = ["EXIT_STOPPED", "load_config", "ping", "record_exit", "train"]
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped before the target with a checkpoint; relaunch continues
-LAUNCHED_ENV = "WORKBENCH_JOB"  # set by the local launcher, which holds the run-dir lock
 EXIT_FILE_ENV = "WORKBENCH_EXIT_FILE"  # where a launched worker records its exit code
 
 
@@ -80,17 +78,6 @@ def _joined(spec: cluster.DistributedSpec) -> None:
          f"{jax.devices()[0].platform} devices, pid {os.getpid()}")
 
 
-def _take_lock(run_dir: Path) -> RunLock | None:
-    """Process 0 of a job not started by the local launcher locks the run directory."""
-    import jax
-
-    if os.environ.get(LAUNCHED_ENV) or jax.process_index() != 0:
-        return None
-    lock = RunLock(run_dir)
-    lock.acquire(pids=[os.getpid()])
-    return lock
-
-
 def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
           spec: cluster.DistributedSpec, *, steps: int | None = None) -> int:
     """Joins the job, then trains ``config`` in ``run_dir`` (resuming from its checkpoint).
@@ -101,20 +88,20 @@ def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
     """
     _joined(spec)
     run_dir = Path(run_dir)
-    lock = None
     try:
         config = load_config(config_path)
-        lock = _take_lock(run_dir)
         from workbench.train import Trainer
 
+        # The Trainer of process 0 locks the run directory while it writes (workbench.jobs.
+        # lock), unless the local launcher holds the lock for this job already.
         trainer = Trainer(config, run_dir=run_dir, compile_cache=_compile_cache())
-        result = trainer.run(steps=steps)
+        try:
+            result = trainer.run(steps=steps)
+        finally:
+            trainer.close()
     except BaseException:
         _exit_now_if_distributed()
         raise
-    finally:
-        if lock is not None:
-            lock.release()
     if result.step >= result.target:
         _say(f"finished: step {result.step} of {result.target}")
         return 0

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
+
+from workbench._validate import check_int
 
 #: Names the model gives its activations (``jax.ad_checkpoint.checkpoint_name``), which
 #: named remat policies save, offload to host memory or recompute (MaxText's names).
@@ -117,9 +121,31 @@ def remat_policy(name: str, platform: str | None = None) -> Any:
     return named or base or cp.nothing_saveable
 
 
+#: Dtypes the model computes and stores parameters in (``GPTConfig.dtype``/``param_dtype``).
+FLOAT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")
+
+
+def _float_dtype(value: Any, name: str) -> str:
+    """The name of a floating-point dtype, or an error saying which ones work."""
+    try:
+        dt = jnp.dtype(value)
+    except TypeError:
+        raise TypeError(f"{name}={value!r} is not a dtype; use one of "
+                        f"{', '.join(FLOAT_DTYPES)}") from None
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(
+            f"{name}={value!r} is not a floating-point dtype: activations, matmuls, gradients "
+            f"and parameters need one ({', '.join(FLOAT_DTYPES)}); for half the memory use "
+            "'bfloat16'. Integer or 8-bit quantised training is not supported")
+    return dt.name
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GPTConfig:
     """A Llama-style decoder-only transformer.
+
+    Every size is a positive ``int`` (not a bool, a string or a float: ``d_model="64"``
+    or ``64.5`` is refused with the fix), checked when the config is made.
 
     Attributes:
         vocab_size: number of token ids.
@@ -130,8 +156,9 @@ class GPTConfig:
         head_dim: width of one head.
         d_ff: hidden width of the SwiGLU MLP.
         seq_len: training sequence length (RoPE works for any length).
-        dtype: compute dtype of activations and matmuls.
-        param_dtype: storage dtype of parameters.
+        dtype: compute dtype of activations and matmuls: a floating-point dtype (one of
+            ``FLOAT_DTYPES``; stored as its name, e.g. "bfloat16").
+        param_dtype: storage dtype of parameters (a floating-point dtype, as ``dtype``).
         tie_embeddings: reuse the embedding table as the output projection.
         remat: rematerialisation policy per block, a key of ``REMAT_POLICIES``: "none",
             "full", "dots"/"minimal", named policies that keep chosen projections
@@ -209,20 +236,29 @@ class GPTConfig:
     moe_dispatch: str = "all_to_all"
 
     def __post_init__(self) -> None:
+        set_ = object.__setattr__
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                   "d_ff", "seq_len"):
-            if int(getattr(self, f)) <= 0:
-                raise ValueError(f"GPTConfig.{f} must be positive, got {getattr(self, f)}")
+            set_(self, f, check_int(getattr(self, f), f"GPTConfig.{f}"))
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}; "
                 f"grouped-query attention shares each kv head among n_heads/n_kv_heads heads")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-        if not isinstance(self.scan_layers, bool):
-            raise TypeError(f"scan_layers must be True or False, got {self.scan_layers!r}")
-        if self.remat not in REMAT_POLICIES:
+        for f in ("tie_embeddings", "scan_layers"):
+            if not isinstance(getattr(self, f), (bool, np.bool_)):
+                raise TypeError(f"GPTConfig.{f}={getattr(self, f)!r} must be True or False")
+            set_(self, f, bool(getattr(self, f)))
+        if not isinstance(self.remat, str) or self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; choose one of {sorted(REMAT_POLICIES)}")
+        for f in ("rope_theta", "norm_eps"):
+            value = getattr(self, f)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(
+                    value, (int, float, np.integer, np.floating)) or not 0 < value < math.inf:
+                raise ValueError(f"GPTConfig.{f}={value!r} must be a positive finite number")
+        for f in ("dtype", "param_dtype"):
+            set_(self, f, _float_dtype(getattr(self, f), f"GPTConfig.{f}"))
         from workbench.models.attention import IMPLEMENTATIONS
 
         if self.attention not in IMPLEMENTATIONS:
@@ -241,8 +277,6 @@ class GPTConfig:
                 raise ValueError(f"attention_block_sizes={self.attention_block_sizes!r} must "
                                  "be two positive ints (block_q, block_kv)")
             object.__setattr__(self, "attention_block_sizes", bs)
-        for f in ("dtype", "param_dtype"):
-            jnp.dtype(getattr(self, f))  # raises TypeError on an unknown dtype name
         self._check_moe()
 
     def _check_moe(self) -> None:
@@ -250,8 +284,9 @@ class GPTConfig:
         from workbench.models.moe import DISPATCH
 
         for f in ("n_experts", "expert_d_ff", "n_shared_experts"):
-            if int(getattr(self, f)) < 0:
-                raise ValueError(f"GPTConfig.{f} must be >= 0, got {getattr(self, f)}")
+            object.__setattr__(self, f, check_int(getattr(self, f), f"GPTConfig.{f}", minimum=0))
+        object.__setattr__(self, "experts_per_token", check_int(
+            self.experts_per_token, "GPTConfig.experts_per_token"))
         if not self.n_experts:
             return
         if not 1 <= self.experts_per_token <= self.n_experts:

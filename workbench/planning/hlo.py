@@ -56,6 +56,13 @@ class Collective:
         overlapped: the compiled program runs it asynchronously (an async start/done
             pair, or inside the TPU compiler's async collective fusion), so independent
             compute can run beside it; False: it blocks the program until done.
+        sources: the user source lines (``"gpt.py:101 in MLP.__call__"``) of the JAX ops
+            these instructions were made for, from the HLO op metadata.
+        ops: their JAX op names (``"jvp(btd,df->btf)/dot_general"``).
+        tensors: what they move: a parameter (``"params.blocks.0.mlp.up"``) when the
+            operand is one, else the op that produced the data.
+        rule: the rule that made the compiler insert them, where derivable
+            (``"embed -> data (FSDP: weights are gathered before use)"``).
     """
 
     kind: str
@@ -69,6 +76,10 @@ class Collective:
     in_loop: bool = False
     names: tuple[str, ...] = ()
     overlapped: bool = False
+    sources: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()
+    tensors: tuple[str, ...] = ()
+    rule: str | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -260,6 +271,7 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
     asyncs = _async_computations(hlo_text)
     seen: dict[tuple[str, str], str] = {}   # (kind, channel) -> first computation
     async_channels = _channels_in(hlo_text, asyncs)
+    graph = HloGraph.parse(hlo_text)
     merged: dict[tuple, dict] = {}
     computation = ""
     for line in hlo_text.splitlines():
@@ -288,11 +300,281 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
             axes, aligned = groups_to_axes(groups, axis_names, axis_sizes)
             size = len(groups[0])
         key = (kind, axes, aligned, size, shapes, computation in bodies, overlapped)
-        rec = merged.setdefault(key, {"count": 0, "bytes": nbytes, "names": []})
+        rec = merged.setdefault(key, {"count": 0, "bytes": nbytes, "names": [],
+                                      "sources": {}, "ops": {}, "tensors": {}})
         rec["count"] += trips.get(computation, 1)
         rec["names"].append(m.group("name"))
+        ins = graph.instructions.get(m.group("name"))
+        if ins is not None:
+            src = graph.source(ins)
+            if src:
+                rec["sources"][src] = None
+            for part in _short_op(ins.op_name).strip("()").split(":"):
+                if part:
+                    rec["ops"][_short_op(part)] = None
+            rec["tensors"][graph.moved_tensor(ins)] = None
     out = [Collective(kind=k[0], axes=k[1], aligned=k[2], group_size=k[3], bytes=r["bytes"],
                       wire_bytes=_wire(k[0], r["bytes"], k[3]), count=r["count"],
-                      shapes=k[4], in_loop=k[5], names=tuple(r["names"]), overlapped=k[6])
+                      shapes=k[4], in_loop=k[5], names=tuple(r["names"]), overlapped=k[6],
+                      sources=tuple(r["sources"]), ops=tuple(r["ops"]),
+                      tensors=tuple(r["tensors"]))
            for k, r in merged.items()]
     return sorted(out, key=lambda c: -c.total_wire_bytes)
+
+
+# -- op metadata: source lines, operands, users ---------------------------------------------
+
+_OP_LINE = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+"
+                      r"(?P<op>[a-z][\w\-]*)\((?P<args>[^)]*)\)(?P<attrs>.*)$")
+_META_OP = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+_META_FRAME = re.compile(r"stack_frame_id=(\d+)")
+_META_FILE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
+_TABLE_ROW = re.compile(r"^(\d+)\s+(.*)$")
+#: Frames of these libraries (and Workbench's step plumbing) are not "the source line".
+_LIBRARY = re.compile(r"/(jax|jaxlib|flax|optax|numpy)/|/workbench/(rules|step|planning/"
+                      r"planner|planning/activations)\.py$|^<")
+_PASS_THROUGH = {"bitcast", "copy", "reshape", "convert", "transpose", "get-tuple-element",
+                 "broadcast", "slice", "dynamic-slice", "copy-start", "copy-done",
+                 "all-gather-done", "all-reduce-done", "collective-permute-done",
+                 "optimization-barrier"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Instr:
+    """One HLO instruction: name, opcode, result type, operand names, op metadata."""
+
+    name: str
+    op: str
+    type: str
+    operands: tuple[str, ...]
+    op_name: str
+    frame: int | None
+    file_line: tuple[str, int] | None
+    computation: str
+
+
+def _short_op(op_name: str) -> str:
+    """``'jit(train_step)/jvp(btd,df->btf)/dot_general'`` -> ``'jvp(btd,df->btf)/dot_general'``."""
+    return re.sub(r"^jit\([^)]*\)/", "", op_name)
+
+
+def _param_path(op_name: str) -> str | None:
+    """``"state.params['blocks'][0]['attn']['k']"`` -> ``'params.blocks.0.attn.k'``."""
+    m = re.match(r"^state\.(params|opt_state)(.*)$", op_name.replace("\\'", "'"))
+    if m is None:
+        b = re.match(r"^batch\['([^']+)'\]$", op_name.replace("\\'", "'"))
+        return f"batch.{b.group(1)}" if b else None
+    parts = re.findall(r"\[(?:'([^']*)'|(\d+))\]|\.(\w+)", m.group(2))
+    return ".".join([m.group(1)] + [a or b or c for a, b, c in parts])
+
+
+@dataclasses.dataclass
+class HloGraph:
+    """Instructions of an optimized HLO module with their users and the module's stack
+    frame tables (``FileNames``, ``FunctionNames``, ``FileLocations``, ``StackFrames``)."""
+
+    instructions: dict[str, Instr]
+    users: dict[str, list[str]]
+    files: dict[int, str]
+    functions: dict[int, str]
+    locations: dict[int, tuple[int, int, int]]
+    frames: dict[int, tuple[int, int]]
+
+    @classmethod
+    def parse(cls, hlo_text: str) -> HloGraph:
+        """Read the module text (``compiled.as_text()``)."""
+        tables: dict[str, dict[int, str]] = {}
+        table = None
+        instructions: dict[str, Instr] = {}
+        users: dict[str, list[str]] = {}
+        computation = ""
+        for line in hlo_text.splitlines():
+            if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+                table = tables.setdefault(line, {})
+                continue
+            if table is not None:
+                row = _TABLE_ROW.match(line)
+                if row:
+                    table[int(row.group(1))] = row.group(2)
+                    continue
+                table = None
+            head = _COMPUTATION.match(line)
+            if head and not line[:1].isspace():
+                computation = head.group(1)
+                continue
+            m = _OP_LINE.match(line)
+            if m is None:
+                continue
+            operands = tuple(re.findall(r"%([\w.\-]+)", m.group("args")))
+            attrs = m.group("attrs")
+            meta_op = _META_OP.search(attrs)
+            frame = _META_FRAME.search(attrs)
+            file_line = _META_FILE.search(attrs)
+            ins = Instr(name=m.group("name"), op=m.group("op"), type=m.group("type"),
+                        operands=operands, op_name=meta_op.group(1) if meta_op else "",
+                        frame=int(frame.group(1)) if frame else None,
+                        file_line=(file_line.group(1), int(file_line.group(2)))
+                        if file_line else None, computation=computation)
+            instructions[ins.name] = ins
+            for o in operands:
+                users.setdefault(o, []).append(ins.name)
+
+        def ints(text: str, key: str) -> int:
+            m = re.search(rf"\b{key}=(\d+)", text)
+            return int(m.group(1)) if m else 0
+
+        return cls(
+            instructions=instructions, users=users,
+            files={k: v.strip('"') for k, v in tables.get("FileNames", {}).items()},
+            functions={k: v.strip('"') for k, v in tables.get("FunctionNames", {}).items()},
+            locations={k: (ints(v, "file_name_id"), ints(v, "function_name_id"),
+                           ints(v, "line")) for k, v in tables.get("FileLocations", {}).items()},
+            frames={k: (ints(v, "file_location_id"), ints(v, "parent_frame_id"))
+                    for k, v in tables.get("StackFrames", {}).items()})
+
+    def stack(self, ins: Instr) -> list[tuple[str, int, str]]:
+        """``[(file, line, function), ...]`` innermost first, for ``ins``'s op."""
+        out: list[tuple[str, int, str]] = []
+        if ins.file_line is not None:
+            out.append((ins.file_line[0], ins.file_line[1], ""))
+        frame, seen = ins.frame, set()
+        while frame and frame in self.frames and frame not in seen:
+            seen.add(frame)
+            loc, parent = self.frames[frame]
+            if loc in self.locations:
+                f, fn, line = self.locations[loc]
+                out.append((self.files.get(f, "?"), line, self.functions.get(fn, "?")))
+            if parent == frame:
+                break
+            frame = parent
+        return out
+
+    def source(self, ins: Instr) -> str:
+        """The innermost frame outside JAX, Flax, optax and Workbench's step plumbing:
+        ``'gpt.py:101 in MLP.__call__'`` (empty when the op has no metadata)."""
+        for file, line, fn in self.stack(ins):
+            if not _LIBRARY.search(file):
+                return f"{file.rsplit('/', 1)[-1]}:{line}" + (f" in {fn}" if fn else "")
+        return ""
+
+    def source_location(self, ins: Instr) -> tuple[str, int] | None:
+        """``(full file path, line)`` of :meth:`source`."""
+        for file, line, _ in self.stack(ins):
+            if not _LIBRARY.search(file):
+                return file, line
+        return None
+
+    def producer(self, ins: Instr) -> Instr | None:
+        """The instruction that made ``ins``'s first operand, looking through layout-only
+        ops (bitcast, copy, reshape, ...); None for none."""
+        cur = ins
+        for _ in range(12):
+            if not cur.operands:
+                return None
+            nxt = self.instructions.get(cur.operands[0])
+            if nxt is None:
+                return None
+            if nxt.op not in _PASS_THROUGH:
+                return nxt
+            cur = nxt
+        return None
+
+    def consumer(self, ins: Instr) -> Instr | None:
+        """The first instruction that uses ``ins``'s result, looking through layout-only
+        ops; None for none."""
+        cur = ins
+        for _ in range(12):
+            names = self.users.get(cur.name, [])
+            if not names:
+                return None
+            nxt = self.instructions[names[0]]
+            if nxt.op not in _PASS_THROUGH or nxt.op.endswith("-done"):
+                if nxt.op.endswith("-done"):
+                    cur = nxt
+                    continue
+                return nxt
+            cur = nxt
+        return None
+
+    def moved_tensor(self, ins: Instr) -> str:
+        """What a collective moves: the parameter or batch entry its operand is (through
+        layout-only ops), else ``'<op> (file:line)'`` of the op that produced it."""
+        cur = ins
+        for _ in range(12):
+            if not cur.operands:
+                break
+            nxt = self.instructions.get(cur.operands[0])
+            if nxt is None:
+                break
+            path = _param_path(nxt.op_name)
+            if path:
+                return path
+            if nxt.op == "parameter":
+                break
+            if nxt.op not in _PASS_THROUGH:
+                src = self.source(nxt) or self.source(ins)
+                what = _short_op(nxt.op_name or ins.op_name) or nxt.op
+                return f"{what} ({src})" if src else what
+            cur = nxt
+        src = self.source(ins)
+        return f"{_short_op(ins.op_name)} ({src})" if src else _short_op(ins.op_name)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Reshard:
+    """A collective the compiler inserted to change an activation's layout between two
+    ops (not a parameter's gather nor a gradient's reduction).
+
+    Attributes:
+        kind, axes, shape: the collective, the mesh axes it spans, its result type.
+        name: its HLO instruction.
+        bytes: bytes of its result per device.
+        producer, producer_source: the op whose result is resharded and its source line.
+        consumer, consumer_source: the op that needed the other layout and its line.
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    shape: str
+    name: str
+    bytes: int
+    producer: str
+    producer_source: str
+    consumer: str
+    consumer_source: str
+
+
+def parse_reshards(hlo_text: str, axis_names: Sequence[str],
+                   axis_sizes: Sequence[int]) -> list[Reshard]:
+    """Layout changes of activations in an optimized HLO module: all-to-all and
+    collective-permute, and all-gathers whose operand is no parameter or batch entry."""
+    graph = HloGraph.parse(hlo_text)
+    n = math.prod(axis_sizes)
+    out = []
+    for ins in graph.instructions.values():
+        kind = ins.op.removesuffix("-start")
+        if kind not in ("all-gather", "all-to-all", "collective-permute"):
+            continue
+        moved = graph.moved_tensor(ins)
+        prod = graph.producer(ins)
+        if moved.startswith(("params.", "opt_state.", "batch.")) or (
+                prod is not None and _param_path(prod.op_name)):
+            continue
+        line = next((ln for ln in hlo_text.splitlines()
+                     if re.match(rf"^\s*(?:ROOT\s+)?%?{re.escape(ins.name)}\s*=", ln)), "")
+        if kind == "collective-permute":
+            axes, _ = _pairs_axes(line, axis_names, axis_sizes)
+        else:
+            groups = parse_replica_groups(line, n) or [list(range(n))]
+            axes, _ = groups_to_axes(groups, axis_names, axis_sizes)
+        cons = graph.consumer(ins)
+        out.append(Reshard(
+            kind=kind, axes=axes, shape=ins.type.strip("()").split("{")[0], name=ins.name,
+            bytes=_array_bytes(ins.type, kind, ins.op.endswith("-start"))[0],
+            producer=_short_op(prod.op_name) if prod is not None and prod.op_name else
+            (prod.op if prod is not None else "?"),
+            producer_source=graph.source(prod) if prod is not None else "",
+            consumer=_short_op(cons.op_name) if cons is not None and cons.op_name else
+            (cons.op if cons is not None else "?"),
+            consumer_source=graph.source(cons) if cons is not None else ""))
+    return out

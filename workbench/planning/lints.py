@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.planning.hlo import Collective
+from workbench.planning.hlo import Collective, Reshard
 from workbench.planning.analytic import (axes_size, batch_axes, fsdp_axes, rule_axes,
                                          weight_axes)
 from workbench.layouts import Layout, format_bytes
@@ -24,9 +24,10 @@ class Lint:
 
     Attributes:
         kind: ``uneven``, ``replicated``, ``redundant_compute``, ``fsdp_gather``,
-            ``memory``, ``unmapped``, or for context parallelism ``context_uneven``,
-            ``ring_slow_links``, ``context_kv``, or for mixtures of experts
-            ``moe_experts_uneven``, ``moe_expert_batch``, ``moe_capacity``.
+            ``memory``, ``unmapped``, ``unannotated``, ``reshard`` (a layout conflict the
+            compiler resolved by moving data), or for context parallelism
+            ``context_uneven``, ``ring_slow_links``, ``context_kv``, or for mixtures of
+            experts ``moe_experts_uneven``, ``moe_expert_batch``, ``moe_capacity``.
         severity: ``error`` (will not run / fit), ``warning`` (wastes memory or compute),
             ``info`` (a cost worth knowing).
         path: the tensor (or mesh axis / logical axis) it is about.
@@ -353,4 +354,66 @@ def moe(cfg: Any, rules: Rules, mesh: MeshInfo, batch: int, seq: int) -> list[Li
                          f"drops what it receives beyond that (see moe_dropped in the "
                          f"metrics)"),
                 fix="capacity_factor=None routes dropless (more memory, no drops)"))
+    return out
+
+
+def unannotated(logical: Mapping[str, Sequence[str | None]],
+                param_layouts: Mapping[str, Layout]) -> list[Lint]:
+    """A model none of whose parameters carries a sharding annotation: all replicated."""
+    params = {k[len("params."):] if k.startswith("params.") else k: v
+              for k, v in logical.items() if k.startswith("params.")}
+    if not param_layouts or any(a is not None for axes in params.values() for a in axes):
+        return []
+    lays = list(param_layouts.values())
+    total = sum(lay.total_bytes for lay in lays)
+    n = lays[0].mesh.size
+    big = max(lays, key=lambda lay: lay.total_bytes)
+    return [Lint(
+        kind="unannotated", severity="warning", path=big.name, value=float(total),
+        paths=tuple(lay.name for lay in lays),
+        message=(f"no parameter of this model carries a sharding annotation: all "
+                 f"{len(lays)} parameter(s) ({format_bytes(total)}) are replicated on each of "
+                 f"the {n} devices, and their gradients are all-reduced every step; largest "
+                 f"{big.name!r}"),
+        fix=("annotate parameters with mesh or logical axes: nnx.Linear(..., kernel_init="
+             "nnx.with_partitioning(init, (None, 'model'))) or nnx.Param(value, "
+             "out_sharding=('embed', 'mlp')) with wb.Rules for the logical names"))]
+
+
+def reshards(found: Sequence[Reshard], *, most: int = 6) -> list[Lint]:
+    """Layout conflicts the compiler resolved by moving an activation between two ops:
+    one lint per pair of source lines (producer, consumer), the ``most`` that move the
+    most bytes, then one lint counting the rest."""
+    groups: dict[tuple[str, str], list[Reshard]] = {}
+    for r in found:
+        groups.setdefault((r.producer_source or r.producer, r.consumer_source or r.consumer),
+                          []).append(r)
+    ranked = sorted(groups.values(), key=lambda rs: -sum(r.bytes for r in rs))
+    out = []
+    for rs in ranked[:most]:
+        first = rs[0]
+        kinds = ", ".join(sorted({f"{r.kind} over {'+'.join(r.axes) or '-'}" for r in rs}))
+        moved = sum(r.bytes for r in rs)
+        out.append(Lint(
+            kind="reshard", severity="info", path=first.consumer_source or first.consumer,
+            value=float(moved), paths=tuple(r.name for r in rs),
+            message=(f"the compiler reshards {first.shape} between {first.producer!r} "
+                     f"({first.producer_source or 'no source line'}) and {first.consumer!r} "
+                     f"({first.consumer_source or 'no source line'}): {len(rs)} {kinds} "
+                     f"({format_bytes(moved)} per device) inserted because the two ops want "
+                     "different layouts"),
+            fix=("constrain the tensor between them to the layout the consumer wants "
+                 "(wb.rules.constrain / jax.lax.with_sharding_constraint), or change the "
+                 "rule that shards one of them differently")))
+    rest = ranked[most:]
+    if rest:
+        n = sum(len(rs) for rs in rest)
+        out.append(Lint(
+            kind="reshard", severity="info", path="<more reshards>",
+            value=float(sum(r.bytes for rs in rest for r in rs)),
+            paths=tuple(r.name for rs in rest for r in rs),
+            message=(f"{n} more reshard(s) between {len(rest)} other pair(s) of source lines, "
+                     f"{format_bytes(sum(r.bytes for rs in rest for r in rs))} per device in "
+                     "all (plan.reshards lists every one)"),
+            fix="constrain the model's activations to the layouts their consumers want"))
     return out

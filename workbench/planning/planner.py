@@ -16,10 +16,12 @@ all labelled as estimates.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from collections.abc import Mapping
 from typing import Any
+from warnings import warn
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +30,7 @@ from flax import nnx
 
 from workbench._display import status_line
 from workbench._notebook import in_notebook
+from workbench._validate import check_int, nearest_multiples
 from workbench.flops import gpt_flops, jaxpr_step_flops
 from workbench.layouts import format_bytes
 from workbench.mesh import mesh_info
@@ -35,12 +38,14 @@ from workbench.models.pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipe
                                        check_rules, in_flight, schedule_bubble, stages_of,
                                        timeline)
 from workbench.models import GPTConfig
+from workbench.models.adapters import ModelSpec, resolve_rules
 from workbench.planning import analytic, lints
 from workbench.models import attention as attention_impl
 from workbench.models.config import remat_policy
 from workbench.planning.compile import compile_lowered
+from workbench.planning.activations import explain_collectives
 from workbench.planning.flags import compile_options
-from workbench.planning.hlo import Collective, parse_collectives
+from workbench.planning.hlo import Collective, parse_collectives, parse_reshards
 from workbench.planning.lints import Lint
 from workbench.planning.report import Comparison, Plan
 from workbench.pytrees import tree_layouts
@@ -50,10 +55,12 @@ from workbench.step import (
     LossFn,
     ModelFactory,
     abstract_batch,
+    abstract_param_state,
     abstract_train_state,
     batch_logical_axes,
     jit_train_step,
     lm_loss,
+    logical_axes,
     make_train_step,
     model_factory,
     require_auto_axes,
@@ -86,8 +93,13 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
         cfg_or_factory: a ``GPTConfig`` or a callable ``rngs -> nnx.Module``.
         mesh: ``wb.make_mesh(...)`` (compiled plan) or ``wb.abstract_mesh(...)`` (analytic).
         rules: ``Rules`` or a preset name ("dp", "fsdp", "tp", "fsdp_tp"); default "fsdp".
-        batch: global batch size (sequences per step).
-        seq: sequence length (default ``cfg.seq_len``).
+        batch: global batch size (sequences per step): a positive int divisible by the
+            data-parallel size (the product of the mesh axes the rules map ``batch`` to);
+            otherwise a ValueError names the nearest batches that are.
+        seq: sequence length, a positive int (default ``cfg.seq_len``). Longer than the
+            model's ``seq_len`` is planned with a warning naming both: the model computes
+            at any length (RoPE has no position table), so it is a legitimate experiment,
+            but one the config does not state; ``cfg.replace(seq_len=seq)`` states it.
         optimizer: optax transformation (default ``optax.adamw(3e-4)``).
         dtype: compute dtype override for a GPTConfig ("bfloat16", ...).
         name: label for ``compare`` (default: the preset name).
@@ -111,6 +123,12 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
             memory, collective permutes). "1f1b" is planned by formula only (not compiled).
     """
     t0 = time.perf_counter()
+    batch = check_int(batch, "batch", where="wb.plan: ",
+                      fix="batch is the global number of sequences per step, e.g. batch=8")
+    if seq is not None:
+        seq = check_int(seq, "seq", where="wb.plan: ",
+                        fix="seq is tokens per sequence; leave it out for the model's seq_len")
+    given_rules = rules
     info = mesh_info(mesh)
     rules_name = rules if isinstance(rules, str) else None
     rules = Rules.preset(rules or "fsdp", info) if rules is None or isinstance(rules, str) \
@@ -125,7 +143,26 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
                              "its own dtypes")
         cfg = cfg.replace(dtype=dtype)
     factory = model_factory(cfg if cfg is not None else cfg_or_factory)
-    seq = int(seq or (cfg.seq_len if cfg else 1))
+    abstract = None
+    if cfg is None:  # any NNX module: its annotations name mesh axes or logical axes
+        spec = factory if isinstance(factory, ModelSpec) else None
+        abstract = abstract_param_state(factory)
+        rules = resolve_rules(logical_axes(abstract[1]), given_rules, info, spec=spec)
+        rules.check_mesh(info)
+        if spec is not None:
+            loss_fn = spec.loss_fn if spec.loss_fn is not None and loss_fn is lm_loss \
+                else loss_fn
+            if example_batch is None and spec.example_batch is not None:
+                example_batch = spec.batch(batch, int(seq or 1))
+    _check_batch_divides(batch, rules, info, rules_name, given_rules)
+    if seq is None:
+        seq = cfg.seq_len if cfg else 1
+    elif cfg is not None and seq > cfg.seq_len:
+        warn(
+            f"wb.plan: seq={seq} is longer than the model's seq_len={cfg.seq_len}; the plan is "
+            f"for {seq} tokens (RoPE has no length limit, attention costs grow as seq**2). "
+            f"Plan cfg.replace(seq_len={seq}) to say so and silence this warning",
+            UserWarning, stacklevel=2)
     optimizer = optimizer if optimizer is not None else optax.adamw(3e-4)
     pipe = Pipeline.of(pipeline)
     if pipe is not None and compile is None and pipe.schedule not in TRAINABLE_SCHEDULES:
@@ -136,8 +173,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     attention = _check_kernels(cfg, platform, seq)   # before anything is traced
     if pipe is not None:
         _check_pipeline_plan(pipe, cfg, rules, info, batch, train=target.compile)
-    cp_lints = (lints.context_parallel(cfg, rules, info, seq, batch)
-                + lints.moe(cfg, rules, info, batch, seq))   # errors: before tracing
+    cp_lints = ((lints.context_parallel(cfg, rules, info, seq, batch) if cfg is not None
+                 else []) + lints.moe(cfg, rules, info, batch, seq))   # errors: before tracing
     cp_error = next((w for w in cp_lints if w.severity == "error"), None)
     if cp_error is not None and target.compile:   # before anything is traced
         if info.jax_mesh is not None:
@@ -147,7 +184,7 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     jmesh = target.mesh if target.mesh is not None else info.abstract
 
     st = abstract_train_state(cfg if cfg is not None else factory, optimizer, rules, jmesh,
-                              strict=False)
+                              strict=False, abstract=abstract)
     example = dict(example_batch) if example_batch is not None else {
         k: jax.ShapeDtypeStruct((batch, seq), jnp.int32) for k in ("inputs", "targets")}
     batch_abs = abstract_batch(example, rules, jmesh)
@@ -158,8 +195,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     o_lay = {k: v for k, v in layouts.items() if k.startswith("opt_state.")}
     b_lay = {k: v for k, v in layouts.items() if k.startswith("batch.")}
     params = nnx.to_pure_dict(st.param_state)
-    flops = gpt_flops(cfg, batch, seq) if cfg is not None else jaxpr_step_flops(
-        lambda p, b: loss_fn(nnx.merge(st.graphdef, p), b), params, example, batch)
+    flops = gpt_flops(cfg, batch, seq) if cfg is not None else _model_flops(
+        st.graphdef, loss_fn, params, example, batch, rules, jmesh)
     act = analytic.activation_bytes(cfg, batch, seq, rules, info) if cfg else None
     pipe_info = _pipeline_info(pipe, cfg, batch, seq, rules, info) if pipe else None
     if pipe_info is not None:
@@ -196,13 +233,21 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
                                  if c.kind == "collective-permute" and "stage" in c.axes]
         per_stage = [memory[k] or 0 for k in ("params", "optimizer", "batch", "gradients")]
         pipe_info["stage_memory"] = [sum(per_stage) + a for a in pipe_info["stage_memory"]]
+    reshards = []
+    if compiled is not None:  # which rule made each collective; layout conflicts
+        collectives = explain_collectives(
+            collectives, {k[len("params."):]: v for k, v in st.logical.items()
+                          if k.startswith("params.")}, layouts, rules, info)
+        reshards = parse_reshards(compiled.as_text(), info.axis_names, info.axis_sizes)
 
     warnings = (lints.over_memory(memory, "compiled" if compiled else "estimate")
                 + lints.unmapped(st.unmapped) + lints.uneven({**p_lay, **b_lay})
                 + lints.redundant_compute(rules, info, p_lay)
                 + lints.replicated(p_lay, replicated_threshold)
                 + lints.fsdp_gathers(p_lay, rules, info, collectives, compiled is not None)
-                + cp_lints)
+                + cp_lints
+                + (lints.unannotated(st.logical, p_lay) if cfg is None else [])
+                + lints.reshards(reshards))
     return Plan(
         name=name or rules_name or "plan", cfg=cfg, mesh=info, rules=rules, batch=batch,
         seq=seq, optimizer=optimizer, is_estimate=compiled is None, flops=flops,
@@ -260,6 +305,48 @@ def _pipeline_info(pipe: Pipeline, cfg: GPTConfig | None, batch: int, seq: int,
             "bubble_formula": pipe.bubble_fraction(stages),
             "bubble_schedule": schedule_bubble(events, stages), "in_flight": flight,
             "stage_activations": acts, "stage_memory": list(acts)}
+
+
+def _model_flops(graphdef: Any, loss_fn: LossFn, params: Any,
+                 example: Mapping[str, jax.ShapeDtypeStruct], batch: int, rules: Rules,
+                 mesh: Any) -> Any:
+    """FLOPs of a model factory's step from its jaxpr; a forward that fails on the example
+    batch is an error naming the batch it was given."""
+    def loss(p: Any, b: Any) -> Any:
+        with jax.sharding.use_abstract_mesh(getattr(mesh, "abstract_mesh", mesh)), \
+                rules.activate(mesh):
+            return loss_fn(nnx.merge(graphdef, p), b)
+    tokens = all(jnp.issubdtype(v.dtype, jnp.integer) and len(v.shape) == 2
+                 for v in example.values())   # a language model: count tokens, not rows
+    n = batch * int(next(iter(example.values())).shape[1]) if tokens and example else batch
+    try:
+        return jaxpr_step_flops(loss, params, example, n)
+    except Exception as err:  # noqa: BLE001 - any failure of the user's forward
+        given = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in example.items())
+        raise ValueError(
+            f"the model's loss failed on the example batch {{{given}}}: "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Pass "
+            "example_batch={name: jax.ShapeDtypeStruct(shape, dtype)} with the inputs the "
+            "model takes and loss_fn=(model, batch) -> loss that feeds them (or wrap it with "
+            "wb.models.from_nnx(..., example_batch=..., loss_fn=...))") from err
+
+
+def _check_batch_divides(batch: int, rules: Rules, info: Any, rules_name: str | None,
+                         given: Any) -> None:
+    """Refuses a batch its data-parallel devices do not divide, naming the nearest ones
+    that work (JAX cannot lay out the batch otherwise, and the Trainer refuses it too)."""
+    axes = rules.mesh_axes("batch") if "batch" in rules else ()
+    shards = math.prod(info.shape[a] for a in axes)
+    if batch % shards == 0:
+        return
+    near = " or ".join(f"batch={b}" for b in nearest_multiples(batch, shards))
+    how = f"rules {rules_name!r}" if rules_name else \
+        "the rules" if given is not None else "the default rules 'fsdp'"
+    raise ValueError(
+        f"wb.plan: batch={batch} is not divisible by the data-parallel size {shards}: "
+        f"{how} split the batch over mesh axes {axes} of mesh "
+        f"{' x '.join(f'{n}={s}' for n, s in info.shape.items())}; use {near} (a multiple "
+        f"of {shards}), or rules/mesh axes whose sizes divide {batch}")
 
 
 @dataclasses.dataclass(frozen=True)

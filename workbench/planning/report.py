@@ -149,6 +149,33 @@ class Plan(Displayable):
         return {} if self.compiled is None else loop_trip_counts(self.compiled.as_text())
 
     @functools.cached_property
+    def activations(self) -> list[Any]:
+        """The step's activations (``planning.activations.Activation``): every tensor the
+        model constrains (per layer: q/k/v, attention output, residual, MLP hidden; the
+        logits), and the attention scores found in the traced program, with shape,
+        sharding and bytes per device. Traced on first use."""
+        from workbench.planning.activations import trace_activations
+
+        sh = next(iter(self.batch_shardings.values()), None)
+        mesh = sh.mesh if sh is not None else self.mesh.abstract
+        scanned = self.cfg.n_layers if self.cfg is not None and self.cfg.scan_layers else None
+        return trace_activations(self.graphdef, self.loss_fn, self.abstract_state.params,
+                                 self.abstract_batch, self.rules, mesh,
+                                 scanned_layers=scanned)
+
+    @functools.cached_property
+    def reshards(self) -> list[Any]:
+        """Layout changes the compiler inserted between two ops (``hlo.Reshard``: the
+        collective, the producing and consuming ops and their source lines); empty when
+        nothing was compiled."""
+        from workbench.planning.hlo import parse_reshards
+
+        if self.compiled is None:
+            return []
+        return parse_reshards(self.compiled.as_text(), self.mesh.axis_names,
+                              self.mesh.axis_sizes)
+
+    @functools.cached_property
     def compiled_flops_per_device(self) -> float | None:
         """FLOPs per device from ``compiled.cost_analysis()``; None when analytic, or when
         the program loops (scanned layers): XLA's cost analysis counts a loop body once."""
@@ -195,7 +222,8 @@ class Plan(Displayable):
             / self.compute_split * self.pipeline_factor,
             bytes_accessed=cost["bytes accessed"] if compiled else self.hbm_bytes_estimate,
             collectives=self.collectives, mesh=self.mesh, hardware=hardware,
-            tokens_per_step=self.batch * self.seq if self.cfg is not None else None,
+            tokens_per_step=self.batch * self.seq if self.cfg is not None
+            or self.flops.tokens == self.batch * self.seq else None,
             model_flops=self.model_flops, overlap=overlap,
             compiler_seconds=cost.get("optimal_seconds") if compiled else None,
             exposed_axes=self._weight_only_axes(),
@@ -380,6 +408,10 @@ class Plan(Displayable):
                 lines.append(f"  {c.kind:<18} over {','.join(c.axes) or '-':<12} x{c.count:<4} "
                              f"{_bytes(c.bytes):>10} each, sends {_bytes(c.total_wire_bytes)}  "
                              f"{' '.join(c.shapes[:2])}")
+                if c.sources or c.rule:
+                    lines.append(f"      {c.tensors[0] if c.tensors else ''}"
+                                 f"{' at ' + c.sources[0] if c.sources else ''}"
+                                 f"{'; ' + c.rule if c.rule else ''}")
             if len(self.collectives) > 12:
                 lines.append(f"  ... {len(self.collectives) - 12} more")
         for w in self.warnings:

@@ -25,24 +25,27 @@ from workbench._display import status_line
 from workbench._notebook import in_notebook
 from workbench.layouts import format_bytes
 from workbench.models import GPTConfig
+from workbench.models.adapters import ModelSpec, from_nnx
 from workbench.planning.planner import plan as make_plan
 from workbench.planning.report import Plan
 from workbench.planning.search_result import SearchResult
 from workbench.planning.search_space import (
     DEFAULT_REMAT, DEFAULT_STRATEGIES, Candidate, Hardware, candidates, check_options,
-    hardware as resolve_hardware, invalid, larger_presets, mesh_shape, skip)
+    hardware as resolve_hardware, invalid, larger_presets, mesh_shape, model_candidates, skip)
 from workbench.rules import Rules
 
 __all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "SearchResult", "search"]
 
 
-def search(cfg: GPTConfig, hardware: str | Any = None, *, batch: int, seq: int | None = None,
+def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
+           seq: int | None = None,
            strategies: Sequence[str | Rules] = DEFAULT_STRATEGIES,
            remat: Sequence[str] = DEFAULT_REMAT, microbatches: Sequence[int] = (1,),
            mesh_shapes: Sequence[Mapping[str, int] | tuple[int, int]] | None = None,
            max_model: int = 16, top_k: int = 3, exact: bool = True,
            memory_limit: int | None = None, overlap: float | None = None,
            optimizer: optax.GradientTransformation | None = None,
+           loss_fn: Any = None, example_batch: Any = None,
            progress: bool = True, stages: Sequence[int] = (1,),
            pipeline: Mapping[str, Any] | None = None) -> SearchResult:
     """Search layouts of ``cfg`` on ``hardware``: plan each by formula, keep what fits, rank
@@ -50,7 +53,12 @@ def search(cfg: GPTConfig, hardware: str | Any = None, *, batch: int, seq: int |
     predictions.
 
     Args:
-        cfg: the model (a ``GPTConfig``; remat is varied with ``cfg.replace(remat=...)``).
+        cfg: the model: a ``GPTConfig`` (remat is varied with ``cfg.replace(remat=...)``),
+            or anything ``wb.plan`` takes (a ``wb.models.from_nnx`` / ``from_penzai`` spec,
+            a factory ``rngs -> nnx.Module``): its remat is its own, and the candidates are
+            the rules that fit its annotations (``search_space.model_candidates``: meshes
+            with the mesh axes the annotations name, or the presets for logical and penzai
+            axes), ranked the same way.
         hardware: a preset ("v5p-256", "v5e-16", "2x8xH100"), a mesh whose devices (or
             preset) to use, or None for the devices at hand.
         batch: global batch (sequences per optimizer step).
@@ -73,6 +81,10 @@ def search(cfg: GPTConfig, hardware: str | Any = None, *, batch: int, seq: int |
             overlap compute-bound layouts tie; ties go to the least exposed communication
             (the step without overlap), then to the least memory.
         optimizer: optax transformation (default ``optax.adamw(3e-4)``).
+        loss_fn: a factory's ``(model, batch) -> loss`` (as ``wb.plan``; a spec's own
+            otherwise).
+        example_batch: a factory's batch, ``(batch, seq) -> {name: ShapeDtypeStruct}`` or a
+            fixed dict (as ``wb.models.from_nnx``; micro-batches need the callable).
         progress: one status line while it works (and the compiler's own while compiling).
         stages: pipeline stage counts to try besides none (1): each ``s > 1`` adds
             candidates with a ``stage`` axis of size ``s`` taken from ``data``, planned with
@@ -96,17 +108,24 @@ def search(cfg: GPTConfig, hardware: str | Any = None, *, batch: int, seq: int |
         res.best.summary()
     """
     t0 = time.perf_counter()
-    if not isinstance(cfg, GPTConfig):
-        raise TypeError(f"wb.search varies GPTConfig.remat, so it needs a GPTConfig, got "
-                        f"{type(cfg).__name__}; plan a model factory with wb.plan")
-    check_options(batch, strategies, remat, microbatches, top_k, max_model)
+    gpt = isinstance(cfg, GPTConfig)
+    if not gpt:
+        cfg = _as_spec(cfg, loss_fn, example_batch, remat, microbatches)
+    elif loss_fn is not None or example_batch is not None:
+        raise ValueError("loss_fn= and example_batch= are for a model factory; a GPTConfig "
+                         "trains on tokens with the next-token loss")
+    check_options(batch, strategies, remat if gpt else DEFAULT_REMAT, microbatches, top_k,
+                  max_model)
     if overlap is not None and not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap must be in [0, 1] or None, got {overlap!r}")
     s = _Search(cfg=cfg, hw=resolve_hardware(hardware), batch=batch,
-                seq=int(seq or cfg.seq_len), optimizer=optimizer, memory_limit=memory_limit,
+                seq=int(seq or (cfg.seq_len if gpt else 1)), optimizer=optimizer,
+                memory_limit=memory_limit,
                 overlap=overlap, progress=progress, say=_Status("wb.search", progress))
     cands, skipped = candidates(cfg, s.hw, batch, strategies, remat, microbatches,
-                                mesh_shapes, max_model, stages=stages, pipeline=pipeline)
+                                mesh_shapes, max_model, stages=stages, pipeline=pipeline) \
+        if gpt else model_candidates(cfg, s.hw, batch, strategies, microbatches, mesh_shapes,
+                                     max_model)
     rows, plans = s.analytic_pass(cands, skipped)
     analytic_seconds = time.perf_counter() - t0
     notes = _notes(mesh_shapes, rows)
@@ -128,7 +147,7 @@ def search(cfg: GPTConfig, hardware: str | Any = None, *, batch: int, seq: int |
 class _Search:
     """One search's fixed settings: plans candidates and measures them."""
 
-    cfg: GPTConfig
+    cfg: GPTConfig | ModelSpec
     hw: Hardware
     batch: int
     seq: int
@@ -142,8 +161,9 @@ class _Search:
              batch: int | None = None) -> Plan:
         """``wb.plan`` of one micro-batch of ``c`` (on ``hw``, of ``batch`` if given)."""
         hw, batch = hw or self.hw, batch or self.batch
-        cfg = self.cfg.replace(remat=c.remat, **({"scan_layers": True} if c.pipeline else {}))
-        return make_plan(cfg, mesh=hw.mesh(c.mesh), rules=c.rules,
+        model = self.cfg if c.remat is None else self.cfg.replace(
+            remat=c.remat, **({"scan_layers": True} if c.pipeline else {}))
+        return make_plan(model, mesh=hw.mesh(c.mesh), rules=c.rules,
                          batch=batch // c.microbatches, seq=self.seq, optimizer=self.optimizer,
                          name=c.label, compile=compile, memory_limit=self.memory_limit,
                          progress=self.progress and compile is not False,
@@ -297,7 +317,7 @@ class _Search:
                       ) -> Iterator[tuple[str, dict[str, Any]]]:
         """(what was changed, its measure) for each change to ``c`` that can be planned."""
         tries: list[tuple[str, Candidate, Hardware, int]] = []
-        if c.remat != "full":
+        if c.remat not in ("full", None):
             tries.append(("remat='full'" + ("" if "full" in remats else " (not searched)"),
                           dataclasses.replace(c, remat="full"), self.hw, self.batch))
         for k in (2, 4, 8, 16, 32):
@@ -307,7 +327,8 @@ class _Search:
                               self.hw, self.batch))
         for name in larger_presets(self.hw):
             big = resolve_hardware(name)
-            shape = mesh_shape({"data": -1, "model": c.mesh.get("model", 1)}, big.size, name)
+            shape = mesh_shape({**c.mesh, "data": -1} if "data" in c.mesh else
+                               {"data": -1, "model": c.mesh.get("model", 1)}, big.size, name)
             tries.append((f"more devices: hardware={name!r} ({big.size} devices)",
                           dataclasses.replace(c, mesh=shape), big, self.batch))
         for b in (self.batch // 2, self.batch // 4, self.batch // 8):
@@ -319,6 +340,29 @@ class _Search:
             except (ValueError, TypeError, KeyError):
                 continue
             yield text, self.measure(p, cand.microbatches, batch)
+
+
+def _as_spec(model: Any, loss_fn: Any, example_batch: Any, remat: Sequence[str],
+             microbatches: Sequence[int]) -> ModelSpec:
+    """A factory (or spec) as the ``ModelSpec`` every candidate is planned with."""
+    if not callable(model):
+        raise TypeError(f"wb.search needs a GPTConfig or a model factory (rngs -> nnx.Module, "
+                        f"wb.models.from_nnx / from_penzai), got {type(model).__name__}")
+    if tuple(remat) != DEFAULT_REMAT:
+        raise ValueError(f"remat={tuple(remat)!r}: a model factory sets its own remat "
+                         "(nnx.remat in the module); leave remat out")
+    if isinstance(example_batch, Mapping) and tuple(microbatches) != (1,):
+        raise ValueError(f"microbatches={tuple(microbatches)!r} need example_batch as a "
+                         "callable (batch, seq) -> {name: ShapeDtypeStruct}: a fixed dict "
+                         "has one batch size")
+    if isinstance(model, ModelSpec):
+        changes = {k: v for k, v in (("loss_fn", loss_fn), ("example_batch", example_batch))
+                   if v is not None}
+        if isinstance(changes.get("example_batch"), Mapping):
+            fixed = dict(changes["example_batch"])
+            changes["example_batch"] = lambda b, t: fixed
+        return model.replace(**changes)
+    return from_nnx(model, loss_fn=loss_fn, example_batch=example_batch)
 
 
 # -- ordering ------------------------------------------------------------------------------
@@ -349,7 +393,7 @@ def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _notes(mesh_shapes: Any, rows: list[dict[str, Any]]) -> list[str]:
     notes = []
-    if mesh_shapes is None:
+    if mesh_shapes is None and any(r["rules"] in ("dp", "fsdp") for r in rows):
         notes.append("dp and fsdp shard over every mesh axis, so they are planned on "
                      "model=1 only; tp and fsdp_tp on model > 1")
     if any(r["microbatches"] > 1 for r in rows):

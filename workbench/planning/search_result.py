@@ -3,8 +3,11 @@ form. No display imports here: a notebook draws it through ``_view``."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
+
+import jax
 
 from workbench._display import Displayable
 from workbench.layouts import format_bytes
@@ -58,7 +61,8 @@ class SearchResult(Displayable):
     Attributes:
         hardware: what was searched ("v5p-256", or the devices at hand).
         devices: number of devices.
-        cfg: the model searched (remat as given; each row names its own).
+        cfg: the model searched: a ``GPTConfig`` (remat as given; each row names its own)
+            or a model factory's ``ModelSpec``.
         batch, seq: global batch (per optimizer step) and sequence length.
         rows: one dict per planned candidate (keys ``ROW_KEYS``), in order: compiled and
             fitting (by ``exact_rank``), other fitting (by ``analytic_rank``), then those
@@ -85,7 +89,7 @@ class SearchResult(Displayable):
 
     hardware: str
     devices: int
-    cfg: GPTConfig
+    cfg: GPTConfig | Any
     batch: int
     seq: int
     rows: list[dict[str, Any]]
@@ -135,7 +139,7 @@ class SearchResult(Displayable):
         """Two lines: what was searched and what came out."""
         fit = self.fitting
         head = (f"wb.search on {self.hardware} ({self.devices} devices), batch {self.batch} x "
-                f"seq {self.seq}, GPT of {_count(self.cfg.n_params)} params: "
+                f"seq {self.seq}, {self._model_text()}: "
                 f"{len(self.rows)} planned, {len(self.skipped)} skipped, {len(fit)} fit in "
                 f"{'-' if self.limit is None else format_bytes(self.limit)}/device "
                 f"({self.seconds:.1f} s)")
@@ -144,6 +148,17 @@ class SearchResult(Displayable):
         b = fit[0]
         return (f"{head}\n  best: {b['layout']} — {_ms(b['step_seconds'])}/step, "
                 f"{format_bytes(b['memory_per_device'])}/device ({b['source']})")
+
+    def _model_text(self) -> str:
+        """"GPT of 30.5M params" or "<factory name> of 1.2M params" (from a kept plan)."""
+        if isinstance(self.cfg, GPTConfig):
+            return f"GPT of {_count(self.cfg.n_params)} params"
+        name = getattr(self.cfg, "name", "model")
+        plan = next(iter(self.plans.values()), None)
+        if plan is None:
+            return f"model {name!r}"
+        n = sum(math.prod(x.shape) for x in jax.tree.leaves(plan.abstract_state.params))
+        return f"{name} of {_count(n)} params"
 
     def table(self) -> str:
         """Every row as aligned text."""

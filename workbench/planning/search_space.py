@@ -3,11 +3,13 @@ remat x micro-batches) and why a candidate cannot be planned as asked."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+from flax import nnx
 
 from workbench.mesh import HARDWARE_PRESETS, abstract_mesh, make_mesh, mesh_info
 from workbench.models import GPTConfig
@@ -16,7 +18,8 @@ from workbench.planning.analytic import axes_size, rule_axes
 from workbench.rules import Rules
 
 __all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "Candidate", "Hardware", "candidates",
-           "check_options", "hardware", "invalid", "larger_presets", "mesh_shape", "skip"]
+           "check_options", "hardware", "invalid", "larger_presets", "mesh_shape",
+           "model_candidates", "skip"]
 
 DEFAULT_STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp")
 DEFAULT_REMAT = ("none", "dots", "full")
@@ -33,20 +36,22 @@ class Candidate:
     mesh: dict[str, int]
     rules: str | Rules
     rules_name: str
-    remat: str
+    remat: str | None
     microbatches: int
     pipeline: Mapping[str, Any] | None = None
 
     @property
     def label(self) -> str:
         """``"fsdp_tp data=16 model=8 remat=dots mb=2"`` (mb: micro-batches, when > 1;
-        ``pp=gpipe/8``: a pipeline over the ``stage`` axis, its schedule and micro-batches)."""
+        ``pp=gpipe/8``: a pipeline over the ``stage`` axis, its schedule and micro-batches;
+        no remat for a model factory, which sets its own)."""
         shape = " ".join(f"{a}={s}" for a, s in self.mesh.items())
         mb = f" mb={self.microbatches}" if self.microbatches > 1 else ""
+        remat = "" if self.remat is None else f" remat={self.remat}"
         pp = "" if self.pipeline is None else \
             f" pp={self.pipeline['schedule']}/{self.pipeline['microbatches']}" + (
                 f"x{self.pipeline['repeats']}" if self.pipeline.get("repeats", 1) > 1 else "")
-        return f"{self.rules_name} {shape} remat={self.remat}{mb}{pp}"
+        return f"{self.rules_name} {shape}{remat}{mb}{pp}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +164,95 @@ def candidates(cfg: GPTConfig, hw: Hardware, batch: int, strategies: Sequence,
     return cands, skipped
 
 
+def model_candidates(model: Any, hw: Hardware, batch: int, strategies: Sequence,
+                     microbatches: Sequence[int], mesh_shapes: Sequence | None,
+                     max_model: int) -> tuple[list[Candidate], list[dict[str, Any]]]:
+    """The candidates of a model factory (``wb.models.from_nnx`` / ``from_penzai`` spec):
+    rules that fit the names its parameters are annotated with.
+
+    - Annotations that name mesh axes (the Flax guide's ``(None, "model")``), and no
+      Workbench logical axes: the candidates are meshes with those axes (``data`` x each
+      named axis, powers of two up to ``max_model``), planned with the rules ``wb.plan``
+      resolves for them (``rules_name`` "annotations"), unless ``strategies`` are given
+      other than the default.
+    - Otherwise (Workbench's logical axes, penzai's named axes through ``penzai_rules``,
+      or no annotations): the ``strategies`` on ``data x model`` meshes, as for a GPTConfig.
+
+    Remat is the model's own (``Candidate.remat`` None); a plan the model's shapes refuse
+    is skipped by the search with ``wb.plan``'s message.
+    """
+    from workbench.models.adapters import annotation_names, resolve_rules
+    from workbench.rules import LOGICAL_AXES
+    from workbench.step import abstract_param_state, logical_axes
+
+    state = abstract_param_state(model)[1]
+    logical = logical_axes(state)
+    shapes = {".".join(map(str, path)): tuple(v.shape) for path, v in nnx.to_flat_state(state)}
+    names = annotation_names(logical)
+    direct = [a for a in names if a not in LOGICAL_AXES]
+    by_mesh = (direct and getattr(model, "rules_for", None) is None
+               and not any(a in LOGICAL_AXES for a in names)
+               and tuple(strategies) == DEFAULT_STRATEGIES)
+    if not by_mesh:
+        cands, skipped = candidates(model, hw, batch, strategies, (None,), microbatches,
+                                    mesh_shapes, max_model)
+        kept = []
+        for c in cands:
+            why = _indivisible(model, logical, shapes, c)
+            (skipped.append(skip(c, why)) if why else kept.append(c))
+        return kept, skipped
+    if mesh_shapes is not None:
+        meshes = [mesh_shape(s, hw.size, hw.name) for s in mesh_shapes]
+    else:
+        axes = [a for a in direct if a != "data"]
+        sizes = [m for m in (2 ** k for k in range(16)) if m <= max_model]
+        meshes = []
+        for combo in itertools.product(sizes, repeat=len(axes)):
+            n = math.prod(combo)
+            if n <= max_model and hw.size % n == 0:
+                meshes.append({"data": hw.size // n, **dict(zip(axes, combo))})
+    cands, skipped, i = [], [], 0
+    for shape in meshes:
+        try:
+            rules = resolve_rules(logical, None, mesh_info(abstract_mesh(**shape)))
+        except ValueError as err:
+            skipped.append(skip(Candidate(id=i, mesh=shape, rules="annotations",
+                                          rules_name="annotations", remat=None,
+                                          microbatches=1), str(err)))
+            i += 1
+            continue
+        for m in microbatches:
+            c = Candidate(id=i, mesh=shape, rules=rules, rules_name="annotations", remat=None,
+                          microbatches=m)
+            i += 1
+            why = invalid(model, c, batch) or _indivisible(model, logical, shapes, c)
+            (skipped.append(skip(c, why)) if why else cands.append(c))
+    return cands, skipped
+
+
+def _indivisible(model: Any, logical: Mapping[str, Sequence[str | None]],
+                 shapes: Mapping[str, tuple[int, ...]], c: Candidate) -> str | None:
+    """The first parameter dim of a model factory that its mesh axes under ``c`` do not
+    divide (JAX cannot lay it out: the compiled step would refuse it), or None."""
+    from workbench.models.adapters import resolve_rules
+
+    info = mesh_info(abstract_mesh(**c.mesh))
+    try:
+        rules = resolve_rules(logical, c.rules, info, spec=model if hasattr(
+            model, "rules_for") else None)
+    except ValueError as err:
+        return str(err)
+    for path, axes in logical.items():
+        shape = shapes.get(path, ())
+        for dim, name in zip(shape, axes):
+            n = axes_size(info, [a for a in rule_axes(rules, name) if a in info.shape]) \
+                if name is not None else 1
+            if dim % n:
+                return (f"parameter {path} dim {name!r} of size {dim} does not divide over "
+                        f"its {n} shards")
+    return None
+
+
 def mesh_shape(s: Mapping[str, int] | Sequence[int], size: int, where: str) -> dict[str, int]:
     """``{"data": 16, "model": 8}`` or ``(16, 8)`` (one size may be -1) covering ``size``."""
     shape = dict(s) if isinstance(s, Mapping) else dict(zip(("data", "model"), s))
@@ -190,7 +284,7 @@ def invalid(cfg: GPTConfig, c: Candidate, batch: int) -> str | None:
         axes = " x ".join(f"{a}={info.shape[a]}" for a in rule_axes(rules, "batch"))
         return (f"{what} = {per_step} sequences per step do not divide over the {shards} "
                 f"devices that split the batch ({axes})")
-    for logical, field in _EXACT.items():
+    for logical, field in _EXACT.items() if isinstance(cfg, GPTConfig) else ():
         n, size = axes_size(info, rule_axes(rules, logical)), getattr(cfg, field)
         if size % n:
             return f"cfg.{field}={size} does not divide over {logical} shards of size {n}"

@@ -47,10 +47,17 @@ class WorkbenchExtension(ExtensionApp):
                 out.append(p)
         return out
 
+    def allow_hidden(self) -> bool:
+        """Jupyter's ``ContentsManager.allow_hidden``: whether runs under hidden directories
+        are listed and served (as the contents API serves hidden files)."""
+        return bool(getattr(self.serverapp.contents_manager, "allow_hidden", False))
+
     def initialize_settings(self) -> None:
-        index = RunIndex(self.roots(), max_depth=self.max_depth, scan_interval=self.scan_interval)
+        index = RunIndex(self.roots(), max_depth=self.max_depth, scan_interval=self.scan_interval,
+                         allow_hidden=self.allow_hidden())
         self.hub = Hub(index, self.poll_interval)
-        self.log.info("Workbench runs from %s", ", ".join(map(str, index.roots)))
+        self.log.info("Workbench runs from %s%s", ", ".join(map(str, index.roots)),
+                      " (hidden directories included)" if index.allow_hidden else "")
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers(self.hub))

@@ -26,34 +26,61 @@ if TYPE_CHECKING:
 
 AUTH_RESOURCE = "contents"
 MAX_LIMIT = 200_000  # metrics records in one response
+EVERY_STEP = -(2**53)  # ``since`` when none is given: below every valid step
 
 
 def metrics_payload(watch: RunWatch, records: list[dict[str, Any]],
                     keys: list[str] | None = None) -> dict[str, Any]:
-    """Columnar JSON of step records: ``{"id", "columns": {"step": [...], ...}, ...}``.
+    """Columnar JSON of step records: ``{"id", "columns": {"step": [...], ...}, "gaps"}``.
 
-    ``keys`` limits the columns (``step`` is always sent).
+    ``keys`` limits the columns (``step`` is always sent). A record without a key has
+    null in that column; a value that is null, NaN or +-Infinity in the file is sent as
+    null too, and its row index is listed in ``gaps[key]`` (charts break the line there,
+    while they join across missing values).
     """
     if keys:
         cols = {k: [r.get(k) for r in records] for k in dict.fromkeys(["step", *keys])}
     else:
-        cols = runs.columns(records)
+        cols = {"step": [], **runs.columns(records)}
+    gaps: dict[str, list[int]] = {}
+    for key, col in cols.items():
+        bad = [i for i, v in enumerate(col) if v is None or (v.__class__ is float and v - v)]
+        bad = [i for i in bad if key in records[i]]
+        if bad:
+            gaps[key] = bad
+            for i in bad:
+                col[i] = None
     return {"id": watch.id, "count": len(records),
-            "last_step": records[-1]["step"] if records else None, "columns": cols}
+            "last_step": records[-1]["step"] if records else None, "columns": cols,
+            "gaps": gaps}
+
+
+def dumps(message: Any) -> str:
+    """Strict JSON text of a message; non-finite numbers anywhere in it become null."""
+    try:
+        return json.dumps(message, allow_nan=False)
+    except ValueError:
+        return json.dumps(runs.json_safe(message), allow_nan=False)
 
 
 def _keys_arg(handler: web.RequestHandler) -> list[str] | None:
     return [k for k in handler.get_query_argument("keys", "").split(",") if k] or None
 
 
-def _int_arg(handler: web.RequestHandler, name: str, default: int | None) -> int | None:
+def _int_arg(handler: web.RequestHandler, name: str, default: int, lo: int = -2**53,
+             hi: int = 2**53) -> int:
+    """Query argument ``name`` as an integer in ``[lo, hi]``; 400 with the reason if not."""
     raw = handler.get_query_argument(name, None)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw) if len(raw) <= 20 else None
     except ValueError:
-        raise web.HTTPError(400, f"query argument {name}={raw!r} is not an integer") from None
+        value = None
+    if value is None or not lo <= value <= hi:
+        raise web.HTTPError(400, f"query argument {name}={raw[:40]!r} must be an integer "
+                                 f"from {lo} to {hi}")
+    return value
 
 
 class _Base(JupyterHandler):
@@ -86,8 +113,8 @@ class RunsHandler(_Base, APIHandler):
     @authorized("read")
     async def get(self) -> None:
         await self.hub.poll_now()
-        self.finish(json.dumps({"roots": [str(r) for r in self.hub.index.roots],
-                                "runs": self.hub.index.summaries()}, allow_nan=False))
+        self.finish(dumps({"roots": [str(r) for r in self.hub.index.roots],
+                           "runs": self.hub.index.summaries()}))
 
 
 class RunHandler(_Base, APIHandler):
@@ -97,28 +124,30 @@ class RunHandler(_Base, APIHandler):
     @authorized("read")
     async def get(self, rid: str) -> None:
         watch = await self.lookup(rid)
-        self.finish(json.dumps(watch.detail(), allow_nan=False))
+        self.finish(dumps(watch.detail()))
 
 
 class MetricsHandler(_Base, APIHandler):
     """``GET /workbench/api/runs/<id>/metrics?since=<step>&limit=<n>&keys=loss,mfu``.
 
     Returns the step records above ``since`` as columns; ``more`` says that ``limit``
-    cut the answer short (ask again with ``since=last_step``).
+    cut the answer short (ask again with ``since=last_step``); without ``since``, every
+    step (zero and negative ones too). ``since`` is an integer (|since| <= 2**53),
+    ``limit`` a positive one (at most 200000 are sent); anything else answers 400.
     """
 
     @web.authenticated
     @authorized("read")
     async def get(self, rid: str) -> None:
-        since = _int_arg(self, "since", 0)
-        limit = min(_int_arg(self, "limit", MAX_LIMIT) or MAX_LIMIT, MAX_LIMIT)
+        since = _int_arg(self, "since", EVERY_STEP)
+        limit = min(_int_arg(self, "limit", MAX_LIMIT, lo=1), MAX_LIMIT)
         keys = _keys_arg(self)
         watch = await self.lookup(rid)
-        records = await asyncio.to_thread(watch.read, since or 0, limit + 1)
+        records = await asyncio.to_thread(watch.read, since, limit + 1)
         more = len(records) > limit
         payload = metrics_payload(watch, records[:limit], keys)
-        payload.update(since=since, more=more)
-        self.finish(json.dumps(payload, allow_nan=False))
+        payload.update(since=None if since == EVERY_STEP else since, more=more)
+        self.finish(dumps(payload))
 
 
 class _Socket(WebSocketMixin, websocket.WebSocketHandler, _Base):
@@ -134,7 +163,7 @@ class _Socket(WebSocketMixin, websocket.WebSocketHandler, _Base):
     def send(self, message: dict[str, Any]) -> None:
         """Writes one JSON message; a closed socket unsubscribes itself."""
         try:
-            self.write_message(json.dumps(message, allow_nan=False))
+            self.write_message(dumps(message))
         except websocket.WebSocketClosedError:
             self.hub.unsubscribe(self)
 
@@ -150,7 +179,8 @@ class RunStreamHandler(_Socket):
     :class:`~workbench.server.hub.RunSubscriber`).
 
     Sends ``{"type": "run", "run": ...}`` first and whenever ``run.json`` changes,
-    then ``{"type": "metrics", "columns": ...}`` with every record above ``since`` and,
+    then ``{"type": "metrics", "columns": ...}`` with every record above ``since`` (all
+    when not given) and,
     as lines are appended, the new ones. ``{"type": "reset"}`` means the metrics file
     was replaced: drop what you have.
     """
@@ -161,7 +191,7 @@ class RunStreamHandler(_Socket):
     async def get(self, rid: str) -> None:
         await self.pre_get()
         self.watch = await self.lookup(rid)
-        self.since = _int_arg(self, "since", 0) or 0
+        self.since = _int_arg(self, "since", EVERY_STEP)
         self.keys = _keys_arg(self)
         res = super().get(rid)
         if res is not None:

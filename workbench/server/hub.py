@@ -7,12 +7,15 @@ it imports no handler and runs without a server in tests.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, Protocol
 
 from tornado.ioloop import PeriodicCallback
 
 from workbench.server.index import Change, RunIndex
+
+log = logging.getLogger(__name__)
 
 
 class Subscriber(Protocol):
@@ -89,14 +92,20 @@ class Hub:
         """Sends one poll's changes to the subscribers of each run and of the list."""
         for c in changes:
             for sub in list(self.run_subs.get(c.watch.id, ())):
-                if c.meta_changed:
-                    sub.send({"type": "run", "run": c.watch.detail()})
-                sub.push(c.records, reset=c.reset)
+                try:
+                    if c.meta_changed:
+                        sub.send({"type": "run", "run": c.watch.detail()})
+                    sub.push(c.records, reset=c.reset)
+                except Exception:  # one failing subscriber must not starve the others
+                    log.exception("workbench: sending run %s to a subscriber failed", c.watch.id)
         if not self.list_subs:
             return
-        update = [c.watch.summary() for c in changes if c.watch.meta]
+        update = [c.watch.summary() for c in changes if c.watch.listed]
         for sub in list(self.list_subs):
-            if update:
-                sub.send({"type": "update", "runs": update})
-            if removed:
-                sub.send({"type": "removed", "ids": removed})
+            try:
+                if update:
+                    sub.send({"type": "update", "runs": update})
+                if removed:
+                    sub.send({"type": "removed", "ids": removed})
+            except Exception:
+                log.exception("workbench: sending the runs list to a subscriber failed")

@@ -13,10 +13,30 @@ Each checkpoint ``<run_dir>/checkpoints/<step>/`` holds three items written by o
 Saves are asynchronous (the blocking part copies device arrays to host; the rest is
 written in a background thread) and atomic: Orbax writes into a temporary directory and
 renames it when every item is complete, so a crash or a full disk never leaves a
-half-written checkpoint under a step's name. A checkpoint that is unreadable anyway
-(truncated files, missing items) is skipped on restore: the previous one is used and a
-warning names both steps. Restoring onto another mesh goes through an abstract target
-(``jax.ShapeDtypeStruct`` leaves with shardings): Orbax reads each device's block.
+half-written checkpoint under a step's name. Restoring onto another mesh goes through an
+abstract target (``jax.ShapeDtypeStruct`` leaves with shardings): Orbax reads each
+device's block.
+
+Restore verifies before it trusts. Every save records in ``meta`` two 32-bit checksums
+per array (:func:`leaf_checksums`: position-weighted sums of the array's bits, computed on
+the devices, so they do not depend on the mesh and work across processes) and, in one
+process, the data position it wrote. Restore first compares the checkpoint's array shapes
+with the target (a different model is a :class:`CheckpointMismatch` naming the first
+differing parameter, never "corrupt"), then reads the step and recomputes the checksums of
+what it read. A step that cannot be read (truncated, random or zeroed files, missing or
+garbage metadata or manifests, an emptied directory) or whose checksums differ (flipped
+bytes inside an array file) is skipped for the next older one, and once an older step has
+restored (so the failure is the step's, not this machine's) it is **moved aside**, never
+deleted, to ``checkpoints/corrupt/<step>`` (Orbax ignores that folder; a
+``<step>.reason.txt`` beside it says why) with a warning naming it. A later save of
+the same step number therefore never trips over it. What is verified: every array leaf
+(parameters, optimizer state, step counter, RNG key data) bit for bit; the data position
+in single-process runs (multi-process runs: each process's position file must parse); the
+JSON metadata must parse. Not verified: Orbax's own bookkeeping files that restore does
+not read (``_CHECKPOINT_METADATA``, ``commit_success.txt``, the per-process OCDBT
+manifests), whose damage does not change what is restored. Cost: one pass over the state
+on the devices at save and one at restore (plus one compile of the checksum per state
+layout); ``benchmarks/bench_reliability.py`` measures it.
 
 A small state (one process; every leaf a fully addressable array of at most
 ``SNAPSHOT_LEAF_BYTES``, in all at most ``SNAPSHOT_BYTES``) is saved without draining the
@@ -34,13 +54,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import errno
+import json
 import os
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 #: Snapshots (see the module docstring) hold arrays of at most this size: each is saved
@@ -50,8 +75,26 @@ SNAPSHOT_LEAF_BYTES = 8 << 20
 SNAPSHOT_BYTES = 256 << 20
 
 
+#: Where unreadable or corrupt steps are moved (inside the checkpoint directory).
+CORRUPT_DIR = "corrupt"
+#: The checksum recorded at save (see :func:`leaf_checksums`).
+CHECKSUM_ALGORITHM = "wb-bitsum32x2-v1"
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read."""
+
+
+class CheckpointMismatch(CheckpointError, ValueError):
+    """The checkpoint holds a state of other shapes than the target (another model)."""
+
+
+class _Unusable(Exception):
+    """A step cannot be used (raised and caught inside ``restore``)."""
+
+
+class _Damaged(_Unusable):
+    """A step was read but differs from what was saved (checksum or data position)."""
 
 
 @dataclasses.dataclass
@@ -62,6 +105,7 @@ class Restored:
     state: Any
     meta: dict[str, Any]
     skipped: list[tuple[int, str]]
+    set_aside: list[Path] = dataclasses.field(default_factory=list)
 
 
 def _is_key(x: Any) -> bool:
@@ -105,6 +149,108 @@ def data_to_keys(tree: Any, target: Any, impls: list[str]) -> Any:
     return jax.tree.map(convert, tree, target)
 
 
+# ----------------------------------------------------------------------------- checksums
+def _key_name(key: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def leaf_name(path: Sequence[Any]) -> str:
+    """A leaf's path as Orbax names it: keys, attributes and indices joined by dots."""
+    return ".".join(_key_name(k) for k in path)
+
+
+def _summable(dtype: Any) -> bool:
+    """Whether :func:`leaf_checksums` covers arrays of ``dtype`` (not sub-byte types)."""
+    dt = jnp.dtype(dtype)
+    if dt == jnp.bool_ or dt == jnp.complex64:
+        return True
+    try:
+        bits = (jnp.iinfo(dt) if jnp.issubdtype(dt, jnp.integer) else jnp.finfo(dt)).bits
+    except (TypeError, ValueError):
+        return False
+    return dt.itemsize in (1, 2, 4, 8) and bits == dt.itemsize * 8
+
+
+def _bits(x: jax.Array) -> jax.Array:
+    """The bits of ``x`` as uint32 (narrower types widened, 64-bit ones split in two)."""
+    dt = jnp.dtype(x.dtype)
+    if dt == jnp.bool_:
+        return x.astype(jnp.uint32)
+    if jnp.issubdtype(dt, jnp.complexfloating):
+        return jnp.stack([_bits(jnp.real(x)), _bits(jnp.imag(x))], axis=-1)
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[dt.itemsize]
+    return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _weighted_sums(x: jax.Array) -> jax.Array:
+    """Two position-weighted sums (mod 2**32) of an array's bits, shape (2,) uint32.
+
+    The weights are odd functions of the element's flat position, so a change of any one
+    element always changes both sums; they are defined on global positions, so the sums
+    do not depend on how the array is sharded, and integer sums are exact in any order.
+    """
+    b = _bits(x)
+    idx = jnp.zeros(b.shape, jnp.uint32)
+    stride = 1
+    for d in reversed(range(b.ndim)):
+        idx = idx + jax.lax.broadcasted_iota(jnp.uint32, b.shape, d) * np.uint32(stride % 2**32)
+        stride *= b.shape[d]
+    w1 = (idx * np.uint32(0x9E3779B1)) << np.uint32(1) | np.uint32(1)
+    w2 = ((idx + np.uint32(0x632BE5AB)) * np.uint32(0x85EBCA6B)) | np.uint32(1)
+    mixed = b ^ (b >> np.uint32(16))
+    return jnp.stack([jnp.sum(b * w1, dtype=jnp.uint32), jnp.sum(mixed * w2, dtype=jnp.uint32)])
+
+
+def _checksum_arrays(arrays: list[jax.Array]) -> jax.Array:
+    return jnp.stack([_weighted_sums(a) for a in arrays]) if arrays else \
+        jnp.zeros((0, 2), jnp.uint32)
+
+
+_CHECKSUM_FNS: dict[Any, Any] = {}
+
+
+def _checksum_fn(devices: tuple[Any, ...] | None) -> Any:
+    """The jitted checksum for arrays on ``devices``: its result replicated on all of them,
+    so every process can read it (None: JAX's default placement)."""
+    key = None if devices is None else tuple(d.id for d in devices)
+    fn = _CHECKSUM_FNS.get(key)
+    if fn is None:
+        out = None if devices is None else jax.sharding.NamedSharding(
+            jax.sharding.Mesh(np.array(devices), ("all",)), jax.sharding.PartitionSpec())
+        fn = _CHECKSUM_FNS[key] = jax.jit(_checksum_arrays, out_shardings=out)
+    return fn
+
+
+def leaf_checksums(tree: Any) -> dict[str, list[int]]:
+    """Two 32-bit checksums of every array leaf of ``tree``, by leaf name.
+
+    Computed on the devices where the arrays live (one jitted pass over the state; a
+    multi-process state is summed across processes, and every process gets the same
+    numbers). Not cryptographic: it detects damage (any changed element, bytes flipped
+    inside a file), not deliberate tampering. Leaves that are not arrays are skipped.
+
+    Example::
+
+        leaf_checksums({"w": jnp.ones((2, 2))})   # {"w": [s1, s2]}
+    """
+    named = [(leaf_name(p), x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
+             if isinstance(x, (jax.Array, np.ndarray)) and _summable(x.dtype)]
+    groups: dict[Any, list[tuple[str, Any]]] = {}
+    for name, x in named:  # one jitted call per set of devices (jit takes no mixed sets)
+        where = getattr(x, "sharding", None)
+        committed = isinstance(x, jax.Array) and where is not None and x.committed
+        key = tuple(sorted(where.device_set, key=lambda d: d.id)) if committed else None
+        groups.setdefault(key, []).append((name, x))
+    out: dict[str, list[int]] = {}
+    for devices, group in groups.items():
+        sums = np.asarray(jax.device_get(_checksum_fn(devices)([x for _, x in group])))
+        out.update({name: [int(a), int(b)] for (name, _), (a, b) in zip(group, sums, strict=True)})
+    return out
+
+
 class _DataPosition:
     """A data iterator's position, captured now, for ``grain.checkpoint.CheckpointSave``."""
 
@@ -132,6 +278,31 @@ class Snapshot:
     seconds: float = 0.0
 
 
+def _reason(error: BaseException) -> str:
+    """One line saying why a step could not be used."""
+    if isinstance(error, _Unusable):
+        return str(error)
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__
+
+
+def _all_agree(ok: bool) -> bool:
+    """Whether every process of a multi-process job says ``ok`` (one process: ``ok``)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    votes = multihost_utils.process_allgather(np.int32(ok))
+    return bool(np.all(np.asarray(votes)))
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def abstract(tree: Any) -> Any:
     """``jax.ShapeDtypeStruct`` (with sharding) for every array leaf of ``tree``."""
     def leaf(x: Any) -> Any:
@@ -151,12 +322,17 @@ class Checkpoints:
       every: ``save`` writes only at multiples of ``every`` unless ``force=True``.
       async_save: write in a background thread after the blocking device-to-host copy.
       read_only: only restore (e.g. the source run of a fork); nothing is written or removed.
+      checksums: record per-array checksums at save (restore checks them whenever a
+        checkpoint has them); False skips the device pass at save (see the module docstring).
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, keep: int = 3, every: int = 1,
-                 async_save: bool = True, read_only: bool = False) -> None:
+                 async_save: bool = True, read_only: bool = False,
+                 checksums: bool = True) -> None:
         self.directory = Path(directory).absolute()
         self.every = every
+        self.read_only = read_only
+        self.checksums = checksums
         self._async = async_save
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, save_interval_steps=every, create=not read_only,
@@ -227,6 +403,7 @@ class Checkpoints:
         t0 = time.perf_counter()
         self.raise_if_failed()
         self._join_writer()  # at most one save is handed over at a time
+        self._clear_the_way(step)
         if isinstance(state, Snapshot):  # taken earlier: its seconds were not in t0's span
             self._submit(step, state, meta, force)
             return time.perf_counter() - t0 + state.seconds
@@ -235,10 +412,11 @@ class Checkpoints:
         if snap is not None:
             self._submit(step, snap, meta, force)
             return time.perf_counter() - t0
-        args = self._args(step, tree, impls, data, meta)
+        args = self._args(step, tree, impls, data, meta,
+                          leaf_checksums(tree) if self.checksums else None)
         try:
             saved = self._manager.save(step, args=args, force=force)
-        except OSError as e:
+        except (OSError, ocp.checkpoint_manager.StepAlreadyExistsError) as e:
             raise self._write_error(step, e) from e
         if saved:
             self._pending = step
@@ -256,17 +434,26 @@ class Checkpoints:
     def _write(self, step: int, snap: Snapshot, meta: dict[str, Any] | None,
                force: bool) -> bool:
         """The writer thread: the snapshot to host, then Orbax's (async) save."""
+        # of the device copy: the same numbers as a restore's
+        sums = leaf_checksums(snap.tree) if self.checksums else None
         tree = jax.device_get(snap.tree)  # a private copy: no later step can change it
-        args = self._args(step, tree, snap.impls, snap.data, meta)
+        args = self._args(step, tree, snap.impls, snap.data, meta, sums)
         return self._manager.save(step, args=args, force=force)
 
     @staticmethod
     def _args(step: int, tree: Any, impls: list[str], data: Any,
-              meta: dict[str, Any] | None) -> ocp.args.Composite:
+              meta: dict[str, Any] | None, sums: dict[str, list[int]] | None
+              ) -> ocp.args.Composite:
+        facts: dict[str, Any] = {"step": step, "time": time.time(), "key_impls": impls,
+                                 **(meta or {})}
+        if sums is not None:
+            facts["checksums"] = {"algorithm": CHECKSUM_ALGORITHM, "leaves": sums}
+        if data is not None and jax.process_count() == 1:
+            position = data.get_state()
+            facts["data_state"] = position.decode() if isinstance(position, bytes) else position
         items: dict[str, Any] = {
             "state": ocp.args.StandardSave(tree),
-            "meta": ocp.args.JsonSave({"step": step, "time": time.time(),
-                                       "key_impls": impls, **(meta or {})}),
+            "meta": ocp.args.JsonSave(facts),
         }
         if data is not None:
             import grain
@@ -282,7 +469,7 @@ class Checkpoints:
         self._submitted = None
         try:
             saved = future.result()
-        except OSError as e:
+        except (OSError, ocp.checkpoint_manager.StepAlreadyExistsError) as e:
             self._pending = None
             raise self._write_error(step, e) from e
         except BaseException:
@@ -329,57 +516,227 @@ class Checkpoints:
             "no earlier checkpoint exists"
         why = f": {type(error).__name__}: {error}" if error is not None else \
             " (the background write did not commit; see the log for the error)"
+        code = getattr(error, "errno", None)
+        if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            fix = "free disk space and re-run to continue from it"
+        elif code in (errno.EACCES, errno.EPERM, errno.EROFS):
+            fix = f"make {self.directory} writable and re-run to continue from it"
+        elif isinstance(error, ocp.checkpoint_manager.StepAlreadyExistsError):
+            fix = ("another writer saved it meanwhile, or an earlier run left it and this one "
+                   f"does not continue from it: stop the other writer, or move {self.directory}"
+                   f"/{step} out of the way if it should go, then re-run to continue from the "
+                   "newest checkpoint")
+        else:
+            fix = "fix the error above and re-run to continue from it"
         return CheckpointError(
-            f"saving checkpoint step {step} to {self.directory} failed{why}. {prev[0].upper()}{prev[1:]}; "
-            "free disk space (or fix the error) and re-run to continue from it")
+            f"saving checkpoint step {step} to {self.directory} failed{why}. "
+            f"{prev[0].upper()}{prev[1:]}; {fix}")
 
     # ------------------------------------------------------------------ restore
     def restore(self, target: Any, *, data: Any = None, step: int | None = None) -> Restored:
-        """Restores ``step`` (default: the newest readable one) onto ``target``.
+        """Restores ``step`` (default: the newest good one) onto ``target``, verified.
 
         Args:
           target: the state's structure: arrays or ``jax.ShapeDtypeStruct`` leaves whose
             shardings say where each block goes (any mesh).
           data: an iterator with ``set_state`` to move to the saved data position.
-          step: a specific step; None tries the newest and falls back to older ones,
-            warning which step was unreadable and which one was used.
+          step: a specific step; None tries the newest and falls back to older ones.
+
+        A step that cannot be read or fails verification (see the module docstring) is
+        skipped for the next older one; once an older step restores, the skipped ones are
+        moved aside to ``<directory>/corrupt/`` (not in a read-only ``Checkpoints``) and a
+        warning names them, why, where they went and the step restored instead. When none
+        restores, only steps whose checksums or data position differ are moved (the others
+        may fail because of this machine, not their files).
 
         Raises:
+          CheckpointMismatch: the newest checkpoint holds other shapes than ``target``
+            (names the first differing leaf); nothing is moved.
           CheckpointError: no checkpoint exists, or none can be read.
         """
         steps = [step] if step is not None else self.all_steps()[::-1]
         if not steps:
             raise CheckpointError(f"no checkpoint in {self.directory}")
         abstract_target = jax.tree.map(_abstract_key_data, abstract(target))
-        skipped: list[tuple[int, str]] = []
+        failed: list[tuple[int, str, bool]] = []   # (step, why, definitely damaged)
         for s in steps:
+            restored, why, damaged = None, "", False
             try:
-                restored = self._restore_step(s, abstract_target, target, data)
+                dtypes = self._check_fits(s, abstract_target)
+                restored = self._restore_step(s, abstract_target, target, data, dtypes)
+            except CheckpointError:  # a mismatch, or the verification itself failed
+                raise
+            except _Damaged as e:
+                why, damaged = str(e), True
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint falls back
-                skipped.append((s, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"))
+                why = _reason(e)
+            if not _all_agree(restored is not None):
+                failed.append((s, why or "another process of this job could not read it",
+                               damaged))
                 continue
-            if skipped:
-                bad = ", ".join(str(b) for b, _ in skipped)
+            assert restored is not None
+            # An older step restored: the newer ones are damaged, not the environment.
+            moved = [m for b, w, _ in failed if (m := self._set_aside(b, w)) is not None]
+            restored.skipped, restored.set_aside = [(b, w) for b, w, _ in failed], moved
+            if failed:
+                bad = ", ".join(str(b) for b, _, _ in failed)
+                where = (f"moved aside to {', '.join(str(m) for m in moved)} (nothing deleted)"
+                         if moved else "left in place (read-only)")
                 warnings.warn(
                     f"checkpoint step {bad} in {self.directory} is unreadable "
-                    f"({skipped[0][1]}); restored step {s} instead", stacklevel=2)
-            restored.skipped = skipped
+                    f"({failed[0][1]}); {where}; restored step {s} instead", stacklevel=2)
             return restored
-        detail = "; ".join(f"step {s}: {why}" for s, why in skipped)
-        raise CheckpointError(f"no readable checkpoint in {self.directory} ({detail})")
+        # Nothing restored: only steps that read but failed verification are surely damaged;
+        # the rest stay (the cause may be here: memory, devices, a wrong target).
+        moved = [m for b, w, d in failed if d and (m := self._set_aside(b, w)) is not None]
+        detail = "; ".join(f"step {s}: {why}" for s, why, _ in failed)
+        where = (f" Damaged step(s) were moved aside to {self.directory / CORRUPT_DIR} "
+                 "(nothing deleted)." if moved else "")
+        raise CheckpointError(
+            f"no readable checkpoint in {self.directory} ({detail}).{where} If the files are "
+            f"damaged, move the step directories out of {self.directory} (nothing is deleted "
+            "by Workbench) and start a new run_dir, or restore them from a copy")
 
-    def _restore_step(self, step: int, abstract_target: Any, target: Any,
-                      data: Any) -> Restored:
-        items: dict[str, Any] = {"state": ocp.args.StandardRestore(abstract_target),
+    def set_aside_steps(self) -> list[Path]:
+        """Steps moved aside as unreadable or corrupt (``<directory>/corrupt/*``)."""
+        folder = self.directory / CORRUPT_DIR
+        if not folder.is_dir():
+            return []
+        return sorted(p for p in folder.iterdir() if p.is_dir())
+
+    def _check_fits(self, step: int, abstract_target: Any) -> dict[str, Any]:
+        """Compares the step's array shapes (Orbax's metadata) with the target's; returns
+        the saved dtype of each leaf (read as saved, verified, then cast to the target's).
+
+        Raises:
+          CheckpointMismatch: the shapes or leaves differ (another model or optimizer).
+          _Unusable: the metadata cannot be read.
+        """
+        from etils import epath
+
+        try:
+            md = ocp.StandardCheckpointHandler().metadata(
+                epath.Path(self.directory / str(step) / "state"))
+            leaves = jax.tree_util.tree_leaves_with_path(md)
+            saved = {leaf_name(p): tuple(getattr(m, "shape", ()) or ()) for p, m in leaves}
+            dtypes = {leaf_name(p): getattr(m, "dtype", None) for p, m in leaves}
+        except Exception as e:  # noqa: BLE001 - unreadable metadata: the step is unusable
+            raise _Unusable(f"its array metadata cannot be read ({_reason(e)})") from e
+        if not saved:
+            raise _Unusable("its array metadata lists no arrays")
+        want = {leaf_name(p): tuple(x.shape)
+                for p, x in jax.tree_util.tree_leaves_with_path(abstract_target)}
+        diffs = [(n, saved.get(n), shape) for n, shape in want.items() if saved.get(n) != shape]
+        diffs += [(n, shape, None) for n, shape in saved.items() if n not in want]
+        if not diffs:
+            return dtypes
+        name, old, new = diffs[0]
+
+        def shape(x: tuple[int, ...] | None, where: str) -> str:
+            return f"absent {where}" if x is None else f"{x} {where}"
+
+        more = f" ({len(diffs) - 1} more differ)" if len(diffs) > 1 else ""
+        raise CheckpointMismatch(
+            f"checkpoint step {step} in {self.directory} does not fit this state: "
+            f"{name!r} is {shape(old, 'in the checkpoint')}, {shape(new, 'in this config')}"
+            f"{more}. Continuing a run (force=True) keeps its parameters, so their shapes "
+            "cannot change: go back to the model and optimizer the run was trained with, or "
+            "train the new model in a new run_dir. Nothing was changed")
+
+    def _restore_step(self, step: int, abstract_target: Any, target: Any, data: Any,
+                      dtypes: dict[str, Any]) -> Restored:
+        def as_saved(path: Any, x: Any) -> Any:
+            dt = dtypes.get(leaf_name(path))
+            if dt is None or not isinstance(x, jax.ShapeDtypeStruct) or dt == x.dtype:
+                return x
+            return jax.ShapeDtypeStruct(x.shape, dt, sharding=x.sharding)
+
+        read_target = jax.tree_util.tree_map_with_path(as_saved, abstract_target)
+        items: dict[str, Any] = {"state": ocp.args.StandardRestore(read_target),
                                  "meta": ocp.args.JsonRestore()}
         if data is not None:
             import grain
 
             items["data"] = grain.checkpoint.CheckpointRestore(data)
         out = self._manager.restore(step, args=ocp.args.Composite(**items))
+        if not isinstance(out["meta"], dict):
+            raise _Unusable(f"its metadata is a {type(out['meta']).__name__}, not an object")
         meta = dict(out["meta"])
-        state = data_to_keys(out["state"], target, list(meta.get("key_impls", [])))
+        self._verify(meta, out["state"], data)
+        tree = jax.tree.map(  # the bits as saved were verified; now the target's dtypes
+            lambda x, t: x.astype(t.dtype) if hasattr(t, "dtype") and x.dtype != t.dtype
+            else x, out["state"], abstract_target)
+        state = data_to_keys(tree, target, list(meta.get("key_impls", [])))
         return Restored(step=step, state=state, meta=meta, skipped=[])
+
+    @staticmethod
+    def _verify(meta: dict[str, Any], tree: Any, data: Any) -> None:
+        """Checks what was read against the checksums and data position recorded at save
+        (checkpoints written before checksums existed are not checked)."""
+        sums = meta.get("checksums")
+        if isinstance(sums, dict) and sums.get("algorithm") == CHECKSUM_ALGORITHM:
+            want = sums.get("leaves")
+            if not isinstance(want, dict):
+                raise _Unusable("its recorded checksums are not readable")
+            try:
+                got = leaf_checksums(tree)
+            except Exception as e:
+                raise CheckpointError(f"verifying a checkpoint failed ({_reason(e)}); it was "
+                                      "left in place") from e
+            bad = [n for n in sorted(set(want) | set(got)) if want.get(n) != got.get(n)]
+            if bad:
+                raise _Damaged(
+                    f"the data of {len(bad)} array(s) differs from what was saved (checksum "
+                    f"mismatch, first {bad[0]!r}: saved {want.get(bad[0])}, read "
+                    f"{got.get(bad[0])})")
+        position = meta.get("data_state")
+        if data is not None and isinstance(position, str) and jax.process_count() == 1:
+            now = data.get_state()
+            try:
+                same = json.loads(now) == json.loads(position)
+            except ValueError:
+                same = False
+            if not same:
+                raise _Damaged("the data position read back differs from the one recorded "
+                                "at save")
+
+    # ------------------------------------------------------------------ set aside
+    def _set_aside(self, step: int, why: str) -> Path | None:
+        """Moves step ``step``'s directory to ``corrupt/`` (never deletes); its new path."""
+        src = self.directory / str(step)
+        if self.read_only or not src.exists():
+            return None
+        folder = self.directory / CORRUPT_DIR
+        name, n = str(step), 1
+        while (folder / name).exists():
+            n += 1
+            name = f"{step}-{n}"
+        dest = folder / name
+        if jax.process_index() == 0:
+            folder.mkdir(exist_ok=True)
+            os.replace(src, dest)
+            (folder / f"{name}.reason.txt").write_text(
+                f"checkpoint step {step} moved here from {src} at "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {why}\n", encoding="utf-8")
+        _barrier(f"workbench-set-aside-{step}")
+        self._manager.reload()
+        return dest
+
+    def _clear_the_way(self, step: int) -> None:
+        """Before saving ``step``: a directory of that name Orbax does not list is moved
+        aside; one it lists means another writer saved it (refused with the fix)."""
+        path = self.directory / str(step)
+        if not path.exists():
+            return
+        if step in self.all_steps():
+            raise self._write_error(
+                step, ocp.checkpoint_manager.StepAlreadyExistsError(
+                    f"checkpoint step {step} already exists in {self.directory} and was not "
+                    "overwritten"))
+        dest = self._set_aside(step, "Orbax does not list it as a checkpoint (a damaged or "
+                                     "never-committed step directory)")
+        warnings.warn(f"{path} is not a complete checkpoint; moved aside to {dest} before "
+                      f"saving step {step} (nothing deleted)", stacklevel=3)
 
     def close(self) -> None:
         """Waits for pending saves and releases the manager."""

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from workbench._validate import check_int
 from workbench.data.corpus import TextData
 from workbench.data.pipeline import DataSpec, SyntheticData, data_spec
+from workbench.rules import PRESETS as rules_presets
 from workbench.runs import config_hash
 from workbench.train.optim import AdamW
 
@@ -16,6 +19,16 @@ from workbench.train.optim import AdamW
 #: numbers a step computes (checkpoint cadence, retention, the mesh layout).
 RUN_CONTROL_FIELDS: tuple[str, ...] = ("checkpoint_every", "keep", "mesh", "rules",
                                         "pipeline")
+
+
+#: Names accepted by ``TrainConfig.rules`` (``wb.Rules.preset``).
+RULES_PRESETS: tuple[str, ...] = rules_presets
+
+_FIXES = {"steps": "steps is the number of updates to train to, e.g. steps=200",
+          "keep": "keep at least the newest checkpoint, keep=1"}
+
+#: The largest seed: Grain's shuffle takes seeds from 0 to 2**32 - 1.
+MAX_SEED = 2 ** 32 - 1
 
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -44,17 +57,27 @@ class TrainConfig:
       data: "text" (the Python standard library's sources, byte-level), "synthetic",
         or a ``wb.data.TextData`` / ``wb.data.SyntheticData``.
       batch: global batch size (sequences per update, all processes together).
-      seq: tokens per sequence.
-      steps: updates that ``Trainer.run()`` trains to.
+      seq: tokens per sequence. Longer than the model's ``seq_len`` is allowed with a
+        warning naming both: the model computes at any length (RoPE has no position
+        table; ``seq_len`` is only the model's default length), so refusing would block
+        a legitimate experiment, but silently training at another length than the model
+        config says is a surprise; ``model_overrides={"seq_len": seq}`` states it.
+      steps: updates that ``Trainer.run()`` trains to (at least 1).
       checkpoint_every: save a checkpoint every this many steps (also at the end).
       keep: keep the newest ``keep`` checkpoints.
-      seed: seeds parameter init, dropout keys and the data shuffle.
+      seed: seeds parameter init, dropout keys and the data shuffle: an integer from 0
+        to ``MAX_SEED`` (2**32 - 1, what Grain's shuffle takes).
       pipeline: None, or pipeline parallelism over the mesh's ``stage`` axis:
         ``{"microbatches": M, "schedule": "gpipe" | "circular", "repeats": R}``
         (``wb.models.pipeline.Pipeline``); needs ``model_overrides={"scan_layers": True}``
         (stacked layers), ``n_layers`` divisible by stages x R and ``batch`` by M. The
         same numbers as without it, up to float rounding: it may change when a run is
         continued (like ``mesh``).
+
+    Every field is checked when the config is made (before anything touches disk or
+    JAX): integers must be integers (not bools, strings or floats) in range, and the
+    model preset and overrides must make a valid ``GPTConfig``; errors name the value,
+    the constraint and the fix.
     """
 
     model: str | Any = "tiny"
@@ -78,7 +101,8 @@ class TrainConfig:
 
             set_(self, "pipeline", Pipeline.of(self.pipeline))
         set_(self, "model_overrides", _frozen_mapping(self.model_overrides))
-        set_(self, "mesh", _frozen_mapping(self.mesh))
+        if isinstance(self.mesh, Mapping):
+            set_(self, "mesh", _frozen_mapping(self.mesh))
         set_(self, "data", data_spec(self.data))
         if isinstance(self.optimizer, Mapping):
             set_(self, "optimizer", AdamW.from_dict(dict(self.optimizer)))
@@ -90,30 +114,62 @@ class TrainConfig:
         elif not isinstance(self.rules, str) and not hasattr(self.rules, "to_dict"):
             raise TypeError(f"TrainConfig.rules must be a preset name, a wb.Rules or a mapping; "
                             f"got {self.rules!r}")
-        for name in ("batch", "seq", "checkpoint_every", "keep"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"TrainConfig.{name}={value!r} must be a positive integer")
-        if not isinstance(self.steps, int) or self.steps < 0:
-            raise ValueError(f"TrainConfig.steps={self.steps!r} must be an integer >= 0")
-        if not self.mesh or not all(isinstance(k, str) and isinstance(v, int)
-                                    for k, v in self.mesh.items()):
+        elif isinstance(self.rules, str) and self.rules not in RULES_PRESETS:
+            raise ValueError(f"TrainConfig.rules={self.rules!r} is not a rules preset; choose "
+                             f"one of {', '.join(RULES_PRESETS)}, or give a wb.Rules")
+        if not isinstance(self.optimizer, AdamW):
+            raise TypeError(f"TrainConfig.optimizer={self.optimizer!r} must be a "
+                            "wb.train.AdamW (or a dict of its fields)")
+        if not isinstance(self.mesh, Mapping):
+            raise TypeError(f"TrainConfig.mesh={self.mesh!r} must map axis names to sizes, "
+                            "e.g. {'data': 8} or {'data': -1, 'model': 2}")
+        for name in ("batch", "seq", "steps", "checkpoint_every", "keep"):
+            set_(self, name, check_int(getattr(self, name), f"TrainConfig.{name}",
+                                       fix=_FIXES.get(name, "")))
+        set_(self, "seed", check_int(self.seed, "TrainConfig.seed", minimum=0,
+                                     maximum=MAX_SEED,
+                                     fix="Grain's shuffle takes 32-bit seeds; use seed % 2**32"))
+        if not self.mesh or not all(isinstance(k, str) for k in self.mesh):
             raise ValueError(f"TrainConfig.mesh={dict(self.mesh)!r} must map axis names to "
                              "sizes, e.g. {'data': 8} or {'data': -1, 'model': 2}")
+        set_(self, "mesh", _frozen_mapping({
+            k: check_int(v, f"TrainConfig.mesh[{k!r}]", allow=(-1,))
+            for k, v in self.mesh.items()}))
         acc = self.optimizer.accumulate
         if self.batch % acc:
             raise ValueError(f"batch={self.batch} is not divisible by optimizer.accumulate="
                              f"{acc} micro-batches; use a batch that is a multiple of {acc}")
-        if isinstance(self.model, str):
-            from workbench.models.config import GPTConfig
+        model = self._checked_model()
+        if self.seq > model.seq_len:
+            warnings.warn(
+                f"TrainConfig.seq={self.seq} is longer than the model's seq_len="
+                f"{model.seq_len}. The model trains at {self.seq} tokens (RoPE has no length "
+                "limit), at quadratic attention cost; if that is what you want, say so with "
+                f"model_overrides={{'seq_len': {self.seq}}}, which also silences this warning",
+                UserWarning, stacklevel=3)
 
-            GPTConfig.preset(self.model, **dict(self.model_overrides))  # validates early
         from workbench.models.context import check_layout  # context axis divides seq
 
         check_layout(self.seq, dict(self.mesh), self.rules,
                      zigzag=bool(getattr(self.model_config(), "context_zigzag", False)))
         if self.pipeline is not None:
             self._check_pipeline()
+
+    def _checked_model(self) -> Any:
+        """The resolved ``GPTConfig``; raises for a bad preset, override or model."""
+        from workbench.models.config import PRESETS, GPTConfig
+
+        if getattr(self.model, "is_model_spec", False):  # wb.models.from_nnx / from_penzai
+            return self.model.replace(**dict(self.model_overrides))
+        if not isinstance(self.model, (str, GPTConfig)):
+            raise TypeError(f"TrainConfig.model={self.model!r} must be a preset name "
+                            f"({', '.join(PRESETS)}) or a wb.models.GPTConfig")
+        known = {f.name for f in dataclasses.fields(GPTConfig)}
+        unknown = sorted(set(self.model_overrides) - known)
+        if unknown:
+            raise ValueError(f"TrainConfig.model_overrides has unknown GPTConfig fields "
+                             f"{unknown}; known: {sorted(known)}")
+        return self.model_config()
 
     def _check_pipeline(self) -> None:
         """Pipeline errors that the config alone decides (before any mesh is built)."""
@@ -190,7 +246,11 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}; known: "
                              f"{[f.name for f in dataclasses.fields(cls)]}")
-        if isinstance(fields.get("model"), Mapping):
+        if isinstance(fields.get("model"), Mapping) and fields["model"].get("kind") == "model":
+            from workbench.models.adapters import ModelRecord
+
+            fields["model"] = ModelRecord(dict(fields["model"]))
+        elif isinstance(fields.get("model"), Mapping):
             from workbench.models.config import GPTConfig
 
             fields["model"] = GPTConfig(**fields["model"])

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
+import numpy as np
 import optax
+
+from workbench._validate import check_int
 
 
 def _decay_mask(params: Any) -> Any:
@@ -49,6 +53,17 @@ class AdamW:
     accumulate: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("lr", "init_ratio", "end_ratio", "b1", "b2", "eps", "weight_decay",
+                     "clip_norm"):
+            value = getattr(self, name)
+            if value is None and name == "clip_norm":
+                continue
+            if isinstance(value, (bool, np.bool_)) or not isinstance(
+                    value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
+                raise TypeError(f"AdamW.{name}={value!r} must be a finite number")
+        for name in ("warmup_steps", "decay_steps", "accumulate"):
+            if getattr(self, name) is not None or name != "decay_steps":
+                check_int(getattr(self, name), f"AdamW.{name}", minimum=None)
         if self.lr <= 0:
             raise ValueError(f"AdamW.lr={self.lr} must be positive")
         if self.warmup_steps < 0:

@@ -46,7 +46,7 @@ def check_run_dir(run_dir: Path, config: TrainConfig, *, fork: bool, force: bool
     """
     if not (run_dir / runs.RUN_JSON).exists():
         return run_dir, None, None
-    stored = runs.read_run(run_dir).get("config") or {}
+    stored = read_stored_run(run_dir).get("config") or {}
     diff = config_diff(stored, config)
     if not diff:
         return run_dir, None, None
@@ -68,6 +68,62 @@ def check_run_dir(run_dir: Path, config: TrainConfig, *, fork: bool, force: bool
         "Nothing was changed. Use a new run_dir, Trainer(..., fork=True) to start a new run "
         "from its newest checkpoint, or Trainer(..., force=True) to continue it with the "
         "new config.")
+
+
+def read_stored_run(run_dir: Path) -> dict[str, Any]:
+    """The ``run.json`` a resumed run continues, checked where the Trainer relies on it.
+
+    Raises:
+      runs.RunFileError: it cannot be read (binary, empty, not an object, a directory, too
+        deep: see ``runs.read_run``) or its ``step`` is not a whole number >= 0; the
+        message names the file and the fix.
+    """
+    run = runs.read_run(run_dir)
+    step = run.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        path = run_dir / runs.RUN_JSON
+        raise runs.RunFileError(
+            f"{path} has step={step!r}, not a whole number >= 0: it was edited or damaged. "
+            f"Move it aside (e.g. to {runs.RUN_JSON}.bad) or delete it; the run resumes from "
+            "its checkpoints and writes a new one (metrics.jsonl and checkpoints are kept)")
+    return run
+
+
+def check_keep(checkpoints: Any, run_dir: Path, keep: int, *, force: bool) -> str | None:
+    """Refuses a lower ``keep`` that would delete existing checkpoints at the next save.
+
+    Orbax keeps the newest ``keep`` checkpoints and deletes older ones after each save;
+    continuing a run saved with ``keep=3`` with ``keep=1`` would silently delete two.
+    Only a lowered ``keep`` (below the one in ``run.json``) is checked, so the extra
+    checkpoint a crash between a save and its clean-up leaves behind is no reason to refuse.
+
+    Returns:
+      With ``force``: a message naming the checkpoints the next save deletes (else None).
+
+    Raises:
+      RunConfigMismatch: ``keep`` was lowered and checkpoints would go, without ``force``.
+    """
+    try:
+        stored = read_stored_run(run_dir).get("config") or {}
+    except (OSError, ValueError):
+        return None
+    old = stored.get("keep") if isinstance(stored, dict) else None
+    if isinstance(old, bool) or not isinstance(old, int) or keep >= old:
+        return None
+    steps = checkpoints.all_steps()
+    if len(steps) <= keep:
+        return None
+    gone, kept = steps[:len(steps) - keep], steps[len(steps) - keep:]
+    names = ", ".join(str(s) for s in gone)
+    if force:
+        return (f"keep lowered from {old} to {keep} (force=True): the next save deletes "
+                f"checkpoint step(s) {names} in {checkpoints.directory}")
+    raise RunConfigMismatch(
+        f"keep={keep} is lower than the keep={old} run_dir {str(run_dir)!r} was trained with: "
+        f"the next save would delete checkpoint step(s) {names} (keeping "
+        f"{', '.join(str(s) for s in kept)}). Nothing was deleted. Pass keep={old} (or "
+        f"more) to keep them, copy them elsewhere first, or pass Trainer(..., force=True) "
+        "to let the next save delete them.")
 
 
 def enable_compile_cache(setting: bool | str | os.PathLike[str]) -> str | None:

@@ -10,6 +10,7 @@ last checkpoint left off, with bitwise the same losses on CPU.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -23,8 +24,10 @@ import jax
 import numpy as np
 
 from workbench import runs
+from workbench._validate import check_int, no_new_empty_dirs
 from workbench._display import Displayable
-from workbench.train.checkpoint import Checkpoints
+from workbench.jobs.lock import RunLock
+from workbench.train.checkpoint import CheckpointError, Checkpoints
 from workbench.train.config import TrainConfig
 from workbench.train.loop import LoopInputs, NonFiniteLoss, RunResult, run_loop
 from workbench.train.metrics import step_record
@@ -32,6 +35,7 @@ from workbench.train.sinks import History, Sink, broadcast, progress_sink, run_s
 from workbench.train.setup import (
     RunConfigMismatch,
     build_parts,
+    check_keep,
     check_run_dir,
     enable_compile_cache,
 )
@@ -39,6 +43,19 @@ from workbench.train.setup import (
 __all__ = ["NonFiniteLoss", "RunConfigMismatch", "RunResult", "Trainer"]
 
 _LR_BLOCK = 4096
+
+
+def _no_empty_dirs_on_failure(init: Any) -> Any:
+    """``Trainer.__init__`` that, when it raises, removes the run directory (and its
+    ``checkpoints/``) if it made them and they are still empty."""
+    @functools.wraps(init)
+    def wrapper(self: Any, config: Any, run_dir: Any, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
+            raise TypeError(f"Trainer run_dir={run_dir!r} must be a directory path (str or "
+                            "pathlib.Path), e.g. run_dir='runs/tiny'")
+        with no_new_empty_dirs(run_dir):
+            init(self, config, run_dir, *args, **kwargs)
+    return wrapper
 
 
 class Trainer(Displayable):
@@ -71,6 +88,7 @@ class Trainer(Displayable):
 
     _view = "train_panel:train_widget"
 
+    @_no_empty_dirs_on_failure
     def __init__(self, config: TrainConfig, run_dir: str | os.PathLike[str], *,
                  fork: bool = False, force: bool = False, progress: str | None = "auto",
                  tensorboard: bool = False, compile_cache: bool | str | os.PathLike[str] = True,
@@ -89,9 +107,9 @@ class Trainer(Displayable):
         t0 = time.perf_counter()
         self.parts = build_parts(config, data_cache=data_cache)
         self.mesh, self.rules = self.parts.mesh, self.parts.rules
-        self.checkpoints = Checkpoints(self.run_dir / "checkpoints", keep=config.keep,
-                                       every=config.checkpoint_every,
-                                       async_save=async_checkpoint)
+        # one writer per run directory (workbench.jobs.lock): held while restoring and running
+        self._lock = RunLock(self.run_dir) if self.primary else None
+        self._disk_mark: Any = None
         self._state: Any = None
         self._rng: Any = None
         self.step = 0
@@ -108,7 +126,14 @@ class Trainer(Displayable):
         self._initial_model = initial_model
         self._recorded_prediction, self._prediction_event = prediction_record(prediction)
         self.prediction = self._recorded_prediction or self._stored_prediction()
-        self._load(source)
+        with self._writing():
+            self.checkpoints = Checkpoints(self.run_dir / "checkpoints", keep=config.keep,
+                                           every=config.checkpoint_every,
+                                           async_save=async_checkpoint)
+            lowered = check_keep(self.checkpoints, self.run_dir, config.keep, force=force)
+            if lowered:
+                self._say(lowered)
+            self._load(source)
         self.setup_seconds = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ state
@@ -116,7 +141,8 @@ class Trainer(Displayable):
     def state(self) -> Any:
         """The current ``TrainState`` (step, params, opt_state) as sharded arrays."""
         if self._state is None:
-            self._load(self._source)
+            with self._writing():
+                self._load(self._source)
         return self._state
 
     @property
@@ -158,6 +184,13 @@ class Trainer(Displayable):
                                    "belong to this config")
             self._say(f"restored checkpoint step {restored.step} from {ckpts.directory} "
                       f"({time.perf_counter() - t0:.1f} s)")
+        elif ckpts.set_aside_steps():
+            names = ", ".join(p.name for p in ckpts.set_aside_steps())
+            raise CheckpointError(
+                f"{ckpts.directory} has no usable checkpoint: step(s) {names} were moved aside "
+                f"to {ckpts.directory / 'corrupt'} as unreadable. Starting from step 0 here "
+                "would mix a new run into this run's history: use a new run_dir, or move a "
+                "repaired step back into the checkpoint directory")
         elif self._initial_model is not None:
             self._state = self._state_from_model(self._initial_model)
             self._rng = self._new_rng()
@@ -178,6 +211,43 @@ class Trainer(Displayable):
             self.history = [r for r in runs.read_metrics(history_dir) if r["step"] <= self.step]
         else:
             self.history = []
+        self._disk_mark = self._mark()
+
+    def _writing(self) -> contextlib.AbstractContextManager[Any]:
+        """Holds the run directory's lock while this Trainer writes (re-entrant; process 0
+        only; a worker of a launched job writes under its launcher's lock)."""
+        if self._lock is None:
+            return contextlib.nullcontext()
+        return self._lock.hold(what="trainer")
+
+    def _mark(self) -> tuple[Any, ...] | None:
+        """The newest checkpoint on disk (step, directory inode and time), to notice when
+        another writer advanced the run directory between two ``run`` calls."""
+        step = self.checkpoints.latest_step()
+        if step is None:
+            return None
+        try:
+            st = (self.checkpoints.directory / str(step)).stat()
+        except OSError:
+            return (step,)
+        return (step, st.st_ino, st.st_mtime_ns)
+
+    def _sync_with_disk(self) -> None:
+        """Continues from the newest checkpoint if another writer (a CLI run, another
+        kernel) trained this run directory since this Trainer last read or wrote it."""
+        mark = self._mark()
+        if mark == self._disk_mark:
+            return
+        self._say(f"{self.run_dir} changed since this Trainer read it (newest checkpoint: step "
+                  f"{mark[0] if mark else 'none'}, this Trainer was at step {self.step}); "
+                  "continuing from the newest checkpoint")
+        self._state = None
+        self._load(self._source)
+
+    def close(self) -> None:
+        """Waits for checkpoint writes in flight and closes the checkpoint manager (the
+        Trainer cannot train after this)."""
+        self.checkpoints.close()
 
     def _new_rng(self) -> Any:
         """The run's base PRNG key (typed), replicated over the mesh: a global array, so
@@ -215,7 +285,9 @@ class Trainer(Displayable):
         """A Trainer for a plan's model config, mesh, rules, batch and sequence length.
 
         Args:
-          plan: a ``wb.plan(...)`` of a ``GPTConfig`` on real devices.
+          plan: a ``wb.plan(...)`` on real devices of a ``GPTConfig`` or of a model
+            factory (``wb.models.from_nnx`` / ``from_penzai`` spec, trained on token
+            batches; see ``_plan_spec``).
           run_dir: the run directory.
           model: ``plan.materialize(...)``: its parameters start the run (when the run has
             no checkpoint yet); default: initialised from ``seed``.
@@ -236,13 +308,14 @@ class Trainer(Displayable):
         """
         from workbench.train.optim import AdamW
 
-        if getattr(plan, "cfg", None) is None:
-            raise TypeError("Trainer.from_plan needs a plan of a GPTConfig; a model factory "
-                            "has no JSON config to save with the run")
+        if getattr(plan, "cfg", None) is None and getattr(plan, "factory", None) is None:
+            raise TypeError(f"Trainer.from_plan needs a wb.plan(...) Plan, got "
+                            f"{type(plan).__name__}")
         if plan.mesh.jax_mesh is None:
             raise ValueError(f"plan is on {plan.mesh.describe()} (no real devices); plan on "
                              "wb.make_mesh(...) to train")
-        config = TrainConfig(model=plan.cfg, mesh=dict(plan.mesh.shape), rules=plan.rules,
+        config = TrainConfig(model=plan.cfg if plan.cfg is not None else _plan_spec(plan),
+                             mesh=dict(plan.mesh.shape), rules=plan.rules,
                              batch=plan.batch, seq=plan.seq, steps=steps,
                              optimizer=optimizer if optimizer is not None else AdamW(),
                              data=data, checkpoint_every=checkpoint_every, keep=keep,
@@ -279,7 +352,7 @@ class Trainer(Displayable):
         SIGTERM: finishes the current step, saves a checkpoint, waits for it and returns.
 
         Args:
-          steps: the total number of updates to reach.
+          steps: the total number of updates to reach (a positive int; not a bool).
           sinks: further reporters (``workbench.train.sinks.Sink``: ``event``, ``update``,
             ``finish``) beside the run directory, TensorBoard and the progress display.
 
@@ -287,8 +360,21 @@ class Trainer(Displayable):
           NonFiniteLoss: the loss or gradient norm became NaN/inf (the last good
             checkpoint is kept; nothing after it is saved).
           CheckpointError: a save failed (disk full); the previous checkpoint is intact.
+          JobRunningError: another writer (a running Trainer, CLI run or launched job)
+            holds the run directory; nothing was changed.
         """
-        target = self.config.steps if steps is None else int(steps)
+        target = self.config.steps if steps is None else check_int(
+            steps, "steps", where="Trainer.run: ",
+            fix="steps is the total number of updates the run trains to, e.g. steps=200")
+        with self._writing():  # refused while another writer holds the run directory
+            self._sync_with_disk()
+            try:
+                return self._run(target, sinks)
+            finally:
+                self._disk_mark = self._mark()
+
+    def _run(self, target: int, sinks: Sequence[Sink]) -> RunResult:
+        """:meth:`run` once the run directory is locked and in sync."""
         if self.step >= target:
             msg = (f"run {self.run_dir} is already at step {self.step} (target {target}); "
                    f"nothing to do. Train further with trainer.run(steps=N), N > {self.step}.")
@@ -409,6 +495,34 @@ class Trainer(Displayable):
         last = self.history[-1]["loss"] if self.history else math.nan
         return (f"Trainer(run_dir={str(self.run_dir)!r}, step={self.step}/"
                 f"{self.config.steps}, loss={last:.4f}, mesh={dict(self.mesh.shape)})")
+
+
+def _plan_spec(plan: Any) -> Any:
+    """The ``ModelSpec`` a factory plan trains: the plan's own spec, or its factory and
+    loss wrapped by ``wb.models.from_nnx``. The Trainer feeds token batches (``{"inputs",
+    "targets"}`` int32 ``(batch, seq)``), so a plan of another batch is refused with the
+    supported way: a ``loss_fn`` that makes the model's inputs from the token batch."""
+    from workbench.models.adapters import ModelSpec, from_nnx
+    from workbench.step import lm_loss
+
+    tokens = set(plan.abstract_batch) == {"inputs", "targets"} and all(
+        len(v.shape) == 2 and np.issubdtype(v.dtype, np.integer)
+        for v in plan.abstract_batch.values())
+    if not tokens:
+        given = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in plan.abstract_batch.items())
+        raise ValueError(
+            f"Trainer.from_plan: the plan's batch is {{{given}}}, but the Trainer feeds token "
+            "batches {inputs, targets: int32[batch, seq]} from TrainConfig.data; plan the model "
+            "with a loss_fn that makes its inputs from the token batch (docs/your_model.md)")
+    spec = plan.factory
+    if not isinstance(spec, ModelSpec):
+        spec = from_nnx(plan.factory, name=plan.name,
+                        loss_fn=None if plan.loss_fn is lm_loss else plan.loss_fn)
+    if spec.vocab_size is None:
+        raise ValueError(f"Trainer.from_plan: model {spec.name!r} has no vocab_size, which the "
+                         "Trainer's token data needs; plan wb.models.from_nnx(factory, "
+                         "vocab_size=..., loss_fn=...) instead of the bare factory")
+    return spec
 
 
 def prediction_record(plan: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

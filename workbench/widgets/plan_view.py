@@ -12,6 +12,7 @@ import traitlets
 from workbench.pytrees import TreeLayouts, bytes_per_device
 from workbench.widgets import _assets
 from workbench.widgets._payload import mesh_summary
+from workbench.widgets.layout_view import LayoutWidget
 from workbench.widgets.tree_view import TreeView
 
 __all__ = ["PlanView", "PlanWidget", "compare_figure", "compare_widget", "plan_payload",
@@ -26,25 +27,78 @@ class PlanWidget(anywidget.AnyWidget):
     _esm = _assets.esm("plan")
     _css = _assets.css("plan")
     payload = traitlets.Dict().tag(sync=True)
+    tab = traitlets.Unicode("overview").tag(sync=True)
+    selected_collective = traitlets.Int(-1).tag(sync=True)
+    collective_note = traitlets.Unicode("").tag(sync=True)
 
 
 class PlanView(ipywidgets.VBox):
     """The plan above the table of every tensor (params and optimizer state).
 
     Attributes:
-        summary: the ``PlanWidget``.
+        summary: the ``PlanWidget`` (tabs: overview, activations, collectives).
         tensors: the ``TreeView`` (click a row to draw that tensor's layout).
+        before, after: ``LayoutWidget`` s drawing the layouts before and after the
+            collective clicked in the collectives tab (hidden until one is clicked).
     """
 
     def __init__(self, plan: Any) -> None:
         self.plan = plan
         self.summary = PlanWidget(payload=plan_payload(plan))
+        self.before = LayoutWidget(placeholder="click a collective to draw its layouts")
+        self.after = LayoutWidget(placeholder="")
+        self.exchange = ipywidgets.HBox([self.before, self.after])
+        self.exchange.layout.display = "none"
+        self.summary.observe(self._on_collective, names="selected_collective")
         tree = {"params": plan.param_state, "opt_state": plan.abstract_state.opt_state}
         self.tensors = TreeView(tree, plan_tensors(plan), title=f"plan {plan.name!r}")
-        super().__init__(children=[self.summary, self.tensors])
+        if _is_penzai(plan):  # treescope draws the penzai model itself, its arrays sharded
+            self.tensors.table.unobserve(self.tensors._on_treescope, names="want_treescope")
+            self.tensors.table.observe(self._on_penzai_treescope, names="want_treescope")
+        super().__init__(children=[self.summary, self.exchange, self.tensors])
+
+    def select_collective(self, index: int) -> None:
+        """Draw the layouts before and after ``plan.collectives[index]`` (as a click on
+        its row in the collectives tab does)."""
+        self.summary.selected_collective = index
+
+    def _on_collective(self, change: dict) -> None:
+        index = change["new"]
+        if index < 0 or index >= len(self.plan.collectives):
+            self.exchange.layout.display = "none"
+            return
+        from workbench.planning.activations import collective_layouts
+
+        drawn = collective_layouts(self.plan, index)
+        self.before.show_layout(drawn.before)
+        self.after.show_layout(drawn.after)
+        self.summary.collective_note = drawn.note
+        self.exchange.layout.display = "flex"
+
+    def penzai_model(self) -> Any:
+        """The plan's penzai model with its parameters materialised into the plan's
+        shardings (on real devices), else with abstract parameters."""
+        from workbench.models.penzai_adapter import PenzaiModel, penzai_tree
+
+        if self.plan.mesh.jax_mesh is not None:
+            return penzai_tree(self.plan.materialize(seed=0))
+        from flax import nnx
+
+        model = nnx.merge(self.plan.graphdef, self.plan.abstract_state.params)
+        assert isinstance(model, PenzaiModel)
+        return penzai_tree(model)
+
+    def _on_penzai_treescope(self, change: dict) -> None:
+        if change["new"] and not self.tensors.table.treescope_html:
+            self.tensors.tree = self.penzai_model()
+            self.tensors._on_treescope(change)
 
     def __repr__(self) -> str:
         return str(self.plan)
+
+
+def _is_penzai(plan: Any) -> bool:
+    return (getattr(plan.factory, "config", None) or {}).get("family") == "penzai"
 
 
 def plan_tensors(plan: Any) -> TreeLayouts:
@@ -91,11 +145,23 @@ def plan_payload(plan: Any) -> dict[str, Any]:
                   "tokens": f.tokens},
         "collectives": [{k: v for k, v in c.to_dict().items() if k != "names"}
                         | {"note": c.names[0] if c.names and c.names[0].startswith("estimate")
-                           else None} for c in plan.collectives],
+                           else None, "index": i} for i, c in enumerate(plan.collectives)],
+        "activations": _activations(plan),
         "comm_bytes_per_device": plan.comm_bytes_per_device,
         "warnings": [w.to_dict() | {"paths": list(w.paths[:20]), "n_paths": len(w.paths)}
                      for w in plan.warnings],
     }
+
+
+def _activations(plan: Any) -> dict[str, Any]:
+    """The activations tab: rows, or why there are none (a forward that cannot be traced
+    again is said, not raised: the rest of the plan still draws)."""
+    try:
+        acts = plan.activations
+    except Exception as err:  # noqa: BLE001 - the plan itself is valid; say what failed
+        return {"rows": [], "error": f"{type(err).__name__}: {str(err)[:300]}"}
+    return {"rows": [a.to_dict() for a in acts], "error": None,
+            "per_device": int(sum(a.bytes_per_device * a.count for a in acts))}
 
 
 def plan_widget(plan: Any) -> PlanView:

@@ -1,4 +1,4 @@
-import { decimate, decimateIndices, Decimator, ema, EmaCache, MetricSeries } from '../series';
+import { decimate, decimateIndices, Decimator, ema, EmaCache, GAP, MetricSeries } from '../series';
 
 describe('MetricSeries', () => {
   it('appends columns, fills missing values with NaN and drops re-logged steps', () => {
@@ -12,6 +12,22 @@ describe('MetricSeries', () => {
     expect(s.last('loss')).toBe(2);
     expect(s.lastStep).toBe(4);
     expect(s.has('mfu') && !s.has('hfu')).toBe(true);
+  });
+
+  it('stores the rows the server lists in gaps as GAP, other nulls as missing', () => {
+    const s = new MetricSeries();
+    // the server: loss NaN at step 2 (a gap), no loss at step 3 (missing), step 1 re-sent
+    expect(s.append({ step: [1], loss: [4] })).toBe(1);
+    expect(s.append({ step: [1, 2, 3, 4], loss: [4, null, null, 1], mfu: [null, null, 0.5, null] },
+      { loss: [1], mfu: [0] })).toBe(3);
+    expect(Array.from(s.column('loss'))).toEqual([4, GAP, NaN, 1]);
+    expect(Array.from(s.column('mfu'))).toEqual([NaN, NaN, 0.5, NaN]); // the gap was step 1's
+    expect(s.last('loss')).toBe(1);
+    const only = new MetricSeries();
+    only.append({ step: [1, 2], hfu: [null, null] }, { hfu: [1] }); // a column of gaps only
+    expect(Array.from(only.column('hfu'))).toEqual([NaN, GAP]);
+    expect(only.has('hfu')).toBe(false);
+    expect(Array.from(ema([2, GAP, 4], 0.5))[1]).toBe(GAP); // smoothing keeps the gap
   });
 
   it('grows past its initial capacity without losing values', () => {
@@ -88,10 +104,22 @@ describe('decimate', () => {
 
   it('gathers extra series at the chosen indices', () => {
     const d = new Decimator().decimate([1, 2, 3], [[5, 6, 7]], 10, [[0.5, NaN, 0.7]]);
-    expect(d.ys).toEqual([[5, 6, 7], [0.5, null, 0.7]]);
+    expect(d.ys).toEqual([[5, 6, 7], [0.5, undefined, 0.7]]);
   });
 
-  it('turns NaN into null gaps', () => {
-    expect(decimate([1, 2], [[NaN, 1]], 10).ys[0]).toEqual([null, 1]);
+  it('draws gaps as null (the line breaks) and missing values as undefined (joined)', () => {
+    expect(decimate([1, 2, 3], [[NaN, GAP, 1]], 10).ys[0]).toEqual([undefined, null, 1]);
+  });
+
+  it('keeps a gap through decimation without hiding the bucket extremes', () => {
+    const y = Array.from({ length: 4000 }, (_, i) => Math.sin(i / 50));
+    y[1234] = GAP;
+    y[3000] = 9; // a spike
+    const d = decimate(y.map((_, i) => i), [y], 200);
+    expect(d.x).toContain(1234);
+    expect(d.ys[0][d.x.indexOf(1234)]).toBeNull();
+    expect(d.ys[0][d.x.indexOf(3000)]).toBe(9);
+    expect(Math.min(...(d.ys[0].filter(v => typeof v === 'number') as number[])))
+      .toBeCloseTo(Math.min(...y.filter(Number.isFinite)), 6);
   });
 });

@@ -1,4 +1,6 @@
-// Plan widget: summary, stacked memory per device with the device limit, FLOPs, lints, collectives.
+// Plan widget: tabs. Overview: summary, stacked memory per device with the device limit, FLOPs,
+// lints, collectives. Activations: every activation of the step. Collectives: each with its
+// source line, tensor and rule; a click asks Python to draw the layouts before and after.
 import { colour, el, fmtBytes, legend, table, tooltip } from "./common.js";
 
 const SEVERITY = { error: "#d62728", warning: "#e8a33d", info: "#4e79a7" };
@@ -168,6 +170,62 @@ function collectives(p) {
   ]);
 }
 
+function fmtSpec(spec) {
+  return `P(${spec.map((s) => (s === null ? "?" : s.length ? s.join("+") : "None")).join(", ")})`;
+}
+
+/** Activations tab: name, layer, shape, sharding, bytes per device, where it comes from. */
+function activations(p) {
+  const a = p.activations || { rows: [] };
+  if (a.error) return el("div", { class: "wb-note wb-plan-act-error", text: `activations could not be traced: ${a.error}` });
+  if (!a.rows.length) return el("div", { class: "wb-note", text: "no activations found (the model constrains none and has no attention)" });
+  const rows = a.rows.map((r) => ({ ...r, layer_text: r.layer === null ? (r.count > 1 ? `all ${r.count} (scanned)` : "—") : r.layer,
+    shape_text: `${r.dtype}[${r.shape.join(", ")}]`, spec_text: fmtSpec(r.spec),
+    logical_text: r.logical.map((x) => x ?? "·").join(", ") }));
+  return el("div", { class: "wb-plan-activations" }, [
+    el("div", { class: "wb-subtitle", text: `activations — ${rows.length} tensors, ${fmtBytes(a.per_device)} per device if all were live at once` }),
+    el("div", { class: "wb-scroll" }, [table([
+      { key: "name", label: "activation" },
+      { key: "layer_text", label: "layer" },
+      { key: "shape_text", label: "shape" },
+      { key: "logical_text", label: "logical axes" },
+      { key: "spec_text", label: "sharding" },
+      { key: "bytes_per_device", label: "bytes/device", numeric: true, format: fmtBytes },
+      { key: "source", label: "from" },
+    ], rows).node]),
+    el("div", { class: "wb-note", text: "constrain: the layout the model asks JAX for (wb.rules.constrain); jaxpr: found in the traced step (attention scores), '?' dims laid out by the compiler" }),
+  ]);
+}
+
+/** Collectives tab: source line, tensor moved and rule; a click draws before/after layouts. */
+function collectivesTab(p, model) {
+  const rows = p.collectives.map((c) => ({ ...c, axes_text: c.axes.join(", ") || "—",
+    tensor_text: (c.tensors || []).slice(0, 2).join(", ") + ((c.tensors || []).length > 2 ? ` +${c.tensors.length - 2}` : ""),
+    source_text: (c.sources || [])[0] || "—", rule_text: c.rule || "—" }));
+  const picked = model.get("selected_collective");
+  const t = table([
+    { key: "kind", label: "kind" },
+    { key: "axes_text", label: "mesh axes" },
+    { key: "count", label: "count", numeric: true },
+    { key: "total_wire_bytes", label: "sent/step", numeric: true, format: fmtBytes },
+    { key: "tensor_text", label: "tensor", wrap: true },
+    { key: "source_text", label: "source" },
+    { key: "rule_text", label: "because", wrap: true },
+  ], rows, { sortKey: "total_wire_bytes", onRow: (row) => {
+    model.set("selected_collective", row.index);
+    model.save_changes();
+  } });
+  t.highlight((row) => row.index === picked);
+  const note = model.get("collective_note");
+  return el("div", { class: "wb-plan-collective-tab" }, [
+    el("div", { class: "wb-subtitle", text: `collectives — ${p.estimate ? "estimated from the layouts" : "from the compiled program, traced to their source lines"}` }),
+    el("div", { class: "wb-scroll" }, [t.node]),
+    el("div", { class: "wb-note wb-plan-collective-note", text: picked >= 0 && note ? `drawn below: ${note}` : "click a collective to draw its tensor's layout before and after it" }),
+  ]);
+}
+
+const TABS = [["overview", "Overview"], ["activations", "Activations"], ["collectives", "Collectives"]];
+
 function render({ model, el: host }) {
   const root = el("div", { class: "wb-widget wb-plan" });
   host.appendChild(root);
@@ -175,11 +233,20 @@ function render({ model, el: host }) {
     const p = model.get("payload");
     if (!p || !p.memory) { root.replaceChildren(el("div", { class: "wb-note", text: "empty plan" })); return; }
     const tip = tooltip(root);
-    root.replaceChildren(header(p), memoryBars(p, tip), flops(p), predicted(p), lints(p), collectives(p), tip.node);
+    const current = TABS.some(([k]) => k === model.get("tab")) ? model.get("tab") : "overview";
+    const tabs = el("div", { class: "wb-tabs" }, TABS.map(([name, label]) => el("button", {
+      class: `wb-tab${current === name ? " wb-active" : ""}`, text: label, "data-tab": name,
+      onclick: () => { model.set("tab", name); model.save_changes(); },
+    })));
+    const body = current === "activations" ? [activations(p)]
+      : current === "collectives" ? [collectivesTab(p, model)]
+        : [memoryBars(p, tip), flops(p), predicted(p), lints(p), collectives(p)];
+    root.replaceChildren(header(p), tabs, ...body, tip.node);
   }
   draw();
-  model.on("change:payload", draw);
-  return () => model.off("change:payload", draw);
+  const names = ["payload", "tab", "selected_collective", "collective_note"];
+  for (const name of names) model.on(`change:${name}`, draw);
+  return () => { for (const name of names) model.off(`change:${name}`, draw); };
 }
 
 export default { render };

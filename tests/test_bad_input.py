@@ -1,0 +1,223 @@
+"""Every bad input of issue 12 gets a clear error (the value, the constraint, the fix) before
+anything touches disk: one table, each row named after the issue's wording."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+import workbench as wb
+from workbench.__main__ import main
+from workbench.models import GPTConfig
+from workbench.train import TrainConfig, Trainer
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TINY = GPTConfig.preset("tiny")
+GOOD = {"model": "tiny", "mesh": {"data": 8}, "batch": 8, "seq": 32, "steps": 2,
+        "data": "synthetic"}
+
+
+class CliError(Exception):
+    """The CLI exited non-zero; the message is its exit status and stderr."""
+
+
+def cli(*argv: object) -> None:
+    """``python -m workbench ARGV`` in this process; raises CliError on a non-zero exit."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:
+            code = e.code
+    if code:
+        raise CliError(f"exit {code}: {err.getvalue()}")
+
+
+def cli_process(*argv: object) -> None:
+    """``python -m workbench ARGV`` in a fresh process (for errors found after JAX starts)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    out = subprocess.run([sys.executable, "-m", "workbench", *map(str, argv)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    if out.returncode:
+        raise CliError(f"exit {out.returncode}: {out.stderr[-3000:]}")
+
+
+def config_file(tmp: pathlib.Path, text: str, name: str = "cfg.json") -> pathlib.Path:
+    """An input file under ``tmp/in`` (the one folder a case may find afterwards)."""
+    path = tmp / "in" / name
+    path.write_text(text)
+    return path
+
+
+def mesh8() -> jax.sharding.Mesh:
+    return wb.make_mesh(data=8)
+
+
+def plan(**kw: object) -> object:
+    return wb.plan(TINY, mesh=mesh8(), compile=False, progress=False, **kw)
+
+
+def trainer(tmp: pathlib.Path, **fields: object) -> Trainer:
+    return Trainer(TrainConfig(**{**GOOD, **fields}), run_dir=tmp / "runs" / "bad",
+                   progress=None, compile_cache=False)
+
+
+# (name after the issue's wording, call(tmp), expected exception or warning, message regex).
+# A call may write its inputs under tmp/in; nothing else may appear under tmp.
+CASES = [
+    ("wb.plan(batch=12) on data=8 (raw IndivisibleError)",
+     lambda tmp: plan(batch=12), ValueError,
+     r"wb.plan: batch=12 is not divisible by the data-parallel size 8: .* mesh axes "
+     r"\('data',\) .*use batch=8 or batch=16 \(a multiple of 8\)"),
+    ("wb.plan(batch=8.0) (raw jit error)",
+     lambda tmp: plan(batch=8.0), TypeError,
+     r"wb.plan: batch=8.0 is a float; batch must be a positive integer: write batch=8"),
+    ("wb.plan(batch=0)",
+     lambda tmp: plan(batch=0), ValueError,
+     r"wb.plan: batch=0 is out of range; batch must be a positive integer: .*e.g. batch=8"),
+    ("wb.plan(seq=0) (silently becomes 128)",
+     lambda tmp: plan(batch=8, seq=0), ValueError,
+     r"wb.plan: seq=0 is out of range; seq must be a positive integer: .*leave it out for "
+     r"the model's seq_len"),
+    ("wb.plan seq longer than the model's seq_len (no word)",
+     lambda tmp: plan(batch=8, seq=256), UserWarning,
+     r"wb.plan: seq=256 is longer than the model's seq_len=128.*cfg.replace\(seq_len=256\)"),
+    ("TrainConfig(seed=-1) (raw Grain error)",
+     lambda tmp: TrainConfig(seed=-1), ValueError,
+     r"TrainConfig.seed=-1 is out of range; TrainConfig.seed must be an integer from 0 to "
+     r"4294967295: .*seed % 2\*\*32"),
+    ("TrainConfig(seed='abc') (raw Grain error)",
+     lambda tmp: TrainConfig(seed="abc"), TypeError,
+     r"TrainConfig.seed='abc' is a string; TrainConfig.seed must be an integer from 0"),
+    ("TrainConfig(seed=2**70) (raw Grain error)",
+     lambda tmp: TrainConfig(seed=2 ** 70), ValueError,
+     r"TrainConfig.seed=1180591620717411303424 is out of range; .*from 0 to 4294967295"),
+    ("model_overrides={'dtype': 'int8'} (raw JAX error, leaves checkpoints/ behind)",
+     lambda tmp: trainer(tmp, model_overrides={"dtype": "int8"}), ValueError,
+     r"GPTConfig.dtype='int8' is not a floating-point dtype: .*\(float32, bfloat16, "
+     r"float16, float64\); for half the memory use 'bfloat16'"),
+    ("TrainConfig(steps=True) (runs one step)",
+     lambda tmp: trainer(tmp, steps=True), TypeError,
+     r"TrainConfig.steps=True is a bool; TrainConfig.steps must be a positive integer"),
+    ("TrainConfig(steps=0) (leaves an empty run directory)",
+     lambda tmp: trainer(tmp, steps=0), ValueError,
+     r"TrainConfig.steps=0 is out of range; .*positive integer: .*e.g. steps=200"),
+    ("CLI config errors: steps=0 in CONFIG.json (leaves checkpoints/)",
+     lambda tmp: cli("train", config_file(tmp, json.dumps({**GOOD, "steps": 0})),
+                     "--run-dir", tmp / "runs" / "cli"), CliError,
+     r"exit 2: workbench train: error: config .*cfg.json: TrainConfig.steps=0 is out of range"),
+    ("CLI config errors: --steps 0",
+     lambda tmp: cli("train", config_file(tmp, json.dumps(GOOD)), "--run-dir",
+                     tmp / "runs" / "cli", "--steps", "0"), CliError,
+     r"(?s)exit 2: .*workbench train: error: argument --steps: 0 must be a positive integer"),
+    ("CLI config errors: unreadable CONFIG.json",
+     lambda tmp: cli("train", config_file(tmp, "{bad"), "--run-dir", tmp / "runs" / "cli"),
+     CliError, r"exit 2: workbench train: error: config .*cfg.json: Expecting property name"),
+    ("CLI config errors: an unknown field",
+     lambda tmp: cli("train", config_file(tmp, json.dumps({**GOOD, "stepz": 3})),
+                     "--run-dir", tmp / "runs" / "cli"), CliError,
+     r"exit 2: .*config .*cfg.json: unknown TrainConfig fields \['stepz'\]"),
+    ("CLI config errors: a bad CONFIG.py for launch",
+     lambda tmp: cli("launch", config_file(tmp, "config = {'seed': -1}\n", "cfg.py"),
+                     "--run-dir", tmp / "runs" / "cli"), CliError,
+     r"exit 2: workbench launch: error: config .*cfg.py: TrainConfig.seed=-1 is out of range"),
+    ("CLI config errors: a batch the mesh cannot split (found when the Trainer starts)",
+     lambda tmp: cli_process("train", config_file(tmp, json.dumps({**GOOD, "batch": 12})),
+                             "--run-dir", tmp / "runs" / "cli"), CliError,
+     r"batch=12 is not divisible by the 8 devices that split the batch dim .*use a batch "
+     r"that is a multiple of 8"),
+    ("wb.launch with a bad config (starts workers that fail)",
+     lambda tmp: wb.launch({"seed": -1}, run_dir=tmp / "runs" / "job"), ValueError,
+     r"TrainConfig.seed=-1 is out of range"),
+    ("wb.launch(steps=0)",
+     lambda tmp: wb.launch(TrainConfig(**GOOD), run_dir=tmp / "runs" / "job", steps=0),
+     ValueError, r"wb.launch: steps=0 is out of range; steps must be a positive integer"),
+    ("wb.launch with an unreadable CONFIG.json",
+     lambda tmp: wb.launch(config_file(tmp, "{bad"), run_dir=tmp / "runs" / "job"),
+     ValueError, r"wb.launch: the config .*cfg.json' is not valid JSON: Expecting property"),
+    ("GPTConfig(d_model='64') (accepted, then a raw shape error)",
+     lambda tmp: TINY.replace(d_model="64"), TypeError,
+     r"GPTConfig.d_model='64' is a string; GPTConfig.d_model must be a positive integer: "
+     r"write GPTConfig.d_model=64"),
+    ("GPTConfig(d_model=64.5) (accepted, then a raw shape error)",
+     lambda tmp: TINY.replace(d_model=64.5), TypeError,
+     r"GPTConfig.d_model=64.5 is a float; .*pick GPTConfig.d_model=64 or GPTConfig.d_model=65"),
+    ("wb.layout with a dim of 64.7 (silently 64)",
+     lambda tmp: wb.layout((64.7, 8), ("data", None), mesh8()), TypeError,
+     r"wb.layout of 'tensor': shape\[0\]=64.7 is a float; .*pick shape\[0\]=64 or "
+     r"shape\[0\]=65"),
+    ("wb.layout spec given as the string 'data' (read as P('d','a','t','a'))",
+     lambda tmp: wb.layout((64, 8), "data", mesh8()), TypeError,
+     r"spec='data' for 'tensor' is a bare string, .*\(P\('d', 'a', 't', 'a'\)\); .*write "
+     r"P\('data'\) or \('data',\)"),
+    ("make_mesh(data=True, ...) accepted",
+     lambda tmp: wb.make_mesh(data=True, devices=jax.devices()[:1]), TypeError,
+     r"mesh axis data=True is a bool; data must be a positive integer or -1"),
+    ("make_mesh with duplicate devices accepted",
+     lambda tmp: wb.make_mesh(data=2, devices=[jax.devices()[0]] * 2), ValueError,
+     r"devices lists the same device more than once: .*\(x2\); .*pass distinct devices"),
+    ("make_mesh(data=-1, devices=[]) (raw IndexError)",
+     lambda tmp: wb.make_mesh(data=-1, devices=[]), ValueError,
+     r"devices=\[\] is empty; a mesh needs at least one device"),
+    ("TrainConfig seq longer than the model's seq_len trains with no word",
+     lambda tmp: TrainConfig(seq=256), UserWarning,
+     r"TrainConfig.seq=256 is longer than the model's seq_len=128\. .*"
+     r"model_overrides=\{'seq_len': 256\}"),
+]
+
+
+@pytest.mark.parametrize("name, call, error, match", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_a_clear_error_and_leaves_nothing_behind(name, call, error, match,
+                                                                tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative path anyone writes would land here too
+    (tmp_path / "in").mkdir()
+    if issubclass(error, Warning):
+        with pytest.warns(error, match=match):
+            call(tmp_path)
+    else:
+        with pytest.raises(error, match=match):
+            call(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"], name
+
+
+@pytest.fixture(scope="module")
+def started(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("started") / "run"
+    return Trainer(TrainConfig(**GOOD), run_dir=run_dir, progress=None, compile_cache=False)
+
+
+@pytest.mark.parametrize("steps, error, match", [
+    (True, TypeError, r"Trainer.run: steps=True is a bool; steps must be a positive integer"),
+    (0, ValueError, r"Trainer.run: steps=0 is out of range; .*e.g. steps=200"),
+    (2.0, TypeError, r"Trainer.run: steps=2.0 is a float; .*write steps=2"),
+])
+def test_trainer_run_steps_true_or_zero_is_refused_before_it_writes(started, steps, error,
+                                                                    match):
+    before = sorted(p.relative_to(started.run_dir) for p in started.run_dir.rglob("*"))
+    with pytest.raises(error, match=match):
+        started.run(steps=steps)
+    assert sorted(p.relative_to(started.run_dir) for p in started.run_dir.rglob("*")) == before
+    assert started.step == 0 and not (started.run_dir / "metrics.jsonl").exists()
+
+
+def test_a_trainer_that_fails_after_making_checkpoints_removes_only_what_it_made(tmp_path):
+    """A failure after ``checkpoints/`` exists (a model of another shape) removes the empty
+    directories it made, and keeps a parent that was there before."""
+    from flax import nnx
+
+    from workbench.models import GPT
+
+    other = GPT(TINY.replace(n_layers=1), rngs=nnx.Rngs(0))
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ValueError, match="the model's parameters do not match"):
+        Trainer(TrainConfig(**GOOD), run_dir=tmp_path / "runs" / "a" / "b", progress=None,
+                compile_cache=False, initial_model=other)
+    assert [p.name for p in tmp_path.rglob("*")] == ["runs"]

@@ -1,0 +1,123 @@
+"""Argument checks shared by the config and API entry points: integers that are integers."""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["check_int", "nearest_multiples", "no_new_empty_dirs"]
+
+
+def check_int(value: Any, name: str, *, minimum: int | None = 1, maximum: int | None = None,
+              allow: tuple[int, ...] = (), where: str = "", fix: str = "") -> int:
+    """``value`` as a Python ``int``, or an error naming the value, the constraint and the fix.
+
+    A bool is refused (``True`` is not a size), as are strings (``"64"``) and floats, even
+    integral ones (``8.0``): a float batch or width reaches JAX as a float shape and fails
+    far from where it was written. NumPy integers are accepted.
+
+    Args:
+      value: what was given.
+      name: the argument's name as the user wrote it (``"TrainConfig.seed"``, ``"batch"``).
+      minimum: the smallest allowed value (None: no lower bound).
+      maximum: the largest allowed value (None: no upper bound).
+      allow: further values allowed outside the range (``-1`` for an inferred mesh axis).
+      where: a prefix for the message (``"wb.plan: "``).
+      fix: what to do instead, appended to an out-of-range message.
+
+    Raises:
+      TypeError: ``value`` is not an integer.
+      ValueError: ``value`` is out of range.
+    """
+    rng = _range_text(minimum, maximum, allow)
+    head = f"{where}{name}={value!r}"
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{head} is a bool; {name} must be {rng} (True is not a number "
+                        f"here): write {name}=<integer>")
+    if isinstance(value, (int, np.integer)):
+        number = int(value)
+    elif isinstance(value, str):
+        fix = f"write {name}={int(value.strip())}" if value.strip().lstrip("-").isdigit() \
+            else f"give {name} as an integer"
+        raise TypeError(f"{head} is a string; {name} must be {rng}: {fix}")
+    elif isinstance(value, (float, np.floating)):
+        if not math.isfinite(value):
+            raise TypeError(f"{head} is not a finite number; {name} must be {rng}")
+        if float(value).is_integer():
+            fix = f"write {name}={int(value)}"
+        else:
+            lo, hi = math.floor(value), math.ceil(value)
+            fix = f"pick {name}={lo} or {name}={hi}"
+        raise TypeError(f"{head} is a float; {name} must be {rng}: {fix}")
+    else:
+        raise TypeError(f"{head} is a {type(value).__name__}; {name} must be {rng}")
+    if number in allow:
+        return number
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise ValueError(f"{head} is out of range; {name} must be {rng}"
+                         + (f": {fix}" if fix else ""))
+    return number
+
+
+def nearest_multiples(value: int, k: int) -> list[int]:
+    """The positive multiples of ``k`` nearest to ``value`` (one below, one above)."""
+    below = (value // k) * k
+    out = [m for m in (below, below + k) if m > 0 and m != value]
+    if not out or out[0] == value:
+        out = [below + k]
+    return sorted(set(out))
+
+
+def _range_text(minimum: int | None, maximum: int | None, allow: tuple[int, ...]) -> str:
+    if minimum == 1 and maximum is None:
+        text = "a positive integer"
+    elif minimum is not None and maximum is not None:
+        text = f"an integer from {minimum} to {maximum}"
+    elif minimum is not None:
+        text = f"an integer >= {minimum}"
+    elif maximum is not None:
+        text = f"an integer <= {maximum}"
+    else:
+        text = "an integer"
+    if allow:
+        text += " or " + " or ".join(str(a) for a in allow)
+    return text
+
+
+@contextlib.contextmanager
+def no_new_empty_dirs(*paths: str | os.PathLike[str]) -> Iterator[None]:
+    """On an exception, removes the directories the block created under ``paths`` while
+    they are empty.
+
+    For each path, the directories of it and its parents that did not exist before the
+    block, and every directory below them (all made by the block), are removed bottom-up
+    when empty: a failed start leaves no empty run directory or ``checkpoints/`` behind,
+    and no file is ever deleted (a directory holding one stays, with its parents).
+    """
+    before = {Path(p).absolute(): _missing(Path(p).absolute()) for p in paths}
+    try:
+        yield
+    except BaseException:
+        for missing in before.values():
+            if missing and missing[0].is_dir():
+                for root, _dirs, _files in os.walk(missing[0], topdown=False):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(root)  # only succeeds on an empty directory
+            for d in missing[1:]:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        raise
+
+
+def _missing(path: Path) -> list[Path]:
+    """``path`` and its parents that do not exist yet, deepest first."""
+    out = []
+    while not path.exists() and path != path.parent:
+        out.append(path)
+        path = path.parent
+    return out
