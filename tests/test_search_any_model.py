@@ -72,6 +72,17 @@ def test_guide_model_searches_meshes_with_its_axes():
     assert [r["layout"] for r in payload["rows"]] == [r["layout"] for r in res.rows]
 
 
+def test_search_without_a_memory_limit_draws(tmp_path):
+    """On CPU devices the memory per device is unknown: every row says so, and the
+    figure's hover text says 'limit unknown'."""
+    from workbench.widgets.search_view import search_figure
+
+    res = wb.search(guide_spec(), batch=16, exact=False, progress=False)
+    assert all(r["fits"] is None for r in res.rows)
+    hover = " ".join(t for tr in search_figure(res).data for t in (tr.hovertext or ()))
+    assert hover.count("limit unknown") >= len(res.rows)
+
+
 def test_a_plain_factory_takes_loss_fn_and_example_batch():
     spec = guide_spec()
     res = wb.search(lambda rngs: DotReluDot(D, rngs), batch=16, exact=False,
