@@ -1,6 +1,7 @@
 """wb.search of any model wb.plan takes: the Flax guide's model (annotations naming mesh
 axes: the candidates are meshes with those axes) and a penzai model (the penzai_rules
 presets); the best candidate's plan equals wb.plan of that candidate built directly."""
+import json
 import math
 
 import jax
@@ -64,6 +65,22 @@ def test_guide_model_searches_meshes_with_its_axes():
                       memory_limit=LIMIT, progress=False)
         assert r["analytic_memory_per_device"] == ref.memory["total"]
     assert "guide of" in res.summary()
+    from workbench.widgets.search_view import search_payload
+
+    payload = search_payload(res)   # the widget's rows, JSON as the browser gets them
+    assert json.loads(json.dumps(payload, allow_nan=False)) == payload
+    assert [r["layout"] for r in payload["rows"]] == [r["layout"] for r in res.rows]
+
+
+def test_search_without_a_memory_limit_draws(tmp_path):
+    """On CPU devices the memory per device is unknown: every row says so, and the
+    figure's hover text says 'limit unknown'."""
+    from workbench.widgets.search_view import search_figure
+
+    res = wb.search(guide_spec(), batch=16, exact=False, progress=False)
+    assert all(r["fits"] is None for r in res.rows)
+    hover = " ".join(t for tr in search_figure(res).data for t in (tr.hovertext or ()))
+    assert hover.count("limit unknown") >= len(res.rows)
 
 
 def test_a_plain_factory_takes_loss_fn_and_example_batch():

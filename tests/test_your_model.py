@@ -147,3 +147,26 @@ def test_image_batches_through_the_plans_own_step():
         params = optax.apply_updates(params, updates)
         ref.append(float(loss))
     np.testing.assert_allclose(losses, ref, rtol=1e-5)
+
+
+def test_penzai_plan_trains_from_plan_like_trainconfig(tmp_path):
+    lc = pytest.importorskip("penzai.models.transformer.variants.llamalike_common")
+    config = lc.LlamalikeTransformerConfig(
+        num_kv_heads=2, query_head_multiplier=2, embedding_dim=64, projection_dim=16,
+        mlp_hidden_dim=128, num_decoder_blocks=1, vocab_size=VOCAB, mlp_variant="swiglu",
+        tie_embedder_and_logits=False)
+    spec = wb.models.from_penzai(
+        lambda key: lc.build_llamalike_transformer(config, init_base_rng=key), config=config,
+        name="pz")
+    plan = wb.plan(spec, mesh=wb.make_mesh(data=4, model=2), rules="fsdp_tp", batch=8, seq=16,
+                   progress=False)
+    opt = wb.train.AdamW(lr=3e-3, warmup_steps=0)
+    trainer = wb.Trainer.from_plan(plan, tmp_path / "plan", steps=3, data="synthetic",
+                                   optimizer=opt, progress=None)
+    trainer.run()
+    cfg = wb.TrainConfig(model=spec, mesh={"data": 4, "model": 2}, rules="fsdp_tp", batch=8,
+                         seq=16, steps=3, data="synthetic", optimizer=opt, checkpoint_every=20,
+                         keep=3, seed=0)
+    ref = wb.Trainer(cfg, tmp_path / "ref", progress=None)
+    ref.run()
+    assert trainer.losses == ref.losses and len(trainer.losses) == 3

@@ -210,6 +210,20 @@ for lint in wrong.warnings:
     print(lint)
 
 # %% [markdown]
+# ## Search the layouts of your model
+#
+# `wb.search` takes the same models. The guide model's annotations name the mesh axis
+# `model`, so its candidates are the meshes `data x model` of the 8 devices, each planned
+# with the rules its annotations give; a penzai model's candidates are the rules presets
+# (`penzai_rules`). They are ranked by predicted step time, and the best is compiled.
+
+# %%
+found = wb.search(lambda rngs: DotReluDot(1024, rngs), batch=16, example_batch=example,
+                  loss_fn=mse, top_k=1)
+print(wb.search(penzai_model, batch=8, seq=64, top_k=1).summary())
+found
+
+# %% [markdown]
 # ## Train the penzai model
 #
 # A `ModelSpec` goes into `wb.TrainConfig(model=...)` like a preset name: the Trainer

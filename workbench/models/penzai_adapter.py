@@ -30,9 +30,10 @@ import jax
 from flax import nnx
 
 from workbench.models.adapters import ModelSpec
-from workbench.rules import PENZAI_AXES, constrain, penzai_rules
+from workbench.rules import _ACTIVE, _RECORD, PENZAI_AXES, constrain, penzai_rules
 
-__all__ = ["PENZAI_AXES", "PenzaiModel", "from_penzai", "penzai_tree"]
+__all__ = ["PENZAI_AXES", "PenzaiModel", "from_penzai", "penzai_tree",
+           "with_activation_records"]
 
 #: The penzai structure (parameter slots) of each adapted model, by a token that the NNX
 #: module keeps as a static attribute (penzai's structures hold arrays, which a GraphDef
@@ -104,9 +105,88 @@ class PenzaiModel(nnx.Module):
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (batch, seq) int32, got shape {tokens.shape}")
         tokens = constrain(tokens, ("batch", "seq"), name="tokens")
-        logits = self.penzai()(pz.nx.wrap(tokens).tag("batch", "seq"))
+        model = self.penzai()
+        if _RECORD.get() is not None:  # plan.activations: list the per-layer activations
+            model = with_activation_records(model)
+        logits = model(pz.nx.wrap(tokens).tag("batch", "seq"))
         out = logits.unwrap("batch", "seq", "vocabulary")
         return constrain(out, ("batch", "seq", "vocabulary"), name="logits")
+
+
+def _record_named(name: str, x: Any) -> None:
+    """Append a penzai named array to ``rules.recording()``'s list as ``(name, axis names,
+    array, PartitionSpec, "jaxpr")``: the spec the active rules give its named axes, the
+    axes no rule covers left to the compiler; no constraint is added to the program."""
+    from jax.sharding import PartitionSpec
+
+    from penzai import pz
+
+    record, ctx = _RECORD.get(), _ACTIVE.get()
+    if record is None or ctx is None or not isinstance(x, pz.nx.NamedArrayBase) \
+            or x.positional_shape:
+        return
+    rules = ctx[0]
+    names = tuple(x.named_shape)
+    # the model dim of an activation is not sharded, as the GPT's ("batch", "seq", None)
+    logical = tuple(None if a == "embedding" else a for a in names)
+    try:
+        spec = rules.spec(logical, tensor=name, strict=False)
+    except ValueError:  # two dims on one mesh axis: only the batch dim is known
+        spec = rules.spec(tuple(a if a == "batch" else None for a in logical), tensor=name,
+                          strict=False)
+        logical = tuple(a if a == "batch" else None for a in logical)
+    unmapped = set(rules.unmapped(logical))
+    spec = PartitionSpec(*(PartitionSpec.UNCONSTRAINED if a is None or a in unmapped else v
+                           for a, v in zip(logical, spec, strict=True)))
+    record.append((name, logical, x.unwrap(*names), spec, "jaxpr"))
+
+
+def _recorder_type() -> type:
+    """The penzai layer that records its input (``_record_named``) and returns it as is."""
+    global _Recorder
+    if _Recorder is None:
+        from penzai import pz
+
+        @pz.pytree_dataclass
+        class ActivationRecord(pz.nn.Layer):
+            """Identity layer: records the named array passing through (planning only)."""
+
+            name: str = dataclasses.field(metadata={"pytree_node": False})
+
+            def __call__(self, x: Any, /, **side_inputs: Any) -> Any:
+                _record_named(self.name, x)
+                return x
+
+        _Recorder = ActivationRecord
+    return _Recorder
+
+
+_Recorder: type | None = None
+
+
+def with_activation_records(model: Any) -> Any:
+    """``model`` with identity layers that record, while ``rules.recording()`` is active,
+    each attention layer's output before its output projection (``"attn_out"``: ``batch,
+    seq, [head_groups,] heads, projection``, the input of the last ``Linear`` of
+    ``attn_value_to_output``) and each feed-forward layer's hidden activation
+    (``"mlp_hidden"``: the input of its last ``Linear``, ``batch, seq, neurons``), as the
+    GPT's ``attn_out`` and ``mlp_hidden``. Layers of another shape pass through."""
+    from penzai import pz
+    from penzai.models.transformer import model_parts
+
+    rec = _recorder_type()
+
+    def before_last_linear(seq: Any, name: str) -> Any:
+        subs = list(getattr(seq, "sublayers", ()))
+        if not subs or not isinstance(subs[-1], pz.nn.Linear):
+            return seq
+        return dataclasses.replace(seq, sublayers=[*subs[:-1], rec(name=name), subs[-1]])
+
+    model = pz.select(model).at_instances_of(pz.nn.Attention).apply(
+        lambda a: dataclasses.replace(a, attn_value_to_output=before_last_linear(
+            a.attn_value_to_output, "attn_out")))
+    return pz.select(model).at_instances_of(model_parts.TransformerFeedForward).apply(
+        lambda ff: before_last_linear(ff, "mlp_hidden"))
 
 
 def from_penzai(model_or_builder: Any, *, name: str = "penzai",

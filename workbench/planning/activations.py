@@ -127,7 +127,7 @@ def trace_activations(graphdef: Any, loss_fn: Any, params: Any,
     seen: dict[str, int] = {}
     totals = {name: sum(r[0] == name for r in rec) for name, *_ in rec}
     out: list[Activation] = []
-    for name, logical, x, spec in rec:
+    for name, logical, x, spec, *how in rec:  # how: ("jaxpr",) for a record-only entry
         i = seen.get(name, 0)
         seen[name] = i + 1
         per_layer = totals[name] > 1 or name in LAYER_NAMES
@@ -145,7 +145,7 @@ def trace_activations(graphdef: Any, loss_fn: Any, params: Any,
             logical=tuple(logical), spec=axes, bytes=int(math.prod(shape)) * itemsize,
             bytes_per_device=_per_device(shape, [a or () for a in axes], sizes, itemsize),
             count=scanned_layers if scanned_layers is not None and name in LAYER_NAMES
-            else 1))
+            else 1, source=how[0] if how else "constrain"))
     out.extend(_scores(jaxpr, out, batch, rules, sizes, scanned_layers))
     order = {n: k for k, n in enumerate(("embedded", *LAYER_NAMES, "attn_scores"))}
     return sorted(out, key=lambda a: (a.layer is not None, a.layer or 0,

@@ -88,8 +88,8 @@ def search_figure(result: Any) -> Any:
                       annotation_text=f"fits: device memory {_fmt(limit)} is off the chart")
 
     def hover(r: dict[str, Any]) -> str:
-        fits = {True: "fits", False: f"does NOT fit (+{r['over_by'] / scale:.3g} {unit})",
-                None: "limit unknown"}[r["fits"]]
+        fits = "limit unknown" if r["fits"] is None else "fits" if r["fits"] else \
+            f"does NOT fit (+{r['over_by'] / scale:.3g} {unit})"
         mfu = "" if r["mfu"] is None else f", MFU {r['mfu']:.1%}"
         ranks = f"rank {r['analytic_rank'] or '-'} analytic / {r['exact_rank'] or '-'} exact"
         return (f"<b>{r['layout']}</b><br>{r['memory_per_device'] / scale:.4g} {unit}/device, "
