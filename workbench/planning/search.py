@@ -30,8 +30,9 @@ from workbench.planning.planner import plan as make_plan
 from workbench.planning.report import Plan
 from workbench.planning.search_result import SearchResult
 from workbench.planning.search_space import (
-    DEFAULT_REMAT, DEFAULT_STRATEGIES, Candidate, Hardware, candidates, check_options,
-    hardware as resolve_hardware, invalid, larger_presets, mesh_shape, model_candidates, skip)
+    DEFAULT_REMAT, DEFAULT_STRATEGIES, EXPERT_STRATEGIES, Candidate, Hardware, candidates,
+    check_options, hardware as resolve_hardware, invalid, larger_presets, mesh_shape,
+    model_candidates, skip)
 from workbench.rules import Rules
 
 __all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "SearchResult", "search"]
@@ -63,8 +64,12 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             preset) to use, or None for the devices at hand.
         batch: global batch (sequences per optimizer step).
         seq: sequence length (default ``cfg.seq_len``).
-        strategies: rules presets ("dp", "fsdp", "tp", "fsdp_tp") or ``Rules`` naming the
-            mesh axes ``data`` and ``model``.
+        strategies: rules presets ("dp", "fsdp", "tp", "fsdp_tp"; "ep", "fsdp_ep", "ep_tp"
+            for a mixture-of-experts config) or ``Rules`` naming the mesh axes ``data``
+            and ``model``. A MoE config (``cfg.n_experts > 0``) searched with the default
+            also gets the expert-parallel presets ep, fsdp_ep (on ``data x expert``
+            meshes) and ep_tp (``data x expert x model``), the expert axis taking each
+            size > 1 dividing both ``n_experts`` and the devices.
         remat: remat policies to try ("none", "dots", "full").
         microbatches: gradient-accumulation steps to try (each must divide ``batch``).
         mesh_shapes: meshes to try, ``{"data": 16, "model": 8}`` or ``(16, 8)``; default
@@ -396,6 +401,9 @@ def _notes(mesh_shapes: Any, rows: list[dict[str, Any]]) -> list[str]:
     if mesh_shapes is None and any(r["rules"] in ("dp", "fsdp") for r in rows):
         notes.append("dp and fsdp shard over every mesh axis, so they are planned on "
                      "model=1 only; tp and fsdp_tp on model > 1")
+    if mesh_shapes is None and any(r["rules"] in EXPERT_STRATEGIES for r in rows):
+        notes.append("ep, fsdp_ep and ep_tp shard the experts over an 'expert' axis whose "
+                     "size divides n_experts (each device holds whole experts)")
     if any(r["microbatches"] > 1 for r in rows):
         notes.append("mb = micro-batches: gradient accumulation, with the memory of one "
                      "micro-batch's step plus a gradient accumulator, and micro-batches x "

@@ -17,13 +17,16 @@ from workbench.models.config import REMAT_POLICIES
 from workbench.planning.analytic import axes_size, rule_axes
 from workbench.rules import Rules
 
-__all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "Candidate", "Hardware", "candidates",
-           "check_options", "hardware", "invalid", "larger_presets", "mesh_shape",
-           "model_candidates", "skip"]
+__all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "EXPERT_STRATEGIES", "Candidate",
+           "Hardware", "candidates", "check_options", "expert_sizes", "hardware", "invalid",
+           "larger_presets", "mesh_shape", "model_candidates", "skip"]
 
 DEFAULT_STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp")
+#: Expert-parallel presets, searched besides the dense ones for a mixture-of-experts config.
+EXPERT_STRATEGIES = ("ep", "fsdp_ep", "ep_tp")
 DEFAULT_REMAT = ("none", "dots", "full")
-PRESETS = ("dp", "fsdp", "tp", "fsdp_tp", "cp", "fsdp_cp")   # cp: give mesh_shapes with a context axis
+PRESETS = ("dp", "fsdp", "tp", "fsdp_tp", "cp", "fsdp_cp",   # cp: mesh_shapes with a context axis
+           *EXPERT_STRATEGIES)
 # cfg dimensions a tensor-parallel split must divide exactly (attention reshapes them)
 _EXACT = {"heads": "n_heads", "kv_heads": "n_kv_heads", "mlp": "d_ff"}
 
@@ -127,16 +130,41 @@ def candidates(cfg: GPTConfig, hw: Hardware, batch: int, strategies: Sequence,
 
     Default meshes are ``data x model`` with ``model`` a power of two up to ``max_model``
     dividing the devices; dp and fsdp shard over every axis, so the split changes nothing
-    for them: they get ``model=1`` only, and tp and fsdp_tp ``model > 1`` only. Each stage
-    count ``s > 1`` in ``stages`` adds pipelined candidates: a ``stage`` axis of size ``s``
-    taken from ``data`` (``pipeline`` gives the schedule; default GPipe with ``2 s``
+    for them: they get ``model=1`` only, and tp and fsdp_tp ``model > 1`` only. A
+    mixture-of-experts config (``cfg.n_experts > 0``) searched with the default
+    strategies also gets the expert-parallel presets (``EXPERT_STRATEGIES``), which are
+    planned on ``data x expert`` meshes (ep, fsdp_ep) and ``data x expert x model``
+    meshes (ep_tp), the expert axis taking each size > 1 that divides both
+    ``n_experts`` and the devices (:func:`expert_sizes`). Each stage count ``s > 1`` in
+    ``stages`` adds pipelined candidates: a ``stage`` axis of size ``s`` taken from
+    ``data`` (``pipeline`` gives the schedule; default GPipe with ``2 s``
     micro-batches).
+
+    Raises:
+        ValueError: expert-parallel strategies for a config without experts.
     """
+    experts = getattr(cfg, "n_experts", 0) if isinstance(cfg, GPTConfig) else 0
+    asked = [s for s in strategies if isinstance(s, str) and s in EXPERT_STRATEGIES]
+    if asked and not experts:
+        raise ValueError(f"strategies {tuple(asked)!r} shard the experts of a "
+                         "mixture-of-experts model, but this model has none (n_experts=0); "
+                         "search a MoE config (e.g. GPTConfig.preset('moe-tiny')) or leave "
+                         "them out")
+    if experts and tuple(strategies) == DEFAULT_STRATEGIES:
+        strategies = (*strategies, *EXPERT_STRATEGIES)
     named = [(s, s if isinstance(s, str) else f"rules#{i}") for i, s in enumerate(strategies, 1)]
     if mesh_shapes is None:
         models = [m for m in (2 ** k for k in range(16)) if m <= max_model and hw.size % m == 0]
-        combos = [({"data": hw.size // m, "model": m}, s, n) for m in models for s, n in named
+        dense = [(s, n) for s, n in named if not (isinstance(s, str) and s in EXPERT_STRATEGIES)]
+        combos = [({"data": hw.size // m, "model": m}, s, n) for m in models for s, n in dense
                   if not isinstance(s, str) or (m == 1) == (s in ("dp", "fsdp"))]
+        for e in expert_sizes(experts, hw.size):
+            for s, n in named:
+                if s in ("ep", "fsdp_ep"):
+                    combos.append(({"data": hw.size // e, "expert": e}, s, n))
+                elif s == "ep_tp":
+                    combos += [({"data": hw.size // (e * m), "expert": e, "model": m}, s, n)
+                               for m in models if m > 1 and hw.size % (e * m) == 0]
     else:
         combos = [(mesh_shape(s, hw.size, hw.name), st, n) for s in mesh_shapes
                   for st, n in named]
@@ -162,6 +190,13 @@ def candidates(cfg: GPTConfig, hw: Hardware, batch: int, strategies: Sequence,
                 else:
                     cands.append(c)
     return cands, skipped
+
+
+def expert_sizes(n_experts: int, devices: int) -> list[int]:
+    """The expert-axis sizes the search tries: each ``e > 1`` dividing both ``n_experts``
+    (every device holds whole experts) and ``devices`` (none for a dense model)."""
+    return [e for e in range(2, min(n_experts, devices) + 1)
+            if n_experts % e == 0 and devices % e == 0]
 
 
 def model_candidates(model: Any, hw: Hardware, batch: int, strategies: Sequence,
@@ -270,7 +305,8 @@ def mesh_shape(s: Mapping[str, int] | Sequence[int], size: int, where: str) -> d
 def invalid(cfg: GPTConfig, c: Candidate, batch: int) -> str | None:
     """Why a candidate cannot be planned as asked (the batch per micro-batch does not
     divide over the devices that split it; heads or the MLP do not divide over the model
-    axis), or None."""
+    axis; the experts do not divide over the expert axes, ``moe.check_layout``), or
+    None."""
     info = mesh_info(abstract_mesh(**c.mesh))
     try:
         rules = Rules.preset(c.rules, info) if isinstance(c.rules, str) else c.rules
@@ -288,6 +324,13 @@ def invalid(cfg: GPTConfig, c: Candidate, batch: int) -> str | None:
         n, size = axes_size(info, rule_axes(rules, logical)), getattr(cfg, field)
         if size % n:
             return f"cfg.{field}={size} does not divide over {logical} shards of size {n}"
+    if isinstance(cfg, GPTConfig) and cfg.n_experts:
+        from workbench.models.moe import check_layout
+
+        try:
+            check_layout(cfg, rules, info)
+        except ValueError as err:
+            return str(err)
     if c.pipeline is not None:
         from workbench.models.pipeline import Pipeline, check_pipeline, check_rules, stages_of
 
