@@ -54,7 +54,7 @@ TPU_MEMORY: tuple[tuple[Any, ...], ...] = (
     ("small", "tp", "none", 32, 1024, {"dtype": "bfloat16"}),
     ("small", "fsdp_tp", "dots", 32, 1024, {"dtype": "bfloat16"}),
     ("small", "dp", "none", 8, 128, {"dtype": "bfloat16"}),
-    ("1b", "fsdp", "full", 32, 2048, {"mesh": ("v5p-16", {"data": 8})}),
+    ("1b", "fsdp", "full", 32, 2048, {"scan_layers": False, "mesh": ("v5p-16", {"data": 8})}),
     ("70b", "fsdp", "full", 256, 4096, {"vocab_size": 32000, "scan_layers": True,
                                        "mesh": ("v5p-128", {"data": -1})}),
     ("tiny", "fsdp_tp", "none", 32, 128, {"dtype": "bfloat16"}),

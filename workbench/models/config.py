@@ -188,7 +188,10 @@ class GPTConfig:
             convert parameter dicts between the two layouts. Rules map ``"layers"`` to None
             (every device holds all layers of its shard). The compiled step can need more
             temporary memory than the unrolled one (XLA schedules inside a loop body less
-            freely): compare ``wb.plan`` of both.
+            freely): compare ``wb.plan`` of both. Default False; the presets above
+            "small" (1b, 7b, 70b, moe-small and the public MoE shapes) set True (tiny,
+            small and moe-tiny stay unrolled): pass ``scan_layers=False`` to
+            :meth:`preset` for their unrolled form (paths ``blocks.0...``).
         rope_theta: RoPE base frequency.
         norm_eps: RMSNorm epsilon.
         n_experts: routed experts per MoE block (0: a dense SwiGLU MLP in every block);
@@ -331,6 +334,12 @@ class GPTConfig:
         The public MoE shapes use ``capacity_factor=1.25`` (GShard/Switch's common
         setting) so plans of them have bounded dispatch buffers; their reference
         implementations route dropless (set ``capacity_factor=None``).
+
+        Scanned layers are on for the presets above "small": 1b, 7b, 70b, moe-small,
+        mixtral-8x7b, qwen3-30b-a3b and qwen1.5-moe-a2.7b have ``scan_layers=True`` (one
+        compiled block body: compile time flat in depth); tiny, small and moe-tiny stay
+        unrolled. ``preset("7b", scan_layers=False)`` gives the unrolled model (same
+        weights, logits and gradients; parameter paths ``blocks.0.attn.q``).
         """
         try:
             base = _PRESETS[name]
@@ -384,34 +393,36 @@ _PRESETS: dict[str, GPTConfig] = {
                        head_dim=64, d_ff=2048, seq_len=1024, tie_embeddings=True),
     "1b": GPTConfig(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
                     head_dim=64, d_ff=8192, seq_len=2048, dtype="bfloat16",
-                    tie_embeddings=True, rope_theta=500000.0),
+                    tie_embeddings=True, rope_theta=500000.0, scan_layers=True),
     "7b": GPTConfig(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32,
-                    head_dim=128, d_ff=11008, seq_len=4096, dtype="bfloat16"),
+                    head_dim=128, d_ff=11008, seq_len=4096, dtype="bfloat16",
+                    scan_layers=True),
     "70b": GPTConfig(vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
                      head_dim=128, d_ff=28672, seq_len=8192, dtype="bfloat16",
-                     rope_theta=500000.0),
+                     rope_theta=500000.0, scan_layers=True),
     "moe-tiny": GPTConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                           head_dim=16, d_ff=256, seq_len=128, n_experts=8,
                           experts_per_token=2, expert_d_ff=128),
     "moe-small": GPTConfig(vocab_size=50304, d_model=512, n_layers=8, n_heads=8,
                            n_kv_heads=8, head_dim=64, d_ff=1024, seq_len=1024,
                            tie_embeddings=True, n_experts=16, experts_per_token=2,
-                           expert_d_ff=1024, n_shared_experts=1, capacity_factor=1.25),
+                           expert_d_ff=1024, n_shared_experts=1, capacity_factor=1.25,
+                           scan_layers=True),
     "mixtral-8x7b": GPTConfig(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32,
                               n_kv_heads=8, head_dim=128, d_ff=14336, seq_len=4096,
                               dtype="bfloat16", rope_theta=1e6, n_experts=8,
-                              experts_per_token=2, capacity_factor=1.25),
+                              experts_per_token=2, capacity_factor=1.25, scan_layers=True),
     "qwen3-30b-a3b": GPTConfig(vocab_size=151936, d_model=2048, n_layers=48, n_heads=32,
                                n_kv_heads=4, head_dim=128, d_ff=6144, seq_len=4096,
                                dtype="bfloat16", rope_theta=1e6, norm_eps=1e-6,
                                n_experts=128, experts_per_token=8, expert_d_ff=768,
-                               capacity_factor=1.25),
+                               capacity_factor=1.25, scan_layers=True),
     "qwen1.5-moe-a2.7b": GPTConfig(vocab_size=151936, d_model=2048, n_layers=24, n_heads=16,
                                    n_kv_heads=16, head_dim=128, d_ff=5632, seq_len=4096,
                                    dtype="bfloat16", rope_theta=1e6, norm_eps=1e-6,
                                    n_experts=60, experts_per_token=4, expert_d_ff=1408,
                                    n_shared_experts=4, router_norm_topk=False,
-                                   capacity_factor=1.25),
+                                   capacity_factor=1.25, scan_layers=True),
 }
 
 PRESETS: tuple[str, ...] = tuple(_PRESETS)
