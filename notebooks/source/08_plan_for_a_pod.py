@@ -174,15 +174,32 @@ if p.compiler_seconds is not None:
 # %%
 ref_cfg = cfg.replace(rope_theta=10000.0, seq_len=4096)
 ref_pod = wb.abstract_mesh("v5p-512", fsdp=-1)
-steps = {"XLA attention, save_dot_except_mlpwi": dict(attention="xla",
-                                                     remat="save_dot_except_mlpwi"),
-         "XLA attention, remat full": dict(attention="xla", remat="full"),
-         "splash, remat full": dict(attention="splash", remat="full"),
-         "splash, remat save_dot_except_mlpwi": dict(attention="splash",
-                                                     remat="save_dot_except_mlpwi")}
-path = {label: wb.plan(ref_cfg.replace(**change), mesh=ref_pod, rules="fsdp",
-                       batch=256 * 4, seq=4096, name=label)
-        for label, change in steps.items()}
+path = {}
+
+
+def plan_step(label, **change):
+    """One step of the path, compiled by the TPU compiler (a minute or two each)."""
+    path[label] = wb.plan(ref_cfg.replace(**change), mesh=ref_pod, rules="fsdp",
+                          batch=256 * 4, seq=4096, name=label)
+    p = path[label]
+    print(f"{label}: {'fits' if p.fits else 'does NOT fit'} ({p.source})")
+
+
+# %% [markdown]
+# One compile per cell: MaxText's remat policy with XLA attention first.
+
+# %%
+plan_step("XLA attention, save_dot_except_mlpwi", attention="xla", remat="save_dot_except_mlpwi")
+
+# %%
+plan_step("XLA attention, remat full", attention="xla", remat="full")
+
+# %%
+plan_step("splash, remat full", attention="splash", remat="full")
+
+# %%
+plan_step("splash, remat save_dot_except_mlpwi", attention="splash",
+          remat="save_dot_except_mlpwi")
 
 # %%
 for label, p in path.items():
