@@ -214,9 +214,9 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
         jitted = jit_train_step(step, st.shardings, batch_sh, compiler_options=options)
     out = _CompileOutcome(target=target)
     if target.compile:
+        shown = name or rules_name or ("fsdp" if cfg is not None else "plan")  # own axes
         out = _compile_step(jitted, (st.state, batch_abs), info, target, estimate, limit,
-                            label=f"wb.plan({name or rules_name or 'fsdp'!r})",
-                            progress=progress)
+                            label=f"wb.plan({shown!r})", progress=progress)
     target, compiled, memory = out.target, out.compiled, out.memory
     collectives = out.collectives
     if compiled is None:
