@@ -126,6 +126,21 @@ TINY = ("import workbench as wb\n"
         "                        steps=6, checkpoint_every=3, data='synthetic')\n")
 
 
+def test_train_refused_by_the_trainer_is_a_usage_error_without_traceback(tmp_path):
+    # passes load_config, but the Trainer refuses it: 12 rows do not split over 8 devices
+    (tmp_path / "bad.py").write_text(TINY.replace("batch=8", "batch=12"))
+    run_dir = tmp_path / "new" / "run"
+    out = _cli("train", str(tmp_path / "bad.py"), "--run-dir", str(run_dir),
+               env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith(f"workbench train: error: the Trainer refused config "
+                                 f"{tmp_path / 'bad.py'} for run directory {run_dir}: ")
+    assert "batch=12 is not divisible by the 8 devices" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "new").exists()  # no run directory (nor lock) left behind
+
+
 @pytest.mark.slow
 def test_train_runs_a_config_py_and_a_second_call_continues(tmp_path):
     (tmp_path / "tiny.py").write_text(TINY)

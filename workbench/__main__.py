@@ -135,8 +135,13 @@ def _train(args: argparse.Namespace) -> int:
             args.parser.error("--run-dir is required with a CONFIG.py")
         run_dir = str(Path(config).resolve().parent)
     _checked_config(args, config)  # the worker reads it again after joining the job
-    with no_new_empty_dirs(run_dir):
-        return worker.train(config, run_dir, _spec(args), steps=args.steps)
+    try:
+        with no_new_empty_dirs(run_dir):
+            return worker.train(config, run_dir, _spec(args), steps=args.steps)
+    except worker.ConfigRejected as err:  # a usage error like argparse's: no traceback
+        args.parser.exit(2, f"{args.parser.prog}: error: the Trainer refused config {config} "
+                            f"for run directory {run_dir}: {err}\n")
+        raise  # unreachable: exit() exits
 
 
 def _launch(args: argparse.Namespace) -> int:

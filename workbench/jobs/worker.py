@@ -19,10 +19,16 @@ from typing import Any
 
 from workbench.jobs import cluster
 
-__all__ = ["EXIT_STOPPED", "load_config", "ping", "record_exit", "train"]
+__all__ = ["EXIT_STOPPED", "ConfigRejected", "load_config", "ping", "record_exit", "train"]
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped before the target with a checkpoint; relaunch continues
 EXIT_FILE_ENV = "WORKBENCH_EXIT_FILE"  # where a launched worker records its exit code
+
+
+class ConfigRejected(ValueError):
+    """The config, or the run directory, was refused before training began: the
+    ``ValueError`` or ``TypeError`` of ``load_config`` or of the ``Trainer``'s checks,
+    with its message (the original is the ``__cause__``)."""
 
 
 def record_exit(code: int) -> None:
@@ -87,14 +93,8 @@ def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
       (or a preemption notice) stopped it after a checkpoint.
     """
     _joined(spec)
-    run_dir = Path(run_dir)
     try:
-        config = load_config(config_path)
-        from workbench.train import Trainer
-
-        # The Trainer of process 0 locks the run directory while it writes (workbench.jobs.
-        # lock), unless the local launcher holds the lock for this job already.
-        trainer = Trainer(config, run_dir=run_dir, compile_cache=_compile_cache())
+        trainer = _trainer(config_path, Path(run_dir))
         try:
             result = trainer.run(steps=steps)
         finally:
@@ -108,6 +108,25 @@ def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
     _say(f"stopped at step {result.step} of {result.target} with a checkpoint; "
          "launch again into the same run directory to continue")
     return EXIT_STOPPED
+
+
+def _trainer(config_path: str | os.PathLike[str], run_dir: Path) -> Any:
+    """The ``Trainer`` of ``config_path`` in ``run_dir``.
+
+    Raises:
+      ConfigRejected: reading the config or the Trainer's checks raised a ``ValueError``
+        or ``TypeError`` (a batch that does not divide over the mesh, a run directory
+        holding another config, ...). Errors of training itself are not wrapped.
+    """
+    from workbench.train import Trainer
+
+    try:
+        config = load_config(config_path)
+        # The Trainer of process 0 locks the run directory while it writes (workbench.jobs.
+        # lock), unless the local launcher holds the lock for this job already.
+        return Trainer(config, run_dir=run_dir, compile_cache=_compile_cache())
+    except (ValueError, TypeError) as err:
+        raise ConfigRejected(str(err)) from err
 
 
 def _compile_cache() -> bool:
