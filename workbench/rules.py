@@ -255,21 +255,17 @@ CONTEXT_AXIS_NAMES = ("context",)
 def _context_rules(name: str, names: tuple[str, ...], model: list[str],
                    base: dict[str, MeshAxes]) -> dict[str, MeshAxes]:
     """The ``cp`` / ``fsdp_cp`` presets (see :meth:`Rules.preset`)."""
-    ctx = [a for a in names if a in CONTEXT_AXIS_NAMES]
-    if len(ctx) != 1:
-        raise ValueError(
-            f"preset {name!r} needs one mesh axis named 'context' to shard the sequence over; "
-            f"mesh axes are {names}. Build the mesh with one, e.g. "
-            f"wb.make_mesh(data=2, context=4)")
+    ctx = _one_axis(name, names, CONTEXT_AXIS_NAMES, "the sequence",
+                    "wb.make_mesh(data=2, context=4)")
     if len(model) > 1:
         raise ValueError(f"preset {name!r} takes at most one model axis, got {model}")
-    data = tuple(a for a in names if a not in MODEL_AXIS_NAMES and a not in ctx)
-    rules = {**base, "batch": _collapse(data), "seq": ctx[0]}
+    data = tuple(a for a in names if a not in MODEL_AXIS_NAMES and a != ctx)
+    rules = {**base, "batch": _collapse(data), "seq": ctx}
     if model:
         m = model[0]
         rules.update(heads=m, kv_heads=m, mlp=m, vocab=m)
     if name == "fsdp_cp":
-        rules["embed"] = _collapse((*data, ctx[0]))
+        rules["embed"] = _collapse((*data, ctx))
     return rules
 
 
@@ -280,12 +276,8 @@ EXPERT_AXIS_NAMES = ("expert",)
 def _expert_rules(name: str, names: tuple[str, ...], model: list[str],
                   base: dict[str, MeshAxes]) -> dict[str, MeshAxes]:
     """The ``ep`` / ``fsdp_ep`` / ``ep_tp`` presets (see :meth:`Rules.preset`)."""
-    ex = [a for a in names if a in EXPERT_AXIS_NAMES]
-    if len(ex) != 1:
-        raise ValueError(
-            f"preset {name!r} needs one mesh axis named 'expert' to shard the experts over; "
-            f"mesh axes are {names}. Build the mesh with one, e.g. "
-            f"wb.make_mesh(expert=4, data=2)")
+    ex = _one_axis(name, names, EXPERT_AXIS_NAMES, "the experts",
+                   "wb.make_mesh(expert=4, data=2)")
     if name == "ep_tp" and len(model) != 1:
         raise ValueError(
             f"preset 'ep_tp' needs exactly one model axis named one of {MODEL_AXIS_NAMES}; "
@@ -295,14 +287,26 @@ def _expert_rules(name: str, names: tuple[str, ...], model: list[str],
             f"preset {name!r} has no tensor parallelism, but the mesh has model axis "
             f"{model[0]!r}; use 'ep_tp', or a mesh without it")
     tokens = tuple(a for a in names if a not in MODEL_AXIS_NAMES)
-    data = tuple(a for a in tokens if a not in ex)
-    rules = {**base, "batch": _collapse(tokens), "experts": ex[0]}
+    data = tuple(a for a in tokens if a != ex)
+    rules = {**base, "batch": _collapse(tokens), "experts": ex}
     if name == "fsdp_ep":
         rules["embed"] = _collapse(data)
     if name == "ep_tp":
         m = model[0]
         rules.update(heads=m, kv_heads=m, mlp=m, vocab=m, expert_mlp=m)
     return rules
+
+
+def _one_axis(name: str, names: tuple[str, ...], axis_names: tuple[str, ...], what: str,
+              example: str) -> str:
+    """The one mesh axis in ``names`` named one of ``axis_names``, over which preset
+    ``name`` shards ``what``; a ValueError with an ``example`` mesh when there is not one."""
+    found = [a for a in names if a in axis_names]
+    if len(found) != 1:
+        raise ValueError(
+            f"preset {name!r} needs one mesh axis named {axis_names[0]!r} to shard {what} "
+            f"over; mesh axes are {names}. Build the mesh with one, e.g. {example}")
+    return found[0]
 
 
 def _collapse(axes: tuple[str, ...]) -> MeshAxes:
