@@ -49,6 +49,7 @@ class Reference:
     tokens_per_chip: float | None
     source: str
     flags: tuple[tuple[str, Any], ...] = ()   # compile options beside the overlap flags
+    loss_chunks: int = 1   # GPTConfig.loss_chunks: the float32 logits 1/loss_chunks at a time
 
 
 #: MaxText's v6e LIBTPU_INIT_ARGS raise the kernels' scoped VMEM (the splash dkv kernel
@@ -70,7 +71,8 @@ REFERENCES = (
               per_chip_batch=5, seq=8192, remat="qkv_input_offloaded",
               reference_remat="custom: q/k/v proj + layer input offloaded",
               blocks=(2048, 2048), mfu=0.5033, mfu_causal_halved=False,
-              tokens_per_chip=960, source="MaxText v6e llama3_1_70b_8192", flags=V6E_FLAGS),
+              tokens_per_chip=960, source="MaxText v6e llama3_1_70b_8192", flags=V6E_FLAGS,
+              loss_chunks=8),
 )
 
 
@@ -78,7 +80,8 @@ def plan_reference(ref: Reference, *, attention: str = "splash", remat: str | No
                    overlap: bool = True, progress: bool = True) -> wb.Plan:
     """The TPU-compiled plan of ``ref`` (fsdp over every chip, scanned layers)."""
     cfg = ref.cfg.replace(attention=attention, attention_block_sizes=ref.blocks,
-                          remat=remat or ref.remat, scan_layers=True, seq_len=ref.seq)
+                          remat=remat or ref.remat, scan_layers=True, seq_len=ref.seq,
+                          loss_chunks=ref.loss_chunks)
     return wb.plan(cfg, mesh=wb.abstract_mesh(ref.hardware, fsdp=-1), rules="fsdp",
                    batch=ref.per_chip_batch * ref.chips, seq=ref.seq, name=ref.name,
                    progress=progress,

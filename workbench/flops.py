@@ -112,8 +112,11 @@ def gpt_flops(cfg: GPTConfig, batch: int, seq: int | None = None, *, causal: boo
     recompute = remat_recompute(cfg, {k: v / mult for k, v in breakdown.items()}) \
         if training else 0.0
     if recompute:
-        formula += (f"; remat={cfg.remat!r} adds the forward matmuls it does not keep "
-                    f"({recompute / forward:.0%} of the forward)")
+        what = [f"remat={cfg.remat!r} adds the forward matmuls it does not keep"] \
+            if cfg.remat != "none" else []
+        if getattr(cfg, "loss_chunks", 1) > 1:
+            what.append(f"loss_chunks={cfg.loss_chunks} recomputes the logits")
+        formula += f"; {' and '.join(what)} ({recompute / forward:.0%} of the forward)"
     return FlopCount(total=forward * mult, forward=forward, breakdown=breakdown,
                      six_n=6.0 * cfg.n_active_params * tokens, tokens=tokens, causal=causal,
                      formula=formula if training else formula.replace("3 x forward", "forward"),
@@ -131,8 +134,10 @@ def remat_recompute(cfg: GPTConfig, forward: dict[str, float]) -> float:
         cfg: the model (its ``remat`` policy, head counts).
         forward: forward FLOPs by component (``qkv, out_proj, attention, mlp, logits``).
     """
+    # loss_chunks: the backward pass recomputes each slice's logits (step.chunked_token_losses)
+    logits = forward.get("logits", 0.0) if getattr(cfg, "loss_chunks", 1) > 1 else 0.0
     if cfg.remat == "none":
-        return 0.0
+        return logits
     p = REMAT_POLICIES[cfg.remat]
     kept = set(p.saved) | set(p.offloaded)
     if p.offload_dots or p.base == "dots_with_no_batch_dims_saveable":
@@ -143,7 +148,8 @@ def remat_recompute(cfg: GPTConfig, forward: dict[str, float]) -> float:
     return (forward["qkv"] * qkv
             + forward["attention"] * ("context" not in kept)
             + forward["out_proj"] * ("out_proj" not in kept)
-            + forward["mlp"] / 3 * (("mlpwi_0" not in kept) + ("mlpwi_1" not in kept)))
+            + forward["mlp"] / 3 * (("mlpwi_0" not in kept) + ("mlpwi_1" not in kept))
+            + logits)
 
 
 def jaxpr_step_flops(loss: Callable[[Any, Any], Any], params: Any, batch: Any,

@@ -34,6 +34,8 @@ class HardwareSpec:
       nvlink_bandwidth: GPU NVLink bytes/s per GPU, one direction (through NVSwitch).
       network_bandwidth: GPU scale-out (InfiniBand) bytes/s per GPU, one direction.
         (For the CPU entry, ``nvlink_bandwidth`` is the in-process copy bandwidth.)
+      clock_hz: TPU TensorCore clock (cycles/s): converts the TPU compiler's per-instruction
+        ``estimated_cycles`` into seconds (``workbench.planning.hlo.compiler_cycles``).
       collective_latency: seconds each collective instruction costs whatever its size
         (measured for the CPU entry, where XLA:CPU synchronises the device threads; None
         in the published tables: bandwidth-only).
@@ -55,6 +57,7 @@ class HardwareSpec:
     nvlink_bandwidth: float | None = None
     network_bandwidth: float | None = None
     collective_latency: float | None = None
+    clock_hz: float | None = None
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
     def source_of(self, field: str) -> str:
@@ -114,27 +117,41 @@ _HARDWARE: list[tuple[str, HardwareSpec]] = [
 
 _BOOK = "How to Scale Your Model (jax-ml scaling book), part 2 'How to think about TPUs'"
 _GBPS = 1e9 / 8  # bytes/s in one Gbit/s
+
+
+def _clock(peak: float, cores: int, mxus: int, side: int) -> tuple[float, str]:
+    """The TensorCore clock that gives ``peak``: ``cores x mxus`` systolic arrays of
+    ``side x side`` multiply-adds (2 FLOPs) per cycle each."""
+    hz = peak / (cores * mxus * side * side * 2)
+    return hz, (f"derived: {peak / 1e12:g} TFLOP/s / ({cores} TensorCore(s) x {mxus} MXUs x "
+                f"{side}x{side} x 2 FLOPs per cycle) = {hz / 1e9:.3g} GHz ({_BOOK}: MXU "
+                "counts and sizes); a matmul's estimated cycles at this clock stay within "
+                "its FLOPs at peak (tests/test_fit_and_speed.py)")
 # Bandwidths per JAX device, each value beside its source: (value in bytes/s, source).
 _BANDWIDTHS: dict[str, dict[str, tuple[Any, str]]] = {
     "TPU v2": {"hbm_bandwidth": (700e9 / 2, f"{_TPU_DOC}: 700 GB/s HBM per chip, 2 cores")},
     "TPU v3": {"hbm_bandwidth": (900e9 / 2, f"{_BOOK}: 9.0e11 B/s HBM per chip, 2 cores"),
                "ici_link_bandwidth": (1e11, f"{_BOOK}: 1e11 B/s one-way per ICI link"),
                "torus_wrap": ("16", "full 32x32 pod; assumed like v5e: a side of 16+ wraps")},
-    "TPU v4": {"hbm_bandwidth": (1.2e12, f"{_BOOK}: 1.2e12 B/s HBM per chip"),
+    "TPU v4": {"clock_hz": _clock(275e12, 2, 4, 128),
+                "hbm_bandwidth": (1.2e12, f"{_BOOK}: 1.2e12 B/s HBM per chip"),
                "ici_link_bandwidth": (4.5e10, f"{_BOOK}: 4.5e10 B/s one-way per ICI link"),
                "torus_wrap": ("cube", f"{_TPU_DOC}: slices of whole 4x4x4 cubes are tori"),
                "dcn_bandwidth": (50 * _GBPS, "estimate: 200 Gbit/s per 4-chip host "
                                  "(ct4p VM), like v5p")},
-    "TPU v5e": {"hbm_bandwidth": (8.1e11, f"{_BOOK}: 8.1e11 B/s HBM per chip"),
+    "TPU v5e": {"clock_hz": _clock(197e12, 1, 4, 128),
+                "hbm_bandwidth": (8.1e11, f"{_BOOK}: 8.1e11 B/s HBM per chip"),
                 "ici_link_bandwidth": (4.5e10, f"{_BOOK}: 4.5e10 B/s one-way per ICI link"),
                 "torus_wrap": ("16", f"{_TPU_DOC}: the 16x16 pod is a 2D torus"),
                 "dcn_bandwidth": (50 * _GBPS, f"{_TPU_DOC}: 50 Gbit/s DCN per v5e chip")},
-    "TPU v5p": {"hbm_bandwidth": (2.765e12, f"{_TPU_DOC}: 2765 GB/s HBM per chip"),
+    "TPU v5p": {"clock_hz": _clock(459e12, 2, 4, 128),
+                "hbm_bandwidth": (2.765e12, f"{_TPU_DOC}: 2765 GB/s HBM per chip"),
                 "ici_link_bandwidth": (9e10, f"{_BOOK}: 9e10 B/s one-way per ICI link"),
                 "torus_wrap": ("cube", f"{_TPU_DOC}: slices of whole 4x4x4 cubes are tori"),
                 "dcn_bandwidth": (50 * _GBPS, f"{_TPU_DOC}: 200 Gbit/s per ct5p-hightpu-4t "
                                   "VM, 50 Gbit/s per chip")},
-    "TPU v6e": {"hbm_bandwidth": (1.64e12, f"{_TPU_DOC}: 1640 GB/s HBM per chip"),
+    "TPU v6e": {"clock_hz": _clock(918e12, 1, 4, 256),
+                "hbm_bandwidth": (1.64e12, f"{_TPU_DOC}: 1640 GB/s HBM per chip"),
                 "ici_link_bandwidth": (9e10, f"{_BOOK}: 9e10 B/s one-way per ICI link"),
                 "torus_wrap": ("16", f"{_TPU_DOC}: the 16x16 pod is a 2D torus"),
                 "dcn_bandwidth": (100 * _GBPS, f"{_TPU_DOC}: 100 Gbit/s DCN per v6e chip")},

@@ -341,12 +341,48 @@ def lm_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:
         inputs, targets = batch["tokens"][:, :-1], batch["tokens"][:, 1:]  # (B, T) each
     else:
         inputs, targets = batch["inputs"], batch["targets"]
-    logits = model(inputs).astype(jnp.float32)                             # (B, T, V)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # (B, T)
+    chunks = model.cfg.loss_chunks if isinstance(model, GPT) else 1
+    if chunks > 1:
+        losses = chunked_token_losses(model, inputs, targets, chunks)        # (B, T)
+    else:
+        logits = model(inputs).astype(jnp.float32)                         # (B, T, V)
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     if "mask" in batch:
         mask = batch["mask"].astype(jnp.float32)
         return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return jnp.mean(losses)
+
+
+def chunked_token_losses(model: GPT, inputs: jax.Array, targets: jax.Array, chunks: int
+                         ) -> jax.Array:
+    """Per-token cross-entropy ``(B, T)`` of ``model`` without ever holding the whole
+    ``(B, T, V)`` logits (``GPTConfig.loss_chunks``; MaxText's vocabulary tiling).
+
+    The output projection and the loss run in a ``jax.lax.scan`` over ``chunks`` slices of
+    the sequence, each under ``jax.checkpoint``: the forward keeps only each slice's loss,
+    and the backward recomputes one slice's logits at a time, so the float32 logits live
+    ``1/chunks`` at a time for one extra logits matmul. Slice ``j`` takes positions
+    ``t ≡ j (mod chunks)``, so a sequence axis sharded over a context-parallel mesh axis
+    stays sharded the same way in every slice. Equal to the unchunked losses up to float
+    rounding.
+    """
+    b, t = inputs.shape
+    if t % chunks:
+        raise ValueError(
+            f"GPTConfig.loss_chunks={chunks} does not divide the sequence length {t} (the "
+            f"loss is computed over {chunks} equal slices of the sequence); choose a "
+            f"divisor of {t}, or loss_chunks=1")
+    x = model.hidden(inputs)                                           # (B, T, D)
+    xs = jnp.moveaxis(x.reshape(b, t // chunks, chunks, x.shape[-1]), 2, 0)
+    ts = jnp.moveaxis(targets.reshape(b, t // chunks, chunks), 2, 0)   # (chunks, B, T/c)
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
+    def slice_losses(xc: jax.Array, tc: jax.Array) -> jax.Array:
+        logits = model.head(xc).astype(jnp.float32)                    # (B, T/c, V)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tc)
+
+    _, losses = jax.lax.scan(lambda carry, xt: (carry, slice_losses(*xt)), None, (xs, ts))
+    return jnp.moveaxis(losses, 0, 2).reshape(b, t)                    # (B, T)
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, *,

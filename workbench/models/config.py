@@ -207,6 +207,11 @@ class GPTConfig:
         router_z_loss: weight of the router z-loss (ST-MoE) in the loss.
         router_norm_topk: renormalise the k routing weights to sum to 1 (Mixtral, Qwen3).
         moe_dispatch: "all_to_all" or "all_gather" token dispatch over the expert axis.
+        loss_chunks: compute the output projection and the cross-entropy over this many
+            slices of the sequence, one at a time, recomputing each slice's logits in the
+            backward pass (``workbench.step.chunked_token_losses``; MaxText's vocabulary
+            tiling): the float32 logits take ``1/loss_chunks`` of the memory for one extra
+            logits matmul. Must divide the training sequence length. Default 1 (whole).
     """
 
     vocab_size: int
@@ -237,6 +242,7 @@ class GPTConfig:
     router_z_loss: float = 0.001
     router_norm_topk: bool = True
     moe_dispatch: str = "all_to_all"
+    loss_chunks: int = 1
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -280,6 +286,8 @@ class GPTConfig:
                 raise ValueError(f"attention_block_sizes={self.attention_block_sizes!r} must "
                                  "be two positive ints (block_q, block_kv)")
             object.__setattr__(self, "attention_block_sizes", bs)
+        object.__setattr__(self, "loss_chunks", check_int(self.loss_chunks,
+                                                          "GPTConfig.loss_chunks"))
         self._check_moe()
 
     def _check_moe(self) -> None:

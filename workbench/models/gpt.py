@@ -189,6 +189,11 @@ class GPT(nnx.Module):
             ("embed", "vocab"), pd)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
+        return self.head(self.hidden(tokens))
+
+    def hidden(self, tokens: jax.Array) -> jax.Array:
+        """The final-normed residual stream ``(B, T, d_model)`` the output projection reads
+        (``model(tokens) == model.head(model.hidden(tokens))``)."""
         cfg, dt = self.cfg, self.cfg.dtype
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (batch, seq) int32, got shape {tokens.shape}")
@@ -215,7 +220,12 @@ class GPT(nnx.Module):
             for block in self.blocks:
                 x = run_block(block, x)
         x = context_parallel.to_token_order(x, zigzag=cfg.context_zigzag)
-        x = self.final_norm(x)
+        return self.final_norm(x)
+
+    def head(self, x: jax.Array) -> jax.Array:
+        """Logits ``(B, T, vocab_size)`` of hidden states ``x`` ``(B, T, d_model)``: the
+        output projection (the embedding table when ``tie_embeddings``)."""
+        dt = self.cfg.dtype
         if self.lm_head is None:
             logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(dt))   # (B, T, V)
         else:

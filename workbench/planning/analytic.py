@@ -207,7 +207,8 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
       ``max(logits, transient)``. This is what remat needs at least: where HBM is to
       spare the TPU compiler recomputes several layers ahead and uses more (1b,
       remat="full", 2048 tokens per sequence on v5p-16: 13.4 GiB of temp for ~7.8).
-    - ``logits``: float32 logits for the loss and the compute dtype's, ``cL·V`` per token.
+    - ``logits``: float32 logits for the loss and the compute dtype's, ``cL·V`` per token
+      (of one ``1/loss_chunks`` slice of the tokens with ``GPTConfig.loss_chunks``).
     - ``gathered``: FSDP gather buffers (weights sharded over a batch axis). The TPU
       compiler gathers each layer's weights just before use, in the matmul dtype: the
       output projection plus two layers (one in use, one prefetched). XLA:CPU gathers
@@ -268,7 +269,9 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
         int(tokens * (none["F"] * f + b * d))
     if kind == "accelerator":   # the softmax's backward: gradients of scores and probabilities
         transient += int(tokens * heads * span * (4 + b))
-    logits = int(tokens * vocab * none["logits"])
+    # loss_chunks: one slice of the sequence's logits at a time (step.chunked_token_losses)
+    logits = int(_ceil_div(tokens, max(1, getattr(cfg, "loss_chunks", 1))) * vocab
+                 * none["logits"])
     scratch = TPU_SCRATCH_BYTES if mesh.platform == "tpu" else 0
 
     bat = set(batch_axes(rules, mesh))

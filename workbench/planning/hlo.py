@@ -229,6 +229,55 @@ def loop_trip_counts(hlo_text: str) -> dict[str, int]:
     return trips
 
 
+_CALLEE = re.compile(r"\b(?:calls|to_apply|body|condition|true_computation|false_computation"
+                     r")=%?([\w.\-]+)|\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+_CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
+_ENTRY = re.compile(r"^ENTRY\s+%?([\w.\-]+)", re.M)
+
+
+def computation_multiplicity(hlo_text: str) -> dict[str, int]:
+    """How many times each computation runs in one execution of the module: 1 for the
+    entry, a while body's callers' count times its trip count (``loop_trip_counts``), a
+    called computation its callers' count (summed over the instructions that call it)."""
+    comps = _computations(hlo_text)
+    trips = loop_trip_counts(hlo_text)
+    callers: dict[str, list[tuple[str, int]]] = {}
+    for name, lines in comps.items():
+        for line in lines:
+            for one, many in _CALLEE.findall(line):
+                for callee in ([one] if one else re.findall(r"%?([\w.\-]+)", many)):
+                    if callee in comps:
+                        callers.setdefault(callee, []).append((name, trips.get(callee, 1)))
+    entry = _ENTRY.search(hlo_text)
+    memo: dict[str, int] = {entry.group(1): 1} if entry else {}
+
+    def count(name: str, depth: int = 0) -> int:
+        if name not in memo:
+            memo[name] = 0 if depth > 64 else sum(
+                count(c, depth + 1) * t for c, t in callers.get(name, ()))
+        return memo[name]
+
+    return {name: count(name) for name in comps}
+
+
+def compiler_cycles(hlo_text: str) -> tuple[int, int]:
+    """The TPU compiler's own cycle estimates (``estimated_cycles`` in the backend config of
+    each fusion, copy and kernel it scheduled), summed over one step with loop trip counts:
+    ``(cycles, instructions with an estimate)``. Collectives carry no estimate; Pallas
+    kernels (``tpu_custom_call``) are left out, since the compiler does not model their
+    insides (time them from their FLOPs); (0, 0) for programs of other compilers."""
+    mult = computation_multiplicity(hlo_text)
+    total = n = 0
+    for name, lines in _computations(hlo_text).items():
+        for line in lines:
+            m = _CYCLES.search(line)
+            if m and mult.get(name) and "pallas_call" not in line \
+                    and "tpu_custom_call" not in line:
+                total += int(m.group(1)) * mult[name]
+                n += 1
+    return total, n
+
+
 _ASYNC_CALL = re.compile(r"^\s*(?:ROOT\s+)?%?(?:async-collective-start[\w.\-]*\s*=.*?|.*?"
                          r"\basync-start\(.*?)calls=%?([\w.\-]+)", re.M)
 _CHANNEL = re.compile(r"\bchannel_id=(\d+)")

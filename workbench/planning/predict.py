@@ -6,6 +6,9 @@ Formulas and their sources are in docs/predictions.md. In short, per device and 
     memory    = bytes accessed / HBM bandwidth
     local     = max(compute, memory)                 (the roofline: they overlap; on
                                                       CPU compute + memory: shared cores)
+                or, for a TPU-compiled plan, the TPU compiler's own cycle estimates of
+                every fusion it scheduled (x loop trip counts) at the chip's clock, plus
+                the Pallas kernels' FLOPs at peak (``compute_seconds``)
     comm      = sum of collective times (ring formulas below, per mesh axis bandwidth)
     exposed   = the collectives on the critical path (``exposed_axes``: tensor-parallel
                 traffic, whose result the next matmul waits for)
@@ -108,6 +111,9 @@ class Prediction:
                  f"  compute {b['compute'] * 1e3:.3g} ms, HBM {b['memory'] * 1e3:.3g} ms, "
                  f"communication {b['communication_total'] * 1e3:.3g} ms "
                  f"({b['communication'] * 1e3:.3g} ms not overlapped)"]
+        if b.get("roofline_local") is not None and b["local"] != b["roofline_local"]:
+            lines.insert(1, f"  local work {b['local'] * 1e3:.3g} ms by the compiler's "
+                            f"estimates (roofline {b['roofline_local'] * 1e3:.3g} ms)")
         lines += [f"  {c.kind} over {','.join(c.axes) or '-'} x{c.count}: {c.seconds * 1e3:.3g}"
                   f" ms at {c.bandwidth / 1e9:.3g} GB/s ({c.links})" for c in b["collectives"]]
         if self.compiler_seconds is not None:
@@ -242,7 +248,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
             exposed_axes: Sequence[str] = (),
             flops_source: str = "compiled cost analysis",
             bytes_source: str = "compiled cost analysis",
-            sync_exposed: bool = False) -> Prediction:
+            sync_exposed: bool = False, compute_seconds: float | None = None,
+            compute_source: str = "") -> Prediction:
     """Predict one training step's time, MFU and throughput (a roofline).
 
     Args:
@@ -270,6 +277,11 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         asynchronously (``Collective.overlapped``, read from the TPU compiler's HLO): the
         synchronous ones block the program and count in full (``wb.plan(overlap=False)``
         compiles without the overlap flags).
+      compute_seconds: the device's local work timed by the compiler itself (the TPU
+        compiler's per-instruction cycle estimates, ``hlo.compiler_cycles``, at the chip's
+        clock, plus kernels it does not model): replaces the roofline's
+        ``max(compute, memory)``, which stays in the breakdown (``roofline_local``) as
+        the ideal; ``compute_source`` says where it comes from.
 
     Example::
 
@@ -295,7 +307,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
             or (sync_exposed and not c.overlapped) for t, c in zip(times, collectives)]
     cpu = spec.platform == "cpu"
     # XLA:CPU's devices share the host's cores: math and memory traffic take turns
-    t_local = t_compute + t_memory if cpu else max(t_compute, t_memory)
+    t_roofline = t_compute + t_memory if cpu else max(t_compute, t_memory)
+    t_local = t_roofline if compute_seconds is None else float(compute_seconds)
     t_comm = sum(t.seconds for t in times)
     t_exposed = sum(t.seconds for t, c in zip(times, crit) if c)
     t_free = t_comm - t_exposed
@@ -305,6 +318,9 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     times = [dataclasses.replace(t, overlap=0.0 if c else frac) for t, c in zip(times, crit)]
     terms = {"compute": t_compute, "memory": t_memory, "communication": t_comm - hidden}
     bound = max(BOUNDS, key=lambda k: terms[k])
+    if compute_seconds is not None:   # the compiler's schedule of math and HBM traffic
+        bound = "communication" if t_comm - hidden > t_local else \
+            ("compute" if t_compute >= t_memory else "memory")
     mfu = None
     if model_flops is not None and step > 0:
         mfu = model_flops / (step * info.size * spec.peak_flops)
@@ -312,14 +328,16 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         step_seconds=step, mfu=mfu,
         tokens_per_s=tokens_per_step / step if tokens_per_step and step > 0 else None,
         bound=bound,
-        breakdown={**terms, "local": t_local, "communication_total": t_comm,
+        breakdown={**terms, "local": t_local, "roofline_local": t_roofline,
+                   "communication_total": t_comm,
                    "no_overlap_step": t_local + t_comm,
                    "collectives": tuple(times)},
         sources={"flops": flops_source, "bytes": bytes_source, "peak_flops": spec.source,
                  "hbm_bandwidth": spec.source_of("hbm_bandwidth"),
-                 "local": ("compute + memory: simulated CPU devices share the host's cores, "
-                           "so math and memory traffic do not overlap" if cpu else
-                           "max(compute, memory): the roofline (HBM traffic overlaps math)"),
+                 "local": compute_source if compute_seconds is not None else (
+                     "compute + memory: simulated CPU devices share the host's cores, so "
+                     "math and memory traffic do not overlap" if cpu else
+                     "max(compute, memory): the roofline (HBM traffic overlaps math)"),
                  "overlap": overlap_src + (
                      f"; collectives over {', '.join(exposed_axes)} only are on the critical "
                      "path (tensor parallel: the next matmul waits for them), never hidden"

@@ -12,13 +12,14 @@ import optax
 
 from workbench._display import Displayable
 from workbench.flops import FlopCount, compiled_cost, compiled_flops
+from workbench.hardware import hardware_spec
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
 from workbench.models import attention as attention_impl
 from workbench.models.config import REMAT_POLICIES
 from workbench.planning.analytic import batch_axes, compute_split, weight_axes
-from workbench.planning.hlo import Collective, loop_trip_counts
+from workbench.planning.hlo import Collective, compiler_cycles, loop_trip_counts
 from workbench.planning.lints import Lint
 from workbench.planning.predict import Prediction, predict
 from workbench.rules import Rules
@@ -176,6 +177,33 @@ class Plan(Displayable):
                               self.mesh.axis_sizes)
 
     @functools.cached_property
+    def compiler_cycles(self) -> tuple[int, int]:
+        """``(cycles, instructions)``: the TPU compiler's own cycle estimates of every
+        fusion, copy and matmul it scheduled, summed over one step with loop trip counts
+        (``hlo.compiler_cycles``); (0, 0) unless TPU-compiled."""
+        if self.compiled is None or self.source != "tpu-compiler":
+            return 0, 0
+        return compiler_cycles(self.compiled.as_text())
+
+    def _compiler_compute(self, kernel: float) -> tuple[float | None, str]:
+        """The local work of a step timed by the TPU compiler's cycle estimates at the
+        chip's clock, plus the Pallas kernels' FLOPs at peak; (None, "") when there are
+        none (not TPU-compiled, or no clock for this chip in the hardware table)."""
+        cycles, n = self.compiler_cycles
+        spec = hardware_spec(self.mesh.device_kind) if cycles else None
+        if spec is None or not spec.clock_hz:
+            return None, ""
+        t_kernel = kernel / self.compute_split / spec.peak_flops
+        seconds = cycles / spec.clock_hz + t_kernel
+        why = (f"the TPU compiler's own cycle estimates: {n} instructions, {cycles:.4g} "
+               f"cycles per step (loop bodies x trip count) at {spec.clock_hz / 1e9:.3g} GHz "
+               f"({spec.source_of('clock_hz')}) = {cycles / spec.clock_hz:.4g} s")
+        if kernel:
+            why += (f"; + the {self.attention.split(':')[0]} kernel's FLOPs at peak, "
+                    f"{t_kernel:.3g} s (the compiler does not model Pallas kernels)")
+        return seconds, why
+
+    @functools.cached_property
     def compiled_flops_per_device(self) -> float | None:
         """FLOPs per device from ``compiled.cost_analysis()``; None when analytic, or when
         the program loops (scanned layers): XLA's cost analysis counts a loop body once."""
@@ -214,7 +242,8 @@ class Plan(Displayable):
         kernel, attn = self.kernel_flops, 0.0
         if kernel and not compiled:   # the formula's attention gives way to the kernel's
             fwd_attn = self.flops.breakdown["attention"] / 3
-            attn = 3 * fwd_attn + (fwd_attn if self.flops.recompute and self.cfg is not None
+            attn = 3 * fwd_attn + (fwd_attn if self.cfg is not None
+                                   and self.cfg.remat != "none"
                                    and "context" not in _kept(self.cfg.remat) else 0.0)
         return predict(
             flops=(cost["flops"] + kernel / self.compute_split) if compiled else
@@ -226,6 +255,8 @@ class Plan(Displayable):
             or self.flops.tokens == self.batch * self.seq else None,
             model_flops=self.model_flops, overlap=overlap,
             compiler_seconds=cost.get("optimal_seconds") if compiled else None,
+            **dict(zip(("compute_seconds", "compute_source"),
+                       self._compiler_compute(kernel) if hardware is None else (None, ""))),
             exposed_axes=self._weight_only_axes(),
             flops_source=(label if compiled else why + "model FLOPs (+ remat) / compute split")
             + (f"; + the {self.attention.split(':')[0]} kernel's FLOPs by formula "
