@@ -3,9 +3,9 @@ the model runs (the collective permutes and the per-device shapes JAX traces).""
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from workbench.exercises._core import Exercise, Result, close, parse_number
+from workbench.exercises._judging import equations, wrong_number
 
 __all__ = ["ring_kv_bytes", "ring_permute_bytes"]
 
@@ -34,23 +34,9 @@ def ring_permute_bytes(*, batch: int, seq: int, n_heads: int, n_kv_heads: int,
     q = jax.ShapeDtypeStruct((batch, seq, n_heads, head_dim), dt)
     kv = jax.ShapeDtypeStruct((batch, seq, n_kv_heads, head_dim), dt)
     jaxpr = jax.make_jaxpr(mapped)(q, kv, kv)
-    total = count = 0
-
-    def walk(jx: Any) -> None:
-        nonlocal total, count
-        for eqn in jx.eqns:
-            if eqn.primitive.name == "ppermute":
-                for v in eqn.invars:
-                    total += v.aval.size * v.aval.dtype.itemsize
-                    count += 1
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (tuple, list)) else (value,):
-                    inner = getattr(sub, "jaxpr", sub)   # ClosedJaxpr -> Jaxpr
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(jaxpr.jaxpr)
-    return total, count
+    received = [v.aval for eqn in equations(jaxpr.jaxpr) if eqn.primitive.name == "ppermute"
+                for v in eqn.invars]
+    return sum(a.size * a.dtype.itemsize for a in received), len(received)
 
 
 def ring_kv_bytes() -> Exercise:
@@ -79,10 +65,7 @@ def ring_kv_bytes() -> Exercise:
                                       "the 8 kv heads (grouped-query attention)"),
             (want * 2, "that is float32; K and V are bfloat16 (2 bytes)"),
         ]
-        for value, why in mistakes:
-            if close(mib, value):
-                return Result(correct=False, explanation=f"{mib:,.1f} MiB: {why}.")
-        return Result(correct=False, explanation=(
+        return wrong_number(mib, f"{mib:,.1f} MiB", mistakes, (
             f"{mib:,.1f} MiB is not it; one K/V block (K and V of one device's positions) is "
             f"{block:,.0f} MiB."))
 

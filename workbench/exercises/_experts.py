@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.exercises._core import AnswerError, Exercise, Result, close, parse_number
+from workbench.exercises._judging import equations, wrong_number
 
 __all__ = ["moe_all_to_all_axis", "moe_dispatch_bytes", "traced_dispatch"]
 
@@ -38,22 +39,13 @@ def traced_dispatch(cfg: Any, mesh_axes: dict[str, int], rules: str, *, batch: i
             return dispatch_combine(cfg, *a)
 
     out: list[tuple[str, tuple[str, ...], int]] = []
-
-    def walk(jx: Any) -> None:
-        for eqn in jx.eqns:
-            name = eqn.primitive.name
-            if name in ("all_to_all", "all_gather", "reduce_scatter", "psum_scatter"):
-                axes = eqn.params.get("axis_name")
-                axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
-                size = sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.invars)
-                out.append((name, axes, int(size)))
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (tuple, list)) else (value,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(jax.make_jaxpr(layer)(*args).jaxpr)
+    for eqn in equations(jax.make_jaxpr(layer)(*args).jaxpr):
+        name = eqn.primitive.name
+        if name in ("all_to_all", "all_gather", "reduce_scatter", "psum_scatter"):
+            axes = eqn.params.get("axis_name")
+            axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+            size = sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.invars)
+            out.append((name, axes, int(size)))
     return out
 
 
@@ -126,10 +118,7 @@ def moe_dispatch_bytes() -> Exercise:
             (want * 8 / 1.25 / 2, "that is dropless (room for every token at every expert)"),
             (want * 64, "that is the whole mesh; the question asks per device"),
         ]
-        for value, why in mistakes:
-            if close(mib, value):
-                return Result(correct=False, explanation=f"{mib:.4g} MiB: {why}.")
-        return Result(correct=False, explanation=(
+        return wrong_number(mib, f"{mib:.4g} MiB", mistakes, (
             f"{mib:.4g} MiB is not it. The buffer is (experts, capacity, d_model) in the "
             f"compute dtype; capacity = ceil(capacity_factor x tokens x k / experts)."))
 
