@@ -1,5 +1,8 @@
 """Any Flax NNX module: the Flax sharding guide's model planned, shown, materialised and
 trained without a user-entered mesh context or Rules; errors for bad annotations."""
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,24 +13,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import workbench as wb
 from workbench.models.adapters import UnknownAxesError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _models import DotReluDot  # noqa: E402  (the guide's model, with its activation constraint)
+
 pytestmark = pytest.mark.usefixtures("wb_cache")
 
 D = 64
-
-
-class DotReluDot(nnx.Module):
-    """The model of the Flax NNX sharding guide (annotations name mesh axes)."""
-
-    def __init__(self, depth: int, rngs: nnx.Rngs):
-        init_fn = nnx.initializers.lecun_normal()
-        self.dot1 = nnx.Linear(depth, depth, use_bias=False, rngs=rngs,
-                               kernel_init=nnx.with_partitioning(init_fn, (None, "model")))
-        self.w2 = nnx.Param(init_fn(rngs.params(), (depth, depth)), out_sharding=("model", None))
-
-    def __call__(self, x):
-        y = jax.nn.relu(self.dot1(x))
-        y = jax.lax.with_sharding_constraint(y, P("data", "model"))
-        return jnp.dot(y, self.w2[...])
 
 
 def mse(model, batch):

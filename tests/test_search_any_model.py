@@ -3,13 +3,17 @@ axes: the candidates are meshes with those axes) and a penzai model (the penzai_
 presets); the best candidate's plan equals wb.plan of that candidate built directly."""
 import json
 import math
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
-from flax import nnx
 
 import workbench as wb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _models import DotReluDot  # noqa: E402  (constrain=False: no activation constraint here)
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 
@@ -17,22 +21,9 @@ D = 64
 LIMIT = 2 ** 30
 
 
-class DotReluDot(nnx.Module):
-    """The model of the Flax NNX sharding guide (annotations name mesh axes)."""
-
-    def __init__(self, depth: int, rngs: nnx.Rngs):
-        init_fn = nnx.initializers.lecun_normal()
-        self.dot1 = nnx.Linear(depth, depth, use_bias=False, rngs=rngs,
-                               kernel_init=nnx.with_partitioning(init_fn, (None, "model")))
-        self.w2 = nnx.Param(init_fn(rngs.params(), (depth, depth)), out_sharding=("model", None))
-
-    def __call__(self, x):
-        return jnp.dot(jax.nn.relu(self.dot1(x)), self.w2[...])
-
-
 def guide_spec():
     return wb.models.from_nnx(
-        lambda rngs: DotReluDot(D, rngs), name="guide",
+        lambda rngs: DotReluDot(D, rngs, constrain=False), name="guide",
         example_batch=lambda b, t: {k: jax.ShapeDtypeStruct((b, D), jnp.float32) for k in "xy"},
         loss_fn=lambda m, b: jnp.mean((m(b["x"]) - b["y"]) ** 2))
 
@@ -85,7 +76,7 @@ def test_search_without_a_memory_limit_draws(tmp_path):
 
 def test_a_plain_factory_takes_loss_fn_and_example_batch():
     spec = guide_spec()
-    res = wb.search(lambda rngs: DotReluDot(D, rngs), batch=16, exact=False,
+    res = wb.search(lambda rngs: DotReluDot(D, rngs, constrain=False), batch=16, exact=False,
                     loss_fn=spec.loss_fn, example_batch=spec.example_batch, progress=False)
     ref = wb.search(spec, batch=16, exact=False, progress=False)
     assert [(r["layout"], r["memory_per_device"]) for r in res.rows] == \
