@@ -24,26 +24,30 @@ import time
 WARMUP, STEPS = 3, 10
 SHAPES = {"1b": {"preset": "1b", "per_gpu": 8, "seq": 2048, "remat": "minimal"},
           "7b": {"preset": "7b", "per_gpu": 4, "seq": 4096, "remat": "minimal"}}
+#: ``--smoke``: the same code path on CPU devices (XLA attention), to check the script
+#: itself where no GPU is (tests/test_fit_and_speed.py)
+SMOKE = {"preset": "tiny", "per_gpu": 4, "seq": 64, "remat": "minimal"}
 
 
-def run_one(name: str, n_gpus: int) -> dict:
+def run_one(name: str, n_gpus: int, platform: str = "gpu") -> dict:
     import jax
     import jax.numpy as jnp
     import optax
 
     import workbench as wb
     from workbench.flops import gpt_flops
-    from workbench.hardware import hardware_spec
+    from workbench.hardware import cpu_spec, hardware_spec
     from workbench.models import GPTConfig
     from workbench.planning.flags import compile_options
     from workbench.rules import Rules
     from workbench.step import (batch_shardings, init_state, jit_train_step,
                                 make_train_step, state_shardings)
 
-    shape = SHAPES[name]
-    cfg = GPTConfig.preset(shape["preset"], attention="cudnn", remat=shape["remat"],
-                           dtype="bfloat16", seq_len=shape["seq"], scan_layers=True)
-    devices = jax.devices("gpu")[:n_gpus]
+    shape = SHAPES[name] if platform == "gpu" else SMOKE
+    cfg = GPTConfig.preset(shape["preset"], remat=shape["remat"], dtype="bfloat16",
+                           attention="cudnn" if platform == "gpu" else "xla",
+                           seq_len=shape["seq"], scan_layers=True)
+    devices = jax.devices(platform)[:n_gpus]
     mesh = wb.make_mesh(data=len(devices), devices=devices)
     rules = Rules.preset("fsdp", mesh)
     opt = optax.adamw(3e-4)
@@ -64,7 +68,7 @@ def run_one(name: str, n_gpus: int) -> dict:
         state, metrics = step(state, batch)
     jax.block_until_ready(metrics)
     seconds = (time.perf_counter() - t0) / STEPS
-    spec = hardware_spec(devices[0].device_kind)
+    spec = hardware_spec(devices[0].device_kind) if platform == "gpu" else cpu_spec(n_gpus)
     flops = gpt_flops(cfg, batch_size, cfg.seq_len)
     mfu = flops.total / (seconds * len(devices) * spec.peak_flops)
     return {"shape": name, "gpus": len(devices), "device": devices[0].device_kind,
@@ -80,9 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=sorted(SHAPES), action="append")
     ap.add_argument("--gpus", type=int, action="append", help="GPU counts (default 1 and 8)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="run the tiny model on 2 CPU devices instead (checks the script)")
     args = ap.parse_args(argv)
     import jax
 
+    if args.smoke:
+        print(json.dumps(run_one("smoke", 2, platform="cpu")), flush=True)
+        return 0
     try:
         n = len(jax.devices("gpu"))
     except RuntimeError:

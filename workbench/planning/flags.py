@@ -20,7 +20,8 @@ from typing import Any
 
 __all__ = ["OVERLAP_FLAGS", "compile_options"]
 
-#: Overlap flags by platform (MaxText's LIBTPU_INIT_ARGS for FSDP on v5p/v6e; XLA's GPU
+#: Overlap flags by platform (MaxText's LIBTPU_INIT_ARGS for FSDP on v5p/v6e:
+#: DATA_PARALLEL_OVERLAP, CF_FOR_ALL_GATHER and CF_FOR_ALL_REDUCE; XLA's GPU
 #: latency-hiding scheduler and pipelined collectives).
 OVERLAP_FLAGS: dict[str, dict[str, bool]] = {
     "tpu": {
@@ -32,6 +33,11 @@ OVERLAP_FLAGS: dict[str, dict[str, bool]] = {
         "xla_enable_async_collective_permute": True,
         "xla_tpu_enable_data_parallel_all_reduce_opt": True,
         "xla_tpu_data_parallel_opt_different_sized_ops": True,
+        # MaxText's CF_FOR_ALL_REDUCE: on large 3D slices the TPU compiler gathers FSDP
+        # weights as all-reduces of zero-padded shards, which the all-gather fusion flags
+        # above leave synchronous (Llama-2-70B on v5p-512: BENCHMARKS.md, reference rows)
+        "xla_tpu_enable_async_collective_fusion_fuse_all_reduce": True,
+        "xla_enable_async_all_reduce": True,
     },
     "gpu": {
         "xla_gpu_enable_latency_hiding_scheduler": True,
