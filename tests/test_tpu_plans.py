@@ -264,7 +264,9 @@ def test_plan_widget_shows_source_and_prediction(tpu_plan, tmp_path):
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
     assert "TPU compiler ·" in rep["text"] and "TPU compiler's own estimate" in rep["text"]
-    assert rep["classes"]["wb-pred-row"] == 3
+    # compute, HBM traffic, communication, and the local work by the compiler's cycles
+    assert rep["classes"]["wb-pred-row"] == 4
+    assert "local work (TPU compiler's cycles)" in rep["text"]
     assert rep["handlers_left"] == 0
 
 

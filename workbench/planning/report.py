@@ -224,9 +224,11 @@ class Plan(Displayable):
         return self.predict()
 
     def predict(self, *, hardware: Any = None, overlap: float | None = None) -> Prediction:
-        """A roofline prediction of one step (``workbench.planning.predict``) from this
-        plan's FLOPs, HBM bytes and collectives: compiled numbers where there are, else
-        the analytic ones.
+        """A prediction of one step (``workbench.planning.predict``) from this plan's
+        FLOPs, HBM bytes and collectives: compiled numbers where there are, else the
+        analytic ones. A TPU-compiled plan times its local work with the TPU compiler's
+        own cycle estimates (``compiler_cycles``) at the chip's clock, unless
+        ``hardware`` names another chip; the roofline stays in the breakdown.
 
         Args:
           hardware: a ``HardwareSpec`` or device kind ("TPU v5p", "H100") to predict for

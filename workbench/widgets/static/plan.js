@@ -42,6 +42,9 @@ function predicted(p) {
   if (!pr) return el("div", { class: "wb-note", text: "no prediction: the hardware table lacks this device's numbers" });
   const b = pr.breakdown;
   const terms = [["compute", b.compute], ["HBM traffic", b.memory], ["communication", b.communication_total]];
+  // a TPU-compiled plan: local work timed by the compiler's own cycle estimates
+  const byCompiler = b.roofline_local !== undefined && b.local !== b.roofline_local;
+  if (byCompiler) terms.unshift(["local work (TPU compiler's cycles)", b.local]);
   const top = Math.max(...terms.map((t) => t[1]), pr.step_seconds, 1e-12);
   const facts = [`${fmtSeconds(pr.step_seconds)} per step (${pr.bound}-bound)`];
   if (pr.mfu !== null) facts.push(`MFU ${(pr.mfu * 100).toFixed(1)}%`);
@@ -50,7 +53,9 @@ function predicted(p) {
   const bars = terms.map(([name, t]) => el("div", { class: "wb-pred-row" }, [
     el("span", { class: "wb-pred-name", text: name }),
     el("span", { class: "wb-pred-bar", style: { width: `${Math.max(1, (t / top) * 240)}px` },
-      title: name === "communication" ? `${fmtSeconds(b.communication)} not hidden behind compute (${pr.sources.overlap})` : pr.sources[name === "compute" ? "flops" : "bytes"] }),
+      title: name === "communication" ? `${fmtSeconds(b.communication)} not hidden behind compute (${pr.sources.overlap})`
+        : name.startsWith("local work") ? pr.sources.local
+        : pr.sources[name === "compute" ? "flops" : "bytes"] + (byCompiler ? " (the roofline's ideal)" : "") }),
     el("span", { class: "wb-pred-value", text: fmtSeconds(t) }),
   ]));
   const rows = b.collectives.map((c) => ({ ...c, axes_text: c.axes.join(", ") || "—",
