@@ -236,3 +236,24 @@ def test_gpu_mfu_script_runs_its_step_on_cpu_devices_and_says_when_there_is_no_g
                           capture_output=True, timeout=600)
     if not any(d.platform == "gpu" for d in jax.devices()):
         assert none.returncode == 0 and "no GPU here" in none.stderr and not none.stdout
+
+
+def test_a_plan_over_memory_with_large_logits_names_loss_chunks_and_it_fits():
+    """A large-vocabulary step that does not fit (estimate on an abstract H100 mesh): the
+    memory lint's fix names a loss_chunks value; that config's plan fits. With XLA
+    attention the recomputed scores outweigh the logits and no loss_chunks is named."""
+    cfg = GPTConfig.preset("1b", vocab_size=256_000, seq_len=8192, dtype="bfloat16",
+                           remat="full", attention="cudnn")
+    mesh = wb.abstract_mesh("8xH100", fsdp=-1)
+    big = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=64, seq=8192, progress=False)
+    assert big.fits is False
+    (lint,) = [w for w in big.warnings if w.kind == "memory"]
+    k = int(re.search(r"GPTConfig\(loss_chunks=(\d+)\)", lint.fix).group(1))
+    fixed = wb.plan(cfg.replace(loss_chunks=k), mesh=mesh, rules="fsdp", batch=64,
+                    seq=8192, progress=False)
+    assert fixed.fits and not [w for w in fixed.warnings if w.kind == "memory"]
+    assert fixed.memory["total"] < big.memory["total"]
+    xla = wb.plan(cfg.replace(attention="xla"), mesh=mesh, rules="fsdp", batch=64,
+                  seq=8192, progress=False)
+    (lint,) = [w for w in xla.warnings if w.kind == "memory"]
+    assert "loss_chunks" not in lint.fix

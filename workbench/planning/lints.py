@@ -176,11 +176,25 @@ def fsdp_gathers(param_layouts: Mapping[str, Layout], rules: Rules, mesh: MeshIn
              "across them)"))]
 
 
-def over_memory(memory: Mapping[str, int | None], source: str) -> list[Lint]:
-    """Total bytes per device above the device's memory."""
+def over_memory(memory: Mapping[str, int | None], source: str, *,
+                chunk_savings: Mapping[int, int] | None = None) -> list[Lint]:
+    """Total bytes per device above the device's memory. ``chunk_savings``: for a GPT whose
+    loss is not chunked, ``{loss_chunks: estimated bytes per device it saves}``
+    (``analytic.temp_breakdown``); the fix names the smallest value that saves the
+    excess, or the best one when it saves at least a quarter of it."""
     total, limit = memory.get("total"), memory.get("limit")
     if not total or not limit or total <= limit:
         return []
+    chunk_fix = ""
+    over = total - limit
+    if chunk_savings:
+        k = next((k for k, v in sorted(chunk_savings.items()) if v >= over), None)
+        if k is None:
+            k = max(chunk_savings, key=lambda c: (chunk_savings[c], -c))
+        if chunk_savings[k] >= 0.25 * over:
+            chunk_fix = (f"; GPTConfig(loss_chunks={k}) computes the loss over {k} slices "
+                         f"of the sequence, holding 1/{k} of the float32 logits at a time: "
+                         f"about {format_bytes(chunk_savings[k])} less per device")
     cats = {k: int(memory.get(k) or 0) for k in ("params", "optimizer", "gradients",
                                                    "activations", "batch")}
     parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in cats.items() if v)
@@ -192,7 +206,7 @@ def over_memory(memory: Mapping[str, int | None], source: str) -> list[Lint]:
                  f"({total / limit:.2f}x); largest: {largest} {format_bytes(cats[largest])} "
                  f"({parts})"),
         fix=("shard weights and optimizer state over more devices (fsdp / fsdp_tp), use "
-             "remat='full', a smaller batch per device, or bfloat16 parameters"))]
+             "remat='full', a smaller batch per device, or bfloat16 parameters" + chunk_fix))]
 
 
 def unmapped(unmapped_names: Mapping[str, Sequence[str]]) -> list[Lint]:

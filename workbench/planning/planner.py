@@ -33,7 +33,7 @@ from workbench._notebook import in_notebook
 from workbench._validate import check_int, nearest_multiples
 from workbench.flops import gpt_flops, jaxpr_step_flops
 from workbench.layouts import format_bytes
-from workbench.mesh import mesh_info
+from workbench.mesh import MeshInfo, mesh_info
 from workbench.models.pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipeline,
                                        check_rules, in_flight, schedule_bubble, stages_of,
                                        timeline)
@@ -240,7 +240,9 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
                           if k.startswith("params.")}, layouts, rules, info)
         reshards = parse_reshards(compiled.as_text(), info.axis_names, info.axis_sizes)
 
-    warnings = (lints.over_memory(memory, "compiled" if compiled else "estimate")
+    warnings = (lints.over_memory(memory, "compiled" if compiled else "estimate",
+                                  chunk_savings=_loss_chunk_savings(cfg, batch, seq, rules,
+                                                                    info))
                 + lints.unmapped(st.unmapped) + lints.uneven({**p_lay, **b_lay})
                 + lints.redundant_compute(rules, info, p_lay)
                 + lints.replicated(p_lay, replicated_threshold)
@@ -495,3 +497,15 @@ def compare(plans: list[Plan]) -> Comparison:
         raise ValueError("compare needs at least one plan, e.g. wb.compare([plan_dp, plan_tp])")
     return Comparison(list(plans))
 
+
+def _loss_chunk_savings(cfg: GPTConfig | None, batch: int, seq: int, rules: Rules,
+                        info: MeshInfo) -> dict[int, int]:
+    """``{loss_chunks: estimated temp bytes per device it saves}`` for a GPT whose loss is
+    whole (``analytic.temp_breakdown``; divisors of ``seq`` up to 64), for the memory
+    lint's fix."""
+    if cfg is None or cfg.loss_chunks != 1:
+        return {}
+    base = int(analytic.temp_breakdown(cfg, batch, seq, rules, info)["temp"])
+    return {k: base - int(analytic.temp_breakdown(cfg.replace(loss_chunks=k), batch, seq,
+                                                  rules, info)["temp"])
+            for k in (2, 4, 8, 16, 32, 64) if seq % k == 0}
