@@ -20,7 +20,10 @@ the mesh axes of the ``experts`` rule, with one of two dispatches
 Router statistics of each MoE layer (load-balance loss, router z-loss, tokens per expert,
 dropped assignments, router entropy) are recorded into :func:`collect` while the model
 is traced; the train step (:func:`workbench.step.make_train_step`) adds
-``router_loss`` to the loss and returns the rest as metrics.
+``router_loss`` to the loss and returns the rest as metrics. A pipeline runs each layer
+once per micro-batch; :func:`merge_microbatches` turns those into the statistics of the
+whole batch (the load-balance loss is a product of two token averages, so each layer
+also records its mean router probability per expert, ``router_prob``).
 
 Shape letters: B batch, T sequence, D d_model, E experts, F expert d_ff, k experts per
 token, G tokens of one group, C capacity (slots per expert and group).
@@ -46,9 +49,10 @@ from workbench.rules import Rules, active, constrain
 #: Token dispatch implementations accepted by ``GPTConfig.moe_dispatch``.
 DISPATCH: tuple[str, ...] = ("all_to_all", "all_gather")
 
-#: Per-layer statistics a MoE layer records (each a scalar except ``tokens_per_expert``).
+#: Per-layer statistics a MoE layer records (each a scalar except ``tokens_per_expert`` and
+#: ``router_prob``, both ``(E,)``).
 STAT_KEYS: tuple[str, ...] = ("router_loss", "aux_loss", "z_loss", "tokens_per_expert",
-                              "dropped", "entropy")
+                              "dropped", "entropy", "router_prob")
 
 _Stats = dict[str, jax.Array]
 _COLLECT: contextvars.ContextVar[tuple[list[_Stats], Any] | None] = contextvars.ContextVar(
@@ -129,7 +133,8 @@ def summarize(buf: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
     router_z_loss * z_loss`` (what the step adds to the loss); ``aux_loss``, ``z_loss``,
     ``entropy``: means over layers; ``dropped``: dropped (token, expert) assignments summed
     over layers; ``tokens_per_expert``: int32 ``(layers, E)`` assignments per expert
-    before capacity.
+    before capacity (``router_prob`` is recorded for :func:`merge_microbatches`, not
+    reported).
     """
     s = stack(buf)
     if not s:
@@ -138,6 +143,38 @@ def summarize(buf: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
             "z_loss": jnp.mean(s["z_loss"]), "entropy": jnp.mean(s["entropy"]),
             "dropped": jnp.sum(s["dropped"]),
             "tokens_per_expert": s["tokens_per_expert"].astype(jnp.int32)}
+
+
+def merge_microbatches(stats: Mapping[str, jax.Array], cfg: GPTConfig) -> dict[str, jax.Array]:
+    """The statistics of a batch from those of its ``M`` equal micro-batches.
+
+    Args:
+        stats: :data:`STAT_KEYS` with a leading micro-batch axis, ``(M, ...)``, each
+            micro-batch as many tokens (a pipeline's micro-batches through the same layers).
+        cfg: the MoE config (its router loss weights).
+
+    Returns:
+        The same keys without the micro-batch axis, as one run over the whole batch
+        records them: per-token means (``z_loss``, ``entropy``, ``router_prob``) averaged,
+        counts (``tokens_per_expert``, ``dropped``) summed, and ``aux_loss`` and
+        ``router_loss`` recomputed from those (``aux_loss`` is not the mean of the
+        micro-batches' ones). ``dropped`` equals the unpipelined count when dropless;
+        with a capacity factor each micro-batch's groups have their own capacity.
+    """
+    counts = jnp.sum(stats["tokens_per_expert"], axis=0)
+    out = {"tokens_per_expert": counts, "dropped": jnp.sum(stats["dropped"], axis=0),
+           **{k: jnp.mean(stats[k], axis=0) for k in ("z_loss", "entropy", "router_prob")}}
+    out["aux_loss"] = aux_loss(counts, out["router_prob"])
+    out["router_loss"] = router_loss(cfg, out["aux_loss"], out["z_loss"])
+    return out
+
+
+def config_of(module: nnx.Module) -> GPTConfig | None:
+    """The config of the first :class:`MoE` layer inside ``module`` (None: none)."""
+    for _, node in nnx.iter_graph(module):
+        if isinstance(node, MoE):
+            return node.cfg
+    return None
 
 
 # -- layout checks -----------------------------------------------------------------------
@@ -225,8 +262,7 @@ class MoE(nnx.Module):
         if cfg.router_norm_topk:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
         stats = router_stats(logits, probs, idx, e)
-        stats["router_loss"] = (cfg.router_aux_loss * stats["aux_loss"]
-                                + cfg.router_z_loss * stats["z_loss"])
+        stats["router_loss"] = router_loss(cfg, stats["aux_loss"], stats["z_loss"])
         y, stats["dropped"] = dispatch_combine(
             cfg, x, idx, weights, self.gate[...], self.up[...], self.down[...])
         record(stats)
@@ -246,14 +282,26 @@ def router_stats(logits: jax.Array, probs: jax.Array, idx: jax.Array,
     - ``tokens_per_expert``: (E,) assignments per expert, before capacity.
     - ``entropy``: mean over tokens of the router distribution's entropy (nats; ``log E``
       is uniform, 0 is one expert).
+    - ``router_prob``: (E,) ``P_e``, the mean router probability of each expert.
     """
     counts = jnp.sum(jax.nn.one_hot(idx, n_experts, dtype=jnp.float32), axis=(0, 1, 2))
-    frac = counts / jnp.maximum(jnp.sum(counts), 1.0)
     mean_prob = jnp.mean(probs, axis=(0, 1))
     z = jax.nn.logsumexp(logits, axis=-1)
-    return {"aux_loss": n_experts * jnp.sum(frac * mean_prob), "z_loss": jnp.mean(z * z),
-            "tokens_per_expert": counts,
+    return {"aux_loss": aux_loss(counts, mean_prob), "z_loss": jnp.mean(z * z),
+            "tokens_per_expert": counts, "router_prob": mean_prob,
             "entropy": jnp.mean(jnp.sum(jax.scipy.special.entr(probs), axis=-1))}
+
+
+def aux_loss(counts: jax.Array, mean_prob: jax.Array) -> jax.Array:
+    """Load-balance loss ``E * sum_e f_e * P_e`` of assignments ``counts`` (..., E) and mean
+    router probabilities ``mean_prob`` (..., E) (:func:`router_stats`)."""
+    frac = counts / jnp.maximum(jnp.sum(counts, axis=-1, keepdims=True), 1.0)
+    return counts.shape[-1] * jnp.sum(frac * mean_prob, axis=-1)
+
+
+def router_loss(cfg: GPTConfig, aux: jax.Array, z: jax.Array) -> jax.Array:
+    """What a MoE layer adds to the loss: ``router_aux_loss * aux + router_z_loss * z``."""
+    return cfg.router_aux_loss * aux + cfg.router_z_loss * z
 
 
 def route(idx: jax.Array, n_experts: int, cap: int, valid: jax.Array | None = None

@@ -10,6 +10,11 @@ rolled by one stage (``jnp.roll`` on the sharded dim compiles to a collective-pe
 ``jax.grad`` of the loop runs the iterations backwards: all forwards, then all backwards
 (GPipe). This is MaxText's and praxis' layout, written for GSPMD without ``shard_map``.
 
+Mixture-of-experts blocks train too: the router statistics each layer records (see
+:mod:`workbench.models.moe`) leave the loop as outputs, one per stage and iteration; the
+slots of real micro-batches are picked out (the bubble's are never read) and merged into
+the statistics of the whole batch, layer by layer, as the unpipelined scan records them.
+
 Schedules:
 
 - ``gpipe``: ``M + S - 1`` iterations, stage ``s`` busy for micro-batch ``t - s``.
@@ -45,6 +50,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench._display import Displayable
+from workbench.models import moe
 from workbench.rules import STAGE_AXIS
 from workbench.rules import active as active_rules
 
@@ -241,6 +247,11 @@ def run_pipeline(run_block: Callable[[Any, jax.Array], jax.Array], blocks: nnx.M
     """``x`` (B, T, D) through the stacked ``blocks`` pipelined over ``stages`` stages.
 
     The same function of ``x`` and the parameters as a scan over the layers in order.
+    Mixture-of-experts blocks: the router statistics ``run_block`` records are recorded
+    once per layer, in layer order, with the shapes the unpipelined scan records; each is
+    the statistic of the whole batch (:func:`workbench.models.moe.merge_microbatches` of
+    the layer's micro-batches; bubble iterations are left out), so the step's ``moe_*``
+    metrics and router loss are those of the same model without a pipeline.
 
     Args:
         run_block: ``(block, h) -> h``, remat included (GPT's loop body).
@@ -282,10 +293,12 @@ def run_pipeline(run_block: Callable[[Any, jax.Array], jax.Array], blocks: nnx.M
     xs = _constrain(xs, PartitionSpec(None, *act))
     state_spec = PartitionSpec(stage_axis, *act)
 
-    def stage_fn(w_stage: Any, h: jax.Array) -> jax.Array:          # w: (K, ...)
-        def body(h: jax.Array, layer: Any) -> tuple[jax.Array, None]:
-            return run_block(nnx.merge(graphdef, layer), h), None
-        return jax.lax.scan(body, h, w_stage)[0]
+    def stage_fn(w_stage: Any, h: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        def body(h: jax.Array, layer: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+            with moe.collect() as stats:   # MoE router statistics: scan outputs
+                h = run_block(nnx.merge(graphdef, layer), h)
+            return h, moe.stack(stats)
+        return jax.lax.scan(body, h, w_stage)           # w: (K, ...); stats (K, n, ...)
 
     v_stage = jax.vmap(stage_fn, spmd_axis_name=stage_axis)
     take = jax.vmap(lambda a, r: jax.lax.dynamic_index_in_dim(a, r, 0, keepdims=False),
@@ -294,7 +307,7 @@ def run_pipeline(run_block: Callable[[Any, jax.Array], jax.Array], blocks: nnx.M
     first_stage = (stage_ids == 0).reshape(s_, *([1] * x.ndim))
 
     def iteration(carry: tuple[jax.Array, jax.Array], t: jax.Array
-                  ) -> tuple[tuple[jax.Array, jax.Array], None]:
+                  ) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         out, buf = carry       # out: (S, mb, T, D) last outputs; buf: (M, mb, T, D)
         shifted = _constrain(jnp.roll(out, 1, axis=0), state_spec)   # collective-permute
         done = t - s_          # item that left the last stage in the previous iteration
@@ -307,14 +320,35 @@ def run_pipeline(run_block: Callable[[Any, jax.Array], jax.Array], blocks: nnx.M
         else:
             rounds = jnp.clip((t - stage_ids) // m_, 0, r_ - 1)        # (S,)
             w_t = jax.tree.map(lambda a: take(a, rounds), w)
-        out = _constrain(v_stage(w_t, inp), state_spec)
-        return (out, buf), None
+        out, stats = v_stage(w_t, inp)                                # stats (S, K, n, ...)
+        return (_constrain(out, state_spec), buf), stats
 
     out0 = _constrain(jnp.zeros((s_, mb, *feat), x.dtype), state_spec)
-    (out, buf), _ = jax.lax.scan(iteration, (out0, xs), jnp.arange(pipe.iterations(s_)))
+    (out, buf), stats = jax.lax.scan(iteration, (out0, xs),
+                                     jnp.arange(pipe.iterations(s_)))  # (R M + S - 1, S, K, n, ...)
+    if stats:
+        moe.record(_layer_stats(stats, pipe, s_, moe.config_of(blocks)), stacked=True)
     last = (r_ * m_ - 1) % m_                      # the final item left in the last iteration
     buf = jax.lax.dynamic_update_index_in_dim(buf, out[s_ - 1], last, 0)
     return jnp.swapaxes(buf, 0, 1).reshape(batch, *feat)
+
+
+def _layer_stats(stats: dict[str, jax.Array], pipe: Pipeline, stages: int, cfg: Any
+                 ) -> dict[str, jax.Array]:
+    """Router statistics per iteration and stage ``(R M + S - 1, S, K, n, ...)`` -> per
+    layer ``(L n, ...)`` in layer order, each merged over the layer's micro-batches.
+
+    Stage ``s`` works on item ``i = t - s`` in iteration ``t`` (micro-batch ``i % M`` in
+    round ``i // M``) when ``0 <= i < R M``; the other slots are the bubble (garbage
+    inputs) and are not read.
+    """
+    r_, m_, s_ = pipe.repeats, pipe.microbatches, stages
+    r, s, m = np.meshgrid(np.arange(r_), np.arange(s_), np.arange(m_), indexing="ij")
+    t = r * m_ + m + s                                               # (R, S, M) iterations
+    picked = {k: jnp.moveaxis(v[t, s], 2, 0) for k, v in stats.items()}  # (M, R, S, K, n, ...)
+    merged = moe.merge_microbatches(picked, cfg)                     # (R, S, K, n, ...)
+    # layer r S K + s K + k: (R, S, K) in row-major order is layer order
+    return {k: v.reshape(-1, *v.shape[4:]) for k, v in merged.items()}
 
 
 def _path(path: Any) -> str:
