@@ -462,6 +462,7 @@ def analytic_collectives(param_layouts: Mapping[str, Layout], rules: Rules, mesh
             out.append(_record("all-reduce", axes, mesh, act, 2, shp,
                                "vocab-sharded embedding lookup, forward and backward"))
         out += moe_collectives(cfg, rules, mesh, batch, seq)
+        out += context_collectives(cfg, rules, mesh, batch, seq)
     return _merge(out)
 
 
@@ -498,6 +499,95 @@ def moe_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
     c = capacity(cfg, g)
     return [_record("all-to-all", ea, mesh, e * c * d * dt.itemsize, 4 * layers,
                     _shape_str(dt, (e, c, d)), "MoE dispatch + return, fwd + bwd")]
+
+
+def _context_axes(rules: Rules, mesh: MeshInfo, logical: str, ctx: tuple[str, ...]
+                  ) -> tuple[str, ...]:
+    """Mesh axes (size > 1) of ``logical`` other than the context axes ``ctx``."""
+    return tuple(a for a in rule_axes(rules, logical)
+                 if a not in ctx and mesh.shape.get(a, 1) > 1)
+
+
+def context_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
+                        seq: int) -> list[Collective]:
+    """Hand count of context parallelism's collectives per step (per device), as
+    :mod:`workbench.models.context` issues them (``n`` devices on the context axes, ``L``
+    layers, a K/V block ``(B/b, T/n, K/h, H)``: the local batch rows and kv heads).
+
+    - ``ring``: forward, ``n - 1`` ring steps each permuting K and V (``2(n-1)`` per
+      layer; causal block skipping and zig-zag change the compute, not the permutes);
+      backward, ``n - 1`` steps permuting K/V stacked ``(2, B/b, T/n, K/h, H)`` plus dK
+      and dV (float32), then dK and dV home (``n - 1`` stacked, ``2n`` float32 per layer);
+      a rematerialised layer (``remat != "none"``) reruns the forward ring in the
+      backward (another ``2(n-1)``).
+    - ``allgather``: 2 all-gathers of K and V ``(B/b, T, K/h, H)`` per layer (again in the
+      backward under remat) and their transposes, 2 reduce-scatters of dK/dV.
+    - ``context_zigzag``: the residual stream reordered after the embedding and before
+      the output head, 2 permutes of ``(B/b, T/2n, D)`` each, and their transposes in the
+      backward: 8 per step (4 with ``n = 2``, where one permute of each keeps its chunks
+      home).
+
+    XLA may merge a recomputed permute with the forward's (unscanned layers under a
+    remat policy that saves some dots): the compiled count is then lower.
+    """
+    from workbench.models import context as context_parallel
+
+    ctx = tuple(a for a in context_parallel.seq_axes(rules, mesh.shape)
+                if mesh.shape.get(a, 1) > 1)
+    n = axes_size(mesh, ctx)
+    if n <= 1:
+        return []
+    # the shard_map's specs, as context.attend picks them
+    bat = _context_axes(rules, mesh, "batch", ctx)
+    if batch % axes_size(mesh, bat):
+        bat = ()
+    hd = _context_axes(rules, mesh, "heads", ctx)
+    heads = axes_size(mesh, hd)
+    if hd != _context_axes(rules, mesh, "kv_heads", ctx) or set(hd) & set(bat) \
+            or cfg.n_heads % heads or cfg.n_kv_heads % heads:
+        heads = 1
+    b = batch // axes_size(mesh, bat)
+    dt, f32 = np.dtype(cfg.dtype), np.dtype(np.float32)
+    block = (b, seq // n, cfg.n_kv_heads // heads, cfg.head_dim)
+    size = lambda shape, d: int(math.prod(shape)) * d.itemsize
+    L, rerun = cfg.n_layers, 2 if cfg.remat != "none" else 1
+    out = []
+    if cfg.context_attention == "ring":
+        stacked = (2, *block)
+        out += [_record("collective-permute", ctx, mesh, size(block, dt),
+                        2 * (n - 1) * L * rerun, _shape_str(dt, block),
+                        "ring attention: K and V blocks, forward"
+                        + (" (rerun in the backward by remat)" if rerun > 1 else "")),
+                _record("collective-permute", ctx, mesh, size(stacked, dt), (n - 1) * L,
+                        _shape_str(dt, stacked), "ring attention: K/V stacked, backward"),
+                _record("collective-permute", ctx, mesh, size(block, f32), 2 * n * L,
+                        _shape_str(f32, block), "ring attention: dK and dV, backward")]
+    else:
+        full = (b, seq, *block[2:])
+        out += [_record("all-gather", ctx, mesh, size(full, dt), 2 * L * rerun,
+                        _shape_str(dt, full), "context all-gather of K and V, forward"
+                        + (" (again in the backward by remat)" if rerun > 1 else "")),
+                _record("reduce-scatter", ctx, mesh, size(block, dt), 2 * L,
+                        _shape_str(dt, block), "context reduce-scatter of dK and dV")]
+    if cfg.context_zigzag:
+        half = (b, seq // (2 * n), cfg.d_model)
+        out.append(_record("collective-permute", ctx, mesh, size(half, dt),
+                           2 * _zigzag_permutes(n), _shape_str(dt, half),
+                           "zig-zag reorder of the residual stream (2 chunks, to and from "
+                           "zig-zag order), forward and backward"))
+    return out
+
+
+def _zigzag_permutes(n: int) -> int:
+    """Permutes of the two zig-zag reorders that move data (``context._reorder``'s four
+    permutations, less those that keep every chunk home, which XLA drops: with ``n = 2``
+    the first half of each shard stays)."""
+    home = lambda c: c if c < n else 2 * n - 1 - c       # device of chunk c, zig-zag
+    even_src = [e if e % 2 == 0 else 2 * n - 1 - e for e in range(n)]
+    odd_src = [2 * n - 1 - e if e % 2 == 0 else e for e in range(n)]
+    perms = ([home(2 * d) for d in range(n)], [home(2 * d + 1) for d in range(n)],
+             [even_src[d] // 2 for d in range(n)], [odd_src[d] // 2 for d in range(n)])
+    return sum(p != list(range(n)) for p in perms)
 
 
 def pipeline_stage_activations(cfg: GPTConfig, batch: int, seq: int, rules: Rules,

@@ -291,6 +291,46 @@ def _async_computations(hlo_text: str) -> set[str]:
     return comps
 
 
+_FUSION_CALL = re.compile(r"\bfusion\(.*?\bcalls=%?([\w.\-]+)")
+
+
+def _clone_channels(hlo_text: str) -> set[tuple[str, str]]:
+    """(kind, channel_id) whose instructions in fusion computations are clones of one
+    collective: the TPU compiler's async collective fusion repeats a collective, with its
+    ``channel_id``, in the computations its start, steps and done fusions call (one each).
+    A channel that two instructions of one computation share is not an instruction's id
+    (XLA:CPU, and shard_map's all-to-alls and permutes on TPU, give every such collective
+    ``channel_id=1``): those are distinct instructions wherever they are."""
+    fused = set(_FUSION_CALL.findall(hlo_text))
+    where: dict[tuple[str, str], list[str]] = {}
+    for name, lines in _computations(hlo_text).items():
+        for line in lines:
+            m = _INSTR.match(line)
+            channel = _CHANNEL.search(line) if m else None
+            if channel is not None:
+                where.setdefault((m.group("kind"), channel.group(1)), []).append(name)
+    return {key for key, comps in where.items()
+            if len(comps) > 1 and len(set(comps)) == len(comps) and set(comps) <= fused}
+
+
+def _loop_computations(hlo_text: str) -> set[str]:
+    """While bodies and every computation they call, at any depth."""
+    callees: dict[str, set[str]] = {}
+    for name, lines in _computations(hlo_text).items():
+        for line in lines:
+            for one, many in _CALLEE.findall(line):
+                callees.setdefault(name, set()).update(
+                    [one] if one else re.findall(r"%?([\w.\-]+)", many))
+    todo = list(set(_WHILE_BODY.findall(hlo_text)))
+    out: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name not in out:
+            out.add(name)
+            todo += callees.get(name, ())
+    return out
+
+
 def _channels_in(hlo_text: str, computations: set[str]) -> set[tuple[str, str]]:
     """(kind, channel_id) of the collectives inside ``computations``."""
     out: set[tuple[str, str]] = set()
@@ -310,15 +350,21 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
     """All collectives in an optimized HLO module, merged by (kind, axes, shapes, group size,
     overlapped), largest total traffic first.
 
-    An instruction cloned into several computations (the TPU compiler's async collective
-    fusion repeats one collective, with its ``channel_id``, in the computations of its
-    steps) counts once per channel in each loop nest.
+    ``count`` is per step: each instruction times the runs of its computation
+    (:func:`computation_multiplicity`: a loop body, or a fusion inside one, runs trip-count
+    times). An instruction cloned into several fusion computations (the TPU compiler's
+    async collective fusion repeats one collective, with its ``channel_id``, in the
+    computations of its start, steps and done) counts once (:func:`_clone_channels`);
+    instructions that merely share a ``channel_id`` (XLA:CPU, shard_map's collectives) each
+    count. A tuple-shaped instruction (the compiler's combined all-reduces, a variadic
+    all-to-all) counts once, its ``bytes`` summed over the arrays it carries.
     """
     n = math.prod(axis_sizes)
-    bodies = set(_WHILE_BODY.findall(hlo_text))
-    trips = loop_trip_counts(hlo_text)
+    loops = _loop_computations(hlo_text)
+    runs = computation_multiplicity(hlo_text)
     asyncs = _async_computations(hlo_text)
-    seen: dict[tuple[str, str], str] = {}   # (kind, channel) -> first computation
+    clones = _clone_channels(hlo_text)
+    seen: dict[tuple[str, str], str] = {}   # (kind, channel) of a clone -> its computation
     async_channels = _channels_in(hlo_text, asyncs)
     graph = HloGraph.parse(hlo_text)
     merged: dict[tuple, dict] = {}
@@ -333,9 +379,7 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
             continue
         kind, attrs = m.group("kind"), m.group("rest")
         channel = _CHANNEL.search(attrs)
-        if channel is not None:
-            # a clone in another computation repeats it; XLA:CPU gives distinct
-            # instructions of one computation the same channel_id (all-to-alls: 1)
+        if channel is not None and (kind, channel.group(1)) in clones:
             if seen.setdefault((kind, channel.group(1)), computation) != computation:
                 continue
         overlapped = bool(m.group("suffix")) or computation in asyncs or (
@@ -348,10 +392,10 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
             groups = parse_replica_groups(attrs, n) or [list(range(n))]
             axes, aligned = groups_to_axes(groups, axis_names, axis_sizes)
             size = len(groups[0])
-        key = (kind, axes, aligned, size, shapes, computation in bodies, overlapped)
+        key = (kind, axes, aligned, size, shapes, computation in loops, overlapped)
         rec = merged.setdefault(key, {"count": 0, "bytes": nbytes, "names": [],
                                       "sources": {}, "ops": {}, "tensors": {}})
-        rec["count"] += trips.get(computation, 1)
+        rec["count"] += runs.get(computation, 1) or 1
         rec["names"].append(m.group("name"))
         ins = graph.instructions.get(m.group("name"))
         if ins is not None:
