@@ -257,3 +257,22 @@ def test_a_plan_over_memory_with_large_logits_names_loss_chunks_and_it_fits():
                   seq=8192, progress=False)
     (lint,) = [w for w in xla.warnings if w.kind == "memory"]
     assert "loss_chunks" not in lint.fix
+
+
+@needs_tpu
+def test_a_tpu_compiler_failure_on_an_abstract_slice_is_an_estimate_that_says_why():
+    """libtpu 0.0.42 fails ("Can't deep copy instruction tuple") on zig-zag ring attention
+    in bfloat16 with unscanned layers: the plan falls back to the formulas and names the
+    compiler's error instead of raising; the scanned model compiles (the reference)."""
+    cfg = TINY.replace(dtype="bfloat16", context_attention="ring", context_zigzag=True,
+                       seq_len=256)
+    mesh = wb.abstract_mesh("v5e-8", data=2, context=4)
+    p = wb.plan(cfg, mesh=mesh, rules="cp", batch=4, seq=256, progress=False)
+    if p.source == "tpu-compiler":
+        pytest.skip("this libtpu compiles the step: nothing to fall back from")
+    assert p.source == "estimate" and p.is_estimate
+    assert p.source_reason.startswith("the tpu compiler failed on this step (")
+    assert p.memory["total"] > 0 and p.predicted.step_seconds > 0
+    scanned = wb.plan(cfg.replace(scan_layers=True), mesh=mesh, rules="cp", batch=4,
+                      seq=256, progress=False)
+    assert scanned.source == "tpu-compiler"

@@ -427,6 +427,15 @@ def _compile_step(jitted: Any, args: tuple[Any, ...], info: Any, target: _Target
                                  options=getattr(jitted, "_workbench_options", None))
     except Exception as err:  # noqa: BLE001 - only the compiler's OOM verdict is kept
         oom = _compiler_oom(err)
+        if oom is None and info.jax_mesh is None and target.source == "tpu-compiler" \
+                and isinstance(err, jax.errors.JaxRuntimeError):
+            # a compile-only TPU target: the compiler's own failure (an internal error of
+            # the installed libtpu) leaves the formulas, said in the plan
+            first = next((ln for ln in str(err).splitlines() if ln.strip()), "")[:300]
+            return _CompileOutcome(target=dataclasses.replace(
+                target, compile=False, source="estimate", reason=(
+                    f"the {compiler} failed on this step ({first}); the numbers are the "
+                    "formulas' estimates")))
         if oom is None:
             raise
         need, free = oom
