@@ -6,8 +6,8 @@ entries) at its per-chip batch and sequence length, with splash attention and a 
 policy no heavier than the reference's, compiled for the whole slice by the TPU compiler
 (libtpu, compile-only): memory per chip and fit are the compiler's. Predicted step time:
 the TPU compiler's own cycle estimates of every fusion it scheduled (loop bodies x trip
-count) at the chip's clock, plus the splash kernel's FLOPs at peak (the compiler does not
-model Pallas kernels), plus the collectives the compiled program does not overlap
+count) at the chip's clock, plus the splash kernel's FLOPs at the efficiency those cycles
+give the rest of the step (the compiler does not model Pallas kernels), plus the collectives the compiled program does not overlap
 (``Plan.predicted``); the roofline (FLOPs at peak) is quoted beside it as the ideal. MFU
 is model FLOPs over that time, quoted in both FLOP conventions: causal-halved attention
 (workbench / MaxText v5p table) and full attention (MaxText's v6e tables). The 70B v6e
@@ -145,7 +145,8 @@ def row(ref: Reference, p: wb.Plan, seconds: float) -> dict[str, Any]:
                    f"table has no host-link bandwidth): they hide behind compute only "
                    f"above {hb / pred.step_seconds / 1e9:.0f} GB/s each way")
     if p.kernel_flops:
-        why.append("the splash kernel is timed at peak FLOP/s")
+        why.append("the splash kernel is timed at the efficiency the compiler's cycles give "
+                   "the step's other FLOPs (the compiler does not model Pallas kernels)")
     notes = (f"{p.source}; {ref.per_chip_batch}x{ref.seq}/chip, {p.attention.split(':')[0]} "
              f"attention, remat {p.cfg.remat} (reference: {ref.reference_remat})"
              + (f", loss_chunks={p.cfg.loss_chunks}" if p.cfg.loss_chunks > 1 else "")
@@ -154,7 +155,7 @@ def row(ref: Reference, p: wb.Plan, seconds: float) -> dict[str, Any]:
              f"s/step (published {published_step:.2f}), {tok_chip:,.0f} tokens/s/chip "
              f"(published {ref.tokens_per_chip:,}); local work from the TPU compiler's "
              f"cycle estimates, {cycles:.3g} cycles at {spec.clock_hz / 1e9:.3g} GHz = "
-             f"{cycles / spec.clock_hz:.2f} s, + splash kernel at peak "
+             f"{cycles / spec.clock_hz:.2f} s, + splash kernel at the same efficiency "
              f"{pred.breakdown['local'] - cycles / spec.clock_hz:.2f} s (roofline "
              f"{pred.breakdown['roofline_local']:.2f} s: the ideal, MFU {ideal:.1%}); "
              f"collectives {pred.breakdown['communication']:.2f} s not hidden; MFU "

@@ -177,7 +177,8 @@ def test_a_matmuls_estimated_cycles_at_the_clock_stay_within_its_flops_at_peak(t
 @needs_tpu
 def test_tpu_plans_time_local_work_with_the_compilers_cycles():
     """A scanned TPU plan: local work is the compiler's cycles (loop bodies x trips) at the
-    clock, plus the splash kernel's FLOPs at peak; the unrolled program (no loop) is the
+    clock, plus the splash kernel's FLOPs at the efficiency those cycles give the rest of
+    the step's FLOPs; the unrolled program (no loop) is the
     reference for the loop's multiplication; the roofline stays in the breakdown as the
     ideal."""
     cfg = TINY.replace(n_layers=4, dtype="bfloat16", attention="splash", n_heads=4,
@@ -192,12 +193,16 @@ def test_tpu_plans_time_local_work_with_the_compilers_cycles():
     assert 0.9 * cyc[False] <= cyc[True] <= 2 * cyc[False], cyc
     p = plans[True]
     pred = p.predicted
-    kernel = p.kernel_flops / p.compute_split / spec.peak_flops
-    assert kernel > 0
-    assert pred.breakdown["local"] == pytest.approx(cyc[True] / spec.clock_hz + kernel)
+    kernel = p.kernel_flops / p.compute_split / spec.peak_flops   # at peak
+    t_cycles = cyc[True] / spec.clock_hz
+    other = pred.breakdown["compute"] - kernel     # the rest of the step's FLOPs at peak
+    efficiency = min(1.0, other / t_cycles)
+    assert kernel > 0 and 0 < efficiency <= 1
+    assert pred.breakdown["local"] == pytest.approx(t_cycles + kernel / efficiency)
     assert pred.breakdown["roofline_local"] <= pred.breakdown["local"]
     assert re.search(r"cycle estimates: \d+ instructions", pred.sources["local"])
-    assert "splash kernel's FLOPs at peak" in pred.sources["local"]
+    assert f"{efficiency:.0%} of peak FLOP/s" in pred.sources["local"]
+    assert "splash kernel's FLOPs at that efficiency" in pred.sources["local"]
     assert "by the compiler's estimates" in str(pred)
     # another chip's table: the cycles are this chip's, so the roofline is used
     other = p.predict(hardware="TPU v5p")

@@ -8,7 +8,8 @@ Formulas and their sources are in docs/predictions.md. In short, per device and 
                                                       CPU compute + memory: shared cores)
                 or, for a TPU-compiled plan, the TPU compiler's own cycle estimates of
                 every fusion it scheduled (x loop trip counts) at the chip's clock, plus
-                the Pallas kernels' FLOPs at peak (``compute_seconds``)
+                the Pallas kernels' FLOPs at the efficiency those cycles give the step's
+                other FLOPs (``compute_seconds``)
     comm      = sum of collective times (ring formulas below, per mesh axis bandwidth)
     exposed   = the collectives on the critical path (``exposed_axes``: tensor-parallel
                 traffic, whose result the next matmul waits for)

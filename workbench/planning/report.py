@@ -185,23 +185,29 @@ class Plan(Displayable):
             return 0, 0
         return compiler_cycles(self.compiled.as_text())
 
-    def _compiler_compute(self, kernel: float) -> tuple[float | None, str]:
+    def _compiler_compute(self, kernel: float, other_flops: float) -> tuple[float | None, str]:
         """The local work of a step timed by the TPU compiler's cycle estimates at the
-        chip's clock, plus the Pallas kernels' FLOPs at peak; (None, "") when there are
-        none (not TPU-compiled, or no clock for this chip in the hardware table)."""
+        chip's clock, plus the Pallas kernels' FLOPs (``kernel``, all devices) at the
+        efficiency the compiler's cycles give the rest of the step's FLOPs
+        (``other_flops``, per device); (None, "") when there are no cycles (not
+        TPU-compiled, or no clock for this chip in the hardware table)."""
         cycles, n = self.compiler_cycles
         spec = hardware_spec(self.mesh.device_kind) if cycles else None
         if spec is None or not spec.clock_hz:
             return None, ""
-        t_kernel = kernel / self.compute_split / spec.peak_flops
-        seconds = cycles / spec.clock_hz + t_kernel
+        t_cycles = cycles / spec.clock_hz
+        efficiency = min(1.0, other_flops / spec.peak_flops / t_cycles) \
+            if other_flops > 0 else 1.0
+        t_kernel = kernel / self.compute_split / spec.peak_flops / efficiency
         why = (f"the TPU compiler's own cycle estimates: {n} instructions, {cycles:.4g} "
                f"cycles per step (loop bodies x trip count) at {spec.clock_hz / 1e9:.3g} GHz "
-               f"({spec.source_of('clock_hz')}) = {cycles / spec.clock_hz:.4g} s")
+               f"({spec.source_of('clock_hz')}) = {t_cycles:.4g} s, {efficiency:.0%} of "
+               f"peak FLOP/s for the step's other FLOPs")
         if kernel:
-            why += (f"; + the {self.attention.split(':')[0]} kernel's FLOPs at peak, "
-                    f"{t_kernel:.3g} s (the compiler does not model Pallas kernels)")
-        return seconds, why
+            why += (f"; + the {self.attention.split(':')[0]} kernel's FLOPs at that "
+                    f"efficiency, {t_kernel:.3g} s (the compiler does not model Pallas "
+                    "kernels)")
+        return t_cycles + t_kernel, why
 
     @functools.cached_property
     def compiled_flops_per_device(self) -> float | None:
@@ -247,10 +253,11 @@ class Plan(Displayable):
             attn = 3 * fwd_attn + (fwd_attn if self.cfg is not None
                                    and self.cfg.remat != "none"
                                    and "context" not in _kept(self.cfg.remat) else 0.0)
+        flops = (cost["flops"] + kernel / self.compute_split) if compiled else \
+            (self.model_flops + self.flops.recompute - attn + kernel) \
+            / self.compute_split * self.pipeline_factor
         return predict(
-            flops=(cost["flops"] + kernel / self.compute_split) if compiled else
-            (self.model_flops + self.flops.recompute - attn + kernel)
-            / self.compute_split * self.pipeline_factor,
+            flops=flops,
             bytes_accessed=cost["bytes accessed"] if compiled else self.hbm_bytes_estimate,
             collectives=self.collectives, mesh=self.mesh, hardware=hardware,
             tokens_per_step=self.batch * self.seq if self.cfg is not None
@@ -258,7 +265,8 @@ class Plan(Displayable):
             model_flops=self.model_flops, overlap=overlap,
             compiler_seconds=cost.get("optimal_seconds") if compiled else None,
             **dict(zip(("compute_seconds", "compute_source"),
-                       self._compiler_compute(kernel) if hardware is None else (None, ""))),
+                       self._compiler_compute(kernel, flops - kernel / self.compute_split)
+                       if hardware is None else (None, ""))),
             exposed_axes=self._weight_only_axes(),
             flops_source=(label if compiled else why + "model FLOPs (+ remat) / compute split")
             + (f"; + the {self.attention.split(':')[0]} kernel's FLOPs by formula "
