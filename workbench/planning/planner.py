@@ -428,9 +428,11 @@ def _compile_step(jitted: Any, args: tuple[Any, ...], info: Any, target: _Target
     except Exception as err:  # noqa: BLE001 - only the compiler's OOM verdict is kept
         oom = _compiler_oom(err)
         if oom is None and info.jax_mesh is None and target.source == "tpu-compiler" \
-                and isinstance(err, jax.errors.JaxRuntimeError):
+                and isinstance(err, jax.errors.JaxRuntimeError) \
+                and str(err).lstrip().startswith(_COMPILER_FAULTS):
             # a compile-only TPU target: the compiler's own failure (an internal error of
-            # the installed libtpu) leaves the formulas, said in the plan
+            # the installed libtpu) leaves the formulas, said in the plan; what the user
+            # gave wrong (an unknown compile option: INVALID_ARGUMENT) is raised
             first = next((ln for ln in str(err).splitlines() if ln.strip()), "")[:300]
             return _CompileOutcome(target=dataclasses.replace(
                 target, compile=False, source="estimate", reason=(
@@ -453,6 +455,9 @@ def _compile_step(jitted: Any, args: tuple[Any, ...], info: Any, target: _Target
         memory=_compiled_memory(compiled, estimate, limit),
         collectives=parse_collectives(compiled.as_text(), info.axis_names, info.axis_sizes))
 
+
+#: Status codes of the TPU compiler's own failures (not of what it was given).
+_COMPILER_FAULTS = ("FAILED_PRECONDITION", "INTERNAL", "UNIMPLEMENTED")
 
 _SAID: set[str] = set()
 
