@@ -637,12 +637,20 @@ class Reshard:
     consumer_source: str
 
 
+_DEFINES = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
+
+
 def parse_reshards(hlo_text: str, axis_names: Sequence[str],
                    axis_sizes: Sequence[int]) -> list[Reshard]:
     """Layout changes of activations in an optimized HLO module: all-to-all and
     collective-permute, and all-gathers whose operand is no parameter or batch entry."""
     graph = HloGraph.parse(hlo_text)
     n = math.prod(axis_sizes)
+    lines: dict[str, str] = {}   # instruction name -> its line (first definition)
+    for ln in hlo_text.splitlines():
+        m = _DEFINES.match(ln)
+        if m:
+            lines.setdefault(m.group(1), ln)
     out = []
     for ins in graph.instructions.values():
         kind = ins.op.removesuffix("-start")
@@ -653,8 +661,7 @@ def parse_reshards(hlo_text: str, axis_names: Sequence[str],
         if moved.startswith(("params.", "opt_state.", "batch.")) or (
                 prod is not None and _param_path(prod.op_name)):
             continue
-        line = next((ln for ln in hlo_text.splitlines()
-                     if re.match(rf"^\s*(?:ROOT\s+)?%?{re.escape(ins.name)}\s*=", ln)), "")
+        line = lines.get(ins.name, "")
         if kind == "collective-permute":
             axes, _ = _pairs_axes(line, axis_names, axis_sizes)
         else:
