@@ -46,6 +46,9 @@ NOT_READ = {
 WAYS = ["truncate", "random", "zero", "delete", "flip3"]
 CASES = ([(kind, way) for kind in NEEDED for way in WAYS]
          + [("data_position", "digit"), ("step", "emptied"), ("manifests", "delete")]
+         # issue 29: a newest step that is a dangling symlink, a symlink loop, or holds
+         # another step's data (cp -r checkpoints/3 checkpoints/6)
+         + [("step", "dangling_symlink"), ("step", "symlink_loop"), ("step", "other_step")]
          + [(kind, way) for kind in NOT_READ for way in ("random", "delete")])
 
 
@@ -68,6 +71,14 @@ def _damage(step_dir, kind, way):
     if way == "emptied":
         shutil.rmtree(step_dir)
         step_dir.mkdir()
+        return
+    if way in ("dangling_symlink", "symlink_loop", "other_step"):
+        shutil.rmtree(step_dir)
+        if way == "other_step":
+            shutil.copytree(step_dir.parent / "3", step_dir)
+        else:
+            os.symlink(step_dir.parent / ("gone" if way == "dangling_symlink" else "6"),
+                       step_dir)
         return
     if kind == "manifests":
         for f in glob.glob(f"{step_dir}/state/**/manifest.ocdbt", recursive=True):
@@ -116,10 +127,11 @@ def test_resume_from_the_newest_good_step_with_bitwise_losses(trained, tmp_path,
         assert trainer.step == 3
         assert len(said) == 1 and "unreadable" in said[0] and "restored step 3" in said[0]
         assert f"{CORRUPT_DIR}/6" in said[0] and "nothing deleted" in said[0]
-        assert (ckpts / CORRUPT_DIR / "6").is_dir()          # moved aside, not deleted
+        assert os.path.lexists(ckpts / CORRUPT_DIR / "6")    # moved aside, not deleted
         assert "step 6" in (ckpts / CORRUPT_DIR / "6.reason.txt").read_text()
     trainer.run()                                            # saves 6 again: no collision
     assert trainer.losses == reference                       # bitwise, all N steps
     assert trainer.checkpoints.all_steps() == [3, 6, 8]
-    assert (ckpts / CORRUPT_DIR / "6").is_dir() != harmless  # still there after the saves
+    assert os.path.lexists(ckpts / CORRUPT_DIR / "6") != harmless  # still there after saves
+    assert (ckpts / "6").is_dir() and not (ckpts / "6").is_symlink()
     trainer.close()

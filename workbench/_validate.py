@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_int", "nearest_multiples", "no_new_empty_dirs"]
+__all__ = ["check_float", "check_int", "nearest_multiples", "no_new_empty_dirs"]
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = 1, maximum: int | None = None,
@@ -61,6 +61,40 @@ def check_int(value: Any, name: str, *, minimum: int | None = 1, maximum: int | 
     if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         raise ValueError(f"{head} is out of range; {name} must be {rng}"
                          + (f": {fix}" if fix else ""))
+    return number
+
+
+def check_float(value: Any, name: str, *, minimum: float | None = None,
+                positive: bool = False, where: str = "", example: str = "") -> float:
+    """``value`` as a finite Python ``float``, or an error naming the value and the fix.
+
+    Refused: bools (``True`` is not a factor), strings (``"1.25"``), NaN and infinities,
+    values below ``minimum`` (or not above 0 with ``positive``). Ints and NumPy numbers
+    are accepted.
+
+    Raises:
+      TypeError: ``value`` is not a real number.
+      ValueError: it is not finite, or out of range.
+    """
+    head = f"{where}{name}={value!r}"
+    want = "a finite number" + (" > 0" if positive else "") + (
+        f" >= {minimum}" if minimum is not None else "") + (f" (e.g. {example})" if example
+                                                               else "")
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{head} is a bool; {name} must be {want}")
+    if isinstance(value, str):
+        try:
+            hint = f": write {name}={float(value)!r}"
+        except ValueError:
+            hint = ""
+        raise TypeError(f"{head} is a string; {name} must be {want}{hint}")
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{head} is a {type(value).__name__}; {name} must be {want}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{head} is not finite; {name} must be {want}")
+    if (positive and not number > 0) or (minimum is not None and number < minimum):
+        raise ValueError(f"{head} is out of range; {name} must be {want}")
     return number
 
 

@@ -104,6 +104,7 @@ def make_mesh(
     spec = dict(axes if axes is not None else named)
     devs = _check_devices(devices) if devices is not None else jax.devices()
     types = _axis_types(axis_types, len(spec))
+    dcn = _check_dcn(dcn, spec, "make_mesh")
     if dcn:
         return _hybrid_mesh(spec, dict(dcn), devs, types)
     sizes = _resolve_sizes(spec, len(devs), "devices")
@@ -132,6 +133,22 @@ def _check_devices(devices: Any) -> list[Any]:
                          "position needs its own device: pass distinct devices, e.g. "
                          f"jax.devices()[:{len(devs)}]")
     return devs
+
+
+def _check_dcn(dcn: Any, axes: Mapping[str, Any], where: str) -> dict[str, int]:
+    """``dcn`` as ``{mesh axis: positive int}`` (empty for None), or an error that names
+    the value and the fix: a dict keyed by the mesh's axes with integer sizes >= 1."""
+    if dcn is None:
+        return {}
+    if not isinstance(dcn, Mapping):
+        raise TypeError(f"{where}: dcn={dcn!r} must be a dict of mesh axis -> number of "
+                        f"slices, e.g. dcn={{'data': 2}}")
+    unknown = [a for a in dcn if a not in axes]
+    if unknown:
+        raise ValueError(f"{where}: dcn axes {unknown} are not mesh axes {list(axes)}; "
+                         "name an axis of the mesh, e.g. dcn={'data': 2}")
+    return {a: check_int(v, f"dcn[{a!r}]", where=f"{where}: ",
+                         fix="the number of slices this axis spans") for a, v in dcn.items()}
 
 
 def _hybrid_mesh(ici: dict[str, int], dcn: dict[str, int], devs: list, types: tuple) -> Mesh:
@@ -351,6 +368,9 @@ def _preset(name: str) -> tuple[HardwareSpec, str, np.ndarray, np.ndarray]:
     m = re.fullmatch(r"(?:(\d+)x)?(\d+)x(A100|H100|H200|B200)", key, flags=re.IGNORECASE)
     if m:
         hosts, per_host, gpu = int(m.group(1) or 1), int(m.group(2)), m.group(3).upper()
+        if hosts < 1 or per_host < 1:
+            raise ValueError(f"hardware preset {name!r} has no devices ({hosts} host(s) x "
+                             f"{per_host} GPU(s)); use e.g. '8x{gpu}' or '2x8x{gpu}'")
         kind = _GPU_KINDS[gpu]
         spec = hardware_spec(kind)
         assert spec is not None
@@ -384,6 +404,11 @@ def abstract_mesh(hardware: str | None = None, /, *, dcn: Mapping[str, int] | No
         pod = wb.abstract_mesh("v5p-256", data=-1, model=4)   # 128 chips: data=32
         two = wb.abstract_mesh("v5p-256", data=-1, model=4, dcn={"data": 2})  # data=64
     """
+    dcn = _check_dcn(dcn, axes or {"data": -1}, "abstract_mesh")
+    if dcn and hardware is None:
+        raise ValueError(f"abstract_mesh(dcn={dcn}) needs a hardware preset to join slices "
+                         "of, e.g. wb.abstract_mesh('v5p-256', data=-1, dcn={'data': 2}); "
+                         "without one, give the axes' full sizes")
     if hardware is None:
         if any(s == -1 for s in axes.values()):
             raise ValueError("abstract_mesh without a hardware preset cannot infer a -1 axis; "

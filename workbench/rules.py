@@ -113,6 +113,18 @@ class Rules(Mapping[str, MeshAxes]):
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.items()}
 
     @classmethod
+    def of(cls, value: Any, *, where: str) -> Rules:
+        """``value`` (a ``Rules`` or a mapping) as ``Rules``, or a TypeError naming it and
+        the accepted forms (a preset name is resolved by ``preset``, which needs a mesh)."""
+        if isinstance(value, Rules):
+            return value
+        if isinstance(value, Mapping):
+            return cls.from_dict(value)
+        raise TypeError(f"{where}: rules={value!r} ({type(value).__name__}) must be a preset "
+                        f"name ({', '.join(PRESETS)}), a wb.Rules or a dict of logical axis "
+                        "-> mesh axes, e.g. rules='fsdp'")
+
+    @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Rules:
         """Build from :meth:`to_dict` output."""
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})

@@ -353,6 +353,15 @@ def lm_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:
     return jnp.mean(losses)
 
 
+def check_loss_chunks(chunks: int, seq: int) -> None:
+    """Raise when ``GPTConfig.loss_chunks`` does not divide the sequence length."""
+    if seq % chunks:
+        raise ValueError(
+            f"GPTConfig.loss_chunks={chunks} does not divide the sequence length {seq} (the "
+            f"loss is computed over {chunks} equal slices of the sequence); choose a "
+            f"divisor of {seq}, or loss_chunks=1")
+
+
 def chunked_token_losses(model: GPT, inputs: jax.Array, targets: jax.Array, chunks: int
                          ) -> jax.Array:
     """Per-token cross-entropy ``(B, T)`` of ``model`` without ever holding the whole
@@ -367,11 +376,7 @@ def chunked_token_losses(model: GPT, inputs: jax.Array, targets: jax.Array, chun
     rounding.
     """
     b, t = inputs.shape
-    if t % chunks:
-        raise ValueError(
-            f"GPTConfig.loss_chunks={chunks} does not divide the sequence length {t} (the "
-            f"loss is computed over {chunks} equal slices of the sequence); choose a "
-            f"divisor of {t}, or loss_chunks=1")
+    check_loss_chunks(chunks, t)
     x = model.hidden(inputs)                                           # (B, T, D)
     xs = jnp.moveaxis(x.reshape(b, t // chunks, chunks, x.shape[-1]), 2, 0)
     ts = jnp.moveaxis(targets.reshape(b, t // chunks, chunks), 2, 0)   # (chunks, B, T/c)

@@ -8,7 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from workbench._validate import check_int
+from workbench._validate import check_float, check_int
 
 #: Names the model gives its activations (``jax.ad_checkpoint.checkpoint_name``), which
 #: named remat policies save, offload to host memory or recompute (MaxText's names).
@@ -281,10 +281,12 @@ class GPTConfig:
             raise TypeError(f"context_zigzag must be True or False, got "
                             f"{self.context_zigzag!r}")
         if self.attention_block_sizes is not None:
-            bs = tuple(self.attention_block_sizes)
-            if len(bs) != 2 or not all(isinstance(b, int) and b > 0 for b in bs):
+            bs = tuple(self.attention_block_sizes) if isinstance(
+                self.attention_block_sizes, (tuple, list)) else (self.attention_block_sizes,)
+            if len(bs) != 2 or not all(isinstance(b, int) and not isinstance(b, bool)
+                                       and b > 0 for b in bs):
                 raise ValueError(f"attention_block_sizes={self.attention_block_sizes!r} must "
-                                 "be two positive ints (block_q, block_kv)")
+                                 "be two positive ints (block_q, block_kv), e.g. (128, 128)")
             object.__setattr__(self, "attention_block_sizes", bs)
         object.__setattr__(self, "loss_chunks", check_int(self.loss_chunks,
                                                           "GPTConfig.loss_chunks"))
@@ -305,15 +307,16 @@ class GPTConfig:
                 f"experts_per_token={self.experts_per_token} must be between 1 and "
                 f"n_experts={self.n_experts} (top-k picks k distinct experts); lower "
                 f"experts_per_token or raise n_experts")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            raise ValueError(
-                f"capacity_factor={self.capacity_factor} must be > 0 (slots per expert as a "
-                f"multiple of its balanced share, e.g. 1.25), or None for dropless routing")
+        if self.capacity_factor is not None:
+            object.__setattr__(self, "capacity_factor", check_float(
+                self.capacity_factor, "GPTConfig.capacity_factor", positive=True,
+                example="1.25 slots per expert as a multiple of its balanced share; None "
+                        "for dropless routing"))
         if self.moe_dispatch not in DISPATCH:
             raise ValueError(f"moe_dispatch={self.moe_dispatch!r}; choose one of {DISPATCH}")
         for f in ("router_aux_loss", "router_z_loss"):
-            if getattr(self, f) < 0:
-                raise ValueError(f"GPTConfig.{f} must be >= 0, got {getattr(self, f)}")
+            object.__setattr__(self, f, check_float(getattr(self, f), f"GPTConfig.{f}",
+                                                    minimum=0.0, example="0.01"))
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> GPTConfig:

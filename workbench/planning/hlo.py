@@ -272,10 +272,63 @@ def compiler_cycles(hlo_text: str) -> tuple[int, int]:
         for line in lines:
             m = _CYCLES.search(line)
             if m and mult.get(name) and "pallas_call" not in line \
-                    and "tpu_custom_call" not in line:
+                    and "tpu_custom_call" not in line and int(m.group(1)) < UNKNOWN_CYCLES:
                 total += int(m.group(1)) * mult[name]
                 n += 1
     return total, n
+
+
+#: The TPU compiler writes INT64_MAX (or UINT64_MAX) as ``estimated_cycles`` of an
+#: instruction its cost model cannot time (``"cost_model_type":"COST_MODEL_TYPE_INVALID"``,
+#: e.g. ``scatter_offload_custom_fusion`` in MoE backward passes): not a cycle count.
+UNKNOWN_CYCLES = 2 ** 62
+_TYPE_OF = re.compile(r"\s*(.+?)\s+[a-z][\w\-]*\(")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Unestimated:
+    """An instruction whose ``estimated_cycles`` the TPU compiler marks unknown.
+
+    Attributes:
+      name: the HLO instruction name (``scatter_offload_custom_fusion.6``).
+      computation: the computation it is in.
+      bytes: its operands' and result's bytes (what it reads and writes once).
+      count: how often it runs per step (``computation_multiplicity``).
+    """
+
+    name: str
+    computation: str
+    bytes: int
+    count: int
+
+
+def unestimated_instructions(hlo_text: str) -> list[Unestimated]:
+    """Instructions the TPU compiler left without a cycle estimate (``UNKNOWN_CYCLES``),
+    with the bytes they read and write (operand types looked up in their computation) and
+    how often they run per step; ``compiler_cycles`` leaves them out, the prediction times
+    them by their roofline."""
+    mult = computation_multiplicity(hlo_text)
+    out = []
+    for comp, lines in _computations(hlo_text).items():
+        hits = [ln for ln in lines if (m := _CYCLES.search(ln)) is not None
+                and int(m.group(1)) >= UNKNOWN_CYCLES and mult.get(comp)]
+        if not hits:
+            continue
+        types = {m.group(1): ln.split("=", 1)[1] for ln in lines
+                 if (m := _DEFINES.match(ln)) is not None}
+        for line in hits:
+            head = re.match(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+[a-z][\w\-]*\("
+                            r"([^)]*)\)", line)
+            if head is None:
+                continue
+            name, rtype, args = head.groups()
+            nbytes = _array_bytes(rtype, "", False)[0]
+            for arg in re.findall(r"%?([\w.\-]+)", args):
+                typed = _TYPE_OF.match(types.get(arg, ""))
+                nbytes += _array_bytes(typed.group(1), "", False)[0] if typed else 0
+            out.append(Unestimated(name=name, computation=comp, bytes=nbytes,
+                                   count=mult[comp]))
+    return out
 
 
 _ASYNC_CALL = re.compile(r"^\s*(?:ROOT\s+)?%?(?:async-collective-start[\w.\-]*\s*=.*?|.*?"

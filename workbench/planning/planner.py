@@ -132,7 +132,7 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
     info = mesh_info(mesh)
     rules_name = rules if isinstance(rules, str) else None
     rules = Rules.preset(rules or "fsdp", info) if rules is None or isinstance(rules, str) \
-        else rules
+        else Rules.of(rules, where="wb.plan")
     rules.check_mesh(info)
     if info.jax_mesh is not None:
         require_auto_axes(info.jax_mesh)

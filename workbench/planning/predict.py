@@ -30,6 +30,7 @@ import numpy as np
 
 from workbench.hardware import HardwareSpec, cpu_spec, hardware_spec
 from workbench.mesh import MeshInfo, mesh_info
+from workbench.planning.bounds import implausible
 from workbench.planning.hlo import Collective
 
 __all__ = ["CollectiveTime", "Prediction", "collective_seconds", "predict"]
@@ -83,7 +84,11 @@ class Prediction:
       sources: where each number comes from, by name ("flops", "bytes", "peak_flops",
         "hbm_bandwidth", "overlap", "mfu", "compiler_seconds").
       compiler_seconds: the TPU compiler's own estimate (``optimal_seconds`` of its cost
-        analysis) where the plan was TPU-compiled, shown beside ours; else None.
+        analysis) where the plan was TPU-compiled, shown beside ours; else None (also when
+        the compiler's number is negative: its "unknown").
+      implausible: why the prediction breaks a physical bound
+        (``workbench.planning.bounds``: below its own roofline, MFU above the published
+        envelope, ...); empty when it holds. ``wb.search`` never ranks such a plan.
     """
 
     step_seconds: float
@@ -93,6 +98,7 @@ class Prediction:
     breakdown: dict[str, Any]
     sources: dict[str, str]
     compiler_seconds: float | None = None
+    implausible: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (run.json, the plan widget, the lab dashboard)."""
@@ -100,6 +106,7 @@ class Prediction:
         return {"step_seconds": self.step_seconds, "mfu": self.mfu,
                 "tokens_per_s": self.tokens_per_s, "bound": self.bound,
                 "compiler_seconds": self.compiler_seconds, "sources": dict(self.sources),
+                "implausible": list(self.implausible),
                 "breakdown": {k: v for k, v in b.items() if k != "collectives"}
                 | {"collectives": [dataclasses.asdict(c) | {"axes": list(c.axes)}
                                    for c in b["collectives"]]}}
@@ -119,6 +126,7 @@ class Prediction:
                   f" ms at {c.bandwidth / 1e9:.3g} GB/s ({c.links})" for c in b["collectives"]]
         if self.compiler_seconds is not None:
             lines.append(f"  TPU compiler's estimate: {self.compiler_seconds * 1e3:.3g} ms")
+        lines += [f"  IMPLAUSIBLE: {why}" for why in self.implausible]
         return "\n".join(lines)
 
 
@@ -310,6 +318,15 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     # XLA:CPU's devices share the host's cores: math and memory traffic take turns
     t_roofline = t_compute + t_memory if cpu else max(t_compute, t_memory)
     t_local = t_roofline if compute_seconds is None else float(compute_seconds)
+    if compute_seconds is not None and t_local < t_roofline:   # faster than peak: impossible
+        t_local, compute_source = t_roofline, compute_source + (
+            f"; raised to the roofline ({t_roofline:.4g} s): the cycle estimates "
+            f"({float(compute_seconds):.4g} s) are faster than the chip's peak")
+    compiler_note = ""
+    if compiler_seconds is not None and not compiler_seconds >= 0:
+        compiler_note = (f"; its optimal_seconds was {compiler_seconds!r} (the compiler's "
+                         "'unknown'): not shown")
+        compiler_seconds = None
     t_comm = sum(t.seconds for t in times)
     t_exposed = sum(t.seconds for t, c in zip(times, crit) if c)
     t_free = t_comm - t_exposed
@@ -325,6 +342,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     mfu = None
     if model_flops is not None and step > 0:
         mfu = model_flops / (step * info.size * spec.peak_flops)
+    flagged = implausible(step=step, roofline=t_roofline, local=t_local, mfu=mfu,
+                          compiler_local=compute_seconds is not None)
     return Prediction(
         step_seconds=step, mfu=mfu,
         tokens_per_s=tokens_per_step / step if tokens_per_step and step > 0 else None,
@@ -347,9 +366,13 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                     "or async collective fusion in its HLO) block it: never hidden"
                     if sync_exposed else ""),
                  "mfu": "model FLOPs / (step time x devices x peak FLOP/s per device)",
-                 "compiler_seconds": "TPU compiler cost analysis (optimal_seconds)"
-                 if compiler_seconds is not None else "none"},
-        compiler_seconds=compiler_seconds)
+                 "compiler_seconds": ("TPU compiler cost analysis (optimal_seconds)"
+                                      if compiler_seconds is not None else "none")
+                 + compiler_note,
+                 "bounds": "; ".join(flagged) if flagged else (
+                     "within the physical bounds (workbench.planning.bounds): not below "
+                     "its own roofline, MFU at most the published envelope")},
+        compiler_seconds=compiler_seconds, implausible=flagged)
 
 
 def _spec(hardware: HardwareSpec | str | None, info: MeshInfo) -> HardwareSpec:

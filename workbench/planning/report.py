@@ -196,18 +196,37 @@ class Plan(Displayable):
         if spec is None or not spec.clock_hz:
             return None, ""
         t_cycles = cycles / spec.clock_hz
+        t_unknown, unknown_why = self._unestimated_seconds(spec)
+        t_cycles += t_unknown
         efficiency = min(1.0, other_flops / spec.peak_flops / t_cycles) \
             if other_flops > 0 else 1.0
         t_kernel = kernel / self.compute_split / spec.peak_flops / efficiency
         why = (f"the TPU compiler's own cycle estimates: {n} instructions, {cycles:.4g} "
                f"cycles per step (loop bodies x trip count) at {spec.clock_hz / 1e9:.3g} GHz "
                f"({spec.source_of('clock_hz')}) = {t_cycles:.4g} s, {efficiency:.0%} of "
-               f"peak FLOP/s for the step's other FLOPs")
+               f"peak FLOP/s for the step's other FLOPs") + unknown_why
         if kernel:
             why += (f"; + the {self.attention.split(':')[0]} kernel's FLOPs at that "
                     f"efficiency, {t_kernel:.3g} s (the compiler does not model Pallas "
                     "kernels)")
         return t_cycles + t_kernel, why
+
+    def _unestimated_seconds(self, spec: Any) -> tuple[float, str]:
+        """Seconds per step of the instructions the TPU compiler marks unknown
+        (``hlo.unestimated_instructions``), each timed by its roofline: the bytes it reads
+        and writes at the HBM bandwidth; and the sentence that says so."""
+        from workbench.planning.hlo import unestimated_instructions
+
+        unknown = unestimated_instructions(self.compiled.as_text())
+        if not unknown:
+            return 0.0, ""
+        nbytes = sum(u.bytes * u.count for u in unknown)
+        seconds = nbytes / spec.hbm_bandwidth
+        names = ", ".join(sorted({u.name for u in unknown})[:4])
+        return seconds, (
+            f"; {len(unknown)} instruction(s) the compiler marks unknown (estimated_cycles "
+            f"2**63-1: {names}) timed by their roofline instead: {nbytes:.4g} bytes read and "
+            f"written at {spec.hbm_bandwidth / 1e12:.3g} TB/s = {seconds:.3g} s")
 
     @functools.cached_property
     def compiled_flops_per_device(self) -> float | None:
@@ -226,8 +245,20 @@ class Plan(Displayable):
     @functools.cached_property
     def predicted(self) -> Prediction:
         """Predicted step time, MFU, tokens/s, bound and breakdown (``predict()`` with
-        the defaults: the mesh's hardware table, overlap by platform)."""
-        return self.predict()
+        the defaults: the mesh's hardware table, overlap by platform). A prediction that
+        breaks a physical bound (``Prediction.implausible``) adds an error lint
+        ``implausible_prediction`` to ``warnings``."""
+        pred = self.predict()
+        if pred.implausible and not any(w.kind == "implausible_prediction"
+                                        for w in self.warnings):
+            self.warnings.append(Lint(
+                kind="implausible_prediction", severity="error", path="predicted",
+                message="the predicted step breaks a physical bound: "
+                        + "; ".join(pred.implausible),
+                fix="do not trust this plan's step time or MFU (wb.search does not rank "
+                    "it); compile it for the target (compile=True) or check the model's "
+                    "FLOPs and the hardware table", value=pred.step_seconds))
+        return pred
 
     def predict(self, *, hardware: Any = None, overlap: float | None = None) -> Prediction:
         """A prediction of one step (``workbench.planning.predict``) from this plan's

@@ -31,7 +31,7 @@ from workbench.planning.report import Plan
 from workbench.planning.search_result import SearchResult
 from workbench.planning.search_space import (
     DEFAULT_REMAT, DEFAULT_STRATEGIES, EXPERT_STRATEGIES, Candidate, Hardware, candidates,
-    check_options, hardware as resolve_hardware, invalid, larger_presets, mesh_shape,
+    check_options, check_seq_and_stages, hardware as resolve_hardware, invalid, larger_presets, mesh_shape,
     model_candidates, skip)
 from workbench.rules import Rules
 
@@ -121,6 +121,7 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
                          "trains on tokens with the next-token loss")
     check_options(batch, strategies, remat if gpt else DEFAULT_REMAT, microbatches, top_k,
                   max_model)
+    check_seq_and_stages(seq, stages)
     if overlap is not None and not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap must be in [0, 1] or None, got {overlap!r}")
     s = _Search(cfg=cfg, hw=resolve_hardware(hardware), batch=batch,
@@ -190,13 +191,17 @@ class _Search:
                "fits": None if not limit else total <= limit,
                "over_by": None if not limit else max(0, total - limit),
                "step_seconds": None, "mfu": None, "tokens_per_s": None, "bound": None,
-               "no_overlap_seconds": None, "source": p.source, "problem": None}
+               "no_overlap_seconds": None, "source": p.source, "problem": None,
+               "implausible": False}
         try:
             pred = p.predict(overlap=self.overlap)
         except (ValueError, OSError) as err:  # a hardware table without the numbers
             return out | {"problem": f"no prediction: {err}"}
         step = pred.step_seconds * microbatches
-        return out | {"step_seconds": step, "mfu": pred.mfu, "bound": pred.bound,
+        if pred.implausible:   # never ranked: the prediction breaks a physical bound
+            out["problem"] = "implausible prediction, not ranked: " + "; ".join(pred.implausible)
+        return out | {"implausible": bool(pred.implausible),
+                      "step_seconds": step, "mfu": pred.mfu, "bound": pred.bound,
                       "tokens_per_s": batch * p.seq / step if step > 0 else None,
                       "no_overlap_seconds": pred.breakdown["no_overlap_step"] * microbatches}
 
@@ -239,12 +244,28 @@ class _Search:
             if rows[-1]["fits"] is not False:
                 plans[c.id] = p
         if not rows:
-            reasons = sorted({s["reason"] for s in skipped})
-            raise ValueError(f"wb.search: no candidate can be planned on {self.hw.name} with "
-                             f"batch={self.batch}: " + "; ".join(reasons[:6]))
+            reasons = sorted({s["reason"] for s in skipped}) or [self.no_candidates()]
+            raise ValueError(f"wb.search: no candidate can be planned on {self.hw.name} "
+                             f"(batch={self.batch}, seq={self.seq}): "
+                             + "; ".join(reasons[:6]))
         for i, r in enumerate(sorted(filter(_rankable, rows), key=_key), 1):
             r["analytic_rank"] = i
         return rows, plans
+
+    def no_candidates(self) -> str:
+        """Why the search space was empty before anything was planned."""
+        n_exp = getattr(self.cfg, "n_experts", 0)
+        if n_exp:
+            sizes = [d for d in range(2, self.hw.size + 1)
+                     if self.hw.size % d == 0 and n_exp % d == 0]
+            if not sizes:
+                return (f"the expert-parallel strategies need an expert axis of size > 1 "
+                        f"dividing both n_experts={n_exp} and the {self.hw.size} devices, "
+                        "and none does: use n_experts with a common factor with the device "
+                        "count (e.g. a power of two), or strategies without experts "
+                        "('fsdp', 'tp')")
+        return ("no layout was generated from these strategies and mesh shapes: widen "
+                "strategies= or mesh_shapes=")
 
     def exact_pass(self, rows: list[dict[str, Any]], plans: dict[int, Plan],
                    cands: list[Candidate], top_k: int, notes: list[str]
@@ -267,6 +288,8 @@ class _Search:
                 break
             m = self.measure(p, r["microbatches"])
             r.update({k: v for k, v in m.items() if k not in ("accumulator", "problem")})
+            if m["problem"]:
+                r["note"] = "; ".join(filter(None, [r["note"], m["problem"]]))
             r["source"] = "tpu-compiler (rejected)" if rejected else p.source
             tried.append(r)
             if rejected:
@@ -300,6 +323,10 @@ class _Search:
                remats: Sequence[str]) -> str:
         """By how much the closest candidate is over, and changes to it that were planned
         and fit: remat="full", more micro-batches, a larger slice, a smaller batch."""
+        flagged = [r for r in rows if r.get("implausible") and r["fits"] is not False]
+        if flagged:
+            return (f"{len(flagged)} candidate(s) fit but none has a plausible prediction, "
+                    f"so none is ranked: {flagged[0]['layout']}: {flagged[0]['note']}")
         sized = [r for r in rows if r["limit"]]
         if not sized:
             return "nothing could be predicted: " + (rows[0]["note"] or "no prediction")
@@ -373,7 +400,8 @@ def _as_spec(model: Any, loss_fn: Any, example_batch: Any, remat: Sequence[str],
 # -- ordering ------------------------------------------------------------------------------
 
 def _rankable(r: Mapping[str, Any]) -> bool:
-    return r["fits"] is not False and r["step_seconds"] is not None
+    return r["fits"] is not False and r["step_seconds"] is not None \
+        and not r.get("implausible")
 
 
 def _key(r: Mapping[str, Any]) -> tuple:

@@ -21,11 +21,12 @@ ROW_KEYS = ("order", "rank", "id", "layout", "mesh", "rules", "remat", "microbat
             "memory_per_device", "limit", "fits", "over_by", "step_seconds", "mfu",
             "tokens_per_s", "bound", "source", "analytic_rank", "exact_rank",
             "analytic_memory_per_device", "analytic_step_seconds", "no_overlap_seconds",
-            "accumulator", "note")
+            "accumulator", "implausible", "note")
 
 
 def _fits(r: Mapping[str, Any]) -> bool:
-    return r["fits"] is not False and r["step_seconds"] is not None
+    return r["fits"] is not False and r["step_seconds"] is not None \
+        and not r.get("implausible")
 
 
 def pareto_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

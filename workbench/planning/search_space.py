@@ -11,6 +11,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from workbench._validate import check_int
 from workbench.mesh import HARDWARE_PRESETS, abstract_mesh, make_mesh, mesh_info
 from workbench.models import GPTConfig
 from workbench.models.config import REMAT_POLICIES
@@ -119,6 +120,20 @@ def check_options(batch: int, strategies: Sequence, remat: Sequence[str],
                          f"{top_k!r}; top_k=0 or exact=False compiles none")
     if not isinstance(max_model, int) or max_model < 1:
         raise ValueError(f"max_model must be a positive int, got {max_model!r}")
+
+
+def check_seq_and_stages(seq: Any, stages: Any) -> None:
+    """Raise naming ``seq`` or ``stages`` when it is not what ``wb.search`` plans: a
+    positive int (or None) and a non-empty list of positive ints."""
+    if seq is not None:
+        check_int(seq, "seq", where="wb.search: ",
+                  fix="seq is tokens per sequence; leave it out for the model's seq_len")
+    if isinstance(stages, (str, bytes)) or not isinstance(stages, Sequence) or not stages:
+        raise TypeError(f"wb.search: stages={stages!r} must be a non-empty list of stage "
+                        "counts, e.g. stages=(1, 2, 4) (1: no pipeline)")
+    for i, st in enumerate(stages):
+        check_int(st, f"stages[{i}]", where="wb.search: ",
+                  fix="a stage count: 1 for no pipeline, s > 1 for s pipeline stages")
 
 
 def candidates(cfg: GPTConfig, hw: Hardware, batch: int, strategies: Sequence,

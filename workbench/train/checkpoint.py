@@ -559,6 +559,10 @@ class Checkpoints:
             raise CheckpointError(f"no checkpoint in {self.directory}")
         abstract_target = jax.tree.map(_abstract_key_data, abstract(target))
         failed: list[tuple[int, str, bool]] = []   # (step, why, definitely damaged)
+        if step is None:   # newer step names Orbax skips: symlinks to nothing (or loops)
+            failed += [(b, "its directory is a symlink that leads to no directory (dangling, "
+                           "or a loop)", True) for b in self._broken_links()
+                       if b > (steps[0] if steps else -1)]
         for s in steps:
             restored, why, damaged = None, "", False
             try:
@@ -596,6 +600,16 @@ class Checkpoints:
             f"no readable checkpoint in {self.directory} ({detail}).{where} If the files are "
             f"damaged, move the step directories out of {self.directory} (nothing is deleted "
             "by Workbench) and start a new run_dir, or restore them from a copy")
+
+    def _broken_links(self) -> list[int]:
+        """Step-named entries that are symlinks resolving to no directory, newest first."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        return sorted((int(n) for n in names if n.isdigit()
+                       and os.path.islink(self.directory / n)
+                       and not os.path.isdir(self.directory / n)), reverse=True)
 
     def set_aside_steps(self) -> list[Path]:
         """Steps moved aside as unreadable or corrupt (``<directory>/corrupt/*``)."""
@@ -662,6 +676,11 @@ class Checkpoints:
         if not isinstance(out["meta"], dict):
             raise _Unusable(f"its metadata is a {type(out['meta']).__name__}, not an object")
         meta = dict(out["meta"])
+        saved_as = meta.get("step")
+        if isinstance(saved_as, int) and not isinstance(saved_as, bool) and saved_as != step:
+            raise _Damaged(f"it holds step {saved_as}'s data (its metadata says step "
+                           f"{saved_as}), not step {step}'s: a copied or renamed step "
+                           "directory")
         self._verify(meta, out["state"], data)
         tree = jax.tree.map(  # the bits as saved were verified; now the target's dtypes
             lambda x, t: x.astype(t.dtype) if hasattr(t, "dtype") and x.dtype != t.dtype
@@ -704,7 +723,7 @@ class Checkpoints:
     def _set_aside(self, step: int, why: str) -> Path | None:
         """Moves step ``step``'s directory to ``corrupt/`` (never deletes); its new path."""
         src = self.directory / str(step)
-        if self.read_only or not src.exists():
+        if self.read_only or not os.path.lexists(src):   # a dangling symlink is moved too
             return None
         folder = self.directory / CORRUPT_DIR
         name, n = str(step), 1
@@ -726,9 +745,9 @@ class Checkpoints:
         """Before saving ``step``: a directory of that name Orbax does not list is moved
         aside; one it lists means another writer saved it (refused with the fix)."""
         path = self.directory / str(step)
-        if not path.exists():
+        if not os.path.lexists(path):
             return
-        if step in self.all_steps():
+        if step in self.all_steps() and path.is_dir():
             raise self._write_error(
                 step, ocp.checkpoint_manager.StepAlreadyExistsError(
                     f"checkpoint step {step} already exists in {self.directory} and was not "

@@ -217,6 +217,7 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
             f"{what} is not divisible by the {shards} devices that split the batch dim "
             f"(mesh axes {bsh['inputs'].spec[0]!r} of mesh {dict(mesh.shape)}); use a batch "
             f"that is a multiple of {shards * acc}, or a mesh with fewer data devices")
+    _check_model_for_mesh(config, model_config, mesh, shards)
     abstract_batch = {k: jax.ShapeDtypeStruct((micro, config.seq), jnp.int32, sharding=s)
                       for k, s in bsh.items()}
     data = ShardedBatches(config.data, seq=config.seq, batch=micro, seed=config.seed,
@@ -232,3 +233,30 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
         model_flops=analytic_flops(model_config, config.batch, config.seq),
         peak=peak, peak_source=source, device_kind=device.device_kind,
         n_devices=mesh.devices.size)
+
+
+def _check_model_for_mesh(config: TrainConfig, model_config: Any, mesh: Any,
+                          shards: int) -> None:
+    """What the model and the resolved mesh decide together, checked before the Trainer
+    writes anything: the pipeline's stages (a ``-1`` axis now has its size) and its
+    micro-batches against the batch axes, the loss chunks and the attention kernel's
+    blocks against ``seq``."""
+    from workbench.models.config import GPTConfig
+
+    if not isinstance(model_config, GPTConfig):
+        return
+    if config.pipeline is not None:
+        from workbench.models.pipeline import check_pipeline
+        from workbench.rules import STAGE_AXIS
+
+        check_pipeline(config.pipeline, n_layers=model_config.n_layers,
+                       stages=int(dict(mesh.shape).get(STAGE_AXIS, 1)),
+                       batch=config.micro_batch, batch_shards=shards)
+    from workbench.models import attention as attention_impl
+    from workbench.step import check_loss_chunks
+
+    check_loss_chunks(model_config.loss_chunks, config.seq)
+    attention_impl.check(model_config.attention, mesh.devices.flat[0].platform,
+                         seq=config.seq, head_dim=model_config.head_dim,
+                         n_heads=model_config.n_heads, n_kv_heads=model_config.n_kv_heads,
+                         block_sizes=model_config.attention_block_sizes)
