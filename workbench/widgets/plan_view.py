@@ -169,34 +169,91 @@ def plan_widget(plan: Any) -> PlanView:
     return PlanView(plan)
 
 
+#: Font size (px) of the strategy names, and the widest a name's line may be (characters)
+#: before it wraps at a space.
+_NAME_FONT, _NAME_CHARS = 12, 28
+#: Panel titles, two short lines each: they fit a quarter of a 900 px wide output.
+_TITLES = ("memory / device<br>(GiB)", "FLOPs / device<br>(TFLOP)",
+           "sent / device / step<br>(GiB)", "replicated<br>compute factor")
+
+
+def _wrap(name: str, width: int = _NAME_CHARS) -> list[str]:
+    """``name`` in lines of at most ``width`` characters, broken at spaces where it can."""
+    lines: list[str] = []
+    for word in name.split(" "):
+        while len(word) > width:                       # one long token: cut it
+            if lines and not lines[-1]:
+                lines.pop()
+            lines += [word[:width]]
+            word = word[width:]
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return [ln for ln in lines if ln] or [""]
+
+
+def _panel_max(fig: Any) -> list[float]:
+    """An upper bound of the x values drawn in each of the figure's four panels (stacked
+    bars: the sum of their largest values)."""
+    out = [0.0] * 4
+    for t in fig.data:
+        vals = [float(v) for v in (t.x or ()) if v is not None and np.isfinite(v)]
+        if vals:
+            col = int((t.xaxis or "x")[1:] or 1) - 1
+            out[col] = out[col] + max(vals) if t.type == "bar" else max(out[col], *vals)
+    return out
+
+
 def compare_figure(comparison: Any) -> Any:
-    """Plotly figure: memory per device stacked by kind (limit dashed), FLOPs per device,
-    bytes sent per device per step, replicated compute factor."""
+    """Plotly figure: memory per device stacked by kind (limit marked), FLOPs per device,
+    bytes sent per device per step, replicated compute factor.
+
+    One row of plans per strategy, bars horizontal and the panels sharing the names on the
+    left: names are never rotated and never overlap, however many or long (a long name
+    wraps at spaces; the left margin and the height follow the names drawn)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     rows = comparison.rows
-    names = [r["name"] + (" (est.)" if r["estimate"] else "") for r in rows]
-    fig = make_subplots(rows=1, cols=4, subplot_titles=(
-        "memory / device (GiB)", "FLOPs / device (TFLOP)", "sent / device / step (GiB)",
-        "replicated compute factor"))
+    wrapped = [_wrap(r["name"] + (" (est.)" if r["estimate"] else "")) for r in rows]
+    names = ["<br>".join(w) for w in wrapped]
+    longest = max((len(ln) for w in wrapped for ln in w), default=1)
+    lines = sum(len(w) for w in wrapped)
+    fig = make_subplots(rows=1, cols=4, shared_yaxes=True, horizontal_spacing=0.035,
+                        subplot_titles=_TITLES)
     gib = 1024 ** 3
-    for key in (*STACK,):
-        fig.add_trace(go.Bar(name=key, x=names, y=[(r["memory"].get(key) or 0) / gib
-                                                   for r in rows]), row=1, col=1)
+
+    def bar(name: str, values: list[float], col: int, **kw: Any) -> None:
+        fig.add_trace(go.Bar(name=name, y=names, x=values, orientation="h", **kw),
+                      row=1, col=col)
+
+    for key in STACK:
+        bar(key, [(r["memory"].get(key) or 0) / gib for r in rows], 1)
     limits = [r["limit"] for r in rows]
     if any(limits):
-        fig.add_trace(go.Scatter(name="device limit", x=names,
-                                 y=[(x or np.nan) / gib for x in limits], mode="markers+lines",
-                                 line={"dash": "dash", "color": "black"}), row=1, col=1)
-    fig.add_trace(go.Bar(name="FLOPs/device", x=names, showlegend=False,
-                         y=[r["flops_per_device"] / 1e12 for r in rows]), row=1, col=2)
-    fig.add_trace(go.Bar(name="sent/device", x=names, showlegend=False,
-                         y=[r["comm_bytes_per_device"] / gib for r in rows]), row=1, col=3)
-    fig.add_trace(go.Bar(name="compute factor", x=names, showlegend=False,
-                         y=[r["replicated_compute_factor"] for r in rows]), row=1, col=4)
-    fig.update_layout(barmode="stack", height=340, margin={"t": 40, "b": 30, "l": 40, "r": 10},
-                      legend={"orientation": "h", "y": -0.15})
+        fig.add_trace(go.Scatter(name="device limit", y=names, mode="markers",
+                                 x=[(x or np.nan) / gib for x in limits],
+                                 marker={"symbol": "line-ns-open", "size": 18,
+                                         "color": "black", "line": {"width": 2}}),
+                      row=1, col=1)
+    bar("FLOPs/device", [r["flops_per_device"] / 1e12 for r in rows], 2, showlegend=False)
+    bar("sent/device", [r["comm_bytes_per_device"] / gib for r in rows], 3, showlegend=False)
+    bar("compute factor", [r["replicated_compute_factor"] for r in rows], 4,
+        showlegend=False)
+    fig.update_annotations(font={"size": 13})
+    fig.update_yaxes(autorange="reversed", tickfont={"size": _NAME_FONT}, automargin=True)
+    fig.update_xaxes(tickfont={"size": 11}, nticks=4, tickangle=0)
+    for col, trace_max in enumerate(_panel_max(fig), 1):   # 4k, not 4000; 0.5, not 500m
+        fig.update_xaxes(tickformat="~s" if trace_max >= 1000 else "~g", row=1, col=col)
+    top, bottom = 64, 80           # two-line titles above; x ticks and the legend below
+    plot = max(120, 22 * lines + 16 * len(rows))
+    fig.update_layout(
+        barmode="stack", height=top + plot + bottom, bargap=0.3,
+        margin={"t": top, "b": bottom, "r": 16,
+                "l": min(360, 16 + int(0.55 * _NAME_FONT * longest))},
+        legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -40 / plot,
+                "yanchor": "top", "font": {"size": 11}, "itemsizing": "constant"})
     return fig
 
 
