@@ -453,6 +453,22 @@ async def test_issue_case_affects_only_its_run(get: Any, ws: Any, jp_root_dir: P
     listener.close()
 
 
+@pytest.mark.parametrize("kind", ["FIFO", "DIRECTORY"])
+@run_async
+async def test_the_first_listing_shows_a_run_whose_run_json_is_not_a_file(
+        get: Any, jp_root_dir: Path, kind: str) -> None:
+    """Issue 29: a run whose run.json is a named pipe (or a directory), there before the
+    server's first listing, is in that listing as an error naming why (later listings
+    showed it; the first left it out)."""
+    _good_run(jp_root_dir)
+    name, _ = _write_run(jp_root_dir, kind.encode(), _good_lines(range(1, 3)))
+    runs_list = await _check_good(get)          # the first request of this server
+    (summary,) = [r for r in runs_list if r["id"] == name]
+    assert summary["status"] == "error"
+    assert ("not a regular file" if kind == "FIFO" else "is a directory") in summary["problem"]
+    assert [r["id"] for r in runs.list_runs([jp_root_dir]) if r["id"] == name] == [name]
+
+
 def _is_step(line: bytes) -> bool:
     return bool(reference_steps(line + b"\n"))
 

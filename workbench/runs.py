@@ -451,7 +451,8 @@ def find_run_dirs(root: str | os.PathLike[str], max_depth: int = 4,
 
     Hidden directories (unless ``hidden``), ``node_modules``, ``.git`` and symlinked
     directories are not entered; a run directory's own subdirectories (checkpoints) are
-    not searched. A ``run.json`` that is a directory still marks a run (an unreadable one).
+    not searched. A ``run.json`` that is a directory, a named pipe or any other non-file
+    still marks a run (an unreadable one, listed as an error); a symlinked one does not.
     """
     queue: list[tuple[Path, int]] = [(Path(root), 0)]
     visited = 0
@@ -462,8 +463,7 @@ def find_run_dirs(root: str | os.PathLike[str], max_depth: int = 4,
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError:
             continue
-        if any(e.name == RUN_JSON and (e.is_file(follow_symlinks=False)
-                                       or e.is_dir(follow_symlinks=False)) for e in entries):
+        if any(e.name == RUN_JSON and not e.is_symlink() for e in entries):
             yield Path(folder)
             continue
         if depth >= max_depth:
