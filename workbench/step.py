@@ -336,16 +336,23 @@ def sharded_init(cfg_or_factory: GPTConfig | ModelFactory,
 
 
 def lm_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:
-    """Mean next-token cross-entropy (float32) of ``model(inputs)`` against ``targets``."""
+    """Mean next-token cross-entropy (float32) of ``model(inputs)`` against ``targets``:
+    over the tokens where ``mask`` is nonzero when the batch has one. Packed rows also
+    carry ``segment_ids`` and ``positions`` (:mod:`workbench.data.packing`), given to
+    the model."""
     if "tokens" in batch:
         inputs, targets = batch["tokens"][:, :-1], batch["tokens"][:, 1:]  # (B, T) each
     else:
         inputs, targets = batch["inputs"], batch["targets"]
     chunks = model.cfg.loss_chunks if isinstance(model, GPT) else 1
+    packed = {k: batch[k] for k in ("segment_ids", "positions") if k in batch}  # packed rows
+    if packed and not isinstance(model, GPT):
+        raise ValueError(f"packed batches (segment_ids, positions) need a wb GPT; "
+                         f"{type(model).__name__} takes tokens only: train it on unpacked data")
     if chunks > 1:
-        losses = chunked_token_losses(model, inputs, targets, chunks)        # (B, T)
+        losses = chunked_token_losses(model, inputs, targets, chunks, **packed)  # (B, T)
     else:
-        logits = model(inputs).astype(jnp.float32)                         # (B, T, V)
+        logits = model(inputs, **packed).astype(jnp.float32)               # (B, T, V)
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     if "mask" in batch:
         mask = batch["mask"].astype(jnp.float32)
@@ -353,8 +360,8 @@ def lm_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:
     return jnp.mean(losses)
 
 
-def chunked_token_losses(model: GPT, inputs: jax.Array, targets: jax.Array, chunks: int
-                         ) -> jax.Array:
+def chunked_token_losses(model: GPT, inputs: jax.Array, targets: jax.Array, chunks: int,
+                         **packed: jax.Array) -> jax.Array:
     """Per-token cross-entropy ``(B, T)`` of ``model`` without ever holding the whole
     ``(B, T, V)`` logits (``GPTConfig.loss_chunks``; MaxText's vocabulary tiling).
 
@@ -372,7 +379,7 @@ def chunked_token_losses(model: GPT, inputs: jax.Array, targets: jax.Array, chun
             f"GPTConfig.loss_chunks={chunks} does not divide the sequence length {t} (the "
             f"loss is computed over {chunks} equal slices of the sequence); choose a "
             f"divisor of {t}, or loss_chunks=1")
-    x = model.hidden(inputs)                                           # (B, T, D)
+    x = model.hidden(inputs, **packed)                                 # (B, T, D)
     xs = jnp.moveaxis(x.reshape(b, t // chunks, chunks, x.shape[-1]), 2, 0)
     ts = jnp.moveaxis(targets.reshape(b, t // chunks, chunks), 2, 0)   # (chunks, B, T/c)
 

@@ -67,14 +67,17 @@ def rope(x: jax.Array, theta: float, positions: jax.Array | None = None) -> jax.
     """Rotary position embedding on ``x`` of shape (B, T, heads, H), rotate-half form.
 
     ``positions`` (T,): the global position of each row (default ``arange(T)``; the
-    zig-zag order under context parallelism, :func:`workbench.models.context.positions`).
+    zig-zag order under context parallelism, :func:`workbench.models.context.positions`);
+    or (B, T): each token's position within its document (packed rows).
     """
     _, t, _, h = x.shape
     pos = jnp.arange(t) if positions is None else positions
     inv_freq = 1.0 / theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h)   # (H/2,)
-    angles = pos.astype(jnp.float32)[:, None] * inv_freq[None, :]           # (T, H/2)
-    sin = jnp.sin(angles)[None, :, None, :]                                  # (1, T, 1, H/2)
-    cos = jnp.cos(angles)[None, :, None, :]
+    angles = pos.astype(jnp.float32)[..., None] * inv_freq                  # ([B,] T, H/2)
+    if angles.ndim == 2:
+        angles = angles[None]                                                # (1, T, H/2)
+    sin = jnp.sin(angles)[:, :, None, :]                                     # (B|1, T, 1, H/2)
+    cos = jnp.cos(angles)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)                   # 2 x (B, T, n, H/2)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
@@ -94,7 +97,7 @@ class Attention(nnx.Module):
         self.impl, self.block_sizes = cfg.attention, cfg.attention_block_sizes
         self.context_attention, self.context_zigzag = cfg.context_attention, cfg.context_zigzag
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segments: Segments | None = None) -> jax.Array:
         dt = self.dtype
         q = jnp.einsum("btd,dnh->btnh", x, self.q[...].astype(dt))   # (B, T, N, H)
         k = jnp.einsum("btd,dkh->btkh", x, self.k[...].astype(dt))   # (B, T, K, H)
@@ -102,16 +105,19 @@ class Attention(nnx.Module):
         q = checkpoint_name(q, "query_proj")
         k = checkpoint_name(k, "key_proj")
         v = checkpoint_name(v, "value_proj")
-        pos = context_parallel.positions(x.shape[1], zigzag=self.context_zigzag)  # global
+        pos = context_parallel.positions(x.shape[1], zigzag=self.context_zigzag) \
+            if segments is None else segments[1]    # global, or within each document
         q = constrain(rope(q, self.theta, pos), ("batch", "seq", "heads", "head_dim"), name="q")
         k = constrain(rope(k, self.theta, pos), ("batch", "seq", "kv_heads", "head_dim"),
                       name="k")
         v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"), name="v")
-        y = context_parallel.attend(q, k, v, variant=self.context_attention,
-                                    zigzag=self.context_zigzag)   # None: seq not sharded
+        y = None if segments is not None else context_parallel.attend(
+            q, k, v, variant=self.context_attention,
+            zigzag=self.context_zigzag)                                   # None: seq not sharded
         if y is None:
-            y = attention_impl.attend(q, k, v, impl=self.impl,
-                                      block_sizes=self.block_sizes)       # (B, T, N, H)
+            y = attention_impl.attend(
+                q, k, v, impl=self.impl, block_sizes=self.block_sizes,
+                segment_ids=None if segments is None else segments[0])   # (B, T, N, H)
         y = checkpoint_name(y, "context")
         y = constrain(y, ("batch", "seq", "heads", "head_dim"), name="attn_out")
         out = jnp.einsum("btnh,nhd->btd", y, self.o[...].astype(dt))     # (B, T, D)
@@ -155,9 +161,9 @@ class Block(nnx.Module):
         else:
             self.mlp = MLP(cfg, key=k_mlp)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segments: Segments | None = None) -> jax.Array:
         x = checkpoint_name(x, "decoder_layer_input")
-        x = x + self.attn(self.attn_norm(x))
+        x = x + self.attn(self.attn_norm(x), segments)
         x = constrain(x, ("batch", "seq", None), name="residual")
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "seq", None), name="residual")
@@ -188,19 +194,27 @@ class GPT(nnx.Module):
             keys[1], _fan_in_init(cfg.d_model), (cfg.d_model, cfg.vocab_size),
             ("embed", "vocab"), pd)
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        return self.head(self.hidden(tokens))
+    def __call__(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,
+                 positions: jax.Array | None = None) -> jax.Array:
+        return self.head(self.hidden(tokens, segment_ids=segment_ids, positions=positions))
 
-    def hidden(self, tokens: jax.Array) -> jax.Array:
+    def hidden(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
         """The final-normed residual stream ``(B, T, d_model)`` the output projection reads
-        (``model(tokens) == model.head(model.hidden(tokens))``)."""
+        (``model(tokens) == model.head(model.hidden(tokens))``).
+
+        Packed rows (:mod:`workbench.data.packing`): ``segment_ids`` (B, T) int32 keeps
+        attention inside each document (0 is padding) and ``positions`` (B, T), each
+        token's position within its document, restarts RoPE per document; give both.
+        """
         cfg, dt = self.cfg, self.cfg.dtype
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (batch, seq) int32, got shape {tokens.shape}")
+        segments = _segments(tokens, segment_ids, positions)
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)      # (B, T, D)
         x = constrain(x, ("batch", "seq", None), name="embedded")
         x = context_parallel.to_model_order(x, zigzag=cfg.context_zigzag)  # CP zig-zag
-        run_block: Callable[[Block, jax.Array], jax.Array] = lambda blk, h: blk(h)
+        run_block: Callable[[Block, jax.Array], jax.Array] = lambda blk, h: blk(h, segments)
         if cfg.n_experts:   # MoE router statistics leave the remat as outputs
             from workbench.models import moe
             run_block = moe.returning_stats(run_block)
@@ -213,6 +227,9 @@ class GPT(nnx.Module):
         if cfg.n_experts:
             run_block = moe.recording_stats(run_block)
         if cfg.scan_layers and active_pipeline() is not None:   # inside a pipelined step
+            if segments is not None:
+                raise ValueError("packed rows (segment_ids) are not supported with pipeline "
+                                 "parallelism; train packed data without TrainConfig.pipeline")
             x = run_pipeline(run_block, self.blocks, x, *active_pipeline())
         elif cfg.scan_layers:
             x = _scan_blocks(run_block, self.blocks, x)
@@ -231,6 +248,27 @@ class GPT(nnx.Module):
         else:
             logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(dt))  # (B, T, V)
         return constrain(logits, ("batch", "seq", "vocab"), name="logits")
+
+
+Segments = tuple[jax.Array, jax.Array]   # (segment_ids, positions), each (B, T) int32
+
+
+def _segments(tokens: jax.Array, segment_ids: jax.Array | None,
+              positions: jax.Array | None) -> Segments | None:
+    """``(segment_ids, positions)`` of packed rows, checked; None for ordinary rows."""
+    if segment_ids is None and positions is None:
+        return None
+    if segment_ids is None or positions is None:
+        raise ValueError("packed rows need both segment_ids and positions (B, T); got only "
+                         + ("positions" if segment_ids is None else "segment_ids"))
+    for name, a in (("segment_ids", segment_ids), ("positions", positions)):
+        if a.shape != tokens.shape:
+            raise ValueError(f"{name} has shape {a.shape}; it must match tokens {tokens.shape}")
+    if context_parallel.layout() is not None:
+        raise ValueError("packed rows (segment_ids) with the sequence sharded over a context "
+                         "axis are not supported; use rules with seq=None for packed data")
+    seg = constrain(segment_ids, ("batch", "seq"), name="segment_ids")
+    return seg, constrain(positions, ("batch", "seq"), name="positions")
 
 
 def _stacked_blocks(cfg: GPTConfig, keys: jax.Array) -> Block:
