@@ -22,6 +22,7 @@ from workbench.data.pipeline import (
     DataSpec,
     ShardedBatches,
     SyntheticData,
+    batch_keys,
     batch_shards,
     batched,
     data_spec,
@@ -30,6 +31,6 @@ from workbench.data.pipeline import (
 )
 
 __all__ = ["DataError", "DataSpec", "Dataset", "ShardedBatches", "SyntheticData", "TextData",
-           "Tokenizer", "batch_shards", "batched", "build_text_corpus", "build_token_cache",
+           "Tokenizer", "batch_keys", "batch_shards", "batched", "build_text_corpus", "build_token_cache",
            "cache_root", "check_vocab", "corpus_bytes", "data_spec", "dataset", "pack",
            "prepare", "row_batch", "source"]

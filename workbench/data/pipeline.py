@@ -177,6 +177,15 @@ def batched(records: grain.MapDataset, *, batch: int, seed: int | None, process_
     return ds[process_index::process_count]
 
 
+#: The entries of a batch of packed rows (``workbench.data.packing.row_batch``).
+PACKED_KEYS: tuple[str, ...] = ("inputs", "targets", "mask", "segment_ids", "positions")
+
+
+def batch_keys(spec: str | Mapping[str, Any] | DataSpec) -> tuple[str, ...]:
+    """The entries of the batches a data spec gives (each int32 ``(batch, seq)``)."""
+    return PACKED_KEYS if isinstance(data_spec(spec), Dataset) else ("inputs", "targets")
+
+
 def batch_shards(sharding: Any) -> int:
     """How many ways a ``NamedSharding`` splits dim 0 (the batch) across devices."""
     spec = sharding.spec
@@ -232,8 +241,7 @@ class ShardedBatches:
                                           vocab_size=vocab_size, cache_dir=cache_dir, **where)
         self.packed = isinstance(self.spec, Dataset)
         #: The entries of each batch (int32 ``(batch, seq)`` each).
-        self.keys: tuple[str, ...] = ("inputs", "targets", "mask", "segment_ids",
-                                      "positions") if self.packed else ("inputs", "targets")
+        self.keys: tuple[str, ...] = batch_keys(self.spec)
         options = grain.ReadOptions(num_threads=max(1, min(prefetch, 4)),
                                     prefetch_buffer_size=prefetch) if prefetch else \
             grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)

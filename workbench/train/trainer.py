@@ -115,6 +115,7 @@ class Trainer(Displayable):
         self.step = 0
         self.restored_from: int | None = None
         self._compiled: Any = None
+        self._evaluator: Any = None
         self._lr_fn: Any = None
         self._lr_blocks: dict[int, np.ndarray] = {}
         self.compile_seconds: float | None = None
@@ -449,7 +450,21 @@ class Trainer(Displayable):
                           checkpoints=self.checkpoints, accumulate=cfg.optimizer.accumulate,
                           checkpoint_every=cfg.checkpoint_every, config=cfg.to_dict(),
                           lr=self.lr, record=record, sinks=tuple(reporters),
-                          run_dir=self.run_dir)
+                          run_dir=self.run_dir, evaluate=self.evaluator(),
+                          eval_every=cfg.eval_every)
+
+    def evaluator(self) -> Any:
+        """The held-out evaluation (``workbench.train.evaluate.Evaluator``), or None when
+        ``config.eval_every`` is 0."""
+        if not self.config.eval_every:
+            return None
+        if self._evaluator is None:
+            from workbench.train.evaluate import Evaluator
+
+            p = self.parts
+            self._evaluator = Evaluator(p.graphdef, p.eval_data, p.shardings.params,
+                                        rules=self.rules, mesh=self.mesh)
+        return self._evaluator
 
     def _reload_quietly(self) -> None:
         """After a failure: back to the newest good checkpoint (step, state, data position)."""
