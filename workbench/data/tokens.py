@@ -161,6 +161,10 @@ def _write(folder: Path, work: list[Unit], *, field: str, tokenizer: Tokenizer, 
         functools.partial(_tokenize_unit, field=field, tokenizer=tokenizer))
     it: Any = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     if workers > 0:
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():   # Grain's workers read absl flags (defaults here)
+            flags.FLAGS.mark_as_parsed()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
     writer = writer_cls(str(folder / "tokens.array_record"), "group_size:1")
     lengths: list[np.ndarray] = []
