@@ -145,3 +145,31 @@ def test_eval_split_too_small_is_refused_and_the_run_dir_is_untouched(setup, tmp
     after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     assert after == before
     assert jax.process_count() == 1
+
+
+@pytest.mark.slow
+def test_a_2x4_job_reads_its_slices_and_resumes_bitwise_after_sigkill(setup, tmp_path):
+    """Two processes x 4 devices, each reading its own block of every global batch of
+    packed rows: the same losses as the one-process run (to float32 rounding: gloo sums in
+    another order), and a job killed mid-run and relaunched gives the uninterrupted job's
+    losses and eval losses bitwise."""
+    from tests.test_jobs import _committed_steps, _losses, _wait_for
+    from workbench.jobs import launch
+
+    cfg, ref = setup["cfg"], setup["ref"]
+    whole = launch(cfg, processes=2, devices_per_process=4, run_dir=tmp_path / "whole",
+                   platform="cpu")
+    assert whole.wait(600) == "finished", whole.tail()
+    want = _losses(tmp_path / "whole")
+    assert want == pytest.approx(ref.losses, rel=1e-5, abs=0)
+    run_dir = tmp_path / "killed"
+    job = launch(cfg, processes=2, devices_per_process=4, run_dir=run_dir, platform="cpu")
+    _wait_for(lambda: 6 in _committed_steps(run_dir) and len(_losses(run_dir)) >= 8, 300, job)
+    os.kill(job.processes[1].pid, signal.SIGKILL)
+    assert job.wait(60) == "failed"
+    again = launch(cfg, processes=2, devices_per_process=4, run_dir=run_dir, platform="cpu")
+    assert again.wait(600) == "finished", again.tail()
+    assert _losses(run_dir) == want                           # bitwise, the whole curve
+    evals = lambda d: [(r["step"], r["eval_loss"]) for r in runs.read_metrics(d)
+                       if "eval_loss" in r]
+    assert evals(run_dir) == evals(tmp_path / "whole")
