@@ -249,6 +249,23 @@ def test_tokenizer_larger_than_the_model_is_refused_naming_both(corpus):
         prepare(spec, seq=64, vocab_size=256)
 
 
+def test_a_tokenizer_larger_than_the_model_is_refused_by_the_config(corpus):
+    spec = Dataset(files="anything.jsonl", tokenizer=corpus["root"] / "spm.model")
+    with pytest.raises(ValueError, match=r"vocab_size=500, larger than the model's "
+                                         r"vocab_size=256"):
+        TrainConfig(model="tiny", data=spec)             # tiny: 256 tokens
+
+
+def test_documents_longer_than_a_row_are_split_and_said(corpus):
+    root = corpus["root"]
+    p = prepare(Dataset(files=str(root / "docs.parquet"), field="body",
+                        tokenizer=root / "tokenizer.json"), seq=32, vocab_size=384)
+    n = p.info["train"]["split_documents"]
+    assert n > 0 and p.info["note"].startswith(f"{n} document(s) longer than seq+1=33 tokens "
+                                               "were split into rows (none dropped)")
+    assert p.info["train"]["documents"] == p.info["corpus_documents"]   # none dropped
+
+
 def test_dataset_arguments_are_checked(corpus):
     with pytest.raises(ValueError, match="eval_fraction=1.5"):
         Dataset(files="x", eval_fraction=1.5)

@@ -157,6 +157,12 @@ class TrainConfig:
             raise ValueError(f"batch={self.batch} is not divisible by optimizer.accumulate="
                              f"{acc} micro-batches; use a batch that is a multiple of {acc}")
         model = self._checked_model()
+        from workbench.data.dataset import Dataset
+
+        if isinstance(self.data, Dataset) and hasattr(model, "vocab_size"):
+            from workbench.data.tokenizer import check_vocab
+
+            check_vocab(self.data.tokenizer, model.vocab_size)   # before anything is read
         if self.seq > model.seq_len:
             warnings.warn(
                 f"TrainConfig.seq={self.seq} is longer than the model's seq_len="

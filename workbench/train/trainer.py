@@ -106,6 +106,8 @@ class Trainer(Displayable):
         self.primary = jax.process_index() == 0
         t0 = time.perf_counter()
         self.parts = build_parts(config, data_cache=data_cache)
+        if self.parts.data.info.get("note"):   # e.g. documents longer than a row were split
+            self._say(f"data: {self.parts.data.info['note']}")
         self.mesh, self.rules = self.parts.mesh, self.parts.rules
         # one writer per run directory (workbench.jobs.lock): held while restoring and running
         self._lock = RunLock(self.run_dir) if self.primary else None
