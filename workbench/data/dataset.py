@@ -33,11 +33,13 @@ __all__ = ["Dataset", "Prepared", "prepare"]
 
 
 def _patterns(value: Any, name: str) -> tuple[str, ...]:
+    """Absolute globs (a launched job's processes may start in another directory)."""
+    absolute = lambda v: os.path.abspath(os.path.expanduser(os.fspath(v)))
     if isinstance(value, (str, os.PathLike)):
-        return (os.fspath(value),)
+        return (absolute(value),)
     if isinstance(value, (list, tuple)) and all(isinstance(v, (str, os.PathLike))
                                                 for v in value):
-        return tuple(os.fspath(v) for v in value)
+        return tuple(absolute(v) for v in value)
     raise TypeError(f"Dataset.{name}={value!r} must be a glob, a folder, a file or a list "
                     "of them")
 

@@ -62,7 +62,7 @@ class Tokenizer:
             self.bos_id = self.eos_id = self.pad_id = None
             self._sha = "bytes"
             return
-        file = Path(self.path)
+        file = Path(self.path).expanduser().absolute()   # a job may start elsewhere
         if file.is_dir():
             file = file / "tokenizer.json"
         if not file.is_file():
