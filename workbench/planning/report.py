@@ -270,7 +270,7 @@ class Plan(Displayable):
             exposed_axes=self._weight_only_axes(),
             flops_source=(label if compiled else why + "model FLOPs (+ remat) / compute split")
             + (f"; + the {self.attention.split(':')[0]} kernel's FLOPs by formula "
-               "(attention.kernel_flops: cost analysis does not count Pallas kernels)"
+               "(attention_cost.kernel_flops: cost analysis does not count Pallas kernels)"
                if kernel else ""),
             sync_exposed=self.source == "tpu-compiler",
             bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
@@ -278,7 +278,7 @@ class Plan(Displayable):
     @property
     def kernel_flops(self) -> float:
         """FLOPs of the fused attention kernel in one step, all devices, by formula
-        (``workbench.models.attention.kernel_flops``); 0 for XLA attention."""
+        (``workbench.planning.attention_cost.kernel_flops``); 0 for XLA attention."""
         impl = self.attention.split(":")[0]
         if self.cfg is None or impl in ("", "xla"):
             return 0.0
