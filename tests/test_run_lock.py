@@ -18,7 +18,7 @@ import pytest
 import workbench as wb
 from workbench import runs
 from workbench.jobs import EXIT_STOPPED, JobRunningError, RunLock
-from workbench.jobs.lock import LAUNCHED_ENV, RunDirNotWritable
+from workbench.run_lock import LAUNCHED_ENV, RunDirNotWritable
 from workbench.train.sinks import Sink
 
 pytestmark = pytest.mark.usefixtures("wb_cache")

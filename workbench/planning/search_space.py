@@ -11,7 +11,8 @@ from typing import Any
 import jax
 from flax import nnx
 
-from workbench.mesh import HARDWARE_PRESETS, abstract_mesh, make_mesh, mesh_info
+from workbench.hardware import generation
+from workbench.mesh import abstract_mesh, make_mesh, mesh_info
 from workbench.models import GPTConfig
 from workbench.models.config import REMAT_POLICIES
 from workbench.planning.analytic import axes_size, rule_axes
@@ -354,13 +355,8 @@ def skip(c: Candidate, reason: str) -> dict[str, Any]:
 def larger_presets(hw: Hardware, n: int = 2) -> list[str]:
     """The next ``n`` larger presets of the same chip ("v5p-256" -> v5p-512, v5p-1024;
     "8xH100" -> 2x8xH100, 4x8xH100)."""
-    if hw.preset is None:
+    gen = generation(hw.preset) if hw.preset is not None else None
+    if gen is None:
         return []
-    if "-" in hw.preset:
-        family = hw.preset.split("-")[0] + "-"
-        same = [p for p in HARDWARE_PRESETS if p.startswith(family)]
-    else:
-        gpu = hw.preset.split("x")[-1].upper()
-        same = [p for p in HARDWARE_PRESETS if p.upper().endswith("X" + gpu)]
-    sizes = sorted((abstract_mesh(p).size, p) for p in same)
+    sizes = sorted((abstract_mesh(p).size, p) for p in gen.presets)
     return [p for s, p in sizes if s > hw.size][:n]
