@@ -219,9 +219,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_q: int,
 
 
 def _mesh_axes(rules: Any, logical: str, mesh: Any) -> tuple[str, ...]:
-    if logical not in rules:
-        return ()
-    return tuple(a for a in rules.mesh_axes(logical) if mesh.shape[a] > 1)
+    return rules.axes(logical, mesh)
 
 
 def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, r: Resolved) -> jax.Array:

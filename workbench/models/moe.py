@@ -180,7 +180,7 @@ def config_of(module: nnx.Module) -> GPTConfig | None:
 # -- layout checks -----------------------------------------------------------------------
 
 def _axes(rules: Rules, logical: str) -> tuple[str, ...]:
-    return rules.mesh_axes(logical) if logical in rules else ()
+    return rules.axes(logical)
 
 
 def expert_axes(rules: Rules) -> tuple[str, ...]:

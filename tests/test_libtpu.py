@@ -1,6 +1,6 @@
-"""No import side effects: a fresh interpreter imports every module of the package and
-neither JAX's backend table nor the environment changes; libtpu is quieted only by the
-entry points that need it (a TPU plan, ``wb.devices``), once."""
+"""libtpu is quieted only where needed: a fresh interpreter imports every module of the
+package and neither JAX's backend table nor the environment changes; the entry points
+that need it (a TPU plan, ``wb.devices``) quiet libtpu, once."""
 from __future__ import annotations
 
 import os
