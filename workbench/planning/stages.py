@@ -24,14 +24,14 @@ from workbench.models import attention as attention_impl
 from workbench.models.adapters import ModelSpec, resolve_rules
 from workbench.models.config import remat_policy
 from workbench.models.pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipeline,
-                                       check_rules, in_flight, schedule_bubble, stages_of,
-                                       timeline)
+                                       check_rules, stages_of)
 from workbench.planning import analytic, lints
 from workbench.planning.activations import explain_collectives
 from workbench.planning.flags import compile_options
 from workbench.planning.hlo import Collective, parse_reshards
 from workbench.planning.lints import Lint
 from workbench.planning.measure import CompileOutcome, Target, compile_step, say_once
+from workbench.planning.schedule import in_flight, schedule_bubble, timeline
 from workbench.pytrees import tree_layouts
 from workbench.rules import Rules
 from workbench.step import (LossFn, ModelFactory, abstract_batch,
