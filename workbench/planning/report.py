@@ -271,7 +271,7 @@ class PlanReport:
     @property
     def kernel_flops(self) -> float:
         """FLOPs of the fused attention kernel in one step, all devices, by formula
-        (``workbench.models.attention.kernel_flops``); 0 for XLA attention."""
+        (``workbench.planning.attention_cost.kernel_flops``); 0 for XLA attention."""
         impl = self.attention.split(":")[0]
         if self.cfg is None or impl in ("", "xla"):
             return 0.0
