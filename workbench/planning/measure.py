@@ -1,5 +1,5 @@
-"""Stage 4 of a plan, measure: the step compiled (by XLA for the devices at hand, or the TPU
-compiler for an abstract slice) and read for memory and collectives, or, where nothing
+"""Stage 4 of a plan, measure: the step compiled (by XLA for the devices at hand, or the
+TPU compiler for an abstract slice) and read for memory and collectives, or, where nothing
 compiles, the formulas' estimate with the reason. The compiler's refusals that are facts
 about the step (it does not fit; the installed libtpu fails on it) become estimates that
 say why; anything the user gave wrong is raised."""
@@ -15,10 +15,12 @@ import jax
 from workbench._display import status_line
 from workbench._notebook import in_notebook
 from workbench.layouts import format_bytes
+from workbench.planning import analytic
+from workbench.planning.activations import explain_collectives
 from workbench.planning.compile import compile_lowered
-from workbench.planning.hlo import Collective, parse_collectives
+from workbench.planning.hlo import Collective, parse_collectives, parse_reshards
 
-__all__ = ["CompileOutcome", "Target", "compile_step", "say_once"]
+__all__ = ["CompileOutcome", "Measured", "Target", "compile_step", "measure", "say_once"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,3 +152,71 @@ def _compiled_memory(compiled: Any, estimate: Mapping[str, Any],
             "activations": temp - grads, "total": total, "limit": limit,
             "arguments": int(ma.argument_size_in_bytes),
             "outputs": int(ma.output_size_in_bytes), "aliased": int(ma.alias_size_in_bytes)}
+
+
+# -- the stage ------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Measured:
+    """The step's numbers: compiled (the executable, its memory, its collectives explained
+    by the rules, the reshards the compiler inserted) or the formulas' estimate; the
+    target as it ended (a refused compile is an estimate that says why)."""
+
+    outcome: CompileOutcome
+    memory: dict[str, Any]
+    collectives: list[Collective]
+    reshards: list[Any]
+    pipeline: dict[str, Any] | None
+
+    @property
+    def target(self) -> Target:
+        return self.outcome.target
+
+    @property
+    def compiled(self) -> Any:
+        return self.outcome.compiled
+
+
+def measure(inp: Any, setup: Any, step: Any, *, progress: bool) -> Measured:
+    """Compile the step for the target and read it, or estimate it by formula (memory,
+    collectives from the layouts, pipeline permutes); collectives of a compiled program
+    are explained by the rule that made them.
+
+    Args:
+        inp, setup, step: the records of the earlier stages (``stages.Inputs``,
+            ``stages.Setup``, ``stages.AbstractStep``; this module is below them).
+        progress: say when compiling starts and ends, and why a plan is an estimate.
+    """
+    info, rules, cfg, pipe = inp.info, inp.rules, inp.cfg, inp.pipe
+    out = CompileOutcome(target=setup.target)
+    if setup.target.compile:
+        shown = inp.name or inp.rules_name or ("fsdp" if cfg is not None else "plan")
+        out = compile_step(step.jitted, (step.state.state, step.batch), info, setup.target,
+                           step.estimate, step.limit, label=f"wb.plan({shown!r})",
+                           progress=progress)
+    memory, collectives = out.memory, out.collectives
+    p_lay = step.layouts_of("params.", strip=True)
+    if out.compiled is None:
+        if memory is None:
+            memory = dict(step.estimate)
+            if progress:
+                say_once(out.target.reason)
+        collectives = analytic.analytic_collectives(p_lay, rules, info, cfg, inp.batch,
+                                                    inp.seq)
+        if pipe is not None and cfg is not None:
+            collectives = collectives + analytic.pipeline_permutes(
+                cfg, inp.batch, inp.seq, rules, info, step.pipeline["iterations"],
+                pipe.microbatches)
+    pipe_info = None
+    if step.pipeline is not None:
+        per_stage = [memory[k] or 0 for k in ("params", "optimizer", "batch", "gradients")]
+        pipe_info = {**step.pipeline,
+                     "permutes": [c.to_dict() for c in collectives
+                                  if c.kind == "collective-permute" and "stage" in c.axes],
+                     "stage_memory": [sum(per_stage) + a for a in step.pipeline["stage_memory"]]}
+    reshards: list[Any] = []
+    if out.compiled is not None:  # which rule made each collective; layout conflicts
+        collectives = explain_collectives(collectives, step.logical, step.layouts, rules, info)
+        reshards = parse_reshards(out.compiled.as_text(), info.axis_names, info.axis_sizes)
+    return Measured(outcome=out, memory=memory, collectives=collectives, reshards=reshards,
+                    pipeline=pipe_info)

@@ -1,6 +1,6 @@
 """The stages of ``wb.plan``, in order: resolve the inputs, choose the compile target,
 build the abstract step (the Trainer's own, from ``workbench.step``), measure it (compiler
-or formulas), lint it. ``planner.plan`` runs them and assembles the report; each stage is a
+or formulas: ``workbench.planning.measure``), lint it. ``planner.plan`` runs them and assembles the report; each stage is a
 small function of the previous stages' records."""
 from __future__ import annotations
 
@@ -26,11 +26,9 @@ from workbench.models.config import remat_policy
 from workbench.models.pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipeline,
                                        check_rules, stages_of)
 from workbench.planning import analytic, lints
-from workbench.planning.activations import explain_collectives
 from workbench.planning.flags import compile_options
-from workbench.planning.hlo import Collective, parse_reshards
 from workbench.planning.lints import Lint
-from workbench.planning.measure import CompileOutcome, Target, compile_step, say_once
+from workbench.planning.measure import Measured, Target, measure
 from workbench.planning.schedule import in_flight, schedule_bubble, timeline
 from workbench.pytrees import tree_layouts
 from workbench.rules import Rules
@@ -354,66 +352,7 @@ def _model_flops(graphdef: Any, loss_fn: LossFn, params: Any,
             "wb.models.from_nnx(..., example_batch=..., loss_fn=...))") from err
 
 
-# -- 4. measure ------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Measured:
-    """The step's numbers: compiled (the executable, its memory, its collectives explained
-    by the rules, the reshards the compiler inserted) or the formulas' estimate; the
-    target as it ended (a refused compile is an estimate that says why)."""
-
-    outcome: CompileOutcome
-    memory: dict[str, Any]
-    collectives: list[Collective]
-    reshards: list[Any]
-    pipeline: dict[str, Any] | None
-
-    @property
-    def target(self) -> Target:
-        return self.outcome.target
-
-    @property
-    def compiled(self) -> Any:
-        return self.outcome.compiled
-
-
-def measure(inp: Inputs, setup: Setup, step: AbstractStep, *, progress: bool) -> Measured:
-    """Compile the step for the target and read it, or estimate it by formula (memory,
-    collectives from the layouts, pipeline permutes); collectives of a compiled program
-    are explained by the rule that made them."""
-    info, rules, cfg, pipe = inp.info, inp.rules, inp.cfg, inp.pipe
-    out = CompileOutcome(target=setup.target)
-    if setup.target.compile:
-        shown = inp.name or inp.rules_name or ("fsdp" if cfg is not None else "plan")
-        out = compile_step(step.jitted, (step.state.state, step.batch), info, setup.target,
-                           step.estimate, step.limit, label=f"wb.plan({shown!r})",
-                           progress=progress)
-    memory, collectives = out.memory, out.collectives
-    p_lay = step.layouts_of("params.", strip=True)
-    if out.compiled is None:
-        if memory is None:
-            memory = dict(step.estimate)
-            if progress:
-                say_once(out.target.reason)
-        collectives = analytic.analytic_collectives(p_lay, rules, info, cfg, inp.batch,
-                                                    inp.seq)
-        if pipe is not None and cfg is not None:
-            collectives = collectives + analytic.pipeline_permutes(
-                cfg, inp.batch, inp.seq, rules, info, step.pipeline["iterations"],
-                pipe.microbatches)
-    pipe_info = None
-    if step.pipeline is not None:
-        per_stage = [memory[k] or 0 for k in ("params", "optimizer", "batch", "gradients")]
-        pipe_info = {**step.pipeline,
-                     "permutes": [c.to_dict() for c in collectives
-                                  if c.kind == "collective-permute" and "stage" in c.axes],
-                     "stage_memory": [sum(per_stage) + a for a in step.pipeline["stage_memory"]]}
-    reshards: list[Any] = []
-    if out.compiled is not None:  # which rule made each collective; layout conflicts
-        collectives = explain_collectives(collectives, step.logical, step.layouts, rules, info)
-        reshards = parse_reshards(out.compiled.as_text(), info.axis_names, info.axis_sizes)
-    return Measured(outcome=out, memory=memory, collectives=collectives, reshards=reshards,
-                    pipeline=pipe_info)
+# -- 4. measure: workbench.planning.measure.measure ---------------------------------------
 
 
 # -- 5. lint ---------------------------------------------------------------------------------
