@@ -22,6 +22,7 @@ from workbench.planning.attention_cost import kernel_flops
 from workbench.planning.hlo import Collective, compiler_cycles, loop_trip_counts
 from workbench.planning.lints import Lint
 from workbench.planning.predict import Prediction, predict
+from workbench.planning.serialise import report_fields, report_to_json
 from workbench.rules import Rules
 
 MEMORY_KEYS = ("params", "optimizer", "gradients", "activations", "batch")
@@ -451,16 +452,22 @@ class PlanReport:
     def to_json(self) -> dict[str, Any]:
         """Every field as JSON-friendly data; ``PlanReport.from_json`` reads it back with
         the same summary, dict form and prediction (``planning.serialise``)."""
-        from workbench.planning.serialise import report_to_json
-
         return report_to_json(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PlanReport:
-        """The report of ``to_json()``'s data (after ``json.dumps`` / ``json.loads``)."""
-        from workbench.planning.serialise import report_from_json
+        """The report of ``to_json()``'s data (after ``json.dumps`` / ``json.loads``).
 
-        return report_from_json(data)
+        A plan of real devices reads back on the abstract mesh of the same devices (the
+        report has nothing to run on); everything else is as it was.
+
+        Raises:
+            ValueError: ``data`` is not a plan report of this format.
+        """
+        fields = report_fields(data)
+        cn = fields.pop("compiled_numbers")
+        return cls(**fields, compiled_numbers=None if cn is None else CompiledNumbers(
+            tpu=fields["source"] == "tpu-compiler", values=cn))
 
     def _predicted_dict(self) -> dict[str, Any] | None:
         try:

@@ -1,6 +1,7 @@
 """A ``PlanReport`` as JSON and back: every field as plain data (the mesh as its description,
 each layout as shape, dtype, spec and logical axes, the compiled program's numbers as read),
-so a report read back gives the same summary, dict form and prediction."""
+so a report read back gives the same summary, dict form and prediction. Used by
+``PlanReport.to_json`` / ``from_json`` (this module is below ``report``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,10 +17,9 @@ from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
 from workbench.planning.hlo import Collective
 from workbench.planning.lints import Lint
-from workbench.planning.report import CompiledNumbers, PlanReport
 from workbench.rules import Rules
 
-__all__ = ["FORMAT", "report_from_json", "report_to_json"]
+__all__ = ["FORMAT", "report_fields", "report_to_json"]
 
 #: The format tag of ``report_to_json``'s dicts.
 FORMAT = "workbench.plan-report/1"
@@ -29,8 +29,8 @@ _PLAIN = ("name", "batch", "seq", "is_estimate", "source", "source_reason",
           "compile_cached", "plan_seconds", "pipeline", "compiler_options", "attention")
 
 
-def report_to_json(report: PlanReport) -> dict[str, Any]:
-    """``report`` as JSON-friendly data (``json.dumps`` takes it)."""
+def report_to_json(report: Any) -> dict[str, Any]:
+    """A ``PlanReport`` as JSON-friendly data (``json.dumps`` takes it)."""
     cfg = None if report.cfg is None else report.cfg.to_dict()
     cn = report.compiled_numbers
     return {
@@ -48,8 +48,9 @@ def report_to_json(report: PlanReport) -> dict[str, Any]:
     }
 
 
-def report_from_json(data: Mapping[str, Any]) -> PlanReport:
-    """The ``PlanReport`` of ``report_to_json``'s data (after a JSON round trip).
+def report_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``PlanReport`` fields of ``report_to_json``'s data (after a JSON round trip);
+    ``compiled_numbers`` as the values ``CompiledNumbers(values=...)`` takes.
 
     A plan of real devices reads back on the abstract mesh of the same devices (the
     report has nothing to run on); everything else is as it was.
@@ -65,16 +66,14 @@ def report_from_json(data: Mapping[str, Any]) -> PlanReport:
                          mesh=mesh, name=k,
                          logical_axes=None if v["logical"] is None else tuple(v["logical"]))
                for k, v in data["layouts"].items()}
-    cn = data["compiled_numbers"]
-    return PlanReport(
+    return dict(
         **{k: data[k] for k in _PLAIN}, mesh=mesh, layouts=layouts,
         cfg=None if data["cfg"] is None else GPTConfig(**_tupled(data["cfg"])),
         rules=Rules.from_dict(data["rules"]), flops=FlopCount(**data["flops"]),
         collectives=[Collective(**_tupled(c)) for c in data["collectives"]],
         warnings=[Lint(**_tupled(w)) for w in data["warnings"]],
         logical={k: tuple(v) for k, v in data["logical"].items()},
-        compiled_numbers=None if cn is None else CompiledNumbers(
-            tpu=data["source"] == "tpu-compiler", values=cn))
+        compiled_numbers=data["compiled_numbers"])
 
 
 def _listed(d: Mapping[str, Any]) -> dict[str, Any]:
