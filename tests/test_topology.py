@@ -139,8 +139,9 @@ def test_without_libtpu_plans_fall_back_with_a_reason():
 
 @needs_libtpu
 def test_libtpu_stays_quiet_on_a_host_without_tpus():
-    """jax.devices() after importing workbench.hardware, and a TPU topology: no noise."""
-    code = ("import workbench.hardware, jax; print(jax.devices()[0].platform)\n"
+    """wb.devices() (which keeps libtpu quiet, explicitly: importing changes nothing), then
+    jax.devices() and a TPU topology: no noise."""
+    code = ("import workbench as wb, jax; wb.devices(); print(jax.devices()[0].platform)\n"
             "from workbench.topology import tpu_devices; print(len(tpu_devices('v5e-4')))")
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -143,7 +143,7 @@ def test_missing_tpu_compiler_falls_back_and_says_so_once(monkeypatch, capsys):
     import workbench.topology as topology
 
     monkeypatch.setattr(topology, "tpu_compiler_available", lambda: False)
-    monkeypatch.setattr("workbench.planning.planner._SAID", set())
+    monkeypatch.setattr("workbench.planning.measure._SAID", set())
     mesh = wb.abstract_mesh("v5p-8", **AXES)
     first = wb.plan(TINY, mesh=mesh, rules="fsdp", batch=8, seq=32)
     second = wb.plan(TINY, mesh=mesh, rules="tp", batch=8, seq=32)
@@ -204,7 +204,7 @@ def test_ctrl_c_while_compiling_returns_at_once_and_the_compile_is_kept():
         return real(*args, **{**kwargs, "status": status})
 
     plan_compile.clear_cache()
-    from workbench.planning import planner
+    from workbench.planning import measure as planner
     planner.compile_lowered = with_interrupt
     try:
         with pytest.raises(KeyboardInterrupt):
