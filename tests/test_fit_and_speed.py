@@ -20,6 +20,8 @@ from workbench.planning.hlo import compiler_cycles, computation_multiplicity
 from workbench.step import lm_loss, make_train_step
 from workbench.topology import tpu_compiler_available
 
+from _tolerance import assert_close_at_scale
+
 needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),
                                reason="the TPU compiler (libtpu) is not installed: "
                                       "pip install 'workbench[tpu-compile]'")
@@ -45,7 +47,7 @@ def test_chunked_loss_equals_the_whole_loss(tie, mask):
         loss, grads = _loss_and_grads(cfg.replace(loss_chunks=chunks), batch)
         np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
         for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+            assert_close_at_scale(a, b, rtol=1e-5)   # chunked sums: at the tensor's scale
 
 
 @pytest.mark.parametrize("rules", ["fsdp_tp", "fsdp_cp"])
@@ -68,7 +70,8 @@ def test_chunked_loss_trains_like_the_whole_loss_on_a_sharded_mesh(rules):
         out[chunks] = (losses, jax.tree.leaves(state.params))
     np.testing.assert_allclose(out[4][0], out[1][0], rtol=1e-5)
     for a, b in zip(out[4][1], out[1][1]):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+        # Adam divides by sqrt(nu): reordered last bits of tiny gradients move parameters
+        assert_close_at_scale(a, b, rtol=1e-4)
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.0, True, "4"])

@@ -30,10 +30,13 @@ SECOND_RUN_SAYS = {
 }
 
 
-def kernel_env() -> dict[str, str]:
+def kernel_env(cache: pathlib.Path) -> dict[str, str]:
     """The environment of a fresh kernel: no simulated-device flag, so each notebook must set
-    up its own devices with wb.simulate_devices(8) like a learner's kernel."""
+    up its own devices with wb.simulate_devices(8) like a learner's kernel. ``cache`` is the
+    session's ``WORKBENCH_CACHE``: what one run compiled for a TPU slice (a plan) the next
+    reads back, as a learner's second run does from ``~/.cache/workbench``."""
     env = dict(os.environ)
+    env["WORKBENCH_CACHE"] = str(cache)
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
     env["XLA_FLAGS"] = flags.strip()
     env["JAX_PLATFORMS"] = "cpu"
@@ -48,13 +51,14 @@ def kernel_env() -> dict[str, str]:
 TPU_COMPILING = {"08_plan_for_a_pod": (600, 2400)}
 
 
-def run_notebook(path: pathlib.Path, cwd: pathlib.Path) -> tuple[nbformat.NotebookNode, float]:
+def run_notebook(path: pathlib.Path, cwd: pathlib.Path,
+                 cache: pathlib.Path) -> tuple[nbformat.NotebookNode, float]:
     nb = nbformat.read(path, as_version=4)
     cell_timeout = TPU_COMPILING.get(path.stem, (240, 0))[0]
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}})
     t0 = time.perf_counter()
-    client.execute(env=kernel_env(), cwd=str(cwd))
+    client.execute(env=kernel_env(cache), cwd=str(cwd))
     return nb, time.perf_counter() - t0
 
 
@@ -80,12 +84,12 @@ def test_notebook_is_stripped_and_simulates_devices_first(path):
     pytest.param(p, id=p.stem,
                  marks=pytest.mark.timeout(TPU_COMPILING.get(p.stem, (0, 600))[1]))
     for p in NOTEBOOKS])
-def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path):
+def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path, cache_dir):
     """A learner runs the notebook, then runs it again from the top in the same folder:
     both runs finish without an error, whatever the first left behind (run directories,
     checkpoints, config files)."""
     for attempt in ("first run", "second run in the same folder"):
-        nb, seconds = run_notebook(path, tmp_path)
+        nb, seconds = run_notebook(path, tmp_path, cache_dir)
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
                   if o.output_type == "error"]
         assert not errors, f"{path.stem}, {attempt}: {errors[0].get('ename')}: " \

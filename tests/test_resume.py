@@ -35,8 +35,7 @@ print(json.dumps({"status": result.status, "step": result.step}), flush=True)
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, cache_dir):
-    os.environ["WORKBENCH_CACHE"] = str(cache_dir)
+def reference(tmp_path_factory):
     tr = wb.Trainer(CFG, run_dir=tmp_path_factory.mktemp("ref") / "run", progress=None)
     tr.run()
     assert len(tr.losses) == N
