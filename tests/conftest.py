@@ -66,6 +66,27 @@ def _session_cache(cache_dir):
         yield cache_dir
 
 
+class UnmarkedTPUCompile(pytest.PytestWarning):
+    """A test compiled for an abstract TPU slice without the ``tpu`` marker."""
+
+
+@pytest.fixture(autouse=True)
+def _tpu_marker_is_honest(request, cache_dir):
+    """Warns (in the summary) when a test not marked ``tpu`` compiled for a TPU slice: each
+    such compile writes its plan under ``$WORKBENCH_CACHE/plans``, in this process, a child
+    or a kernel. So ``-m "not tpu"`` keeps what it promises on a machine without libtpu."""
+    plans = cache_dir / "plans"
+    before = set(os.listdir(plans)) if plans.is_dir() else set()
+    yield
+    new = (set(os.listdir(plans)) if plans.is_dir() else set()) - before
+    if new and request.node.get_closest_marker("tpu") is None:
+        import warnings
+
+        warnings.warn(UnmarkedTPUCompile(
+            f"{request.node.nodeid} compiled {len(new)} plan(s) for a TPU slice: mark it "
+            "@pytest.mark.tpu (or use a module fixture's plan from a tpu test)"))
+
+
 @pytest.fixture
 def wb_cache(cache_dir, monkeypatch):
     """Points ``WORKBENCH_CACHE`` at the session's cache for one test (the session already

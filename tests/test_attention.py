@@ -133,6 +133,7 @@ def test_kernel_flops_causal_blocks():
                           n_layers=1) == 0
 
 
+@pytest.mark.tpu
 def test_tpu_plan_runs_the_kernel_and_saves_memory():
     """The TPU compiler compiles the Mosaic kernel (a tpu_custom_call in the HLO) and the
     step needs fewer temporaries than with XLA attention's T x T scores."""

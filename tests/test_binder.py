@@ -73,6 +73,7 @@ def _run(cmd: list[str], env: dict, cwd: pathlib.Path, timeout: int) -> str:
     return out.stdout
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(shutil.which("npm") is None, reason="repo2docker's image has Node; this one has not")
 def test_binder_steps_in_a_fresh_venv(tmp_path):
     if shutil.which("git") is None or not (ROOT / ".git").exists():

@@ -217,6 +217,7 @@ def dense_reference(tmp_path_factory):
     return t.losses
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("variant,zigzag", [("ring", True)])   # allgather: in-process tests
 def test_launch_two_processes_with_context4_trains_like_context1(variant, zigzag, tmp_path,

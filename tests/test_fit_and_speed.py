@@ -96,6 +96,7 @@ def test_loss_chunks_add_one_logits_matmul_to_the_recompute():
     assert "loss_chunks=4 recomputes the logits" in chunked.formula
 
 
+@pytest.mark.tpu
 @needs_tpu
 def test_loss_chunks_lower_the_tpu_compiled_memory_by_the_logits():
     """The TPU compiler's temp for a large-vocabulary step drops by at least the float32
@@ -155,6 +156,7 @@ ENTRY %main (a: f32[]) -> f32[] {
     assert compiler_cycles(text) == (6 * 7 + 6 * 100 + 5, 3)
 
 
+@pytest.mark.tpu
 @needs_tpu
 @pytest.mark.parametrize("topology,kind", [("v5e:2x2", "TPU v5e"), ("v5p:2x2x1", "TPU v5p"),
                                            ("v6e:2x2", "TPU v6e"), ("v4:2x2x1", "TPU v4")])
@@ -177,6 +179,7 @@ def test_a_matmuls_estimated_cycles_at_the_clock_stay_within_its_flops_at_peak(t
     assert ideal <= cycles / spec.clock_hz <= 2 * ideal, (cycles / spec.clock_hz, ideal)
 
 
+@pytest.mark.tpu
 @needs_tpu
 def test_tpu_plans_time_local_work_with_the_compilers_cycles():
     """A scanned TPU plan: local work is the compiler's cycles (loop bodies x trips) at the
@@ -217,6 +220,7 @@ def test_tpu_plans_time_local_work_with_the_compilers_cycles():
     assert cpu.predicted.breakdown["local"] == cpu.predicted.breakdown["roofline_local"]
 
 
+@pytest.mark.multiprocess
 def test_gpu_mfu_script_runs_its_step_on_cpu_devices_and_says_when_there_is_no_gpu():
     """benchmarks/gpu_mfu.py (the H100 row) needs GPUs; ``--smoke`` runs its own code path
     on 2 CPU devices: the JSON line's MFU is model FLOPs over the timed step and the
@@ -267,6 +271,7 @@ def test_a_plan_over_memory_with_large_logits_names_loss_chunks_and_it_fits():
     assert "loss_chunks" not in lint.fix
 
 
+@pytest.mark.tpu
 @needs_tpu
 def test_a_tpu_compiler_failure_on_an_abstract_slice_is_an_estimate_that_says_why():
     """libtpu 0.0.42 fails ("Can't deep copy instruction tuple") on zig-zag ring attention

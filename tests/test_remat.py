@@ -100,6 +100,7 @@ def test_compile_options_by_platform():
 TINY = GPTConfig.preset("tiny", dtype="bfloat16", seq_len=256)
 
 
+@pytest.mark.tpu
 def test_tpu_overlap_flags_are_accepted_and_make_collectives_async():
     """The TPU compiler rejects unknown option names, so compiling with every flag checks
     them; its HLO then runs FSDP all-gathers as async collective fusions (v5p: on v5e
@@ -118,6 +119,7 @@ def test_tpu_overlap_flags_are_accepted_and_make_collectives_async():
                 overlap={"xla_tpu_no_such_flag": True})
 
 
+@pytest.mark.tpu
 def test_host_offload_compiles_for_tpu():
     """An offloading policy compiles with the TPU compiler and moves activations to host
     memory (memory space S(5) in the HLO). (At this toy size the transfer buffers outweigh

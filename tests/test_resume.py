@@ -17,6 +17,8 @@ import pytest
 import workbench as wb
 from workbench import runs
 
+pytestmark = pytest.mark.multiprocess   # each test kills a training child process
+
 N = 40
 CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8},
                      rules="fsdp", batch=8, seq=32, steps=N, checkpoint_every=3,

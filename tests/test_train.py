@@ -362,6 +362,7 @@ def test_panel_js_draws_history_and_live_rows(tmp_path):
     assert rep["left"] == 0                                                 # handlers removed
 
 
+@pytest.mark.notebook
 def test_notebook_cell_shows_one_live_panel(reference, tmp_path):
     """A real kernel runs the cell: one widget output, no flood of text."""
     import nbformat
