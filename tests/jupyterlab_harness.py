@@ -205,7 +205,9 @@ def run_notebook(page: Any, lab: Lab, nb_path: str | os.PathLike, timeout: float
     rel = pathlib.Path(nb_path).resolve().relative_to(lab.root_dir).as_posix()
     where = {"lab": "lab/tree", "notebook": "notebooks"}[frontend]
     page.goto(f"{lab.url}/{where}/{rel}?token={lab.token}", timeout=timeout * 1000)
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=timeout * 1000)
+    # the notebook opened, not one a restored layout keeps in a hidden tab
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell",
+                           timeout=timeout * 1000)
     _wait_kernel(lab, rel, "idle", time.monotonic() + timeout)
     page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first.click()
     page.get_by_role("menuitem", name="Run", exact=True).click()
