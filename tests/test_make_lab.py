@@ -303,3 +303,23 @@ def test_install_and_tests_leave_the_tree_clean(request: pytest.FixtureRequest) 
     assert now == start, f"the tests changed the checkout:\nbefore:\n{start}\nafter:\n{now}"
     if _under_ci():
         assert start == "", f"`make install` left the fresh clone changed:\n{start}"
+
+
+def test_test_fast_leaves_out_exactly_the_heavy_markers() -> None:
+    """`make test-fast`'s selection, pyproject's registered markers and the README's table
+    name the same heavy markers (a marker added to one and not the others would make the
+    fast subset run heavy tests, or select nothing)."""
+    import tomllib
+
+    from conftest import HEAVY_MARKERS
+
+    fast = re.search(r"^FAST_TESTS := not \((.*)\)$", (REPO / "Makefile").read_text(), re.M)
+    assert fast is not None, "the Makefile has no FAST_TESTS selection"
+    assert fast.group(1).split(" or ") == list(HEAVY_MARKERS)
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]
+    registered = [m.split(":")[0] for m in config["ini_options"]["markers"]]
+    assert registered == [*HEAVY_MARKERS, "gpu"]
+    assert "--strict-markers" in config["ini_options"]["addopts"]
+    readme = (REPO / "README.md").read_text()
+    assert all(f"| `{m}` |" in readme for m in registered)
+    assert f'-m "not ({" or ".join(HEAVY_MARKERS)})"' in readme
