@@ -135,6 +135,7 @@ def test_compiler_inserted_reshard_is_a_lint_naming_both_ops():
     assert sum(ln in msg for ln in lines) >= 1 and "between" in msg
 
 
+@pytest.mark.tpu
 def test_tpu_compiled_plan_collectives_have_sources():
     p = wb.plan(wb.models.GPTConfig.preset("tiny"), mesh=wb.abstract_mesh("v5p-8", data=4),
                 rules="fsdp", batch=8, seq=32, progress=False)

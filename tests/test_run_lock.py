@@ -64,6 +64,7 @@ class _Interrupt(_Gate):
 
 
 # ----------------------------------------------------------------------------- two writers
+@pytest.mark.multiprocess
 def test_a_cli_run_refuses_an_api_trainer_with_who_holds_it(tmp_path):
     """A running `python -m workbench train` holds the run directory: a notebook Trainer on
     it is refused (pid, host, since when, how to proceed); after SIGTERM it continues."""

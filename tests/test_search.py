@@ -114,6 +114,7 @@ def test_pareto_is_exactly_the_non_dominated_rows(which, request):
     assert result.best_row["id"] in want  # the fastest is never dominated
 
 
+@pytest.mark.tpu
 @pytest.mark.skipif(not tpu_compiler_available(), reason="the TPU compiler is not installed")
 @pytest.mark.usefixtures("wb_cache")
 def test_exact_pass_reranks_by_the_compiled_plans():

@@ -18,6 +18,7 @@ from workbench.topology import topology_name, tpu_compiler_available, tpu_device
 needs_libtpu = pytest.mark.skipif(
     not tpu_compiler_available(),
     reason="the TPU compiler (libtpu) is not installed: pip install 'workbench[tpu-compile]'")
+pytestmark = pytest.mark.tpu   # libtpu: TPU topologies, lowered and compiled for
 
 
 def _step(w1, w2, x):

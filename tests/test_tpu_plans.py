@@ -29,6 +29,7 @@ from workbench.step import model_factory
 from workbench.topology import tpu_compiler_available
 
 pytestmark = [
+    pytest.mark.tpu,                 # every test compiles for an abstract TPU slice
     pytest.mark.usefixtures("wb_cache"),
     pytest.mark.skipif(not tpu_compiler_available(),
                        reason="the TPU compiler (libtpu) is not installed: "
@@ -161,6 +162,7 @@ def test_same_plan_again_is_served_from_the_cache(tpu_plan):
     assert again.memory == tpu_plan.memory
 
 
+@pytest.mark.multiprocess
 def test_plan_cache_on_disk_serves_a_new_process(tmp_path, wb_cache):
     """A second process gets the plan from the disk cache, equal to a fresh compile; a
     corrupt entry is recompiled and replaced, never fatal."""
