@@ -26,7 +26,7 @@ import numpy as np
 from workbench import runs
 from workbench._validate import check_int, no_new_empty_dirs
 from workbench._display import Displayable
-from workbench.jobs.lock import RunLock
+from workbench.run_lock import RunLock
 from workbench.train.checkpoint import CheckpointError, Checkpoints
 from workbench.train.config import TrainConfig
 from workbench.train.loop import LoopInputs, NonFiniteLoss, RunResult, run_loop
@@ -109,7 +109,7 @@ class Trainer(Displayable):
         if self.parts.data.info.get("note"):   # e.g. documents longer than a row were split
             self._say(f"data: {self.parts.data.info['note']}")
         self.mesh, self.rules = self.parts.mesh, self.parts.rules
-        # one writer per run directory (workbench.jobs.lock): held while restoring and running
+        # one writer per run directory (workbench.run_lock): held while restoring and running
         self._lock = RunLock(self.run_dir) if self.primary else None
         self._disk_mark: Any = None
         self._state: Any = None
