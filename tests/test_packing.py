@@ -104,6 +104,7 @@ def test_packed_loss_is_the_token_weighted_loss_of_each_document_alone(model):
     assert_close_at_scale(packed, want, rtol=1e-5)
 
 
+@pytest.mark.slow   # the splash kernel in Pallas interpret mode on CPU
 def test_packed_logits_equal_each_document_alone_xla_and_splash(model):
     rng = np.random.default_rng(1)
     docs = [rng.integers(1, 256, n).tolist() for n in (40, 50, 38)]   # fits 128 + 1

@@ -155,6 +155,7 @@ def test_the_cache_is_reused_and_keyed_by_content_and_tokenizer(corpus, tmp_path
     assert c.folder != a.folder and c.info["documents"] == 51    # new content, new cache
 
 
+@pytest.mark.multiprocess   # Grain worker processes
 def test_tokenizing_in_grain_workers_gives_the_same_cache(corpus, tmp_path):
     root = corpus["root"]
     tok = Tokenizer(root / "tokenizer.json")

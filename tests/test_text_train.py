@@ -19,6 +19,9 @@ import workbench as wb
 from workbench import runs
 from workbench.step import lm_loss
 
+#: the module's reference run trains 30 steps (tens of seconds on 2 cores)
+pytestmark = pytest.mark.slow
+
 N = 30
 
 
@@ -109,7 +112,7 @@ print(json.dumps({"status": result.status, "step": result.step}), flush=True)
 """
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sigkill_mid_epoch_then_resume_is_bitwise(setup, tmp_path):
     from tests.test_resume import _wait_for_checkpoint, _wait_for_step
 
@@ -147,7 +150,7 @@ def test_eval_split_too_small_is_refused_and_the_run_dir_is_untouched(setup, tmp
     assert jax.process_count() == 1
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_2x4_job_reads_its_slices_and_resumes_bitwise_after_sigkill(setup, tmp_path):
     """Two processes x 4 devices, each reading its own block of every global batch of
     packed rows: the same losses as the one-process run (to float32 rounding: gloo sums in
