@@ -114,7 +114,7 @@ def run() -> list[dict[str, Any]]:
         jsonl, tok = corpus(root)
         inline = tokenize_rate(jsonl, tok, 0, root / "c0")
         pooled = tokenize_rate(jsonl, tok, WORKERS, root / "c1")
-        for name, v in ((f"tokenize to cache, in process", inline),
+        for name, v in (("tokenize to cache, in process", inline),
                         (f"tokenize to cache, {WORKERS} Grain workers", pooled)):
             rows.append({"name": name, "value": round(v / 1e3, 1), "unit": "k tok/s",
                          "target": "", "ok": None,

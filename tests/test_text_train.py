@@ -66,14 +66,12 @@ def test_several_epochs_each_a_new_permutation_of_the_same_rows(setup):
     assert N * 8 > 2 * rows                                   # the run saw over 2 epochs
     fresh = wb.data.ShardedBatches(setup["cfg"].data, seq=32, batch=8, seed=0,
                                    sharding=batches.sharding, vocab_size=384, prefetch=0)
-    per_epoch = rows // 8 * 8
     seen = [fresh.next_local()["tokens"] for _ in range(2 * rows // 8)]
     flat = np.concatenate(seen)                               # (steps * 8, seq + 1)
     e1, e2 = flat[:rows], flat[rows:2 * rows]
     key = lambda a: sorted(map(bytes, a))
     assert key(e1) == key(e2)                                 # the same rows ...
     assert not np.array_equal(e1, e2)                         # ... in another order
-    assert per_epoch <= rows
 
 
 def test_eval_at_the_same_steps_with_the_held_out_loss(setup):
@@ -147,7 +145,6 @@ def test_eval_split_too_small_is_refused_and_the_run_dir_is_untouched(setup, tmp
         wb.Trainer(bad, run_dir=run_dir, progress=None)
     after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     assert after == before
-    assert jax.process_count() == 1
 
 
 @pytest.mark.multiprocess
