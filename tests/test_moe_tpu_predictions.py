@@ -159,7 +159,7 @@ def test_search_never_ranks_a_plan_with_an_implausible_prediction(monkeypatch):
     when every row is implausible, ``best`` raises and says so."""
     from workbench.planning import report
 
-    real = report.Plan.predict
+    real = report.PlanReport.predict
     res = wb.search(MOE, hardware="v5p-8", batch=8, seq=128, top_k=0, progress=False)
     first = res.best_row["layout"]
 
@@ -169,7 +169,7 @@ def test_search_never_ranks_a_plan_with_an_implausible_prediction(monkeypatch):
             return type(pred)(**{**pred.__dict__, "implausible": ("MFU 97% ...",)})
         return pred
 
-    monkeypatch.setattr(report.Plan, "predict", flagged)
+    monkeypatch.setattr(report.PlanReport, "predict", flagged)
     flag_all = False
     res2 = wb.search(MOE, hardware="v5p-8", batch=8, seq=128, top_k=0, progress=False)
     row = next(r for r in res2.rows if r["layout"] == first)

@@ -19,7 +19,8 @@ from workbench.models import GPTConfig
 from workbench.models.config import REMAT_POLICIES
 from workbench.planning.analytic import batch_axes, compute_split, weight_axes
 from workbench.planning.attention_cost import kernel_flops
-from workbench.planning.hlo import Collective, compiler_cycles, loop_trip_counts
+from workbench.planning.hlo import (Collective, compiler_cycles, loop_trip_counts,
+                                    unestimated_instructions)
 from workbench.planning.lints import Lint
 from workbench.planning.predict import Prediction, predict
 from workbench.planning.serialise import report_fields, report_to_json
@@ -57,7 +58,8 @@ class CompiledNumbers:
         self._compiled, self._tpu = compiled, tpu
         if values is not None:
             self.__dict__.update(cost=dict(values["cost"]), loops=dict(values["loops"]),
-                                 cycles=tuple(values["cycles"]))
+                                 cycles=tuple(values["cycles"]),
+                                 unknown=[tuple(u) for u in values.get("unknown", [])])
 
     @functools.cached_property
     def cost(self) -> dict[str, float]:
@@ -74,10 +76,19 @@ class CompiledNumbers:
         """``(cycles, instructions)`` of the TPU compiler's estimates; (0, 0) off TPU."""
         return compiler_cycles(self._compiled.as_text()) if self._tpu else (0, 0)
 
+    @functools.cached_property
+    def unknown(self) -> list[tuple[str, int, int]]:
+        """``(name, bytes, runs per step)`` of each instruction the TPU compiler left
+        without a cycle estimate (``hlo.unestimated_instructions``); empty off TPU."""
+        if not self._tpu:
+            return []
+        return [(u.name, u.bytes, u.count)
+                for u in unestimated_instructions(self._compiled.as_text())]
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly values (reads them all)."""
         return {"cost": dict(self.cost), "loops": dict(self.loops),
-                "cycles": list(self.cycles)}
+                "cycles": list(self.cycles), "unknown": [list(u) for u in self.unknown]}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
@@ -208,14 +219,12 @@ class PlanReport:
         """Seconds per step of the instructions the TPU compiler marks unknown
         (``hlo.unestimated_instructions``), each timed by its roofline: the bytes it reads
         and writes at the HBM bandwidth; and the sentence that says so."""
-        from workbench.planning.hlo import unestimated_instructions
-
-        unknown = unestimated_instructions(self.compiled.as_text())
+        unknown = self.compiled_numbers.unknown if self.compiled_numbers is not None else []
         if not unknown:
             return 0.0, ""
-        nbytes = sum(u.bytes * u.count for u in unknown)
+        nbytes = sum(b * n for _, b, n in unknown)
         seconds = nbytes / spec.hbm_bandwidth
-        names = ", ".join(sorted({u.name for u in unknown})[:4])
+        names = ", ".join(sorted({name for name, _, _ in unknown})[:4])
         return seconds, (
             f"; {len(unknown)} instruction(s) the compiler marks unknown (estimated_cycles "
             f"2**63-1: {names}) timed by their roofline instead: {nbytes:.4g} bytes read and "
