@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: lab test bench browser install clean screenshots
+.PHONY: lab test bench browser clusters install clean screenshots
 
 $(STAMP): pyproject.toml $(wildcard labextension/package.json labextension/src/*.ts labextension/style/* labextension/schema/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,16 @@ browser:
 	  echo "installing Debian's chromium for browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: $(STAMP) browser
+# Debian's SLURM (slurm-wlm + munge) and OpenSSH server for the cluster tests: they start a
+# real slurmctld + slurmd and an sshd on loopback (tests/_clusters.py). Needs root.
+clusters:
+	@command -v slurmctld >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 && \
+	  { command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd; } || { \
+	  echo "installing Debian's slurm-wlm, munge and openssh-server for the cluster tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    slurm-wlm munge openssh-server >/dev/null; }
+
+test: $(STAMP) browser clusters
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -109,24 +109,33 @@ def test_slurm_job_trains_like_one_process_and_shows_its_states(slurm, one_by_ei
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_slurm_requeue_mid_run_resumes_bitwise(slurm, one_by_eight, tmp_path):
+def test_slurm_signal_before_the_time_limit_requeues_and_resumes_bitwise(slurm, one_by_eight,
+                                                                         tmp_path):
     run_dir = tmp_path / "run"
     job = wb.launch(wb.TrainConfig(**CFG), run_dir=run_dir, cluster=wb.Slurm(**TWO_TASKS))
     _wait_for(lambda: len(_losses(run_dir)) >= 5, 400, job)
-    out = subprocess.run(["scontrol", "requeue", job.job_id], capture_output=True, text=True,
-                         check=False)
+    # What SLURM sends `signal_before` seconds before the time limit (--signal=TERM@120):
+    # SIGTERM to every task. They checkpoint at one step and exit 75; the script requeues.
+    out = subprocess.run(["scancel", "--signal=TERM", job.job_id], capture_output=True,
+                         text=True, check=False)
     assert out.returncode == 0, out.stderr
+    _wait_for(lambda: job.scheduler["restarts"] == 1 and job.scheduler["state"] == "PENDING",
+              120, job)
+    assert job.status == "queued" and job.scheduler["reason"] == "BeginTime"
+    # SLURM holds a requeued job for ~2 minutes (its BeginTime); as the admin, start it now
+    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
     assert job.wait(600) == "finished", job.tail()
-    assert job.scheduler["restarts"] == 1
     states = [h["state"] for h in job.history]
-    assert states[0] in ("PENDING", "RUNNING") and states[-1] == "COMPLETED"
-    assert "REQUEUED" in states or "PENDING" in states[states.index("RUNNING"):], states
+    assert states[-1] == "COMPLETED" and "REQUEUED" in states, states
+    assert states.index("REQUEUED") > states.index("RUNNING")
     events = wb.runs.read_events(run_dir)
     resumes = [e["step"] for e in events if e["event"] == "resume"]
-    assert len(resumes) == 1 and resumes[0] >= 4, events
+    assert len(resumes) == 1 and resumes[0] >= 5, events
     assert _losses(run_dir) == one_by_eight  # one run, one curve, bitwise
     log = (run_dir / "logs" / "process-0.log").read_text()
     assert "start 1, on" in log and "start 2, on" in log
+    assert "requeueing job" in (run_dir / "logs" / f"slurm-{job.job_id}.out").read_text()
+    assert "requeued 1x" in repr(job)
 
 
 def test_slurm_pending_job_is_cancelled_and_blocks_a_second_job(slurm, tmp_path):
@@ -156,7 +165,7 @@ def test_slurm_job_failing_at_start_shows_the_workers_error(slurm, tmp_path):
     assert job.scheduler["state"] == "FAILED"
     msg = job.failure["message"]
     assert f"SLURM job {job.job_id} FAILED" in msg and "batch" in msg and "6" in msg
-    assert "exited with code 2" in msg
+    assert "task 0 exited with code 1" in msg and "batch=6 is not divisible by the 8" in msg
     assert job_payload(job)["failure"] == msg
 
 
@@ -281,3 +290,41 @@ def test_tpu_slice_commands_and_missing_gcloud(tmp_path, monkeypatch):
     assert not (tmp_path / "r").exists()
     with pytest.raises(HostsError, match=r"`ssh` is not on PATH.*openssh-client"):
         wb.Hosts(["a", "b"]).remote_argv(0, "true")
+
+
+def test_job_widget_shows_the_slurm_state_and_its_history(tmp_path):
+    import shutil
+
+    from test_jobs import NODE_RUNNER
+
+    from workbench.widgets import _assets
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (needed to run the widget's ES module)")
+    history = [{"state": s, "reason": r, "nodes": n, "restarts": k, "time": 0}
+               for s, r, n, k in [("PENDING", "Priority", "", 0), ("RUNNING", "None", "vm", 0),
+                                  ("REQUEUED", "None", "vm", 1), ("PENDING", "BeginTime", "", 1)]]
+    payload = {"run_dir": "/runs/x", "name": "x", "status": "queued", "done": False,
+               "platform": "cpu", "devices_per_process": 4, "step": 6, "target_steps": 10,
+               "latest": {"loss": 4.5}, "loss": [[1, 5.0], [6, 4.5]], "mfu": [], "failure": None,
+               "processes": [{"index": i, "pid": None, "state": "queued", "returncode": None,
+                              "log": f"/runs/x/logs/process-{i}.log"} for i in range(2)],
+               "tails": {"0": ["===== start 2"], "1": []},
+               "scheduler": {"name": "slurm", "job_id": "42", "state": "PENDING",
+                             "reason": "BeginTime", "nodes": "", "restarts": 1,
+                             "history": history}}
+    (tmp_path / "state.json").write_text(json.dumps({"payload": payload}))
+    (tmp_path / "job.mjs").write_text(_assets.esm("job"))
+    runner = tmp_path / "run.mjs"
+    runner.write_text(NODE_RUNNER % {
+        "harness": Path(__file__).parent / "widgets_js" / "fake_dom.mjs",
+        "module": tmp_path / "job.mjs", "state": tmp_path / "state.json"})
+    out = subprocess.run([node, str(runner)], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert "SLURM job 42: PENDING (BeginTime) · requeued 1×" in rep["text"]
+    assert "PENDING → RUNNING → REQUEUED → PENDING" in rep["text"]
+    assert rep["badges"] == ["queued", "PENDING", "queued", "queued"]
+    assert "null" not in rep["text"] and "step 6 of 10" in rep["text"]

@@ -37,7 +37,8 @@ import workbench
 from workbench.jobs import storage
 from workbench.jobs.lock import LAUNCHED_ENV, RunLock
 
-__all__ = ["SLURM_FILE", "Slurm", "SlurmError", "parse_time", "run_command", "submit"]
+__all__ = ["SLURM_FILE", "Slurm", "SlurmError", "available", "parse_time", "run_command",
+           "submit", "worker_argv"]
 
 SLURM_FILE = "slurm.json"  # <run_dir>/slurm.json: the job id, the script, how it was asked
 _TOOLS_FIX = ("the SLURM client commands (sbatch, squeue, scontrol, scancel, sinfo) must be on "
@@ -103,6 +104,11 @@ class Slurm:
                 raise ValueError(f"wb.Slurm({name}={v!r}): must be a positive int")
         if self.time is not None:
             parse_time(self.time)
+        if self.gpus_per_node and self.gpus_per_node % self.tasks_per_node:
+            raise ValueError(f"wb.Slurm(gpus_per_node={self.gpus_per_node}, tasks_per_node="
+                             f"{self.tasks_per_node}): every task takes the same number of "
+                             "GPUs; use tasks_per_node=1 (one process drives all GPUs) or "
+                             f"tasks_per_node={self.gpus_per_node} (one per GPU)")
         if isinstance(self.extra, str) or isinstance(self.setup, str):
             raise TypeError("wb.Slurm(extra=..., setup=...) take a list of strings, e.g. "
                             "extra=['--qos=high']")
@@ -120,6 +126,28 @@ class Slurm:
                target_steps: int | None) -> Any:
         """Submits the job (see :func:`submit`); called by ``wb.launch(cluster=...)``."""
         return submit(self, run_dir, config_text, steps=steps, target_steps=target_steps)
+
+    def script(self, run_dir: str | os.PathLike[str], *, steps: int | None = None) -> str:
+        """The batch script ``wb.launch(cfg, cluster=self, run_dir=run_dir)`` submits
+        (``<token>`` stands for the run directory lock's token). Nothing is written."""
+        run_dir = Path(run_dir).absolute()
+        return batch_script(self, run_dir, worker_argv(self, run_dir, steps), "<token>")
+
+
+def worker_argv(slurm: Slurm, run_dir: Path, steps: int | None) -> list[str]:
+    """The command every task runs (``srun`` starts it once per task)."""
+    argv = [slurm.python or sys.executable, "-m", "workbench", "train", "--config",
+            str(run_dir / "config.json"), "--run-dir", str(run_dir)]
+    if steps is not None:
+        argv += ["--steps", str(steps)]
+    if slurm.worker_platform:
+        argv += ["--platform", slurm.worker_platform]
+    if slurm.devices_per_task and slurm.worker_platform == "cpu":
+        argv += ["--devices-per-process", str(slurm.devices_per_task)]
+    elif slurm.worker_platform == "gpu" and slurm.gpus_per_node:
+        per_task = slurm.devices_per_task or slurm.gpus_per_node // slurm.tasks_per_node
+        argv += ["--devices-per-process", str(per_task)]
+    return argv
 
 
 def parse_time(value: str | int) -> int:
@@ -144,6 +172,18 @@ def run_command(argv: Sequence[str], *, timeout: float = 60) -> subprocess.Compl
         raise SlurmError(f"`{argv[0]}` is not on PATH: {_TOOLS_FIX}")
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
                           check=False)
+
+
+def available() -> bool:
+    """Whether a SLURM controller answers here (``sinfo`` runs and lists a partition)."""
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
+                             timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and bool(out.stdout.strip())
 
 
 # ----------------------------------------------------------------------------- checks
@@ -259,11 +299,12 @@ def batch_script(slurm: Slurm, run_dir: Path, worker: Sequence[str], token: str)
              f"--open-mode=append bash -c {shlex.quote(task)} wb {shlex.join(worker)}",
              "rc=$?",
              "echo \"[workbench] srun exited with $rc (start $start)\"",
-             # every task checkpointed on SIGTERM (the time-limit signal): back to the queue
-             f"if [ $rc -eq 75 ] && {'true' if slurm.requeue else 'false'}; then",
-             "  echo \"[workbench] stopped with a checkpoint: requeueing job $SLURM_JOB_ID\"",
-             "  scontrol requeue \"$SLURM_JOB_ID\" && exit 0",
-             "fi",
+             *([] if not slurm.requeue else [
+                 # every task checkpointed on SIGTERM (the time-limit signal): requeue
+                 "if [ $rc -eq 75 ]; then",
+                 "  echo \"[workbench] stopped with a checkpoint: requeueing job $SLURM_JOB_ID\"",
+                 "  scontrol requeue \"$SLURM_JOB_ID\" && exit 0",
+                 "fi"]),
              "exit $rc", ""]
     return "\n".join(lines)
 
@@ -290,14 +331,7 @@ def submit(slurm: Slurm, run_dir: Path, config_text: str, *, steps: int | None,
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "slurm").mkdir(exist_ok=True)
         (run_dir / "config.json").write_text(config_text, encoding="utf-8")
-        worker = [slurm.python or sys.executable, "-m", "workbench", "train", "--config",
-                  str(run_dir / "config.json"), "--run-dir", str(run_dir)]
-        if steps is not None:
-            worker += ["--steps", str(steps)]
-        if slurm.worker_platform:
-            worker += ["--platform", slurm.worker_platform]
-        if slurm.devices_per_task and slurm.worker_platform == "cpu":
-            worker += ["--devices-per-process", str(slurm.devices_per_task)]
+        worker = worker_argv(slurm, run_dir, steps)
         script = run_dir / "slurm" / "job.sbatch"
         script.write_text(batch_script(slurm, run_dir, worker, lock.token or ""))
         out = run_command(["sbatch", "--parsable", str(script)])
