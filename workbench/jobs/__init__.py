@@ -19,11 +19,12 @@ every host over ssh and ``TPUSlice(...)`` on every worker of a Cloud TPU VM slic
 (``jobs.hosts``). The returned Job is the same object and widget.
 """
 from workbench.jobs.cluster import DistributedSpec, detect_cluster
-from workbench.jobs.job import Job, ProcessInfo, attach
+from workbench.jobs.job import Job, ProcessInfo
 from workbench.jobs.hosts import Hosts, TPUSlice
 from workbench.jobs.local import launch, ping
 from workbench.jobs.slurm import Slurm, SlurmError
 from workbench.jobs.lock import JobRunningError, RunLock
+from workbench.jobs.reattach import attach
 from workbench.jobs.worker import EXIT_STOPPED
 
 __all__ = ["EXIT_STOPPED", "DistributedSpec", "Hosts", "Job", "JobRunningError", "ProcessInfo",

@@ -334,22 +334,12 @@ class Job(Displayable):
 
 
 def attach(run_dir: str | os.PathLike[str]) -> Job:
-    """Watches a job that is running in ``run_dir`` (e.g. after a kernel restart).
-
-    A job submitted to SLURM (``run_dir/slurm.json``) is found in any state, queued,
-    running or ended: its scheduler state comes from SLURM.
+    """Watches a local job that is running in ``run_dir`` (e.g. after a kernel restart);
+    ``workbench.jobs.attach`` also finds SLURM and ssh jobs (``jobs.reattach``).
 
     Raises:
       FileNotFoundError: no running job holds ``run_dir`` on this host.
     """
-    if (Path(run_dir) / "slurm.json").exists():  # a submitted SLURM job, in any state
-        from workbench.jobs.slurm_job import attach_slurm
-
-        return attach_slurm(Path(run_dir))
-    if (Path(run_dir) / "hosts.json").exists():  # a job started over ssh by this host
-        from workbench.jobs.hosts import attach_hosts
-
-        return attach_hosts(Path(run_dir))
     lock = RunLock(run_dir)
     holder = lock.read()
     if not holder or RunLock.holder_alive(holder) is not True:

@@ -23,8 +23,11 @@ from typing import Any
 
 import workbench
 from workbench._validate import check_int
+from workbench.jobs.hosts import Hosts, TPUSlice
 from workbench.jobs.job import Job, exit_file
 from workbench.jobs.lock import LAUNCHED_ENV, RunLock
+from workbench.jobs.slurm import Slurm
+from workbench.jobs.slurm_job import submit_slurm
 from workbench.jobs.worker import EXIT_FILE_ENV
 
 __all__ = ["default_platform", "free_port", "launch", "ping"]
@@ -226,13 +229,7 @@ def launch(config: Any, processes: int = 1, devices_per_process: int | None = No
             check_int(value, name, where="wb.launch: ")
     target = steps if steps is not None else fields.get("steps")
     if cluster is not None:
-        submit = getattr(cluster, "submit", None)
-        if submit is None:
-            raise TypeError(f"wb.launch(cluster={cluster!r}): pass a wb.Slurm, wb.Hosts or "
-                            "wb.TPUSlice")
-        _check_mesh(fields.get("mesh") or {}, cluster.tasks,
-                    getattr(cluster, "devices_per_task", None))
-        return submit(run_dir, text, steps=steps, target_steps=target)
+        return _launch_on(cluster, run_dir, text, fields, steps=steps, target=target)
     _check_mesh(fields.get("mesh") or {}, processes, devices_per_process)
     sub = ["train", "--config", str(run_dir / CONFIG_NAME), "--run-dir", str(run_dir)]
     if steps is not None:
@@ -240,6 +237,18 @@ def launch(config: Any, processes: int = 1, devices_per_process: int | None = No
     return _start(run_dir, sub, processes=processes, devices_per_process=devices_per_process,
                   platform=platform, heartbeat_timeout=heartbeat_timeout, what="train",
                   target_steps=target, files={CONFIG_NAME: text})
+
+
+def _launch_on(cluster: Any, run_dir: Path, text: str, fields: dict[str, Any], *,
+               steps: int | None, target: int | None) -> Job:
+    """``launch(cluster=...)``: SLURM (``jobs.slurm_job``) or hosts over ssh (``jobs.hosts``)."""
+    if not isinstance(cluster, (Slurm, Hosts, TPUSlice)):
+        raise TypeError(f"wb.launch(cluster={cluster!r}): pass a wb.Slurm, wb.Hosts or "
+                        "wb.TPUSlice")
+    _check_mesh(fields.get("mesh") or {}, cluster.tasks, cluster.devices_per_task)
+    if isinstance(cluster, Slurm):
+        return submit_slurm(cluster, run_dir, text, steps=steps, target_steps=target)
+    return cluster.submit(run_dir, text, steps=steps, target_steps=target)
 
 
 def ping(processes: int = 2, devices_per_process: int | None = None,

@@ -19,26 +19,22 @@ its state watcher reads ``sacct``, which needs slurmdbd. Here the states come fr
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import workbench
-from workbench.jobs import storage
-from workbench.jobs.lock import LAUNCHED_ENV, RunLock
+from workbench.jobs.lock import LAUNCHED_ENV
 
-__all__ = ["SLURM_FILE", "Slurm", "SlurmError", "available", "parse_time", "run_command",
-           "submit", "worker_argv"]
+__all__ = ["SLURM_FILE", "Slurm", "SlurmError", "available", "batch_script", "check",
+           "parse_time", "request", "run_command", "worker_argv"]
 
 SLURM_FILE = "slurm.json"  # <run_dir>/slurm.json: the job id, the script, how it was asked
 _TOOLS_FIX = ("the SLURM client commands (sbatch, squeue, scontrol, scancel, sinfo) must be on "
@@ -121,11 +117,6 @@ class Slurm:
     @property
     def worker_platform(self) -> str | None:
         return self.platform or ("gpu" if self.gpus_per_node else None)
-
-    def submit(self, run_dir: Path, config_text: str, *, steps: int | None,
-               target_steps: int | None) -> Any:
-        """Submits the job (see :func:`submit`); called by ``wb.launch(cluster=...)``."""
-        return submit(self, run_dir, config_text, steps=steps, target_steps=target_steps)
 
     def script(self, run_dir: str | os.PathLike[str], *, steps: int | None = None) -> str:
         """The batch script ``wb.launch(cfg, cluster=self, run_dir=run_dir)`` submits
@@ -309,51 +300,6 @@ def batch_script(slurm: Slurm, run_dir: Path, worker: Sequence[str], token: str)
     return "\n".join(lines)
 
 
-def submit(slurm: Slurm, run_dir: Path, config_text: str, *, steps: int | None,
-           target_steps: int | None) -> Any:
-    """Checks, locks ``run_dir``, writes the config and the script, runs ``sbatch``.
-
-    Returns:
-      The :class:`~workbench.jobs.slurm_job.SlurmJob` (a :class:`~workbench.jobs.Job`).
-
-    Raises:
-      SlurmError: missing commands, an unknown partition, too many nodes, or sbatch's refusal.
-      JobRunningError: ``run_dir`` belongs to a job that is still queued or running.
-    """
-    from workbench.jobs.slurm_job import SlurmJob
-
-    fields = json.loads(config_text)
-    nodes = check(slurm, run_dir, checkpoint_every=fields.get("checkpoint_every"))
-    storage.warn_if_not_shared(run_dir, nodes)
-    lock = RunLock(run_dir)
-    lock.acquire(what="slurm")
-    try:
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (run_dir / "slurm").mkdir(exist_ok=True)
-        (run_dir / "config.json").write_text(config_text, encoding="utf-8")
-        worker = worker_argv(slurm, run_dir, steps)
-        script = run_dir / "slurm" / "job.sbatch"
-        script.write_text(batch_script(slurm, run_dir, worker, lock.token or ""))
-        out = run_command(["sbatch", "--parsable", str(script)])
-        if out.returncode != 0:
-            raise SlurmError(f"sbatch refused the job: {out.stderr.strip()} (script {script}; "
-                             "check the partition, nodes, GPUs and time limit against `sinfo`)")
-        job_id = out.stdout.strip().split(";")[0]
-        record = {"scheduler": "slurm", "job_id": job_id, "script": str(script),
-                  "submitted": time.time(), "host": socket.gethostname(),
-                  "slurm_conf": os.environ.get("SLURM_CONF"), "tasks": slurm.tasks,
-                  "platform": slurm.worker_platform, "devices_per_task": slurm.devices_per_task,
-                  "target_steps": target_steps, "request": _request(slurm)}
-        lock.update([], what="slurm", slurm_job=job_id, slurm_conf=record["slurm_conf"])
-        tmp = run_dir / f".{SLURM_FILE}.tmp"
-        tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
-        os.replace(tmp, run_dir / SLURM_FILE)
-    except BaseException:
-        lock.release()
-        raise
-    return SlurmJob(run_dir, record, lock=lock)
-
-
-def _request(slurm: Slurm) -> dict[str, Any]:
+def request(slurm: Slurm) -> dict[str, Any]:
     d = dataclasses.asdict(slurm)
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
