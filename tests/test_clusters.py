@@ -289,7 +289,9 @@ def test_tpu_slice_commands_and_missing_gcloud(tmp_path, monkeypatch):
                   cluster=wb.TPUSlice("my-v5p", "us-east5-a", "p"))
     assert not (tmp_path / "r").exists()
     with pytest.raises(HostsError, match=r"`ssh` is not on PATH.*openssh-client"):
-        wb.Hosts(["a", "b"]).remote_argv(0, "true")
+        wb.launch(wb.TrainConfig(**CFG), run_dir=tmp_path / "s",
+                  cluster=wb.Hosts(["a", "b"], devices_per_task=4))
+    assert not (tmp_path / "s").exists()
 
 
 def test_job_widget_shows_the_slurm_state_and_its_history(tmp_path):

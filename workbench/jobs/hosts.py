@@ -95,6 +95,7 @@ class _FanOut:
     def submit(self, run_dir: Path, config_text: str, *, steps: int | None,
                target_steps: int | None) -> Job:
         """Locks ``run_dir``, writes the config, starts one ssh per host; returns the Job."""
+        self.remote_argv(0, "true")  # ssh / gcloud missing: say so before touching disk
         storage.warn_if_not_shared(run_dir, self.host_names())
         lock = RunLock(run_dir)
         lock.acquire(what="hosts")
