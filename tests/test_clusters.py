@@ -236,21 +236,21 @@ def _hosts(sshd, n: int = 2, **kw) -> wb.Hosts:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_hosts_over_ssh_train_like_one_process_then_stop(sshd, one_by_eight, tmp_path):
-    job = wb.launch(wb.TrainConfig(**CFG), run_dir=tmp_path / "run", cluster=_hosts(sshd))
-    assert job.wait(600) == "finished", job.tail()
-    assert _losses(tmp_path / "run") == one_by_eight
-    log = (tmp_path / "run" / "logs" / "process-1.log").read_text()
-    assert "[workbench] worker pid" in log and "process 1 of 2 joined" in log
-    # stop: every remote worker checkpoints at the same step and exits
-    long = wb.TrainConfig(**{**CFG, "steps": 500, "checkpoint_every": 400})
-    job = wb.launch(long, run_dir=tmp_path / "long", cluster=_hosts(sshd))
-    _wait_for(lambda: len(_losses(tmp_path / "long")) >= 2, 400, job)
+def test_hosts_over_ssh_train_like_one_process_and_stop_together(sshd, one_by_eight, tmp_path):
+    run_dir = tmp_path / "run"
+    job = wb.launch(wb.TrainConfig(**CFG), run_dir=run_dir, cluster=_hosts(sshd))
+    _wait_for(lambda: len(_losses(run_dir)) >= 2, 400, job)
+    # stop: `ssh host kill -TERM <pid>` to each worker; they checkpoint at one step and exit
     assert job.stop(120) == "stopped", job.tail()
     assert [p.returncode for p in job.processes] == [75, 75]
-    last = _losses(tmp_path / "long")
-    assert sorted(int(p.name) for p in (tmp_path / "long" / "checkpoints").iterdir()
-                  if p.name.isdigit()) == [len(last)]
+    got = _losses(run_dir)
+    assert 2 <= len(got) < CFG["steps"]
+    assert got == one_by_eight[:len(got)]  # 2 hosts x 4 devices = 1 x 8, bitwise
+    assert max(int(p.name) for p in (run_dir / "checkpoints").iterdir()
+               if p.name.isdigit()) == len(got)  # the stop step's checkpoint
+    for i in range(2):  # each worker's output streamed into its own log here
+        log = (run_dir / "logs" / f"process-{i}.log").read_text()
+        assert "[workbench] worker pid" in log and f"process {i} of 2 joined" in log
 
 
 @pytest.mark.multiprocess
