@@ -149,6 +149,16 @@ def test_slurm_pending_job_is_cancelled_and_blocks_a_second_job(slurm, tmp_path)
         wb.launch(wb.TrainConfig(**CFG), run_dir=run_dir, cluster=wb.Slurm(**TWO_TASKS))
     with pytest.raises(JobRunningError, match=rf"SLURM job {job.job_id}"):  # not locally either
         wb.launch(wb.TrainConfig(**CFG), processes=2, devices_per_process=4, run_dir=run_dir)
+    # another kernel (a fresh interpreter) finds the queued job from the run directory
+    code = ("import sys, time, workbench as wb; j = wb.attach(sys.argv[1]); t = time.time()\n"
+            "while j.scheduler['state'] != 'PENDING' and time.time() - t < 30: time.sleep(0.2)\n"
+            "print(repr(j))")
+    root = str(Path(wb.__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True,
+                         text=True, timeout=120, check=False,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"SLURM job {job.job_id}: PENDING (BeginTime)" in out.stdout and "queued" in out.stdout
     assert job.stop(60) == "stopped"
     assert job.scheduler["state"] == "CANCELLED"
     assert [h["state"] for h in job.history][-1] == "CANCELLED"
