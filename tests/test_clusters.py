@@ -79,18 +79,29 @@ def one_by_eight(tmp_path_factory):
 # ----------------------------------------------------------------------------- SLURM
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_slurm_job_trains_like_one_process_and_shows_its_states(slurm, one_by_eight,
+def test_slurm_job_preempted_at_start_trains_like_one_process_and_shows_its_states(slurm, one_by_eight,
                                                                 tmp_path):
     from workbench.widgets.job_view import job_payload
 
     job = wb.launch(wb.TrainConfig(**CFG), run_dir=tmp_path / "run",
                     cluster=wb.Slurm(**TWO_TASKS, extra=["--begin=now+2"]))
     assert isinstance(job, wb.Job) and job.job_id.isdigit()
+    _wait_for(lambda: job.scheduler["state"] == "RUNNING", 60, job)
+    # a job in the higher-priority partition preempts it (PreemptMode=REQUEUE): back to
+    # the queue, and it starts again once the CPUs are free
+    urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-n", "2",
+                             f"--output={tmp_path}/urgent.out", "--wrap", "sleep 2"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    _wait_for(lambda: job.scheduler["restarts"] == 1 and job.status == "queued", 120, job)
+    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
     assert job.wait(600) == "finished", job.tail()
     assert _losses(tmp_path / "run") == one_by_eight  # 2 SLURM tasks x 4 = 1 x 8, bitwise
     states = [h["state"] for h in job.history]
-    assert states == ["PENDING", "RUNNING", "COMPLETED"], job.history
+    states = [x for i, x in enumerate(states) if i == 0 or x != states[i - 1]]
+    assert states == ["PENDING", "RUNNING", "REQUEUED", "PENDING", "RUNNING", "COMPLETED"], \
+        job.history
     assert job.history[0]["reason"] == "BeginTime" and job.history[1]["nodes"] == slurm.host
+    assert job.scheduler["restarts"] == 1 and urgent.isdigit()
     assert [p.state for p in job.processes] == ["finished", "finished"]
     assert [p.returncode for p in job.processes] == [0, 0]
     # both tasks joined through jax.distributed's SLURM detection
