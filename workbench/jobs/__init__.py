@@ -23,8 +23,8 @@ from workbench.jobs.job import Job, ProcessInfo
 from workbench.jobs.hosts import Hosts, TPUSlice
 from workbench.jobs.local import launch, ping
 from workbench.jobs.slurm import Slurm, SlurmError
-from workbench.jobs.lock import JobRunningError, RunLock
 from workbench.jobs.reattach import attach
+from workbench.run_lock import JobRunningError, RunLock
 from workbench.jobs.worker import EXIT_STOPPED
 
 __all__ = ["EXIT_STOPPED", "DistributedSpec", "Hosts", "Job", "JobRunningError", "ProcessInfo",

@@ -34,7 +34,7 @@ from typing import Any
 
 from workbench.jobs import storage
 from workbench.jobs.job import Job, _Pid, exit_file
-from workbench.jobs.lock import LAUNCHED_ENV, RunLock
+from workbench.run_lock import LAUNCHED_ENV, RunLock
 from workbench.jobs.worker import EXIT_FILE_ENV
 
 __all__ = ["Hosts", "HostsError", "TPUSlice", "attach_hosts"]

@@ -25,9 +25,9 @@ import workbench
 from workbench._validate import check_int
 from workbench.jobs.hosts import Hosts, TPUSlice
 from workbench.jobs.job import Job, exit_file
-from workbench.jobs.lock import LAUNCHED_ENV, RunLock
 from workbench.jobs.slurm import Slurm
 from workbench.jobs.slurm_job import submit_slurm
+from workbench.run_lock import LAUNCHED_ENV, RunLock
 from workbench.jobs.worker import EXIT_FILE_ENV
 
 __all__ = ["default_platform", "free_port", "launch", "ping"]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import workbench
-from workbench.jobs.lock import LAUNCHED_ENV
+from workbench.run_lock import LAUNCHED_ENV
 
 __all__ = ["SLURM_FILE", "Slurm", "SlurmError", "available", "batch_script", "check",
            "parse_time", "request", "run_command", "worker_argv"]

@@ -21,7 +21,7 @@ from workbench import runs
 from workbench.jobs.job import Job, ProcessInfo, _describe_exit, exit_file, read_tail
 from workbench.jobs import slurm as slurm_mod
 from workbench.jobs import storage
-from workbench.jobs.lock import RunLock
+from workbench.run_lock import RunLock
 from workbench.jobs.slurm import SLURM_FILE, Slurm, SlurmError, request, run_command
 from workbench.jobs.worker import EXIT_STOPPED
 
