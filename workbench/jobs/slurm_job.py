@@ -191,7 +191,7 @@ class SlurmJob(Job):
 
     def _observe(self, s: dict[str, Any]) -> None:
         last = self.history[-1] if self.history else None
-        if last and s["restarts"] > last["restarts"] and last["state"] in RUNNING:
+        if last and s["restarts"] > last["restarts"]:  # requeued (however briefly it showed)
             self.history.append({**last, "time": time.time(), "state": "REQUEUED",
                                  "restarts": s["restarts"]})
             last = self.history[-1]
