@@ -1,10 +1,13 @@
 """Test set-up: 8 simulated CPU devices before JAX starts its backends."""
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Calibrations a user stored (wb.calibrate) must not change the tests' predictions.
+os.environ["WORKBENCH_CALIBRATION"] = tempfile.mkdtemp(prefix="wb-calibration-")
 
 import pytest  # noqa: E402 - after the environment above, before any test imports JAX
 

@@ -24,7 +24,8 @@ import numpy as np
 
 from workbench._validate import check_int
 
-__all__ = ["MAX_STEPS", "ProfileError", "capture", "check_directory", "profile_step"]
+__all__ = ["MAX_STEPS", "ProfileError", "capture", "check_directory", "check_idle",
+           "profile_step"]
 
 #: More steps make a trace of hundreds of MB that XProf loads slowly; a few steady-state
 #: steps say where the time goes.
@@ -75,13 +76,28 @@ def free_directory(base: Path) -> Path:
     return candidate
 
 
-@contextlib.contextmanager
-def capture(directory: Path) -> Iterator[Path]:
-    """A ``jax.profiler`` trace of the block into ``directory`` (one at a time)."""
+def check_idle() -> None:
+    """Raises ProfileError when a trace already runs in this process (one of ours, or one
+    the user started with ``jax.profiler.start_trace``): checked before any step runs,
+    and again by ``jax.profiler.start_trace`` itself."""
     if _ACTIVE:
         raise ProfileError(f"a profile is already being captured (into {_ACTIVE[0]}); one "
                            "jax.profiler trace runs at a time per process: wait for it to "
                            "finish, then profile again")
+    from jax._src import profiler as _profiler   # its one record of the running session
+
+    state = getattr(_profiler, "_profile_state", None)
+    if state is not None and getattr(state, "profile_session", None) is not None:
+        raise ProfileError(
+            f"a jax.profiler trace is already running in this process (into "
+            f"{getattr(state, 'log_dir', '?')}, started with jax.profiler.start_trace or "
+            "jax.profiler.trace); stop it with jax.profiler.stop_trace() and profile again")
+
+
+@contextlib.contextmanager
+def capture(directory: Path) -> Iterator[Path]:
+    """A ``jax.profiler`` trace of the block into ``directory`` (one at a time)."""
+    check_idle()
     directory = check_directory(directory)
     directory.mkdir(parents=True, exist_ok=True)
     try:
@@ -136,6 +152,7 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
                            "factory model's step through a Trainer (trainer.profile())")
     directory = check_directory(Path(directory) if directory is not None else Path(
         "profiles") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_idle()
     state = plan.init_state(seed)
     batch = _tokens_batch(plan, seed)
     step = plan.compiled
@@ -198,9 +215,7 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 2, plan: Any 
     start = trainer.step + warmup
     directory = check_directory(Path(directory) if directory is not None else
                                 free_directory(trainer.run_dir / "profiles" / str(start + 1)))
-    if _ACTIVE:
-        raise ProfileError(f"a profile is already being captured (into {_ACTIVE[0]}); wait "
-                           "for it to finish, then profile again")
+    check_idle()
     plan = plan if plan is not None else trainer_plan(trainer)
     prediction = plan.predict(calibration=False) if plan is not None else None
     with trainer._writing():   # refused at once when another writer holds the run directory
