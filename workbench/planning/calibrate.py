@@ -192,7 +192,8 @@ def calibrate(reports: Any | Sequence[Any], *, spec: Any = None, save: bool = Tr
     if spec is None:
         kind = reports[0].device_kind
         spec = hardware_spec(kind) if kind and "cpu" not in kind.lower() else \
-            cpu_spec(reports[0].measured.devices)
+            cpu_spec(int(np.prod(list(reports[0].mesh.values()))) if reports[0].mesh
+                     else reports[0].measured.devices)
     pc = sum(r.term("compute").predicted for r in reports)
     mc = sum(r.term("compute").measured for r in reports)
     pm = sum(r.term("memory").predicted for r in reports)

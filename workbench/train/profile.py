@@ -118,15 +118,19 @@ def capture(directory: Path) -> Iterator[Path]:
 def _tokens_batch(plan: Any, seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     vocab = getattr(plan.cfg, "vocab_size", None) or 256
-    return {k: jax.device_put(rng.integers(0, vocab, v.shape, dtype=np.int32),
-                              plan.batch_shardings[k])
-            for k, v in plan.abstract_batch.items()}
+    out = {}
+    for k, v in plan.abstract_batch.items():   # the same tokens in every process
+        toks = rng.integers(0, vocab, v.shape, dtype=np.int32)
+        out[k] = jax.make_array_from_callback(toks.shape, plan.batch_shardings[k],
+                                              lambda idx, t=toks: t[idx])
+    return out
 
 
 def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any = None,
                  seed: int = 0) -> Any:
     """Profile a plan's own compiled step on its real devices (random tokens, state from
-    ``seed``), and line it up against ``plan.predicted``.
+    ``seed``), and line it up against the plan's prediction from the hardware table
+    (``plan.predict(calibration=False)``: what ``wb.calibrate`` corrects).
 
     Args:
       plan: a ``wb.plan(...)`` compiled on ``wb.make_mesh(...)`` devices.
@@ -173,7 +177,7 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
     measured = read_trace(directory, hlo_text=step.as_text(), axis_names=plan.mesh.axis_names,
                           axis_sizes=plan.mesh.axis_sizes)
     tps = {k: tokens / float(np.median(v)) for k, v in times.items() if v}
-    report = profile_report(plan.predicted, measured, plan_name=plan.name,
+    report = profile_report(plan.predict(calibration=False), measured, plan_name=plan.name,
                             mesh=dict(plan.mesh.shape), device_kind=_kind(plan.mesh),
                             processes=jax.process_count(), tokens_per_s=tps)
     write_report(report)
