@@ -32,13 +32,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from workbench.models.config import ATTENTION_IMPLEMENTATIONS
 from workbench.rules import active
 
 __all__ = ["IMPLEMENTATIONS", "Resolved", "attend", "block_sizes_for", "check",
            "current_platform", "kernel_flops", "resolve", "splash_attention", "xla_attention"]
 
 #: Values of ``GPTConfig.attention``.
-IMPLEMENTATIONS: tuple[str, ...] = ("xla", "splash", "cudnn", "auto")
+IMPLEMENTATIONS: tuple[str, ...] = ATTENTION_IMPLEMENTATIONS
 #: Default splash block (queries and keys per tile), capped at the sequence length.
 DEFAULT_BLOCK = 512
 

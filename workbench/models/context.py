@@ -41,7 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from workbench.rules import active
+from workbench.models.config import CONTEXT_VARIANTS
+from workbench.rules import Rules, active
 
 __all__ = ["VARIANTS", "ContextLayout", "attend", "blocks_per_device", "check_layout",
            "check_sequence", "seq_axes",
@@ -49,7 +50,7 @@ __all__ = ["VARIANTS", "ContextLayout", "attend", "blocks_per_device", "check_la
            "to_token_order", "zigzag_order"]
 
 #: Values of ``GPTConfig.context_attention``.
-VARIANTS: tuple[str, ...] = ("allgather", "ring")
+VARIANTS: tuple[str, ...] = CONTEXT_VARIANTS
 
 _NEG = float(np.finfo(np.float32).min)
 
@@ -125,8 +126,6 @@ def check_layout(seq: int, mesh_shape: Mapping[str, int], rules: Any, *,
         zigzag: ``GPTConfig.context_zigzag`` (then ``2 x`` the context size must divide).
     """
     if isinstance(rules, str):
-        from workbench.rules import Rules
-
         try:
             rules = Rules.preset(rules, _Names(tuple(mesh_shape)))
         except ValueError:

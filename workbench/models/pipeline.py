@@ -10,10 +10,11 @@ rolled by one stage (``jnp.roll`` on the sharded dim compiles to a collective-pe
 ``jax.grad`` of the loop runs the iterations backwards: all forwards, then all backwards
 (GPipe). This is MaxText's and praxis' layout, written for GSPMD without ``shard_map``.
 
-Mixture-of-experts blocks train too: the router statistics each layer records (see
+Mixture-of-experts blocks train too: the router statistics each layer returns (see
 :mod:`workbench.models.moe`) leave the loop as outputs, one per stage and iteration; the
-slots of real micro-batches are picked out (the bubble's are never read) and merged into
-the statistics of the whole batch, layer by layer, as the unpipelined scan records them.
+slots of real micro-batches are picked out (the bubble's are never read) and returned per
+micro-batch and layer, for the model to merge into the statistics of the whole batch
+(:func:`workbench.models.moe.merge_microbatches`).
 
 Schedules:
 
@@ -38,7 +39,6 @@ API::
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
@@ -49,8 +49,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from workbench import tracing
 from workbench._display import Displayable
-from workbench.models import moe
 from workbench.rules import STAGE_AXIS
 from workbench.rules import active as active_rules
 
@@ -204,23 +204,18 @@ def check_pipeline(pipe: Pipeline, *, n_layers: int, stages: int, batch: int | N
 
 
 # ------------------------------------------------------------------ the traced pipeline
-_ACTIVE: contextvars.ContextVar[tuple[Pipeline, int] | None] = contextvars.ContextVar(
-    "workbench_active_pipeline", default=None)
-
-
 @contextlib.contextmanager
 def activate(pipe: Pipeline, stages: int) -> Iterator[Pipeline]:
-    """While tracing inside this block, GPT's stacked blocks run through the pipeline."""
-    token = _ACTIVE.set((pipe, int(stages)))
-    try:
+    """While tracing inside this block, GPT's stacked blocks run through the pipeline
+    (``workbench.tracing.scoped(pipeline=pipe, stages=stages)``)."""
+    with tracing.scoped(pipeline=pipe, stages=int(stages)):
         yield pipe
-    finally:
-        _ACTIVE.reset(token)
 
 
 def active() -> tuple[Pipeline, int] | None:
     """The ``(pipeline, stages)`` set by :func:`activate`, or None."""
-    return _ACTIVE.get()
+    ctx = tracing.current()
+    return None if ctx.pipeline is None else (ctx.pipeline, ctx.stages)
 
 
 def _constrain(x: jax.Array, spec: PartitionSpec) -> jax.Array:
@@ -242,23 +237,27 @@ def _activation_spec(rank: int) -> tuple[Any, ...]:
                  for a, s in zip(axes, spec, strict=True))
 
 
-def run_pipeline(run_block: Callable[[Any, jax.Array], jax.Array], blocks: nnx.Module,
-                 x: jax.Array, pipe: Pipeline, stages: int) -> jax.Array:
+def run_pipeline(run_block: Callable[[Any, jax.Array], tuple[jax.Array, dict[str, jax.Array]]],
+                 blocks: nnx.Module, x: jax.Array, pipe: Pipeline, stages: int
+                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """``x`` (B, T, D) through the stacked ``blocks`` pipelined over ``stages`` stages.
 
     The same function of ``x`` and the parameters as a scan over the layers in order.
-    Mixture-of-experts blocks: the router statistics ``run_block`` records are recorded
-    once per layer, in layer order, with the shapes the unpipelined scan records; each is
-    the statistic of the whole batch (:func:`workbench.models.moe.merge_microbatches` of
-    the layer's micro-batches; bubble iterations are left out), so the step's ``moe_*``
-    metrics and router loss are those of the same model without a pipeline.
 
     Args:
-        run_block: ``(block, h) -> h``, remat included (GPT's loop body).
+        run_block: ``(block, h) -> (h, stats)``, remat included (GPT's loop body);
+            ``stats`` a dict of arrays (a MoE block's router statistics; ``{}`` when
+            dense).
         blocks: one ``Block`` whose params stack ``L`` layers on a leading axis.
         x: the residual stream of the whole batch.
         pipe: micro-batches, schedule and repeats.
         stages: ``S``, the size of the ``stage`` mesh axis.
+
+    Returns:
+        ``(y, stats)``: ``y`` (B, T, D), and each entry of the blocks' ``stats`` with
+        leading axes ``(M, L)``: micro-batch, then layer in layer order (bubble iterations
+        left out), to be merged over micro-batches by the caller
+        (:func:`workbench.models.moe.merge_microbatches` gives the whole batch's).
     """
     graphdef, state = nnx.split(blocks)
     params = nnx.to_pure_dict(state)
@@ -295,10 +294,8 @@ def run_pipeline(run_block: Callable[[Any, jax.Array], jax.Array], blocks: nnx.M
 
     def stage_fn(w_stage: Any, h: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         def body(h: jax.Array, layer: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-            with moe.collect() as stats:   # MoE router statistics: scan outputs
-                h = run_block(nnx.merge(graphdef, layer), h)
-            return h, moe.stack(stats)
-        return jax.lax.scan(body, h, w_stage)           # w: (K, ...); stats (K, n, ...)
+            return run_block(nnx.merge(graphdef, layer), h)   # stats: scan outputs
+        return jax.lax.scan(body, h, w_stage)           # w: (K, ...); stats (K, ...)
 
     v_stage = jax.vmap(stage_fn, spmd_axis_name=stage_axis)
     take = jax.vmap(lambda a, r: jax.lax.dynamic_index_in_dim(a, r, 0, keepdims=False),
@@ -320,23 +317,21 @@ def run_pipeline(run_block: Callable[[Any, jax.Array], jax.Array], blocks: nnx.M
         else:
             rounds = jnp.clip((t - stage_ids) // m_, 0, r_ - 1)        # (S,)
             w_t = jax.tree.map(lambda a: take(a, rounds), w)
-        out, stats = v_stage(w_t, inp)                                # stats (S, K, n, ...)
+        out, stats = v_stage(w_t, inp)                                # stats (S, K, ...)
         return (_constrain(out, state_spec), buf), stats
 
     out0 = _constrain(jnp.zeros((s_, mb, *feat), x.dtype), state_spec)
     (out, buf), stats = jax.lax.scan(iteration, (out0, xs),
-                                     jnp.arange(pipe.iterations(s_)))  # (R M + S - 1, S, K, n, ...)
-    if stats:
-        moe.record(_layer_stats(stats, pipe, s_, moe.config_of(blocks)), stacked=True)
+                                     jnp.arange(pipe.iterations(s_)))  # (R M + S - 1, S, K, ...)
     last = (r_ * m_ - 1) % m_                      # the final item left in the last iteration
     buf = jax.lax.dynamic_update_index_in_dim(buf, out[s_ - 1], last, 0)
-    return jnp.swapaxes(buf, 0, 1).reshape(batch, *feat)
+    return jnp.swapaxes(buf, 0, 1).reshape(batch, *feat), _layer_stats(stats, pipe, s_)
 
 
-def _layer_stats(stats: dict[str, jax.Array], pipe: Pipeline, stages: int, cfg: Any
+def _layer_stats(stats: dict[str, jax.Array], pipe: Pipeline, stages: int
                  ) -> dict[str, jax.Array]:
-    """Router statistics per iteration and stage ``(R M + S - 1, S, K, n, ...)`` -> per
-    layer ``(L n, ...)`` in layer order, each merged over the layer's micro-batches.
+    """Block outputs per iteration and stage ``(R M + S - 1, S, K, ...)`` -> per
+    micro-batch and layer ``(M, L, ...)``, layers in layer order.
 
     Stage ``s`` works on item ``i = t - s`` in iteration ``t`` (micro-batch ``i % M`` in
     round ``i // M``) when ``0 <= i < R M``; the other slots are the bubble (garbage
@@ -345,15 +340,14 @@ def _layer_stats(stats: dict[str, jax.Array], pipe: Pipeline, stages: int, cfg: 
     r_, m_, s_ = pipe.repeats, pipe.microbatches, stages
     r, s, m = np.meshgrid(np.arange(r_), np.arange(s_), np.arange(m_), indexing="ij")
     t = r * m_ + m + s                                               # (R, S, M) iterations
-    picked = {k: jnp.moveaxis(v[t, s], 2, 0) for k, v in stats.items()}  # (M, R, S, K, n, ...)
-    merged = moe.merge_microbatches(picked, cfg)                     # (R, S, K, n, ...)
+    picked = {k: jnp.moveaxis(v[t, s], 2, 0) for k, v in stats.items()}  # (M, R, S, K, ...)
     # layer r S K + s K + k: (R, S, K) in row-major order is layer order
-    return {k: v.reshape(-1, *v.shape[4:]) for k, v in merged.items()}
+    return {k: v.reshape(m_, -1, *v.shape[4:]) for k, v in picked.items()}
 
 
 def _path(path: Any) -> str:
-    from workbench.pytrees import path_str
-    return path_str(path)
+    """A parameter's path as one string (``workbench.pytrees.path_str``'s spelling)."""
+    return jax.tree_util.keystr(tuple(path), simple=True, separator=".")
 
 
 def _param_specs(state: Any) -> dict[str, tuple[Any, ...]]:
