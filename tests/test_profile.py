@@ -72,6 +72,7 @@ def test_step_time_is_the_wall_time_of_the_steps(profiled):
     assert m.accounted() == pytest.approx(m.step_seconds, rel=1e-9)
     assert all(m.categories[k] >= 0 for k in (*CATEGORIES, "concurrent", "idle", "host"))
     assert m.execution_seconds <= m.step_seconds
+    assert m.execution_seconds + m.categories["host"] == pytest.approx(m.step_seconds, rel=1e-9)
     # STEPS - 1 step intervals lie inside the wall time of the whole profile() call
     assert m.step_seconds * (STEPS - 1) < wall
     # and equal the host's own clock of the same steps (the run loop's step_time of the
@@ -208,3 +209,64 @@ def test_profile_a_plans_own_step(tmp_path):
     assert [m.events for m in report.measured.collectives] == [float(c.count) for c in hlo]
     assert report.term("step").predicted == pytest.approx(plan.predicted.step_seconds)
     assert math.isfinite(report.term("step").measured) and report.measured.steps == 2
+
+
+def _device_trace(tmp_path: Path, ops: list[tuple[str, int, int]], module: str) -> Path:
+    """An XSpace with two GPU planes as XLA writes them ("XLA Modules": one event per
+    execution, every 10 us for 1 us... "XLA Ops": ``ops`` (name, offset ns, duration ns)
+    in each execution), serialized by the profiler's own text-proto converter."""
+    from jax.profiler import ProfileData
+
+    names = [module + "(7)", "other_program(3)"] + sorted({n for n, _, _ in ops})
+    meta = "".join(f'event_metadata {{ key: {i + 1} value {{ id: {i + 1} name: "{n}" }} }}\n'
+                   for i, n in enumerate(names))
+    planes = ""
+    for d in range(2):
+        mods = "".join(f"events {{ metadata_id: 1 offset_ps: {k * 10_000_000} duration_ps: "
+                       f"{6_000_000} }}" for k in range(3))
+        evs = "".join(f"events {{ metadata_id: {names.index(n) + 1} offset_ps: "
+                      f"{(k * 10_000 + off) * 1000} duration_ps: {dur * 1000} }}"
+                      for k in range(3) for n, off, dur in ops)
+        # an op of another program between executions: not counted
+        evs += f"events {{ metadata_id: 2 offset_ps: {7_000_000} duration_ps: 1000000 }}"
+        planes += (f'planes {{ id: {d + 1} name: "/device:GPU:{d}" '
+                   f'lines {{ id: 1 name: "XLA Modules" timestamp_ns: 5000 {mods} }} '
+                   f'lines {{ id: 2 name: "XLA Ops" timestamp_ns: 5000 {evs} }} {meta} }}\n')
+    where = tmp_path / "plugins" / "profile" / "t"
+    where.mkdir(parents=True)
+    (where / "gpu.xplane.pb").write_bytes(ProfileData.text_proto_to_serialized_xspace(planes))
+    return tmp_path
+
+
+def test_device_planes_are_read_by_execution_hand_count(tmp_path):
+    """GPU/TPU traces put each device's ops on its plane's "XLA Ops" line: the ops are
+    grouped by the "XLA Modules" execution containing them, and every category equals a
+    hand count of the synthetic timeline."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = wb.make_mesh(data=8)
+    x = jax.ShapeDtypeStruct((64, 32), np.float32, sharding=NamedSharding(mesh, P("data")))
+    w = jax.ShapeDtypeStruct((32, 32), np.float32, sharding=NamedSharding(mesh, P()))
+    hlo = jax.jit(lambda x, w: jax.numpy.tanh(x @ w).sum()).lower(x, w).compile().as_text()
+    from workbench.planning.trace import _instruction_kinds, _module_name
+
+    _, kinds = _instruction_kinds(hlo)
+    dot = next(n for n, (c, _) in kinds.items() if c == "compute")
+    coll = next(n for n, (c, _) in kinds.items() if c == "collectives")
+    other = next(n for n, (c, op) in kinds.items() if c == "memory" and op == "fusion")
+    # per execution (ns): dot 0-2000, other 2500-3000, all-reduce 3000-4500; module 0-6000
+    ops = [(dot, 0, 2000), (other, 2500, 500), (coll, 3000, 1500)]
+    m = read_trace(_device_trace(tmp_path, ops, _module_name(hlo)), hlo_text=hlo,
+                   axis_names=("data",), axis_sizes=(8,))
+    assert (m.steps, m.devices) == (3, 2)
+    assert m.step_seconds == pytest.approx(10e-6)                 # start to start
+    assert m.execution_seconds == pytest.approx(4.5e-6)           # first op to last op end
+    c = m.categories
+    assert c["compute"] == pytest.approx(2e-6) and c["memory"] == pytest.approx(0.5e-6)
+    assert c["collectives"] == pytest.approx(1.5e-6) and c["concurrent"] == pytest.approx(0)
+    assert c["idle"] == pytest.approx(0.5e-6)                      # 2000-2500 ns
+    assert c["host"] == pytest.approx(10e-6 - 4.5e-6)
+    assert m.accounted() == pytest.approx(m.step_seconds)
+    assert [o.name for o in m.top(3)] == [dot, coll, other]
+    measured = {x.collective.names: x.events for x in m.collectives}
+    assert any(coll in names and ev == 1.0 for names, ev in measured.items())

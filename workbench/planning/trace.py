@@ -214,9 +214,27 @@ class _Event:
     self_time: float = 0.0
 
 
+def _module_runs(plane: Any, module: str) -> list[tuple[float, float]]:
+    """(start, end) seconds of each execution of ``module`` on a device plane (its "XLA
+    Modules" line: one event per execution, named ``jit_train_step(<program id>)``)."""
+    runs = []
+    for line in plane.lines:
+        if line.name == "XLA Modules":
+            for e in line.events:
+                if e.name.split("(")[0] == module:
+                    start = float(e.start_ns) * 1e-9
+                    runs.append((start, start + float(e.duration_ns) * 1e-9))
+    return sorted(runs)
+
+
 def _events(files: Sequence[Path], module: str) -> list[_Event]:
     """Op events of ``module`` with their self time (nested events on one thread line,
-    a loop's body inside its while, are subtracted from their parent)."""
+    a loop's body inside its while, are subtracted from their parent).
+
+    Host plane (XLA:CPU): events carrying ``hlo_op`` of ``module``; the execution is the
+    event's ``run_id``. Device planes (GPU, TPU): the "XLA Ops" line; the execution is the
+    "XLA Modules" event of ``module`` that contains the op.
+    """
     from jax.profiler import ProfileData
 
     out: list[_Event] = []
@@ -224,24 +242,24 @@ def _events(files: Sequence[Path], module: str) -> list[_Event]:
         data = ProfileData.from_file(str(f))
         for p_index, plane in enumerate(data.planes):
             device_plane = plane.name.startswith("/device:") and "CUSTOM" not in plane.name
+            runs = _module_runs(plane, module) if device_plane else []
             for line in plane.lines:
-                if device_plane and line.name not in ("XLA Ops", "TensorFlow Ops"):
+                if device_plane and line.name != "XLA Ops":
                     continue
                 stack: list[_Event] = []
                 for e in line.events:
                     stats = dict(e.stats)
+                    start = float(e.start_ns) * 1e-9
                     if device_plane:
-                        name = str(stats.get("hlo_op", e.name))
-                        if stats.get("hlo_module", module) != module and \
-                                not str(stats.get("hlo_module", "")).startswith(module):
-                            continue
-                        dev, exe = p_index, stats.get("run_id", stats.get("program_id"))
+                        run = next((i for i, (s, t) in enumerate(runs) if s <= start <= t), None)
+                        if run is None:
+                            continue   # an op of another program
+                        name, dev, exe = str(stats.get("hlo_op", e.name)), p_index, run
                     else:
                         if stats.get("hlo_module") != module or "hlo_op" not in stats:
                             continue
                         name, dev = str(stats["hlo_op"]), int(stats.get("device_ordinal", 0))
                         exe = stats.get("run_id")
-                    start = float(e.start_ns) * 1e-9
                     ev = _Event(name, dev, exe, start, start + float(e.duration_ns) * 1e-9)
                     ev.self_time = ev.end - ev.start
                     while stack and stack[-1].end <= ev.start:
@@ -355,5 +373,5 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
             events=sum(times[n].count for n in names if n in times)))
     return StepProfile(directory=str(directory), files=tuple(str(f) for f in files),
                        module=module, steps=steps, devices=len(devices), step_seconds=step_s,
-                       execution_seconds=exec_span / len(devices) / steps, categories=cats,
+                       execution_seconds=exec_span / steps, categories=cats,
                        collectives=tuple(measured), ops=tuple(ops))
