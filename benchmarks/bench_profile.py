@@ -7,7 +7,7 @@ devices, a ``jax.profiler`` trace of STEPS steps after WARMUP untraced ones) is 
 in one process with 8 devices (data=4 x model=2) and in 2 processes x 4 devices joined by
 ``jax.distributed`` with gloo over 127.0.0.1. The first case of each setup calibrates
 (``wb.calibrate``, into a temporary calibration directory); the others are predicted with
-that calibration and compared with their own measured step (start to start in the
+that calibration and compared with their own measured step (first op to last in the
 trace). Rows: calibrated predicted / measured (target 0.85-1.15) with the uncalibrated
 ratio beside it, the largest disagreement of each profile, and the profiler's overhead
 (tokens/s during the traced steps / outside them).
@@ -93,7 +93,7 @@ def rows_of(results: Sequence[dict[str, Any]], setup: str) -> list[dict[str, Any
             "value": round(cal, 3), "unit": "predicted/measured",
             "target": f"{lo}-{hi}" if held else "", "ok": (lo <= cal <= hi) if held else None,
             "uncalibrated": round(unc, 3),
-            "notes": (f"measured {r['measured'] * 1e3:.1f} ms (trace, start to start); "
+            "notes": (f"measured {r['measured'] * 1e3:.1f} ms (trace, first op to last); "
                       f"calibrated {r['calibrated'] * 1e3:.1f} ms; uncalibrated "
                       f"{r['uncalibrated'] * 1e3:.1f} ms (x{unc:.2f}); {r['verdict']}")})
     for r in results:
