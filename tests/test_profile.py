@@ -114,6 +114,8 @@ def test_report_rows_are_the_predictions_terms(profiled):
     assert report.largest_disagreement is worst
     assert worst.name in report.verdict() and "largest disagreement" in str(report)
     assert set(report.tokens_per_s) == {"outside", "during"} and report.overhead is not None
+    view = report.widget()     # what a notebook shows: the same rows, the same verdict
+    assert view.payload["rows"] == report.rows() and view.payload["verdict"] == report.verdict()
 
 
 def test_calibration_is_stored_and_used_by_predictions(profiled, tmp_path, monkeypatch):
