@@ -173,7 +173,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", default="profile-table.md", help="the measured vs predicted table")
     ap.add_argument("--store", action="store_true", help="keep the calibration in the cache")
     args = ap.parse_args(argv)
-    cases = [(args.preset, r, args.batch, args.seq) for r in args.layouts]
+    import jax
+
+    layouts = [r for r in args.layouts if jax.device_count() >= 2 or r not in ("tp", "fsdp_tp")]
+    if layouts != args.layouts:
+        print(f"one device: {sorted(set(args.layouts) - set(layouts))} need a model axis of 2; "
+              "skipped", file=sys.stderr)
+    cases = [(args.preset, r, args.batch, args.seq) for r in layouts]
     results = profile_cases(cases, Path(args.dir), save=args.store)
     lines = ["| layout | mesh | measured ms | predicted ms (table) | predicted ms (calibrated) "
              "| calibrated / measured |", "|---|---|---|---|---|---|"]

@@ -79,14 +79,16 @@ def test_step_time_is_the_wall_time_of_the_steps(profiled):
     # traced steps, their checkpoint left out), up to where in a step each clock ticks
     recs = {r["step"]: r for r in trainer.history}
     first = before + 2
-    host = sum(recs[s]["step_time"] - recs[s]["ckpt_time"] for s in range(first + 1, first + STEPS + 1))
+    host = sum(recs[s]["step_time"] - recs[s]["ckpt_time"]
+               for s in range(first + 1, first + STEPS + 1))
     assert m.step_seconds * STEPS == pytest.approx(host, rel=0.5)
 
 
 def test_top_ops_carry_their_source_lines(profiled):
     _, _, report, _, _ = profiled
     top = report.measured.top(10)
-    assert len(top) == 10 and [o.seconds for o in top] == sorted((o.seconds for o in top), reverse=True)
+    assert len(top) == 10
+    assert [o.seconds for o in top] == sorted((o.seconds for o in top), reverse=True)
     ops = report.measured.ops
     # the user source line of the model's matmuls, from the HLO metadata
     assert any(o.category == "compute" and re.match(r"\w+\.py:\d+ in \w", o.source) for o in ops)

@@ -197,7 +197,8 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
                    note="no op of the step running: between ops, and between steps "
                         "(data, dispatch, metrics)"),
               Term(name="step", predicted=float(pred["step_seconds"]),
-                   measured=measured.step_seconds, note="wall time per step: first op to last op of the traced steps")]
+                   measured=measured.step_seconds,
+                   note="wall time per step: first op to last op of the traced steps")]
     return ProfileReport(terms=tuple(terms), prediction=pred, measured=measured,
                          directory=measured.directory, tokens_per_s=dict(tokens_per_s or {}),
                          plan_name=plan_name, mesh=dict(mesh or {}), device_kind=device_kind,
