@@ -9,8 +9,11 @@ From one or more :class:`~workbench.planning.profile.ProfileReport` of a device 
   factor ``s``: ``measured = count x L + s x (predicted - count x L_table)``, least squares
   over the profiles' collectives of that kind (``s`` alone where their sizes do not tell
   the two apart); achieved bandwidth = the entry's link bandwidth / ``s``;
-- overlap: ``(compute + memory + communication - step) / min(local, communication)`` of
-  the profiles' measured terms, in [0, 1].
+- overlap: op time measured running beside other ops of the same device (XLA:CPU's
+  thunk executor runs independent ops side by side) / min(local, communication), in
+  [0, 1]. On GPUs and TPUs the trace's collective time is what the device's op stream
+  spent in the collectives (start and done ops), i.e. the exposed part, and ops run one
+  at a time: the overlap measures 0 and the collective factors carry what is hidden.
 
 The factors are stored relative to the hardware entry (``cpu_spec`` divides one host's
 peak among its simulated devices: a calibration from 8 devices applies to 4).
