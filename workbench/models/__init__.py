@@ -3,6 +3,7 @@ from workbench.models.config import PRESETS, REMAT_POLICIES, GPTConfig
 from workbench.models.gpt import GPT, MLP, Attention, Block, RMSNorm, rope
 from workbench.models.adapters import ModelSpec, from_nnx
 from workbench.models.mlp import MLPClassifier, classifier_loss
+from workbench.models.penzai_adapter import PENZAI_AXES, from_penzai   # penzai: when called
 
 __all__ = [
            "GPT",
@@ -21,11 +22,3 @@ __all__ = [
            "rope",
 ]
 
-
-def __getattr__(name: str) -> object:
-    """``from_penzai`` imports penzai on first use only."""
-    if name in ("from_penzai", "PENZAI_AXES"):
-        from workbench.models import penzai_adapter
-
-        return getattr(penzai_adapter, name)
-    raise AttributeError(f"module 'workbench.models' has no attribute {name!r}")

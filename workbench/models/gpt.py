@@ -62,7 +62,7 @@ class Block(nnx.Module):
         x = x + self.attn(self.attn_norm(x))
         x = constrain(x, ("batch", "seq", None), name="residual")
         if isinstance(self.mlp, moe.MoE):
-            y, stats = self.mlp(self.mlp_norm(x))
+            y, stats = self.mlp.with_stats(self.mlp_norm(x))
         else:
             y, stats = self.mlp(self.mlp_norm(x)), {}
         x = x + y

@@ -172,7 +172,11 @@ class MoE(nnx.Module):
             if cfg.n_shared_experts else None
         self.cfg = cfg
 
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``x`` (B, T, D) -> the output (B, T, D) (:meth:`with_stats` without them)."""
+        return self.with_stats(x)[0]
+
+    def with_stats(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         """``x`` (B, T, D) -> the output (B, T, D) and this layer's router statistics
         (:data:`STAT_KEYS`: :func:`router_stats`, ``router_loss`` and ``dropped``)."""
         cfg = self.cfg
