@@ -274,3 +274,23 @@ def test_device_planes_are_read_by_execution_hand_count(tmp_path):
     assert [o.name for o in m.top(3)] == [dot, coll, other]
     measured = {x.collective.names: x.events for x in m.collectives}
     assert any(coll in names and ev == 1.0 for names, ev in measured.items())
+
+
+def test_calibration_keys_collectives_that_cross_processes():
+    """2 processes x 4 devices, mesh data=4 x model=2 in row-major device order (each
+    process holds 4 consecutive devices): the 'model' pairs stay in one process, 'data'
+    groups span both; and reports of two device kinds are not mixed."""
+    from types import SimpleNamespace
+
+    from workbench.planning.calibrate import _crosses_processes
+
+    r = SimpleNamespace(mesh={"data": 4, "model": 2}, processes=2)
+    # device d = 2 * i_data + i_model lives in process d // 4
+    for axes in (("model",), ("data",), ("data", "model")):
+        groups = {tuple(sorted({(2 * i + j) // 4 for i in range(4) for j in range(2)
+                                if (("data" in axes) or i == 0) and (("model" in axes) or j == 0)}))}
+        assert _crosses_processes(r, axes) == (max(len(g) for g in groups) > 1), axes
+    a = SimpleNamespace(device_kind="H100 SXM", prediction={"sources": {}})
+    b = SimpleNamespace(device_kind="TPU v5p", prediction={"sources": {}})
+    with pytest.raises(ValueError, match="different device kinds"):
+        wb.calibrate([a, b], save=False)
