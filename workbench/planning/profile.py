@@ -29,6 +29,8 @@ class Term:
       kind, axes: for a collective row, its kind and mesh axes; else "" and ().
       count: instructions per step (collective rows: the compiled HLO's count).
       note: how the measured side is counted.
+      wait: of ``measured``, time waiting for the group's other devices to arrive (a
+        collective row on XLA:CPU; 0 elsewhere).
     """
 
     name: str
@@ -38,6 +40,7 @@ class Term:
     axes: tuple[str, ...] = ()
     count: int = 0
     note: str = ""
+    wait: float = 0.0
 
     @property
     def ratio(self) -> float | None:
@@ -106,15 +109,18 @@ class ProfileReport(Displayable):
             how = "not predicted at all"
         more = "longer" if t.error > 0 else "shorter"
         share = abs(t.error) / step.measured if step.measured > 0 else 0.0
+        wait = (f"; {t.wait * 1e3:.3g} ms of it waiting for the other devices of each group "
+                "to arrive (they reach the collective at different times: uneven work, or "
+                "devices sharing cores)" if t.wait > 0.1 * t.measured else "")
         return (f"largest disagreement: {t.name} took {t.measured * 1e3:.3g} ms per step, "
                 f"{how} ({abs(t.error) * 1e3:.3g} ms {more}, {share:.0%} of the measured "
-                f"{step.measured * 1e3:.3g} ms step)")
+                f"{step.measured * 1e3:.3g} ms step){wait}")
 
     def rows(self) -> list[dict[str, Any]]:
         """JSON-friendly rows (the widget's data)."""
         return [{"name": t.name, "predicted": t.predicted, "measured": t.measured,
                  "kind": t.kind, "axes": list(t.axes), "count": t.count, "note": t.note,
-                 "ratio": t.ratio} for t in self.terms]
+                 "wait": t.wait, "ratio": t.ratio} for t in self.terms]
 
     def table(self) -> str:
         """The terms as text."""
@@ -122,7 +128,8 @@ class ProfileReport(Displayable):
         for t in self.terms:
             r = f"{t.ratio:.2f}" if t.ratio is not None else "-"
             lines.append(f"{t.name:<34} {t.predicted * 1e3:>8.3f} ms {t.measured * 1e3:>8.3f} ms "
-                         f"{r:>7}")
+                         f"{r:>7}" + (f"  ({t.wait * 1e3:.3g} ms waiting for peers)"
+                                      if t.wait > 0 else ""))
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -170,7 +177,8 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
     pred = prediction.to_dict() if hasattr(prediction, "to_dict") else dict(prediction)
     b = pred["breakdown"]
     cats = measured.categories
-    by_key: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    by_key: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(
+        lambda: [0.0, 0.0, 0, 0.0])
     for c in b.get("collectives", ()):
         rec = by_key[(c["kind"], tuple(c["axes"]))]
         rec[0] += float(c["seconds"])
@@ -178,6 +186,7 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
     for m in measured.collectives:
         rec = by_key[(m.kind, tuple(m.axes))]
         rec[1] += m.seconds
+        rec[3] += m.wait
         if not any((c["kind"], tuple(c["axes"])) == (m.kind, tuple(m.axes))
                    for c in b.get("collectives", ())):
             rec[2] += m.collective.count
@@ -188,8 +197,8 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
                   measured=cats["memory"] + cats["other"],
                   note="every other op: elementwise, reductions, copies, control flow")]
     terms += [Term(name=_axes_name(k, axes), predicted=p, measured=m, kind=k, axes=axes,
-                   count=n, note="collective instructions of this kind and mesh axes")
-              for (k, axes), (p, m, n) in sorted(by_key.items(), key=lambda kv: -kv[1][1])]
+                   count=n, wait=w, note="collective instructions of this kind and mesh axes")
+              for (k, axes), (p, m, n, w) in sorted(by_key.items(), key=lambda kv: -kv[1][1])]
     terms += [Term(name="overlap (hidden)", predicted=hidden, measured=cats["concurrent"],
                    note="time subtracted: predicted hidden communication; measured op time "
                         "that ran beside other ops of the same device"),

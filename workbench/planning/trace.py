@@ -34,7 +34,7 @@ CATEGORIES = ("compute", "memory", "collectives", "other")
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
 _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _MATMUL_TARGET = re.compile(r"gemm|matmul|cublas|dot|conv", re.I)
-_NOT_OPS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all"}
+_WAIT = "Wait: pending_threads"   # XLA:CPU's rendezvous, waiting for the group's devices
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,11 +69,14 @@ class MeasuredCollective:
       collective: the compiled step's record (kind, axes, bytes, count, names).
       seconds: time per step on one device, averaged over devices (all its instructions).
       events: op events per step and device that were matched to it.
+      wait: of ``seconds``, the time spent waiting for the group's other devices to
+        arrive (XLA:CPU's rendezvous; 0 where the trace does not say).
     """
 
     collective: Collective
     seconds: float
     events: float
+    wait: float = 0.0
 
     @property
     def kind(self) -> str:
@@ -212,6 +215,7 @@ class _Event:
     start: float   # seconds
     end: float
     self_time: float = 0.0
+    wait: float = 0.0   # inside a collective: waiting for the other devices to arrive
 
 
 def _module_runs(plane: Any, module: str) -> list[tuple[float, float]]:
@@ -257,6 +261,10 @@ def _events(files: Sequence[Path], module: str) -> list[_Event]:
                         name, dev, exe = str(stats.get("hlo_op", e.name)), p_index, run
                     else:
                         if stats.get("hlo_module") != module or "hlo_op" not in stats:
+                            # XLA:CPU's rendezvous: a collective waiting for its peers
+                            if e.name.startswith(_WAIT) and stack and \
+                                    stack[-1].end >= start >= stack[-1].start:
+                                stack[-1].wait += float(e.duration_ns) * 1e-9
                             continue
                         name, dev = str(stats["hlo_op"]), int(stats.get("device_ordinal", 0))
                         exe = stats.get("run_id")
@@ -338,7 +346,7 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
     scale = 1.0 / (len(devices) * steps)
 
     cats = dict.fromkeys(CATEGORIES, 0.0)
-    per_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    per_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     union = 0.0
     for d in devices:
         for evs in per_device[d][:n_exec]:
@@ -348,6 +356,7 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
                 cats[cat] += e.self_time
                 per_op[e.name][0] += e.self_time
                 per_op[e.name][1] += 1
+                per_op[e.name][2] += e.wait
     busy = sum(cats.values())
     cats = {k: v * scale for k, v in cats.items()}
     cats["concurrent"] = max(0.0, busy - union) * scale
@@ -355,7 +364,8 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
     cats["host"] = max(0.0, step_s - exec_span / steps)
 
     ops = []
-    for name, (secs, count) in per_op.items():
+    waits = {name: w * scale for name, (_, _, w) in per_op.items()}
+    for name, (secs, count, _) in per_op.items():
         ins = graph.instructions.get(name)
         ops.append(OpTime(name=name, category=kinds.get(name, ("memory", "?"))[0],
                           opcode=kinds.get(name, ("", "?"))[1], seconds=secs * scale,
@@ -369,7 +379,8 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
                                         if "-start" in n]
         measured.append(MeasuredCollective(
             collective=c, seconds=sum(times[n].seconds for n in names if n in times),
-            events=sum(times[n].count for n in names if n in times)))
+            events=sum(times[n].count for n in names if n in times),
+            wait=sum(waits.get(n, 0.0) for n in names)))
     return StepProfile(directory=str(directory), files=tuple(str(f) for f in files),
                        module=module, steps=steps, devices=len(devices), step_seconds=step_s,
                        execution_seconds=exec_span / steps, categories=cats,

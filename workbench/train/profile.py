@@ -43,7 +43,7 @@ def check_steps(steps: Any, warmup: Any, where: str) -> tuple[int, int]:
                       fix=f"profile a few steady-state steps, e.g. steps=3 (at most "
                           f"{MAX_STEPS}: a trace grows with every op of every step)")
     warmup = check_int(warmup, "warmup", minimum=0, where=where,
-                       fix="warmup is how many steps run untraced first, e.g. warmup=2")
+                       fix="warmup is how many steps run untraced first, e.g. warmup=3")
     return steps, warmup
 
 
@@ -203,7 +203,7 @@ def write_report(report: Any) -> Path:
     return path
 
 
-def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 2, plan: Any = None,
+def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 3, plan: Any = None,
                     directory: Any = None) -> Any:
     """:meth:`workbench.train.trainer.Trainer.profile`: ``warmup`` untraced steps, then
     ``steps`` traced ones, both trained and recorded as usual; the trace into
@@ -250,17 +250,19 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 2, plan: Any 
 
 def _throughput(history: list[dict[str, Any]], first: int, warmup: int, steps: int,
                 tokens: int) -> dict[str, float]:
-    """Median tokens/s of the warm-up steps after the first (the first of a ``run`` call
-    starts the pipeline) and of the traced steps, each step's checkpoint time left out
-    (every ``run`` call saves at its target)."""
+    """Median tokens/s of the untraced and of the traced steps, each taken from the middle
+    of its ``run`` call: the first step of a call starts the pipeline and the last one
+    saves a checkpoint (every call saves at its target); where a call has no middle step,
+    its last one without its checkpoint time."""
     recs = {r["step"]: r for r in history}
 
     def rate(lo: int, hi: int) -> float | None:
-        t = [recs[s]["step_time"] - recs[s].get("ckpt_time", 0.0)
-             for s in range(lo, hi + 1) if s in recs]
+        mid = [s for s in range(lo + 1, hi) if s in recs] or [s for s in (hi,) if s in recs]
+        t = [recs[s]["step_time"] - recs[s].get("ckpt_time", 0.0) for s in mid]
         return tokens / float(np.median(t)) if t else None
 
-    out = {"outside": rate(first - warmup + 2, first), "during": rate(first + 1, first + steps)}
+    out = {"outside": rate(first - warmup + 1, first) if warmup else None,
+           "during": rate(first + 1, first + steps)}
     return {k: v for k, v in out.items() if v}
 
 

@@ -460,7 +460,7 @@ class Trainer(Displayable):
         except Exception:  # noqa: BLE001 - the state stays None and reloads on next use
             self._state = None
 
-    def profile(self, steps: int = 3, *, warmup: int = 2, plan: Any = None,
+    def profile(self, steps: int = 3, *, warmup: int = 3, plan: Any = None,
                 directory: str | os.PathLike[str] | None = None) -> Any:
         """Profile ``steps`` steady-state steps: predicted vs measured, term by term.
 
