@@ -294,3 +294,13 @@ def test_calibration_keys_collectives_that_cross_processes():
     b = SimpleNamespace(device_kind="TPU v5p", prediction={"sources": {}})
     with pytest.raises(ValueError, match="different device kinds"):
         wb.calibrate([a, b], save=False)
+
+
+def test_a_plan_of_another_step_is_refused(profiled):
+    trainer = profiled[0]
+    at = trainer.step
+    other = wb.plan(CFG.model_config(), mesh=wb.make_mesh(data=8), rules="dp", batch=8,
+                    seq=32, progress=False, compile=False)
+    with pytest.raises(ValueError, match="this Trainer runs mesh"):
+        trainer.profile(steps=1, plan=other)
+    assert trainer.step == at

@@ -221,13 +221,15 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 3, plan: Any 
                                 free_directory(trainer.run_dir / "profiles" / str(start + 1)))
     check_idle()
     plan = plan if plan is not None else trainer_plan(trainer)
-    prediction = plan.predict(calibration=False) if plan is not None else None
+    _check_plan(plan, trainer)
+    prediction = plan.predict(calibration=False)
     with trainer._writing():   # refused at once when another writer holds the run directory
         if warmup:
-            trainer.run(steps=trainer.step + warmup)
+            _finished(trainer.run(steps=trainer.step + warmup), directory)
         first = trainer.step
         with capture(directory):
-            trainer.run(steps=first + steps)
+            result = trainer.run(steps=first + steps)
+        _finished(result, directory)
     mesh = trainer.mesh
     # one execution of the step program (a micro-batch with gradient accumulation) is
     # what the plan predicts
@@ -235,9 +237,6 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 3, plan: Any 
                           axis_names=tuple(mesh.axis_names),
                           axis_sizes=tuple(int(s) for s in mesh.devices.shape))
     tps = _throughput(trainer.history, first, warmup, steps, trainer.config.tokens_per_step)
-    if prediction is None:
-        raise ProfileError("no prediction to compare with: pass plan=wb.plan(...) of this "
-                           "config (the trace is kept in " f"{directory})")
     from workbench.mesh import mesh_info
 
     report = profile_report(prediction, measured, plan_name=plan.name,
@@ -246,6 +245,27 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 3, plan: Any 
                             processes=jax.process_count(), tokens_per_s=tps)
     write_report(report)
     return report
+
+
+def _check_plan(plan: Any, trainer: Any) -> None:
+    """The plan must be of the trainer's step: the same mesh, micro-batch and sequence."""
+    cfg = trainer.config
+    have = (dict(plan.mesh.shape), plan.batch, plan.seq)
+    want = ({k: int(v) for k, v in trainer.mesh.shape.items()}, cfg.micro_batch, cfg.seq)
+    if have != want:
+        raise ValueError(f"Trainer.profile: plan={plan.name!r} is for mesh {have[0]}, batch "
+                         f"{have[1]}, seq {have[2]}, but this Trainer runs mesh {want[0]}, "
+                         f"batch {want[1]} (per step program), seq {want[2]}; pass the plan "
+                         "of this config, or leave plan= out to plan it")
+
+
+def _finished(result: Any, directory: Path) -> None:
+    """Stops the profile when the steps were interrupted (Ctrl-C, SIGTERM): the run kept
+    its checkpoint; the trace so far stays in ``directory``."""
+    if result.status != "finished":
+        raise ProfileError(f"the profiled steps were {result.status} at step {result.step} "
+                           f"({result.message}); nothing was compared. The trace so far is "
+                           f"in {directory}; profile again to compare")
 
 
 def _throughput(history: list[dict[str, Any]], first: int, warmup: int, steps: int,
