@@ -138,6 +138,31 @@ def test_train_panel_appends_live_rows_after_its_history(tmp_path):
     assert rep["handlers_left"] == 0
 
 
+def test_train_panel_draws_the_eval_loss_dashed_beside_the_training_loss(tmp_path):
+    steps = list(range(1, 11))
+    evals = [None, None, None, None, 3.5, None, None, None, None, 2.5]   # eval_every=5
+    history = {"step": steps, "loss": [5.0 - 0.3 * s for s in steps], "mfu": [0.1] * 10,
+               "step_time": [0.5] * 10, "data_time": [0.1] * 10, "ckpt_time": [0.0] * 10,
+               "eval_loss": evals}
+    state = {"info": {"name": "own-text", "run_dir": "/runs/t"},
+             "status": {"step": 10, "target": 10, "state": "finished", "last": {"loss": 2.0}},
+             "history": history}
+    rep = render(tmp_path, "train_panel", state,
+                 [{"op": "msg", "msg": {"type": "append",
+                                        "rows": [[11, 1.6, 0.1, 0.5, 0.1, 0.0, None]]}}])
+    loss = rep["charts"][0]
+    train_d, eval_d = loss["d"]                   # two paths: training loss, eval loss
+    train, held = _vertices(train_d), _vertices(eval_d)
+    assert len(train) == 11 and len(held) == 2 and "loss · eval (dashed)" in loss["texts"]
+    # the same axes: x by step (steps 1..11), y by value over both series (1.6 .. 4.7)
+    x = lambda s: train[0][0] + (s - 1) / 10 * (train[-1][0] - train[0][0])
+    assert held[0][0] == pytest.approx(x(5), abs=0.1) and held[1][0] == pytest.approx(x(10), abs=0.1)
+    top, bottom = min(y for _, y in train), max(y for _, y in train)   # 4.7 and 1.6
+    y = lambda v: bottom - (v - 1.6) / (4.7 - 1.6) * (bottom - top)
+    assert held[0][1] == pytest.approx(y(3.5), abs=0.1) and held[1][1] == pytest.approx(y(2.5), abs=0.1)
+    assert rep["handlers_left"] == 0
+
+
 def test_charts_wait_for_the_first_step(tmp_path):
     rep = render(tmp_path, "job", {"payload": _job_payload(0, 60)})
     assert [c["d"] for c in rep["charts"]] == [[""], [""]]

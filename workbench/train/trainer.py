@@ -106,6 +106,8 @@ class Trainer(Displayable):
         self.primary = jax.process_index() == 0
         t0 = time.perf_counter()
         self.parts = build_parts(config, data_cache=data_cache)
+        if self.parts.data.info.get("note"):   # e.g. documents longer than a row were split
+            self._say(f"data: {self.parts.data.info['note']}")
         self.mesh, self.rules = self.parts.mesh, self.parts.rules
         # one writer per run directory (workbench.run_lock): held while restoring and running
         self._lock = RunLock(self.run_dir) if self.primary else None
@@ -115,6 +117,7 @@ class Trainer(Displayable):
         self.step = 0
         self.restored_from: int | None = None
         self._compiled: Any = None
+        self._evaluator: Any = None
         self._lr_fn: Any = None
         self._lr_blocks: dict[int, np.ndarray] = {}
         self.compile_seconds: float | None = None
@@ -451,7 +454,21 @@ class Trainer(Displayable):
                           checkpoints=self.checkpoints, accumulate=cfg.optimizer.accumulate,
                           checkpoint_every=cfg.checkpoint_every, config=cfg.to_dict(),
                           lr=self.lr, record=record, sinks=tuple(reporters),
-                          run_dir=self.run_dir)
+                          run_dir=self.run_dir, evaluate=self.evaluator(),
+                          eval_every=cfg.eval_every)
+
+    def evaluator(self) -> Any:
+        """The held-out evaluation (``workbench.train.evaluate.Evaluator``), or None when
+        ``config.eval_every`` is 0."""
+        if not self.config.eval_every:
+            return None
+        if self._evaluator is None:
+            from workbench.train.evaluate import Evaluator
+
+            p = self.parts
+            self._evaluator = Evaluator(p.graphdef, p.eval_data, p.shardings.params,
+                                        rules=self.rules, mesh=self.mesh)
+        return self._evaluator
 
     def _reload_quietly(self) -> None:
         """After a failure: back to the newest good checkpoint (step, state, data position)."""
