@@ -41,11 +41,17 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "compare": ("workbench.planning", "compare"),
     "search": ("workbench.planning.search", "search"),
     "SearchResult": ("workbench.planning.search", "SearchResult"),
+    "calibrate": ("workbench.planning.calibrate", "calibrate"),
+    "remove_calibration": ("workbench.planning.calibrate", "remove_calibration"),
+    "profile_step": ("workbench.train.profile", "profile_step"),
     "TrainConfig": ("workbench.train", "TrainConfig"),
     "Trainer": ("workbench.train", "Trainer"),
     "launch": ("workbench.jobs", "launch"),
     "attach": ("workbench.jobs", "attach"),
     "Job": ("workbench.jobs", "Job"),
+    "Slurm": ("workbench.jobs", "Slurm"),
+    "Hosts": ("workbench.jobs", "Hosts"),
+    "TPUSlice": ("workbench.jobs", "TPUSlice"),
     "show": ("workbench.widgets", "show"),
     "exercise": ("workbench.exercises", "exercise"),
     "models": ("workbench.models", None),
@@ -76,11 +82,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench import data, models, runs, train
     from workbench.hardware import DeviceInfo, devices, peak_flops, simulate_devices
     from workbench.exercises import exercise
-    from workbench.jobs import Job, attach, launch
+    from workbench.jobs import Hosts, Job, Slurm, TPUSlice, attach, launch
     from workbench.layouts import Layout, layout
     from workbench.mesh import MeshInfo, abstract_mesh, make_mesh
     from workbench.planning import Plan, compare, plan
+    from workbench.planning.calibrate import calibrate, remove_calibration
     from workbench.planning.search import SearchResult, search
+    from workbench.train.profile import profile_step
     from workbench.rules import Rules
     from workbench.train import TrainConfig, Trainer
     from workbench.widgets import show
