@@ -138,11 +138,15 @@ class SearchOptions:
                 ok = [d for d in range(1, batch + 1) if batch % d == 0][:12]
                 raise ValueError(f"batch {batch} is not divisible by microbatches={m!r}; use "
                                  f"micro-batch counts that divide the batch: {ok}")
+        if self.memory_limit is not None:
+            check_int(self.memory_limit, "memory_limit", where="wb.search: ",
+                      fix="bytes per device, e.g. memory_limit=16 * 2**30")
         top_k = self.top_k
-        if not isinstance(top_k, int) or top_k < 0:
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (how many candidates to compile), "
                              f"got {top_k!r}; top_k=0 or exact=False compiles none")
-        if not isinstance(self.max_model, int) or self.max_model < 1:
+        if not isinstance(self.max_model, int) or isinstance(self.max_model, bool) \
+                or self.max_model < 1:
             raise ValueError(f"max_model must be a positive int, got {self.max_model!r}")
         if self.overlap is not None and not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"overlap must be in [0, 1] or None, got {self.overlap!r}")

@@ -83,10 +83,14 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
     if seq is not None:
         seq = check_int(seq, "seq", where="wb.plan: ",
                         fix="seq is tokens per sequence; leave it out for the model's seq_len")
+    if memory_limit is not None:
+        memory_limit = check_int(memory_limit, "memory_limit", where="wb.plan: ",
+                                 fix="bytes per device, e.g. memory_limit=16 * 2**30")
     given_rules = rules
     info = mesh_info(mesh)
     rules_name = rules if isinstance(rules, str) else None
-    rules = Rules.preset(rules or "fsdp", info) if rules is None or isinstance(rules, str) \
+    rules = Rules.preset("fsdp" if rules is None else rules, info) \
+        if rules is None or isinstance(rules, str) \
         else Rules.of(rules, where="wb.plan")
     rules.check_mesh(info)
     if info.jax_mesh is not None:
