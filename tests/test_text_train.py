@@ -33,11 +33,10 @@ def _docs():
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, cache_dir):
+def setup(tmp_path_factory):
     from tokenizers import Tokenizer as HF
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    os.environ["WORKBENCH_CACHE"] = str(cache_dir)
     root = tmp_path_factory.mktemp("own-text")
     docs = _docs()
     hf = HF(models.BPE())

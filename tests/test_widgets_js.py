@@ -313,3 +313,31 @@ def test_devices_table(tmp_path):
     p = devices_payload(jax.devices())
     rep = render(tmp_path, "devices", {"payload": p})
     assert [int(r[0]) for r in rep["rows"]] == [d.id for d in jax.devices()]
+
+
+def test_profile_widget_draws_one_pair_of_bars_per_term(tmp_path):
+    from workbench.planning.profile import profile_report
+    from workbench.planning.trace import StepProfile
+    from workbench.widgets.profile_view import profile_payload
+
+    pred = {"step_seconds": 0.03, "sources": {}, "breakdown": {
+        "compute": 0.01, "memory": 0.012, "communication": 0.008,
+        "communication_total": 0.008,
+        "collectives": [{"kind": "all-gather", "axes": ["data"], "seconds": 0.008, "count": 4}]}}
+    measured = StepProfile(directory="runs/r/profiles/3", files=(), module="jit_train_step",
+                           steps=3, devices=8, step_seconds=0.04, execution_seconds=0.035,
+                           categories={"compute": 0.011, "memory": 0.01, "collectives": 0.0,
+                                       "other": 0.0, "concurrent": 0.0, "idle": 0.004,
+                                       "host": 0.005}, collectives=(), ops=())
+    report = profile_report(pred, measured, plan_name="fsdp",
+                            tokens_per_s={"outside": 1000.0, "during": 900.0})
+    out = render(tmp_path, "profile", {"payload": profile_payload(report)})
+    bars = out["profile_bars"]
+    assert len(bars) == 2 * len(report.terms)       # predicted and measured per term
+    top = max(max(t.predicted, t.measured) for t in report.terms)
+    for i, t in enumerate(report.terms):
+        for bar, value in ((bars[2 * i], t.predicted), (bars[2 * i + 1], t.measured)):
+            assert float(bar["style:width"].rstrip("%")) == pytest.approx(100 * value / top)
+    assert report.verdict() in out["text"]
+    assert "idle + host" in report.verdict()        # 9 ms of the 40 ms step, not predicted
+    assert out["handlers_left"] == 0
