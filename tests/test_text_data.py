@@ -193,6 +193,22 @@ def test_eval_fraction_holds_out_whole_documents_never_trained_on(corpus):
     assert sorted(train + held) == everything             # each document exactly once
 
 
+def test_eval_files_are_the_held_out_split(corpus, tmp_path):
+    root, docs = corpus["root"], corpus["docs"]
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:7]))
+    spec = Dataset(files=str(root / "jsonl" / "b.jsonl"), eval_files=str(held),
+                   tokenizer=root / "tokenizer.json")
+    p = prepare(spec, seq=8192, vocab_size=512)
+    assert p.info["eval"]["documents"] == 7 and p.info["eval"]["rows"] == len(p.eval)
+    tok = spec.tokenizer
+    rows = [p.eval[i] for i in range(len(p.eval))]
+    got = sorted(tuple(r["tokens"][r["segments"] == s].tolist())
+                 for r in rows for s in np.unique(r["segments"][r["segments"] > 0]))
+    assert got == sorted(tuple(tok.document(d)) for d in docs[:7])
+    assert p.info["train"]["documents"] == len(docs) - len(docs) // 2   # b.jsonl, all of it
+
+
 def test_dataset_json_round_trip_through_trainconfig(corpus):
     root = corpus["root"]
     spec = Dataset(files=[str(root / "docs.parquet")], field="body",
