@@ -114,9 +114,9 @@ print(slurm.script("runs/06-slurm"))
 # the run directory keeps one curve with a resume marker.
 
 # %%
-from workbench.jobs import slurm as slurm_jobs
+from workbench.jobs import slurm_available
 
-if slurm_jobs.available():
+if slurm_available():
     sjob = wb.launch(cfg.replace(steps=20), run_dir="runs/06-slurm", cluster=slurm)
     display(sjob)
     print(sjob.wait(timeout=900))

@@ -23,11 +23,12 @@ from workbench.jobs.job import Job, ProcessInfo
 from workbench.jobs.hosts import Hosts, TPUSlice
 from workbench.jobs.local import launch, ping
 from workbench.jobs.slurm import Slurm, SlurmError
+from workbench.jobs.slurm import available as slurm_available
 from workbench.jobs.reattach import attach
 from workbench.run_lock import JobRunningError, RunLock
 from workbench.jobs.worker import EXIT_STOPPED
 
 __all__ = ["EXIT_STOPPED", "DistributedSpec", "Hosts", "Job", "JobRunningError", "ProcessInfo",
            "RunLock", "Slurm", "SlurmError", "TPUSlice", "attach", "detect_cluster", "launch",
-           "ping"]
+           "ping", "slurm_available"]
 
