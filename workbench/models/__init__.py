@@ -16,16 +16,23 @@ __all__ = [
            "ModelSpec",
            "RMSNorm",
            "classifier_loss",
+           "from_hf",
            "from_nnx",
            "from_penzai",
+           "hf_config",
            "rope",
+           "to_hf",
 ]
+
+#: Names resolved on first use: ``name -> module`` (penzai, safetensors load lazily).
+_LAZY = {"from_penzai": "penzai_adapter", "PENZAI_AXES": "penzai_adapter",
+         "from_hf": "hf", "hf_config": "hf", "to_hf": "hf_export"}
 
 
 def __getattr__(name: str) -> object:
-    """``from_penzai`` imports penzai on first use only."""
-    if name in ("from_penzai", "PENZAI_AXES"):
-        from workbench.models import penzai_adapter
+    """``from_penzai`` (penzai) and the Hugging Face functions import on first use only."""
+    if name in _LAZY:
+        import importlib
 
-        return getattr(penzai_adapter, name)
+        return getattr(importlib.import_module(f"workbench.models.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'workbench.models' has no attribute {name!r}")
