@@ -48,6 +48,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Job": ("workbench.jobs", "Job"),
     "show": ("workbench.widgets", "show"),
     "exercise": ("workbench.exercises", "exercise"),
+    "generate": ("workbench.models.generate", "generate"),
     "models": ("workbench.models", None),
     "runs": ("workbench.runs", None),
     "data": ("workbench.data", None),
@@ -79,6 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench.jobs import Job, attach, launch
     from workbench.layouts import Layout, layout
     from workbench.mesh import MeshInfo, abstract_mesh, make_mesh
+    from workbench.models.generate import generate
     from workbench.planning import Plan, compare, plan
     from workbench.planning.search import SearchResult, search
     from workbench.rules import Rules
