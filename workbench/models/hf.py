@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from workbench.models.config import GPTConfig
-from workbench.models.hf_config import (HFConfigError, family_of, read_config,
+from workbench.models.hf_families import (HFConfigError, family_of, read_config,
                                         to_gpt_config)
 from workbench.models.hf_tensors import (CheckpointError, Folder, Mapping_, mappings,
                                          normalize, read_core)
@@ -211,6 +211,8 @@ def load_params(path: str | Path, cfg: GPTConfig, shardings: Any) -> tuple[Any, 
     folder = Folder(path)
     try:
         plan = _expected(folder, cfg, family)
+        for m, names in plan:
+            _check_divides(m, _get(shardings, m.path), cfg)
         params: dict[str, Any] = {}
         for m, names in plan:
             sharding = _get(shardings, m.path)
@@ -223,6 +225,22 @@ def load_params(path: str | Path, cfg: GPTConfig, shardings: Any) -> tuple[Any, 
                   if folder.dtype(n) in FLOAT_DTYPES})
     files = tuple(sorted({f.name for f in folder.files.values()}))
     return params, HFSource(path=str(path), family=family, files=files, dtype="+".join(dts))
+
+
+def _check_divides(m: Mapping_, sharding: Any, cfg: GPTConfig) -> None:
+    """Raise (before reading) if a mesh axis does not divide the dim it shards."""
+    stack = tuple(cfg.n_layers if s == "layers" else cfg.n_experts for s in m.stack)
+    shape = stack + m.core_shape
+    mesh = sharding.mesh
+    for dim, (size, axes) in enumerate(zip(shape, tuple(sharding.spec) + (None,) * len(
+            shape), strict=False)):
+        axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        n = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+        if size % n:
+            raise ValueError(
+                f"dim {dim} of {m.name!r} (size {size}) is not divisible by mesh axis "
+                f"{axes[0] if len(axes) == 1 else axes!r} (size {n}); use a mesh whose axis "
+                f"divides {size}, or rules that map this dim to None")
 
 
 def _load_one(folder: Folder, m: Mapping_, names: dict[tuple[int, ...], str],

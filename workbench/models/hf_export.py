@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from workbench.models.config import GPTConfig
-from workbench.models.hf_config import from_gpt_config, read_config
+from workbench.models.hf_families import from_gpt_config, read_config
 from workbench.models.hf_tensors import INDEX, SINGLE, Mapping_, mappings
 
 __all__ = ["TOKENIZER_FILES", "to_hf"]
@@ -77,7 +77,7 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         path: the folder to create (must not exist unless ``overwrite``).
         config: the model config of a ``TrainState``.
         family: the HF family (default: the one ``config`` belongs to:
-            :func:`workbench.models.hf_config.family_for`).
+            :func:`workbench.models.hf_families.family_for`).
         dtype: tensor dtype written (default the parameters' own).
         base: an HF folder whose config.json fields that do not change the model (token
             ids, ...) and tokenizer files are kept (default: where the model was imported
