@@ -4,7 +4,7 @@ variant's gathers and reduce-scatters, and the zig-zag reorders, per step and pe
 
 References: the same config compiled for 8 CPU devices (``plan.collectives``, read from
 the HLO with ``parse_collectives``), the TPU compiler's HLO where it is installed, and the
-K/V bytes of ``context.kv_bytes_per_device``.
+K/V bytes of ``planning.attention_cost.kv_bytes_per_device``.
 """
 import collections
 import re
@@ -14,6 +14,7 @@ import pytest
 import workbench as wb
 from workbench.models import GPTConfig
 from workbench.models import context as C
+from workbench.planning import attention_cost
 from workbench.planning import analytic
 from workbench.topology import tpu_compiler_available
 
@@ -56,7 +57,7 @@ def test_ring_permutes_equal_the_compiled_ones(zigzag, scan):
     assert got[("collective-permute", 2 * block, "f32[2,2,16,2,16]")] == (n - 1) * L
     assert got.get(("collective-permute", 4096, "f32[2,8,64]"), 0) == (8 if zigzag else 0)
     # the K/V bytes a device receives per layer, as context.py's hand count has them
-    hand = C.kv_bytes_per_device(batch=BATCH, seq=SEQ, n_kv_heads=cfg.n_kv_heads,
+    hand = attention_cost.kv_bytes_per_device(batch=BATCH, seq=SEQ, n_kv_heads=cfg.n_kv_heads,
                                  head_dim=cfg.head_dim, itemsize=4, size=n, variant="ring",
                                  batch_shards=2)
     ring = sum(c.total_bytes for c in analytic.context_collectives(

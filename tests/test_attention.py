@@ -8,6 +8,7 @@ import pytest
 
 import workbench as wb
 from workbench.models import GPTConfig, attention as A
+from workbench.planning import attention_cost
 from workbench.rules import Rules
 from workbench.step import init_state, make_train_step
 
@@ -122,11 +123,11 @@ def test_splash_rejects_a_sharded_sequence():
 
 def test_kernel_flops_causal_blocks():
     """Splash runs the blocks on or below the diagonal: (nb+1)/(2nb) of T^2."""
-    f = A.kernel_flops("splash", "tpu", batch=1, seq=1024, n_heads=1, head_dim=128,
+    f = attention_cost.kernel_flops("splash", "tpu", batch=1, seq=1024, n_heads=1, head_dim=128,
                        n_layers=1, block_sizes=(256, 256))
     per = 2 * 1024 ** 2 * 128 * (5 / 8)
     assert f == pytest.approx((2 + 7) * per)
-    assert A.kernel_flops("xla", "tpu", batch=1, seq=1024, n_heads=1, head_dim=128,
+    assert attention_cost.kernel_flops("xla", "tpu", batch=1, seq=1024, n_heads=1, head_dim=128,
                           n_layers=1) == 0
 
 

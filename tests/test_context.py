@@ -21,6 +21,7 @@ import workbench as wb
 from workbench import step as S
 from workbench.models import GPTConfig
 from workbench.models import context as C
+from workbench.planning import attention_cost
 
 B, T, N, K, H = 2, 32, 4, 2, 8
 
@@ -146,7 +147,7 @@ def test_ring_kv_bytes_in_the_compiled_hlo_match_the_hand_count():
     mesh = wb.make_mesh(data=2, context=4)
     q, k, v, _ = _qkvw()
     fn = _sharded(mesh, "ring", False)
-    hand = C.kv_bytes_per_device(batch=B, seq=T, n_kv_heads=K, head_dim=H, itemsize=4,
+    hand = attention_cost.kv_bytes_per_device(batch=B, seq=T, n_kv_heads=K, head_dim=H, itemsize=4,
                                  size=4, variant="ring", batch_shards=2)
     # per device: (n - 1) K/V blocks of (B/2) x (T/4) x K x H float32, K and V
     assert hand["block"] == 2 * (B // 2) * (T // 4) * K * H * 4
@@ -159,7 +160,7 @@ def test_ring_kv_bytes_in_the_compiled_hlo_match_the_hand_count():
     both = _permute_bytes(grad.lower(q, k, v).compile().as_text())
     assert sum(both) == hand["received"] + hand["received_backward"]
     assert hand["received_backward"] == (3 + 4) * hand["block"]
-    gathered = C.kv_bytes_per_device(batch=B, seq=T, n_kv_heads=K, head_dim=H, itemsize=4,
+    gathered = attention_cost.kv_bytes_per_device(batch=B, seq=T, n_kv_heads=K, head_dim=H, itemsize=4,
                                      size=4, variant="allgather", batch_shards=2)
     assert gathered["held"] == 4 * hand["block"]
 
@@ -239,7 +240,7 @@ def test_exercise_reference_is_the_traced_ring_and_equals_the_hand_count():
 
     got, count = ring_permute_bytes(batch=1, seq=131072, n_heads=64, n_kv_heads=8,
                                     head_dim=128, dtype="bfloat16", context=8)
-    hand = C.kv_bytes_per_device(batch=1, seq=131072, n_kv_heads=8, head_dim=128,
+    hand = attention_cost.kv_bytes_per_device(batch=1, seq=131072, n_kv_heads=8, head_dim=128,
                                  itemsize=2, size=8, variant="ring")
     assert (got, count) == (hand["received"], 2 * 7)
     assert wb.exercise("ring_kv_bytes").check(f"{got / 2**20} MiB").correct

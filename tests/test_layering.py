@@ -109,13 +109,15 @@ def _type_checking_only(node: ast.AST) -> bool:
 
 
 def imports(source: str, module: str, *, is_package: bool = False,
-            type_checking: bool = True) -> list[tuple[int, str]]:
+            type_checking: bool = True, modules: frozenset[str] = frozenset()
+            ) -> list[tuple[int, str]]:
     """Every module that ``source`` (the module ``module``) imports, anywhere: top level,
     inside functions and classes, ``importlib.import_module("literal")``; with
     ``type_checking=False``, not the imports under ``if TYPE_CHECKING:``.
 
-    ``from a import b`` yields ``a`` and ``a.b`` (``b`` may be a module). Returns
-    ``(line, module)`` pairs.
+    ``from a import b`` yields ``a`` and ``a.b`` (``b`` may be a module); only ``a.b`` when
+    every such name is in ``modules`` (``from package import submodule`` runs the
+    submodule, not more of the package's ``__init__``). Returns ``(line, module)`` pairs.
     """
     out: list[tuple[int, str]] = []
     package = module if is_package else module.rpartition(".")[0]
@@ -132,8 +134,10 @@ def imports(source: str, module: str, *, is_package: bool = False,
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([node.module] if node.module else []))
-            out.append((node.lineno, base))
-            out.extend((node.lineno, f"{base}.{a.name}") for a in node.names if a.name != "*")
+            names = [f"{base}.{a.name}" for a in node.names if a.name != "*"]
+            if not names or not all(n in modules for n in names):
+                out.append((node.lineno, base))
+            out.extend((node.lineno, n) for n in names)
         elif (isinstance(node, ast.Call) and node.args
               and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
               and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
@@ -222,14 +226,22 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def package_graph(folder: pathlib.Path) -> dict[str, set[str]]:
+def package_graph(folder: pathlib.Path, *, type_checking: bool = True) -> dict[str, set[str]]:
     """Which modules of ``folder``'s package import which others (every import counted,
-    ``if TYPE_CHECKING:`` ones too: a type-only cycle is still two modules that need
-    each other)."""
+    also inside functions; ``if TYPE_CHECKING:`` ones too unless ``type_checking=False``:
+    a type-only cycle is still two modules that need each other)."""
     files = {module_name(p): p for p in sorted(folder.glob("*.py"))}
-    return {mod: {n for _, n in imports(p.read_text(), mod, is_package=p.name == "__init__.py")
+    known = frozenset(files)
+    return {mod: {n for _, n in imports(p.read_text(), mod, is_package=p.name == "__init__.py",
+                                        type_checking=type_checking, modules=known)
                   if n in files and n != mod}
             for mod, p in files.items()}
+
+
+def packages() -> list[pathlib.Path]:
+    """``workbench`` and every subpackage (a folder with an ``__init__.py``)."""
+    return [PACKAGE] + sorted(p.parent for p in PACKAGE.rglob("__init__.py")
+                              if p.parent != PACKAGE)
 
 
 def test_import_cycle_finder():
@@ -242,6 +254,39 @@ def test_server_modules_import_each_other_without_a_cycle():
     assert {f"workbench.server.{m}" for m in ("app", "handlers", "hub")} <= set(graph)
     assert "workbench.server.handlers" in graph["workbench.server.app"]  # app wires the handlers
     assert import_cycle(graph) is None, import_cycle(graph)
+
+
+def test_the_import_reader_resolves_submodules_of_a_package():
+    src = "from workbench.models import attention, GPTConfig\nfrom workbench.jobs import cluster\n"
+    known = frozenset({"workbench.jobs.cluster", "workbench.models.attention"})
+    got = {n for _, n in imports(src, "workbench.x", modules=known)}
+    assert "workbench.jobs" not in got and "workbench.jobs.cluster" in got
+    assert {"workbench.models", "workbench.models.attention"} <= got  # GPTConfig: __init__
+
+
+@pytest.mark.parametrize("folder", packages(), ids=lambda p: p.relative_to(PACKAGE.parent)
+                         .as_posix())
+def test_no_package_has_an_import_cycle(folder):
+    """Within every package the modules form a tree (a DAG): counting every import that
+    can run, those inside functions too, so no lazy import hides a cycle. (Imports under
+    ``if TYPE_CHECKING:`` never run: ``workbench.tracing`` names the types of ``rules``
+    and of the pipeline it carries that way.)"""
+    graph = package_graph(folder, type_checking=False)
+    assert len(graph) >= 2 or folder.name == "exercises", graph
+    assert import_cycle(graph) is None, import_cycle(graph)
+
+
+def test_models_is_a_tree_with_config_at_the_root():
+    """``models/config.py`` is pure data: it imports no other module of ``models``; the
+    shared layers import only config and the kernels, never the models built on them."""
+    graph = package_graph(PACKAGE / "models")
+    m = "workbench.models."
+    assert graph[m + "config"] == set()
+    assert graph[m + "layers"] <= {m + "config", m + "attention", m + "context"}
+    assert {m + "config", m + "layers", m + "moe", m + "pipeline"} <= graph[m + "gpt"]
+    assert m + "layers" in graph[m + "moe"] and m + "layers" in graph[m + "mlp"]
+    assert m + "gpt" not in graph[m + "moe"] | graph[m + "pipeline"] | graph[m + "layers"]
+    assert m + "moe" not in graph[m + "pipeline"]
 
 
 @pytest.mark.parametrize("module", ["server/handlers.py", "server/hub.py", "server/index.py"])

@@ -21,8 +21,8 @@ from flax import nnx
 import workbench as wb
 from workbench import runs
 from workbench.models import GPT, GPTConfig
-from workbench.models.pipeline import (Pipeline, activate, in_flight, schedule_bubble,
-                                       timeline)
+from workbench.models.pipeline import Pipeline, activate
+from workbench.planning.schedule import in_flight, schedule_bubble, timeline
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 

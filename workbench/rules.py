@@ -18,12 +18,13 @@ in one tensor are errors. Inside a jitted function, ``with rules.activate(mesh):
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
+
+from workbench import tracing
 
 #: The logical axis names used by :mod:`workbench.models` ("layers": the leading axis of
 #: scanned blocks' stacked parameters, replicated by every preset since the scan walks it).
@@ -39,9 +40,6 @@ DATA_AXIS_NAMES = ("data", "fsdp", "dp", "replica", "batch", "dcn", "pod", "slic
 MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
 
 MeshAxes = str | tuple[str, ...] | None
-
-_ACTIVE: contextvars.ContextVar[tuple[Rules, Any] | None] = contextvars.ContextVar(
-    "workbench_active_rules", default=None)
 
 
 def _normalise(value: Any, logical: str) -> tuple[str, ...]:
@@ -239,13 +237,11 @@ class Rules(Mapping[str, MeshAxes]):
 
     @contextlib.contextmanager
     def activate(self, mesh: jax.sharding.Mesh) -> Iterator[Rules]:
-        """Within this block (while tracing), :func:`constrain` shards activations."""
+        """Within this block (while tracing), :func:`constrain` shards activations
+        (``workbench.tracing.scoped(rules=self, mesh=mesh)``)."""
         self.check_mesh(mesh)
-        token = _ACTIVE.set((self, mesh))
-        try:
+        with tracing.scoped(rules=self, mesh=mesh):
             yield self
-        finally:
-            _ACTIVE.reset(token)
 
 
 #: Mesh axis names that the ``cp`` / ``fsdp_cp`` presets shard the sequence over.
@@ -315,7 +311,7 @@ def _collapse(axes: tuple[str, ...]) -> MeshAxes:
 
 def active() -> tuple[Rules, Any] | None:
     """The ``(rules, mesh)`` set by :meth:`Rules.activate`, or None."""
-    return _ACTIVE.get()
+    return tracing.current().sharding
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None], *,
@@ -325,36 +321,27 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None], *,
     Logical names without a rule are left unconstrained (XLA propagates them) rather than
     replicated, so partial rules never force a gather.
     """
-    ctx = _ACTIVE.get()
-    if ctx is None:
+    ctx = tracing.current()
+    rules, mesh = ctx.rules, ctx.mesh
+    if rules is None:
         return x
-    rules, mesh = ctx
     spec = rules.spec(logical_axes, tensor=name, strict=False)
     unmapped = set(rules.unmapped(logical_axes))
     if unmapped:
         spec = PartitionSpec(*(PartitionSpec.UNCONSTRAINED if a in unmapped else s
                                for a, s in zip(logical_axes, spec, strict=True)))
-    record = _RECORD.get()
-    if record is not None:  # planning.activations lists the constrained activations
-        record.append((name, tuple(logical_axes), x, spec))
+    if ctx.record is not None:  # planning.activations lists the constrained activations
+        ctx.record.append((name, tuple(logical_axes), x, spec))
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-#: While :func:`recording` is active, every :func:`constrain` call appends
-#: ``(name, logical axes, value, PartitionSpec)`` here.
-_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar(
-    "workbench_constrain_record", default=None)
-
-
 @contextlib.contextmanager
-def recording() -> Iterator[list]:
-    """Collect the :func:`constrain` calls made while tracing inside this block."""
-    out: list = []
-    token = _RECORD.set(out)
-    try:
-        yield out
-    finally:
-        _RECORD.reset(token)
+def recording() -> Iterator[list[tracing.ActivationRecord]]:
+    """Collect the :func:`constrain` calls made while tracing inside this block: each
+    appends ``(name, logical axes, value, PartitionSpec)`` to the yielded list
+    (``workbench.tracing.scoped(record=[])``)."""
+    with tracing.scoped(record=[]) as ctx:
+        yield ctx.record
 
 
 #: penzai transformer axis names -> the Workbench logical axis whose rule they follow

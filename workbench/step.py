@@ -44,13 +44,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 from workbench.models import GPT, GPTConfig, moe
 from workbench.models.pipeline import Pipeline, check_rules, stages_of
 from workbench.models.pipeline import activate as pipeline_context
+from workbench.models.adapters import ModelSpec, build_without_mesh, model_loss, resolve_rules
 from workbench.pytrees import path_str
 from workbench.rules import Rules
 
 __all__ = ["AbstractTrainState", "LossFn", "ModelFactory", "TrainState", "abstract_batch",
            "abstract_model", "abstract_state", "abstract_train_state", "batch_logical_axes",
-           "batch_shardings", "init_state", "jit_train_step", "lm_loss", "logical_axes",
-           "make_train_step", "model_factory", "param_specs", "path_str", "require_auto_axes",
+           "batch_shardings", "init_state", "jit_train_step", "lm_loss", "lm_loss_and_stats", "logical_axes",
+           "loss_and_stats", "make_train_step", "model_factory", "param_specs", "path_str", "require_auto_axes",
            "sharded_init", "state_shardings"]
 
 ModelFactory = Callable[[nnx.Rngs], nnx.Module]
@@ -77,8 +78,6 @@ def model_factory(cfg_or_factory: GPTConfig | ModelFactory) -> ModelFactory:
         cfg = cfg_or_factory
         return lambda rngs: GPT(cfg, rngs=rngs)
     if callable(cfg_or_factory):
-        from workbench.models.adapters import ModelSpec, build_without_mesh
-
         if isinstance(cfg_or_factory, ModelSpec):
             return cfg_or_factory
         factory = cfg_or_factory
@@ -224,8 +223,6 @@ def abstract_train_state(cfg_or_factory: GPTConfig | ModelFactory,
         abstract_param_state(cfg_or_factory)
     params, logical = nnx.to_pure_dict(param_state), logical_axes(param_state)
     if not isinstance(cfg_or_factory, GPTConfig):  # rules for a model's own axis names
-        from workbench.models.adapters import ModelSpec, resolve_rules
-
         spec = cfg_or_factory if isinstance(cfg_or_factory, ModelSpec) else None
         rules = resolve_rules(logical, rules, mesh, spec=spec)
     unmapped: dict[str, list[str]] = {}
@@ -337,20 +334,32 @@ def sharded_init(cfg_or_factory: GPTConfig | ModelFactory,
 
 def lm_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:
     """Mean next-token cross-entropy (float32) of ``model(inputs)`` against ``targets``."""
+    return lm_loss_and_stats(model, batch)[0]
+
+
+def lm_loss_and_stats(model: nnx.Module, batch: Mapping[str, jax.Array]
+                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """:func:`lm_loss` and the model's MoE router statistics, stacked over layers
+    (``GPT.hidden_and_stats``; ``{}`` for a dense GPT or another model)."""
     if "tokens" in batch:
         inputs, targets = batch["tokens"][:, :-1], batch["tokens"][:, 1:]  # (B, T) each
     else:
         inputs, targets = batch["inputs"], batch["targets"]
-    chunks = model.cfg.loss_chunks if isinstance(model, GPT) else 1
-    if chunks > 1:
-        losses = chunked_token_losses(model, inputs, targets, chunks)        # (B, T)
+    stats: dict[str, jax.Array] = {}
+    if isinstance(model, GPT):
+        x, stats = model.hidden_and_stats(inputs)                          # (B, T, D)
+        if model.cfg.loss_chunks > 1:
+            losses = _chunked_losses(model, x, targets, model.cfg.loss_chunks)   # (B, T)
+        else:
+            logits = model.head(x).astype(jnp.float32)                     # (B, T, V)
+            losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     else:
         logits = model(inputs).astype(jnp.float32)                         # (B, T, V)
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     if "mask" in batch:
         mask = batch["mask"].astype(jnp.float32)
-        return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-    return jnp.mean(losses)
+        return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0), stats
+    return jnp.mean(losses), stats
 
 
 def chunked_token_losses(model: GPT, inputs: jax.Array, targets: jax.Array, chunks: int
@@ -366,13 +375,18 @@ def chunked_token_losses(model: GPT, inputs: jax.Array, targets: jax.Array, chun
     stays sharded the same way in every slice. Equal to the unchunked losses up to float
     rounding.
     """
-    b, t = inputs.shape
+    return _chunked_losses(model, model.hidden(inputs), targets, chunks)
+
+
+def _chunked_losses(model: GPT, x: jax.Array, targets: jax.Array, chunks: int
+                    ) -> jax.Array:
+    """:func:`chunked_token_losses` of the hidden states ``x`` (B, T, D)."""
+    b, t = targets.shape
     if t % chunks:
         raise ValueError(
             f"GPTConfig.loss_chunks={chunks} does not divide the sequence length {t} (the "
             f"loss is computed over {chunks} equal slices of the sequence); choose a "
             f"divisor of {t}, or loss_chunks=1")
-    x = model.hidden(inputs)                                           # (B, T, D)
     xs = jnp.moveaxis(x.reshape(b, t // chunks, chunks, x.shape[-1]), 2, 0)
     ts = jnp.moveaxis(targets.reshape(b, t // chunks, chunks), 2, 0)   # (chunks, B, T/c)
 
@@ -409,8 +423,6 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     its own ``with_sharding_constraint(x, PartitionSpec(...))`` calls resolve (the Flax
     sharding guide's models).
     """
-    from workbench.models.adapters import model_loss
-
     if mesh is not None:
         require_auto_axes(mesh)
     pipe = Pipeline.of(pipeline)
@@ -431,9 +443,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
             else jax.sharding.use_abstract_mesh(getattr(mesh, "abstract_mesh", mesh))
         with ctx, own, pipe_ctx():
             def loss_of(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-                with moe.collect() as stats:   # MoE router statistics (none if dense)
-                    loss = fn(nnx.merge(graphdef, params), batch)
-                moe_metrics = moe.summarize(stats)
+                loss, stats = loss_and_stats(fn, nnx.merge(graphdef, params), batch)
+                moe_metrics = moe.summarize(stats)   # {} when dense
                 if moe_metrics:
                     loss = loss + moe_metrics["router_loss"]
                 return loss, moe_metrics
@@ -445,6 +456,34 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                    **{f"moe_{k}": v for k, v in moe_metrics.items()}}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
     return train_step
+
+
+def loss_and_stats(loss_fn: LossFn, model: nnx.Module, batch: Mapping[str, jax.Array]
+                   ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``loss_fn(model, batch)`` and the model's MoE router statistics.
+
+    :func:`lm_loss` gives them through :func:`lm_loss_and_stats`; another loss of a model
+    with MoE layers returns ``(loss, stats)`` itself (``stats`` from
+    ``model.hidden_and_stats``), so that the step adds the router loss.
+
+    Raises:
+        ValueError: a loss of a mixture-of-experts GPT that returns the loss alone.
+    """
+    if loss_fn is lm_loss:
+        return lm_loss_and_stats(model, batch)
+    out = loss_fn(model, batch)
+    if isinstance(out, tuple):
+        loss, stats = out
+        return loss, dict(stats)
+    if isinstance(model, GPT) and model.cfg.n_experts:
+        raise ValueError(
+            f"loss_fn {getattr(loss_fn, '__name__', loss_fn)!r} returned the loss alone for "
+            f"a mixture-of-experts GPT (n_experts={model.cfg.n_experts}): the step adds the "
+            "router losses from the model's router statistics, which the loss must return "
+            "beside it: `x, stats = model.hidden_and_stats(inputs)`, then `return loss, "
+            "stats` (workbench.step.lm_loss_and_stats does this for next-token "
+            "cross-entropy)")
+    return out, {}
 
 
 def jit_train_step(train_step: Callable[..., Any], shardings: TrainState,

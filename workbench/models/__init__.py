@@ -3,6 +3,7 @@ from workbench.models.config import PRESETS, REMAT_POLICIES, GPTConfig
 from workbench.models.gpt import GPT, MLP, Attention, Block, RMSNorm, rope
 from workbench.models.adapters import ModelSpec, from_nnx
 from workbench.models.mlp import MLPClassifier, classifier_loss
+from workbench.models.penzai_adapter import PENZAI_AXES, from_penzai   # penzai: when called
 
 __all__ = [
            "GPT",
@@ -24,13 +25,12 @@ __all__ = [
            "to_hf",
 ]
 
-#: Names resolved on first use: ``name -> module`` (penzai, safetensors load lazily).
-_LAZY = {"from_penzai": "penzai_adapter", "PENZAI_AXES": "penzai_adapter",
-         "from_hf": "hf", "hf_config": "hf", "to_hf": "hf_export"}
+#: Names resolved on first use: ``name -> module`` (safetensors loads only when used).
+_LAZY = {"from_hf": "hf", "hf_config": "hf", "to_hf": "hf_export"}
 
 
 def __getattr__(name: str) -> object:
-    """``from_penzai`` (penzai) and the Hugging Face functions import on first use only."""
+    """The Hugging Face functions import on first use only."""
     if name in _LAZY:
         import importlib
 

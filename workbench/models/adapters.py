@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from workbench.rules import LOGICAL_AXES, MODEL_AXIS_NAMES, Rules
+
 __all__ = ["ModelRecord", "ModelSpec", "UnknownAxesError", "annotation_names", "build_without_mesh",
            "from_nnx", "model_loss", "resolve_rules"]
 
@@ -226,8 +228,6 @@ def resolve_rules(logical: Mapping[str, Sequence[str | None]], rules: Any, mesh:
             nor a Workbench logical axis; the message lists the names, a tensor of each,
             the mesh's axes and the rules to add.
     """
-    from workbench.rules import LOGICAL_AXES, MODEL_AXIS_NAMES, Rules
-
     names = annotation_names(logical)
     mesh_axes = tuple(mesh.axis_names)
     direct = [a for a in names if a in mesh_axes]

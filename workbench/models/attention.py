@@ -18,8 +18,8 @@
 - ``"auto"``: splash on TPU, cudnn on GPU, xla on CPU (:func:`resolve`, which says why).
 
 :func:`check` validates an implementation against a platform and shapes before anything
-is traced or compiled; :func:`kernel_flops` counts what a kernel computes (a compiler's
-``cost_analysis()`` does not count Pallas kernels).
+is traced or compiled; what a kernel computes (a compiler's ``cost_analysis()`` does not
+count Pallas kernels) is counted by :func:`workbench.planning.attention_cost.kernel_flops`.
 """
 from __future__ import annotations
 
@@ -32,13 +32,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from workbench.models.config import ATTENTION_IMPLEMENTATIONS
 from workbench.rules import active
 
 __all__ = ["IMPLEMENTATIONS", "Resolved", "attend", "block_sizes_for", "check",
-           "current_platform", "kernel_flops", "resolve", "splash_attention", "xla_attention"]
+           "current_platform", "resolve", "splash_attention", "xla_attention"]
 
 #: Values of ``GPTConfig.attention``.
-IMPLEMENTATIONS: tuple[str, ...] = ("xla", "splash", "cudnn", "auto")
+IMPLEMENTATIONS: tuple[str, ...] = ATTENTION_IMPLEMENTATIONS
 #: Default splash block (queries and keys per tile), capped at the sequence length.
 DEFAULT_BLOCK = 512
 
@@ -278,32 +279,3 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str = "xla",
     if r.impl == "cudnn":
         return cudnn_attention(q, k, v)
     return xla_attention(q, k, v)
-
-
-def kernel_flops(impl: str, platform: str, *, batch: int, seq: int, n_heads: int,
-                 head_dim: int, n_layers: int, block_sizes: tuple[int, int] | None = None,
-                 recompute_forward: bool = False) -> float:
-    """FLOPs a fused attention kernel runs in one training step, all devices (the
-    hardware count, for predictions: XLA's cost analysis does not see inside a Pallas
-    kernel). 0 for XLA attention, which the cost analysis counts itself.
-
-    Splash computes only the blocks on or below the causal diagonal: with ``nb = T/block``
-    blocks per side, a fraction ``(nb + 1) / (2 nb)`` of the T x T products. Forward: 2
-    matmuls (scores, values), ``4·T²·N·H`` per sequence over that fraction; backward
-    (separate dq and dkv kernels, as configured here): 7 matmuls (scores and dP again in
-    each, dq, dk, dv); ``recompute_forward`` (a remat policy that does not save the
-    kernel's output) adds the forward again. cuDNN is counted the same way with an exact
-    causal half.
-    """
-    r = resolve(impl, platform, seq=seq, block_sizes=block_sizes)
-    if r.impl == "xla":
-        return 0.0
-    if r.impl == "splash":
-        nb = seq // max(r.block_q, 1)
-        frac = (nb + 1) / (2 * nb) if nb else 0.5
-        bwd_matmuls = 7
-    else:
-        frac, bwd_matmuls = 0.5, 5
-    per_matmul = 2.0 * seq * seq * n_heads * head_dim * frac * batch * n_layers
-    fwd = 2 * per_matmul
-    return fwd * (2 if recompute_forward else 1) + bwd_matmuls * per_matmul

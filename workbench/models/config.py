@@ -5,6 +5,7 @@ import dataclasses
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -93,8 +94,6 @@ def remat_policy(name: str, platform: str | None = None) -> Any:
         platform: the platform compiled for; an offloading policy elsewhere than on
             ``OFFLOAD_PLATFORMS`` raises (checked before compiling).
     """
-    import jax
-
     if name not in REMAT_POLICIES:
         raise ValueError(f"remat={name!r}; choose one of {sorted(REMAT_POLICIES)}")
     p = REMAT_POLICIES[name]
@@ -120,6 +119,13 @@ def remat_policy(name: str, platform: str | None = None) -> Any:
         return cp.save_from_both_policies(base, named)
     return named or base or cp.nothing_saveable
 
+
+#: Values of ``GPTConfig.attention`` (:mod:`workbench.models.attention` implements them).
+ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("xla", "splash", "cudnn", "auto")
+#: Values of ``GPTConfig.context_attention`` (:mod:`workbench.models.context`).
+CONTEXT_VARIANTS: tuple[str, ...] = ("allgather", "ring")
+#: Values of ``GPTConfig.moe_dispatch`` (:mod:`workbench.models.moe`).
+MOE_DISPATCH: tuple[str, ...] = ("all_to_all", "all_gather")
 
 #: Dtypes the model computes and stores parameters in (``GPTConfig.dtype``/``param_dtype``).
 FLOAT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")
@@ -281,15 +287,12 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{f}={value!r} must be a positive finite number")
         for f in ("dtype", "param_dtype"):
             set_(self, f, _float_dtype(getattr(self, f), f"GPTConfig.{f}"))
-        from workbench.models.attention import IMPLEMENTATIONS
-
-        if self.attention not in IMPLEMENTATIONS:
-            raise ValueError(f"attention={self.attention!r}; choose one of {IMPLEMENTATIONS}")
-        from workbench.models.context import VARIANTS
-
-        if self.context_attention not in VARIANTS:
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"attention={self.attention!r}; choose one of "
+                             f"{ATTENTION_IMPLEMENTATIONS}")
+        if self.context_attention not in CONTEXT_VARIANTS:
             raise ValueError(f"context_attention={self.context_attention!r}; choose one of "
-                             f"{VARIANTS}")
+                             f"{CONTEXT_VARIANTS}")
         if not isinstance(self.context_zigzag, bool):
             raise TypeError(f"context_zigzag must be True or False, got "
                             f"{self.context_zigzag!r}")
@@ -308,8 +311,6 @@ class GPTConfig:
 
     def _check_moe(self) -> None:
         """Validate the mixture-of-experts fields (before anything is built)."""
-        from workbench.models.moe import DISPATCH
-
         for f in ("n_experts", "expert_d_ff", "n_shared_experts"):
             object.__setattr__(self, f, check_int(getattr(self, f), f"GPTConfig.{f}", minimum=0))
         object.__setattr__(self, "experts_per_token", check_int(
@@ -325,8 +326,9 @@ class GPTConfig:
             raise ValueError(
                 f"capacity_factor={self.capacity_factor} must be > 0 (slots per expert as a "
                 f"multiple of its balanced share, e.g. 1.25), or None for dropless routing")
-        if self.moe_dispatch not in DISPATCH:
-            raise ValueError(f"moe_dispatch={self.moe_dispatch!r}; choose one of {DISPATCH}")
+        if self.moe_dispatch not in MOE_DISPATCH:
+            raise ValueError(f"moe_dispatch={self.moe_dispatch!r}; choose one of "
+                             f"{MOE_DISPATCH}")
         for f in ("router_aux_loss", "router_z_loss"):
             if getattr(self, f) < 0:
                 raise ValueError(f"GPTConfig.{f} must be >= 0, got {getattr(self, f)}")

@@ -41,15 +41,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from workbench.rules import active
+from workbench.models.config import CONTEXT_VARIANTS
+from workbench.rules import Rules, active
 
 __all__ = ["VARIANTS", "ContextLayout", "attend", "blocks_per_device", "check_layout",
            "check_sequence", "seq_axes",
-           "kv_bytes_per_device", "layout", "local_attention", "positions", "to_model_order",
+           "layout", "local_attention", "positions", "to_model_order",
            "to_token_order", "zigzag_order"]
 
 #: Values of ``GPTConfig.context_attention``.
-VARIANTS: tuple[str, ...] = ("allgather", "ring")
+VARIANTS: tuple[str, ...] = CONTEXT_VARIANTS
 
 _NEG = float(np.finfo(np.float32).min)
 
@@ -125,8 +126,6 @@ def check_layout(seq: int, mesh_shape: Mapping[str, int], rules: Any, *,
         zigzag: ``GPTConfig.context_zigzag`` (then ``2 x`` the context size must divide).
     """
     if isinstance(rules, str):
-        from workbench.rules import Rules
-
         try:
             rules = Rules.preset(rules, _Names(tuple(mesh_shape)))
         except ValueError:
@@ -181,30 +180,6 @@ def blocks_per_device(size: int, *, zigzag: bool) -> list[float]:
     if not zigzag:
         return [float(i + 1) for i in range(size)]
     return [1.0 + (size - 1) / 2 for _ in range(size)]
-
-
-def kv_bytes_per_device(*, batch: int, seq: int, n_kv_heads: int, head_dim: int,
-                        itemsize: int, size: int, variant: str, batch_shards: int = 1,
-                        head_shards: int = 1) -> dict[str, int]:
-    """Hand count of the K/V bytes one device holds and receives per layer.
-
-    Returns:
-        ``block``: one K/V block (K and V of ``T/n`` positions of the local batch rows and
-        kv heads); ``held``: K/V a device holds at once (allgather: the whole sequence;
-        ring: its own block and the one in flight); ``received``: K/V bytes that arrive
-        per layer in the forward pass ((n - 1) blocks either way); ``received_backward``
-        (ring): the backward ring's (n - 1) K/V blocks and n dK/dV blocks (float32
-        accumulators: ``block * 4 / itemsize`` each).
-    """
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r}; choose one of {VARIANTS}")
-    check_sequence(seq, size)
-    block = 2 * (batch // batch_shards) * (seq // size) * (n_kv_heads // head_shards) \
-        * head_dim * itemsize
-    held = block * size if variant == "allgather" else 2 * block
-    back = (size - 1) * block + size * block * 4 // itemsize if size > 1 else 0
-    return {"block": block, "held": held, "received": block * (size - 1),
-            "received_backward": back if variant == "ring" else 0}
 
 
 # -- reordering the residual stream --------------------------------------------------------

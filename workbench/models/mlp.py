@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workbench.models.gpt import param
+from workbench.models.layers import param
 from workbench.rules import constrain
 
 

@@ -17,126 +17,57 @@ the mesh axes of the ``experts`` rule, with one of two dispatches
   partial outputs back to the tokens' devices; fewer, larger collectives that pay off on
   small meshes and short groups.
 
-Router statistics of each MoE layer (load-balance loss, router z-loss, tokens per expert,
-dropped assignments, router entropy) are recorded into :func:`collect` while the model
-is traced; the train step (:func:`workbench.step.make_train_step`) adds
-``router_loss`` to the loss and returns the rest as metrics. A pipeline runs each layer
-once per micro-batch; :func:`merge_microbatches` turns those into the statistics of the
-whole batch (the load-balance loss is a product of two token averages, so each layer
-also records its mean router probability per expert, ``router_prob``).
+Each MoE layer returns its router statistics (load-balance loss, router z-loss, tokens
+per expert, dropped assignments, router entropy) beside its output; the GPT passes them
+out of its blocks, remat, scan and pipeline as values (``GPT.hidden_and_stats``), and the
+train step (:func:`workbench.step.make_train_step`) adds ``router_loss`` to the loss and
+reports the rest (:func:`summarize`). A pipeline runs each layer once per micro-batch;
+:func:`merge_microbatches` turns those into the statistics of the whole batch (the
+load-balance loss is a product of two token averages, so each layer also returns its mean
+router probability per expert, ``router_prob``).
 
 Shape letters: B batch, T sequence, D d_model, E experts, F expert d_ff, k experts per
 token, G tokens of one group, C capacity (slots per expert and group).
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from workbench.models.config import GPTConfig
+from workbench.models.config import MOE_DISPATCH, GPTConfig
+from workbench.models.layers import MLP, param
 from workbench.rules import Rules, active, constrain
 
 #: Token dispatch implementations accepted by ``GPTConfig.moe_dispatch``.
-DISPATCH: tuple[str, ...] = ("all_to_all", "all_gather")
+DISPATCH: tuple[str, ...] = MOE_DISPATCH
 
-#: Per-layer statistics a MoE layer records (each a scalar except ``tokens_per_expert`` and
+#: Per-layer statistics a MoE layer returns (each a scalar except ``tokens_per_expert`` and
 #: ``router_prob``, both ``(E,)``).
 STAT_KEYS: tuple[str, ...] = ("router_loss", "aux_loss", "z_loss", "tokens_per_expert",
                               "dropped", "entropy", "router_prob")
 
-_Stats = dict[str, jax.Array]
-_COLLECT: contextvars.ContextVar[tuple[list[_Stats], Any] | None] = contextvars.ContextVar(
-    "workbench_moe_stats", default=None)
 
+# -- statistics ----------------------------------------------------------------------
 
-# -- statistics collection ---------------------------------------------------------------
-
-@contextlib.contextmanager
-def collect() -> Iterator[list[dict[str, jax.Array]]]:
-    """Collect the router statistics recorded while tracing inside this block.
-
-    Yields a list that receives one dict per :func:`record` call: each value has a leading
-    layers axis (one MoE layer, or a scanned stack of them). :func:`summarize` merges it.
-    Statistics recorded inside a ``jax.checkpoint`` or ``lax.scan`` body must be returned
-    out of it (``GPT`` does, with :func:`returning_stats`); recording into a collector of
-    another trace raises instead of leaking tracers.
-    """
-    buf: list[dict[str, jax.Array]] = []
-    token = _COLLECT.set((buf, _trace()))
-    try:
-        yield buf
-    finally:
-        _COLLECT.reset(token)
-
-
-def _trace() -> Any:
-    return jax.extend.core.get_opaque_trace_state(convention="nnx")
-
-
-def record(stats: Mapping[str, jax.Array], *, stacked: bool = False) -> None:
-    """Add one MoE layer's statistics (``stacked``: already with a leading layers axis) to
-    the innermost :func:`collect`; a no-op outside one."""
-    ctx = _COLLECT.get()
-    if ctx is None or not stats:
-        return
-    buf, trace = ctx
-    if trace != _trace():
-        raise RuntimeError(
-            "MoE router statistics were recorded inside a JAX transformation (scan, remat, "
-            "shard_map...) that their collector was opened outside of; return them out of "
-            "the transformation (workbench.models.moe.returning_stats) and record them there")
-    buf.append({k: v if stacked else v[None] for k, v in stats.items()})
-
-
-def returning_stats(fn: Callable[[Any, jax.Array], jax.Array]
-                    ) -> Callable[[Any, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]:
-    """``(block, x) -> y`` as ``(block, x) -> (y, stats)``: the statistics its MoE layers
-    record, stacked over layers (``{}`` for dense blocks); safe to wrap in remat/scan."""
-    def wrapped(block: Any, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-        with collect() as buf:
-            y = fn(block, x)
-        return y, stack(buf)
-    return wrapped
-
-
-def recording_stats(fn: Callable[[Any, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
-                    ) -> Callable[[Any, jax.Array], jax.Array]:
-    """Inverse of :func:`returning_stats`: records the statistics in the caller's trace."""
-    def wrapped(block: Any, x: jax.Array) -> jax.Array:
-        y, stats = fn(block, x)
-        record(stats, stacked=True)
-        return y
-    return wrapped
-
-
-def stack(buf: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
-    """The collected statistics concatenated along their layers axis ({} when none)."""
-    if not buf:
-        return {}
-    return {k: jnp.concatenate([b[k] for b in buf]) for k in buf[0]}
-
-
-def summarize(buf: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
-    """Step metrics from the collected per-layer statistics ({} for a dense model).
+def summarize(stats: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """Step metrics from per-layer statistics stacked over layers (``{}`` for a dense
+    model: ``GPT.hidden_and_stats``).
 
     ``router_loss``: the mean over MoE layers of ``router_aux_loss * aux_loss +
     router_z_loss * z_loss`` (what the step adds to the loss); ``aux_loss``, ``z_loss``,
     ``entropy``: means over layers; ``dropped``: dropped (token, expert) assignments summed
     over layers; ``tokens_per_expert``: int32 ``(layers, E)`` assignments per expert
-    before capacity (``router_prob`` is recorded for :func:`merge_microbatches`, not
+    before capacity (``router_prob`` is kept for :func:`merge_microbatches`, not
     reported).
     """
-    s = stack(buf)
+    s = stats
     if not s:
         return {}
     return {"router_loss": jnp.mean(s["router_loss"]), "aux_loss": jnp.mean(s["aux_loss"]),
@@ -167,14 +98,6 @@ def merge_microbatches(stats: Mapping[str, jax.Array], cfg: GPTConfig) -> dict[s
     out["aux_loss"] = aux_loss(counts, out["router_prob"])
     out["router_loss"] = router_loss(cfg, out["aux_loss"], out["z_loss"])
     return out
-
-
-def config_of(module: nnx.Module) -> GPTConfig | None:
-    """The config of the first :class:`MoE` layer inside ``module`` (None: none)."""
-    for _, node in nnx.iter_graph(module):
-        if isinstance(node, MoE):
-            return node.cfg
-    return None
 
 
 # -- layout checks -----------------------------------------------------------------------
@@ -238,8 +161,6 @@ class MoE(nnx.Module):
     """
 
     def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
-        from workbench.models.gpt import MLP, param  # gpt imports this module lazily
-
         d, e, f, pd = cfg.d_model, cfg.n_experts, cfg.moe_d_ff, cfg.param_dtype
         kr, kg, ku, kd, ks = jax.random.split(key, 5)
         normal = lambda fan_in: nnx.initializers.normal(stddev=fan_in ** -0.5)
@@ -254,6 +175,12 @@ class MoE(nnx.Module):
         self.cfg = cfg
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """``x`` (B, T, D) -> the output (B, T, D) (:meth:`with_stats` without them)."""
+        return self.with_stats(x)[0]
+
+    def with_stats(self, x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """``x`` (B, T, D) -> the output (B, T, D) and this layer's router statistics
+        (:data:`STAT_KEYS`: :func:`router_stats`, ``router_loss`` and ``dropped``)."""
         cfg = self.cfg
         k, e = cfg.experts_per_token, cfg.n_experts
         logits = jnp.einsum("btd,de->bte", x.astype(jnp.float32),
@@ -267,14 +194,13 @@ class MoE(nnx.Module):
         stats["router_loss"] = router_loss(cfg, stats["aux_loss"], stats["z_loss"])
         y, stats["dropped"] = dispatch_combine(
             cfg, x, idx, weights, self.gate[...], self.up[...], self.down[...])
-        record(stats)
         if self.shared is not None:
             shared = self.shared(x)
             if self.shared_gate is not None:   # sigmoid(x @ w) per token, (B, T, 1)
                 shared = shared * jax.nn.sigmoid(
                     jnp.einsum("btd,do->bto", x, self.shared_gate[...].astype(x.dtype)))
             y = y + shared
-        return y
+        return y, stats
 
 
 def router_stats(logits: jax.Array, probs: jax.Array, idx: jax.Array,

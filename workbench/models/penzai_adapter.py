@@ -29,8 +29,9 @@ from typing import Any
 import jax
 from flax import nnx
 
+from workbench import tracing
 from workbench.models.adapters import ModelSpec
-from workbench.rules import _ACTIVE, _RECORD, PENZAI_AXES, constrain, penzai_rules
+from workbench.rules import PENZAI_AXES, constrain, penzai_rules
 
 __all__ = ["PENZAI_AXES", "PenzaiModel", "from_penzai", "penzai_tree",
            "with_activation_records"]
@@ -106,7 +107,7 @@ class PenzaiModel(nnx.Module):
             raise ValueError(f"tokens must be (batch, seq) int32, got shape {tokens.shape}")
         tokens = constrain(tokens, ("batch", "seq"), name="tokens")
         model = self.penzai()
-        if _RECORD.get() is not None:  # plan.activations: list the per-layer activations
+        if tracing.current().record is not None:  # plan.activations: per-layer activations
             model = with_activation_records(model)
         logits = model(pz.nx.wrap(tokens).tag("batch", "seq"))
         out = logits.unwrap("batch", "seq", "vocabulary")
@@ -121,11 +122,11 @@ def _record_named(name: str, x: Any) -> None:
 
     from penzai import pz
 
-    record, ctx = _RECORD.get(), _ACTIVE.get()
-    if record is None or ctx is None or not isinstance(x, pz.nx.NamedArrayBase) \
+    ctx = tracing.current()
+    record, rules = ctx.record, ctx.rules
+    if record is None or rules is None or not isinstance(x, pz.nx.NamedArrayBase) \
             or x.positional_shape:
         return
-    rules = ctx[0]
     names = tuple(x.named_shape)
     # the model dim of an activation is not sharded, as the GPT's ("batch", "seq", None)
     logical = tuple(None if a == "embedding" else a for a in names)

@@ -10,10 +10,11 @@ rolled by one stage (``jnp.roll`` on the sharded dim compiles to a collective-pe
 ``jax.grad`` of the loop runs the iterations backwards: all forwards, then all backwards
 (GPipe). This is MaxText's and praxis' layout, written for GSPMD without ``shard_map``.
 
-Mixture-of-experts blocks train too: the router statistics each layer records (see
+Mixture-of-experts blocks train too: the router statistics each layer returns (see
 :mod:`workbench.models.moe`) leave the loop as outputs, one per stage and iteration; the
-slots of real micro-batches are picked out (the bubble's are never read) and merged into
-the statistics of the whole batch, layer by layer, as the unpipelined scan records them.
+slots of real micro-batches are picked out (the bubble's are never read) and returned per
+micro-batch and layer, for the model to merge into the statistics of the whole batch
+(:func:`workbench.models.moe.merge_microbatches`).
 
 Schedules:
 
@@ -23,7 +24,7 @@ Schedules:
   work, so the bubble shrinks ``R``-fold. Needs ``M >= S`` (a micro-batch leaving the last
   stage re-enters the first one ``M`` iterations after it first entered).
 - ``1f1b``: same bubble as GPipe, fewer activations in flight (at most ``S - s`` at stage
-  ``s``). Planned and drawn (:func:`timeline`), not trained: the backward of one
+  ``s``). Planned and drawn (:func:`workbench.planning.schedule.timeline`), not trained: the backward of one
   micro-batch must run between forwards of later ones, and ``jax.grad`` of a loop runs
   every backward after every forward; 1F1B in SPMD needs a hand-written per-stage VJP loop.
 
@@ -31,17 +32,16 @@ API::
 
     pipe = Pipeline(microbatches=8, schedule="circular", repeats=2)
     pipe.bubble_fraction(stages=4)          # (S-1) / (R M + S - 1)
-    timeline(pipe, stages=4)                # events (stage, start, end, kind, micro, repeat)
+    pipe.on(stages=4)                       # the timeline: workbench.planning.schedule
     with activate(pipe, stages=4):          # inside the traced step (workbench.step does it)
         logits = model(tokens)              # blocks run through run_pipeline
 """
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -49,19 +49,18 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from workbench._display import Displayable
-from workbench.models import moe
+from workbench import tracing
 from workbench.rules import STAGE_AXIS
 from workbench.rules import active as active_rules
 
-__all__ = ["SCHEDULES", "STAGE_AXIS", "TRAINABLE_SCHEDULES", "Event", "Pipeline", "Schedule", "activate",
-           "active", "check_pipeline", "check_rules", "in_flight", "run_pipeline", "schedule_bubble",
-           "stages_of", "timeline"]
+if TYPE_CHECKING:
+    from workbench.planning.schedule import Schedule
+
+__all__ = ["SCHEDULES", "STAGE_AXIS", "TRAINABLE_SCHEDULES", "Pipeline", "activate", "active",
+           "check_pipeline", "check_rules", "run_pipeline", "stages_of"]
 
 SCHEDULES: tuple[str, ...] = ("gpipe", "circular", "1f1b")
 TRAINABLE_SCHEDULES: tuple[str, ...] = ("gpipe", "circular")
-#: Time of one backward relative to one forward of the same layers (two matmuls per one).
-BACKWARD_COST = 2.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,7 +117,13 @@ class Pipeline:
     def on(self, stages: int) -> Schedule:
         """The timeline on ``stages`` stages (a notebook draws it: stages x time, forward
         and backward per micro-batch, the bubble shaded; micro-batches and repeats can be
-        changed in the widget)."""
+        changed in the widget): :class:`workbench.planning.schedule.Schedule`.
+
+        A convenience for notebooks: the schedule's timeline is a planning formula, so
+        this is the one import from ``models`` up into ``planning``, made when called.
+        """
+        from workbench.planning.schedule import Schedule  # noqa: PLC0415 - see above
+
         return Schedule(pipeline=self, stages=stages)
 
     def bubble_fraction(self, stages: int) -> float:
@@ -204,23 +209,18 @@ def check_pipeline(pipe: Pipeline, *, n_layers: int, stages: int, batch: int | N
 
 
 # ------------------------------------------------------------------ the traced pipeline
-_ACTIVE: contextvars.ContextVar[tuple[Pipeline, int] | None] = contextvars.ContextVar(
-    "workbench_active_pipeline", default=None)
-
-
 @contextlib.contextmanager
 def activate(pipe: Pipeline, stages: int) -> Iterator[Pipeline]:
-    """While tracing inside this block, GPT's stacked blocks run through the pipeline."""
-    token = _ACTIVE.set((pipe, int(stages)))
-    try:
+    """While tracing inside this block, GPT's stacked blocks run through the pipeline
+    (``workbench.tracing.scoped(pipeline=pipe, stages=stages)``)."""
+    with tracing.scoped(pipeline=pipe, stages=int(stages)):
         yield pipe
-    finally:
-        _ACTIVE.reset(token)
 
 
 def active() -> tuple[Pipeline, int] | None:
     """The ``(pipeline, stages)`` set by :func:`activate`, or None."""
-    return _ACTIVE.get()
+    ctx = tracing.current()
+    return None if ctx.pipeline is None else (ctx.pipeline, ctx.stages)
 
 
 def _constrain(x: jax.Array, spec: PartitionSpec) -> jax.Array:
@@ -242,23 +242,27 @@ def _activation_spec(rank: int) -> tuple[Any, ...]:
                  for a, s in zip(axes, spec, strict=True))
 
 
-def run_pipeline(run_block: Callable[[Any, jax.Array], jax.Array], blocks: nnx.Module,
-                 x: jax.Array, pipe: Pipeline, stages: int) -> jax.Array:
+def run_pipeline(run_block: Callable[[Any, jax.Array], tuple[jax.Array, dict[str, jax.Array]]],
+                 blocks: nnx.Module, x: jax.Array, pipe: Pipeline, stages: int
+                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """``x`` (B, T, D) through the stacked ``blocks`` pipelined over ``stages`` stages.
 
     The same function of ``x`` and the parameters as a scan over the layers in order.
-    Mixture-of-experts blocks: the router statistics ``run_block`` records are recorded
-    once per layer, in layer order, with the shapes the unpipelined scan records; each is
-    the statistic of the whole batch (:func:`workbench.models.moe.merge_microbatches` of
-    the layer's micro-batches; bubble iterations are left out), so the step's ``moe_*``
-    metrics and router loss are those of the same model without a pipeline.
 
     Args:
-        run_block: ``(block, h) -> h``, remat included (GPT's loop body).
+        run_block: ``(block, h) -> (h, stats)``, remat included (GPT's loop body);
+            ``stats`` a dict of arrays (a MoE block's router statistics; ``{}`` when
+            dense).
         blocks: one ``Block`` whose params stack ``L`` layers on a leading axis.
         x: the residual stream of the whole batch.
         pipe: micro-batches, schedule and repeats.
         stages: ``S``, the size of the ``stage`` mesh axis.
+
+    Returns:
+        ``(y, stats)``: ``y`` (B, T, D), and each entry of the blocks' ``stats`` with
+        leading axes ``(M, L)``: micro-batch, then layer in layer order (bubble iterations
+        left out), to be merged over micro-batches by the caller
+        (:func:`workbench.models.moe.merge_microbatches` gives the whole batch's).
     """
     graphdef, state = nnx.split(blocks)
     params = nnx.to_pure_dict(state)
@@ -295,10 +299,8 @@ def run_pipeline(run_block: Callable[[Any, jax.Array], jax.Array], blocks: nnx.M
 
     def stage_fn(w_stage: Any, h: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         def body(h: jax.Array, layer: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-            with moe.collect() as stats:   # MoE router statistics: scan outputs
-                h = run_block(nnx.merge(graphdef, layer), h)
-            return h, moe.stack(stats)
-        return jax.lax.scan(body, h, w_stage)           # w: (K, ...); stats (K, n, ...)
+            return run_block(nnx.merge(graphdef, layer), h)   # stats: scan outputs
+        return jax.lax.scan(body, h, w_stage)           # w: (K, ...); stats (K, ...)
 
     v_stage = jax.vmap(stage_fn, spmd_axis_name=stage_axis)
     take = jax.vmap(lambda a, r: jax.lax.dynamic_index_in_dim(a, r, 0, keepdims=False),
@@ -320,23 +322,21 @@ def run_pipeline(run_block: Callable[[Any, jax.Array], jax.Array], blocks: nnx.M
         else:
             rounds = jnp.clip((t - stage_ids) // m_, 0, r_ - 1)        # (S,)
             w_t = jax.tree.map(lambda a: take(a, rounds), w)
-        out, stats = v_stage(w_t, inp)                                # stats (S, K, n, ...)
+        out, stats = v_stage(w_t, inp)                                # stats (S, K, ...)
         return (_constrain(out, state_spec), buf), stats
 
     out0 = _constrain(jnp.zeros((s_, mb, *feat), x.dtype), state_spec)
     (out, buf), stats = jax.lax.scan(iteration, (out0, xs),
-                                     jnp.arange(pipe.iterations(s_)))  # (R M + S - 1, S, K, n, ...)
-    if stats:
-        moe.record(_layer_stats(stats, pipe, s_, moe.config_of(blocks)), stacked=True)
+                                     jnp.arange(pipe.iterations(s_)))  # (R M + S - 1, S, K, ...)
     last = (r_ * m_ - 1) % m_                      # the final item left in the last iteration
     buf = jax.lax.dynamic_update_index_in_dim(buf, out[s_ - 1], last, 0)
-    return jnp.swapaxes(buf, 0, 1).reshape(batch, *feat)
+    return jnp.swapaxes(buf, 0, 1).reshape(batch, *feat), _layer_stats(stats, pipe, s_)
 
 
-def _layer_stats(stats: dict[str, jax.Array], pipe: Pipeline, stages: int, cfg: Any
+def _layer_stats(stats: dict[str, jax.Array], pipe: Pipeline, stages: int
                  ) -> dict[str, jax.Array]:
-    """Router statistics per iteration and stage ``(R M + S - 1, S, K, n, ...)`` -> per
-    layer ``(L n, ...)`` in layer order, each merged over the layer's micro-batches.
+    """Block outputs per iteration and stage ``(R M + S - 1, S, K, ...)`` -> per
+    micro-batch and layer ``(M, L, ...)``, layers in layer order.
 
     Stage ``s`` works on item ``i = t - s`` in iteration ``t`` (micro-batch ``i % M`` in
     round ``i // M``) when ``0 <= i < R M``; the other slots are the bubble (garbage
@@ -345,15 +345,14 @@ def _layer_stats(stats: dict[str, jax.Array], pipe: Pipeline, stages: int, cfg: 
     r_, m_, s_ = pipe.repeats, pipe.microbatches, stages
     r, s, m = np.meshgrid(np.arange(r_), np.arange(s_), np.arange(m_), indexing="ij")
     t = r * m_ + m + s                                               # (R, S, M) iterations
-    picked = {k: jnp.moveaxis(v[t, s], 2, 0) for k, v in stats.items()}  # (M, R, S, K, n, ...)
-    merged = moe.merge_microbatches(picked, cfg)                     # (R, S, K, n, ...)
+    picked = {k: jnp.moveaxis(v[t, s], 2, 0) for k, v in stats.items()}  # (M, R, S, K, ...)
     # layer r S K + s K + k: (R, S, K) in row-major order is layer order
-    return {k: v.reshape(-1, *v.shape[4:]) for k, v in merged.items()}
+    return {k: v.reshape(m_, -1, *v.shape[4:]) for k, v in picked.items()}
 
 
 def _path(path: Any) -> str:
-    from workbench.pytrees import path_str
-    return path_str(path)
+    """A parameter's path as one string (``workbench.pytrees.path_str``'s spelling)."""
+    return jax.tree_util.keystr(tuple(path), simple=True, separator=".")
 
 
 def _param_specs(state: Any) -> dict[str, tuple[Any, ...]]:
@@ -367,143 +366,3 @@ def _param_specs(state: Any) -> dict[str, tuple[Any, ...]]:
         axes = tuple(var.get_metadata().get("out_sharding") or (None,) * len(var.shape))
         out[_path(path)] = tuple(rules.spec(axes[1:], tensor=_path(path), strict=False))
     return out
-
-
-# ------------------------------------------------------------------ the schedule as events
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Event:
-    """One stage working on one micro-batch: forward ("F") or backward ("B") of one chunk.
-
-    Attributes:
-        stage: the stage (row of devices on the ``stage`` axis).
-        start: start time in units of one full-stage forward of one micro-batch.
-        end: end time.
-        kind: "F" or "B".
-        micro: the micro-batch.
-        repeat: the round of the ring (circular), else 0.
-    """
-
-    stage: int
-    start: float
-    end: float
-    kind: str
-    micro: int
-    repeat: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form."""
-        return dataclasses.asdict(self)
-
-
-def _stage_orders(pipe: Pipeline, stages: int) -> list[list[tuple[str, int]]]:
-    """Each stage's operations in order: ``(kind, item)`` with item ``r M + m``."""
-    m_, items = pipe.microbatches, pipe.microbatches * pipe.repeats
-    orders = []
-    for s in range(stages):
-        if pipe.schedule == "1f1b":
-            warm = min(stages - s - 1, m_)
-            ops = [("F", i) for i in range(warm)]
-            for j in range(m_ - warm):
-                ops += [("F", warm + j), ("B", j)]
-            ops += [("B", j) for j in range(m_ - warm, m_)]
-        else:   # GPipe / circular as the SPMD loop and its transpose run them
-            ops = [("F", i) for i in range(items)] + [("B", i) for i in reversed(range(items))]
-        orders.append(ops)
-    return orders
-
-
-def timeline(pipe: Pipeline, stages: int) -> list[Event]:
-    """The schedule as events, each operation starting as soon as its stage is free and its
-    input has arrived (forward from the previous stage, backward from the next).
-
-    Times are in units of one stage's forward of one micro-batch through all its layers;
-    a circular chunk takes ``1/R`` of that, a backward :data:`BACKWARD_COST` times its
-    forward.
-    """
-    m_, r_ = pipe.microbatches, pipe.repeats
-    f_cost, b_cost = 1.0 / r_, BACKWARD_COST / r_
-    orders = _stage_orders(pipe, stages)
-    end: dict[tuple[str, int, int], float] = {}
-    pos, free = [0] * stages, [0.0] * stages
-    events: list[Event] = []
-    total = sum(len(o) for o in orders)
-    while len(events) < total:
-        progressed = False
-        for s in range(stages):
-            while pos[s] < len(orders[s]):
-                kind, i = orders[s][pos[s]]
-                if kind == "F":
-                    dep = ("F", s - 1, i) if s > 0 else (("F", stages - 1, i - m_)
-                                                         if i >= m_ else None)
-                else:
-                    dep = ("B", s + 1, i) if s < stages - 1 else (
-                        ("B", 0, i + m_) if i + m_ < m_ * r_ else ("F", s, i))
-                if dep is not None and dep not in end:
-                    break
-                start = max(free[s], end[dep] if dep is not None else 0.0)
-                stop = start + (f_cost if kind == "F" else b_cost)
-                end[(kind, s, i)] = free[s] = stop
-                events.append(Event(stage=s, start=start, end=stop, kind=kind,
-                                    micro=i % m_, repeat=i // m_))
-                pos[s] += 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError(f"schedule {pipe} deadlocks on {stages} stages")
-    return sorted(events, key=lambda e: (e.stage, e.start))
-
-
-def schedule_bubble(events: list[Event], stages: int) -> float:
-    """Idle fraction of the stages' time in a timeline: ``1 - busy / (S x makespan)``."""
-    span = max(e.end for e in events) - min(e.start for e in events)
-    busy = sum(e.end - e.start for e in events)
-    return 1.0 - busy / (stages * span)
-
-
-def in_flight(events: list[Event], stages: int) -> list[int]:
-    """Per stage, the most chunks whose forward has finished and backward not yet started
-    (their activations are held): ``R M`` for GPipe/circular, ``min(S - s, M)`` for 1F1B."""
-    out = []
-    for s in range(stages):
-        level = peak = 0
-        for e in sorted((e for e in events if e.stage == s), key=lambda e: e.start):
-            level += 1 if e.kind == "F" else -1
-            peak = max(peak, level)
-        out.append(peak)
-    return out
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
-class Schedule(Displayable):
-    """One pipeline's schedule on ``stages`` stages (``Pipeline.on(stages)``).
-
-    Attributes:
-        pipeline: micro-batches, schedule and repeats.
-        stages: ``S``.
-    """
-
-    _view: ClassVar[str] = "schedule_view:schedule_widget"
-
-    pipeline: Pipeline
-    stages: int
-
-    @property
-    def events(self) -> list[Event]:
-        """:func:`timeline`."""
-        return timeline(self.pipeline, self.stages)
-
-    @property
-    def bubble(self) -> float:
-        """Idle fraction of the timeline (:func:`schedule_bubble`)."""
-        return schedule_bubble(self.events, self.stages)
-
-    @property
-    def in_flight(self) -> list[int]:
-        """Chunks whose activations each stage holds at its peak (:func:`in_flight`)."""
-        return in_flight(self.events, self.stages)
-
-    def __repr__(self) -> str:
-        p = self.pipeline
-        return (f"<Schedule {p.schedule} on {self.stages} stages x {p.microbatches} "
-                f"micro-batches" + (f" x {p.repeats} repeats" if p.repeats > 1 else "")
-                + f": bubble {self.bubble:.1%} (formula {p.bubble_fraction(self.stages):.1%}),"
-                f" in flight {self.in_flight}>")

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.planning.attention_cost import kv_bytes_per_device
 from workbench.planning.hlo import Collective, Reshard
 from workbench.planning.analytic import (axes_size, batch_axes, fsdp_axes, rule_axes,
                                          weight_axes)
@@ -240,9 +241,7 @@ def context_parallel(cfg: Any, rules: Rules, mesh: MeshInfo, seq: int,
                      batch: int) -> list[Lint]:
     """Context parallelism (``seq`` sharded over mesh axes): a sequence the context axes do
     not divide (error), ring attention over slow links (warning), and the K/V bytes each
-    device receives per layer (info; hand count of :mod:`workbench.models.context`)."""
-    from workbench.models.context import kv_bytes_per_device
-
+    device receives per layer (info; hand count of :mod:`workbench.planning.attention_cost`)."""
     axes = tuple(a for a in rule_axes(rules, "seq") if mesh.shape.get(a, 1) > 1)
     if not axes:
         return []

@@ -35,8 +35,8 @@ from workbench.flops import gpt_flops, jaxpr_step_flops
 from workbench.layouts import format_bytes
 from workbench.mesh import MeshInfo, mesh_info
 from workbench.models.pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipeline,
-                                       check_rules, in_flight, schedule_bubble, stages_of,
-                                       timeline)
+                                       check_rules, stages_of)
+from workbench.planning.schedule import in_flight, schedule_bubble, timeline
 from workbench.models import GPTConfig
 from workbench.models.adapters import ModelSpec, resolve_rules
 from workbench.planning import analytic, lints

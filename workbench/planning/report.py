@@ -16,9 +16,9 @@ from workbench.hardware import hardware_spec
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
-from workbench.models import attention as attention_impl
 from workbench.models.config import REMAT_POLICIES
 from workbench.planning.analytic import batch_axes, compute_split, weight_axes
+from workbench.planning.attention_cost import kernel_flops
 from workbench.planning.hlo import Collective, compiler_cycles, loop_trip_counts
 from workbench.planning.lints import Lint
 from workbench.planning.predict import Prediction, predict
@@ -285,7 +285,7 @@ class Plan(Displayable):
         platform = "tpu" if self.source == "tpu-compiler" or self.mesh.platform == "tpu" \
             else self.mesh.platform
         cfg = self.cfg
-        return attention_impl.kernel_flops(
+        return kernel_flops(
             cfg.attention, platform, batch=self.batch, seq=self.seq, n_heads=cfg.n_heads,
             head_dim=cfg.head_dim, n_layers=cfg.n_layers,
             block_sizes=cfg.attention_block_sizes,
