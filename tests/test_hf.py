@@ -45,11 +45,24 @@ def _mesh(**axes):
     return wb.make_mesh(**axes)
 
 
+@jax.jit
+def _logits_jit(graphdef, state, tokens):
+    from flax import nnx
+    return nnx.merge(graphdef, state)(tokens)
+
+
+def logits(model, tokens=PROMPT):
+    """The model's logits of ``tokens``, compiled once (eager dispatch is slow here)."""
+    from flax import nnx
+    graphdef, state = nnx.split(model)
+    return np.asarray(_logits_jit(graphdef, state, jnp.asarray(tokens)))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_and_greedy_tokens_equal_transformers(hf, family):
     folder, want, greedy = hf[family]
     model = wb.models.from_hf(folder, mesh=_mesh(data=4, model=2), rules="fsdp_tp")
-    got = np.asarray(model(jnp.asarray(PROMPT)))
+    got = logits(model)
     assert_close_at_scale(got, want, rtol=RTOL)
     np.testing.assert_array_equal(wb.generate(model, PROMPT, max_new_tokens=NEW), greedy)
 
@@ -62,7 +75,7 @@ def test_logits_and_greedy_tokens_equal_transformers(hf, family):
 def test_scanned_layers_and_other_layouts_equal_transformers(hf, family, axes, rules):
     folder, want, greedy = hf[family]
     model = wb.models.from_hf(folder, mesh=_mesh(**axes), rules=rules, scan_layers=True)
-    assert_close_at_scale(np.asarray(model(jnp.asarray(PROMPT))), want, rtol=RTOL)
+    assert_close_at_scale(logits(model), want, rtol=RTOL)
     np.testing.assert_array_equal(wb.generate(model, PROMPT, max_new_tokens=NEW), greedy)
 
 
@@ -107,7 +120,7 @@ def test_bf16_and_f16_checkpoints_load_exactly(tmp_path):
         import transformers
         ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         want, _ = reference(ref, new=1)
-        assert_close_at_scale(np.asarray(m32(jnp.asarray(PROMPT))), want, rtol=RTOL)
+        assert_close_at_scale(logits(m32), want, rtol=RTOL)
         np.testing.assert_array_equal(np.asarray(m32.embed[...]),
                                       np.asarray(m16.embed[...]).astype(np.float32))
 
@@ -139,12 +152,12 @@ def test_export_round_trip_is_bitwise_and_transformers_reads_it(hf, family, tmp_
     got, _ = reference(ref, new=1)
     assert_close_at_scale(got, want, rtol=RTOL)
     again = wb.models.from_hf(out, mesh=mesh, rules="fsdp_tp", scan_layers=family == "mixtral")
-    np.testing.assert_array_equal(np.asarray(again(jnp.asarray(PROMPT))),
-                                  np.asarray(model(jnp.asarray(PROMPT))))
+    np.testing.assert_array_equal(logits(again),
+                                  logits(model))
 
 
 def test_generation_with_and_without_cache_agree_when_sampling(hf):
-    folder, _, _ = hf["qwen3_moe"]
+    folder, _, _ = hf["qwen3"]
     model = wb.models.from_hf(folder, mesh=_mesh(data=4, model=2), rules="fsdp_tp")
     kw = dict(max_new_tokens=NEW, temperature=0.9, top_k=40, top_p=0.9, seed=3)
     a = wb.generate(model, PROMPT, **kw)
@@ -161,10 +174,13 @@ def test_sampling_filters():
 
     logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
     keys = jax.random.split(jax.random.key(0), 400)
-    top2 = {int(sample(logits, k, temperature=1.0, top_k=2)[0]) for k in keys}
-    assert top2 == {0, 1}
-    nucleus = {int(sample(logits, k, temperature=1.0, top_p=0.75)[0]) for k in keys}
-    assert nucleus == {0, 1}          # 0.5 < 0.75 needs the second; 0.8 >= 0.75 stops
+    draw = jax.jit(jax.vmap(lambda k, top_k, top_p: sample(logits, k, temperature=1.0,
+                                                            top_k=top_k, top_p=top_p)[0],
+                            in_axes=(0, None, None)), static_argnums=(1, 2))
+    assert set(np.asarray(draw(keys, 2, None)).tolist()) == {0, 1}
+    # 0.5 < 0.75 needs the second token; 0.5 + 0.3 >= 0.75 stops there
+    assert set(np.asarray(draw(keys, None, 0.75)).tolist()) == {0, 1}
+    assert set(np.asarray(draw(keys, None, None)).tolist()) == {0, 1, 2, 3}
     assert int(sample(logits, keys[0])[0]) == 0
 
 
@@ -192,17 +208,17 @@ def test_plan_and_trainer_start_from_hf_and_export_the_run(hf, tmp_path):
     plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=16)
     assert plan.memory["total"] > 0
     model = wb.models.from_hf(folder, plan=plan)
-    assert_close_at_scale(np.asarray(model(jnp.asarray(PROMPT))), want, rtol=RTOL)
+    assert_close_at_scale(logits(model), want, rtol=RTOL)
     tc = wb.TrainConfig(model=cfg, init=str(folder), mesh={"data": 8}, batch=8, seq=16,
                         steps=2, checkpoint_every=2, data="synthetic")
     trainer = wb.Trainer(tc, tmp_path / "run", progress=None)
-    start = np.asarray(trainer.model(jnp.asarray(PROMPT)))
+    start = logits(trainer.model)
     assert_close_at_scale(start, want, rtol=RTOL)     # the run starts at the HF weights
     trainer.run()
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["config"]["init"] == str(folder)
     assert run["init"] == {"format": "huggingface", "path": str(Path(folder).resolve())}
-    trained = np.asarray(trainer.model(jnp.asarray(PROMPT)))
+    trained = logits(trainer.model)
     assert not np.allclose(trained, start)
     trainer.close()
     out = wb.train.export_run(tmp_path / "run", tmp_path / "exported")

@@ -11,6 +11,7 @@ K kv heads, H head_dim, V vocab.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -202,12 +203,36 @@ def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: 
         raise ValueError(f"prompt + max_new_tokens = {total} tokens exceeds the model's "
                          f"sliding_window={cfg.sliding_window}; generate fewer tokens")
     mesh, rules = _layout(model, rules, b)
-    with rules.activate(mesh):
+    with rules.activate(mesh):   # (also inside the compiled steps: a cache hit skips tracing)
         out = _run(model, tokens, max_new_tokens, cache, mesh, rules, eos_id,
                    dict(temperature=temperature, top_k=top_k, top_p=top_p), seed)
     if was_text:
         return tokenizer.decode(out[0].tolist())
     return out
+
+
+@functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p"))
+def _pick(logits: jax.Array, key: jax.Array, *, temperature: float, top_k: int | None,
+          top_p: float | None) -> jax.Array:
+    return sample(logits, key, temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _cached(graphdef: Any, rules: Rules, kv: Any, state: Any, toks: jax.Array, kvcache: Any,
+            pos: jax.Array) -> Any:
+    """Logits of the last position and the updated cache (compiled once per model, rules
+    and shapes: the prompt, then one token at a time)."""
+    with rules.activate(kv.mesh):
+        return _forward_cached(nnx.merge(graphdef, state), toks, kvcache, pos, kv)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _full(graphdef: Any, rules: Rules, mesh: Any, state: Any, buf: jax.Array,
+          last: jax.Array) -> jax.Array:
+    """Logits ``(B, V)`` at position ``last`` of the whole buffer ``(B, S)`` (no cache)."""
+    with rules.activate(mesh):
+        logits = nnx.merge(graphdef, state)(buf)                          # (B, S, V)
+    return jax.lax.dynamic_index_in_dim(logits, last, 1, keepdims=False).astype(jnp.float32)
 
 
 def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules: Rules,
@@ -220,32 +245,22 @@ def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules
     graphdef, state = nnx.split(model)
     batch_sh = NamedSharding(mesh, rules.spec(("batch", None)))
     key = jax.random.key(seed)
-    pick = jax.jit(lambda logits, k: sample(logits, k, **how))
     buf = jax.device_put(np.pad(tokens, ((0, 0), (0, new))), batch_sh)      # (B, S)
     if cache:
         kv = NamedSharding(mesh, rules.spec(("batch", None, "kv_heads", "head_dim")))
         stacked = NamedSharding(mesh, rules.spec((None, "batch", None, "kv_heads",
                                                   "head_dim")))
         shape = (cfg.n_layers, b, total, cfg.n_kv_heads, cfg.head_dim)
-        zeros = jax.jit(lambda: jnp.zeros(shape, cfg.dtype), out_shardings=stacked)
-        kvcache = (zeros(), zeros())
-
-        @jax.jit
-        def run(state: Any, toks: jax.Array, kvcache: Any, pos: jax.Array) -> Any:
-            return _forward_cached(nnx.merge(graphdef, state), toks, kvcache, pos, kv)
-
-        logits, kvcache = run(state, buf[:, :t], kvcache, jnp.int32(0))
+        kvcache = (jnp.zeros(shape, cfg.dtype, device=stacked),
+                   jnp.zeros(shape, cfg.dtype, device=stacked))
+        logits, kvcache = _cached(graphdef, rules, kv, state, buf[:, :t], kvcache,
+                                  jnp.int32(0))
     else:
-        @jax.jit
-        def full(state: Any, buf: jax.Array, last: jax.Array) -> jax.Array:
-            logits = nnx.merge(graphdef, state)(buf)                          # (B, S, V)
-            return jax.lax.dynamic_index_in_dim(logits, last, 1, keepdims=False)
-
-        logits = full(state, buf, jnp.int32(t - 1))
+        logits = _full(graphdef, rules, mesh, state, buf, jnp.int32(t - 1))
     out = np.asarray(tokens)
     done = np.zeros(b, bool)
     for i in range(new):
-        nxt = np.asarray(pick(logits, jax.random.fold_in(key, i)))
+        nxt = np.asarray(_pick(logits, jax.random.fold_in(key, i), **how))
         if eos_id is not None:
             nxt = np.where(done, eos_id, nxt)
             done |= nxt == eos_id
@@ -254,11 +269,11 @@ def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules
             break
         step_tokens = jax.device_put(nxt[:, None], batch_sh)
         if cache:
-            logits, kvcache = run(state, step_tokens, kvcache, jnp.int32(t + i))
+            logits, kvcache = _cached(graphdef, rules, kv, state, step_tokens, kvcache,
+                                      jnp.int32(t + i))
         else:
             buf = buf.at[:, t + i].set(step_tokens[:, 0])
-            logits = full(state, buf, jnp.int32(t + i))
+            logits = _full(graphdef, rules, mesh, state, buf, jnp.int32(t + i))
     if out.shape[1] < total:   # stopped at eos
         out = np.pad(out, ((0, 0), (0, total - out.shape[1])), constant_values=eos_id)
     return out.astype(np.int32)
-
