@@ -1,6 +1,7 @@
 # Workbench: two commands set everything up on a fresh machine.
 #   make lab    create .venv, install workbench (+ lab extension), open JupyterLab on notebooks/
 #   make test   create/refresh .venv when needed, install test tools, run every test
+#   make test-fast   the same without the heavy tests (markers in pyproject.toml): a few minutes
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -10,9 +11,17 @@ STAMP := $(VENV)/.installed
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: lab test bench browser install clean screenshots
+.PHONY: lab test test-fast bench browser install clean screenshots
 
-$(STAMP): pyproject.toml $(wildcard labextension/package.json labextension/src/*.ts labextension/style/* labextension/schema/*)
+# The extension's npm packages exactly as the committed lockfile pins them: `npm ci` never
+# rewrites labextension/package-lock.json (it fails if package.json disagrees with it; then
+# run `npm install` in labextension/ and commit the lockfile it writes).
+NODE_STAMP := labextension/node_modules/.installed
+$(NODE_STAMP): labextension/package.json labextension/package-lock.json
+	cd labextension && npm ci --no-audit --no-fund
+	touch $@
+
+$(STAMP): pyproject.toml $(NODE_STAMP) $(wildcard labextension/package.json labextension/src/*.ts labextension/style/* labextension/schema/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -e ".[test,tpu-compile]"
@@ -35,8 +44,16 @@ browser:
 	  echo "installing Debian's chromium for browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# Every test (CI's and the README's command). pytest exits 5 when a selection (PYTEST_ARGS,
+# or test-fast's markers) finds no test: make stops there as on any failure.
 test: $(STAMP) browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The edit-test loop: every test that is not slow, multi-process, a notebook, a browser or
+# a TPU compile (pyproject.toml's markers).
+FAST_TESTS := not (slow or multiprocess or notebook or browser or tpu)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "$(FAST_TESTS)" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

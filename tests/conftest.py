@@ -1,5 +1,9 @@
-"""Test set-up: 8 simulated CPU devices before JAX starts its backends."""
+"""Test set-up: 8 simulated CPU devices before JAX starts its backends; one cache, one
+JupyterLab and one Chromium for the whole session; the tree left as the session found it."""
 import os
+import pathlib
+import subprocess
+import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
@@ -8,6 +12,42 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402 - after the environment above, before any test imports JAX
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # jupyterlab_harness, _tolerance
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+#: The markers `make test-fast` deselects (pyproject.toml says what each means).
+HEAVY_MARKERS = ("slow", "multiprocess", "notebook", "browser", "tpu")
+#: Runs after every other test: what the install and the tests did to the checkout.
+LAST = "tests/test_make_lab.py::test_install_and_tests_leave_the_tree_clean"
+
+
+def git_status() -> str | None:
+    """``git status --porcelain`` of the checkout (ignored files left out), or None outside
+    a git checkout."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+TREE_AT_START = pytest.StashKey[str | None]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[TREE_AT_START] = git_status()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test on the session's JupyterLab or Chromium is a ``browser`` test whatever its file
+    says; the clean-tree check goes last, whatever the order of the files."""
+    for item in items:
+        if {"lab", "browser"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.browser)
+    last = [i for i in items if i.nodeid == LAST]
+    items[:] = [i for i in items if i.nodeid != LAST] + last
+
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
@@ -15,9 +55,76 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.getbasetemp() / "wb-cache"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(cache_dir):
+    """Every test, and every process and kernel a test starts, uses the session's cache:
+    compiled steps, TPU plans and corpora are made once per run whatever the order of the
+    tests, and nothing reads or writes the user's ``~/.cache/workbench``. Undone when the
+    session ends."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WORKBENCH_CACHE", str(cache_dir))
+        yield cache_dir
+
+
+class UnmarkedTPUCompile(pytest.PytestWarning):
+    """A test compiled for an abstract TPU slice without the ``tpu`` marker."""
+
+
+@pytest.fixture(autouse=True)
+def _tpu_marker_is_honest(request, cache_dir):
+    """Warns (in the summary) when a test not marked ``tpu`` compiled for a TPU slice: each
+    such compile writes its plan under ``$WORKBENCH_CACHE/plans``, in this process, a child
+    or a kernel. So ``-m "not tpu"`` keeps what it promises on a machine without libtpu."""
+    plans = cache_dir / "plans"
+    before = set(os.listdir(plans)) if plans.is_dir() else set()
+    yield
+    new = (set(os.listdir(plans)) if plans.is_dir() else set()) - before
+    if new and request.node.get_closest_marker("tpu") is None:
+        import warnings
+
+        warnings.warn(UnmarkedTPUCompile(
+            f"{request.node.nodeid} compiled {len(new)} plan(s) for a TPU slice: mark it "
+            "@pytest.mark.tpu (or use a module fixture's plan from a tpu test)"))
+
+
 @pytest.fixture
 def wb_cache(cache_dir, monkeypatch):
-    """Points ``WORKBENCH_CACHE`` at the session's cache for one test (use it with
-    ``pytestmark = pytest.mark.usefixtures("wb_cache")``)."""
+    """Points ``WORKBENCH_CACHE`` at the session's cache for one test (the session already
+    does; kept for tests that say so with ``pytest.mark.usefixtures("wb_cache")``)."""
     monkeypatch.setenv("WORKBENCH_CACHE", str(cache_dir))
     return cache_dir
+
+
+# --- one JupyterLab and one Chromium for every browser test ---------------------------------
+
+@pytest.fixture(scope="session")
+def _lab_server(tmp_path_factory, cache_dir):
+    from jupyterlab_harness import require_chromium, start_lab
+
+    require_chromium()
+    root = tmp_path_factory.mktemp("lab")
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+           "WORKBENCH_CACHE": str(cache_dir)}
+    with start_lab(root, env=env) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def lab(_lab_server):
+    """The session's JupyterLab (root ``lab.root_dir``), as each test module first sees it:
+    no kernel running and the default layout (the previous module's tabs are not restored).
+    Modules share the root: each names its own runs and notebooks."""
+    from jupyterlab_harness import reset_lab
+
+    reset_lab(_lab_server)
+    return _lab_server
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """The session's headless Chromium (a Playwright ``Browser``); open a page per test."""
+    from jupyterlab_harness import chromium, require_chromium
+
+    require_chromium()
+    with chromium() as b:
+        yield b

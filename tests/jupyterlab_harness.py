@@ -1,14 +1,14 @@
 """Real JupyterLab in headless Chromium for browser tests (shared by the widget and lab tests).
 
-    from jupyterlab_harness import chromium, require_chromium, run_notebook, screenshot, start_lab
+    from jupyterlab_harness import run_notebook, screenshot
 
-    require_chromium()                      # skip (or fail under CI) without chromium
-    with start_lab(tmp_path) as lab, chromium() as browser:
+    def test_demo(lab, browser):            # conftest: the session's one lab and Chromium
         page = browser.new_page()
-        run_notebook(page, lab, tmp_path / "demo.ipynb", timeout=120)
+        run_notebook(page, lab, lab.root_dir / "demo.ipynb", timeout=120)
         screenshot(page, "demo")            # artifacts/screenshots/demo.png
 
-Chromium is Debian's package (``make browser``); Playwright never downloads a browser.
+``start_lab`` and ``chromium`` start others, for a test about starting them. Chromium is
+Debian's package (``make browser``); Playwright never downloads a browser.
 """
 from __future__ import annotations
 
@@ -69,12 +69,15 @@ class Lab:
         lines = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(lines[-n:])
 
-    def api(self, path: str) -> Any:
-        """GET ``/api/<path>`` with the token; decoded JSON."""
-        req = urllib.request.Request(f"{self.url}/api/{path}",
+    def api(self, path: str, method: str = "GET") -> Any:
+        """``/api/<path>`` with the token (``path`` may start with ``lab/api/`` for
+        JupyterLab's own API); decoded JSON, or None for an empty answer."""
+        url = f"{self.url}/{path}" if path.startswith("lab/") else f"{self.url}/api/{path}"
+        req = urllib.request.Request(url, method=method,
                                      headers={"Authorization": f"token {self.token}"})
         with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
+            body = resp.read()
+        return json.loads(body) if body else None
 
 
 def _free_port() -> int:
@@ -123,6 +126,17 @@ def start_lab(root_dir: str | os.PathLike, *, env: dict[str, str] | None = None,
         yield lab
     finally:
         _stop(proc)
+
+
+def reset_lab(lab: Lab) -> None:
+    """Back to a fresh server's state for the next test module: every session and kernel
+    shut down, every saved workspace (the restored layout) deleted. Files stay."""
+    for session in lab.api("sessions"):
+        lab.api(f"sessions/{session['id']}", method="DELETE")
+    for kernel in lab.api("kernels"):
+        lab.api(f"kernels/{kernel['id']}", method="DELETE")
+    for space in lab.api("lab/api/workspaces")["workspaces"]["ids"]:
+        lab.api(f"lab/api/workspaces/{space}", method="DELETE")
 
 
 def _wait_ready(lab: Lab, timeout: float) -> None:
@@ -191,7 +205,9 @@ def run_notebook(page: Any, lab: Lab, nb_path: str | os.PathLike, timeout: float
     rel = pathlib.Path(nb_path).resolve().relative_to(lab.root_dir).as_posix()
     where = {"lab": "lab/tree", "notebook": "notebooks"}[frontend]
     page.goto(f"{lab.url}/{where}/{rel}?token={lab.token}", timeout=timeout * 1000)
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=timeout * 1000)
+    # the notebook opened, not one a restored layout keeps in a hidden tab
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell",
+                           timeout=timeout * 1000)
     _wait_kernel(lab, rel, "idle", time.monotonic() + timeout)
     page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first.click()
     page.get_by_role("menuitem", name="Run", exact=True).click()

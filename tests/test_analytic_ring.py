@@ -101,6 +101,7 @@ def test_heads_over_a_model_axis_and_two_context_shards():
     assert got[("collective-permute", 8192, "f32[2,16,64]")] == 4
 
 
+@pytest.mark.tpu
 @pytest.mark.skipif(not tpu_compiler_available(), reason="the TPU compiler is not installed")
 def test_ring_permute_counts_equal_the_tpu_compilers():
     # The TPU compiler moves some float32 permutes to bfloat16 (the default matmul

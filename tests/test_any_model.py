@@ -144,6 +144,7 @@ def test_forward_failing_on_the_batch_names_keys_and_shapes(mesh):
         wb.plan(_guide, mesh=mesh, batch=16, example_batch={"z": EXAMPLE["x"]}, loss_fn=mse)
 
 
+@pytest.mark.tpu
 def test_guide_model_on_an_abstract_meshes():
     est = wb.plan(_guide, mesh=wb.abstract_mesh("v5p-1024", data=-1, model=4), batch=1024,
                   example_batch={k: jax.ShapeDtypeStruct((1024, D), jnp.float32)

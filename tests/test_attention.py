@@ -12,6 +12,8 @@ from workbench.planning import attention_cost
 from workbench.rules import Rules
 from workbench.step import init_state, make_train_step
 
+from _tolerance import assert_close_at_scale
+
 B, T, N, K, H = 2, 256, 4, 2, 32
 
 
@@ -35,8 +37,9 @@ def reference(q, k, v):
 def test_splash_interpret_equals_xla_outputs_and_gradients(blocks):
     q, k, v = qkv()
     ys = A.attend(q, k, v, impl="splash", block_sizes=blocks)
-    np.testing.assert_allclose(ys, A.attend(q, k, v, impl="xla"), atol=2e-5, rtol=2e-5)
-    np.testing.assert_allclose(ys, reference(q, k, v), atol=2e-5, rtol=2e-5)
+    # blockwise online softmax sums in another order: at the output's scale
+    assert_close_at_scale(ys, A.attend(q, k, v, impl="xla"), rtol=2e-5)
+    assert_close_at_scale(ys, reference(q, k, v), rtol=2e-5)
 
     def grads(impl):
         loss = lambda q, k, v: jnp.sum(jnp.sin(A.attend(q, k, v, impl=impl,
@@ -44,7 +47,7 @@ def test_splash_interpret_equals_xla_outputs_and_gradients(blocks):
         return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
     for gs, gx in zip(grads("splash"), grads("xla"), strict=True):
-        np.testing.assert_allclose(gs, gx, atol=1e-4, rtol=1e-4)
+        assert_close_at_scale(gs, gx, rtol=1e-4)
 
 
 def test_splash_mqa_and_bfloat16():
@@ -131,6 +134,7 @@ def test_kernel_flops_causal_blocks():
                           n_layers=1) == 0
 
 
+@pytest.mark.tpu
 def test_tpu_plan_runs_the_kernel_and_saves_memory():
     """The TPU compiler compiles the Mosaic kernel (a tpu_custom_call in the HLO) and the
     step needs fewer temporaries than with XLA attention's T x T scores."""

@@ -259,9 +259,8 @@ TINY = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data
 
 
 @pytest.fixture(scope="module")
-def nine_steps(tmp_path_factory, cache_dir):
+def nine_steps(tmp_path_factory):
     """A run directory trained to step 9 with checkpoints 3, 6 and 9 (keep=3)."""
-    os.environ["WORKBENCH_CACHE"] = str(cache_dir)
     run_dir = tmp_path_factory.mktemp("nine") / "run"
     tr = wb.Trainer(TINY, run_dir=run_dir, progress=None)
     tr.run()

@@ -50,9 +50,8 @@ CASES = ([(kind, way) for kind in NEEDED for way in WAYS]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, cache_dir):
+def trained(tmp_path_factory):
     """(the reference losses of N uninterrupted steps, a run directory at step 6)."""
-    os.environ["WORKBENCH_CACHE"] = str(cache_dir)
     root = tmp_path_factory.mktemp("corruption")
     ref = wb.Trainer(CFG, run_dir=root / "reference", progress=None)
     ref.run()

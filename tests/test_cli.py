@@ -69,6 +69,7 @@ def test_runs_lists_a_run_whose_times_and_steps_are_not_numbers(tmp_path, capsys
     assert "?" in rows["huge"].split()
 
 
+@pytest.mark.multiprocess
 def test_ping_in_one_process():
     out = _cli("ping", "--distributed", "off", "--platform", "cpu", "--devices-per-process", "3")
     assert out.returncode == 0, out.stderr + out.stdout
@@ -76,6 +77,7 @@ def test_ping_in_one_process():
     assert (r["processes"], r["devices"], r["sum"], r["expected"]) == (1, 3, 0.0, 0.0)
 
 
+@pytest.mark.multiprocess
 def test_two_workers_started_by_hand_join_like_on_a_cluster():
     """What srun / a pod ssh does: the same command on every worker, each with its id."""
     port = free_port()
@@ -141,6 +143,7 @@ def test_train_refused_by_the_trainer_is_a_usage_error_without_traceback(tmp_pat
     assert not (tmp_path / "new").exists()  # no run directory (nor lock) left behind
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_train_runs_a_config_py_and_a_second_call_continues(tmp_path):
     (tmp_path / "tiny.py").write_text(TINY)
@@ -159,6 +162,7 @@ def test_train_runs_a_config_py_and_a_second_call_continues(tmp_path):
     assert not (run_dir / "job.lock").exists()  # the worker's own lock is released
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_launch_command_follows_the_job_to_the_end(tmp_path):
     (tmp_path / "tiny.py").write_text(TINY)

@@ -23,6 +23,8 @@ from workbench.models import GPTConfig
 from workbench.models import context as C
 from workbench.planning import attention_cost
 
+from _tolerance import assert_close_at_scale
+
 B, T, N, K, H = 2, 32, 4, 2, 8
 
 
@@ -53,13 +55,14 @@ def test_attention_and_gradients_match_plain_attention_on_the_gathered_sequence(
         return jax.nn.dot_product_attention(q, k, v, is_causal=True)
 
     got = jax.jit(fn)(q[:, order], k[:, order], v[:, order])
-    np.testing.assert_allclose(got, ref(q, k, v)[:, order], atol=2e-6, rtol=0)
+    # ring / all-gather attention sums the key blocks in another order: at the tensor's scale
+    assert_close_at_scale(got, ref(q, k, v)[:, order], rtol=1e-5)
 
     grads = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) * w[:, order]), argnums=(0, 1, 2)))(
         q[:, order], k[:, order], v[:, order])
     want = jax.grad(lambda *a: jnp.sum(ref(*a) * w), argnums=(0, 1, 2))(q, k, v)
     for g, r in zip(grads, want, strict=True):
-        np.testing.assert_allclose(g, r[:, order], atol=1e-5, rtol=0)
+        assert_close_at_scale(g, r[:, order], rtol=1e-5)
 
 
 def test_zigzag_reorder_is_the_permutation_and_its_inverse():
@@ -215,6 +218,7 @@ def dense_reference(tmp_path_factory):
     return t.losses
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("variant,zigzag", [("ring", True)])   # allgather: in-process tests
 def test_launch_two_processes_with_context4_trains_like_context1(variant, zigzag, tmp_path,

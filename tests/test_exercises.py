@@ -325,40 +325,40 @@ def test_exercises_are_headless():
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_exercise_round_trip_in_jupyterlab(tmp_path):
+def test_exercise_round_trip_in_jupyterlab(lab, browser):
     """Type an answer in the real widget, press Check / Enter: the kernel's verdict shows."""
     import json
 
-    from jupyterlab_harness import chromium, require_chromium, run_notebook, screenshot, start_lab
+    from jupyterlab_harness import run_notebook, screenshot
 
-    require_chromium()
     source = "import workbench as wb\nwb.simulate_devices(8)\nwb.exercise('repeated_work')"
     nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c0", "metadata": {},
                      "outputs": [], "source": source}],
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                       "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
-    path = tmp_path / "exercise.ipynb"
+    path = lab.root_dir / "exercise.ipynb"
     path.write_text(json.dumps(nb))
-    with start_lab(tmp_path) as lab, chromium() as browser:
-        page = browser.new_page(viewport={"width": 1100, "height": 900})
-        try:
-            run_notebook(page, lab, path, timeout=150)
-            card = page.locator(".wb-exercise").first
-            card.wait_for(timeout=30_000)
-            box = card.locator("input.wb-ex-input")
-            box.fill("P('model', None)")
-            card.locator("button.wb-ex-check").click()
-            page.locator(".wb-exercise[data-status='wrong']").wait_for(timeout=60_000)
-            assert "4 times over" in card.locator(".wb-ex-explanation").inner_text()
-            assert card.locator(".wb-ex-hint").inner_text().startswith("hint:")
-            screenshot(card, "exercise-wrong")
-            box.fill("P('data', None)")
-            box.press("Enter")
-            page.locator(".wb-exercise[data-status='correct']").wait_for(timeout=60_000)
-            assert "exactly 1/8 each" in card.locator(".wb-ex-explanation").inner_text()
-            assert card.locator(".wb-ex-verdict").inner_text().startswith("✓ correct")
-            screenshot(card, "exercise-correct")
-        except Exception:
-            screenshot(page, "exercise-failure")
-            raise
+    page = browser.new_page(viewport={"width": 1100, "height": 900})
+    try:
+        run_notebook(page, lab, path, timeout=150)
+        card = page.locator(".wb-exercise").first
+        card.wait_for(timeout=30_000)
+        box = card.locator("input.wb-ex-input")
+        box.fill("P('model', None)")
+        card.locator("button.wb-ex-check").click()
+        page.locator(".wb-exercise[data-status='wrong']").wait_for(timeout=60_000)
+        assert "4 times over" in card.locator(".wb-ex-explanation").inner_text()
+        assert card.locator(".wb-ex-hint").inner_text().startswith("hint:")
+        screenshot(card, "exercise-wrong")
+        box.fill("P('data', None)")
+        box.press("Enter")
+        page.locator(".wb-exercise[data-status='correct']").wait_for(timeout=60_000)
+        assert "exactly 1/8 each" in card.locator(".wb-ex-explanation").inner_text()
+        assert card.locator(".wb-ex-verdict").inner_text().startswith("✓ correct")
+        screenshot(card, "exercise-correct")
+    except Exception:
+        screenshot(page, "exercise-failure")
+        raise
+    finally:
+        page.close()

@@ -20,6 +20,8 @@ from workbench.planning.hlo import compiler_cycles, computation_multiplicity
 from workbench.step import lm_loss, make_train_step
 from workbench.topology import tpu_compiler_available
 
+from _tolerance import assert_close_at_scale
+
 needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),
                                reason="the TPU compiler (libtpu) is not installed: "
                                       "pip install 'workbench[tpu-compile]'")
@@ -45,7 +47,7 @@ def test_chunked_loss_equals_the_whole_loss(tie, mask):
         loss, grads = _loss_and_grads(cfg.replace(loss_chunks=chunks), batch)
         np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
         for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+            assert_close_at_scale(a, b, rtol=1e-5)   # chunked sums: at the tensor's scale
 
 
 @pytest.mark.parametrize("rules", ["fsdp_tp", "fsdp_cp"])
@@ -68,7 +70,8 @@ def test_chunked_loss_trains_like_the_whole_loss_on_a_sharded_mesh(rules):
         out[chunks] = (losses, jax.tree.leaves(state.params))
     np.testing.assert_allclose(out[4][0], out[1][0], rtol=1e-5)
     for a, b in zip(out[4][1], out[1][1]):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+        # Adam divides by sqrt(nu): reordered last bits of tiny gradients move parameters
+        assert_close_at_scale(a, b, rtol=1e-4)
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.0, True, "4"])
@@ -93,6 +96,7 @@ def test_loss_chunks_add_one_logits_matmul_to_the_recompute():
     assert "loss_chunks=4 recomputes the logits" in chunked.formula
 
 
+@pytest.mark.tpu
 @needs_tpu
 def test_loss_chunks_lower_the_tpu_compiled_memory_by_the_logits():
     """The TPU compiler's temp for a large-vocabulary step drops by at least the float32
@@ -152,6 +156,7 @@ ENTRY %main (a: f32[]) -> f32[] {
     assert compiler_cycles(text) == (6 * 7 + 6 * 100 + 5, 3)
 
 
+@pytest.mark.tpu
 @needs_tpu
 @pytest.mark.parametrize("topology,kind", [("v5e:2x2", "TPU v5e"), ("v5p:2x2x1", "TPU v5p"),
                                            ("v6e:2x2", "TPU v6e"), ("v4:2x2x1", "TPU v4")])
@@ -174,6 +179,7 @@ def test_a_matmuls_estimated_cycles_at_the_clock_stay_within_its_flops_at_peak(t
     assert ideal <= cycles / spec.clock_hz <= 2 * ideal, (cycles / spec.clock_hz, ideal)
 
 
+@pytest.mark.tpu
 @needs_tpu
 def test_tpu_plans_time_local_work_with_the_compilers_cycles():
     """A scanned TPU plan: local work is the compiler's cycles (loop bodies x trips) at the
@@ -214,6 +220,7 @@ def test_tpu_plans_time_local_work_with_the_compilers_cycles():
     assert cpu.predicted.breakdown["local"] == cpu.predicted.breakdown["roofline_local"]
 
 
+@pytest.mark.multiprocess
 def test_gpu_mfu_script_runs_its_step_on_cpu_devices_and_says_when_there_is_no_gpu():
     """benchmarks/gpu_mfu.py (the H100 row) needs GPUs; ``--smoke`` runs its own code path
     on 2 CPU devices: the JSON line's MFU is model FLOPs over the timed step and the
@@ -264,6 +271,7 @@ def test_a_plan_over_memory_with_large_logits_names_loss_chunks_and_it_fits():
     assert "loss_chunks" not in lint.fix
 
 
+@pytest.mark.tpu
 @needs_tpu
 def test_a_tpu_compiler_failure_on_an_abstract_slice_is_an_estimate_that_says_why():
     """libtpu 0.0.42 fails ("Can't deep copy instruction tuple") on zig-zag ring attention

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import jax
+import pytest
 
 import workbench as wb
 from workbench.hardware import hardware_spec, peak_flops
@@ -63,3 +64,44 @@ def test_cpu_entry_is_measured_and_shared():
     assert spec.source_of("nvlink_bandwidth").startswith("measured")
     assert spec.collective_latency == measured_cpu_collective_latency() > 0
     assert spec.source_of("collective_latency").startswith("measured")
+
+
+def test_a_new_generation_is_one_catalogue_entry(monkeypatch):
+    """A generation added in one place (the catalogue) gives its presets to
+    ``wb.abstract_mesh``, its numbers to plans and predictions, its larger presets to the
+    search's advice, and (naming libtpu's chip) its target to the TPU compiler."""
+    from workbench.hardware import catalogue
+    from workbench.hardware.catalogue import GIB, Generation, HardwareSpec
+    from workbench.mesh import HARDWARE_PRESETS
+    from workbench.planning.search_space import hardware as search_hardware, larger_presets
+    from workbench.topology import topology_name, tpu_target
+
+    spec = HardwareSpec(name="Zeta z1", peak_flops=100e12, memory_bytes=16 * GIB,
+                        source="test entry", platform="tpu", topology_dims=2,
+                        hbm_bandwidth=1e12, ici_link_bandwidth=5e10, torus_wrap="16",
+                        sources={"hbm_bandwidth": "test", "ici_link_bandwidth": "test"})
+    fake = Generation(name="z1", pattern=r"zeta z1", device_kind="Zeta z1", spec=spec,
+                      libtpu="v5e", slices={"z1-4": (2, 2, 1), "z1-16": (4, 4, 1)},
+                      single_host_chips=8)
+    monkeypatch.setattr(catalogue, "GENERATIONS", (*catalogue.GENERATIONS, fake))
+    import workbench.mesh
+
+    assert "z1-16" in workbench.mesh.HARDWARE_PRESETS and "z1-16" not in HARDWARE_PRESETS
+    assert hardware_spec("Zeta z1") is spec and peak_flops("Zeta z1")[0] == 100e12
+    mesh = wb.abstract_mesh("z1-4", data=2, model=2)
+    assert (mesh.size, mesh.device_kind, mesh.memory_per_device, mesh.peak_flops) == \
+        (4, "Zeta z1", 16 * GIB, 100e12)
+    assert mesh.n_hosts == 1 and wb.abstract_mesh("z1-16").size == 16
+    assert topology_name("z1-16") == "v5e:4x4"
+    assert larger_presets(search_hardware("z1-4")) == ["z1-16"]
+
+    cfg = wb.models.GPTConfig.preset("tiny")
+    p = wb.plan(cfg, mesh=mesh, batch=4, seq=32, compile=False, progress=False)
+    assert p.memory["limit"] == 16 * GIB and p.source == "estimate"
+    pred = p.predicted   # the roofline on the new entry's peak: compute = FLOPs / peak
+    assert pred.breakdown["compute"] == pytest.approx(p.flops_per_device / 100e12, rel=1e-12)
+    from workbench.hardware import libtpu_installed
+
+    if libtpu_installed():   # the TPU compiler's target comes from the entry too
+        t = tpu_target(mesh)
+        assert t.mesh is not None and t.topology == "v5e:2x2", t.reason

@@ -104,7 +104,7 @@ def test_every_module_is_imported(record):
 
 @pytest.mark.parametrize("part", ["environ", "jax_config", "loggers", "logger_levels",
                                   "warnings_filters", "backends_started",
-                                  "backend_modules", "jax_platforms"])
+                                  "backend_factories", "backend_modules", "jax_platforms"])
 def test_importing_the_package_changes_nothing(record, part):
     before, after = record["before"][part], record["after"][part]
     if isinstance(before, dict):

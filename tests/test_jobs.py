@@ -25,6 +25,8 @@ from workbench.jobs.job import read_tail
 from workbench.jobs.local import free_port
 from workbench.jobs.worker import EXIT_STOPPED
 
+pytestmark = pytest.mark.multiprocess   # every test launches (or watches) a multi-process job
+
 
 def _ping_report(log: Path) -> dict:
     line = next(x for x in reversed(log.read_text().splitlines()) if "PING " in x)

@@ -19,15 +19,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jupyterlab_harness import (
-    Lab,
-    chromium,
-    require_chromium,
-    run_notebook,
-    screenshot,
-    show_runs_panel,
-    start_lab,
-)
+from jupyterlab_harness import Lab, run_notebook, screenshot, show_runs_panel
 
 from workbench import runs
 
@@ -83,22 +75,10 @@ class LiveRun:
 
 
 @pytest.fixture(scope="module")
-def lab_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("lab")
-
-
-@pytest.fixture(scope="module")
-def lab(lab_root: Path) -> Iterator[Lab]:
-    require_chromium()
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    with start_lab(lab_root, env=env) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def browser(lab: Lab) -> Iterator[Any]:
-    with chromium() as b:
-        yield b
+def lab_root(lab: Lab) -> Path:
+    """The shared lab's root: this module's runs are runs/<name> there, its notebooks
+    <name>.ipynb (conftest's ``lab``: one JupyterLab for every browser test)."""
+    return lab.root_dir
 
 
 @pytest.fixture

@@ -10,14 +10,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jupyterlab_harness import (
-    Lab,
-    chromium,
-    require_chromium,
-    screenshot,
-    show_runs_panel,
-    start_lab,
-)
+from jupyterlab_harness import Lab, screenshot, show_runs_panel
 
 from workbench import runs
 
@@ -26,8 +19,9 @@ NAN_STEPS = {7, 8, 20}  # steps whose loss the file holds as NaN / Infinity
 
 
 @pytest.fixture(scope="module")
-def lab_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("lab")
+def lab_root(lab: Lab) -> Path:
+    """The shared lab's root (conftest's ``lab``) with three runs: good, nan and broken."""
+    root = lab.root_dir
     with runs.RunWriter(root / "runs" / "good", config={}) as w:
         for s in range(1, 31):
             w.log({"step": s, "loss": 4.0 / s})
@@ -47,19 +41,11 @@ def lab_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def lab(lab_root: Path) -> Iterator[Lab]:
-    require_chromium()
-    with start_lab(lab_root, env={"JAX_PLATFORMS": "cpu"}) as server:
-        yield server
-
-
 @pytest.fixture
-def page(lab: Lab) -> Iterator[Any]:
-    with chromium() as browser:
-        p = browser.new_page(viewport={"width": 1400, "height": 900})
-        yield p
-        p.close()
+def page(browser: Any) -> Iterator[Any]:
+    p = browser.new_page(viewport={"width": 1400, "height": 900})
+    yield p
+    p.close()
 
 
 def _attr(page: Any, selector: str, attr: str, value: str, timeout: float = 30) -> None:

@@ -13,6 +13,7 @@ each exit 0 with their usage, from the venv's python in a fresh process.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import pathlib
 import pwd
@@ -30,7 +31,7 @@ from collections.abc import Iterator
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from jupyterlab_harness import Lab, chromium, free_port, require_chromium, wait_ready
+from jupyterlab_harness import Lab, free_port, wait_ready
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
@@ -172,10 +173,10 @@ def _make_lab(make: str, prefix: list[str], state: pathlib.Path) -> Iterator[Lab
                 os.kill(pid, signal.SIGKILL)
 
 
-def _check_lab_page(lab: Lab) -> None:
+def _check_lab_page(lab: Lab, browser) -> None:
     """The lab page loads in Chromium and the palette runs the Workbench panel's command."""
-    with chromium() as browser:
-        page = browser.new_page()
+    page = browser.new_page()
+    try:
         page.goto(f"{lab.url}/lab?token={lab.token}", timeout=STARTUP_S * 1000)
         page.wait_for_selector("#jp-main-dock-panel", timeout=STARTUP_S * 1000)
         page.wait_for_selector(".jp-SideBar .lm-TabBar-tab[data-id='workbench-runs']",
@@ -192,6 +193,8 @@ def _check_lab_page(lab: Lab) -> None:
         assert "Workbench: Show Runs" in item.inner_text()
         item.click()
         page.locator("#workbench-runs").wait_for(state="visible", timeout=30_000)
+    finally:
+        page.close()
 
 
 def _stop_and_check(lab: Lab) -> None:
@@ -215,8 +218,7 @@ def _stop_and_check(lab: Lab) -> None:
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.parametrize("who", ["as-root", "unprivileged"])
-def test_make_lab_starts_for_whoever_runs_it(who: str) -> None:
-    require_chromium()
+def test_make_lab_starts_for_whoever_runs_it(who: str, browser) -> None:
     make = _require_make_and_venv()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="wb-make-lab-"))
     state = workdir / "home"
@@ -246,7 +248,78 @@ def test_make_lab_starts_for_whoever_runs_it(who: str) -> None:
             assert "Running as root is not recommended" not in log, log
             names = {c["name"] for c in lab.api("contents")["content"]}
             assert "00_tour.ipynb" in names, names  # served from notebooks/
-            _check_lab_page(lab)
+            _check_lab_page(lab, browser)
             _stop_and_check(lab)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --- installing and testing leave the checkout as they found it ---------------------------
+
+def _under_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
+def test_the_committed_lockfile_is_what_npm_resolves(tmp_path: pathlib.Path) -> None:
+    """npm resolves labextension/package.json to exactly the committed lockfile, every
+    platform's optional packages included: a fresh `npm install` (the build's, Binder's)
+    would not rewrite it (a lockfile written on one platform once lacked 234 lines of
+    other platforms' optional packages, and every fresh clone's install added them)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        if _under_ci():
+            pytest.fail("npm is missing under CI; the extension's build needs Node 20",
+                        pytrace=False)
+        pytest.skip("npm is not installed (the extension's build needs Node 20)")
+    ext = REPO / "labextension"
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy2(ext / name, tmp_path / name)
+    out = subprocess.run([npm, "install", "--package-lock-only", "--ignore-scripts",
+                          "--prefer-offline", "--no-audit", "--no-fund"], cwd=tmp_path,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+                         check=False)
+    if out.returncode != 0 and not _under_ci():
+        asked = subprocess.run([npm, "view", "npm", "version"], stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=120, check=False)
+        if asked.returncode != 0:
+            pytest.skip(f"npm's registry does not answer here: {asked.stderr.strip()[-300:]}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    want = (ext / "package-lock.json").read_text().splitlines()
+    got = (tmp_path / "package-lock.json").read_text().splitlines()
+    diff = "\n".join(difflib.unified_diff(want, got, "committed", "npm's", n=1, lineterm=""))
+    assert got == want, (f"npm rewrites labextension/package-lock.json (run `npm install` in "
+                         f"labextension/ and commit the lockfile):\n{diff[:3000]}")
+
+
+def test_install_and_tests_leave_the_tree_clean(request: pytest.FixtureRequest) -> None:
+    """Runs after every other test (conftest): `git status` is what it was when the session
+    started, so no test wrote into the checkout; under CI (a fresh clone after `make
+    install`) it was clean from the start, so installing wrote nothing either."""
+    from conftest import TREE_AT_START, git_status
+
+    start, now = request.config.stash[TREE_AT_START], git_status()
+    if start is None or now is None:
+        pytest.skip("not a git checkout (or git is missing)")
+    assert now == start, f"the tests changed the checkout:\nbefore:\n{start}\nafter:\n{now}"
+    if _under_ci():
+        assert start == "", f"`make install` left the fresh clone changed:\n{start}"
+
+
+def test_test_fast_leaves_out_exactly_the_heavy_markers() -> None:
+    """`make test-fast`'s selection, pyproject's registered markers and the README's table
+    name the same heavy markers (a marker added to one and not the others would make the
+    fast subset run heavy tests, or select nothing)."""
+    import tomllib
+
+    from conftest import HEAVY_MARKERS
+
+    fast = re.search(r"^FAST_TESTS := not \((.*)\)$", (REPO / "Makefile").read_text(), re.M)
+    assert fast is not None, "the Makefile has no FAST_TESTS selection"
+    assert fast.group(1).split(" or ") == list(HEAVY_MARKERS)
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]
+    registered = [m.split(":")[0] for m in config["ini_options"]["markers"]]
+    assert registered == [*HEAVY_MARKERS, "gpu"]
+    assert "--strict-markers" in config["ini_options"]["addopts"]
+    readme = (REPO / "README.md").read_text()
+    assert all(f"| `{m}` |" in readme for m in registered)
+    assert f'-m "not ({" or ".join(HEAVY_MARKERS)})"' in readme

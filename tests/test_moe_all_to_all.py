@@ -19,6 +19,7 @@ from workbench.planning.hlo import parse_collectives
 from workbench.topology import tpu_compiler_available
 
 pytestmark = [
+    pytest.mark.tpu,                 # every test compiles for an abstract TPU slice
     pytest.mark.usefixtures("wb_cache"),
     pytest.mark.skipif(not tpu_compiler_available(),
                        reason="the TPU compiler (libtpu) is not installed"),

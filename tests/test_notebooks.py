@@ -31,10 +31,13 @@ SECOND_RUN_SAYS = {
 }
 
 
-def kernel_env() -> dict[str, str]:
+def kernel_env(cache: pathlib.Path) -> dict[str, str]:
     """The environment of a fresh kernel: no simulated-device flag, so each notebook must set
-    up its own devices with wb.simulate_devices(8) like a learner's kernel."""
+    up its own devices with wb.simulate_devices(8) like a learner's kernel. ``cache`` is the
+    session's ``WORKBENCH_CACHE``: what one run compiled for a TPU slice (a plan) the next
+    reads back, as a learner's second run does from ``~/.cache/workbench``."""
     env = dict(os.environ)
+    env["WORKBENCH_CACHE"] = str(cache)
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
     env["XLA_FLAGS"] = flags.strip()
     env["JAX_PLATFORMS"] = "cpu"
@@ -43,20 +46,67 @@ def kernel_env() -> dict[str, str]:
     return env
 
 
-#: Notebooks whose first run compiles large models with the TPU compiler (one 70B compile
-#: per cell, a minute or two each on 2 cores; their second run reads the plan cache):
-#: seconds per cell and for both runs together.
-TPU_COMPILING = {"08_plan_for_a_pod": (600, 2400)}
+#: Seconds a cell may take, and both runs of a notebook together. A hung cell fails fast.
+CELL_S, NOTEBOOK_S = 240, 600
+#: Notebooks that compile for an abstract TPU slice (the plans land in the session's
+#: WORKBENCH_CACHE; their second run reads them back).
+TPU = {"07_teaching_on_tpu_vms", "08_plan_for_a_pod", "11_experts_and_long_sequences"}
+#: What the test runs smaller than the notebook, and why: (text, replacement), each found
+#: exactly once in the code cells. The checks stay the same (every cell of both runs runs,
+#: no error or traceback). 08 compiles Llama-2-70B steps for v5p slices with the TPU
+#: compiler, one per cell, seven on its first run: the first alone had not finished after
+#: 600 s (122 s of CPU) at load average 15 on this 2-core machine, so as published 08 is
+#: most of the suite's time. The test compiles Llama-2-7B instead (vocabulary, head size,
+#: scanned layers and every call the same; ~27 s per compile idle, BENCHMARKS.md
+#: bench_plan): the same TPU-compiled plans, search, plan cache and MaxText path. The 70B
+#: plans themselves are `make bench`'s (bench_reference, BENCHMARKS.md);
+#: WORKBENCH_NOTEBOOKS_AS_PUBLISHED=1 runs the notebooks exactly as published.
+SMALLER = {"08_plan_for_a_pod": [('GPTConfig.preset("70b")', 'GPTConfig.preset("7b")')]}
+#: Seconds for each cell and both runs together of a TPU-compiling notebook: its compiles
+#: (~30 s each idle, as shrunk) grow with the machine's load, so one limit for the whole
+#: notebook, not a tighter one per cell, which only fails a loaded machine sooner; a hung
+#: cell is still stopped by it. As published (seven 70B compiles) it gets three times more.
+AS_PUBLISHED = os.environ.get("WORKBENCH_NOTEBOOKS_AS_PUBLISHED", "") not in ("", "0")
+HEAVY_S = {"08_plan_for_a_pod": 5400 if AS_PUBLISHED else 1800}
 
 
-def run_notebook(path: pathlib.Path, cwd: pathlib.Path) -> tuple[nbformat.NotebookNode, float]:
+def _marks(stem: str) -> list[pytest.MarkDecorator]:
+    marks = [pytest.mark.timeout(HEAVY_S.get(stem, NOTEBOOK_S))]
+    if stem in TPU:
+        marks.append(pytest.mark.tpu)
+    if stem in HEAVY_S:
+        marks.append(pytest.mark.slow)
+    return marks
+
+
+def run_notebook(path: pathlib.Path, cwd: pathlib.Path,
+                 cache: pathlib.Path) -> tuple[nbformat.NotebookNode, float]:
     nb = nbformat.read(path, as_version=4)
-    cell_timeout = TPU_COMPILING.get(path.stem, (240, 0))[0]
-    client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
+    for text, smaller in ([] if AS_PUBLISHED else SMALLER.get(path.stem, [])):
+        cells = [c for c in nb.cells if c.cell_type == "code" and text in c.source]
+        assert len(cells) == 1 and cells[0].source.count(text) == 1, \
+            f"{path.stem}: {text!r} is no longer in exactly one code cell; update SMALLER"
+        cells[0].source = cells[0].source.replace(text, smaller)
+    client = NotebookClient(nb, timeout=HEAVY_S.get(path.stem, CELL_S), kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}})
     t0 = time.perf_counter()
-    client.execute(env=kernel_env(), cwd=str(cwd))
+    client.execute(env=kernel_env(cache), cwd=str(cwd))
     return nb, time.perf_counter() - t0
+
+
+def _slowest_cells(nb: nbformat.NotebookNode, n: int = 3) -> str:
+    """The ``n`` slowest code cells as "cell i: s" (nbclient's timing metadata)."""
+    from datetime import datetime
+
+    took = []
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        t = cell.metadata.get("execution", {})
+        start, end = t.get("iopub.execute_input"), t.get("shell.execute_reply")
+        if start and end:
+            seconds = (datetime.fromisoformat(end.replace("Z", "+00:00"))
+                       - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+            took.append((seconds, i))
+    return ", ".join(f"cell {i}: {s:.0f} s" for s, i in sorted(took, reverse=True)[:n])
 
 
 def test_every_notebook_is_there_and_built_from_its_source():
@@ -76,17 +126,23 @@ def test_notebook_is_stripped_and_simulates_devices_first(path):
         or "import jax" not in code[0].source
 
 
-@pytest.mark.slow
+@pytest.mark.notebook
 @pytest.mark.parametrize("path", [
-    pytest.param(p, id=p.stem,
-                 marks=pytest.mark.timeout(TPU_COMPILING.get(p.stem, (0, 600))[1]))
-    for p in NOTEBOOKS])
-def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path):
+    pytest.param(p, id=p.stem, marks=_marks(p.stem)) for p in NOTEBOOKS])
+def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path, cache_dir):
     """A learner runs the notebook, then runs it again from the top in the same folder:
     both runs finish without an error, whatever the first left behind (run directories,
-    checkpoints, config files)."""
+    checkpoints, config files, the plans and compiled steps in the cache). A first run that
+    left nothing, neither in the folder nor in the cache, leaves the second nothing to trip
+    over: it would repeat the first in a fresh kernel, so it is not run."""
+    cached = _files(cache_dir)
     for attempt in ("first run", "second run in the same folder"):
-        nb, seconds = run_notebook(path, tmp_path)
+        if attempt != "first run" and not any(tmp_path.iterdir()) \
+                and _files(cache_dir) == cached:
+            assert SECOND_RUN_SAYS.get(path.stem) is None, f"{path.stem} left nothing behind"
+            print(f"{path.stem}: the first run left nothing behind; no second run")
+            return
+        nb, seconds = run_notebook(path, tmp_path, cache_dir)
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
                   if o.output_type == "error"]
         assert not errors, f"{path.stem}, {attempt}: {errors[0].get('ename')}: " \
@@ -95,9 +151,14 @@ def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path
         assert "Traceback" not in text, f"{path.stem}, {attempt}"
         time.sleep(0.5)
         assert not _processes_in(tmp_path), f"{path.stem} left processes running ({attempt})"
-        print(f"{path.stem}, {attempt}: {seconds:.1f} s")
+        print(f"{path.stem}, {attempt}: {seconds:.1f} s ({_slowest_cells(nb)})")
     said = SECOND_RUN_SAYS.get(path.stem)
     assert said is None or said in text, f"{path.stem}'s second run does not say {said!r}"
+
+
+def _files(root: pathlib.Path) -> set[str]:
+    """Every file under ``root``, relative (an absent root has none)."""
+    return {str(f.relative_to(root)) for f in root.rglob("*") if f.is_file()}
 
 
 def _text(output: nbformat.NotebookNode) -> str:

@@ -5,12 +5,7 @@ and bad input.
 References: the scanned model without a pipeline (itself checked against the unrolled
 model in test_scan_layers), a hand count of each schedule, and the compiled HLO.
 """
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -24,9 +19,11 @@ from workbench.models import GPT, GPTConfig
 from workbench.models.pipeline import Pipeline, activate
 from workbench.planning.schedule import in_flight, schedule_bubble, timeline
 
+from _tolerance import assert_close_at_scale
+
 pytestmark = pytest.mark.usefixtures("wb_cache")
 
-N = 16        # steps of the pipelined run (long enough to be killed mid-run)
+N = 16        # steps of the pipelined run
 EXTRA = 3     # steps after it on another mesh, and again back
 MODEL = {"n_layers": 8, "scan_layers": True}
 COMMON = dict(model="tiny", model_overrides=MODEL, batch=8, seq=32, checkpoint_every=3,
@@ -56,9 +53,10 @@ def test_pipelined_model_is_the_scanned_model(pipe, stages):
     ref_logits, ref_grads = jax.jit(logits_and_grads)(params)
     with activate(pipe, stages):   # active while jit traces
         logits, grads = jax.jit(logits_and_grads)(params)
-    np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    # micro-batched matmuls sum in another order: each tensor at its own scale
+    assert_close_at_scale(logits, ref_logits, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+        assert_close_at_scale(a, b, rtol=1e-4)
 
 
 # ------------------------------------------------------------------ schedules
@@ -156,16 +154,14 @@ def test_plan_reports_bubble_stage_memory_and_the_compiled_permutes():
 
 # ------------------------------------------------------------------ training
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, cache_dir):
-    os.environ["WORKBENCH_CACHE"] = str(cache_dir)
+def reference(tmp_path_factory):
     tr = wb.Trainer(REF, run_dir=tmp_path_factory.mktemp("ref") / "run", progress=None)
     tr.run()
     return tr.losses
 
 
 @pytest.fixture(scope="module")
-def pipelined(tmp_path_factory, cache_dir):
-    os.environ["WORKBENCH_CACHE"] = str(cache_dir)
+def pipelined(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("pipe") / "run"
     tr = wb.Trainer(PIPE, run_dir=run_dir, progress=None)
     tr.run()
@@ -191,35 +187,17 @@ def test_stage_fsdp_tp_circular_training_has_the_unpipelined_losses(reference, t
     np.testing.assert_allclose(tr.losses, reference[:4], rtol=1e-5)
 
 
-CHILD = """
-import json, sys
-import workbench as wb
-cfg = wb.TrainConfig.from_json(sys.argv[1])
-trainer = wb.Trainer(cfg, run_dir=sys.argv[2], progress=None)
-result = trainer.run()
-print(json.dumps({"status": result.status, "step": result.step}), flush=True)
-"""
-
-
-def test_sigkill_then_resume_is_bitwise(pipelined, tmp_path):
-    """A pipelined run killed for real continues to the same losses, bitwise."""
+def test_a_new_trainer_resumes_a_pipelined_run_bitwise(pipelined, tmp_path):
+    """Stopped at step 6 and continued to N by a new Trainer: the stage-sharded state and
+    the data position restore exactly, so the losses are the uninterrupted run's, bitwise.
+    (A writer killed mid-step is test_resume's: checkpoints do not depend on the model.)"""
     _, want = pipelined
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, PIPE.to_json(), str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ckpts, t_end = run_dir / "checkpoints", time.monotonic() + 300
-    while time.monotonic() < t_end:
-        assert proc.poll() is None, proc.stderr.read()[-2000:]
-        done = (run_dir / runs.METRICS).exists() and len(runs.read_metrics(run_dir)) >= 7
-        if done and ckpts.exists() and any(p.name.isdigit() for p in ckpts.iterdir()):
-            break
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
-    assert len(runs.read_metrics(run_dir)) < N                  # killed mid-run
+    first = wb.Trainer(PIPE, run_dir=run_dir, progress=None)
+    first.run(steps=6)
+    first.close()
     tr = wb.Trainer(PIPE, run_dir=run_dir, progress=None)
-    assert 3 <= tr.step < N
+    assert tr.step == 6
     tr.run()
     assert tr.losses == want
 
@@ -242,6 +220,7 @@ def test_restore_onto_a_mesh_without_pipelining_and_back(reference, pipelined, t
     np.testing.assert_allclose(tr.losses, reference, rtol=1e-5)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_launch_two_processes_by_four_devices(pipelined, tmp_path):
     """wb.launch: 2 processes x 4 devices, data=2 x stage=4 (each process holds the 4

@@ -17,6 +17,8 @@ import pytest
 import workbench as wb
 from workbench import runs
 
+pytestmark = pytest.mark.multiprocess   # each test kills a training child process
+
 N = 40
 CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8},
                      rules="fsdp", batch=8, seq=32, steps=N, checkpoint_every=3,
@@ -35,8 +37,7 @@ print(json.dumps({"status": result.status, "step": result.step}), flush=True)
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, cache_dir):
-    os.environ["WORKBENCH_CACHE"] = str(cache_dir)
+def reference(tmp_path_factory):
     tr = wb.Trainer(CFG, run_dir=tmp_path_factory.mktemp("ref") / "run", progress=None)
     tr.run()
     assert len(tr.losses) == N

@@ -18,7 +18,7 @@ import pytest
 import workbench as wb
 from workbench import runs
 from workbench.jobs import EXIT_STOPPED, JobRunningError, RunLock
-from workbench.jobs.lock import LAUNCHED_ENV, RunDirNotWritable
+from workbench.run_lock import LAUNCHED_ENV, RunDirNotWritable
 from workbench.train.sinks import Sink
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
@@ -64,6 +64,7 @@ class _Interrupt(_Gate):
 
 
 # ----------------------------------------------------------------------------- two writers
+@pytest.mark.multiprocess
 def test_a_cli_run_refuses_an_api_trainer_with_who_holds_it(tmp_path):
     """A running `python -m workbench train` holds the run directory: a notebook Trainer on
     it is refused (pid, host, since when, how to proceed); after SIGTERM it continues."""
@@ -258,3 +259,25 @@ def test_a_read_only_run_directory_is_a_clear_error(tmp_path, existing):
     assert sorted(p.name for p in run_dir.iterdir()) == before
     if existing:
         shutil.rmtree(run_dir)
+
+
+def test_train_takes_the_lock_from_the_runs_layer_not_from_jobs():
+    """train/ and jobs/ do not import each other both ways: the lock is in run_lock.py
+    (beside runs.py), so no module of train/ imports jobs/, not even lazily."""
+    import ast
+    import pathlib
+
+    import workbench.train
+
+    folder = pathlib.Path(workbench.train.__file__).parent
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [(path.name, n) for n in names if n.startswith("workbench.jobs")]
+    assert not found, found
+    from workbench.run_lock import RunLock
+    from workbench.train import trainer
+
+    assert trainer.RunLock is RunLock

@@ -229,7 +229,7 @@ def test_pid_alive_on_this_host() -> None:
 
 
 def test_one_pid_check_for_runs_and_job_locks(tmp_path: Path) -> None:
-    from workbench.jobs import lock
+    from workbench import run_lock as lock
 
     assert lock.pid_alive is runs.pid_alive
     w = runs.RunWriter(tmp_path / "r", config={})

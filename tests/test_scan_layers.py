@@ -12,6 +12,8 @@ from workbench.models.gpt import stack_blocks, unstack_blocks
 from workbench.rules import Rules
 from workbench.step import abstract_model, lm_loss
 
+from _tolerance import assert_close_at_scale, assert_trees_close_at_scale
+
 CFG = GPTConfig(vocab_size=32, d_model=16, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
                 d_ff=32, seq_len=8)
 
@@ -68,9 +70,9 @@ def test_same_logits_loss_and_gradients(remat):
 
     logits0, loss0, grads0 = jax.jit(run, static_argnums=0)(g_unrolled, params)
     logits1, loss1, grads1 = jax.jit(run, static_argnums=0)(g_scanned, stack_blocks(params))
-    np.testing.assert_allclose(np.asarray(logits1), np.asarray(logits0), rtol=1e-5, atol=1e-5)
+    assert_close_at_scale(logits1, logits0, rtol=1e-5)   # scan reorders nothing but fusions
     np.testing.assert_allclose(float(loss1), float(loss0), rtol=1e-6)
-    assert_trees_close(unstack_blocks(grads1), grads0, rtol=1e-5, atol=1e-6)
+    assert_trees_close_at_scale(unstack_blocks(grads1), grads0, rtol=1e-5)
 
 
 def test_scan_applies_remat_per_block_and_jaxpr_flops_match():

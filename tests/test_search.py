@@ -114,6 +114,7 @@ def test_pareto_is_exactly_the_non_dominated_rows(which, request):
     assert result.best_row["id"] in want  # the fastest is never dominated
 
 
+@pytest.mark.tpu
 @pytest.mark.skipif(not tpu_compiler_available(), reason="the TPU compiler is not installed")
 @pytest.mark.usefixtures("wb_cache")
 def test_exact_pass_reranks_by_the_compiled_plans():
@@ -274,3 +275,24 @@ def test_widget_renders_every_row_and_filters(res, tmp_path):
     assert shown["rows"][0][1] == "★ best" and shown["handlers_left"] == 0
     pareto = run(str(tmp_path / "actions.json"))
     assert sorted(r[2] for r in pareto["rows"]) == sorted(r["layout"] for r in res.pareto)
+
+
+def test_rows_are_typed_and_read_as_dicts(res):
+    """Each row is a ``SearchRow`` with the ``ROW_KEYS``; it reads (and is filled) as a dict,
+    so tables, the widget and JSON take it; the options the search ran with are one typed
+    ``SearchOptions`` whose checks are wb.search's."""
+    from workbench.planning.search import SearchOptions, SearchRow
+    from workbench.planning.search_result import ROW_KEYS
+
+    for r in res.rows:
+        assert isinstance(r, SearchRow) and set(r) == set(ROW_KEYS) and len(r) == len(ROW_KEYS)
+        assert r["step_seconds"] == r.step_seconds and dict(r) == r.to_dict()
+    json.dumps(res.to_dict())
+    row = res.rows[0]
+    with pytest.raises(KeyError, match="not a search row key"):
+        row["colour"] = "blue"
+    with pytest.raises(ValueError, match="top_k must be an int >= 0"):
+        SearchOptions(top_k=-1).check(BATCH, gpt=True)
+    with pytest.raises(ValueError, match="not divisible by microbatches=3"):
+        SearchOptions(microbatches=(3,)).check(BATCH, gpt=True)
+    SearchOptions().check(BATCH, gpt=True)

@@ -18,6 +18,7 @@ from workbench.topology import topology_name, tpu_compiler_available, tpu_device
 needs_libtpu = pytest.mark.skipif(
     not tpu_compiler_available(),
     reason="the TPU compiler (libtpu) is not installed: pip install 'workbench[tpu-compile]'")
+pytestmark = pytest.mark.tpu   # libtpu: TPU topologies, lowered and compiled for
 
 
 def _step(w1, w2, x):
@@ -139,8 +140,9 @@ def test_without_libtpu_plans_fall_back_with_a_reason():
 
 @needs_libtpu
 def test_libtpu_stays_quiet_on_a_host_without_tpus():
-    """jax.devices() after importing workbench.hardware, and a TPU topology: no noise."""
-    code = ("import workbench.hardware, jax; print(jax.devices()[0].platform)\n"
+    """wb.devices() (which keeps libtpu quiet, explicitly: importing changes nothing), then
+    jax.devices() and a TPU topology: no noise."""
+    code = ("import workbench as wb, jax; wb.devices(); print(jax.devices()[0].platform)\n"
             "from workbench.topology import tpu_devices; print(len(tpu_devices('v5e-4')))")
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -29,6 +29,7 @@ from workbench.step import model_factory
 from workbench.topology import tpu_compiler_available
 
 pytestmark = [
+    pytest.mark.tpu,                 # every test compiles for an abstract TPU slice
     pytest.mark.usefixtures("wb_cache"),
     pytest.mark.skipif(not tpu_compiler_available(),
                        reason="the TPU compiler (libtpu) is not installed: "
@@ -143,7 +144,7 @@ def test_missing_tpu_compiler_falls_back_and_says_so_once(monkeypatch, capsys):
     import workbench.topology as topology
 
     monkeypatch.setattr(topology, "tpu_compiler_available", lambda: False)
-    monkeypatch.setattr("workbench.planning.planner._SAID", set())
+    monkeypatch.setattr("workbench.planning.measure._SAID", set())
     mesh = wb.abstract_mesh("v5p-8", **AXES)
     first = wb.plan(TINY, mesh=mesh, rules="fsdp", batch=8, seq=32)
     second = wb.plan(TINY, mesh=mesh, rules="tp", batch=8, seq=32)
@@ -161,6 +162,7 @@ def test_same_plan_again_is_served_from_the_cache(tpu_plan):
     assert again.memory == tpu_plan.memory
 
 
+@pytest.mark.multiprocess
 def test_plan_cache_on_disk_serves_a_new_process(tmp_path, wb_cache):
     """A second process gets the plan from the disk cache, equal to a fresh compile; a
     corrupt entry is recompiled and replaced, never fatal."""
@@ -204,7 +206,7 @@ def test_ctrl_c_while_compiling_returns_at_once_and_the_compile_is_kept():
         return real(*args, **{**kwargs, "status": status})
 
     plan_compile.clear_cache()
-    from workbench.planning import planner
+    from workbench.planning import measure as planner
     planner.compile_lowered = with_interrupt
     try:
         with pytest.raises(KeyboardInterrupt):

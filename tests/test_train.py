@@ -27,6 +27,8 @@ from workbench.step import (
 )
 from workbench.train.setup import RunConfigMismatch
 
+from _tolerance import assert_close_at_scale
+
 CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8},
                      rules="fsdp", batch=8, seq=32, steps=6, checkpoint_every=2,
                      data="synthetic", optimizer=wb.train.AdamW(lr=1e-2, warmup_steps=2))
@@ -41,9 +43,8 @@ def trainer(run_dir, cfg=CFG, **kw):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, cache_dir):
+def reference(tmp_path_factory):
     """An uninterrupted run of CFG (6 steps) and its run directory."""
-    os.environ["WORKBENCH_CACHE"] = str(cache_dir)
     run_dir = tmp_path_factory.mktemp("ref") / "run"
     tr = trainer(run_dir)
     tr.run()
@@ -361,6 +362,7 @@ def test_panel_js_draws_history_and_live_rows(tmp_path):
     assert rep["left"] == 0                                                 # handlers removed
 
 
+@pytest.mark.notebook
 def test_notebook_cell_shows_one_live_panel(reference, tmp_path):
     """A real kernel runs the cell: one widget output, no flood of text."""
     import nbformat
@@ -421,6 +423,6 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     np.testing.assert_allclose(a.losses, b.losses, rtol=1e-5)
     for x, y in zip(jax.tree.leaves(a.state.params), jax.tree.leaves(b.state.params),
                     strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
+        assert_close_at_scale(x, y, rtol=1e-4)   # after Adam: at each tensor's scale
     assert runs.read_metrics(a.run_dir)[0]["tokens_per_s"] == pytest.approx(
         16 * 32 / runs.read_metrics(a.run_dir)[0]["step_time"])

@@ -6,7 +6,7 @@ import json
 import pathlib
 
 import pytest
-from jupyterlab_harness import chromium, require_chromium, run_notebook, screenshot, start_lab
+from jupyterlab_harness import run_notebook, screenshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -59,18 +59,18 @@ def _notebook(path: pathlib.Path) -> None:
     path.write_text(json.dumps(nb))
 
 
-def test_widgets_render_in_jupyterlab(tmp_path):
-    require_chromium()
-    nb = tmp_path / "widgets.ipynb"
+def test_widgets_render_in_jupyterlab(lab, browser):
+    nb = lab.root_dir / "widgets.ipynb"
     _notebook(nb)
-    with start_lab(tmp_path) as lab, chromium() as browser:
-        page = browser.new_page(viewport={"width": 1280, "height": 1600})
-        try:
-            run_notebook(page, lab, nb, timeout=150)
-            _check_widgets(page)
-        except Exception:
-            screenshot(page, "widgets-failure")
-            raise
+    page = browser.new_page(viewport={"width": 1280, "height": 1600})
+    try:
+        run_notebook(page, lab, nb, timeout=150)
+        _check_widgets(page)
+    except Exception:
+        screenshot(page, "widgets-failure")
+        raise
+    finally:
+        page.close()
 
 
 def _check_widgets(page) -> None:

@@ -34,6 +34,9 @@ from jax.extend import core as jax_core
 
 from workbench.models.config import REMAT_POLICIES, GPTConfig
 
+__all__ = ["FlopCount", "compiled_cost", "compiled_flops", "dot_flops", "gpt_flops",
+           "jaxpr_step_flops", "mfu", "remat_recompute"]
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FlopCount:

@@ -14,7 +14,8 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from workbench._display import Displayable
 from workbench._validate import check_int
-from workbench.hardware import HardwareSpec, hardware_spec, peak_flops
+from workbench.hardware import (HardwareSpec, catalogue, generation, hardware_presets,
+                                hardware_spec, peak_flops, quiet_libtpu)
 
 __all__ = ["HARDWARE_PRESETS", "MeshInfo", "abstract_mesh", "make_mesh", "mesh_info"]
 
@@ -102,6 +103,8 @@ def make_mesh(
     if axes is not None and named:
         raise ValueError("give the axes either as a dict or as keywords, not both")
     spec = dict(axes if axes is not None else named)
+    if devices is None:
+        quiet_libtpu()
     devs = _check_devices(devices) if devices is not None else jax.devices()
     types = _axis_types(axis_types, len(spec))
     if dcn:
@@ -306,61 +309,42 @@ def _concrete_info(m: Mesh) -> MeshInfo:
 # Hardware presets: plan for a pod on a laptop
 # ---------------------------------------------------------------------------
 
-# TPU slice name -> (device kind, number of JAX devices, physical chip topology).
-# In "v4-32" / "v5p-256" / "v2-8" / "v3-8" the number counts TensorCores (2 per chip);
-# in "v5e-16" / "v6e-256" it counts chips. Topologies follow Google's slice tables.
-_TPU_TOPOLOGIES = {
-    "v2-8": (2, 2, 1), "v3-8": (2, 2, 1), "v3-32": (4, 4, 1),
-    "v4-8": (2, 2, 1), "v4-16": (2, 2, 2), "v4-32": (2, 2, 4), "v4-64": (2, 4, 4),
-    "v4-128": (4, 4, 4), "v4-256": (4, 4, 8), "v4-512": (4, 8, 8), "v4-1024": (8, 8, 8),
-    "v4-2048": (8, 8, 16), "v4-4096": (8, 16, 16),
-    "v5p-8": (2, 2, 1), "v5p-16": (2, 2, 2), "v5p-32": (2, 2, 4), "v5p-64": (2, 4, 4),
-    "v5p-128": (4, 4, 4), "v5p-256": (4, 4, 8), "v5p-512": (4, 8, 8), "v5p-1024": (8, 8, 8),
-    "v5p-2048": (8, 8, 16), "v5p-4096": (8, 16, 16), "v5p-8192": (16, 16, 16),
-    "v5e-1": (1, 1, 1), "v5e-4": (2, 2, 1), "v5e-8": (2, 4, 1), "v5e-16": (4, 4, 1),
-    "v5e-32": (4, 8, 1), "v5e-64": (8, 8, 1), "v5e-128": (8, 16, 1), "v5e-256": (16, 16, 1),
-    "v6e-1": (1, 1, 1), "v6e-4": (2, 2, 1), "v6e-8": (2, 4, 1), "v6e-16": (4, 4, 1),
-    "v6e-32": (4, 8, 1), "v6e-64": (8, 8, 1), "v6e-128": (8, 16, 1), "v6e-256": (16, 16, 1),
-}
-_GPU_KINDS = {"A100": "NVIDIA A100-SXM4-80GB", "H100": "NVIDIA H100 80GB HBM3",
-              "H200": "NVIDIA H200", "B200": "NVIDIA B200"}
-HARDWARE_PRESETS: tuple[str, ...] = tuple(_TPU_TOPOLOGIES) + tuple(
-    f"{h}x8x{g}" if h > 1 else f"8x{g}" for g in _GPU_KINDS for h in (1, 2, 4))
+def __getattr__(name: str) -> Any:
+    if name == "HARDWARE_PRESETS":   # read from the catalogue now (it may have grown)
+        return hardware_presets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _preset(name: str) -> tuple[HardwareSpec, str, np.ndarray, np.ndarray]:
-    """(spec, device_kind, coords (n, 3), process index (n,)) for a hardware preset."""
+    """(spec, device_kind, coords (n, 3), process index (n,)) for a hardware preset of
+    the catalogue (``workbench.hardware.GENERATIONS``)."""
     key = name.strip()
-    if key in _TPU_TOPOLOGIES:
-        gen = key.split("-")[0]
-        kind = {"v2": "TPU v2", "v3": "TPU v3", "v4": "TPU v4", "v5p": "TPU v5p",
-                "v5e": "TPU v5 lite", "v6e": "TPU v6 lite"}[gen]
-        spec = hardware_spec(kind)
-        assert spec is not None
-        topo = _TPU_TOPOLOGIES[key]
+    gen = generation(key)
+    if gen is not None and key in gen.slices:
+        spec = gen.spec
+        topo = gen.slices[key]
         # chips in x-fastest order; TPU v2/v3 expose 2 cores (devices) per chip.
         chips = np.array([(x, y, z) for z in range(topo[2]) for y in range(topo[1])
                           for x in range(topo[0])], dtype=np.int64)
         coords = np.repeat(chips, spec.cores_per_chip, axis=0)
         n_chips = len(chips)
-        # v5e/v6e slices of up to 8 chips are single-host VMs (ct5lp/ct6e-...-8t);
-        # larger ones, like every other generation, attach chips_per_host chips per host.
-        per_host = n_chips if gen in ("v5e", "v6e") and n_chips <= 8 else spec.chips_per_host
+        # small v5e/v6e slices are single-host VMs (ct5lp/ct6e-...-8t); larger ones, like
+        # every other generation, attach chips_per_host chips per host.
+        per_host = n_chips if n_chips <= gen.single_host_chips else spec.chips_per_host
         host = np.arange(n_chips) // min(per_host, n_chips)
-        return spec, kind, coords, np.repeat(host, spec.cores_per_chip)
-    m = re.fullmatch(r"(?:(\d+)x)?(\d+)x(A100|H100|H200|B200)", key, flags=re.IGNORECASE)
-    if m:
-        hosts, per_host, gpu = int(m.group(1) or 1), int(m.group(2)), m.group(3).upper()
-        kind = _GPU_KINDS[gpu]
-        spec = hardware_spec(kind)
-        assert spec is not None
+        return spec, gen.device_kind, coords, np.repeat(host, spec.cores_per_chip)
+    servers = [g for g in catalogue.GENERATIONS if g.servers]
+    m = re.fullmatch(r"(?:(\d+)x)?(\d+)x(.+)", key, flags=re.IGNORECASE)
+    if m and gen is not None and gen.servers:
+        hosts, per_host = int(m.group(1) or 1), int(m.group(2))
         n = hosts * per_host
         coords = np.stack([np.arange(n) % per_host, np.arange(n) // per_host,
                            np.zeros(n, np.int64)], axis=1)
-        return spec, kind, coords, np.arange(n) // per_host
+        return gen.spec, gen.device_kind, coords, np.arange(n) // per_host
     raise ValueError(
-        f"unknown hardware preset {name!r}; known TPU slices: {', '.join(_TPU_TOPOLOGIES)}; "
-        "GPU servers as '8xH100' or '2x8xH100' (A100, H100, H200, B200)")
+        f"unknown hardware preset {name!r}; known TPU slices: "
+        f"{', '.join(p for g in catalogue.GENERATIONS for p in g.slices)}; GPU servers as "
+        f"'8xH100' or '2x8xH100' ({', '.join(g.name for g in servers)})")
 
 
 def abstract_mesh(hardware: str | None = None, /, *, dcn: Mapping[str, int] | None = None,

@@ -26,6 +26,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench import tracing
 
+__all__ = ["CONTEXT_AXIS_NAMES", "DATA_AXIS_NAMES", "EXPERT_AXIS_NAMES", "LOGICAL_AXES",
+           "MODEL_AXIS_NAMES", "PENZAI_AXES", "PRESETS", "STAGE_AXIS", "Rules",
+           "constrain", "penzai_rules"]
+
 #: The logical axis names used by :mod:`workbench.models` ("layers": the leading axis of
 #: scanned blocks' stacked parameters, replicated by every preset since the scan walks it).
 LOGICAL_AXES: tuple[str, ...] = (
@@ -182,6 +186,21 @@ class Rules(Mapping[str, MeshAxes]):
                 f"{known}. Add {logical}=<mesh axis> to Rules, or {logical}=None to replicate "
                 f"it on purpose")
         return self._rules[logical]
+
+    def axes(self, logical: str | None, mesh: Any = None) -> tuple[str, ...]:
+        """Mesh axes of one logical name, empty when it is None or has no rule (unlike
+        ``mesh_axes``, which raises). With ``mesh`` (a mesh, ``MeshInfo`` or ``{axis:
+        size}``), only the axes that split it: those of size > 1.
+
+        Example:
+            >>> Rules(batch=("data", "fsdp")).axes("batch", {"data": 4, "fsdp": 1})
+            ('data',)
+        """
+        axes = self._rules.get(logical, ()) if logical is not None else ()
+        if mesh is None:
+            return axes
+        shape = mesh if isinstance(mesh, Mapping) else dict(mesh.shape)
+        return tuple(a for a in axes if shape.get(a, 1) > 1)
 
     def spec(self, logical_axes: Sequence[str | None], *, tensor: str = "tensor",
              strict: bool = True) -> PartitionSpec:

@@ -25,16 +25,16 @@ from typing import Any, Iterator
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from workbench.hardware import _tpu_chips_attached, libtpu_installed
-from workbench.mesh import _TPU_TOPOLOGIES, MeshInfo, mesh_info
+from workbench.hardware import catalogue, generation, libtpu_installed, quiet_libtpu
+from workbench.hardware.libtpu import tpu_chips_attached
+from workbench.mesh import MeshInfo, mesh_info
 
 __all__ = ["TpuTarget", "topology_name", "tpu_compiler_available", "tpu_devices", "tpu_mesh",
            "tpu_target"]
 
-# Our preset generation -> the name libtpu gives that TPU ("v5e:4x4"); v2/v3 slices have
-# two TensorCores per chip and the compile-only topology shows each as a device; v4 is
-# asked for in megacore mode (one device per chip, as JAX runs it on a v4 VM).
-_GENERATIONS = {"v2": "v2", "v3": "v3", "v4": "v4", "v5p": "v5p", "v5e": "v5e", "v6e": "v6e"}
+# libtpu's names for our presets come from the catalogue (``Generation.libtpu``,
+# ``topology_name``, ``libtpu_options``); v2/v3 slices have two TensorCores per chip and
+# the compile-only topology shows each as a device.
 _LOCK = threading.Lock()
 
 
@@ -69,15 +69,23 @@ def topology_name(preset: str) -> str:
     key = preset.strip()
     if ":" in key:
         return key
-    if key not in _TPU_TOPOLOGIES:
+    gen = generation(key)
+    if gen is None or gen.libtpu is None or key not in gen.slices:
         raise ValueError(
-            f"unknown TPU topology {preset!r}; use a preset ({', '.join(_TPU_TOPOLOGIES)}) "
+            f"unknown TPU topology {preset!r}; use a preset ({', '.join(_tpu_presets())}) "
             "or a libtpu topology name such as 'v5p:4x4x8', 'v5e:4x4', 'v6e:16x16'")
-    gen = key.split("-")[0]
-    dims = _TPU_TOPOLOGIES[key]
-    if gen in ("v5e", "v6e", "v2", "v3"):
-        dims = dims[:2]
-    return f"{_GENERATIONS[gen]}:{'x'.join(map(str, dims))}"
+    return gen.topology_name(key)
+
+
+def _tpu_presets() -> list[str]:
+    """Every TPU slice preset of the catalogue."""
+    return [p for g in catalogue.GENERATIONS if g.libtpu for p in g.slices]
+
+
+def _libtpu_generation(name: str) -> Any:
+    """The catalogue entry of a libtpu topology name ("v5e:4x4" -> v5e), or None."""
+    gen = name.split(":")[0]
+    return next((g for g in catalogue.GENERATIONS if g.libtpu == gen), None)
 
 
 @contextlib.contextmanager
@@ -97,9 +105,11 @@ def _captured_stderr() -> Iterator[list[str]]:
 
 
 def _chips_per_host(name: str) -> list[int] | None:
-    """Single-chip v5e/v6e slices need a 1x1 host (libtpu's default host is 2x2)."""
-    m = re.fullmatch(r"(v5e|v6e):1x1", name)
-    return [1, 1, 1] if m else None
+    """Single-chip slices of generations with single-host VMs (v5e/v6e) need a 1x1 host
+    (libtpu's default host is 2x2)."""
+    gen = _libtpu_generation(name)
+    one = re.fullmatch(r"[^:]+:1(x1)*", name)
+    return [1, 1, 1] if one and gen is not None and gen.single_host_chips else None
 
 
 @functools.lru_cache(maxsize=32)
@@ -112,10 +122,11 @@ def _topology_devices(name: str, num_slices: int) -> tuple[Any, ...]:
         kwargs["num_slices"] = num_slices
     if (bounds := _chips_per_host(name)) is not None:
         kwargs["chips_per_host_bounds"] = bounds
-    if name.startswith("v4:"):
-        # a v4 chip's two TensorCores run as one JAX device (megacore), as on a real v4 VM;
-        # libtpu's compile-only default shows each core as a device.
-        kwargs["chip_config_name"] = "megacore"
+    gen = _libtpu_generation(name)
+    if gen is not None:
+        # v4: a chip's two TensorCores run as one JAX device (megacore), as on a real v4
+        # VM; libtpu's compile-only default shows each core as a device.
+        kwargs.update(gen.libtpu_options)
     with _LOCK:
         if not (xla_client.pjrt_plugin_loaded("tpu")
                 and xla_client.pjrt_plugin_initialized("tpu")):
@@ -123,7 +134,7 @@ def _topology_devices(name: str, num_slices: int) -> tuple[Any, ...]:
             # not ours to show. Only the first load is captured; errors are raised below.
             # Without chips nothing needs libtpu's one-process-per-host lock (/tmp/
             # libtpu_lockfile), which would stop a second kernel from planning for TPUs.
-            if not _tpu_chips_attached():
+            if not tpu_chips_attached():
                 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
             with _captured_stderr():
                 try:
@@ -159,6 +170,7 @@ def tpu_devices(preset_or_topology: str, num_slices: int = 1) -> list[Any]:
         raise RuntimeError(
             "the TPU compiler (libtpu) is not installed; install it with "
             "pip install 'workbench[tpu-compile]' to compile plans for TPU slices")
+    quiet_libtpu()
     name = topology_name(preset_or_topology)
     if num_slices < 1:
         raise ValueError(f"num_slices must be >= 1, got {num_slices}")
@@ -168,7 +180,7 @@ def tpu_devices(preset_or_topology: str, num_slices: int = 1) -> list[Any]:
         raise ValueError(
             f"libtpu {_libtpu_version()} does not accept the TPU topology {name!r} "
             f"(num_slices={num_slices}): {str(err).splitlines()[0]}. Known presets: "
-            f"{', '.join(_TPU_TOPOLOGIES)}") from err
+            f"{', '.join(_tpu_presets())}") from err
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -206,11 +218,12 @@ def tpu_target(mesh: Any) -> TpuTarget:
     if info.jax_mesh is not None and info.platform == "tpu":
         return TpuTarget(mesh=info.jax_mesh, topology=None, num_slices=info.num_slices,
                          reason="compiled for the TPU devices at hand")
-    if info.hardware is None or info.hardware.split("-")[0] not in _GENERATIONS:
+    gen = generation(info.hardware) if info.hardware is not None else None
+    if gen is None or gen.libtpu is None:
         what = info.hardware or f"{info.platform} devices"
         return TpuTarget(mesh=None, topology=None, num_slices=1,
                          reason=f"not a TPU slice ({what}); TPU presets: "
-                                f"{', '.join(_TPU_TOPOLOGIES)}")
+                                f"{', '.join(_tpu_presets())}")
     name = topology_name(info.hardware)
     if not tpu_compiler_available():
         return TpuTarget(mesh=None, topology=name, num_slices=info.num_slices, reason=(

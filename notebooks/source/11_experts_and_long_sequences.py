@@ -77,7 +77,7 @@ print(wb.Rules.preset("ep", ep_mesh))
 # %%
 import tempfile
 
-from workbench.widgets.expert_load_view import ExpertLoad
+from workbench.widgets import ExpertLoad
 
 moe_dir = tempfile.mkdtemp()
 moe_common = dict(model="moe-tiny", batch=8, seq=64, steps=30, checkpoint_every=30, keep=1,

@@ -16,7 +16,7 @@ Example::
 from workbench.jobs.cluster import DistributedSpec, detect_cluster
 from workbench.jobs.job import Job, ProcessInfo, attach
 from workbench.jobs.local import launch, ping
-from workbench.jobs.lock import JobRunningError, RunLock
+from workbench.run_lock import JobRunningError, RunLock
 from workbench.jobs.worker import EXIT_STOPPED
 
 __all__ = ["EXIT_STOPPED", "DistributedSpec", "Job", "JobRunningError", "ProcessInfo",

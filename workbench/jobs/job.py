@@ -22,7 +22,7 @@ from typing import Any
 
 from workbench._display import Displayable
 from workbench import runs
-from workbench.jobs.lock import RunLock, pid_alive
+from workbench.run_lock import RunLock, pid_alive
 from workbench.jobs.worker import EXIT_STOPPED
 
 __all__ = ["Job", "ProcessInfo", "attach", "exit_file"]

@@ -24,7 +24,7 @@ from typing import Any
 import workbench
 from workbench._validate import check_int
 from workbench.jobs.job import Job, exit_file
-from workbench.jobs.lock import LAUNCHED_ENV, RunLock
+from workbench.run_lock import LAUNCHED_ENV, RunLock
 from workbench.jobs.worker import EXIT_FILE_ENV
 
 __all__ = ["default_platform", "free_port", "launch", "ping"]

@@ -8,6 +8,7 @@ from workbench.models.penzai_adapter import PENZAI_AXES, from_penzai   # penzai:
 __all__ = [
            "GPT",
            "MLP",
+           "PENZAI_AXES",
            "PRESETS",
            "REMAT_POLICIES",
            "Attention",

@@ -219,12 +219,6 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_q: int,
     return jnp.swapaxes(out, 1, 2).astype(q.dtype)
 
 
-def _mesh_axes(rules: Any, logical: str, mesh: Any) -> tuple[str, ...]:
-    if logical not in rules:
-        return ()
-    return tuple(a for a in rules.mesh_axes(logical) if mesh.shape[a] > 1)
-
-
 def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, r: Resolved) -> jax.Array:
     """Splash under the active rules: ``shard_map`` over batch and head axes."""
     fn = functools.partial(splash_attention, block_q=r.block_q, block_kv=r.block_kv,
@@ -233,15 +227,15 @@ def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, r: Resolved) -> ja
     if ctx is None:
         return fn(q, k, v)
     rules, mesh = ctx
-    seq_axes = _mesh_axes(rules, "seq", mesh)
+    seq_axes = rules.axes("seq", mesh)
     if seq_axes:
         raise ValueError(
             f"attention='splash' with the sequence sharded over {seq_axes}: the kernel needs "
             "every key of its queries' sequence on the device; use the context-parallel "
             "attention (workbench.models.context) or rules with seq=None")
-    batch = _mesh_axes(rules, "batch", mesh)
-    heads = _mesh_axes(rules, "heads", mesh)
-    kv_heads = _mesh_axes(rules, "kv_heads", mesh)
+    batch = rules.axes("batch", mesh)
+    heads = rules.axes("heads", mesh)
+    kv_heads = rules.axes("kv_heads", mesh)
     n, kh = q.shape[2], k.shape[2]
     size = lambda axes: math.prod(mesh.shape[a] for a in axes)
     if heads != kv_heads or n % size(heads) or kh % size(kv_heads):

@@ -79,9 +79,7 @@ def layout() -> ContextLayout | None:
     if ctx is None:
         return None
     rules, mesh = ctx
-    if "seq" not in rules:
-        return None
-    axes = tuple(a for a in rules.mesh_axes("seq") if mesh.shape[a] > 1)
+    axes = rules.axes("seq", mesh)
     if not axes:
         return None
     return ContextLayout(axes=axes, size=math.prod(mesh.shape[a] for a in axes),
@@ -189,10 +187,7 @@ def _spec(*dims: tuple[str, ...]) -> PartitionSpec:
 
 
 def _axes(lay: ContextLayout, logical: str) -> tuple[str, ...]:
-    if logical not in lay.rules:
-        return ()
-    return tuple(a for a in lay.rules.mesh_axes(logical)
-                 if lay.mesh.shape[a] > 1 and a not in lay.axes)
+    return tuple(a for a in lay.rules.axes(logical, lay.mesh) if a not in lay.axes)
 
 
 def _reorder(x: jax.Array, *, to_zigzag: bool) -> jax.Array:

@@ -102,13 +102,9 @@ def merge_microbatches(stats: Mapping[str, jax.Array], cfg: GPTConfig) -> dict[s
 
 # -- layout checks -----------------------------------------------------------------------
 
-def _axes(rules: Rules, logical: str) -> tuple[str, ...]:
-    return rules.mesh_axes(logical) if logical in rules else ()
-
-
 def expert_axes(rules: Rules) -> tuple[str, ...]:
     """Mesh axes the ``experts`` logical axis is sharded over (empty: unsharded)."""
-    return _axes(rules, "experts")
+    return rules.axes("experts")
 
 
 def capacity(cfg: GPTConfig, group: int) -> int:
@@ -140,8 +136,8 @@ def check_layout(cfg: GPTConfig, rules: Rules, mesh: Any) -> None:
             f"n_experts={cfg.n_experts} is not divisible by the expert mesh axes {ea} (size "
             f"{n}): each device must hold a whole number of experts. Use an expert axis "
             f"size in {fits}, or n_experts a multiple of {n}")
-    tokens = set(_axes(rules, "batch")) | set(_axes(rules, "seq"))
-    both = sorted(set(_axes(rules, "expert_mlp")) & tokens)
+    tokens = set(rules.axes("batch")) | set(rules.axes("seq"))
+    both = sorted(set(rules.axes("expert_mlp")) & tokens)
     if both:
         raise ValueError(
             f"expert_mlp is sharded over mesh axes {both}, which also shard the tokens "
@@ -360,8 +356,8 @@ def dispatch_combine(cfg: GPTConfig, x: jax.Array, idx: jax.Array, weights: jax.
         return y.reshape(b, t, d), dropped
     rules, mesh = ctx
     check_layout(cfg, rules, mesh)
-    ea, mlp = expert_axes(rules), _axes(rules, "expert_mlp")
-    batch, seq = _axes(rules, "batch"), _axes(rules, "seq")
+    ea, mlp = expert_axes(rules), rules.axes("expert_mlp")
+    batch, seq = rules.axes("batch"), rules.axes("seq")
     spec = lambda axes: None if not axes else axes[0] if len(axes) == 1 else axes
     tok = PartitionSpec(spec(batch), spec(seq), None)
     w_in = PartitionSpec(spec(ea), None, spec(mlp))

@@ -272,7 +272,7 @@ def run_pipeline(run_block: Callable[[Any, jax.Array], tuple[jax.Array, dict[str
     shards = 1
     if ctx is not None:
         sizes = dict(ctx[1].shape)
-        shards = int(np.prod([sizes[a] for a in ctx[0].mesh_axes("batch")], dtype=int))
+        shards = int(np.prod([sizes[a] for a in ctx[0].axes("batch")], dtype=int))
     check_pipeline(pipe, n_layers=n_layers, stages=stages, batch=x.shape[0],
                    batch_shards=shards)
     s_, r_, m_ = stages, pipe.repeats, pipe.microbatches

@@ -191,7 +191,7 @@ def _scores(closed: Any, acts: list[Activation], batch: Mapping[str, Any], rules
             spec = (q.spec[0], q.spec[2], q.spec[1], (), ())
             logical = (q.logical[0], q.logical[2], q.logical[1], None, None)
         else:
-            b = tuple(rules.mesh_axes("batch")) if "batch" in rules else ()
+            b = rules.axes("batch")
             spec = (b, *([None] * (len(shape) - 1)))
             logical = ("batch", *([None] * (len(shape) - 1)))
         itemsize = np.dtype(aval.dtype).itemsize

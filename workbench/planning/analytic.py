@@ -17,22 +17,21 @@ from workbench.models import attention as attention_impl
 from workbench.models.config import REMAT_POLICIES, GPTConfig
 from workbench.rules import Rules
 
+__all__ = ["TPU_SCRATCH_BYTES", "TRAFFIC", "activation_bytes", "analytic_collectives",
+           "analytic_memory", "axes_size", "batch_axes", "compute_split",
+           "context_collectives", "fsdp_axes", "hbm_bytes", "moe_collectives",
+           "moe_slots_per_token", "per_device", "pipeline_permutes",
+           "pipeline_stage_activations", "temp_breakdown", "weight_axes"]
+
 
 def axes_size(mesh: MeshInfo, axes: Sequence[str]) -> int:
     """Product of the sizes of ``axes``."""
     return math.prod(mesh.shape[a] for a in axes)
 
 
-def rule_axes(rules: Rules, logical: str) -> tuple[str, ...]:
-    """Mesh axes of one logical name (empty when unmapped or None)."""
-    value = rules.get(logical)
-    return () if value is None else (value,) if isinstance(value, str) else tuple(value)
-
-
 def batch_axes(rules: Rules, mesh: MeshInfo) -> tuple[str, ...]:
     """Mesh axes (size > 1) that split the batch or the sequence."""
-    axes = rule_axes(rules, "batch") + rule_axes(rules, "seq")
-    return tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
+    return rules.axes("batch", mesh.shape) + rules.axes("seq", mesh.shape)
 
 
 def fsdp_axes(lay: Layout, bat: set[str] | Sequence[str]) -> tuple[str, ...]:
@@ -173,7 +172,7 @@ def _weight_bytes(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, itemsize: int,
         used: set[str] = set()
         elems = 1
         for dim, lg in zip(shape, logical):
-            axes = [a for a in (rule_axes(rules, lg) if lg else ())
+            axes = [a for a in (rules.axes(lg) if lg else ())
                     if a in mesh.shape and a not in used]
             used.update(axes)
             skip = skip_axes if lg != "experts" else set()   # expert shards stay put
@@ -232,7 +231,7 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     kind = _kind(mesh)
     b = np.dtype(cfg.dtype).itemsize
     pbytes = np.dtype(cfg.param_dtype).itemsize
-    shard = lambda name: axes_size(mesh, [a for a in rule_axes(rules, name) if a in mesh.shape])
+    shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
     tokens = _ceil_div(batch, shard("batch")) * _ceil_div(seq, shard("seq"))
     # attention span: ring attention (context parallelism) scores one T/n block at a time
     span = _ceil_div(seq, shard("seq")) \
@@ -248,7 +247,7 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
 
     s = 0.0
     if cfg.n_experts:   # MoE: F-sized tensors per slot, slots = E * capacity / group
-        ea = [a for a in rule_axes(rules, "experts") if a in mesh.shape]
+        ea = [a for a in rules.axes("experts") if a in mesh.shape]
         s = moe_slots_per_token(cfg, tokens * (axes_size(mesh, ea)
                                                if cfg.moe_dispatch == "all_gather" else 1))
         f = int(s * _ceil_div(cfg.moe_d_ff, shard("expert_mlp"))) \
@@ -451,12 +450,12 @@ def analytic_collectives(param_layouts: Mapping[str, Layout], rules: Rules, mesh
         act = int(np.dtype(cfg.dtype).itemsize * math.prod(act_shape))
         shp = _shape_str(np.dtype(cfg.dtype), act_shape)
         for logical, what in (("heads", "attention output"), ("mlp", "MLP output")):
-            axes = tuple(a for a in rule_axes(rules, logical)
+            axes = tuple(a for a in rules.axes(logical)
                          if a not in bat and mesh.shape.get(a, 1) > 1)
             if axes:
                 out.append(_record("all-reduce", axes, mesh, act, 2 * cfg.n_layers, shp,
                                    f"tensor-parallel {what}, forward and backward"))
-        axes = tuple(a for a in rule_axes(rules, "vocab")
+        axes = tuple(a for a in rules.axes("vocab")
                      if a not in bat and mesh.shape.get(a, 1) > 1)
         if axes:
             out.append(_record("all-reduce", axes, mesh, act, 2, shp,
@@ -482,11 +481,11 @@ def moe_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
     """
     from workbench.models.moe import capacity
 
-    ea = tuple(a for a in rule_axes(rules, "experts") if mesh.shape.get(a, 1) > 1)
+    ea = rules.axes("experts", mesh.shape)
     if not cfg.n_experts or not ea:
         return []
     n = axes_size(mesh, ea)
-    shards = axes_size(mesh, [a for a in rule_axes(rules, "batch") + rule_axes(rules, "seq")
+    shards = axes_size(mesh, [a for a in rules.axes("batch") + rules.axes("seq")
                               if a in mesh.shape])
     g, d, e = max(1, batch * seq // shards), cfg.d_model, cfg.n_experts
     dt = np.dtype(cfg.dtype)
@@ -504,7 +503,7 @@ def moe_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
 def _context_axes(rules: Rules, mesh: MeshInfo, logical: str, ctx: tuple[str, ...]
                   ) -> tuple[str, ...]:
     """Mesh axes (size > 1) of ``logical`` other than the context axes ``ctx``."""
-    return tuple(a for a in rule_axes(rules, logical)
+    return tuple(a for a in rules.axes(logical)
                  if a not in ctx and mesh.shape.get(a, 1) > 1)
 
 
@@ -619,7 +618,7 @@ def pipeline_permutes(cfg: GPTConfig, batch: int, seq: int, rules: Rules, mesh: 
     """The pipeline's collective permutes (estimate): each loop iteration shifts every
     stage's micro-batch activation ``(batch / M, T, D)`` (its shard) to the next stage,
     forward and again backward: ``2 x iterations`` permutes over the ``stage`` axis."""
-    shard = lambda name: axes_size(mesh, [a for a in rule_axes(rules, name) if a in mesh.shape])
+    shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
     shape = (_ceil_div(batch // microbatches, shard("batch")), _ceil_div(seq, shard("seq")),
              cfg.d_model)
     nbytes = int(np.prod(shape)) * np.dtype(cfg.dtype).itemsize

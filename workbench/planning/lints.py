@@ -10,7 +10,7 @@ import numpy as np
 
 from workbench.planning.attention_cost import kv_bytes_per_device
 from workbench.planning.hlo import Collective, Reshard
-from workbench.planning.analytic import (axes_size, batch_axes, fsdp_axes, rule_axes,
+from workbench.planning.analytic import (axes_size, batch_axes, fsdp_axes,
                                          weight_axes)
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
@@ -126,7 +126,7 @@ def redundant_compute(rules: Rules, mesh: MeshInfo,
     if not idle:
         return []
     k = axes_size(mesh, idle)
-    batch_now = rule_axes(rules, "batch")
+    batch_now = rules.axes("batch")
     suggestion = tuple(batch_now) + tuple(idle)
     return [Lint(
         kind="redundant_compute", severity="warning", path=", ".join(idle), value=1.0 / k,
@@ -242,7 +242,7 @@ def context_parallel(cfg: Any, rules: Rules, mesh: MeshInfo, seq: int,
     """Context parallelism (``seq`` sharded over mesh axes): a sequence the context axes do
     not divide (error), ring attention over slow links (warning), and the K/V bytes each
     device receives per layer (info; hand count of :mod:`workbench.planning.attention_cost`)."""
-    axes = tuple(a for a in rule_axes(rules, "seq") if mesh.shape.get(a, 1) > 1)
+    axes = rules.axes("seq", mesh.shape)
     if not axes:
         return []
     n = axes_size(mesh, axes)
@@ -272,9 +272,9 @@ def context_parallel(cfg: Any, rules: Rules, mesh: MeshInfo, seq: int,
                  f"minor, data/fsdp over DCN), or use context_attention='allgather' (one "
                  "collective per layer)")))
     if cfg is not None and hasattr(cfg, "n_kv_heads"):
-        bsh = axes_size(mesh, [a for a in rule_axes(rules, "batch")
+        bsh = axes_size(mesh, [a for a in rules.axes("batch")
                                if mesh.shape.get(a, 1) > 1 and a not in axes])
-        hsh = axes_size(mesh, [a for a in rule_axes(rules, "kv_heads")
+        hsh = axes_size(mesh, [a for a in rules.axes("kv_heads")
                                if mesh.shape.get(a, 1) > 1])
         kv = kv_bytes_per_device(
             batch=batch, seq=seq, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
@@ -308,7 +308,7 @@ def moe(cfg: Any, rules: Rules, mesh: MeshInfo, batch: int, seq: int) -> list[Li
     if cfg is None or not getattr(cfg, "n_experts", 0):
         return []
     e, k = cfg.n_experts, cfg.experts_per_token
-    ea = tuple(a for a in rule_axes(rules, "experts") if a in mesh.shape)
+    ea = tuple(a for a in rules.axes("experts") if a in mesh.shape)
     n = axes_size(mesh, ea)
     if e % n:
         fits = [d for d in range(1, e + 1) if e % d == 0 and d <= math.prod(mesh.axis_sizes)]
@@ -331,7 +331,7 @@ def moe(cfg: Any, rules: Rules, mesh: MeshInfo, batch: int, seq: int) -> list[Li
                      f"moves duplicate tokens"),
             fix=(f"add {_fmt_axes(lost)} to the batch rule (Rules.preset('ep' or "
                  f"'fsdp_ep') does)")))
-    idle = [a for a in rule_axes(rules, "batch") if a in EXPERT_AXIS_NAMES and
+    idle = [a for a in rules.axes("batch") if a in EXPERT_AXIS_NAMES and
             mesh.shape.get(a, 1) > 1 and a not in ea]
     if idle:
         out.append(Lint(
@@ -341,7 +341,7 @@ def moe(cfg: Any, rules: Rules, mesh: MeshInfo, batch: int, seq: int) -> list[Li
                      f"device along it holds all {e} experts ({cfg.n_params / 1e9:.3g}B "
                      f"parameters in all), acting as plain data parallelism"),
             fix=f"map experts={idle[0]!r} (Rules.preset('ep' or 'fsdp_ep'))"))
-    shards = axes_size(mesh, [a for a in rule_axes(rules, "batch") + rule_axes(rules, "seq")
+    shards = axes_size(mesh, [a for a in rules.axes("batch") + rules.axes("seq")
                               if a in mesh.shape])
     group = max(1, batch * seq // max(1, shards))
     if cfg.moe_dispatch == "all_gather" and ea:

@@ -1,17 +1,17 @@
-"""The ``Plan`` record (every field declared) with its text and dict forms, and
-``Comparison`` of plans. No display imports here: notebooks draw them through ``_view``."""
+"""The plan's report: ``PlanReport``, the serialisable record of one planned step (memory,
+FLOPs, collectives, lints, the numbers read from the compiled program) with its
+prediction, text and dict forms; and ``Comparison`` of plans. The runnable handle
+(``handle.Plan``) holds a report. No display imports here: notebooks draw them through
+``_view``."""
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
-from typing import Any, ClassVar
-
-import jax
-import optax
+from collections.abc import Mapping
+from typing import Any
 
 from workbench._display import Displayable
-from workbench.flops import FlopCount, compiled_cost, compiled_flops
+from workbench.flops import FlopCount, compiled_cost
 from workbench.hardware import hardware_spec
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
@@ -22,8 +22,8 @@ from workbench.planning.attention_cost import kernel_flops
 from workbench.planning.hlo import Collective, compiler_cycles, loop_trip_counts
 from workbench.planning.lints import Lint
 from workbench.planning.predict import Prediction, predict
+from workbench.planning.serialise import report_fields, report_to_json
 from workbench.rules import Rules
-from workbench.step import LossFn, ModelFactory, TrainState, sharded_init
 
 MEMORY_KEYS = ("params", "optimizer", "gradients", "activations", "batch")
 
@@ -41,11 +41,53 @@ def _bytes(x: float | None) -> str:
     return "-" if x is None else format_bytes(x)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
-class Plan(Displayable):
-    """What one train step needs on a mesh, before any parameter is allocated (``wb.plan``).
+class CompiledNumbers:
+    """What a plan reads from its compiled executable: the cost analysis, the while loops'
+    trip counts, the TPU compiler's own cycle estimates. Read on first use (the program
+    text of a large step is long), or given (a report read back from JSON).
 
-    ``repr`` is a one-line summary, ``str`` the full report; a notebook shows the plan widget.
+    Args:
+        compiled: the ``jax.stages.Compiled`` step, or None when ``values`` are given.
+        tpu: whether the TPU compiler compiled it (only its programs carry cycles).
+        values: ``to_dict()`` of an earlier instance.
+    """
+
+    def __init__(self, compiled: Any = None, *, tpu: bool = False,
+                 values: Mapping[str, Any] | None = None) -> None:
+        self._compiled, self._tpu = compiled, tpu
+        if values is not None:
+            self.__dict__.update(cost=dict(values["cost"]), loops=dict(values["loops"]),
+                                 cycles=tuple(values["cycles"]))
+
+    @functools.cached_property
+    def cost(self) -> dict[str, float]:
+        """Per-device ``compiled.cost_analysis()`` (``flops``, ``bytes accessed``, ...)."""
+        return compiled_cost(self._compiled)
+
+    @functools.cached_property
+    def loops(self) -> dict[str, int]:
+        """``{loop body: trip count}`` of the program's while loops (scanned layers)."""
+        return loop_trip_counts(self._compiled.as_text())
+
+    @functools.cached_property
+    def cycles(self) -> tuple[int, int]:
+        """``(cycles, instructions)`` of the TPU compiler's estimates; (0, 0) off TPU."""
+        return compiler_cycles(self._compiled.as_text()) if self._tpu else (0, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly values (reads them all)."""
+        return {"cost": dict(self.cost), "loops": dict(self.loops),
+                "cycles": list(self.cycles)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
+class PlanReport:
+    """What one train step needs on a mesh, as numbers: the serialisable part of a plan
+    (``wb.plan(...).report``; the plan shows every attribute of it too).
+
+    ``repr`` is a one-line summary, ``str`` the full report (the plan widget draws the
+    ``Plan``, which has the layouts' model too). ``to_json()`` / ``PlanReport.from_json()``
+    round-trip it.
 
     Attributes:
         name: label used by ``compare``.
@@ -53,7 +95,6 @@ class Plan(Displayable):
         mesh: the ``MeshInfo``.
         rules: the ``Rules`` used.
         batch, seq: global batch size and sequence length.
-        optimizer: the optax transformation whose state is planned.
         is_estimate: True when nothing was compiled: all numbers by formula.
         source: where memory, FLOPs and collectives come from: ``"tpu-compiler"`` (the TPU
             compiler, for TPU devices or an abstract TPU slice), ``"cpu-compiler"`` /
@@ -72,21 +113,10 @@ class Plan(Displayable):
             (``opt_state.*``), the step counter (``step``) and batch input (``batch.*``),
             each with its logical axes.
         logical: ``{parameter path: logical axes}`` (``'blocks.0.attn.q'``, no prefix).
-        graphdef: the model's ``nnx.GraphDef``.
-        param_state: ``nnx.State`` of abstract ``nnx.Param`` (logical axes in metadata).
-        abstract_state: ``TrainState`` of ShapeDtypeStruct carrying the shardings.
-        shardings: ``TrainState`` of ``NamedSharding`` matching the model state.
-        abstract_batch: ``{name: ShapeDtypeStruct}`` of the batch, carrying its shardings.
-        batch_shardings: ``{name: NamedSharding}`` of the batch (``step.batch_shardings``).
-        compiled: the ``jax.stages.Compiled`` step (None when analytic).
         compile_seconds: compilation time (0 when analytic or cached).
         compile_cached: the executable came from the compile cache (this process's, or the
             plan cache on disk for abstract TPU slices).
         plan_seconds: time ``wb.plan`` took in all.
-        factory: ``rngs -> nnx.Module`` that builds the model (for ``materialize``).
-        loss_fn: ``(model, batch) -> loss`` of the step.
-        jitted: the jitted step ``(state, batch) -> (state, metrics)`` before AOT
-            compilation (None on an abstract mesh).
         pipeline: None, or the pipeline over the ``stage`` axis (``wb.plan(pipeline=)``):
             ``stages, microbatches, schedule, repeats, iterations``, ``bubble_formula``
             (``(S-1)/(R M+S-1)``), ``bubble_schedule`` (idle fraction of the schedule's
@@ -97,9 +127,9 @@ class Plan(Displayable):
             platform's overlap flags by default).
         attention: the attention that runs and why (``"splash: Pallas splash kernel
             (Mosaic)"``); empty for a model factory.
+        compiled_numbers: what was read from the compiled program (``CompiledNumbers``);
+            None when nothing was compiled.
     """
-
-    _view: ClassVar[str] = "plan_view:plan_widget"
 
     name: str
     cfg: GPTConfig | None
@@ -107,7 +137,6 @@ class Plan(Displayable):
     rules: Rules
     batch: int
     seq: int
-    optimizer: optax.GradientTransformation
     is_estimate: bool
     source: str
     source_reason: str
@@ -119,22 +148,13 @@ class Plan(Displayable):
     warnings: list[Lint]
     layouts: dict[str, Layout]
     logical: dict[str, tuple[str | None, ...]]
-    graphdef: Any
-    param_state: Any
-    abstract_state: TrainState
-    shardings: TrainState
-    abstract_batch: dict[str, jax.ShapeDtypeStruct]
-    batch_shardings: dict[str, jax.sharding.NamedSharding]
-    compiled: Any | None
     compile_seconds: float
     compile_cached: bool
     plan_seconds: float
-    factory: ModelFactory
-    loss_fn: LossFn
-    jitted: Callable[..., Any] | None
     pipeline: dict[str, Any] | None = None
     compiler_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     attention: str = ""
+    compiled_numbers: CompiledNumbers | None = None
 
     # -- numbers -----------------------------------------------------------------------
 
@@ -147,43 +167,16 @@ class Plan(Displayable):
     def loops(self) -> dict[str, int]:
         """``{loop body: trip count}`` of the compiled program's while loops (scanned
         layers); empty when analytic or unrolled."""
-        return {} if self.compiled is None else loop_trip_counts(self.compiled.as_text())
-
-    @functools.cached_property
-    def activations(self) -> list[Any]:
-        """The step's activations (``planning.activations.Activation``): every tensor the
-        model constrains (per layer: q/k/v, attention output, residual, MLP hidden; the
-        logits), and the attention scores found in the traced program, with shape,
-        sharding and bytes per device. Traced on first use."""
-        from workbench.planning.activations import trace_activations
-
-        sh = next(iter(self.batch_shardings.values()), None)
-        mesh = sh.mesh if sh is not None else self.mesh.abstract
-        scanned = self.cfg.n_layers if self.cfg is not None and self.cfg.scan_layers else None
-        return trace_activations(self.graphdef, self.loss_fn, self.abstract_state.params,
-                                 self.abstract_batch, self.rules, mesh,
-                                 scanned_layers=scanned)
-
-    @functools.cached_property
-    def reshards(self) -> list[Any]:
-        """Layout changes the compiler inserted between two ops (``hlo.Reshard``: the
-        collective, the producing and consuming ops and their source lines); empty when
-        nothing was compiled."""
-        from workbench.planning.hlo import parse_reshards
-
-        if self.compiled is None:
-            return []
-        return parse_reshards(self.compiled.as_text(), self.mesh.axis_names,
-                              self.mesh.axis_sizes)
+        return {} if self.compiled_numbers is None else self.compiled_numbers.loops
 
     @functools.cached_property
     def compiler_cycles(self) -> tuple[int, int]:
         """``(cycles, instructions)``: the TPU compiler's own cycle estimates of every
         fusion, copy and matmul it scheduled, summed over one step with loop trip counts
         (``hlo.compiler_cycles``); (0, 0) unless TPU-compiled."""
-        if self.compiled is None or self.source != "tpu-compiler":
+        if self.compiled_numbers is None or self.source != "tpu-compiler":
             return 0, 0
-        return compiler_cycles(self.compiled.as_text())
+        return self.compiled_numbers.cycles
 
     def _compiler_compute(self, kernel: float, other_flops: float) -> tuple[float | None, str]:
         """The local work of a step timed by the TPU compiler's cycle estimates at the
@@ -213,15 +206,16 @@ class Plan(Displayable):
     def compiled_flops_per_device(self) -> float | None:
         """FLOPs per device from ``compiled.cost_analysis()``; None when analytic, or when
         the program loops (scanned layers): XLA's cost analysis counts a loop body once."""
-        if self.compiled is None or self.loops:
+        if self.compiled_numbers is None or self.loops:
             return None
-        return compiled_flops(self.compiled)
+        flops = self.compiled_numbers.cost.get("flops")
+        return None if flops is None or flops <= 0 else float(flops)
 
     @functools.cached_property
     def cost(self) -> dict[str, float]:
         """The compiler's per-device cost analysis (``flops``, ``bytes accessed``, on TPU
         ``optimal_seconds``); empty when nothing was compiled."""
-        return {} if self.compiled is None else compiled_cost(self.compiled)
+        return {} if self.compiled_numbers is None else self.compiled_numbers.cost
 
     @functools.cached_property
     def predicted(self) -> Prediction:
@@ -270,7 +264,7 @@ class Plan(Displayable):
             exposed_axes=self._weight_only_axes(),
             flops_source=(label if compiled else why + "model FLOPs (+ remat) / compute split")
             + (f"; + the {self.attention.split(':')[0]} kernel's FLOPs by formula "
-               "(attention.kernel_flops: cost analysis does not count Pallas kernels)"
+               "(attention_cost.kernel_flops: cost analysis does not count Pallas kernels)"
                if kernel else ""),
             sync_exposed=self.source == "tpu-compiler",
             bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
@@ -278,7 +272,7 @@ class Plan(Displayable):
     @property
     def kernel_flops(self) -> float:
         """FLOPs of the fused attention kernel in one step, all devices, by formula
-        (``workbench.models.attention.kernel_flops``); 0 for XLA attention."""
+        (``workbench.planning.attention_cost.kernel_flops``); 0 for XLA attention."""
         impl = self.attention.split(":")[0]
         if self.cfg is None or impl in ("", "xla"):
             return 0.0
@@ -341,34 +335,6 @@ class Plan(Displayable):
         """Whether ``memory['total'] <= memory['limit']`` (None when the limit is unknown)."""
         limit = self.memory.get("limit")
         return None if not limit else self.memory["total"] <= limit
-
-    # -- the model and the step -----------------------------------------------------------
-
-    def init_state(self, seed: int = 0) -> TrainState:
-        """Params and optimizer state created directly into the plan's shardings."""
-        self._require_devices("init_state")
-        return sharded_init(self.factory, self.optimizer, self.shardings)(jax.random.key(seed))
-
-    def materialize(self, seed: int = 0) -> Any:
-        """The sharded ``nnx.Module``: parameters are created by a function jitted with the
-        plan's output shardings, so no device ever holds the full parameters."""
-        from flax import nnx
-
-        self._require_devices("materialize")
-        params = sharded_init(self.factory, None, self.shardings.params)(jax.random.key(seed))
-        return nnx.merge(self.graphdef, params)
-
-    def train_step(self) -> Callable[..., Any]:
-        """The step this plan compiled, ``(state, batch) -> (state, metrics)``: the AOT
-        executable (donates ``state``), or the jitted function when nothing was compiled."""
-        self._require_devices("train_step")
-        return self.compiled if self.compiled is not None else self.jitted
-
-    def _require_devices(self, what: str) -> None:
-        if self.mesh.jax_mesh is None:
-            raise RuntimeError(
-                f"plan.{what}() needs real devices, but this plan is on {self.mesh.describe()}; "
-                "plan on wb.make_mesh(...) to build the model")
 
     # -- text ------------------------------------------------------------------------------
 
@@ -483,6 +449,26 @@ class Plan(Displayable):
             "compiler_options": dict(self.compiler_options), "attention": self.attention,
         }
 
+    def to_json(self) -> dict[str, Any]:
+        """Every field as JSON-friendly data; ``PlanReport.from_json`` reads it back with
+        the same summary, dict form and prediction (``planning.serialise``)."""
+        return report_to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlanReport:
+        """The report of ``to_json()``'s data (after ``json.dumps`` / ``json.loads``).
+
+        A plan of real devices reads back on the abstract mesh of the same devices (the
+        report has nothing to run on); everything else is as it was.
+
+        Raises:
+            ValueError: ``data`` is not a plan report of this format.
+        """
+        fields = report_fields(data)
+        cn = fields.pop("compiled_numbers")
+        return cls(**fields, compiled_numbers=None if cn is None else CompiledNumbers(
+            tpu=fields["source"] == "tpu-compiler", values=cn))
+
     def _predicted_dict(self) -> dict[str, Any] | None:
         try:
             return self.predicted.to_dict()
@@ -504,7 +490,7 @@ def _kept(remat: str) -> set[str]:
     return set(p.saved) | set(p.offloaded)
 
 
-def _predicted_columns(p: Plan) -> dict[str, Any]:
+def _predicted_columns(p: Any) -> dict[str, Any]:
     try:
         pred = p.predicted
     except (ValueError, OSError):

@@ -27,15 +27,16 @@ from workbench.layouts import format_bytes
 from workbench.models import GPTConfig
 from workbench.models.adapters import ModelSpec, from_nnx
 from workbench.planning.planner import plan as make_plan
-from workbench.planning.report import Plan
-from workbench.planning.search_result import SearchResult
+from workbench.planning.handle import Plan
+from workbench.planning.search_result import SearchResult, SearchRow
 from workbench.planning.search_space import (
-    DEFAULT_REMAT, DEFAULT_STRATEGIES, EXPERT_STRATEGIES, Candidate, Hardware, candidates,
-    check_options, hardware as resolve_hardware, invalid, larger_presets, mesh_shape,
+    DEFAULT_REMAT, DEFAULT_STRATEGIES, EXPERT_STRATEGIES, Candidate, Hardware, SearchOptions,
+    candidates, hardware as resolve_hardware, invalid, larger_presets, mesh_shape,
     model_candidates, skip)
 from workbench.rules import Rules
 
-__all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "SearchResult", "search"]
+__all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "SearchOptions", "SearchResult", "SearchRow",
+           "search"]
 
 
 def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
@@ -113,24 +114,22 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
         res.best.summary()
     """
     t0 = time.perf_counter()
+    opts = SearchOptions(strategies=strategies, remat=remat, microbatches=microbatches,
+                         mesh_shapes=mesh_shapes, max_model=max_model, stages=stages,
+                         pipeline=pipeline, top_k=top_k, exact=exact,
+                         memory_limit=memory_limit, overlap=overlap, progress=progress)
     gpt = isinstance(cfg, GPTConfig)
     if not gpt:
         cfg = _as_spec(cfg, loss_fn, example_batch, remat, microbatches)
     elif loss_fn is not None or example_batch is not None:
         raise ValueError("loss_fn= and example_batch= are for a model factory; a GPTConfig "
                          "trains on tokens with the next-token loss")
-    check_options(batch, strategies, remat if gpt else DEFAULT_REMAT, microbatches, top_k,
-                  max_model)
-    if overlap is not None and not 0.0 <= overlap <= 1.0:
-        raise ValueError(f"overlap must be in [0, 1] or None, got {overlap!r}")
+    opts.check(batch, gpt=gpt)
     s = _Search(cfg=cfg, hw=resolve_hardware(hardware), batch=batch,
-                seq=int(seq or (cfg.seq_len if gpt else 1)), optimizer=optimizer,
-                memory_limit=memory_limit,
-                overlap=overlap, progress=progress, say=_Status("wb.search", progress))
-    cands, skipped = candidates(cfg, s.hw, batch, strategies, remat, microbatches,
-                                mesh_shapes, max_model, stages=stages, pipeline=pipeline) \
-        if gpt else model_candidates(cfg, s.hw, batch, strategies, microbatches, mesh_shapes,
-                                     max_model)
+                seq=int(seq or (cfg.seq_len if gpt else 1)), optimizer=optimizer, opts=opts,
+                say=_Status("wb.search", progress))
+    cands, skipped = candidates(cfg, s.hw, batch, opts) if gpt else \
+        model_candidates(cfg, s.hw, batch, opts)
     rows, plans = s.analytic_pass(cands, skipped)
     analytic_seconds = time.perf_counter() - t0
     notes = _notes(mesh_shapes, rows)
@@ -157,9 +156,7 @@ class _Search:
     batch: int
     seq: int
     optimizer: Any
-    memory_limit: int | None
-    overlap: float | None
-    progress: bool
+    opts: SearchOptions
     say: Callable[..., None]
 
     def plan(self, c: Candidate, *, compile: bool | None, hw: Hardware | None = None,
@@ -170,8 +167,8 @@ class _Search:
             remat=c.remat, **({"scan_layers": True} if c.pipeline else {}))
         return make_plan(model, mesh=hw.mesh(c.mesh), rules=c.rules,
                          batch=batch // c.microbatches, seq=self.seq, optimizer=self.optimizer,
-                         name=c.label, compile=compile, memory_limit=self.memory_limit,
-                         progress=self.progress and compile is not False,
+                         name=c.label, compile=compile, memory_limit=self.opts.memory_limit,
+                         progress=self.opts.progress and compile is not False,
                          pipeline=c.pipeline)
 
     def measure(self, p: Plan, microbatches: int, batch: int | None = None) -> dict[str, Any]:
@@ -192,7 +189,7 @@ class _Search:
                "step_seconds": None, "mfu": None, "tokens_per_s": None, "bound": None,
                "no_overlap_seconds": None, "source": p.source, "problem": None}
         try:
-            pred = p.predict(overlap=self.overlap)
+            pred = p.predict(overlap=self.opts.overlap)
         except (ValueError, OSError) as err:  # a hardware table without the numbers
             return out | {"problem": f"no prediction: {err}"}
         step = pred.step_seconds * microbatches
@@ -200,7 +197,7 @@ class _Search:
                       "tokens_per_s": batch * p.seq / step if step > 0 else None,
                       "no_overlap_seconds": pred.breakdown["no_overlap_step"] * microbatches}
 
-    def row(self, c: Candidate, p: Plan) -> dict[str, Any]:
+    def row(self, c: Candidate, p: Plan) -> SearchRow:
         """The result row of candidate ``c`` planned as ``p``."""
         m = self.measure(p, c.microbatches)
         notes = [m.pop("problem")] if m["problem"] else []
@@ -214,16 +211,15 @@ class _Search:
         uneven = sum(len(w.paths) or 1 for w in p.warnings if w.kind == "uneven")
         if uneven:
             notes.append(f"{uneven} tensor(s) padded (a dim does not divide its mesh axes)")
-        return {"id": c.id, "layout": c.label, "mesh": dict(c.mesh), "rules": c.rules_name,
-                "remat": c.remat, "microbatches": c.microbatches, **m,
-                "analytic_memory_per_device": m["memory_per_device"],
-                "analytic_step_seconds": m["step_seconds"], "analytic_rank": None,
-                "exact_rank": None, "rank": None, "order": None, "note": "; ".join(notes)}
+        return SearchRow(id=c.id, layout=c.label, mesh=dict(c.mesh), rules=c.rules_name,
+                         remat=c.remat, microbatches=c.microbatches, **m,
+                         analytic_memory_per_device=m["memory_per_device"],
+                         analytic_step_seconds=m["step_seconds"], note="; ".join(notes))
 
     # -- the passes -------------------------------------------------------------------------
 
     def analytic_pass(self, cands: list[Candidate], skipped: list[dict[str, Any]]
-                      ) -> tuple[list[dict[str, Any]], dict[int, Plan]]:
+                      ) -> tuple[list[SearchRow], dict[int, Plan]]:
         """Plan every candidate by formula; rows ranked by ``analytic_rank``; the plans of
         those that fit. A candidate ``wb.plan`` refuses goes to ``skipped``."""
         self.say(f"planning {len(cands)} candidates on {self.hw.name}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -12,9 +12,9 @@ import jax
 from workbench._display import Displayable
 from workbench.layouts import format_bytes
 from workbench.models import GPTConfig
-from workbench.planning.report import Plan
+from workbench.planning.handle import Plan
 
-__all__ = ["ROW_KEYS", "SearchResult", "pareto_rows"]
+__all__ = ["ROW_KEYS", "SearchResult", "SearchRow", "pareto_rows"]
 
 #: The keys of every row of ``SearchResult.rows``.
 ROW_KEYS = ("order", "rank", "id", "layout", "mesh", "rules", "remat", "microbatches",
@@ -22,6 +22,81 @@ ROW_KEYS = ("order", "rank", "id", "layout", "mesh", "rules", "remat", "microbat
             "tokens_per_s", "bound", "source", "analytic_rank", "exact_rank",
             "analytic_memory_per_device", "analytic_step_seconds", "no_overlap_seconds",
             "accumulator", "note")
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class SearchRow(MutableMapping):
+    """One planned candidate of a ``wb.search``, ranked. Its fields read as a dict too
+    (``row["step_seconds"]``, ``dict(row)``: the keys ``ROW_KEYS``), which is how tables,
+    the widget and JSON take it; the search fills the ranks as it goes.
+
+    Attributes:
+        id: the candidate's number; layout: its label ("fsdp_tp data=16 model=8 remat=dots").
+        mesh, rules, remat, microbatches: the candidate (rules: the preset's name).
+        memory_per_device, limit, fits, over_by: bytes per device (plus the gradient
+            accumulator of micro-batches), the device's memory, whether it fits, by how much
+            it is over.
+        step_seconds, mfu, tokens_per_s, bound, no_overlap_seconds: the prediction of one
+            optimizer step (``Plan.predict``), and the step without overlap (ties).
+        source: where the numbers come from (the compiler, or "estimate").
+        accumulator: bytes of the gradient accumulator (micro-batches > 1).
+        analytic_memory_per_device, analytic_step_seconds: the formulas' numbers, kept
+            when a compiled plan replaced them.
+        analytic_rank, exact_rank, rank, order: ranks by formula, among the compiled, in
+            the result; position in ``rows``.
+        note: what was modelled or why the compiler rejected it.
+    """
+
+    id: int
+    layout: str
+    mesh: dict[str, int]
+    rules: str
+    remat: str | None
+    microbatches: int
+    memory_per_device: int
+    limit: int | None
+    accumulator: int
+    fits: bool | None
+    over_by: int | None
+    step_seconds: float | None
+    mfu: float | None
+    tokens_per_s: float | None
+    bound: str | None
+    no_overlap_seconds: float | None
+    source: str
+    analytic_memory_per_device: int
+    analytic_step_seconds: float | None
+    analytic_rank: int | None = None
+    exact_rank: int | None = None
+    rank: int | None = None
+    order: int | None = None
+    note: str = ""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _ROW_FIELDS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in _ROW_FIELDS:
+            raise KeyError(f"{key!r} is not a search row key; keys: {ROW_KEYS}")
+        setattr(self, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError("a search row's keys are fixed (ROW_KEYS)")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_ROW_FIELDS)
+
+    def __len__(self) -> int:
+        return len(_ROW_FIELDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as a plain dict (JSON-friendly)."""
+        return dict(self)
+
+
+_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(SearchRow))
 
 
 def _fits(r: Mapping[str, Any]) -> bool:
@@ -64,7 +139,7 @@ class SearchResult(Displayable):
         cfg: the model searched: a ``GPTConfig`` (remat as given; each row names its own)
             or a model factory's ``ModelSpec``.
         batch, seq: global batch (per optimizer step) and sequence length.
-        rows: one dict per planned candidate (keys ``ROW_KEYS``), in order: compiled and
+        rows: one ``SearchRow`` per planned candidate (keys ``ROW_KEYS``), in order: compiled and
             fitting (by ``exact_rank``), other fitting (by ``analytic_rank``), then those
             that do not fit (least memory first). ``memory_per_device``, ``fits``,
             ``step_seconds``... are the compiled plan's where ``source`` is a compiler,
@@ -92,7 +167,7 @@ class SearchResult(Displayable):
     cfg: GPTConfig | Any
     batch: int
     seq: int
-    rows: list[dict[str, Any]]
+    rows: list[SearchRow]
     skipped: list[dict[str, Any]]
     plans: dict[int, Plan]
     rank_changes: list[dict[str, Any]]
@@ -103,12 +178,12 @@ class SearchResult(Displayable):
     seconds: float
 
     @property
-    def fitting(self) -> list[dict[str, Any]]:
+    def fitting(self) -> list[SearchRow]:
         """The rows that fit (or whose fit is unknown) and have a prediction, best first."""
         return [r for r in self.rows if r["rank"] is not None]
 
     @property
-    def best_row(self) -> dict[str, Any]:
+    def best_row(self) -> SearchRow:
         """The row of the fastest layout that fits (raises like ``best``)."""
         if not self.fitting:
             raise ValueError(self.advice or "no candidate fits")

@@ -11,14 +11,15 @@ from typing import Any
 import jax
 from flax import nnx
 
-from workbench.mesh import HARDWARE_PRESETS, abstract_mesh, make_mesh, mesh_info
+from workbench.hardware import generation
+from workbench.mesh import abstract_mesh, make_mesh, mesh_info
 from workbench.models import GPTConfig
 from workbench.models.config import REMAT_POLICIES
-from workbench.planning.analytic import axes_size, rule_axes
+from workbench.planning.analytic import axes_size
 from workbench.rules import Rules
 
 __all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "EXPERT_STRATEGIES", "Candidate",
-           "Hardware", "candidates", "check_options", "expert_sizes", "hardware", "invalid",
+           "Hardware", "SearchOptions", "candidates", "expert_sizes", "hardware", "invalid",
            "larger_presets", "mesh_shape", "model_candidates", "skip"]
 
 DEFAULT_STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp")
@@ -90,41 +91,63 @@ def hardware(spec: Any) -> Hardware:
     return Hardware(name, len(devices), lambda s: make_mesh(s, devices=devices), None)
 
 
-def check_options(batch: int, strategies: Sequence, remat: Sequence[str],
-                  microbatches: Sequence[int], top_k: int, max_model: int) -> None:
-    """Raise ``ValueError`` naming the bad option and what to give instead."""
-    if not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive int, got {batch!r}")
-    examples = {"strategies": DEFAULT_STRATEGIES, "remat": DEFAULT_REMAT,
-                "microbatches": (1, 2)}
-    for name, value in (("strategies", strategies), ("remat", remat),
-                        ("microbatches", microbatches)):
-        if isinstance(value, (str, Rules)) or not len(value):
-            raise ValueError(f"{name}={value!r}: give a non-empty list, e.g. "
-                             f"{name}={examples[name]!r}")
-    for s in strategies:
-        if not isinstance(s, Rules) and s not in PRESETS:
-            raise ValueError(f"unknown strategy {s!r}; use rules presets {PRESETS} or "
-                             "wb.Rules objects")
-    for r in remat:
-        if r not in REMAT_POLICIES:
-            raise ValueError(f"unknown remat policy {r!r}; choose from {sorted(REMAT_POLICIES)}")
-    for m in microbatches:
-        if not isinstance(m, int) or m < 1 or batch % m:
-            ok = [d for d in range(1, batch + 1) if batch % d == 0][:12]
-            raise ValueError(f"batch {batch} is not divisible by microbatches={m!r}; use "
-                             f"micro-batch counts that divide the batch: {ok}")
-    if not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k must be an int >= 0 (how many candidates to compile), got "
-                         f"{top_k!r}; top_k=0 or exact=False compiles none")
-    if not isinstance(max_model, int) or max_model < 1:
-        raise ValueError(f"max_model must be a positive int, got {max_model!r}")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """What ``wb.search`` varies and how far it goes (its keyword arguments, documented
+    there): the layouts (``strategies``, ``remat``, ``microbatches``, ``mesh_shapes``,
+    ``max_model``, ``stages``, ``pipeline``), the exact pass (``top_k``, ``exact``), the
+    fit and the prediction (``memory_limit``, ``overlap``) and ``progress``."""
+
+    strategies: Sequence[str | Rules] = DEFAULT_STRATEGIES
+    remat: Sequence[str] = DEFAULT_REMAT
+    microbatches: Sequence[int] = (1,)
+    mesh_shapes: Sequence[Mapping[str, int] | tuple[int, int]] | None = None
+    max_model: int = 16
+    stages: Sequence[int] = (1,)
+    pipeline: Mapping[str, Any] | None = None
+    top_k: int = 3
+    exact: bool = True
+    memory_limit: int | None = None
+    overlap: float | None = None
+    progress: bool = True
+
+    def check(self, batch: int, *, gpt: bool) -> None:
+        """Raise ``ValueError`` naming the bad option and what to give instead (remat is
+        checked for a GPTConfig only: a model factory sets its own)."""
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive int, got {batch!r}")
+        examples = {"strategies": DEFAULT_STRATEGIES, "remat": DEFAULT_REMAT,
+                    "microbatches": (1, 2)}
+        remat = self.remat if gpt else DEFAULT_REMAT
+        for name, value in (("strategies", self.strategies), ("remat", remat),
+                            ("microbatches", self.microbatches)):
+            if isinstance(value, (str, Rules)) or not len(value):
+                raise ValueError(f"{name}={value!r}: give a non-empty list, e.g. "
+                                 f"{name}={examples[name]!r}")
+        for s in self.strategies:
+            if not isinstance(s, Rules) and s not in PRESETS:
+                raise ValueError(f"unknown strategy {s!r}; use rules presets {PRESETS} or "
+                                 "wb.Rules objects")
+        for r in remat:
+            if r not in REMAT_POLICIES:
+                raise ValueError(f"unknown remat policy {r!r}; choose from "
+                                 f"{sorted(REMAT_POLICIES)}")
+        for m in self.microbatches:
+            if not isinstance(m, int) or m < 1 or batch % m:
+                ok = [d for d in range(1, batch + 1) if batch % d == 0][:12]
+                raise ValueError(f"batch {batch} is not divisible by microbatches={m!r}; use "
+                                 f"micro-batch counts that divide the batch: {ok}")
+        top_k = self.top_k
+        if not isinstance(top_k, int) or top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (how many candidates to compile), "
+                             f"got {top_k!r}; top_k=0 or exact=False compiles none")
+        if not isinstance(self.max_model, int) or self.max_model < 1:
+            raise ValueError(f"max_model must be a positive int, got {self.max_model!r}")
+        if self.overlap is not None and not 0.0 <= self.overlap <= 1.0:
+            raise ValueError(f"overlap must be in [0, 1] or None, got {self.overlap!r}")
 
 
-def candidates(cfg: GPTConfig, hw: Hardware, batch: int, strategies: Sequence,
-               remats: Sequence[str], microbatches: Sequence[int],
-               mesh_shapes: Sequence | None, max_model: int, stages: Sequence[int] = (1,),
-               pipeline: Mapping[str, Any] | None = None
+def candidates(cfg: GPTConfig, hw: Hardware, batch: int, opts: SearchOptions
                ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """Every combination to plan, and those skipped before planning (with the reason).
 
@@ -136,13 +159,16 @@ def candidates(cfg: GPTConfig, hw: Hardware, batch: int, strategies: Sequence,
     planned on ``data x expert`` meshes (ep, fsdp_ep) and ``data x expert x model``
     meshes (ep_tp), the expert axis taking each size > 1 that divides both
     ``n_experts`` and the devices (:func:`expert_sizes`). Each stage count ``s > 1`` in
-    ``stages`` adds pipelined candidates: a ``stage`` axis of size ``s`` taken from
+    ``opts.stages`` adds pipelined candidates: a ``stage`` axis of size ``s`` taken from
     ``data`` (``pipeline`` gives the schedule; default GPipe with ``2 s``
     micro-batches).
 
     Raises:
         ValueError: expert-parallel strategies for a config without experts.
     """
+    strategies, remats, microbatches = opts.strategies, opts.remat, opts.microbatches
+    mesh_shapes, max_model, stages, pipeline = (opts.mesh_shapes, opts.max_model,
+                                                opts.stages, opts.pipeline)
     experts = getattr(cfg, "n_experts", 0) if isinstance(cfg, GPTConfig) else 0
     asked = [s for s in strategies if isinstance(s, str) and s in EXPERT_STRATEGIES]
     if asked and not experts:
@@ -199,9 +225,8 @@ def expert_sizes(n_experts: int, devices: int) -> list[int]:
             if n_experts % e == 0 and devices % e == 0]
 
 
-def model_candidates(model: Any, hw: Hardware, batch: int, strategies: Sequence,
-                     microbatches: Sequence[int], mesh_shapes: Sequence | None,
-                     max_model: int) -> tuple[list[Candidate], list[dict[str, Any]]]:
+def model_candidates(model: Any, hw: Hardware, batch: int, opts: SearchOptions
+                     ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """The candidates of a model factory (``wb.models.from_nnx`` / ``from_penzai`` spec):
     rules that fit the names its parameters are annotated with.
 
@@ -220,6 +245,8 @@ def model_candidates(model: Any, hw: Hardware, batch: int, strategies: Sequence,
     from workbench.rules import LOGICAL_AXES
     from workbench.step import abstract_param_state, logical_axes
 
+    strategies, microbatches = opts.strategies, opts.microbatches
+    mesh_shapes, max_model = opts.mesh_shapes, opts.max_model
     state = abstract_param_state(model)[1]
     logical = logical_axes(state)
     shapes = {".".join(map(str, path)): tuple(v.shape) for path, v in nnx.to_flat_state(state)}
@@ -229,8 +256,8 @@ def model_candidates(model: Any, hw: Hardware, batch: int, strategies: Sequence,
                and not any(a in LOGICAL_AXES for a in names)
                and tuple(strategies) == DEFAULT_STRATEGIES)
     if not by_mesh:
-        cands, skipped = candidates(model, hw, batch, strategies, (None,), microbatches,
-                                    mesh_shapes, max_model)
+        cands, skipped = candidates(model, hw, batch, dataclasses.replace(
+            opts, remat=(None,), stages=(1,), pipeline=None))
         kept = []
         for c in cands:
             why = _indivisible(model, logical, shapes, c)
@@ -280,7 +307,7 @@ def _indivisible(model: Any, logical: Mapping[str, Sequence[str | None]],
     for path, axes in logical.items():
         shape = shapes.get(path, ())
         for dim, name in zip(shape, axes):
-            n = axes_size(info, [a for a in rule_axes(rules, name) if a in info.shape]) \
+            n = axes_size(info, [a for a in rules.axes(name) if a in info.shape]) \
                 if name is not None else 1
             if dim % n:
                 return (f"parameter {path} dim {name!r} of size {dim} does not divide over "
@@ -313,15 +340,15 @@ def invalid(cfg: GPTConfig, c: Candidate, batch: int) -> str | None:
         rules.check_mesh(info)
     except ValueError as err:
         return str(err)
-    per_step, shards = batch // c.microbatches, axes_size(info, rule_axes(rules, "batch"))
+    per_step, shards = batch // c.microbatches, axes_size(info, rules.axes("batch"))
     if per_step % shards:
         what = f"batch {batch} / {c.microbatches} micro-batches" if c.microbatches > 1 \
             else f"batch {batch}"
-        axes = " x ".join(f"{a}={info.shape[a]}" for a in rule_axes(rules, "batch"))
+        axes = " x ".join(f"{a}={info.shape[a]}" for a in rules.axes("batch"))
         return (f"{what} = {per_step} sequences per step do not divide over the {shards} "
                 f"devices that split the batch ({axes})")
     for logical, field in _EXACT.items() if isinstance(cfg, GPTConfig) else ():
-        n, size = axes_size(info, rule_axes(rules, logical)), getattr(cfg, field)
+        n, size = axes_size(info, rules.axes(logical)), getattr(cfg, field)
         if size % n:
             return f"cfg.{field}={size} does not divide over {logical} shards of size {n}"
     if isinstance(cfg, GPTConfig) and cfg.n_experts:
@@ -354,13 +381,8 @@ def skip(c: Candidate, reason: str) -> dict[str, Any]:
 def larger_presets(hw: Hardware, n: int = 2) -> list[str]:
     """The next ``n`` larger presets of the same chip ("v5p-256" -> v5p-512, v5p-1024;
     "8xH100" -> 2x8xH100, 4x8xH100)."""
-    if hw.preset is None:
+    gen = generation(hw.preset) if hw.preset is not None else None
+    if gen is None:
         return []
-    if "-" in hw.preset:
-        family = hw.preset.split("-")[0] + "-"
-        same = [p for p in HARDWARE_PRESETS if p.startswith(family)]
-    else:
-        gpu = hw.preset.split("x")[-1].upper()
-        same = [p for p in HARDWARE_PRESETS if p.upper().endswith("X" + gpu)]
-    sizes = sorted((abstract_mesh(p).size, p) for p in same)
+    sizes = sorted((abstract_mesh(p).size, p) for p in gen.presets)
     return [p for s, p in sizes if s > hw.size][:n]

@@ -26,7 +26,7 @@ import numpy as np
 from workbench import runs
 from workbench._validate import check_int, no_new_empty_dirs
 from workbench._display import Displayable
-from workbench.jobs.lock import RunLock
+from workbench.run_lock import RunLock
 from workbench.train.checkpoint import CheckpointError, Checkpoints
 from workbench.train.config import TrainConfig
 from workbench.train.loop import LoopInputs, NonFiniteLoss, RunResult, run_loop
@@ -107,7 +107,7 @@ class Trainer(Displayable):
         t0 = time.perf_counter()
         self.parts = build_parts(config, data_cache=data_cache)
         self.mesh, self.rules = self.parts.mesh, self.parts.rules
-        # one writer per run directory (workbench.jobs.lock): held while restoring and running
+        # one writer per run directory (workbench.run_lock): held while restoring and running
         self._lock = RunLock(self.run_dir) if self.primary else None
         self._disk_mark: Any = None
         self._state: Any = None

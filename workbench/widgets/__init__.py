@@ -12,7 +12,7 @@ import importlib
 import sys
 from typing import Any
 
-__all__ = ["show", "status_line"]
+__all__ = ["ExpertLoad", "show", "status_line"]
 
 _VIEWS: dict[str, str] = {
     "jax.sharding.Mesh": "workbench.widgets.mesh_view:mesh_widget",
@@ -37,6 +37,15 @@ def _matches(cls: type, key: str) -> bool:
         return True
     loaded = sys.modules.get(module)
     return loaded is not None and getattr(loaded, name, None) is cls
+
+
+def __getattr__(name: str) -> Any:
+    """``ExpertLoad`` (the live expert-load heat map) imports anywidget on first use only."""
+    if name == "ExpertLoad":
+        from workbench.widgets.expert_load_view import ExpertLoad
+
+        return ExpertLoad
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _resolve(target: str) -> Any:

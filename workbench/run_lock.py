@@ -1,4 +1,5 @@
-"""The run-directory lock: one writer at a time per run directory, whoever it is.
+"""The run-directory lock: one writer at a time per run directory, whoever it is (the runs
+layer: the Trainer and the launchers both take it).
 
 Every writer of a run directory takes ``<run_dir>/job.lock`` while it writes: a
 ``wb.launch`` launcher for its whole job (its workers find the lock's token in their

@@ -1,0 +1,156 @@
+"""``Plan``, what ``wb.plan`` returns: the runnable handle (the abstract state and its
+shardings, the jitted and compiled step, ``materialize``, ``train_step``) around the
+serialisable ``PlanReport`` (memory, FLOPs, collectives, lints, prediction), whose every
+attribute the plan shows as its own (``plan.memory`` is ``plan.report.memory``)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import optax
+
+from workbench._display import Displayable
+from workbench.planning.report import PlanReport
+from workbench.step import LossFn, ModelFactory, TrainState, sharded_init
+
+__all__ = ["Plan"]
+
+_REPORT_NAMES = frozenset(
+    {f.name for f in dataclasses.fields(PlanReport)}
+    | {n for n in dir(PlanReport) if not n.startswith("__")})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
+class Plan(Displayable):
+    """One train step of a model on a mesh, planned before any parameter is allocated
+    (``wb.plan``): its ``report`` and what runs it.
+
+    Every attribute of the report reads as the plan's own: ``plan.memory``,
+    ``plan.model_flops``, ``plan.collectives``, ``plan.warnings``, ``plan.predicted``,
+    ``plan.summary()``, ``plan.to_dict()`` (see ``PlanReport``). ``repr`` is a one-line
+    summary, ``str`` the full report; a notebook shows the plan widget.
+
+    Attributes:
+        report: the ``PlanReport`` (serialisable: ``plan.report.to_json()``).
+        optimizer: the optax transformation whose state is planned.
+        graphdef: the model's ``nnx.GraphDef``.
+        param_state: ``nnx.State`` of abstract ``nnx.Param`` (logical axes in metadata).
+        abstract_state: ``TrainState`` of ShapeDtypeStruct carrying the shardings.
+        shardings: ``TrainState`` of ``NamedSharding`` matching the model state.
+        abstract_batch: ``{name: ShapeDtypeStruct}`` of the batch, carrying its shardings.
+        batch_shardings: ``{name: NamedSharding}`` of the batch (``step.batch_shardings``).
+        compiled: the ``jax.stages.Compiled`` step (None when analytic).
+        factory: ``rngs -> nnx.Module`` that builds the model (for ``materialize``).
+        loss_fn: ``(model, batch) -> loss`` of the step.
+        jitted: the jitted step ``(state, batch) -> (state, metrics)`` before AOT
+            compilation (None on an abstract mesh).
+        reshards: layout changes the compiler inserted between two ops (``hlo.Reshard``:
+            the collective, the producing and consuming ops and their source lines);
+            empty when nothing was compiled.
+    """
+
+    _view: ClassVar[str] = "plan_view:plan_widget"
+
+    report: PlanReport
+    optimizer: optax.GradientTransformation
+    graphdef: Any
+    param_state: Any
+    abstract_state: TrainState
+    shardings: TrainState
+    abstract_batch: dict[str, jax.ShapeDtypeStruct]
+    batch_shardings: dict[str, jax.sharding.NamedSharding]
+    compiled: Any | None
+    factory: ModelFactory
+    loss_fn: LossFn
+    jitted: Callable[..., Any] | None
+    reshards: list[Any] = dataclasses.field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for names the handle lacks: the report's fields and methods
+        report = self.__dict__.get("report")
+        if report is not None and name in _REPORT_NAMES:
+            return getattr(report, name)
+        raise AttributeError(f"'Plan' object has no attribute {name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | _REPORT_NAMES)
+
+    # the report's most used parts, spelled out (the rest come through __getattr__)
+    name = property(lambda self: self.report.name, doc="PlanReport.name")
+    cfg = property(lambda self: self.report.cfg, doc="PlanReport.cfg")
+    mesh = property(lambda self: self.report.mesh, doc="PlanReport.mesh")
+    rules = property(lambda self: self.report.rules, doc="PlanReport.rules")
+    batch = property(lambda self: self.report.batch, doc="PlanReport.batch")
+    seq = property(lambda self: self.report.seq, doc="PlanReport.seq")
+    memory = property(lambda self: self.report.memory, doc="PlanReport.memory")
+    model_flops = property(lambda self: self.report.model_flops,
+                           doc="PlanReport.model_flops")
+    collectives = property(lambda self: self.report.collectives,
+                           doc="PlanReport.collectives")
+    warnings = property(lambda self: self.report.warnings, doc="PlanReport.warnings")
+    predicted = property(lambda self: self.report.predicted, doc="PlanReport.predicted")
+
+    def predict(self, *, hardware: Any = None, overlap: float | None = None) -> Any:
+        """``PlanReport.predict``: a prediction of one step, for another chip or overlap."""
+        return self.report.predict(hardware=hardware, overlap=overlap)
+
+    def summary(self) -> str:
+        """``PlanReport.summary``: a few lines."""
+        return self.report.summary()
+
+    def to_dict(self) -> dict[str, Any]:
+        """``PlanReport.to_dict``: the JSON-friendly summary."""
+        return self.report.to_dict()
+
+    def __str__(self) -> str:
+        return str(self.report)
+
+    def __repr__(self) -> str:
+        return repr(self.report)
+
+    @functools.cached_property
+    def activations(self) -> list[Any]:
+        """The step's activations (``planning.activations.Activation``): every tensor the
+        model constrains (per layer: q/k/v, attention output, residual, MLP hidden; the
+        logits), and the attention scores found in the traced program, with shape,
+        sharding and bytes per device. Traced on first use."""
+        from workbench.planning.activations import trace_activations
+
+        sh = next(iter(self.batch_shardings.values()), None)
+        mesh = sh.mesh if sh is not None else self.report.mesh.abstract
+        cfg = self.report.cfg
+        scanned = cfg.n_layers if cfg is not None and cfg.scan_layers else None
+        return trace_activations(self.graphdef, self.loss_fn, self.abstract_state.params,
+                                 self.abstract_batch, self.report.rules, mesh,
+                                 scanned_layers=scanned)
+
+    # -- the model and the step -----------------------------------------------------------
+
+    def init_state(self, seed: int = 0) -> TrainState:
+        """Params and optimizer state created directly into the plan's shardings."""
+        self._require_devices("init_state")
+        return sharded_init(self.factory, self.optimizer, self.shardings)(jax.random.key(seed))
+
+    def materialize(self, seed: int = 0) -> Any:
+        """The sharded ``nnx.Module``: parameters are created by a function jitted with the
+        plan's output shardings, so no device ever holds the full parameters."""
+        from flax import nnx
+
+        self._require_devices("materialize")
+        params = sharded_init(self.factory, None, self.shardings.params)(jax.random.key(seed))
+        return nnx.merge(self.graphdef, params)
+
+    def train_step(self) -> Callable[..., Any]:
+        """The step this plan compiled, ``(state, batch) -> (state, metrics)``: the AOT
+        executable (donates ``state``), or the jitted function when nothing was compiled."""
+        self._require_devices("train_step")
+        return self.compiled if self.compiled is not None else self.jitted
+
+    def _require_devices(self, what: str) -> None:
+        if self.report.mesh.jax_mesh is None:
+            raise RuntimeError(
+                f"plan.{what}() needs real devices, but this plan is on "
+                f"{self.report.mesh.describe()}; plan on wb.make_mesh(...) to build the model")
