@@ -138,6 +138,13 @@ def test_export_round_trip_is_bitwise_and_transformers_reads_it(hf, family, tmp_
     out = wb.models.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
     files = sorted(p.name for p in out.glob("*.safetensors"))
     assert len(files) > 1 and (out / "model.safetensors.index.json").is_file()
+    # the source folder's other files come along (generation_config.json here)
+    assert (out / "generation_config.json").read_bytes() == \
+        (folder / "generation_config.json").read_bytes()
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text('{"version": "1.0"}')
+    with_tok = wb.models.to_hf(model, tmp_path / "with_tok", tokenizer=tok)
+    assert (with_tok / "tokenizer.json").read_text() == tok.read_text()
 
     def tensors(d):
         t = {}
