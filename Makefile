@@ -1,7 +1,7 @@
 # Workbench: two commands set everything up on a fresh machine.
 #   make lab    create .venv, install workbench (+ lab extension), open JupyterLab on notebooks/
 #   make test   create/refresh .venv when needed, install test tools, run every test
-#   make test-fast   the same without the heavy tests (markers in pyproject.toml): a few minutes
+#   make test-fast   every test but the heavy ones (markers in pyproject.toml): the edit-test loop
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv

@@ -4,11 +4,14 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Calibrations a user stored (wb.calibrate) must not change the tests' predictions.
+os.environ["WORKBENCH_CALIBRATION"] = tempfile.mkdtemp(prefix="wb-calibration-")
 
 import pytest  # noqa: E402 - after the environment above, before any test imports JAX
 

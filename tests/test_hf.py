@@ -324,6 +324,8 @@ def test_prompt_outside_vocab_is_refused(hf):
         wb.generate(model, [5, 300])
     with pytest.raises(ValueError, match="needs tokenizer="):
         wb.generate(model, "text")
+    with pytest.raises(ValueError, match="tokenizer has 256 token ids.*vocab_size is 128"):
+        wb.generate(model, "text", tokenizer=wb.data.Tokenizer())
 
 
 def test_failed_export_leaves_nothing_and_existing_folder_is_kept(hf, tmp_path, monkeypatch):

@@ -63,6 +63,8 @@ print("quieted")
 """
 
 
+@pytest.mark.multiprocess
+@pytest.mark.tpu
 def test_importing_every_module_changes_nothing_until_a_tpu_plan():
     mods = _modules()
     assert len(mods) > 60 and "workbench.hardware.catalogue" in mods
@@ -76,6 +78,7 @@ def test_importing_every_module_changes_nothing_until_a_tpu_plan():
         out.stdout + out.stderr[-2000:]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(not libtpu_installed(), reason="libtpu is not installed")
 def test_quiet_libtpu_changes_only_the_tpu_factory_and_only_once():
     code = ("from jax._src import xla_bridge\n"

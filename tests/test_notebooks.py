@@ -19,7 +19,8 @@ EXPECTED = ["00_tour", "01_meshes_and_devices", "02_partition_specs",
             "03_sharded_model_step_by_step", "04_memory_math", "05_resumable_training",
             "06_launch_from_a_cell", "07_teaching_on_tpu_vms", "08_plan_for_a_pod",
             "09_bring_your_own_model", "10_pipelines", "11_experts_and_long_sequences",
-            "12_start_from_a_released_model"]
+            "12_train_on_your_own_text",
+            "13_start_from_a_released_model"]
 
 
 #: What a notebook says on its second run about what it reuses from the first.
@@ -28,6 +29,7 @@ SECOND_RUN_SAYS = {
     "05_resumable_training": "this run starts a new run directory, runs/05-resumable-2, and "
                              "reuses nothing from them",
     "06_launch_from_a_cell": "runs/06-job already holds",
+    "12_train_on_your_own_text": "run directory: runs/12-own-text-2",
 }
 
 
@@ -51,23 +53,18 @@ CELL_S, NOTEBOOK_S = 240, 600
 #: Notebooks that compile for an abstract TPU slice (the plans land in the session's
 #: WORKBENCH_CACHE; their second run reads them back).
 TPU = {"07_teaching_on_tpu_vms", "08_plan_for_a_pod", "11_experts_and_long_sequences"}
-#: What the test runs smaller than the notebook, and why: (text, replacement), each found
-#: exactly once in the code cells. The checks stay the same (every cell of both runs runs,
-#: no error or traceback). 08 compiles Llama-2-70B steps for v5p slices with the TPU
-#: compiler, one per cell, seven on its first run: the first alone had not finished after
-#: 600 s (122 s of CPU) at load average 15 on this 2-core machine, so as published 08 is
-#: most of the suite's time. The test compiles Llama-2-7B instead (vocabulary, head size,
-#: scanned layers and every call the same; ~27 s per compile idle, BENCHMARKS.md
-#: bench_plan): the same TPU-compiled plans, search, plan cache and MaxText path. The 70B
-#: plans themselves are `make bench`'s (bench_reference, BENCHMARKS.md);
-#: WORKBENCH_NOTEBOOKS_AS_PUBLISHED=1 runs the notebooks exactly as published.
-SMALLER = {"08_plan_for_a_pod": [('GPTConfig.preset("70b")', 'GPTConfig.preset("7b")')]}
-#: Seconds for each cell and both runs together of a TPU-compiling notebook: its compiles
-#: (~30 s each idle, as shrunk) grow with the machine's load, so one limit for the whole
-#: notebook, not a tighter one per cell, which only fails a loaded machine sooner; a hung
-#: cell is still stopped by it. As published (seven 70B compiles) it gets three times more.
-AS_PUBLISHED = os.environ.get("WORKBENCH_NOTEBOOKS_AS_PUBLISHED", "") not in ("", "0")
-HEAVY_S = {"08_plan_for_a_pod": 5400 if AS_PUBLISHED else 1800}
+#: Seconds for each cell and both runs together of a notebook that compiles large models
+#: for TPU slices. 08 compiles Llama-2-70B steps with the TPU compiler, one per cell,
+#: seven on its first run (its second reads them from the plan cache). Measured on this
+#: 2-core machine under load (load average 15-40 from other work): the first compile had
+#: used 122 s of CPU when the old 600 s cell limit stopped it, so the first run needs at
+#: least 7 x 2 = 14 minutes of one core idle; a Llama-2-7B-sized run of the same cells
+#: compiled no faster (167 s of CPU, first compile unfinished), so the test runs 08 as
+#: published. A compile's time grows with the load (CI beside other work ran 2.6x slower),
+#: so the notebook has one limit, ~2.5 x its idle floor plus the second run, for every
+#: cell and both runs: a per-cell limit below it only fails a loaded machine sooner, and a
+#: hung cell is still stopped.
+HEAVY_S = {"08_plan_for_a_pod": 3600}
 
 
 def _marks(stem: str) -> list[pytest.MarkDecorator]:
@@ -82,11 +79,6 @@ def _marks(stem: str) -> list[pytest.MarkDecorator]:
 def run_notebook(path: pathlib.Path, cwd: pathlib.Path,
                  cache: pathlib.Path) -> tuple[nbformat.NotebookNode, float]:
     nb = nbformat.read(path, as_version=4)
-    for text, smaller in ([] if AS_PUBLISHED else SMALLER.get(path.stem, [])):
-        cells = [c for c in nb.cells if c.cell_type == "code" and text in c.source]
-        assert len(cells) == 1 and cells[0].source.count(text) == 1, \
-            f"{path.stem}: {text!r} is no longer in exactly one code cell; update SMALLER"
-        cells[0].source = cells[0].source.replace(text, smaller)
     client = NotebookClient(nb, timeout=HEAVY_S.get(path.stem, CELL_S), kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}})
     t0 = time.perf_counter()

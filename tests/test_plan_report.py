@@ -76,3 +76,25 @@ def test_the_handle_runs_and_the_report_does_not(compiled_plan):
     assert sum(x.size for x in leaves) == TINY.n_params
     assert {x.sharding.mesh for x in leaves} == {compiled_plan.report.mesh.jax_mesh}
     assert isinstance(compiled_plan, Plan) and isinstance(report, PlanReport)
+
+
+def test_plan_is_its_stages_in_order(abstract_plan):
+    """``wb.plan`` is resolve -> choose_target -> build_step -> measure -> lint: run by hand,
+    the stages give the same report."""
+    from workbench.planning.measure import measure
+    from workbench.planning.stages import build_step, choose_target, lint, resolve
+    from workbench.step import lm_loss
+
+    inp = resolve(abstract_plan.cfg, mesh=abstract_plan.mesh, rules="fsdp_tp", batch=16,
+                  seq=64, optimizer=None, dtype=None, name=None, compile=False,
+                  memory_limit=None, loss_fn=lm_loss, example_batch=None, pipeline=None,
+                  overlap=True)
+    setup = choose_target(inp)
+    assert setup.target.source == "estimate" and setup.mesh is None
+    step = build_step(inp, setup)
+    m = measure(inp, setup, step, progress=False)
+    warnings = lint(inp, setup, step, m, 16 * 1024 ** 2)
+    assert m.memory == abstract_plan.memory and step.flops == abstract_plan.flops
+    assert [c.to_dict() for c in m.collectives] == \
+        [c.to_dict() for c in abstract_plan.collectives]
+    assert [w.to_dict() for w in warnings] == [w.to_dict() for w in abstract_plan.warnings]

@@ -138,6 +138,31 @@ def test_train_panel_appends_live_rows_after_its_history(tmp_path):
     assert rep["handlers_left"] == 0
 
 
+def test_train_panel_draws_the_eval_loss_dashed_beside_the_training_loss(tmp_path):
+    steps = list(range(1, 11))
+    evals = [None, None, None, None, 3.5, None, None, None, None, 2.5]   # eval_every=5
+    history = {"step": steps, "loss": [5.0 - 0.3 * s for s in steps], "mfu": [0.1] * 10,
+               "step_time": [0.5] * 10, "data_time": [0.1] * 10, "ckpt_time": [0.0] * 10,
+               "eval_loss": evals}
+    state = {"info": {"name": "own-text", "run_dir": "/runs/t"},
+             "status": {"step": 10, "target": 10, "state": "finished", "last": {"loss": 2.0}},
+             "history": history}
+    rep = render(tmp_path, "train_panel", state,
+                 [{"op": "msg", "msg": {"type": "append",
+                                        "rows": [[11, 1.6, 0.1, 0.5, 0.1, 0.0, None]]}}])
+    loss = rep["charts"][0]
+    train_d, eval_d = loss["d"]                   # two paths: training loss, eval loss
+    train, held = _vertices(train_d), _vertices(eval_d)
+    assert len(train) == 11 and len(held) == 2 and "loss · eval (dashed)" in loss["texts"]
+    # the same axes: x by step (steps 1..11), y by value over both series (1.6 .. 4.7)
+    x = lambda s: train[0][0] + (s - 1) / 10 * (train[-1][0] - train[0][0])
+    assert held[0][0] == pytest.approx(x(5), abs=0.1) and held[1][0] == pytest.approx(x(10), abs=0.1)
+    top, bottom = min(y for _, y in train), max(y for _, y in train)   # 4.7 and 1.6
+    y = lambda v: bottom - (v - 1.6) / (4.7 - 1.6) * (bottom - top)
+    assert held[0][1] == pytest.approx(y(3.5), abs=0.1) and held[1][1] == pytest.approx(y(2.5), abs=0.1)
+    assert rep["handlers_left"] == 0
+
+
 def test_charts_wait_for_the_first_step(tmp_path):
     rep = render(tmp_path, "job", {"payload": _job_payload(0, 60)})
     assert [c["d"] for c in rep["charts"]] == [[""], [""]]
@@ -288,3 +313,31 @@ def test_devices_table(tmp_path):
     p = devices_payload(jax.devices())
     rep = render(tmp_path, "devices", {"payload": p})
     assert [int(r[0]) for r in rep["rows"]] == [d.id for d in jax.devices()]
+
+
+def test_profile_widget_draws_one_pair_of_bars_per_term(tmp_path):
+    from workbench.planning.profile import profile_report
+    from workbench.planning.trace import StepProfile
+    from workbench.widgets.profile_view import profile_payload
+
+    pred = {"step_seconds": 0.03, "sources": {}, "breakdown": {
+        "compute": 0.01, "memory": 0.012, "communication": 0.008,
+        "communication_total": 0.008,
+        "collectives": [{"kind": "all-gather", "axes": ["data"], "seconds": 0.008, "count": 4}]}}
+    measured = StepProfile(directory="runs/r/profiles/3", files=(), module="jit_train_step",
+                           steps=3, devices=8, step_seconds=0.04, execution_seconds=0.035,
+                           categories={"compute": 0.011, "memory": 0.01, "collectives": 0.0,
+                                       "other": 0.0, "concurrent": 0.0, "idle": 0.004,
+                                       "host": 0.005}, collectives=(), ops=())
+    report = profile_report(pred, measured, plan_name="fsdp",
+                            tokens_per_s={"outside": 1000.0, "during": 900.0})
+    out = render(tmp_path, "profile", {"payload": profile_payload(report)})
+    bars = out["profile_bars"]
+    assert len(bars) == 2 * len(report.terms)       # predicted and measured per term
+    top = max(max(t.predicted, t.measured) for t in report.terms)
+    for i, t in enumerate(report.terms):
+        for bar, value in ((bars[2 * i], t.predicted), (bars[2 * i + 1], t.measured)):
+            assert float(bar["style:width"].rstrip("%")) == pytest.approx(100 * value / top)
+    assert report.verdict() in out["text"]
+    assert "idle + host" in report.verdict()        # 9 ms of the 40 ms step, not predicted
+    assert out["handlers_left"] == 0

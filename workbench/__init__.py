@@ -41,6 +41,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "compare": ("workbench.planning", "compare"),
     "search": ("workbench.planning.search", "search"),
     "SearchResult": ("workbench.planning.search", "SearchResult"),
+    "calibrate": ("workbench.planning.calibrate", "calibrate"),
+    "remove_calibration": ("workbench.planning.calibrate", "remove_calibration"),
+    "profile_step": ("workbench.train.profile", "profile_step"),
     "TrainConfig": ("workbench.train", "TrainConfig"),
     "Trainer": ("workbench.train", "Trainer"),
     "launch": ("workbench.jobs", "launch"),
@@ -82,7 +85,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench.mesh import MeshInfo, abstract_mesh, make_mesh
     from workbench.models.generate import generate
     from workbench.planning import Plan, compare, plan
+    from workbench.planning.calibrate import calibrate, remove_calibration
     from workbench.planning.search import SearchResult, search
+    from workbench.train.profile import profile_step
     from workbench.rules import Rules
     from workbench.train import TrainConfig, Trainer
     from workbench.widgets import show

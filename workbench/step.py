@@ -333,7 +333,10 @@ def sharded_init(cfg_or_factory: GPTConfig | ModelFactory,
 
 
 def lm_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:
-    """Mean next-token cross-entropy (float32) of ``model(inputs)`` against ``targets``."""
+    """Mean next-token cross-entropy (float32) of ``model(inputs)`` against ``targets``:
+    over the tokens where ``mask`` is nonzero when the batch has one. Packed rows also
+    carry ``segment_ids`` and ``positions`` (:mod:`workbench.data.packing`), given to
+    the model."""
     return lm_loss_and_stats(model, batch)[0]
 
 
@@ -345,9 +348,13 @@ def lm_loss_and_stats(model: nnx.Module, batch: Mapping[str, jax.Array]
         inputs, targets = batch["tokens"][:, :-1], batch["tokens"][:, 1:]  # (B, T) each
     else:
         inputs, targets = batch["inputs"], batch["targets"]
+    packed = {k: batch[k] for k in ("segment_ids", "positions") if k in batch}  # packed rows
+    if packed and not isinstance(model, GPT):
+        raise ValueError(f"packed batches (segment_ids, positions) need a wb GPT; "
+                         f"{type(model).__name__} takes tokens only: train it on unpacked data")
     stats: dict[str, jax.Array] = {}
     if isinstance(model, GPT):
-        x, stats = model.hidden_and_stats(inputs)                          # (B, T, D)
+        x, stats = model.hidden_and_stats(inputs, **packed)                # (B, T, D)
         if model.cfg.loss_chunks > 1:
             losses = _chunked_losses(model, x, targets, model.cfg.loss_chunks)   # (B, T)
         else:

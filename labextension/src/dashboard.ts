@@ -13,14 +13,14 @@ import { runStream, Stream } from './handler';
 import { EXPERT_KEYS, expertHeatmap, ExpertLoadModel } from './expertLoad';
 import { describePrediction, IPrediction, recentMedian, versus } from './prediction';
 import { RunModel } from './runModel';
-import { Decimator, EmaCache } from './series';
+import { Decimator, drawn, EmaCache, withSparse } from './series';
 import { SettingsModel } from './settings';
 import { Throttle } from './throttle';
 import { RunMessage } from './types';
 
 /** The metric columns a dashboard streams (the charts, KPIs and CSV export). */
 export const DASHBOARD_KEYS = ['time', 'loss', 'grad_norm', 'lr', 'step_time', 'data_time',
-  'ckpt_time', 'tokens_per_s', 'mfu', 'hfu', ...EXPERT_KEYS];
+  'ckpt_time', 'tokens_per_s', 'mfu', 'hfu', 'eval_loss', 'eval_perplexity', ...EXPERT_KEYS];
 
 const pct = (v: number) => `${(v * 100).toFixed(v < 0.1 ? 1 : 0)}%`;
 
@@ -57,7 +57,8 @@ export class RunDashboard extends Widget {
     this._charts = {
       loss: new LineChart({ title: 'Loss', series: [
         { label: 'loss', stroke: '#9ecae1', width: 1 },
-        { label: 'smoothed', stroke: PALETTE[0], width: 2 }] }),
+        { label: 'smoothed', stroke: PALETTE[0], width: 2 },
+        { label: 'held-out (eval)', stroke: PALETTE[1], width: 2, dash: [5, 3] }] }),
       util: new LineChart({ title: 'Utilization', format: { y: pct }, series: [
         { label: 'MFU', stroke: PALETTE[2] }, { label: 'HFU', stroke: PALETTE[3], dash: [4, 3] },
         { label: 'predicted MFU', stroke: PALETTE[2], ...PREDICTED }] }),
@@ -127,8 +128,11 @@ export class RunDashboard extends Widget {
     const loss = s.column('loss');
     const smooth = this._ema.update(loss, this._smoothing);
     const dec = this._decimators;
-    const lossD = dec.loss.decimate(step, [loss], max, [smooth]);
-    this._charts.loss.setData(lossD.x, lossD.ys, t0);
+    // the held-out loss is logged every eval_every steps: all its points are kept
+    const evalLoss = s.column('eval_loss');
+    const idx = withSparse(dec.loss.indices(step.length, [loss], max), evalLoss);
+    this._charts.loss.setData(idx.map(i => step[i]),
+      [loss, smooth, evalLoss].map(y => idx.map(i => drawn(y[i]))), t0);
     const pred = this.model.prediction;
     const util = dec.util.decimate(step, [s.column('mfu'), s.column('hfu')], max);
     this._charts.util.setData(util.x, [...util.ys, level(util.x, pred?.mfu ?? null)]);

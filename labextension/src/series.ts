@@ -296,6 +296,24 @@ export class Decimator {
   }
 }
 
+/**
+ * `indices` with every index where `sparse` has a finite value added (in order): a
+ * series logged every N steps (the held-out loss) keeps all its points however the
+ * dense series around it are decimated.
+ */
+export function withSparse(indices: number[], sparse: ArrayLike<number>): number[] {
+  const extra: number[] = [];
+  for (let i = 0; i < sparse.length; i += 1) {
+    if (Number.isFinite(sparse[i])) {
+      extra.push(i);
+    }
+  }
+  if (!extra.length) {
+    return indices;
+  }
+  return Array.from(new Set([...indices, ...extra])).sort((a, b) => a - b);
+}
+
 /** A column value as a chart draws it: itself, null (a gap) or undefined (missing). */
 export function drawn(v: number): number | null | undefined {
   return Number.isFinite(v) ? v : v === GAP ? null : undefined;

@@ -134,3 +134,51 @@ comparison
 # `print(p)` of any plan lists its collectives one by one. With a tiny model the numbers
 # are small and close together; notebook 04 runs the same comparison at GPT-3 scale,
 # where they decide what fits.
+
+# %% [markdown]
+# ## 7. Where the time went: the prediction against a profile
+#
+# Every plan predicts its step time from FLOPs, memory traffic and each collective
+# (`plan.predicted.breakdown`). `wb.profile_step(plan)` runs the plan's own compiled step
+# on the devices at hand under `jax.profiler`, reads the trace back op by op, and lines it
+# up with the prediction **term by term**: matmuls against the compute term, every other
+# op against the memory term, each collective against its own row (matched by kind and
+# mesh axes), plus what the prediction leaves out (idle time, the host between steps).
+# On a `wb.Trainer` it is `trainer.profile(steps=3)`. The trace stays on disk: open it in
+# XProf with `xprof --logdir profiles`.
+#
+# Two layouts first, fsdp and tp (CPU timings are noisy on a shared machine; the table
+# says which term is off, not by how much a GPU would be):
+
+# %%
+by_name = {p.name: p for p in plans}
+profiled = {name: wb.profile_step(by_name[name], steps=2, warmup=1) for name in ("fsdp", "tp")}
+print(profiled["fsdp"])
+profiled["tp"]
+
+# %% [markdown]
+# **Calibrate, then predict a layout that was not profiled.** `wb.calibrate` fits this
+# device kind's achieved rates to the profiles: matmul FLOP/s, memory bandwidth, and for
+# each kind of collective its latency and bandwidth. By default it stores them in the
+# cache directory, and every later prediction for this kind of device uses them
+# (`sources["calibration"]` says which profiles); here `save=False` keeps it to this
+# notebook, and the third layout, fsdp_tp, is predicted with it explicitly:
+
+# %%
+cal = wb.calibrate(list(profiled.values()), save=False)
+print(f"achieved matmul {cal.matmul_flops / 1e9:.2f} GFLOP/s per device "
+      f"({cal.compute_factor:.2f} x the table), memory {cal.hbm_bandwidth / 1e9:.2f} GB/s "
+      f"({cal.memory_factor:.2f} x)")
+third = by_name["fsdp_tp"]
+table_only, calibrated = third.predict(calibration=False), third.predict(calibration=cal)
+measured = wb.profile_step(third, steps=2, warmup=1)
+print(f"fsdp_tp: measured {measured.term('step').measured * 1e3:.1f} ms/step; predicted "
+      f"{table_only.step_seconds * 1e3:.1f} ms from the hardware table, "
+      f"{calibrated.step_seconds * 1e3:.1f} ms calibrated")
+print(calibrated.sources["calibration"])
+
+# %% [markdown]
+# On a quiet machine the calibrated prediction of a layout it never saw lands within
+# about 15% of the measured step (BENCHMARKS.md, `bench_profile`); on accelerators
+# `python -m benchmarks.bench_profile --store` profiles a preset, writes this table and
+# keeps the calibration for every later plan on that chip.

@@ -42,6 +42,7 @@ const report = {
   rows: byClass(host, "wb-row").map((n) => n.children.map((c) => c.textContent)),
   bars: pick("wb-bar-row", ["data-device", "text"]),
   cols: pick("wb-col", ["data-group", "style:height"]),
+  profile_bars: pick("wb-profile-bar", ["title", "style:width"]),
   iframes: walk(host).filter((n) => n.tagName === "IFRAME").map((n) => n.getAttribute("srcdoc")?.length ?? 0),
   charts: walk(host).filter((n) => n.tagName === "SVG").map((n) => ({
     label: n.getAttribute("aria-label"),

@@ -1,4 +1,4 @@
-"""Input data: an offline byte-level text corpus and synthetic tokens, as Grain pipelines.
+"""Input data as Grain pipelines: your own text (tokenized, packed), a byte corpus, synthetic.
 
 Example::
 
@@ -7,17 +7,30 @@ Example::
     batches = wb.data.ShardedBatches(spec, seq=128, batch=8, seed=0,
                                      sharding=sharding, vocab_size=256)
     batch = next(batches)   # {"inputs": (8, 128), "targets": (8, 128)} int32, sharded
+
+    tok = wb.data.Tokenizer("tokenizer.json")            # or a SentencePiece .model; None: bytes
+    spec = wb.data.Dataset(files="docs/*.jsonl", field="text", tokenizer=tok,
+                           eval_fraction=0.05)            # packed rows with segment ids
 """
+from workbench.data.dataset import Dataset, prepare
+from workbench.data.files import DataError
+from workbench.data.packing import pack, row_batch
+from workbench.data.tokenizer import Tokenizer, check_vocab
+from workbench.data.tokens import build_token_cache
 from workbench.data.corpus import TextData, build_text_corpus, cache_root, corpus_bytes
 from workbench.data.pipeline import (
     DataSpec,
     ShardedBatches,
     SyntheticData,
+    batch_keys,
     batch_shards,
+    batched,
     data_spec,
     dataset,
     source,
 )
 
-__all__ = ["DataSpec", "ShardedBatches", "SyntheticData", "TextData", "batch_shards",
-           "build_text_corpus", "cache_root", "corpus_bytes", "data_spec", "dataset", "source"]
+__all__ = ["DataError", "DataSpec", "Dataset", "ShardedBatches", "SyntheticData", "TextData",
+           "Tokenizer", "batch_keys", "batch_shards", "batched", "build_text_corpus", "build_token_cache",
+           "cache_root", "check_vocab", "corpus_bytes", "data_spec", "dataset", "pack",
+           "prepare", "row_batch", "source"]

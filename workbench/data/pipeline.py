@@ -21,6 +21,8 @@ import grain
 import numpy as np
 
 from workbench.data.corpus import TextData, build_text_corpus
+from workbench.data.dataset import Dataset, prepare
+from workbench.data.packing import row_batch
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,14 +54,14 @@ class SyntheticData:
         return {"kind": "synthetic", **dataclasses.asdict(self)}
 
 
-DataSpec = TextData | SyntheticData
-_KINDS: dict[str, type[TextData | SyntheticData]] = {
-    "text": TextData, "synthetic": SyntheticData}
+DataSpec = TextData | SyntheticData | Dataset
+_KINDS: dict[str, type[TextData | SyntheticData | Dataset]] = {
+    "text": TextData, "synthetic": SyntheticData, "dataset": Dataset}
 
 
 def data_spec(value: str | Mapping[str, Any] | DataSpec) -> DataSpec:
     """Normalises ``"text"``, ``"synthetic"``, a ``to_dict()`` mapping or a spec object."""
-    if isinstance(value, (TextData, SyntheticData)):
+    if isinstance(value, (TextData, SyntheticData, Dataset)):
         return value
     if isinstance(value, str):
         if value not in _KINDS:
@@ -70,13 +72,15 @@ def data_spec(value: str | Mapping[str, Any] | DataSpec) -> DataSpec:
         fields = dict(value)
         kind = fields.pop("kind", None)
         if kind not in _KINDS:
-            raise ValueError(f"data spec {dict(value)} needs 'kind': 'text' or 'synthetic'")
+            raise ValueError(f"data spec {dict(value)} needs 'kind': 'text', 'synthetic' or "
+                             "'dataset'")
         cls = _KINDS[kind]
         for key, val in fields.items():
             if isinstance(val, list):
                 fields[key] = tuple(val)
         return cls(**fields)
-    raise TypeError(f"data must be 'text', 'synthetic', a dict or a spec; got {value!r}")
+    raise TypeError(f"data must be 'text', 'synthetic', a dict or a spec (wb.data.TextData, "
+                    f"wb.data.Dataset, ...); got {value!r}")
 
 
 def _synthetic_row(index: int, *, seq: int, vocab: int, seed: int) -> np.ndarray:
@@ -102,7 +106,8 @@ class _Windows:
 def source(spec: DataSpec, *, seq: int, vocab_size: int,
            cache_dir: str | os.PathLike[str] | None = None
            ) -> tuple[grain.MapDataset, dict[str, Any]]:
-    """Records of ``seq + 1`` int32 tokens, in corpus order, and a description.
+    """Records of ``seq + 1`` int32 tokens, in corpus order, and a description; for a
+    ``Dataset``, packed rows (dicts of ``tokens``, ``segments``, ``positions``).
 
     Args:
       spec: the data spec.
@@ -110,6 +115,9 @@ def source(spec: DataSpec, *, seq: int, vocab_size: int,
       vocab_size: the model's vocabulary; every token id must be below it.
       cache_dir: where the text corpus' ArrayRecord file lives (default: the user cache).
     """
+    if isinstance(spec, Dataset):
+        prepared = prepare(spec, seq=seq, vocab_size=vocab_size, cache_dir=cache_dir)
+        return prepared.train, prepared.info
     if isinstance(spec, TextData):
         if vocab_size < spec.vocab_size:
             raise ValueError(
@@ -147,14 +155,35 @@ def dataset(spec: DataSpec, *, seq: int, batch: int, seed: int, vocab_size: int,
       process_index, process_count: this process and how many read.
       cache_dir: where the text corpus lives.
     """
+    records, info = source(spec, seq=seq, vocab_size=vocab_size, cache_dir=cache_dir)
+    return batched(records, batch=batch, seed=seed, process_index=process_index,
+                   process_count=process_count), {**info, "epoch_records": len(records)}
+
+
+def batched(records: grain.MapDataset, *, batch: int, seed: int | None, process_index: int = 0,
+            process_count: int = 1) -> grain.MapDataset:
+    """This process's batches of ``records``: shuffled by ``seed`` (None: in order) and
+    repeated forever, ``batch / process_count`` records each.
+
+    Global batch ``j`` is blocks ``j*P .. j*P+P-1`` of ``batch/P`` consecutive (shuffled)
+    records; process ``p`` takes block ``j*P + p``.
+    """
     if batch % process_count:
         raise ValueError(f"batch={batch} is not divisible by the {process_count} processes "
                          f"that load it; use a multiple of {process_count}")
     local = batch // process_count
-    records, info = source(spec, seq=seq, vocab_size=vocab_size, cache_dir=cache_dir)
-    # Blocks of `local` consecutive shuffled records; process p takes block j*P + p.
-    ds = records.shuffle(seed=seed).repeat(None).batch(local, drop_remainder=True)
-    return ds[process_index::process_count], {**info, "epoch_records": len(records)}
+    ds = records.shuffle(seed=seed) if seed is not None else records
+    ds = ds.repeat(None).batch(local, drop_remainder=True)
+    return ds[process_index::process_count]
+
+
+#: The entries of a batch of packed rows (``workbench.data.packing.row_batch``).
+PACKED_KEYS: tuple[str, ...] = ("inputs", "targets", "mask", "segment_ids", "positions")
+
+
+def batch_keys(spec: str | Mapping[str, Any] | DataSpec) -> tuple[str, ...]:
+    """The entries of the batches a data spec gives (each int32 ``(batch, seq)``)."""
+    return PACKED_KEYS if isinstance(data_spec(spec), Dataset) else ("inputs", "targets")
 
 
 def batch_shards(sharding: Any) -> int:
@@ -200,10 +229,19 @@ class ShardedBatches:
         self.spec = data_spec(spec)
         self.sharding = sharding
         self.global_shape = (batch, seq + 1)
-        self._ds, self.info = dataset(
-            self.spec, seq=seq, batch=batch, seed=seed, vocab_size=vocab_size,
-            process_index=jax.process_index(), process_count=jax.process_count(),
-            cache_dir=cache_dir)
+        self._eval_rows: grain.MapDataset | None = None
+        where = {"process_index": jax.process_index(), "process_count": jax.process_count()}
+        if isinstance(self.spec, Dataset):
+            prepared = prepare(self.spec, seq=seq, vocab_size=vocab_size, cache_dir=cache_dir)
+            self._eval_rows = prepared.eval
+            self._ds = batched(prepared.train, batch=batch, seed=seed, **where)
+            self.info = {**prepared.info, "epoch_records": len(prepared.train)}
+        else:
+            self._ds, self.info = dataset(self.spec, seq=seq, batch=batch, seed=seed,
+                                          vocab_size=vocab_size, cache_dir=cache_dir, **where)
+        self.packed = isinstance(self.spec, Dataset)
+        #: The entries of each batch (int32 ``(batch, seq)`` each).
+        self.keys: tuple[str, ...] = batch_keys(self.spec)
         options = grain.ReadOptions(num_threads=max(1, min(prefetch, 4)),
                                     prefetch_buffer_size=prefetch) if prefetch else \
             grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
@@ -212,19 +250,51 @@ class ShardedBatches:
     def __iter__(self) -> ShardedBatches:
         return self
 
-    def next_local(self) -> np.ndarray:
-        """This process's rows of the next batch, ``(batch/P, seq+1)`` int32, on the host."""
+    def next_local(self) -> Any:
+        """This process's rows of the next batch, ``(batch/P, seq+1)`` int32, on the host
+        (packed data: a dict of ``tokens``, ``segments``, ``positions``, each that shape)."""
         return next(self._iter)
 
-    def __next__(self) -> dict[str, Any]:
+    def _global(self, local: Any) -> dict[str, Any]:
         import jax
 
-        local = self.next_local()                                  # (batch/P, seq + 1)
         shape = (self.global_shape[0], self.global_shape[1] - 1)   # (batch, seq)
-        return {
-            "inputs": jax.make_array_from_process_local_data(self.sharding, local[:, :-1], shape),
-            "targets": jax.make_array_from_process_local_data(self.sharding, local[:, 1:], shape),
-        }
+        parts = row_batch(local) if self.packed else \
+            {"inputs": local[:, :-1], "targets": local[:, 1:]}     # (batch/P, seq) each
+        return {k: jax.make_array_from_process_local_data(self.sharding, v, shape)
+                for k, v in parts.items()}
+
+    def __next__(self) -> dict[str, Any]:
+        return self._global(self.next_local())
+
+    @property
+    def eval_rows(self) -> int:
+        """Rows of the held-out split (0 without one)."""
+        return 0 if self._eval_rows is None else len(self._eval_rows)
+
+    def eval_batches(self, count: int) -> list[dict[str, Any]]:
+        """The first ``count`` global batches of the held-out rows, in order: the same
+        batches every time (each process reads its own block of each).
+
+        Raises:
+          ValueError: no eval split, or fewer than ``count`` batches of held-out rows.
+        """
+        import jax
+
+        batch = self.global_shape[0]
+        if self._eval_rows is None:
+            raise ValueError("eval needs a held-out split: wb.data.Dataset(..., "
+                             "eval_fraction=0.05) or Dataset(..., eval_files=...)")
+        have = len(self._eval_rows) // batch
+        if have < count:
+            raise ValueError(
+                f"the eval split has {len(self._eval_rows)} packed rows of seq+1="
+                f"{self.global_shape[1]} tokens: {have} batch(es) of batch={batch}, fewer "
+                f"than eval_batches={count}. Use eval_batches<={have} (at least 1), a "
+                "larger eval_fraction, or more eval files")
+        ds = batched(self._eval_rows, batch=batch, seed=None,
+                     process_index=jax.process_index(), process_count=jax.process_count())
+        return [self._global(ds[j]) for j in range(count)]
 
     def get_state(self) -> bytes:
         """The position in the stream (Grain's state, JSON)."""

@@ -36,7 +36,8 @@ from workbench.models.config import ATTENTION_IMPLEMENTATIONS
 from workbench.rules import active
 
 __all__ = ["IMPLEMENTATIONS", "Resolved", "attend", "block_sizes_for", "check",
-           "current_platform", "resolve", "splash_attention", "xla_attention"]
+           "current_platform", "resolve", "segment_mask", "splash_attention",
+           "xla_attention"]
 
 #: Values of ``GPTConfig.attention``.
 IMPLEMENTATIONS: tuple[str, ...] = ATTENTION_IMPLEMENTATIONS
@@ -172,14 +173,27 @@ def _divisor(seq: int) -> int:
 
 # -- implementations -------------------------------------------------------------------------
 
-def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal GQA attention by XLA (``jax.nn.dot_product_attention``, scale 1/sqrt(H))."""
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+def segment_mask(segment_ids: jax.Array | None) -> jax.Array | None:
+    """``(B, 1, T, T)`` bool: query ``i`` may see key ``j`` of the same segment (packed
+    rows); None for None."""
+    if segment_ids is None:
+        return None
+    return segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
 
 
-def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                  segment_ids: jax.Array | None = None) -> jax.Array:
+    """Causal GQA attention by XLA (``jax.nn.dot_product_attention``, scale 1/sqrt(H));
+    with ``segment_ids`` (B, T) also never across segments."""
+    return jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segment_ids),
+                                        is_causal=True, implementation="xla")
+
+
+def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                    segment_ids: jax.Array | None = None) -> jax.Array:
     """Causal GQA attention by cuDNN's fused flash kernel (GPU)."""
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+    return jax.nn.dot_product_attention(q, k, v, mask=segment_mask(segment_ids),
+                                        is_causal=True, implementation="cudnn")
 
 
 @functools.lru_cache(maxsize=64)
@@ -197,13 +211,16 @@ def _splash_kernel(n_heads: int, seq: int, block_q: int, block_kv: int,
                                   interpret=interpret)
 
 
-def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_q: int,
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                     segment_ids: jax.Array | None = None, *, block_q: int,
                      block_kv: int, interpret: bool) -> jax.Array:
     """Causal GQA attention by the splash kernel on local (unsharded) arrays.
 
     Args:
         q: (B, T, N, H) queries, RoPE applied, not scaled.
         k, v: (B, T, K, H) keys and values (K divides N).
+        segment_ids: (B, T) int32 or None: attention stays inside each segment (the
+            kernel's ``SegmentIds``; packed rows).
         block_q, block_kv: tile sizes (divide T).
         interpret: Pallas interpret mode (any platform; slow).
 
@@ -215,17 +232,24 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, block_q: int,
     kernel = _splash_kernel(n, t, block_q, block_kv, bool(interpret))
     qt = jnp.swapaxes(q * jnp.asarray(h ** -0.5, q.dtype), 1, 2)      # (B, N, T, H)
     kt, vt = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)             # (B, K, T, H)
-    out = jax.vmap(kernel)(qt, kt, vt)
+    if segment_ids is None:
+        out = jax.vmap(kernel)(qt, kt, vt)
+    else:
+        from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
+
+        seg = SegmentIds(q=segment_ids, kv=segment_ids)                   # (B, T) each
+        out = jax.vmap(lambda a, b, c, s: kernel(a, b, c, segment_ids=s))(qt, kt, vt, seg)
     return jnp.swapaxes(out, 1, 2).astype(q.dtype)
 
 
-def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, r: Resolved) -> jax.Array:
+def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, r: Resolved,
+                    segment_ids: jax.Array | None = None) -> jax.Array:
     """Splash under the active rules: ``shard_map`` over batch and head axes."""
     fn = functools.partial(splash_attention, block_q=r.block_q, block_kv=r.block_kv,
                            interpret=r.interpret)
     ctx = active()
     if ctx is None:
-        return fn(q, k, v)
+        return fn(q, k, v, segment_ids)
     rules, mesh = ctx
     seq_axes = rules.axes("seq", mesh)
     if seq_axes:
@@ -249,18 +273,24 @@ def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, r: Resolved) -> ja
     b_spec = batch if len(batch) != 1 else batch[0]
     h_spec = heads if len(heads) != 1 else heads[0]
     spec = PartitionSpec(b_spec or None, None, h_spec or None, None)
+    if segment_ids is not None:
+        seg_spec = PartitionSpec(b_spec or None, None)                      # (B, T)
+        return jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec, seg_spec),
+                             out_specs=spec, check_vma=False)(q, k, v, segment_ids)
     return jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
                          check_vma=False)(q, k, v)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str = "xla",
            block_sizes: tuple[int, int] | None = None,
-           platform: str | None = None) -> jax.Array:
+           platform: str | None = None, segment_ids: jax.Array | None = None) -> jax.Array:
     """Causal grouped-query attention by ``impl`` (see the module docstring).
 
     Args:
         q: (B, T, N, H) queries after RoPE.
         k, v: (B, T, K, H).
+        segment_ids: (B, T) int32 of packed rows: a query sees only keys of its own
+            segment (a mask for XLA and cuDNN, the kernel's segment ids for splash).
         impl: one of ``IMPLEMENTATIONS``.
         block_sizes: splash ``(block_q, block_kv)``; default ``min(512, T)`` each.
         platform: the platform traced for (default :func:`current_platform`).
@@ -269,7 +299,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str = "xla",
     r = check(impl, platform, seq=q.shape[1], head_dim=q.shape[3], n_heads=q.shape[2],
               n_kv_heads=k.shape[2], block_sizes=block_sizes)
     if r.impl == "splash":
-        return _sharded_splash(q, k, v, r)
+        return _sharded_splash(q, k, v, r, segment_ids)
     if r.impl == "cudnn":
-        return cudnn_attention(q, k, v)
-    return xla_attention(q, k, v)
+        return cudnn_attention(q, k, v, segment_ids)
+    return xla_attention(q, k, v, segment_ids)

@@ -193,6 +193,10 @@ def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: 
                          f"top_p={top_p} in (0, 1]")
     tokens, was_text = _tokens(prompt, tokenizer)
     cfg = model.cfg
+    n_vocab = getattr(tokenizer, "vocab_size", None)
+    if isinstance(n_vocab, int) and n_vocab > cfg.vocab_size:
+        raise ValueError(f"the tokenizer has {n_vocab} token ids but the model's vocab_size is "
+                         f"{cfg.vocab_size}; use the tokenizer the model was trained with")
     if tokens.max() >= cfg.vocab_size or tokens.min() < 0:
         raise ValueError(f"prompt token ids must be in [0, {cfg.vocab_size}) (the model's "
                          f"vocab_size), got {tokens.min()}..{tokens.max()}: the tokenizer's "

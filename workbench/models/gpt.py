@@ -26,7 +26,7 @@ from workbench.models import attention as attention_impl
 from workbench.models import context as context_parallel
 from workbench.models import moe
 from workbench.models.config import GPTConfig, remat_policy
-from workbench.models.layers import MLP, Attention, RMSNorm, fan_in_init, param, rope
+from workbench.models.layers import MLP, Attention, RMSNorm, Segments, fan_in_init, param, rope
 from workbench.models.pipeline import run_pipeline
 from workbench.rules import constrain
 
@@ -55,11 +55,12 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, **norm)
         self.mlp = moe.MoE(cfg, key=k_mlp) if cfg.n_experts else MLP(cfg, key=k_mlp)
 
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, RouterStats]:
+    def __call__(self, x: jax.Array, segments: Segments | None = None
+                 ) -> tuple[jax.Array, RouterStats]:
         """``x`` (B, T, D) -> the block's output (B, T, D) and its MoE router statistics
-        (``{}`` for a dense MLP)."""
+        (``{}`` for a dense MLP); ``segments``: packed rows' ``(segment_ids, positions)``."""
         x = checkpoint_name(x, "decoder_layer_input")
-        x = x + self.attn(self.attn_norm(x))
+        x = x + self.attn(self.attn_norm(x), segments)
         x = constrain(x, ("batch", "seq", None), name="residual")
         if isinstance(self.mlp, moe.MoE):
             y, stats = self.mlp.with_stats(self.mlp_norm(x))
@@ -94,15 +95,24 @@ class GPT(nnx.Module):
             keys[1], fan_in_init(cfg.d_model), (cfg.d_model, cfg.vocab_size),
             ("embed", "vocab"), pd)
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        return self.head(self.hidden(tokens))
+    def __call__(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,
+                 positions: jax.Array | None = None) -> jax.Array:
+        return self.head(self.hidden(tokens, segment_ids=segment_ids, positions=positions))
 
-    def hidden(self, tokens: jax.Array) -> jax.Array:
+    def hidden(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
         """The final-normed residual stream ``(B, T, d_model)`` the output projection reads
-        (``model(tokens) == model.head(model.hidden(tokens))``)."""
-        return self.hidden_and_stats(tokens)[0]
+        (``model(tokens) == model.head(model.hidden(tokens))``).
 
-    def hidden_and_stats(self, tokens: jax.Array) -> tuple[jax.Array, RouterStats]:
+        Packed rows (:mod:`workbench.data.packing`): ``segment_ids`` (B, T) int32 keeps
+        attention inside each document (0 is padding) and ``positions`` (B, T), each
+        token's position within its document, restarts RoPE per document; give both.
+        """
+        return self.hidden_and_stats(tokens, segment_ids=segment_ids, positions=positions)[0]
+
+    def hidden_and_stats(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,
+                         positions: jax.Array | None = None
+                         ) -> tuple[jax.Array, RouterStats]:
         """:meth:`hidden` and the router statistics of the MoE layers, each stacked over
         layers in layer order (``tokens_per_expert`` ``(n_layers, n_experts)``; ``{}`` for
         a dense model): what the train step adds to the loss and reports
@@ -110,10 +120,11 @@ class GPT(nnx.Module):
         cfg, dt = self.cfg, self.cfg.dtype
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (batch, seq) int32, got shape {tokens.shape}")
+        segments = _segments(tokens, segment_ids, positions)
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)      # (B, T, D)
         x = constrain(x, ("batch", "seq", None), name="embedded")
         x = context_parallel.to_model_order(x, zigzag=cfg.context_zigzag)  # CP zig-zag
-        run_block: RunBlock = lambda blk, h: blk(h)
+        run_block: RunBlock = lambda blk, h: blk(h, segments)
         policy = remat_policy(cfg.remat, attention_impl.current_platform())
         if policy is not None:
             # jax.checkpoint: prevent_cse=False is safe inside a scan (the loop keeps XLA
@@ -122,6 +133,9 @@ class GPT(nnx.Module):
                                   prevent_cse=not cfg.scan_layers)
         ctx = tracing.current()
         if cfg.scan_layers and ctx.pipeline is not None:   # inside a pipelined step
+            if segments is not None:
+                raise ValueError("packed rows (segment_ids) are not supported with pipeline "
+                                 "parallelism; train packed data without TrainConfig.pipeline")
             x, per_micro = run_pipeline(run_block, self.blocks, x, ctx.pipeline, ctx.stages)
             stats = moe.merge_microbatches(per_micro, cfg) if per_micro else {}
         elif cfg.scan_layers:
@@ -144,6 +158,24 @@ class GPT(nnx.Module):
         else:
             logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(dt))  # (B, T, V)
         return constrain(logits, ("batch", "seq", "vocab"), name="logits")
+
+
+def _segments(tokens: jax.Array, segment_ids: jax.Array | None,
+              positions: jax.Array | None) -> Segments | None:
+    """``(segment_ids, positions)`` of packed rows, checked; None for ordinary rows."""
+    if segment_ids is None and positions is None:
+        return None
+    if segment_ids is None or positions is None:
+        raise ValueError("packed rows need both segment_ids and positions (B, T); got only "
+                         + ("positions" if segment_ids is None else "segment_ids"))
+    for name, a in (("segment_ids", segment_ids), ("positions", positions)):
+        if a.shape != tokens.shape:
+            raise ValueError(f"{name} has shape {a.shape}; it must match tokens {tokens.shape}")
+    if context_parallel.layout() is not None:
+        raise ValueError("packed rows (segment_ids) with the sequence sharded over a context "
+                         "axis are not supported; use rules with seq=None for packed data")
+    seg = constrain(segment_ids, ("batch", "seq"), name="segment_ids")
+    return seg, constrain(positions, ("batch", "seq"), name="positions")
 
 
 def _stacked_blocks(cfg: GPTConfig, keys: jax.Array) -> Block:

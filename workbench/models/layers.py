@@ -25,9 +25,11 @@ from workbench.models import context as context_parallel
 from workbench.models.config import GPTConfig
 from workbench.rules import constrain
 
-__all__ = ["MLP", "Attention", "Init", "RMSNorm", "fan_in_init", "param", "rope"]
+__all__ = ["MLP", "Attention", "Init", "RMSNorm", "Segments", "fan_in_init", "param", "rope"]
 
 Init = Callable[..., jax.Array]
+#: Packed rows: ``(segment_ids, positions)``, int32 (B, T) each (``workbench.data.packing``).
+Segments = tuple[jax.Array, jax.Array]
 
 def param(key: jax.Array | None, init: Init, shape: Sequence[int],
           axes: tuple[str | None, ...], dtype: str) -> nnx.Param:
@@ -64,14 +66,17 @@ def rope(x: jax.Array, theta: float, positions: jax.Array | None = None) -> jax.
     """Rotary position embedding on ``x`` of shape (B, T, heads, H), rotate-half form.
 
     ``positions`` (T,): the global position of each row (default ``arange(T)``; the
-    zig-zag order under context parallelism, :func:`workbench.models.context.positions`).
+    zig-zag order under context parallelism, :func:`workbench.models.context.positions`);
+    or (B, T): each token's position within its document (packed rows).
     """
     _, t, _, h = x.shape
     pos = jnp.arange(t) if positions is None else positions
     inv_freq = 1.0 / theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h)   # (H/2,)
-    angles = pos.astype(jnp.float32)[:, None] * inv_freq[None, :]           # (T, H/2)
-    sin = jnp.sin(angles)[None, :, None, :]                                  # (1, T, 1, H/2)
-    cos = jnp.cos(angles)[None, :, None, :]
+    angles = pos.astype(jnp.float32)[..., None] * inv_freq                  # ([B,] T, H/2)
+    if angles.ndim == 2:
+        angles = angles[None]                                                # (1, T, H/2)
+    sin = jnp.sin(angles)[:, :, None, :]                                     # (B|1, T, 1, H/2)
+    cos = jnp.cos(angles)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)                   # 2 x (B, T, n, H/2)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
@@ -100,7 +105,9 @@ class Attention(nnx.Module):
         self.impl, self.block_sizes = cfg.attention, cfg.attention_block_sizes
         self.context_attention, self.context_zigzag = cfg.context_attention, cfg.context_zigzag
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segments: Segments | None = None) -> jax.Array:
+        """``x`` (B, T, D) -> (B, T, D); ``segments``: packed rows' ``(segment_ids,
+        positions)`` (B, T) each: attention within each document, RoPE from its start."""
         dt = self.dtype
         if self.window is not None and x.shape[1] > self.window:
             raise ValueError(
@@ -117,16 +124,19 @@ class Attention(nnx.Module):
         q = checkpoint_name(q, "query_proj")
         k = checkpoint_name(k, "key_proj")
         v = checkpoint_name(v, "value_proj")
-        pos = context_parallel.positions(x.shape[1], zigzag=self.context_zigzag)  # global
+        pos = context_parallel.positions(x.shape[1], zigzag=self.context_zigzag) \
+            if segments is None else segments[1]    # global, or within each document
         q = constrain(rope(q, self.theta, pos), ("batch", "seq", "heads", "head_dim"), name="q")
         k = constrain(rope(k, self.theta, pos), ("batch", "seq", "kv_heads", "head_dim"),
                       name="k")
         v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"), name="v")
-        y = context_parallel.attend(q, k, v, variant=self.context_attention,
-                                    zigzag=self.context_zigzag)   # None: seq not sharded
+        y = None if segments is not None else context_parallel.attend(
+            q, k, v, variant=self.context_attention,
+            zigzag=self.context_zigzag)                                   # None: seq not sharded
         if y is None:
-            y = attention_impl.attend(q, k, v, impl=self.impl,
-                                      block_sizes=self.block_sizes)       # (B, T, N, H)
+            y = attention_impl.attend(
+                q, k, v, impl=self.impl, block_sizes=self.block_sizes,
+                segment_ids=None if segments is None else segments[0])   # (B, T, N, H)
         y = checkpoint_name(y, "context")
         y = constrain(y, ("batch", "seq", "heads", "head_dim"), name="attn_out")
         out = jnp.einsum("btnh,nhd->btd", y, self.o[...].astype(dt))     # (B, T, D)

@@ -93,9 +93,11 @@ class Plan(Displayable):
     warnings = property(lambda self: self.report.warnings, doc="PlanReport.warnings")
     predicted = property(lambda self: self.report.predicted, doc="PlanReport.predicted")
 
-    def predict(self, *, hardware: Any = None, overlap: float | None = None) -> Any:
-        """``PlanReport.predict``: a prediction of one step, for another chip or overlap."""
-        return self.report.predict(hardware=hardware, overlap=overlap)
+    def predict(self, *, hardware: Any = None, overlap: float | None = None,
+                calibration: Any = None) -> Any:
+        """``PlanReport.predict``: a prediction of one step, for another chip or overlap,
+        with or without (``calibration=False``) the device kind's stored calibration."""
+        return self.report.predict(hardware=hardware, overlap=overlap, calibration=calibration)
 
     def summary(self) -> str:
         """``PlanReport.summary``: a few lines."""

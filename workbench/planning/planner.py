@@ -31,8 +31,9 @@ from workbench.models.pipeline import Pipeline
 from workbench.planning import analytic
 from workbench.planning.handle import Plan
 from workbench.planning.report import CompiledNumbers, Comparison, PlanReport
-from workbench.planning.stages import (AbstractStep, Inputs, Measured, Setup, build_step,
-                                       choose_target, lint, measure, resolve)
+from workbench.planning.measure import Measured, measure
+from workbench.planning.stages import (AbstractStep, Inputs, Setup, build_step,
+                                       choose_target, lint, resolve)
 from workbench.rules import Rules
 from workbench.step import LossFn, ModelFactory, lm_loss
 

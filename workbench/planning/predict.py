@@ -30,6 +30,7 @@ import numpy as np
 
 from workbench.hardware import HardwareSpec, cpu_spec, hardware_spec
 from workbench.mesh import MeshInfo, mesh_info
+from workbench.planning.calibrate import load_calibration
 from workbench.planning.hlo import Collective
 
 __all__ = ["CollectiveTime", "Prediction", "collective_seconds", "predict"]
@@ -250,7 +251,7 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
             flops_source: str = "compiled cost analysis",
             bytes_source: str = "compiled cost analysis",
             sync_exposed: bool = False, compute_seconds: float | None = None,
-            compute_source: str = "") -> Prediction:
+            compute_source: str = "", calibration: Any = None) -> Prediction:
     """Predict one training step's time, MFU and throughput (a roofline).
 
     Args:
@@ -283,6 +284,9 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         clock, plus kernels it does not model): replaces the roofline's
         ``max(compute, memory)``, which stays in the breakdown (``roofline_local``) as
         the ideal; ``compute_source`` says where it comes from.
+      calibration: a ``workbench.planning.calibrate.Calibration`` to apply; None (default):
+        the one stored for the mesh's device kind, if any (only when ``hardware`` is not
+        given); False: none.
 
     Example::
 
@@ -293,17 +297,26 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     """
     info = mesh_info(mesh)
     spec = _spec(hardware, info)
+    cal = calibration or (load_calibration(spec.name) if calibration is None and hardware
+                          is None else None)
+    table_latency = spec.collective_latency or 0.0
+    if cal:   # achieved FLOP/s and bandwidth measured by a profile of this device kind
+        spec = cal.apply_spec(spec)
     if not spec.hbm_bandwidth:
         raise ValueError(f"{spec.name} has no HBM bandwidth in the hardware table")
     t_compute = flops / spec.peak_flops
     t_memory = bytes_accessed / spec.hbm_bandwidth
-    if overlap is None:
+    if overlap is None and cal and cal.overlap is not None:
+        overlap, overlap_src = cal.overlap, f"{cal.source}: measured overlap"
+    elif overlap is None:
         overlap, overlap_src = _default_overlap(spec.platform)
     else:
         overlap_src = "given"
     if not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap must be in [0, 1], got {overlap}")
     times = [collective_seconds(c, info, spec) for c in collectives]
+    if cal:
+        times = [_calibrated(t, cal, table_latency) for t in times]
     crit = [(bool(t.axes) and set(t.axes) <= set(exposed_axes))
             or (sync_exposed and not c.overlapped) for t, c in zip(times, collectives)]
     cpu = spec.platform == "cpu"
@@ -348,8 +361,19 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                     if sync_exposed else ""),
                  "mfu": "model FLOPs / (step time x devices x peak FLOP/s per device)",
                  "compiler_seconds": "TPU compiler cost analysis (optimal_seconds)"
-                 if compiler_seconds is not None else "none"},
+                 if compiler_seconds is not None else "none"}
+        | ({"calibration": cal.source} if cal else {}),
         compiler_seconds=compiler_seconds)
+
+
+def _calibrated(t: CollectiveTime, cal: Any, table_latency: float) -> CollectiveTime:
+    """``t`` at the latency and bandwidth a profile measured for its kind (and links)."""
+    network = "dcn across" in t.links or "infiniband across" in t.links
+    seconds, found = cal.collective_seconds(t.kind, network, t.seconds, t.count, table_latency)
+    if not found:
+        return t
+    return dataclasses.replace(t, seconds=seconds, formula=f"{t.formula}; calibrated",
+                               source=cal.source)
 
 
 def _spec(hardware: HardwareSpec | str | None, info: MeshInfo) -> HardwareSpec:

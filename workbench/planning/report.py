@@ -223,7 +223,8 @@ class PlanReport:
         the defaults: the mesh's hardware table, overlap by platform)."""
         return self.predict()
 
-    def predict(self, *, hardware: Any = None, overlap: float | None = None) -> Prediction:
+    def predict(self, *, hardware: Any = None, overlap: float | None = None,
+                calibration: Any = None) -> Prediction:
         """A prediction of one step (``workbench.planning.predict``) from this plan's
         FLOPs, HBM bytes and collectives: compiled numbers where there are, else the
         analytic ones. A TPU-compiled plan times its local work with the TPU compiler's
@@ -235,6 +236,8 @@ class PlanReport:
             another chip with the same program; default the mesh's device kind (measured
             for CPU devices).
           overlap: fraction of communication hidden behind compute (default by platform).
+          calibration: False: the hardware table alone; None: with the calibration stored
+            for the device kind (``wb.calibrate``), if any; or a ``Calibration``.
         """
         cost = self.cost
         compiled = "bytes accessed" in cost and cost.get("flops", 0) > 0 and not self.loops
@@ -256,7 +259,7 @@ class PlanReport:
             collectives=self.collectives, mesh=self.mesh, hardware=hardware,
             tokens_per_step=self.batch * self.seq if self.cfg is not None
             or self.flops.tokens == self.batch * self.seq else None,
-            model_flops=self.model_flops, overlap=overlap,
+            model_flops=self.model_flops, overlap=overlap, calibration=calibration,
             compiler_seconds=cost.get("optimal_seconds") if compiled else None,
             **dict(zip(("compute_seconds", "compute_source"),
                        self._compiler_compute(kernel, flops - kernel / self.compute_split)

@@ -38,8 +38,8 @@ from workbench.step import (LossFn, ModelFactory, abstract_batch,
                             model_factory, require_auto_axes)
 from workbench.topology import tpu_target
 
-__all__ = ["AbstractStep", "Inputs", "Measured", "Setup", "build_step", "choose_target",
-           "lint", "measure", "resolve"]
+__all__ = ["AbstractStep", "Inputs", "Setup", "build_step", "choose_target", "lint",
+           "resolve"]
 
 
 # -- 1. resolve the inputs ------------------------------------------------------------------

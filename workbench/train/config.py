@@ -18,7 +18,7 @@ from workbench.train.optim import AdamW
 #: Fields that may change when an existing run is continued: they do not change the
 #: numbers a step computes (checkpoint cadence, retention, the mesh layout).
 RUN_CONTROL_FIELDS: tuple[str, ...] = ("checkpoint_every", "keep", "mesh", "rules",
-                                        "pipeline")
+                                        "pipeline", "eval_every", "eval_batches")
 
 
 #: Names accepted by ``TrainConfig.rules`` (``wb.Rules.preset``).
@@ -55,7 +55,8 @@ class TrainConfig:
         or a mapping logical axis -> mesh axes (made a ``Rules``).
       optimizer: the optimizer spec (``wb.train.AdamW``).
       data: "text" (the Python standard library's sources, byte-level), "synthetic",
-        or a ``wb.data.TextData`` / ``wb.data.SyntheticData``.
+        a ``wb.data.TextData`` / ``wb.data.SyntheticData``, or a ``wb.data.Dataset`` (your
+        own files, tokenized and packed; its tokenizer's vocabulary must fit the model's).
       batch: global batch size (sequences per update, all processes together).
       seq: tokens per sequence. Longer than the model's ``seq_len`` is allowed with a
         warning naming both: the model computes at any length (RoPE has no position
@@ -73,6 +74,12 @@ class TrainConfig:
         (stacked layers), ``n_layers`` divisible by stages x R and ``batch`` by M. The
         same numbers as without it, up to float rounding: it may change when a run is
         continued (like ``mesh``).
+      eval_every: evaluate on the held-out split after every ``eval_every``-th update
+        (0: never); needs a ``wb.data.Dataset`` with ``eval_fraction`` or ``eval_files``.
+        ``eval_loss`` and ``eval_perplexity`` join that step's metrics. May change when a
+        run is continued.
+      eval_batches: batches of held-out rows each evaluation reads (the same ones every
+        time).
       init: None (initialise from ``seed``), or a local Hugging Face model folder whose
         weights start the run (``wb.models.from_hf``'s loader, straight into this run's
         sharding); ``model`` must be its architecture: ``wb.models.hf_config(init)``
@@ -98,6 +105,8 @@ class TrainConfig:
     keep: int = 3
     seed: int = 0
     pipeline: Any = None
+    eval_every: int = 0
+    eval_batches: int = 1
     init: str | None = None
 
     def __post_init__(self) -> None:
@@ -132,6 +141,14 @@ class TrainConfig:
         for name in ("batch", "seq", "steps", "checkpoint_every", "keep"):
             set_(self, name, check_int(getattr(self, name), f"TrainConfig.{name}",
                                        fix=_FIXES.get(name, "")))
+        set_(self, "eval_every", check_int(self.eval_every, "TrainConfig.eval_every",
+                                           minimum=0, fix="0 turns evaluation off"))
+        set_(self, "eval_batches", check_int(self.eval_batches, "TrainConfig.eval_batches"))
+        if self.eval_every and not getattr(self.data, "has_eval", False):
+            raise ValueError(
+                f"TrainConfig.eval_every={self.eval_every} needs held-out data; data="
+                f"{self.data.to_dict().get('kind')!r} has none. Use data=wb.data.Dataset(..., "
+                "eval_fraction=0.05) (or eval_files=...), or eval_every=0")
         set_(self, "seed", check_int(self.seed, "TrainConfig.seed", minimum=0,
                                      maximum=MAX_SEED,
                                      fix="Grain's shuffle takes 32-bit seeds; use seed % 2**32"))
@@ -146,6 +163,12 @@ class TrainConfig:
             raise ValueError(f"batch={self.batch} is not divisible by optimizer.accumulate="
                              f"{acc} micro-batches; use a batch that is a multiple of {acc}")
         model = self._checked_model()
+        from workbench.data.dataset import Dataset
+
+        if isinstance(self.data, Dataset) and hasattr(model, "vocab_size"):
+            from workbench.data.tokenizer import check_vocab
+
+            check_vocab(self.data.tokenizer, model.vocab_size)   # before anything is read
         if self.seq > model.seq_len:
             warnings.warn(
                 f"TrainConfig.seq={self.seq} is longer than the model's seq_len="
@@ -256,6 +279,8 @@ class TrainConfig:
             "keep": self.keep, "seed": self.seed,
             # only when set: configs without a pipeline keep their hash
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
+            **({"eval_every": self.eval_every, "eval_batches": self.eval_batches}
+               if self.eval_every else {}),
             **({"init": self.init} if self.init is not None else {}),
         }
 

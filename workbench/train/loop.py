@@ -72,6 +72,10 @@ class LoopInputs:
         run's constants bound).
       sinks: where records and the end of the call are reported, in order.
       run_dir: the run directory (named in the message on how to continue).
+      evaluate: None, or ``state -> device values`` of the held-out eval
+        (``workbench.train.evaluate.Evaluator``), dispatched after every
+        ``eval_every``-th update; its numbers join that step's record.
+      eval_every: updates between evaluations (with ``evaluate``).
     """
 
     step_fn: Callable[[Any, Any], tuple[Any, Any]]
@@ -85,6 +89,8 @@ class LoopInputs:
     record: Callable[..., dict[str, Any]]
     sinks: Sequence[Sink]
     run_dir: Path
+    evaluate: Callable[[Any], Any] | None = None
+    eval_every: int = 0
 
 
 class _Run:
@@ -98,8 +104,9 @@ class _Run:
         self.t_prev = time.perf_counter()
 
     def finish(self, step: int, outs: list[dict[str, Any]], data_time: float,
-               save: Any = None) -> None:
-        """Reports step ``step``; first saves ``save`` (a state pytree or a Snapshot) if given."""
+               save: Any = None, evaluated: Any = None) -> None:
+        """Reports step ``step``; first saves ``save`` (a state pytree or a Snapshot) if given;
+        ``evaluated``: the step's eval values in flight (``Evaluator``), or None."""
         inp = self.inputs
         values = jax.device_get(outs)                   # blocks until the step is done
         loss = math.fsum(float(v["loss"]) for v in values) / len(values)
@@ -116,6 +123,10 @@ class _Run:
                          step_time=now - self.t_prev, data_time=data_time,
                          ckpt_time=ckpt_time)
         rec.update(moe_record(values))   # mixture of experts: router load per step
+        if evaluated is not None:
+            from workbench.train.evaluate import eval_record
+
+            rec.update(eval_record(evaluated))
         self.t_prev = now
         for update in self.updates:
             update(rec)
@@ -134,7 +145,7 @@ class _Run:
         inp = self.inputs
         compiled, acc, every, data = inp.step_fn, inp.accumulate, inp.checkpoint_every, inp.data
         state = self.state
-        pending: tuple[int, list[Any], float, Any] | None = None
+        pending: tuple[int, list[Any], float, Any, Any] | None = None
         self.t_prev = time.perf_counter()
         while self.step < target:
             t0 = time.perf_counter()
@@ -146,19 +157,22 @@ class _Run:
                 outs.append(metrics)
             self.state = state
             self.step = step = self.step + 1
+            # the eval reads this step's state before the next step (which donates it) runs
+            evaluated = inp.evaluate(state) if inp.evaluate is not None and \
+                step % inp.eval_every == 0 else None
             if pending is not None:
                 self.finish(*pending)
-            pending = (step, outs, data_time, None)
+            pending = (step, outs, data_time, None, evaluated)
             stopping = stop.should_stop(step)
             if step % every == 0 or step == target or stopping:
                 save = {"train": state, "rng": inp.rng}
                 last = step == target or stopping
                 snap = None if last else inp.checkpoints.snapshot(save, data)
                 if snap is None:
-                    self.finish(step, outs, data_time, save)
+                    self.finish(step, outs, data_time, save, evaluated)
                     pending = None
                 else:  # saved once step k + 1 is queued and step k's loss is known to be finite
-                    pending = (step, outs, data_time, snap)
+                    pending = (step, outs, data_time, snap, evaluated)
             if stopping:
                 break
 

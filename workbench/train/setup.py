@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from workbench import runs
-from workbench.data import ShardedBatches, batch_shards, cache_root
+from workbench.data import ShardedBatches, batch_keys, batch_shards, cache_root
 from workbench.train.config import RUN_CONTROL_FIELDS, TrainConfig
 
 
@@ -182,6 +182,7 @@ class Parts:
     abstract_batch: dict[str, jax.ShapeDtypeStruct]
     data: ShardedBatches
     initial_data_state: bytes
+    eval_data: list[dict[str, Any]]
     model_flops: float | None
     peak: float | None
     peak_source: str | None
@@ -206,7 +207,7 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
     tx = config.optimizer.build(config.steps)
     graphdef, abstract = abstract_state(model_config, tx, rules, mesh)
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
-    bsh = batch_shardings(rules, mesh)
+    bsh = batch_shardings(rules, mesh, keys=batch_keys(config.data))
     micro = config.micro_batch
     shards = batch_shards(bsh["inputs"])
     if micro % shards:
@@ -222,6 +223,8 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
     data = ShardedBatches(config.data, seq=config.seq, batch=micro, seed=config.seed,
                           sharding=bsh["inputs"], vocab_size=model_config.vocab_size,
                           cache_dir=data_cache)
+    # the held-out batches, read (and checked: enough rows?) before anything is written
+    eval_data = data.eval_batches(config.eval_batches) if config.eval_every else []
     device = mesh.devices.flat[0]
     peak, source = peak_flops(device)
     return Parts(
@@ -229,6 +232,7 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
         schedule=config.optimizer.schedule(config.steps), graphdef=graphdef,
         abstract_state=abstract, shardings=shardings, batch_shardings=bsh,
         abstract_batch=abstract_batch, data=data, initial_data_state=data.get_state(),
+        eval_data=eval_data,
         model_flops=analytic_flops(model_config, config.batch, config.seq),
         peak=peak, peak_source=source, device_kind=device.device_kind,
         n_devices=mesh.devices.size)

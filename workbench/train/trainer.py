@@ -106,6 +106,8 @@ class Trainer(Displayable):
         self.primary = jax.process_index() == 0
         t0 = time.perf_counter()
         self.parts = build_parts(config, data_cache=data_cache)
+        if self.parts.data.info.get("note"):   # e.g. documents longer than a row were split
+            self._say(f"data: {self.parts.data.info['note']}")
         self.mesh, self.rules = self.parts.mesh, self.parts.rules
         # one writer per run directory (workbench.run_lock): held while restoring and running
         self._lock = RunLock(self.run_dir) if self.primary else None
@@ -115,6 +117,7 @@ class Trainer(Displayable):
         self.step = 0
         self.restored_from: int | None = None
         self._compiled: Any = None
+        self._evaluator: Any = None
         self._lr_fn: Any = None
         self._lr_blocks: dict[int, np.ndarray] = {}
         self.compile_seconds: float | None = None
@@ -125,6 +128,7 @@ class Trainer(Displayable):
         self._source = source
         self._initial_model = initial_model
         self._recorded_prediction, self._prediction_event = prediction_record(prediction)
+        self._plan = prediction   # the plan whose prediction trainer.profile() compares with
         self.prediction = self._recorded_prediction or self._stored_prediction()
         with self._writing():
             self.checkpoints = Checkpoints(self.run_dir / "checkpoints", keep=config.keep,
@@ -247,6 +251,7 @@ class Trainer(Displayable):
     def close(self) -> None:
         """Waits for checkpoint writes in flight and closes the checkpoint manager (the
         Trainer cannot train after this)."""
+        self._closed = True
         self.checkpoints.close()
 
     def _new_rng(self) -> Any:
@@ -456,7 +461,21 @@ class Trainer(Displayable):
                           checkpoints=self.checkpoints, accumulate=cfg.optimizer.accumulate,
                           checkpoint_every=cfg.checkpoint_every, config=cfg.to_dict(),
                           lr=self.lr, record=record, sinks=tuple(reporters),
-                          run_dir=self.run_dir)
+                          run_dir=self.run_dir, evaluate=self.evaluator(),
+                          eval_every=cfg.eval_every)
+
+    def evaluator(self) -> Any:
+        """The held-out evaluation (``workbench.train.evaluate.Evaluator``), or None when
+        ``config.eval_every`` is 0."""
+        if not self.config.eval_every:
+            return None
+        if self._evaluator is None:
+            from workbench.train.evaluate import Evaluator
+
+            p = self.parts
+            self._evaluator = Evaluator(p.graphdef, p.eval_data, p.shardings.params,
+                                        rules=self.rules, mesh=self.mesh)
+        return self._evaluator
 
     def _reload_quietly(self) -> None:
         """After a failure: back to the newest good checkpoint (step, state, data position)."""
@@ -464,6 +483,34 @@ class Trainer(Displayable):
             self._load(self._source)
         except Exception:  # noqa: BLE001 - the state stays None and reloads on next use
             self._state = None
+
+    def profile(self, steps: int = 3, *, warmup: int = 3, plan: Any = None,
+                directory: str | os.PathLike[str] | None = None) -> Any:
+        """Profile ``steps`` steady-state steps: predicted vs measured, term by term.
+
+        Trains ``warmup`` steps, then ``steps`` more under a ``jax.profiler`` trace (both
+        recorded as usual), written to ``run_dir/profiles/<first traced step>`` (open it
+        with ``xprof --logdir <run_dir>/profiles``), and lines the trace up against the
+        plan's prediction (``workbench.planning.profile.ProfileReport``, also saved
+        there as ``report.json``); ``wb.calibrate(report)`` feeds it back into predictions.
+
+        Args:
+          steps: steps traced, 1 to ``workbench.train.profile.MAX_STEPS``.
+          warmup: untraced steps first (their tokens/s is the "outside" throughput the
+            profiler's overhead is measured against).
+          plan: the plan to compare with (default: the one of ``from_plan``, else
+            ``wb.plan`` of this config).
+          directory: where the trace goes instead.
+
+        Raises:
+          ProfileError: this Trainer was closed, or a trace is already running.
+          JobRunningError: another writer (a launched job) holds the run directory.
+          PermissionError: the trace directory is not writable (nothing was trained).
+        """
+        from workbench.train.profile import profile_trainer
+
+        return profile_trainer(self, steps=steps, warmup=warmup, plan=plan,
+                               directory=directory)
 
     # ------------------------------------------------------------------ helpers
     def run_meta(self, target: int) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The inline training panel: progress, ETA, live loss and MFU, step-time breakdown.
+"""The inline training panel: progress, ETA, live loss (and held-out loss) and MFU, step-time
+breakdown.
 
 ``Trainer.run`` shows one :class:`TrainPanel` in its cell. The panel's history is read
 from the run directory (so after a resume it shows the whole run); live steps are
@@ -24,8 +25,9 @@ from workbench.widgets import _assets
 __all__ = ["TrainPanel", "history_columns", "train_widget"]
 
 STATIC = pathlib.Path(__file__).parent / "static"
-COLUMNS = ("step", "loss", "mfu", "step_time", "data_time", "ckpt_time")
-_LAST = ("loss", "mfu", "hfu", "step_time", "tokens_per_s", "grad_norm", "lr")
+COLUMNS = ("step", "loss", "mfu", "step_time", "data_time", "ckpt_time", "eval_loss")
+_LAST = ("loss", "mfu", "hfu", "step_time", "tokens_per_s", "grad_norm", "lr", "eval_loss",
+         "eval_perplexity")
 
 
 def history_columns(records: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -1,4 +1,4 @@
-import { decimate, decimateIndices, Decimator, ema, EmaCache, GAP, MetricSeries } from '../series';
+import { decimate, decimateIndices, Decimator, ema, EmaCache, GAP, MetricSeries, withSparse } from '../series';
 
 describe('MetricSeries', () => {
   it('appends columns, fills missing values with NaN and drops re-logged steps', () => {
@@ -121,5 +121,21 @@ describe('decimate', () => {
     expect(d.ys[0][d.x.indexOf(3000)]).toBe(9);
     expect(Math.min(...(d.ys[0].filter(v => typeof v === 'number') as number[])))
       .toBeCloseTo(Math.min(...y.filter(Number.isFinite)), 6);
+  });
+});
+
+describe('withSparse', () => {
+  it('keeps every point of a series logged every N steps through any decimation', () => {
+    const n = 10000;
+    const loss = Float64Array.from({ length: n }, (_, i) => Math.sin(i / 50) + i / n);
+    const evalLoss = Float64Array.from({ length: n }, (_, i) => ((i + 1) % 500 === 0 ? 1 - i / n : NaN));
+    const dense = decimateIndices(n, [loss], 200);
+    const idx = withSparse(dense, evalLoss);
+    const evalAt = Array.from({ length: n / 500 }, (_, k) => 500 * k + 499);
+    expect(evalAt.every(i => idx.includes(i))).toBe(true);       // all 20 eval points
+    expect(dense.every(i => idx.includes(i))).toBe(true);        // and the decimated ones
+    expect(idx).toEqual([...idx].sort((a, b) => a - b));         // in order, no repeats
+    expect(new Set(idx).size).toBe(idx.length);
+    expect(withSparse(dense, new Float64Array(n).fill(NaN))).toBe(dense);   // none: as is
   });
 });

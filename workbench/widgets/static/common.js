@@ -218,11 +218,20 @@ export function lineChart(title, { width = 320, height = 140, scale = 1, unit = 
   label.textContent = title;
   const path = svg("path", { d: "", fill: "none", stroke: "#4e79a7", "stroke-width": 1.5,
     class: "wb-chart-path" });
+  // an optional second series (e.g. held-out loss), dashed, on the same axes; its path is
+  // added to the chart when the first such series arrives
+  const path2 = svg("path", { d: "", fill: "none", stroke: "#e15759", "stroke-width": 1.5,
+    "stroke-dasharray": "4 2", class: "wb-chart-path2" });
   const texts = [0, 1, 2, 3].map(() => svg("text", { "font-size": 10, fill: "#666" }));
   for (const node of [label, path, ...texts]) box.appendChild(node);
-  function update(points) {
+  let shown2 = false;
+  function update(points, second = [], secondName = "") {
+    const more = Array.isArray(second) ? second : [];
+    label.textContent = more.length && secondName ? `${title} · ${secondName} (dashed)` : title;
+    if (more.length && !shown2) { box.appendChild(path2); shown2 = true; }
     if (!points || !points.length) {
       path.setAttribute("d", "");
+      path2.setAttribute("d", "");
       texts[0].textContent = "waiting for the first step…";
       texts[0].setAttribute("x", pad.l);
       texts[0].setAttribute("y", height / 2);
@@ -232,14 +241,16 @@ export function lineChart(title, { width = 320, height = 140, scale = 1, unit = 
     }
     const xs = points.map((p) => p[0]);
     const ys = points.map((p) => p[1] * scale);
-    const x0 = xs[0];
-    const x1 = xs[xs.length - 1];
-    let y0 = Math.min(...ys);
-    let y1 = Math.max(...ys);
+    const ys2 = more.map((p) => p[1] * scale);
+    const x0 = Math.min(xs[0], ...more.map((p) => p[0]));
+    const x1 = Math.max(xs[xs.length - 1], ...more.map((p) => p[0]));
+    let y0 = Math.min(...ys, ...ys2);
+    let y1 = Math.max(...ys, ...ys2);
     if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
     const sx = (x) => pad.l + ((x - x0) / Math.max(1, x1 - x0)) * (width - pad.l - pad.r);
     const sy = (y) => height - pad.b - ((y - y0) / (y1 - y0)) * (height - pad.t - pad.b);
     path.setAttribute("d", ys.map((y, i) => `${i ? "L" : "M"}${sx(xs[i]).toFixed(1)},${sy(y).toFixed(1)}`).join(""));
+    path2.setAttribute("d", ys2.map((y, i) => `${i ? "L" : "M"}${sx(more[i][0]).toFixed(1)},${sy(y).toFixed(1)}`).join(""));
     const place = [[pad.l - 4, pad.t + 4, "end", `${fmtNum(y1, 3)}${unit}`],
       [pad.l - 4, height - pad.b, "end", `${fmtNum(y0, 3)}${unit}`],
       [pad.l, height - 4, "start", `step ${x0}`], [width - pad.r, height - 4, "end", `step ${x1}`]];

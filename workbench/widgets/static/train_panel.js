@@ -1,5 +1,5 @@
-// Train panel: the live view of Trainer.run in its cell — progress and ETA, loss and MFU
-// curves, and where the step time goes (compute, data, checkpoint).
+// Train panel: the live view of Trainer.run in its cell — progress and ETA, loss (and the
+// held-out loss) and MFU curves, and where the step time goes (compute, data, checkpoint).
 // Its helpers come from common.js, inlined by workbench/widgets/_assets.py for anywidget.
 //
 // Model state: `info` {name, run_dir, peak_source, model_flops, prediction}, where
@@ -7,12 +7,13 @@
 // not started from a plan) {step_seconds, mfu, bound, source, ...}; `status` {step, target,
 // eta, state, message, last}; `history` {step: [...], loss: [...], ...} (the whole run,
 // read from the run directory by Python). Live rows arrive as custom messages
-// {type: "append", rows: [[step, loss, mfu, step_time, data_time, ckpt_time], ...]},
+// {type: "append", rows: [[step, loss, mfu, step_time, data_time, ckpt_time, eval_loss], ...]}
+// (eval_loss null except at evaluation steps: drawn dashed beside the training loss),
 // batched by Python to at most 10 per second. Nodes are built once and updated in place.
 
 import { el, fmtNum, lineChart, progressBar } from "./common.js";
 
-const COLS = ["step", "loss", "mfu", "step_time", "data_time", "ckpt_time"];
+const COLS = ["step", "loss", "mfu", "step_time", "data_time", "ckpt_time", "eval_loss"];
 const MAX_POINTS = 1200;
 
 /** 62.4 -> "1:02", 3725 -> "1:02:05". */
@@ -132,7 +133,7 @@ function render({ model, el: host }) {
     if (typeof last.tokens_per_s === "number") bits.push(`${fmtNum(last.tokens_per_s / 1e3, 3)}k tok/s`);
     facts.textContent = bits.join(" · ");
     bar.update(target ? step / target : 0);
-    loss.update(thin(cols.step, cols.loss));
+    loss.update(thin(cols.step, cols.loss), thin(cols.step, cols.eval_loss), "eval");
     mfu.update(thin(cols.step, cols.mfu));
     times.update(cols);
     message.textContent = st.message || "";

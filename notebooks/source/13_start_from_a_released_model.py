@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 12 · Start from a released model: Hugging Face weights in, fine-tune, generate, out
+# # 13 · Start from a released model: Hugging Face weights in, fine-tune, generate, out
 #
 # Most training starts from someone's released weights, in the Hugging Face layout
 # (`config.json` + `*.safetensors`), and ends by handing a checkpoint back in that layout.
@@ -69,18 +69,11 @@ wb.show(model)
 #
 # `wb.generate` runs the prompt once, filling a KV cache sharded like the activations
 # (batch over `data`, kv heads over `model`), then one token at a time. Any object with
-# `encode`/`decode` is a tokenizer; this model reads bytes.
+# `encode`/`decode` is a tokenizer (`wb.data.Tokenizer` reads a `tokenizer.json`, a
+# SentencePiece model, or bytes); this model reads bytes.
 
 # %%
-class Bytes:
-    def encode(self, text):
-        return list(text.encode())
-
-    def decode(self, ids):
-        return bytes(ids).decode(errors="replace")
-
-
-tok = Bytes()
+tok = wb.data.Tokenizer()   # byte-level: ids 0..255
 print(repr(wb.generate(model, "def ", tokenizer=tok, max_new_tokens=32)))
 
 # %% [markdown]
@@ -95,10 +88,10 @@ print(repr(wb.generate(model, "def ", tokenizer=tok, max_new_tokens=32)))
 tc = wb.TrainConfig(model=cfg, init=str(released), mesh={"data": 4, "model": 2},
                     rules="fsdp_tp", batch=8, seq=64, steps=30, checkpoint_every=10,
                     data="text", optimizer=wb.train.AdamW(lr=3e-3, warmup_steps=5))
-trainer = wb.Trainer(tc, "runs/12-finetune", progress=None)
+trainer = wb.Trainer(tc, "runs/13-finetune", progress=None)
 result = trainer.run()
 print(f"loss {trainer.losses[0]:.3f} -> {trainer.losses[-1]:.3f} after {trainer.step} steps")
-print("run.json says it started from", wb.runs.read_run("runs/12-finetune")["init"])
+print("run.json says it started from", wb.runs.read_run("runs/13-finetune")["init"])
 
 # %%
 print(repr(wb.generate(trainer, "def ", tokenizer=tok, max_new_tokens=32)))
@@ -114,7 +107,7 @@ print(repr(wb.generate(trainer, "def ", tokenizer=tok, max_new_tokens=32,
 
 # %%
 trainer.close()
-exported = wb.train.export_run("runs/12-finetune", "exported-qwen3", overwrite=True)
+exported = wb.train.export_run("runs/13-finetune", "exported-qwen3", overwrite=True)
 print(sorted(p.name for p in exported.iterdir()))
 again = wb.models.from_hf(exported, plan=plan)
 tokens = jnp.asarray(np.frombuffer(b"import numpy as np\n", np.uint8)[None].astype(np.int32))

@@ -1,0 +1,200 @@
+"""Profiles against predictions, and calibration from them: measured vs predicted term by
+term, then the step time of *other* layouts predicted from one layout's profile.
+
+On this machine's simulated CPU devices (``run()``, part of ``python -m benchmarks``):
+each case's own step (``wb.profile_step(plan)``: the plan's compiled step on its real
+devices, a ``jax.profiler`` trace of STEPS steps after WARMUP untraced ones) is profiled,
+in one process with 8 devices (data=4 x model=2) and in 2 processes x 4 devices joined by
+``jax.distributed`` with gloo over 127.0.0.1. The first case of each setup calibrates
+(``wb.calibrate``, into a temporary calibration directory); the others are predicted with
+that calibration and compared with their own measured step (first op to last in the
+trace). Rows: calibrated predicted / measured (target 0.85-1.15) with the uncalibrated
+ratio beside it, the largest disagreement of each profile, and the profiler's overhead
+(tokens/s during the traced steps / outside them).
+
+On a GPU or TPU host::
+
+    python -m benchmarks.bench_profile --preset small --batch 32 --seq 1024 \\
+        --layouts fsdp dp fsdp_tp --out profile-table.md --store
+
+profiles each layout on every local device (``data=-1``, and ``model=2`` for fsdp_tp),
+writes the measured vs predicted table (markdown) to ``--out``, calibrates from the first
+layout, predicts the others, and with ``--store`` keeps the calibration in the cache
+directory (``~/.cache/workbench/calibration``) for later plans of that device kind.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = (0.85, 1.15)
+STEPS, WARMUP = 5, 3
+#: (preset, rules, batch, seq): the first of each setup calibrates, the others are predicted.
+CASES_1x8 = (("tiny", "fsdp", 16, 128), ("tiny", "dp", 64, 128), ("tiny", "fsdp_tp", 32, 128))
+CASES_2x4 = (("tiny", "fsdp", 16, 128), ("tiny", "dp", 64, 128))
+
+
+def _mesh_axes(rules: str, n: int) -> dict[str, int]:
+    return {"data": n // 2, "model": 2} if rules in ("fsdp_tp", "tp") and n >= 2 else {"data": n}
+
+
+def profile_cases(cases: Sequence[Sequence[Any]], directory: Path, *, mesh: dict | None = None,
+                  steps: int = STEPS, warmup: int = WARMUP, save: bool = True
+                  ) -> list[dict[str, Any]]:
+    """Profile each case, calibrate from the first, predict every case with it.
+
+    Returns one dict per case: the report's rows and verdict, measured step, uncalibrated
+    and calibrated predicted step, tokens/s during and outside the profile.
+    """
+    import jax
+
+    import workbench as wb
+
+    out, reports, plans = [], [], []
+    n = jax.device_count()
+    for preset, rules, batch, seq in cases:
+        axes = dict(mesh) if mesh else _mesh_axes(rules, n)
+        cfg = wb.models.GPTConfig.preset(preset)
+        plan = wb.plan(cfg, mesh=wb.make_mesh(**axes), rules=rules, batch=batch, seq=seq,
+                       name=f"{preset} {rules}", progress=False)
+        where = directory / f"{preset}-{rules}-p{jax.process_index()}"
+        reports.append(wb.profile_step(plan, steps=steps, warmup=warmup, directory=where))
+        plans.append(plan)
+    cal = wb.calibrate(reports[0], save=save)
+    for plan, rep in zip(plans, reports):
+        calibrated = plan.predict(calibration=cal)
+        out.append({"name": plan.name, "mesh": dict(plan.mesh.shape),
+                    "measured": rep.term("step").measured,
+                    "uncalibrated": rep.term("step").predicted,
+                    "calibrated": calibrated.step_seconds, "verdict": rep.verdict(),
+                    "table": rep.table(), "tokens_per_s": rep.tokens_per_s,
+                    "calibrated_on": reports[0].plan_name, "held_out": rep is not reports[0]})
+    return out
+
+
+def rows_of(results: Sequence[dict[str, Any]], setup: str) -> list[dict[str, Any]]:
+    """Benchmark rows: calibrated vs uncalibrated per case, then the overhead per case."""
+    rows = []
+    lo, hi = TARGET
+    for r in results:
+        cal, unc = r["calibrated"] / r["measured"], r["uncalibrated"] / r["measured"]
+        held = r["held_out"]
+        rows.append({
+            "name": f"step time, {setup}: {r['name']} (mesh {r['mesh']}), calibrated on "
+                    f"{r['calibrated_on']}" + ("" if held else " (itself)"),
+            "value": round(cal, 3), "unit": "predicted/measured",
+            "target": f"{lo}-{hi}" if held else "", "ok": (lo <= cal <= hi) if held else None,
+            "uncalibrated": round(unc, 3),
+            "notes": (f"measured {r['measured'] * 1e3:.1f} ms (trace, first op to last); "
+                      f"calibrated {r['calibrated'] * 1e3:.1f} ms; uncalibrated "
+                      f"{r['uncalibrated'] * 1e3:.1f} ms (x{unc:.2f}); {r['verdict']}")})
+    for r in results:
+        t = r["tokens_per_s"]
+        if t.get("during") and t.get("outside"):
+            rows.append({"name": f"profiler overhead, {setup}: {r['name']}",
+                         "value": round(t["during"] / t["outside"], 3),
+                         "unit": "tokens/s during / outside", "target": "", "ok": None,
+                         "notes": f"{t['during']:,.0f} tokens/s traced, {t['outside']:,.0f} "
+                                  f"untraced ({STEPS} traced after {WARMUP} untraced steps)"})
+    return rows
+
+
+def _env(devices: int, cal_dir: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["WORKBENCH_CALIBRATION"] = cal_dir
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def gloo_cases(cases: Sequence[Sequence[Any]], directory: Path, timeout: float = 900) -> list[dict]:
+    """``profile_cases`` in 2 processes x 4 CPU devices over gloo (process 0's devices)."""
+    port = _free_port()
+    cal = tempfile.mkdtemp(prefix="wb-bench-cal-")
+    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.bench_profile", "--worker",
+                               str(port), str(i), json.dumps([list(c) for c in cases]),
+                               str(directory)], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_env(4, cal))
+             for i in range(2)]
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"gloo worker failed ({p.returncode}): {err[-2000:]}")
+    return json.loads(outs[0][0].strip().splitlines()[-1])
+
+
+def _worker(port: int, pid: int, cases: list[list[Any]], directory: str) -> None:
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+                               process_id=pid)
+    results = profile_cases([tuple(c) for c in cases], Path(directory),
+                            mesh={"data": 4, "model": 2}, save=False)
+    if pid == 0:
+        print(json.dumps(results, default=float))
+    sys.stdout.flush()
+    os._exit(0)  # skip jax.distributed's shutdown barrier: process 1 may be gone already
+
+
+def run() -> list[dict[str, Any]]:
+    """CPU: 1 process x 8 devices, then 2 processes x 4 over gloo (temporary calibrations)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["WORKBENCH_CALIBRATION"] = str(Path(tmp) / "calibration")
+        rows = rows_of(profile_cases(CASES_1x8, Path(tmp) / "1x8",
+                                     mesh={"data": 4, "model": 2}, save=False),
+                       "1 process x 8 devices")
+        rows += rows_of(gloo_cases(CASES_2x4, Path(tmp) / "2x4"), "2 processes x 4 devices, gloo")
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """On the devices at hand (GPU, TPU or CPU): profile, tabulate, calibrate, store."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--layouts", nargs="+", default=["fsdp", "dp", "fsdp_tp"])
+    ap.add_argument("--dir", default="profiles/bench", help="where the traces go")
+    ap.add_argument("--out", default="profile-table.md", help="the measured vs predicted table")
+    ap.add_argument("--store", action="store_true", help="keep the calibration in the cache")
+    args = ap.parse_args(argv)
+    import jax
+
+    layouts = [r for r in args.layouts if jax.device_count() >= 2 or r not in ("tp", "fsdp_tp")]
+    if layouts != args.layouts:
+        print(f"one device: {sorted(set(args.layouts) - set(layouts))} need a model axis of 2; "
+              "skipped", file=sys.stderr)
+    cases = [(args.preset, r, args.batch, args.seq) for r in layouts]
+    results = profile_cases(cases, Path(args.dir), save=args.store)
+    lines = ["| layout | mesh | measured ms | predicted ms (table) | predicted ms (calibrated) "
+             "| calibrated / measured |", "|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['name']}{'' if r['held_out'] else ' (calibrated on)'} | {r['mesh']} "
+                     f"| {r['measured'] * 1e3:.2f} | {r['uncalibrated'] * 1e3:.2f} | "
+                     f"{r['calibrated'] * 1e3:.2f} | {r['calibrated'] / r['measured']:.2f} |")
+    lines += ["", *(f"### {r['name']}\n\n```\n{r['table']}\n{r['verdict']}\n```\n"
+                    for r in results)]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    if sys.argv[1:2] == ["--worker"]:
+        _worker(int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5])
+    else:
+        main()

@@ -1,0 +1,306 @@
+"""trainer.profile(): the trace of real steps read back against independent counts (the
+step's collectives in its compiled HLO, the wall time of the steps), lined up against the
+plan's prediction term by term, and fed back as a calibration that predictions use."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import workbench as wb
+from workbench.planning.calibrate import calibration_dir, load_calibration
+from workbench.planning.hlo import parse_collectives
+from workbench.planning.trace import CATEGORIES, read_trace, trace_files
+from workbench.train.profile import MAX_STEPS, ProfileError, trainer_plan
+
+CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 4, "model": 2},
+                     rules="fsdp_tp", batch=8, seq=32, steps=100, checkpoint_every=100,
+                     data="synthetic")
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """A Trainer, its plan and one profile of STEPS steps (wall time of the traced run)."""
+    run_dir = tmp_path_factory.mktemp("profile") / "run"
+    trainer = wb.Trainer(CFG, run_dir, progress=None)
+    plan = trainer_plan(trainer)
+    before = trainer.step
+    t0 = time.perf_counter()
+    report = trainer.profile(steps=STEPS, warmup=2, plan=plan)
+    wall = time.perf_counter() - t0
+    yield trainer, plan, report, before, wall
+    trainer.close()
+
+
+def test_trace_lands_in_run_dir_profiles_step(profiled):
+    trainer, _, report, before, _ = profiled
+    first = before + 2 + 1   # after 2 warm-up steps, the first traced step
+    assert Path(report.directory) == trainer.run_dir / "profiles" / str(first)
+    assert trace_files(report.directory), "no .xplane.pb written"
+    assert trainer.step == before + 2 + STEPS      # the steps were trained and recorded
+    saved = json.loads((Path(report.directory) / "report.json").read_text())
+    assert [r["name"] for r in saved["rows"]] == [t.name for t in report.terms]
+
+
+def test_each_collective_runs_as_often_as_the_compiled_hlo_says(profiled):
+    trainer, _, report, _, _ = profiled
+    m = report.measured
+    assert m.steps == STEPS and m.devices == 8
+    hlo = parse_collectives(trainer.compiled_step().as_text(), ("data", "model"), (4, 2))
+    assert len(m.collectives) == len(hlo) > 0
+    for got, want in zip(m.collectives, hlo):
+        assert got.collective.names == want.names
+        # events per step and device in the trace == instructions per step in the HLO
+        assert got.events == pytest.approx(want.count, abs=1e-9), want.names
+        assert got.seconds > 0 and 0 <= got.wait <= got.seconds
+    coll_ops = sum(o.seconds for o in m.ops if o.category == "collectives")
+    assert sum(c.seconds for c in m.collectives) == pytest.approx(coll_ops, rel=1e-9)
+    assert m.categories["collectives"] == pytest.approx(coll_ops, rel=1e-9)
+
+
+def test_step_time_is_the_wall_time_of_the_steps(profiled):
+    trainer, _, report, before, wall = profiled
+    m = report.measured
+    # the categories account for the step exactly
+    assert m.accounted() == pytest.approx(m.step_seconds, rel=1e-9)
+    assert all(m.categories[k] >= 0 for k in (*CATEGORIES, "concurrent", "idle", "host"))
+    assert m.execution_seconds <= m.step_seconds
+    assert m.execution_seconds + m.categories["host"] == pytest.approx(m.step_seconds, rel=1e-9)
+    # the traced steps lie inside the wall time of the whole profile() call
+    assert m.step_seconds * STEPS < wall
+    # and take what the host's own clock says they took (the run loop's step_time of the
+    # traced steps, their checkpoint left out), up to where in a step each clock ticks
+    recs = {r["step"]: r for r in trainer.history}
+    first = before + 2
+    host = sum(recs[s]["step_time"] - recs[s]["ckpt_time"]
+               for s in range(first + 1, first + STEPS + 1))
+    assert m.step_seconds * STEPS == pytest.approx(host, rel=0.5)
+
+
+def test_top_ops_carry_their_source_lines(profiled):
+    _, _, report, _, _ = profiled
+    top = report.measured.top(10)
+    assert len(top) == 10
+    assert [o.seconds for o in top] == sorted((o.seconds for o in top), reverse=True)
+    ops = report.measured.ops
+    # the user source line of the model's matmuls, from the HLO metadata
+    assert any(o.category == "compute" and re.match(r"\w+\.py:\d+ in \w", o.source) for o in ops)
+    assert {o.category for o in ops} >= {"compute", "memory", "collectives"}
+
+
+def test_report_rows_are_the_predictions_terms(profiled):
+    _, plan, report, _, _ = profiled
+    pred = plan.predict(calibration=False)
+    b = pred.breakdown
+    assert report.term("compute").predicted == pytest.approx(b["compute"])
+    assert report.term("memory").predicted == pytest.approx(b["memory"])
+    assert report.term("step").predicted == pytest.approx(pred.step_seconds)
+    assert report.term("step").measured == report.measured.step_seconds
+    want: dict = {}
+    for c in b["collectives"]:
+        want[(c.kind, c.axes)] = want.get((c.kind, c.axes), 0.0) + c.seconds
+    rows = {(t.kind, t.axes): t for t in report.terms if t.kind}
+    assert set(want) <= set(rows)
+    for key, secs in want.items():
+        assert rows[key].predicted == pytest.approx(secs)
+        measured = sum(m.seconds for m in report.measured.collectives if (m.kind, m.axes) == key)
+        assert rows[key].measured == pytest.approx(measured)
+    worst = max((t for t in report.terms if t.name != "step"), key=lambda t: abs(t.error))
+    assert report.largest_disagreement is worst
+    assert worst.name in report.verdict() and "largest disagreement" in str(report)
+    assert set(report.tokens_per_s) == {"outside", "during"} and report.overhead is not None
+    view = report.widget()     # what a notebook shows: the same rows, the same verdict
+    assert view.payload["rows"] == report.rows() and view.payload["verdict"] == report.verdict()
+
+
+def test_calibration_is_stored_and_used_by_predictions(profiled, tmp_path, monkeypatch):
+    _, plan, report, _, _ = profiled
+    monkeypatch.setenv("WORKBENCH_CALIBRATION", str(tmp_path / "cal"))
+    before = plan.predict()
+    assert "calibration" not in before.sources
+    cal = wb.calibrate(report)
+    assert load_calibration(cal.device_kind) == cal
+    assert (calibration_dir() / next(calibration_dir().iterdir()).name).is_file()
+    after = plan.predict()
+    assert after.sources["calibration"].startswith("calibrated from profile " + report.directory)
+    assert "calibrated from profile" in after.sources["peak_flops"]
+    # on the layout it was fitted on, the calibrated local terms are the measured ones
+    assert after.breakdown["compute"] == pytest.approx(report.term("compute").measured, rel=1e-6)
+    assert after.breakdown["memory"] == pytest.approx(report.term("memory").measured, rel=1e-6)
+    # the achieved rates are the table's times the measured factors
+    assert cal.matmul_flops == pytest.approx(
+        before.breakdown["compute"] / report.term("compute").measured
+        * (cal.matmul_flops / cal.compute_factor), rel=1e-6)
+    assert plan.predict(calibration=False).step_seconds == pytest.approx(before.step_seconds)
+    with pytest.raises(ValueError, match="already calibrated"):
+        wb.calibrate(wb.planning.profile.profile_report(after, report.measured,
+                                                        device_kind=report.device_kind))
+    assert wb.remove_calibration(cal.device_kind)
+    assert "calibration" not in plan.predict().sources
+
+
+def test_trace_opens_in_xprof(profiled):
+    xprof = pytest.importorskip("xprof.convert.raw_to_tool_data")
+    _, _, report, _, _ = profiled
+    files = [str(f) for f in trace_files(report.directory)]
+    tools = xprof.xspace_to_tool_names(files)
+    assert "trace_viewer@" in tools or "trace_viewer" in tools
+    data, _ = xprof.xspace_to_tool_data(files, "trace_viewer@", {})
+    assert data and b"jit_train_step" in (data if isinstance(data, bytes) else data.encode())
+
+
+# -- bad input: clear errors before anything is trained or written ------------------------
+
+@pytest.mark.parametrize("steps, match", [(0, "steps"), (MAX_STEPS + 1, "at most"),
+                                          (True, "steps"), (2.0, "steps")])
+def test_bad_step_counts(profiled, steps, match):
+    trainer = profiled[0]
+    at = trainer.step
+    with pytest.raises((ValueError, TypeError), match=match):
+        trainer.profile(steps=steps)
+    assert trainer.step == at
+
+
+def test_unwritable_directory(profiled, tmp_path):
+    trainer = profiled[0]
+    at = trainer.step
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(NotADirectoryError, match="a-file"):
+        trainer.profile(steps=1, directory=blocker / "trace")
+    with pytest.raises(FileExistsError, match="already holds a trace"):
+        trainer.profile(steps=1, directory=profiled[2].directory)
+    assert trainer.step == at
+
+
+def test_second_profile_while_one_runs(profiled, tmp_path):
+    trainer = profiled[0]
+    at = trainer.step
+    jax.profiler.start_trace(str(tmp_path / "outside"))
+    try:
+        with pytest.raises(ProfileError, match="already running"):
+            trainer.profile(steps=1)
+    finally:
+        jax.profiler.stop_trace()
+    assert trainer.step == at
+    assert not (trainer.run_dir / "profiles" / str(at + 3)).exists()
+
+
+def test_profiling_a_closed_trainer_or_an_abstract_plan(tmp_path):
+    trainer = wb.Trainer(CFG.replace(mesh={"data": 8}, rules="dp"), tmp_path / "closed",
+                         progress=None)
+    trainer.close()
+    with pytest.raises(ProfileError, match="closed"):
+        trainer.profile(steps=1)
+    plan = wb.plan(CFG.model_config(), mesh=wb.abstract_mesh("v5p-8", data=-1), rules="dp",
+                   batch=8, seq=32, progress=False, compile=False)
+    with pytest.raises(ProfileError, match="no step to run"):
+        wb.profile_step(plan, steps=1)
+
+
+def test_profile_a_plans_own_step(tmp_path):
+    plan = wb.plan(CFG.model_config(), mesh=wb.make_mesh(data=8), rules="dp", batch=8,
+                   seq=32, progress=False)
+    report = wb.profile_step(plan, steps=2, warmup=1, directory=tmp_path / "p")
+    hlo = parse_collectives(plan.compiled.as_text(), ("data",), (8,))
+    assert [m.events for m in report.measured.collectives] == [float(c.count) for c in hlo]
+    assert report.term("step").predicted == pytest.approx(plan.predicted.step_seconds)
+    assert math.isfinite(report.term("step").measured) and report.measured.steps == 2
+
+
+def _device_trace(tmp_path: Path, ops: list[tuple[str, int, int]], module: str) -> Path:
+    """An XSpace with two GPU planes as XLA writes them ("XLA Modules": one event per
+    execution, every 10 us for 1 us... "XLA Ops": ``ops`` (name, offset ns, duration ns)
+    in each execution), serialized by the profiler's own text-proto converter."""
+    from jax.profiler import ProfileData
+
+    names = [module + "(7)", "other_program(3)"] + sorted({n for n, _, _ in ops})
+    meta = "".join(f'event_metadata {{ key: {i + 1} value {{ id: {i + 1} name: "{n}" }} }}\n'
+                   for i, n in enumerate(names))
+    planes = ""
+    for d in range(2):
+        mods = "".join(f"events {{ metadata_id: 1 offset_ps: {k * 10_000_000} duration_ps: "
+                       f"{6_000_000} }}" for k in range(3))
+        evs = "".join(f"events {{ metadata_id: {names.index(n) + 1} offset_ps: "
+                      f"{(k * 10_000 + off) * 1000} duration_ps: {dur * 1000} }}"
+                      for k in range(3) for n, off, dur in ops)
+        # an op of another program between executions: not counted
+        evs += f"events {{ metadata_id: 2 offset_ps: {7_000_000} duration_ps: 1000000 }}"
+        planes += (f'planes {{ id: {d + 1} name: "/device:GPU:{d}" '
+                   f'lines {{ id: 1 name: "XLA Modules" timestamp_ns: 5000 {mods} }} '
+                   f'lines {{ id: 2 name: "XLA Ops" timestamp_ns: 5000 {evs} }} {meta} }}\n')
+    where = tmp_path / "plugins" / "profile" / "t"
+    where.mkdir(parents=True)
+    (where / "gpu.xplane.pb").write_bytes(ProfileData.text_proto_to_serialized_xspace(planes))
+    return tmp_path
+
+
+def test_device_planes_are_read_by_execution_hand_count(tmp_path):
+    """GPU/TPU traces put each device's ops on its plane's "XLA Ops" line: the ops are
+    grouped by the "XLA Modules" execution containing them, and every category equals a
+    hand count of the synthetic timeline."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = wb.make_mesh(data=8)
+    x = jax.ShapeDtypeStruct((64, 32), np.float32, sharding=NamedSharding(mesh, P("data")))
+    w = jax.ShapeDtypeStruct((32, 32), np.float32, sharding=NamedSharding(mesh, P()))
+    hlo = jax.jit(lambda x, w: jax.numpy.tanh(x @ w).sum()).lower(x, w).compile().as_text()
+    from workbench.planning.trace import _instruction_kinds, _module_name
+
+    _, kinds = _instruction_kinds(hlo)
+    dot = next(n for n, (c, _) in kinds.items() if c == "compute")
+    coll = next(n for n, (c, _) in kinds.items() if c == "collectives")
+    other = next(n for n, (c, op) in kinds.items() if c == "memory" and op == "fusion")
+    # per execution (ns): dot 0-2000, other 2500-3000, all-reduce 3000-4500; module 0-6000
+    ops = [(dot, 0, 2000), (other, 2500, 500), (coll, 3000, 1500)]
+    m = read_trace(_device_trace(tmp_path, ops, _module_name(hlo)), hlo_text=hlo,
+                   axis_names=("data",), axis_sizes=(8,))
+    assert (m.steps, m.devices) == (3, 2)
+    assert m.step_seconds == pytest.approx((2 * 10 + 4.5) * 1e-6 / 3)   # first op to last
+    assert m.execution_seconds == pytest.approx(4.5e-6)           # first op to last op end
+    c = m.categories
+    assert c["compute"] == pytest.approx(2e-6) and c["memory"] == pytest.approx(0.5e-6)
+    assert c["collectives"] == pytest.approx(1.5e-6) and c["concurrent"] == pytest.approx(0)
+    assert c["idle"] == pytest.approx(0.5e-6)                      # 2000-2500 ns
+    assert c["host"] == pytest.approx(2 * (10 - 4.5) * 1e-6 / 3)   # two gaps in 3 steps
+    assert m.accounted() == pytest.approx(m.step_seconds)
+    assert [o.name for o in m.top(3)] == [dot, coll, other]
+    measured = {x.collective.names: x.events for x in m.collectives}
+    assert any(coll in names and ev == 1.0 for names, ev in measured.items())
+
+
+def test_calibration_keys_collectives_that_cross_processes():
+    """2 processes x 4 devices, mesh data=4 x model=2 in row-major device order (each
+    process holds 4 consecutive devices): the 'model' pairs stay in one process, 'data'
+    groups span both; and reports of two device kinds are not mixed."""
+    from types import SimpleNamespace
+
+    from workbench.planning.calibrate import _crosses_processes
+
+    r = SimpleNamespace(mesh={"data": 4, "model": 2}, processes=2)
+    # device d = 2 * i_data + i_model lives in process d // 4
+    for axes in (("model",), ("data",), ("data", "model")):
+        groups = {tuple(sorted({(2 * i + j) // 4 for i in range(4) for j in range(2)
+                                if (("data" in axes) or i == 0) and (("model" in axes) or j == 0)}))}
+        assert _crosses_processes(r, axes) == (max(len(g) for g in groups) > 1), axes
+    a = SimpleNamespace(device_kind="H100 SXM", prediction={"sources": {}})
+    b = SimpleNamespace(device_kind="TPU v5p", prediction={"sources": {}})
+    with pytest.raises(ValueError, match="different device kinds"):
+        wb.calibrate([a, b], save=False)
+
+
+def test_a_plan_of_another_step_is_refused(profiled):
+    trainer = profiled[0]
+    at = trainer.step
+    other = wb.plan(CFG.model_config(), mesh=wb.make_mesh(data=8), rules="dp", batch=8,
+                    seq=32, progress=False, compile=False)
+    with pytest.raises(ValueError, match="this Trainer runs mesh"):
+        trainer.profile(steps=1, plan=other)
+    assert trainer.step == at

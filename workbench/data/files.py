@@ -1,0 +1,176 @@
+"""Local document files: listing, formats, and reading them in units with file:line errors.
+
+Formats (by extension unless given): JSONL (``.jsonl``/``.json``: one JSON object per line,
+the document in a named string field), Parquet (``.parquet``: a named string column),
+ArrayRecord (``.array_record``: one UTF-8 document per record) and plain text (anything
+else: one document per file). A file is read in *units* (a file, a block of lines, a
+Parquet row group, a range of records) that Grain maps to token ids; a unit reads only
+its own bytes, so units can be tokenized in any process.
+
+Bad input raises :class:`DataError` naming the file (and line or record) and the fix:
+an empty file, a line that is not JSON or lacks the field, a field that is not a string,
+non-UTF-8 bytes, a Parquet file without the column.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DataError", "FORMATS", "Unit", "file_format", "list_files", "read_unit", "units"]
+
+#: Values of ``Dataset.format``.
+FORMATS: tuple[str, ...] = ("auto", "jsonl", "parquet", "text", "arrayrecord")
+
+#: JSONL lines (or ArrayRecord records) per unit of work.
+LINES_PER_UNIT = 1024
+
+Unit = tuple[str, str, int, int]   # (format, path, start, stop): lines / row group / records
+
+
+class DataError(ValueError):
+    """A data file cannot be read as documents (the message names the file and line)."""
+
+
+def file_format(path: Path, fmt: str) -> str:
+    """The format of ``path``: ``fmt`` unless "auto", else by the file's extension."""
+    if fmt != "auto":
+        return fmt
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    if suffix == ".array_record" or path.name.endswith(".array_record"):
+        return "arrayrecord"
+    return "text"
+
+
+def list_files(patterns: Sequence[str]) -> list[Path]:
+    """Files matched by glob ``patterns`` (``**`` recursive) or below folders, sorted.
+
+    Raises:
+      FileNotFoundError: a pattern matches nothing (named, with the working directory).
+    """
+    found: set[Path] = set()
+    for pattern in patterns:
+        path = Path(pattern).expanduser()
+        if path.is_dir():
+            hits = [p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        else:
+            hits = [Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file()]
+        if not hits:
+            raise FileNotFoundError(
+                f"no files match {pattern!r} (from {os.getcwd()}); give a glob like "
+                "'data/*.jsonl', a folder, or a list of files")
+        found.update(p.resolve() for p in hits)
+    return sorted(found)
+
+
+def units(path: Path, fmt: str) -> list[Unit]:
+    """The units of work of one file (checks it is not empty, reads no documents)."""
+    size = path.stat().st_size
+    if size == 0:
+        raise DataError(f"{path} is empty (0 bytes); remove it from the files, or put "
+                        "documents in it")
+    if fmt == "text":
+        return [("text", str(path), 0, 1)]
+    if fmt == "jsonl":
+        with open(path, "rb") as f:
+            lines = sum(1 for _ in f)
+        return [("jsonl", str(path), a, min(a + LINES_PER_UNIT, lines))
+                for a in range(0, lines, LINES_PER_UNIT)]
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            meta = pq.ParquetFile(path).metadata
+        except Exception as err:   # pyarrow raises ArrowInvalid and friends
+            raise DataError(f"{path} is not a Parquet file ({err})") from err
+        return [("parquet", str(path), g, g + 1) for g in range(meta.num_row_groups)]
+    if fmt == "arrayrecord":
+        from array_record.python.array_record_module import ArrayRecordReader
+
+        reader = ArrayRecordReader(str(path))
+        n = reader.num_records()
+        reader.close()
+        return [("arrayrecord", str(path), a, min(a + LINES_PER_UNIT, n))
+                for a in range(0, n, LINES_PER_UNIT)]
+    raise ValueError(f"unknown format {fmt!r}; choose one of {FORMATS}")
+
+
+def _utf8(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{where}: byte {err.start} is not UTF-8 ({err.reason}); convert the "
+                        "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from err
+
+
+def _field(obj: Any, field: str, where: str) -> str:
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: a JSON {type(obj).__name__}, not an object with a "
+                        f"{field!r} field; write one object per line")
+    if field not in obj:
+        keys = ", ".join(repr(k) for k in list(obj)[:8])
+        raise DataError(f"{where}: no field {field!r} (keys: {keys}); pass "
+                        "Dataset(field=...) naming the text field")
+    text = obj[field]
+    if not isinstance(text, str):
+        raise DataError(f"{where}: field {field!r} is a {type(text).__name__}, not a string")
+    return text
+
+
+def read_unit(unit: Unit, field: str) -> list[str]:
+    """The documents of one unit, in file order.
+
+    Raises:
+      DataError: bad bytes, JSON, field or column (file and line in the message).
+    """
+    fmt, path, start, stop = unit
+    if fmt == "text":
+        return [_utf8(Path(path).read_bytes(), path)]
+    if fmt == "jsonl":
+        docs = []
+        with open(path, "rb") as f:
+            for i, raw in enumerate(f):
+                if i < start:
+                    continue
+                if i >= stop:
+                    break
+                where = f"{path}:{i + 1}"
+                line = _utf8(raw, where).strip()
+                if not line:
+                    continue   # blank lines are allowed (a trailing newline, spacing)
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{where}: not JSON ({err.msg} at column {err.colno}); "
+                                    "JSONL needs one JSON object per line") from err
+                docs.append(_field(obj, field, where))
+        return docs
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(path)
+        names = pf.schema_arrow.names
+        if field not in names:
+            raise DataError(f"{path}: no column {field!r} (columns: {names}); pass "
+                            "Dataset(field=...) naming the text column")
+        column = pf.read_row_group(start, columns=[field]).column(0)
+        if not (str(column.type) in ("string", "large_string", "string_view")):
+            raise DataError(f"{path}: column {field!r} is {column.type}, not strings")
+        return [t for t in column.to_pylist() if t is not None]
+    if fmt == "arrayrecord":
+        from array_record.python.array_record_module import ArrayRecordReader
+
+        reader = ArrayRecordReader(path)
+        try:
+            raws = reader.read(list(range(start, stop)))
+        finally:
+            reader.close()
+        return [_utf8(raw, f"{path} record {start + i}") for i, raw in enumerate(raws)]
+    raise ValueError(f"unknown format {fmt!r}; choose one of {FORMATS}")

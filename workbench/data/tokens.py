@@ -1,0 +1,193 @@
+"""The token cache: documents tokenized once, through Grain, into an ArrayRecord of token ids.
+
+Documents are read in units (:mod:`workbench.data.files`), mapped to token ids by a
+``grain.MapDataset`` (in ``workers`` Grain worker processes when asked, in order either
+way) and written as one stream of int32 ids in records of ``RECORD_TOKENS`` tokens
+(``tokens.array_record``, ``group_size:1`` for random access) with the document lengths
+beside it (``lengths.npy``) and a description (``info.json``). The folder is named by the
+SHA-256 of the files' bytes, the format, the field and the tokenizer's fingerprint, under
+``$WORKBENCH_CACHE/data`` (default ``~/.cache/workbench/data``); a listing manifest (paths,
+sizes, mtimes) lets later runs find it without reading the files again. It is written
+under a temporary name and renamed, so no process sees half a cache.
+
+Why once, ahead of time, rather than in the training pipeline: packing needs every
+document's length to give each row a fixed place (a ``MapDataset`` with a global shuffle,
+an exact position to checkpoint and per-process slices), every epoch would otherwise
+tokenize the corpus again, and several processes of a job share one cache (benchmarks/
+bench_data.py measures both sides).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grain
+import numpy as np
+
+from workbench._cache import cache_root
+from workbench.data.files import DataError, Unit, file_format, list_files, read_unit, units
+from workbench.data.tokenizer import Tokenizer
+
+__all__ = ["RECORD_TOKENS", "TokenCache", "build_token_cache"]
+
+#: Tokens per ArrayRecord record (8 KiB of int32).
+RECORD_TOKENS = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenCache:
+    """A tokenized corpus on disk.
+
+    Attributes:
+      folder: the cache folder.
+      lengths: tokens of each document, in file order (int64, ``(documents,)``).
+      info: the description (``sha256``, ``files``, ``documents``, ``tokens``, ...).
+    """
+
+    folder: Path
+    lengths: np.ndarray
+    info: dict[str, Any]
+
+    @functools.cached_property
+    def offsets(self) -> np.ndarray:
+        """Start of each document in the stream, and the end: ``(documents + 1,)`` int64."""
+        return np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
+
+    @property
+    def path(self) -> Path:
+        """The ArrayRecord file of token ids."""
+        return self.folder / "tokens.array_record"
+
+
+def _tokenize_unit(unit: Unit, *, field: str, tokenizer: Tokenizer
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens, lengths)`` of one unit's documents (empty texts dropped)."""
+    texts = [t for t in read_unit(unit, field) if t]
+    docs = tokenizer.documents(texts) if texts else []
+    lengths = np.array([len(d) for d in docs], dtype=np.int64)
+    flat = np.fromiter((i for d in docs for i in d), dtype=np.int32, count=int(lengths.sum()))
+    return flat, lengths
+
+
+def _listing_key(files: Sequence[Path], fmt: str, field: str, tokenizer: Tokenizer) -> str:
+    h = hashlib.sha256(json.dumps([fmt, field, tokenizer.fingerprint]).encode())
+    for path in files:
+        st = path.stat()
+        h.update(f"{path}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _content_key(files: Sequence[Path], fmt: str, field: str, tokenizer: Tokenizer) -> str:
+    h = hashlib.sha256(json.dumps([fmt, field, tokenizer.fingerprint]).encode())
+    for path in files:
+        h.update(f"{path.name}|{path.stat().st_size}\n".encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _read(folder: Path) -> TokenCache:
+    info = json.loads((folder / "info.json").read_text())
+    return TokenCache(folder=folder, lengths=np.load(folder / "lengths.npy"), info=info)
+
+
+def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: str = "text",
+                      fmt: str = "auto", workers: int = 0,
+                      cache_dir: str | os.PathLike[str] | None = None) -> TokenCache:
+    """Tokenizes the documents of ``patterns`` once and returns the cache.
+
+    Args:
+      patterns: globs, folders or files.
+      tokenizer: the tokenizer (each document is ``tokenizer.document(text)``).
+      field: the JSONL field / Parquet column holding the text.
+      fmt: a format of ``files.FORMATS`` ("auto": by extension).
+      workers: Grain worker processes that tokenize (0: in this process).
+      cache_dir: where caches live (default ``cache_root() / "data"``).
+
+    Raises:
+      DataError: an empty file, bad JSON, a missing field or column, non-UTF-8 text, or
+        no documents at all (the message names the file and line).
+    """
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "data"
+    files = list_files(patterns)
+    manifest = root / f"tokens-listing-{_listing_key(files, fmt, field, tokenizer)}.json"
+    try:
+        folder = Path(json.loads(manifest.read_text())["folder"])
+        return _read(folder)
+    except (OSError, ValueError, KeyError):
+        pass
+    work = [u for p in files for u in units(p, file_format(p, fmt))]   # checks empty files
+    digest = _content_key(files, fmt, field, tokenizer)
+    folder = root / f"tokens-{digest[:16]}-{tokenizer.fingerprint}"
+    if not (folder / "info.json").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".{folder.name}.{os.getpid()}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            info = _write(tmp, work, field=field, tokenizer=tokenizer, workers=workers,
+                          writer_cls=ArrayRecordWriter)
+            info.update(sha256=digest, files=[str(p) for p in files], format=fmt,
+                        field=field, tokenizer=tokenizer.to_dict(),
+                        tokenizer_fingerprint=tokenizer.fingerprint)
+            (tmp / "info.json").write_text(json.dumps(info, indent=1))
+            try:
+                os.rename(tmp, folder)
+            except OSError:   # another process finished first: use its copy
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    tmp_manifest = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
+    tmp_manifest.write_text(json.dumps({"folder": str(folder)}))
+    os.replace(tmp_manifest, manifest)
+    return _read(folder)
+
+
+def _write(folder: Path, work: list[Unit], *, field: str, tokenizer: Tokenizer, workers: int,
+           writer_cls: Any) -> dict[str, Any]:
+    """Tokenizes ``work`` through Grain into ``folder``; returns the counts."""
+    ds = grain.MapDataset.source(work).map(
+        functools.partial(_tokenize_unit, field=field, tokenizer=tokenizer))
+    it: Any = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+    if workers > 0:
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():   # Grain's workers read absl flags (defaults here)
+            flags.FLAGS.mark_as_parsed()
+        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    writer = writer_cls(str(folder / "tokens.array_record"), "group_size:1")
+    lengths: list[np.ndarray] = []
+    pending = np.zeros(0, np.int32)
+    total = 0
+    try:
+        for flat, lens in it:
+            lengths.append(lens)
+            total += int(flat.size)
+            pending = np.concatenate([pending, flat])
+            full = pending.size // RECORD_TOKENS * RECORD_TOKENS
+            for a in range(0, full, RECORD_TOKENS):
+                writer.write(pending[a:a + RECORD_TOKENS].tobytes())
+            pending = pending[full:]
+        if pending.size:
+            writer.write(pending.tobytes())
+    finally:
+        writer.close()
+    all_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    if all_lengths.size == 0:
+        names = sorted({u[1] for u in work})
+        raise DataError(f"no documents in {names[:4]}{' ...' if len(names) > 4 else ''}: every "
+                        f"document's {field!r} text is empty")
+    np.save(folder / "lengths.npy", all_lengths)
+    return {"documents": int(all_lengths.size), "tokens": total,
+            "record_tokens": RECORD_TOKENS, "units": len(work)}

@@ -1,0 +1,387 @@
+"""A ``jax.profiler`` trace of train steps, read into time per step by category and per op.
+
+The trace (``*.xplane.pb``, an XSpace) is read with the profiler's own reader,
+``jax.profiler.ProfileData`` (XLA's XSpace bindings shipped with jaxlib). XLA tags every
+op it runs with its HLO instruction (``hlo_op``), module (``hlo_module``) and device
+(``device_ordinal``): XLA:CPU on the host plane's threads (one event per thunk; the thunk
+executor runs independent ops of one device side by side on the pool's threads), GPUs and
+TPUs on each device plane's "XLA Ops" line. The instruction names are looked up in the
+compiled step's HLO text (``compiled.as_text()``, what the Trainer ran) for what each op
+is: a collective (kind, bytes, mesh axes: :func:`workbench.planning.hlo.parse_collectives`),
+a matmul (a dot or convolution, or a fusion/custom call containing one: "compute"), or
+any other op (elementwise, reductions, copies, data movement: "memory"); and for the user
+source line of its JAX op (the HLO metadata).
+
+Per device and step the accounting is exact: ``step = compute + memory + collectives +
+other - concurrent + idle + host``, where ``concurrent`` is op time that ran beside other
+ops of the same device, ``idle`` the time inside the step's execution that no op covered,
+and ``host`` the time between executions (data loading, dispatch, metrics).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from workbench.planning.hlo import KINDS, Collective, HloGraph, parse_collectives
+
+__all__ = ["MeasuredCollective", "OpTime", "StepProfile", "read_trace", "trace_files"]
+
+CATEGORIES = ("compute", "memory", "collectives", "other")
+_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+_MATMUL_TARGET = re.compile(r"gemm|matmul|cublas|dot|conv", re.I)
+_WAIT = "Wait: pending_threads"   # XLA:CPU's rendezvous, waiting for the group's devices
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OpTime:
+    """One HLO instruction's measured time.
+
+    Attributes:
+      name: the HLO instruction (``"ynn_fusion.78"``, ``"all-gather.5"``).
+      category: "compute" (matmuls), "memory" (other fusions and ops), "collectives" or
+        "other" (control flow: while, call, conditional).
+      opcode: its HLO opcode (``"fusion"``, ``"all-reduce"``).
+      seconds: self time per step, averaged over devices.
+      count: times it ran per step on one device (loop bodies run trip-count times).
+      op: the JAX op it was made for (``"jvp(btd,dnh->btnh)/dot_general"``).
+      source: the user source line (``"gpt.py:101 in MLP.__call__"``), from HLO metadata.
+    """
+
+    name: str
+    category: str
+    opcode: str
+    seconds: float
+    count: float
+    op: str
+    source: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeasuredCollective:
+    """The measured time of one merged collective of the step (``hlo.Collective``).
+
+    Attributes:
+      collective: the compiled step's record (kind, axes, bytes, count, names).
+      seconds: time per step on one device, averaged over devices (all its instructions).
+      events: op events per step and device that were matched to it.
+      wait: of ``seconds``, the time spent waiting for the group's other devices to
+        arrive (XLA:CPU's rendezvous; 0 where the trace does not say).
+    """
+
+    collective: Collective
+    seconds: float
+    events: float
+    wait: float = 0.0
+
+    @property
+    def kind(self) -> str:
+        return self.collective.kind
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return self.collective.axes
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepProfile:
+    """Measured time of the profiled steps, per step and device (averaged over devices).
+
+    Attributes:
+      directory: the trace directory (``run_dir/profiles/<step>``).
+      files: the ``.xplane.pb`` files read.
+      module: the HLO module profiled (``"jit_train_step"``).
+      steps: executions of the module per device in the trace.
+      devices: devices seen.
+      step_seconds: wall time per step: from the first execution's first op to the last
+        execution's last op, per device, divided by the steps, averaged over devices.
+      execution_seconds: time per step from an execution's first op to its last.
+      categories: seconds per step: "compute", "memory", "collectives", "other" (op self
+        time, summed), "concurrent" (op time that ran beside other ops of the device,
+        to subtract), "idle" (no op running inside an execution), "host" (between
+        executions: data, dispatch, the host's work).
+      collectives: measured time of each collective of the compiled step.
+      ops: every op's time, largest first.
+    """
+
+    directory: str
+    files: tuple[str, ...]
+    module: str
+    steps: int
+    devices: int
+    step_seconds: float
+    execution_seconds: float
+    categories: dict[str, float]
+    collectives: tuple[MeasuredCollective, ...]
+    ops: tuple[OpTime, ...]
+
+    def top(self, k: int = 10) -> list[OpTime]:
+        """The ``k`` ops that took longest (self time per step)."""
+        return list(self.ops[:k])
+
+    def accounted(self) -> float:
+        """``compute + memory + collectives + other - concurrent + idle + host``: equals
+        ``step_seconds`` (the identity the tests check)."""
+        c = self.categories
+        return sum(c[k] for k in CATEGORIES) - c["concurrent"] + c["idle"] + c["host"]
+
+    def table(self, k: int = 10) -> str:
+        """Per-category and top-``k`` op times as text."""
+        c = self.categories
+        lines = [f"{self.steps} steps of {self.module} on {self.devices} device(s): "
+                 f"{self.step_seconds * 1e3:.3g} ms/step"]
+        lines += [f"  {name:<12} {c[name] * 1e3:9.3f} ms" for name in
+                  (*CATEGORIES, "concurrent", "idle", "host")]
+        lines.append(f"  top {k} ops (self time per step):")
+        lines += [f"    {o.seconds * 1e3:8.3f} ms  {o.category:<11} {o.name:<28} "
+                  f"{o.source or o.op}" for o in self.top(k)]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def trace_files(directory: str | Path) -> list[Path]:
+    """The XSpace files ``jax.profiler`` wrote under ``directory``
+    (``plugins/profile/<time>/<host>.xplane.pb``), newest session last."""
+    return sorted(Path(directory).glob("plugins/profile/*/*.xplane.pb"))
+
+
+# -- what each HLO instruction is -----------------------------------------------------------
+
+def _instruction_kinds(hlo_text: str) -> tuple[HloGraph, dict[str, tuple[str, str]]]:
+    """``{instruction: (category, opcode)}`` from the module text."""
+    graph = HloGraph.parse(hlo_text)
+    calls: dict[str, list[str]] = {}
+    targets: dict[str, str] = {}
+    for line in hlo_text.splitlines():
+        m = re.match(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=", line)
+        if m is None:
+            continue
+        calls[m.group(1)] = _CALLS.findall(line)
+        t = _TARGET.search(line)
+        if t:
+            targets[m.group(1)] = t.group(1)
+    ops_in: dict[str, set[str]] = defaultdict(set)
+    members: dict[str, list[str]] = defaultdict(list)
+    for ins in graph.instructions.values():
+        ops_in[ins.computation].add(ins.op)
+        members[ins.computation].append(ins.name)
+        if ins.name in targets and _MATMUL_TARGET.search(targets[ins.name]):
+            ops_in[ins.computation].add("dot")
+
+    def has_dot(comp: str, depth: int = 0) -> bool:
+        if depth > 8:
+            return False
+        if ops_in[comp] & {"dot", "convolution"}:
+            return True
+        return any(has_dot(c, depth + 1) for name in members[comp]
+                   for c in calls.get(name, ()))
+
+    memo: dict[str, bool] = {}
+    kinds: dict[str, tuple[str, str]] = {}
+    for ins in graph.instructions.values():
+        op = ins.op
+        base = op.removesuffix("-start").removesuffix("-done")
+        if base in KINDS or op.startswith("async-collective") or (
+                op in ("async-start", "async-done") and "collective" in ins.name):
+            kinds[ins.name] = ("collectives", op)
+        elif op in ("dot", "convolution") or (
+                op == "custom-call" and _MATMUL_TARGET.search(targets.get(ins.name, ""))):
+            kinds[ins.name] = ("compute", op)
+        elif op == "fusion":
+            comp = (calls.get(ins.name) or [""])[0]
+            if comp not in memo:
+                memo[comp] = has_dot(comp)
+            kinds[ins.name] = ("compute" if memo[comp] else "memory", op)
+        elif op in ("while", "call", "conditional"):
+            kinds[ins.name] = ("other", op)
+        else:
+            kinds[ins.name] = ("memory", op)
+    return graph, kinds
+
+
+# -- events ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Event:
+    name: str
+    device: int
+    execution: Any
+    start: float   # seconds
+    end: float
+    self_time: float = 0.0
+    wait: float = 0.0   # inside a collective: waiting for the other devices to arrive
+
+
+def _module_runs(plane: Any, module: str) -> list[tuple[float, float]]:
+    """(start, end) seconds of each execution of ``module`` on a device plane (its "XLA
+    Modules" line: one event per execution, named ``jit_train_step(<program id>)``)."""
+    runs = []
+    for line in plane.lines:
+        if line.name == "XLA Modules":
+            for e in line.events:
+                if e.name.split("(")[0] == module:
+                    start = float(e.start_ns) * 1e-9
+                    runs.append((start, start + float(e.duration_ns) * 1e-9))
+    return sorted(runs)
+
+
+def _events(files: Sequence[Path], module: str) -> list[_Event]:
+    """Op events of ``module`` with their self time (nested events on one thread line,
+    a loop's body inside its while, are subtracted from their parent).
+
+    Host plane (XLA:CPU): events carrying ``hlo_op`` of ``module``; the execution is the
+    event's ``run_id``. Device planes (GPU, TPU): the "XLA Ops" line; the execution is the
+    "XLA Modules" event of ``module`` that contains the op.
+    """
+    from jax.profiler import ProfileData
+
+    out: list[_Event] = []
+    for f in files:
+        data = ProfileData.from_file(str(f))
+        for p_index, plane in enumerate(data.planes):
+            device_plane = plane.name.startswith("/device:") and "CUSTOM" not in plane.name
+            runs = _module_runs(plane, module) if device_plane else []
+            for line in plane.lines:
+                if device_plane and line.name != "XLA Ops":
+                    continue
+                stack: list[_Event] = []
+                for e in line.events:
+                    stats = dict(e.stats)
+                    start = float(e.start_ns) * 1e-9
+                    if device_plane:
+                        run = next((i for i, (s, t) in enumerate(runs) if s <= start <= t), None)
+                        if run is None:
+                            continue   # an op of another program
+                        name, dev, exe = str(stats.get("hlo_op", e.name)), p_index, run
+                    else:
+                        if stats.get("hlo_module") != module or "hlo_op" not in stats:
+                            # XLA:CPU's rendezvous: a collective waiting for its peers
+                            if e.name.startswith(_WAIT) and stack and \
+                                    stack[-1].end >= start >= stack[-1].start:
+                                stack[-1].wait += float(e.duration_ns) * 1e-9
+                            continue
+                        name, dev = str(stats["hlo_op"]), int(stats.get("device_ordinal", 0))
+                        exe = stats.get("run_id")
+                    ev = _Event(name, dev, exe, start, start + float(e.duration_ns) * 1e-9)
+                    ev.self_time = ev.end - ev.start
+                    while stack and stack[-1].end <= ev.start:
+                        stack.pop()
+                    if stack and ev.end <= stack[-1].end + 1e-12:
+                        stack[-1].self_time -= ev.end - ev.start
+                    stack.append(ev)
+                    out.append(ev)
+    return out
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + ((cur_e - cur_s) if cur_e is not None else 0.0)
+
+
+def _module_name(hlo_text: str) -> str:
+    m = re.match(r"\s*HloModule\s+([\w.\-]+)", hlo_text)
+    if m is None:
+        raise ValueError("the HLO text has no 'HloModule <name>' header: pass the compiled "
+                         "step's compiled.as_text()")
+    return m.group(1)
+
+
+def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str],
+               axis_sizes: Sequence[int], executions_per_step: int = 1) -> StepProfile:
+    """Read the trace under ``directory`` into per-step time by category, collective and op.
+
+    Args:
+      directory: where ``jax.profiler`` wrote the trace (``Trainer.profile``'s
+        ``run_dir/profiles/<step>``).
+      hlo_text: the compiled step's ``compiled.as_text()`` (its ops are looked up in it).
+      axis_names, axis_sizes: the mesh's axes, for the collectives' axes.
+      executions_per_step: executions of the step program per step (gradient
+        accumulation runs it once per micro-batch).
+
+    Raises:
+      FileNotFoundError: no ``.xplane.pb`` under ``directory``.
+      ValueError: the trace has no execution of the step's module.
+    """
+    files = trace_files(directory)
+    if not files:
+        raise FileNotFoundError(f"no jax.profiler trace (plugins/profile/*/*.xplane.pb) under "
+                                f"{directory}; capture one with trainer.profile(steps=N)")
+    module = _module_name(hlo_text)
+    events = _events(files, module)
+    if not events:
+        raise ValueError(f"the trace in {directory} has no op of module {module!r}: it was "
+                         "captured while another program ran, or with another step")
+    graph, kinds = _instruction_kinds(hlo_text)
+    collectives = parse_collectives(hlo_text, axis_names, axis_sizes)
+
+    by_exe: dict[tuple[int, Any], list[_Event]] = defaultdict(list)
+    for ev in events:
+        by_exe[(ev.device, ev.execution)].append(ev)
+    devices = sorted({d for d, _ in by_exe})
+    per_device: dict[int, list[list[_Event]]] = {
+        d: sorted((evs for (dd, _), evs in by_exe.items() if dd == d),
+                  key=lambda evs: min(e.start for e in evs)) for d in devices}
+    n_exec = min(len(v) for v in per_device.values())
+    steps = max(1, n_exec // executions_per_step)
+    exec_span = sum(max(e.end for e in per_device[d][k]) - min(e.start for e in per_device[d][k])
+                    for d in devices for k in range(n_exec)) / len(devices)
+    # per device: the first execution's start to the last one's end (the host's gaps
+    # between executions inside; the gap after the last one is not seen)
+    window = sum(max(e.end for e in per_device[d][n_exec - 1])
+                 - min(e.start for e in per_device[d][0]) for d in devices) / len(devices)
+    step_s = window / steps
+    scale = 1.0 / (len(devices) * steps)
+
+    cats = dict.fromkeys(CATEGORIES, 0.0)
+    per_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    union = 0.0
+    for d in devices:
+        for evs in per_device[d][:n_exec]:
+            union += _union([(e.start, e.end) for e in evs])
+            for e in evs:
+                cat = kinds.get(e.name, ("memory", "?"))[0]
+                cats[cat] += e.self_time
+                per_op[e.name][0] += e.self_time
+                per_op[e.name][1] += 1
+                per_op[e.name][2] += e.wait
+    busy = sum(cats.values())
+    cats = {k: v * scale for k, v in cats.items()}
+    cats["concurrent"] = max(0.0, busy - union) * scale
+    cats["idle"] = max(0.0, exec_span - union / len(devices)) / steps
+    cats["host"] = max(0.0, step_s - exec_span / steps)
+
+    ops = []
+    waits = {name: w * scale for name, (_, _, w) in per_op.items()}
+    for name, (secs, count, _) in per_op.items():
+        ins = graph.instructions.get(name)
+        ops.append(OpTime(name=name, category=kinds.get(name, ("memory", "?"))[0],
+                          opcode=kinds.get(name, ("", "?"))[1], seconds=secs * scale,
+                          count=count * scale, op=re.sub(r"^jit\([^)]*\)/", "", ins.op_name)
+                          if ins else "", source=graph.source(ins) if ins else ""))
+    ops.sort(key=lambda o: -o.seconds)
+    times = {o.name: o for o in ops}
+    measured = []
+    for c in collectives:
+        names = [n for n in c.names] + [n.replace("-start", "-done") for n in c.names
+                                        if "-start" in n]
+        measured.append(MeasuredCollective(
+            collective=c, seconds=sum(times[n].seconds for n in names if n in times),
+            events=sum(times[n].count for n in names if n in times),
+            wait=sum(waits.get(n, 0.0) for n in names)))
+    return StepProfile(directory=str(directory), files=tuple(str(f) for f in files),
+                       module=module, steps=steps, devices=len(devices), step_seconds=step_s,
+                       execution_seconds=exec_span / steps, categories=cats,
+                       collectives=tuple(measured), ops=tuple(ops))
