@@ -64,5 +64,6 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
     finally:
         ckpts.close()
     params = restored.state["train"].params
-    kwargs.setdefault("base", config.init)
+    init = (meta.get("init") or {}).get("path", config.init)   # absolute when recorded
+    kwargs.setdefault("base", init if init is None or Path(init).is_dir() else None)
     return to_hf((params, cfg), path, **kwargs)
