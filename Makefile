@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: lab test test-fast bench browser install clean screenshots
+.PHONY: lab test test-fast bench browser clusters install clean screenshots
 
 # The extension's npm packages exactly as the committed lockfile pins them: `npm ci` never
 # rewrites labextension/package-lock.json (it fails if package.json disagrees with it; then
@@ -44,9 +44,18 @@ browser:
 	  echo "installing Debian's chromium for browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# Debian's SLURM (slurm-wlm + munge) and OpenSSH server for the cluster tests: they start a
+# real slurmctld + slurmd and an sshd on loopback (tests/_clusters.py). Needs root.
+clusters:
+	@command -v slurmctld >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 && \
+	  { command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd; } || { \
+	  echo "installing Debian's slurm-wlm, munge and openssh-server for the cluster tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    slurm-wlm munge openssh-server >/dev/null; }
+
 # Every test (CI's and the README's command). pytest exits 5 when a selection (PYTEST_ARGS,
 # or test-fast's markers) finds no test: make stops there as on any failure.
-test: $(STAMP) browser
+test: $(STAMP) browser clusters
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The edit-test loop: every test that is not slow, multi-process, a notebook, a browser or

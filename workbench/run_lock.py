@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -43,6 +44,25 @@ LAUNCHED_ENV = "WORKBENCH_JOB"
 
 _HELD: dict[str, RunLock] = {}       # lock path -> the RunLock of this process holding it
 _HELD_MUTEX = threading.Lock()
+
+
+_SLURM_FINAL = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+
+
+def slurm_job_alive(job_id: str, conf: str | None = None) -> bool | None:
+    """Whether SLURM job ``job_id`` is still queued or running (``squeue``); None when
+    squeue is missing or does not answer (then nobody here can tell)."""
+    env = dict(os.environ, **({"SLURM_CONF": conf} if conf and os.path.exists(conf) else {}))
+    try:
+        out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"],
+                             capture_output=True, text=True, timeout=30, env=env, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return False if "Invalid job id" in out.stderr else None
+    states = out.stdout.split()
+    return bool(states) and states[0] not in _SLURM_FINAL
 
 
 class JobRunningError(RuntimeError):
@@ -100,7 +120,13 @@ class RunLock:
 
     @staticmethod
     def holder_alive(holder: dict[str, Any]) -> bool | None:
-        """True/False for a holder on this host; None when it is on another host."""
+        """True/False for a holder on this host; None when it is on another host.
+
+        A lock held for a SLURM job (``slurm_job``) lives as long as the job does, wherever
+        it runs: SLURM says (``squeue``); None when no SLURM command answers here.
+        """
+        if holder.get("slurm_job"):
+            return slurm_job_alive(str(holder["slurm_job"]), holder.get("slurm_conf"))
         if holder.get("host") != socket.gethostname():
             return None
         starts = holder.get("starts") if isinstance(holder.get("starts"), dict) else {}
@@ -269,6 +295,12 @@ class RunLock:
             return (f"run directory {self.run_dir} is locked by a writer on another host "
                     f"({who}). Stop it first; if it is gone (its host crashed), delete "
                     f"{self.path} and start again, or use another run_dir")
+        if holder.get("slurm_job"):
+            return (f"run directory {self.run_dir} belongs to SLURM job {holder['slurm_job']}, "
+                    f"which is still queued or running (since {since}). Two jobs would "
+                    "overwrite each other's checkpoints, so this one was refused and nothing "
+                    f"was changed. Stop it with job.stop() (or `scancel {holder['slurm_job']}`), "
+                    "watch it with wb.attach(run_dir), or use another run_dir")
         if holder.get("what") == "trainer":
             where = "a Trainer in this process (another thread)" if here else \
                 "a wb.Trainer (a notebook kernel, a script or `python -m workbench train`)"

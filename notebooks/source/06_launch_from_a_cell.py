@@ -82,3 +82,62 @@ history = [m for m in wb.runs.read_metrics("runs/06-job") if "loss" in m]
 print([m["step"] for m in history])
 assert [m["step"] for m in history] == list(range(1, stopped_at + 4))
 assert all(p.returncode is not None for p in job.processes), "every worker has exited"
+
+# %% [markdown]
+# ## The same job on a SLURM cluster
+#
+# On a cluster's login node, `cluster=wb.Slurm(...)` hands the job to SLURM instead of
+# starting processes here: `sbatch` queues it, `srun` starts one task per process on the
+# allocated nodes, and each task joins through `jax.distributed.initialize()`'s SLURM
+# detection. The returned Job is the same object and widget, plus the scheduler's view:
+# `PENDING` with its reason, `RUNNING` with the node list, `COMPLETED`, `FAILED`,
+# `CANCELLED`, `TIMEOUT`, and every requeue. `job.stop()` cancels (`scancel`): the tasks
+# checkpoint first. The run directory must be on storage every node sees.
+#
+# This is the batch script `wb.launch` would submit (nothing is written yet):
+
+# %%
+slurm = wb.Slurm(nodes=1, tasks_per_node=2, cpus_per_task=1, devices_per_task=4,
+                 platform="cpu", time="30:00", requeue=True)
+print(slurm.script("runs/06-slurm"))
+
+# %% [markdown]
+# Where a SLURM controller answers (`sinfo`), this cell submits the job and shows it; the
+# widget's first line is the scheduler's state. After a kernel restart,
+# `wb.attach("runs/06-slurm")` finds the job again from `runs/06-slurm/slurm.json`.
+#
+# **Preemption.** With `requeue=True` SLURM sends SIGTERM `signal_before` seconds (120)
+# before the time limit, and on a preemption or `scontrol requeue`: every task saves a
+# checkpoint at the same step, the job goes back to the queue (it keeps its id; SLURM
+# holds it about two minutes, `PENDING (BeginTime)`), and the next start continues from
+# that checkpoint, bitwise. The widget shows `RUNNING → REQUEUED → PENDING → RUNNING`, and
+# the run directory keeps one curve with a resume marker.
+
+# %%
+from workbench.jobs import slurm as slurm_jobs
+
+if slurm_jobs.available():
+    sjob = wb.launch(cfg.replace(steps=20), run_dir="runs/06-slurm", cluster=slurm)
+    display(sjob)
+    print(sjob.wait(timeout=900))
+    print(sjob.scheduler["history"])
+else:
+    print("no SLURM controller answers here (`sinfo`); on a login node this cell submits "
+          "the script above")
+
+# %% [markdown]
+# ## A multi-host TPU slice, or plain hosts over ssh
+#
+# `wb.TPUSlice(name, zone, project)` runs the same worker on every host of a Cloud TPU
+# VM slice, one `gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --project=PROJECT
+# --worker=I --command=...` per worker (each with its own log and its own stop); the
+# workers join through JAX's Cloud TPU detection. `wb.Hosts(["node1", "node2"])` does the
+# same over plain ssh, with the coordinator on the first host. The command worker 1 of a
+# 4-host slice would run:
+
+# %%
+from pathlib import Path
+
+tpu = wb.TPUSlice("my-v5p-32", "us-east5-a", "my-project", workers=4,
+                  python="~/venv/bin/python")
+print(tpu.remote_command(1, Path("/mnt/shared/runs/llm"), "<token>", steps=None))

@@ -162,6 +162,12 @@ def initialize(spec: DistributedSpec) -> str:
                       coordinator_bind_address=spec.bind_address or _loopback_bind(spec))
         if platform in ("gpu", "cuda", "rocm") and spec.devices_per_process:
             kwargs["local_device_ids"] = _gpu_ids(spec)
+    elif cluster == "SlurmCluster" and platform in ("gpu", "cuda", "rocm") \
+            and spec.devices_per_process:
+        # JAX's SLURM detection gives each task one GPU ([SLURM_LOCALID]); a task that
+        # drives M GPUs of its node takes GPUs localid*M .. localid*M+M-1.
+        m, local = spec.devices_per_process, int(os.environ.get("SLURM_LOCALID", "0"))
+        kwargs["local_device_ids"] = list(range(local * m, (local + 1) * m))
     jax.distributed.initialize(**kwargs)  # type: ignore[arg-type]
     return "explicit" if spec.explicit else (cluster or "jax.distributed")
 

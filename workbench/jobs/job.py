@@ -27,7 +27,7 @@ from workbench.jobs.worker import EXIT_STOPPED
 
 __all__ = ["Job", "ProcessInfo", "attach", "exit_file"]
 
-STATUSES = ("running", "finished", "failed", "stopped")
+STATUSES = ("queued", "running", "finished", "failed", "stopped")  # queued: SLURM only
 _POLL_S = 0.25
 _GLOO_CHATTER = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
 
@@ -38,7 +38,7 @@ class ProcessInfo:
 
     Attributes:
       index: its process index (``jax.process_index()``); 0 writes the metrics.
-      pid: its OS pid.
+      pid: its OS pid (None for a SLURM task: it runs on a node).
       state: "running", "finished", "stopped", "failed" or "killed" (by the launcher
         after another process failed).
       returncode: its exit status (negative: killed by that signal); None while running.
@@ -46,7 +46,7 @@ class ProcessInfo:
     """
 
     index: int
-    pid: int
+    pid: int | None
     state: str
     returncode: int | None
     log: Path
@@ -136,8 +136,13 @@ class Job(Displayable):
     # ------------------------------------------------------------------ state
     @property
     def status(self) -> str:
-        """"running", "finished", "failed" or "stopped"."""
+        """"running", "finished", "failed" or "stopped" ("queued": waiting in SLURM's queue)."""
         return self._status
+
+    @property
+    def scheduler(self) -> dict[str, Any] | None:
+        """What the cluster's scheduler says (SLURM jobs: state, reason, nodes, history)."""
+        return None
 
     @property
     def done(self) -> bool:
@@ -231,6 +236,9 @@ class Job(Displayable):
     def _signal_all(self, sig: signal.Signals) -> None:
         for i, p in enumerate(self._procs):
             if p.poll() is None:
+                if hasattr(p, "send_signal_remote"):  # a worker on another host (ssh)
+                    p.send_signal_remote(sig)
+                    continue
                 try:  # the whole process group: the worker and anything it started
                     os.killpg(p.pid, sig) if not self._attached else os.kill(p.pid, sig)
                 except (ProcessLookupError, PermissionError):
@@ -326,7 +334,8 @@ class Job(Displayable):
 
 
 def attach(run_dir: str | os.PathLike[str]) -> Job:
-    """Watches a job that is running in ``run_dir`` (e.g. after a kernel restart).
+    """Watches a local job that is running in ``run_dir`` (e.g. after a kernel restart);
+    ``workbench.jobs.attach`` also finds SLURM and ssh jobs (``jobs.reattach``).
 
     Raises:
       FileNotFoundError: no running job holds ``run_dir`` on this host.

@@ -49,6 +49,7 @@ def job_payload(job: Job, records: list[dict[str, Any]] | None = None) -> dict[s
         "loss": curve("loss"), "mfu": curve("mfu"),
         "failure": job.failure["message"] if job.failure else None,
         "tails": {str(p.index): read_tail(p.log, TAIL_LINES) for p in job.processes},
+        "scheduler": job.scheduler,
     }
 
 

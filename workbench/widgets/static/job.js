@@ -32,15 +32,32 @@ function header(p, onStop) {
   ]);
 }
 
+// A SLURM job: its id, the scheduler's state (with why it waits, or where it runs), and the
+// states it went through (a requeue shows as RUNNING → REQUEUED → PENDING → RUNNING).
+function schedulerLine(p) {
+  const s = p.scheduler;
+  if (!s) return null;
+  const why = s.reason && s.reason !== "None" ? ` (${s.reason})` : "";
+  const where = s.nodes && s.state === "RUNNING" ? ` on ${s.nodes}` : "";
+  const restarts = s.restarts ? ` · requeued ${s.restarts}×` : "";
+  const history = (s.history || []).map((h) => h.state).join(" → ");
+  return el("div", { class: "wb-scheduler" }, [
+    el("span", { text: `SLURM job ${s.job_id}: ` }),
+    el("span", { class: `wb-status wb-slurm-${s.state.toLowerCase()}`, text: s.state }),
+    el("span", { text: `${why}${where}${restarts}` }),
+    history ? el("span", { class: "wb-note", text: ` · ${history}` }) : null,
+  ].filter((node) => node !== null));
+}
+
 function processTable(p) {
   const rows = p.processes.map((q) => el("tr", { class: "wb-row" }, [
     el("td", { class: "wb-num", text: q.index }),
-    el("td", { class: "wb-num", text: q.pid }),
+    el("td", { class: "wb-num", text: q.pid === null ? "" : q.pid }),
     el("td", {}, [el("span", { class: `wb-status wb-${q.state}`, text: q.state })]),
     el("td", { class: "wb-num", text: q.returncode === null ? "" : q.returncode }),
     el("td", { text: q.log }),
   ]));
-  const head = ["process", "pid", "state", "exit", "log"].map((h) => el("th", { text: h }));
+  const head = [p.scheduler ? "task" : "process", "pid", "state", "exit", "log"].map((h) => el("th", { text: h }));
   return el("table", { class: "wb-table" }, [el("thead", {}, [el("tr", {}, head)]), el("tbody", {}, rows)]);
 }
 
@@ -74,6 +91,7 @@ function render({ model, el: host }) {
     mfu.update(p.mfu);
     root.replaceChildren(...[
       header(p, onStop),
+      schedulerLine(p),
       bar.node,
       p.failure ? el("div", { class: "wb-error", text: p.failure }) : null,
       charts,

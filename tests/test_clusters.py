@@ -1,0 +1,356 @@
+"""Launching on clusters from a cell, against real ones: a SLURM controller + node + munge, and
+an OpenSSH server, both on loopback (tests/_clusters.py starts them).
+
+Training jobs compare against the same config trained as one process with 8 devices (the
+CLI, gloo collectives: bitwise equal to 2 x 4, see test_jobs.py), and a requeued job against
+that uninterrupted curve. Nothing is mocked: sbatch, srun, scontrol, squeue, scancel, ssh.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from workbench.jobs import JobRunningError
+from workbench.jobs.hosts import HostsError, _remote_pid
+from workbench.jobs.local import free_port
+from workbench.jobs.slurm import SlurmError, parse_time
+from workbench.jobs.storage import warn_if_not_shared
+
+from _clusters import LocalSlurm, LocalSshd
+
+CFG = {"model": "tiny", "mesh": {"data": 8}, "rules": "fsdp", "batch": 8, "seq": 32,
+       "steps": 10, "checkpoint_every": 4, "keep": 3, "seed": 0, "data": "text"}
+TWO_TASKS = dict(nodes=1, tasks_per_node=2, cpus_per_task=1, devices_per_task=4,
+                 platform="cpu")
+
+
+def _losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in wb.runs.read_metrics(run_dir)]
+
+
+def _wait_for(pred, timeout: float, job=None) -> None:
+    t_end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > t_end or (job is not None and job.done):
+            detail = "" if job is None else f"; job {job.status}:\n{job.tail()}"
+            raise AssertionError(f"condition not reached within {timeout} s{detail}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
+    old = os.environ.get("SLURM_CONF")
+    os.environ.update(cluster.env)
+    yield cluster
+    cluster.stop()
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old
+
+
+@pytest.fixture(scope="module")
+def one_by_eight(tmp_path_factory):
+    """The reference: CFG trained by one process with 8 devices (gloo), uninterrupted."""
+    d = tmp_path_factory.mktemp("ref")
+    (d / "config.json").write_text(wb.TrainConfig(**CFG).to_json())
+    out = subprocess.run(
+        [sys.executable, "-m", "workbench", "train", str(d / "config.json"), "--run-dir",
+         str(d / "1x8"), "--platform", "cpu", "--devices-per-process", "8", "--coordinator",
+         f"127.0.0.1:{free_port()}", "--num-processes", "1", "--process-id", "0"],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    losses = _losses(d / "1x8")
+    assert len(losses) == CFG["steps"]
+    return losses
+
+
+# ----------------------------------------------------------------------------- SLURM
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_slurm_job_preempted_at_start_trains_like_one_process_and_shows_its_states(slurm, one_by_eight,
+                                                                tmp_path):
+    from workbench.widgets.job_view import job_payload
+
+    job = wb.launch(wb.TrainConfig(**CFG), run_dir=tmp_path / "run",
+                    cluster=wb.Slurm(**TWO_TASKS, extra=["--begin=now+2"]))
+    assert isinstance(job, wb.Job) and job.job_id.isdigit()
+    _wait_for(lambda: job.scheduler["state"] == "RUNNING", 60, job)
+    # a job in the higher-priority partition preempts it (PreemptMode=REQUEUE): back to
+    # the queue, and it starts again once the CPUs are free
+    urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-n", "2",
+                             f"--output={tmp_path}/urgent.out", "--wrap", "sleep 2"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    _wait_for(lambda: job.scheduler["restarts"] == 1 and job.status == "queued"
+              and job.scheduler["reason"] == "BeginTime", 120, job)
+    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
+    assert job.wait(600) == "finished", job.tail()
+    assert _losses(tmp_path / "run") == one_by_eight  # 2 SLURM tasks x 4 = 1 x 8, bitwise
+    # (COMPLETING, SLURM's brief state while a job's processes end, shows or not by timing)
+    states = [h["state"] for h in job.history if h["state"] != "COMPLETING"]
+    states = [x for i, x in enumerate(states) if i == 0 or x != states[i - 1]]
+    assert states == ["PENDING", "RUNNING", "REQUEUED", "PENDING", "RUNNING", "COMPLETED"], \
+        job.history
+    assert job.history[0]["reason"] == "BeginTime" and job.history[1]["nodes"] == slurm.host
+    assert job.scheduler["restarts"] == 1 and urgent.isdigit()
+    assert [p.state for p in job.processes] == ["finished", "finished"]
+    assert [p.returncode for p in job.processes] == [0, 0]
+    # both tasks joined through jax.distributed's SLURM detection
+    for i in range(2):
+        assert re.search(rf"process {i} of 2 joined \(SlurmCluster\): 4 local / 8 global",
+                         (tmp_path / "run" / "logs" / f"process-{i}.log").read_text())
+    p = job_payload(job)
+    assert p["scheduler"]["job_id"] == job.job_id and p["scheduler"]["state"] == "COMPLETED"
+    assert [y for _, y in p["loss"]] == one_by_eight
+    assert "SLURM job" in repr(job) and "COMPLETED" in repr(job)
+    # a new kernel finds it again from the run directory
+    again = wb.attach(tmp_path / "run")
+    assert again.wait(60) == "finished" and again.job_id == job.job_id
+    assert not (tmp_path / "run" / "job.lock").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_slurm_signal_before_the_time_limit_requeues_and_resumes_bitwise(slurm, one_by_eight,
+                                                                         tmp_path):
+    run_dir = tmp_path / "run"
+    job = wb.launch(wb.TrainConfig(**CFG), run_dir=run_dir, cluster=wb.Slurm(**TWO_TASKS))
+    _wait_for(lambda: len(_losses(run_dir)) >= 5, 400, job)
+    # What SLURM sends `signal_before` seconds before the time limit (--signal=TERM@120):
+    # SIGTERM to every task. They checkpoint at one step and exit 75; the script requeues.
+    out = subprocess.run(["scancel", "--signal=TERM", job.job_id], capture_output=True,
+                         text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    _wait_for(lambda: job.scheduler["restarts"] == 1 and job.scheduler["state"] == "PENDING"
+              and job.scheduler["reason"] == "BeginTime", 120, job)
+    assert job.status == "queued" and job.scheduler["reason"] == "BeginTime"
+    # SLURM holds a requeued job for ~2 minutes (its BeginTime); as the admin, start it now
+    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
+    assert job.wait(600) == "finished", job.tail()
+    states = [h["state"] for h in job.history]
+    assert states[-1] == "COMPLETED" and "REQUEUED" in states, states
+    assert states.index("REQUEUED") > states.index("RUNNING")
+    events = wb.runs.read_events(run_dir)
+    resumes = [e["step"] for e in events if e["event"] == "resume"]
+    assert len(resumes) == 1 and resumes[0] >= 5, events
+    assert _losses(run_dir) == one_by_eight  # one run, one curve, bitwise
+    log = (run_dir / "logs" / "process-0.log").read_text()
+    assert "start 1, on" in log and "start 2, on" in log
+    assert "requeueing job" in (run_dir / "logs" / f"slurm-{job.job_id}.out").read_text()
+    assert "requeued 1x" in repr(job)
+
+
+@pytest.mark.multiprocess
+def test_slurm_pending_job_is_cancelled_and_blocks_a_second_job(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    job = wb.launch(wb.TrainConfig(**CFG), run_dir=run_dir,
+                    cluster=wb.Slurm(**TWO_TASKS, extra=["--begin=now+600"]))
+    _wait_for(lambda: job.scheduler["state"] == "PENDING", 30)
+    assert job.status == "queued" and job.scheduler["reason"] == "BeginTime"
+    assert "PENDING (BeginTime)" in repr(job)
+    with pytest.raises(JobRunningError, match=rf"SLURM job {job.job_id}.*scancel"):
+        wb.launch(wb.TrainConfig(**CFG), run_dir=run_dir, cluster=wb.Slurm(**TWO_TASKS))
+    with pytest.raises(JobRunningError, match=rf"SLURM job {job.job_id}"):  # not locally either
+        wb.launch(wb.TrainConfig(**CFG), processes=2, devices_per_process=4, run_dir=run_dir)
+    # another kernel (a fresh interpreter) finds the queued job from the run directory
+    code = ("import sys, time, workbench as wb; j = wb.attach(sys.argv[1]); t = time.time()\n"
+            "while j.scheduler['state'] != 'PENDING' and time.time() - t < 30: time.sleep(0.2)\n"
+            "print(repr(j))")
+    root = str(Path(wb.__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True,
+                         text=True, timeout=120, check=False,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"SLURM job {job.job_id}: PENDING (BeginTime)" in out.stdout and "queued" in out.stdout
+    assert job.stop(60) == "stopped"
+    assert job.scheduler["state"] == "CANCELLED"
+    assert [h["state"] for h in job.history][-1] == "CANCELLED"
+    assert not (run_dir / "job.lock").exists()
+
+
+@pytest.mark.multiprocess
+def test_slurm_job_failing_at_start_shows_the_workers_error(slurm, tmp_path):
+    from workbench.widgets.job_view import job_payload
+
+    bad = wb.TrainConfig(**{**CFG, "batch": 6})  # 6 rows over data=8: the Trainer refuses
+    job = wb.launch(bad, run_dir=tmp_path / "run", cluster=wb.Slurm(**TWO_TASKS))
+    assert job.wait(300) == "failed", job.tail()
+    assert job.scheduler["state"] == "FAILED"
+    msg = job.failure["message"]
+    assert f"SLURM job {job.job_id} FAILED" in msg and "batch" in msg and "6" in msg
+    assert "task 0 exited with code 1" in msg and "batch=6 is not divisible by the 8" in msg
+    assert job_payload(job)["failure"] == msg
+
+
+def test_bad_slurm_requests_are_refused_before_anything_is_written(slurm, tmp_path):
+    cfg = wb.TrainConfig(**CFG)
+    with pytest.raises(SlurmError, match=r"partition='gpu'.*no such partition.*debug.*urgent"):
+        wb.launch(cfg, run_dir=tmp_path / "a", cluster=wb.Slurm(**{**TWO_TASKS,
+                                                                    "partition": "gpu"}))
+    with pytest.raises(SlurmError, match=r"nodes=3.*'debug' has only 1 node"):
+        wb.launch(cfg, run_dir=tmp_path / "b", cluster=wb.Slurm(**{**TWO_TASKS, "nodes": 3}))
+    with pytest.raises(ValueError, match=r"needs 8 devices.*processes=2 x "
+                                         r"devices_per_process=2"):
+        wb.launch(cfg, run_dir=tmp_path / "c",
+                  cluster=wb.Slurm(**{**TWO_TASKS, "devices_per_task": 2}))
+    assert not any((tmp_path / d).exists() for d in "abc")
+    # a time limit shorter than one checkpoint interval measured in the run directory
+    run = tmp_path / "d"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0,
+                                                   "step_time": 30.0}) + "\n")
+    with pytest.warns(UserWarning, match=r"time='1:00'.*shorter than one checkpoint "
+                                         r"interval \(4 steps x 30 s/step"):
+        job = wb.launch(cfg, run_dir=run, cluster=wb.Slurm(
+            **TWO_TASKS, time="1:00", signal_before=10, extra=["--begin=now+600"]))
+    assert "--time=1:00" in (run / "slurm" / "job.sbatch").read_text()
+    assert job.stop(60) == "stopped"
+
+
+def test_slurm_commands_missing_name_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo, no sbatch
+    with pytest.raises(SlurmError, match=r"`sinfo` is not on PATH.*login node.*SLURM_CONF"):
+        wb.launch(wb.TrainConfig(**CFG), run_dir=tmp_path / "r", cluster=wb.Slurm(**TWO_TASKS))
+    assert not (tmp_path / "r").exists()
+
+
+def test_slurm_time_limits_and_requests_are_checked():
+    assert parse_time("90") == 5400 and parse_time(30) == 1800
+    assert parse_time("1:30:00") == 5400 and parse_time("2-00:00:00") == 172800
+    assert parse_time("1-2") == 93600 and parse_time("10:30") == 630
+    with pytest.raises(ValueError, match=r"time='soon'.*HH:MM:SS"):
+        wb.Slurm(time="soon")
+    with pytest.raises(ValueError, match=r"nodes=0.*positive"):
+        wb.Slurm(nodes=0)
+    with pytest.raises(TypeError, match=r"list of strings"):
+        wb.Slurm(extra="--qos=high")
+
+
+def test_run_dir_on_local_disk_warns_for_other_hosts(tmp_path):
+    warn_if_not_shared(tmp_path, ["localhost", os.uname().nodename])  # this host: quiet
+    with pytest.warns(UserWarning, match=r"local '.*' filesystem.*node7.*df -T"):
+        warn_if_not_shared(tmp_path, ["node7", "node8"])
+
+
+# ----------------------------------------------------------------------------- ssh
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = LocalSshd(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()
+
+
+def _hosts(sshd, n: int = 2, **kw) -> wb.Hosts:
+    root = str(Path(wb.__file__).resolve().parent.parent)
+    return wb.Hosts(["root@127.0.0.1"] * n, port=sshd.port, identity=str(sshd.key),
+                    ssh_options=sshd.options, python=sys.executable, devices_per_task=4,
+                    platform="cpu", env={"PYTHONPATH": root}, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_hosts_over_ssh_train_like_one_process_and_stop_together(sshd, one_by_eight, tmp_path):
+    run_dir = tmp_path / "run"
+    job = wb.launch(wb.TrainConfig(**CFG), run_dir=run_dir, cluster=_hosts(sshd))
+    _wait_for(lambda: len(_losses(run_dir)) >= 2, 400, job)
+    # stop: `ssh host kill -TERM <pid>` to each worker; they checkpoint at one step and exit
+    assert job.stop(120) == "stopped", job.tail()
+    assert [p.returncode for p in job.processes] == [75, 75]
+    got = _losses(run_dir)
+    assert 2 <= len(got) < CFG["steps"]
+    assert got == one_by_eight[:len(got)]  # 2 hosts x 4 devices = 1 x 8, bitwise
+    assert max(int(p.name) for p in (run_dir / "checkpoints").iterdir()
+               if p.name.isdigit()) == len(got)  # the stop step's checkpoint
+    for i in range(2):  # each worker's output streamed into its own log here
+        log = (run_dir / "logs" / f"process-{i}.log").read_text()
+        assert "[workbench] worker pid" in log and f"process {i} of 2 joined" in log
+
+
+@pytest.mark.multiprocess
+def test_hosts_dead_worker_fails_the_job_and_stops_the_others(sshd, tmp_path):
+    long = wb.TrainConfig(**{**CFG, "steps": 500})
+    job = wb.launch(long, run_dir=tmp_path / "run", cluster=_hosts(sshd))
+    logs = [tmp_path / "run" / "logs" / f"process-{i}.log" for i in range(2)]
+    _wait_for(lambda: all(_remote_pid(p) for p in logs), 120, job)
+    pids = [_remote_pid(p) for p in logs]
+    os.kill(pids[1], signal.SIGKILL)  # the remote worker itself, not its ssh
+    assert job.wait(120) == "failed", job.tail()
+    assert job.failure["process"] == 1
+    assert "SIGKILL" in job.failure["reason"] or "255" in job.failure["reason"]
+    # the other worker was stopped on its host (ssh kill), not left in its collective
+    _wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 60)
+    assert job.processes[0].state in ("killed", "failed", "stopped")
+
+
+def test_tpu_slice_commands_and_missing_gcloud(tmp_path, monkeypatch):
+    tpu = wb.TPUSlice("my-v5p", "us-east5-a", "my-project", workers=4)
+    cmd = tpu.remote_command(2, tmp_path / "run", "TOKEN", steps=None)
+    argv = tpu.remote_argv(2, cmd)
+    assert argv[1:9] == ["compute", "tpus", "tpu-vm", "ssh", "my-v5p", "--zone=us-east5-a",
+                         "--project=my-project", "--worker=2"]
+    assert argv[9] == f"--command={cmd}"
+    assert "--distributed on" in cmd and "--platform tpu" in cmd and "--coordinator" not in cmd
+    assert tpu.all_workers_argv("hostname")[6:9] == ["--zone=us-east5-a",
+                                                     "--project=my-project", "--worker=all"]
+    assert tpu.describe_argv()[1:] == ["compute", "tpus", "tpu-vm", "describe", "my-v5p",
+                                      "--zone=us-east5-a", "--project=my-project",
+                                      "--format=json"]
+    assert tpu.host_names() == [f"my-v5p-worker-{i}" for i in range(4)]
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(HostsError, match=r"`gcloud` is not on PATH.*Google Cloud CLI"):
+        wb.launch(wb.TrainConfig(**CFG), run_dir=tmp_path / "r",
+                  cluster=wb.TPUSlice("my-v5p", "us-east5-a", "p"))
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(HostsError, match=r"`ssh` is not on PATH.*openssh-client"):
+        wb.launch(wb.TrainConfig(**CFG), run_dir=tmp_path / "s",
+                  cluster=wb.Hosts(["a", "b"], devices_per_task=4))
+    assert not (tmp_path / "s").exists()
+
+
+def test_job_widget_shows_the_slurm_state_and_its_history(tmp_path):
+    import shutil
+
+    from test_jobs import NODE_RUNNER
+
+    from workbench.widgets import _assets
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (needed to run the widget's ES module)")
+    history = [{"state": s, "reason": r, "nodes": n, "restarts": k, "time": 0}
+               for s, r, n, k in [("PENDING", "Priority", "", 0), ("RUNNING", "None", "vm", 0),
+                                  ("REQUEUED", "None", "vm", 1), ("PENDING", "BeginTime", "", 1)]]
+    payload = {"run_dir": "/runs/x", "name": "x", "status": "queued", "done": False,
+               "platform": "cpu", "devices_per_process": 4, "step": 6, "target_steps": 10,
+               "latest": {"loss": 4.5}, "loss": [[1, 5.0], [6, 4.5]], "mfu": [], "failure": None,
+               "processes": [{"index": i, "pid": None, "state": "queued", "returncode": None,
+                              "log": f"/runs/x/logs/process-{i}.log"} for i in range(2)],
+               "tails": {"0": ["===== start 2"], "1": []},
+               "scheduler": {"name": "slurm", "job_id": "42", "state": "PENDING",
+                             "reason": "BeginTime", "nodes": "", "restarts": 1,
+                             "history": history}}
+    (tmp_path / "state.json").write_text(json.dumps({"payload": payload}))
+    (tmp_path / "job.mjs").write_text(_assets.esm("job"))
+    runner = tmp_path / "run.mjs"
+    runner.write_text(NODE_RUNNER % {
+        "harness": Path(__file__).parent / "widgets_js" / "fake_dom.mjs",
+        "module": tmp_path / "job.mjs", "state": tmp_path / "state.json"})
+    out = subprocess.run([node, str(runner)], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert "SLURM job 42: PENDING (BeginTime) · requeued 1×" in rep["text"]
+    assert "PENDING → RUNNING → REQUEUED → PENDING" in rep["text"]
+    assert rep["badges"] == ["queued", "PENDING", "queued", "queued"]
+    assert "null" not in rep["text"] and "step 6 of 10" in rep["text"]
