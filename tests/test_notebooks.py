@@ -19,7 +19,8 @@ EXPECTED = ["00_tour", "01_meshes_and_devices", "02_partition_specs",
             "03_sharded_model_step_by_step", "04_memory_math", "05_resumable_training",
             "06_launch_from_a_cell", "07_teaching_on_tpu_vms", "08_plan_for_a_pod",
             "09_bring_your_own_model", "10_pipelines", "11_experts_and_long_sequences",
-            "12_train_on_your_own_text"]
+            "12_train_on_your_own_text",
+            "13_start_from_a_released_model"]
 
 
 #: What a notebook says on its second run about what it reuses from the first.

@@ -54,6 +54,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "TPUSlice": ("workbench.jobs", "TPUSlice"),
     "show": ("workbench.widgets", "show"),
     "exercise": ("workbench.exercises", "exercise"),
+    "generate": ("workbench.models.generate", "generate"),
     "models": ("workbench.models", None),
     "runs": ("workbench.runs", None),
     "data": ("workbench.data", None),
@@ -85,6 +86,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench.jobs import Hosts, Job, Slurm, TPUSlice, attach, launch
     from workbench.layouts import Layout, layout
     from workbench.mesh import MeshInfo, abstract_mesh, make_mesh
+    from workbench.models.generate import generate
     from workbench.planning import Plan, compare, plan
     from workbench.planning.calibrate import calibrate, remove_calibration
     from workbench.planning.search import SearchResult, search

@@ -18,8 +18,22 @@ __all__ = [
            "ModelSpec",
            "RMSNorm",
            "classifier_loss",
+           "from_hf",
            "from_nnx",
            "from_penzai",
+           "hf_config",
            "rope",
+           "to_hf",
 ]
 
+#: Names resolved on first use: ``name -> module`` (safetensors loads only when used).
+_LAZY = {"from_hf": "hf", "hf_config": "hf", "to_hf": "hf_export"}
+
+
+def __getattr__(name: str) -> object:
+    """The Hugging Face functions import on first use only."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"workbench.models.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'workbench.models' has no attribute {name!r}")

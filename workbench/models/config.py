@@ -213,6 +213,15 @@ class GPTConfig:
         router_z_loss: weight of the router z-loss (ST-MoE) in the loss.
         router_norm_topk: renormalise the k routing weights to sum to 1 (Mixtral, Qwen3).
         moe_dispatch: "all_to_all" or "all_gather" token dispatch over the expert axis.
+        qkv_bias: learned biases on the q, k and v projections (Qwen2, Qwen1.5/2-MoE).
+        qk_norm: an RMSNorm over ``head_dim`` on each query and key head before RoPE
+            (Qwen3, Qwen3-MoE).
+        shared_expert_gate: scale the shared experts' output by ``sigmoid(x @ w)`` with a
+            learned ``w`` (D,) (Qwen1.5/2-MoE).
+        sliding_window: attention window of the imported model (Mistral's
+            ``sliding_window``), or None; sequences longer than it are refused (this
+            workbench attends causally over the whole sequence, which equals windowed
+            attention up to the window's length).
         loss_chunks: compute the output projection and the cross-entropy over this many
             slices of the sequence, one at a time, recomputing each slice's logits in the
             backward pass (``workbench.step.chunked_token_losses``; MaxText's vocabulary
@@ -249,6 +258,10 @@ class GPTConfig:
     router_norm_topk: bool = True
     moe_dispatch: str = "all_to_all"
     loss_chunks: int = 1
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    shared_expert_gate: bool = False
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -261,7 +274,7 @@ class GPTConfig:
                 f"grouped-query attention shares each kv head among n_heads/n_kv_heads heads")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-        for f in ("tie_embeddings", "scan_layers"):
+        for f in ("tie_embeddings", "scan_layers", "qkv_bias", "qk_norm", "shared_expert_gate"):
             if not isinstance(getattr(self, f), (bool, np.bool_)):
                 raise TypeError(f"GPTConfig.{f}={getattr(self, f)!r} must be True or False")
             set_(self, f, bool(getattr(self, f)))
@@ -293,6 +306,9 @@ class GPTConfig:
             object.__setattr__(self, "attention_block_sizes", bs)
         object.__setattr__(self, "loss_chunks", check_int(self.loss_chunks,
                                                           "GPTConfig.loss_chunks"))
+        if self.sliding_window is not None:
+            set_(self, "sliding_window", check_int(self.sliding_window,
+                                                   "GPTConfig.sliding_window"))
         self._check_moe()
 
     def _check_moe(self) -> None:
@@ -389,9 +405,11 @@ class GPTConfig:
     def _count(self, experts: int) -> int:
         d, f, h, k, hd = self.d_model, self.d_ff, self.n_heads, self.n_kv_heads, self.head_dim
         attn = d * h * hd * 2 + d * k * hd * 2        # q, o + k, v
+        attn += (h + 2 * k) * hd * self.qkv_bias + 2 * hd * self.qk_norm
         if self.n_experts:                             # router + experts + shared experts
             fe = self.moe_d_ff
             mlp = d * self.n_experts + experts * 3 * d * fe + 3 * d * self.n_shared_experts * fe
+            mlp += d * (self.shared_expert_gate and self.n_shared_experts > 0)
         else:
             mlp = 3 * d * f                            # SwiGLU
         block = attn + mlp + 2 * d                     # + two norms

@@ -51,8 +51,9 @@ def fan_in_init(fan_in: int) -> Init:
 class RMSNorm(nnx.Module):
     """Root-mean-square layer norm with a learned scale (computed in float32)."""
 
-    def __init__(self, dim: int, *, eps: float, dtype: str, param_dtype: str) -> None:
-        self.scale = param(None, nnx.initializers.ones, (dim,), ("embed",), param_dtype)
+    def __init__(self, dim: int, *, eps: float, dtype: str, param_dtype: str,
+                 axis: str = "embed") -> None:
+        self.scale = param(None, nnx.initializers.ones, (dim,), (axis,), param_dtype)
         self.eps, self.dtype = eps, dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -91,6 +92,15 @@ class Attention(nnx.Module):
         self.k = param(kk, fan_in_init(d), (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
         self.v = param(kv, fan_in_init(d), (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
         self.o = param(ko, fan_in_init(n * h), (n, h, d), ("heads", "head_dim", "embed"), pd)
+        zeros = nnx.initializers.zeros
+        self.bias = nnx.Dict(   # Qwen2: q, k, v biases
+            q=param(None, zeros, (n, h), ("heads", "head_dim"), pd),
+            k=param(None, zeros, (k, h), ("kv_heads", "head_dim"), pd),
+            v=param(None, zeros, (k, h), ("kv_heads", "head_dim"), pd)) if cfg.qkv_bias else None
+        norm = {"eps": cfg.norm_eps, "dtype": cfg.dtype, "param_dtype": pd, "axis": "head_dim"}
+        self.q_norm = RMSNorm(h, **norm) if cfg.qk_norm else None   # Qwen3: per-head norms
+        self.k_norm = RMSNorm(h, **norm) if cfg.qk_norm else None
+        self.window = cfg.sliding_window
         self.theta, self.dtype = cfg.rope_theta, cfg.dtype
         self.impl, self.block_sizes = cfg.attention, cfg.attention_block_sizes
         self.context_attention, self.context_zigzag = cfg.context_attention, cfg.context_zigzag
@@ -99,9 +109,18 @@ class Attention(nnx.Module):
         """``x`` (B, T, D) -> (B, T, D); ``segments``: packed rows' ``(segment_ids,
         positions)`` (B, T) each: attention within each document, RoPE from its start."""
         dt = self.dtype
+        if self.window is not None and x.shape[1] > self.window:
+            raise ValueError(
+                f"sequence of {x.shape[1]} tokens is longer than the model's sliding_window="
+                f"{self.window}; windowed attention is not implemented here: use sequences "
+                f"of at most {self.window} tokens")
         q = jnp.einsum("btd,dnh->btnh", x, self.q[...].astype(dt))   # (B, T, N, H)
         k = jnp.einsum("btd,dkh->btkh", x, self.k[...].astype(dt))   # (B, T, K, H)
         v = jnp.einsum("btd,dkh->btkh", x, self.v[...].astype(dt))   # (B, T, K, H)
+        if self.bias is not None:
+            q, k, v = (y + self.bias[n][...].astype(dt) for y, n in ((q, "q"), (k, "k"), (v, "v")))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = checkpoint_name(q, "query_proj")
         k = checkpoint_name(k, "key_proj")
         v = checkpoint_name(v, "value_proj")

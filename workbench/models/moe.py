@@ -166,6 +166,8 @@ class MoE(nnx.Module):
         self.down = param(kd, normal(f), (e, f, d), ("experts", "expert_mlp", "embed"), pd)
         self.shared = MLP(cfg.replace(d_ff=cfg.n_shared_experts * f, n_experts=0), key=ks) \
             if cfg.n_shared_experts else None
+        self.shared_gate = param(ks, normal(d), (d, 1), ("embed", None), pd) \
+            if cfg.n_shared_experts and cfg.shared_expert_gate else None   # Qwen-MoE
         self.cfg = cfg
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -189,7 +191,11 @@ class MoE(nnx.Module):
         y, stats["dropped"] = dispatch_combine(
             cfg, x, idx, weights, self.gate[...], self.up[...], self.down[...])
         if self.shared is not None:
-            y = y + self.shared(x)
+            shared = self.shared(x)
+            if self.shared_gate is not None:   # sigmoid(x @ w) per token, (B, T, 1)
+                shared = shared * jax.nn.sigmoid(
+                    jnp.einsum("btd,do->bto", x, self.shared_gate[...].astype(x.dtype)))
+            y = y + shared
         return y, stats
 
 

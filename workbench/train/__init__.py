@@ -2,7 +2,7 @@
 from workbench.train.config import RUN_CONTROL_FIELDS, TrainConfig
 from workbench.train.optim import AdamW
 
-__all__ = ["RUN_CONTROL_FIELDS", "AdamW", "TrainConfig", "Trainer"]
+__all__ = ["RUN_CONTROL_FIELDS", "AdamW", "TrainConfig", "Trainer", "export_run"]
 
 
 def __getattr__(name: str):  # the Trainer pulls in orbax and the step: load on first use
@@ -10,4 +10,8 @@ def __getattr__(name: str):  # the Trainer pulls in orbax and the step: load on 
         from workbench.train.trainer import Trainer
 
         return Trainer
+    if name == "export_run":   # a run's checkpoint -> a Hugging Face folder
+        from workbench.train.export import export_run
+
+        return export_run
     raise AttributeError(f"module 'workbench.train' has no attribute {name!r}")

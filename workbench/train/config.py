@@ -80,6 +80,11 @@ class TrainConfig:
         run is continued.
       eval_batches: batches of held-out rows each evaluation reads (the same ones every
         time).
+      init: None (initialise from ``seed``), or a local Hugging Face model folder whose
+        weights start the run (``wb.models.from_hf``'s loader, straight into this run's
+        sharding); ``model`` must be its architecture: ``wb.models.hf_config(init)``
+        (runtime fields such as ``scan_layers`` or ``remat`` may differ). Recorded in
+        ``run.json``; a resumed run restores its checkpoints as usual.
 
     Every field is checked when the config is made (before anything touches disk or
     JAX): integers must be integers (not bools, strings or floats) in range, and the
@@ -102,6 +107,7 @@ class TrainConfig:
     pipeline: Any = None
     eval_every: int = 0
     eval_batches: int = 1
+    init: str | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -177,6 +183,20 @@ class TrainConfig:
                      zigzag=bool(getattr(self.model_config(), "context_zigzag", False)))
         if self.pipeline is not None:
             self._check_pipeline()
+        if self.init is not None:
+            self._check_init()
+
+    def _check_init(self) -> None:
+        """The init folder exists and holds this config's model (config.json only)."""
+        import os
+
+        if not isinstance(self.init, (str, os.PathLike)):
+            raise TypeError(f"TrainConfig.init={self.init!r} must be a path to a Hugging Face "
+                            "model folder, or None")
+        object.__setattr__(self, "init", str(self.init))
+        from workbench.models.hf import check_matches
+
+        check_matches(self.init, self.model_config())
 
     def _checked_model(self) -> Any:
         """The resolved ``GPTConfig``; raises for a bad preset, override or model."""
@@ -261,6 +281,7 @@ class TrainConfig:
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
             **({"eval_every": self.eval_every, "eval_batches": self.eval_batches}
                if self.eval_every else {}),
+            **({"init": self.init} if self.init is not None else {}),
         }
 
     @classmethod

@@ -195,7 +195,7 @@ class Trainer(Displayable):
                 f"to {ckpts.directory / 'corrupt'} as unreadable. Starting from step 0 here "
                 "would mix a new run into this run's history: use a new run_dir, or move a "
                 "repaired step back into the checkpoint directory")
-        elif self._initial_model is not None:
+        elif self._initial_model is not None or self.config.init is not None:
             self._state = self._state_from_model(self._initial_model)
             self._rng = self._new_rng()
             self.step = 0
@@ -271,6 +271,13 @@ class Trainer(Displayable):
 
         from workbench.step import TrainState
 
+        if model is None:   # TrainConfig.init: an HF folder, read into this run's shardings
+            from workbench.models.hf import load_params
+
+            params, source = load_params(self.config.init, self.parts.model_config,
+                                         self.parts.shardings.params)
+            self._say(f"initialised from {source.family} checkpoint {source.path}")
+            model = nnx.merge(self.parts.graphdef, params)
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
         want = self.parts.abstract_state.params
         if jax.tree.structure(params) != jax.tree.structure(want):
@@ -516,7 +523,8 @@ class Trainer(Displayable):
             "model_flops_per_step": p.model_flops, "target_steps": target,
             "memory_per_device": self.memory_per_device,
             "data": p.data.info, "process_count": jax.process_count(),
-        } | ({} if self._recorded_prediction is None
+        } | ({} if self.config.init is None else {"init": {
+            "format": "huggingface", "path": str(Path(self.config.init).resolve())}}) | ({} if self._recorded_prediction is None
              else {"prediction": self._recorded_prediction})
 
     def lr(self, step: int) -> float:

@@ -1,0 +1,353 @@
+"""Hugging Face checkpoints in and out, checked against transformers' own implementation.
+
+Models come from transformers itself (random weights from small configs, saved with
+``save_pretrained``); the reference is their float32 CPU logits and greedy ``generate``.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import workbench as wb
+from tests._hf_models import FAMILIES, PROMPT, make_model, reference, save
+from tests._tolerance import assert_close_at_scale
+from workbench.models.hf_families import HFConfigError
+from workbench.models.hf_tensors import CheckpointError
+
+pytest.importorskip("transformers", reason="the test extra installs transformers + torch (CPU)")
+
+RTOL = 1e-4   # the issue's bound: float32 logits of two implementations, at the logits' scale
+NEW = 6
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    """Per family: (folder, transformers logits, transformers greedy tokens). Mixtral and
+    Qwen3 are saved sharded (index + several files), Qwen2 in bfloat16."""
+    root = tmp_path_factory.mktemp("hf")
+    out = {}
+    for fam in FAMILIES:
+        model = make_model(fam)
+        shard = "40KB" if fam in ("mixtral", "qwen3") else None
+        folder = save(model, root / fam, shard=shard)
+        logits, greedy = reference(model, new=NEW)
+        out[fam] = (folder, logits, greedy)
+    return out
+
+
+def _mesh(**axes):
+    return wb.make_mesh(**axes)
+
+
+@jax.jit
+def _logits_jit(graphdef, state, tokens):
+    from flax import nnx
+    return nnx.merge(graphdef, state)(tokens)
+
+
+def logits(model, tokens=PROMPT):
+    """The model's logits of ``tokens``, compiled once (eager dispatch is slow here)."""
+    from flax import nnx
+    graphdef, state = nnx.split(model)
+    return np.asarray(_logits_jit(graphdef, state, jnp.asarray(tokens)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_and_greedy_tokens_equal_transformers(hf, family):
+    folder, want, greedy = hf[family]
+    model = wb.models.from_hf(folder, mesh=_mesh(data=4, model=2), rules="fsdp_tp")
+    got = logits(model)
+    assert_close_at_scale(got, want, rtol=RTOL)
+    np.testing.assert_array_equal(wb.generate(model, PROMPT, max_new_tokens=NEW), greedy)
+
+
+@pytest.mark.parametrize("family,axes,rules", [
+    ("qwen3_moe", {"expert": 4, "data": 2}, "ep"),
+    ("qwen2_moe", {"data": 8}, "fsdp"),
+    ("llama", {"data": 4, "model": 2}, "tp"),
+])
+def test_scanned_layers_and_other_layouts_equal_transformers(hf, family, axes, rules):
+    folder, want, greedy = hf[family]
+    model = wb.models.from_hf(folder, mesh=_mesh(**axes), rules=rules, scan_layers=True)
+    assert_close_at_scale(logits(model), want, rtol=RTOL)
+    np.testing.assert_array_equal(wb.generate(model, PROMPT, max_new_tokens=NEW), greedy)
+
+
+def test_each_device_reads_only_its_block(hf, monkeypatch):
+    """Every parameter is read once in total (its devices' distinct blocks), never whole
+    per device, and each device holds exactly its slice of the HF tensor."""
+    from workbench.models import hf_tensors
+
+    folder, _, _ = hf["llama"]
+    read: dict[str, int] = {}
+    orig = hf_tensors.Folder.read
+
+    def counting(self, name, index):
+        block = orig(self, name, index)
+        read[name] = read.get(name, 0) + block.size
+        return block
+    monkeypatch.setattr(hf_tensors.Folder, "read", counting)
+    mesh = _mesh(data=4, model=2)
+    model = wb.models.from_hf(folder, mesh=mesh, rules="fsdp_tp")
+    from safetensors.numpy import load_file
+    whole = load_file(str(folder / "model.safetensors"))
+    for name, arr in whole.items():
+        assert read[name] == arr.size, name   # each distinct block read once
+    q = model.blocks[0].attn.q[...]            # (D, N, H) from q_proj (N*H, D)
+    assert q.sharding.spec == jax.sharding.PartitionSpec("data", "model", None)
+    ref = whole["model.layers.0.self_attn.q_proj.weight"].reshape(4, 16, 64).transpose(2, 0, 1)
+    for shard in q.addressable_shards:
+        assert shard.data.shape == (16, 2, 16)
+        np.testing.assert_array_equal(np.asarray(shard.data), ref[shard.index])
+
+
+def test_bf16_and_f16_checkpoints_load_exactly(tmp_path):
+    model = make_model("qwen2")
+    _, greedy = None, None
+    for dt in ("bfloat16", "float16"):
+        folder = save(model, tmp_path / dt, dtype=dt)
+        m16 = wb.models.from_hf(folder, mesh=_mesh(data=8))
+        assert m16.cfg.param_dtype == dt
+        m32 = wb.models.from_hf(folder, mesh=_mesh(data=8), param_dtype="float32",
+                                dtype="float32")
+        import torch
+        import transformers
+        ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        want, _ = reference(ref, new=1)
+        assert_close_at_scale(logits(m32), want, rtol=RTOL)
+        np.testing.assert_array_equal(np.asarray(m32.embed[...]),
+                                      np.asarray(m16.embed[...]).astype(np.float32))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2_moe", "mixtral"])
+def test_export_round_trip_is_bitwise_and_transformers_reads_it(hf, family, tmp_path):
+    import torch
+    import transformers
+    from safetensors.numpy import load_file
+
+    folder, want, _ = hf[family]
+    mesh = _mesh(data=4, model=2)
+    model = wb.models.from_hf(folder, mesh=mesh, rules="fsdp_tp",
+                              scan_layers=family == "mixtral")
+    out = wb.models.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(files) > 1 and (out / "model.safetensors.index.json").is_file()
+    # the source folder's other files come along (generation_config.json here)
+    assert (out / "generation_config.json").read_bytes() == \
+        (folder / "generation_config.json").read_bytes()
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text('{"version": "1.0"}')
+    with_tok = wb.models.to_hf(model, tmp_path / "with_tok", tokenizer=tok)
+    assert (with_tok / "tokenizer.json").read_text() == tok.read_text()
+
+    def tensors(d):
+        t = {}
+        for f in sorted(Path(d).glob("*.safetensors")):
+            t.update(load_file(str(f)))
+        return t
+    a, b = tensors(folder), tensors(out)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k
+    ref = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    got, _ = reference(ref, new=1)
+    assert_close_at_scale(got, want, rtol=RTOL)
+    again = wb.models.from_hf(out, mesh=mesh, rules="fsdp_tp", scan_layers=family == "mixtral")
+    np.testing.assert_array_equal(logits(again),
+                                  logits(model))
+
+
+def test_generation_with_and_without_cache_agree_when_sampling(hf):
+    folder, _, _ = hf["qwen3"]
+    model = wb.models.from_hf(folder, mesh=_mesh(data=4, model=2), rules="fsdp_tp")
+    kw = dict(max_new_tokens=NEW, temperature=0.9, top_k=40, top_p=0.9, seed=3)
+    a = wb.generate(model, PROMPT, **kw)
+    b = wb.generate(model, PROMPT, cache=False, **kw)
+    np.testing.assert_array_equal(a, b)
+    c = wb.generate(model, PROMPT, **{**kw, "seed": 4})
+    assert not np.array_equal(a, c)   # the seed matters
+    one = wb.generate(model, PROMPT[:1], max_new_tokens=3)   # batch 1 on data=4: replicated
+    assert one.shape == (1, PROMPT.shape[1] + 3)
+
+
+def test_sampling_filters():
+    from workbench.models.generate import sample
+
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+    keys = jax.random.split(jax.random.key(0), 400)
+    draw = jax.jit(jax.vmap(lambda k, top_k, top_p: sample(logits, k, temperature=1.0,
+                                                            top_k=top_k, top_p=top_p)[0],
+                            in_axes=(0, None, None)), static_argnums=(1, 2))
+    assert set(np.asarray(draw(keys, 2, None)).tolist()) == {0, 1}
+    # 0.5 < 0.75 needs the second token; 0.5 + 0.3 >= 0.75 stops there
+    assert set(np.asarray(draw(keys, None, 0.75)).tolist()) == {0, 1}
+    assert set(np.asarray(draw(keys, None, None)).tolist()) == {0, 1, 2, 3}
+    assert int(sample(logits, keys[0])[0]) == 0
+
+
+def test_text_prompt_with_any_tokenizer(hf):
+    class Chars:   # any object with encode/decode
+        def encode(self, text):
+            return [ord(c) % 128 for c in text]
+
+        def decode(self, ids):
+            return "".join(chr(i) for i in ids)
+    folder, _, _ = hf["llama"]
+    model = wb.models.from_hf(folder, mesh=_mesh(data=8))
+    text = wb.generate(model, "hi", tokenizer=Chars(), max_new_tokens=3)
+    ids = wb.generate(model, [ord("h"), ord("i")], max_new_tokens=3)
+    assert text == Chars().decode(ids[0].tolist())
+
+
+def test_plan_and_trainer_start_from_hf_and_export_the_run(hf, tmp_path):
+    import torch
+    import transformers
+
+    folder, want, _ = hf["qwen3"]
+    cfg = wb.models.hf_config(folder)
+    mesh = _mesh(data=8)
+    plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=16)
+    assert plan.memory["total"] > 0
+    model = wb.models.from_hf(folder, plan=plan)
+    assert_close_at_scale(logits(model), want, rtol=RTOL)
+    tc = wb.TrainConfig(model=cfg, init=str(folder), mesh={"data": 8}, batch=8, seq=16,
+                        steps=2, checkpoint_every=2, data="synthetic")
+    trainer = wb.Trainer(tc, tmp_path / "run", progress=None)
+    start = logits(trainer.model)
+    assert_close_at_scale(start, want, rtol=RTOL)     # the run starts at the HF weights
+    trainer.run()
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["config"]["init"] == str(folder)
+    assert run["init"] == {"format": "huggingface", "path": str(Path(folder).resolve())}
+    trained = logits(trainer.model)
+    assert not np.allclose(trained, start)
+    trainer.close()
+    out = wb.train.export_run(tmp_path / "run", tmp_path / "exported")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    got, _ = reference(ref, new=1)
+    assert_close_at_scale(got, trained, rtol=RTOL)
+    assert json.loads((out / "config.json").read_text())["architectures"] == \
+        ["Qwen3ForCausalLM"]
+
+
+def test_init_must_match_the_model_config(hf):
+    folder, _, _ = hf["llama"]
+    with pytest.raises(ValueError, match="different architecture.*n_layers"):
+        wb.TrainConfig(model=wb.models.hf_config(folder, n_layers=3), init=str(folder))
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+def _copy(hf, family, tmp_path):
+    dst = tmp_path / family
+    shutil.copytree(hf[family][0], dst)
+    return dst
+
+
+def _edit_config(folder, **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def test_layout_that_does_not_divide_a_tensor(hf):
+    folder, _, _ = hf["llama"]   # 2 kv heads
+    with pytest.raises(ValueError, match=r"dim 1 of 'blocks.0.attn.k' \(size 2\).*'model' "
+                       r"\(size 4\)"):
+        wb.models.from_hf(folder, mesh=_mesh(data=2, model=4), rules="fsdp_tp")
+
+
+def test_missing_config_and_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        wb.models.from_hf(tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        wb.models.from_hf(tmp_path / "nope")
+
+
+def test_unknown_architecture_and_fields(hf, tmp_path):
+    d = _copy(hf, "llama", tmp_path)
+    _edit_config(d, architectures=["GPT2LMHeadModel"])
+    with pytest.raises(HFConfigError, match="'GPT2LMHeadModel' is not supported"):
+        wb.models.from_hf(d)
+    _edit_config(d, architectures=["LlamaForCausalLM"], fancy_gate=True)
+    with pytest.raises(HFConfigError, match=r"\['fancy_gate'\].*ignore_fields"):
+        wb.models.from_hf(d)
+    _edit_config(d, fancy_gate=None, rope_parameters={"rope_type": "llama3",
+                                                      "rope_theta": 5e5})
+    with pytest.raises(HFConfigError, match="rope_type='llama3'"):
+        wb.models.from_hf(d, ignore_fields=["fancy_gate"])
+
+
+def test_missing_and_truncated_shards(hf, tmp_path):
+    d = _copy(hf, "mixtral", tmp_path)      # sharded: index + files
+    shards = sorted(d.glob("model-*.safetensors"))
+    data = shards[1].read_bytes()
+    shards[1].write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=f"{shards[1].name}.*truncated"):
+        wb.models.from_hf(d)
+    shards[1].unlink()
+    with pytest.raises(CheckpointError, match=f"shard {shards[1].name}.*missing"):
+        wb.models.from_hf(d)
+    (d / "model.safetensors.index.json").unlink()
+    with pytest.raises(CheckpointError, match="need their index file"):
+        wb.models.from_hf(d)
+
+
+def test_shape_vocab_and_dtype_disagreeing_with_config(hf, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    d = _copy(hf, "llama", tmp_path)
+    _edit_config(d, vocab_size=200)
+    with pytest.raises(CheckpointError, match="embed_tokens.weight.*vocabulary size"):
+        wb.models.from_hf(d)
+    _edit_config(d, vocab_size=128, intermediate_size=64)
+    with pytest.raises(CheckpointError, match=r"mlp.gate_proj.weight.*shape \[96, 64\].*implies \[64, 64\]"):
+        wb.models.from_hf(d)
+    _edit_config(d, intermediate_size=96)
+    t = load_file(str(d / "model.safetensors"))
+    t["model.norm.weight"] = t["model.norm.weight"].astype(np.int8)
+    save_file(t, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="model.norm.weight.*is I8.*dequantise"):
+        wb.models.from_hf(d)
+
+
+def test_prompt_outside_vocab_is_refused(hf):
+    folder, _, _ = hf["llama"]
+    model = wb.models.from_hf(folder, mesh=_mesh(data=8))
+    with pytest.raises(ValueError, match=r"\[0, 128\).*tokenizer's vocabulary"):
+        wb.generate(model, [5, 300])
+    with pytest.raises(ValueError, match="needs tokenizer="):
+        wb.generate(model, "text")
+    with pytest.raises(ValueError, match="tokenizer has 256 token ids.*vocab_size is 128"):
+        wb.generate(model, "text", tokenizer=wb.data.Tokenizer())
+
+
+def test_failed_export_leaves_nothing_and_existing_folder_is_kept(hf, tmp_path, monkeypatch):
+    import safetensors.numpy
+
+    folder, _, _ = hf["llama"]
+    model = wb.models.from_hf(folder, mesh=_mesh(data=8))
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        wb.models.to_hf(model, existing)
+    calls = []
+
+    def failing(tensors, filename, metadata=None):
+        calls.append(filename)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real(tensors, filename, metadata=metadata)
+    real = safetensors.numpy.save_file
+    monkeypatch.setattr(safetensors.numpy, "save_file", failing)
+    with pytest.raises(OSError, match="disk full"):
+        wb.models.to_hf(model, existing, overwrite=True, max_shard_bytes=30_000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]   # no partial folder
+    assert (existing / "keep.txt").read_text() == "x"

@@ -1,0 +1,197 @@
+"""Hugging Face checkpoints out: a model, a train state or a run directory's checkpoint ->
+config.json + safetensors shards + index, gathered one tensor at a time, written to a
+temporary folder and renamed into place only when complete."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench.models.config import GPTConfig
+from workbench.models.hf_families import from_gpt_config, read_config
+from workbench.models.hf_tensors import INDEX, SINGLE, Mapping_, mappings
+
+__all__ = ["TOKENIZER_FILES", "to_hf"]
+
+#: Files of a model folder copied along with the weights when present.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
+DEFAULT_SHARD_BYTES = 2 << 30
+
+
+def _host_block(arr: Any, stack_idx: tuple[int, ...]) -> np.ndarray:
+    """``arr[stack_idx]`` on the host, assembled from the array's own shards (no
+    compiled gather; only this block is ever in host memory)."""
+    if not getattr(arr, "is_fully_addressable", True):
+        raise ValueError("exporting an array spread over several processes is not supported "
+                         "here; export from a single-process run (restore the checkpoint in "
+                         "one process, e.g. wb.models.to_hf(run_dir, ...))")
+    if not hasattr(arr, "addressable_shards"):
+        return np.asarray(arr[stack_idx] if stack_idx else arr)
+    n = len(stack_idx)
+    core_shape = arr.shape[n:]
+    out = np.empty(core_shape, dtype=arr.dtype)
+    done: set[tuple[Any, ...]] = set()
+    for shard in arr.addressable_shards:
+        idx = tuple(slice(*s.indices(d)[:2]) for s, d in zip(shard.index, arr.shape,
+                                                             strict=True))
+        if any(not s.start <= i < s.stop for s, i in zip(idx[:n], stack_idx, strict=True)):
+            continue
+        key = tuple((s.start, s.stop) for s in idx[n:])
+        if key in done:
+            continue
+        done.add(key)
+        local = tuple(i - s.start for s, i in zip(idx[:n], stack_idx, strict=True))
+        out[idx[n:]] = np.asarray(shard.data[local] if n else shard.data)
+    return out
+
+
+def _params_of(obj: Any) -> tuple[Any, GPTConfig]:
+    """(pure param dict, config) of a GPT module or a TrainState + model config."""
+    from flax import nnx
+
+    if isinstance(obj, nnx.Module):
+        cfg = getattr(obj, "cfg", None)
+        if not isinstance(cfg, GPTConfig):
+            raise TypeError(f"to_hf exports workbench GPT models; got {type(obj).__name__}")
+        return nnx.to_pure_dict(nnx.state(obj, nnx.Param)), cfg
+    raise TypeError(f"to_hf takes a GPT model, a TrainState with config=, or a run directory; "
+                    f"got {type(obj).__name__}")
+
+
+def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = None,
+          family: str | None = None, dtype: str | None = None,
+          base: str | os.PathLike[str] | None = None,
+          tokenizer: str | os.PathLike[str] | None = None,
+          max_shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False) -> Path:
+    """Writes a Hugging Face model folder.
+
+    Args:
+        obj: a ``GPT`` model; a ``TrainState`` (give ``config``); or ``(params,
+            config)``. A run directory's checkpoint: ``wb.train.export_run``.
+        path: the folder to create (must not exist unless ``overwrite``).
+        config: the model config of a ``TrainState``.
+        family: the HF family (default: the one ``config`` belongs to:
+            :func:`workbench.models.hf_families.family_for`).
+        dtype: tensor dtype written (default the parameters' own).
+        base: an HF folder whose config.json fields that do not change the model (token
+            ids, ...) and tokenizer files are kept (default: where the model was imported
+            from, if it was).
+        tokenizer: a tokenizer file or folder to copy (default: ``base``'s files).
+        max_shard_bytes: split into ``model-0000i-of-0000n.safetensors`` + index above
+            this size.
+        overwrite: replace an existing folder (only once the new one is complete).
+
+    Returns:
+        The folder. It appears (renamed from a temporary sibling) only when every file is
+        written; a failure leaves no folder behind.
+
+    Example::
+
+        wb.models.to_hf(trainer.model, "exported/")
+        AutoModelForCausalLM.from_pretrained("exported/")      # transformers reads it
+    """
+    out = Path(path)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists; choose a new folder or pass overwrite=True "
+                              "(the old one is replaced only after the new one is complete)")
+    if isinstance(obj, tuple) and len(obj) == 2:   # (params, config): wb.train.export_run
+        params, cfg = obj
+    elif hasattr(obj, "params") and hasattr(obj, "opt_state"):
+        if config is None:
+            raise ValueError("to_hf(train_state, ...) needs config=<the model's GPTConfig>")
+        params, cfg = obj.params, config
+    else:
+        params, cfg = _params_of(obj)
+        src = getattr(obj, "hf_source", None)
+        base = base if base is not None else (src.path if src is not None else None)
+    hf = from_gpt_config(cfg, family=family, base=read_config(base) if base else None)
+    maps = mappings(cfg, hf["model_type"])
+    dt = np.dtype(dtype or cfg.param_dtype)
+    hf["dtype"] = dt.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        _write(tmp, params, cfg, maps, dt, max_shard_bytes)
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        for f in _tokenizer_files(tokenizer if tokenizer is not None else base):
+            shutil.copy2(f, tmp / f.name)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _tokenizer_files(src: str | os.PathLike[str] | None) -> list[Path]:
+    if src is None:
+        return []
+    p = Path(src)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise FileNotFoundError(f"tokenizer source {p} does not exist; give a tokenizer.json "
+                                "or the folder holding it")
+    return [p / n for n in TOKENIZER_FILES if (p / n).is_file()]
+
+
+def _tensors(params: Any, cfg: GPTConfig, maps: list[Mapping_]
+             ) -> list[tuple[str, Mapping_, Any, tuple[int, ...]]]:
+    """(HF name, mapping, parameter array, stack index) of every HF tensor."""
+    rows = []
+    for m in maps:
+        arr = params
+        for p in m.path:
+            arr = arr[p]
+        arr = getattr(arr, "value", arr)
+        for idx, name in m.hf_names(cfg.n_layers, cfg.n_experts):
+            rows.append((name, m, arr, idx))
+    return rows
+
+
+def _write(folder: Path, params: Any, cfg: GPTConfig, maps: list[Mapping_], dt: np.dtype,
+           max_shard_bytes: int) -> None:
+    """The safetensors shards (+ index): tensors assigned to shards by size first, then
+    each shard's tensors gathered and written, one shard in host memory at a time."""
+    from safetensors.numpy import save_file
+
+    rows = _tensors(params, cfg, maps)
+    shards: list[list[int]] = [[]]
+    size = 0
+    for i, (_, m, _, _) in enumerate(rows):
+        nbytes = int(np.prod(m.hf_shape)) * dt.itemsize
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(i)
+        size += nbytes
+    n = len(shards)
+    names = [SINGLE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+                                     for i in range(n)]
+    weight_map: dict[str, str] = {}
+    total = 0
+    for file, members in zip(names, shards, strict=True):
+        tensors: dict[str, np.ndarray] = {}
+        for i in members:
+            name, m, arr, idx = rows[i]
+            tensors[name] = m.to_hf(_host_block(arr, idx)).astype(dt)
+            weight_map[name] = file
+            total += tensors[name].nbytes
+        save_file(tensors, str(folder / file), metadata={"format": "pt"})
+        del tensors
+    if n > 1:
+        (folder / INDEX).write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": dict(sorted(
+                weight_map.items()))}, indent=2) + "\n")
+
