@@ -28,7 +28,7 @@ from workbench.jobs.storage import warn_if_not_shared
 from _clusters import LocalSlurm, LocalSshd
 
 CFG = {"model": "tiny", "mesh": {"data": 8}, "rules": "fsdp", "batch": 8, "seq": 32,
-       "steps": 10, "checkpoint_every": 4, "keep": 3, "seed": 0, "data": "text"}
+       "steps": 30, "checkpoint_every": 4, "keep": 3, "seed": 0, "data": "text"}
 TWO_TASKS = dict(nodes=1, tasks_per_node=2, cpus_per_task=1, devices_per_task=4,
                  platform="cpu")
 
