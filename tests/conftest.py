@@ -1,5 +1,5 @@
 """Test set-up: 8 simulated CPU devices before JAX starts its backends; one cache, one
-JupyterLab and one Chromium for the whole session; the tree left as the session found it."""
+JupyterLab for the whole session (one Chromium per module); the tree left as the session found it."""
 import os
 import pathlib
 import subprocess
@@ -98,7 +98,7 @@ def wb_cache(cache_dir, monkeypatch):
     return cache_dir
 
 
-# --- one JupyterLab and one Chromium for every browser test ---------------------------------
+# --- one JupyterLab for every browser test, one Chromium per test module ----------------------
 
 @pytest.fixture(scope="session")
 def _lab_server(tmp_path_factory, cache_dir):
@@ -123,9 +123,13 @@ def lab(_lab_server):
     return _lab_server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """The session's headless Chromium (a Playwright ``Browser``); open a page per test."""
+    """A headless Chromium (a Playwright ``Browser``) for one test module; open a page per
+    test. Not session-wide: Playwright's sync API keeps an asyncio loop marked running in
+    the main thread while it is open, and every later test that runs a loop there (the
+    jupyter_server fixtures of test_server, test_prediction_runs ...) would then fail with
+    "This event loop is already running". Starting Chromium takes about a second."""
     from jupyterlab_harness import chromium, require_chromium
 
     require_chromium()
