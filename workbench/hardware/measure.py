@@ -45,13 +45,9 @@ def measured_cpu_peak(*, refresh: bool = False, size: int = 1024) -> float:
     """
     key = f"{_platform.node()}|{_cpu_name()}|{os.cpu_count()}|{jax.__version__}|{size}"
     path = _cache_dir() / "cpu_peak.json"
-    if not refresh:
-        try:
-            cached = json.loads(path.read_text())
-            if key in cached:
-                return float(cached[key])
-        except (OSError, ValueError):
-            pass
+    cached = None if refresh else _cache_get(path, key)
+    if cached is not None:
+        return cached
     import numpy as np
 
     dev = jax.devices("cpu")[0]
@@ -79,13 +75,9 @@ def measured_cpu_memory_bandwidth(*, refresh: bool = False, mib: int = 64) -> fl
 
     key = f"mem|{_platform.node()}|{_cpu_name()}|{os.cpu_count()}|{mib}"
     path = _cache_dir() / "cpu_peak.json"
-    if not refresh:
-        try:
-            cached = json.loads(path.read_text())
-            if key in cached:
-                return float(cached[key])
-        except (OSError, ValueError):
-            pass
+    cached = None if refresh else _cache_get(path, key)
+    if cached is not None:
+        return cached
     src = np.ones(mib * 2**18, np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)
@@ -97,6 +89,15 @@ def measured_cpu_memory_bandwidth(*, refresh: bool = False, mib: int = 64) -> fl
     bandwidth = 2 * src.nbytes / best
     _cache_put(path, key, bandwidth)
     return bandwidth
+
+
+def _cache_get(path: Path, key: str) -> float | None:
+    """The cached measurement ``key`` in ``path``, or None (missing or unreadable file)."""
+    try:
+        cached = json.loads(path.read_text())
+        return float(cached[key]) if key in cached else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def _cache_put(path: Path, key: str, value: float) -> None:
