@@ -10,6 +10,16 @@ scale of the terms that were summed). With float32's eps = 1.19e-7, rtol = 1e-5 
 in these tests, stay well inside it (the error of a sum of n terms grows ~sqrt(n) eps for
 random rounding), while a wrong result (a missing micro-batch, a dropped term) is off by
 a large fraction of the tensor's scale.
+
+Scalars (a loss: the mean of n per-token cross-entropies of ~ln V) are compared relative to
+their own value, which is their scale: the terms are positive (no cancellation), so one
+reordered forward errs by a few eps of the loss: rtol 1e-6 (8 eps); a loss after k training steps also carries the parameters' reordered
+updates, compounding per step, so rtol 1e-5 (80 eps) for a few steps. Adam is where this
+stops: it divides each gradient by its own RMS, so a near-zero gradient whose last bits
+differ moves its parameter by up to lr either way, and losses after several Adam steps at
+lr 1e-2 may differ by ~1e-4 (a test comparing those says so and why its bound is larger).
+A wrong computation (a lost micro-batch, a skipped layer) moves the first step's loss by
+far more than any of these bounds.
 """
 from __future__ import annotations
 

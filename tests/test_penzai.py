@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
+from tests._tolerance import assert_close_at_scale
 from workbench.models.adapters import UnknownAxesError
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
@@ -80,7 +81,9 @@ def test_forward_matches_penzai(spec, tiny):
     want = jax.jit(lambda t: model(pz.nx.wrap(t).tag("batch", "seq")).unwrap(
         "batch", "seq", "vocabulary"))(tokens)
     got = jax.jit(lambda t: adapted(t))(tokens)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    # the adapter runs penzai's own layers in penzai's order: equal here bitwise; 1e-6 at the
+    # logits' scale (~8 float32 eps) allows the two jits to fuse differently, no more
+    assert_close_at_scale(got, want, rtol=1e-6)
 
 
 def test_penzai_trains_and_resumes_bitwise(spec, tmp_path):

@@ -91,8 +91,11 @@ def test_sharded_steps_match_single_device_steps(mesh):
             losses.append(float(metrics["loss"]))
         results.append((losses, float(metrics["grad_norm"]), state))
     (l8, g8, s8), (l1, g1, s1) = results
+    # losses and the last gradient's norm (a sum of squares: positive terms, dominated by
+    # the large gradients) after reordered sums compounding over 3 steps: 80 eps (see
+    # _tolerance; seen: equal to 1e-9)
     np.testing.assert_allclose(l8, l1, rtol=1e-5)
-    np.testing.assert_allclose(g8, g1, rtol=1e-4)
+    np.testing.assert_allclose(g8, g1, rtol=1e-5)
     assert l8[2] < l8[0]
     assert int(s8.step) == 3
     # Adam divides by sqrt(nu): reordered float32 reductions move near-zero grads by ~1e-6
