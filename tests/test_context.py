@@ -133,7 +133,9 @@ def test_context4_trains_like_context1(variant, zigzag, preset, scan, axes, lm_b
     rules = wb.Rules.preset(preset, mesh)
     assert rules["seq"] == "context"
     got = _train(cfg, mesh, rules, lm_batch)
-    np.testing.assert_allclose(got, unsharded_losses, rtol=2e-6, atol=0)
+    # context-sharded attention sums in another order: the first loss and the loss after
+    # one AdamW step, which normalises each reordered gradient: 80 eps (see _tolerance)
+    np.testing.assert_allclose(got, unsharded_losses, rtol=1e-5, atol=0)
 
 
 def _permute_bytes(hlo: str) -> list[int]:
