@@ -37,9 +37,10 @@ def reference(q, k, v):
 def test_splash_interpret_equals_xla_outputs_and_gradients(blocks):
     q, k, v = qkv()
     ys = A.attend(q, k, v, impl="splash", block_sizes=blocks)
-    # blockwise online softmax sums in another order: at the output's scale
-    assert_close_at_scale(ys, A.attend(q, k, v, impl="xla"), rtol=2e-5)
-    assert_close_at_scale(ys, reference(q, k, v), rtol=2e-5)
+    # blockwise online softmax sums T=256 keys in another order: 80 eps at the output's
+    # scale, gradients too (seen: 2 and 4 eps)
+    assert_close_at_scale(ys, A.attend(q, k, v, impl="xla"), rtol=1e-5)
+    assert_close_at_scale(ys, reference(q, k, v), rtol=1e-5)
 
     def grads(impl):
         loss = lambda q, k, v: jnp.sum(jnp.sin(A.attend(q, k, v, impl=impl,
@@ -47,7 +48,7 @@ def test_splash_interpret_equals_xla_outputs_and_gradients(blocks):
         return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
     for gs, gx in zip(grads("splash"), grads("xla"), strict=True):
-        assert_close_at_scale(gs, gx, rtol=1e-4)
+        assert_close_at_scale(gs, gx, rtol=1e-5)
 
 
 def test_splash_mqa_and_bfloat16():

@@ -53,10 +53,11 @@ def test_pipelined_model_is_the_scanned_model(pipe, stages):
     ref_logits, ref_grads = jax.jit(logits_and_grads)(params)
     with activate(pipe, stages):   # active while jit traces
         logits, grads = jax.jit(logits_and_grads)(params)
-    # micro-batched matmuls sum in another order: each tensor at its own scale
+    # micro-batched matmuls sum in another order, the gradients over 4-6 micro-batches:
+    # each tensor at its own scale, 80 eps of it (seen: bitwise equal on one device)
     assert_close_at_scale(logits, ref_logits, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
-        assert_close_at_scale(a, b, rtol=1e-4)
+        assert_close_at_scale(a, b, rtol=1e-5)
 
 
 # ------------------------------------------------------------------ schedules
