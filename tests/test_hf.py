@@ -22,7 +22,10 @@ from workbench.models.hf_tensors import CheckpointError
 
 pytest.importorskip("transformers", reason="the test extra installs transformers + torch (CPU)")
 
-RTOL = 1e-4   # the issue's bound: float32 logits of two implementations, at the logits' scale
+# float32 logits of two implementations (torch's kernels vs XLA's sum each matmul and norm
+# in their own order, a few layers deep): 80 eps at the logits' scale (seen: 6 eps), within
+# the issue's bound of 1e-4
+RTOL = 1e-5
 NEW = 6
 
 
