@@ -202,6 +202,62 @@ async def test_runs_api_passes_the_prediction_through(jp_root_dir: Path, jp_base
     assert listed["bad"]["prediction"] is None and listed["bad"]["step"] == 1
 
 
+@pytest.fixture(scope="module")
+def profiled_run(plan: Any, tmp_path_factory: Any) -> tuple[Path, Any]:
+    """A run started from the plan, 1 warm-up step then 2 profiled ones
+    (``trainer.profile``): its directory and the ProfileReport the trainer returned."""
+    run_dir = tmp_path_factory.mktemp("profiled") / "run"
+    trainer = _from_plan(plan, run_dir)
+    try:
+        report = trainer.profile(steps=2, warmup=1)
+    finally:
+        trainer.close()
+    return run_dir, report
+
+
+@run_async
+async def test_profiles_api_serves_the_profile_of_a_real_run(
+        profiled_run: tuple[Path, Any], jp_root_dir: Path, jp_base_url: str, jp_serverapp: Any,
+        http_server_client: Any, jp_auth_header: dict[str, str]) -> None:
+    """GET .../profiles answers the trainer's own comparison, term by term; the run's detail
+    lists it (the dashboard fetches on that); a hand-edited report is served checked."""
+    src, report = profiled_run
+    shutil.copytree(src, jp_root_dir / "profiled", ignore=shutil.ignore_patterns("checkpoints"))
+    bad = jp_root_dir / "profiled" / "profiles" / "99"
+    bad.mkdir()
+    (bad / "report.json").write_text('{"rows": [{"name": "compute", "predicted": NaN, '
+                                     '"measured": 1}], "verdict": 3}')
+
+    async def get(*parts: str) -> Any:
+        path = "/".join(urllib.parse.quote(p, safe="") for p in parts)
+        resp = await http_server_client.fetch(f"{jp_base_url}workbench/api/{path}",
+                                              headers=jp_auth_header, raise_error=False)
+        assert resp.code == 200, (parts, resp.code)
+        return json.loads(resp.body)
+
+    name = Path(report.directory).name           # profiles/<first traced step>
+    detail = await get("runs", "profiled")
+    assert [(p["name"], p["step"]) for p in detail["profiles"]] == [(name, int(name)),
+                                                                     ("99", 99)]
+    served = (await get("runs", "profiled", "profiles"))["profiles"]
+    assert [p["name"] for p in served] == [name, "99"]
+    got, hand = served
+    keys = ("name", "predicted", "measured", "kind", "axes", "count", "wait")
+    assert [{k: r[k] for k in keys} for r in got["rows"]] == [
+        {k: r[k] for k in keys} for r in report.rows()]
+    assert [r["name"] for r in got["rows"]] == [t.name for t in report.terms]
+    collectives = [r for r in got["rows"] if r["kind"]]
+    assert collectives and all(r["axes"] for r in collectives)
+    assert got["verdict"] == report.verdict() and report.largest_disagreement.name in got["verdict"]
+    assert got["tokens_per_s"] == report.tokens_per_s and set(got["tokens_per_s"]) == {
+        "outside", "during"}
+    assert got["overhead"] == pytest.approx(report.overhead)
+    assert (got["steps"], got["plan_name"], got["problem"]) == (2, report.plan_name, None)
+    assert hand["rows"] == [] and hand["verdict"] == ""
+    assert "profiles/99/report.json" in hand["problem"] and "1 of 1 rows" in hand["problem"]
+    assert (await get("runs", "profiled", "metrics"))["last_step"] == 3
+
+
 # ---------------------------------------------------------------------------- the panel
 def _render_panel(tmp_path: Path, panel: TrainPanel) -> dict[str, Any]:
     node = shutil.which("node")
