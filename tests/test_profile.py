@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,7 +22,7 @@ import workbench as wb
 from workbench.planning.calibrate import calibration_dir, load_calibration
 from workbench.planning.hlo import parse_collectives
 from workbench.planning.trace import CATEGORIES, read_trace, trace_files
-from workbench.train.profile import MAX_STEPS, ProfileError, trainer_plan
+from workbench.train.profile import MAX_STEPS, ProfileError, capture, trainer_plan
 
 CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 4, "model": 2},
                      rules="fsdp_tp", batch=8, seq=32, steps=100, checkpoint_every=100,
@@ -82,6 +87,29 @@ def test_step_time_is_the_wall_time_of_the_steps(profiled):
     host = sum(recs[s]["step_time"] - recs[s]["ckpt_time"]
                for s in range(first + 1, first + STEPS + 1))
     assert m.step_seconds * STEPS == pytest.approx(host, rel=0.5)
+
+
+def test_overhead_is_the_throughput_of_the_traced_vs_the_untraced_steps(profiled):
+    """tokens/s during and outside the profile, against the run loop's own record of each
+    step (tokens per step / step time, its checkpoint left out)."""
+    trainer, _, report, before, _ = profiled
+    recs = {r["step"]: r for r in trainer.history}
+    tokens = CFG.batch * CFG.seq
+
+    def rates(steps: range) -> list[float]:
+        return [tokens / (recs[s]["step_time"] - recs[s]["ckpt_time"]) for s in steps]
+
+    first = before + 2    # the last untraced step
+    outside, during = rates(range(before + 1, first + 1)), rates(range(first + 1,
+                                                                       first + STEPS + 1))
+    assert min(outside) <= report.tokens_per_s["outside"] <= max(outside)
+    assert min(during) <= report.tokens_per_s["during"] <= max(during)
+    assert report.overhead == pytest.approx(
+        report.tokens_per_s["outside"] / report.tokens_per_s["during"] - 1, rel=1e-12)
+    assert f"{report.tokens_per_s['during']:,.0f} tokens/s during" in str(report)
+    saved = json.loads((Path(report.directory) / "report.json").read_text())
+    assert saved["tokens_per_s"] == report.tokens_per_s
+    assert saved["overhead"] == pytest.approx(report.overhead)
 
 
 def test_top_ops_carry_their_source_lines(profiled):
@@ -180,6 +208,39 @@ def test_unwritable_directory(profiled, tmp_path):
     assert trainer.step == at
 
 
+def test_directory_without_write_permission(tmp_path):
+    """A folder its user cannot write to, or cannot even reach (as root, checked by a child
+    that drops to nobody once imported: root may write anywhere): refused with the folder
+    named, before anything is created."""
+    top = Path(tempfile.mkdtemp(prefix="wb-profile-perm-"))   # /tmp/<it>: reachable by all
+    try:
+        top.chmod(0o755)
+        ro = top / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        hidden = tmp_path / "x"    # under pytest's own 0700 folder: nobody cannot enter it
+        code = ("import os, sys\n"
+                "from workbench.train.profile import check_directory\n"
+                "if os.getuid() == 0: os.setgid(65534); os.setuid(65534)\n"
+                "for d in sys.argv[1:]:\n"
+                "    try: check_directory(d)\n"
+                "    except PermissionError as e: print(e)\n")
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+               "JAX_PLATFORMS": "cpu"}
+        out = subprocess.run([sys.executable, "-c", code, str(ro / "trace"), str(hidden / "t")],
+                             capture_output=True, text=True, timeout=120, env=env, cwd="/")
+        assert out.returncode == 0, out.stderr[-2000:]
+        lines = out.stdout.splitlines()
+        assert f"{ro} is not writable" in lines[0] and "pass directory=" in lines[0]
+        if os.getuid() == 0:       # a non-root user owns tmp_path and can reach it
+            assert "cannot be reached" in lines[1] and "pass directory=" in lines[1]
+        assert not (ro / "trace").exists()
+    finally:
+        top.chmod(0o755)
+        (top / "ro").chmod(0o755)
+        shutil.rmtree(top)
+
+
 def test_second_profile_while_one_runs(profiled, tmp_path):
     trainer = profiled[0]
     at = trainer.step
@@ -189,6 +250,11 @@ def test_second_profile_while_one_runs(profiled, tmp_path):
             trainer.profile(steps=1)
     finally:
         jax.profiler.stop_trace()
+    assert trainer.step == at
+    assert not (trainer.run_dir / "profiles" / str(at + 3)).exists()
+    with capture(tmp_path / "ours"):   # one of ours (a trace another cell started)
+        with pytest.raises(ProfileError, match="already being captured .*ours"):
+            trainer.profile(steps=1)
     assert trainer.step == at
     assert not (trainer.run_dir / "profiles" / str(at + 3)).exists()
 
