@@ -40,6 +40,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -153,7 +154,7 @@ def gloo_cases(cases: Sequence[Sequence[Any]], directory: Path, timeout: float =
     for p, (_, err) in zip(procs, outs):
         if p.returncode != 0:
             raise RuntimeError(f"gloo worker failed ({p.returncode}): {err[-2000:]}")
-    return json.loads(outs[0][0].strip().splitlines()[-1])
+    return json.loads((Path(directory) / "results.json").read_text())
 
 
 def _worker(port: int, pid: int, cases: list[list[Any]], directory: str) -> None:
@@ -164,10 +165,16 @@ def _worker(port: int, pid: int, cases: list[list[Any]], directory: str) -> None
                                process_id=pid)
     results = profile_cases([tuple(c) for c in cases], Path(directory),
                             mesh={"data": 4, "model": 2}, save=False)
+    if pid == 0:   # a file, not stdout: the profiler and JAX may print there too
+        (Path(directory) / "results.json").write_text(json.dumps(results, default=float))
+    # Exit without jax.distributed's shutdown barrier, process 1 first: process 0 hosts the
+    # coordination service, and a process that finds it gone aborts (SIGABRT).
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("bench_profile: results written")
     if pid == 0:
-        print(json.dumps(results, default=float))
-    sys.stdout.flush()
-    os._exit(0)  # skip jax.distributed's shutdown barrier: process 1 may be gone already
+        time.sleep(2.0)
+    os._exit(0)
 
 
 def run() -> list[dict[str, Any]]:
