@@ -164,6 +164,27 @@ def test_index_serves_malformed_predictions_checked(tmp_path: Path) -> None:
     assert index.watch("nan-elsewhere").detail()["peak_flops"] is None
 
 
+def test_a_written_profile_report_changes_the_run_detail(tmp_path: Path) -> None:
+    """The index polls profiles/*/report.json: a report written, replaced or removed is a
+    change of the run's detail (pushed to its dashboards, which then fetch the profiles)."""
+    _hand_edited(tmp_path, "run", '{"step_seconds": 0.5}')
+    index = RunIndex([tmp_path])
+    index.poll(force_scan=True)
+    assert index.poll()[0] == [] and index.watch("run").detail()["profiles"] == []
+    (tmp_path / "run" / "profiles" / "7").mkdir(parents=True)   # a trace being taken
+    assert index.poll()[0] == []
+    report = tmp_path / "run" / "profiles" / "7" / "report.json"
+    report.write_text('{"rows": []}')
+    changes, _ = index.poll()
+    assert [(c.watch.id, c.meta_changed) for c in changes] == [("run", True)]
+    assert [(p["name"], p["step"]) for p in index.watch("run").detail()["profiles"]] == [
+        ("7", 7)]
+    assert index.poll()[0] == []
+    report.unlink()
+    assert [c.meta_changed for c in index.poll()[0]] == [True]
+    assert index.watch("run").detail()["profiles"] == []
+
+
 # ---------------------------------------------------------------------------- the server
 
 

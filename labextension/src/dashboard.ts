@@ -10,10 +10,10 @@ import { Widget } from '@lumino/widgets';
 import { LineChart, PALETTE } from './chart';
 import { button, el } from './dom';
 import { fmtBytes, fmtNumber, fmtPercent, fmtRate, fmtSeconds, fmtStep } from './format';
-import { fetchProfiles, runStream, Stream } from './handler';
+import { runStream, Stream } from './handler';
 import { EXPERT_KEYS, expertHeatmap, ExpertLoadModel } from './expertLoad';
 import { describePrediction, IPrediction, recentMedian, versus } from './prediction';
-import { IProfile, parseProfiles, profileView } from './profile';
+import { ProfileSection } from './profileSection';
 import { RunModel } from './runModel';
 import { Decimator, drawn, EmaCache, withSparse } from './series';
 import { SettingsModel } from './settings';
@@ -42,12 +42,7 @@ export class RunDashboard extends Widget {
   private _expertLayer = -1;
   private _expertBody = el('div', 'jp-Workbench-expertBody');
   private _expertSection = section('Expert load (tokens per expert / balanced)', this._expertBody);
-  private _profileBody = el('div', 'jp-Workbench-profiles');
-  private _profileSection = section('Profiles: predicted vs measured, term by term',
-    this._profileBody);
-  private _profiles: IProfile[] = [];
-  private _profileShown = '';
-  private _profileStamp = '';
+  private _profiles: ProfileSection;
   private _smoothLabel = el('span', 'jp-Workbench-smoothLabel');
   private _charts: Record<'loss' | 'util' | 'time' | 'tput', LineChart>;
   private _decimators = RunDashboard._newDecimators();
@@ -97,8 +92,8 @@ export class RunDashboard extends Widget {
     const memSection = section('Memory per device', this._memory);
     const cfgSection = section('Config', this._config);
     this._expertSection.hidden = true;   // shown once a mixture-of-experts run logs loads
-    this._profileSection.hidden = true;  // shown once the run has a profile
-    this.node.append(this._head, this._kpis, tools, grid, this._profileSection,
+    this._profiles = new ProfileSection(id);   // shown once the run has a profile
+    this.node.append(this._head, this._kpis, tools, grid, this._profiles.node,
       this._expertSection, memSection, cfgSection);
     this._throttle = new Throttle(() => this.render(), () => _settings.value.refreshRate);
     this.model.changed.connect((_, change) => {
@@ -123,6 +118,7 @@ export class RunDashboard extends Widget {
     }
     this._stream.dispose();
     this._throttle.dispose();
+    this._profiles.dispose();
     Object.values(this._charts).forEach(c => c.dispose());
     this._settings.changed.disconnect(this._onSettings, this);
     super.dispose();
@@ -237,62 +233,8 @@ export class RunDashboard extends Widget {
         `Not everything of this run could be read: ${d.problem}`));
     }
     this._memory.replaceChildren(memoryTable(d.memory_per_device ?? null));
-    this._loadProfiles(d.profiles);
+    this._profiles.update(d.profiles);
     this._config.replaceChildren(tree(d.config ?? {}));
-  }
-
-  /** Fetches the run's profiles when the list in run detail changed (a report written). */
-  private _loadProfiles(listed: unknown): void {
-    const stamp = JSON.stringify(listed ?? []);
-    if (stamp === this._profileStamp) {
-      return;
-    }
-    this._profileStamp = stamp;
-    if (!Array.isArray(listed) || !listed.length) {
-      this._profiles = [];
-      this._renderProfiles();
-      return;
-    }
-    fetchProfiles(this.model.id).then(answer => {
-      if (!this.isDisposed && stamp === this._profileStamp) {
-        this._profiles = parseProfiles(answer);
-        this._profileShown = this._profiles[this._profiles.length - 1]?.name ?? '';
-        this._renderProfiles();
-      }
-    }).catch(err => {
-      this._profileSection.hidden = false;
-      this._profileBody.replaceChildren(el('pre', 'jp-Workbench-error',
-        `The run's profiles could not be read: ${String(err)}`));
-    });
-  }
-
-  /** The chosen profile (the latest by default), with a picker when there are several. */
-  private _renderProfiles(): void {
-    const all = this._profiles;
-    this._profileSection.hidden = !all.length;
-    const shown = all.find(p => p.name === this._profileShown) ?? all[all.length - 1];
-    if (!shown) {
-      this._profileBody.replaceChildren();
-      return;
-    }
-    const parts: HTMLElement[] = [];
-    if (all.length > 1) {
-      const pick = el('select', 'jp-Workbench-profilePick');
-      pick.title = 'Which profile to show (profiles/<step>/ of the run directory)';
-      for (const p of all) {
-        const o = el('option', '', `step ${p.step ?? p.name}`);
-        o.value = p.name;
-        o.selected = p === shown;
-        pick.append(o);
-      }
-      pick.addEventListener('change', () => {
-        this._profileShown = pick.value;
-        this._renderProfiles();
-      });
-      parts.push(pick);
-    }
-    parts.push(profileView(shown));
-    this._profileBody.replaceChildren(...parts);
   }
 
   private _exportCsv(): void {
