@@ -192,17 +192,52 @@ def test_sampling_filters():
 
 
 def test_text_prompt_with_any_tokenizer(hf):
-    class Chars:   # any object with encode/decode
-        def encode(self, text):
-            return [ord(c) % 128 for c in text]
-
-        def decode(self, ids):
-            return "".join(chr(i) for i in ids)
     folder, _, _ = hf["llama"]
     model = wb.models.from_hf(folder, mesh=_mesh(data=8))
     text = wb.generate(model, "hi", tokenizer=Chars(), max_new_tokens=3)
     ids = wb.generate(model, [ord("h"), ord("i")], max_new_tokens=3)
     assert text == Chars().decode(ids[0].tolist())
+
+
+class Chars:
+    """A tokenizer of 128 ids: one character each (any object with encode/decode)."""
+
+    def encode(self, text):
+        return [ord(c) % 128 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_streamed_tokens_are_the_greedy_tokens(hf, capsys, monkeypatch):
+    from workbench import _display
+    from workbench.widgets.generation_view import GenerationView
+
+    folder, _, greedy = hf["llama"]
+    model = wb.models.from_hf(folder, mesh=_mesh(data=8))
+    seen = []
+    out = wb.generate(model, PROMPT, max_new_tokens=NEW, stream=seen.append)
+    np.testing.assert_array_equal(out, greedy)             # transformers' greedy tokens
+    assert [s.shape for s in seen] == [(2, PROMPT.shape[1] + i) for i in range(1, NEW + 1)]
+    for s in seen:                                          # each call: a prefix of the answer
+        np.testing.assert_array_equal(s, greedy[:, :s.shape[1]])
+    # the widget: after streaming it holds the whole text, the same as the return value
+    view = GenerationView(Chars(), rate=1e-6)               # (sends only at finish)
+    text = wb.generate(model, "hi", tokenizer=Chars(), max_new_tokens=NEW, stream=view)
+    assert text == Chars().decode(wb.generate(model, [104, 105], max_new_tokens=NEW)[0].tolist())
+    assert view.texts == [text] and view.prompts == ["hi"]
+    assert view.tokens == NEW and view.state == "done"
+    # stream=True: the text on stdout outside a notebook, a GenerationView in one
+    capsys.readouterr()
+    assert wb.generate(model, "hi", tokenizer=Chars(), max_new_tokens=NEW, stream=True) == text
+    assert capsys.readouterr().out == text + "\n"
+    monkeypatch.setattr(_display, "in_notebook", lambda: True)
+    shown = []
+    monkeypatch.setattr("IPython.display.display", shown.append)
+    wb.generate(model, "hi", tokenizer=Chars(), max_new_tokens=NEW, stream=True)
+    assert isinstance(shown[0], GenerationView) and shown[0].texts == [text]
+    with pytest.raises(TypeError, match="stream= takes True or a callable"):
+        wb.generate(model, PROMPT, max_new_tokens=1, stream="yes")
 
 
 def test_plan_and_trainer_start_from_hf_and_export_the_run(hf, tmp_path):
