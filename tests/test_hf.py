@@ -141,10 +141,15 @@ def test_export_round_trip_is_bitwise_and_transformers_reads_it(hf, family, tmp_
     # the source folder's other files come along (generation_config.json here)
     assert (out / "generation_config.json").read_bytes() == \
         (folder / "generation_config.json").read_bytes()
-    tok = tmp_path / "tokenizer.json"
-    tok.write_text('{"version": "1.0"}')
+    tok = _tokenizer_json(tmp_path / "tokenizer.json", 100)
     with_tok = wb.models.to_hf(model, tmp_path / "with_tok", tokenizer=tok)
     assert (with_tok / "tokenizer.json").read_text() == tok.read_text()
+    bad = tmp_path / "broken" / "tokenizer.json"
+    bad.parent.mkdir()
+    bad.write_text('{"version": "1.0"}')
+    with pytest.raises(ValueError, match="broken/tokenizer.json is not a readable tokenizer"):
+        wb.models.to_hf(model, tmp_path / "with_bad", tokenizer=bad.parent)
+    assert not (tmp_path / "with_bad").exists()
 
     def tensors(d):
         t = {}
@@ -386,3 +391,60 @@ def test_failed_export_leaves_nothing_and_existing_folder_is_kept(hf, tmp_path, 
         wb.models.to_hf(model, existing, overwrite=True, max_shard_bytes=30_000)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]   # no partial folder
     assert (existing / "keep.txt").read_text() == "x"
+
+
+def _tokenizer_json(path, n):
+    """A word-level tokenizer.json with ``n`` token ids."""
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({f"w{i}": i for i in range(n)}, unk_token="w0")).save(str(path))
+    return path
+
+
+def test_tokenizer_larger_than_the_vocab_is_refused_on_import_and_export(hf, tmp_path):
+    d = _copy(hf, "llama", tmp_path)                     # vocab_size 128
+    _tokenizer_json(d / "tokenizer.json", 200)
+    with pytest.raises(CheckpointError, match=r"tokenizer .*tokenizer.json has 200 token ids "
+                       r"but the model's vocab_size is 128.*own tokenizer files"):
+        wb.models.from_hf(d)
+    model = wb.models.from_hf(hf["llama"][0], mesh=_mesh(data=8))
+    big = _tokenizer_json(tmp_path / "big.json", 200)
+    with pytest.raises(ValueError, match=r"exporting to .*out: the tokenizer .*big.json has "
+                       r"200 token ids.*vocab_size is 128"):
+        wb.models.to_hf(model, tmp_path / "out", tokenizer=big)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+    fits = _tokenizer_json(tmp_path / "tokenizer.json", 100)   # fewer ids than rows: fine
+    out = wb.models.to_hf(model, tmp_path / "out", tokenizer=fits)
+    assert (out / "tokenizer.json").read_bytes() == fits.read_bytes()
+    assert wb.models.from_hf(out, mesh=_mesh(data=8)).cfg.vocab_size == 128
+
+
+def test_a_crash_mid_export_leaves_no_folder_that_looks_complete(hf, tmp_path, monkeypatch):
+    """A process killed while writing cannot clean up (simulated: no rmtree): what is left
+    is a hidden ``.<name>.partial-*`` folder without config.json, which from_hf refuses."""
+    import safetensors.numpy
+
+    from workbench.models import hf_export
+
+    model = wb.models.from_hf(hf["llama"][0], mesh=_mesh(data=8))
+    real, calls = safetensors.numpy.save_file, []
+
+    def dies(tensors, filename, metadata=None):
+        calls.append(filename)
+        if len(calls) == 2:
+            raise KeyboardInterrupt   # BaseException: the cleanup runs for it too
+        return real(tensors, filename, metadata=metadata)
+    monkeypatch.setattr(safetensors.numpy, "save_file", dies)
+    with pytest.raises(KeyboardInterrupt):
+        wb.models.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
+    assert list(tmp_path.iterdir()) == []
+    calls.clear()
+    monkeypatch.setattr(hf_export.shutil, "rmtree", lambda *a, **k: None)   # a SIGKILL
+    with pytest.raises(KeyboardInterrupt):
+        wb.models.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
+    (left,) = tmp_path.iterdir()
+    assert left.name.startswith(".out.partial-") and not (tmp_path / "out").exists()
+    assert [p.name for p in left.iterdir()] == ["model-00001-of-00012.safetensors"]   # 1 of 12
+    assert not (left / "config.json").exists()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        wb.models.from_hf(left)

@@ -23,6 +23,8 @@ __all__ = ["TOKENIZER_FILES", "to_hf"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
 DEFAULT_SHARD_BYTES = 2 << 30
+_NOT_TOKENIZERS = ("tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "generation_config.json", "config.json")
 
 
 def _host_block(arr: Any, stack_idx: tuple[int, ...]) -> np.ndarray:
@@ -157,6 +159,7 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
     dt = np.dtype(dtype or cfg.param_dtype)
     hf["dtype"] = dt.name
     extra = _tokenizer_files(tokenizer if tokenizer is not None else base)
+    check_tokenizer(extra, cfg.vocab_size, where=f"exporting to {out}")   # before any file
     if not _writer():   # another process of a job: its shards go into process 0's gathers
         _write(None, params, cfg, maps, dt, max_shard_bytes)
         _sync(f"to_hf:{out}")
@@ -181,6 +184,37 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         raise
     _sync(f"to_hf:{out}")
     return out
+
+
+def tokenizer_vocab(file: Path) -> int | None:
+    """How many token ids a ``tokenizer.json`` / SentencePiece ``.model`` file has (None
+    for other files)."""
+    try:
+        if file.suffix == ".json" and file.name not in _NOT_TOKENIZERS:
+            from tokenizers import Tokenizer
+
+            return int(Tokenizer.from_file(str(file)).get_vocab_size(with_added_tokens=True))
+        if file.suffix == ".model":
+            import sentencepiece as spm
+
+            return int(spm.SentencePieceProcessor(model_file=str(file)).GetPieceSize())
+    except Exception as e:   # the Rust / C++ sides raise plain exceptions
+        raise ValueError(f"{file} is not a readable tokenizer ({e}); give the model's own "
+                         "tokenizer.json (or its folder)") from None
+    return None
+
+
+def check_tokenizer(files: list[Path], vocab_size: int, *, where: str,
+                    fix: str = "use the tokenizer the model was trained with") -> None:
+    """Raises if a tokenizer among ``files`` has more token ids than the model's vocab
+    (ids past the embedding table; a tokenizer of another model)."""
+    for f in files:
+        n = tokenizer_vocab(f)
+        if n is not None and n > vocab_size:
+            raise ValueError(
+                f"{where}: the tokenizer {f} has {n} token ids but the model's vocab_size is "
+                f"{vocab_size}; ids from {vocab_size} up would index past the embedding "
+                f"table: {fix}")
 
 
 def _tokenizer_files(src: str | os.PathLike[str] | None) -> list[Path]:
