@@ -264,8 +264,11 @@ def _full(graphdef: Any, rules: Rules, mesh: Any, state: Any, buf: jax.Array,
           last: jax.Array) -> jax.Array:
     """Logits ``(B, V)`` at position ``last`` of the whole buffer ``(B, S)`` (no cache)."""
     with rules.activate(mesh):
-        logits = nnx.merge(graphdef, state)(buf)                          # (B, S, V)
-    return jax.lax.dynamic_index_in_dim(logits, last, 1, keepdims=False).astype(jnp.float32)
+        model = nnx.merge(graphdef, state)
+        h = model.hidden(buf)                                             # (B, S, D)
+        h = jax.lax.dynamic_slice_in_dim(h, last, 1, axis=1)              # (B, 1, D)
+        logits = model.head(h)                                            # (B, 1, V)
+    return logits[:, 0].astype(jnp.float32)
 
 
 def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules: Rules,

@@ -205,11 +205,18 @@ def tokenizer_vocab(file: Path) -> int | None:
 
 
 def check_tokenizer(files: list[Path], vocab_size: int, *, where: str,
-                    fix: str = "use the tokenizer the model was trained with") -> None:
+                    fix: str = "use the tokenizer the model was trained with",
+                    unreadable_ok: bool = False) -> None:
     """Raises if a tokenizer among ``files`` has more token ids than the model's vocab
-    (ids past the embedding table; a tokenizer of another model)."""
+    (ids past the embedding table; a tokenizer of another model), or cannot be read
+    (unless ``unreadable_ok``)."""
     for f in files:
-        n = tokenizer_vocab(f)
+        try:
+            n = tokenizer_vocab(f)
+        except ValueError:
+            if unreadable_ok:
+                continue
+            raise
         if n is not None and n > vocab_size:
             raise ValueError(
                 f"{where}: the tokenizer {f} has {n} token ids but the model's vocab_size is "
