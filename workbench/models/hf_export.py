@@ -132,8 +132,12 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         overwrite: replace an existing folder (only once the new one is complete).
 
     Returns:
-        The folder. It appears (renamed from a temporary sibling) only when every file is
-        written; a failure leaves no folder behind.
+        The folder. It appears (renamed from a temporary sibling, config.json written
+        last) only when every file is written; a failure leaves no folder behind.
+
+    In a multi-process job (parameters spread over the processes' devices) every process
+    calls ``to_hf`` with its own shards: each tensor is gathered in turn (a collective),
+    process 0 writes, and all return once the folder is complete.
 
     Example::
 
