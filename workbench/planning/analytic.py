@@ -206,7 +206,9 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
       accelerator also the gradients of the attention scores and probabilities,
       ``heads·T·(4 + b)``; under remat a mixture of experts also holds the gradients of
       the recomputed expert slots' F-sized tensors, ``cF·slots·expert_d_ff`` (dropless,
-      ``slots = E``: these dominate the step). It runs once the logits are freed, so the peak holds
+      ``slots = E``: these dominate the step), and with FSDP one layer's whole weight
+      gradient in the parameter dtype before its reduce-scatter (every expert's: E times a
+      dense MLP's). It runs once the logits are freed, so the peak holds
       ``max(logits, transient)``. This is what remat needs at least: where HBM is to
       spare the TPU compiler recomputes several layers ahead and uses more (1b,
       remat="full", 2048 tokens per sequence on v5p-16: 13.4 GiB of temp for ~7.8).
@@ -302,6 +304,8 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
         per_layer = blocks * mm // (pbytes * cfg.n_layers)
         gathered = (whole[out_proj] * mm // pbytes if out_proj in fsdp else 0) \
             + 2 * per_layer
+        if cfg.n_experts:   # a layer's whole weight gradient before its reduce-scatter:
+            transient += blocks // cfg.n_layers   # every expert's (E x a dense MLP)
     forward = saved + max(logits, transient) + gathered + embedding_grads + scratch
     if kind == "cpu":
         reduced = sum(v for k, v in whole.items() if k not in fsdp)
