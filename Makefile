@@ -55,14 +55,21 @@ clusters:
 
 # Every test (CI's and the README's command). pytest exits 5 when a selection (PYTEST_ARGS,
 # or test-fast's markers) finds no test: make stops there as on any failure.
+# Tests run on TEST_WORKERS pytest-xdist workers (2: this 2-core machine's cores; many tests
+# wait on subprocesses, kernels and compiles, so two keep both cores busy). Groups (conftest):
+# a module's tests stay together (its fixtures are made once), browser tests share one
+# JupyterLab on one worker, each notebook runs alone; the longest groups start first.
+# TEST_WORKERS=0 runs everything in this process (for pdb or -s).
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
 test: $(STAMP) browser clusters
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) --durations=40 $(PYTEST_ARGS)
 
 # The edit-test loop: every test that is not slow, multi-process, a notebook, a browser or
 # a TPU compile (pyproject.toml's markers).
 FAST_TESTS := not (slow or multiprocess or notebook or browser or tpu)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "$(FAST_TESTS)" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "$(FAST_TESTS)" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -20,8 +20,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # jupyterlab_h
 REPO = pathlib.Path(__file__).resolve().parent.parent
 #: The markers `make test-fast` deselects (pyproject.toml says what each means).
 HEAVY_MARKERS = ("slow", "multiprocess", "notebook", "browser", "tpu")
-#: Runs after every other test: what the install and the tests did to the checkout.
-LAST = "tests/test_make_lab.py::test_install_and_tests_leave_the_tree_clean"
 
 
 def git_status() -> str | None:
@@ -42,20 +40,74 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[TREE_AT_START] = git_status()
 
 
+#: Test files whose tests may run on any worker, one by one (``make test`` runs two pytest-xdist
+#: workers): their tests share no module fixture, so each is a group of its own.
+SPLIT = {"test_notebooks.py"}
+#: Groups scheduled first: the longest (minutes each on 2 cores), so that no worker is left
+#: with one of them at the end while the other idles. In this order.
+FIRST = ("test_notebooks.py::test_notebook_runs_top_to_bottom_and_again_in_the_same_folder"
+         "[08_plan_for_a_pod]", "test_clusters.py", "test_text_train.py", "browser",
+         "test_notebooks.py::test_notebook_runs_top_to_bottom_and_again_in_the_same_folder"
+         "[11_experts_and_long_sequences]", "test_binder.py")
+
+
+def _group(item: pytest.Item) -> str:
+    """The pytest-xdist group of ``item`` (``--dist loadgroup``: a group runs on one worker,
+    in order): every browser test on the one worker whose session JupyterLab they share;
+    each test of a SPLIT file alone; any other test with its module (its module fixtures
+    are made once)."""
+    if item.get_closest_marker("browser") is not None:
+        return "browser"
+    name = item.path.name
+    return item.nodeid.split("/")[-1] if name in SPLIT else name
+
+
+def _rank(group: str) -> int:
+    return FIRST.index(group) if group in FIRST else len(FIRST)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test on the session's JupyterLab or Chromium is a ``browser`` test whatever its file
-    says; the clean-tree check goes last, whatever the order of the files."""
+    says; each test gets its xdist group, the longest groups first (a stable sort: the
+    files' order otherwise)."""
     for item in items:
         if {"lab", "browser"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.browser)
-    last = [i for i in items if i.nodeid == LAST]
-    items[:] = [i for i in items if i.nodeid != LAST] + last
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    items.sort(key=lambda i: _rank(_group(i)))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After every test (on the controller when pytest-xdist runs workers): ``git status``
+    is what it was when the session started, so no test wrote into the checkout; under CI
+    (a fresh clone after ``make install``) it was clean from the start, so installing wrote
+    nothing either. Either failing fails the session."""
+    config = session.config
+    if hasattr(config, "workerinput") or config.option.collectonly:
+        return
+    start, now = config.stash.get(TREE_AT_START, None), git_status()
+    if start is None or now is None:
+        return
+    problems = []
+    if now != start:
+        problems.append(f"the tests changed the checkout:\nbefore:\n{start}\nafter:\n{now}")
+    if os.environ.get("CI", "").lower() not in ("", "0", "false") and start != "":
+        problems.append(f"`make install` left the fresh clone changed:\n{start}")
+    if problems:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        for text in problems:
+            if reporter is not None:
+                reporter.write_line(f"FAILED (clean tree): {text}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-    """The session's one data and compile cache (``WORKBENCH_CACHE``)."""
-    return tmp_path_factory.getbasetemp() / "wb-cache"
+    """The session's one data and compile cache (``WORKBENCH_CACHE``), shared by the
+    pytest-xdist workers (its writes are atomic renames)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "wb-cache"
 
 
 @pytest.fixture(scope="session", autouse=True)

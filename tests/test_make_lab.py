@@ -291,20 +291,6 @@ def test_the_committed_lockfile_is_what_npm_resolves(tmp_path: pathlib.Path) -> 
                          f"labextension/ and commit the lockfile):\n{diff[:3000]}")
 
 
-def test_install_and_tests_leave_the_tree_clean(request: pytest.FixtureRequest) -> None:
-    """Runs after every other test (conftest): `git status` is what it was when the session
-    started, so no test wrote into the checkout; under CI (a fresh clone after `make
-    install`) it was clean from the start, so installing wrote nothing either."""
-    from conftest import TREE_AT_START, git_status
-
-    start, now = request.config.stash[TREE_AT_START], git_status()
-    if start is None or now is None:
-        pytest.skip("not a git checkout (or git is missing)")
-    assert now == start, f"the tests changed the checkout:\nbefore:\n{start}\nafter:\n{now}"
-    if _under_ci():
-        assert start == "", f"`make install` left the fresh clone changed:\n{start}"
-
-
 def test_test_fast_leaves_out_exactly_the_heavy_markers() -> None:
     """`make test-fast`'s selection, pyproject's registered markers and the README's table
     name the same heavy markers (a marker added to one and not the others would make the

@@ -64,7 +64,11 @@ TPU = {"07_teaching_on_tpu_vms", "08_plan_for_a_pod", "11_experts_and_long_seque
 #: so the notebook has one limit, ~2.5 x its idle floor plus the second run, for every
 #: cell and both runs: a per-cell limit below it only fails a loaded machine sooner, and a
 #: hung cell is still stopped.
-HEAVY_S = {"08_plan_for_a_pod": 3600}
+#: 11 compiles MoE and long-sequence steps for v5p slices (83 s for both runs in a clean-clone
+#: CI run, one compile cell ~40 s): beside a second pytest-xdist worker and other work
+#: (load average ~30) one compile cell passed the 240 s cell limit, so it gets the same
+#: one limit for cells and runs, ~5 x its loaded time.
+HEAVY_S = {"08_plan_for_a_pod": 3600, "11_experts_and_long_sequences": 1200}
 
 
 def _marks(stem: str) -> list[pytest.MarkDecorator]:
@@ -123,16 +127,15 @@ def test_notebook_is_stripped_and_simulates_devices_first(path):
     pytest.param(p, id=p.stem, marks=_marks(p.stem)) for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path, cache_dir):
     """A learner runs the notebook, then runs it again from the top in the same folder:
-    both runs finish without an error, whatever the first left behind (run directories,
-    checkpoints, config files, the plans and compiled steps in the cache). A first run that
-    left nothing, neither in the folder nor in the cache, leaves the second nothing to trip
-    over: it would repeat the first in a fresh kernel, so it is not run."""
-    cached = _files(cache_dir)
+    both runs finish without an error, whatever the first left behind in the folder (run
+    directories, checkpoints, config files), reading the plans and compiled steps it
+    cached. A first run that left nothing in the folder leaves the second nothing new to
+    trip over (a cached plan read back in a new process is tests/test_tpu_plans.py's
+    test_plan_cache_on_disk_serves_a_new_process), so it is not run."""
     for attempt in ("first run", "second run in the same folder"):
-        if attempt != "first run" and not any(tmp_path.iterdir()) \
-                and _files(cache_dir) == cached:
+        if attempt != "first run" and not any(tmp_path.iterdir()):
             assert SECOND_RUN_SAYS.get(path.stem) is None, f"{path.stem} left nothing behind"
-            print(f"{path.stem}: the first run left nothing behind; no second run")
+            print(f"{path.stem}: the first run left nothing in its folder; no second run")
             return
         nb, seconds = run_notebook(path, tmp_path, cache_dir)
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
@@ -146,11 +149,6 @@ def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path
         print(f"{path.stem}, {attempt}: {seconds:.1f} s ({_slowest_cells(nb)})")
     said = SECOND_RUN_SAYS.get(path.stem)
     assert said is None or said in text, f"{path.stem}'s second run does not say {said!r}"
-
-
-def _files(root: pathlib.Path) -> set[str]:
-    """Every file under ``root``, relative (an absent root has none)."""
-    return {str(f.relative_to(root)) for f in root.rglob("*") if f.is_file()}
 
 
 def _text(output: nbformat.NotebookNode) -> str:
