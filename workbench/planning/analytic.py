@@ -204,11 +204,13 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     - ``transient``: the last layer's backward pass: its recomputed set under remat, else
       the gradients of its MLP activations and output, ``cF·F + b·D`` per token; on an
       accelerator also the gradients of the attention scores and probabilities,
-      ``heads·T·(4 + b)``; under remat a mixture of experts also holds the gradients of
-      the recomputed expert slots' F-sized tensors, ``cF·slots·expert_d_ff`` (dropless,
-      ``slots = E``: these dominate the step), and with FSDP one layer's whole weight
-      gradient in the parameter dtype before its reduce-scatter (every expert's: E times a
-      dense MLP's). It runs once the logits are freed, so the peak holds
+      ``heads·T·(4 + b)``; under remat a mixture of experts holds, while its MLP's
+      backward runs (before the attention's, so in place of the softmax's gradients when
+      larger), the gradients of the recomputed expert slots' F-sized tensors,
+      ``cF·slots·expert_d_ff`` (dropless, ``slots = E``: these dominate the step), and
+      with FSDP the layer's whole weight gradient in the parameter dtype before its
+      reduce-scatter (every expert's: E times a dense MLP's). It runs once the logits are
+      freed, so the peak holds
       ``max(logits, transient)``. This is what remat needs at least: where HBM is to
       spare the TPU compiler recomputes several layers ahead and uses more (1b,
       remat="full", 2048 tokens per sequence on v5p-16: 13.4 GiB of temp for ~7.8).
@@ -276,11 +278,11 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     none = _bytes_per_element(kind, b, "none")
     transient = int(tokens * per_token("none")) if remat != "none" else \
         int(tokens * (none["F"] * f + b * d))
-    if remat != "none" and cfg.n_experts:   # and the gradients of its expert slots' tensors
-        transient += int(tokens * none["F"] * (f - _ceil_div(
-            cfg.n_shared_experts * cfg.moe_d_ff, shard("mlp"))))
-    if kind == "accelerator":   # the softmax's backward: gradients of scores and probabilities
-        transient += int(tokens * heads * span * (4 + b))
+    # the softmax's backward (accelerator): gradients of scores and probabilities
+    softmax = int(tokens * heads * span * (4 + b)) if kind == "accelerator" else 0
+    moe_grads = int(tokens * none["F"] * (f - _ceil_div(
+        cfg.n_shared_experts * cfg.moe_d_ff, shard("mlp")))) \
+        if remat != "none" and cfg.n_experts else 0
     # loss_chunks: one slice of the sequence's logits at a time (step.chunked_token_losses)
     logits = int(_ceil_div(tokens, max(1, getattr(cfg, "loss_chunks", 1))) * vocab
                  * none["logits"])
@@ -304,8 +306,11 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
         per_layer = blocks * mm // (pbytes * cfg.n_layers)
         gathered = (whole[out_proj] * mm // pbytes if out_proj in fsdp else 0) \
             + 2 * per_layer
-        if cfg.n_experts:   # a layer's whole weight gradient before its reduce-scatter:
-            transient += blocks // cfg.n_layers   # every expert's (E x a dense MLP)
+        if moe_grads:   # a layer's whole weight gradient before its reduce-scatter:
+            moe_grads += blocks // cfg.n_layers   # every expert's (E x a dense MLP)
+    # a recomputed MoE layer's backward runs its MLP's (the slots' gradients) before its
+    # attention's (the softmax's): the two are not live at once
+    transient += max(moe_grads, softmax) if moe_grads else softmax
     forward = saved + max(logits, transient) + gathered + embedding_grads + scratch
     if kind == "cpu":
         reduced = sum(v for k, v in whole.items() if k not in fsdp)
