@@ -8,29 +8,39 @@ in one process with 8 devices (data=4 x model=2) and in 2 processes x 4 devices 
 ``jax.distributed`` with gloo over 127.0.0.1. The first case of each setup calibrates
 (``wb.calibrate``, into a temporary calibration directory); the others are predicted with
 that calibration and compared with their own measured step (first op to last in the
-trace). Rows: calibrated predicted / measured (target 0.85-1.15) with the uncalibrated
-ratio beside it, the largest disagreement of each profile, and the profiler's overhead
-(tokens/s during the traced steps / outside them).
+trace). Rows, per case: predicted / measured from the hardware table (uncalibrated) and
+with the calibration (target 0.85-1.15 for the layouts it was not fitted on), the largest
+disagreement of each profile, and the profiler's overhead (tokens/s during the traced
+steps / outside them). ``python -m benchmarks bench_profile`` writes them into
+BENCHMARKS.md; ``python -m benchmarks.bench_profile --cpu`` runs the same and prints the
+calibrated vs uncalibrated error table as markdown (:func:`error_table`).
 
-On a GPU or TPU host::
+On a GPU or TPU host (about 100 s per case for the "small" preset on one H200 with JAX
+0.11, mostly compiling and autotuning: on one GPU the command below profiles 4 cases,
+fsdp and dp at two batch sizes; ``--layouts fsdp`` halves that)::
 
-    python -m benchmarks.bench_profile --preset small --batch 32 --seq 1024 \\
+    python -m benchmarks.bench_profile --preset small --batch 32 16 --seq 1024 \\
         --layouts fsdp dp fsdp_tp --out profile-table.md --store
 
-profiles each layout on every local device (``data=-1``, and ``model=2`` for fsdp_tp),
-writes the measured vs predicted table (markdown) to ``--out``, calibrates from the first
-layout, predicts the others, and with ``--store`` keeps the calibration in the cache
-directory (``~/.cache/workbench/calibration``) for later plans of that device kind.
+profiles each layout x batch on every local device (``data=-1``, and ``model=2`` for
+fsdp_tp; layouts with a model axis are skipped on one device), in bfloat16 on
+accelerators (``--dtype``), writes the measured vs predicted table (markdown) to
+``--out``, calibrates from the first case, predicts the others, writes the calibration
+beside the table (``calibration-<device kind>.json``) and with ``--store`` keeps it in the
+cache directory (``~/.cache/workbench/calibration``) for later plans of that device kind.
+On CPU devices the same command is a dry run of the script (``--preset tiny``).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -47,12 +57,14 @@ def _mesh_axes(rules: str, n: int) -> dict[str, int]:
 
 
 def profile_cases(cases: Sequence[Sequence[Any]], directory: Path, *, mesh: dict | None = None,
-                  steps: int = STEPS, warmup: int = WARMUP, save: bool = True
+                  steps: int = STEPS, warmup: int = WARMUP, save: bool = True,
+                  dtype: str | None = None, calibration: list | None = None
                   ) -> list[dict[str, Any]]:
     """Profile each case, calibrate from the first, predict every case with it.
 
     Returns one dict per case: the report's rows and verdict, measured step, uncalibrated
-    and calibrated predicted step, tokens/s during and outside the profile.
+    and calibrated predicted step, tokens/s during and outside the profile. ``dtype``
+    overrides the preset's compute dtype; the calibration is appended to ``calibration``.
     """
     import jax
 
@@ -62,13 +74,16 @@ def profile_cases(cases: Sequence[Sequence[Any]], directory: Path, *, mesh: dict
     n = jax.device_count()
     for preset, rules, batch, seq in cases:
         axes = dict(mesh) if mesh else _mesh_axes(rules, n)
-        cfg = wb.models.GPTConfig.preset(preset)
+        cfg = wb.models.GPTConfig.preset(preset, **({"dtype": dtype} if dtype else {}))
         plan = wb.plan(cfg, mesh=wb.make_mesh(**axes), rules=rules, batch=batch, seq=seq,
-                       name=f"{preset} {rules}", progress=False)
-        where = directory / f"{preset}-{rules}-p{jax.process_index()}"
+                       name=f"{preset} {rules}" + (f" b{batch}" if len(
+                           {c[2] for c in cases}) > 1 else ""), progress=False)
+        where = directory / f"{preset}-{rules}-b{batch}-p{jax.process_index()}"
         reports.append(wb.profile_step(plan, steps=steps, warmup=warmup, directory=where))
         plans.append(plan)
     cal = wb.calibrate(reports[0], save=save)
+    if calibration is not None:
+        calibration.append(cal)
     for plan, rep in zip(plans, reports):
         calibrated = plan.predict(calibration=cal)
         out.append({"name": plan.name, "mesh": dict(plan.mesh.shape),
@@ -87,6 +102,11 @@ def rows_of(results: Sequence[dict[str, Any]], setup: str) -> list[dict[str, Any
     for r in results:
         cal, unc = r["calibrated"] / r["measured"], r["uncalibrated"] / r["measured"]
         held = r["held_out"]
+        rows.append({"name": f"step time, {setup}: {r['name']} (mesh {r['mesh']}), hardware "
+                             "table (uncalibrated)",
+                     "value": round(unc, 3), "unit": "predicted/measured", "target": "",
+                     "ok": None, "notes": f"measured {r['measured'] * 1e3:.1f} ms, predicted "
+                                          f"{r['uncalibrated'] * 1e3:.1f} ms before calibration"})
         rows.append({
             "name": f"step time, {setup}: {r['name']} (mesh {r['mesh']}), calibrated on "
                     f"{r['calibrated_on']}" + ("" if held else " (itself)"),
@@ -134,7 +154,7 @@ def gloo_cases(cases: Sequence[Sequence[Any]], directory: Path, timeout: float =
     for p, (_, err) in zip(procs, outs):
         if p.returncode != 0:
             raise RuntimeError(f"gloo worker failed ({p.returncode}): {err[-2000:]}")
-    return json.loads(outs[0][0].strip().splitlines()[-1])
+    return json.loads((Path(directory) / "results.json").read_text())
 
 
 def _worker(port: int, pid: int, cases: list[list[Any]], directory: str) -> None:
@@ -145,10 +165,16 @@ def _worker(port: int, pid: int, cases: list[list[Any]], directory: str) -> None
                                process_id=pid)
     results = profile_cases([tuple(c) for c in cases], Path(directory),
                             mesh={"data": 4, "model": 2}, save=False)
+    if pid == 0:   # a file, not stdout: the profiler and JAX may print there too
+        (Path(directory) / "results.json").write_text(json.dumps(results, default=float))
+    # Exit without jax.distributed's shutdown barrier, process 1 first: process 0 hosts the
+    # coordination service, and a process that finds it gone aborts (SIGABRT).
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("bench_profile: results written")
     if pid == 0:
-        print(json.dumps(results, default=float))
-    sys.stdout.flush()
-    os._exit(0)  # skip jax.distributed's shutdown barrier: process 1 may be gone already
+        time.sleep(2.0)
+    os._exit(0)
 
 
 def run() -> list[dict[str, Any]]:
@@ -162,34 +188,90 @@ def run() -> list[dict[str, Any]]:
     return rows
 
 
+def error_table(results: Sequence[dict[str, Any]], setup: str) -> list[str]:
+    """Markdown rows of the calibrated vs uncalibrated error table (one per case)."""
+    lo, hi = TARGET
+    out = []
+    for r in results:
+        unc, cal = r["uncalibrated"] / r["measured"], r["calibrated"] / r["measured"]
+        t = r["tokens_per_s"]
+        over = (f"{t['outside'] / t['during'] - 1:+.0%}" if t.get("during") and t.get("outside")
+                else "-")
+        ok = ("yes" if lo <= cal <= hi else "**no**") if r["held_out"] else "(fitted on)"
+        out.append(f"| {setup} | {r['name']} | {r['mesh']} | {r['measured'] * 1e3:.2f} | "
+                   f"{r['uncalibrated'] * 1e3:.2f} | {unc:.2f} ({unc - 1:+.0%}) | "
+                   f"{r['calibrated'] * 1e3:.2f} | {cal:.2f} ({cal - 1:+.0%}) | {ok} | {over} |")
+    return out
+
+
+TABLE_HEAD = ["| setup | case | mesh | measured ms | table ms | table / measured | "
+              "calibrated ms | calibrated / measured | within 15% | profiler overhead |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def cpu_table() -> str:
+    """``run()``'s two CPU setups as one markdown table (for BENCHMARKS.md)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["WORKBENCH_CALIBRATION"] = str(Path(tmp) / "calibration")
+        one = profile_cases(CASES_1x8, Path(tmp) / "1x8", mesh={"data": 4, "model": 2},
+                            save=False)
+        two = gloo_cases(CASES_2x4, Path(tmp) / "2x4")
+    lines = [*TABLE_HEAD, *error_table(one, "1 process x 8 CPU devices"),
+             *error_table(two, "2 processes x 4 CPU devices, gloo")]
+    return ("Calibrated on the first case of each setup (the row marked fitted on), "
+            f"predicting the others; steps {STEPS} traced after {WARMUP} untraced.\n\n"
+            + "\n".join(lines) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """On the devices at hand (GPU, TPU or CPU): profile, tabulate, calibrate, store."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cpu", action="store_true",
+                    help="the CPU benchmark's error table (1x8 and 2x4 gloo) as markdown")
     ap.add_argument("--preset", default="small")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, nargs="+", default=[32],
+                    help="global batch sizes; every layout is profiled at each")
     ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--dtype", default=None,
+                    help="compute dtype (default: bfloat16 on GPU/TPU, the preset's on CPU)")
     ap.add_argument("--layouts", nargs="+", default=["fsdp", "dp", "fsdp_tp"])
+    ap.add_argument("--steps", type=int, default=STEPS, help="steps traced per case")
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="untraced steps first")
     ap.add_argument("--dir", default="profiles/bench", help="where the traces go")
     ap.add_argument("--out", default="profile-table.md", help="the measured vs predicted table")
     ap.add_argument("--store", action="store_true", help="keep the calibration in the cache")
     args = ap.parse_args(argv)
+    if args.cpu:
+        text = cpu_table()
+        Path(args.out).write_text(text)
+        print(text)
+        return
     import jax
 
+    platform = jax.devices()[0].platform
+    dtype = args.dtype or (None if platform == "cpu" else "bfloat16")
     layouts = [r for r in args.layouts if jax.device_count() >= 2 or r not in ("tp", "fsdp_tp")]
     if layouts != args.layouts:
         print(f"one device: {sorted(set(args.layouts) - set(layouts))} need a model axis of 2; "
               "skipped", file=sys.stderr)
-    cases = [(args.preset, r, args.batch, args.seq) for r in layouts]
-    results = profile_cases(cases, Path(args.dir), save=args.store)
-    lines = ["| layout | mesh | measured ms | predicted ms (table) | predicted ms (calibrated) "
-             "| calibrated / measured |", "|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['name']}{'' if r['held_out'] else ' (calibrated on)'} | {r['mesh']} "
-                     f"| {r['measured'] * 1e3:.2f} | {r['uncalibrated'] * 1e3:.2f} | "
-                     f"{r['calibrated'] * 1e3:.2f} | {r['calibrated'] / r['measured']:.2f} |")
-    lines += ["", *(f"### {r['name']}\n\n```\n{r['table']}\n{r['verdict']}\n```\n"
-                    for r in results)]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    cases = [(args.preset, r, b, args.seq) for b in args.batch for r in layouts]
+    print(f"{len(cases)} cases on {jax.device_count()} x {jax.devices()[0].device_kind} "
+          f"({dtype or 'preset dtype'}): {cases}", file=sys.stderr)
+    cals: list = []
+    results = profile_cases(cases, Path(args.dir), save=args.store, dtype=dtype,
+                            calibration=cals, steps=args.steps, warmup=args.warmup)
+    cal = cals[0]
+    out = Path(args.out)
+    cal_file = out.with_name(f"calibration-{re.sub(r'[^A-Za-z0-9._-]+', '_', cal.device_kind)}"
+                             ".json")
+    cal_file.write_text(json.dumps(cal.to_dict(), indent=1, default=str))
+    lines = [f"{jax.device_count()} x {jax.devices()[0].device_kind}, {args.preset} "
+             f"{dtype or ''} seq {args.seq}, JAX {jax.__version__}; calibrated on "
+             f"{results[0]['name']} ({cal.source}); calibration in {cal_file.name}"
+             + (" and the cache" if args.store else ""), "",
+             *TABLE_HEAD, *error_table(results, platform), ""]
+    lines += [f"### {r['name']}\n\n```\n{r['table']}\n{r['verdict']}\n```\n" for r in results]
+    out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -31,7 +31,7 @@ def _ping(text: str) -> dict:
 def test_help_names_every_command():
     out = _cli("--help")
     assert out.returncode == 0
-    for cmd in ("train", "launch", "ping", "runs"):
+    for cmd in ("train", "launch", "export", "ping", "runs"):
         assert cmd in out.stdout
     train_help = _cli("train", "--help").stdout
     for flag in ("--run-dir", "--coordinator", "--num-processes", "--process-id",

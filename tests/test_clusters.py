@@ -37,6 +37,20 @@ def _losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in wb.runs.read_metrics(run_dir)]
 
 
+def _start_now(job) -> None:
+    """Starts a requeued job now instead of at its BeginTime, as the cluster's admin can.
+
+    SLURM holds a requeued job (BeginTime) because slurmd revokes the job's credentials at the
+    requeue, stamped to the second: a credential made in that same second counts as revoked,
+    and slurmctld then ends the job FAILED ("Killing non-startable batch JobId=N: Job credential
+    revoked", in its log) instead of starting it. So the restart waits for the next second
+    after the requeue was seen (the requeue happened before that).
+    """
+    seen = time.time()
+    time.sleep(int(seen) + 1.05 - seen)
+    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
+
+
 def _wait_for(pred, timeout: float, job=None) -> None:
     t_end = time.monotonic() + timeout
     while not pred():
@@ -78,6 +92,28 @@ def one_by_eight(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- SLURM
 @pytest.mark.slow
+def test_slurm_job_past_its_time_limit_shows_timeout_and_the_fix(slurm, tmp_path, request):
+    # the setup line holds the batch script before its tasks start (as a slow `module load`
+    # would), so the job holds its CPUs without spending them; no requeue: the limit ends it
+    job = wb.launch(wb.TrainConfig(**CFG), run_dir=tmp_path / "run", cluster=wb.Slurm(
+        **TWO_TASKS, time="10", requeue=False, setup=["sleep 300"]))
+    _wait_for(lambda: job.scheduler["state"] == "RUNNING", 60, job)
+    # as the admin, bring its end to now: slurmctld checks time limits every 30 s
+    # (PERIODIC_TIMEOUT), so it times out within 30 s instead of 10 minutes. Meanwhile this
+    # machine trains the reference the later tests compare against (not through SLURM).
+    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "EndTime=now+1"], check=True)
+    request.getfixturevalue("one_by_eight")
+    assert job.wait(120) == "failed", job.tail()
+    assert job.scheduler["state"] == "TIMEOUT" and job.scheduler["reason"] == "TimeLimit"
+    assert [h["state"] for h in job.history][-2:] == ["RUNNING", "TIMEOUT"], job.history
+    msg = job.failure["message"]
+    assert msg.startswith(f"SLURM job {job.job_id} TIMEOUT: no task recorded an exit "), msg
+    assert "reason TimeLimit" in msg and "hit its time limit (00:01:00)" in msg, msg
+    assert "raise wb.Slurm(time=), or pass requeue=True" in msg, msg
+    assert f"SLURM job {job.job_id}: TIMEOUT" in repr(job) and "failed" in repr(job)
+
+
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_slurm_job_preempted_at_start_trains_like_one_process_and_shows_its_states(slurm, one_by_eight,
                                                                 tmp_path):
@@ -94,7 +130,7 @@ def test_slurm_job_preempted_at_start_trains_like_one_process_and_shows_its_stat
                             capture_output=True, text=True, check=True).stdout.strip()
     _wait_for(lambda: job.scheduler["restarts"] == 1 and job.status == "queued"
               and job.scheduler["reason"] == "BeginTime", 120, job)
-    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
+    _start_now(job)
     assert job.wait(600) == "finished", job.tail()
     assert _losses(tmp_path / "run") == one_by_eight  # 2 SLURM tasks x 4 = 1 x 8, bitwise
     # (COMPLETING, SLURM's brief state while a job's processes end, shows or not by timing)
@@ -136,7 +172,7 @@ def test_slurm_signal_before_the_time_limit_requeues_and_resumes_bitwise(slurm, 
               and job.scheduler["reason"] == "BeginTime", 120, job)
     assert job.status == "queued" and job.scheduler["reason"] == "BeginTime"
     # SLURM holds a requeued job for ~2 minutes (its BeginTime); as the admin, start it now
-    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
+    _start_now(job)
     assert job.wait(600) == "finished", job.tail()
     states = [h["state"] for h in job.history]
     assert states[-1] == "COMPLETED" and "REQUEUED" in states, states
@@ -148,6 +184,7 @@ def test_slurm_signal_before_the_time_limit_requeues_and_resumes_bitwise(slurm, 
     log = (run_dir / "logs" / "process-0.log").read_text()
     assert "start 1, on" in log and "start 2, on" in log
     assert "requeueing job" in (run_dir / "logs" / f"slurm-{job.job_id}.out").read_text()
+    assert (run_dir / "logs" / f"slurm-{job.job_id}.start").read_text() == "2\n"
     assert "requeued 1x" in repr(job)
 
 
@@ -191,6 +228,45 @@ def test_slurm_job_failing_at_start_shows_the_workers_error(slurm, tmp_path):
     assert f"SLURM job {job.job_id} FAILED" in msg and "batch" in msg and "6" in msg
     assert "task 0 exited with code 1" in msg and "batch=6 is not divisible by the 8" in msg
     assert job_payload(job)["failure"] == msg
+
+
+def test_slurm_requeued_job_whose_restart_never_ran_shows_failed(tmp_path, monkeypatch):
+    """A requeued job (2 tasks, each saved a checkpoint and exited 75) that slurmctld ended
+    FAILED as it started it again, within the second of its requeue ("Killing non-startable
+    batch JobId=5: Job credential revoked" in its log): it failed, it did not stop. The
+    scheduler's answer is the one SLURM 22.05 gave for that job on the test cluster."""
+    from workbench.jobs import slurm_job
+
+    shown = ("JobId=5 JobName=wb-run UserId=root(0) GroupId=root(0) MCS_label=N/A "
+             "Priority=4294901755 Nice=0 Account=(null) QOS=(null) JobState=FAILED "
+             "Reason=NonZeroExitCode Dependency=(null) Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 "
+             "ExitCode=1:0 RunTime=00:00:00 TimeLimit=UNLIMITED TimeMin=N/A "
+             "SubmitTime=2026-11-25T23:55:44 EligibleTime=2026-11-25T23:55:44 "
+             "AccrueTime=2026-11-25T23:57:45 StartTime=2026-11-25T23:55:44 "
+             "EndTime=2026-11-25T23:55:44 Deadline=N/A Partition=debug NodeList=vm BatchHost=vm "
+             "NumNodes=1 NumCPUs=2 NumTasks=2 CPUs/Task=1 TRES=cpu=2,node=1,billing=2")
+    monkeypatch.setattr(slurm_job, "run_command", lambda argv, **kw: subprocess.CompletedProcess(
+        argv, 0, shown + "\n", ""))
+    logs = tmp_path / "run" / "logs"
+    logs.mkdir(parents=True)
+    for i in range(2):  # what start 1 left: the tasks' checkpointed stop
+        (logs / f"process-{i}.log").write_text("===== launch: SLURM job 5, start 1, on vm\n"
+                                               "[workbench] saved a checkpoint at step 9\n")
+        (logs / f"process-{i}.exit").write_text("75\n")
+    (logs / "slurm-5.start").write_text("1\n")
+    (logs / "slurm-5.out").write_text(
+        "[workbench] srun exited with 75 (start 1)\n[workbench] stopped with a checkpoint: "
+        "requeueing job 5\nslurmstepd-vm: error: *** JOB 5 ON vm CANCELLED AT "
+        "2026-11-25T23:55:44 DUE TO JOB REQUEUE ***\n")
+    job = slurm_job.SlurmJob(tmp_path / "run", {"job_id": "5", "tasks": 2,
+                                                "request": {"requeue": True}}, lock=None)
+    assert job.wait(30) == "failed"  # was "stopped": start 1's exit codes taken for start 2's
+    assert job.scheduler["state"] == "FAILED" and job.scheduler["restarts"] == 1
+    assert [p.state for p in job.processes] == ["stopped", "stopped"]  # what start 1 did
+    msg = job.failure["message"]
+    assert "SLURM job 5 FAILED: its start 2 (after 1 requeue(s)) never ran its batch script" in msg
+    assert "exit code 1:0, reason NonZeroExitCode" in msg and "credential revoked" in msg
+    assert "requeueing job 5" in msg and "Launch again into" in msg
 
 
 def test_bad_slurm_requests_are_refused_before_anything_is_written(slurm, tmp_path):

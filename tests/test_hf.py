@@ -141,10 +141,15 @@ def test_export_round_trip_is_bitwise_and_transformers_reads_it(hf, family, tmp_
     # the source folder's other files come along (generation_config.json here)
     assert (out / "generation_config.json").read_bytes() == \
         (folder / "generation_config.json").read_bytes()
-    tok = tmp_path / "tokenizer.json"
-    tok.write_text('{"version": "1.0"}')
+    tok = _tokenizer_json(tmp_path / "tokenizer.json", 100)
     with_tok = wb.models.to_hf(model, tmp_path / "with_tok", tokenizer=tok)
     assert (with_tok / "tokenizer.json").read_text() == tok.read_text()
+    bad = tmp_path / "broken" / "tokenizer.json"
+    bad.parent.mkdir()
+    bad.write_text('{"version": "1.0"}')
+    with pytest.raises(ValueError, match="broken/tokenizer.json is not a readable tokenizer"):
+        wb.models.to_hf(model, tmp_path / "with_bad", tokenizer=bad.parent)
+    assert not (tmp_path / "with_bad").exists()
 
     def tensors(d):
         t = {}
@@ -192,17 +197,52 @@ def test_sampling_filters():
 
 
 def test_text_prompt_with_any_tokenizer(hf):
-    class Chars:   # any object with encode/decode
-        def encode(self, text):
-            return [ord(c) % 128 for c in text]
-
-        def decode(self, ids):
-            return "".join(chr(i) for i in ids)
     folder, _, _ = hf["llama"]
     model = wb.models.from_hf(folder, mesh=_mesh(data=8))
     text = wb.generate(model, "hi", tokenizer=Chars(), max_new_tokens=3)
     ids = wb.generate(model, [ord("h"), ord("i")], max_new_tokens=3)
     assert text == Chars().decode(ids[0].tolist())
+
+
+class Chars:
+    """A tokenizer of 128 ids: one character each (any object with encode/decode)."""
+
+    def encode(self, text):
+        return [ord(c) % 128 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_streamed_tokens_are_the_greedy_tokens(hf, capsys, monkeypatch):
+    from workbench import _display
+    from workbench.widgets.generation_view import GenerationView
+
+    folder, _, greedy = hf["llama"]
+    model = wb.models.from_hf(folder, mesh=_mesh(data=8))
+    seen = []
+    out = wb.generate(model, PROMPT, max_new_tokens=NEW, stream=seen.append)
+    np.testing.assert_array_equal(out, greedy)             # transformers' greedy tokens
+    assert [s.shape for s in seen] == [(2, PROMPT.shape[1] + i) for i in range(1, NEW + 1)]
+    for s in seen:                                          # each call: a prefix of the answer
+        np.testing.assert_array_equal(s, greedy[:, :s.shape[1]])
+    # the widget: after streaming it holds the whole text, the same as the return value
+    view = GenerationView(Chars(), rate=1e-6)               # (sends only at finish)
+    text = wb.generate(model, "hi", tokenizer=Chars(), max_new_tokens=NEW, stream=view)
+    assert text == Chars().decode(wb.generate(model, [104, 105], max_new_tokens=NEW)[0].tolist())
+    assert view.texts == [text] and view.prompts == ["hi"]
+    assert view.tokens == NEW and view.state == "done"
+    # stream=True: the text on stdout outside a notebook, a GenerationView in one
+    capsys.readouterr()
+    assert wb.generate(model, "hi", tokenizer=Chars(), max_new_tokens=NEW, stream=True) == text
+    assert capsys.readouterr().out == text + "\n"
+    monkeypatch.setattr(_display, "in_notebook", lambda: True)
+    shown = []
+    monkeypatch.setattr("IPython.display.display", shown.append)
+    wb.generate(model, "hi", tokenizer=Chars(), max_new_tokens=NEW, stream=True)
+    assert isinstance(shown[0], GenerationView) and shown[0].texts == [text]
+    with pytest.raises(TypeError, match="stream= takes True or a callable"):
+        wb.generate(model, PROMPT, max_new_tokens=1, stream="yes")
 
 
 def test_plan_and_trainer_start_from_hf_and_export_the_run(hf, tmp_path):
@@ -351,3 +391,60 @@ def test_failed_export_leaves_nothing_and_existing_folder_is_kept(hf, tmp_path, 
         wb.models.to_hf(model, existing, overwrite=True, max_shard_bytes=30_000)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]   # no partial folder
     assert (existing / "keep.txt").read_text() == "x"
+
+
+def _tokenizer_json(path, n):
+    """A word-level tokenizer.json with ``n`` token ids."""
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({f"w{i}": i for i in range(n)}, unk_token="w0")).save(str(path))
+    return path
+
+
+def test_tokenizer_larger_than_the_vocab_is_refused_on_import_and_export(hf, tmp_path):
+    d = _copy(hf, "llama", tmp_path)                     # vocab_size 128
+    _tokenizer_json(d / "tokenizer.json", 200)
+    with pytest.raises(CheckpointError, match=r"tokenizer .*tokenizer.json has 200 token ids "
+                       r"but the model's vocab_size is 128.*own tokenizer files"):
+        wb.models.from_hf(d)
+    model = wb.models.from_hf(hf["llama"][0], mesh=_mesh(data=8))
+    big = _tokenizer_json(tmp_path / "big.json", 200)
+    with pytest.raises(ValueError, match=r"exporting to .*out: the tokenizer .*big.json has "
+                       r"200 token ids.*vocab_size is 128"):
+        wb.models.to_hf(model, tmp_path / "out", tokenizer=big)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+    fits = _tokenizer_json(tmp_path / "tokenizer.json", 100)   # fewer ids than rows: fine
+    out = wb.models.to_hf(model, tmp_path / "out", tokenizer=fits)
+    assert (out / "tokenizer.json").read_bytes() == fits.read_bytes()
+    assert wb.models.from_hf(out, mesh=_mesh(data=8)).cfg.vocab_size == 128
+
+
+def test_a_crash_mid_export_leaves_no_folder_that_looks_complete(hf, tmp_path, monkeypatch):
+    """A process killed while writing cannot clean up (simulated: no rmtree): what is left
+    is a hidden ``.<name>.partial-*`` folder without config.json, which from_hf refuses."""
+    import safetensors.numpy
+
+    from workbench.models import hf_export
+
+    model = wb.models.from_hf(hf["llama"][0], mesh=_mesh(data=8))
+    real, calls = safetensors.numpy.save_file, []
+
+    def dies(tensors, filename, metadata=None):
+        calls.append(filename)
+        if len(calls) == 2:
+            raise KeyboardInterrupt   # BaseException: the cleanup runs for it too
+        return real(tensors, filename, metadata=metadata)
+    monkeypatch.setattr(safetensors.numpy, "save_file", dies)
+    with pytest.raises(KeyboardInterrupt):
+        wb.models.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
+    assert list(tmp_path.iterdir()) == []
+    calls.clear()
+    monkeypatch.setattr(hf_export.shutil, "rmtree", lambda *a, **k: None)   # a SIGKILL
+    with pytest.raises(KeyboardInterrupt):
+        wb.models.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
+    (left,) = tmp_path.iterdir()
+    assert left.name.startswith(".out.partial-") and not (tmp_path / "out").exists()
+    assert [p.name for p in left.iterdir()] == ["model-00001-of-00012.safetensors"]   # 1 of 12
+    assert not (left / "config.json").exists()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        wb.models.from_hf(left)

@@ -177,6 +177,22 @@ PREDICTION = {"step_seconds": 0.08, "mfu": 0.3, "tokens_per_s": 3200.0, "bound":
                             "collectives": []}, "sources": {"flops": "cost analysis"}}
 
 
+# trainer.profile()'s report.json (ProfileReport.to_dict()) against PREDICTION's terms
+PROFILE_ROWS = [("compute", 0.08, 0.05, "", []), ("memory", 0.02, 0.061, "", []),
+                ("all-reduce over data", 0.0, 0.004, "all-reduce", ["data"]),
+                ("overlap (hidden)", 0.0, 0.002, "", []), ("idle + host", 0.0, 0.003, "", []),
+                ("step", 0.08, 0.116, "", [])]
+PROFILE = {"plan_name": "tiny", "mesh": {"data": 8}, "steps": 3, "calibrated": False,
+           "tokens_per_s": {"outside": 2800.0, "during": 2600.0},
+           "verdict": "largest disagreement: memory took 61 ms per step, 3x the predicted "
+                      "20 ms (41 ms longer, 35% of the measured 116 ms step)",
+           "rows": [{"name": n, "predicted": p, "measured": m, "kind": k, "axes": a,
+                     "count": 2 if k else 0, "note": "", "wait": 0.0}
+                    for n, p, m, k, a in PROFILE_ROWS],
+           "top_ops": [{"name": "dot.3", "category": "compute", "seconds": 0.01,
+                        "source": "gpt.py:40"}]}
+
+
 def _planned_run(run_dir: Path, prediction: dict[str, Any] | str) -> list[dict[str, Any]]:
     """A finished 30-step run with a prediction (a dict as recorded, or raw JSON text as a
     person might edit it into run.json); returns its step records."""
@@ -196,9 +212,14 @@ def _planned_run(run_dir: Path, prediction: dict[str, Any] | str) -> list[dict[s
 def test_dashboard_shows_the_plan_prediction_beside_measured(lab: Lab, page: Any,
                                                              lab_root: Path) -> None:
     """A run with the plan's prediction: the list hints at it; the dashboard's step-time and
-    MFU cards show predicted and measured ÷ predicted, and both charts a dashed predicted line.
-    A hand-edited, malformed prediction (NaN, strings) shows as none and breaks nothing."""
+    MFU cards show predicted and measured ÷ predicted, and both charts a dashed predicted line;
+    its profile (profiles/27/report.json) one predicted and one measured bar per term, the
+    largest disagreement marked and named. A hand-edited, malformed prediction (NaN,
+    strings) shows as none and breaks nothing."""
     recs = _planned_run(lab_root / "runs" / "planned", PREDICTION)
+    (lab_root / "runs" / "planned" / "profiles" / "27").mkdir(parents=True)
+    (lab_root / "runs" / "planned" / "profiles" / "27" / "report.json").write_text(
+        json.dumps(PROFILE))
     _planned_run(lab_root / "runs" / "hand-edited",
                  '{"step_seconds": NaN, "mfu": "31%", "bound": 3, "breakdown": "x"}')
     _open_lab(page, lab)
@@ -235,6 +256,26 @@ def test_dashboard_shows_the_plan_prediction_beside_measured(lab: Lab, page: Any
         assert entry.is_visible() and label in entry.inner_text()
     assert "predicted by plan tiny · cpu-compiler on cpu" in page.locator(
         f"{dash} .jp-Workbench-facts").inner_text()
+    prof = page.locator(f"{dash} .jp-Workbench-profile[data-profile='27']")
+    prof.wait_for(timeout=15_000)
+    rows = prof.locator(".jp-Workbench-profileRow")
+    assert rows.count() == len(PROFILE_ROWS)
+    for i, (name, pred, meas, _, _) in enumerate(PROFILE_ROWS):
+        row = rows.nth(i)
+        assert row.get_attribute("data-term") == name == row.locator(
+            ".jp-Workbench-profileName").inner_text()
+        assert (float(row.get_attribute("data-predicted")),
+                float(row.get_attribute("data-measured"))) == (pred, meas)
+        widths = [b.evaluate("e => e.getBoundingClientRect().width")
+                  for b in row.locator(".jp-Workbench-profileBar").all()]
+        if pred:   # both bars on one scale
+            assert widths[1] == pytest.approx(widths[0] * meas / pred, rel=0.02, abs=1.5)
+    worst = max(PROFILE_ROWS[:-1], key=lambda r: abs(r[2] - r[1]))[0]
+    assert prof.locator(".jp-Workbench-profileRow.jp-mod-worst").get_attribute(
+        "data-term") == worst == "memory"
+    assert prof.locator(".jp-Workbench-profileVerdict").inner_text() == PROFILE["verdict"]
+    assert "profiler overhead +8%" in prof.inner_text()    # 2800 / 2600 tokens/s
+    screenshot(prof, "workbench_dashboard_profile")
     screenshot(page, "workbench_dashboard_predicted")
 
     panel.locator(".jp-Workbench-run[data-id='runs/hand-edited']").click()

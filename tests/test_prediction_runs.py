@@ -164,6 +164,27 @@ def test_index_serves_malformed_predictions_checked(tmp_path: Path) -> None:
     assert index.watch("nan-elsewhere").detail()["peak_flops"] is None
 
 
+def test_a_written_profile_report_changes_the_run_detail(tmp_path: Path) -> None:
+    """The index polls profiles/*/report.json: a report written, replaced or removed is a
+    change of the run's detail (pushed to its dashboards, which then fetch the profiles)."""
+    _hand_edited(tmp_path, "run", '{"step_seconds": 0.5}')
+    index = RunIndex([tmp_path])
+    index.poll(force_scan=True)
+    assert index.poll()[0] == [] and index.watch("run").detail()["profiles"] == []
+    (tmp_path / "run" / "profiles" / "7").mkdir(parents=True)   # a trace being taken
+    assert index.poll()[0] == []
+    report = tmp_path / "run" / "profiles" / "7" / "report.json"
+    report.write_text('{"rows": []}')
+    changes, _ = index.poll()
+    assert [(c.watch.id, c.meta_changed) for c in changes] == [("run", True)]
+    assert [(p["name"], p["step"]) for p in index.watch("run").detail()["profiles"]] == [
+        ("7", 7)]
+    assert index.poll()[0] == []
+    report.unlink()
+    assert [c.meta_changed for c in index.poll()[0]] == [True]
+    assert index.watch("run").detail()["profiles"] == []
+
+
 # ---------------------------------------------------------------------------- the server
 
 
@@ -200,6 +221,62 @@ async def test_runs_api_passes_the_prediction_through(jp_root_dir: Path, jp_base
     assert listed["good"]["prediction"] == {k: pred[k] for k in ("step_seconds", "mfu",
                                                                  "bound", "source")}
     assert listed["bad"]["prediction"] is None and listed["bad"]["step"] == 1
+
+
+@pytest.fixture(scope="module")
+def profiled_run(plan: Any, tmp_path_factory: Any) -> tuple[Path, Any]:
+    """A run started from the plan, 1 warm-up step then 2 profiled ones
+    (``trainer.profile``): its directory and the ProfileReport the trainer returned."""
+    run_dir = tmp_path_factory.mktemp("profiled") / "run"
+    trainer = _from_plan(plan, run_dir)
+    try:
+        report = trainer.profile(steps=2, warmup=1)
+    finally:
+        trainer.close()
+    return run_dir, report
+
+
+@run_async
+async def test_profiles_api_serves_the_profile_of_a_real_run(
+        profiled_run: tuple[Path, Any], jp_root_dir: Path, jp_base_url: str, jp_serverapp: Any,
+        http_server_client: Any, jp_auth_header: dict[str, str]) -> None:
+    """GET .../profiles answers the trainer's own comparison, term by term; the run's detail
+    lists it (the dashboard fetches on that); a hand-edited report is served checked."""
+    src, report = profiled_run
+    shutil.copytree(src, jp_root_dir / "profiled", ignore=shutil.ignore_patterns("checkpoints"))
+    bad = jp_root_dir / "profiled" / "profiles" / "99"
+    bad.mkdir()
+    (bad / "report.json").write_text('{"rows": [{"name": "compute", "predicted": NaN, '
+                                     '"measured": 1}], "verdict": 3}')
+
+    async def get(*parts: str) -> Any:
+        path = "/".join(urllib.parse.quote(p, safe="") for p in parts)
+        resp = await http_server_client.fetch(f"{jp_base_url}workbench/api/{path}",
+                                              headers=jp_auth_header, raise_error=False)
+        assert resp.code == 200, (parts, resp.code)
+        return json.loads(resp.body)
+
+    name = Path(report.directory).name           # profiles/<first traced step>
+    detail = await get("runs", "profiled")
+    assert [(p["name"], p["step"]) for p in detail["profiles"]] == [(name, int(name)),
+                                                                     ("99", 99)]
+    served = (await get("runs", "profiled", "profiles"))["profiles"]
+    assert [p["name"] for p in served] == [name, "99"]
+    got, hand = served
+    keys = ("name", "predicted", "measured", "kind", "axes", "count", "wait")
+    assert [{k: r[k] for k in keys} for r in got["rows"]] == [
+        {k: r[k] for k in keys} for r in report.rows()]
+    assert [r["name"] for r in got["rows"]] == [t.name for t in report.terms]
+    collectives = [r for r in got["rows"] if r["kind"]]
+    assert collectives and all(r["axes"] for r in collectives)
+    assert got["verdict"] == report.verdict() and report.largest_disagreement.name in got["verdict"]
+    assert got["tokens_per_s"] == report.tokens_per_s and set(got["tokens_per_s"]) == {
+        "outside", "during"}
+    assert got["overhead"] == pytest.approx(report.overhead)
+    assert (got["steps"], got["plan_name"], got["problem"]) == (2, report.plan_name, None)
+    assert hand["rows"] == [] and hand["verdict"] == ""
+    assert "profiles/99/report.json" in hand["problem"] and "1 of 1 rows" in hand["problem"]
+    assert (await get("runs", "profiled", "metrics"))["last_step"] == 3
 
 
 # ---------------------------------------------------------------------------- the panel

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,7 +22,7 @@ import workbench as wb
 from workbench.planning.calibrate import calibration_dir, load_calibration
 from workbench.planning.hlo import parse_collectives
 from workbench.planning.trace import CATEGORIES, read_trace, trace_files
-from workbench.train.profile import MAX_STEPS, ProfileError, trainer_plan
+from workbench.train.profile import MAX_STEPS, ProfileError, capture, trainer_plan
 
 CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 4, "model": 2},
                      rules="fsdp_tp", batch=8, seq=32, steps=100, checkpoint_every=100,
@@ -82,6 +87,29 @@ def test_step_time_is_the_wall_time_of_the_steps(profiled):
     host = sum(recs[s]["step_time"] - recs[s]["ckpt_time"]
                for s in range(first + 1, first + STEPS + 1))
     assert m.step_seconds * STEPS == pytest.approx(host, rel=0.5)
+
+
+def test_overhead_is_the_throughput_of_the_traced_vs_the_untraced_steps(profiled):
+    """tokens/s during and outside the profile, against the run loop's own record of each
+    step (tokens per step / step time, its checkpoint left out)."""
+    trainer, _, report, before, _ = profiled
+    recs = {r["step"]: r for r in trainer.history}
+    tokens = CFG.batch * CFG.seq
+
+    def rates(steps: range) -> list[float]:
+        return [tokens / (recs[s]["step_time"] - recs[s]["ckpt_time"]) for s in steps]
+
+    first = before + 2    # the last untraced step
+    outside, during = rates(range(before + 1, first + 1)), rates(range(first + 1,
+                                                                       first + STEPS + 1))
+    assert min(outside) <= report.tokens_per_s["outside"] <= max(outside)
+    assert min(during) <= report.tokens_per_s["during"] <= max(during)
+    assert report.overhead == pytest.approx(
+        report.tokens_per_s["outside"] / report.tokens_per_s["during"] - 1, rel=1e-12)
+    assert f"{report.tokens_per_s['during']:,.0f} tokens/s during" in str(report)
+    saved = json.loads((Path(report.directory) / "report.json").read_text())
+    assert saved["tokens_per_s"] == report.tokens_per_s
+    assert saved["overhead"] == pytest.approx(report.overhead)
 
 
 def test_top_ops_carry_their_source_lines(profiled):
@@ -180,6 +208,39 @@ def test_unwritable_directory(profiled, tmp_path):
     assert trainer.step == at
 
 
+def test_directory_without_write_permission(tmp_path):
+    """A folder its user cannot write to, or cannot even reach (as root, checked by a child
+    that drops to nobody once imported: root may write anywhere): refused with the folder
+    named, before anything is created."""
+    top = Path(tempfile.mkdtemp(prefix="wb-profile-perm-"))   # /tmp/<it>: reachable by all
+    try:
+        top.chmod(0o755)
+        ro = top / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        hidden = tmp_path / "x"    # under pytest's own 0700 folder: nobody cannot enter it
+        code = ("import os, sys\n"
+                "from workbench.train.profile import check_directory\n"
+                "if os.getuid() == 0: os.setgid(65534); os.setuid(65534)\n"
+                "for d in sys.argv[1:]:\n"
+                "    try: check_directory(d)\n"
+                "    except PermissionError as e: print(e)\n")
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+               "JAX_PLATFORMS": "cpu"}
+        out = subprocess.run([sys.executable, "-c", code, str(ro / "trace"), str(hidden / "t")],
+                             capture_output=True, text=True, timeout=120, env=env, cwd="/")
+        assert out.returncode == 0, out.stderr[-2000:]
+        lines = out.stdout.splitlines()
+        assert f"{ro} is not writable" in lines[0] and "pass directory=" in lines[0]
+        if os.getuid() == 0:       # a non-root user owns tmp_path and can reach it
+            assert "cannot be reached" in lines[1] and "pass directory=" in lines[1]
+        assert not (ro / "trace").exists()
+    finally:
+        top.chmod(0o755)
+        (top / "ro").chmod(0o755)
+        shutil.rmtree(top)
+
+
 def test_second_profile_while_one_runs(profiled, tmp_path):
     trainer = profiled[0]
     at = trainer.step
@@ -189,6 +250,11 @@ def test_second_profile_while_one_runs(profiled, tmp_path):
             trainer.profile(steps=1)
     finally:
         jax.profiler.stop_trace()
+    assert trainer.step == at
+    assert not (trainer.run_dir / "profiles" / str(at + 3)).exists()
+    with capture(tmp_path / "ours"):   # one of ours (a trace another cell started)
+        with pytest.raises(ProfileError, match="already being captured .*ours"):
+            trainer.profile(steps=1)
     assert trainer.step == at
     assert not (trainer.run_dir / "profiles" / str(at + 3)).exists()
 
@@ -274,6 +340,97 @@ def test_device_planes_are_read_by_execution_hand_count(tmp_path):
     assert [o.name for o in m.top(3)] == [dot, coll, other]
     measured = {x.collective.names: x.events for x in m.collectives}
     assert any(coll in names and ev == 1.0 for names, ev in measured.items())
+
+
+def _cupti_trace(tmp_path: Path, kernels: list[tuple[str, int, int]], module: str,
+                 launches: int, graph: bool) -> Path:
+    """One GPU plane as CUPTI writes it on an H100/H200 (JAX 0.11, seen on the device): one
+    stream line, one event per kernel named after its fusion or library kernel, with
+    ``hlo_module``, ``hlo_op`` and ``correlation_id`` stats; in a CUDA graph (XLA's command
+    buffer) ``hlo_op`` is the command buffer and ``correlation_id`` the graph launch.
+    ``kernels`` (name, offset ns, duration ns) run every 10 us; a kernel of another module
+    runs between launches."""
+    from jax.profiler import ProfileData
+
+    names = sorted({n for n, _, _ in kernels}) + ["other_kernel"]
+    stats = ["hlo_module", "hlo_op", "correlation_id", "cuda_graph_id"]
+    meta = "".join(f'event_metadata {{ key: {i + 1} value {{ id: {i + 1} name: "{n}" }} }}\n'
+                   for i, n in enumerate(names))
+    meta += "".join(f'stat_metadata {{ key: {i + 1} value {{ id: {i + 1} name: "{n}" }} }}\n'
+                    for i, n in enumerate(stats))
+
+    def event(name: str, at: int, dur: int, mod: str, corr: int) -> str:
+        st = (f'stats {{ metadata_id: 1 str_value: "{mod}" }} '
+              f'stats {{ metadata_id: 2 str_value: "{"command_buffer_1" if graph else name}" }} '
+              f"stats {{ metadata_id: 3 uint64_value: {corr} }} "
+              + ("stats { metadata_id: 4 uint64_value: 419 } " if graph else ""))
+        return (f"events {{ metadata_id: {names.index(name) + 1} offset_ps: {at * 1000} "
+                f"duration_ps: {dur * 1000} {st}}}")
+
+    evs = "".join(event(n, k * 10_000 + off, dur, module, k + 1 if graph else 100 * k + i)
+                  for k in range(launches) for i, (n, off, dur) in enumerate(kernels))
+    evs += event("other_kernel", 8_000, 500, "jit_other", 99)
+    plane = (f'planes {{ id: 1 name: "/device:GPU:0" lines {{ id: 14 name: "Stream #14('
+             f'Memset,Compute)" timestamp_ns: 5000 {evs} }} {meta} }}\n')
+    where = tmp_path / "plugins" / "profile" / "t"
+    where.mkdir(parents=True)
+    (where / "gpu.xplane.pb").write_bytes(ProfileData.text_proto_to_serialized_xspace(plane))
+    return tmp_path
+
+
+@pytest.mark.parametrize("graph", [True, False], ids=["cuda-graph", "kernel-launches"])
+def test_gpu_stream_lines_are_read_by_launch_hand_count(tmp_path, graph):
+    """NVIDIA GPU traces have no "XLA Ops" line: kernels on stream lines, tagged with their
+    module; executions are the CUDA graph's launches (or start where the first kernel runs
+    again); a cuBLAS kernel (no HLO name) counts as compute. Categories equal a hand count."""
+    hlo = jax.jit(lambda x, w: jax.numpy.tanh(x @ w).sum()).lower(
+        jax.ShapeDtypeStruct((64, 32), np.float32),
+        jax.ShapeDtypeStruct((32, 32), np.float32)).compile().as_text()
+    from workbench.planning.trace import _instruction_kinds, _module_name
+
+    _, kinds = _instruction_kinds(hlo)
+    fusion = next(n for n, (c, op) in kinds.items() if c == "memory" and op == "fusion")
+    # per launch (ns): cuBLAS gemm 0-3000, Memset 3000-3400, the fusion 4000-5000
+    kernels = [("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", 0, 3000), ("Memset 0", 3000, 400),
+               (fusion, 4000, 1000)]
+    m = read_trace(_cupti_trace(tmp_path, kernels, _module_name(hlo), 4, graph),
+                   hlo_text=hlo, axis_names=(), axis_sizes=())
+    assert (m.steps, m.devices) == (4, 1)
+    assert m.step_seconds == pytest.approx((3 * 10 + 5) * 1e-6 / 4)
+    c = m.categories
+    assert c["compute"] == pytest.approx(3e-6) and c["memory"] == pytest.approx(1.4e-6)
+    assert c["idle"] == pytest.approx(0.6e-6) and c["collectives"] == 0
+    assert c["host"] == pytest.approx(3 * (10 - 5) * 1e-6 / 4)
+    assert m.accounted() == pytest.approx(m.step_seconds)
+    assert [(o.name, o.category, o.count) for o in m.top(3)] == [
+        (kernels[0][0], "compute", 1.0), (fusion, "memory", 1.0), ("Memset 0", "memory", 1.0)]
+
+
+@pytest.mark.slow   # two plans compiled and profiled (~20 s of CPU)
+def test_accelerator_script_dry_run_on_cpu_devices(tmp_path, monkeypatch, capsys):
+    """benchmarks/bench_profile.py's accelerator command on the CPU devices: the measured vs
+    predicted table (a row per case with both predictions), the calibration file beside it."""
+    from benchmarks import bench_profile
+
+    monkeypatch.setenv("WORKBENCH_CALIBRATION", str(tmp_path / "cal"))
+    out = tmp_path / "table.md"
+    bench_profile.main(["--preset", "tiny", "--batch", "8", "16", "--seq", "32", "--layouts",
+                        "dp", "--steps", "2", "--warmup", "1", "--dir", str(tmp_path / "traces"),
+                        "--out", str(out)])
+    text = out.read_text()
+    rows = [ln for ln in text.splitlines() if ln.startswith("| cpu |")]
+    assert [r.split(" | ")[1] for r in rows] == ["tiny dp b8", "tiny dp b16"]
+    assert "(fitted on)" in rows[0] and "(fitted on)" not in rows[1]
+    for r in rows:   # measured, table, table / measured, calibrated, calibrated / measured
+        cells = r.split(" | ")
+        measured, table, calibrated = float(cells[3]), float(cells[4]), float(cells[6])
+        # each ratio printed to 2 decimals, of times printed to 0.01 ms
+        assert float(cells[5].split()[0]) == pytest.approx(table / measured, abs=0.01)
+        assert float(cells[7].split()[0]) == pytest.approx(calibrated / measured, abs=0.01)
+    assert text.count("largest disagreement") == 2 and text in capsys.readouterr().out
+    cal = json.loads(next(tmp_path.glob("calibration-*.json")).read_text())
+    assert cal["provenance"][0]["plan_name"] == "tiny dp b8"
+    assert not (tmp_path / "cal").exists()      # --store not given: nothing in the cache
 
 
 def test_calibration_keys_collectives_that_cross_processes():

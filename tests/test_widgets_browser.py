@@ -47,6 +47,9 @@ CELLS = [
      " dims=(0, 1)))\n"
      'wb.show(wb.layout((4, 64, 2), (None, "a", "b"), wb.abstract_mesh(a=32, b=2), name="sliced"),'
      " dims=(0, 2))"),
+    # 8: generated tokens streamed into the cell (a tiny model at random, token ids)
+    ("gpt = wb.models.GPT(cfg.replace(n_layers=1), rngs=nnx.Rngs(0))\n"
+     "out = wb.generate(gpt, [1, 2, 3], max_new_tokens=8, stream=True)"),
 ]
 
 
@@ -137,3 +140,10 @@ def _check_widgets(page) -> None:
     sliced.get_by_text("dim 1 ∈ [10:12]").wait_for(timeout=10_000)
     assert sliced.locator(".wb-block").count() == 2
     screenshot(panels, "widgets-layout-panels")
+
+    gen = output(8)   # the view holds the prompt and all 8 new ids once generate returns
+    gen.get_by_text("done · 8 new tokens", exact=False).wait_for(timeout=30_000)
+    row = gen.locator(".wb-generation-row")
+    assert row.count() == 1 and row.locator(".wb-generation-prompt").inner_text() == "1 2 3"
+    assert len(row.locator(".wb-generation-new").inner_text().split()) == 8
+    screenshot(gen, "widgets-generation")

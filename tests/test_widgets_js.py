@@ -341,3 +341,14 @@ def test_profile_widget_draws_one_pair_of_bars_per_term(tmp_path):
     assert report.verdict() in out["text"]
     assert "idle + host" in report.verdict()        # 9 ms of the 40 ms step, not predicted
     assert out["handlers_left"] == 0
+
+
+def test_generation_view_shows_prompt_then_the_new_text(tmp_path):
+    state = {"prompts": ["Once upon"], "texts": ["Once upon a time"], "tokens": 3,
+             "state": "generating", "tokens_per_s": 12.5}
+    out = render(tmp_path, "generation", state)
+    assert out["classes"]["wb-generation-row"] == 1
+    assert "Once upon a time▍" in out["text"] and "3 new tokens" in out["text"]
+    assert "12.5 tokens/s" in out["text"] and out["handlers_left"] == 0
+    done = render(tmp_path, "generation", {**state, "state": "done"})
+    assert "▍" not in done["text"] and done["classes"]["wb-generation-new"] == 1

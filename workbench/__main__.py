@@ -4,10 +4,11 @@ Usage::
 
     python -m workbench train CONFIG.json|CONFIG.py --run-dir DIR     # one worker
     python -m workbench launch CONFIG.json --processes 2 --devices-per-process 4 --run-dir DIR
+    python -m workbench export RUN_DIR OUT [--step N]                # a Hugging Face folder
     python -m workbench ping                                         # check jax.distributed
     python -m workbench runs [ROOT ...]                              # list run directories
 
-``train`` and ``ping`` join a multi-process job first: with ``--coordinator``,
+``train``, ``export`` and ``ping`` join a multi-process job first: with ``--coordinator``,
 ``--num-processes`` and ``--process-id`` (what ``workbench.jobs`` passes), or from the
 cluster environment (SLURM, Open MPI, Cloud TPU pods) through ``jax.distributed``.
 Nothing here imports JAX before it is configured.
@@ -97,6 +98,15 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--steps", type=_count)
     la.add_argument("--platform", choices=("cpu", "gpu", "tpu"))
     la.set_defaults(parser=la)
+
+    ex = sub.add_parser("export", help="write RUN_DIR's checkpoint as a Hugging Face folder "
+                                       "(one worker of a job, or one process)")
+    ex.add_argument("run_dir", metavar="RUN_DIR")
+    ex.add_argument("out", metavar="OUT", help="the folder to create")
+    ex.add_argument("--step", type=_index, help="checkpoint step (default the newest)")
+    ex.add_argument("--dtype", help="tensor dtype written (default the parameters' own)")
+    _add_distributed(ex)
+    ex.set_defaults(parser=ex)
 
     pg = sub.add_parser("ping", help="check jax.distributed and a cross-process all-reduce")
     pg.add_argument("--hold", type=float, default=0.0, help="keep all-reducing for SECONDS")
@@ -202,8 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     code = 1
     try:
-        code = _train(args) if args.command == "train" else worker.ping(_spec(args),
-                                                                       hold=args.hold)
+        if args.command == "train":
+            code = _train(args)
+        elif args.command == "export":
+            code = worker.export(args.run_dir, args.out, _spec(args), step=args.step,
+                                 dtype=args.dtype)
+        else:
+            code = worker.ping(_spec(args), hold=args.hold)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 2
         raise

@@ -58,3 +58,37 @@ def status_line(text: str) -> Callable[[str], None]:
         return widgets.status_line(text)
     print(text, file=sys.stderr, flush=True)
     return lambda done: print(done, file=sys.stderr, flush=True)
+
+
+class _TextStream:
+    """``wb.generate(stream=True)`` outside a notebook: the new text written to stdout."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.shown = tokenizer, None
+
+    def __call__(self, tokens: Any) -> None:
+        row = [int(t) for t in tokens[0]]
+        if self.tokenizer is None:   # token ids: the new id of each row
+            print(" ".join(str(int(t)) for t in tokens[:, -1]), flush=True)
+            return
+        text = self.tokenizer.decode(row)
+        if self.shown is None:
+            self.shown = self.tokenizer.decode(row[:-1])
+            print(self.shown, end="", flush=True)
+        new = text[len(self.shown):] if text.startswith(self.shown) else "\n" + text
+        print(new, end="", flush=True)
+        self.shown = text
+
+    def finish(self) -> None:
+        if self.tokenizer is not None:
+            print(flush=True)
+
+
+def text_stream(tokenizer: Any = None) -> Callable[[Any], None]:
+    """The sink of ``wb.generate(stream=True)``: in a notebook a live ``GenerationView`` in
+    the cell (through ``workbench.widgets``), elsewhere the text on stdout as it comes."""
+    if in_notebook():
+        from workbench.widgets.generation_view import stream_widget
+
+        return stream_widget(tokenizer)
+    return _TextStream(tokenizer)

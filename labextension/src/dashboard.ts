@@ -2,7 +2,8 @@
  * A run's dashboard (main area): loss with smoothing, MFU and HFU, step-time breakdown,
  * tokens/s, memory per device and the config, live from the run stream. A run started
  * from a plan also shows the plan's prediction: under the step-time and MFU cards, and as
- * a dashed "predicted" line on the step-time and utilization charts.
+ * a dashed "predicted" line on the step-time and utilization charts. A profiled run
+ * (`trainer.profile()`) shows its profiles: predicted vs measured seconds per term.
  */
 import { Widget } from '@lumino/widgets';
 
@@ -12,6 +13,7 @@ import { fmtBytes, fmtNumber, fmtPercent, fmtRate, fmtSeconds, fmtStep } from '.
 import { runStream, Stream } from './handler';
 import { EXPERT_KEYS, expertHeatmap, ExpertLoadModel } from './expertLoad';
 import { describePrediction, IPrediction, recentMedian, versus } from './prediction';
+import { ProfileSection } from './profileSection';
 import { RunModel } from './runModel';
 import { Decimator, drawn, EmaCache, withSparse } from './series';
 import { SettingsModel } from './settings';
@@ -40,6 +42,7 @@ export class RunDashboard extends Widget {
   private _expertLayer = -1;
   private _expertBody = el('div', 'jp-Workbench-expertBody');
   private _expertSection = section('Expert load (tokens per expert / balanced)', this._expertBody);
+  private _profiles: ProfileSection;
   private _smoothLabel = el('span', 'jp-Workbench-smoothLabel');
   private _charts: Record<'loss' | 'util' | 'time' | 'tput', LineChart>;
   private _decimators = RunDashboard._newDecimators();
@@ -89,8 +92,9 @@ export class RunDashboard extends Widget {
     const memSection = section('Memory per device', this._memory);
     const cfgSection = section('Config', this._config);
     this._expertSection.hidden = true;   // shown once a mixture-of-experts run logs loads
-    this.node.append(this._head, this._kpis, tools, grid, this._expertSection, memSection,
-      cfgSection);
+    this._profiles = new ProfileSection(id);   // shown once the run has a profile
+    this.node.append(this._head, this._kpis, tools, grid, this._profiles.node,
+      this._expertSection, memSection, cfgSection);
     this._throttle = new Throttle(() => this.render(), () => _settings.value.refreshRate);
     this.model.changed.connect((_, change) => {
       if (change === 'detail') {
@@ -114,6 +118,7 @@ export class RunDashboard extends Widget {
     }
     this._stream.dispose();
     this._throttle.dispose();
+    this._profiles.dispose();
     Object.values(this._charts).forEach(c => c.dispose());
     this._settings.changed.disconnect(this._onSettings, this);
     super.dispose();
@@ -228,6 +233,7 @@ export class RunDashboard extends Widget {
         `Not everything of this run could be read: ${d.problem}`));
     }
     this._memory.replaceChildren(memoryTable(d.memory_per_device ?? null));
+    this._profiles.update(d.profiles);
     this._config.replaceChildren(tree(d.config ?? {}));
   }
 

@@ -1,6 +1,7 @@
 /**
- * The lab's connection to the Workbench server extension: reconnecting websocket streams
- * (the REST endpoints under `/workbench/api/runs` serve other clients and scripts).
+ * The lab's connection to the Workbench server extension: reconnecting websocket streams,
+ * and a run's profiles over REST (the other endpoints under `/workbench/api/runs` serve
+ * other clients and scripts).
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
@@ -92,4 +93,15 @@ export function runStream(
 ): Stream<RunMessage> {
   const q = keys.length ? `&keys=${encodeURIComponent(keys.join(','))}` : '';
   return new Stream<RunMessage>(() => `${runPath(id, 'stream')}?since=${since()}${q}`, onMessage);
+}
+
+/** A run's profiles (`GET .../runs/<id>/profiles`): the parsed JSON answer. */
+export async function fetchProfiles(id: string): Promise<unknown> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, API, runPath(id, 'profiles'));
+  const resp = await ServerConnection.makeRequest(url, {}, settings);
+  if (!resp.ok) {
+    throw new Error(`profiles of ${id}: ${resp.status} ${resp.statusText}`);
+  }
+  return resp.json();
 }

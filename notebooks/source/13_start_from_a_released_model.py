@@ -93,8 +93,15 @@ result = trainer.run()
 print(f"loss {trainer.losses[0]:.3f} -> {trainer.losses[-1]:.3f} after {trainer.step} steps")
 print("run.json says it started from", wb.runs.read_run("runs/13-finetune")["init"])
 
+# %% [markdown]
+# One call shows what the trained model writes. `stream=True` shows the tokens as they are
+# produced: in JupyterLab a live view in the cell (`wb.widgets.GenerationView`), in a
+# terminal the text on stdout; `stream=` also takes any callable of the tokens so far. The
+# tokens are the same as without streaming.
+
 # %%
-print(repr(wb.generate(trainer, "def ", tokenizer=tok, max_new_tokens=32)))
+text = wb.generate(trainer, "def ", tokenizer=tok, max_new_tokens=32, stream=True)
+print(repr(text))
 print(repr(wb.generate(trainer, "def ", tokenizer=tok, max_new_tokens=32,
                        temperature=0.8, top_p=0.9, seed=1)))
 
@@ -103,7 +110,10 @@ print(repr(wb.generate(trainer, "def ", tokenizer=tok, max_new_tokens=32,
 #
 # `wb.train.export_run` restores a checkpoint step of the run and writes a Hugging Face
 # folder (config.json, safetensors shards and their index), one tensor at a time from the
-# arrays' own shards. Loading it back gives the same logits as the trained model.
+# arrays' own shards. Loading it back gives the same logits as the trained model. A run
+# trained by a multi-process `wb.launch` job exports the same way from a notebook, or from
+# a job of its own (`python -m workbench export RUN_DIR OUT` on every process: each
+# restores only its shards, process 0 writes; the files are the same bytes).
 
 # %%
 trainer.close()

@@ -278,11 +278,16 @@ def batch_script(slurm: Slurm, run_dir: Path, worker: Sequence[str], token: str)
     task = ("export WORKBENCH_EXIT_FILE=" + shlex.quote(str(logs)) +
             "/process-$SLURM_PROCID.exit; exec \"$@\"")
     lines = ["#!/bin/bash", "# written by wb.launch(cluster=wb.Slurm(...)); see workbench.jobs.slurm",
-             *[f"#SBATCH {o}" for o in opts], "", *slurm.setup, *exports,
-             f"cd {shlex.quote(os.getcwd())}",
+             *[f"#SBATCH {o}" for o in opts], "",
              "start=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))",
+             # the tasks' exit files are this start's from here on; the notebook tells a start
+             # that never ran (SLURM ended the job as it started it again) by the start file
+             f"for ((i = 0; i < SLURM_NTASKS; i++)); do rm -f {shlex.quote(str(logs))}"
+             "/process-$i.exit; done",
+             f"echo \"$start\" > {shlex.quote(str(logs))}/slurm-$SLURM_JOB_ID.start",
+             *slurm.setup, *exports,
+             f"cd {shlex.quote(os.getcwd())}",
              "for ((i = 0; i < SLURM_NTASKS; i++)); do",
-             f"  rm -f {shlex.quote(str(logs))}/process-$i.exit",
              "  echo \"===== $(date '+%F %T') launch: SLURM job $SLURM_JOB_ID, start $start, on "
              f"$SLURM_JOB_NODELIST\" >> {shlex.quote(str(logs))}/process-$i.log",
              "done",

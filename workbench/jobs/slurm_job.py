@@ -5,6 +5,10 @@ The state comes from ``scontrol show job`` (what slurmctld holds: pending, runni
 recently ended jobs), then from ``sacct`` once slurmctld forgets an ended job (where the
 cluster keeps accounting), else from the run directory. A requeued job keeps its id: its
 restarts show in the history, and its tasks' logs get one ``===== ... start N`` header each.
+The batch script writes the number of the start that runs into ``logs/slurm-<id>.start``: the
+tasks' exit files belong to that start, and a start SLURM ended before its script ran (e.g. a
+requeued job started again within a second of its requeue, whose credential slurmd still
+holds revoked) shows as such instead of as the previous start's checkpointed stop.
 """
 from __future__ import annotations
 
@@ -206,14 +210,24 @@ class SlurmJob(Job):
             running = s["state"] in RUNNING
             self._status = "running" if running else "queued" if s["state"] in QUEUED \
                 else self._status
+            stale = self._never_ran(s)  # the exit files are an earlier start's
             for i, p in enumerate(self._procs):
-                code = p.poll()
+                code = None if stale else p.poll()
                 self._states[i] = ("queued" if s["state"] in QUEUED else
                                    "running" if code is None else self._task_state(code))
 
     @staticmethod
     def _task_state(code: int) -> str:
         return "finished" if code == 0 else "stopped" if code == EXIT_STOPPED else "failed"
+
+    def _never_ran(self, s: dict[str, Any]) -> bool:
+        """Whether the batch script of the job's current start (``restarts + 1``) has not run
+        (yet, or ever: SLURM ended the job while starting it)."""
+        try:
+            started = int((self.run_dir / "logs" / f"slurm-{self.job_id}.start").read_text())
+        except (OSError, ValueError):
+            started = 0
+        return started < int(s.get("restarts") or 0) + 1
 
     def _final(self, s: dict[str, Any]) -> bool:
         if s["state"] == "UNKNOWN":
@@ -225,19 +239,20 @@ class SlurmJob(Job):
 
     def _finish_slurm(self, s: dict[str, Any]) -> None:
         state = s["state"]
-        codes = [p.poll() for p in self._procs]
+        codes = [p.poll() for p in self._procs]  # of the latest start that ran
+        never_ran = state not in ("UNKNOWN", "CANCELLED") and self._never_ran(s)
         with self._mutex:
             self._states = ["killed" if c is None else self._task_state(c) for c in codes]
             if state == "COMPLETED":
                 self._status = "finished"
-            elif state == "CANCELLED" or (state == "FAILED" and codes and all(
+            elif state == "CANCELLED" or (state == "FAILED" and not never_ran and codes and all(
                     c == EXIT_STOPPED for c in codes)):
                 self._status = "stopped"
             elif state == "UNKNOWN":
                 self._status = _status_from_run(self.run_dir)
             else:
                 self._status = "failed"
-                self._fail_slurm(s, codes)
+                self._fail_slurm(s, [None] * len(codes) if never_ran else codes, never_ran)
         self._close_run(self._status)
         if self._lock is not None:
             self._lock.release()
@@ -248,21 +263,40 @@ class SlurmJob(Job):
                 lock.path.unlink(missing_ok=True)
         self._done.set()
 
-    def _fail_slurm(self, s: dict[str, Any], codes: list[int | None]) -> None:
+    def _fail_slurm(self, s: dict[str, Any], codes: list[int | None],
+                    never_ran: bool = False) -> None:
         bad = [i for i, c in enumerate(codes) if c not in (None, 0, EXIT_STOPPED)]
         i = bad[0] if bad else 0
+        start = int(s.get("restarts") or 0) + 1
         if bad:
             lines = read_tail(self.logs[i], 20)
             reason = f"task {i} {_describe_exit(codes[i])}"  # type: ignore[arg-type]
         else:
             out = self.run_dir / "logs" / f"slurm-{self.job_id}.out"
             lines = read_tail(out, 20, raw=True) or read_tail(self.logs[i], 20)
-            reason = f"no task recorded an exit (SLURM: exit code {s.get('exit_code')})"
+            if never_ran:
+                reason = (f"its start {start} (after {start - 1} requeue(s)) never ran its batch "
+                          "script" if start > 1 else "its batch script never ran")
+            elif codes and all(c == EXIT_STOPPED for c in codes):
+                reason = (f"every task saved a checkpoint and stopped (exit {EXIT_STOPPED}) on "
+                          "SLURM's SIGTERM")
+            else:
+                reason = "no task recorded an exit"
+            reason += f" (SLURM: exit code {s.get('exit_code')}, reason {s.get('reason')})"
         step = self.progress()["step"]
-        fix = {"TIMEOUT": f"It hit its time limit ({s.get('time_limit')}): raise wb.Slurm(time=)"
-                          " or keep requeue=True. ",
+        requeue = bool((self.record.get("request") or {}).get("requeue"))
+        limit = s.get("time_limit")
+        fix = {"TIMEOUT": (f"It hit its time limit ({limit}) before it could requeue: raise "
+                           "wb.Slurm(signal_before=) above the time one checkpoint takes, or "
+                           "time=. " if requeue else
+                           f"It hit its time limit ({limit}): raise wb.Slurm(time=), or pass "
+                           "requeue=True to checkpoint and requeue before the limit. "),
                "OUT_OF_MEMORY": "It ran out of host memory: ask for more (extra=['--mem=...']). ",
                "NODE_FAIL": "A node failed: relaunch (or requeue=True). "}.get(s["state"], "")
+        if never_ran and not fix:
+            fix = ("SLURM ended the job while starting it; slurmctld's log says why (e.g. "
+                   "'Killing non-startable batch job: Job credential revoked' for a requeued "
+                   "job started again within a second of its requeue). ")
         self._failure = {
             "process": i, "pid": None, "returncode": codes[i], "reason": reason, "step": step,
             "last_lines": lines, "slurm_state": s["state"],

@@ -19,7 +19,8 @@ from typing import Any
 
 from workbench.jobs import cluster
 
-__all__ = ["EXIT_STOPPED", "ConfigRejected", "load_config", "ping", "record_exit", "train"]
+__all__ = ["EXIT_STOPPED", "ConfigRejected", "export", "load_config", "ping", "record_exit",
+           "train"]
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped before the target with a checkpoint; relaunch continues
 EXIT_FILE_ENV = "WORKBENCH_EXIT_FILE"  # where a launched worker records its exit code
@@ -108,6 +109,27 @@ def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
     _say(f"stopped at step {result.step} of {result.target} with a checkpoint; "
          "launch again into the same run directory to continue")
     return EXIT_STOPPED
+
+
+def export(run_dir: str | os.PathLike[str], out: str | os.PathLike[str],
+           spec: cluster.DistributedSpec, *, step: int | None = None,
+           dtype: str | None = None) -> int:
+    """Joins the job, then writes the run's checkpoint as a Hugging Face folder
+    (``wb.train.export_run``: each process restores its shards, process 0 writes).
+
+    Returns:
+      0 once the folder is complete.
+    """
+    _joined(spec)
+    from workbench.train.export import export_run
+
+    try:
+        path = export_run(run_dir, out, step=step, dtype=dtype)
+    except BaseException:
+        _exit_now_if_distributed()
+        raise
+    _say(f"exported {run_dir} to {path}")
+    return 0
 
 
 def _trainer(config_path: str | os.PathLike[str], run_dir: Path) -> Any:

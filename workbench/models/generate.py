@@ -12,6 +12,7 @@ K kv heads, H head_dim, V vocab.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,7 +23,11 @@ from flax import nnx
 from workbench.models.gpt import GPT, rope
 from workbench.rules import Rules
 
-__all__ = ["generate", "sample"]
+__all__ = ["Stream", "generate", "sample"]
+
+#: What ``generate(..., stream=)`` takes: a callable given the tokens so far ``(B, T + i)``
+#: after each new token (its ``finish()``, if it has one, is called at the end), or True.
+Stream = Callable[[np.ndarray], Any] | bool | None
 
 
 def _tokens(prompt: Any, tokenizer: Any) -> tuple[np.ndarray, bool]:
@@ -154,7 +159,7 @@ def _layout(model: GPT, rules: Rules | str | None, batch: int) -> tuple[Any, Rul
 def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: int = 32,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, eos_id: int | None = None, cache: bool = True,
-             rules: Rules | str | None = None) -> Any:
+             rules: Rules | str | None = None, stream: Stream = None) -> Any:
     """Continue a prompt with a GPT (imported, trained or planned).
 
     Args:
@@ -172,6 +177,12 @@ def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: 
         rules: how activations and the cache are sharded on the parameters' mesh (default
             "fsdp_tp" if the mesh has a ``model`` axis, else "fsdp"); a batch that the
             data axes do not divide is replicated over them.
+        stream: show tokens as they are produced. A callable is called after each new
+            token with the int32 tokens so far ``(B, T + i)`` (prompt included; the last
+            column is the new token) and, if it has a ``finish()`` method, that is called
+            once at the end. ``True``: in a notebook a live text view
+            (``wb.widgets.GenerationView``) in the cell, elsewhere the text on stdout.
+            The tokens are the same as without streaming.
 
     Returns:
         For a text prompt, the decoded text (prompt + continuation); for token ids, an
@@ -181,6 +192,7 @@ def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: 
 
         wb.generate(model, [1, 2, 3], max_new_tokens=8)           # greedy
         wb.generate(trainer, "Once upon", tokenizer=tok, temperature=0.8, top_p=0.9)
+        wb.generate(trainer, "Once upon", tokenizer=tok, stream=True)   # live in the cell
     """
     if not isinstance(model, GPT) and isinstance(getattr(model, "model", None), GPT):
         model = model.model
@@ -207,12 +219,29 @@ def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: 
         raise ValueError(f"prompt + max_new_tokens = {total} tokens exceeds the model's "
                          f"sliding_window={cfg.sliding_window}; generate fewer tokens")
     mesh, rules = _layout(model, rules, b)
+    sink = _sink(stream, tokenizer if was_text else None)
     with rules.activate(mesh):   # (also inside the compiled steps: a cache hit skips tracing)
         out = _run(model, tokens, max_new_tokens, cache, mesh, rules, eos_id,
-                   dict(temperature=temperature, top_k=top_k, top_p=top_p), seed)
+                   dict(temperature=temperature, top_k=top_k, top_p=top_p), seed, sink)
+    if sink is not None and callable(getattr(sink, "finish", None)):
+        sink.finish()
     if was_text:
         return tokenizer.decode(out[0].tolist())
     return out
+
+
+def _sink(stream: Stream, tokenizer: Any) -> Callable[[np.ndarray], Any] | None:
+    """The callable that receives the tokens so far (``stream=True``: a live view)."""
+    if stream is None or stream is False:
+        return None
+    if stream is True:
+        from workbench._display import text_stream
+
+        return text_stream(tokenizer)
+    if not callable(stream):
+        raise TypeError(f"stream= takes True or a callable of the tokens so far (B, T + i); "
+                        f"got {type(stream).__name__}")
+    return stream
 
 
 @functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p"))
@@ -235,12 +264,16 @@ def _full(graphdef: Any, rules: Rules, mesh: Any, state: Any, buf: jax.Array,
           last: jax.Array) -> jax.Array:
     """Logits ``(B, V)`` at position ``last`` of the whole buffer ``(B, S)`` (no cache)."""
     with rules.activate(mesh):
-        logits = nnx.merge(graphdef, state)(buf)                          # (B, S, V)
-    return jax.lax.dynamic_index_in_dim(logits, last, 1, keepdims=False).astype(jnp.float32)
+        model = nnx.merge(graphdef, state)
+        h = model.hidden(buf)                                             # (B, S, D)
+        h = jax.lax.dynamic_slice_in_dim(h, last, 1, axis=1)              # (B, 1, D)
+        logits = model.head(h)                                            # (B, 1, V)
+    return logits[:, 0].astype(jnp.float32)
 
 
 def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules: Rules,
-         eos_id: int | None, how: dict[str, Any], seed: int) -> np.ndarray:
+         eos_id: int | None, how: dict[str, Any], seed: int,
+         sink: Callable[[np.ndarray], Any] | None = None) -> np.ndarray:
     from jax.sharding import NamedSharding
 
     cfg = model.cfg
@@ -269,6 +302,8 @@ def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules
             nxt = np.where(done, eos_id, nxt)
             done |= nxt == eos_id
         out = np.concatenate([out, nxt[:, None]], axis=1)
+        if sink is not None:
+            sink(out.copy())
         if i == new - 1 or (eos_id is not None and done.all()):
             break
         step_tokens = jax.device_put(nxt[:, None], batch_sh)

@@ -206,8 +206,18 @@ def load_params(path: str | Path, cfg: GPTConfig, shardings: Any) -> tuple[Any, 
         ``(params, source)``: the pure dict of sharded ``jax.Array`` and its
         :class:`HFSource`.
     """
+    from workbench.models.hf_export import check_tokenizer
+
     path = Path(path).resolve()
     family = family_of(read_config(path), str(path / "config.json"))
+    try:
+        check_tokenizer([path / n for n in ("tokenizer.json", "tokenizer.model")
+                         if (path / n).is_file()], cfg.vocab_size, where=f"loading {path}",
+                        fix="the tokenizer belongs to another model, or config.json's "
+                            "vocab_size is wrong: copy the model's own tokenizer files",
+                        unreadable_ok=True)   # the weights load without a tokenizer
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     folder = Folder(path)
     try:
         plan = _expected(folder, cfg, family)

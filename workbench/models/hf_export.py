@@ -3,6 +3,7 @@ config.json + safetensors shards + index, gathered one tensor at a time, written
 temporary folder and renamed into place only when complete."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -22,15 +23,17 @@ __all__ = ["TOKENIZER_FILES", "to_hf"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
 DEFAULT_SHARD_BYTES = 2 << 30
+_NOT_TOKENIZERS = ("tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "generation_config.json", "config.json")
 
 
 def _host_block(arr: Any, stack_idx: tuple[int, ...]) -> np.ndarray:
     """``arr[stack_idx]`` on the host, assembled from the array's own shards (no
-    compiled gather; only this block is ever in host memory)."""
+    compiled gather; only this block is ever in host memory). An array spread over
+    several processes is gathered first (every process must call this, in the same
+    order: it is a collective)."""
     if not getattr(arr, "is_fully_addressable", True):
-        raise ValueError("exporting an array spread over several processes is not supported "
-                         "here; export from a single-process run (restore the checkpoint in "
-                         "one process, e.g. wb.models.to_hf(run_dir, ...))")
+        return _gathered_block(arr, stack_idx)
     if not hasattr(arr, "addressable_shards"):
         return np.asarray(arr[stack_idx] if stack_idx else arr)
     n = len(stack_idx)
@@ -49,6 +52,47 @@ def _host_block(arr: Any, stack_idx: tuple[int, ...]) -> np.ndarray:
         local = tuple(i - s.start for s, i in zip(idx[:n], stack_idx, strict=True))
         out[idx[n:]] = np.asarray(shard.data[local] if n else shard.data)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _replicator(sharding: Any, n: int) -> Any:
+    """A compiled ``a[i0, ..., in-1]`` replicated on every device of ``sharding``'s mesh
+    (the indices are arguments: one compile per parameter, not per layer)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.jit(lambda a, *idx: a[idx] if idx else a,
+                   out_shardings=NamedSharding(sharding.mesh, PartitionSpec()))
+
+
+def _gathered_block(arr: Any, stack_idx: tuple[int, ...]) -> np.ndarray:
+    """``arr[stack_idx]`` of an array spread over processes: all-gathered to every device
+    (one tensor at a time), then one local copy to the host."""
+    sharding = arr.sharding
+    if not hasattr(sharding, "mesh"):
+        raise ValueError(f"exporting a multi-process array needs a NamedSharding, got "
+                         f"{sharding!r}; place the parameters with wb.Rules on a mesh")
+    out = _replicator(sharding, len(stack_idx))(arr, *(np.int32(i) for i in stack_idx))
+    block = np.asarray(out.addressable_shards[0].data)
+    del out
+    return block
+
+
+def _writer() -> bool:
+    """Whether this process writes files (process 0 of a multi-process job)."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def _sync(name: str) -> None:
+    """All processes of a multi-process job reach this point (a no-op in one process)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 def _params_of(obj: Any) -> tuple[Any, GPTConfig]:
@@ -88,8 +132,12 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         overwrite: replace an existing folder (only once the new one is complete).
 
     Returns:
-        The folder. It appears (renamed from a temporary sibling) only when every file is
-        written; a failure leaves no folder behind.
+        The folder. It appears (renamed from a temporary sibling, config.json written
+        last) only when every file is written; a failure leaves no folder behind.
+
+    In a multi-process job (parameters spread over the processes' devices) every process
+    calls ``to_hf`` with its own shards: each tensor is gathered in turn (a collective),
+    process 0 writes, and all return once the folder is complete.
 
     Example::
 
@@ -114,13 +162,20 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
     maps = mappings(cfg, hf["model_type"])
     dt = np.dtype(dtype or cfg.param_dtype)
     hf["dtype"] = dt.name
+    extra = _tokenizer_files(tokenizer if tokenizer is not None else base)
+    check_tokenizer(extra, cfg.vocab_size, where=f"exporting to {out}")   # before any file
+    if not _writer():   # another process of a job: its shards go into process 0's gathers
+        _write(None, params, cfg, maps, dt, max_shard_bytes)
+        _sync(f"to_hf:{out}")
+        return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         _write(tmp, params, cfg, maps, dt, max_shard_bytes)
-        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-        for f in _tokenizer_files(tokenizer if tokenizer is not None else base):
+        for f in extra:
             shutil.copy2(f, tmp / f.name)
+        # config.json last: a folder without it is never taken for a model
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)
@@ -131,7 +186,46 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _sync(f"to_hf:{out}")
     return out
+
+
+def tokenizer_vocab(file: Path) -> int | None:
+    """How many token ids a ``tokenizer.json`` / SentencePiece ``.model`` file has (None
+    for other files)."""
+    try:
+        if file.suffix == ".json" and file.name not in _NOT_TOKENIZERS:
+            from tokenizers import Tokenizer
+
+            return int(Tokenizer.from_file(str(file)).get_vocab_size(with_added_tokens=True))
+        if file.suffix == ".model":
+            import sentencepiece as spm
+
+            return int(spm.SentencePieceProcessor(model_file=str(file)).GetPieceSize())
+    except Exception as e:   # the Rust / C++ sides raise plain exceptions
+        raise ValueError(f"{file} is not a readable tokenizer ({e}); give the model's own "
+                         "tokenizer.json (or its folder)") from None
+    return None
+
+
+def check_tokenizer(files: list[Path], vocab_size: int, *, where: str,
+                    fix: str = "use the tokenizer the model was trained with",
+                    unreadable_ok: bool = False) -> None:
+    """Raises if a tokenizer among ``files`` has more token ids than the model's vocab
+    (ids past the embedding table; a tokenizer of another model), or cannot be read
+    (unless ``unreadable_ok``)."""
+    for f in files:
+        try:
+            n = tokenizer_vocab(f)
+        except ValueError:
+            if unreadable_ok:
+                continue
+            raise
+        if n is not None and n > vocab_size:
+            raise ValueError(
+                f"{where}: the tokenizer {f} has {n} token ids but the model's vocab_size is "
+                f"{vocab_size}; ids from {vocab_size} up would index past the embedding "
+                f"table: {fix}")
 
 
 def _tokenizer_files(src: str | os.PathLike[str] | None) -> list[Path]:
@@ -160,10 +254,11 @@ def _tensors(params: Any, cfg: GPTConfig, maps: list[Mapping_]
     return rows
 
 
-def _write(folder: Path, params: Any, cfg: GPTConfig, maps: list[Mapping_], dt: np.dtype,
-           max_shard_bytes: int) -> None:
+def _write(folder: Path | None, params: Any, cfg: GPTConfig, maps: list[Mapping_],
+           dt: np.dtype, max_shard_bytes: int) -> None:
     """The safetensors shards (+ index): tensors assigned to shards by size first, then
-    each shard's tensors gathered and written, one shard in host memory at a time."""
+    each shard's tensors gathered and written, one shard in host memory at a time
+    (``folder=None``: gather only, in a process that does not write)."""
     from safetensors.numpy import save_file
 
     rows = _tensors(params, cfg, maps)
@@ -185,12 +280,16 @@ def _write(folder: Path, params: Any, cfg: GPTConfig, maps: list[Mapping_], dt: 
         tensors: dict[str, np.ndarray] = {}
         for i in members:
             name, m, arr, idx = rows[i]
-            tensors[name] = m.to_hf(_host_block(arr, idx)).astype(dt)
+            block = _host_block(arr, idx)
+            if folder is None:
+                continue
+            tensors[name] = m.to_hf(block).astype(dt)
             weight_map[name] = file
             total += tensors[name].nbytes
-        save_file(tensors, str(folder / file), metadata={"format": "pt"})
+        if folder is not None:
+            save_file(tensors, str(folder / file), metadata={"format": "pt"})
         del tensors
-    if n > 1:
+    if n > 1 and folder is not None:
         (folder / INDEX).write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": dict(sorted(
                 weight_map.items()))}, indent=2) + "\n")

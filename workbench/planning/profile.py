@@ -147,10 +147,13 @@ class ProfileReport(Displayable):
                 f"predicted {self.term('step').predicted * 1e3:.3g} ms)")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form (stored beside the trace as ``report.json``)."""
+        """JSON-friendly form (stored beside the trace as ``report.json``, which the lab's
+        run dashboard shows: ``workbench/server/profiles.py`` reads it without JAX)."""
         return {"directory": self.directory, "plan_name": self.plan_name, "mesh": self.mesh,
                 "device_kind": self.device_kind, "processes": self.processes,
-                "tokens_per_s": self.tokens_per_s, "rows": self.rows(),
+                "tokens_per_s": self.tokens_per_s, "overhead": self.overhead,
+                "calibrated": "calibration" in self.prediction.get("sources", {}),
+                "rows": self.rows(),
                 "verdict": self.verdict(), "steps": self.measured.steps,
                 "categories": self.measured.categories,
                 "top_ops": [dataclasses.asdict(o) for o in self.measured.top(20)]}

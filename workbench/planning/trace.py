@@ -4,10 +4,15 @@ The trace (``*.xplane.pb``, an XSpace) is read with the profiler's own reader,
 ``jax.profiler.ProfileData`` (XLA's XSpace bindings shipped with jaxlib). XLA tags every
 op it runs with its HLO instruction (``hlo_op``), module (``hlo_module``) and device
 (``device_ordinal``): XLA:CPU on the host plane's threads (one event per thunk; the thunk
-executor runs independent ops of one device side by side on the pool's threads), GPUs and
-TPUs on each device plane's "XLA Ops" line. The instruction names are looked up in the
-compiled step's HLO text (``compiled.as_text()``, what the Trainer ran) for what each op
-is: a collective (kind, bytes, mesh axes: :func:`workbench.planning.hlo.parse_collectives`),
+executor runs independent ops of one device side by side on the pool's threads), TPUs (and
+GPUs in some JAX versions) on each device plane's "XLA Ops" line, NVIDIA GPUs through
+CUPTI on the device plane's stream lines: one event per kernel, named after the fusion XLA
+emitted (``loop_add_fusion_49``, ``gemm_fusion_dot_532``) or the library kernel it called
+(cuBLAS ``nvjet_*``/``*gemm*``: counted as compute), tagged with ``hlo_module`` and, inside
+a CUDA graph (XLA's command buffers), one ``correlation_id`` per launch of the graph.
+The instruction names are looked up in the compiled step's HLO text (``compiled.as_text()``,
+what the Trainer ran) for what each op is: a collective (kind, bytes, mesh axes:
+:func:`workbench.planning.hlo.parse_collectives`),
 a matmul (a dot or convolution, or a fusion/custom call containing one: "compute"), or
 any other op (elementwise, reductions, copies, data movement: "memory"); and for the user
 source line of its JAX op (the HLO metadata).
@@ -35,6 +40,14 @@ _CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
 _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _MATMUL_TARGET = re.compile(r"gemm|matmul|cublas|dot|conv", re.I)
 _WAIT = "Wait: pending_threads"   # XLA:CPU's rendezvous, waiting for the group's devices
+#: library kernels (cuBLAS, cuDNN, CUTLASS, NCCL) that are no HLO instruction's name
+_KERNEL_KIND = ((re.compile(r"nccl", re.I), "collectives"),
+                (re.compile(r"nvjet|gemm|cutlass|xmma|wgmma|hmma|cublas|cudnn", re.I), "compute"))
+
+
+def _kernel_category(name: str) -> str:
+    """The category of a GPU library kernel by its name ("memory" when unknown)."""
+    return next((cat for pat, cat in _KERNEL_KIND if pat.search(name)), "memory")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -231,6 +244,34 @@ def _module_runs(plane: Any, module: str) -> list[tuple[float, float]]:
     return sorted(runs)
 
 
+def _stream_events(plane: Any, module: str, p_index: int) -> list[_Event]:
+    """Kernel events of ``module`` on a GPU plane's CUPTI stream lines (no "XLA Modules"
+    line). An execution is one launch of the step's CUDA graph (its ``correlation_id``);
+    kernels launched one by one start a new execution where the program's first kernel
+    runs again."""
+    out: list[_Event] = []
+    for line in plane.lines:
+        for e in line.events:
+            stats = dict(e.stats)
+            if stats.get("hlo_module") != module:
+                continue
+            op = str(stats.get("hlo_op", ""))
+            name = e.name if not op or op.startswith("command_buffer") else op
+            start = float(e.start_ns) * 1e-9
+            graph = stats.get("correlation_id") if "cuda_graph_id" in stats else None
+            out.append(_Event(name, p_index, graph, start,
+                              start + float(e.duration_ns) * 1e-9))
+    out.sort(key=lambda ev: ev.start)
+    if out and any(ev.execution is None for ev in out):
+        first, k = out[0].name, -1
+        for ev in out:
+            k += ev.name == first
+            ev.execution = ("launch", k)
+    for ev in out:      # kernels of one stream do not nest: self time is the whole kernel
+        ev.self_time = ev.end - ev.start
+    return out
+
+
 def _events(files: Sequence[Path], module: str) -> list[_Event]:
     """Op events of ``module`` with their self time (nested events on one thread line,
     a loop's body inside its while, are subtracted from their parent).
@@ -246,6 +287,10 @@ def _events(files: Sequence[Path], module: str) -> list[_Event]:
         data = ProfileData.from_file(str(f))
         for p_index, plane in enumerate(data.planes):
             device_plane = plane.name.startswith("/device:") and "CUSTOM" not in plane.name
+            if device_plane and not any(ln.name in ("XLA Modules", "XLA Ops")
+                                        for ln in plane.lines):
+                out += _stream_events(plane, module, p_index)
+                continue
             runs = _module_runs(plane, module) if device_plane else []
             for line in plane.lines:
                 if device_plane and line.name != "XLA Ops":
@@ -352,7 +397,7 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
         for evs in per_device[d][:n_exec]:
             union += _union([(e.start, e.end) for e in evs])
             for e in evs:
-                cat = kinds.get(e.name, ("memory", "?"))[0]
+                cat = kinds.get(e.name, (_kernel_category(e.name), "?"))[0]
                 cats[cat] += e.self_time
                 per_op[e.name][0] += e.self_time
                 per_op[e.name][1] += 1
@@ -367,7 +412,8 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
     waits = {name: w * scale for name, (_, _, w) in per_op.items()}
     for name, (secs, count, _) in per_op.items():
         ins = graph.instructions.get(name)
-        ops.append(OpTime(name=name, category=kinds.get(name, ("memory", "?"))[0],
+        cat = kinds.get(name, (_kernel_category(name), "?"))[0]
+        ops.append(OpTime(name=name, category=cat,
                           opcode=kinds.get(name, ("", "?"))[1], seconds=secs * scale,
                           count=count * scale, op=re.sub(r"^jit\([^)]*\)/", "", ins.op_name)
                           if ins else "", source=graph.source(ins) if ins else ""))

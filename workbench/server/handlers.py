@@ -19,6 +19,7 @@ from jupyter_server.base.websocket import WebSocketMixin
 from tornado import web, websocket
 
 from workbench import runs
+from workbench.server import profiles
 
 if TYPE_CHECKING:
     from workbench.server.hub import Hub
@@ -150,6 +151,22 @@ class MetricsHandler(_Base, APIHandler):
         self.finish(dumps(payload))
 
 
+class ProfilesHandler(_Base, APIHandler):
+    """``GET /workbench/api/runs/<id>/profiles``: ``{"id", "profiles": [...]}``, each of
+    the run's ``profiles/<step>/report.json`` (``trainer.profile()``) checked, oldest
+    first: its ``rows`` (one per term of the plan's prediction: ``name``, ``predicted``
+    and ``measured`` seconds per step, collective ``kind`` and ``axes``), ``verdict`` (the
+    largest disagreement in words), ``tokens_per_s`` during and outside the profile and
+    ``overhead``, ``top_ops``; ``problem`` when a report could not be used."""
+
+    @web.authenticated
+    @authorized("read")
+    async def get(self, rid: str) -> None:
+        watch = await self.lookup(rid)
+        found = await asyncio.to_thread(profiles.read_profiles, watch.path)
+        self.finish(dumps({"id": watch.id, "profiles": found}))
+
+
 class _Socket(WebSocketMixin, websocket.WebSocketHandler, _Base):
     """Authenticated, authorized websocket that the hub sends JSON messages to (a
     :class:`~workbench.server.hub.Subscriber`)."""
@@ -247,6 +264,7 @@ def handlers(hub: Hub) -> list[tuple[str, type, dict[str, Any]]]:
         (r"/workbench/api/runs/?", RunsHandler, {"hub": hub}),
         (r"/workbench/api/stream", ListStreamHandler, {"hub": hub}),
         (rf"/workbench/api/runs/{rid}/metrics", MetricsHandler, {"hub": hub}),
+        (rf"/workbench/api/runs/{rid}/profiles", ProfilesHandler, {"hub": hub}),
         (rf"/workbench/api/runs/{rid}/stream", RunStreamHandler, {"hub": hub}),
         (rf"/workbench/api/runs/{rid}", RunHandler, {"hub": hub}),
     ]

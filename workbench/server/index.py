@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import runs
+from workbench.server import profiles
 
 SPARK_POINTS = 64  # a sparkline keeps between 64 and 128 evenly strided points
 SUMMARY_KEYS = ("loss", "mfu", "hfu", "tokens_per_s", "step_time", "grad_norm", "lr")
@@ -45,6 +46,8 @@ class RunWatch:
         self._spark_steps: list[int] = []
         self._spark_loss: list[float | None] = []
         self._stride = 1
+        self._profiles: tuple[tuple[str, int, int], ...] = ()
+        self.profiles: list[dict[str, Any]] = []  # profiles/<step>/report.json: name, step
         self._lock = threading.Lock()
 
     @property
@@ -103,6 +106,9 @@ class RunWatch:
             self._spark_steps, self._spark_loss, self._stride = [], [], 1
             self.events = []
         self.events = (self.events + events)[-100:]
+        stamp = profiles.stamp(self.path)   # a profile's report written: run detail changes
+        if stamp != self._profiles:
+            self._profiles, self.profiles, changed = stamp, profiles.summaries(self.path), True
         for rec in records:
             self._add_spark(rec)
         self.internal_error = None
@@ -126,13 +132,14 @@ class RunWatch:
             return self.tail.read(since, limit)
 
     def detail(self) -> dict[str, Any]:
-        """``run.json`` with the URL ``id``, the file's own id as ``uid``, recent events
-        and ``problem``."""
+        """``run.json`` with the URL ``id``, the file's own id as ``uid``, recent events,
+        ``problem`` and ``profiles`` (``[{"name", "step", "updated"}]``: the reports that
+        ``GET .../profiles`` serves)."""
         with self._lock:
             return {**self.meta, "uid": self.meta.get("id"), "id": self.id,
                     "name": self.meta.get("name") or self.path.name,
                     "status": self._status or "running", "events": list(self.events),
-                    "problem": self._problem}
+                    "problem": self._problem, "profiles": list(self.profiles)}
 
     def summary(self) -> dict[str, Any]:
         """What the runs list shows: status, step, last metrics, sparkline, problem."""

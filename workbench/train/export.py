@@ -9,17 +9,21 @@ import jax
 
 from workbench import runs
 
-__all__ = ["export_run"]
+__all__ = ["export_run", "restore_params"]
 
 
 def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
                step: int | None = None, **kwargs: Any) -> Path:
     """Writes the parameters of a run's checkpoint as a Hugging Face folder.
 
-    The checkpoint is restored read-only onto this machine's devices (parameters sharded
-    over all of them, "fsdp"), then written tensor by tensor by ``wb.models.to_hf``. A run
-    that started from a Hugging Face folder (``TrainConfig.init``) keeps that folder's
-    config fields (token ids) and tokenizer files.
+    The checkpoint is restored read-only onto all of ``jax.devices()`` (parameters sharded
+    over them, "fsdp"), then written tensor by tensor by ``wb.models.to_hf``. In one
+    process (a notebook) that is this machine's devices. In a multi-process job (``python
+    -m workbench export`` with ``jax.distributed``, e.g. as many processes as trained)
+    each process restores only its shards, every tensor is gathered in turn and process 0
+    writes the folder: the files are the same bytes as a one-process export. A run that
+    started from a Hugging Face folder (``TrainConfig.init``) keeps that folder's config
+    fields (token ids) and tokenizer files.
 
     Args:
         run_dir: the run directory (``run.json`` + ``checkpoints/``).
@@ -32,9 +36,26 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
 
         wb.train.export_run("runs/ft", "exported/", step=200)
     """
+    from workbench.models.hf_export import to_hf
+
+    params, cfg, meta = restore_params(run_dir, step=step)
+    config = meta["config"]
+    init = (meta.get("init") or {}).get("path", config.get("init"))   # absolute when recorded
+    kwargs.setdefault("base", init if init is None or Path(init).is_dir() else None)
+    return to_hf((params, cfg), path, **kwargs)
+
+
+def restore_params(run_dir: str | os.PathLike[str], *, step: int | None = None
+                   ) -> tuple[Any, Any, dict[str, Any]]:
+    """The model parameters of a run's checkpoint, restored read-only onto all of
+    ``jax.devices()`` ("fsdp"), whatever mesh and process count wrote them.
+
+    Returns:
+        ``(params, model config, run.json)``; ``nnx.merge(graphdef, params)`` with the
+        graphdef of ``workbench.step.abstract_model(cfg)`` is the model.
+    """
     from workbench.mesh import make_mesh
     from workbench.models.config import GPTConfig
-    from workbench.models.hf_export import to_hf
     from workbench.rules import Rules
     from workbench.step import abstract_state
     from workbench.train.checkpoint import Checkpoints
@@ -63,7 +84,4 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
         restored = ckpts.restore({"train": abstract, "rng": rng}, step=step)
     finally:
         ckpts.close()
-    params = restored.state["train"].params
-    init = (meta.get("init") or {}).get("path", config.init)   # absolute when recorded
-    kwargs.setdefault("base", init if init is None or Path(init).is_dir() else None)
-    return to_hf((params, cfg), path, **kwargs)
+    return restored.state["train"].params, cfg, meta

@@ -52,8 +52,13 @@ def check_directory(directory: Path) -> Path:
     existing parent must be a writable directory and it must not hold a trace already."""
     directory = Path(directory)
     parent = directory
-    while not parent.exists():
-        parent = parent.parent
+    try:
+        while not parent.exists():
+            parent = parent.parent
+    except PermissionError as e:   # a folder on the way that this user may not enter
+        raise PermissionError(f"cannot write a profile into {directory}: {e.filename} cannot "
+                              f"be reached ({e.strerror}); pass directory= a folder you can "
+                              "write to, or fix its permissions") from None
     if not parent.is_dir():
         raise NotADirectoryError(f"cannot write a profile into {directory}: {parent} is a "
                                  "file; pass directory= a folder path")

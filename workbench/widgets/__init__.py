@@ -12,7 +12,7 @@ import importlib
 import sys
 from typing import Any
 
-__all__ = ["ExpertLoad", "show", "status_line"]
+__all__ = ["ExpertLoad", "GenerationView", "show", "status_line"]
 
 _VIEWS: dict[str, str] = {
     "jax.sharding.Mesh": "workbench.widgets.mesh_view:mesh_widget",
@@ -40,11 +40,16 @@ def _matches(cls: type, key: str) -> bool:
 
 
 def __getattr__(name: str) -> Any:
-    """``ExpertLoad`` (the live expert-load heat map) imports anywidget on first use only."""
+    """``ExpertLoad`` (the live expert-load heat map) and ``GenerationView`` (streamed
+    text of ``wb.generate``) import anywidget on first use only."""
     if name == "ExpertLoad":
         from workbench.widgets.expert_load_view import ExpertLoad
 
         return ExpertLoad
+    if name == "GenerationView":
+        from workbench.widgets.generation_view import GenerationView
+
+        return GenerationView
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
