@@ -442,6 +442,6 @@ def compile_retry(retried: str, options: Mapping[str, Any]) -> list[Lint]:
     return [Lint(kind="compile_retry", severity="info", path="compiler_options",
                  message=retried,
                  fix=f"nothing to do for the plan; a run of this step on TPU needs the same "
-                     f"options: pass overlap={{**OVERLAP_FLAGS['tpu'], **{dict(options)!r}}} "
-                     "(workbench.planning.flags), or make the step smaller (fewer tokens "
-                     "per device, a capacity_factor)")]
+                     f"options ({dict(options)!r}: jax.jit's compiler_options, or "
+                     "--name=value flags in LIBTPU_INIT_ARGS), or a smaller step (fewer "
+                     "tokens per device, a capacity_factor)")]
