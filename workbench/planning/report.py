@@ -43,6 +43,13 @@ def _bytes(x: float | None) -> str:
     return "-" if x is None else format_bytes(x)
 
 
+#: A compiled step whose cost analysis counts less than this fraction of the model's own
+#: FLOPs per device left work out (custom-call GEMMs): its prediction uses the analytic
+#: FLOPs. The compiled count is otherwise >= the model's (it adds recompute, softmax,
+#: norms and the optimizer), so 0.9 leaves room only for rounding of the model's count.
+UNDERCOUNT = 0.9
+
+
 class CompiledNumbers:
     """What a plan reads from its compiled executable: the cost analysis, the while loops'
     trip counts, the TPU compiler's own cycle estimates. Read on first use (the program
@@ -285,6 +292,9 @@ class PlanReport:
         label = f"{self.source} cost analysis"
         why = ("analytic: the compiled program loops over layers and XLA's cost analysis "
                "counts a loop body once; " if self.loops else "")
+        undercount = self._undercounted_flops() if compiled else None
+        if undercount:
+            compiled, why = False, undercount
         kernel, attn = self.kernel_flops, 0.0
         if kernel and not compiled:   # the formula's attention gives way to the kernel's
             fwd_attn = self.flops.breakdown["attention"] / 3
@@ -314,6 +324,22 @@ class PlanReport:
                if kernel else ""),
             sync_exposed=self.source == "tpu-compiler",
             bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
+
+    def _undercounted_flops(self) -> str:
+        """Why the compiler's FLOP count cannot be the step's, or "": below the model's
+        own FLOPs per device (``6 N T`` and attention, without remat or kernels) it left
+        work out. XLA:GPU's cost analysis does not count the cuBLAS / cuDNN GEMMs its
+        custom calls run (on an H200, GPT "small" in bfloat16: about a fifth of 6 N T);
+        the analytic FLOPs are used instead and the sources say so."""
+        if self.cfg is None or not self.model_flops:
+            return ""
+        floor = self.model_flops / self.compute_split
+        counted = float(self.cost.get("flops", 0.0)) + self.kernel_flops / self.compute_split
+        if counted >= UNDERCOUNT * floor:
+            return ""
+        return (f"analytic: the {self.source} cost analysis counts {counted:.4g} FLOPs per "
+                f"device, {counted / floor:.0%} of the model's own {floor:.4g} (it leaves "
+                "out the matmuls of custom calls, e.g. cuBLAS GEMMs on GPUs); ")
 
     @property
     def kernel_flops(self) -> float:
