@@ -20,7 +20,7 @@ from workbench.rules import Rules
 __all__ = ["TPU_SCRATCH_BYTES", "TRAFFIC", "activation_bytes", "analytic_collectives",
            "analytic_memory", "axes_size", "batch_axes", "compute_split",
            "context_collectives", "fsdp_axes", "hbm_bytes", "moe_collectives",
-           "moe_slots_per_token", "per_device", "pipeline_permutes",
+           "moe_padding_flops", "moe_slots_per_token", "per_device", "pipeline_permutes",
            "pipeline_stage_activations", "temp_breakdown", "weight_axes"]
 
 
@@ -192,9 +192,11 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
 
     - ``saved``: activations kept for the backward pass, all layers: per token and layer
       ``cD·D + cF·F + cN·NH + cK·KH + cS·heads·T`` bytes (mixture of experts: ``F`` is
-      ``slots · expert_d_ff`` plus the shared experts' width, and each slot adds a D-sized
-      input and output, ``2b·slots·D``, plus float32 router logits, probabilities and
-      one-hot counts, ``12·E``; :func:`moe_slots_per_token`) (``_bytes_per_element`` by
+      ``slots · expert_d_ff`` plus the shared experts' width, and where the policy keeps
+      the MLP's tensors each slot adds its D-sized input, ``b·slots·D``, each token its
+      ``k`` picked outputs in float32, ``4·k·D``, and the router's float32 logits,
+      probabilities and one-hot counts, ``12·E``; :func:`moe_slots_per_token`; under
+      remat="full" none of it stays) (``_bytes_per_element`` by
       platform, dtype and ``cfg.remat``; ``T`` the attention span: the sequence, or one
       ``T/n`` block for ring attention over a context axis of size ``n``). XLA:CPU schedules
       every rematerialisation right after the forward pass, so remat does not lower its
@@ -202,7 +204,13 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     - ``transient``: the last layer's backward pass: its recomputed set under remat, else
       the gradients of its MLP activations and output, ``cF·F + b·D`` per token; on an
       accelerator also the gradients of the attention scores and probabilities,
-      ``heads·T·(4 + b)``. It runs once the logits are freed, so the peak holds
+      ``heads·T·(4 + b)``; under remat a mixture of experts holds, while its MLP's
+      backward runs (before the attention's, so in place of the softmax's gradients when
+      larger), the gradients of the recomputed expert slots' F-sized tensors,
+      ``cF·slots·expert_d_ff`` (dropless, ``slots = E``: these dominate the step), and
+      with FSDP the layer's whole weight gradient in the parameter dtype before its
+      reduce-scatter (every expert's: E times a dense MLP's). It runs once the logits are
+      freed, so the peak holds
       ``max(logits, transient)``. This is what remat needs at least: where HBM is to
       spare the TPU compiler recomputes several layers ahead and uses more (1b,
       remat="full", 2048 tokens per sequence on v5p-16: 13.4 GiB of temp for ~7.8).
@@ -255,7 +263,11 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
 
     def per_token(remat: str) -> float:
         c = _bytes_per_element(kind, b, remat)
-        moe = 2 * b * s * d + 3 * 4 * cfg.n_experts   # slot inputs/outputs, router floats
+        # the experts' input slots, each token's k picked outputs in float32 (the
+        # combine's operand) and the router's float32 logits, probabilities and counts:
+        # kept where the policy keeps the MLP's tensors (remat="full" keeps none of them)
+        moe = (b * s * d + 4 * cfg.experts_per_token * d + 3 * 4 * cfg.n_experts) \
+            if cfg.n_experts and c["F"] else 0
         return c["D"] * d + c["F"] * f + c["NH"] * nh + c["KH"] * kh \
             + c["scores"] * heads * span + moe
 
@@ -266,8 +278,11 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     none = _bytes_per_element(kind, b, "none")
     transient = int(tokens * per_token("none")) if remat != "none" else \
         int(tokens * (none["F"] * f + b * d))
-    if kind == "accelerator":   # the softmax's backward: gradients of scores and probabilities
-        transient += int(tokens * heads * span * (4 + b))
+    # the softmax's backward (accelerator): gradients of scores and probabilities
+    softmax = int(tokens * heads * span * (4 + b)) if kind == "accelerator" else 0
+    moe_grads = int(tokens * none["F"] * (f - _ceil_div(
+        cfg.n_shared_experts * cfg.moe_d_ff, shard("mlp")))) \
+        if remat != "none" and cfg.n_experts else 0
     # loss_chunks: one slice of the sequence's logits at a time (step.chunked_token_losses)
     logits = int(_ceil_div(tokens, max(1, getattr(cfg, "loss_chunks", 1))) * vocab
                  * none["logits"])
@@ -291,6 +306,11 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
         per_layer = blocks * mm // (pbytes * cfg.n_layers)
         gathered = (whole[out_proj] * mm // pbytes if out_proj in fsdp else 0) \
             + 2 * per_layer
+        if moe_grads:   # a layer's whole weight gradient before its reduce-scatter:
+            moe_grads += blocks // cfg.n_layers   # every expert's (E x a dense MLP)
+    # a recomputed MoE layer's backward runs its MLP's (the slots' gradients) before its
+    # attention's (the softmax's): the two are not live at once
+    transient += max(moe_grads, softmax) if moe_grads else softmax
     forward = saved + max(logits, transient) + gathered + embedding_grads + scratch
     if kind == "cpu":
         reduced = sum(v for k, v in whole.items() if k not in fsdp)
@@ -315,6 +335,30 @@ def moe_slots_per_token(cfg: GPTConfig, group: int) -> float:
     from workbench.models.moe import capacity
 
     return cfg.n_experts * capacity(cfg, max(1, int(group))) / max(1, int(group))
+
+
+def moe_padding_flops(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
+                      mesh: MeshInfo) -> float:
+    """FLOPs the experts spend on empty slots in one training step, all devices: the
+    routed SwiGLU runs on ``slots`` rows per token (:func:`moe_slots_per_token`: ``E``
+    dropless, about ``capacity_factor·k`` with a capacity) where ``k`` carry a token, so
+    the hardware does ``slots / k`` times the routed experts' model FLOPs
+    (``2·3·D·Fe·k`` per token and layer, ``workbench.flops``), three times for training
+    and once more for the gate and up projections remat recomputes
+    (``flops.remat_recompute``). 0 for a dense model."""
+    if not cfg.n_experts:
+        return 0.0
+    from workbench.flops import remat_recompute
+
+    ea = [a for a in rules.axes("experts") if a in mesh.shape]
+    shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
+    group = _ceil_div(batch, shard("batch")) * _ceil_div(seq, shard("seq")) \
+        * (axes_size(mesh, ea) if cfg.moe_dispatch == "all_gather" else 1)
+    k = cfg.experts_per_token
+    empty = max(0.0, moe_slots_per_token(cfg, group) - k)
+    forward = 2 * 3 * cfg.d_model * cfg.moe_d_ff * empty * batch * seq * cfg.n_layers
+    zero = dict.fromkeys(("qkv", "attention", "out_proj", "logits"), 0.0)
+    return 3 * forward + remat_recompute(cfg, {**zero, "mlp": forward})
 
 
 def activation_bytes(cfg: GPTConfig, batch: int, seq: int, rules: Rules,

@@ -150,7 +150,7 @@ def clear_cache() -> None:
         _CACHE.clear()
 
 
-def _submit(key: str, lowered: Any, persist: bool
+def _submit(key: str, lowered: Any, persist: bool, extra: dict[str, Any] | None = None
             ) -> tuple[concurrent.futures.Future, bool]:
     with _LOCK:
         fut = _CACHE.get(key)
@@ -174,10 +174,10 @@ def _submit(key: str, lowered: Any, persist: bool
                     # JAX's own cache (if on) cannot read compile-only executables back
                     warnings.filterwarnings(
                         "ignore", message="Error reading persistent compilation cache")
-                    compiled = lowered.compile()
+                    compiled = lowered.compile(extra or None)
                 _disk_store(key, compiled, time.perf_counter() - t0)
             else:
-                compiled = lowered.compile()
+                compiled = lowered.compile(extra or None)
         except MemoryError as err:  # the host ran short: another try may succeed
             with _LOCK:
                 if _CACHE.get(key) is fut:
@@ -195,7 +195,8 @@ def _submit(key: str, lowered: Any, persist: bool
 def compile_lowered(lowered: Any, devices: Any, *, what: str,
                     status: Callable[[str], Callable[[str], None]] | None,
                     in_place: bool = False, persist: bool = False,
-                    options: dict[str, Any] | None = None) -> CompileResult:
+                    options: dict[str, Any] | None = None,
+                    extra: dict[str, Any] | None = None) -> CompileResult:
     """Compile ``lowered`` (a ``jax.stages.Lowered``) for ``devices`` with progress.
 
     Args:
@@ -209,6 +210,9 @@ def compile_lowered(lowered: Any, devices: Any, *, what: str,
         compile-only devices; the result is then a ``StoredExecutable``).
       options: the compile options ``lowered`` carries (from ``jax.jit(compiler_options=)``),
         part of the cache key.
+      extra: compile options added to those ``lowered`` carries for this compile
+        (``lowered.compile(extra)``: a retry with an option that avoids a compiler
+        failure, ``measure.RETRY_OPTIONS``); part of the cache key.
 
     Raises:
       KeyboardInterrupt: Ctrl-C while waiting; the compile goes on in the background and a
@@ -216,8 +220,8 @@ def compile_lowered(lowered: Any, devices: Any, *, what: str,
       Exception: whatever the compiler raised.
     """
     t0 = time.perf_counter()
-    key = fingerprint(lowered, devices, options)
-    fut, cached = _submit(key, lowered, persist)
+    key = fingerprint(lowered, devices, {**(options or {}), **(extra or {})})
+    fut, cached = _submit(key, lowered, persist, extra)
     if cached and fut.done() and fut.exception() is None:
         compiled, seconds, _ = fut.result()
         if status is not None:

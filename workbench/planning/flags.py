@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["OVERLAP_FLAGS", "compile_options"]
+__all__ = ["OVERLAP_FLAGS", "RETRY_FLAGS", "compile_options", "retry_options"]
 
 #: Overlap flags by platform (MaxText's LIBTPU_INIT_ARGS for FSDP on v5p/v6e:
 #: DATA_PARALLEL_OVERLAP, CF_FOR_ALL_GATHER and CF_FOR_ALL_REDUCE; XLA's GPU
@@ -63,3 +63,29 @@ def compile_options(platform: str, overlap: bool | Mapping[str, Any] = True
                         f"got {overlap!r}")
     key = "gpu" if platform in ("gpu", "cuda", "rocm") else platform
     return dict(OVERLAP_FLAGS.get(key, {})) if overlap else {}
+
+
+#: TPU compiler failures that a compile option avoids: a fragment of the error message ->
+#: the options a plan's compile is retried with, once (``measure.compile_step``; the plan
+#: then says "compiled with <options> after <error>" and shows them in
+#: ``Plan.compiler_options``). Memory space assignment (MSA) places buffers in the
+#: on-chip alternate memory (VMEM); a program whose VMEM-pinned buffers outgrow what the
+#: scoped-VMEM reservation leaves fails with "requires allocation in the alternate
+#: memory, which could not be satisfied". Both options are accepted by libtpu 0.0.42:
+#: ``xla_tpu_msa_reduce_scoped_vmem_limit`` lets MSA shrink the scoped reservation, and
+#: ``xla_vf_vmem_memory_space_assignment=False`` stops MSA placing its own (optional)
+#: buffers in the v5p's VMEM, leaving it to the pinned ones.
+RETRY_FLAGS: dict[str, dict[str, Any]] = {
+    "requires allocation in the alternate memory": {
+        "xla_tpu_msa_reduce_scoped_vmem_limit": True,
+        "xla_vf_vmem_memory_space_assignment": False,
+    },
+}
+
+
+def retry_options(message: str) -> tuple[str, dict[str, Any]] | None:
+    """``(the matched fragment, the options that avoid it)`` for a TPU compiler failure
+    ``RETRY_FLAGS`` knows, else None."""
+    low = message.lower()
+    return next(((frag, dict(opts)) for frag, opts in RETRY_FLAGS.items()
+                 if frag.lower() in low), None)

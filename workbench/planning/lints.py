@@ -28,7 +28,9 @@ class Lint:
             ``memory``, ``unmapped``, ``unannotated``, ``reshard`` (a layout conflict the
             compiler resolved by moving data), or for context parallelism
             ``context_uneven``, ``ring_slow_links``, ``context_kv``, or for mixtures of
-            experts ``moe_experts_uneven``, ``moe_expert_batch``, ``moe_capacity``.
+            experts ``moe_experts_uneven``, ``moe_expert_batch``, ``moe_capacity``, or
+            ``compile_retry`` (the TPU compiler failed without an option it then
+            compiled with).
         severity: ``error`` (will not run / fit), ``warning`` (wastes memory or compute),
             ``info`` (a cost worth knowing).
         path: the tensor (or mesh axis / logical axis) it is about.
@@ -430,3 +432,16 @@ def reshards(found: Sequence[Reshard], *, most: int = 6) -> list[Lint]:
                      "all (plan.reshards lists every one)"),
             fix="constrain the model's activations to the layouts their consumers want"))
     return out
+
+
+def compile_retry(retried: str, options: Mapping[str, Any]) -> list[Lint]:
+    """An info lint when the step compiled only with an option that avoids a compiler
+    failure (``flags.RETRY_FLAGS``): ``retried`` says which and after what."""
+    if not retried:
+        return []
+    return [Lint(kind="compile_retry", severity="info", path="compiler_options",
+                 message=retried,
+                 fix=f"nothing to do for the plan; a run of this step on TPU needs the same "
+                     f"options ({dict(options)!r}: jax.jit's compiler_options, or "
+                     "--name=value flags in LIBTPU_INIT_ARGS), or a smaller step (fewer "
+                     "tokens per device, a capacity_factor)")]

@@ -18,6 +18,7 @@ from workbench.layouts import format_bytes
 from workbench.planning import analytic
 from workbench.planning.activations import explain_collectives
 from workbench.planning.compile import compile_lowered
+from workbench.planning.flags import retry_options
 from workbench.planning.hlo import Collective, parse_collectives, parse_reshards
 
 __all__ = ["CompileOutcome", "Measured", "Target", "compile_step", "measure", "say_once"]
@@ -51,6 +52,12 @@ class CompileOutcome:
     cached: bool = False
     memory: dict[str, Any] | None = None
     collectives: list[Collective] | None = None
+    retried: str = ""
+    extra_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _first_line(err: BaseException) -> str:
+    return next((ln for ln in str(err).splitlines() if ln.strip()), "")[:300]
 
 
 def compile_step(jitted: Any, args: tuple[Any, ...], info: Any, target: Target,
@@ -58,7 +65,9 @@ def compile_step(jitted: Any, args: tuple[Any, ...], info: Any, target: Target,
                  progress: bool) -> CompileOutcome:
     """Lower and compile the step for ``target``. On an abstract TPU slice, a layout JAX
     cannot lower (indivisible dims) or a step the compiler refuses for memory becomes an
-    estimate that says why; any other error is raised."""
+    estimate that says why; a compiler failure that an option avoids
+    (``flags.RETRY_FLAGS``) is compiled once more with it, and the outcome says so
+    (``retried``); any other error is raised."""
     where = info.describe() + (f" ({target.topology})" if target.topology else "")
     compiler = target.source.replace("-", " ")
     try:
@@ -70,12 +79,25 @@ def compile_step(jitted: Any, args: tuple[Any, ...], info: Any, target: Target,
             f"the {compiler} cannot take this layout (a tensor dimension is not "
             f"divisible by its mesh axes: {str(err).splitlines()[0][:200]}); see the "
             "'uneven' lint for which tensor and the fix"))
+    compile_only = info.jax_mesh is None and target.source == "tpu-compiler"
+    run = lambda extra: compile_lowered(  # noqa: E731
+        lowered, list(target.mesh.devices.flat), what=f"{label}: the train step for {where}"
+        + (f" with {extra}" if extra else ""), status=status_line if progress else None,
+        in_place=in_notebook(), persist=info.jax_mesh is None,
+        options=getattr(jitted, "_workbench_options", None), extra=extra)
+    retried, extra, tried = "", {}, ""
     try:
-        result = compile_lowered(lowered, list(target.mesh.devices.flat),
-                                 what=f"{label}: the train step for {where}",
-                                 status=status_line if progress else None,
-                                 in_place=in_notebook(), persist=info.jax_mesh is None,
-                                 options=getattr(jitted, "_workbench_options", None))
+        try:
+            result = run(None)
+        except jax.errors.JaxRuntimeError as err:
+            fix = retry_options(str(err)) if compile_only else None
+            if fix is None:
+                raise
+            extra = fix[1]
+            retried = (f"compiled with {', '.join(f'{k}={v}' for k, v in extra.items())} "
+                       f"after the {compiler} failed without: {_first_line(err)}")
+            tried = f"; retried with {extra}, which failed too"
+            result = run(extra)
     except Exception as err:  # noqa: BLE001 - only the compiler's OOM verdict is kept
         oom = _compiler_oom(err)
         if oom is None and info.jax_mesh is None and target.source == "tpu-compiler" \
@@ -84,10 +106,9 @@ def compile_step(jitted: Any, args: tuple[Any, ...], info: Any, target: Target,
             # a compile-only TPU target: the compiler's own failure (an internal error of
             # the installed libtpu) leaves the formulas, said in the plan; what the user
             # gave wrong (an unknown compile option: INVALID_ARGUMENT) is raised
-            first = next((ln for ln in str(err).splitlines() if ln.strip()), "")[:300]
             return CompileOutcome(target=target.estimate(
-                f"the {compiler} failed on this step ({first}); the numbers are the "
-                "formulas' estimates"))
+                f"the {compiler} failed on this step ({_first_line(err)}{tried}); the "
+                "numbers are the formulas' estimates"))
         if oom is None:
             raise
         need, free = oom
@@ -95,15 +116,19 @@ def compile_step(jitted: Any, args: tuple[Any, ...], info: Any, target: Target,
             target=target.estimate(
                 f"the {compiler} rejected this step: it needs {format_bytes(need)} of "
                 f"temporaries per device where {format_bytes(free)} are free, so it does "
-                "not fit; memory 'temp' is the compiler's, the rest are estimates"),
+                "not fit; memory 'temp' is the compiler's, the rest are estimates"
+                + (f" ({retried.replace('compiled with', 'retried with', 1)})"
+                   if retried else "")),
             memory=dict(estimate, temp=need, activations=need - int(estimate["gradients"]),
                         total=int(estimate["total"]) - int(estimate["temp"]) + need,
                         compiler_required_temp=need, compiler_available=free))
     compiled = result.compiled
     return CompileOutcome(
-        target=target, compiled=compiled, seconds=result.seconds, cached=result.cached,
-        memory=_compiled_memory(compiled, estimate, limit),
-        collectives=parse_collectives(compiled.as_text(), info.axis_names, info.axis_sizes))
+        target=dataclasses.replace(target, reason=f"{target.reason}; {retried}")
+        if retried else target, compiled=compiled, seconds=result.seconds,
+        cached=result.cached, memory=_compiled_memory(compiled, estimate, limit),
+        collectives=parse_collectives(compiled.as_text(), info.axis_names, info.axis_sizes),
+        retried=retried, extra_options=extra)
 
 
 #: Status codes of the TPU compiler's own failures (not of what it was given).

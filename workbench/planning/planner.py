@@ -120,7 +120,8 @@ def _assemble(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured, warnin
         memory=m.memory, memory_estimate=step.estimate, collectives=m.collectives,
         warnings=warnings, layouts=step.layouts, logical=step.logical,
         compile_seconds=m.outcome.seconds, compile_cached=m.outcome.cached,
-        plan_seconds=seconds, pipeline=m.pipeline, compiler_options=setup.options,
+        plan_seconds=seconds, pipeline=m.pipeline,
+        compiler_options={**setup.options, **m.outcome.extra_options},
         attention=setup.attention,
         compiled_numbers=None if compiled is None else CompiledNumbers(
             compiled, tpu=target.source == "tpu-compiler"))

@@ -17,7 +17,8 @@ from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
 from workbench.models.config import REMAT_POLICIES
-from workbench.planning.analytic import batch_axes, compute_split, weight_axes
+from workbench.planning.analytic import (batch_axes, compute_split, moe_padding_flops,
+                                         weight_axes)
 from workbench.planning.attention_cost import kernel_flops
 from workbench.planning.hlo import (Collective, compiler_cycles, loop_trip_counts,
                                     unestimated_instructions)
@@ -301,7 +302,7 @@ class PlanReport:
                                    and self.cfg.remat != "none"
                                    and "context" not in _kept(self.cfg.remat) else 0.0)
         flops = (cost["flops"] + kernel / self.compute_split) if compiled else \
-            (self.model_flops + self.flops.recompute - attn + kernel) \
+            (self.model_flops + self.flops.recompute - attn + kernel + self.padding_flops) \
             / self.compute_split * self.pipeline_factor
         return predict(
             flops=flops,
@@ -315,7 +316,9 @@ class PlanReport:
                        self._compiler_compute(kernel, flops - kernel / self.compute_split)
                        if hardware is None else (None, ""))),
             exposed_axes=self._weight_only_axes(),
-            flops_source=(label if compiled else why + "model FLOPs (+ remat) / compute split")
+            flops_source=(label if compiled else why + "model FLOPs (+ remat"
+                          + (", + the experts' empty slots: analytic.moe_padding_flops"
+                             if self.padding_flops else "") + ") / compute split")
             + (f"; + the {self.attention.split(':')[0]} kernel's FLOPs by formula "
                "(attention_cost.kernel_flops: cost analysis does not count Pallas kernels)"
                if kernel else ""),
@@ -371,13 +374,21 @@ class PlanReport:
         return compute_split(self.rules, self.mesh, params)
 
     @property
+    def padding_flops(self) -> float:
+        """FLOPs a mixture of experts spends on empty expert slots (dropless or capacity
+        padding), all devices, by formula (``analytic.moe_padding_flops``); 0 when dense."""
+        if self.cfg is None or not self.cfg.n_experts:
+            return 0.0
+        return moe_padding_flops(self.cfg, self.batch, self.seq, self.rules, self.mesh)
+
+    @property
     def flops_per_device(self) -> float:
-        """Compiled per-device FLOPs, or (estimate) model FLOPs plus remat's recompute,
-        divided by ``compute_split``."""
+        """Compiled per-device FLOPs, or (estimate) model FLOPs plus remat's recompute and
+        the experts' empty slots, divided by ``compute_split``."""
         if self.compiled_flops_per_device is not None:
             return self.compiled_flops_per_device
-        return (self.model_flops + self.flops.recompute) / self.compute_split \
-            * self.pipeline_factor
+        return (self.model_flops + self.flops.recompute + self.padding_flops) \
+            / self.compute_split * self.pipeline_factor
 
     @property
     def pipeline_factor(self) -> float:

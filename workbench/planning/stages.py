@@ -378,7 +378,8 @@ def lint(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured,
             + lints.fsdp_gathers(p_lay, rules, info, m.collectives, compiled)
             + setup.early_lints
             + (lints.unannotated(step.state.logical, p_lay) if cfg is None else [])
-            + lints.reshards(m.reshards))
+            + lints.reshards(m.reshards)
+            + lints.compile_retry(m.outcome.retried, m.outcome.extra_options))
 
 
 def _loss_chunk_savings(cfg: GPTConfig | None, batch: int, seq: int, rules: Rules,
