@@ -123,7 +123,8 @@ def rows_of(results: Sequence[dict[str, Any]], setup: str) -> list[dict[str, Any
                          "value": round(t["during"] / t["outside"], 3),
                          "unit": "tokens/s during / outside", "target": "", "ok": None,
                          "notes": f"{t['during']:,.0f} tokens/s traced, {t['outside']:,.0f} "
-                                  f"untraced ({STEPS} traced after {WARMUP} untraced steps)"})
+                                  f"untraced ({STEPS} traced between {WARMUP} untraced steps "
+                                  f"before and {WARMUP} after, the first left out)"})
     return rows
 
 
@@ -219,7 +220,8 @@ def cpu_table() -> str:
     lines = [*TABLE_HEAD, *error_table(one, "1 process x 8 CPU devices"),
              *error_table(two, "2 processes x 4 CPU devices, gloo")]
     return ("Calibrated on the first case of each setup (the row marked fitted on), "
-            f"predicting the others; steps {STEPS} traced after {WARMUP} untraced.\n\n"
+            f"predicting the others; steps {STEPS} traced between {WARMUP} untraced ones "
+            "before and after.\n\n"
             + "\n".join(lines) + "\n")
 
 
