@@ -2,6 +2,7 @@
 and then a second time in the same folder."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import re
@@ -31,6 +32,33 @@ SECOND_RUN_SAYS = {
     "06_launch_from_a_cell": "runs/06-job already holds",
     "12_train_on_your_own_text": "run directory: runs/12-own-text-2",
 }
+
+
+#: Notebooks whose SLURM cell submits where a controller answers (``sinfo``): their test
+#: starts the cluster tests' own slurmctld + slurmd + munge (tests/_clusters.py) and points
+#: the kernel at it (``SLURM_CONF``), so the notebook's launch runs on a real scheduler.
+ON_SLURM = {"06_launch_from_a_cell"}
+
+
+@contextlib.contextmanager
+def _cluster_for(stem: str, factory: pytest.TempPathFactory):
+    """The extra kernel environment of notebook ``stem``: a running local SLURM's for
+    the ON_SLURM notebooks (stopped afterwards), else nothing. Where SLURM is not
+    installed (outside `make test`; under CI that fails) the notebook runs without it."""
+    if stem not in ON_SLURM:
+        yield {}
+        return
+    from _clusters import LocalSlurm
+
+    try:
+        cluster = LocalSlurm(factory.mktemp("nb-slurm")).start()
+    except pytest.skip.Exception:
+        yield {}
+        return
+    try:
+        yield dict(cluster.env)
+    finally:
+        cluster.stop()
 
 
 def kernel_env(cache: pathlib.Path) -> dict[str, str]:
@@ -80,13 +108,13 @@ def _marks(stem: str) -> list[pytest.MarkDecorator]:
     return marks
 
 
-def run_notebook(path: pathlib.Path, cwd: pathlib.Path,
-                 cache: pathlib.Path) -> tuple[nbformat.NotebookNode, float]:
+def run_notebook(path: pathlib.Path, cwd: pathlib.Path, cache: pathlib.Path,
+                 env: dict[str, str] | None = None) -> tuple[nbformat.NotebookNode, float]:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=HEAVY_S.get(path.stem, CELL_S), kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}})
     t0 = time.perf_counter()
-    client.execute(env=kernel_env(cache), cwd=str(cwd))
+    client.execute(env={**kernel_env(cache), **(env or {})}, cwd=str(cwd))
     return nb, time.perf_counter() - t0
 
 
@@ -125,7 +153,8 @@ def test_notebook_is_stripped_and_simulates_devices_first(path):
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", [
     pytest.param(p, id=p.stem, marks=_marks(p.stem)) for p in NOTEBOOKS])
-def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path, cache_dir):
+def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path, cache_dir,
+                                                                  tmp_path_factory):
     """A learner runs the notebook, then runs it again from the top in the same folder:
     both runs finish without an error, whatever the first left behind in the folder (run
     directories, checkpoints, config files), reading the plans and compiled steps it
@@ -137,7 +166,9 @@ def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path
             assert SECOND_RUN_SAYS.get(path.stem) is None, f"{path.stem} left nothing behind"
             print(f"{path.stem}: the first run left nothing in its folder; no second run")
             return
-        nb, seconds = run_notebook(path, tmp_path, cache_dir)
+        with _cluster_for(path.stem, tmp_path_factory) as env:
+            nb, seconds = run_notebook(path, tmp_path, cache_dir, env)
+        on_slurm = "SLURM_CONF" in env
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
                   if o.output_type == "error"]
         assert not errors, f"{path.stem}, {attempt}: {errors[0].get('ename')}: " \
@@ -147,6 +178,8 @@ def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path
         time.sleep(0.5)
         assert not _processes_in(tmp_path), f"{path.stem} left processes running ({attempt})"
         print(f"{path.stem}, {attempt}: {seconds:.1f} s ({_slowest_cells(nb)})")
+        if on_slurm:   # the SLURM cell submitted, and the job completed
+            assert "'state': 'COMPLETED'" in text, f"{path.stem}, {attempt}: no SLURM run"
     said = SECOND_RUN_SAYS.get(path.stem)
     assert said is None or said in text, f"{path.stem}'s second run does not say {said!r}"
 
