@@ -104,10 +104,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-    """The session's one data and compile cache (``WORKBENCH_CACHE``), shared by the
-    pytest-xdist workers (its writes are atomic renames)."""
-    base = tmp_path_factory.getbasetemp()
-    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "wb-cache"
+    """The session's one data and compile cache (``WORKBENCH_CACHE``), one per pytest-xdist
+    worker: the check that only ``tpu`` tests compile TPU plans (below) reads what appeared
+    in it during a test, which another worker's writes would falsify."""
+    return tmp_path_factory.getbasetemp() / "wb-cache"
 
 
 @pytest.fixture(scope="session", autouse=True)
