@@ -2,6 +2,7 @@
 on resume, and serves it checked: to the lab's API and to the inline train panel."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -205,12 +206,7 @@ async def test_runs_api_passes_the_prediction_through(jp_root_dir: Path, jp_base
     _hand_edited(jp_root_dir, "bad", MALFORMED)
     _hand_edited(jp_root_dir, "partly", PARTLY)
 
-    async def get(*parts: str) -> Any:
-        path = "/".join(urllib.parse.quote(p, safe="") for p in parts)
-        resp = await http_server_client.fetch(f"{jp_base_url}workbench/api/{path}",
-                                              headers=jp_auth_header, raise_error=False)
-        assert resp.code == 200, (parts, resp.code)
-        return json.loads(resp.body)
+    get = functools.partial(_api_get, http_server_client, jp_base_url, jp_auth_header)
 
     good = await get("runs", "good")
     assert good["prediction"] == runs.clean_prediction(pred) == pred
@@ -221,6 +217,15 @@ async def test_runs_api_passes_the_prediction_through(jp_root_dir: Path, jp_base
     assert listed["good"]["prediction"] == {k: pred[k] for k in ("step_seconds", "mfu",
                                                                  "bound", "source")}
     assert listed["bad"]["prediction"] is None and listed["bad"]["step"] == 1
+
+
+async def _api_get(client: Any, base_url: str, headers: dict[str, str], *parts: str) -> Any:
+    """GET ``workbench/api/<parts...>`` (each part URL-quoted); asserts 200, returns JSON."""
+    path = "/".join(urllib.parse.quote(p, safe="") for p in parts)
+    resp = await client.fetch(f"{base_url}workbench/api/{path}", headers=headers,
+                              raise_error=False)
+    assert resp.code == 200, (parts, resp.code)
+    return json.loads(resp.body)
 
 
 @pytest.fixture(scope="module")
@@ -249,12 +254,7 @@ async def test_profiles_api_serves_the_profile_of_a_real_run(
     (bad / "report.json").write_text('{"rows": [{"name": "compute", "predicted": NaN, '
                                      '"measured": 1}], "verdict": 3}')
 
-    async def get(*parts: str) -> Any:
-        path = "/".join(urllib.parse.quote(p, safe="") for p in parts)
-        resp = await http_server_client.fetch(f"{jp_base_url}workbench/api/{path}",
-                                              headers=jp_auth_header, raise_error=False)
-        assert resp.code == 200, (parts, resp.code)
-        return json.loads(resp.body)
+    get = functools.partial(_api_get, http_server_client, jp_base_url, jp_auth_header)
 
     name = Path(report.directory).name           # profiles/<first traced step>
     detail = await get("runs", "profiled")
