@@ -209,7 +209,7 @@ def calibrate(reports: Any | Sequence[Any], *, spec: Any = None, save: bool = Tr
             if t.kind:
                 network = r.processes > 1 and _crosses_processes(r, t.axes)
                 rows[f"{t.kind}@network" if network else t.kind].append(
-                    (float(t.count), t.predicted, t.measured))
+                    (float(t.latencies or t.count), t.predicted, t.measured))
     lat0 = spec.collective_latency or 0.0
     link = spec.nvlink_bandwidth or spec.ici_link_bandwidth or spec.hbm_bandwidth or 0.0
     colls = {}

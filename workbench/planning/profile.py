@@ -4,7 +4,10 @@ One row per term of ``plan.predicted.breakdown`` with the measured time of the s
 (:class:`workbench.planning.trace.StepProfile`): compute (matmul ops), memory (the other
 ops), each collective (matched by kind and mesh axes), the overlap (predicted hidden
 communication vs ops measured running beside others), and what the prediction leaves out
-(idle and host time). The largest disagreement is named in words.
+(idle and host time). The largest disagreement is named in words. For XLA:CPU's simulated
+devices the measured side is the host's time (``StepProfile.shared``): the prediction
+models them as sharing the host's cores, and their ops' own durations are stretched by
+however many other devices' ops ran beside them.
 """
 from __future__ import annotations
 
@@ -31,6 +34,9 @@ class Term:
       note: how the measured side is counted.
       wait: of ``measured``, time waiting for the group's other devices to arrive (a
         collective row on XLA:CPU; 0 elsewhere).
+      latencies: collective rows: the latencies per step the prediction charges
+        (instructions x the arrays each carries on XLA:CPU, where every array of a
+        tuple-shaped collective is its own rendezvous; instructions elsewhere).
     """
 
     name: str
@@ -41,6 +47,7 @@ class Term:
     count: int = 0
     note: str = ""
     wait: float = 0.0
+    latencies: int = 0
 
     @property
     def ratio(self) -> float | None:
@@ -88,6 +95,13 @@ class ProfileReport(Displayable):
         raise KeyError(f"no term {name!r}; terms: {[t.name for t in self.terms]}")
 
     @property
+    def own_step_seconds(self) -> float:
+        """The measured step less the time other processes took the host's cores (on
+        XLA:CPU, the "other processes" row): the step with the machine to itself."""
+        others = next((t.measured for t in self.terms if t.name == "other processes"), 0.0)
+        return self.term("step").measured - others
+
+    @property
     def largest_disagreement(self) -> Term:
         """The term (not the step) whose measured time is farthest from its prediction."""
         return max((t for t in self.terms if t.name != "step"), key=lambda t: abs(t.error))
@@ -120,7 +134,8 @@ class ProfileReport(Displayable):
         """JSON-friendly rows (the widget's data)."""
         return [{"name": t.name, "predicted": t.predicted, "measured": t.measured,
                  "kind": t.kind, "axes": list(t.axes), "count": t.count, "note": t.note,
-                 "wait": t.wait, "ratio": t.ratio} for t in self.terms]
+                 "wait": t.wait, "latencies": t.latencies, "ratio": t.ratio}
+                for t in self.terms]
 
     def table(self) -> str:
         """The terms as text."""
@@ -179,36 +194,62 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
     """
     pred = prediction.to_dict() if hasattr(prediction, "to_dict") else dict(prediction)
     b = pred["breakdown"]
-    cats = measured.categories
+    # XLA:CPU: the host's time (the devices share its cores, as the prediction models them)
+    host = bool(measured.shared)
+    cats = measured.shared if host else measured.categories
     by_key: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(
-        lambda: [0.0, 0.0, 0, 0.0])
+        lambda: [0.0, 0.0, 0, 0.0, 0])
     for c in b.get("collectives", ()):
         rec = by_key[(c["kind"], tuple(c["axes"]))]
         rec[0] += float(c["seconds"])
         rec[2] += int(c["count"])
+        rec[4] += int(c["count"]) * int(c.get("buffers", 1))
     for m in measured.collectives:
         rec = by_key[(m.kind, tuple(m.axes))]
-        rec[1] += m.seconds
-        rec[3] += m.wait
+        secs = m.shared if host and m.shared is not None else m.seconds
+        rec[1] += secs
+        rec[3] += m.wait * (secs / m.seconds if m.seconds > 0 else 0.0)
         if not any((c["kind"], tuple(c["axes"])) == (m.kind, tuple(m.axes))
                    for c in b.get("collectives", ())):
             rec[2] += m.collective.count
+            rec[4] += m.collective.count * (max(1, len(m.collective.shapes)) if host else 1)
     hidden = float(b.get("communication_total", 0.0)) - float(b.get("communication", 0.0))
+    how = " (the host's time: the cores it took, shared with the other devices' ops)" \
+        if host else ""
     terms = [Term(name="compute", predicted=float(b["compute"]), measured=cats["compute"],
-                  note="ops that are, or fuse, a dot or convolution"),
+                  note="ops that are, or fuse, a dot or convolution" + how),
              Term(name="memory", predicted=float(b["memory"]),
                   measured=cats["memory"] + cats["other"],
-                  note="every other op: elementwise, reductions, copies, control flow")]
+                  note="every other op: elementwise, reductions, copies, control flow" + how)]
     terms += [Term(name=_axes_name(k, axes), predicted=p, measured=m, kind=k, axes=axes,
-                   count=n, wait=w, note="collective instructions of this kind and mesh axes")
-              for (k, axes), (p, m, n, w) in sorted(by_key.items(), key=lambda kv: -kv[1][1])]
-    terms += [Term(name="overlap (hidden)", predicted=hidden, measured=cats["concurrent"],
-                   note="time subtracted: predicted hidden communication; measured op time "
-                        "that ran beside other ops of the same device"),
-              Term(name="idle + host", predicted=0.0, measured=cats["idle"] + cats["host"],
-                   note="no op of the step running: between ops, and between steps "
-                        "(data, dispatch, metrics)"),
-              Term(name="step", predicted=float(pred["step_seconds"]),
+                   count=n, wait=w, latencies=nl,
+                   note="collective instructions of this kind and mesh axes" + (
+                       " (the host's time: the cores local work left unused while they ran)"
+                       if host else ""))
+              for (k, axes), (p, m, n, w, nl) in sorted(by_key.items(),
+                                                        key=lambda kv: -kv[1][1])]
+    if host:
+        others = float(cats.get("others", 0.0))
+        accounted = sum(t.measured for t in terms) + others
+        terms += [Term(name="overlap (hidden)", predicted=hidden, measured=0.0,
+                       note="time subtracted: predicted hidden communication; measured 0: "
+                            "the host's time of a collective is only what local work left "
+                            "unused, the exposed part"),
+                  Term(name="idle + host", predicted=0.0,
+                       measured=max(0.0, measured.step_seconds - accounted),
+                       note="the step less the host's time of its ops: cores no op used, "
+                            "and between steps (data, dispatch, metrics)"),
+                  Term(name="other processes", predicted=0.0, measured=others,
+                       note="the host's cores other processes took while the steps ran "
+                            "(/proc/stat less this process's CPU time): a loaded machine")]
+    else:
+        terms += [Term(name="overlap (hidden)", predicted=hidden, measured=cats["concurrent"],
+                       note="time subtracted: predicted hidden communication; measured op "
+                            "time that ran beside other ops of the same device"),
+                  Term(name="idle + host", predicted=0.0, measured=cats["idle"] + cats["host"],
+                       note="no op of the step running: between ops, and between steps "
+                            "(data, dispatch, metrics)")]
+    terms += [Term(name="step", predicted=float(pred["step_seconds"]),
                    measured=measured.step_seconds,
                    note="wall time per step: first op to last op of the traced steps")]
     return ProfileReport(terms=tuple(terms), prediction=pred, measured=measured,

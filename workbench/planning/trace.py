@@ -21,19 +21,34 @@ Per device and step the accounting is exact: ``step = compute + memory + collect
 other - concurrent + idle + host``, where ``concurrent`` is op time that ran beside other
 ops of the same device, ``idle`` the time inside the step's execution that no op covered,
 and ``host`` the time between executions (data loading, dispatch, metrics).
+
+XLA:CPU's simulated devices have no timeline of their own: their ops run on one pool of
+threads (here 8 Eigen + 8 client threads for 8 devices) over the host's cores, so an op's
+duration is wall time shared with the ops of every other device (on 2 cores, 4.5-6.3 ops
+were running at once on average in the bench_profile steps), and how much it is stretched
+depends on the layout. The trace is then also read as *the host's* time
+(``StepProfile.shared``, what a CPU prediction models: the devices take turns on the
+host's cores): at each instant the ``cores`` are split evenly among the running
+non-collective ops (each gets ``min(1, cores / running) / cores`` of the host per second);
+what they leave unused while a collective is in progress goes to those collectives (time
+the host spent on, or waiting in, communication), the rest is idle.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from workbench.planning.hlo import KINDS, Collective, HloGraph, parse_collectives
 
-__all__ = ["MeasuredCollective", "OpTime", "StepProfile", "read_trace", "trace_files"]
+__all__ = ["MeasuredCollective", "OpTime", "StepProfile", "host_cores", "read_trace",
+           "trace_files"]
 
 CATEGORIES = ("compute", "memory", "collectives", "other")
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
@@ -84,12 +99,16 @@ class MeasuredCollective:
       events: op events per step and device that were matched to it.
       wait: of ``seconds``, the time spent waiting for the group's other devices to
         arrive (XLA:CPU's rendezvous; 0 where the trace does not say).
+      shared: the host's time per step charged to it (``StepProfile.shared``: the cores
+        local work left unused while it ran); None when the devices have their own
+        timelines.
     """
 
     collective: Collective
     seconds: float
     events: float
     wait: float = 0.0
+    shared: float | None = None
 
     @property
     def kind(self) -> str:
@@ -119,6 +138,13 @@ class StepProfile:
         executions: data, dispatch, the host's work).
       collectives: measured time of each collective of the compiled step.
       ops: every op's time, largest first.
+      cores: the host cores the devices shared (XLA:CPU), None when each device has its
+        own timeline (GPU, TPU).
+      shared: XLA:CPU only: the host's time per step by category ("compute", "memory",
+        "collectives", "other", "idle": cores unused with no collective in progress,
+        "host": no op of any device running, "others": the cores other processes took);
+        they sum to ``shared_step_seconds``.
+      shared_step_seconds: the traced window (first op of any device to last) / steps.
     """
 
     directory: str
@@ -131,6 +157,9 @@ class StepProfile:
     categories: dict[str, float]
     collectives: tuple[MeasuredCollective, ...]
     ops: tuple[OpTime, ...]
+    cores: float | None = None
+    shared: dict[str, float] = dataclasses.field(default_factory=dict)
+    shared_step_seconds: float | None = None
 
     def top(self, k: int = 10) -> list[OpTime]:
         """The ``k`` ops that took longest (self time per step)."""
@@ -229,6 +258,8 @@ class _Event:
     end: float
     self_time: float = 0.0
     wait: float = 0.0   # inside a collective: waiting for the other devices to arrive
+    host: bool = False  # an XLA:CPU op on the host's threads (devices share its cores)
+    children: list = dataclasses.field(default_factory=list)   # nested ops' (start, end)
 
 
 def _module_runs(plane: Any, module: str) -> list[tuple[float, float]]:
@@ -313,12 +344,14 @@ def _events(files: Sequence[Path], module: str) -> list[_Event]:
                             continue
                         name, dev = str(stats["hlo_op"]), int(stats.get("device_ordinal", 0))
                         exe = stats.get("run_id")
-                    ev = _Event(name, dev, exe, start, start + float(e.duration_ns) * 1e-9)
+                    ev = _Event(name, dev, exe, start, start + float(e.duration_ns) * 1e-9,
+                                host=not device_plane)
                     ev.self_time = ev.end - ev.start
                     while stack and stack[-1].end <= ev.start:
                         stack.pop()
                     if stack and ev.end <= stack[-1].end + 1e-12:
                         stack[-1].self_time -= ev.end - ev.start
+                        stack[-1].children.append((ev.start, ev.end))
                     stack.append(ev)
                     out.append(ev)
     return out
@@ -336,6 +369,65 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total + ((cur_e - cur_s) if cur_e is not None else 0.0)
 
 
+def _shared_time(events: Sequence[_Event], collective: Sequence[bool], cores: float,
+                 available: float) -> tuple[dict[str, float], float, float, float, float]:
+    """The host's time of XLA:CPU ops whose devices share ``cores``: ``(seconds per op
+    name, idle, host, others, window)`` over the window from the first op to the last,
+    with ``sum(per op) + idle + host + others == window``.
+
+    At each instant the running non-collective ops split the ``available`` cores (those
+    other processes left) evenly, one op on at most one core, and each op is charged its
+    core time / ``cores``: the time it would take with the cores to itself. Cores they
+    leave unused go to the collectives in progress, else to ``idle``; ``host`` is time no
+    op runs at all; ``others`` the (``cores - available``) / ``cores`` other processes
+    took. An op's nested ops (a loop body in its while) are its own, not its parent's.
+    """
+    segs: list[tuple[float, float, str, bool]] = []
+    for ev, coll in zip(events, collective):
+        cur = ev.start
+        for s, e in sorted(ev.children):
+            if s > cur:
+                segs.append((cur, s, ev.name, coll))
+            cur = max(cur, e)
+        if ev.end > cur:
+            segs.append((cur, ev.end, ev.name, coll))
+    if not segs:
+        return {}, 0.0, 0.0, 0.0, 0.0
+    starts = np.array([x[0] for x in segs])
+    ends = np.array([x[1] for x in segs])
+    is_coll = np.array([x[3] for x in segs])
+    pts = np.unique(np.concatenate([starts, ends]))
+    i0, i1 = np.searchsorted(pts, starts), np.searchsorted(pts, ends)
+    running = np.zeros((2, len(pts)))
+    for row, mask in ((0, ~is_coll), (1, is_coll)):
+        np.add.at(running[row], i0[mask], 1.0)
+        np.add.at(running[row], i1[mask], -1.0)
+    local, comm = np.cumsum(running, axis=1)[:, :-1].round()
+    dt = np.diff(pts)
+    used = np.minimum(local, available)
+    rate_local = np.where(local > 0, used / np.maximum(local, 1.0), 0.0) / cores
+    rate_comm = np.where(comm > 0, (available - used) / np.maximum(comm, 1.0), 0.0) / cores
+    idle = float(np.sum(np.where((comm == 0) & (local > 0), (available - used) / cores, 0.0)
+                        * dt))
+    host = float(np.sum(np.where((comm == 0) & (local == 0), dt * available / cores, 0.0)))
+    others = float(np.sum(dt)) * (cores - available) / cores
+    cum_local = np.concatenate([[0.0], np.cumsum(rate_local * dt)])
+    cum_comm = np.concatenate([[0.0], np.cumsum(rate_comm * dt)])
+    share = np.where(is_coll, cum_comm[i1] - cum_comm[i0], cum_local[i1] - cum_local[i0])
+    out: dict[str, float] = defaultdict(float)
+    for (_, _, name, _), v in zip(segs, share):
+        out[name] += float(v)
+    return dict(out), idle, host, others, float(pts[-1] - pts[0])
+
+
+def host_cores() -> int:
+    """Cores this process may run on (its CPU affinity), what its simulated devices share."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _module_name(hlo_text: str) -> str:
     m = re.match(r"\s*HloModule\s+([\w.\-]+)", hlo_text)
     if m is None:
@@ -345,7 +437,8 @@ def _module_name(hlo_text: str) -> str:
 
 
 def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str],
-               axis_sizes: Sequence[int], executions_per_step: int = 1) -> StepProfile:
+               axis_sizes: Sequence[int], executions_per_step: int = 1,
+               cores: float | None = None, available: float | None = None) -> StepProfile:
     """Read the trace under ``directory`` into per-step time by category, collective and op.
 
     Args:
@@ -355,6 +448,12 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
       axis_names, axis_sizes: the mesh's axes, for the collectives' axes.
       executions_per_step: executions of the step program per step (gradient
         accumulation runs it once per micro-batch).
+      cores: for an XLA:CPU trace, the host cores this process's devices shared
+        (default ``host_cores()``; ``profile_step`` divides them among the processes
+        running on the host): the ``shared`` accounting. Ignored for device traces.
+      available: of ``cores``, those the traced steps had on average: other processes'
+        use of them (``workbench.train.profile.HostLoad``) goes to ``shared["others"]``
+        (default: all of them).
 
     Raises:
       FileNotFoundError: no ``.xplane.pb`` under ``directory``.
@@ -419,6 +518,26 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
                           if ins else "", source=graph.source(ins) if ins else ""))
     ops.sort(key=lambda o: -o.seconds)
     times = {o.name: o for o in ops}
+
+    shared: dict[str, float] = {}
+    by_name: dict[str, float] = {}
+    shared_step = None
+    traced = [e for d in devices for evs in per_device[d][:n_exec] for e in evs]
+    if traced and all(e.host for e in traced):   # XLA:CPU: the devices share the cores
+        cores = float(cores or host_cores())
+        available = min(cores, float(available or cores))
+        cat_of = [kinds.get(e.name, ("memory", "?"))[0] for e in traced]
+        by_name, idle, gap, others, window = _shared_time(
+            traced, [c == "collectives" for c in cat_of], cores, available)
+        shared = dict.fromkeys(CATEGORIES, 0.0)
+        for name, v in by_name.items():
+            shared[kinds.get(name, ("memory", "?"))[0]] += v / steps
+        shared["idle"], shared["host"] = idle / steps, gap / steps
+        shared["others"] = others / steps
+        shared_step = window / steps
+    else:
+        cores = None
+
     measured = []
     for c in collectives:
         names = [n for n in c.names] + [n.replace("-start", "-done") for n in c.names
@@ -426,8 +545,10 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
         measured.append(MeasuredCollective(
             collective=c, seconds=sum(times[n].seconds for n in names if n in times),
             events=sum(times[n].count for n in names if n in times),
-            wait=sum(waits.get(n, 0.0) for n in names)))
+            wait=sum(waits.get(n, 0.0) for n in names),
+            shared=sum(by_name.get(n, 0.0) for n in names) / steps if shared else None))
     return StepProfile(directory=str(directory), files=tuple(str(f) for f in files),
                        module=module, steps=steps, devices=len(devices), step_seconds=step_s,
                        execution_seconds=exec_span / steps, categories=cats,
-                       collectives=tuple(measured), ops=tuple(ops))
+                       collectives=tuple(measured), ops=tuple(ops), cores=cores,
+                       shared=shared, shared_step_seconds=shared_step)

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from workbench._validate import check_int
+from workbench.planning.trace import host_cores
 
 __all__ = ["MAX_STEPS", "ProfileError", "capture", "check_directory", "check_idle",
            "profile_step"]
@@ -120,6 +121,41 @@ def capture(directory: Path) -> Iterator[Path]:
         jax.profiler.stop_trace()
 
 
+def _cpu_times() -> tuple[float, float, float] | None:
+    """(wall seconds, busy core-seconds of the whole machine from ``/proc/stat``, this
+    process's CPU seconds); None where there is no ``/proc/stat``."""
+    try:
+        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")   # less idle and iowait
+    return time.perf_counter(), busy, time.process_time()
+
+
+class HostLoad:
+    """Cores other processes kept busy while the block ran (``with HostLoad() as load:``,
+    then ``load.others``): the machine's busy time (``/proc/stat``) less this process's
+    CPU time, over the wall time. 0.0 where the kernel does not say."""
+
+    others: float = 0.0
+
+    def __enter__(self) -> HostLoad:
+        self._t0 = _cpu_times()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        t1 = _cpu_times()
+        if self._t0 is not None and t1 is not None and t1[0] > self._t0[0]:
+            wall = t1[0] - self._t0[0]
+            self.others = max(0.0, ((t1[1] - self._t0[1]) - (t1[2] - self._t0[2])) / wall)
+
+
+def _available(cores_total: float, per_process: float, load: HostLoad) -> float:
+    """Cores the traced steps had: the host's less what other processes used (on CPU,
+    the run's other processes on this host included), at most this process's share."""
+    return min(per_process, max(0.05 * per_process, cores_total - load.others))
+
+
 def _tokens_batch(plan: Any, seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     vocab = getattr(plan.cfg, "vocab_size", None) or 256
@@ -163,6 +199,7 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
     directory = check_directory(Path(directory) if directory is not None else Path(
         "profiles") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     check_idle()
+    cores = shared_cores()
     state = plan.init_state(seed)
     batch = _tokens_batch(plan, seed)
     step = plan.compiled
@@ -178,7 +215,7 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
             times[label].append(time.perf_counter() - t0)
 
     run(warmup, "outside")
-    with capture(directory):
+    with capture(directory), HostLoad() as load:
         run(steps, "during")
     # as many untraced steps after the trace: the steps right after a compile (or a
     # first call) run slower for a while, so untraced steps only before the trace made the
@@ -186,13 +223,31 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
     run(warmup, "outside")
     times["outside"] = times["outside"][1:]
     measured = read_trace(directory, hlo_text=step.as_text(), axis_names=plan.mesh.axis_names,
-                          axis_sizes=plan.mesh.axis_sizes)
+                          axis_sizes=plan.mesh.axis_sizes, cores=cores,
+                          available=_available(host_cores(), cores, load))
     tps = {k: tokens / float(np.median(v)) for k, v in times.items() if v}
     report = profile_report(plan.predict(calibration=False), measured, plan_name=plan.name,
                             mesh=dict(plan.mesh.shape), device_kind=_kind(plan.mesh),
                             processes=jax.process_count(), tokens_per_s=tps)
     write_report(report)
     return report
+
+
+def shared_cores() -> float:
+    """The host cores this process's CPU devices get: its cores (affinity) divided among
+    the processes of the run on this host (2 processes over gloo on one machine share
+    it); on GPUs and TPUs, unused. Every process must call it (it gathers host names)."""
+    cores = float(host_cores())
+    if jax.process_count() == 1 or jax.devices()[0].platform != "cpu":
+        return cores
+    import hashlib
+    import socket
+
+    from jax.experimental import multihost_utils
+
+    me = int.from_bytes(hashlib.sha1(socket.gethostname().encode()).digest()[:3], "little")
+    hosts = np.asarray(multihost_utils.process_allgather(np.array(me, np.int32)))
+    return cores / max(1, int((hosts == me).sum()))
 
 
 def _kind(info: Any) -> str:
@@ -234,11 +289,12 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 3, plan: Any 
     plan = plan if plan is not None else trainer_plan(trainer)
     _check_plan(plan, trainer)
     prediction = plan.predict(calibration=False)
+    cores = shared_cores()
     with trainer._writing():   # refused at once when another writer holds the run directory
         if warmup:
             _finished(trainer.run(steps=trainer.step + warmup), directory)
         first = trainer.step
-        with capture(directory):
+        with capture(directory), HostLoad() as load:
             result = trainer.run(steps=first + steps)
         _finished(result, directory)
     mesh = trainer.mesh
@@ -246,7 +302,8 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 3, plan: Any 
     # what the plan predicts
     measured = read_trace(directory, hlo_text=trainer.compiled_step().as_text(),
                           axis_names=tuple(mesh.axis_names),
-                          axis_sizes=tuple(int(s) for s in mesh.devices.shape))
+                          axis_sizes=tuple(int(s) for s in mesh.devices.shape), cores=cores,
+                          available=_available(host_cores(), cores, load))
     tps = _throughput(trainer.history, first, warmup, steps, trainer.config.tokens_per_step)
     from workbench.mesh import mesh_info
 
