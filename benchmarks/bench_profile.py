@@ -87,7 +87,7 @@ def profile_cases(cases: Sequence[Sequence[Any]], directory: Path, *, mesh: dict
     for plan, rep in zip(plans, reports):
         calibrated = plan.predict(calibration=cal)
         out.append({"name": plan.name, "mesh": dict(plan.mesh.shape),
-                    "measured": rep.term("step").measured,
+                    "measured": rep.term("step").measured, "own": rep.own_step_seconds,
                     "uncalibrated": rep.term("step").predicted,
                     "calibrated": calibrated.step_seconds, "verdict": rep.verdict(),
                     "table": rep.table(), "tokens_per_s": rep.tokens_per_s,

@@ -6,9 +6,10 @@ From one or more :class:`~workbench.planning.profile.ProfileReport` of a device 
 - achieved matmul FLOP/s = the hardware entry's peak x predicted / measured compute time;
 - achieved HBM bandwidth = the entry's bandwidth x predicted / measured memory time;
 - per collective kind (and whether it crosses processes), latency ``L`` and a bandwidth
-  factor ``s``: ``measured = count x L + s x (predicted - count x L_table)``, least squares
-  over the profiles' collectives of that kind (``s`` alone where their sizes do not tell
-  the two apart); achieved bandwidth = the entry's link bandwidth / ``s``;
+  factor ``s``: ``measured = n x L + s x (predicted - n x L_table)``, least squares over
+  the profiles' merged collectives of that kind (``n``: the latencies each pays per step,
+  instructions, or on XLA:CPU instructions x arrays; ``s`` alone where their sizes do not
+  tell the two apart); achieved bandwidth = the entry's link bandwidth / ``s``;
 - overlap: op time measured running beside other ops of the same device (XLA:CPU's
   thunk executor runs independent ops side by side) / min(local, communication), in
   [0, 1]. On GPUs and TPUs the trace's collective time is what the device's op stream
@@ -205,11 +206,14 @@ def calibrate(reports: Any | Sequence[Any], *, spec: Any = None, save: bool = Tr
     mf = pm / mm if pm > 0 and mm > 0 else 1.0
     rows: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for r in reports:
-        for t in r.terms:
-            if t.kind:
-                network = r.processes > 1 and _crosses_processes(r, t.axes)
-                rows[f"{t.kind}@network" if network else t.kind].append(
-                    (float(t.latencies or t.count), t.predicted, t.measured))
+        # one row per merged collective where the report has them (their sizes and array
+        # counts differ, which pins latency and bandwidth apart), else one per term
+        for t in r.collective_rows or [
+                {"kind": t.kind, "axes": t.axes, "latencies": t.latencies or t.count,
+                 "predicted": t.predicted, "measured": t.measured} for t in r.terms if t.kind]:
+            network = r.processes > 1 and _crosses_processes(r, t["axes"])
+            rows[f"{t['kind']}@network" if network else t["kind"]].append(
+                (float(t["latencies"]), float(t["predicted"]), float(t["measured"])))
     lat0 = spec.collective_latency or 0.0
     link = spec.nvlink_bandwidth or spec.ici_link_bandwidth or spec.hbm_bandwidth or 0.0
     colls = {}

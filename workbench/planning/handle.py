@@ -134,7 +134,12 @@ class Plan(Displayable):
     def init_state(self, seed: int = 0) -> TrainState:
         """Params and optimizer state created directly into the plan's shardings."""
         self._require_devices("init_state")
-        return sharded_init(self.factory, self.optimizer, self.shardings)(jax.random.key(seed))
+        return self._init(jax.random.key(seed))
+
+    @functools.cached_property
+    def _init(self) -> Callable[..., TrainState]:
+        """The jitted init, compiled once per plan (not once per ``init_state`` call)."""
+        return sharded_init(self.factory, self.optimizer, self.shardings)
 
     def materialize(self, seed: int = 0) -> Any:
         """The sharded ``nnx.Module``: parameters are created by a function jitted with the

@@ -55,9 +55,10 @@ class CollectiveTime:
       overlap: fraction of ``seconds`` assumed hidden behind compute.
       formula: the formula used, with its numbers.
       source: where the bandwidth comes from.
-      buffers: latencies each instruction pays: 1, or on XLA:CPU the arrays it carries
-        (each array of a tuple-shaped collective is its own rendezvous of the device
-        threads: a psum of k arrays over 8 simulated devices takes about k times one's).
+      latencies: the latencies it pays per step, in units of the hardware entry's
+        collective latency: ``count``, or on XLA:CPU ``count`` x the arrays each
+        instruction carries (each array of a tuple-shaped collective is its own rendezvous
+        of the device threads) x the group's share (see ``collective_seconds``).
     """
 
     kind: str
@@ -71,7 +72,7 @@ class CollectiveTime:
     overlap: float
     formula: str
     source: str
-    buffers: int = 1
+    latencies: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -236,7 +237,7 @@ def collective_seconds(c: Collective, mesh: Any, spec: HardwareSpec) -> Collecti
         formula += f"; then n={outer}, {b / shrink:.4g} B at {bw_out:.4g} B/s ({out_name})"
         src = f"{src}; {out_src}"
     latency = (spec.collective_latency or 0.0) if n > 1 else 0.0
-    buffers = 1
+    units = 1.0 if n > 1 else 0.0   # latencies per instruction, in units of ``latency``
     if latency and spec.platform == "cpu":
         # XLA:CPU rendezvouses the device threads once per array of a tuple-shaped
         # collective, and a group of g of the N devices of a process (the latency is
@@ -245,18 +246,18 @@ def collective_seconds(c: Collective, mesh: Any, spec: HardwareSpec) -> Collecti
         # (0.36, 0.55, 1 against 0.33, 0.56, 1)
         buffers = max(1, len(c.shapes))
         local = max(1, info.size // info.n_hosts)
-        latency *= (min(inner, local) + 1) / (local + 1)
-        formula += f"; + {latency:.3g} s per array ({buffers} per instruction, a group of " \
-                   f"{min(inner, local)} of {local} devices)"
+        units = buffers * (min(inner, local) + 1) / (local + 1)
+        formula += f"; + {latency * units / buffers:.3g} s per array ({buffers} per " \
+                   f"instruction, a group of {min(inner, local)} of {local} devices)"
         src = f"{src}; {spec.source_of('collective_latency')}"
-        latency *= buffers
     elif latency:
         formula += f"; + {latency:.3g} s per instruction"
         src = f"{src}; {spec.source_of('collective_latency')}"
+    latency *= units
     return CollectiveTime(kind=c.kind, axes=tuple(c.axes), group_size=n, bytes=b,
                           count=c.count, links=links, bandwidth=bw_in if inner > 1 else bw_out,
                           seconds=(t_in + t_out + latency) * c.count, overlap=0.0,
-                          formula=formula, source=src, buffers=buffers)
+                          formula=formula, source=src, latencies=units * c.count)
 
 
 # -- the roofline ---------------------------------------------------------------------------
@@ -410,8 +411,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
 def _calibrated(t: CollectiveTime, cal: Any, table_latency: float) -> CollectiveTime:
     """``t`` at the latency and bandwidth a profile measured for its kind (and links)."""
     network = "dcn across" in t.links or "infiniband across" in t.links
-    seconds, found = cal.collective_seconds(t.kind, network, t.seconds, t.count * t.buffers,
-                                            table_latency)
+    seconds, found = cal.collective_seconds(t.kind, network, t.seconds,
+                                            t.latencies or t.count, table_latency)
     if not found:
         return t
     return dataclasses.replace(t, seconds=seconds, formula=f"{t.formula}; calibrated",

@@ -34,9 +34,8 @@ class Term:
       note: how the measured side is counted.
       wait: of ``measured``, time waiting for the group's other devices to arrive (a
         collective row on XLA:CPU; 0 elsewhere).
-      latencies: collective rows: the latencies per step the prediction charges
-        (instructions x the arrays each carries on XLA:CPU, where every array of a
-        tuple-shaped collective is its own rendezvous; instructions elsewhere).
+      latencies: collective rows: the latencies per step the prediction charges, in
+        units of the hardware entry's latency (``CollectiveTime.latencies``).
     """
 
     name: str
@@ -47,7 +46,7 @@ class Term:
     count: int = 0
     note: str = ""
     wait: float = 0.0
-    latencies: int = 0
+    latencies: float = 0.0
 
     @property
     def ratio(self) -> float | None:
@@ -73,6 +72,11 @@ class ProfileReport(Displayable):
         before the profile and of the profiled steps (the profiler's overhead), when known.
       plan_name, mesh: what was profiled (``{"data": 4, "model": 2}``).
       device_kind: the devices' kind (for the calibration).
+      processes: the processes of the run (for the calibration: which collectives cross).
+      collective_rows: one per merged collective of the step (``hlo.Collective``), its
+        predicted and measured seconds per step: ``{"kind", "axes", "bytes", "count",
+        "latencies", "predicted", "measured"}`` (what ``wb.calibrate`` fits latency and
+        bandwidth to: sizes and array counts differ between them).
     """
 
     _view = "profile_view:profile_widget"
@@ -86,6 +90,7 @@ class ProfileReport(Displayable):
     mesh: dict[str, int] = dataclasses.field(default_factory=dict)
     device_kind: str = ""
     processes: int = 1
+    collective_rows: tuple[dict[str, Any], ...] = ()
 
     def term(self, name: str) -> Term:
         """The row called ``name``."""
@@ -171,6 +176,7 @@ class ProfileReport(Displayable):
                 "rows": self.rows(),
                 "verdict": self.verdict(), "steps": self.measured.steps,
                 "categories": self.measured.categories,
+                "collective_rows": list(self.collective_rows),
                 "top_ops": [dataclasses.asdict(o) for o in self.measured.top(20)]}
 
 
@@ -203,7 +209,7 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
         rec = by_key[(c["kind"], tuple(c["axes"]))]
         rec[0] += float(c["seconds"])
         rec[2] += int(c["count"])
-        rec[4] += int(c["count"]) * int(c.get("buffers", 1))
+        rec[4] += float(c.get("latencies") or c["count"])
     for m in measured.collectives:
         rec = by_key[(m.kind, tuple(m.axes))]
         secs = m.shared if host and m.shared is not None else m.seconds
@@ -212,7 +218,6 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
         if not any((c["kind"], tuple(c["axes"])) == (m.kind, tuple(m.axes))
                    for c in b.get("collectives", ())):
             rec[2] += m.collective.count
-            rec[4] += m.collective.count * (max(1, len(m.collective.shapes)) if host else 1)
     hidden = float(b.get("communication_total", 0.0)) - float(b.get("communication", 0.0))
     how = " (the host's time: the cores it took, shared with the other devices' ops)" \
         if host else ""
@@ -252,7 +257,23 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
     terms += [Term(name="step", predicted=float(pred["step_seconds"]),
                    measured=measured.step_seconds,
                    note="wall time per step: first op to last op of the traced steps")]
+    pending: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for c in b.get("collectives", ()):
+        pending[(c["kind"], tuple(c["axes"]), int(c["bytes"]), int(c["count"]))].append(c)
+    rows = []
+    for m in measured.collectives:
+        c = m.collective
+        match = pending.get((c.kind, tuple(c.axes), int(c.bytes), int(c.count)))
+        if not match:
+            continue
+        p = match.pop(0)
+        rows.append({"kind": c.kind, "axes": list(c.axes), "bytes": int(c.bytes),
+                     "count": int(c.count),
+                     "latencies": float(p.get("latencies") or p["count"]),
+                     "predicted": float(p["seconds"]),
+                     "measured": m.shared if host and m.shared is not None else m.seconds})
     return ProfileReport(terms=tuple(terms), prediction=pred, measured=measured,
+                         collective_rows=tuple(rows),
                          directory=measured.directory, tokens_per_s=dict(tokens_per_s or {}),
                          plan_name=plan_name, mesh=dict(mesh or {}), device_kind=device_kind,
                          processes=processes)

@@ -134,10 +134,13 @@ def _cpu_times() -> tuple[float, float, float] | None:
 
 class HostLoad:
     """Cores other processes kept busy while the block ran (``with HostLoad() as load:``,
-    then ``load.others``): the machine's busy time (``/proc/stat``) less this process's
-    CPU time, over the wall time. 0.0 where the kernel does not say."""
+    then ``load.others``): the machine's busy cores (``load.busy``, from ``/proc/stat``)
+    less this process's (``load.own``, its CPU time), averaged over the wall time. All
+    0.0 where the kernel does not say."""
 
     others: float = 0.0
+    busy: float = 0.0
+    own: float = 0.0
 
     def __enter__(self) -> HostLoad:
         self._t0 = _cpu_times()
@@ -147,7 +150,9 @@ class HostLoad:
         t1 = _cpu_times()
         if self._t0 is not None and t1 is not None and t1[0] > self._t0[0]:
             wall = t1[0] - self._t0[0]
-            self.others = max(0.0, ((t1[1] - self._t0[1]) - (t1[2] - self._t0[2])) / wall)
+            self.busy = (t1[1] - self._t0[1]) / wall
+            self.own = (t1[2] - self._t0[2]) / wall
+            self.others = max(0.0, self.busy - self.own)
 
 
 def _available(cores_total: float, per_process: float, load: HostLoad) -> float:
