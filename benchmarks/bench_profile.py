@@ -115,7 +115,8 @@ def rows_of(results: Sequence[dict[str, Any]], setup: str) -> list[dict[str, Any
             "uncalibrated": round(unc, 3),
             "notes": (f"measured {r['measured'] * 1e3:.1f} ms (trace, first op to last); "
                       f"calibrated {r['calibrated'] * 1e3:.1f} ms; uncalibrated "
-                      f"{r['uncalibrated'] * 1e3:.1f} ms (x{unc:.2f}); {r['verdict']}")})
+                      f"{r['uncalibrated'] * 1e3:.1f} ms (x{unc:.2f}); " + _load_note(r)
+                      + r["verdict"])})
     for r in results:
         t = r["tokens_per_s"]
         if t.get("during") and t.get("outside"):
@@ -126,6 +127,17 @@ def rows_of(results: Sequence[dict[str, Any]], setup: str) -> list[dict[str, Any
                                   f"untraced ({STEPS} traced between {WARMUP} untraced steps "
                                   f"before and {WARMUP} after, the first left out)"})
     return rows
+
+
+def _load_note(r: dict[str, Any]) -> str:
+    """What other processes took of the host's cores during the traced steps, when it is
+    more than 2% of the step (a loaded machine): the ratio against the step without it."""
+    own = r.get("own") or r["measured"]
+    if r["measured"] - own <= 0.02 * r["measured"]:
+        return ""
+    return (f"other processes took {(r['measured'] - own) * 1e3:.1f} ms of the step's cores "
+            f"(a loaded machine): calibrated / the step less that = "
+            f"{r['calibrated'] / own:.3f}; ")
 
 
 def _env(devices: int, cal_dir: str) -> dict[str, str]:
@@ -199,15 +211,18 @@ def error_table(results: Sequence[dict[str, Any]], setup: str) -> list[str]:
         over = (f"{t['outside'] / t['during'] - 1:+.0%}" if t.get("during") and t.get("outside")
                 else "-")
         ok = ("yes" if lo <= cal <= hi else "**no**") if r["held_out"] else "(fitted on)"
+        own = r.get("own") or r["measured"]
         out.append(f"| {setup} | {r['name']} | {r['mesh']} | {r['measured'] * 1e3:.2f} | "
                    f"{r['uncalibrated'] * 1e3:.2f} | {unc:.2f} ({unc - 1:+.0%}) | "
-                   f"{r['calibrated'] * 1e3:.2f} | {cal:.2f} ({cal - 1:+.0%}) | {ok} | {over} |")
+                   f"{r['calibrated'] * 1e3:.2f} | {cal:.2f} ({cal - 1:+.0%}) | {ok} | {over} | "
+                   f"{(r['measured'] - own) * 1e3:.1f} ({r['calibrated'] / own:.2f}) |")
     return out
 
 
 TABLE_HEAD = ["| setup | case | mesh | measured ms | table ms | table / measured | "
-              "calibrated ms | calibrated / measured | within 15% | profiler overhead |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "calibrated ms | calibrated / measured | within 15% | profiler overhead | "
+              "other processes ms (calibrated / step less them) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def cpu_table() -> str:
