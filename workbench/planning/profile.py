@@ -259,7 +259,8 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
                    note="wall time per step: first op to last op of the traced steps")]
     pending: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for c in b.get("collectives", ()):
-        pending[(c["kind"], tuple(c["axes"]), int(c["bytes"]), int(c["count"]))].append(c)
+        if "bytes" in c:   # a prediction's CollectiveTime (a hand-made dict may lack it)
+            pending[(c["kind"], tuple(c["axes"]), int(c["bytes"]), int(c["count"]))].append(c)
     rows = []
     for m in measured.collectives:
         c = m.collective
