@@ -8,9 +8,10 @@ in one process with 8 devices (data=4 x model=2) and in 2 processes x 4 devices 
 ``jax.distributed`` with gloo over 127.0.0.1. The first case of each setup calibrates
 (``wb.calibrate``, into a temporary calibration directory); the others are predicted with
 that calibration and compared with their own measured step (first op to last in the
-trace, less what other processes took of the host's cores meanwhile: 0 on a quiet machine;
-``ProfileReport.own_step_seconds``). Rows, per case: predicted / measured from the hardware table (uncalibrated) and
-with the calibration (target 0.85-1.15 for the layouts it was not fitted on), the largest
+trace, less what other processes took of the host's cores meanwhile: 0 on a quiet
+machine; ``ProfileReport.own_step_seconds``). Rows, per case: predicted / measured from
+the hardware table (uncalibrated) and with the calibration (target 0.85-1.15 for the
+layouts it was not fitted on), the largest
 disagreement of each profile, and the profiler's overhead (tokens/s during the traced
 steps / outside them). ``python -m benchmarks bench_profile`` writes them into
 BENCHMARKS.md; ``python -m benchmarks.bench_profile --cpu`` runs the same and prints the
