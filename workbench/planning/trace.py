@@ -28,10 +28,11 @@ duration is wall time shared with the ops of every other device (on 2 cores, 4.5
 were running at once on average in the bench_profile steps), and how much it is stretched
 depends on the layout. The trace is then also read as *the host's* time
 (``StepProfile.shared``, what a CPU prediction models: the devices take turns on the
-host's cores): at each instant the ``cores`` are split evenly among the running
-non-collective ops (each gets ``min(1, cores / running) / cores`` of the host per second);
-what they leave unused while a collective is in progress goes to those collectives (time
-the host spent on, or waiting in, communication), the rest is idle.
+host's cores): at each instant the cores other processes left are split evenly among the
+running non-collective ops, one op on at most one core, and each op is charged its core
+time / the host's cores; what they leave unused while a collective is in progress goes to
+those collectives (time the host spent on, or waiting in, communication), the rest is
+idle, and what other processes took is "others" (``workbench.train.profile.HostLoad``).
 """
 from __future__ import annotations
 
@@ -178,6 +179,9 @@ class StepProfile:
                  f"{self.step_seconds * 1e3:.3g} ms/step"]
         lines += [f"  {name:<12} {c[name] * 1e3:9.3f} ms" for name in
                   (*CATEGORIES, "concurrent", "idle", "host")]
+        if self.shared:
+            lines.append(f"  the host's time ({self.cores:g} cores shared by the devices): "
+                         + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.shared.items()))
         lines.append(f"  top {k} ops (self time per step):")
         lines += [f"    {o.seconds * 1e3:8.3f} ms  {o.category:<11} {o.name:<28} "
                   f"{o.source or o.op}" for o in self.top(k)]
