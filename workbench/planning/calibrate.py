@@ -15,6 +15,8 @@ From one or more :class:`~workbench.planning.profile.ProfileReport` of a device 
   [0, 1]. On GPUs and TPUs the trace's collective time is what the device's op stream
   spent in the collectives (start and done ops), i.e. the exposed part, and ops run one
   at a time: the overlap measures 0 and the collective factors carry what is hidden.
+  XLA:CPU profiles are read as the host's time (``StepProfile.shared``): a collective's
+  is only what local work left unused, the exposed part, so their overlap is 0 as well.
 
 The factors are stored relative to the hardware entry (``cpu_spec`` divides one host's
 peak among its simulated devices: a calibration from 8 devices applies to 4).
