@@ -5,7 +5,9 @@ Formulas and their sources are in docs/predictions.md. In short, per device and 
     compute   = FLOPs / peak FLOP/s
     memory    = bytes accessed / HBM bandwidth
     local     = max(compute, memory)                 (the roofline: they overlap; on
-                                                      CPU compute + memory: shared cores)
+                                                      CPU compute + memory: shared cores;
+                                                      calibrated, compute + memory: each is
+                                                      then the time measured in its kernels)
                 or, for a TPU-compiled plan, the TPU compiler's own cycle estimates of
                 every fusion it scheduled (x loop trip counts) at the chip's clock, plus
                 the Pallas kernels' FLOPs at the efficiency those cycles give the step's
@@ -347,8 +349,12 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     crit = [(bool(t.axes) and set(t.axes) <= set(exposed_axes))
             or (sync_exposed and not c.overlapped) for t, c in zip(times, collectives)]
     cpu = spec.platform == "cpu"
-    # XLA:CPU's devices share the host's cores: math and memory traffic take turns
-    t_roofline = t_compute + t_memory if cpu else max(t_compute, t_memory)
+    # XLA:CPU's devices share the host's cores: math and memory traffic take turns. A
+    # calibration's factors turn the terms into the time a profile measured in matmul
+    # kernels and in memory-bound fusions, which a device's stream runs one after the other
+    # (the GPU and TPU traces' overlap is 0): calibrated terms add up as well.
+    additive = cpu or bool(cal)
+    t_roofline = t_compute + t_memory if additive else max(t_compute, t_memory)
     t_local = t_roofline if compute_seconds is None else float(compute_seconds)
     if compute_seconds is not None and t_local < t_roofline:   # faster than peak: impossible
         t_local, compute_source = t_roofline, compute_source + (
@@ -389,6 +395,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                  "local": compute_source if compute_seconds is not None else (
                      "compute + memory: simulated CPU devices share the host's cores, so "
                      "math and memory traffic do not overlap" if cpu else
+                     "compute + memory: calibrated, each the time a profile measured in its "
+                     "kind of kernel, which the device runs one after the other" if cal else
                      "max(compute, memory): the roofline (HBM traffic overlaps math)"),
                  "overlap": overlap_src + (
                      f"; collectives over {', '.join(exposed_axes)} only are on the critical "
