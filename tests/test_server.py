@@ -245,10 +245,14 @@ async def test_run_stream_pushes_appended_lines(ws: Any, jp_root_dir: Path) -> N
     latencies = []
     for s in range(11, 14):
         appended: list[float] = []
+        # the time is taken before the append: taken after it, a loaded machine can push
+        # and deliver the line before the timer's thread runs again
         timer = threading.Timer(0.2, lambda s=s, out=appended: (
-            w.log({"step": s, "loss": 0.5}), out.append(time.time())))
+            out.append(time.time()), w.log({"step": s, "loss": 0.5})))
         timer.start()
         msg = await _recv(conn)
+        while msg["type"] == "run":   # run.json, rewritten at most once a second as it logs
+            msg = await _recv(conn)
         latencies.append(time.time() - appended[0])
         assert msg["type"] == "metrics" and msg["columns"]["step"] == [s]
         assert msg["columns"]["loss"] == [0.5]
@@ -372,6 +376,8 @@ async def test_hub_sends_each_subscriber_its_changes_while_anyone_listens(tmp_pa
 
     for sub in (run_sub, list_sub, other):
         hub.unsubscribe(sub)
+    async with hub._lock:   # a poll the timer started before the last unsubscribe is over
+        pass
     w2 = _make_run(tmp_path / "c", 1)
     await asyncio.sleep(0.3)  # six poll intervals: had the timer run, it would have found "c"
     assert "c" not in hub.index.watches
