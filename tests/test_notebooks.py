@@ -81,22 +81,40 @@ CELL_S, NOTEBOOK_S = 240, 600
 #: Notebooks that compile for an abstract TPU slice (the plans land in the session's
 #: WORKBENCH_CACHE; their second run reads them back).
 TPU = {"07_teaching_on_tpu_vms", "08_plan_for_a_pod", "11_experts_and_long_sequences"}
-#: Seconds for each cell and both runs together of a notebook that compiles large models
-#: for TPU slices. 08 compiles Llama-2-70B steps with the TPU compiler, one per cell,
-#: seven on its first run (its second reads them from the plan cache). Measured on this
-#: 2-core machine under load (load average 15-40 from other work): the first compile had
-#: used 122 s of CPU when the old 600 s cell limit stopped it, so the first run needs at
-#: least 7 x 2 = 14 minutes of one core idle; a Llama-2-7B-sized run of the same cells
-#: compiled no faster (167 s of CPU, first compile unfinished), so the test runs 08 as
-#: published. A compile's time grows with the load (CI beside other work ran 2.6x slower),
-#: so the notebook has one limit, ~2.5 x its idle floor plus the second run, for every
-#: cell and both runs: a per-cell limit below it only fails a loaded machine sooner, and a
-#: hung cell is still stopped.
-#: 11 compiles MoE and long-sequence steps for v5p slices (83 s for both runs in a clean-clone
-#: CI run, one compile cell ~40 s): beside a second pytest-xdist worker and other work
-#: (load average ~30) one compile cell passed the 240 s cell limit, so it gets the same
-#: one limit for cells and runs, ~5 x its loaded time.
-HEAVY_S = {"08_plan_for_a_pod": 3600, "11_experts_and_long_sequences": 1200}
+#: Seconds for each cell and both runs together of a notebook that compiles for TPU slices
+#: (one limit for cells and runs: a compile's time grows with the load, CI beside other
+#: work ran 2.6x slower, so a per-cell limit below it only fails a loaded machine sooner,
+#: and a hung cell is still stopped). 08, on SHRINK's workload: ~3 minutes of one core
+#: idle for its seven compiles. 11 compiles MoE and long-sequence steps for v5p slices (83 s
+#: for both runs in a clean-clone CI run, one compile cell ~40 s): beside a second
+#: pytest-xdist worker and other work (load average ~30) one compile cell passed the 240 s
+#: cell limit. Both get ~5x their loaded time.
+HEAVY_S = {"08_plan_for_a_pod": 1200, "11_experts_and_long_sequences": 1200}
+#: Code a test runs right after a notebook's cell holding the anchor, to run every cell of
+#: the notebook on a smaller workload. 08 plans Llama-2-70B at 4096 tokens on v5p-128 and
+#: v5p-512: seven TPU compiles of 60-240 s of CPU each on this machine (a 70B step for
+#: v5p-128: 209-237 s), ~10 minutes of the suite's 2 cores. Model size and slice size
+#: barely move a TPU compile (a 1B model on v5p-8: 83-115 s; a width-512 model on v5p-128
+#: at 4096 tokens: 75 s), the token count and width do: the same 80 scanned layers and
+#: vocabulary at width 512 and 512 tokens take ~45 s of CPU (~25 s wall) per plan, and
+#: every plan of the notebook still fits, so each cell runs the code path a learner's
+#: does (search, the compiled re-rank, splash, the remat policies). The published
+#: configuration itself is compiled by `make bench` (bench_calibration's "70b fsdp
+#: remat=full ... on v5p-128" row, the reference rows for v5p-512).
+SHRINK = {"08_plan_for_a_pod": (
+    'GPTConfig.preset("70b")',
+    "cfg = cfg.replace(d_model=512, n_heads=4, n_kv_heads=1, head_dim=128, d_ff=1792)\n"
+    "SEQ = 512   # the test's smaller workload (tests/test_notebooks.py, SHRINK)")}
+
+
+def _shrink(nb: nbformat.NotebookNode, stem: str) -> None:
+    """Adds ``SHRINK[stem]``'s code after the one code cell holding its anchor."""
+    if stem not in SHRINK:
+        return
+    anchor, code = SHRINK[stem]
+    at = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and anchor in c.source]
+    assert len(at) == 1, f"{stem}: {len(at)} code cells hold {anchor!r}; update SHRINK"
+    nb.cells.insert(at[0] + 1, nbformat.v4.new_code_cell(code))
 
 
 def _marks(stem: str) -> list[pytest.MarkDecorator]:
@@ -111,6 +129,7 @@ def _marks(stem: str) -> list[pytest.MarkDecorator]:
 def run_notebook(path: pathlib.Path, cwd: pathlib.Path, cache: pathlib.Path,
                  env: dict[str, str] | None = None) -> tuple[nbformat.NotebookNode, float]:
     nb = nbformat.read(path, as_version=4)
+    _shrink(nb, path.stem)
     client = NotebookClient(nb, timeout=HEAVY_S.get(path.stem, CELL_S), kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}})
     t0 = time.perf_counter()

@@ -34,6 +34,7 @@ GiB = 2**30
 # %%
 cfg = wb.models.GPTConfig.preset("70b").replace(vocab_size=32000, remat="full",
                                                  scan_layers=True)
+SEQ = 4096   # tokens per sequence: MaxText's llama2-70b-4096
 print(f"{cfg.n_params / 1e9:.1f} B parameters")
 pod = wb.abstract_mesh("v5p-128", data=-1)
 print(pod.describe())
@@ -50,7 +51,7 @@ pod
 
 # %%
 t0 = time.perf_counter()
-public = wb.plan(cfg, mesh=pod, rules="fsdp", batch=64 * 4, seq=4096, name="MaxText layout")
+public = wb.plan(cfg, mesh=pod, rules="fsdp", batch=64 * 4, seq=SEQ, name="MaxText layout")
 print(f"planned in {time.perf_counter() - t0:.0f} s")
 print(public.summary())
 
@@ -86,7 +87,7 @@ for row in public.memory_rows():
 # `4 x 64 x 4096² x 4 bytes`:
 
 # %%
-scores = 4 * 64 * 4096**2 * 4
+scores = 4 * cfg.n_heads * SEQ**2 * 4
 print(f"one float32 score matrix per chip: {scores / GiB:.0f} GiB")
 
 # %% [markdown]
@@ -106,7 +107,7 @@ print(f"one float32 score matrix per chip: {scores / GiB:.0f} GiB")
 # micro-batches at the price of re-gathering the weights each time.
 
 # %%
-result = wb.search(cfg, hardware="v5p-128", batch=256, seq=4096, strategies=("fsdp", "fsdp_tp"),
+result = wb.search(cfg, hardware="v5p-128", batch=256, seq=SEQ, strategies=("fsdp", "fsdp_tp"),
                    remat=("full",), microbatches=(1, 2, 4), top_k=2)
 result
 
@@ -172,7 +173,7 @@ if p.compiler_seconds is not None:
 # what it needs.
 
 # %%
-ref_cfg = cfg.replace(rope_theta=10000.0, seq_len=4096)
+ref_cfg = cfg.replace(rope_theta=10000.0, seq_len=SEQ)
 ref_pod = wb.abstract_mesh("v5p-512", fsdp=-1)
 path = {}
 
@@ -180,7 +181,7 @@ path = {}
 def plan_step(label, **change):
     """One step of the path, compiled by the TPU compiler (a minute or two each)."""
     path[label] = wb.plan(ref_cfg.replace(**change), mesh=ref_pod, rules="fsdp",
-                          batch=256 * 4, seq=4096, name=label)
+                          batch=256 * 4, seq=SEQ, name=label)
     p = path[label]
     print(f"{label}: {'fits' if p.fits else 'does NOT fit'} ({p.source})")
 
