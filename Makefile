@@ -58,10 +58,11 @@ clusters:
 # Tests run on TEST_WORKERS pytest-xdist workers (2: this 2-core machine's cores; many tests
 # wait on subprocesses, kernels and compiles, so two keep both cores busy). Groups (conftest):
 # a module's tests stay together (its fixtures are made once), browser tests share one
-# JupyterLab on one worker, each notebook runs alone; the longest groups start first.
+# JupyterLab on one worker, each notebook runs alone; the longest groups start first
+# (conftest's order: --no-loadscope-reorder keeps it).
 # TEST_WORKERS=0 runs everything in this process (for pdb or -s).
 TEST_WORKERS ?= 2
-XDIST = -n $(TEST_WORKERS) --dist loadgroup
+XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: $(STAMP) browser clusters
 	$(BIN)/python -m pytest $(XDIST) --durations=40 $(PYTEST_ARGS)
 
