@@ -1,7 +1,9 @@
 """Test set-up: 8 simulated CPU devices before JAX starts its backends; one cache, one
 JupyterLab for the whole session (one Chromium per module); the tree left as the session found it."""
+import atexit
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,6 +14,7 @@ if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Calibrations a user stored (wb.calibrate) must not change the tests' predictions.
 os.environ["WORKBENCH_CALIBRATION"] = tempfile.mkdtemp(prefix="wb-calibration-")
+atexit.register(shutil.rmtree, os.environ["WORKBENCH_CALIBRATION"], ignore_errors=True)
 
 import pytest  # noqa: E402 - after the environment above, before any test imports JAX
 
