@@ -45,6 +45,7 @@ def _both(cfg, mesh, rules="cp"):
 
 @pytest.mark.parametrize("scan", [False, True])
 @pytest.mark.parametrize("zigzag", [False, True])
+@pytest.mark.slow
 def test_ring_permutes_equal_the_compiled_ones(zigzag, scan):
     cfg = TINY.replace(context_attention="ring", context_zigzag=zigzag, scan_layers=scan)
     compiled, estimate = _both(cfg, wb.make_mesh(data=2, context=4))
@@ -67,6 +68,7 @@ def test_ring_permutes_equal_the_compiled_ones(zigzag, scan):
 
 @pytest.mark.parametrize("scan", [False, True])
 @pytest.mark.parametrize("variant", C.VARIANTS)
+@pytest.mark.slow
 def test_remat_reruns_the_forward_collectives(variant, scan):
     cfg = TINY.replace(context_attention=variant, remat="full", scan_layers=scan,
                        context_zigzag=variant == "allgather")
@@ -90,6 +92,7 @@ def test_allgather_variant_gathers_and_scatters_k_and_v():
         ("reduce-scatter", 2 * (SEQ // 4) * 2 * 16 * 4, "f32[2,16,2,16]"): 2 * cfg.n_layers}
 
 
+@pytest.mark.slow
 def test_heads_over_a_model_axis_and_two_context_shards():
     # kv heads split over 'model' inside the ring; with 2 context shards one permute of
     # each zig-zag reorder keeps its chunks home and XLA drops it

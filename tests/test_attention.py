@@ -34,6 +34,7 @@ def reference(q, k, v):
 
 
 @pytest.mark.parametrize("blocks", [(128, 128), (64, 128), (256, 256)])
+@pytest.mark.slow
 def test_splash_interpret_equals_xla_outputs_and_gradients(blocks):
     q, k, v = qkv()
     ys = A.attend(q, k, v, impl="splash", block_sizes=blocks)
@@ -79,6 +80,7 @@ def losses(cfg, mesh, rules, steps=2):
     return out
 
 
+@pytest.mark.slow
 def test_tiny_model_trains_the_same_with_splash():
     """The kernel runs inside shard_map over batch and heads (fsdp_tp)."""
     mesh = wb.make_mesh(data=4, model=2)

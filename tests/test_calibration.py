@@ -103,6 +103,7 @@ def test_accelerator_terms_by_hand():
     assert saved["full"] == tokens * 2 * d * cfg.n_layers
 
 
+@pytest.mark.slow
 def test_cpu_remat_keeps_the_full_set(mesh):
     """XLA:CPU recomputes every layer right after the forward pass, so the CPU estimate
     does not fall with remat; the compiled temp moves by a few percent at most."""
@@ -134,6 +135,7 @@ def test_memory_row_shape(mesh, tiny_fsdp):
     assert row["terms"]["temp"] - row["terms"]["gradients"] == row["analytic"]["activations"]
 
 
+@pytest.mark.slow
 def test_step_rows_shape():
     """One real step window (no timing asserted), then the row built from its result."""
     [res] = bc.measure_steps([("tiny", "fsdp", 8, 32, 1)], windows=1)

@@ -235,6 +235,7 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path):
         _equal(again.restore(_state(mesh)).state, state1)
 
 
+@pytest.mark.slow
 def test_trainer_checkpoint_restores_onto_data4_model2(tmp_path):
     """A Trainer's checkpoint saved on data=8 (fsdp) restores into data=4, model=2 (fsdp_tp)."""
     cfg = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8},

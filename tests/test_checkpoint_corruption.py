@@ -108,6 +108,7 @@ def _damage(step_dir, kind, way):
 
 
 @pytest.mark.parametrize("kind,way", CASES, ids=[f"{k}-{w}" for k, w in CASES])
+@pytest.mark.slow
 def test_resume_from_the_newest_good_step_with_bitwise_losses(trained, tmp_path, kind, way):
     reference, base = trained
     run_dir = tmp_path / "run"

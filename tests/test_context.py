@@ -44,6 +44,7 @@ def _sharded(mesh, variant, zigzag):
 
 @pytest.mark.parametrize("variant", C.VARIANTS)
 @pytest.mark.parametrize("zigzag", [False, True])
+@pytest.mark.slow
 def test_attention_and_gradients_match_plain_attention_on_the_gathered_sequence(variant,
                                                                                  zigzag):
     mesh = wb.make_mesh(data=2, context=4)
@@ -123,6 +124,7 @@ def unsharded_losses(lm_batch):
     ("allgather", True, "fsdp_cp", False, {"model": 2}),   # heads over model, seq over context
     ("ring", False, "fsdp_cp", False, {"data": 2}),
     ("ring", True, "cp", True, {"data": 2})])
+@pytest.mark.slow
 def test_context4_trains_like_context1(variant, zigzag, preset, scan, axes, lm_batch,
                                        unsharded_losses):
     # scan: the blocks stacked and scanned, each rematerialized (same function as unrolled)

@@ -36,6 +36,7 @@ def _loss_and_grads(cfg, batch):
 
 @pytest.mark.parametrize("tie", [False, True])
 @pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.slow
 def test_chunked_loss_equals_the_whole_loss(tie, mask):
     cfg = TINY.replace(tie_embeddings=tie)
     tokens = jax.random.randint(jax.random.key(1), (3, 33), 0, cfg.vocab_size)
@@ -51,6 +52,7 @@ def test_chunked_loss_equals_the_whole_loss(tie, mask):
 
 
 @pytest.mark.parametrize("rules", ["fsdp_tp", "fsdp_cp"])
+@pytest.mark.slow
 def test_chunked_loss_trains_like_the_whole_loss_on_a_sharded_mesh(rules):
     """Three sharded steps (vocab over the model axis, or the sequence over a context
     axis): the same losses and parameters as the unchunked step."""

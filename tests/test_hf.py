@@ -62,6 +62,7 @@ def logits(model, tokens=PROMPT):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_logits_and_greedy_tokens_equal_transformers(hf, family):
     folder, want, greedy = hf[family]
     model = wb.models.from_hf(folder, mesh=_mesh(data=4, model=2), rules="fsdp_tp")
@@ -75,6 +76,7 @@ def test_logits_and_greedy_tokens_equal_transformers(hf, family):
     ("qwen2_moe", {"data": 8}, "fsdp"),
     ("llama", {"data": 4, "model": 2}, "tp"),
 ])
+@pytest.mark.slow
 def test_scanned_layers_and_other_layouts_equal_transformers(hf, family, axes, rules):
     folder, want, greedy = hf[family]
     model = wb.models.from_hf(folder, mesh=_mesh(**axes), rules=rules, scan_layers=True)
@@ -248,6 +250,7 @@ def test_streamed_tokens_are_the_greedy_tokens(hf, capsys, monkeypatch):
         wb.generate(model, PROMPT, max_new_tokens=1, stream="yes")
 
 
+@pytest.mark.slow
 def test_plan_and_trainer_start_from_hf_and_export_the_run(hf, tmp_path):
     import torch
     import transformers

@@ -94,6 +94,7 @@ def record() -> dict:
     return json.loads(_python(SNAPSHOT, dependencies))
 
 
+@pytest.mark.slow
 def test_every_module_is_imported(record):
     imported = set(record["imported"])
     for name in ("workbench.tracing", "workbench.models.gpt", "workbench.models.layers",
@@ -105,6 +106,7 @@ def test_every_module_is_imported(record):
 @pytest.mark.parametrize("part", ["environ", "jax_config", "loggers", "logger_levels",
                                   "warnings_filters", "backends_started",
                                   "backend_factories", "backend_modules", "jax_platforms"])
+@pytest.mark.slow
 def test_importing_the_package_changes_nothing(record, part):
     before, after = record["before"][part], record["after"][part]
     if isinstance(before, dict):

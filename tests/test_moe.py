@@ -144,6 +144,7 @@ def one_device():
     ({"expert": 8}, "ep", {"moe_dispatch": "all_gather"}),
     ({"expert": 4, "data": 2}, "fsdp_ep", {"scan_layers": True, "remat": "full"}),
 ], ids=["ep4x2-all_to_all", "ep8-all_gather", "fsdp_ep4x2-scan-remat"])
+@pytest.mark.slow
 def test_expert_parallel_training_equals_one_device(one_device, axes, rules, changes):
     got = _train(TINY.replace(**changes), _mesh(**axes), rules)
     ref = one_device
@@ -180,6 +181,7 @@ def test_router_losses_are_in_the_loss(one_device):
     assert 0 < m["moe_entropy"] <= math.log(cfg.n_experts)
 
 
+@pytest.mark.slow
 def test_capacity_drops_what_overflows():
     """With a capacity factor, each device's group drops its assignments past
     ``capacity`` per expert: a hand count from the same routing (top-k of the router)."""
@@ -195,6 +197,7 @@ def test_capacity_drops_what_overflows():
 
 # ----------------------------------------------------------------------------- plans
 @pytest.mark.parametrize("dispatch", ["all_to_all", "all_gather"])
+@pytest.mark.slow
 def test_dispatch_collectives_in_the_hlo_equal_the_hand_count(dispatch):
     cfg = TINY.replace(moe_dispatch=dispatch)
     batch, seq = 8, cfg.seq_len
@@ -259,6 +262,7 @@ def reference_run(tmp_path_factory):
     return run_dir, tr.losses
 
 
+@pytest.mark.slow
 def test_trainer_logs_expert_load_to_metrics_jsonl(reference_run):
     run_dir, losses = reference_run
     recs = runs.read_metrics(run_dir)
@@ -269,6 +273,7 @@ def test_trainer_logs_expert_load_to_metrics_jsonl(reference_run):
     assert all(r["moe_dropped"] == 0 and r["moe_entropy"] > 0 for r in recs)
 
 
+@pytest.mark.slow
 def test_a_new_trainer_resumes_bitwise_with_the_same_expert_loads(reference_run, tmp_path):
     """Stopped at step 3 and continued to N by a new Trainer: the router and experts restore
     exactly: the losses and every resumed step's expert loads are the uninterrupted run's.

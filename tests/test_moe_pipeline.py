@@ -62,6 +62,7 @@ def _one_step(axes, pipeline=None):
     return jax.device_get(metrics), jax.device_get(state.opt_state)
 
 
+@pytest.mark.slow
 def test_merged_microbatch_stats_are_the_whole_batch_stats():
     """merge_microbatches of a batch's micro-batches = router_stats of the whole batch; the
     load-balance loss is not the micro-batches' mean (it multiplies two token averages)."""
@@ -95,6 +96,7 @@ def unpipelined():
     {"microbatches": 4, "schedule": "gpipe"},
     {"microbatches": 2, "schedule": "circular", "repeats": 2},   # one layer per chunk
 ], ids=["gpipe", "circular"])
+@pytest.mark.slow
 def test_pipelined_step_has_the_unpipelined_loss_grads_and_router_stats(unpipelined,
                                                                         pipeline):
     ref_metrics, ref_grads = unpipelined
@@ -115,6 +117,7 @@ def test_pipelined_step_has_the_unpipelined_loss_grads_and_router_stats(unpipeli
     assert_trees_close_at_scale(grads, ref_grads, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_pipelined_moe_training_has_the_unpipelined_losses(tmp_path):
     """TrainConfig(pipeline=...) for 3 steps: the losses and expert loads of the same run
     without a pipeline."""
@@ -137,6 +140,7 @@ def test_pipelined_moe_training_has_the_unpipelined_losses(tmp_path):
         assert g["moe_aux_loss"] == pytest.approx(w["moe_aux_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_plan_of_a_pipelined_moe_shows_its_all_to_alls():
     """wb.plan(pipeline=...) of a MoE compiles; the program holds the pipeline's stage
     shifts and the dispatch's all-to-alls over the expert axis. Hand count: 4 per MoE layer

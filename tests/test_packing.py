@@ -90,6 +90,7 @@ def _alone(model, doc, width=40):
         len(doc) - 1
 
 
+@pytest.mark.slow
 def test_packed_loss_is_the_token_weighted_loss_of_each_document_alone(model):
     rng = np.random.default_rng(0)
     lengths = [9, 23, 5, 14, 30, 3, 11]

@@ -86,6 +86,7 @@ def test_forward_matches_penzai(spec, tiny):
     assert_close_at_scale(got, want, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_penzai_trains_and_resumes_bitwise(spec, tmp_path):
     cfg = wb.TrainConfig(model=spec, mesh={"data": 4, "model": 2}, rules="fsdp_tp", batch=8,
                          seq=32, steps=4, checkpoint_every=2, data="synthetic",
@@ -105,6 +106,7 @@ def test_penzai_trains_and_resumes_bitwise(spec, tmp_path):
                  again.state.params, straight.state.params)
 
 
+@pytest.mark.slow
 def test_show_renders_the_penzai_model_in_treescope(spec):
     plan = wb.plan(spec, mesh=wb.make_mesh(data=4, model=2), rules="fsdp_tp", batch=8,
                    seq=16, compile=False, progress=False)

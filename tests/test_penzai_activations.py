@@ -72,6 +72,7 @@ def test_penzai_layer_activations_are_the_forward_dots_inputs(plan, name, contra
         assert a.bytes_per_device == per
 
 
+@pytest.mark.slow
 def test_recording_does_not_change_the_model(plan):
     """The recorders are identity layers: the loss traced with and without them agrees."""
     model = plan.materialize(seed=0)

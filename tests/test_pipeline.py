@@ -39,6 +39,7 @@ PIPE = wb.TrainConfig(**COMMON, mesh={"stage": 4, "data": 2}, rules="fsdp", step
     (Pipeline(microbatches=4), 4),
     (Pipeline(microbatches=6, schedule="circular", repeats=2), 2),   # M > S: a delay buffer
 ])
+@pytest.mark.slow
 def test_pipelined_model_is_the_scanned_model(pipe, stages):
     """Logits and gradients of the pipelined blocks equal the plain scan (one device)."""
     model = GPT(GPTConfig.preset("tiny", **MODEL), rngs=nnx.Rngs(0))
@@ -169,6 +170,7 @@ def pipelined(tmp_path_factory):
     return run_dir, tr.losses
 
 
+@pytest.mark.slow
 def test_pipelined_training_has_the_unpipelined_losses(reference, pipelined):
     """stage=4 x data=2, GPipe with 4 micro-batches: the losses of data=8 to float32
     rounding (micro-batched matmuls sum in another order)."""
@@ -177,6 +179,7 @@ def test_pipelined_training_has_the_unpipelined_losses(reference, pipelined):
     np.testing.assert_allclose(losses, reference[:N], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_stage_fsdp_tp_circular_training_has_the_unpipelined_losses(reference, tmp_path):
     """stage=2 x fsdp=2 x tp=2 with rules fsdp_tp, circular schedule with 2 repeats."""
     cfg = wb.TrainConfig(**COMMON, mesh={"stage": 2, "fsdp": 2, "tp": 2}, rules="fsdp_tp",
@@ -188,6 +191,7 @@ def test_stage_fsdp_tp_circular_training_has_the_unpipelined_losses(reference, t
     np.testing.assert_allclose(tr.losses, reference[:4], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_new_trainer_resumes_a_pipelined_run_bitwise(pipelined, tmp_path):
     """Stopped at step 6 and continued to N by a new Trainer: the stage-sharded state and
     the data position restore exactly, so the losses are the uninterrupted run's, bitwise.
@@ -203,6 +207,7 @@ def test_a_new_trainer_resumes_a_pipelined_run_bitwise(pipelined, tmp_path):
     assert tr.losses == want
 
 
+@pytest.mark.slow
 def test_restore_onto_a_mesh_without_pipelining_and_back(reference, pipelined, tmp_path):
     """The pipelined checkpoint continues on data=8 without a pipeline, then pipelined again:
     the losses of the unpipelined run throughout (to float32 rounding)."""

@@ -42,6 +42,7 @@ def _leaves(shardings):
 
 
 @pytest.mark.parametrize("rules_name", ["dp", "fsdp", "tp", "fsdp_tp", "seq", "seq_fsdp"])
+@pytest.mark.slow
 def test_plan_compiles_the_trainers_step(rules_name, tmp_path):
     rules = _rules(rules_name)
     config = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh=MESH,

@@ -62,6 +62,7 @@ class NoHardwareNumbers:
 
 
 @pytest.mark.usefixtures("wb_cache")
+@pytest.mark.slow
 def test_from_plan_records_the_plan_prediction_and_resume_keeps_it(plan: Any,
                                                                    tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -95,6 +96,7 @@ def test_from_plan_records_the_plan_prediction_and_resume_keeps_it(plan: Any,
 
 
 @pytest.mark.usefixtures("wb_cache")
+@pytest.mark.slow
 def test_a_plan_without_a_prediction_never_fails_the_run(plan: Any, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     tr = _from_plan(NoHardwareNumbers(plan), run_dir)

@@ -45,6 +45,7 @@ def profiled(tmp_path_factory):
     trainer.close()
 
 
+@pytest.mark.slow
 def test_trace_lands_in_run_dir_profiles_step(profiled):
     trainer, _, report, before, _ = profiled
     first = before + 2 + 1   # after 2 warm-up steps, the first traced step
@@ -276,6 +277,7 @@ def test_profiling_a_closed_trainer_or_an_abstract_plan(tmp_path):
         wb.profile_step(plan, steps=1)
 
 
+@pytest.mark.slow
 def test_profile_a_plans_own_step(tmp_path):
     plan = wb.plan(CFG.model_config(), mesh=wb.make_mesh(data=8), rules="dp", batch=8,
                    seq=32, progress=False)

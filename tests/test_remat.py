@@ -31,6 +31,7 @@ def loss_and_grads(cfg):
 
 
 @pytest.mark.parametrize("remat", ON_DEVICE)
+@pytest.mark.slow
 def test_policies_give_the_gradients_of_no_remat(remat):
     (l0, g0), _, _ = loss_and_grads(CFG)
     (l1, g1), _, _ = loss_and_grads(CFG.replace(remat=remat))

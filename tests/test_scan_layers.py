@@ -45,6 +45,7 @@ def assert_trees_close(a, b, **tol):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
 
 
+@pytest.mark.slow
 def test_scanned_init_is_the_unrolled_init_stacked():
     """Same Rngs -> block i of the scanned model holds the unrolled block i's weights."""
     unrolled = pure_params(GPT(CFG, rngs=nnx.Rngs(7)))
@@ -55,6 +56,7 @@ def test_scanned_init_is_the_unrolled_init_stacked():
 
 
 @pytest.mark.parametrize("remat", ["none", "dots", "full"])
+@pytest.mark.slow
 def test_same_logits_loss_and_gradients(remat):
     """Reference: the unrolled model (checked against plain jax.numpy in test_models)."""
     cfg = CFG.replace(remat=remat)
@@ -128,6 +130,7 @@ def test_stack_and_unstack_refuse_the_other_layout():
 
 
 @pytest.mark.usefixtures("wb_cache")
+@pytest.mark.slow
 def test_plan_compiles_with_the_same_memory_and_flops():
     """Same bytes in a different layout: the compiled step's argument bytes (XLA's memory
     analysis) and per-device params/optimizer equal the unrolled plan's."""
@@ -147,6 +150,7 @@ def test_plan_compiles_with_the_same_memory_and_flops():
 
 
 @pytest.mark.usefixtures("wb_cache")
+@pytest.mark.slow
 def test_trainer_trains_the_same_as_unrolled(tmp_path):
     """Same seed, same data: the same initial loss, then the unrolled model's losses up to
     float32 rounding (the partitioner orders the sharded sums differently; Adam's update

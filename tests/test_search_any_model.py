@@ -83,6 +83,7 @@ def test_a_plain_factory_takes_loss_fn_and_example_batch():
         [(r["layout"], r["memory_per_device"]) for r in ref.rows]
 
 
+@pytest.mark.slow
 def test_penzai_model_searches_the_presets():
     lc = pytest.importorskip("penzai.models.transformer.variants.llamalike_common")
     config = lc.LlamalikeTransformerConfig(

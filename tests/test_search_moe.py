@@ -31,6 +31,7 @@ def res():
     return wb.search(MOE, batch=BATCH, seq=SEQ, remat=("none",), top_k=1, progress=False)
 
 
+@pytest.mark.slow
 def test_moe_search_offers_expert_parallel_layouts(res):
     rules = {r["rules"] for r in res.rows}
     assert {"dp", "fsdp", "tp", "fsdp_tp", "ep", "fsdp_ep"} <= rules

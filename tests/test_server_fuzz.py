@@ -279,6 +279,7 @@ _FUZZ = settings(max_examples=100, deadline=None, derandomize=True,
 
 @_FUZZ
 @given(run_json=_run_json, metrics=st.one_of(st.none(), _metrics))
+@pytest.mark.slow
 def test_fuzz_random_run_files_affect_only_their_run(
         get: Any, ws: Any, jp_root_dir: Path, jp_asyncio_loop: Any, run_json: bytes,
         metrics: bytes | None) -> None:

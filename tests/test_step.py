@@ -74,6 +74,7 @@ def test_init_state_places_every_shard_and_matches_state_shardings(mesh):
     np.testing.assert_array_equal(np.asarray(up), np.asarray(ref.params["blocks"][0]["mlp"]["up"]))
 
 
+@pytest.mark.slow
 def test_sharded_steps_match_single_device_steps(mesh):
     """3 AdamW steps under fsdp_tp on 8 devices vs plain jit on one: losses within 1e-5."""
     tx = optax.adamw(1e-2)
@@ -102,6 +103,7 @@ def test_sharded_steps_match_single_device_steps(mesh):
     assert_close_at_scale(s8.params["embed"], s1.params["embed"], rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_loss_and_grad_norm_match_optax_reference():
     graphdef, state = _numpy_state(optax.sgd(0.1))
     batch = _batch()

@@ -70,6 +70,7 @@ def _models():
     return out
 
 
+@pytest.mark.slow
 def test_router_statistics_leave_scan_and_remat_as_values():
     unrolled, *others = _models()
     inputs = TOKENS[:, :-1]

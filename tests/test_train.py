@@ -69,6 +69,7 @@ def bare_losses(cfg, n):
     return out
 
 
+@pytest.mark.slow
 def test_run_targets_steps_from_one_and_metrics(tmp_path, capsys):
     tr = trainer(tmp_path / "run", progress="line")
     first = tr.run(steps=2)
@@ -133,6 +134,7 @@ def _written(run_dir, steps=None):
             if steps is None or r["step"] in steps]
 
 
+@pytest.mark.slow
 def test_a_custom_sink_gets_what_the_run_writer_wrote(tmp_path):
     tr = trainer(tmp_path / "run", CFG.replace(checkpoint_every=1))  # snapshot saves too
     first, second = _Collect(), _Collect()
@@ -160,6 +162,7 @@ def test_batch_not_divisible_by_the_data_axes():
         trainer("unused", CFG.replace(batch=16, optimizer=CFG.optimizer.replace(accumulate=4)))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     bad = CFG.replace(steps=8, optimizer=wb.train.AdamW(lr=1e4, warmup_steps=0, clip_norm=None))
     tr = trainer(tmp_path / "run", bad)
@@ -177,6 +180,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(tr.state.params))
 
 
+@pytest.mark.slow
 def test_run_dir_with_another_config_is_refused_with_a_diff(reference, tmp_path):
     _, run_dir = reference
     other = CFG.replace(seq=16, optimizer=CFG.optimizer.replace(lr=1e-3))
@@ -412,6 +416,7 @@ def nnx_params(model):
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     """2 micro-batches of 8 (optax.MultiSteps) == one batch of 16 from the same stream."""
     big = CFG.replace(batch=16)

@@ -50,6 +50,7 @@ SPEC = wb.models.from_nnx(MLPClassifier, name="mlp_classifier", loss_fn=classify
                           vocab_size=VOCAB)
 
 
+@pytest.mark.slow
 def test_image_classifier_planned_and_trained_from_its_plan(tmp_path):
     mesh = wb.make_mesh(data=2, model=4)
     plan = wb.plan(SPEC, mesh=mesh, batch=16, seq=SIDE * SIDE, progress=False)
@@ -118,6 +119,7 @@ def image_loss(model, batch):
                                          batch["labels"][:, None], 1))
 
 
+@pytest.mark.slow
 def test_image_batches_through_the_plans_own_step():
     """Real image batches (no token data): plan.init_state + plan.train_step, fed with
     batches placed by plan.batch_shardings; the reference is an unsharded optax loop."""
@@ -149,6 +151,7 @@ def test_image_batches_through_the_plans_own_step():
     np.testing.assert_allclose(losses, ref, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_penzai_plan_trains_from_plan_like_trainconfig(tmp_path):
     lc = pytest.importorskip("penzai.models.transformer.variants.llamalike_common")
     config = lc.LlamalikeTransformerConfig(
