@@ -315,22 +315,31 @@ def _device_trace(tmp_path: Path, ops: list[tuple[str, int, int]], module: str) 
     return tmp_path
 
 
-def test_device_planes_are_read_by_execution_hand_count(tmp_path):
-    """GPU/TPU traces put each device's ops on its plane's "XLA Ops" line: the ops are
-    grouped by the "XLA Modules" execution containing them, and every category equals a
-    hand count of the synthetic timeline."""
+def _sharded_step_ops() -> tuple[str, str, str, str]:
+    """A data-parallel matmul step's compiled HLO on 8 devices and the names of its dot,
+    its all-reduce and a memory-bound fusion (what a synthetic trace's ops are named)."""
     from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from workbench.planning.trace import _instruction_kinds
 
     mesh = wb.make_mesh(data=8)
     x = jax.ShapeDtypeStruct((64, 32), np.float32, sharding=NamedSharding(mesh, P("data")))
     w = jax.ShapeDtypeStruct((32, 32), np.float32, sharding=NamedSharding(mesh, P()))
     hlo = jax.jit(lambda x, w: jax.numpy.tanh(x @ w).sum()).lower(x, w).compile().as_text()
-    from workbench.planning.trace import _instruction_kinds, _module_name
-
     _, kinds = _instruction_kinds(hlo)
     dot = next(n for n, (c, _) in kinds.items() if c == "compute")
     coll = next(n for n, (c, _) in kinds.items() if c == "collectives")
-    other = next(n for n, (c, op) in kinds.items() if c == "memory" and op == "fusion")
+    fusion = next(n for n, (c, op) in kinds.items() if c == "memory" and op == "fusion")
+    return hlo, dot, coll, fusion
+
+
+def test_device_planes_are_read_by_execution_hand_count(tmp_path):
+    """GPU/TPU traces put each device's ops on its plane's "XLA Ops" line: the ops are
+    grouped by the "XLA Modules" execution containing them, and every category equals a
+    hand count of the synthetic timeline."""
+    hlo, dot, coll, other = _sharded_step_ops()
+    from workbench.planning.trace import _module_name
+
     # per execution (ns): dot 0-2000, other 2500-3000, all-reduce 3000-4500; module 0-6000
     ops = [(dot, 0, 2000), (other, 2500, 500), (coll, 3000, 1500)]
     m = read_trace(_device_trace(tmp_path, ops, _module_name(hlo)), hlo_text=hlo,
@@ -506,18 +515,9 @@ def test_cpu_devices_sharing_the_host_are_read_as_its_time_hand_count(tmp_path, 
     what local work left unused. 4 devices on 2 cores, ns: dev0/dev1 dot 0-4000, dev2 dot
     0-2000, dev3 fusion 1000-3000; then each device's all-reduce until 6000. Every op's
     host time equals a hand count of the timeline, and they account for the window."""
-    mesh = wb.make_mesh(data=8)
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    hlo, dot, coll, fusion = _sharded_step_ops()
+    from workbench.planning.trace import _module_name
 
-    x = jax.ShapeDtypeStruct((64, 32), np.float32, sharding=NamedSharding(mesh, P("data")))
-    w = jax.ShapeDtypeStruct((32, 32), np.float32, sharding=NamedSharding(mesh, P()))
-    hlo = jax.jit(lambda x, w: jax.numpy.tanh(x @ w).sum()).lower(x, w).compile().as_text()
-    from workbench.planning.trace import _instruction_kinds, _module_name
-
-    _, kinds = _instruction_kinds(hlo)
-    dot = next(n for n, (c, _) in kinds.items() if c == "compute")
-    coll = next(n for n, (c, _) in kinds.items() if c == "collectives")
-    fusion = next(n for n, (c, op) in kinds.items() if c == "memory" and op == "fusion")
     ops = [(dot, 0, 0, 4000), (dot, 1, 0, 4000), (dot, 2, 0, 2000), (fusion, 3, 1000, 3000),
            (coll, 2, 2000, 6000), (coll, 3, 3000, 6000), (coll, 0, 4000, 6000),
            (coll, 1, 4000, 6000)]
@@ -549,7 +549,8 @@ def test_cpu_devices_sharing_the_host_are_read_as_its_time_hand_count(tmp_path, 
     from workbench.planning.predict import predict
     from workbench.planning.profile import profile_report
 
-    report = profile_report(predict(flops=1e6, bytes_accessed=1e6, collectives=[], mesh=mesh), m)
+    report = profile_report(predict(flops=1e6, bytes_accessed=1e6, collectives=[],
+                                    mesh=wb.make_mesh(data=8)), m)
     assert report.term("compute").measured == m.shared["compute"]
     assert report.term("other processes").measured == pytest.approx(want["others"])
     assert report.own_step_seconds == pytest.approx(
