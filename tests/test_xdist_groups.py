@@ -8,8 +8,6 @@ import pytest
 
 
 def test_this_test_is_scheduled_with_its_module(request):
-    if not os.environ.get("PYTEST_XDIST_WORKER") or \
-            request.config.getoption("dist", "no") == "no" and \
-            not request.config.getvalue("loadgroup"):
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not request.config.getvalue("loadgroup"):
         pytest.skip("runs under pytest-xdist --dist loadgroup (make test, make test-fast)")
     assert request.node.nodeid.endswith("@test_xdist_groups.py"), request.node.nodeid
