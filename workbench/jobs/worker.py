@@ -193,7 +193,10 @@ def ping(spec: cluster.DistributedSpec, *, hold: float = 0.0) -> int:
 
     Each device contributes its process index; the all-reduced sum must equal the hand
     count ``sum(process_index * local_devices)``. With ``hold`` the check repeats for
-    that many seconds (stoppable with SIGTERM at an agreed step, like training).
+    that many seconds (stoppable with SIGTERM at an agreed step, like training). Every
+    process stops at the same round: each adds "my time is up" to the same all-reduce,
+    so no process leaves for the shutdown barrier while another waits in a collective
+    (their clocks start a few ms apart, more under load).
 
     Returns:
       0 when every sum was right, ``EXIT_STOPPED`` when stopped early, 1 on a wrong sum.
@@ -210,14 +213,18 @@ def ping(spec: cluster.DistributedSpec, *, hold: float = 0.0) -> int:
     counts = np.asarray(multihost_utils.process_allgather(np.int32(n_local)))  # (processes,)
     expected = float(sum(p * int(c) for p, c in enumerate(counts.reshape(-1))))
     mesh = jax.make_mesh((jax.device_count(),), ("d",))
-    x = jax.make_array_from_process_local_data(
-        NamedSharding(mesh, P("d")), np.full((n_local,), pid, np.float32))  # (devices,)
-    total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))
+    sharding = NamedSharding(mesh, P("d"))
+    # column 0: the process index; column 1: 1 on every device of a process whose time is up
+    total = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=NamedSharding(mesh, P()))
     stop = _StopFlag(distributed=jax.process_count() > 1)
     t_end, i, t0 = time.monotonic() + hold, 0, time.perf_counter()
     while True:
         i += 1
-        got = float(total(x + i) - i * jax.device_count())
+        local = np.zeros((n_local, 2), np.float32)  # (local devices, 2)
+        local[:, 0] = pid + i
+        local[:, 1] = float(time.monotonic() >= t_end)
+        sums = np.asarray(total(jax.make_array_from_process_local_data(sharding, local)))
+        got, done = float(sums[0]) - i * jax.device_count(), bool(sums[1] > 0)
         if got != expected:
             _say(f"ping FAILED at round {i}: all-reduce gave {got}, hand count {expected}")
             return 1
@@ -229,7 +236,7 @@ def ping(spec: cluster.DistributedSpec, *, hold: float = 0.0) -> int:
         if stop(i):
             _say(f"stopped at round {i} (SIGTERM)")
             return EXIT_STOPPED
-        if time.monotonic() >= t_end:
+        if done:
             _say(f"ping ok: {i} round(s)")
             return 0
         time.sleep(0.1)
