@@ -84,8 +84,8 @@ TPU = {"07_teaching_on_tpu_vms", "08_plan_for_a_pod", "11_experts_and_long_seque
 #: Seconds for each cell and both runs together of a notebook that compiles for TPU slices
 #: (one limit for cells and runs: a compile's time grows with the load, CI beside other
 #: work ran 2.6x slower, so a per-cell limit below it only fails a loaded machine sooner,
-#: and a hung cell is still stopped). 08, on SHRINK's workload: ~3 minutes of one core
-#: idle for its seven compiles. 11 compiles MoE and long-sequence steps for v5p slices (83 s
+#: and a hung cell is still stopped). 08, on SHRINK's workload: ~100 s of CPU for its
+#: seven compiles and the rest. 11 compiles MoE and long-sequence steps for v5p slices (83 s
 #: for both runs in a clean-clone CI run, one compile cell ~40 s): beside a second
 #: pytest-xdist worker and other work (load average ~30) one compile cell passed the 240 s
 #: cell limit. Both get ~5x their loaded time.
@@ -95,16 +95,32 @@ HEAVY_S = {"08_plan_for_a_pod": 1200, "11_experts_and_long_sequences": 1200}
 #: v5p-512: seven TPU compiles of 60-240 s of CPU each on this machine (a 70B step for
 #: v5p-128: 209-237 s), ~10 minutes of the suite's 2 cores. Model size and slice size
 #: barely move a TPU compile (a 1B model on v5p-8: 83-115 s; a width-512 model on v5p-128
-#: at 4096 tokens: 75 s), the token count and width do: the same 80 scanned layers and
-#: vocabulary at width 512 and 512 tokens take ~45 s of CPU (~25 s wall) per plan, and
-#: every plan of the notebook still fits, so each cell runs the code path a learner's
-#: does (search, the compiled re-rank, splash, the remat policies). The published
-#: configuration itself is compiled by `make bench` (bench_calibration's "70b fsdp
-#: remat=full ... on v5p-128" row, the reference rows for v5p-512).
+#: at 4096 tokens: 75 s), the token count, width and vocabulary do. CPU seconds of one
+#: plan (the notebook's first, v5p-128, 80 scanned layers; its last, splash on v5p-512):
+#: width 512, 512 tokens, 32000-token vocabulary: 56, 52; width 256 at 256 tokens: 22, 18;
+#: at 128 tokens: 21, 18; with a 4096-token vocabulary: 10.5 (width 128: no faster; 8
+#: layers instead of 80: 15). So the model keeps its 80 scanned layers at width 256
+#: (2 query heads of 128 sharing one key/value head, GQA as in the 70B), 128 tokens (one
+#: splash block) and a 4096-token vocabulary: every plan of the notebook still fits, so
+#: each cell runs the code path a learner's does (search, the compiled re-rank, splash,
+#: the remat policies). The published configuration itself is compiled by `make bench`
+#: (bench_calibration's "70b fsdp remat=full ... on v5p-128" row, the reference rows for
+#: v5p-512).
 SHRINK = {"08_plan_for_a_pod": (
     'GPTConfig.preset("70b")',
-    "cfg = cfg.replace(d_model=512, n_heads=4, n_kv_heads=1, head_dim=128, d_ff=1792)\n"
-    "SEQ = 512   # the test's smaller workload (tests/test_notebooks.py, SHRINK)")}
+    "cfg = cfg.replace(d_model=256, n_heads=2, n_kv_heads=1, head_dim=128, d_ff=896,\n"
+    "                  vocab_size=4096)\n"
+    "SEQ = 128   # the test's smaller workload (tests/test_notebooks.py, SHRINK)"),
+    # 11 plans moe-small (16 experts, top-2, a shared expert) for v5p-8 at its 1024 tokens:
+    # one TPU compile of 44 s of CPU; at width 256 and 256 tokens 21-23 s, with the same
+    # experts, capacity factor and scanned layers, so the step still fits and its program
+    # still holds the all-to-alls over `expert` that the cell prints (the vocabulary
+    # barely moves this one).
+    "11_experts_and_long_sequences": (
+        'GPTConfig.preset("moe-small"',
+        "small_moe = small_moe.replace(d_model=256, head_dim=32, d_ff=512, expert_d_ff=512,\n"
+        "                              seq_len=256)   # the test's smaller workload (SHRINK)"),
+}
 
 
 def _shrink(nb: nbformat.NotebookNode, stem: str) -> None:

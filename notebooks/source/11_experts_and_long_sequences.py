@@ -138,8 +138,12 @@ for dispatch in ("all_to_all", "all_gather"):
 # %%
 pod_small = wb.abstract_mesh("v5p-8", expert=4)
 small_moe = GPTConfig.preset("moe-small", remat="full", scan_layers=True)
+print(f"{small_moe.n_params / 1e6:.0f} M parameters ({small_moe.n_active_params / 1e6:.0f} M "
+      f"active), {small_moe.seq_len} tokens per sequence")
+
+# %%
 t0 = time.perf_counter()
-p_small = wb.plan(small_moe, mesh=pod_small, rules="fsdp_ep", batch=8, seq=1024,
+p_small = wb.plan(small_moe, mesh=pod_small, rules="fsdp_ep", batch=8, seq=small_moe.seq_len,
                   name="moe-small fsdp_ep")
 print(f"planned in {time.perf_counter() - t0:.0f} s by {p_small.source}")
 print(f"per chip: {p_small.memory['total'] / GiB:.2f} GiB of "
