@@ -65,9 +65,21 @@ def kernel_env(cache: pathlib.Path) -> dict[str, str]:
     """The environment of a fresh kernel: no simulated-device flag, so each notebook must set
     up its own devices with wb.simulate_devices(8) like a learner's kernel. ``cache`` is the
     session's ``WORKBENCH_CACHE``: what one run compiled for a TPU slice (a plan) the next
-    reads back, as a learner's second run does from ``~/.cache/workbench``."""
+    reads back, as a learner's second run does from ``~/.cache/workbench``.
+
+    JAX's persistent compilation cache is on from the kernel's start, in the directory and
+    with the settings a ``wb.Trainer`` turns it on with (``<cache>/jax-compile``, every
+    compile kept: ``workbench.train.setup.enable_compile_cache``), so a second run reads
+    back the steps the first compiled, as a learner's does once a Trainer ran in the
+    kernel. Without it a notebook's ``wb.plan`` compiles for CPU devices were redone in
+    every kernel: notebook 03's second run (four plans, ~4.5 s of XLA CPU compile each)
+    cost as much as its first. Multi-process CPU workers still turn it off
+    (``workbench.jobs.worker``)."""
     env = dict(os.environ)
     env["WORKBENCH_CACHE"] = str(cache)
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache / "jax-compile")
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
     env["XLA_FLAGS"] = flags.strip()
     env["JAX_PLATFORMS"] = "cpu"
