@@ -117,7 +117,7 @@ print(slurm.script("runs/06-slurm"))
 from workbench.jobs import slurm_available
 
 if slurm_available():
-    sjob = wb.launch(cfg.replace(steps=20), run_dir="runs/06-slurm", cluster=slurm)
+    sjob = wb.launch(cfg.replace(steps=10), run_dir="runs/06-slurm", cluster=slurm)
     display(sjob)
     print(sjob.wait(timeout=900))
     print(sjob.scheduler["history"])
