@@ -98,9 +98,9 @@ TPU = {"07_teaching_on_tpu_vms", "08_plan_for_a_pod", "11_experts_and_long_seque
 #: work ran 2.6x slower, so a per-cell limit below it only fails a loaded machine sooner,
 #: and a hung cell is still stopped). 08, on SHRINK's workload: ~100 s of CPU for its
 #: seven compiles and the rest. 11 compiles MoE and long-sequence steps for v5p slices (83 s
-#: for both runs in a clean-clone CI run, one compile cell ~40 s): beside a second
-#: pytest-xdist worker and other work (load average ~30) one compile cell passed the 240 s
-#: cell limit. Both get ~5x their loaded time.
+#: for both runs in a clean-clone CI run, one compile cell ~40 s, before SHRINK halved
+#: it): beside a second pytest-xdist worker and other work (load average ~30) one compile
+#: cell passed the 240 s cell limit. Both get ~5x their loaded time.
 HEAVY_S = {"08_plan_for_a_pod": 1200, "11_experts_and_long_sequences": 1200}
 #: Code a test runs right after a notebook's cell holding the anchor, to run every cell of
 #: the notebook on a smaller workload. 08 plans Llama-2-70B at 4096 tokens on v5p-128 and
