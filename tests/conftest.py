@@ -8,9 +8,21 @@ import subprocess
 import sys
 import tempfile
 
+#: XLA:CPU's LLVM backend without its optimisation passes, for this session and every
+#: process it starts (kernels, jobs, SLURM tasks inherit XLA_FLAGS). The suite compiles
+#: hundreds of small CPU programs and runs each a few steps, so LLVM's optimisation was
+#: about a third of its CPU time (tests/test_moe.py: 118 -> 84 CPU seconds). Only machine
+#: code changes: XLA's HLO passes, buffer assignment (the CPU plans' memory numbers),
+#: collectives and float semantics are those of a default build (LLVM reassociates no
+#: float operation at any level without fast-math, which XLA:CPU leaves off), and libtpu's
+#: TPU compiles ignore both flags (same memory and cycles, checked on a v5e plan).
+#: Benchmarks (`make bench`) run with XLA's defaults.
+FAST_CPU_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " " + FAST_CPU_COMPILE
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Calibrations a user stored (wb.calibrate) must not change the tests' predictions.
 os.environ["WORKBENCH_CALIBRATION"] = tempfile.mkdtemp(prefix="wb-calibration-")

@@ -43,8 +43,7 @@ def cli(*argv: object) -> None:
 
 def cli_process(*argv: object) -> None:
     """``python -m workbench ARGV`` in a fresh process (for errors found after JAX starts)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")  # 8 devices: conftest
     out = subprocess.run([sys.executable, "-m", "workbench", *map(str, argv)],
                          capture_output=True, text=True, env=env, timeout=300)
     if out.returncode:

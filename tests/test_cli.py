@@ -132,8 +132,7 @@ def test_train_refused_by_the_trainer_is_a_usage_error_without_traceback(tmp_pat
     # passes load_config, but the Trainer refuses it: 12 rows do not split over 8 devices
     (tmp_path / "bad.py").write_text(TINY.replace("batch=8", "batch=12"))
     run_dir = tmp_path / "new" / "run"
-    out = _cli("train", str(tmp_path / "bad.py"), "--run-dir", str(run_dir),
-               env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    out = _cli("train", str(tmp_path / "bad.py"), "--run-dir", str(run_dir))
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert "Traceback" not in out.stderr, out.stderr
     assert out.stderr.startswith(f"workbench train: error: the Trainer refused config "
@@ -148,14 +147,12 @@ def test_train_refused_by_the_trainer_is_a_usage_error_without_traceback(tmp_pat
 def test_train_runs_a_config_py_and_a_second_call_continues(tmp_path):
     (tmp_path / "tiny.py").write_text(TINY)
     run_dir = tmp_path / "run"
-    first = _cli("train", str(tmp_path / "tiny.py"), "--run-dir", str(run_dir), "--steps", "3",
-                 env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    first = _cli("train", str(tmp_path / "tiny.py"), "--run-dir", str(run_dir), "--steps", "3")
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     assert "process 0 of 1 joined (single)" in first.stdout
     assert runs.read_run(run_dir)["status"] == "finished"
     assert [r["step"] for r in runs.read_metrics(run_dir)] == [1, 2, 3]
-    second = _cli("train", "--config", str(tmp_path / "tiny.py"), "--run-dir", str(run_dir),
-                  env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    second = _cli("train", "--config", str(tmp_path / "tiny.py"), "--run-dir", str(run_dir))
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     assert [e["step"] for e in runs.read_events(run_dir) if e["event"] == "resume"] == [3]
     assert [r["step"] for r in runs.read_metrics(run_dir)] == list(range(1, 7))

@@ -331,7 +331,9 @@ def _hosts(sshd, n: int = 2, **kw) -> wb.Hosts:
     root = str(Path(wb.__file__).resolve().parent.parent)
     return wb.Hosts(["root@127.0.0.1"] * n, port=sshd.port, identity=str(sshd.key),
                     ssh_options=sshd.options, python=sys.executable, devices_per_task=4,
-                    platform="cpu", env={"PYTHONPATH": root}, **kw)
+                    platform="cpu", env={"PYTHONPATH": root,   # sshd's environment is not ours:
+                                         "XLA_FLAGS": os.environ["XLA_FLAGS"]},  # conftest's
+                    **kw)
 
 
 @pytest.mark.slow

@@ -71,7 +71,7 @@ def test_a_cli_run_refuses_an_api_trainer_with_who_holds_it(tmp_path):
     run_dir = tmp_path / "run"
     cfg = CFG.replace(steps=100_000, checkpoint_every=50)
     (tmp_path / "cfg.json").write_text(cfg.to_json())
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = dict(os.environ)   # 8 simulated devices (conftest's XLA_FLAGS)
     cli = subprocess.Popen([sys.executable, "-m", "workbench", "train", str(tmp_path / "cfg.json"),
                             "--run-dir", str(run_dir), "--platform", "cpu"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
