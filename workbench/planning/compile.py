@@ -14,8 +14,9 @@ A 7B step compiles for minutes on a laptop (the TPU compiler included). ``compil
   plan reads of the executable (memory and cost analysis, the optimized HLO text) on disk
   under ``<cache_root>/plans/`` (``persist=True``): JAX's persistent compilation cache
   stores these executables but cannot load them back without a TPU client ("PjRtCompiler
-  must be constructed with a Client"), so it is no help there. Executables for real
-  devices use JAX's persistent cache where the Trainer enabled it.
+  must be constructed with a Client"), so it is no help there. A fresh compile is handed
+  back as that record too (``StoredExecutable``): its HLO text is printed once per plan.
+  Executables for real devices use JAX's persistent cache where the Trainer enabled it.
 """
 from __future__ import annotations
 
@@ -70,9 +71,9 @@ _MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_
 
 
 class StoredExecutable:
-    """What a plan reads of a compiled executable, loaded from the plan cache on disk:
-    ``memory_analysis()``, ``cost_analysis()`` and ``as_text()`` answer as the executable
-    did. It cannot run (neither can a compile-only TPU executable)."""
+    """What a plan reads of a compile-only executable, as stored in the plan cache on disk
+    (or just compiled): ``memory_analysis()``, ``cost_analysis()`` and ``as_text()`` answer
+    as the executable did. It cannot run (neither can a compile-only TPU executable)."""
 
     def __init__(self, record: dict[str, Any]) -> None:
         self._record = record
@@ -88,7 +89,7 @@ class StoredExecutable:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("this executable was compiled for TPU devices that are not here "
-                           "(loaded from the plan cache); it can be inspected, not run")
+                           "(an abstract slice); it can be inspected, not run")
 
 
 def _versions() -> str:
@@ -121,7 +122,10 @@ def _disk_load(key: str) -> tuple[StoredExecutable, float] | None:
         return None  # absent, truncated or hand-edited: compile again (and overwrite)
 
 
-def _disk_store(key: str, compiled: Any, seconds: float) -> None:
+def _disk_store(key: str, compiled: Any, seconds: float) -> StoredExecutable:
+    """Write what a plan reads of ``compiled`` to the plan cache; returns it as the
+    ``StoredExecutable`` a later process would load (the HLO text read once: each
+    ``as_text()`` of the executable prints the whole module again)."""
     ma = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):
@@ -142,6 +146,7 @@ def _disk_store(key: str, compiled: Any, seconds: float) -> None:
             tmp.unlink()
         except OSError:
             pass
+    return StoredExecutable(record)
 
 
 def clear_cache() -> None:
@@ -175,7 +180,8 @@ def _submit(key: str, lowered: Any, persist: bool, extra: dict[str, Any] | None 
                     warnings.filterwarnings(
                         "ignore", message="Error reading persistent compilation cache")
                     compiled = lowered.compile(extra or None)
-                _disk_store(key, compiled, time.perf_counter() - t0)
+                # the same record a later process loads: one answer either way
+                compiled = _disk_store(key, compiled, time.perf_counter() - t0)
             else:
                 compiled = lowered.compile(extra or None)
         except MemoryError as err:  # the host ran short: another try may succeed

@@ -12,6 +12,7 @@ JAX 0.10 prints replica groups in several formats; all are turned into explicit 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -419,7 +420,7 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
     clones = _clone_channels(hlo_text)
     seen: dict[tuple[str, str], str] = {}   # (kind, channel) of a clone -> its computation
     async_channels = _channels_in(hlo_text, asyncs)
-    graph = HloGraph.parse(hlo_text)
+    graph = _graph(hlo_text)
     merged: dict[tuple, dict] = {}
     computation = ""
     for line in hlo_text.splitlines():
@@ -666,6 +667,13 @@ class HloGraph:
         return f"{_short_op(ins.op_name)} ({src})" if src else _short_op(ins.op_name)
 
 
+@functools.lru_cache(maxsize=4)
+def _graph(hlo_text: str) -> HloGraph:
+    """``HloGraph.parse``, once per module text: a plan reads its collectives and its
+    reshards from the same text (seconds of regex for a large step). Read-only."""
+    return HloGraph.parse(hlo_text)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Reshard:
     """A collective the compiler inserted to change an activation's layout between two
@@ -697,7 +705,7 @@ def parse_reshards(hlo_text: str, axis_names: Sequence[str],
                    axis_sizes: Sequence[int]) -> list[Reshard]:
     """Layout changes of activations in an optimized HLO module: all-to-all and
     collective-permute, and all-gathers whose operand is no parameter or batch entry."""
-    graph = HloGraph.parse(hlo_text)
+    graph = _graph(hlo_text)
     n = math.prod(axis_sizes)
     lines: dict[str, str] = {}   # instruction name -> its line (first definition)
     for ln in hlo_text.splitlines():
