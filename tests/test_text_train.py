@@ -151,8 +151,13 @@ def test_a_2x4_job_reads_its_slices_and_resumes_bitwise_after_sigkill(setup, tmp
     """Two processes x 4 devices, each reading its own block of every global batch of
     packed rows: the same losses as the one-process run (to float32 rounding: gloo sums in
     another order), and a job killed mid-run and relaunched gives the uninterrupted job's
-    losses and eval losses bitwise."""
-    from tests.test_jobs import _committed_steps, _losses, _wait_for
+    losses and eval losses bitwise. The suite's one SIGKILL-and-relaunch of a multi-process
+    job (its data-iterator state per process is the hardest to resume): the killed process
+    fails the job within a minute, names itself, leaves no process behind, and the
+    relaunch resumes from the last committed step and recomputes every later step."""
+    import time
+
+    from tests.test_jobs import _alive, _committed_steps, _losses, _wait_for
     from workbench.jobs import launch
 
     cfg, ref = setup["cfg"], setup["ref"]
@@ -164,11 +169,25 @@ def test_a_2x4_job_reads_its_slices_and_resumes_bitwise_after_sigkill(setup, tmp
     run_dir = tmp_path / "killed"
     job = launch(cfg, processes=2, devices_per_process=4, run_dir=run_dir, platform="cpu")
     _wait_for(lambda: 6 in _committed_steps(run_dir) and len(_losses(run_dir)) >= 8, 300, job)
+    t0 = time.monotonic()
     os.kill(job.processes[1].pid, signal.SIGKILL)
-    assert job.wait(60) == "failed"
+    assert job.wait(60) == "failed" and time.monotonic() - t0 < 60
+    assert job.failure["process"] == 1 and "SIGKILL" in job.failure["reason"]
+    assert not any(_alive(p.pid) for p in job.processes)
+    run = runs.read_run(run_dir)
+    assert run["status"] == "failed" and "process 1" in run["error"]
+    resume_from = _committed_steps(run_dir)[-1]
     again = launch(cfg, processes=2, devices_per_process=4, run_dir=run_dir, platform="cpu")
     assert again.wait(600) == "finished", again.tail()
+    assert [e["step"] for e in runs.read_events(run_dir) if e["event"] == "resume"] \
+        == [resume_from]
     assert _losses(run_dir) == want                           # bitwise, the whole curve
+    # and the steps the relaunch computed itself (after its resume marker) match too
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    mark = max(i for i, x in enumerate(lines) if x.get("event") == "resume")
+    redone = {x["step"]: x["loss"] for x in lines[mark:] if "loss" in x and "event" not in x}
+    assert sorted(redone) == list(range(resume_from + 1, len(want) + 1))
+    assert all(redone[k] == want[k - 1] for k in redone)
     evals = lambda d: [(r["step"], r["eval_loss"]) for r in runs.read_metrics(d)
                        if "eval_loss" in r]
     assert evals(run_dir) == evals(tmp_path / "whole")
