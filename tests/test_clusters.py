@@ -290,7 +290,12 @@ def test_bad_slurm_requests_are_refused_before_anything_is_written(slurm, tmp_pa
                                          r"interval \(4 steps x 30 s/step"):
         job = wb.launch(cfg, run_dir=run, cluster=wb.Slurm(
             **TWO_TASKS, time="1:00", signal_before=10, extra=["--begin=now+600"]))
-    assert "--time=1:00" in (run / "slurm" / "job.sbatch").read_text()
+    script = (run / "slurm" / "job.sbatch").read_text()
+    assert "--time=1:00" in script
+    # the tasks keep the submitter's other XLA flags (conftest's); only the count is theirs
+    flags = re.search(r"export XLA_FLAGS=(.*)", script).group(1)
+    assert "--xla_backend_optimization_level=0" in flags, flags
+    assert re.findall(r"device_count=(\d+)", flags) == ["4"], flags
     assert job.stop(60) == "stopped"
 
 

@@ -46,6 +46,15 @@ def test_simulate_devices_in_fresh_process():
     assert out.stdout.strip() == "ok", out.stderr
 
 
+def test_cpu_device_flags_replace_only_the_count():
+    from workbench.hardware.inventory import cpu_device_flags
+
+    count = "--xla_force_host_platform_device_count"
+    assert cpu_device_flags("", 4) == f"{count}=4"
+    assert cpu_device_flags(f"--a=1  {count}=8 --b=2", 2) == f"--a=1 --b=2 {count}=2"
+    assert cpu_device_flags(f"{count}=8 {count}=16", 3) == f"{count}=3"
+
+
 def test_cpu_entry_is_measured_and_shared():
     from workbench.hardware import cpu_spec, measured_cpu_memory_bandwidth, measured_cpu_peak
     import jax

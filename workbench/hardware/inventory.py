@@ -49,9 +49,16 @@ def simulate_devices(n: int = 8) -> None:
             f"Restart the kernel and call wb.simulate_devices({n}) before any JAX computation "
             f"(or set XLA_FLAGS={_COUNT_FLAG}={n} before starting Python)."
         )
-    flags = re.sub(rf"{_COUNT_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
-    os.environ["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={n}".strip()
+    os.environ["XLA_FLAGS"] = cpu_device_flags(os.environ.get("XLA_FLAGS", ""), n)
     jax.config.update("jax_num_cpu_devices", n)
+
+
+def cpu_device_flags(flags: str, n: int) -> str:
+    """``flags`` (an ``XLA_FLAGS`` value) asking for ``n`` simulated CPU devices: any
+    device count already in them is replaced, every other flag kept in its order (a
+    launcher's workers, SLURM tasks and ``simulate_devices`` all set the count this way)."""
+    kept = re.sub(rf"{_COUNT_FLAG}=\d+", "", flags).split()
+    return " ".join([*kept, f"{_COUNT_FLAG}={n}"])
 
 
 def peak_flops(device: Any = None) -> tuple[float, str]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Sequence
 from typing import Literal
 
@@ -26,7 +25,6 @@ __all__ = ["LOCAL_HEARTBEAT_S", "DistributedSpec", "detect_cluster", "initialize
 
 LOCAL_HEARTBEAT_S = 15  # loopback: a dead process is noticed within ~15 s
 CLUSTER_HEARTBEAT_S = 60  # across hosts: tolerate short network hiccups
-_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -93,8 +91,9 @@ def _set_cpu_devices(n: int) -> None:
     """``n`` simulated CPU devices for this process (before the backends start)."""
     import jax
 
-    flags = re.sub(rf"{_COUNT_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
-    os.environ["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={n}".strip()
+    from workbench.hardware.inventory import cpu_device_flags
+
+    os.environ["XLA_FLAGS"] = cpu_device_flags(os.environ.get("XLA_FLAGS", ""), n)
     jax.config.update("jax_num_cpu_devices", n)
 
 

@@ -11,7 +11,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import shlex
 import socket
 import subprocess
@@ -23,6 +22,7 @@ from typing import Any
 
 import workbench
 from workbench._validate import check_int
+from workbench.hardware.inventory import cpu_device_flags
 from workbench.jobs.hosts import Hosts, TPUSlice
 from workbench.jobs.job import Job, exit_file
 from workbench.jobs.slurm import Slurm
@@ -33,7 +33,6 @@ from workbench.jobs.worker import EXIT_FILE_ENV
 __all__ = ["default_platform", "free_port", "launch", "ping"]
 
 CONFIG_NAME = "config.json"
-_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 def free_port() -> int:
@@ -106,8 +105,7 @@ def _child_env(platform: str, devices_per_process: int | None, token: str) -> di
     root = str(Path(workbench.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     if platform == "cpu" and devices_per_process:
-        flags = re.sub(rf"{_COUNT_FLAG}=\d+", "", env.get("XLA_FLAGS", "")).strip()
-        env["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={devices_per_process}".strip()
+        env["XLA_FLAGS"] = cpu_device_flags(env.get("XLA_FLAGS", ""), devices_per_process)
     return env
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import workbench
+from workbench.hardware.inventory import cpu_device_flags
 from workbench.run_lock import LAUNCHED_ENV
 
 __all__ = ["SLURM_FILE", "Slurm", "SlurmError", "available", "batch_script", "check",
@@ -273,9 +274,8 @@ def batch_script(slurm: Slurm, run_dir: Path, worker: Sequence[str], token: str)
     if platform == "cpu" and slurm.devices_per_task:
         # the submitter's other XLA flags travel on (sbatch exports its environment too);
         # only the device count is the task's own
-        count = "--xla_force_host_platform_device_count"
-        flags = re.sub(rf"{count}=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
-        env["XLA_FLAGS"] = " ".join([*flags, f"{count}={slurm.devices_per_task}"])
+        env["XLA_FLAGS"] = cpu_device_flags(os.environ.get("XLA_FLAGS", ""),
+                                            slurm.devices_per_task)
     env.update(slurm.env)
     exports = [f"export {k}={v if k == 'PYTHONPATH' else shlex.quote(str(v))}"
                for k, v in env.items()]
