@@ -175,7 +175,9 @@ def _lab_server(tmp_path_factory, cache_dir):
 
     require_chromium()
     root = tmp_path_factory.mktemp("lab")
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+    # the session's XLA_FLAGS (8 devices, FAST_CPU_COMPILE): its kernels compile like
+    # every other process of the suite
+    env = {"XLA_FLAGS": os.environ["XLA_FLAGS"], "JAX_PLATFORMS": "cpu",
            "WORKBENCH_CACHE": str(cache_dir)}
     with start_lab(root, env=env) as server:
         yield server
