@@ -187,11 +187,17 @@ def _check_lab_page(lab: Lab, browser) -> None:
         page.keyboard.press("Control+Shift+C")
         search = page.locator(".jp-ModalCommandPalette input")
         search.wait_for(timeout=30_000)
-        search.fill("Workbench")
+        search.fill("Workbench: Show Runs")
         item = page.locator(f".lm-CommandPalette-item[data-command='{OPEN_RUNS}']")
         item.wait_for(timeout=30_000)
         assert "Workbench: Show Runs" in item.inner_text()
-        item.click()
+        # Enter runs the palette's active item, the best match of the query (as a user
+        # does). Not item.click(): on a loaded machine the palette re-renders its items
+        # while JupyterLab is still starting, and a click waiting for a stable element
+        # ran out its 30 s (a clean-clone CI run of this machine, 2 workers).
+        page.wait_for_selector(f".lm-CommandPalette-item.lm-mod-active[data-command='{OPEN_RUNS}']",
+                               timeout=30_000)
+        search.press("Enter")
         page.locator("#workbench-runs").wait_for(state="visible", timeout=30_000)
     finally:
         page.close()
