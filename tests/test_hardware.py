@@ -47,7 +47,7 @@ def test_simulate_devices_in_fresh_process():
 
 
 def test_cpu_device_flags_replace_only_the_count():
-    from workbench.hardware.inventory import cpu_device_flags
+    from workbench._xla_flags import cpu_device_flags
 
     count = "--xla_force_host_platform_device_count"
     assert cpu_device_flags("", 4) == f"{count}=4"

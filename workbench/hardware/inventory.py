@@ -4,12 +4,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform as _platform
-import re
 from typing import Any, Sequence
 
 import jax
 
 from workbench._display import Displayable
+from workbench._xla_flags import COUNT_FLAG as _COUNT_FLAG
+from workbench._xla_flags import cpu_device_flags
 from workbench.hardware.catalogue import GIB, hardware_spec
 from workbench.hardware.libtpu import backends_started as _backends_started
 from workbench.hardware.libtpu import quiet_libtpu
@@ -17,7 +18,6 @@ from workbench.hardware.measure import measured_cpu_peak
 
 __all__ = ["DeviceInfo", "DeviceInventory", "devices", "peak_flops", "simulate_devices"]
 
-_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 def simulate_devices(n: int = 8) -> None:
@@ -51,14 +51,6 @@ def simulate_devices(n: int = 8) -> None:
         )
     os.environ["XLA_FLAGS"] = cpu_device_flags(os.environ.get("XLA_FLAGS", ""), n)
     jax.config.update("jax_num_cpu_devices", n)
-
-
-def cpu_device_flags(flags: str, n: int) -> str:
-    """``flags`` (an ``XLA_FLAGS`` value) asking for ``n`` simulated CPU devices: any
-    device count already in them is replaced, every other flag kept in its order (a
-    launcher's workers, SLURM tasks and ``simulate_devices`` all set the count this way)."""
-    kept = re.sub(rf"{_COUNT_FLAG}=\d+", "", flags).split()
-    return " ".join([*kept, f"{_COUNT_FLAG}={n}"])
 
 
 def peak_flops(device: Any = None) -> tuple[float, str]:

@@ -91,7 +91,7 @@ def _set_cpu_devices(n: int) -> None:
     """``n`` simulated CPU devices for this process (before the backends start)."""
     import jax
 
-    from workbench.hardware.inventory import cpu_device_flags
+    from workbench._xla_flags import cpu_device_flags
 
     os.environ["XLA_FLAGS"] = cpu_device_flags(os.environ.get("XLA_FLAGS", ""), n)
     jax.config.update("jax_num_cpu_devices", n)

@@ -22,7 +22,7 @@ from typing import Any
 
 import workbench
 from workbench._validate import check_int
-from workbench.hardware.inventory import cpu_device_flags
+from workbench._xla_flags import cpu_device_flags
 from workbench.jobs.hosts import Hosts, TPUSlice
 from workbench.jobs.job import Job, exit_file
 from workbench.jobs.slurm import Slurm

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import workbench
-from workbench.hardware.inventory import cpu_device_flags
+from workbench._xla_flags import cpu_device_flags
 from workbench.run_lock import LAUNCHED_ENV
 
 __all__ = ["SLURM_FILE", "Slurm", "SlurmError", "available", "batch_script", "check",
