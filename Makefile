@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: lab test test-fast bench browser clusters install clean screenshots
+.PHONY: lab test test-fast bench browser clusters system-packages setup install clean screenshots
 
 # The extension's npm packages exactly as the committed lockfile pins them: `npm ci` never
 # rewrites labextension/package-lock.json (it fails if package.json disagrees with it; then
@@ -43,20 +43,27 @@ lab: $(STAMP)
 	$(if $(LAB_ROOT_ARGS),@echo "$(LAB_ROOT_WHY)")
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
-# Debian's chromium for the real-browser tests (never a browser download).
-browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  echo "installing Debian's chromium for browser tests"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
-
-# Debian's SLURM (slurm-wlm + munge) and OpenSSH server for the cluster tests: they start a
-# real slurmctld + slurmd and an sshd on loopback (tests/_clusters.py). Needs root.
-clusters:
-	@command -v slurmctld >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 && \
-	  { command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd; } || { \
-	  echo "installing Debian's slurm-wlm, munge and openssh-server for the cluster tests"; \
+# Debian's packages the tests start for real: chromium for the real-browser tests (never a
+# browser download); slurm-wlm + munge and an OpenSSH server for the cluster tests (a real
+# slurmctld + slurmd and an sshd on loopback, tests/_clusters.py). One `apt-get update` and
+# one install of whatever is missing (apt takes one lock, so one call); needs root. On a
+# fresh machine this is minutes of downloads and dpkg (here: chromium's dpkg alone 2:15,
+# slurm's 0:29), so `make test` runs it beside pip's and npm's install (`setup`).
+APT_NEEDS = $(strip \
+  $(if $(shell command -v chromium),,chromium) \
+  $(if $(shell command -v slurmctld),,slurm-wlm) \
+  $(if $(shell command -v munged),,munge) \
+  $(if $(or $(shell command -v sshd),$(wildcard /usr/sbin/sshd)),,openssh-server))
+system-packages:
+	@$(if $(APT_NEEDS),echo "installing Debian's $(APT_NEEDS) for the browser and cluster tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    slurm-wlm munge openssh-server >/dev/null; }
+	    $(APT_NEEDS) >/dev/null,true)
+browser clusters: system-packages
+
+# Everything `make test` needs, the two halves side by side (they share no files): the
+# Python and npm install ($(STAMP)) and Debian's packages.
+setup:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) system-packages
 
 # Every test (CI's and the README's command). pytest exits 5 when a selection (PYTEST_ARGS,
 # or test-fast's markers) finds no test: make stops there as on any failure.
@@ -74,7 +81,7 @@ XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 # again, and pytest would rewrite every test module in every run (~6 s per worker). The
 # files land in __pycache__ folders, which git ignores. `make lab` keeps the user's setting.
 PYTEST = env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
-test: $(STAMP) browser clusters
+test: setup
 	$(PYTEST) $(XDIST) --durations=40 $(PYTEST_ARGS)
 
 # The edit-test loop: every test that is not slow, multi-process, a notebook, a browser or
