@@ -49,6 +49,9 @@ from typing import Any, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = (0.85, 1.15)
 STEPS, WARMUP = 5, 3
+#: Profiles per case on CPU, interleaved (the median is compared: a shared 2-core machine
+#: measured one case's step 190-267 ms in four runs of a few minutes).
+ROUNDS = 3
 #: (preset, rules, batch, seq): the first of each setup calibrates, the others are predicted.
 CASES_1x8 = (("tiny", "fsdp", 16, 128), ("tiny", "dp", 64, 128), ("tiny", "fsdp_tp", 32, 128))
 CASES_2x4 = (("tiny", "fsdp", 16, 128), ("tiny", "dp", 64, 128))
@@ -60,41 +63,64 @@ def _mesh_axes(rules: str, n: int) -> dict[str, int]:
 
 def profile_cases(cases: Sequence[Sequence[Any]], directory: Path, *, mesh: dict | None = None,
                   steps: int = STEPS, warmup: int = WARMUP, save: bool = True,
-                  dtype: str | None = None, calibration: list | None = None
-                  ) -> list[dict[str, Any]]:
+                  dtype: str | None = None, calibration: list | None = None,
+                  rounds: int = 1) -> list[dict[str, Any]]:
     """Profile each case, calibrate from the first, predict every case with it.
 
-    Returns one dict per case: the report's rows and verdict, measured step, uncalibrated
-    and calibrated predicted step, tokens/s during and outside the profile. ``dtype``
-    overrides the preset's compute dtype; the calibration is appended to ``calibration``.
+    ``rounds`` > 1 profiles every case that many times, the cases interleaved (case 1, 2,
+    3, then 1, 2, 3 again: a slow minute of a shared machine falls on every case, not on
+    one): the calibration is fitted to all of the first case's profiles, and each case's
+    measured step is the median of its rounds (the spread is reported beside it).
+
+    Returns one dict per case: the median round's rows and verdict, measured step (median),
+    the rounds' own steps, uncalibrated and calibrated predicted step, tokens/s during and
+    outside the profile. ``dtype`` overrides the preset's compute dtype; the calibration
+    is appended to ``calibration``.
     """
     import jax
 
     import workbench as wb
 
-    out, reports, plans = [], [], []
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, not {rounds}")
+    out, plans = [], []
     n = jax.device_count()
     for preset, rules, batch, seq in cases:
         axes = dict(mesh) if mesh else _mesh_axes(rules, n)
         cfg = wb.models.GPTConfig.preset(preset, **({"dtype": dtype} if dtype else {}))
-        plan = wb.plan(cfg, mesh=wb.make_mesh(**axes), rules=rules, batch=batch, seq=seq,
-                       name=f"{preset} {rules}" + (f" b{batch}" if len(
-                           {c[2] for c in cases}) > 1 else ""), progress=False)
-        where = directory / f"{preset}-{rules}-b{batch}-p{jax.process_index()}"
-        reports.append(wb.profile_step(plan, steps=steps, warmup=warmup, directory=where))
-        plans.append(plan)
+        plans.append(wb.plan(cfg, mesh=wb.make_mesh(**axes), rules=rules, batch=batch,
+                             seq=seq, name=f"{preset} {rules}" + (f" b{batch}" if len(
+                                 {c[2] for c in cases}) > 1 else ""), progress=False))
+    reports: list[list[Any]] = [[] for _ in cases]
+    for k in range(rounds):
+        for (preset, rules, batch, _), plan, reps in zip(cases, plans, reports):
+            where = directory / (f"{preset}-{rules}-b{batch}-p{jax.process_index()}"
+                                 + (f"-r{k}" if rounds > 1 else ""))
+            reps.append(wb.profile_step(plan, steps=steps, warmup=warmup, directory=where))
     cal = wb.calibrate(reports[0], save=save)
     if calibration is not None:
         calibration.append(cal)
-    for plan, rep in zip(plans, reports):
+    for i, (plan, reps) in enumerate(zip(plans, reports)):
         calibrated = plan.predict(calibration=cal)
+        # the median round by own step (an odd count: one of them; even: the lower middle)
+        rep = sorted(reps, key=lambda r: r.own_step_seconds)[(len(reps) - 1) // 2]
         out.append({"name": plan.name, "mesh": dict(plan.mesh.shape),
                     "measured": rep.term("step").measured, "own": rep.own_step_seconds,
+                    "rounds": [r.own_step_seconds for r in reps],
                     "uncalibrated": rep.term("step").predicted,
                     "calibrated": calibrated.step_seconds, "verdict": rep.verdict(),
                     "table": rep.table(), "tokens_per_s": rep.tokens_per_s,
-                    "calibrated_on": reports[0].plan_name, "held_out": rep is not reports[0]})
+                    "calibrated_on": reports[0][0].plan_name, "held_out": i > 0})
     return out
+
+
+def _spread(r: dict[str, Any]) -> str:
+    """"median of 3 rounds, 81.2-86.0 ms; " (nothing for one round)."""
+    own = r.get("rounds") or []
+    if len(own) < 2:
+        return ""
+    return (f"median of {len(own)} interleaved rounds, {min(own) * 1e3:.1f}-"
+            f"{max(own) * 1e3:.1f} ms; ")
 
 
 def _own(r: dict[str, Any]) -> float:
@@ -126,7 +152,7 @@ def rows_of(results: Sequence[dict[str, Any]], setup: str) -> list[dict[str, Any
             "uncalibrated": round(unc, 3),
             "notes": (f"measured {own * 1e3:.1f} ms (trace, first op to last); "
                       f"calibrated {r['calibrated'] * 1e3:.1f} ms; uncalibrated "
-                      f"{r['uncalibrated'] * 1e3:.1f} ms (x{unc:.2f}); " + _load_note(r)
+                      f"{r['uncalibrated'] * 1e3:.1f} ms (x{unc:.2f}); " + _spread(r) + _load_note(r)
                       + r["verdict"])})
     for r in results:
         t = r["tokens_per_s"]
@@ -165,13 +191,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def gloo_cases(cases: Sequence[Sequence[Any]], directory: Path, timeout: float = 900) -> list[dict]:
+def gloo_cases(cases: Sequence[Sequence[Any]], directory: Path, timeout: float = 900,
+               rounds: int = ROUNDS) -> list[dict]:
     """``profile_cases`` in 2 processes x 4 CPU devices over gloo (process 0's devices)."""
     port = _free_port()
     cal = tempfile.mkdtemp(prefix="wb-bench-cal-")
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.bench_profile", "--worker",
                                str(port), str(i), json.dumps([list(c) for c in cases]),
-                               str(directory)], cwd=ROOT, stdout=subprocess.PIPE,
+                               str(directory), str(rounds)], cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=_env(4, cal))
              for i in range(2)]
     outs = [p.communicate(timeout=timeout) for p in procs]
@@ -181,14 +208,14 @@ def gloo_cases(cases: Sequence[Sequence[Any]], directory: Path, timeout: float =
     return json.loads((Path(directory) / "results.json").read_text())
 
 
-def _worker(port: int, pid: int, cases: list[list[Any]], directory: str) -> None:
+def _worker(port: int, pid: int, cases: list[list[Any]], directory: str, rounds: int) -> None:
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                                process_id=pid)
     results = profile_cases([tuple(c) for c in cases], Path(directory),
-                            mesh={"data": 4, "model": 2}, save=False)
+                            mesh={"data": 4, "model": 2}, save=False, rounds=rounds)
     if pid == 0:   # a file, not stdout: the profiler and JAX may print there too
         (Path(directory) / "results.json").write_text(json.dumps(results, default=float))
     # Exit without jax.distributed's shutdown barrier, process 1 first: process 0 hosts the
@@ -206,7 +233,7 @@ def run() -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["WORKBENCH_CALIBRATION"] = str(Path(tmp) / "calibration")
         rows = rows_of(profile_cases(CASES_1x8, Path(tmp) / "1x8",
-                                     mesh={"data": 4, "model": 2}, save=False),
+                                     mesh={"data": 4, "model": 2}, save=False, rounds=ROUNDS),
                        "1 process x 8 devices")
         rows += rows_of(gloo_cases(CASES_2x4, Path(tmp) / "2x4"), "2 processes x 4 devices, gloo")
     return rows
@@ -223,17 +250,19 @@ def error_table(results: Sequence[dict[str, Any]], setup: str) -> list[str]:
         over = (f"{t['outside'] / t['during'] - 1:+.0%}" if t.get("during") and t.get("outside")
                 else "-")
         ok = ("yes" if lo <= cal <= hi else "**no**") if r["held_out"] else "(fitted on)"
+        own_all = r.get("rounds") or [own]
         out.append(f"| {setup} | {r['name']} | {r['mesh']} | {own * 1e3:.2f} | "
+                   f"{min(own_all) * 1e3:.1f}-{max(own_all) * 1e3:.1f} | "
                    f"{(r['measured'] - own) * 1e3:.2f} | "
                    f"{r['uncalibrated'] * 1e3:.2f} | {unc:.2f} ({unc - 1:+.0%}) | "
                    f"{r['calibrated'] * 1e3:.2f} | {cal:.2f} ({cal - 1:+.0%}) | {ok} | {over} |")
     return out
 
 
-TABLE_HEAD = ["| setup | case | mesh | measured ms | other processes ms | table ms | "
+TABLE_HEAD = ["| setup | case | mesh | measured ms | rounds ms | other processes ms | table ms | "
               "table / measured | calibrated ms | calibrated / measured | within 15% | "
               "profiler overhead |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def cpu_table() -> str:
@@ -241,14 +270,15 @@ def cpu_table() -> str:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["WORKBENCH_CALIBRATION"] = str(Path(tmp) / "calibration")
         one = profile_cases(CASES_1x8, Path(tmp) / "1x8", mesh={"data": 4, "model": 2},
-                            save=False)
+                            save=False, rounds=ROUNDS)
         two = gloo_cases(CASES_2x4, Path(tmp) / "2x4")
     lines = [*TABLE_HEAD, *error_table(one, "1 process x 8 CPU devices"),
              *error_table(two, "2 processes x 4 CPU devices, gloo")]
     return ("Calibrated on the first case of each setup (the row marked fitted on), "
             f"predicting the others; steps {STEPS} traced between {WARMUP} untraced ones "
-            "before and after. Measured: the traced step less what other processes took of "
-            "the host's cores meanwhile (beside it; 0 on a quiet machine).\n\n"
+            f"before and after, {ROUNDS} rounds of every case interleaved. Measured: the "
+            "median round's traced step less what other processes took of the host's cores "
+            "meanwhile (beside it; 0 on a quiet machine); rounds: the fastest and slowest.\n\n"
             + "\n".join(lines) + "\n")
 
 
@@ -266,6 +296,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--layouts", nargs="+", default=["fsdp", "dp", "fsdp_tp"])
     ap.add_argument("--steps", type=int, default=STEPS, help="steps traced per case")
     ap.add_argument("--warmup", type=int, default=WARMUP, help="untraced steps first")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="profiles per case, interleaved; the median is compared")
     ap.add_argument("--dir", default="profiles/bench", help="where the traces go")
     ap.add_argument("--out", default="profile-table.md", help="the measured vs predicted table")
     ap.add_argument("--store", action="store_true", help="keep the calibration in the cache")
@@ -288,7 +320,8 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"({dtype or 'preset dtype'}): {cases}", file=sys.stderr)
     cals: list = []
     results = profile_cases(cases, Path(args.dir), save=args.store, dtype=dtype,
-                            calibration=cals, steps=args.steps, warmup=args.warmup)
+                            calibration=cals, steps=args.steps, warmup=args.warmup,
+                            rounds=args.rounds)
     cal = cals[0]
     out = Path(args.out)
     cal_file = out.with_name(f"calibration-{re.sub(r'[^A-Za-z0-9._-]+', '_', cal.device_kind)}"
@@ -306,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     if sys.argv[1:2] == ["--worker"]:
-        _worker(int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5])
+        _worker(int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5],
+                int(sys.argv[6]))
     else:
         main()

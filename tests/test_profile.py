@@ -431,22 +431,27 @@ def test_accelerator_script_dry_run_on_cpu_devices(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("WORKBENCH_CALIBRATION", str(tmp_path / "cal"))
     out = tmp_path / "table.md"
     bench_profile.main(["--preset", "tiny", "--batch", "8", "16", "--seq", "32", "--layouts",
-                        "dp", "--steps", "2", "--warmup", "1", "--dir", str(tmp_path / "traces"),
-                        "--out", str(out)])
+                        "dp", "--steps", "2", "--warmup", "1", "--rounds", "2",
+                        "--dir", str(tmp_path / "traces"), "--out", str(out)])
     text = out.read_text()
     rows = [ln for ln in text.splitlines() if ln.startswith("| cpu |")]
     assert [r.split(" | ")[1] for r in rows] == ["tiny dp b8", "tiny dp b16"]
     assert "(fitted on)" in rows[0] and "(fitted on)" not in rows[1]
-    for r in rows:   # measured, others, table, table / measured, calibrated, calibrated / m.
+    for r in rows:   # measured, rounds, others, table, table / measured, calibrated, cal. / m.
         cells = r.split(" | ")
-        measured, table, calibrated = float(cells[3]), float(cells[5]), float(cells[7])
-        assert float(cells[4]) >= 0   # other processes' share of the step (a loaded machine)
+        measured, table, calibrated = float(cells[3]), float(cells[6]), float(cells[8])
+        fastest, slowest = (float(x) for x in cells[4].split("-"))
+        assert fastest - 0.05 <= measured <= slowest + 0.05   # the median of the two rounds
+        assert float(cells[5]) >= 0   # other processes' share of the step (a loaded machine)
         # each ratio printed to 2 decimals, of times printed to 0.01 ms
-        assert float(cells[6].split()[0]) == pytest.approx(table / measured, abs=0.01)
-        assert float(cells[8].split()[0]) == pytest.approx(calibrated / measured, abs=0.01)
+        assert float(cells[7].split()[0]) == pytest.approx(table / measured, abs=0.01)
+        assert float(cells[9].split()[0]) == pytest.approx(calibrated / measured, abs=0.01)
+    # both rounds of each case traced, in their own directories
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == [
+        f"tiny-dp-b{b}-p0-r{k}" for b in (16, 8) for k in (0, 1)]
     assert text.count("largest disagreement") == 2 and text in capsys.readouterr().out
     cal = json.loads(next(tmp_path.glob("calibration-*.json")).read_text())
-    assert cal["provenance"][0]["plan_name"] == "tiny dp b8"
+    assert [p["plan_name"] for p in cal["provenance"]] == ["tiny dp b8"] * 2   # both rounds
     assert not (tmp_path / "cal").exists()      # --store not given: nothing in the cache
 
 
