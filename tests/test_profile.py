@@ -422,6 +422,42 @@ def test_gpu_stream_lines_are_read_by_launch_hand_count(tmp_path, graph):
         (kernels[0][0], "compute", 1.0), (fusion, "memory", 1.0), ("Memset 0", "memory", 1.0)]
 
 
+def test_nccl_kernels_without_hlo_names_go_to_their_collectives_hand_count(tmp_path):
+    """Multi-GPU traces: NCCL's kernels carry no HLO instruction's name, so no collective
+    row matched them (only the category total was right). Their time goes to the step's
+    collectives of the kind the kernel names: a step with one all-reduce and one all-gather
+    over 8 devices (its HLO), NCCL kernels of 2 and 1 us per launch: each row gets its own
+    kernel's time, once per launch, and says how it was matched."""
+    from jax.sharding import PartitionSpec as P
+
+    from workbench.planning.hlo import parse_collectives
+    from workbench.planning.trace import _module_name
+
+    mesh = jax.make_mesh((8,), ("data",))
+
+    def body(x, y):
+        return jax.lax.psum(x, "data"), jax.lax.all_gather(y, "data", tiled=True)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("data"), P("data")),
+                              out_specs=(P(), P()), check_vma=False))
+    sharded = jax.sharding.NamedSharding(mesh, P("data"))
+    hlo = f.lower(jax.ShapeDtypeStruct((64, 32), np.float32, sharding=sharded),
+                  jax.ShapeDtypeStruct((64, 16), np.float32, sharding=sharded)
+                  ).compile().as_text()
+    kinds = sorted(c.kind for c in parse_collectives(hlo, ("data",), (8,)))
+    assert kinds == ["all-gather", "all-reduce"], kinds
+    kernels = [("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 0, 2000),
+               ("ncclDevKernel_AllGather_RING_LL", 3000, 1000)]
+    m = read_trace(_cupti_trace(tmp_path, kernels, _module_name(hlo), 4, False),
+                   hlo_text=hlo, axis_names=("data",), axis_sizes=(8,))
+    rows = {c.kind: c for c in m.collectives}
+    assert rows["all-reduce"].seconds == pytest.approx(2e-6)
+    assert rows["all-gather"].seconds == pytest.approx(1e-6)
+    assert all(c.apportioned == c.seconds and c.events == pytest.approx(1.0)
+               for c in rows.values())
+    assert m.categories["collectives"] == pytest.approx(3e-6)
+
+
 @pytest.mark.slow   # two plans compiled and profiled (~20 s of CPU)
 def test_accelerator_script_dry_run_on_cpu_devices(tmp_path, monkeypatch, capsys):
     """benchmarks/bench_profile.py's accelerator command on the CPU devices: the measured vs

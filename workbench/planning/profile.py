@@ -210,6 +210,7 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
         rec[0] += float(c["seconds"])
         rec[2] += int(c["count"])
         rec[4] += float(c.get("latencies") or c["count"])
+    shared_out = {(m.kind, tuple(m.axes)) for m in measured.collectives if m.apportioned > 0}
     for m in measured.collectives:
         rec = by_key[(m.kind, tuple(m.axes))]
         secs = m.shared if host and m.shared is not None else m.seconds
@@ -230,7 +231,10 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
                    count=n, wait=w, latencies=nl,
                    note="collective instructions of this kind and mesh axes" + (
                        " (the host's time: the cores local work left unused while they ran)"
-                       if host else ""))
+                       if host else "") + (
+                       "; includes library kernels with no HLO name (NCCL), shared among "
+                       "the step's collectives of their kind by bytes"
+                       if (k, axes) in shared_out else ""))
               for (k, axes), (p, m, n, w, nl) in sorted(by_key.items(),
                                                         key=lambda kv: -kv[1][1])]
     if host:

@@ -66,6 +66,43 @@ def _kernel_category(name: str) -> str:
     return next((cat for pat, cat in _KERNEL_KIND if pat.search(name)), "memory")
 
 
+#: the HLO collective a library kernel's name says it runs (letters only, lower case:
+#: ``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` -> "allreduce...")
+_LIBRARY_COLLECTIVE = (("allreduce", "all-reduce"), ("allgather", "all-gather"),
+                       ("reducescatter", "reduce-scatter"), ("alltoall", "all-to-all"),
+                       ("sendrecv", "collective-permute"), ("send", "collective-permute"),
+                       ("recv", "collective-permute"), ("broadcast", "collective-broadcast"))
+
+
+def _library_collective(name: str) -> str | None:
+    """The HLO collective kind a library kernel (NCCL) runs, by its name; None if unsaid."""
+    letters = re.sub(r"[^a-z]", "", name.lower())
+    return next((kind for key, kind in _LIBRARY_COLLECTIVE if key in letters), None)
+
+
+def _apportion(measured: list[MeasuredCollective], unnamed: Sequence[OpTime]
+               ) -> list[MeasuredCollective]:
+    """Adds the time of collective kernels with no HLO name to the collectives they ran
+    for: those of the kind the kernel's name says that no named event was matched to (or,
+    for a kernel whose name says no kind, every such collective), split by their bytes."""
+    out = list(measured)
+    for op in unnamed:
+        kind = _library_collective(op.name)
+        free = [i for i, m in enumerate(out) if m.seconds == m.apportioned]
+        targets = [i for i in free if kind is None or out[i].kind == kind]
+        if not targets:
+            continue   # only in the "collectives" category: no row to put it on
+        weights = [float(max(out[i].collective.total_bytes, 0)) for i in targets]
+        total = sum(weights)
+        for i, w in zip(targets, weights):
+            share = w / total if total > 0 else 1.0 / len(targets)
+            m = out[i]
+            out[i] = dataclasses.replace(m, seconds=m.seconds + share * op.seconds,
+                                         events=m.events + share * op.count,
+                                         apportioned=m.apportioned + share * op.seconds)
+    return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OpTime:
     """One HLO instruction's measured time.
@@ -103,6 +140,10 @@ class MeasuredCollective:
       shared: the host's time per step charged to it (``StepProfile.shared``: the cores
         local work left unused while it ran); None when the devices have their own
         timelines.
+      apportioned: of ``seconds``, the time of library kernels that carry no HLO
+        instruction's name (NCCL's on GPUs), shared among the step's collectives of the
+        kind the kernel names (``ncclDevKernel_AllReduce_...``: all-reduce) by their bytes;
+        exact where the step has one collective of that kind.
     """
 
     collective: Collective
@@ -110,6 +151,7 @@ class MeasuredCollective:
     events: float
     wait: float = 0.0
     shared: float | None = None
+    apportioned: float = 0.0
 
     @property
     def kind(self) -> str:
@@ -551,6 +593,9 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
             events=sum(times[n].count for n in names if n in times),
             wait=sum(waits.get(n, 0.0) for n in names),
             shared=sum(by_name.get(n, 0.0) for n in names) / steps if shared else None))
+    unnamed = [o for o in ops if o.category == "collectives" and o.name not in kinds]
+    if unnamed:
+        measured = _apportion(measured, unnamed)
     return StepProfile(directory=str(directory), files=tuple(str(f) for f in files),
                        module=module, steps=steps, devices=len(devices), step_seconds=step_s,
                        execution_seconds=exec_span / steps, categories=cats,
