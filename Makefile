@@ -26,10 +26,20 @@ $(NODE_STAMP): labextension/package.json labextension/package-lock.json
 # every process (each kernel, each job worker) would compile JAX, Flax, Orbax and Grain
 # from source again: importing them with the Trainer takes 3.7 s of CPU without bytecode,
 # 1.5 s with it.
-$(STAMP): pyproject.toml $(NODE_STAMP) $(wildcard labextension/package.json labextension/src/*.ts labextension/style/* labextension/schema/*)
+# Two steps, so that the first runs beside `npm ci` under `make -j` (`setup`): the
+# dependencies (pyproject.toml's, read by tools/requirements.py), then Workbench itself,
+# whose editable wheel builds labextension/ with npm and so needs its packages.
+EXTRAS := test,tpu-compile
+DEPS_STAMP := $(VENV)/.deps
+$(DEPS_STAMP): pyproject.toml tools/requirements.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -e ".[test,tpu-compile]"
+	$(BIN)/python tools/requirements.py $(EXTRAS) > $(VENV)/requirements.txt
+	$(BIN)/pip install -r $(VENV)/requirements.txt
+	touch $@
+
+$(STAMP): $(DEPS_STAMP) $(NODE_STAMP) $(wildcard labextension/package.json labextension/src/*.ts labextension/style/* labextension/schema/*)
+	$(BIN)/pip install -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -60,10 +70,10 @@ system-packages:
 	    $(APT_NEEDS) >/dev/null,true)
 browser clusters: system-packages
 
-# Everything `make test` needs, the two halves side by side (they share no files): the
-# Python and npm install ($(STAMP)) and Debian's packages.
+# Everything `make test` needs, side by side where they share no files: the Python
+# dependencies, the extension's npm packages and Debian's packages (then Workbench itself).
 setup:
-	@$(MAKE) --no-print-directory -j2 $(STAMP) system-packages
+	@$(MAKE) --no-print-directory -j3 $(STAMP) system-packages
 
 # Every test (CI's and the README's command). pytest exits 5 when a selection (PYTEST_ARGS,
 # or test-fast's markers) finds no test: make stops there as on any failure.
