@@ -115,7 +115,7 @@ def profile_cases(cases: Sequence[Sequence[Any]], directory: Path, *, mesh: dict
 
 
 def _spread(r: dict[str, Any]) -> str:
-    """"median of 3 rounds, 81.2-86.0 ms; " (nothing for one round)."""
+    """"median of 3 interleaved rounds, 81.2-86.0 ms; " (nothing for one round)."""
     own = r.get("rounds") or []
     if len(own) < 2:
         return ""
@@ -152,8 +152,8 @@ def rows_of(results: Sequence[dict[str, Any]], setup: str) -> list[dict[str, Any
             "uncalibrated": round(unc, 3),
             "notes": (f"measured {own * 1e3:.1f} ms (trace, first op to last); "
                       f"calibrated {r['calibrated'] * 1e3:.1f} ms; uncalibrated "
-                      f"{r['uncalibrated'] * 1e3:.1f} ms (x{unc:.2f}); " + _spread(r) + _load_note(r)
-                      + r["verdict"])})
+                      f"{r['uncalibrated'] * 1e3:.1f} ms (x{unc:.2f}); " + _spread(r)
+                      + _load_note(r) + r["verdict"])})
     for r in results:
         t = r["tokens_per_s"]
         if t.get("during") and t.get("outside"):

@@ -15,7 +15,7 @@ import tempfile
 #: code changes: XLA's HLO passes, buffer assignment (the CPU plans' memory numbers),
 #: collectives and float semantics are those of a default build (LLVM reassociates no
 #: float operation at any level without fast-math, which XLA:CPU leaves off), and libtpu's
-#: TPU compiles ignore both flags (same memory and cycles, checked on a v5e plan).
+#: TPU compiles ignore these XLA:CPU flags (same memory and cycles, checked on a v5e plan).
 #: And Eigen's kernels single-threaded (``--xla_cpu_multi_thread_eigen=false``): 8 simulated
 #: devices already share the 2 cores, and the intra-op thread pool's hand-offs only cost
 #: CPU: test_moe, test_remat, test_scan_layers, test_moe_pipeline and test_train took
