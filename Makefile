@@ -55,7 +55,8 @@ lab: $(STAMP)
 
 # Debian's packages the tests start for real: chromium for the real-browser tests (never a
 # browser download); slurm-wlm + munge and an OpenSSH server for the cluster tests (a real
-# slurmctld + slurmd and an sshd on loopback, tests/_clusters.py). One `apt-get update` and
+# slurmctld + slurmd and an sshd on loopback, tests/_clusters.py); jemalloc, the C allocator
+# of the processes the tests start (a third less CPU per TPU compile: tests/conftest.py). One `apt-get update` and
 # one install of whatever is missing (apt takes one lock, so one call); needs root. On a
 # fresh machine this is minutes of downloads and dpkg (here: chromium's dpkg alone 2:15,
 # slurm's 0:29), so `make test` runs it beside pip's and npm's install (`setup`).
@@ -63,9 +64,10 @@ APT_NEEDS = $(strip \
   $(if $(shell command -v chromium),,chromium) \
   $(if $(shell command -v slurmctld),,slurm-wlm) \
   $(if $(shell command -v munged),,munge) \
-  $(if $(or $(shell command -v sshd),$(wildcard /usr/sbin/sshd)),,openssh-server))
+  $(if $(or $(shell command -v sshd),$(wildcard /usr/sbin/sshd)),,openssh-server) \
+  $(if $(wildcard /usr/lib/*/libjemalloc.so.2),,libjemalloc2))
 system-packages:
-	@$(if $(APT_NEEDS),echo "installing Debian's $(APT_NEEDS) for the browser and cluster tests"; \
+	@$(if $(APT_NEEDS),echo "installing Debian's $(APT_NEEDS) for the tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    $(APT_NEEDS) >/dev/null,true)
 browser clusters: system-packages
