@@ -56,10 +56,10 @@ lab: $(STAMP)
 # Debian's packages the tests start for real: chromium for the real-browser tests (never a
 # browser download); slurm-wlm + munge and an OpenSSH server for the cluster tests (a real
 # slurmctld + slurmd and an sshd on loopback, tests/_clusters.py); jemalloc, the C allocator
-# of the processes the tests start (a third less CPU per TPU compile: tests/conftest.py). One `apt-get update` and
-# one install of whatever is missing (apt takes one lock, so one call); needs root. On a
-# fresh machine this is minutes of downloads and dpkg (here: chromium's dpkg alone 2:15,
-# slurm's 0:29), so `make test` runs it beside pip's and npm's install (`setup`).
+# of the processes the tests start (less CPU per compile: tests/conftest.py). One `apt-get
+# update` and one install of whatever is missing (apt takes one lock, so one call); needs
+# root. On a fresh machine this is minutes of downloads and dpkg (here: chromium's dpkg
+# alone 2:15, slurm's 0:29), so `make test` runs it beside pip's and npm's install (`setup`).
 APT_NEEDS = $(strip \
   $(if $(shell command -v chromium),,chromium) \
   $(if $(shell command -v slurmctld),,slurm-wlm) \
