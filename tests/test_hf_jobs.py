@@ -1,7 +1,8 @@
 """A Hugging Face model fine-tuned by a 2-process ``wb.launch`` job, exported two ways.
 
 The job trains a Qwen3 model (made by transformers, random weights) over jax.distributed
-on 127.0.0.1 (2 processes x 4 CPU devices); its checkpoint is then exported by a 2-process
+on 127.0.0.1 (2 processes x 2 CPU devices: gloo's loopback collectives cost CPU with every
+device of the job, and nothing here needs more); its checkpoint is then exported by a 2-process
 ``python -m workbench export`` job (each process restores only its shards; process 0
 writes) and by ``wb.train.export_run`` in this process. References: the two folders are
 the same bytes, and transformers' float32 logits of the export equal the workbench
@@ -35,17 +36,17 @@ def test_two_process_run_exports_like_one_process_and_transformers_reads_it(tmp_
 
     folder = save(make_model("qwen3"), tmp_path / "qwen3")
     config = wb.TrainConfig(model=wb.models.hf_config(folder), init=str(folder),
-                            mesh={"data": 8}, batch=8, seq=16, steps=2, checkpoint_every=2,
+                            mesh={"data": 4}, batch=8, seq=16, steps=2, checkpoint_every=2,
                             data="synthetic")
     run_dir = tmp_path / "run"
-    job = launch(config, processes=2, devices_per_process=4, run_dir=run_dir,
+    job = launch(config, processes=2, devices_per_process=2, run_dir=run_dir,
                  platform="cpu")
     assert job.wait(600) == "finished", job.tail()
 
     port = free_port()
     procs = [subprocess.Popen(
         [sys.executable, "-m", "workbench", "export", str(run_dir), str(tmp_path / "two"),
-         "--platform", "cpu", "--devices-per-process", "4", "--coordinator",
+         "--platform", "cpu", "--devices-per-process", "2", "--coordinator",
          f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
     logs = [p.communicate(timeout=600)[0] for p in procs]

@@ -241,12 +241,13 @@ def test_stop_leaves_a_checkpoint_at_the_stop_step(tmp_path):
     from workbench.jobs import launch
     from workbench.train import TrainConfig
 
-    cfg = TrainConfig(**{**CFG, "rules": "dp", "steps": 500, "checkpoint_every": 400})
+    cfg = TrainConfig(**{**CFG, "mesh": {"data": 4}, "rules": "dp", "steps": 500,
+                          "checkpoint_every": 400})   # 2 x 2: gloo costs CPU per device
     run_dir = tmp_path / "job"
-    job = launch(cfg, processes=2, devices_per_process=4, run_dir=run_dir, platform="cpu")
+    job = launch(cfg, processes=2, devices_per_process=2, run_dir=run_dir, platform="cpu")
     _wait_for(lambda: len(_losses(run_dir)) >= 3, 300, job)
     with pytest.raises(JobRunningError):
-        launch(cfg, processes=2, devices_per_process=4, run_dir=run_dir, platform="cpu")
+        launch(cfg, processes=2, devices_per_process=2, run_dir=run_dir, platform="cpu")
     assert job.stop(120) == "stopped", job.tail()
     assert [p.returncode for p in job.processes] == [EXIT_STOPPED, EXIT_STOPPED]
     last = runs.read_metrics(run_dir)[-1]["step"]
