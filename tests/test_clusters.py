@@ -2,11 +2,11 @@
 an OpenSSH server, both on loopback (tests/_clusters.py starts them).
 
 Training jobs compare against the same config trained as one process with 4 devices (the
-CLI, gloo collectives: bitwise equal to 2 x 2, as 2 x 4 is to 1 x 8 in test_text_train.py),
-and a requeued job against that uninterrupted curve. Two devices per task, not four: gloo
-runs every collective over loopback TCP between all devices of the job, and 2 x 4 spent
-~60% more CPU than 2 x 2 on the same 30 steps (its system time ~3x), while nothing here
-needs a device count. Nothing is mocked: sbatch, srun, scontrol, squeue, scancel, ssh.
+CLI, gloo collectives: bitwise equal to 2 x 2, as in test_text_train.py), and a requeued
+job against that uninterrupted curve. Two devices per task, not four: gloo runs every
+collective over loopback TCP between all devices of the job, and 2 x 4 spent ~60% more CPU
+than 2 x 2 on the same 30 steps (2.8x the system time), while nothing here needs a device
+count. Nothing is mocked: sbatch, srun, scontrol, squeue, scancel, ssh.
 """
 from __future__ import annotations
 
