@@ -21,11 +21,14 @@ $(NODE_STAMP): labextension/package.json labextension/package-lock.json
 	cd labextension && npm ci --no-audit --no-fund
 	touch $@
 
-# pip byte-compiles what it installs (its default; ~20 s of a fresh set-up): where the
-# environment sets PYTHONDONTWRITEBYTECODE=1, Python would otherwise never keep bytecode and
-# every process (each kernel, each job worker) would compile JAX, Flax, Orbax and Grain
-# from source again: importing them with the Trainer takes 3.7 s of CPU without bytecode,
-# 1.5 s with it.
+# pip installs without byte-compiling: compiling the ~190 packages was ~38 s of one core,
+# the longest step of a fresh `make test`'s set-up, for files most processes never import.
+# Python writes a module's bytecode when it first imports it, unless the environment sets
+# PYTHONDONTWRITEBYTECODE=1 (this machine's does): then every process (each kernel, each job
+# worker) compiles JAX, Flax, Orbax and Grain from source again, 3.7 s of CPU to import them
+# with the Trainer instead of 1.5 s. So the tests run without that setting (PYTEST below) and
+# write the bytecode of what they import, once; `make lab` keeps the user's setting, and
+# where it is set byte-compiles the environment once first, on every core (LAB_BYTECODE).
 # Two steps, so that the first runs beside `npm ci` under `make -j` (`setup`): the
 # dependencies (pyproject.toml's, read by tools/requirements.py), then Workbench itself,
 # whose editable wheel builds labextension/ with npm and so needs its packages.
@@ -35,7 +38,7 @@ $(DEPS_STAMP): pyproject.toml tools/requirements.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python tools/requirements.py $(EXTRAS) > $(VENV)/requirements.txt
-	$(BIN)/pip install -r $(VENV)/requirements.txt
+	$(BIN)/pip install --no-compile -r $(VENV)/requirements.txt
 	touch $@
 
 $(STAMP): $(DEPS_STAMP) $(NODE_STAMP) $(wildcard labextension/package.json labextension/src/*.ts labextension/style/* labextension/schema/*)
@@ -49,7 +52,17 @@ install: $(STAMP)
 # last: it adds to or overrides everything before it (e.g. LAB_ARGS="--no-browser --port=8888").
 LAB_ROOT_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 LAB_ROOT_WHY := make lab: running as root, so passing --allow-root (jupyter_server refuses root without it)
-lab: $(STAMP)
+# compileall's exit status is 1 where a package ships a file that is not Python 3 (test
+# fixtures; pip's byte-compiling skips the same files), and a user who cannot write .venv
+# starts the lab without its bytecode: neither stops `make lab`.
+LAB_BYTECODE := $(if $(PYTHONDONTWRITEBYTECODE),$(VENV)/.bytecode)
+$(VENV)/.bytecode: $(STAMP)
+	@echo "make lab: PYTHONDONTWRITEBYTECODE is set, so byte-compiling .venv once for the kernels"
+	-$(BIN)/python -m compileall -qq -j 0 $$($(BIN)/python -c \
+	  "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+	-touch $@
+
+lab: $(STAMP) $(LAB_BYTECODE)
 	$(if $(LAB_ROOT_ARGS),@echo "$(LAB_ROOT_WHY)")
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ROOT_ARGS) $(LAB_ARGS)
 
