@@ -58,6 +58,36 @@ def test_workbench_command_help(command: str, tmp_path: pathlib.Path) -> None:
     assert "options:" in out.stdout and "--help" in out.stdout, out.stdout
 
 
+# --- bytecode ------------------------------------------------------------------------------
+
+def test_only_make_lab_byte_compiles_and_only_where_python_would_not():
+    """pip installs without byte-compiling (the tests write the bytecode of what they
+    import). ``make lab`` byte-compiles the venv's packages once first exactly where the
+    environment sets PYTHONDONTWRITEBYTECODE (kernels would then never write it); the test
+    set-up never does. Read from make's own dry run of each command."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("`make` is not installed")
+
+    def dry_run(target: str, **env: str) -> str:
+        base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        out = subprocess.run([make, "-n", "-B", target], cwd=REPO, env={**base, **env},
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=120, check=False)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    set_up = dry_run("install", PYTHONDONTWRITEBYTECODE="1")   # -B: every step, as fresh
+    pip_deps = [ln for ln in set_up.splitlines() if "pip install" in ln and "-r" in ln]
+    assert pip_deps and all("--no-compile" in ln for ln in pip_deps), set_up
+    assert "compileall" not in set_up
+    lab = dry_run("lab", PYTHONDONTWRITEBYTECODE="1")
+    assert "-m compileall" in lab and "purelib" in lab and lab.index("compileall") < \
+        lab.index("jupyter lab"), lab
+    assert "compileall" not in dry_run("lab")
+    assert "compileall" not in dry_run("test", PYTHONDONTWRITEBYTECODE="1")
+
+
 # --- make lab ------------------------------------------------------------------------------
 
 def _session_pids(sid: int) -> dict[int, str]:
