@@ -645,6 +645,58 @@ def test_host_load_counts_other_processes_not_this_one():
     assert own.own >= 0.25 and own.others == pytest.approx(max(0.0, own.busy - own.own))
 
 
+def test_busy_core_seconds_reads_the_cores_asked_for():
+    """``/proc/stat``'s per-core lines, by hand: busy is every field but idle and iowait."""
+    from workbench.train.profile import busy_core_seconds
+
+    stat = ("cpu  30 0 10 500 7 0 2 0 0 0\n"
+            "cpu0 20 0 5 200 3 0 1 0 0 0\n"
+            "cpu1 10 0 5 300 4 0 1 0 0 0\n"
+            "intr 1 2 3\nctxt 99\n")
+    tick = os.sysconf("SC_CLK_TCK")
+    assert busy_core_seconds(stat, None) == pytest.approx((30 + 10 + 2) / tick)
+    assert busy_core_seconds(stat, [0]) == pytest.approx((20 + 5 + 1) / tick)
+    assert busy_core_seconds(stat, [1]) == pytest.approx((10 + 5 + 1) / tick)
+    assert busy_core_seconds(stat, [0, 1]) == pytest.approx(busy_core_seconds(stat, None))
+    assert busy_core_seconds(stat, [2]) is None   # no such core: the caller falls back
+
+
+def _two_cores() -> tuple[int, int] | None:
+    """Two cores this process may be bound to: its own, or (a pinned pytest-xdist worker's
+    one) its parent's."""
+    cores = sorted(os.sched_getaffinity(0) | os.sched_getaffinity(os.getppid()))
+    return (cores[0], cores[1]) if len(cores) >= 2 else None
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists() or _two_cores() is None,
+                    reason="reads the kernel's /proc/stat; needs two cores")
+def test_host_load_counts_only_the_cores_this_process_may_use():
+    """Bound to one core (``taskset``, a cpuset, a SLURM task with core binding, a pinned
+    test worker), a process shares only that core: a process spinning on another core is
+    not load taken from it. Measured from this thread bound to core a while a child spins on
+    core b and this thread spins too: the busy cores counted are at most the one core (the
+    whole machine's count reads ~2)."""
+    from workbench.train.profile import HostLoad
+
+    before = os.sched_getaffinity(0)
+    a, b = _two_cores()
+    spin = ("import os, time\nos.sched_setaffinity(0, {%d})\nt = time.perf_counter()\n"
+            "while time.perf_counter() - t < 1.5: pass" % b)
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        os.sched_setaffinity(0, {a})
+        time.sleep(0.3)   # the child is running
+        with HostLoad() as load:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 0.5:
+                pass
+    finally:
+        os.sched_setaffinity(0, before)
+        child.wait(timeout=30)
+    assert load.own >= 0.25
+    assert load.busy <= 1.1, load.busy   # one core (and the clock ticks' rounding)
+
+
 @pytest.mark.slow   # two plans compiled, six profiles: ~12 s idle, 29 s at a load of 5
 def test_a_calibration_from_one_layout_predicts_another():
     """Calibrated on tiny fsdp b16 (data=4 x model=2 CPU devices), the prediction of tiny

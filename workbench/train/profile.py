@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,22 +121,49 @@ def capture(directory: Path) -> Iterator[Path]:
         jax.profiler.stop_trace()
 
 
+def busy_core_seconds(stat: str, cores: Collection[int] | None) -> float | None:
+    """Busy core-seconds since boot from the text of ``/proc/stat``: of the cores in
+    ``cores`` (their ``cpuN`` lines), or of the whole machine (the ``cpu`` line) where
+    ``cores`` is None. Idle and iowait are not busy. None where a core's line is missing."""
+    rows = {}
+    for line in stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu"):
+            rows[name] = [int(x) for x in rest.split()[:8]]
+    names = ["cpu"] if cores is None else [f"cpu{c}" for c in cores]
+    if not names or any(n not in rows or len(rows[n]) < 5 for n in names):
+        return None
+    ticks = sum(sum(v) - v[3] - v[4] for v in (rows[n] for n in names))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_times() -> tuple[float, float, float] | None:
-    """(wall seconds, busy core-seconds of the whole machine from ``/proc/stat``, this
-    process's CPU seconds); None where there is no ``/proc/stat``."""
+    """(wall seconds, busy core-seconds of the cores this process may run on, from
+    ``/proc/stat``, this process's CPU seconds); None where there is no ``/proc/stat``.
+    Only those cores: a process bound to some of the machine's (``taskset``, a cgroup
+    cpuset, a SLURM task with core binding) shares only them, and counting the others'
+    load as taken from it made its own step look shorter than it was, even negative."""
     try:
-        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        cores: Collection[int] | None = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = None
+    try:
+        stat = Path("/proc/stat").read_text()
+        busy = busy_core_seconds(stat, cores)
+        if busy is None:   # a core without its own line: the whole machine's
+            busy = busy_core_seconds(stat, None)
     except (OSError, ValueError):
         return None
-    busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")   # less idle and iowait
+    if busy is None:
+        return None
     return time.perf_counter(), busy, time.process_time()
 
 
 class HostLoad:
     """Cores other processes kept busy while the block ran (``with HostLoad() as load:``,
-    then ``load.others``): the machine's busy cores (``load.busy``, from ``/proc/stat``)
-    less this process's (``load.own``, its CPU time), averaged over the wall time. All
-    0.0 where the kernel does not say."""
+    then ``load.others``): the busy cores of those this process may run on (``load.busy``,
+    from ``/proc/stat``) less this process's (``load.own``, its CPU time), averaged over
+    the wall time. All 0.0 where the kernel does not say."""
 
     others: float = 0.0
     busy: float = 0.0
