@@ -48,8 +48,8 @@ import numpy as np
 
 from workbench.planning.hlo import KINDS, Collective, HloGraph, parse_collectives
 
-__all__ = ["MeasuredCollective", "OpTime", "StepProfile", "host_cores", "read_trace",
-           "trace_files"]
+__all__ = ["MeasuredCollective", "OpTime", "StepProfile", "host_core_ids", "host_cores",
+           "read_trace", "trace_files"]
 
 CATEGORIES = ("compute", "memory", "collectives", "other")
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
@@ -466,12 +466,19 @@ def _shared_time(events: Sequence[_Event], collective: Sequence[bool], cores: fl
     return dict(out), idle, host, others, float(pts[-1] - pts[0])
 
 
-def host_cores() -> int:
-    """Cores this process may run on (its CPU affinity), what its simulated devices share."""
+def host_core_ids() -> list[int] | None:
+    """The cores this process may run on (its CPU affinity), or None where the OS does not
+    say."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return None
+
+
+def host_cores() -> int:
+    """How many cores this process may run on, what its simulated devices share."""
+    ids = host_core_ids()
+    return len(ids) if ids else os.cpu_count() or 1
 
 
 def _module_name(hlo_text: str) -> str:

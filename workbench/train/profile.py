@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from workbench._validate import check_int
-from workbench.planning.trace import host_cores
+from workbench.planning.trace import host_core_ids, host_cores
 
 __all__ = ["MAX_STEPS", "ProfileError", "capture", "check_directory", "check_idle",
            "profile_step"]
@@ -144,12 +144,8 @@ def _cpu_times() -> tuple[float, float, float] | None:
     cpuset, a SLURM task with core binding) shares only them, and counting the others'
     load as taken from it made its own step look shorter than it was, even negative."""
     try:
-        cores: Collection[int] | None = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = None
-    try:
         stat = Path("/proc/stat").read_text()
-        busy = busy_core_seconds(stat, cores)
+        busy = busy_core_seconds(stat, host_core_ids())
         if busy is None:   # a core without its own line: the whole machine's
             busy = busy_core_seconds(stat, None)
     except (OSError, ValueError):
