@@ -241,16 +241,29 @@ def _wait_kernel(lab: Lab, rel: str, want: str, deadline: float) -> None:
     raise TimeoutError(f"{rel}: kernel is {state!r}, not {want!r}\n{lab.log_tail(30)}")
 
 
-def show_runs_panel(page: Any) -> Any:
-    """Opens the Workbench runs side panel (a click on its tab toggles it, so only when it
-    is not already the current one, e.g. after a restored layout) and returns it."""
+def show_runs_panel(page: Any, timeout: float = 60) -> Any:
+    """Opens the Workbench runs side panel and returns it.
+
+    A click on the panel's tab toggles it, and JupyterLab may still be restoring its saved
+    layout when the tab appears: a restore that opens the panel after this looked at the
+    tab turns a click into a close (a clean-clone CI run: the panel stayed hidden). So it
+    clicks only while the tab is not the current one, and looks again until the panel
+    shows."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     tab = page.locator(".jp-SideBar .lm-TabBar-tab[data-id='workbench-runs']")
-    tab.wait_for(timeout=30_000)
-    if "lm-mod-current" not in (tab.get_attribute("class") or ""):
-        tab.click()
     panel = page.locator("#workbench-runs")
-    panel.wait_for(state="visible", timeout=10_000)
-    return panel
+    tab.wait_for(timeout=timeout * 1000)
+    deadline = time.monotonic() + timeout
+    while True:
+        if "lm-mod-current" not in (tab.get_attribute("class") or ""):
+            tab.click()
+        try:
+            panel.wait_for(state="visible", timeout=3_000)
+            return panel
+        except PlaywrightTimeout:
+            if time.monotonic() > deadline:
+                raise
 
 
 def screenshot(target: Any, name: str, *, full_page: bool = True) -> pathlib.Path:
