@@ -241,6 +241,26 @@ def _wait_kernel(lab: Lab, rel: str, want: str, deadline: float) -> None:
     raise TimeoutError(f"{rel}: kernel is {state!r}, not {want!r}\n{lab.log_tail(30)}")
 
 
+def act_until_visible(target: Any, act: Any, timeout: float = 60) -> Any:
+    """Calls ``act()`` and waits a few seconds for the locator ``target`` to show, again
+    and again until it does (then returns it) or ``timeout`` seconds passed (raises
+    Playwright's TimeoutError). For what a user opens with a click or a key while
+    JupyterLab may still be starting: a shortcut pressed before its keybinding exists does
+    nothing, and a restored layout may open or close a panel after the test looked. A
+    Playwright timeout inside ``act`` (a short wait of its own) counts as not shown yet."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            act()
+            target.wait_for(state="visible", timeout=3_000)
+            return target
+        except PlaywrightTimeout:
+            if time.monotonic() > deadline:
+                raise
+
+
 def show_runs_panel(page: Any, timeout: float = 60) -> Any:
     """Opens the Workbench runs side panel and returns it.
 
@@ -249,21 +269,14 @@ def show_runs_panel(page: Any, timeout: float = 60) -> Any:
     tab turns a click into a close (a clean-clone CI run: the panel stayed hidden). So it
     clicks only while the tab is not the current one, and looks again until the panel
     shows."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
     tab = page.locator(".jp-SideBar .lm-TabBar-tab[data-id='workbench-runs']")
-    panel = page.locator("#workbench-runs")
     tab.wait_for(timeout=timeout * 1000)
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def open_tab() -> None:
         if "lm-mod-current" not in (tab.get_attribute("class") or ""):
             tab.click()
-        try:
-            panel.wait_for(state="visible", timeout=3_000)
-            return panel
-        except PlaywrightTimeout:
-            if time.monotonic() > deadline:
-                raise
+
+    return act_until_visible(page.locator("#workbench-runs"), open_tab, timeout)
 
 
 def screenshot(target: Any, name: str, *, full_page: bool = True) -> pathlib.Path:

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from jupyterlab_harness import Lab, free_port, wait_ready
+from jupyterlab_harness import Lab, act_until_visible, free_port, wait_ready
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
@@ -204,25 +204,31 @@ def _make_lab(make: str, prefix: list[str], state: pathlib.Path) -> Iterator[Lab
                 os.kill(pid, signal.SIGKILL)
 
 
-def _open_command_palette(page: Any, timeout: float = 60) -> Any:
-    """Ctrl+Shift+C, as a user does, until the modal command palette shows; returns its
-    search box. A key pressed while JupyterLab is still starting (its shortcuts not yet
-    bound, or focus taken by a restored widget) does nothing, and one press after the
-    palette opened closes it, so it presses again only while the palette stays hidden
-    (a pinned, loaded run pressed once and waited 30 s for a palette that never came)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+def _run_from_the_palette(page: Any, label: str, command: str) -> None:
+    """Runs ``command`` as a user does: Ctrl+Shift+C opens the modal command palette, the
+    query is its label, Enter runs the active item (the best match). Not item.click(): on
+    a loaded machine the palette re-renders its items while JupyterLab is still starting,
+    and a click waiting for a stable element ran out its 30 s (a clean-clone CI run).
 
+    Each step waits a few seconds for what it should show and starts over while it does
+    not: a shortcut pressed before JupyterLab bound it does nothing, a press after the
+    palette opened closes it, and a widget the restored layout focuses closes the palette
+    (it hides when it loses focus) with the query typed: a pinned, loaded clean-clone run
+    pressed once and waited 30 s for a palette, another filled it once and waited 30 s for
+    an active item."""
     search = page.locator(".jp-ModalCommandPalette input")
-    deadline = time.monotonic() + timeout
-    while True:
-        page.locator("#jp-main-dock-panel").click()
-        page.keyboard.press("Control+Shift+C")
-        try:
+    active = page.locator(f".lm-CommandPalette-item.lm-mod-active[data-command='{command}']")
+
+    def ask() -> None:
+        if not search.is_visible():
+            page.locator("#jp-main-dock-panel").click()
+            page.keyboard.press("Control+Shift+C")
             search.wait_for(state="visible", timeout=3_000)
-            return search
-        except PlaywrightTimeout:
-            if time.monotonic() > deadline:
-                raise
+        search.fill(label, timeout=3_000)
+
+    act_until_visible(active, ask)
+    assert label in active.inner_text()
+    search.press("Enter")
 
 
 def _check_lab_page(lab: Lab, browser) -> None:
@@ -235,19 +241,9 @@ def _check_lab_page(lab: Lab, browser) -> None:
                                timeout=60_000)
         # JupyterLab 4.6 does not expose window.jupyterapp unless told; the command palette
         # lists every registered command, as a user sees it.
-        search = _open_command_palette(page)
-        search.fill("Workbench: Show Runs")
-        item = page.locator(f".lm-CommandPalette-item[data-command='{OPEN_RUNS}']")
-        item.wait_for(timeout=30_000)
-        assert "Workbench: Show Runs" in item.inner_text()
-        # Enter runs the palette's active item, the best match of the query (as a user
-        # does). Not item.click(): on a loaded machine the palette re-renders its items
-        # while JupyterLab is still starting, and a click waiting for a stable element
-        # ran out its 30 s (a clean-clone CI run of this machine, 2 workers).
-        page.wait_for_selector(f".lm-CommandPalette-item.lm-mod-active[data-command='{OPEN_RUNS}']",
-                               timeout=30_000)
-        search.press("Enter")
-        page.locator("#workbench-runs").wait_for(state="visible", timeout=30_000)
+        panel = page.locator("#workbench-runs")
+        act_until_visible(panel, lambda: _run_from_the_palette(page, "Workbench: Show Runs",
+                                                               OPEN_RUNS))
     finally:
         page.close()
 

@@ -661,7 +661,16 @@ def test_busy_core_seconds_reads_the_cores_asked_for():
     assert busy_core_seconds(stat, [2]) is None   # no such core: the caller falls back
 
 
-@pytest.mark.skipif(not Path("/proc/stat").exists() or len(os.sched_getaffinity(0)) < 2,
+def _session_cores() -> list[int]:
+    """The cores this test session may use: this process's, and its parent's where that is
+    the pytest-xdist controller (``make test`` pins each worker to its own core)."""
+    cores = set(os.sched_getaffinity(0))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        cores |= os.sched_getaffinity(os.getppid())
+    return sorted(cores)
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists() or len(_session_cores()) < 2,
                     reason="reads the kernel's /proc/stat; needs two cores")
 def test_host_load_counts_only_the_cores_this_process_may_use():
     """Bound to one core (``taskset``, a cpuset, a SLURM task with core binding), a
@@ -672,7 +681,7 @@ def test_host_load_counts_only_the_cores_this_process_may_use():
     from workbench.train.profile import HostLoad
 
     before = os.sched_getaffinity(0)
-    a, b = sorted(before)[:2]
+    a, b = _session_cores()[:2]
     spin = ("import os, time\nos.sched_setaffinity(0, {%d})\nt = time.perf_counter()\n"
             "while time.perf_counter() - t < 1.5: pass" % b)
     child = subprocess.Popen([sys.executable, "-c", spin])
