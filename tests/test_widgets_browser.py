@@ -108,7 +108,12 @@ def _check_widgets(page) -> None:
     frame = tree.frame_locator("iframe.wb-treescope")
     container = frame.locator("treescope-container").first
     container.wait_for(state="attached", timeout=30_000)
-    page.wait_for_timeout(500)  # treescope decompresses and renders asynchronously
+    # treescope decompresses and renders asynchronously: wait for its text, not a fixed
+    # time (a worker pinned to one core beside other work renders slower)
+    tree.locator("iframe.wb-treescope").element_handle().content_frame().wait_for_function(
+        "() => { const e = document.querySelector('treescope-container');"
+        " return !!(e && e.shadowRoot && e.shadowRoot.textContent.includes('lm_head')); }",
+        timeout=30_000)
     rendered = container.evaluate("e => e.shadowRoot.textContent")
     assert "GPT(" in rendered and "blocks" in rendered and "lm_head" in rendered
     screenshot(tree, "widgets-treescope")
