@@ -673,9 +673,9 @@ def _session_cores() -> list[int]:
 @pytest.mark.skipif(not Path("/proc/stat").exists() or len(_session_cores()) < 2,
                     reason="reads the kernel's /proc/stat; needs two cores")
 def test_host_load_counts_only_the_cores_this_process_may_use():
-    """Bound to one core (``taskset``, a cpuset, a SLURM task with core binding), a
-    process shares only that core: a process spinning on another core is not load taken
-    from it. Measured from this thread bound to core a while a child spins on
+    """Bound to one core (``taskset``, a cpuset, a SLURM task with core binding, a pinned
+    test worker), a process shares only that core: a process spinning on another core is
+    not load taken from it. Measured from this thread bound to core a while a child spins on
     core b and this thread spins too: the busy cores counted are at most the one core (the
     whole machine's count reads ~2)."""
     from workbench.train.profile import HostLoad
