@@ -74,12 +74,26 @@ def git_status() -> str | None:
 
 
 TREE_AT_START = pytest.StashKey[str | None]()
+HOST_SPEED = pytest.StashKey["HostSpeed"]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[TREE_AT_START] = git_status()
     if hasattr(config, "workerinput"):
         _pin_worker(config.workerinput)
+    elif not config.option.collectonly:   # the controller (or the only process)
+        from _host_speed import HostSpeed
+
+        config.stash[HOST_SPEED] = HostSpeed().start()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """How fast the host's cores ran during the session (tests/_host_speed.py)."""
+    speed = config.stash.get(HOST_SPEED, None)
+    if speed is not None:
+        speed.stop()
+        for line in speed.summary().splitlines():
+            terminalreporter.write_line(line)
 
 
 def _pin_worker(workerinput: dict) -> None:

@@ -31,3 +31,39 @@ def test_each_worker_and_what_it_starts_runs_on_its_own_cores():
     child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                            check=True).stdout
     assert child.strip() == str(mine)
+
+
+def test_host_speed_samples_every_core_in_cpu_time_and_leaves_the_process_as_it_was():
+    """tests/_host_speed.py (the session summary's "host speed" lines): a sample on each
+    core of this process (a thread of ours spinning beside it), each the CPU time of the
+    same loop, the sampler's affinity changes its own thread's and not the process's, and
+    stop() ends the thread."""
+    import threading
+    import time
+
+    from _host_speed import HostSpeed
+
+    cores = sorted(os.sched_getaffinity(0))
+    stop = threading.Event()
+
+    def spin():   # beside the sampler, on whichever core the scheduler gives it
+        while not stop.is_set():
+            sum(range(10_000))
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    speed = HostSpeed(every=0.05).start()
+    deadline = time.monotonic() + 60
+    while len({c for _, c, _ in speed.samples}) < len(cores) or len(speed.samples) < 2 * len(cores):
+        assert time.monotonic() < deadline, speed.samples
+        time.sleep(0.05)
+    speed.stop()
+    stop.set()
+    speed._thread.join(10)
+    assert not speed._thread.is_alive()
+    assert {c for _, c, _ in speed.samples} == set(cores)
+    ms = [s * 1e3 for _, _, s in speed.samples]
+    assert all(0 < x < 5000 for x in ms), ms
+    assert sorted(os.sched_getaffinity(0)) == cores   # the process's affinity is untouched
+    text = speed.summary()
+    assert all(f"core {c}: median" in text for c in cores), text
