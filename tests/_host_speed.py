@@ -9,7 +9,8 @@ session's controller (which idles while its pytest-xdist workers test) times a f
 of work on each core every ``every`` seconds: the *CPU* time it takes (``thread_time``),
 which a busy neighbour on the host's core or a lower clock raise, and our own workers'
 time-slicing does not. The summary gives each core's median and the run's spread, so a
-slow run can be told apart from a slow host. Cost: ~10 ms of one core per sample.
+slow run can be told apart from a slow host (the last line scales the session's time by that
+spread, as the work is CPU-bound). Cost: 20-45 ms of CPU per core and sample.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import statistics
 import threading
 import time
 
-#: Iterations of the timed loop (``sum(range(WORK))``): ~10-20 ms of one core here.
+#: Iterations of the timed loop (``sum(range(WORK))``): 20-45 ms of one core here.
 WORK = 1_000_000
 
 
@@ -30,8 +31,10 @@ class HostSpeed:
         self.samples: list[tuple[float, int, float]] = []   # (time, core, CPU seconds)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="host-speed", daemon=True)
+        self._started = time.monotonic()
 
     def start(self) -> HostSpeed:
+        self._started = time.monotonic()
         self._thread.start()
         return self
 
@@ -65,6 +68,9 @@ class HostSpeed:
                          f"{ms[0]:.1f}, slowest {ms[-1]:.1f} ({len(ms)} samples)")
         every = sorted(s for _, _, s in self.samples)
         fastest = statistics.median(every[:max(1, len(every) // 10)])
-        lines.append(f"  the run's median sample took {statistics.median(every) / fastest:.2f}x "
-                     f"its fastest tenth")
+        slower = statistics.median(every) / fastest
+        elapsed = time.monotonic() - self._started
+        lines.append(f"  the run's median sample took {slower:.2f}x its fastest tenth: the "
+                     f"{elapsed / 60:.1f} min since the session started would be "
+                     f"~{elapsed / slower / 60:.1f} min at that speed")
         return "\n".join(lines)
