@@ -34,7 +34,6 @@ class HostSpeed:
         self._started = time.monotonic()
 
     def start(self) -> HostSpeed:
-        self._started = time.monotonic()
         self._thread.start()
         return self
 
