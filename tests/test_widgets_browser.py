@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
 import pathlib
+import time
 
 import pytest
 from jupyterlab_harness import run_notebook, screenshot
@@ -90,7 +90,6 @@ def _treescope_text(tree, container, want: str) -> str:
     iframe is scrolled into view first, as a reader looking at the tab has it, and the
     container is found again at each poll (the widget may redraw its iframe). Fails with
     what the container held, e.g. treescope's "(Loading...)"."""
-
     tree.locator("iframe.wb-treescope").scroll_into_view_if_needed(timeout=30_000)
     deadline, text = time.monotonic() + TREESCOPE_S, ""
     while time.monotonic() < deadline:
