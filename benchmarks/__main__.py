@@ -65,8 +65,10 @@ def _run_one(name: str) -> list[dict]:
         return [{"name": f"{name} (failed)", "value": None, "unit": "", "target": "",
                  "ok": False, "notes": " / ".join(tail)[-400:], "module": name}]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    measured = {"machine": _machine(), "when": _now()}
     for r in rows:
         r["module"] = name
+        r["measured"] = measured
     print(f"{name}: {len(rows)} result(s) in {took:.0f} s", file=sys.stderr)
     return rows
 
@@ -79,13 +81,34 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _provenance(rows: list[dict]) -> list[str]:
+    """One line per module: the machine and time its rows were measured (a run of some
+    modules keeps the others' rows, so one machine line for the whole file would be wrong
+    for them); rows recorded by hand from an accelerator say so in their notes."""
+    lines, seen = [], set()
+    for r in rows:
+        mod = r.get("module", "")
+        if mod in seen or r.get("accelerator"):
+            continue
+        seen.add(mod)
+        m = r.get("measured")
+        lines.append(f"- {mod}: {m['machine']}, {m['when']}." if isinstance(m, dict) else
+                     f"- {mod}: not recorded (measured before rows kept their machine).")
+    return lines
+
+
 def _write(rows: list[dict]) -> None:
     lines = [
         "# Benchmarks",
         "",
         "Written by `make bench` (`python -m benchmarks`); do not edit by hand.",
-        f"Machine: {_machine()}.",
-        f"Run: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}.",
+        f"Written: {_now()}, on {_machine()}. Where each module's rows were measured:",
+        "",
+        *_provenance(rows),
         "",
         "| module | what | measured | unit | target | meets | notes |",
         "|---|---|---|---|---|---|---|",
