@@ -137,8 +137,7 @@ def _small(root: Path) -> dict[str, Any]:
 _ONE_DEVICE = """
 import json, sys
 from pathlib import Path
-from benchmarks.bench_train import _overhead
-from benchmarks.bench_train import PRECISE_REPS, PRECISE_WINDOW
+from benchmarks.bench_train import PRECISE_REPS, PRECISE_WINDOW, _overhead
 print(json.dumps(_overhead(Path(sys.argv[1]), "tiny", panel=False, ckpt=False,
                            reps=PRECISE_REPS, window=PRECISE_WINDOW, mesh={"data": 1})))
 """
@@ -148,7 +147,7 @@ def _one_device(root: Path) -> dict[str, Any]:
     """``_overhead`` of tiny on one CPU device, in a process that has one (a mesh must use
     every device): XLA's intra-op threads run each step on both cores, so the Trainer's
     host work per step shares them with the step itself."""
-    flags = re.sub(r"--xla_force_host_platform_device_count=\\d+", "",
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
                    os.environ.get("XLA_FLAGS", ""))
     env = {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count=1"}
     proc = subprocess.run([sys.executable, "-c", _ONE_DEVICE, str(root / "one-device")],
