@@ -14,8 +14,8 @@ slow run can be told apart from a slow host. Cost: 20-45 ms of CPU per core and 
 It does not extrapolate the session's time from that spread: a clean clone's `make test`
 took 39:11 with the median sample 1.57x the fastest tenth and 32:36 at 1.01x (the same
 tests), so the suite slowed 1.20x where the loop said 1.57x (the suite's compiles and
-kernels do not slow like one Python loop). An earlier version printed 39:11 / 1.57 = ~25
-min as the time "at that speed"; the 1.01x run took 32:36.
+kernels do not slow like one Python loop; an earlier version's "~25 min at that speed"
+was wrong).
 """
 from __future__ import annotations
 
