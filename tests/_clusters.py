@@ -62,6 +62,12 @@ def _wait(pred, timeout: float, what: str, logs: list[Path]) -> None:
         time.sleep(0.2)
 
 
+#: One node, two partitions (``urgent`` preempts ``debug`` by requeueing its jobs). The
+#: schedulers run every second (``sched_interval``, ``bf_interval``; SLURM's defaults are
+#: 60 and 30 s): a pending job whose start time (``--begin``, a requeue's hold released by
+#: ``scontrol``) passes without another event waited for the next periodic pass, with the
+#: node idle. Measured on one core, tests/test_clusters.py: 253 -> 174 s (the preempted job
+#: 80 -> 45 s, the requeue on a signal 78 -> 58 s), the same states and losses checked.
 SLURM_CONF = """\
 ClusterName=workbench-test
 SlurmctldHost={host}(127.0.0.1)
@@ -86,6 +92,7 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1,bf_interval=1
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 JobRequeue=1
