@@ -60,12 +60,13 @@ def _run_one(name: str) -> list[dict]:
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "--one", name], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     took = time.perf_counter() - t0
+    measured = {"machine": _machine(), "when": _now()}
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         return [{"name": f"{name} (failed)", "value": None, "unit": "", "target": "",
-                 "ok": False, "notes": " / ".join(tail)[-400:], "module": name}]
+                 "ok": False, "notes": " / ".join(tail)[-400:], "module": name,
+                 "measured": measured}]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    measured = {"machine": _machine(), "when": _now()}
     for r in rows:
         r["module"] = name
         r["measured"] = measured
