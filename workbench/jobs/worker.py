@@ -159,6 +159,11 @@ def _compile_cache() -> bool:
     compile for tens of seconds, and gloo gives up on a collective whose peers arrive
     more than 30 s apart ("Gloo context initialization failed: GetKeyValue() timed
     out"). With no cache every process compiles, and they reach step 1 together.
+    JAX's ``jax_share_binary_between_hosts`` (process 0 compiles, the others read its
+    executable from the coordinator) does not help on CPU. It needs the cache, and it
+    publishes the executable under process 0's key. Another process waits under its own key,
+    which differs (checked with jax 0.10.2: every key of a 2 x 4 gloo job differed, the
+    global step's included), so that process would wait until the share times out.
     """
     import jax
 
