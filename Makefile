@@ -11,7 +11,8 @@ STAMP := $(VENV)/.installed
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: lab test test-fast bench browser clusters system-packages setup install clean screenshots
+.PHONY: lab test test-fast tpu-plans bench browser clusters system-packages setup install clean \
+	screenshots
 
 # The extension's npm packages exactly as the committed lockfile pins them: `npm ci` never
 # rewrites labextension/package-lock.json (it fails if package.json disagrees with it; then
@@ -114,6 +115,19 @@ test: setup
 FAST_TESTS := not (slow or multiprocess or notebook or browser or tpu)
 test-fast: $(STAMP)
 	$(PYTEST) $(XDIST) -m "$(FAST_TESTS)" $(PYTEST_ARGS)
+
+# The TPU compiler's plans the tests read back instead of compiling (tests/tpu_plans,
+# conftest.TPU_PLANS says why that compares the same): made again from a run of the `tpu`
+# tests and notebooks that starts with none, keeping every plan any of them compiled.
+# Run it after changing what they compile (a model, a rule, a compile flag, jax or libtpu):
+# `make test` counts the plans it had to compile live. About 8 minutes here.
+tpu-plans: $(STAMP)
+	run=$$(mktemp -d) && \
+	WORKBENCH_TEST_TPU_PLANS=0 $(PYTEST) $(XDIST) -m tpu -p no:cacheprovider \
+	  --basetemp=$$run/pytest $(PYTEST_ARGS) && \
+	rm -rf tests/tpu_plans && mkdir -p tests/tpu_plans && \
+	find $$run -path '*/plans/*.json.gz' -exec cp {} tests/tpu_plans/ \; && \
+	ls tests/tpu_plans | wc -l && rm -rf $$run
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -101,6 +101,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         speed.stop()
         for line in speed.summary().splitlines():
             terminalreporter.write_line(line)
+    if hasattr(config, "workerinput") or not TPU_PLANS.is_dir() \
+            or os.environ.get("WORKBENCH_TEST_TPU_PLANS", "1") == "0":
+        return
+    base = config._tmp_path_factory.getbasetemp()   # pytest-xdist's workers' are inside
+    committed = {p.name for p in TPU_PLANS.glob("*.json.gz")}
+    live = {p.name for p in base.glob("**/wb-cache/plans/*.json.gz")} - committed
+    if live:
+        terminalreporter.write_line(
+            f"TPU plans: {len(live)} compiled live, not in tests/tpu_plans (a program the "
+            "tests compile changed): `make tpu-plans` makes the folder again", yellow=True)
 
 
 def _pin_worker(workerinput: dict) -> None:
@@ -203,12 +213,39 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+#: The TPU compiler's plans for the programs the ``tpu`` tests and notebooks compile, as the
+#: plan cache stores them (``workbench.planning.compile``: memory and cost analysis and the
+#: optimised HLO, under the SHA-256 of the lowered program, its compile options, the
+#: devices and the jax, jaxlib and libtpu versions). Each session's cache starts with a
+#: copy, so a plan whose program is unchanged is read back instead of compiled again: the
+#: TPU compiles were ~670 of the suite's ~3400 CPU seconds. The comparisons are the same:
+#: what a test compares with is what the installed compiler returned for that very program;
+#: a program that changed (a model, a rule, a flag, another libtpu) has another name and is
+#: compiled live, and the session's summary counts those. ``make tpu-plans`` remakes the
+#: folder from a run without it; test_tpu_plans checks an entry against a live compile.
+TPU_PLANS = REPO / "tests" / "tpu_plans"
+
+
+def seed_plans(cache: pathlib.Path) -> None:
+    """Copy TPU_PLANS into ``cache``'s plan cache (unless ``WORKBENCH_TEST_TPU_PLANS=0``,
+    as ``make tpu-plans`` runs)."""
+    if os.environ.get("WORKBENCH_TEST_TPU_PLANS", "1") == "0" or not TPU_PLANS.is_dir():
+        return
+    plans = cache / "plans"
+    plans.mkdir(parents=True, exist_ok=True)
+    for entry in TPU_PLANS.glob("*.json.gz"):
+        shutil.copyfile(entry, plans / entry.name)
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
     """The session's one data and compile cache (``WORKBENCH_CACHE``), one per pytest-xdist
-    worker: the check that only ``tpu`` tests compile TPU plans (below) reads what appeared
-    in it during a test, which another worker's writes would falsify."""
-    return tmp_path_factory.getbasetemp() / "wb-cache"
+    worker, its plan cache seeded with TPU_PLANS: the check that only ``tpu`` tests compile
+    TPU plans (below) reads what appeared in it during a test, which another worker's
+    writes would falsify."""
+    cache = tmp_path_factory.getbasetemp() / "wb-cache"
+    seed_plans(cache)
+    return cache
 
 
 @pytest.fixture(scope="session", autouse=True)

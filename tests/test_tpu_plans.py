@@ -1,7 +1,9 @@
 """Plans for TPU slices you do not have, compiled by the TPU compiler on this machine, checked
 against the same step compiled directly with JAX's topology API; where the numbers come
 from (plan.source), the compile cache, Ctrl-C, and the out-of-memory verdict."""
+import gzip
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -163,9 +165,17 @@ def test_same_plan_again_is_served_from_the_cache(tpu_plan):
 
 
 @pytest.mark.multiprocess
-def test_plan_cache_on_disk_serves_a_new_process(tmp_path, wb_cache):
+def test_plan_cache_on_disk_serves_a_new_process_and_the_committed_plans_are_the_compilers(
+        tmp_path, monkeypatch):
     """A second process gets the plan from the disk cache, equal to a fresh compile; a
-    corrupt entry is recompiled and replaced, never fatal."""
+    corrupt entry is recompiled and replaced, never fatal. The cache here starts empty, so
+    the first process compiles: its entry is byte for byte (memory, cost analysis and
+    optimised HLO) the one tests/tpu_plans holds for the same program (conftest.TPU_PLANS),
+    which the other tests read back instead of compiling."""
+    from conftest import TPU_PLANS
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WORKBENCH_CACHE", str(cache))
     code = ("import json, workbench as wb\n"
             "p = wb.plan(wb.models.GPTConfig.preset('tiny'), mesh=wb.abstract_mesh('v5e-4', "
             "data=4), rules='fsdp', batch=8, seq=32, progress=False)\n"
@@ -178,18 +188,30 @@ def test_plan_cache_on_disk_serves_a_new_process(tmp_path, wb_cache):
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     first = run()
-    entries = list((wb_cache / "plans").glob("*.json.gz"))
-    assert entries
+    assert first[0] is False                  # compiled in this test
+    entries = list((cache / "plans").glob("*.json.gz"))
+    assert len(entries) == 1
+    (entry,) = entries
+    committed = TPU_PLANS / entry.name
+    assert os.environ.get("WORKBENCH_TEST_TPU_PLANS") == "0" or committed.is_file(), (
+        f"tests/tpu_plans has no plan for this program ({entry.name}): the lowered step, "
+        "the compile options or a version changed since it was made; run `make tpu-plans`")
+    if committed.is_file():           # not in `make tpu-plans`, which makes the folder
+        compiled, stored = (json.loads(gzip.decompress(f.read_bytes()))
+                            for f in (entry, committed))
+        for key in ("memory", "cost", "hlo", "versions"):
+            assert compiled[key] == stored[key], key
     second = run()
     assert second[0] is True and second[1:] == first[1:]
-    for e in entries:
-        e.write_bytes(b"not gzip")
+    entry.write_bytes(b"not gzip")
     third = run()
     assert third[0] is False and third[1:] == first[1:]
 
 
-def test_ctrl_c_while_compiling_returns_at_once_and_the_compile_is_kept():
-    cfg = TINY.replace(n_layers=1)   # planned by no other test: not in the plan cache
+def test_ctrl_c_while_compiling_returns_at_once_and_the_compile_is_kept(tmp_path, monkeypatch):
+    # a plan cache of its own (its plan in no other test's), so the step is compiled here
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    cfg = TINY.replace(n_layers=1)
     mesh = wb.abstract_mesh("v5e-4", **AXES)
     main = threading.main_thread().ident
     lines = []
