@@ -118,16 +118,20 @@ test-fast: $(STAMP)
 
 # The TPU compiler's plans the tests read back instead of compiling (tests/tpu_plans,
 # conftest.TPU_PLANS says why that compares the same): made again from a run of the `tpu`
-# tests and notebooks that starts with none, keeping every plan any of them compiled.
+# tests and notebooks that starts with none, keeping every plan any of them compiled (a
+# name already there keeps its file: the same program's plan, so git sees no change).
 # Run it after changing what they compile (a model, a rule, a compile flag, jax or libtpu):
 # `make test` counts the plans it had to compile live. About 8 minutes here.
 tpu-plans: $(STAMP)
 	run=$$(mktemp -d) && \
 	WORKBENCH_TEST_TPU_PLANS=0 $(PYTEST) $(XDIST) -m tpu -p no:cacheprovider \
 	  --basetemp=$$run/pytest $(PYTEST_ARGS) && \
-	rm -rf tests/tpu_plans && mkdir -p tests/tpu_plans && \
-	find $$run -path '*/plans/*.json.gz' -exec cp {} tests/tpu_plans/ \; && \
-	ls tests/tpu_plans | wc -l && rm -rf $$run
+	mkdir -p tests/tpu_plans && find $$run -path '*/plans/*.json.gz' -printf '%f\n' \
+	  | sort -u > $$run/names && \
+	for f in tests/tpu_plans/*.json.gz; do \
+	  grep -qxF "$${f##*/}" $$run/names || rm -f "$$f"; done && \
+	find $$run -path '*/plans/*.json.gz' -exec cp -n {} tests/tpu_plans/ \; && \
+	echo "tests/tpu_plans: $$(wc -l < $$run/names) plans" && rm -rf $$run
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -146,11 +146,10 @@ SPLIT = {"test_notebooks.py"}
 #: Groups scheduled first: the longest (minutes each on 2 cores), so that no worker is left
 #: with one of them at the end while the other idles. In this order.
 NB = "test_notebooks.py::test_notebook_runs_top_to_bottom_and_again_in_the_same_folder"
-FIRST = ("test_moe_tpu_memory.py", "test_clusters.py", f"{NB}[08_plan_for_a_pod]",
-         "test_jobs.py", "test_fit_and_speed.py", "test_text_train.py", "browser",
-         f"{NB}[11_experts_and_long_sequences]", f"{NB}[06_launch_from_a_cell]",
-         "test_moe_tpu_predictions.py", "test_binder.py", "test_moe.py",
-         "test_moe_pipeline.py", "test_pipeline.py")
+FIRST = ("browser", "test_clusters.py", f"{NB}[06_launch_from_a_cell]", "test_pipeline.py",
+         "test_binder.py", "test_profile.py", "test_text_train.py", "test_moe.py",
+         "test_moe_pipeline.py", "test_fit_and_speed.py", "test_context.py",
+         f"{NB}[11_experts_and_long_sequences]", "test_jobs.py", f"{NB}[08_plan_for_a_pod]")
 
 
 def _group(item: pytest.Item) -> str:

@@ -164,6 +164,12 @@ def test_same_plan_again_is_served_from_the_cache(tpu_plan):
     assert again.memory == tpu_plan.memory
 
 
+def _checkout_free(hlo: str) -> str:
+    """``hlo`` with each file path of its metadata cut to what follows the checkout or the
+    Python install (``.../site-packages/jax/x.py`` -> ``<site-packages>/jax/x.py``)."""
+    return re.sub(r'"/[^"]*?/(site-packages|workbench|tests)/', r'"<\1>/', hlo)
+
+
 @pytest.mark.multiprocess
 def test_plan_cache_on_disk_serves_a_new_process_and_the_committed_plans_are_the_compilers(
         tmp_path, monkeypatch):
@@ -199,13 +205,52 @@ def test_plan_cache_on_disk_serves_a_new_process_and_the_committed_plans_are_the
     if committed.is_file():           # not in `make tpu-plans`, which makes the folder
         compiled, stored = (json.loads(gzip.decompress(f.read_bytes()))
                             for f in (entry, committed))
-        for key in ("memory", "cost", "hlo", "versions"):
+        for key in ("memory", "cost", "versions"):
             assert compiled[key] == stored[key], key
+        # the HLO's op metadata names the traced files where the entry was made
+        assert _checkout_free(compiled["hlo"]) == _checkout_free(stored["hlo"])
     second = run()
     assert second[0] is True and second[1:] == first[1:]
     entry.write_bytes(b"not gzip")
     third = run()
     assert third[0] is False and third[1:] == first[1:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="not in a virtual environment")
+def test_a_plan_with_a_kernel_has_one_cache_key_wherever_jax_is_installed(tmp_path):
+    """The splash kernel's bytecode names the files that traced it (JAX's install): the same
+    plan from a virtual environment reached by another path (a symlink: another checkout,
+    CI's clone) has another raw program text but the same cache key, so its plan on disk
+    (and tests/tpu_plans) serves it."""
+    code = ("import hashlib, json, workbench as wb\n"
+            "from workbench.models import GPTConfig\n"
+            "from workbench.planning import compile as pc, measure\n"
+            "out = []\n"
+            "def record(lowered, devices, **kw):\n"
+            "    out.append([pc.fingerprint(lowered, devices, kw.get('options')),\n"
+            "                hashlib.sha256(lowered.as_text().encode()).hexdigest()])\n"
+            "    raise KeyboardInterrupt\n"
+            "measure.compile_lowered = record\n"
+            "cfg = GPTConfig.preset('tiny', seq_len=2048, attention='splash')\n"
+            "try:\n"
+            "    wb.plan(cfg, mesh=wb.abstract_mesh('v5e-4', data=-1), rules='fsdp', batch=4,\n"
+            "            progress=False)\n"
+            "except KeyboardInterrupt:\n"
+            "    pass\n"
+            "print(json.dumps(out))\n")
+    elsewhere = tmp_path / "venv"
+    elsewhere.symlink_to(sys.prefix)
+    python = elsewhere / pathlib.Path(sys.executable).relative_to(sys.prefix)
+
+    def keys(exe):
+        out = subprocess.run([str(exe), "-c", code], capture_output=True, text=True,
+                             timeout=300, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    ((here, raw_here),), ((there, raw_there),) = keys(sys.executable), keys(python)
+    assert raw_here != raw_there      # the kernel's bytecode holds the install's paths
+    assert here == there
 
 
 def test_ctrl_c_while_compiling_returns_at_once_and_the_compile_is_kept(tmp_path, monkeypatch):

@@ -20,11 +20,13 @@ A 7B step compiles for minutes on a laptop (the TPU compiler included). ``compil
 """
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import gzip
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 import types
@@ -53,11 +55,47 @@ class CompileResult:
         self.compiled, self.seconds, self.cached = compiled, seconds, cached
 
 
+#: A Mosaic (Pallas TPU) kernel inside the lowered program: base64 MLIR bytecode in the
+#: tpu_custom_call's backend config (``\\22`` is the text's escaped quote).
+_KERNEL_BODY = re.compile(r'(\\22body\\22: \\22)([A-Za-z0-9+/=]+)(\\22)')
+
+
+def _program_text(lowered: Any) -> str:
+    """The lowered program's text without source locations (as JAX prints it), each Mosaic
+    kernel's body replaced by the hash of its own text without locations. The bytecode
+    JAX embeds for a kernel keeps the file paths of the code that traced it (the splash
+    kernel's, in JAX's install), so the same kernel installed elsewhere (another venv,
+    another checkout) would otherwise be another program to the cache."""
+    text = lowered.as_text()
+    if "tpu_custom_call" not in text:
+        return text
+    return _KERNEL_BODY.sub(lambda m: m.group(1) + _kernel_digest(m.group(2)) + m.group(3),
+                            text)
+
+
+def _kernel_digest(body: str) -> str:
+    """SHA-256 of a Mosaic kernel's MLIR printed without locations; of ``body`` itself if
+    it cannot be read (a key that only depends on where JAX is installed)."""
+    try:
+        from jax._src.interpreters import mlir
+        from jax._src.lib import tpu
+        from jax._src.lib.mlir import ir
+
+        ctx = mlir.make_ir_context()
+        tpu.register_dialect(ctx)
+        ctx.allow_unregistered_dialects = True
+        module = ir.Module.parse(base64.b64decode(body), context=ctx)
+        text = module.operation.get_asm(enable_debug_info=False)
+    except Exception:  # noqa: BLE001 - any failure only costs a cache hit
+        text = body
+    return "kernel-" + hashlib.sha256(text.encode()).hexdigest()
+
+
 def fingerprint(lowered: Any, devices: Any, options: dict[str, Any] | None = None) -> str:
     """Cache key: the lowered program's text plus the platform, kind and id of every
     device in mesh order (the same program for a TPU slice and for CPU devices differs),
     and the compile options (overlap flags) when there are any."""
-    h = hashlib.sha256(lowered.as_text().encode())
+    h = hashlib.sha256(_program_text(lowered).encode())
     if options:
         h.update(json.dumps(options, sort_keys=True, default=str).encode())
     for d in devices:
