@@ -266,7 +266,8 @@ class UnmarkedTPUCompile(pytest.PytestWarning):
 def _tpu_marker_is_honest(request, cache_dir):
     """Warns (in the summary) when a test not marked ``tpu`` compiled for a TPU slice: each
     such compile writes its plan under ``$WORKBENCH_CACHE/plans``, in this process, a child
-    or a kernel. So ``-m "not tpu"`` keeps what it promises on a machine without libtpu."""
+    or a kernel. So ``-m "not tpu"`` keeps what it promises on a machine without libtpu.
+    (A plan read back from TPU_PLANS writes nothing: those were made by ``tpu`` tests.)"""
     plans = cache_dir / "plans"
     before = set(os.listdir(plans)) if plans.is_dir() else set()
     yield
