@@ -57,6 +57,61 @@ def _job(root: Path, name: str, processes: int, devices: int) -> dict[str, Any]:
             "compile_s": compile_s, "losses": [r["loss"] for r in records]}
 
 
+def _job_cpu(root: Path, name: str, nice: str) -> dict[str, Any]:
+    """A 2 x 4 job with gloo's network thread at ``nice`` (WORKBENCH_GLOO_NICE), and the
+    CPU seconds its processes used (they are this process's children, reaped by wait)."""
+    import resource
+
+    from workbench.jobs.cluster import GLOO_NICE_ENV
+
+    saved = os.environ.get(GLOO_NICE_ENV)
+    os.environ[GLOO_NICE_ENV] = nice
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    try:
+        out = _job(root, name, 2, 4)
+    finally:
+        if saved is None:
+            os.environ.pop(GLOO_NICE_ENV, None)
+        else:
+            os.environ[GLOO_NICE_ENV] = saved
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["cpu_s"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    out["wall_s"] = time.monotonic() - t0
+    return out
+
+
+def _gloo_priority_rows(root: Path) -> list[dict[str, Any]]:
+    """2 x 4 jobs with gloo's network thread at nice 0 (as gloo starts it) and at nice 19
+    (workbench's default, jobs.cluster._lower_gloo_thread_priority), interleaved in two
+    windows of one job each."""
+    runs: dict[str, list[dict[str, Any]]] = {"0": [], "19": []}
+    for w in range(2):
+        for nice in ("0", "19"):
+            runs[nice].append(_job_cpu(root, f"nice{nice}-{w}", nice))
+    same = all(a["losses"] == runs["0"][0]["losses"] for r in runs.values() for a in r)
+    step = {k: [r["step_time_s"] for r in v] for k, v in runs.items()}
+    cpu = {k: [r["cpu_s"] for r in v] for k, v in runs.items()}
+    ratios = [a / b for a, b in zip(step["0"], step["19"])]
+    cpu_ratios = [a / b for a, b in zip(cpu["0"], cpu["19"])]
+    fmt = lambda xs, k=1: ", ".join(f"{x:.{k}f}" for x in xs)  # noqa: E731
+    return [
+        {"name": "launch: 2 x 4 step time, gloo thread at nice 0 / nice 19", "unit": "x",
+         "value": round(statistics.median(ratios), 3), "target": "", "ok": None,
+         "notes": f"windows [{fmt(ratios, 3)}]; medians of steps {WARMUP + 1}..{STEPS}: "
+                  f"nice 0 [{fmt([1e3 * x for x in step['0']])}] ms, nice 19 "
+                  f"[{fmt([1e3 * x for x in step['19']])}] ms; losses bitwise the same: "
+                  f"{same}"},
+        {"name": "launch: 2 x 4 job CPU seconds, gloo thread at nice 0 / nice 19",
+         "unit": "x", "value": round(statistics.median(cpu_ratios), 3), "target": "",
+         "ok": None,
+         "notes": f"windows [{fmt(cpu_ratios, 3)}]; both processes from start to exit, "
+                  f"{STEPS} steps: nice 0 [{fmt(cpu['0'])}] s, nice 19 [{fmt(cpu['19'])}] s "
+                  f"(a gloo message that arrives before its buffer is posted makes gloo's "
+                  f"thread spin; at nice 19 it spins in the time the compute threads leave)"},
+    ]
+
+
 def run() -> list[dict[str, Any]]:
     """Launches 1 x 8 and 2 x 4 jobs of the same config; returns the benchmark rows."""
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
@@ -67,6 +122,7 @@ def run() -> list[dict[str, Any]]:
         try:
             one = _job(Path(tmp), "1x8", 1, 8)
             two = _job(Path(tmp), "2x4", 2, 4)
+            gloo = _gloo_priority_rows(Path(tmp))
         finally:
             if saved is None:
                 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
@@ -97,6 +153,7 @@ def run() -> list[dict[str, Any]]:
                   f"is a gloo TCP round trip between processes sharing the cores; max "
                   f"relative loss difference between the jobs {diff:.1e} (gloo's ring sums "
                   f"in another order than XLA's in-process all-reduce)"},
+        *gloo,
     ]
 
 

@@ -98,6 +98,14 @@ def test_partial_distributed_arguments_are_named():
                                                    process_id=2))
 
 
+@pytest.mark.parametrize("value", ["20", "-1", "low", ""])
+def test_a_bad_gloo_nice_is_refused_before_joining(value, monkeypatch):
+    monkeypatch.setenv(cluster.GLOO_NICE_ENV, value)
+    spec = cluster.DistributedSpec(coordinator="127.0.0.1:1", num_processes=2, process_id=0)
+    with pytest.raises(ValueError, match=rf"WORKBENCH_GLOO_NICE={value!r}.* 0 .* 19"):
+        cluster.initialize(spec)   # nothing joined: port 1 would never answer
+
+
 def test_detect_cluster_uses_jax_detectors(monkeypatch):
     for var in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
                 "SLURM_LOCALID", "JAX_COORDINATOR_ADDRESS", "OMPI_MCA_orte_hnp_uri"):
@@ -136,9 +144,35 @@ def test_ping_job_all_reduces_across_two_processes(tmp_path):
     assert not (tmp_path / "p" / "job.lock").exists()
 
 
+def _gloo_loops(pid: int) -> list[int]:
+    """The nice value of each thread of process ``pid`` that the kernel shows waiting
+    like gloo's network thread: epoll_wait(..., 64 events, 10 ms) (the call's number
+    for this machine: workbench.jobs.cluster.GLOO_LOOP_WAIT)."""
+    import platform
+
+    calls, args = cluster.GLOO_LOOP_WAIT[0][platform.machine()], cluster.GLOO_LOOP_WAIT[1]
+    nice = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            call = (task / "syscall").read_text().split()
+            stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if call[:1] and call[0] in calls and tuple(call[3:5]) == args:
+            nice.append(int(stat[16]))   # field 19 of stat(5), counted after "comm)"
+    return nice
+
+
 def test_stop_makes_every_process_stop_at_the_same_round(tmp_path):
+    """...and while the job runs, each process's gloo network thread runs at nice 19
+    (the kernel's view of the thread, /proc), under the threads that compute: a message
+    that arrives early makes that thread spin (workbench.jobs.cluster.
+    _lower_gloo_thread_priority)."""
     job = ping(2, 4, run_dir=tmp_path / "p", hold=120, platform="cpu")
     _wait_for(lambda: all("PING " in p.log.read_text() for p in job.processes), 90, job)
+    for p in job.processes:   # between two ticks of its loop the thread is not in the call
+        _wait_for(lambda: _gloo_loops(p.pid), 10, job)
+        assert _gloo_loops(p.pid) == [cluster.GLOO_THREAD_NICE] == [19], p.pid
     assert job.stop(60) == "stopped", job.tail()
     assert [p.returncode for p in job.processes] == [EXIT_STOPPED, EXIT_STOPPED]
     rounds = [re.search(r"stopped at round (\d+)", p.log.read_text()).group(1)
@@ -146,10 +180,16 @@ def test_stop_makes_every_process_stop_at_the_same_round(tmp_path):
     assert rounds[0] == rounds[1]  # JAX's preemption sync point: one agreed round
 
 
-def test_killed_process_fails_the_job_fast_and_nothing_hangs(tmp_path):
+def test_killed_process_fails_the_job_fast_and_nothing_hangs(tmp_path, monkeypatch):
+    """(With WORKBENCH_GLOO_NICE=0 in the workers' environment, gloo's network thread
+    keeps the priority it started with.)"""
     run_dir = tmp_path / "p"
+    monkeypatch.setenv(cluster.GLOO_NICE_ENV, "0")
     job = ping(2, 4, run_dir=run_dir, hold=120, platform="cpu")
     _wait_for(lambda: all("PING " in p.log.read_text() for p in job.processes), 90, job)
+    for p in job.processes:
+        _wait_for(lambda: _gloo_loops(p.pid), 10, job)
+        assert _gloo_loops(p.pid) == [0], p.pid
     with pytest.raises(JobRunningError, match="already has a running job"):
         ping(2, 4, run_dir=run_dir, platform="cpu")  # concurrent launch refused
     victim = job.processes[1].pid
