@@ -145,21 +145,15 @@ def test_ping_job_all_reduces_across_two_processes(tmp_path):
 
 
 def _gloo_loops(pid: int) -> list[int]:
-    """The nice value of each thread of process ``pid`` that the kernel shows waiting
-    like gloo's network thread: epoll_wait(..., 64 events, 10 ms) (the call's number
-    for this machine: workbench.jobs.cluster.GLOO_LOOP_WAIT)."""
-    import platform
-
-    calls, args = cluster.GLOO_LOOP_WAIT[0][platform.machine()], cluster.GLOO_LOOP_WAIT[1]
+    """The nice value, as the kernel reports it (/proc/<pid>/task/<tid>/stat), of each
+    thread of process ``pid`` waiting like gloo's network thread."""
     nice = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for tid in cluster._gloo_loop_threads(pid):
         try:
-            call = (task / "syscall").read_text().split()
-            stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if call[:1] and call[0] in calls and tuple(call[3:5]) == args:
-            nice.append(int(stat[16]))   # field 19 of stat(5), counted after "comm)"
+        nice.append(int(stat[16]))   # field 19 of stat(5), counted after "comm)"
     return nice
 
 

@@ -134,7 +134,7 @@ def initialize(spec: DistributedSpec) -> str:
       RuntimeError: JAX already started its backends (too late to configure them).
     """
     validate(spec)
-    _gloo_nice()   # a bad WORKBENCH_GLOO_NICE fails here, before the job is joined
+    gloo_nice = _gloo_nice()   # a bad WORKBENCH_GLOO_NICE fails here, before joining
     import jax
     from jax._src import xla_bridge
 
@@ -174,7 +174,7 @@ def initialize(spec: DistributedSpec) -> str:
     jax.distributed.initialize(**kwargs)  # type: ignore[arg-type]
     if platform == "cpu":
         jax.devices()   # starts the backend, and with it gloo's network thread
-        _lower_gloo_thread_priority()
+        _lower_gloo_thread_priority(gloo_nice)
     return "explicit" if spec.explicit else (cluster or "jax.distributed")
 
 
@@ -182,7 +182,8 @@ def initialize(spec: DistributedSpec) -> str:
 #: 64, 10)``: 64 events, a 10 ms tick (gloo/transport/tcp/loop.cc), as the kernel shows
 #: it in /proc/<pid>/task/<tid>/syscall: the call's number (epoll_wait or epoll_pwait on
 #: x86-64, epoll_pwait on arm64, which has no epoll_wait), then its arguments in hex.
-GLOO_LOOP_WAIT = ({"x86_64": ("232", "281"), "aarch64": ("22",)}, ("0x40", "0xa"))
+_GLOO_WAIT_CALLS = {"x86_64": ("232", "281"), "aarch64": ("22",)}
+_GLOO_WAIT_ARGS = ("0x40", "0xa")
 #: The nice value gloo's network thread gets (19: the lowest priority above SCHED_IDLE),
 #: unless the environment variable of this name says another (0 leaves it as it was).
 GLOO_THREAD_NICE = 19
@@ -201,9 +202,29 @@ def _gloo_nice() -> int:
     return nice
 
 
-def _lower_gloo_thread_priority(*, tries: int = 20) -> list[int]:
-    """Runs gloo's network thread (the CPU collectives' TCP loop) at nice 19, under the
-    threads that compute.
+def _gloo_loop_threads(pid: int | str = "self") -> list[int]:
+    """The threads of process ``pid`` that the kernel shows waiting like gloo's network
+    thread ([] off Linux, or on another machine type)."""
+    import platform
+
+    calls, task = _GLOO_WAIT_CALLS.get(platform.machine(), ()), f"/proc/{pid}/task"
+    if not calls or not os.path.isdir(task):
+        return []
+    found = []
+    for tid in os.listdir(task):
+        try:
+            with open(f"{task}/{tid}/syscall", encoding="ascii") as f:
+                call = f.read().split()
+        except OSError:   # the thread ended
+            continue
+        if call[:1] and call[0] in calls and tuple(call[3:5]) == _GLOO_WAIT_ARGS:
+            found.append(int(tid))
+    return found
+
+
+def _lower_gloo_thread_priority(nice: int, *, tries: int = 20) -> list[int]:
+    """Runs gloo's network thread (the CPU collectives' TCP loop) at ``nice`` (19 unless
+    ``WORKBENCH_GLOO_NICE`` says another), under the threads that compute.
 
     Why: a gloo message that arrives before this process has posted the buffer it goes
     to (this process is still computing, or compiling, a step behind its peer) is left
@@ -218,38 +239,24 @@ def _lower_gloo_thread_priority(*, tries: int = 20) -> list[int]:
     bytes in the same order, so results are bitwise the same.
 
     Linux only (``/proc/self/task``); elsewhere, or when no thread of this process waits
-    like gloo's loop (another gloo version), nothing changes. ``WORKBENCH_GLOO_NICE=0``
-    in the workers' environment turns it off (another value from 1 to 19 sets the
-    nice value).
+    like gloo's loop (another gloo version), nothing changes. ``nice=0`` changes nothing.
 
     Returns:
       The thread ids lowered (one per gloo device; [] when none was found).
     """
-    import platform
+    import time
 
-    task, nice = "/proc/self/task", _gloo_nice()
-    calls, args = GLOO_LOOP_WAIT[0].get(platform.machine(), ()), GLOO_LOOP_WAIT[1]
-    if not nice or not calls or not os.path.isdir(task):
-        return []
-    for attempt in range(tries):
+    for attempt in range(tries if nice else 0):
         found = []
-        for tid in os.listdir(task):
+        for tid in _gloo_loop_threads():
             try:
-                with open(f"{task}/{tid}/syscall", encoding="ascii") as f:
-                    call = f.read().split()
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
             except OSError:   # the thread ended
                 continue
-            if call[:1] and call[0] in calls and tuple(call[3:5]) == args:
-                try:
-                    os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-                except OSError:
-                    continue
-                found.append(int(tid))
+            found.append(tid)
         if found:
             return found
         if attempt + 1 < tries:   # caught between two ticks of its loop: look again
-            import time
-
             time.sleep(0.005)
     return []
 
