@@ -74,6 +74,10 @@ lab: $(STAMP) $(LAB_BYTECODE)
 # update` and one install of whatever is missing (apt takes one lock, so one call); needs
 # root. On a fresh machine this is minutes of downloads and dpkg (here: chromium's dpkg
 # alone 2:15, slurm's 0:29), so `make test` runs it beside pip's and npm's install (`setup`).
+# Without Debian's recommended packages: they were 122 of the 155 the install brought
+# (avahi-daemon, samba's and CUPS's libraries, upower, udev, SLURM's -dev plugins, HDF5, Perl
+# modules), daemons and libraries no test uses, on a user's or a TPU VM's system. The 33
+# left start every browser, SLURM, SSH and notebook test (10 s to install from apt's cache).
 APT_NEEDS = $(strip \
   $(if $(shell command -v chromium),,chromium) \
   $(if $(shell command -v slurmctld),,slurm-wlm) \
@@ -82,7 +86,7 @@ APT_NEEDS = $(strip \
   $(if $(wildcard /usr/lib/*/libjemalloc.so.2),,libjemalloc2))
 system-packages:
 	@$(if $(APT_NEEDS),echo "installing Debian's $(APT_NEEDS) for the tests"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    $(APT_NEEDS) >/dev/null,true)
 browser clusters: system-packages
 

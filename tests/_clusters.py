@@ -34,7 +34,7 @@ def require(binaries: tuple[str, ...], what: str) -> dict[str, str]:
     missing = [b for b, p in found.items() if p is None]
     if missing:
         msg = (f"{what} is not installed (missing {', '.join(missing)}); run `make clusters` "
-               "as root (apt-get install slurm-wlm munge openssh-server)")
+               "as root (apt-get install --no-install-recommends slurm-wlm munge openssh-server)")
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(msg)
         pytest.skip(msg)
