@@ -157,6 +157,19 @@ def _gloo_loops(pid: int) -> list[int]:
     return nice
 
 
+def _gloo_loops_seen(pid: int, job) -> list[int]:
+    """:func:`_gloo_loops` of ``pid`` from the first look that finds the thread: between
+    two ticks of its loop the thread is not in the call, so one look can find none."""
+    seen: list[int] = []
+
+    def look() -> list[int]:
+        seen[:] = _gloo_loops(pid)
+        return seen
+
+    _wait_for(look, 10, job)
+    return seen
+
+
 def test_stop_makes_every_process_stop_at_the_same_round(tmp_path):
     """...and while the job runs, each process's gloo network thread runs at nice 19
     (the kernel's view of the thread, /proc), under the threads that compute: a message
@@ -164,9 +177,8 @@ def test_stop_makes_every_process_stop_at_the_same_round(tmp_path):
     _lower_gloo_thread_priority)."""
     job = ping(2, 4, run_dir=tmp_path / "p", hold=120, platform="cpu")
     _wait_for(lambda: all("PING " in p.log.read_text() for p in job.processes), 90, job)
-    for p in job.processes:   # between two ticks of its loop the thread is not in the call
-        _wait_for(lambda: _gloo_loops(p.pid), 10, job)
-        assert _gloo_loops(p.pid) == [cluster.GLOO_THREAD_NICE] == [19], p.pid
+    for p in job.processes:
+        assert _gloo_loops_seen(p.pid, job) == [cluster.GLOO_THREAD_NICE] == [19], p.pid
     assert job.stop(60) == "stopped", job.tail()
     assert [p.returncode for p in job.processes] == [EXIT_STOPPED, EXIT_STOPPED]
     rounds = [re.search(r"stopped at round (\d+)", p.log.read_text()).group(1)
@@ -182,8 +194,7 @@ def test_killed_process_fails_the_job_fast_and_nothing_hangs(tmp_path, monkeypat
     job = ping(2, 4, run_dir=run_dir, hold=120, platform="cpu")
     _wait_for(lambda: all("PING " in p.log.read_text() for p in job.processes), 90, job)
     for p in job.processes:
-        _wait_for(lambda: _gloo_loops(p.pid), 10, job)
-        assert _gloo_loops(p.pid) == [0], p.pid
+        assert _gloo_loops_seen(p.pid, job) == [0], p.pid
     with pytest.raises(JobRunningError, match="already has a running job"):
         ping(2, 4, run_dir=run_dir, platform="cpu")  # concurrent launch refused
     victim = job.processes[1].pid

@@ -242,7 +242,7 @@ def _lower_gloo_thread_priority(nice: int, *, tries: int = 20) -> list[int]:
     like gloo's loop (another gloo version), nothing changes. ``nice=0`` changes nothing.
 
     Returns:
-      The thread ids lowered (one per gloo device; [] when none was found).
+      The thread ids lowered (one per process: gloo's TCP loop; [] when none was found).
     """
     import time
 
