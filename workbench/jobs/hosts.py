@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.jobs import storage
+from workbench.jobs import fields, storage
 from workbench.jobs.job import Job, _Pid, exit_file
 from workbench.run_lock import LAUNCHED_ENV, RunLock
 from workbench.jobs.worker import EXIT_FILE_ENV
@@ -64,6 +64,8 @@ class _FanOut:
     workdir: str | None
     env: Mapping[str, str]
     setup: Sequence[str]
+    connect_timeout: int
+    start_timeout: float
 
     def remote_argv(self, i: int, command: str) -> list[str]:
         raise NotImplementedError
@@ -72,6 +74,10 @@ class _FanOut:
         raise NotImplementedError
 
     def host_names(self) -> list[str]:
+        raise NotImplementedError
+
+    def start_fix(self, i: int) -> str:
+        """What to check when worker ``i`` could not be started."""
         raise NotImplementedError
 
     def remote_command(self, i: int, run_dir: Path, token: str, *, steps: int | None) -> str:
@@ -125,14 +131,52 @@ class _FanOut:
             (run_dir / HOSTS_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
             lock.update([p.pid for p in procs], what="hosts", logs=[str(p) for p in logs],
                         target_steps=target_steps, platform=self.platform)
+            self._wait_started(procs)
         except BaseException:
             for p in procs:
+                if p.popen.poll() is None and _remote_pid(p.log) is not None:
+                    p.send_signal_remote(signal.SIGKILL)   # the worker on its host, too
                 p.popen.kill()
+                p.popen.wait()
             lock.release()
             raise
         return Job(run_dir, procs, logs, lock=lock, commands=commands,
                    devices_per_process=self.devices_per_task, platform=self.platform,
                    target_steps=target_steps)
+
+    def _wait_started(self, procs: list[_Remote]) -> None:
+        """Waits until every worker printed its pid on its host (ssh connected and the
+        setup lines ran), at most ``start_timeout`` seconds.
+
+        Raises:
+          HostsError: a worker's ssh (or gcloud) ended before its worker started, or one
+            has not started in time; the message names the host, the log and what to check.
+        """
+        t_end = time.monotonic() + self.start_timeout
+        pending = list(range(len(procs)))
+        hosts = self.host_names()
+        tool = "ssh" if isinstance(self, Hosts) else "gcloud"
+        while pending:
+            for i in list(pending):
+                rc = procs[i].popen.poll()   # before the log: an ended one has written all
+                if _remote_pid(procs[i].log) is not None:
+                    pending.remove(i)
+                elif rc is not None:
+                    tail = " | ".join(line.strip() for line in _log_lines(procs[i].log)[-4:])
+                    raise HostsError(
+                        f"worker {i} did not start on {hosts[i]}: {tool} exited with {rc} "
+                        f"before the worker ran ({tail or 'no output'}; log "
+                        f"{procs[i].log}). {self.start_fix(i)}")
+            if pending and time.monotonic() > t_end:
+                names = ", ".join(f"{i} ({hosts[i]})" for i in pending)
+                raise HostsError(
+                    f"worker(s) {names} did not start within start_timeout="
+                    f"{self.start_timeout:g} s: no '[workbench] worker pid' line in "
+                    f"{procs[pending[0]].log}. The host may be unreachable or a setup line "
+                    f"may wait for input. {self.start_fix(pending[0])}; if the setup lines "
+                    "take longer, raise start_timeout")
+            if pending:
+                time.sleep(0.05)
 
     def signal_worker(self, i: int, log: Path, sig: int) -> None:
         """Sends ``sig`` to worker ``i`` on its host (its pid is the first line it printed)."""
@@ -142,6 +186,12 @@ class _FanOut:
         name = signal.Signals(sig).name.removeprefix("SIG")
         subprocess.run(self.remote_argv(i, f"kill -{name} {pid}"), capture_output=True,
                        stdin=subprocess.DEVNULL, timeout=60, check=False)
+
+
+def _log_lines(log: Path) -> list[str]:
+    from workbench.jobs.job import read_tail
+
+    return read_tail(log, 20, raw=True)
 
 
 def _remote_pid(log: Path) -> int | None:
@@ -194,7 +244,12 @@ class Hosts(_FanOut):
       python: the Python on the hosts (default ``python3``).
       workdir: the working directory on the hosts (default: this one).
       env: environment variables for the workers.
-      setup: shell commands run first on each host (``source venv/bin/activate``).
+      setup: shell commands run first on each host (``source venv/bin/activate``), one
+        line each.
+      connect_timeout: seconds ssh may take to connect (``ConnectTimeout``); a host that
+        does not answer fails the launch after this long.
+      start_timeout: seconds ``launch`` waits for every worker to start on its host (ssh
+        connected and the setup lines done) before it stops them and says which did not.
     """
 
     hosts: Sequence[str]
@@ -209,13 +264,27 @@ class Hosts(_FanOut):
     workdir: str | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     setup: Sequence[str] = ()
+    connect_timeout: int = 20
+    start_timeout: float = 120
 
     def __post_init__(self) -> None:
-        if isinstance(self.hosts, str) or not self.hosts:
+        where, set_ = "wb.Hosts", object.__setattr__
+        if isinstance(self.hosts, (str, bytes)) or not isinstance(self.hosts, (list, tuple)) \
+                or not self.hosts:
             raise ValueError(f"wb.Hosts({self.hosts!r}): pass a non-empty list of hosts, "
                              "e.g. wb.Hosts(['node1', 'node2'])")
+        set_(self, "hosts", tuple(fields.host(h, i) for i, h in enumerate(self.hosts)))
+        for name in ("port", "coordinator_port"):
+            fields.optional_int(getattr(self, name), name, where, maximum=65535,
+                                fix=f"give a TCP port from 1 to 65535, or {name}=None")
+        if self.identity is not None:
+            set_(self, "identity", fields.one_line(self.identity, "identity", where,
+                                                   example="'~/.ssh/id_ed25519'", paths=True))
+        set_(self, "ssh_options", fields.lines(self.ssh_options, "ssh_options", where,
+                                               example="['-o', 'ProxyJump=bastion']"))
+        fields.fanout(self, where)
         if self.coordinator_port is None:
-            object.__setattr__(self, "coordinator_port", _free_port())
+            set_(self, "coordinator_port", _free_port())
 
     @property
     def tasks(self) -> int:
@@ -227,12 +296,22 @@ class Hosts(_FanOut):
     def remote_argv(self, i: int, command: str) -> list[str]:
         ssh = _tool("ssh", "install OpenSSH's client (Debian: `apt-get install "
                            "openssh-client`)")
-        argv = [ssh, "-o", "BatchMode=yes", "-o", "ServerAliveInterval=15"]
+        # ssh keeps the first value it reads for an option: the user's come first
+        argv = [ssh, *self.ssh_options, "-o", "BatchMode=yes",
+                "-o", f"ConnectTimeout={self.connect_timeout}",
+                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3"]
         if self.port:
             argv += ["-p", str(self.port)]
         if self.identity:
             argv += ["-i", str(self.identity)]
-        return [*argv, *self.ssh_options, self.hosts[i], command]
+        return [*argv, self.hosts[i], command]
+
+    def start_fix(self, i: int) -> str:
+        port = f"-p {self.port} " if self.port else ""
+        return (f"Check that `ssh {port}{self.hosts[i]} true` works from here without a "
+                "password (BatchMode: a key in ssh-agent, or identity=), that the host is up "
+                f"and sshd listens; a host that does not answer fails after connect_timeout="
+                f"{self.connect_timeout} s")
 
     def worker_args(self, i: int) -> list[str]:
         if self.tasks == 1:
@@ -257,6 +336,8 @@ class TPUSlice(_FanOut):
       python, workdir, env, setup: as in :class:`Hosts`.
       gcloud: the gcloud executable.
       ssh_flags: further ``gcloud ... ssh`` flags (``["--internal-ip"]``, ``["--tunnel-through-iap"]``).
+      connect_timeout, start_timeout: as in :class:`Hosts` (ssh's ``ConnectTimeout``
+        reaches it through ``--ssh-flag``).
     """
 
     name: str
@@ -272,6 +353,23 @@ class TPUSlice(_FanOut):
     ssh_flags: Sequence[str] = ()
     platform: str | None = "tpu"
     devices_per_task: int | None = None
+    connect_timeout: int = 30
+    start_timeout: float = 300
+
+    def __post_init__(self) -> None:
+        where, set_ = "wb.TPUSlice", object.__setattr__
+        fields.word(self.name, "name", where, example="'my-v5p'")
+        fields.word(self.zone, "zone", where, example="'us-east5-a'")
+        if self.project is not None:
+            fields.word(self.project, "project", where, example="'my-project'")
+        fields.optional_int(self.workers, "workers", where,
+                            fix="give the number of hosts in the slice (e.g. 4 for a "
+                                "v5p-32), or workers=None to ask gcloud")
+        set_(self, "gcloud", fields.one_line(self.gcloud, "gcloud", where,
+                                             example="'/usr/bin/gcloud'", paths=True))
+        set_(self, "ssh_flags", fields.lines(self.ssh_flags, "ssh_flags", where,
+                                             example="['--internal-ip']"))
+        fields.fanout(self, where)
 
     def _gcloud(self) -> str:
         return _tool(self.gcloud, "install the Google Cloud CLI (cloud.google.com/sdk: "
@@ -304,8 +402,16 @@ class TPUSlice(_FanOut):
         return [f"{self.name}-worker-{i}" for i in range(self.tasks)]
 
     def remote_argv(self, i: int, command: str) -> list[str]:
+        # ssh keeps the first value it reads for an option: the user's flags come first
         return [self._gcloud(), "compute", "tpus", "tpu-vm", "ssh", self.name, *self._where(),
-                f"--worker={i}", *self.ssh_flags, f"--command={command}"]
+                f"--worker={i}", f"--command={command}", *self.ssh_flags,
+                f"--ssh-flag=-oConnectTimeout={self.connect_timeout}",
+                "--ssh-flag=-oServerAliveInterval=15", "--ssh-flag=-oServerAliveCountMax=3"]
+
+    def start_fix(self, i: int) -> str:
+        return (f"Check that `{shlex.join(self.remote_argv(i, 'true')[:8])} --command=true` "
+                "works from here (`gcloud auth login`; the slice's name, zone and project: "
+                f"`gcloud compute tpus tpu-vm list --zone={self.zone}`)")
 
     def all_workers_argv(self, command: str) -> list[str]:
         """The one-command equivalent: ``--worker=all`` (every worker's output interleaved)."""

@@ -32,6 +32,7 @@ from typing import Any
 
 import workbench
 from workbench._xla_flags import cpu_device_flags
+from workbench.jobs import fields
 from workbench.run_lock import LAUNCHED_ENV
 
 __all__ = ["SLURM_FILE", "Slurm", "SlurmError", "available", "batch_script", "check",
@@ -94,21 +95,43 @@ class Slurm:
     job_name: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task",
-                     "devices_per_task", "signal_before"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ValueError(f"wb.Slurm({name}={v!r}): must be a positive int")
+        where = "wb.Slurm"
+        for name in ("nodes", "tasks_per_node", "signal_before"):
+            fields.optional_int(getattr(self, name), name, where)
+        for name in ("gpus_per_node", "cpus_per_task", "devices_per_task"):
+            fields.optional_int(getattr(self, name), name, where,
+                                fix=f"pass a positive int, or {name}=None")
         if self.time is not None:
+            if isinstance(self.time, str):
+                fields.one_line(self.time, "time", where, example="'1:30:00'")
             parse_time(self.time)
+        if not isinstance(self.requeue, bool):
+            raise TypeError(f"wb.Slurm(requeue={self.requeue!r}): requeue must be True (go back "
+                            "to the queue with a checkpoint when preempted or near the time "
+                            "limit) or False")
+        for name, example in (("partition", "'gpu'"), ("account", "'my-lab'"),
+                              ("job_name", "'my-run'")):
+            if getattr(self, name) is not None:
+                fields.word(getattr(self, name), name, where, example=example)
+        fields.platform(self.platform, where)
+        if self.python is not None:
+            fields.one_line(self.python, "python", where, example="'/opt/venv/bin/python'")
+        set_ = object.__setattr__
+        set_(self, "setup", fields.lines(self.setup, "setup", where,
+                                         example="['module load cuda']"))
+        set_(self, "extra", fields.lines(self.extra, "extra", where,
+                                         example="['--qos=high']", each="one sbatch option"))
+        for i, opt in enumerate(self.extra):
+            if not opt.startswith("-"):
+                raise ValueError(f"wb.Slurm(extra={list(self.extra)!r}): extra[{i}]={opt!r} is "
+                                 "not an sbatch option; give one option per entry, e.g. "
+                                 "extra=['--qos=high', '--constraint=a100']")
+        set_(self, "env", fields.env_vars(self.env, where))
         if self.gpus_per_node and self.gpus_per_node % self.tasks_per_node:
             raise ValueError(f"wb.Slurm(gpus_per_node={self.gpus_per_node}, tasks_per_node="
                              f"{self.tasks_per_node}): every task takes the same number of "
                              "GPUs; use tasks_per_node=1 (one process drives all GPUs) or "
                              f"tasks_per_node={self.gpus_per_node} (one per GPU)")
-        if isinstance(self.extra, str) or isinstance(self.setup, str):
-            raise TypeError("wb.Slurm(extra=..., setup=...) take a list of strings, e.g. "
-                            "extra=['--qos=high']")
 
     @property
     def tasks(self) -> int:
@@ -249,25 +272,45 @@ def _check_time(slurm: Slurm, run_dir: Path, checkpoint_every: int | None) -> No
 
 
 # ----------------------------------------------------------------------------- the script
+def check_paths(run_dir: Path) -> None:
+    """Refuses a run directory (or working directory) whose name would break the script."""
+    fix = "rename it without newlines or other control characters"
+    fields.path_text(run_dir, "wb.launch(cluster=wb.Slurm(...)): the run directory", fix)
+    fields.path_text(os.getcwd(), "wb.launch(cluster=wb.Slurm(...)): the working directory",
+                     fix + " (it is the job's --chdir), or os.chdir elsewhere first")
+
+
+def default_job_name(run_dir: Path) -> str:
+    """``wb-<run dir name>``, any character a job name may not hold replaced by ``_``."""
+    return "wb-" + re.sub(r"[^A-Za-z0-9_.+:@%=,-]", "_", run_dir.name)
+
+
 def batch_script(slurm: Slurm, run_dir: Path, worker: Sequence[str], token: str) -> str:
-    """The ``sbatch`` script that runs ``worker`` in every task (see the module docstring)."""
+    """The ``sbatch`` script that runs ``worker`` in every task (see the module docstring).
+
+    Every ``#SBATCH`` option is one shell-quoted word (sbatch reads quotes in those lines
+    as the shell does, and an unquoted ``#`` as a comment), every value exported or run is
+    quoted, and a run directory or working directory with a newline is refused: nothing in
+    the script can end a line early.
+    """
+    check_paths(run_dir)
     logs = run_dir / "logs"
-    opts = [f"--job-name={slurm.job_name or 'wb-' + run_dir.name}", f"--nodes={slurm.nodes}",
-            f"--ntasks-per-node={slurm.tasks_per_node}", f"--chdir={os.getcwd()}",
-            f"--output={logs}/slurm-%j.out", "--open-mode=append",
+    q = shlex.quote
+    opts = [f"--job-name={slurm.job_name or default_job_name(run_dir)}",
+            f"--nodes={slurm.nodes}", f"--ntasks-per-node={slurm.tasks_per_node}",
+            f"--chdir={os.getcwd()}", f"--output={logs}/slurm-%j.out", "--open-mode=append",
             "--requeue" if slurm.requeue else "--no-requeue"]
     for flag, value in (("--gpus-per-node", slurm.gpus_per_node),
                         ("--cpus-per-task", slurm.cpus_per_task),
                         ("--partition", slurm.partition), ("--account", slurm.account),
-                        ("--time", slurm.time)):
+                        ("--time", None if slurm.time is None else str(slurm.time).strip())):
         if value is not None:
             opts.append(f"{flag}={value}")
     if slurm.requeue:
         opts.append(f"--signal=TERM@{slurm.signal_before}")
     opts += list(slurm.extra)
     root = str(Path(workbench.__file__).resolve().parent.parent)
-    env = {"PYTHONUNBUFFERED": "1", LAUNCHED_ENV: token,
-           "PYTHONPATH": f"{root}${{PYTHONPATH:+:$PYTHONPATH}}"}
+    env = {"PYTHONUNBUFFERED": "1", LAUNCHED_ENV: token}
     platform = slurm.worker_platform
     if platform:
         env["JAX_PLATFORMS"] = platform
@@ -277,12 +320,14 @@ def batch_script(slurm: Slurm, run_dir: Path, worker: Sequence[str], token: str)
         env["XLA_FLAGS"] = cpu_device_flags(os.environ.get("XLA_FLAGS", ""),
                                             slurm.devices_per_task)
     env.update(slurm.env)
-    exports = [f"export {k}={v if k == 'PYTHONPATH' else shlex.quote(str(v))}"
-               for k, v in env.items()]
+    # this workbench first on the path, unless env= gives the whole PYTHONPATH
+    exports = ([] if "PYTHONPATH" in env else
+               [f'export PYTHONPATH={q(root)}"${{PYTHONPATH:+:$PYTHONPATH}}"'])
+    exports += [f"export {k}={q(str(v))}" for k, v in env.items()]
     task = ("export WORKBENCH_EXIT_FILE=" + shlex.quote(str(logs)) +
             "/process-$SLURM_PROCID.exit; exec \"$@\"")
     lines = ["#!/bin/bash", "# written by wb.launch(cluster=wb.Slurm(...)); see workbench.jobs.slurm",
-             *[f"#SBATCH {o}" for o in opts], "",
+             *[f"#SBATCH {q(o)}" for o in opts], "",
              "start=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))",
              # the tasks' exit files are this start's from here on; the notebook tells a start
              # that never ran (SLURM ended the job as it started it again) by the start file

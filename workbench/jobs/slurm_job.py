@@ -332,6 +332,7 @@ def submit_slurm(slurm: Slurm, run_dir: Path, config_text: str, *, steps: int | 
       JobRunningError: ``run_dir`` belongs to a job that is still queued or running.
     """
     fields = json.loads(config_text)
+    slurm_mod.check_paths(run_dir)   # a newline in a path would end a line of the script
     nodes = slurm_mod.check(slurm, run_dir, checkpoint_every=fields.get("checkpoint_every"))
     storage.warn_if_not_shared(run_dir, nodes)
     lock = RunLock(run_dir)
