@@ -71,10 +71,15 @@ class Slurm:
         ``gpus_per_node`` is set, else JAX's default on the node).
       python: the Python that runs the worker on the nodes (default: this kernel's).
       setup: shell lines run on the node before the workers (``module load cuda``,
-        ``source ~/venv/bin/activate``).
+        ``source ~/venv/bin/activate``), one line each, written as given.
       env: environment variables for the workers.
-      extra: further ``sbatch`` options, verbatim (``["--qos=high", "--constraint=a100"]``).
-      job_name: the SLURM job name (default ``wb-<run dir name>``).
+      extra: further ``sbatch`` options, one per entry, each passed as one argument
+        (``["--qos=high", "--constraint=a100"]``).
+      job_name: the SLURM job name (default ``wb-<run dir name>``): letters, digits and
+        ``_ . - + : @ % = ,``.
+
+    Every field is checked here (type, range, and no newline, quote, ``$`` or backtick
+    where a name is expected): a bad request fails before anything is written.
     """
 
     nodes: int = 1
@@ -275,7 +280,12 @@ def _check_time(slurm: Slurm, run_dir: Path, checkpoint_every: int | None) -> No
 def check_paths(run_dir: Path) -> None:
     """Refuses a run directory (or working directory) whose name would break the script."""
     fix = "rename it without newlines or other control characters"
-    fields.path_text(run_dir, "wb.launch(cluster=wb.Slurm(...)): the run directory", fix)
+    what = "wb.launch(cluster=wb.Slurm(...)): the run directory"
+    fields.path_text(run_dir, what, fix)
+    if "%" in str(run_dir):
+        raise ValueError(f"{what} {str(run_dir)!r} holds '%': SLURM reads it in the job's "
+                         "--output path as a pattern (%j is the job id), so the job's output "
+                         "would go elsewhere; use a run directory without '%'")
     fields.path_text(os.getcwd(), "wb.launch(cluster=wb.Slurm(...)): the working directory",
                      fix + " (it is the job's --chdir), or os.chdir elsewhere first")
 
@@ -285,13 +295,25 @@ def default_job_name(run_dir: Path) -> str:
     return "wb-" + re.sub(r"[^A-Za-z0-9_.+:@%=,-]", "_", run_dir.name)
 
 
+def sbatch_word(text: str) -> str:
+    """``text`` as one argument of an ``#SBATCH`` line.
+
+    sbatch reads those lines with its own parser (``_get_argument`` in src/sbatch/opt.c):
+    quotes group, an unquoted ``#`` starts a comment, and a backslash escapes the next
+    character inside quotes too, so ``shlex.quote`` is not enough: anything beyond the
+    characters that need no quoting goes in double quotes with ``\\`` and ``"`` escaped.
+    """
+    if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def batch_script(slurm: Slurm, run_dir: Path, worker: Sequence[str], token: str) -> str:
     """The ``sbatch`` script that runs ``worker`` in every task (see the module docstring).
 
-    Every ``#SBATCH`` option is one shell-quoted word (sbatch reads quotes in those lines
-    as the shell does, and an unquoted ``#`` as a comment), every value exported or run is
-    quoted, and a run directory or working directory with a newline is refused: nothing in
-    the script can end a line early.
+    Every ``#SBATCH`` option is one quoted word as sbatch reads them (:func:`sbatch_word`),
+    every value exported or run is shell-quoted, and a run directory or working directory
+    with a newline is refused: nothing in the script can end a line early.
     """
     check_paths(run_dir)
     logs = run_dir / "logs"
@@ -327,7 +349,7 @@ def batch_script(slurm: Slurm, run_dir: Path, worker: Sequence[str], token: str)
     task = ("export WORKBENCH_EXIT_FILE=" + shlex.quote(str(logs)) +
             "/process-$SLURM_PROCID.exit; exec \"$@\"")
     lines = ["#!/bin/bash", "# written by wb.launch(cluster=wb.Slurm(...)); see workbench.jobs.slurm",
-             *[f"#SBATCH {q(o)}" for o in opts], "",
+             *[f"#SBATCH {sbatch_word(o)}" for o in opts], "",
              "start=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))",
              # the tasks' exit files are this start's from here on; the notebook tells a start
              # that never ran (SLURM ended the job as it started it again) by the start file
