@@ -38,13 +38,16 @@ from typing import Any, Self
 
 from workbench._tail import METRICS, MetricsTail, _depth_ok
 
-__all__ = ["METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunFileError", "RunWriter",
-           "check_run", "clean_prediction", "columns", "config_hash", "effective_status",
+__all__ = ["HISTORY_EVENTS", "METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunFileError",
+           "RunWriter", "check_run", "clean_prediction", "columns", "config_hash", "effective_status",
            "find_run_dirs", "is_hidden", "json_safe",
            "list_runs", "pid_alive", "pid_start_time", "read_events", "read_metrics",
            "read_run", "resolve_run", "run_id"]
 
 RUN_JSON = "run.json"
+#: Events that change what a run is (a changed config or data, a fork): besides their line in
+#: ``metrics.jsonl`` they are kept in ``run.json``'s ``history`` list, across resumes.
+HISTORY_EVENTS = ("config_changed", "data_changed", "fork")
 STATUSES = ("running", "finished", "interrupted", "failed")
 _VERSIONED = ("workbench", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
 _SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "checkpoints", ".git",
@@ -147,7 +150,8 @@ class RunWriter:
             "error": None, "model_flops_per_step": None, "memory_per_device": None,
         }
         for key in ("target_steps", "mesh", "devices", "device_kind", "peak_flops",
-                    "peak_source", "model_flops_per_step", "memory_per_device", "prediction"):
+                    "peak_source", "model_flops_per_step", "memory_per_device", "prediction",
+                    "history"):
             if old.get(key) is not None:
                 self.meta[key] = _clean(old[key])
         self.meta.update(_clean(meta or {}))
@@ -183,9 +187,14 @@ class RunWriter:
                 self._write_meta()
 
     def event(self, kind: str, **fields: Any) -> None:
-        """Appends a non-step line ``{"event": kind, "time": ..., **fields}``."""
+        """Appends a non-step line ``{"event": kind, "time": ..., **fields}`` (one of
+        :data:`HISTORY_EVENTS` is also appended to ``run.json``'s ``history``)."""
+        line = {"event": kind, "time": time.time(), **_clean(fields)}
         with self._lock:
-            self._write_line({"event": kind, "time": time.time(), **_clean(fields)})
+            self._write_line(line)
+            if kind in HISTORY_EVENTS:
+                self.meta["history"] = [*(self.meta.get("history") or []), line]
+                self._write_meta()
 
     def flush(self) -> None:
         """Flushes metrics to the OS and rewrites ``run.json``."""
@@ -373,7 +382,7 @@ _RUN_TYPES: dict[str, tuple[str, Any]] = {
     "step": ("an integer", int), "target_steps": ("an integer", int), "pid": ("an integer", int),
     "config": ("an object", dict), "mesh": ("an object", dict),
     "memory_per_device": ("an object", dict), "versions": ("an object", dict),
-    "devices": ("a list", list),
+    "devices": ("a list", list), "history": ("a list", list),
 }
 
 

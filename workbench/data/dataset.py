@@ -33,15 +33,26 @@ __all__ = ["Dataset", "Prepared", "prepare"]
 
 
 def _patterns(value: Any, name: str) -> tuple[str, ...]:
-    """Absolute globs (a launched job's processes may start in another directory)."""
+    """Absolute globs (a launched job's processes may start in another directory).
+
+    Raises:
+      ValueError: no pattern, or an empty one (``""`` would mean every file below the
+        working directory).
+    """
     absolute = lambda v: os.path.abspath(os.path.expanduser(os.fspath(v)))
     if isinstance(value, (str, os.PathLike)):
-        return (absolute(value),)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, os.PathLike))
-                                                for v in value):
-        return tuple(absolute(v) for v in value)
-    raise TypeError(f"Dataset.{name}={value!r} must be a glob, a folder, a file or a list "
-                    "of them")
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, (str, os.PathLike))
+                                                       for v in value):
+        raise TypeError(f"Dataset.{name}={value!r} must be a glob, a folder, a file or a "
+                        "list of them")
+    if not value:
+        raise ValueError(f"Dataset({name}={value!r}) was given no files; pass a glob like "
+                         "'data/*.jsonl', a folder, a file, or a list of them")
+    if any(not os.fspath(v).strip() for v in value):
+        raise ValueError(f"Dataset({name}={value!r}) holds an empty path, which would "
+                         "read every file below the working directory; name the files")
+    return tuple(absolute(v) for v in value)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -152,6 +163,17 @@ def _rows(cache: TokenCache, docs: np.ndarray, *, seq: int, seed: int, pad: int
     return grain.MapDataset.range(packing.rows).map(reader), packing.info
 
 
+#: Files whose SHA-256 the run records one by one (``run.json``'s ``data.file_sha256``),
+#: so a resume names the file that changed; past this, the combined hash alone.
+MAX_RECORDED_FILES = 64
+
+
+def _file_hashes(cache: TokenCache, prefix: str = "") -> dict[str, Any]:
+    """``{"file_sha256": {path: sha256}}`` of a cache's files, when there are few."""
+    each = cache.info.get("file_sha256") or {}
+    return {f"{prefix}file_sha256": each} if len(each) <= MAX_RECORDED_FILES else {}
+
+
 def prepare(spec: Dataset, *, seq: int, vocab_size: int,
             cache_dir: str | os.PathLike[str] | None = None) -> Prepared:
     """Tokenizes (once, cached), splits and packs ``spec`` for sequences of ``seq`` tokens.
@@ -167,7 +189,7 @@ def prepare(spec: Dataset, *, seq: int, vocab_size: int,
     cache = _cache(spec, spec.files, cache_dir)
     n = cache.lengths.size
     docs = np.arange(n)
-    eval_ds, eval_info = None, None
+    eval_ds, eval_info, eval_sha = None, None, None
     if spec.eval_fraction:
         n_eval = max(1, math.ceil(spec.eval_fraction * n))
         if n_eval >= n:
@@ -179,13 +201,16 @@ def prepare(spec: Dataset, *, seq: int, vocab_size: int,
         eval_ds, eval_info = _rows(cache, held, seq=seq, seed=spec.split_seed, pad=pad)
     elif spec.eval_files:
         ecache = _cache(spec, spec.eval_files, cache_dir)
+        eval_sha = {"eval_sha256": ecache.info["sha256"]} | _file_hashes(ecache, "eval_")
         eval_ds, eval_info = _rows(ecache, np.arange(ecache.lengths.size), seq=seq,
                                    seed=spec.split_seed, pad=pad)
     train, train_info = _rows(cache, docs, seq=seq, seed=spec.split_seed, pad=pad)
     if not len(train):
         raise ValueError(f"{spec.files}: no document has 2 or more tokens to train on")
     info = {"kind": "dataset", "cache": str(cache.folder), "sha256": cache.info["sha256"],
-            "tokenizer": tok.to_dict(), "vocab_size": tok.vocab_size,
+            **_file_hashes(cache), **(eval_sha or {}),
+            "tokenizer": tok.to_dict(), "tokenizer_fingerprint": tok.fingerprint,
+            "tokenizer_sha256": tok.sha256, "vocab_size": tok.vocab_size,
             "corpus_documents": int(n), "corpus_tokens": int(cache.info["tokens"]),
             "train": train_info, "eval": eval_info, "seq": seq}
     if train_info["split_documents"]:

@@ -8,8 +8,9 @@ Parquet row group, a range of records) that Grain maps to token ids; a unit read
 its own bytes, so units can be tokenized in any process.
 
 Bad input raises :class:`DataError` naming the file (and line or record) and the fix:
-an empty file, a line that is not JSON or lacks the field, a field that is not a string,
-non-UTF-8 bytes, a Parquet file without the column.
+an empty file, a line that is not JSON or lacks the field, a field that is not a string
+or holds a lone surrogate (``"\\ud800"``), non-UTF-8 bytes, a Parquet file without the
+column.
 """
 from __future__ import annotations
 
@@ -124,6 +125,19 @@ def _field(obj: Any, field: str, where: str) -> str:
     return text
 
 
+def _no_lone_surrogates(text: str, field: str, where: str) -> None:
+    """Raises for a ``\\udXXX`` escape that is half of a UTF-16 pair: JSON lets it through,
+    but it is no character, and no tokenizer can encode it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise DataError(
+            f"{where}: field {field!r} holds a lone surrogate \\u{ord(text[err.start]):04x} at "
+            f"character {err.start} (half of a UTF-16 pair, not a character); fix what wrote "
+            "the file (write both halves, or the character itself, e.g. json.dumps of the "
+            "decoded text), or drop that line") from None
+
+
 def read_unit(unit: Unit, field: str) -> list[str]:
     """The documents of one unit, in file order.
 
@@ -150,7 +164,10 @@ def read_unit(unit: Unit, field: str) -> list[str]:
                 except json.JSONDecodeError as err:
                     raise DataError(f"{where}: not JSON ({err.msg} at column {err.colno}); "
                                     "JSONL needs one JSON object per line") from err
-                docs.append(_field(obj, field, where))
+                text = _field(obj, field, where)
+                if "\\u" in line:   # only an escape can make a lone surrogate
+                    _no_lone_surrogates(text, field, where)
+                docs.append(text)
         return docs
     if fmt == "parquet":
         import pyarrow.parquet as pq

@@ -168,6 +168,11 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ identity
     @property
+    def sha256(self) -> str:
+        """The SHA-256 of the tokenizer file when it was loaded ("bytes": byte-level)."""
+        return self._sha
+
+    @property
     def fingerprint(self) -> str:
         """16 hex digits naming this tokenizer in caches (file hash and special tokens)."""
         key = json.dumps([self.kind, self._sha, self.bos_id, self.eos_id, self.pad_id])

@@ -6,9 +6,13 @@ way) and written as one stream of int32 ids in records of ``RECORD_TOKENS`` toke
 (``tokens.array_record``, ``group_size:1`` for random access) with the document lengths
 beside it (``lengths.npy``) and a description (``info.json``). The folder is named by the
 SHA-256 of the files' bytes, the format, the field and the tokenizer's fingerprint, under
-``$WORKBENCH_CACHE/data`` (default ``~/.cache/workbench/data``); a listing manifest (paths,
-sizes, mtimes) lets later runs find it without reading the files again. It is written
-under a temporary name and renamed, so no process sees half a cache.
+``$WORKBENCH_CACHE/data`` (default ``~/.cache/workbench/data``). Every call reads the files
+to hash them (SHA-256 runs at about 1 GB/s, tokenizing at a few MB/s): a key of paths,
+sizes and mtimes would serve stale tokens after an edit that keeps the size and the
+mtime (``touch -d``, a copy with ``cp -p``, a second edit within the clock's
+resolution). The per-file hashes also say which file changed when a run resumes
+(``workbench.train.setup.check_data``). The folder is written under a temporary name and
+renamed, so no process sees half a cache.
 
 Why once, ahead of time, rather than in the training pipeline: packing needs every
 document's length to give each row a fixed place (a ``MapDataset`` with a global shuffle,
@@ -76,27 +80,34 @@ def _tokenize_unit(unit: Unit, *, field: str, tokenizer: Tokenizer
     return flat, lengths
 
 
-def _listing_key(files: Sequence[Path], fmt: str, field: str, tokenizer: Tokenizer) -> str:
+def _content_key(files: Sequence[Path], fmt: str, field: str, tokenizer: Tokenizer
+                 ) -> tuple[str, dict[str, str]]:
+    """``(key, {path: SHA-256 of its bytes})``: the key hashes the format, field, tokenizer
+    fingerprint and every file's name, size and bytes (one read of each file)."""
     h = hashlib.sha256(json.dumps([fmt, field, tokenizer.fingerprint]).encode())
+    each = {}
     for path in files:
-        st = path.stat()
-        h.update(f"{path}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:16]
-
-
-def _content_key(files: Sequence[Path], fmt: str, field: str, tokenizer: Tokenizer) -> str:
-    h = hashlib.sha256(json.dumps([fmt, field, tokenizer.fingerprint]).encode())
-    for path in files:
+        one = hashlib.sha256()
         h.update(f"{path.name}|{path.stat().st_size}\n".encode())
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-    return h.hexdigest()
+                one.update(block)
+        each[str(path)] = one.hexdigest()
+    return h.hexdigest(), each
 
 
 def _read(folder: Path) -> TokenCache:
-    info = json.loads((folder / "info.json").read_text())
-    return TokenCache(folder=folder, lengths=np.load(folder / "lengths.npy"), info=info)
+    try:
+        info = json.loads((folder / "info.json").read_text())
+        lengths = np.load(folder / "lengths.npy")
+    except (OSError, ValueError) as err:   # a damaged cache: say where, never guess
+        raise DataError(f"the token cache {folder} cannot be read ({err}); delete that "
+                        "folder and run again (it is rebuilt from the files)") from None
+    if not isinstance(info, dict):
+        raise DataError(f"{folder / 'info.json'} is not a JSON object; delete {folder} and "
+                        "run again (it is rebuilt from the files)")
+    return TokenCache(folder=folder, lengths=lengths, info=info)
 
 
 def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: str = "text",
@@ -118,18 +129,12 @@ def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: s
     """
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    root = Path(cache_dir) if cache_dir is not None else cache_root() / "data"
+    root = (Path(cache_dir) if cache_dir is not None else cache_root() / "data").absolute()
     files = list_files(patterns)
-    manifest = root / f"tokens-listing-{_listing_key(files, fmt, field, tokenizer)}.json"
-    try:
-        folder = Path(json.loads(manifest.read_text())["folder"])
-        return _read(folder)
-    except (OSError, ValueError, KeyError):
-        pass
-    work = [u for p in files for u in units(p, file_format(p, fmt))]   # checks empty files
-    digest = _content_key(files, fmt, field, tokenizer)
+    digest, each = _content_key(files, fmt, field, tokenizer)
     folder = root / f"tokens-{digest[:16]}-{tokenizer.fingerprint}"
     if not (folder / "info.json").exists():
+        work = [u for p in files for u in units(p, file_format(p, fmt))]   # checks empty files
         root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".{folder.name}.{os.getpid()}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -148,10 +153,14 @@ def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: s
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    tmp_manifest = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
-    tmp_manifest.write_text(json.dumps({"folder": str(folder)}))
-    os.replace(tmp_manifest, manifest)
-    return _read(folder)
+    cache = _read(folder)
+    if cache.info.get("sha256") != digest:
+        raise DataError(f"the token cache {folder} does not hold the files' tokens (its "
+                        f"info.json says sha256={cache.info.get('sha256')!r}, the files hash "
+                        f"to {digest!r}); delete that folder and run again")
+    # the same bytes may sit at other paths than the ones that built the cache
+    info = {**cache.info, "files": [str(p) for p in files], "file_sha256": each}
+    return dataclasses.replace(cache, info=info)
 
 
 def _write(folder: Path, work: list[Unit], *, field: str, tokenizer: Tokenizer, workers: int,

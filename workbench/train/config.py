@@ -83,8 +83,10 @@ class TrainConfig:
       init: None (initialise from ``seed``), or a local Hugging Face model folder whose
         weights start the run (``wb.models.from_hf``'s loader, straight into this run's
         sharding); ``model`` must be its architecture: ``wb.models.hf_config(init)``
-        (runtime fields such as ``scan_layers`` or ``remat`` may differ). Recorded in
-        ``run.json``; a resumed run restores its checkpoints as usual.
+        (runtime fields such as ``scan_layers`` or ``remat`` may differ). Stored as an
+        absolute path and recorded in ``run.json``; a resumed run restores its checkpoints
+        as usual and needs the folder no more (nor does exporting it), so the same config
+        is accepted once the folder has moved away.
 
     Every field is checked when the config is made (before anything touches disk or
     JAX): integers must be integers (not bools, strings or floats) in range, and the
@@ -187,13 +189,20 @@ class TrainConfig:
             self._check_init()
 
     def _check_init(self) -> None:
-        """The init folder exists and holds this config's model (config.json only)."""
+        """The init path made absolute; where the folder exists, it must hold this config's
+        model (config.json only). A folder that is gone is no error here: a run with a
+        checkpoint resumes from it and exports without it; the Trainer raises, naming the
+        path, when a run without checkpoints needs its weights."""
         import os
 
-        if not isinstance(self.init, (str, os.PathLike)):
+        if not isinstance(self.init, (str, os.PathLike)) or not os.fspath(self.init).strip():
             raise TypeError(f"TrainConfig.init={self.init!r} must be a path to a Hugging Face "
                             "model folder, or None")
-        object.__setattr__(self, "init", str(self.init))
+        # absolute: the run records it, and a job or an export may start in another folder
+        object.__setattr__(self, "init", os.path.abspath(os.path.expanduser(
+            os.fspath(self.init))))
+        if not os.path.exists(self.init):
+            return
         from workbench.models.hf import check_matches
 
         check_matches(self.init, self.model_config())

@@ -60,7 +60,8 @@ def check_run_dir(run_dir: Path, config: TrainConfig, *, fork: bool, force: bool
         if (new_dir / runs.RUN_JSON).exists():  # the fork exists already: continue it
             return check_run_dir(new_dir, config, fork=False, force=False)
         source = Checkpoints(run_dir / "checkpoints", read_only=True)
-        return new_dir, source, {"kind": "fork", "source": str(run_dir), "diff": changes}
+        return new_dir, source, {"kind": "fork", "source": str(run_dir.absolute()),
+                                 "diff": changes}
     lines = "\n".join(f"  {k}: {a!r} (in {run_dir}) -> {b!r} (given)"
                       for k, (a, b) in diff.items())
     raise RunConfigMismatch(
@@ -68,6 +69,143 @@ def check_run_dir(run_dir: Path, config: TrainConfig, *, fork: bool, force: bool
         "Nothing was changed. Use a new run_dir, Trainer(..., fork=True) to start a new run "
         "from its newest checkpoint, or Trainer(..., force=True) to continue it with the "
         "new config.")
+
+
+class DataChanged(RunConfigMismatch):
+    """The run directory was trained on other data (documents or tokenizer) than given now."""
+
+
+#: What identifies the data a run trains on (``run.json``'s ``data``), compared on resume:
+#: the documents' combined hash (which includes the tokenizer's fingerprint), the eval
+#: files', the tokenizer's fingerprint and its vocabulary.
+DATA_IDENTITY = ("sha256", "eval_sha256", "tokenizer_fingerprint", "vocab_size")
+
+#: ``Trainer(data_changed=...)``: None refuses a resume on changed data, "ok" accepts it.
+DATA_CHANGED_CHOICES = (None, "ok")
+
+
+def check_data_changed(value: Any) -> str | None:
+    """``Trainer(data_changed=...)`` checked: None or "ok"."""
+    if value not in DATA_CHANGED_CHOICES or isinstance(value, bool):
+        raise ValueError(f"Trainer data_changed={value!r}; pass data_changed='ok' to continue "
+                         "a run on changed data (recorded in run.json's history), or leave it "
+                         "None to have such a resume refused")
+    return value
+
+
+def _short(sha: Any) -> str:
+    return str(sha)[:12] if sha else "none"
+
+
+def _file_changes(old: Any, new: Any, what: str) -> list[str]:
+    """Lines naming the files added, removed or changed between two ``{path: sha256}``."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return []
+    out = []
+    for path in sorted(set(old) | set(new)):
+        a, b = old.get(path), new.get(path)
+        if a == b:
+            continue
+        out.append(f"{what} {path}: " + ("added" if a is None else "removed" if b is None
+                   else f"content changed (sha256 {_short(a)} -> {_short(b)})"))
+    return out
+
+
+def data_diff(stored: Any, info: dict[str, Any]) -> list[str]:
+    """What differs between the data a run recorded (``run.json``'s ``data``) and ``info``
+    (``ShardedBatches.info``), one line each; empty when they are the same.
+
+    Only identity fields present in both are compared (a run recorded before a field
+    existed is compared on the others).
+    """
+    if not isinstance(stored, dict) or stored.get("kind") != info.get("kind"):
+        return []   # another kind of data is a config change (TrainConfig.data)
+    same = all(stored[k] == info[k] for k in DATA_IDENTITY if k in stored and k in info)
+    if same:
+        return []
+    lines = _file_changes(stored.get("file_sha256"), info.get("file_sha256"), "file") + \
+        _file_changes(stored.get("eval_file_sha256"), info.get("eval_file_sha256"),
+                      "eval file")
+    tok = (info.get("tokenizer") or {}).get("path") or "byte-level"
+    if stored.get("tokenizer_sha256", info.get("tokenizer_sha256")) != \
+            info.get("tokenizer_sha256"):
+        lines.append(f"tokenizer {tok}: the file changed (sha256 "
+                     f"{_short(stored['tokenizer_sha256'])} -> "
+                     f"{_short(info.get('tokenizer_sha256'))})")
+    elif stored.get("tokenizer_fingerprint", info.get("tokenizer_fingerprint")) != \
+            info.get("tokenizer_fingerprint"):
+        lines.append(f"tokenizer {tok}: its special tokens changed (fingerprint "
+                     f"{stored['tokenizer_fingerprint']} -> {info.get('tokenizer_fingerprint')})")
+    if stored.get("vocab_size", info.get("vocab_size")) != info.get("vocab_size"):
+        lines.append(f"vocab_size: {stored['vocab_size']} -> {info.get('vocab_size')}")
+    if not lines:   # a run recorded before the per-file hashes: the combined one
+        for k in ("sha256", "eval_sha256"):
+            if k in stored and k in info and stored[k] != info[k]:
+                what = "the eval files" if k == "eval_sha256" else "the documents"
+                lines.append(f"{what}: their combined hash changed (sha256 "
+                             f"{_short(stored[k])} -> {_short(info[k])})")
+    return lines
+
+
+def _trained(run_dir: Path, run: dict[str, Any]) -> bool:
+    """Whether the run directory holds training to continue (steps logged or saved)."""
+    step = run.get("step")
+    if isinstance(step, int) and not isinstance(step, bool) and step > 0:
+        return True
+    try:
+        return any(p.name.isdigit() for p in (run_dir / "checkpoints").iterdir())
+    except OSError:
+        return False
+
+
+def check_data(run_dir: Path, config: TrainConfig, info: dict[str, Any], *, fork: bool,
+               data_changed: str | None) -> tuple[Path, Any, dict[str, Any] | None]:
+    """Refuses to continue a run on other data than it was trained on.
+
+    The data ``run.json`` records (documents' SHA-256, one per file and combined; the
+    eval files'; the tokenizer's file hash, fingerprint and vocabulary) is compared with
+    ``info``, the data read now. A run with nothing trained yet is not checked.
+
+    Returns:
+      ``(run_dir, source, event)``: the run directory (``<run_dir>-fork-<hash>`` when
+      forking), the checkpoints a fork starts from (else None) and the event to log
+      (``data_changed`` when continuing with ``data_changed="ok"``, ``fork``), kept in
+      ``run.json``'s ``history``.
+
+    Raises:
+      DataChanged: the data changed, without ``fork`` or ``data_changed="ok"``; the
+        message names each file (or the tokenizer) that changed and the fixes. Nothing
+        is written.
+    """
+    if not (run_dir / runs.RUN_JSON).exists():
+        return run_dir, None, None
+    run = read_stored_run(run_dir)
+    lines = data_diff(run.get("data"), info) if _trained(run_dir, run) else []
+    if not lines:
+        return run_dir, None, None
+    stored = run["data"]
+    change = {"changes": lines, "before": {k: stored.get(k) for k in DATA_IDENTITY},
+              "after": {k: info.get(k) for k in DATA_IDENTITY}}
+    if data_changed == "ok":
+        return run_dir, None, {"kind": "data_changed", "accepted": "data_changed='ok'",
+                               **change}
+    if fork:
+        from workbench.train.checkpoint import Checkpoints
+
+        key = runs.config_hash({"config": config.hash(), "data": change["after"]})
+        new_dir = run_dir.with_name(f"{run_dir.name}-fork-{key[:6]}")
+        if (new_dir / runs.RUN_JSON).exists():   # the fork exists already: continue it
+            return check_data(new_dir, config, info, fork=False, data_changed=data_changed)
+        source = Checkpoints(run_dir / "checkpoints", read_only=True)
+        return new_dir, source, {"kind": "fork", "source": str(run_dir.absolute()),
+                                 "data": change}
+    listed = "\n".join(f"  {line}" for line in lines)
+    raise DataChanged(
+        f"run_dir {str(run_dir)!r} was trained on other data than it is given now:\n"
+        f"{listed}\nNothing was changed. Continuing would train the run's checkpoints on "
+        "other data under the same name. Use a new run_dir, Trainer(..., fork=True) to start "
+        "a new run from its newest checkpoint on this data, or Trainer(..., "
+        "data_changed='ok') to continue this run on it (recorded in run.json's history).")
 
 
 def read_stored_run(run_dir: Path) -> dict[str, Any]:

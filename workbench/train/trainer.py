@@ -33,14 +33,17 @@ from workbench.train.loop import LoopInputs, NonFiniteLoss, RunResult, run_loop
 from workbench.train.metrics import step_record
 from workbench.train.sinks import History, Sink, broadcast, progress_sink, run_sinks
 from workbench.train.setup import (
+    DataChanged,
     RunConfigMismatch,
     build_parts,
+    check_data,
+    check_data_changed,
     check_keep,
     check_run_dir,
     enable_compile_cache,
 )
 
-__all__ = ["NonFiniteLoss", "RunConfigMismatch", "RunResult", "Trainer"]
+__all__ = ["DataChanged", "NonFiniteLoss", "RunConfigMismatch", "RunResult", "Trainer"]
 
 _LR_BLOCK = 4096
 
@@ -67,6 +70,13 @@ class Trainer(Displayable):
       fork: if ``run_dir`` holds a run with a different config, start a new run directory
         ``<run_dir>-fork-<hash>`` from that run's newest checkpoint instead of refusing.
       force: continue ``run_dir`` with the new config anyway (recorded as an event).
+      data_changed: what to do when ``run_dir`` was trained on other data than
+        ``config.data`` reads now (a document file or the tokenizer changed: their
+        SHA-256 differ from ``run.json``'s ``data``): None refuses (``DataChanged``, naming
+        what changed); "ok" continues the run on the new data, recorded in ``run.json``'s
+        ``history``. ``fork=True`` starts a new run directory from the newest checkpoint
+        instead. A choice for this resume, not part of the experiment: it is not in the
+        config (a later resume on yet other data is refused again).
       progress: "auto" (a live panel in notebooks, a progress line elsewhere), "widget",
         "line" or None.
       tensorboard: also write TensorBoard event files to ``<run_dir>/tensorboard``.
@@ -90,7 +100,8 @@ class Trainer(Displayable):
 
     @_no_empty_dirs_on_failure
     def __init__(self, config: TrainConfig, run_dir: str | os.PathLike[str], *,
-                 fork: bool = False, force: bool = False, progress: str | None = "auto",
+                 fork: bool = False, force: bool = False, data_changed: str | None = None,
+                 progress: str | None = "auto",
                  tensorboard: bool = False, compile_cache: bool | str | os.PathLike[str] = True,
                  async_checkpoint: bool = True,
                  data_cache: str | os.PathLike[str] | None = None,
@@ -99,6 +110,7 @@ class Trainer(Displayable):
             raise TypeError(f"Trainer needs a wb.TrainConfig, got {type(config).__name__}; "
                             "use Trainer.from_plan(plan, ...) for a Plan")
         self.config = config
+        check_data_changed(data_changed)
         self.run_dir, source, self._config_event = check_run_dir(
             Path(run_dir), config, fork=fork, force=force)
         self.progress, self.tensorboard = progress, tensorboard
@@ -106,6 +118,10 @@ class Trainer(Displayable):
         self.primary = jax.process_index() == 0
         t0 = time.perf_counter()
         self.parts = build_parts(config, data_cache=data_cache)
+        # the data read now against what the run trained on (before anything is written)
+        self.run_dir, data_source, self._data_event = check_data(
+            self.run_dir, config, self.parts.data.info, fork=fork, data_changed=data_changed)
+        source = source or data_source
         if self.parts.data.info.get("note"):   # e.g. documents longer than a row were split
             self._say(f"data: {self.parts.data.info['note']}")
         self.mesh, self.rules = self.parts.mesh, self.parts.rules
@@ -434,10 +450,11 @@ class Trainer(Displayable):
         """A config change or fork (once; a fork's first run also copies the source's
         curve into the run directory), the plan's prediction (once), the compile, and the
         step a run resumes from."""
-        if self._config_event is not None:
-            event = dict(self._config_event)
-            broadcast(reporters, event.pop("kind"), **event, step=self.step)
-            self._config_event = None
+        for name in ("_config_event", "_data_event"):
+            if getattr(self, name) is not None:
+                event = dict(getattr(self, name))
+                broadcast(reporters, event.pop("kind"), **event, step=self.step)
+                setattr(self, name, None)
         if writer is not None and self._inherited and not self.checkpoints.all_steps():
             for rec in self.history:
                 writer.log(rec)
