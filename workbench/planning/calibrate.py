@@ -27,8 +27,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import re
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,8 +40,8 @@ import numpy as np
 
 from workbench._cache import cache_root
 
-__all__ = ["Calibration", "calibrate", "calibration_dir", "load_calibration",
-           "remove_calibration"]
+__all__ = ["Calibration", "CalibrationWarning", "calibrate", "calibration_dir",
+           "check_calibration", "load_calibration", "remove_calibration"]
 
 
 def calibration_dir() -> Path:
@@ -90,7 +92,13 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        """The calibration of a stored dict, checked (:func:`check_calibration`).
+
+        Raises:
+          ValueError: a field missing, of the wrong type, out of range or not finite
+            (named, with its value).
+        """
+        return cls(**check_calibration(d))
 
     def save(self) -> Path:
         """Writes the calibration for its device kind (replacing an older one)."""
@@ -123,19 +131,127 @@ class Calibration:
         return count * f["latency"] + f["scale"] * bw_part, True
 
 
+def _number(d: dict[str, Any], key: str, where: str, *, low: float = 0.0,
+            positive: bool = False, inf: bool = False) -> float:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or \
+            (math.isinf(v) and not inf) or v < low or (positive and v <= low):
+        bound = f"> {low:g}" if positive else f">= {low:g}"
+        raise ValueError(f"{where}{key} is {v!r}, not a {'' if inf else 'finite '}number "
+                         f"{bound}")
+    return float(v)
+
+
+def check_calibration(d: Any) -> dict[str, Any]:
+    """The fields of a stored calibration, checked: the factors finite and > 0, the
+    achieved rates and latencies finite and >= 0, ``collectives`` an object of kind ->
+    ``{"latency", "scale", "bandwidth"}`` (bandwidth may be inf: scale 0), ``overlap``
+    None or in [0, 1], ``provenance`` a list of objects with a ``directory``.
+
+    Raises:
+      ValueError: naming the first bad field and its value.
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"it holds a JSON {type(d).__name__}, not an object")
+    missing = [f.name for f in dataclasses.fields(Calibration) if f.name not in d]
+    if missing:
+        raise ValueError(f"fields {missing} are missing")
+    if not isinstance(d["device_kind"], str) or not d["device_kind"]:
+        raise ValueError(f"device_kind is {d['device_kind']!r}, not a device kind's name")
+    out = {"device_kind": d["device_kind"]}
+    for key in ("compute_factor", "memory_factor"):
+        out[key] = _number(d, key, "", positive=True)
+    for key in ("matmul_flops", "hbm_bandwidth"):
+        out[key] = _number(d, key, "")
+    colls = d["collectives"]
+    if not isinstance(colls, dict):
+        raise ValueError(f"collectives is {_short(colls)}, not an object of collective kind "
+                         "-> factors")
+    out["collectives"] = {}
+    for kind, f in colls.items():
+        if not isinstance(f, dict):
+            raise ValueError(f"collectives[{kind!r}] is {_short(f)}, not an object")
+        where = f"collectives[{kind!r}]."
+        out["collectives"][kind] = {
+            **{k: v for k, v in f.items() if k not in ("latency", "scale", "bandwidth")},
+            "latency": _number(f, "latency", where), "scale": _number(f, "scale", where),
+            "bandwidth": _number(f, "bandwidth", where, inf=True)}
+    overlap = d["overlap"]
+    if overlap is not None:
+        out["overlap"] = _number(d, "overlap", "")
+        if out["overlap"] > 1:
+            raise ValueError(f"overlap is {overlap!r}, not a fraction in [0, 1]")
+    else:
+        out["overlap"] = None
+    prov = d["provenance"]
+    if not isinstance(prov, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("directory"), str)
+            and isinstance(p.get("date", ""), str) for p in prov):
+        raise ValueError(f"provenance is {_short(prov)}, not a list of objects with a "
+                         "'directory' (and a 'date' string)")
+    out["provenance"] = prov
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class CalibrationWarning(UserWarning):
+    """A stored calibration file that cannot be used; predictions go on without it."""
+
+
 def load_calibration(device_kind: str) -> Calibration | None:
-    """The stored calibration of ``device_kind``, or None (none, or unreadable)."""
+    """The stored calibration of ``device_kind``, or None.
+
+    A file that cannot be used (truncated, empty, binary, not an object, a directory, a
+    value of the wrong type, out of range or not finite) is ignored with a
+    :class:`CalibrationWarning` naming it, what is wrong and the fix; it never raises, so
+    one bad file cannot break every later ``wb.plan``.
+    """
     path = _file(device_kind)
     try:
-        return Calibration.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+        raw = path.read_bytes()
+    except FileNotFoundError:
         return None
+    except OSError as e:   # a directory, no permission
+        return _ignored(path, device_kind, e.strerror or str(e))
+    try:
+        data = json.loads(raw)
+    except UnicodeDecodeError as e:
+        return _ignored(path, device_kind, f"not UTF-8 text (byte {e.start}; binary?)")
+    except (ValueError, RecursionError) as e:
+        why = "empty" if not raw.strip() else f"not valid JSON ({e})"
+        return _ignored(path, device_kind, why)
+    try:
+        return Calibration.from_dict(data)
+    except ValueError as e:
+        return _ignored(path, device_kind, str(e))
+
+
+def _ignored(path: Path, device_kind: str, why: str) -> None:
+    warnings.warn(
+        f"calibration file {path} is ignored: {why}. Predictions for {device_kind!r} use "
+        f"the hardware table. Calibrate again (wb.calibrate(trainer.profile())) or remove "
+        f"it (wb.remove_calibration({device_kind!r}), or delete the file)",
+        CalibrationWarning, stacklevel=3)
+    return None
 
 
 def remove_calibration(device_kind: str) -> bool:
-    """Deletes the stored calibration of ``device_kind``; True if there was one."""
+    """Deletes the stored calibration of ``device_kind``; True if there was one.
+
+    Raises:
+      ValueError: its path is a directory (not a file ``wb.calibrate`` wrote): it is left
+        as it is, for you to look at.
+    """
+    path = _file(device_kind)
+    if path.is_dir() and not path.is_symlink():
+        raise ValueError(f"{path} is a directory, not a calibration file that wb.calibrate "
+                         "wrote; nothing was removed: look at it and remove it yourself")
     try:
-        _file(device_kind).unlink()
+        path.unlink()
         return True
     except FileNotFoundError:
         return False
