@@ -159,7 +159,8 @@ def sbatch_options(script: str) -> list[str]:
 
 FAKE_SRUN = """#!{python}
 import json, os, sys
-json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, open({out!r}, "w"))
+json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}},
+          open({out!r}, "w"))
 """
 
 SCRIPTS = [
@@ -174,11 +175,12 @@ SCRIPTS = [
                requeue=False), []),
     ("r", dict(setup=['export FROM_SETUP="$HOME"'], python=sys.executable, cpus_per_task=2,
                devices_per_task=2, platform="cpu"), ["--cpus-per-task=2"]),
+    ("r", dict(python="~/venv/bin/py thon"), []),   # ~/ is the home directory on the node
 ]
 
 
 @pytest.mark.parametrize("name, kwargs, more", SCRIPTS,
-                         ids=["plain", "hostile-run-dir", "options", "env", "setup"])
+                         ids=["plain", "hostile-run-dir", "options", "env", "setup", "home"])
 def test_batch_script_reads_back_as_asked_and_runs_nothing_else(tmp_path, monkeypatch, name,
                                                                 kwargs, more):
     slurm = wb.Slurm(**kwargs)
@@ -209,7 +211,9 @@ def test_batch_script_reads_back_as_asked_and_runs_nothing_else(tmp_path, monkey
     assert done.returncode == 0, done.stdout + done.stderr
     seen = json.loads(out.read_text())
     task = seen["argv"][seen["argv"].index("bash") + 3:]
-    assert task[0] == "wb" and task[1:] == worker_argv(slurm, run_dir.absolute(), 3)
+    want = worker_argv(slurm, run_dir.absolute(), 3)
+    want[0] = want[0].replace("~", str(tmp_path), want[0].startswith("~/"))
+    assert task[0] == "wb" and task[1:] == want
     assert seen["argv"][1] == f"--output={logs}/process-%t.log"
     for k, v in slurm.env.items():
         assert seen["env"][k] == v
@@ -266,6 +270,23 @@ def test_remote_command_runs_the_worker_with_its_arguments_and_nothing_else(tmp_
     assert {k: seen["env"][k] for k in env} == env and seen["env"]["WORKBENCH_JOB"] == "TOK'"
     assert seen["env"]["FROM_SETUP"] == "3"
     assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_a_home_relative_python_and_workdir_stay_home_relative(tmp_path):
+    out = tmp_path / "worker.json"
+    (tmp_path / "venv bin").mkdir()
+    (tmp_path / "w d").mkdir()
+    fake = tmp_path / "venv bin" / "py"
+    fake.write_text(FAKE_SRUN.format(python=sys.executable, out=str(out)))
+    fake.chmod(0o755)
+    hosts = wb.Hosts(["n"], python="~/venv bin/py", workdir="~/w d")
+    cmd = hosts.remote_command(0, tmp_path / "r", "T", steps=None)
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60,
+                          check=False, env={**os.environ, "HOME": str(tmp_path)})
+    assert done.returncode == 0, done
+    seen = json.loads(out.read_text())
+    assert seen["cwd"] == str(tmp_path / "w d") and seen["argv"][:3] == ["-m", "workbench",
+                                                                          "train"]
 
 
 def test_ssh_gets_a_connect_timeout_and_keeps_the_users_options_first():

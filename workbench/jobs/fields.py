@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from workbench._validate import check_float, check_int
 
 __all__ = ["PLATFORMS", "env_vars", "fanout", "host", "lines", "one_line", "optional_int", "path_text",
-           "platform", "positive_seconds", "word"]
+           "platform", "positive_seconds", "shell_path", "word"]
 
 #: The platforms a worker can be asked for (``python -m workbench train --platform``).
 PLATFORMS = ("cpu", "gpu", "tpu")
@@ -144,6 +145,14 @@ def optional_int(value: Any, field: str, where: str, *, minimum: int = 1,
 def positive_seconds(value: Any, field: str, where: str) -> float:
     """A finite number of seconds > 0."""
     return check_float(value, field, positive=True, where=f"{where}: ", example="30")
+
+
+def shell_path(text: str) -> str:
+    """``text`` shell-quoted, except a leading ``~/``, which stays the home directory of
+    whoever runs the line (``'~/venv/bin/python'`` quoted whole would name a folder ``~``)."""
+    if text.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(text[2:])
+    return shlex.quote(text)
 
 
 def path_text(path: Any, what: str, fix: str) -> str:

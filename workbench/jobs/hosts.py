@@ -93,9 +93,9 @@ class _FanOut:
             argv += ["--platform", self.platform]
         if self.devices_per_task and self.platform in ("cpu", None):
             argv += ["--devices-per-process", str(self.devices_per_task)]
-        parts = [*self.setup, f"cd {shlex.quote(self.workdir or os.getcwd())}",
+        parts = [*self.setup, f"cd {fields.shell_path(self.workdir or os.getcwd())}",
                  "export " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()),
-                 'echo "[workbench] worker pid $$ on $(hostname)"', "exec " + shlex.join(argv)]
+                 'echo "[workbench] worker pid $$ on $(hostname)"', f"exec {fields.shell_path(argv[0])} {shlex.join(argv[1:])}"]
         return " && ".join(parts)
 
     def submit(self, run_dir: Path, config_text: str, *, steps: int | None,

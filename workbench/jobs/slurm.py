@@ -363,7 +363,8 @@ def batch_script(slurm: Slurm, run_dir: Path, worker: Sequence[str], token: str)
              f"$SLURM_JOB_NODELIST\" >> {shlex.quote(str(logs))}/process-$i.log",
              "done",
              f"srun --kill-on-bad-exit=1 --output={shlex.quote(str(logs))}/process-%t.log "
-             f"--open-mode=append bash -c {shlex.quote(task)} wb {shlex.join(worker)}",
+             f"--open-mode=append bash -c {shlex.quote(task)} wb {fields.shell_path(worker[0])} "
+             f"{shlex.join(worker[1:])}",
              "rc=$?",
              "echo \"[workbench] srun exited with $rc (start $start)\"",
              *([] if not slurm.requeue else [
