@@ -48,7 +48,8 @@ BAD = [
      r"max_new_tokens=1.5 is a float.*pick max_new_tokens=1 or max_new_tokens=2"),
     ("max-new-string", PROMPT, dict(max_new_tokens="4"), TypeError,
      r"max_new_tokens='4' is a string.*write max_new_tokens=4"),
-    ("max-new-bool", PROMPT, dict(max_new_tokens=True), TypeError, r"max_new_tokens=True is a bool"),
+    ("max-new-bool", PROMPT, dict(max_new_tokens=True), TypeError,
+     r"max_new_tokens=True is a bool"),
     ("max-new-huge", PROMPT, dict(max_new_tokens=10**9), ValueError,
      r"max_new_tokens=1000000000 needs a KV cache of 2 x 2 layers x batch 1 x 1000000003 "
      r"positions x 2 kv heads x head_dim 16 x 4 bytes: .* GiB on each device, but .* free; "

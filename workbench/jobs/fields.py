@@ -19,8 +19,8 @@ from typing import Any
 
 from workbench._validate import check_float, check_int
 
-__all__ = ["PLATFORMS", "env_vars", "fanout", "host", "lines", "one_line", "optional_int", "path_text",
-           "platform", "positive_seconds", "shell_path", "word"]
+__all__ = ["PLATFORMS", "env_vars", "fanout", "host", "lines", "one_line", "optional_int",
+           "path_text", "platform", "positive_seconds", "shell_path", "word"]
 
 #: The platforms a worker can be asked for (``python -m workbench train --platform``).
 PLATFORMS = ("cpu", "gpu", "tpu")

@@ -95,7 +95,8 @@ class _FanOut:
             argv += ["--devices-per-process", str(self.devices_per_task)]
         parts = [*self.setup, f"cd {fields.shell_path(self.workdir or os.getcwd())}",
                  "export " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()),
-                 'echo "[workbench] worker pid $$ on $(hostname)"', f"exec {fields.shell_path(argv[0])} {shlex.join(argv[1:])}"]
+                 'echo "[workbench] worker pid $$ on $(hostname)"',
+                 f"exec {fields.shell_path(argv[0])} {shlex.join(argv[1:])}"]
         return " && ".join(parts)
 
     def submit(self, run_dir: Path, config_text: str, *, steps: int | None,
@@ -409,9 +410,11 @@ class TPUSlice(_FanOut):
                 "--ssh-flag=-oServerAliveInterval=15", "--ssh-flag=-oServerAliveCountMax=3"]
 
     def start_fix(self, i: int) -> str:
-        return (f"Check that `{shlex.join(self.remote_argv(i, 'true')[:8])} --command=true` "
-                "works from here (`gcloud auth login`; the slice's name, zone and project: "
-                f"`gcloud compute tpus tpu-vm list --zone={self.zone}`)")
+        argv = [self.gcloud, "compute", "tpus", "tpu-vm", "ssh", self.name, *self._where(),
+                f"--worker={i}", "--command=true"]
+        return (f"Check that `{shlex.join(argv)}` works from here (`gcloud auth login`; "
+                "the slice's name, zone and project: `gcloud compute tpus tpu-vm list "
+                f"--zone={self.zone}`)")
 
     def all_workers_argv(self, command: str) -> list[str]:
         """The one-command equivalent: ``--worker=all`` (every worker's output interleaved)."""
