@@ -267,14 +267,36 @@ def _load_one(folder: Folder, m: Mapping_, names: dict[tuple[int, ...], str],
         if key not in blocks:
             stack, core = idx[:n_stack], idx[n_stack:]
             ranges = [range(s.start, s.stop) for s in stack]
-            parts = [read_core(folder, m, names[i], core).astype(dtype)
-                     for i in _product(ranges)]
+            parts = [_finite(read_core(folder, m, names[i], core).astype(dtype), folder,
+                             names[i], m) for i in _product(ranges)]
             lens = [len(r) for r in ranges]
             blocks[key] = np.stack(parts).reshape(lens + list(parts[0].shape)) \
                 if n_stack else parts[0]
         return blocks[key]
 
     return jax.make_array_from_callback(shape, sharding, block, dtype=dtype)
+
+
+def _finite(block: np.ndarray, folder: Folder, name: str, m: Mapping_) -> np.ndarray:
+    """``block`` (a slice of HF tensor ``name``, as it streams in) if every value is finite.
+
+    One pass over bytes just read (memory bandwidth, next to the disk read); NaN or inf
+    weights would load silently and give NaN logits (``generate`` then emits token 0).
+
+    Raises:
+      CheckpointError: naming the tensor, its file, how many values and the fix.
+    """
+    finite = np.isfinite(block)
+    if finite.all():
+        return block
+    bad = block[~finite]
+    kinds = ", ".join(k for k, n in (("NaN", np.isnan(bad).sum()),
+                                     ("inf", np.isinf(bad).sum())) if n)
+    raise CheckpointError(
+        f"tensor {name!r} in {folder.files[name]} (parameter {m.name}) holds {bad.size} "
+        f"non-finite value(s) ({kinds}) in the block read; the checkpoint is damaged or "
+        "was saved after training diverged: download or copy it again, or export it from "
+        "an earlier good step. Nothing was loaded")
 
 
 def _product(ranges: list[range]) -> list[tuple[int, ...]]:

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from workbench.models.config import GPTConfig
-from workbench.models.hf_families import from_gpt_config, read_config
+from workbench.models.hf_families import (check_family, export_dtype, from_gpt_config,
+                                          read_config)
 from workbench.models.hf_tensors import INDEX, SINGLE, Mapping_, mappings
 
 __all__ = ["TOKENIZER_FILES", "to_hf"]
@@ -158,9 +159,11 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         params, cfg = _params_of(obj)
         src = getattr(obj, "hf_source", None)
         base = base if base is not None else (src.path if src is not None else None)
+    if family is not None:   # the family must hold this model (else random weights)
+        check_family(cfg, family)
+    dt = export_dtype(dtype, cfg)   # a float dtype (int8 would truncate every weight)
     hf = from_gpt_config(cfg, family=family, base=read_config(base) if base else None)
     maps = mappings(cfg, hf["model_type"])
-    dt = np.dtype(dtype or cfg.param_dtype)
     hf["dtype"] = dt.name
     extra = _tokenizer_files(tokenizer if tokenizer is not None else base)
     check_tokenizer(extra, cfg.vocab_size, where=f"exporting to {out}")   # before any file

@@ -4,6 +4,7 @@ refused by name; nothing is guessed)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,16 +63,60 @@ def read_config(path: str | Path) -> dict[str, Any]:
             "model.safetensors (or model-0000x-of-0000n.safetensors with "
             "model.safetensors.index.json); save one with save_pretrained(folder)")
     try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as e:
+        data = json.loads(file.read_bytes())
+    except UnicodeDecodeError as e:
+        raise HFConfigError(f"{file} is not UTF-8 text (byte {e.start}; binary?); it is not "
+                            "a config.json: re-save the model (save_pretrained)") from None
+    except (json.JSONDecodeError, RecursionError) as e:
         raise HFConfigError(f"{file} is not valid JSON ({e}); re-save the model") from None
+    if not isinstance(data, dict):
+        raise HFConfigError(f"{file} holds a JSON {type(data).__name__}, not an object of "
+                            "config fields; re-save the model (save_pretrained)")
+    return data
+
+
+def _field(hf: Mapping[str, Any], name: str, where: str, kind: str, *,
+           default: Any = ..., minimum: float | None = None) -> Any:
+    """``hf[name]`` checked: "int" (a whole number: 64 or 64.0, never 64.9 or true),
+    "float" (finite), "bool", "str", "list" or "dict"; None reads as ``default``.
+
+    Raises:
+      HFConfigError: missing (without a default) or of the wrong type or range, naming
+        the file, the field and the value.
+    """
+    value = hf.get(name)
+    if value is None:
+        if default is ...:
+            raise HFConfigError(f"{where}: field {name!r} is missing; a {kind} is needed "
+                                "(re-save the model with save_pretrained)")
+        return default
+    ok = True
+    if kind in ("int", "float"):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value) and (kind == "float" or float(value).is_integer())
+        if ok:
+            value = int(value) if kind == "int" else float(value)
+    else:
+        ok = isinstance(value, {"bool": bool, "str": str, "list": list, "dict": dict}[kind])
+    what = {"int": "a whole number", "float": "a finite number", "bool": "true or false",
+            "str": "a string", "list": "a list", "dict": "an object"}[kind]
+    if not ok:
+        raise HFConfigError(f"{where}: field {name!r} is {value!r} "
+                            f"({type(value).__name__}), not {what}; fix config.json")
+    if minimum is not None and value < minimum:
+        raise HFConfigError(f"{where}: field {name!r} is {value!r}, below {minimum:g}; "
+                            "fix config.json")
+    return value
 
 
 def family_of(hf: Mapping[str, Any], where: str = "config.json") -> str:
     """The family (``model_type``) of an HF config, from ``architectures``."""
-    archs = hf.get("architectures") or []
+    archs = _field(hf, "architectures", where, "list", default=[])
+    if not all(isinstance(a, str) for a in archs):
+        raise HFConfigError(f"{where}: field 'architectures' is {archs!r}, not a list of "
+                            "class names such as ['LlamaForCausalLM']; fix config.json")
     if not archs:
-        mt = hf.get("model_type")
+        mt = _field(hf, "model_type", where, "str", default=None)
         if mt in FAMILIES:
             return str(mt)
         raise HFConfigError(f"{where} names no 'architectures' (model_type={mt!r}); this "
@@ -85,15 +130,17 @@ def family_of(hf: Mapping[str, Any], where: str = "config.json") -> str:
 
 
 def _rope_theta(hf: Mapping[str, Any], where: str) -> float:
-    rp = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
+    rp = _field(hf, "rope_parameters", where, "dict", default={})
+    scaling = _field(hf, "rope_scaling", where, "dict", default={})
     kind = rp.get("rope_type", "default") if rp else scaling.get(
         "rope_type", scaling.get("type", "default"))
     if kind != "default":
         raise HFConfigError(
             f"{where}: rope_type={kind!r} (RoPE scaling) is not implemented here; only plain "
             "RoPE ('default') is. Use a checkpoint without rope scaling")
-    return float(rp.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    theta = _field(hf, "rope_theta", where, "float", default=10000.0, minimum=0)
+    return _field(rp, "rope_theta", f"{where} rope_parameters", "float", default=theta,
+                  minimum=0)
 
 
 def _refuse(where: str, field: str, value: Any, why: str) -> None:
@@ -121,54 +168,86 @@ def to_gpt_config(hf: Mapping[str, Any], *, where: str = "config.json",
         raise HFConfigError(
             f"{where}: fields {unknown} are unknown to this importer ({fam}); if they do not "
             f"change the forward pass, pass from_hf(..., ignore_fields={unknown!r})")
-    if hf.get("hidden_act", "silu") != "silu":
+    if _field(hf, "hidden_act", where, "str", default="silu") != "silu":
         _refuse(where, "hidden_act", hf["hidden_act"], "the MLP is SwiGLU (silu)")
     for f in ("mlp_bias", "attention_bias"):
-        if hf.get(f):
+        if _field(hf, f, where, "bool", default=False):
             _refuse(where, f, hf[f], "the model has no MLP or output-projection biases "
                     "(Qwen2's q/k/v biases are supported)")
-    types = set(hf.get("layer_types") or ["full_attention"])
-    if types != {"full_attention"}:
-        _refuse(where, "layer_types", sorted(types), "only full attention layers are built")
-    window = hf.get("sliding_window") if fam in ("mistral", "mixtral") or hf.get(
-        "use_sliding_window") else None
-    d, n = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-    head_dim = hf.get("head_dim") or d // n
+    types = _field(hf, "layer_types", where, "list", default=None) or ["full_attention"]
+    if not all(isinstance(t, str) for t in types) or set(types) != {"full_attention"}:
+        _refuse(where, "layer_types", types, "only full attention layers are built")
+    use_window = fam in ("mistral", "mixtral") or _field(hf, "use_sliding_window", where,
+                                                           "bool", default=False)
+    window = _field(hf, "sliding_window", where, "int", default=None, minimum=0) \
+        if use_window else None
+    d = _field(hf, "hidden_size", where, "int", minimum=1)
+    n = _field(hf, "num_attention_heads", where, "int", minimum=1)
+    head_dim = _field(hf, "head_dim", where, "int", default=None, minimum=1) or d // n
     moe = _moe_fields(hf, fam, where)
-    dt = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
-    max_pos = int(hf.get("max_position_embeddings", MAX_DEFAULT_SEQ))
+    dt = _dtype(hf, where)
+    max_pos = _field(hf, "max_position_embeddings", where, "int", default=MAX_DEFAULT_SEQ,
+                     minimum=1)
+    d_ff = _field(hf, "intermediate_size", where, "int", default=0, minimum=0)
     fields: dict[str, Any] = dict(
-        vocab_size=int(hf["vocab_size"]), d_model=d, n_layers=int(hf["num_hidden_layers"]),
-        n_heads=n, n_kv_heads=int(hf.get("num_key_value_heads") or n),
-        head_dim=int(head_dim), d_ff=int(hf.get("intermediate_size", 0)) or moe["expert_d_ff"],
+        vocab_size=_field(hf, "vocab_size", where, "int", minimum=1), d_model=d,
+        n_layers=_field(hf, "num_hidden_layers", where, "int", minimum=1),
+        n_heads=n, n_kv_heads=_field(hf, "num_key_value_heads", where, "int", default=n,
+                                     minimum=1),
+        head_dim=head_dim, d_ff=d_ff or moe["expert_d_ff"],
         seq_len=min(max_pos, MAX_DEFAULT_SEQ, window or max_pos),
         dtype=dt, param_dtype=dt,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        rope_theta=_rope_theta(hf, where), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        qkv_bias=fam == "qwen2" or (fam == "qwen2_moe" and bool(hf.get("qkv_bias", True))),
+        tie_embeddings=_field(hf, "tie_word_embeddings", where, "bool", default=False),
+        rope_theta=_rope_theta(hf, where),
+        norm_eps=_field(hf, "rms_norm_eps", where, "float", default=1e-6, minimum=0),
+        qkv_bias=fam == "qwen2" or (fam == "qwen2_moe" and _field(
+            hf, "qkv_bias", where, "bool", default=True)),
         qk_norm=fam in ("qwen3", "qwen3_moe"),
-        sliding_window=int(window) if window else None, **moe)
+        sliding_window=window or None, **moe)
     fields.update(overrides)
-    return GPTConfig(**fields)
+    try:
+        return GPTConfig(**fields)
+    except (TypeError, ValueError) as e:   # a value GPTConfig refuses (heads, sizes, ...)
+        raise HFConfigError(f"{where}: {e}") from None
+
+
+#: config.json ``dtype`` / ``torch_dtype`` values a model's parameters may have.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def _dtype(hf: Mapping[str, Any], where: str) -> str:
+    name = "dtype" if hf.get("dtype") is not None else "torch_dtype"
+    dt = _field(hf, name, where, "str", default="float32")
+    if dt not in DTYPES:
+        raise HFConfigError(f"{where}: field {name!r} is {dt!r}; the parameters must be one "
+                            f"of {', '.join(DTYPES)} (quantised checkpoints are not read)")
+    return dt
 
 
 def _moe_fields(hf: Mapping[str, Any], fam: str, where: str) -> dict[str, Any]:
     if fam not in MOE_FAMILIES:
         return {}
-    e = hf.get("num_local_experts") or hf.get("num_experts")
-    out: dict[str, Any] = dict(n_experts=int(e), experts_per_token=int(hf["num_experts_per_tok"]),
-                               capacity_factor=None,   # HF routes dropless
-                               router_aux_loss=float(hf.get("router_aux_loss_coef", 0.01)))
+    key = "num_local_experts" if hf.get("num_local_experts") is not None else "num_experts"
+    out: dict[str, Any] = dict(
+        n_experts=_field(hf, key, where, "int", minimum=1),
+        experts_per_token=_field(hf, "num_experts_per_tok", where, "int", minimum=1),
+        capacity_factor=None,   # HF routes dropless
+        router_aux_loss=_field(hf, "router_aux_loss_coef", where, "float", default=0.01,
+                               minimum=0))
     if fam == "mixtral":
-        out.update(expert_d_ff=int(hf["intermediate_size"]), router_norm_topk=True)
+        out.update(expert_d_ff=_field(hf, "intermediate_size", where, "int", minimum=1),
+                   router_norm_topk=True)
         return out
-    if hf.get("decoder_sparse_step", 1) != 1 or hf.get("mlp_only_layers"):
+    step = _field(hf, "decoder_sparse_step", where, "int", default=1)
+    if step != 1 or _field(hf, "mlp_only_layers", where, "list", default=None):
         _refuse(where, "decoder_sparse_step/mlp_only_layers",
                 (hf.get("decoder_sparse_step"), hf.get("mlp_only_layers")),
                 "every block must be a MoE block (mixed dense and MoE blocks are not built)")
-    fe = int(hf["moe_intermediate_size"])
-    out.update(expert_d_ff=fe, router_norm_topk=bool(hf.get("norm_topk_prob", False)))
-    shared = int(hf.get("shared_expert_intermediate_size") or 0) if fam == "qwen2_moe" else 0
+    fe = _field(hf, "moe_intermediate_size", where, "int", minimum=1)
+    out.update(expert_d_ff=fe, router_norm_topk=_field(hf, "norm_topk_prob", where, "bool",
+                                                       default=False))
+    shared = _field(hf, "shared_expert_intermediate_size", where, "int", default=0,
+                    minimum=0) if fam == "qwen2_moe" else 0
     if shared:
         if shared % fe:
             _refuse(where, "shared_expert_intermediate_size", shared,
@@ -203,6 +282,74 @@ def family_for(cfg: GPTConfig) -> str:
     if cfg.qkv_bias:
         return "qwen2"
     return "mistral" if cfg.sliding_window else "llama"
+
+
+#: ``GPTConfig`` fields that decide the tensors and the math of an exported model.
+_ARCH_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                "tie_embeddings", "rope_theta", "norm_eps", "n_experts", "experts_per_token",
+                "n_shared_experts", "router_norm_topk", "qkv_bias", "qk_norm",
+                "shared_expert_gate", "sliding_window")
+
+
+def check_family(cfg: GPTConfig, family: str) -> None:
+    """Raises unless ``family`` holds ``cfg`` exactly: its ``config.json`` read back gives
+    the same architecture (else transformers builds another model and initialises the
+    tensors it does not find at random).
+
+    Raises:
+      HFConfigError: an unknown family, or one that cannot hold this model, naming the
+        fields that would change and the family that fits.
+    """
+    if not isinstance(family, str) or family not in FAMILIES:
+        raise HFConfigError(f"family={family!r}; choose one of {sorted(FAMILIES)}")
+    try:
+        fits = family_for(cfg)
+    except HFConfigError as e:
+        fits = f"none ({e})"
+    if (family in MOE_FAMILIES) != bool(cfg.n_experts):
+        kinds = ("a mixture-of-experts family", "dense") if family in MOE_FAMILIES else \
+            ("a dense family", f"a mixture of {cfg.n_experts} experts")
+        raise HFConfigError(f"family={family!r} cannot hold this model: it is {kinds[0]} "
+                            f"and the model is {kinds[1]}; use family={fits!r} (or leave "
+                            "family out)")
+    try:
+        back = to_gpt_config(from_gpt_config(cfg, family=family), where=family)
+    except (HFConfigError, ValueError, TypeError) as e:
+        raise HFConfigError(f"family={family!r} cannot hold this model ({e}); use "
+                            f"family={fits!r} (or leave family out)") from None
+    names = ["d_ff"] if not cfg.n_experts else ["moe_d_ff"]
+    diff = [f"{k}: {getattr(cfg, k)!r} -> {getattr(back, k)!r}"
+            for k in (*_ARCH_FIELDS, *names) if getattr(cfg, k) != getattr(back, k)]
+    if diff:
+        raise HFConfigError(
+            f"family={family!r} cannot hold this model: read back as {family}, it would have "
+            f"{'; '.join(diff)} (transformers would initialise the missing tensors at "
+            f"random); use family={fits!r} (or leave family out)")
+
+
+#: Tensor dtypes an export may write (floats: integer dtypes would truncate the weights).
+EXPORT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def export_dtype(dtype: Any, cfg: GPTConfig) -> Any:
+    """The numpy dtype ``to_hf(dtype=...)`` writes (default: the parameters' own).
+
+    Raises:
+      ValueError: not a float dtype of :data:`EXPORT_DTYPES` (``"int8"`` would truncate
+        every weight), naming the value.
+    """
+    import numpy as np
+
+    name = cfg.param_dtype if dtype is None else dtype
+    try:
+        dt = np.dtype(name)
+    except TypeError:
+        dt = None
+    if dt is None or dt.name not in EXPORT_DTYPES:
+        raise ValueError(f"to_hf dtype={dtype!r} cannot hold the weights; use one of "
+                         f"{', '.join(EXPORT_DTYPES)} (integer dtypes would truncate them: "
+                         "quantise with a tool made for it after exporting)")
+    return dt
 
 
 def from_gpt_config(cfg: GPTConfig, *, family: str | None = None,

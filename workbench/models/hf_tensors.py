@@ -7,7 +7,7 @@ import json
 import math
 from collections import OrderedDict
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -159,6 +159,48 @@ class CheckpointError(ValueError):
     """A safetensors folder that does not hold what its config says (names file/tensor)."""
 
 
+def _weight_map(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of a ``model.safetensors.index.json``, checked: an object of tensor
+    name -> shard file, each shard a plain relative path inside the folder.
+
+    Raises:
+      CheckpointError: not UTF-8 JSON, not an object, no ``weight_map``, a name or file that
+        is not a string, or a shard outside the folder (absolute, ``..``), naming the
+        file, the field and the value.
+    """
+    fix = "re-save the checkpoint (save_pretrained) or download the index again"
+    try:
+        data = json.loads(index.read_bytes())
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{index} is not UTF-8 text (byte {e.start}; binary?); "
+                              f"{fix}") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{index} is not valid JSON ({e}); {fix}") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        got = f"a JSON {type(data).__name__}" if not isinstance(data, dict) else \
+            f"'weight_map' = {_short(weight_map)}"
+        raise CheckpointError(f"{index} holds {got}; a safetensors index needs a "
+                              f"'weight_map' object of tensor name -> shard file; {fix}")
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or not file:
+            raise CheckpointError(f"{index}: weight_map[{name!r}] is {_short(file)}, not a "
+                                  f"shard file name; {fix}")
+        parts = PurePosixPath(file).parts
+        if PurePosixPath(file).is_absolute() or "\\" in file or ".." in parts or \
+                file.startswith("~"):
+            raise CheckpointError(
+                f"{index}: weight_map[{name!r}] is {file!r}, outside the model folder; shards "
+                f"must lie inside {index.parent} (a name such as "
+                "'model-00001-of-00002.safetensors'). Nothing was read")
+    return weight_map
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class Folder:
     """The safetensors files of an HF model folder: which file holds each tensor, its
     shape and dtype, and slices read through ``safe_open(...).get_slice`` (at most
@@ -168,12 +210,7 @@ class Folder:
         self.path = Path(path)
         index = self.path / INDEX
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError) as e:
-                raise CheckpointError(f"{index} is not a safetensors index ({e!r}); it needs "
-                                      "a 'weight_map' of tensor name -> file") from None
-            self.files = {name: self.path / f for name, f in weight_map.items()}
+            self.files = {name: self.path / f for name, f in _weight_map(index).items()}
         elif (self.path / SINGLE).is_file():
             self.files = None
         else:
