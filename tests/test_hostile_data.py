@@ -233,6 +233,23 @@ def test_the_token_cache_sees_an_edit_that_keeps_size_and_mtime(tmp_path):
     assert bytes(stream.astype(np.uint8)).decode() == "abcdefghijkX"
 
 
+def test_the_text_corpus_sees_an_edit_that_keeps_size_and_mtime(tmp_path, monkeypatch):
+    from workbench.data.corpus import build_text_corpus, corpus_bytes
+
+    (tmp_path / "texts").mkdir()
+    f = tmp_path / "texts" / "a.py"
+    f.write_text("x = 1\n" * 40)
+    monkeypatch.chdir(tmp_path)
+    spec = wb.data.TextData(root="texts")
+    assert spec.root == str(tmp_path / "texts")                  # recorded absolute
+    a, _ = build_text_corpus(spec, seq=16, cache_dir=tmp_path / "cache")
+    st = f.stat()
+    f.write_text("y = 2\n" * 40)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    b, info = build_text_corpus(spec, seq=16, cache_dir=tmp_path / "cache")
+    assert b != a and info["sha256"] == hashlib.sha256(corpus_bytes(spec)).hexdigest()
+
+
 # -- every recorded path is absolute; export and resume need only the checkpoint ---------
 
 def test_a_run_from_a_relative_init_exports_and_resumes_after_the_folder_moves(

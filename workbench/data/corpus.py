@@ -53,6 +53,12 @@ class TextData:
     max_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.root is not None and not isinstance(self.root, (str, os.PathLike)):
+            raise TypeError(f"TextData.root={self.root!r} must be a folder path, or None for "
+                            "the Python standard library")
+        if self.root is not None:   # absolute: a job or a resume may start elsewhere
+            object.__setattr__(self, "root", os.path.abspath(os.path.expanduser(
+                os.fspath(self.root))))
         object.__setattr__(self, "patterns", tuple(self.patterns))
         object.__setattr__(self, "exclude", tuple(self.exclude))
         if self.max_bytes is not None and self.max_bytes < 2:
@@ -129,8 +135,9 @@ def build_text_corpus(spec: TextData, seq: int, cache_dir: str | os.PathLike[str
                       ) -> tuple[Path, dict[str, Any]]:
     """Writes the corpus' windows of ``seq + 1`` bytes as ArrayRecord (once) and returns it.
 
-    A listing manifest (file paths, sizes, mtimes) lets later calls skip reading the
-    files when nothing changed.
+    A listing manifest (file paths, sizes, mtimes) finds the file of an earlier call; the
+    stream's SHA-256, computed on every call, must match it (an edit that keeps a file's
+    size and mtime would otherwise serve the old text).
 
     Args:
       spec: which files.
@@ -145,22 +152,22 @@ def build_text_corpus(spec: TextData, seq: int, cache_dir: str | os.PathLike[str
 
     if seq < 1:
         raise ValueError(f"seq={seq} must be at least 1")
-    folder = Path(cache_dir) if cache_dir is not None else cache_root() / "data"
+    folder = (Path(cache_dir) if cache_dir is not None else cache_root() / "data").absolute()
     files = corpus_files(spec)
     manifest = folder / f"listing-{_listing_key(spec, files, seq)}.json"
-    try:
-        info = json.loads(manifest.read_text())
-        if Path(info["path"]).exists():
-            return Path(info["path"]), info
-    except (OSError, ValueError, KeyError):
-        pass
     stream = corpus_bytes(spec, files)
+    digest = hashlib.sha256(stream).hexdigest()
+    try:   # the listing (sizes, mtimes) found it; the content hash decides (an edit may
+        info = json.loads(manifest.read_text())   # keep a file's size and mtime)
+        if info["sha256"] == digest and Path(info["path"]).exists():
+            return Path(info["path"]), info
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     n_windows = (len(stream) - 1) // seq
     if n_windows < 1:
         raise ValueError(f"text corpus of {len(stream)} bytes is too short for one sequence "
                          f"of seq+1={seq + 1} bytes; raise TextData.max_bytes or lower seq")
     per_record = max(1, RECORD_BYTES // seq)
-    digest = hashlib.sha256(stream).hexdigest()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"text-{digest[:16]}-seq{seq}.array_record"
     info = {"sha256": digest, "bytes": len(stream), "windows": n_windows, "seq": seq,
