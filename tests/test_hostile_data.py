@@ -228,7 +228,8 @@ def test_the_token_cache_sees_an_edit_that_keeps_size_and_mtime(tmp_path):
     from array_record.python.array_record_module import ArrayRecordReader
 
     r = ArrayRecordReader(str(b.path))
-    stream = np.concatenate([np.frombuffer(x, np.int32) for x in r.read(list(range(r.num_records())))])
+    records = r.read(list(range(r.num_records())))
+    stream = np.concatenate([np.frombuffer(x, np.int32) for x in records])
     r.close()
     assert bytes(stream.astype(np.uint8)).decode() == "abcdefghijkX"
 

@@ -39,8 +39,8 @@ from typing import Any, Self
 from workbench._tail import METRICS, MetricsTail, _depth_ok
 
 __all__ = ["HISTORY_EVENTS", "METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunFileError",
-           "RunWriter", "check_run", "clean_prediction", "columns", "config_hash", "effective_status",
-           "find_run_dirs", "is_hidden", "json_safe",
+           "RunWriter", "check_run", "clean_prediction", "columns", "config_hash",
+           "effective_status", "find_run_dirs", "is_hidden", "json_safe",
            "list_runs", "pid_alive", "pid_start_time", "read_events", "read_metrics",
            "read_run", "resolve_run", "run_id"]
 
