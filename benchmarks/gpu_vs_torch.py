@@ -1,0 +1,649 @@
+"""The workbench Trainer's step side by side with PyTorch, on the same GPU, windows interleaved.
+
+Not a ``bench_*`` module: ``python -m benchmarks`` never runs it on CPU; it needs a GPU::
+
+    python benchmarks/gpu_vs_torch.py                     # cases 1b and small
+    python benchmarks/gpu_vs_torch.py --cases 1b --variant cudnn:attention=cudnn \\
+        --out /tmp/out --profile
+    python benchmarks/gpu_vs_torch.py --merge /tmp/out/rows.json   # into BENCHMARKS.md
+    python benchmarks/gpu_vs_torch.py --smoke             # the same code on CPU (make test)
+
+Each case trains one Llama-architecture model at the same tokens per step two ways, each
+in its own process (so neither framework's allocator sees the other's buffers), driven by
+this one with the timed windows interleaved (JAX, PyTorch, then PyTorch, JAX, ...; a
+drifting clock or a warm-up falls on both sides):
+
+- **workbench**: ``wb.Trainer(TrainConfig(model=<preset>, data="synthetic", ...))`` and
+  the step it compiles (``Trainer.compiled_step``: its model config, optimizer, shardings,
+  donation and compile options), run on a device-resident batch. ``--variant NAME:k=v,...``
+  adds steps compiled the same way with GPTConfig fields changed (``attention=cudnn``,
+  ``remat=minimal``, ``loss_chunks=4``) or XLA options (any key starting ``xla_``) on the
+  same train state; ``trainer`` (the Trainer's own step, unchanged) is always measured.
+- **pytorch**: ``transformers``' ``LlamaForCausalLM`` with the same shapes (SDPA attention:
+  flash on Hopper), fp32 parameters under bf16 autocast, forward and loss under
+  ``torch.compile``, gradient clipping and fused AdamW with the same hyperparameters and
+  the same decay mask, as its users run it.
+
+Both sides count FLOPs with ``workbench.flops.gpt_flops`` (causal attention halved, no
+recompute) and divide by the device's peak bf16 FLOP/s from ``workbench.hardware``: MFU.
+Rows (``--out DIR/rows.json``): ``"mfu, <case>, workbench <variant>"``, ``"mfu, <case>,
+pytorch"`` (value: MFU as a fraction) and ``"vs pytorch, <case>, <variant>"`` (workbench
+tokens/s over PyTorch's, window medians), with the device, the versions and the command.
+``--profile`` also traces the fastest workbench variant of each case
+(``workbench.planning.trace.read_trace``: time per category and the top ops) and PyTorch
+(``torch.profiler``: top kernels), into ``DIR/profile-<case>.txt``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:   # run as a file from a checkout that is not installed
+    sys.path.insert(0, str(ROOT))
+#: (preset, batch, seq): tokens per step batch x seq on one device
+CASES: dict[str, tuple[str, int, int]] = {"1b": ("1b", 8, 2048), "small": ("small", 32, 1024)}
+#: ``--smoke``: the same code path on CPU devices, checked by make test
+SMOKE_CASE = ("tiny", 4, 64)
+WARMUP, STEPS, WINDOWS = 3, 10, 5
+#: seconds a child may take to import, build, compile and warm up (per variant on the
+#: JAX side); past it the case is reported as failed
+READY_TIMEOUT = 900
+_DRIVER_SET_CPU = False
+
+
+def log(*args: Any) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *args, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- variants
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``"name:attention=cudnn,loss_chunks=4,xla_gpu_enable_triton_gemm=false"`` ->
+    ``(name, model overrides, XLA compile options)``."""
+    name, _, body = text.partition(":")
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise SystemExit(f"--variant {text!r}: start with a name of letters, digits, _ or -, "
+                         "e.g. cudnn:attention=cudnn")
+    model: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    for item in filter(None, body.split(",")):
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise SystemExit(f"--variant {text!r}: {item!r} is not key=value")
+        value: Any = raw
+        low = raw.lower()
+        if low in ("true", "false"):
+            value = low == "true"
+        else:
+            for cast in (int, float):
+                try:
+                    value = cast(raw)
+                    break
+                except ValueError:
+                    pass
+        (options if key.startswith("xla_") else model)[key] = value
+    return name, model, options
+
+
+# ----------------------------------------------------------------------------- children
+
+def _reply(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, default=float) + "\n")
+    sys.stdout.flush()
+
+
+def _commands() -> Any:
+    for line in sys.stdin:
+        if line.strip():
+            yield json.loads(line)
+
+
+def jax_child(args: argparse.Namespace) -> None:
+    """The workbench side: a Trainer, its compiled step and the variants' steps."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import workbench as wb
+    from workbench.step import abstract_state, jit_train_step, make_train_step
+
+    preset, batch, seq = _case(args)
+    smoke = args.smoke
+    devices = jax.devices()
+    log(f"jax {jax.__version__} on {len(devices)} x {devices[0].device_kind}")
+    overrides: dict[str, Any] = {"seq_len": seq, **parse_variant(f"o:{args.override or ''}")[1]}
+    config = wb.TrainConfig(model=preset, model_overrides=overrides,
+                            mesh={"data": 1}, rules="fsdp", batch=batch, seq=seq,
+                            steps=1_000_000, checkpoint_every=1_000_000, keep=1,
+                            data=wb.data.SyntheticData(size=4096))
+    run_dir = Path(tempfile.mkdtemp(prefix="gpu_vs_torch-")) / "run"
+    trainer = wb.Trainer(config, run_dir, progress=None)
+    p = trainer.parts
+    cfg = p.model_config
+    variants: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
+    info: dict[str, Any] = {"device": devices[0].device_kind, "jax": jax.__version__,
+                            "model_config": cfg.to_dict(), "variants": {}}
+    import flax
+    import optax
+    info["versions"] = {"jax": jax.__version__, "flax": flax.__version__,
+                        "optax": optax.__version__}
+    def compile_trainer() -> None:
+        t0 = time.perf_counter()
+        variants["trainer"] = (trainer.compiled_step(), {}, {})
+        info["variants"]["trainer"] = {
+            "compile_s": time.perf_counter() - t0, "memory": trainer.memory_per_device,
+            "model": dict(config.model_overrides),
+            "options": dict(getattr(trainer, "compile_options", None) or {})}
+        log(f"the Trainer's step: compiled in {info['variants']['trainer']['compile_s']:.1f} s")
+
+    def compile_variant(text: str) -> None:
+        name, model_changes, options = parse_variant(text)
+        try:
+            vcfg = cfg.replace(**model_changes)
+            graphdef, _ = abstract_state(vcfg, p.tx, p.rules, p.mesh)
+            fn = make_train_step(graphdef, p.tx, rules=p.rules, mesh=p.mesh)
+            opts = {**(getattr(trainer, "compile_options", None) or {}), **options}
+            t0 = time.perf_counter()
+            compiled = jit_train_step(fn, p.shardings, p.batch_shardings,
+                                      compiler_options=opts or None
+                                      ).lower(p.abstract_state, p.abstract_batch).compile()
+            mem = compiled.memory_analysis()
+            variants[name] = (compiled, model_changes, options)
+            info["variants"][name] = {
+                "compile_s": time.perf_counter() - t0, "model": model_changes,
+                "options": opts,
+                "memory": None if mem is None else {
+                    k: int(getattr(mem, f"{k}_size_in_bytes", 0) or 0)
+                    for k in ("argument", "output", "temp", "generated_code")}}
+            log(f"variant {name}: compiled in {info['variants'][name]['compile_s']:.1f} s")
+        except Exception as e:   # one variant's failure (OOM, bad option) is a row, not a crash
+            info["variants"][name] = {"error": f"{type(e).__name__}: {e}"[:600],
+                                      "model": model_changes, "options": options}
+            log(f"variant {name} failed: {e}")
+
+    # XLA compiles release the GIL: the variants compile side by side (minutes on a GPU)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1 + len(args.variant or ())) as pool:
+        futures = [pool.submit(compile_trainer)] + [pool.submit(compile_variant, v)
+                                                    for v in args.variant or ()]
+        for f in futures:
+            f.result()
+    variants = {n: variants[n] for n in ["trainer"] + [parse_variant(v)[0]
+                                                       for v in args.variant or ()]
+                if n in variants}
+    state = trainer.state
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, cfg.vocab_size, size=(batch, seq + 1), dtype=np.int32)
+    dev_batch = jax.device_put({"inputs": jnp.asarray(toks[:, :-1]),
+                                "targets": jnp.asarray(toks[:, 1:])}, p.batch_shardings)
+    if args.check_variants:   # each variant's first step from one state: the same numbers
+        info["first_loss"] = {}
+        for name, (step, _, _) in variants.items():
+            copy = jax.tree.map(jnp.copy, state)
+            _, metrics = step(copy, dev_batch)
+            info["first_loss"][name] = float(metrics["loss"])
+    limit = (devices[0].memory_stats() or {}).get("bytes_limit") if not smoke else None
+    for name in list(variants):
+        need = info["variants"][name].get("memory") or {}
+        need_bytes = need.get("argument", 0) + need.get("temp", 0)
+        if limit and need_bytes > limit:   # an OOM could take the whole side down
+            info["variants"][name]["error"] = (
+                f"needs {need_bytes / 2**30:.1f} GiB (arguments + temporaries), more than "
+                f"the {limit / 2**30:.1f} GiB this side may use; not run")
+            log(f"variant {name} skipped: {info['variants'][name]['error']}")
+            del variants[name]
+            continue
+        try:
+            step = variants[name][0]
+            for _ in range(args.warmup):
+                state, metrics = step(state, dev_batch)
+            jax.block_until_ready((state, metrics))
+            info["variants"][name]["warm_loss"] = float(metrics["loss"])
+        except Exception as e:
+            info["variants"][name]["error"] = f"{type(e).__name__}: {e}"[:600]
+            log(f"variant {name} failed warming up: {e}")
+            del variants[name]
+            if any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(state)):
+                trainer._state = None   # the failed step consumed the donated state: init again
+                state = trainer.state
+    info["ready"] = list(variants)
+    info["bytes_limit"] = limit
+    _reply(info)
+    for cmd in _commands():
+        if cmd["cmd"] == "quit":
+            break
+        name = cmd["variant"]
+        step = variants[name][0]
+        if cmd["cmd"] == "window":
+            jax.block_until_ready(state)
+            t0 = time.perf_counter()
+            for _ in range(cmd["steps"]):
+                state, metrics = step(state, dev_batch)
+            jax.block_until_ready((state, metrics))
+            _reply({"seconds": time.perf_counter() - t0, "loss": float(metrics["loss"])})
+        elif cmd["cmd"] == "profile":
+            from workbench.planning.trace import read_trace
+
+            directory = Path(tempfile.mkdtemp(prefix="trace-"))
+            with jax.profiler.trace(str(directory)):
+                for _ in range(cmd["steps"]):
+                    state, metrics = step(state, dev_batch)
+                jax.block_until_ready((state, metrics))
+            hlo = step.as_text()
+            prof = read_trace(directory, hlo_text=hlo, axis_names=p.mesh.axis_names,
+                              axis_sizes=tuple(p.mesh.shape.values()))
+            text = prof.table(int(cmd.get("top", 40)))
+            if cmd.get("hlo"):
+                import gzip
+                Path(cmd["hlo"]).write_bytes(gzip.compress(hlo.encode()))
+            _reply({"table": text, "categories": prof.categories,
+                    "step_seconds": prof.step_seconds})
+
+
+def _torch_model(preset: str, seq: int) -> tuple[Any, Any]:
+    """``LlamaForCausalLM`` with the shapes of the workbench preset (no rope scaling, no
+    biases, tied embeddings where the preset ties them)."""
+    import transformers
+
+    from workbench.models import GPTConfig
+
+    g = GPTConfig.preset(preset, seq_len=seq)
+    hf = transformers.LlamaConfig(
+        vocab_size=g.vocab_size, hidden_size=g.d_model, intermediate_size=g.d_ff,
+        num_hidden_layers=g.n_layers, num_attention_heads=g.n_heads,
+        num_key_value_heads=g.n_kv_heads, head_dim=g.head_dim,
+        max_position_embeddings=max(seq, g.seq_len), rms_norm_eps=g.norm_eps,
+        rope_theta=g.rope_theta, tie_word_embeddings=g.tie_embeddings,
+        attention_bias=False, mlp_bias=False, use_cache=False)
+    hf._attn_implementation = "sdpa"
+    return g, transformers.LlamaForCausalLM(hf)
+
+
+def torch_child(args: argparse.Namespace) -> None:
+    """The PyTorch side, as its users write it."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    preset, batch, seq = _case(args)
+    cuda = torch.cuda.is_available() and not args.smoke
+    device = torch.device("cuda" if cuda else "cpu")
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    with device:   # built where it trains (a 1B model's init on the host takes long)
+        g, model = _torch_model(preset, seq)   # fp32 master weights; bf16 under autocast
+    model.train()
+    from workbench.train.optim import AdamW
+
+    spec = AdamW()
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=spec.lr, betas=(spec.b1, spec.b2), eps=spec.eps,
+                            fused=cuda, foreach=None if cuda else True)
+    vocab = g.vocab_size
+    # the Trainer's warmup-cosine learning rate, step by step (TrainConfig steps=10**6)
+    lrs = np.asarray(spec.schedule(1_000_000)(np.arange(10_000)), dtype=np.float64)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda k: float(lrs[min(k, len(lrs) - 1)]) / spec.lr)
+
+    def loss_fn(inputs: Any, targets: Any) -> Any:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = model(input_ids=inputs).logits
+        return F.cross_entropy(logits.float().view(-1, vocab), targets.view(-1))
+
+    compiled_loss = torch.compile(loss_fn, backend=args.torch_backend)
+
+    def step(inputs: Any, targets: Any) -> Any:
+        loss = compiled_loss(inputs, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_norm or 1e9)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        return loss.detach()
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    gen = torch.Generator().manual_seed(0)
+    toks = torch.randint(0, vocab, (batch, seq + 1), generator=gen, dtype=torch.long)
+    inputs, targets = toks[:, :-1].contiguous().to(device), toks[:, 1:].contiguous().to(device)
+    log(f"torch {torch.__version__}, transformers {transformers.__version__} on {device}"
+        + (f" ({torch.cuda.get_device_name()})" if cuda else ""))
+    t0 = time.perf_counter()
+    for _ in range(args.warmup):
+        loss = step(inputs, targets)
+    sync()
+    info = {"device": torch.cuda.get_device_name() if cuda else "cpu",
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+            "compile_and_warmup_s": time.perf_counter() - t0, "warm_loss": float(loss),
+            "params": sum(p.numel() for p in model.parameters()),
+            "peak_memory": torch.cuda.max_memory_allocated() if cuda else None,
+            "ready": ["pytorch"]}
+    _reply(info)
+    for cmd in _commands():
+        if cmd["cmd"] == "quit":
+            break
+        if cmd["cmd"] == "window":
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(cmd["steps"]):
+                loss = step(inputs, targets)
+            sync()
+            _reply({"seconds": time.perf_counter() - t0, "loss": float(loss)})
+        elif cmd["cmd"] == "profile":
+            from torch.profiler import ProfilerActivity, profile
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            with profile(activities=acts) as prof:
+                for _ in range(cmd["steps"]):
+                    loss = step(inputs, targets)
+                sync()
+            key = "cuda_time_total" if cuda else "cpu_time_total"
+            _reply({"table": prof.key_averages().table(sort_by=key,
+                                                       row_limit=int(cmd.get("top", 40)))})
+
+
+def _case(args: argparse.Namespace) -> tuple[str, int, int]:
+    return SMOKE_CASE if args.smoke else CASES[args.case]
+
+
+# ----------------------------------------------------------------------------- driver
+
+class Child:
+    """One side's process, spoken to in JSON lines (its stderr goes to ours)."""
+
+    def __init__(self, side: str, case: str, args: argparse.Namespace) -> None:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--case", case,
+               "--warmup", str(args.warmup), "--torch-backend", args.torch_backend]
+        if args.smoke:
+            cmd.append("--smoke")
+        if args.check_variants or args.smoke:
+            cmd.append("--check-variants")
+        for v in (args.variant or ()) if side == "jax" else ():
+            cmd += ["--variant", v]
+        if args.override and side == "jax":
+            cmd += ["--override", args.override]
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        if side == "jax":
+            env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+            if _DRIVER_SET_CPU:   # the driver's own setting, not the user's
+                env.pop("JAX_PLATFORMS", None)
+            if args.smoke:   # one CPU device, as one GPU (the suite's flags simulate 8)
+                env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+        else:
+            env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+            env["JAX_PLATFORMS"] = "cpu"   # the torch side imports workbench's config only
+        self.side = side
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env, cwd=ROOT)
+
+    def read(self, timeout: float) -> dict[str, Any]:
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise TimeoutError(f"{self.side} side gave no answer in {timeout:.0f} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.side} side exited ({self.proc.wait()}) before answering")
+        return json.loads(line)
+
+    def ask(self, cmd: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self.read(timeout)
+
+    def close(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_case(case: str, args: argparse.Namespace, out: Path | None) -> dict[str, Any]:
+    """Both sides of one case: ready, interleaved windows, optional profiles."""
+    global _DRIVER_SET_CPU
+    if "JAX_PLATFORMS" not in os.environ:   # this driver computes FLOPs only
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        _DRIVER_SET_CPU = True
+    from workbench.flops import gpt_flops
+    from workbench.hardware import cpu_spec, hardware_spec
+    from workbench.models import GPTConfig
+
+    preset, batch, seq = SMOKE_CASE if args.smoke else CASES[case]
+    result: dict[str, Any] = {"case": case, "preset": preset, "batch": batch, "seq": seq,
+                              "tokens_per_step": batch * seq}
+    sides: dict[str, Child] = {}
+    try:
+        log(f"{case}: starting the workbench side")
+        sides["jax"] = Child("jax", case, args)
+        jinfo = sides["jax"].read(READY_TIMEOUT * (1 + len(args.variant or ())))
+        result["workbench"] = jinfo
+        log(f"{case}: workbench ready: {jinfo['ready']}; starting the PyTorch side")
+        if not args.no_torch:
+            sides["torch"] = Child("torch", case, args)
+            result["pytorch"] = sides["torch"].read(READY_TIMEOUT)
+            log(f"{case}: PyTorch ready ({result['pytorch']['compile_and_warmup_s']:.0f} s)")
+        order = [("jax", v) for v in jinfo["ready"]] + (
+            [("torch", "pytorch")] if "torch" in sides else [])
+        times: dict[str, list[float]] = {name: [] for _, name in order}
+        losses: dict[str, float] = {}
+        for w in range(args.windows):
+            seq_order = order if w % 2 == 0 else order[::-1]
+            for side, name in seq_order:
+                r = sides[side].ask({"cmd": "window", "variant": name, "steps": args.steps})
+                times[name].append(r["seconds"] / args.steps)
+                losses[name] = r["loss"]
+            log(f"{case}: window {w + 1}/{args.windows}: " + ", ".join(
+                f"{n} {t[-1] * 1e3:.1f} ms" for n, t in times.items()))
+        result["step_seconds"] = times
+        result["final_loss"] = losses
+        # FLOPs: the model's (same formula both sides; the Trainer's config decides seq_len)
+        gcfg = GPTConfig.preset(preset, seq_len=seq)
+        flops = gpt_flops(gcfg, batch, seq)
+        spec = hardware_spec(jinfo["device"]) if not args.smoke else cpu_spec(1)
+        peak = spec.peak_flops if spec else None
+        result.update(flops=flops.total, flops_formula=flops.formula, peak_flops=peak,
+                      peak_source=spec.source if spec else None)
+        med = {n: statistics.median(t) for n, t in times.items()}
+        result["median_step_seconds"] = med
+        result["tokens_per_s"] = {n: batch * seq / s for n, s in med.items()}
+        result["mfu"] = {n: flops.total / s / peak for n, s in med.items()} if peak else {}
+        if args.profile and out is not None:
+            best = min((n for s, n in order if s == "jax"), key=lambda n: med[n])
+            text = [f"# {case}: profiles ({args.profile_steps} steps each)", ""]
+            r = sides["jax"].ask({"cmd": "profile", "variant": best,
+                                  "steps": args.profile_steps, "top": 40,
+                                  "hlo": str(out / f"hlo-{case}-{best}.txt.gz")})
+            text += [f"## workbench, variant {best}", "", r["table"], ""]
+            if "torch" in sides:
+                r = sides["torch"].ask({"cmd": "profile", "variant": "pytorch",
+                                        "steps": args.profile_steps, "top": 40})
+                text += ["## pytorch", "", r["table"], ""]
+            (out / f"profile-{case}.txt").write_text("\n".join(text))
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"
+        log(f"{case}: failed: {traceback.format_exc()}")
+    finally:
+        for c in sides.values():
+            c.close()
+    return result
+
+
+def effective(result: dict[str, Any], name: str) -> dict[str, Any]:
+    """The GPTConfig fields that decide speed, and the XLA options, of one workbench side."""
+    v = result["workbench"]["variants"].get(name, {})
+    cfg = {**result["workbench"]["model_config"], **(v.get("model") or {})}
+    out = {k: cfg[k] for k in ("attention", "remat", "loss_chunks", "dtype", "param_dtype")}
+    out["options"] = dict(v.get("options") or {})
+    return out
+
+
+def label(result: dict[str, Any], name: str) -> str:
+    """``"attention=cudnn remat=minimal loss_chunks=1 bfloat16"`` (+ XLA options)."""
+    e = effective(result, name)
+    text = (f"attention={e['attention']} remat={e['remat']} loss_chunks={e['loss_chunks']} "
+            f"{e['dtype']}")
+    return text + "".join(f" {k}={v}" for k, v in sorted(e["options"].items()))
+
+
+def rows_of(result: dict[str, Any], command: str, steps: int) -> list[dict[str, Any]]:
+    """BENCHMARKS.md rows of one case (``"accelerator"``: kept across CPU bench runs):
+    each workbench side is named by its configuration (:func:`label`), PyTorch as such."""
+    if not result.get("mfu"):
+        return []
+    w = result["workbench"]
+    device = w["device"]
+    versions = {**w.get("versions", {}), **result.get("pytorch", {}).get("versions", {})}
+    vtext = ", ".join(f"{k} {v}" for k, v in versions.items())
+    shape = f"{result['preset']} {result['batch']} x {result['seq']}"
+    when = result.get("when") or time.strftime("%Y-%m-%d")
+    base = {"module": "gpu_vs_torch", "accelerator": f"1 x {device}",
+            "measured": {"machine": f"1 x {device}", "when": when}}
+    mfu_target, ratio_target = {"1b": (0.50, 1.0), "small": (0.40, None)}.get(
+        result["case"], (None, None))
+    med = result["median_step_seconds"]
+    windows = result["step_seconds"]
+    how = (f"medians of {len(next(iter(windows.values())))} interleaved windows of {steps} "
+           f"steps; {vtext}; `{command}`")
+    rows = []
+    for name, mfu in result["mfu"].items():
+        torch_side = name == "pytorch"
+        who = "pytorch (LlamaForCausalLM, SDPA, bf16 autocast, torch.compile, fused AdamW)" \
+            if torch_side else f"workbench Trainer step, {label(result, name)}"
+        lo, hi = min(windows[name]), max(windows[name])
+        rows.append({**base, "name": f"mfu, {shape}, {who}", "value": mfu, "unit": "MFU",
+                     "target": "" if torch_side or not mfu_target else f">= {mfu_target}",
+                     "ok": None if torch_side or not mfu_target else mfu >= mfu_target,
+                     "notes": (f"{med[name] * 1e3:.1f} ms/step (windows {lo * 1e3:.1f}-"
+                               f"{hi * 1e3:.1f}), {result['tokens_per_s'][name]:,.0f} tokens/s; "
+                               f"{result['flops'] / 1e12:.1f} TFLOP per step "
+                               f"(workbench.flops.gpt_flops, both sides) over "
+                               f"{result['peak_flops'] / 1e12:.0f} TFLOP/s peak; {how}")})
+    if "pytorch" in med:
+        for name in med:
+            if name == "pytorch":
+                continue
+            ratio = med["pytorch"] / med[name]
+            rows.append({**base, "name": f"vs pytorch, {shape}, {label(result, name)}",
+                         "value": ratio, "unit": "x tokens/s",
+                         "target": f">= {ratio_target}" if ratio_target else "",
+                         "ok": ratio >= ratio_target if ratio_target else None,
+                         "notes": (f"workbench {med[name] * 1e3:.1f} ms vs pytorch "
+                                   f"{med['pytorch'] * 1e3:.1f} ms per step; {how}")})
+    return rows
+
+
+def merge(folders: list[Path]) -> None:
+    """Put the rows of accelerator runs (their ``--out`` folders: results.json and
+    host.json) into benchmarks/results.json and BENCHMARKS.md, replacing rows of the same
+    name (a later folder's row wins)."""
+    from benchmarks.__main__ import RESULTS, _write
+
+    new: dict[str, dict[str, Any]] = {}
+    for folder in folders:
+        host = json.loads((folder / "host.json").read_text())
+        for result in json.loads((folder / "results.json").read_text()):
+            for row in rows_of(result, host["command"], host.get("steps", STEPS)):
+                new[row["name"]] = row
+    rows = [r for r in json.loads(RESULTS.read_text()) if r["name"] not in new]
+    rows += list(new.values())
+    RESULTS.write_text(json.dumps(rows, indent=1, default=float))
+    _write(rows)
+    print(f"merged {len(new)} rows into {RESULTS} and BENCHMARKS.md")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="+", choices=sorted(CASES), default=["1b", "small"])
+    ap.add_argument("--variant", action="append",
+                    help="NAME:key=value,...: also time the Trainer's step compiled with these "
+                         "GPTConfig fields or xla_* options")
+    ap.add_argument("--override", metavar="k=v,...",
+                    help="GPTConfig fields the Trainer's own config changes "
+                         "(TrainConfig.model_overrides), e.g. attention=cudnn,loss_chunks=4")
+    ap.add_argument("--windows", type=int, default=WINDOWS)
+    ap.add_argument("--steps", type=int, default=STEPS, help="steps per timed window")
+    ap.add_argument("--warmup", type=int, default=WARMUP)
+    ap.add_argument("--out", type=Path, help="folder for rows.json, results.json, profiles")
+    ap.add_argument("--profile", action="store_true", help="trace both sides after timing")
+    ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--no-torch", action="store_true", help="the workbench side alone")
+    ap.add_argument("--torch-backend", default="inductor",
+                    help="torch.compile backend (inductor; the smoke test uses aot_eager)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the tiny model on CPU, both sides: checks this script (make test)")
+    ap.add_argument("--check-variants", action="store_true",
+                    help="run each workbench variant's first step from one copied state and "
+                         "record the losses (they must agree: the variants change speed, not "
+                         "numbers); on by default with --smoke (needs a second state in memory)")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="DIR",
+                    help="add the rows of runs (their --out folders) to BENCHMARKS.md")
+    ap.add_argument("--child", choices=("jax", "torch"), help=argparse.SUPPRESS)
+    ap.add_argument("--case", default="1b", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.merge:
+        merge(args.merge)
+        return 0
+    if args.child == "jax":
+        jax_child(args)
+        return 0
+    if args.child == "torch":
+        torch_child(args)
+        return 0
+    for name, value in (("windows", args.windows), ("steps", args.steps),
+                        ("warmup", args.warmup), ("profile-steps", args.profile_steps)):
+        if value < 1:
+            ap.error(f"--{name} must be at least 1, got {value}")
+    for v in args.variant or ():
+        parse_variant(v)
+    command = "python benchmarks/gpu_vs_torch.py " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    out = args.out
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "host.json").write_text(json.dumps(
+            {"python": platform.python_version(), "command": command, "steps": args.steps}))
+    cases = ["smoke"] if args.smoke else args.cases
+    results, rows = [], []
+    for case in cases:
+        r = run_case(case, args, out)
+        results.append(r)
+        r["when"] = time.strftime("%Y-%m-%d")
+        rows += rows_of(r, command, args.steps) if not args.smoke else []
+        print(json.dumps({k: r.get(k) for k in ("case", "median_step_seconds", "tokens_per_s",
+                                                 "mfu", "error")}, default=float), flush=True)
+        if out is not None:   # after every case: a later case's crash keeps these
+            (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+            (out / "rows.json").write_text(json.dumps(rows, indent=1, default=float))
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""benchmarks/gpu_vs_torch.py, the workbench Trainer's step beside PyTorch on one GPU: its
+``--smoke`` mode runs the same code on CPU (both sides, windows interleaved), so the GPU
+run is one prepared command; rows and the merge into BENCHMARKS.md."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from workbench.flops import gpt_flops
+from workbench.models import GPTConfig
+
+ROOT = pathlib.Path(__file__).parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_vs_torch.py"
+sys.path.insert(0, str(ROOT))
+from benchmarks import gpu_vs_torch as gvt  # noqa: E402
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_smoke_runs_both_sides_interleaved_on_the_same_model_and_tokens(tmp_path):
+    """Both sides train the tiny model's shape (HF's LlamaForCausalLM has exactly the
+    parameters GPTConfig counts), the same tokens per step, for the same windows; the
+    workbench variant that only cuts the loss into chunks gives the Trainer's own loss
+    on the same state (float32 reduction order apart); the same batch trained again lowers
+    each side's loss; MFU is the FLOP formula over the median window and the peak."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--windows", "2", "--steps", "2",
+         "--warmup", "2", "--torch-backend", "aot_eager", "--variant", "chunk:loss_chunks=2",
+         "--out", str(tmp_path)], env=env, text=True, capture_output=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (r,) = json.loads((tmp_path / "results.json").read_text())
+    assert "error" not in r
+    tiny = GPTConfig.preset("tiny", seq_len=64)
+    assert r["pytorch"]["params"] == tiny.n_params
+    assert r["workbench"]["ready"] == ["trainer", "chunk"]
+    assert {n: len(t) for n, t in r["step_seconds"].items()} == {
+        "trainer": 2, "chunk": 2, "pytorch": 2}
+    first = r["workbench"]["first_loss"]
+    # the same loss of the same logits; chunks only reorder the float32 mean over 256 tokens
+    assert first["chunk"] == pytest.approx(first["trainer"], rel=1e-5)
+    assert 0.5 * math.log(256) < first["trainer"] < 1.5 * math.log(256)
+    flops = gpt_flops(tiny, 4, 64).total
+    assert r["flops"] == flops
+    for name, s in r["median_step_seconds"].items():
+        assert r["tokens_per_s"][name] == pytest.approx(4 * 64 / s)
+        assert r["mfu"][name] == pytest.approx(flops / s / r["peak_flops"])
+    # warm-up and 4 timed steps on one batch: both sides learn it
+    assert r["final_loss"]["trainer"] < first["trainer"]
+    assert r["final_loss"]["pytorch"] < r["pytorch"]["warm_loss"] + 1e-3
+    host = json.loads((tmp_path / "host.json").read_text())
+    assert host["steps"] == 2 and "--smoke" in host["command"]
+
+
+def _result(mfu: float = 0.5) -> dict:
+    cfg = GPTConfig.preset("1b").to_dict()
+    return {"case": "1b", "preset": "1b", "batch": 8, "seq": 2048,
+            "workbench": {"device": "NVIDIA H200", "model_config": cfg,
+                          "versions": {"jax": "0.11.2"},
+                          "variants": {"trainer": {"model": {"attention": "cudnn"}},
+                                       "lhs": {"model": {"remat": "minimal"}, "options": {
+                                           "xla_gpu_enable_latency_hiding_scheduler": True}}}},
+            "pytorch": {"versions": {"torch": "2.11"}},
+            "step_seconds": {"trainer": [0.3, 0.31], "lhs": [0.2, 0.2],
+                             "pytorch": [0.25, 0.26]},
+            "median_step_seconds": {"trainer": 0.305, "lhs": 0.2, "pytorch": 0.255},
+            "tokens_per_s": {"trainer": 1.0, "lhs": 1.0, "pytorch": 1.0},
+            "mfu": {"trainer": mfu, "lhs": 0.6, "pytorch": 0.45},
+            "flops": 1.28e14, "peak_flops": 989e12}
+
+
+def test_rows_name_each_side_by_its_configuration_and_check_the_targets():
+    rows = {r["name"]: r for r in gvt.rows_of(_result(0.45), "cmd", 10)}
+    trainer = "mfu, 1b 8 x 2048, workbench Trainer step, attention=cudnn remat=none " \
+              "loss_chunks=1 bfloat16"
+    lhs = ("vs pytorch, 1b 8 x 2048, attention=xla remat=minimal loss_chunks=1 bfloat16 "
+           "xla_gpu_enable_latency_hiding_scheduler=True")
+    assert rows[trainer]["ok"] is False and rows[trainer]["target"] == ">= 0.5"
+    assert rows[lhs]["value"] == pytest.approx(0.255 / 0.2) and rows[lhs]["ok"] is True
+    torch_row = [r for n, r in rows.items() if n.startswith("mfu, 1b 8 x 2048, pytorch")]
+    assert len(torch_row) == 1 and torch_row[0]["ok"] is None
+    assert all(r["accelerator"] == "1 x NVIDIA H200" and r["module"] == "gpu_vs_torch"
+               for r in rows.values())
+    assert len(rows) == 5   # three MFU rows, two ratios
+
+
+def test_merge_keeps_other_rows_and_replaces_rows_of_the_same_name(tmp_path, monkeypatch):
+    import benchmarks.__main__ as bm
+
+    results, md = tmp_path / "results.json", tmp_path / "BENCHMARKS.md"
+    old = [{"name": "other", "value": 1, "module": "bench_x"}]
+    first = gvt.rows_of(_result(0.4), "cmd", 10)
+    results.write_text(json.dumps(old + first))
+    monkeypatch.setattr(bm, "RESULTS", results)
+    monkeypatch.setattr(bm, "OUT", md)
+    monkeypatch.setattr(bm, "_machine", lambda: "here")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps([_result(0.55)]))
+    (run / "host.json").write_text(json.dumps({"command": "cmd", "steps": 10}))
+    gvt.merge([run])
+    rows = json.loads(results.read_text())
+    assert [r["name"] for r in rows].count("other") == 1
+    assert len(rows) == 1 + len(first)
+    trainer = [r for r in rows if "workbench Trainer step, attention=cudnn" in r["name"]]
+    assert [r["value"] for r in trainer] == [0.55]
+    assert "gpu_vs_torch" in md.read_text()
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("a:attention=cudnn,loss_chunks=4", ("a", {"attention": "cudnn", "loss_chunks": 4}, {})),
+    ("b:xla_gpu_enable_triton_gemm=false", ("b", {}, {"xla_gpu_enable_triton_gemm": False})),
+    ("c:", ("c", {}, {})),
+])
+def test_variants_parse_model_fields_and_xla_options(text, expect):
+    assert gvt.parse_variant(text) == expect
+
+
+@pytest.mark.parametrize("text", ["", ":remat=full", "a b:remat=full", "a:remat"])
+def test_malformed_variants_are_refused_with_the_form(text):
+    with pytest.raises(SystemExit, match="--variant"):
+        gvt.parse_variant(text)
+
+
+@pytest.mark.parametrize("flag", ["--windows", "--steps", "--warmup"])
+def test_counts_below_one_are_refused(flag, capsys):
+    with pytest.raises(SystemExit):
+        gvt.main([flag, "0"])
+    assert f"{flag} must be at least 1" in capsys.readouterr().err
