@@ -126,6 +126,8 @@ ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("xla", "splash", "cudnn", "auto")
 CONTEXT_VARIANTS: tuple[str, ...] = ("allgather", "ring")
 #: Values of ``GPTConfig.moe_dispatch`` (:mod:`workbench.models.moe`).
 MOE_DISPATCH: tuple[str, ...] = ("all_to_all", "all_gather")
+#: Values of ``GPTConfig.moe_matmul`` (:mod:`workbench.models.moe`).
+MOE_MATMUL: tuple[str, ...] = ("auto", "grouped", "dense")
 
 #: Dtypes the model computes and stores parameters in (``GPTConfig.dtype``/``param_dtype``).
 FLOAT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")
@@ -172,9 +174,12 @@ class GPTConfig:
             "minimal_flash") and, on TPU, ones that offload them to host memory
             ("qkv_proj_offloaded", "minimal_offloaded", "qkv_input_offloaded",
             "qkvo_input_offloaded"). The same per scanned block with ``scan_layers``.
-        attention: "xla", "splash" (Pallas TPU kernel; interpret mode on CPU), "cudnn"
-            (GPU) or "auto" (splash on TPU, cudnn on GPU, xla on CPU); see
-            :mod:`workbench.models.attention`.
+        attention: "auto" (the default: the Pallas splash kernel on TPU, cuDNN flash
+            attention on GPU, XLA attention on CPU, and XLA attention wherever the fused
+            kernel cannot take the shapes or the layout; plans and runs say which ran and
+            why), "xla" (the T x T scores materialized), "splash" (Pallas TPU kernel;
+            interpret mode on CPU) or "cudnn" (GPU); see :mod:`workbench.models.attention`.
+            A fused kernel never holds the T x T scores (docs/performance.md).
         attention_block_sizes: splash ``(block_q, block_kv)`` tile sizes, dividing the
             sequence length (default ``min(512, seq)`` each).
         context_attention: attention when the rules shard ``seq`` over a mesh axis
@@ -213,6 +218,14 @@ class GPTConfig:
         router_z_loss: weight of the router z-loss (ST-MoE) in the loss.
         router_norm_topk: renormalise the k routing weights to sum to 1 (Mixtral, Qwen3).
         moe_dispatch: "all_to_all" or "all_gather" token dispatch over the expert axis.
+        moe_matmul: how the routed experts compute: "grouped" (the assignments sorted by
+            expert, one ``jax.lax.ragged_dot`` per projection over exactly the routed
+            rows: no padding, dropless; refused with a ``capacity_factor``), "dense"
+            (each expert's ``(capacity, D)`` buffer of slots, empty ones included: with
+            ``capacity_factor=None`` every expert has a slot for every token of its
+            group, ``E/k`` times the routed work) or "auto" (the default): "grouped" when
+            ``capacity_factor`` is None, "dense" otherwise, so configs with a capacity
+            factor keep their behaviour. :attr:`moe_matmul_resolved` says which runs.
         qkv_bias: learned biases on the q, k and v projections (Qwen2, Qwen1.5/2-MoE).
         qk_norm: an RMSNorm over ``head_dim`` on each query and key head before RoPE
             (Qwen3, Qwen3-MoE).
@@ -241,7 +254,7 @@ class GPTConfig:
     param_dtype: str = "float32"
     tie_embeddings: bool = False
     remat: str = "none"
-    attention: str = "xla"
+    attention: str = "auto"
     attention_block_sizes: tuple[int, int] | None = None
     context_attention: str = "allgather"
     context_zigzag: bool = False
@@ -257,6 +270,7 @@ class GPTConfig:
     router_z_loss: float = 0.001
     router_norm_topk: bool = True
     moe_dispatch: str = "all_to_all"
+    moe_matmul: str = "auto"
     loss_chunks: int = 1
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -332,6 +346,13 @@ class GPTConfig:
         if self.moe_dispatch not in MOE_DISPATCH:
             raise ValueError(f"moe_dispatch={self.moe_dispatch!r}; choose one of "
                              f"{MOE_DISPATCH}")
+        if self.moe_matmul not in MOE_MATMUL:
+            raise ValueError(f"moe_matmul={self.moe_matmul!r}; choose one of {MOE_MATMUL}")
+        if self.moe_matmul == "grouped" and self.capacity_factor is not None:
+            raise ValueError(
+                f"moe_matmul='grouped' is dropless (every routed token is computed, no "
+                f"capacity), but capacity_factor={self.capacity_factor}; set "
+                f"capacity_factor=None, or moe_matmul='dense' to drop past the capacity")
         for f in ("router_aux_loss", "router_z_loss"):
             object.__setattr__(self, f, check_float(getattr(self, f), f"GPTConfig.{f}",
                                                     minimum=0.0, example="0.01"))
@@ -396,6 +417,14 @@ class GPTConfig:
         the shared experts and ``experts_per_token`` routed experts (``n_params`` for a
         dense model)."""
         return self._count(self.experts_per_token if self.n_experts else 0)
+
+    @property
+    def moe_matmul_resolved(self) -> str:
+        """The expert matmul that runs: ``moe_matmul``, with "auto" resolved ("grouped"
+        when dropless, ``capacity_factor=None``; "dense" with a capacity factor)."""
+        if self.moe_matmul != "auto":
+            return self.moe_matmul
+        return "grouped" if self.capacity_factor is None else "dense"
 
     @property
     def moe_d_ff(self) -> int:

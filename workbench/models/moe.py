@@ -334,6 +334,120 @@ def _group_all_gather(cfg: GPTConfig, x: jax.Array, idx: jax.Array, w: jax.Array
     return y, jax.lax.psum(dropped, ea) / n
 
 
+# -- grouped matmul (moe_matmul="grouped"): routed rows only, no padding, dropless ------------
+
+def _count(expert: jax.Array, n_experts: int) -> jax.Array:
+    """int32 (n_experts,) occurrences of each expert in ``expert`` (ids >= n_experts: none)."""
+    return jnp.zeros((n_experts,), jnp.int32).at[expert].add(1, mode="drop")
+
+
+def _inverse(order: jax.Array) -> jax.Array:
+    """The inverse of the permutation ``order``: ``_inverse(o)[o[i]] == i``."""
+    return jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+
+
+def _grouped_experts(rows: jax.Array, sizes: jax.Array, gate: jax.Array, up: jax.Array,
+                     down: jax.Array, dtype: str) -> jax.Array:
+    """SwiGLU of each expert on its rows: rows (M, D) sorted by expert, ``sizes`` (E',)
+    rows per expert (rows past their sum are in no group and come out unused) -> (M, D)."""
+    rd = lambda a, w: jax.lax.ragged_dot(a, w.astype(dtype), sizes)
+    g = checkpoint_name(rd(rows, gate), "mlpwi_0")                          # (M, F)
+    u = checkpoint_name(rd(rows, up), "mlpwi_1")                            # (M, F)
+    return checkpoint_name(rd(jax.nn.silu(g) * u, down), "mlpwo")           # (M, D)
+
+
+def _by_local_expert(recv: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The rows received from each peer (n, S, D), each peer's sorted by local expert with
+    ``counts`` (n, E') of them per expert, in expert-major order: ``(order, sizes)``, int
+    (n*S,) the received row at each position (peers in order within an expert, the empty
+    rows last) and (E',) rows per local expert."""
+    n, s, _ = recv.shape
+    ends = jnp.cumsum(counts, axis=1)                                        # (n, E')
+    local = jnp.sum(jnp.arange(s)[None, :, None] >= ends[:, None, :], -1)   # (n, S); E': empty
+    return jnp.argsort(local.reshape(-1), stable=True), jnp.sum(counts, axis=0)
+
+
+def _group_grouped(cfg: GPTConfig, x: jax.Array, idx: jax.Array, w: jax.Array,
+                   gate: jax.Array, up: jax.Array, down: jax.Array,
+                   ea: tuple[str, ...], mlp: tuple[str, ...]
+                   ) -> tuple[jax.Array, jax.Array]:
+    """One group (G tokens) through the experts with grouped matmuls (the all-to-all
+    dispatch over ``ea`` when non-empty).
+
+    The k*G assignments are sorted by expert. Without an expert axis they are the rows of
+    the ragged matmuls. With one (n devices, E' = E/n experts each) every peer gets a
+    fixed ``(S, D)`` block, ``S = G * min(k, E')`` (a token sends at most ``min(k, E')``
+    of its choices to one peer: the most a peer can be owed, so nothing is dropped),
+    holding the rows routed to its experts, sorted, then zero rows; an all-to-all of the
+    ``(n, E')`` counts tells each receiver where its experts' rows end. The receiver
+    puts the ``n*S`` rows in expert order and runs the ragged matmuls on the routed ones;
+    the outputs return by the inverse all-to-all. What the exchange carries is therefore
+    ``n*S = n*G*min(k, E')`` rows, of which ``k*G`` are routed (XLA's all-to-all has
+    static shapes; ``jax.lax.ragged_all_to_all`` would carry only those, but XLA:CPU does
+    not implement it): ``E*G`` rows with ``moe_matmul="dense"``, so the same when
+    ``k >= E'`` and ``k/E'`` of it otherwise.
+    """
+    g, k = idx.shape
+    e_local = gate.shape[0]
+    n = cfg.n_experts // e_local
+    flat = idx.T.reshape(-1)                                  # (kG,) choice-major
+    order = jnp.argsort(flat, stable=True)                    # assignments by expert
+    counts = _count(flat, cfg.n_experts)                      # (E,)
+    if ea:
+        s = g * min(k, e_local)
+        per_peer = jnp.sum(counts.reshape(n, e_local), axis=1)                 # (n,)
+        start = jnp.cumsum(per_peer) - per_peer
+        rank = start[:, None] + jnp.arange(s)[None]                            # (n, S)
+        ok = jnp.arange(s)[None] < per_peer[:, None]
+        token = jnp.where(ok, order[jnp.minimum(rank, k * g - 1)] % g, g)
+        send = _rows(x, token.reshape(-1)).reshape(n, s, -1)                   # (n, S, D)
+        recv = jax.lax.all_to_all(send, ea, 0, 0, tiled=True)                  # (n, S, D)
+        got = jax.lax.all_to_all(counts.reshape(n, e_local), ea, 0, 0, tiled=True)
+        rorder, sizes = _by_local_expert(recv, got)
+        rows = recv.reshape(n * s, -1)[rorder]                                 # (nS, D)
+    else:
+        rows, sizes = x[order % g], counts                                     # (kG, D)
+    out = _grouped_experts(rows, sizes, gate, up, down, cfg.dtype)
+    if mlp:
+        out = jax.lax.psum(out, mlp)
+    if ea:
+        out = out[_inverse(rorder)].reshape(n, s, -1)
+        out = jax.lax.all_to_all(out, ea, 0, 0, tiled=True).reshape(n * s, -1)  # (nS, D)
+        peer = flat // e_local                                                 # (kG,)
+        slot = peer * s + _inverse(order) - start[peer]
+    else:
+        slot = _inverse(order)
+    y = _combine(out, slot, jnp.ones(flat.shape, bool), w, cfg.dtype)
+    return y, jnp.zeros((), jnp.float32)
+
+
+def _group_grouped_all_gather(cfg: GPTConfig, x: jax.Array, idx: jax.Array, w: jax.Array,
+                              gate: jax.Array, up: jax.Array, down: jax.Array,
+                              ea: tuple[str, ...], mlp: tuple[str, ...]
+                              ) -> tuple[jax.Array, jax.Array]:
+    """One group through grouped matmuls with the all-gather dispatch (``ea`` non-empty):
+    the gathered ``n*G`` tokens' assignments to this device's experts, sorted, at most
+    ``n*G*min(k, E')`` rows (the gather and reduce-scatter are the dense path's)."""
+    e_local = gate.shape[0]
+    xs = jax.lax.all_gather(x, ea, axis=0, tiled=True)                      # (nG, D)
+    ids = jax.lax.all_gather(idx, ea, axis=0, tiled=True)                   # (nG, k)
+    ws = jax.lax.all_gather(w, ea, axis=0, tiled=True)
+    ng, k = ids.shape
+    local = ids - jax.lax.axis_index(ea) * e_local
+    mine = ((local >= 0) & (local < e_local)).T.reshape(-1)                 # (k*nG,)
+    flat = jnp.where(mine, local.T.reshape(-1), e_local)
+    order = jnp.argsort(flat, stable=True)                    # this device's first
+    m = ng * min(k, e_local)
+    rows = xs[order[:m] % ng]                                                # (m, D)
+    out = _grouped_experts(rows, _count(flat, e_local), gate, up, down, cfg.dtype)
+    if mlp:
+        out = jax.lax.psum(out, mlp)
+    slot = jnp.where(mine, _inverse(order), m)
+    ys = _combine(out, slot, mine, ws, cfg.dtype)                           # (nG, D)
+    y = jax.lax.psum_scatter(ys, ea, scatter_dimension=0, tiled=True)       # (G, D)
+    return y, jnp.zeros((), jnp.float32)
+
+
 def dispatch_combine(cfg: GPTConfig, x: jax.Array, idx: jax.Array, weights: jax.Array,
                      gate: jax.Array, up: jax.Array, down: jax.Array
                      ) -> tuple[jax.Array, jax.Array]:
@@ -351,7 +465,7 @@ def dispatch_combine(cfg: GPTConfig, x: jax.Array, idx: jax.Array, weights: jax.
     k = idx.shape[-1]
     ctx = active()
     if ctx is None:
-        y, dropped = _group_all_to_all(cfg, x.reshape(-1, d), idx.reshape(-1, k),
+        y, dropped = _group_for(cfg, False)(cfg, x.reshape(-1, d), idx.reshape(-1, k),
                                        weights.reshape(-1, k), gate, up, down, (), ())
         return y.reshape(b, t, d), dropped
     rules, mesh = ctx
@@ -363,8 +477,7 @@ def dispatch_combine(cfg: GPTConfig, x: jax.Array, idx: jax.Array, weights: jax.
     w_in = PartitionSpec(spec(ea), None, spec(mlp))
     w_out = PartitionSpec(spec(ea), spec(mlp), None)
     token_axes = tuple(a for a in mesh.axis_names if a in batch + seq)
-    group = _group_all_gather if cfg.moe_dispatch == "all_gather" and ea \
-        else _group_all_to_all
+    group = _group_for(cfg, bool(ea))
 
     def body(x, idx, w, gate, up, down):
         bl, tl, _ = x.shape
@@ -377,3 +490,11 @@ def dispatch_combine(cfg: GPTConfig, x: jax.Array, idx: jax.Array, weights: jax.
         out_specs=(tok, PartitionSpec(spec(token_axes))),
     )(x, idx, weights, gate, up, down)
     return y, jnp.sum(dropped)
+
+
+def _group_for(cfg: GPTConfig, expert_parallel: bool) -> Any:
+    """The per-group function of ``cfg``'s ``moe_matmul`` and ``moe_dispatch``."""
+    gather = cfg.moe_dispatch == "all_gather" and expert_parallel
+    if cfg.moe_matmul_resolved == "grouped":
+        return _group_grouped_all_gather if gather else _group_grouped
+    return _group_all_gather if gather else _group_all_to_all

@@ -1,0 +1,176 @@
+"""Grouped-matmul MoE (``moe_matmul="grouped"``): the dense dropless path's step, without
+the padding.
+
+Reference: the same train step with ``moe_matmul="dense"`` and ``capacity_factor=None``
+on the same mesh, rules and batch (test_moe checks that one against one device). Both run
+the same router and the same SwiGLU on the same (token, expert) pairs; only the order of
+the rows in the matmuls differs (sorted by expert vs one buffer per expert), so every row's
+dot products are the same sums of the same terms and the step agrees to float32 rounding:
+the loss of one step to rtol 1e-6 (8 eps, no cancellation: _tolerance), the gradients at
+each tensor's scale to 1e-5, and the routing (an argmax of the same logits) exactly: the
+integer loads per layer and expert, nothing dropped. A broken grouped path (a row sent to
+the wrong expert or peer, a lost assignment, a weight applied twice) moves the loss by far
+more. The exchange under expert parallelism carries ``n*G*min(k, E/n)`` rows per device
+(``moe._group_grouped``), checked in the compiled HLO; a TPU plan of a dropless Mixtral
+holds no more temporaries per chip than the capacity-1.25 plan (libtpu, marked ``tpu``).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import workbench as wb
+from workbench import step as S
+from workbench.models import GPTConfig
+from workbench.rules import Rules
+from workbench.topology import tpu_compiler_available
+
+from _tolerance import assert_trees_close_at_scale
+
+pytestmark = pytest.mark.usefixtures("wb_cache")
+
+TINY = GPTConfig.preset("moe-tiny", seq_len=16)
+BATCH = 16
+MOE_KEYS = ("moe_router_loss", "moe_aux_loss", "moe_z_loss", "moe_entropy")
+
+
+def _mesh(axes):
+    return wb.make_mesh(axes, devices=jax.devices()[:math.prod(axes.values())])
+
+
+def _keep_grads() -> optax.GradientTransformation:
+    """An optimizer whose state is the last gradients and whose updates are zero."""
+    return optax.GradientTransformation(
+        lambda params: jax.tree.map(jnp.zeros_like, params),
+        lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads))
+
+
+def _one_step(cfg, axes, rules, pipeline=None):
+    """Metrics and gradients of one train step of ``cfg`` on a fixed batch."""
+    opt, mesh = _keep_grads(), _mesh(axes)
+    rules = Rules.preset(rules, mesh)
+    tokens = jax.random.randint(jax.random.key(1), (BATCH, cfg.seq_len + 1), 0,
+                                cfg.vocab_size)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+    graphdef, state = S.init_state(cfg, opt, rules, mesh, seed=0)
+    step = S.jit_train_step(
+        S.make_train_step(graphdef, opt, rules=rules, mesh=mesh, pipeline=pipeline),
+        S.state_shardings(cfg, opt, rules, mesh), S.batch_shardings(rules, mesh))
+    state, metrics = step(state, batch)
+    return jax.device_get(metrics), jax.device_get(state.opt_state)
+
+
+def _assert_same_step(got, want, cfg):
+    (m, g), (rm, rg) = got, want
+    np.testing.assert_array_equal(m["moe_tokens_per_expert"], rm["moe_tokens_per_expert"])
+    assert m["moe_tokens_per_expert"].sum() == \
+        cfg.n_layers * BATCH * cfg.seq_len * cfg.experts_per_token
+    assert m["moe_dropped"] == rm["moe_dropped"] == 0
+    np.testing.assert_allclose(m["loss"], rm["loss"], rtol=1e-6)
+    for k in MOE_KEYS:   # the router's statistics: computed before the experts run
+        np.testing.assert_allclose(m[k], rm[k], rtol=1e-6, err_msg=k)
+    np.testing.assert_allclose(m["grad_norm"], rm["grad_norm"], rtol=1e-5)
+    assert_trees_close_at_scale(g, rg, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- config
+def test_auto_is_grouped_when_dropless_and_dense_with_a_capacity():
+    assert TINY.moe_matmul == "auto" and TINY.capacity_factor is None
+    assert TINY.moe_matmul_resolved == "grouped"
+    assert GPTConfig.preset("mixtral-8x7b").moe_matmul_resolved == "dense"   # cf 1.25
+    assert GPTConfig.preset("mixtral-8x7b", capacity_factor=None).moe_matmul_resolved \
+        == "grouped"
+    assert TINY.replace(moe_matmul="dense").moe_matmul_resolved == "dense"
+    with pytest.raises(ValueError, match=r"moe_matmul='grouped' is dropless.*"
+                                         r"capacity_factor=1.25.*capacity_factor=None"):
+        TINY.replace(moe_matmul="grouped", capacity_factor=1.25)
+    with pytest.raises(ValueError, match=r"moe_matmul='ragged'; choose one of"):
+        TINY.replace(moe_matmul="ragged")
+
+
+# ----------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("axes,rules,changes", [
+    ({"data": 8}, "fsdp", {}),
+    ({"expert": 4, "data": 2}, "ep", {}),                      # k = E/n: S = G*E/n
+    ({"expert": 2, "data": 4}, "fsdp_ep", {}),                 # k < E/n: S = G*k
+    ({"expert": 8}, "ep", {"moe_dispatch": "all_gather"}),
+], ids=["fsdp8", "ep4x2", "fsdp_ep2x4", "ep8-all_gather"])
+@pytest.mark.slow
+def test_grouped_step_equals_the_dense_dropless_step(axes, rules, changes):
+    cfg = TINY.replace(**changes)
+    got = _one_step(cfg.replace(moe_matmul="grouped"), axes, rules)
+    want = _one_step(cfg.replace(moe_matmul="dense"), axes, rules)
+    _assert_same_step(got, want, cfg)
+
+
+@pytest.mark.slow
+def test_grouped_pipelined_with_remat_equals_dense_unpipelined():
+    """Pipeline (gpipe, 2 stages x 2 micro-batches) and remat="full" over scanned layers,
+    grouped; reference: the dense dropless step without a pipeline or remat."""
+    cfg = TINY.replace(n_layers=4, scan_layers=True)
+    got = _one_step(cfg.replace(moe_matmul="grouped", remat="full"),
+                    {"stage": 2, "expert": 2, "data": 2}, "ep",
+                    pipeline={"microbatches": 2, "schedule": "gpipe"})
+    want = _one_step(cfg.replace(moe_matmul="dense"), {"expert": 2, "data": 4}, "ep")
+    (m, g), (rm, rg) = got, want
+    np.testing.assert_array_equal(m["moe_tokens_per_expert"], rm["moe_tokens_per_expert"])
+    assert m["moe_dropped"] == 0
+    # micro-batched sums in another order (test_moe_pipeline's bounds)
+    for k in ("loss", "grad_norm", *MOE_KEYS):
+        np.testing.assert_allclose(m[k], rm[k], rtol=1e-5, err_msg=k)
+    assert_trees_close_at_scale(g, rg, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- exchange
+@pytest.mark.slow
+def test_the_exchange_carries_n_g_min_k_local_experts_rows():
+    """expert=2 x data=4, ep: n = 2 peers of E' = 4 experts, G = 32 tokens per device, k = 2.
+    Dense sends the (E, G, D) buffer, E*G = 256 rows; grouped sends n blocks of
+    S = G*min(k, E') = 64 rows, 128 rows (half), and the (n, E') int32 counts once per
+    layer (forward only: integers have no gradient). Hand count from the HLO's
+    all-to-alls over 'expert'."""
+    batch, seq, d, L = BATCH, TINY.seq_len, TINY.d_model, TINY.n_layers
+    n, e_local, k = 2, TINY.n_experts // 2, TINY.experts_per_token
+    g = batch * seq // 8
+    mesh = _mesh({"expert": 2, "data": 4})
+
+    def a2a(matmul):
+        p = wb.plan(TINY.replace(moe_matmul=matmul), mesh=mesh, rules="ep", batch=batch,
+                    progress=False)
+        assert p.source == "cpu-compiler"
+        out = {}
+        for c in p.collectives:
+            if c.kind == "all-to-all":
+                assert c.axes == ("expert",)
+                out[c.bytes] = out.get(c.bytes, 0) + c.count
+        return out
+
+    assert a2a("dense") == {TINY.n_experts * g * d * 4: 4 * L}
+    rows = n * g * min(k, e_local)
+    assert rows == TINY.n_experts * g // 2
+    assert a2a("grouped") == {rows * d * 4: 4 * L, n * e_local * 4: L}
+
+
+# ----------------------------------------------------------------------------- TPU plans
+@pytest.mark.tpu
+@pytest.mark.slow   # three TPU compiles of a two-layer Mixtral-width model (minutes each)
+@pytest.mark.skipif(not tpu_compiler_available(),
+                    reason="the TPU compiler (libtpu) is not installed")
+def test_dropless_grouped_tpu_plan_needs_no_more_than_capacity_1_25():
+    """Mixtral-8x7B's layer shapes (2 scanned layers, remat full, fsdp on v5p-64, 4096-token
+    sequences, 8192 tokens per chip), compiled by the TPU compiler: the grouped dropless
+    plan's temporaries are at most the capacity-1.25 plan's (it computes k rows per token
+    where capacity 1.25 pads to 1.25 k), well under the dense dropless plan's (E rows per
+    token), and its compiled FLOPs likewise."""
+    from benchmarks.bench_moe import mixtral_plans
+
+    rows = mixtral_plans(n_layers=2, tokens_per_chip=8192)
+    grouped, dense, capped = rows["grouped"], rows["dense"], rows["capacity 1.25"]
+    assert all(r["source"] == "tpu-compiler" for r in rows.values()), rows
+    assert grouped["temp"] <= capped["temp"] < dense["temp"], rows
+    assert grouped["flops"] <= capped["flops"] < dense["flops"], rows
