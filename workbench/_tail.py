@@ -13,7 +13,9 @@ import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from workbench._run_file import FileRefused, file_kind, open_file
 
 METRICS = "metrics.jsonl"
 MAX_DEPTH = 32  # deepest nesting of a metrics line that readers accept
@@ -49,7 +51,8 @@ class MetricsTail:
     MARK_EVERY = 512
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir) / METRICS
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / METRICS  # read only inside run_dir, symlinks resolved
         self.resets = 0  # times the file shrank (replaced or truncated) and was re-read
         self.file_problem: str | None = None  # the file itself cannot be read
         self._reset()
@@ -88,7 +91,9 @@ class MetricsTail:
             self.file_problem = f"{METRICS} cannot be read: {e.strerror or e}"
             return steps, events
         if not stat.S_ISREG(st.st_mode):
-            self.file_problem = f"{METRICS} is not a regular file"
+            what = file_kind(st.st_mode)
+            self.file_problem = f"{METRICS} is not a regular file ({what}); only regular " \
+                                "files are read"
             return steps, events
         self.file_problem = None
         size = st.st_size
@@ -98,11 +103,34 @@ class MetricsTail:
         if size <= max(self.offset, self._scanned):
             return steps, events
         try:
-            stop = _last_newline(self.path, max(self.offset, self._scanned), size)
+            f = open_file(self.path, inside=self.run_dir)  # the safe reader (see _run_file)
+        except FileRefused as e:
+            self.file_problem = str(e).replace(str(self.path), METRICS, 1)
+            return steps, events
+        except FileNotFoundError:  # deleted since the stat: the next poll sees it gone
+            return steps, events
+        except OSError as e:
+            self.file_problem = f"{METRICS} cannot be read: {e.strerror or e}"
+            return steps, events
+        with f:
+            size = os.fstat(f.fileno()).st_size  # the file opened: it may differ from the stat
+            if size < self.offset:  # replaced between the stat and the open
+                self._reset()
+                self.resets += 1
+            self._poll_open(f, size, steps, events)
+        return steps, events
+
+    def _poll_open(self, f: BinaryIO, size: int, steps: list[dict[str, Any]],
+                   events: list[dict[str, Any]]) -> None:
+        """``poll``'s reading of the open file ``f`` of ``size`` bytes."""
+        if size <= max(self.offset, self._scanned):
+            return
+        try:
+            stop = _last_newline(f, max(self.offset, self._scanned), size)
             self._scanned = size
             if stop is None:  # still one unfinished line: wait for it to grow
-                return steps, events
-            for start, end, rec in _records(self.path, self.offset, stop):
+                return
+            for start, end, rec in _records(f, self.offset, stop):
                 self.offset = end
                 self.lines += 1
                 if rec is None:
@@ -129,11 +157,8 @@ class MetricsTail:
                 self.last_step, self.last_record = step, rec
                 self.records_seen += 1
                 steps.append(rec)
-        except FileNotFoundError:  # deleted mid-read: the next poll sees it gone
-            pass
         except OSError as e:  # unreadable mid-read: the next poll retries
             self.file_problem = f"{METRICS} cannot be read: {e.strerror or e}"
-        return steps, events
 
     def read(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """Step records with ``step > since`` up to what ``poll`` has seen (oldest first).
@@ -149,16 +174,17 @@ class MetricsTail:
         last, offset = self._marks[i]
         out: list[dict[str, Any]] = []
         try:
-            for _, _, rec in _records(self.path, offset, self.offset):
-                if rec is None or classify(rec) != "step" or rec["step"] <= last:
-                    continue
-                last = rec["step"]
-                if last > since:
-                    out.append(rec)
-                    if limit is not None and len(out) >= limit:
-                        break
+            with open_file(self.path, inside=self.run_dir) as f:
+                for _, _, rec in _records(f, offset, self.offset):
+                    if rec is None or classify(rec) != "step" or rec["step"] <= last:
+                        continue
+                    last = rec["step"]
+                    if last > since:
+                        out.append(rec)
+                        if limit is not None and len(out) >= limit:
+                            break
         except OSError:
-            pass  # replaced or gone: the next poll starts over
+            pass  # replaced, gone or refused: the next poll says why
         return out
 
 
@@ -195,20 +221,18 @@ _CHUNK = 8 << 20  # bytes parsed per json.loads call
 _BACK = 1 << 16  # bytes read per step of the backwards newline search
 
 
-def _last_newline(path: Path, lo: int, hi: int) -> int | None:
-    """The offset just past the last newline in ``path[lo:hi]``, or None if it has none
-    (searched from the end, so a long unfinished line costs only its new bytes)."""
-    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:  # never block
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise IsADirectoryError(f"{path} is no longer a regular file")
-        end = hi
-        while end > lo:
-            start = max(lo, end - _BACK)
-            f.seek(start)
-            i = f.read(end - start).rfind(b"\n")
-            if i >= 0:
-                return start + i + 1
-            end = start
+def _last_newline(f: BinaryIO, lo: int, hi: int) -> int | None:
+    """The offset just past the last newline in bytes ``[lo, hi)`` of the open file
+    ``f``, or None if they hold none (searched from the end, so a long unfinished line
+    costs only its new bytes)."""
+    end = hi
+    while end > lo:
+        start = max(lo, end - _BACK)
+        f.seek(start)
+        i = f.read(end - start).rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        end = start
     return None
 
 
@@ -226,40 +250,39 @@ def _next_newline(f: Any, pos: int, stop: int) -> int | None:
     return None
 
 
-def _records(path: Path, start: int,
+def _records(f: BinaryIO, start: int,
              stop: int) -> Iterator[tuple[int, int, dict[str, Any] | _Bad | None]]:
-    """Whole lines of ``path`` in ``[start, stop)``: ``(line start, line end, parsed)``;
-    parsed is a dict, a ``_Bad`` for a malformed line, or None for a blank one.
+    """Whole lines of the open file ``f`` in ``[start, stop)``: ``(line start, line end,
+    parsed)``; parsed is a dict, a ``_Bad`` for a malformed line, or None for a blank one.
 
     Lines are read a chunk at a time; a partly written last line is left for the next
     call; a line longer than
     ``MAX_LINE`` is skipped without being read into memory.
     """
-    with open(path, "rb") as f:
-        f.seek(start)
-        pos = start
-        while pos < stop:
-            data = f.read(min(_CHUNK, stop - pos))
-            cut = data.rfind(b"\n") + 1
-            if not cut:
-                if pos + len(data) >= stop:
-                    return  # a partly written last line: wait for its newline
-                end = _next_newline(f, pos + len(data), stop)  # one line longer than a chunk
-                if end is None:
-                    return
-                if end - pos > MAX_LINE:
-                    yield pos, end, _TOO_LONG
-                    pos = end
-                    f.seek(pos)
-                    continue
+    f.seek(start)
+    pos = start
+    while pos < stop:
+        data = f.read(min(_CHUNK, stop - pos))
+        cut = data.rfind(b"\n") + 1
+        if not cut:
+            if pos + len(data) >= stop:
+                return  # a partly written last line: wait for its newline
+            end = _next_newline(f, pos + len(data), stop)  # one line longer than a chunk
+            if end is None:
+                return
+            if end - pos > MAX_LINE:
+                yield pos, end, _TOO_LONG
+                pos = end
                 f.seek(pos)
-                data = f.read(end - pos)
-                cut = len(data)
-            f.seek(pos + cut)
-            lines = data[:cut].split(b"\n")[:-1]
-            for raw, rec in zip(lines, _parse_lines(lines, data[:cut])):
-                yield pos, pos + len(raw) + 1, rec
-                pos += len(raw) + 1
+                continue
+            f.seek(pos)
+            data = f.read(end - pos)
+            cut = len(data)
+        f.seek(pos + cut)
+        lines = data[:cut].split(b"\n")[:-1]
+        for raw, rec in zip(lines, _parse_lines(lines, data[:cut])):
+            yield pos, pos + len(raw) + 1, rec
+            pos += len(raw) + 1
 
 
 _scan_once = json.JSONDecoder().scan_once  # the C scanner: one JSON value from an index

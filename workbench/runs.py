@@ -26,7 +26,6 @@ import os
 import platform
 import re
 import socket
-import stat
 import tempfile
 import threading
 import time
@@ -36,6 +35,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Self
 
+from workbench._run_file import FileRefused, open_file
 from workbench._tail import METRICS, MetricsTail, _depth_ok
 
 __all__ = ["HISTORY_EVENTS", "METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunFileError",
@@ -266,33 +266,37 @@ def _finite_float(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def read_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+def read_run(run_dir: str | os.PathLike[str], *, contained: bool = False) -> dict[str, Any]:
     """Returns the parsed ``run.json`` of a run directory.
 
     ``NaN``, ``Infinity`` and numbers too large for a float read as None (JSON null).
+    It is read through the one safe reader of run files (``workbench._run_file``): a
+    regular file only, opened without blocking, read bounded.
+
+    Args:
+      run_dir: the run directory.
+      contained: refuse a ``run.json`` that resolves outside ``run_dir`` (a symlink
+        leading out of the run; what the server serves).
 
     Raises:
       FileNotFoundError: there is no ``run.json``.
-      RunFileError: it cannot be used (a directory, unreadable, larger than 16 MiB, not
-        UTF-8, empty, not JSON, nested more than 64 levels, not a JSON object).
+      RunFileError: it cannot be used (a directory, a pipe or device, outside the run when
+        ``contained``, unreadable, larger than 16 MiB, not UTF-8, empty, not JSON, nested
+        more than 64 levels, not a JSON object).
     """
     path = Path(run_dir) / RUN_JSON
     fix = (f"move it aside (e.g. to {RUN_JSON}.bad) or delete it; a training run that "
            "resumes there writes a new one (its metrics.jsonl and checkpoints are kept)")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the reader
-        with open(fd, "rb") as f:
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISDIR(mode):
-                raise IsADirectoryError(path)
-            if not stat.S_ISREG(mode):
-                raise RunFileError(f"{path} is not a regular file (a pipe or device); {fix}")
+        with open_file(path, inside=run_dir if contained else None) as f:
             raw = f.read(MAX_RUN_JSON + 1)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} not found: {run_dir} is not a run directory "
                                 "(RunWriter creates run.json)") from None
     except IsADirectoryError:
         raise RunFileError(f"{path} is a directory, not a file; {fix}") from None
+    except FileRefused as e:
+        raise RunFileError(f"{e}; or {fix}") from None
     except OSError as e:
         raise RunFileError(f"{path} cannot be read ({e.strerror or e}); check its "
                            "permissions, or " + fix) from None

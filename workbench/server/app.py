@@ -11,6 +11,7 @@ from traitlets import Bool, Float, Int, List, Unicode
 from workbench.server.handlers import handlers
 from workbench.server.hub import Hub
 from workbench.server.index import RunIndex
+from workbench.server.reads import Reads
 
 
 class WorkbenchExtension(ExtensionApp):
@@ -35,6 +36,11 @@ class WorkbenchExtension(ExtensionApp):
     poll_interval = Float(0.25, config=True, help="Seconds between polls of the run files "
                                                   "while a websocket listens.")
     scan_interval = Float(2.0, config=True, help="Seconds between directory scans for new runs.")
+    read_workers = Int(8, config=True, help="File reads (polls, metrics, profiles) that run at "
+                                            "once; more wait for a free one.")
+    read_timeout = Float(10.0, config=True, help="Seconds a request waits for a free file "
+                                                 "reader, and then for its read, before it "
+                                                 "answers 503.")
 
     def roots(self) -> list[Path]:
         """The run roots, the server's root directory first; duplicates dropped."""
@@ -55,7 +61,8 @@ class WorkbenchExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         index = RunIndex(self.roots(), max_depth=self.max_depth, scan_interval=self.scan_interval,
                          allow_hidden=self.allow_hidden())
-        self.hub = Hub(index, self.poll_interval)
+        self.hub = Hub(index, self.poll_interval,
+                       reads=Reads(workers=self.read_workers, timeout=self.read_timeout))
         self.log.info("Workbench runs from %s%s", ", ".join(map(str, index.roots)),
                       " (hidden directories included)" if index.allow_hidden else "")
 

@@ -5,10 +5,14 @@ the same permission as reading files (``contents``/``read``): a run directory is
 under the server's root. Every handler gets the :class:`~workbench.server.hub.Hub` as
 its ``hub`` argument (see :func:`handlers`); the websockets implement the hub's
 ``Subscriber`` protocols and subscribe to it.
+
+Every file a handler serves is read by the one safe reader (``workbench._run_file``:
+regular files inside the run directory, bounded, never blocking), in the hub's bounded
+read pool (:mod:`workbench.server.reads`): a read that overruns answers 503 and leaves
+the other requests their workers.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +24,7 @@ from tornado import web, websocket
 
 from workbench import runs
 from workbench.server import profiles
+from workbench.server.reads import ReadsBusy
 
 if TYPE_CHECKING:
     from workbench.server.hub import Hub
@@ -106,6 +111,14 @@ class _Base(JupyterHandler):
         await self.hub.poll_now(max_age=0.0)
         return watch
 
+    async def bounded_read(self, what: str, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` in the hub's bounded read pool; 503 naming ``what`` when it (or
+        its wait for a free worker) takes longer than the pool's timeout."""
+        try:
+            return await self.hub.reads.run(what, fn, *args)
+        except ReadsBusy as e:
+            raise web.HTTPError(503, str(e)) from None
+
 
 class RunsHandler(_Base, APIHandler):
     """``GET /workbench/api/runs``: a summary of every run under the run roots."""
@@ -144,7 +157,8 @@ class MetricsHandler(_Base, APIHandler):
         limit = min(_int_arg(self, "limit", MAX_LIMIT, lo=1), MAX_LIMIT)
         keys = _keys_arg(self)
         watch = await self.lookup(rid)
-        records = await asyncio.to_thread(watch.read, since, limit + 1)
+        records = await self.bounded_read(f"reading the metrics of run {watch.id!r}",
+                                          watch.read, since, limit + 1)
         more = len(records) > limit
         payload = metrics_payload(watch, records[:limit], keys)
         payload.update(since=None if since == EVERY_STEP else since, more=more)
@@ -163,7 +177,8 @@ class ProfilesHandler(_Base, APIHandler):
     @authorized("read")
     async def get(self, rid: str) -> None:
         watch = await self.lookup(rid)
-        found = await asyncio.to_thread(profiles.read_profiles, watch.path)
+        found = await self.bounded_read(f"reading the profiles of run {watch.id!r}",
+                                        profiles.read_profiles, watch.path)
         self.finish(dumps({"id": watch.id, "profiles": found}))
 
 
@@ -219,7 +234,13 @@ class RunStreamHandler(_Socket):
         self.last_step = self.since
         self.send({"type": "run", "run": self.watch.detail()})
         while True:  # backfill in pages
-            records = await asyncio.to_thread(self.watch.read, self.last_step, 50_000)
+            try:
+                records = await self.hub.reads.run(
+                    f"reading the metrics of run {self.watch.id!r}", self.watch.read,
+                    self.last_step, 50_000)
+            except ReadsBusy as e:   # 1013: try again later
+                self.close(1013, str(e)[:120])
+                return
             self.push(records)
             if len(records) < 50_000:
                 break

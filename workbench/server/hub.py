@@ -7,6 +7,7 @@ it imports no handler and runs without a server in tests.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from typing import Any, Protocol
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 from tornado.ioloop import PeriodicCallback
 
 from workbench.server.index import Change, RunIndex
+from workbench.server.reads import Reads, ReadsBusy
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +40,16 @@ class Hub:
     Args:
       index: the runs it polls.
       poll_interval: seconds between polls while anyone is subscribed.
+      reads: the bounded pool every blocking read of the server runs in (polls and the
+        handlers' reads); default ``Reads()``.
     """
 
-    def __init__(self, index: RunIndex, poll_interval: float) -> None:
+    def __init__(self, index: RunIndex, poll_interval: float, reads: Reads | None = None
+                 ) -> None:
         self.index = index
         self.poll_interval = poll_interval
+        self.reads = reads if reads is not None else Reads()
+        self._polling: concurrent.futures.Future[Any] | None = None
         self.run_subs: dict[str, set[RunSubscriber]] = {}
         self.list_subs: set[Subscriber] = set()
         self._lock = asyncio.Lock()
@@ -69,8 +76,9 @@ class Hub:
             self._timer.stop()
 
     def stop(self) -> None:
-        """Stops polling."""
+        """Stops polling and reading."""
         self._timer.stop()
+        self.reads.close()
 
     def _start(self) -> None:
         if not self._timer.is_running():
@@ -80,13 +88,39 @@ class Hub:
         await self.poll_now(max_age=0.0)
 
     async def poll_now(self, max_age: float = 0.1) -> None:
-        """Polls the run roots in a worker thread (unless polled ``max_age`` s ago)."""
+        """Polls the run roots in the bounded read pool (unless polled ``max_age`` s ago).
+
+        A poll still running from before (a file system that stalls) is not waited for
+        and not doubled: callers answer from what the last finished poll read, and the
+        stalled poll's changes are sent to the subscribers once it ends.
+        """
+        what = "polling the run directories"
         async with self._lock:
             if time.monotonic() - self._last_poll < max_age:
                 return
-            changes, removed = await asyncio.to_thread(self.index.poll)
+            if self._polling is not None and not self._polling.done():
+                return
+            try:
+                self._polling = fut = await self.reads.start(what, self.index.poll)
+                changes, removed = await self.reads.wait(what, fut)
+            except ReadsBusy as e:
+                log.warning("workbench: %s", e)
+                if self._polling is not None and not self._polling.done():
+                    loop = asyncio.get_running_loop()
+
+                    def ended(f: concurrent.futures.Future[Any]) -> None:
+                        if not loop.is_closed():
+                            loop.call_soon_threadsafe(self._late, f)
+                    self._polling.add_done_callback(ended)
+                return
             self._last_poll = time.monotonic()
         self.dispatch(changes, removed)
+
+    def _late(self, fut: concurrent.futures.Future[Any]) -> None:
+        """Sends what a poll that overran its time found, once it ends."""
+        if not fut.cancelled() and fut.exception() is None:
+            self._last_poll = time.monotonic()
+            self.dispatch(*fut.result())
 
     def dispatch(self, changes: list[Change], removed: list[str]) -> None:
         """Sends one poll's changes to the subscribers of each run and of the list."""

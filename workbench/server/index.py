@@ -83,7 +83,8 @@ class RunWatch:
             if stamp != self._meta_stamp:
                 self._meta_stamp, changed = stamp, True
                 try:
-                    self.meta, self.meta_problems = served_meta(runs.read_run(self.path))
+                    self.meta, self.meta_problems = served_meta(
+                        runs.read_run(self.path, contained=True))
                     self.meta_error = None
                 except FileNotFoundError:
                     self._meta_stamp = None  # replaced right now: read it next time

@@ -10,12 +10,14 @@ is listed with its ``problem`` instead of breaking the response.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from workbench import runs
+from workbench._run_file import read_file, resolves_inside
 
 __all__ = ["MAX_BYTES", "MAX_PROFILES", "read_profiles", "stamp"]
 
@@ -23,22 +25,35 @@ PROFILES = "profiles"
 REPORT = "report.json"
 MAX_PROFILES = 50      # the most recent ones by step; older ones stay on disk
 MAX_BYTES = 4 * 2**20  # a report is ~10 KB: anything far larger was not written by the trainer
+MAX_SCAN = 10_000      # profile folders looked at per run
 MAX_ROWS = 200
 MAX_OPS = 20
 _TEXT = 2000
 
 
 def _entries(run_dir: Path) -> list[tuple[str, os.stat_result]]:
-    """``(folder name, stat of its report.json)`` of every profile folder with a report."""
-    out = []
+    """``(folder name, stat of its report.json)`` of every profile folder with a report
+    (at most :data:`MAX_SCAN` folders looked at). ``profiles/`` leading out of the run
+    directory lists nothing; a step folder or report leading out of it is listed with
+    the stat of the link itself, and :func:`read_profiles` says why it is not served."""
+    out: list[tuple[str, os.stat_result]] = []
+    if not resolves_inside(run_dir / PROFILES, run_dir):
+        return out
     try:
-        folders = list(os.scandir(run_dir / PROFILES))
+        with os.scandir(run_dir / PROFILES) as it:
+            folders = list(itertools.islice(it, MAX_SCAN))
     except OSError:
-        return []
+        return out
     for d in folders:
+        report = Path(d.path) / REPORT
         try:
-            if d.is_dir():
-                out.append((d.name, os.stat(Path(d.path) / REPORT)))
+            if not d.is_dir():
+                continue
+            if not resolves_inside(d.path, run_dir):
+                out.append((d.name, d.stat(follow_symlinks=False)))
+            elif os.path.lexists(report):
+                out.append((d.name, os.stat(report) if resolves_inside(report, run_dir)
+                            else os.lstat(report)))
         except OSError:
             continue   # no report (yet): a trace being taken, or one taken with directory=
     return out
@@ -104,9 +119,11 @@ def clean_report(data: Any) -> tuple[dict[str, Any], list[str]]:
     problems: list[str] = []
     raw = data.get("rows") if isinstance(data.get("rows"), list) else []
     rows = [r for r in (_row(x) for x in raw[:MAX_ROWS]) if r is not None]
-    if len(rows) != len(raw):
-        problems.append(f"{len(raw) - len(rows)} of {len(raw)} rows lack a name and finite "
-                        "predicted and measured seconds")
+    if len(rows) != len(raw[:MAX_ROWS]):
+        problems.append(f"{len(raw[:MAX_ROWS]) - len(rows)} of {len(raw[:MAX_ROWS])} rows lack "
+                        "a name and finite predicted and measured seconds")
+    if len(raw) > MAX_ROWS:
+        problems.append(f"only the first {MAX_ROWS} of its {len(raw)} rows are served")
     tps = data.get("tokens_per_s") if isinstance(data.get("tokens_per_s"), dict) else {}
     tps = {k: float(v) for k, v in tps.items()
            if k in ("outside", "during") and (_num(v) or 0) > 0}
@@ -128,8 +145,10 @@ def clean_report(data: Any) -> tuple[dict[str, Any], list[str]]:
 
 def read_profiles(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The run's profiles, oldest first: ``{"name", "step", "path", "updated", "problem",
-    "rows", "verdict", ...}`` (see :func:`clean_report`). A report that cannot be read
-    keeps its name and says why in ``problem``, with no rows."""
+    "rows", "verdict", ...}`` (see :func:`clean_report`). Each report is read by the one
+    safe reader of run files (``workbench._run_file``: a regular file inside the run directory,
+    symlinks resolved, at most :data:`MAX_BYTES`, never blocking). A report that cannot be
+    read keeps its name and says why in ``problem``, with no rows."""
     run_dir = Path(run_dir)
     out = []
     for item in summaries(run_dir):
@@ -137,12 +156,14 @@ def read_profiles(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         where = f"{PROFILES}/{item['name']}/{REPORT}"
         problems: list[str] = []
         try:
-            if path.stat().st_size > MAX_BYTES:
-                raise ValueError(f"is over {MAX_BYTES // 2**20} MiB")
-            data = json.loads(path.read_text(encoding="utf-8"))
+            raw = read_file(path, inside=run_dir, max_bytes=MAX_BYTES)
+            data = json.loads(raw)
             report, problems = clean_report(runs.json_safe(data))
+        except IsADirectoryError:
+            report, problems = {"rows": []}, ["is a directory, not a file"]
         except (OSError, ValueError, RecursionError) as e:
-            report, problems = {"rows": []}, [f"cannot be read ({str(e)[:300]})"]
+            why = str(e).replace(f"{path} ", "", 1)[:300]
+            report, problems = {"rows": []}, [f"cannot be read ({why})"]
         out.append({**item, "path": f"{PROFILES}/{item['name']}", **report,
                     "problem": f"{where} {'; '.join(problems)}" if problems else None})
     return out
