@@ -244,11 +244,15 @@ def jax_child(args: argparse.Namespace) -> None:
                 jax.block_until_ready((state, metrics))
             hlo = step.as_text()
             prof = read_trace(directory, hlo_text=hlo, axis_names=p.mesh.axis_names,
-                              axis_sizes=tuple(p.mesh.shape.values()))
+                              axis_sizes=tuple(p.mesh.shape.values()), steps=cmd["steps"])
             text = prof.table(int(cmd.get("top", 40)))
             if cmd.get("hlo"):
                 import gzip
                 Path(cmd["hlo"]).write_bytes(gzip.compress(hlo.encode()))
+            if cmd.get("trace"):   # the XSpace itself, for reading again elsewhere
+                import shutil
+                from workbench.planning.trace import trace_files
+                shutil.copy(trace_files(directory)[-1], cmd["trace"])
             _reply({"table": text, "categories": prof.categories,
                     "step_seconds": prof.step_seconds})
 
@@ -480,7 +484,8 @@ def run_case(case: str, args: argparse.Namespace, out: Path | None) -> dict[str,
             text = [f"# {case}: profiles ({args.profile_steps} steps each)", ""]
             r = sides["jax"].ask({"cmd": "profile", "variant": best,
                                   "steps": args.profile_steps, "top": 40,
-                                  "hlo": str(out / f"hlo-{case}-{best}.txt.gz")})
+                                  "hlo": str(out / f"hlo-{case}-{best}.txt.gz"),
+                                  "trace": str(out / f"trace-{case}-{best}.xplane.pb")})
             text += [f"## workbench, variant {best}", "", r["table"], ""]
             if "torch" in sides:
                 r = sides["torch"].ask({"cmd": "profile", "variant": "pytorch",

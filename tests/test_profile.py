@@ -422,6 +422,35 @@ def test_gpu_stream_lines_are_read_by_launch_hand_count(tmp_path, graph):
         (kernels[0][0], "compute", 1.0), (fusion, "memory", 1.0), ("Memset 0", "memory", 1.0)]
 
 
+def test_several_cuda_graph_launches_per_step_are_one_step_hand_count(tmp_path):
+    """A scanned model on a GPU launches one CUDA graph per layer and pass: 4 steps of 3
+    launches each are 12 launches in the trace. Told the steps, the reader groups them
+    (each step launches the same sequence): 4 steps, each 3 launches' kernels, the gaps
+    between its launches idle (the H200 trace of the 1b step read 45 "steps" per step)."""
+    hlo = jax.jit(lambda x, w: jax.numpy.tanh(x @ w).sum()).lower(
+        jax.ShapeDtypeStruct((64, 32), np.float32),
+        jax.ShapeDtypeStruct((32, 32), np.float32)).compile().as_text()
+    from workbench.planning.trace import _instruction_kinds, _module_name
+
+    _, kinds = _instruction_kinds(hlo)
+    fusion = next(n for n, (c, op) in kinds.items() if c == "memory" and op == "fusion")
+    kernels = [("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", 0, 3000), (fusion, 4000, 1000)]
+    trace = _cupti_trace(tmp_path, kernels, _module_name(hlo), 12, True)
+    ungrouped = read_trace(trace, hlo_text=hlo, axis_names=(), axis_sizes=())
+    assert ungrouped.steps == 12
+    m = read_trace(trace, hlo_text=hlo, axis_names=(), axis_sizes=(), steps=4)
+    assert (m.steps, m.devices) == (4, 1)
+    assert m.step_seconds == pytest.approx((11 * 10 + 5) * 1e-6 / 4)
+    c = m.categories
+    assert c["compute"] == pytest.approx(3 * 3e-6) and c["memory"] == pytest.approx(3e-6)
+    assert c["idle"] == pytest.approx(25e-6 - 3 * 4e-6)     # a step: launches 0-25 us
+    assert c["host"] == pytest.approx(3 * (30 - 25) * 1e-6 / 4)
+    assert m.accounted() == pytest.approx(m.step_seconds)
+    assert [(o.name, o.count) for o in m.top(2)] == [(kernels[0][0], 3.0), (fusion, 3.0)]
+    # a count that does not divide the launches leaves them as they are
+    assert read_trace(trace, hlo_text=hlo, axis_names=(), axis_sizes=(), steps=5).steps == 12
+
+
 def test_nccl_kernels_without_hlo_names_go_to_their_collectives_hand_count(tmp_path):
     """Multi-GPU traces: NCCL's kernels carry no HLO instruction's name, so no collective
     row matched them (only the category total was right). Their time goes to the step's

@@ -37,7 +37,7 @@ from workbench.rules import active
 
 __all__ = ["IMPLEMENTATIONS", "Resolved", "attend", "block_sizes_for", "check",
            "current_platform", "resolve", "segment_mask", "splash_attention",
-           "xla_attention"]
+           "splash_layout_problem", "xla_attention"]
 
 #: Values of ``GPTConfig.attention``.
 IMPLEMENTATIONS: tuple[str, ...] = ATTENTION_IMPLEMENTATIONS
@@ -87,7 +87,8 @@ def block_sizes_for(seq: int, block_sizes: tuple[int, int] | None) -> tuple[int,
 
 
 def resolve(impl: str, platform: str, *, seq: int,
-            block_sizes: tuple[int, int] | None = None) -> Resolved:
+            block_sizes: tuple[int, int] | None = None, head_dim: int | None = None,
+            layout_problem: str | None = None) -> Resolved:
     """Which implementation runs for ``impl`` on ``platform`` (no checks; see :func:`check`).
 
     Args:
@@ -95,6 +96,9 @@ def resolve(impl: str, platform: str, *, seq: int,
         platform: "tpu", "gpu"/"cuda"/"rocm" or "cpu".
         seq: sequence length (for the splash block sizes).
         block_sizes: ``GPTConfig.attention_block_sizes``.
+        head_dim: the heads' width (``auto`` leaves cuDNN for XLA where cuDNN refuses it).
+        layout_problem: :func:`splash_layout_problem` of the layout, when known: ``auto``
+            then runs XLA attention on TPU and says why.
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"attention={impl!r}; choose one of {IMPLEMENTATIONS}")
@@ -106,9 +110,22 @@ def resolve(impl: str, platform: str, *, seq: int,
                 return Resolved(impl="xla", reason=(
                     f"auto: splash blocks ({bq}, {bkv}) do not divide seq={seq}; XLA "
                     "attention"))
+            if bkv % 128 or (bq % 128 and bq != seq):
+                return Resolved(impl="xla", reason=(
+                    f"auto: splash tiles keys (and queries shorter than the sequence) by "
+                    f"multiples of 128; blocks ({bq}, {bkv}) at seq={seq} are not: XLA "
+                    "attention"))
+            if layout_problem:
+                return Resolved(impl="xla", reason=(
+                    f"auto: XLA attention; the splash kernel cannot take this layout "
+                    f"({layout_problem})"))
             return Resolved(impl="splash", block_q=bq, block_kv=bkv,
                             reason="auto: the Pallas splash kernel on TPU")
         if gpu:
+            if head_dim is not None and (head_dim > 256 or head_dim % 8):
+                return Resolved(impl="xla", reason=(
+                    f"auto: cuDNN flash attention needs head_dim <= 256 and a multiple of 8 "
+                    f"(here {head_dim}): XLA attention"))
             return Resolved(impl="cudnn", reason="auto: cuDNN flash attention on GPU")
         return Resolved(impl="xla", reason=f"auto: XLA attention on {platform} (no fused "
                         "kernel there; attention='splash' runs the TPU kernel in interpret "
@@ -125,14 +142,16 @@ def resolve(impl: str, platform: str, *, seq: int,
 
 
 def check(impl: str, platform: str, *, seq: int, head_dim: int, n_heads: int,
-          n_kv_heads: int, block_sizes: tuple[int, int] | None = None) -> Resolved:
+          n_kv_heads: int, block_sizes: tuple[int, int] | None = None,
+          layout_problem: str | None = None) -> Resolved:
     """:func:`resolve`, raising before tracing when the choice cannot run.
 
     Raises:
         ValueError: splash on a GPU, cudnn off a GPU, splash blocks that don't divide
             ``seq`` or are not multiples of 128 on TPU, an unknown implementation.
     """
-    r = resolve(impl, platform, seq=seq, block_sizes=block_sizes)
+    r = resolve(impl, platform, seq=seq, block_sizes=block_sizes, head_dim=head_dim,
+                layout_problem=layout_problem)
     gpu = platform in ("gpu", "cuda", "rocm")
     if r.impl == "splash":
         if gpu:
@@ -242,6 +261,46 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     return jnp.swapaxes(out, 1, 2).astype(q.dtype)
 
 
+def splash_layout_problem(q_shape: tuple[int, ...], n_kv_heads: int, *, rules: Any = None,
+                          mesh: Any = None) -> str | None:
+    """Why the splash kernel cannot run on this layout (the active rules' mesh), or None.
+
+    The kernel runs per device inside ``shard_map`` over the batch and head axes, so it
+    needs every key of its queries' sequence on the device (no mesh axis on ``seq``: the
+    context-parallel module handles that layout), each device's query heads with their kv
+    heads (``heads`` and ``kv_heads`` on the same mesh axes, dividing both counts) and a
+    batch divisible by its mesh axes.
+
+    Args:
+        q_shape: the queries' global ``(B, T, N, H)``.
+        n_kv_heads: K.
+        rules, mesh: the layout (a mesh, ``MeshInfo`` or ``{axis: size}``); default the
+            active rules and their mesh (while a step is traced).
+    """
+    if rules is None or mesh is None:
+        ctx = active()
+        if ctx is None:
+            return None
+        rules, mesh = ctx
+    shape = mesh if isinstance(mesh, dict) else dict(mesh.shape)
+    seq_axes = rules.axes("seq", mesh)
+    if seq_axes:
+        return (f"sequence sharded over {seq_axes}: the kernel needs every key of its "
+                "queries' sequence on the device; use the context-parallel attention "
+                "(workbench.models.context) or rules with seq=None")
+    batch, heads, kv_heads = (rules.axes(a, mesh) for a in ("batch", "heads", "kv_heads"))
+    n = q_shape[2]
+    size = lambda axes: math.prod(shape[a] for a in axes)
+    if heads != kv_heads or n % size(heads) or n_kv_heads % size(kv_heads):
+        return (f"query heads are sharded over {heads or 'nothing'} and kv heads over "
+                f"{kv_heads or 'nothing'} ({n} and {n_kv_heads} heads): each device needs the "
+                "kv heads of its query heads, so map heads and kv_heads to the same mesh "
+                "axes, dividing both counts")
+    if q_shape[0] % size(batch):
+        return f"batch {q_shape[0]} is not divisible by its mesh axes {batch}"
+    return None
+
+
 def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, r: Resolved,
                     segment_ids: jax.Array | None = None) -> jax.Array:
     """Splash under the active rules: ``shard_map`` over batch and head axes."""
@@ -250,26 +309,12 @@ def _sharded_splash(q: jax.Array, k: jax.Array, v: jax.Array, r: Resolved,
     ctx = active()
     if ctx is None:
         return fn(q, k, v, segment_ids)
+    problem = splash_layout_problem(q.shape, k.shape[2])
+    if problem is not None:
+        raise ValueError(f"attention='splash': {problem}")
     rules, mesh = ctx
-    seq_axes = rules.axes("seq", mesh)
-    if seq_axes:
-        raise ValueError(
-            f"attention='splash' with the sequence sharded over {seq_axes}: the kernel needs "
-            "every key of its queries' sequence on the device; use the context-parallel "
-            "attention (workbench.models.context) or rules with seq=None")
     batch = rules.axes("batch", mesh)
     heads = rules.axes("heads", mesh)
-    kv_heads = rules.axes("kv_heads", mesh)
-    n, kh = q.shape[2], k.shape[2]
-    size = lambda axes: math.prod(mesh.shape[a] for a in axes)
-    if heads != kv_heads or n % size(heads) or kh % size(kv_heads):
-        raise ValueError(
-            f"attention='splash' shards query heads over {heads or 'nothing'} and kv heads "
-            f"over {kv_heads or 'nothing'} ({n} and {kh} heads): each device needs the kv "
-            "heads of its query heads, so map heads and kv_heads to the same mesh axes, "
-            "dividing both counts")
-    if q.shape[0] % size(batch):
-        raise ValueError(f"batch {q.shape[0]} is not divisible by its mesh axes {batch}")
     b_spec = batch if len(batch) != 1 else batch[0]
     h_spec = heads if len(heads) != 1 else heads[0]
     spec = PartitionSpec(b_spec or None, None, h_spec or None, None)
@@ -296,8 +341,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str = "xla",
         platform: the platform traced for (default :func:`current_platform`).
     """
     platform = platform or current_platform()
+    problem = splash_layout_problem(q.shape, k.shape[2]) if impl == "auto" else None
     r = check(impl, platform, seq=q.shape[1], head_dim=q.shape[3], n_heads=q.shape[2],
-              n_kv_heads=k.shape[2], block_sizes=block_sizes)
+              n_kv_heads=k.shape[2], block_sizes=block_sizes, layout_problem=problem)
     if r.impl == "splash":
         return _sharded_splash(q, k, v, r, segment_ids)
     if r.impl == "cudnn":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -107,11 +108,18 @@ def _bytes_per_element(kind: str, b: int, remat: str) -> dict[str, float]:
     return dict(zip(_LAYER_KEYS, (3 * b, 3 * b, 2 * b, 2 * b, 4 + b, 4 + b)))
 
 
-def _fused_attention(cfg: GPTConfig, mesh: MeshInfo, seq: int) -> bool:
-    """Whether ``cfg.attention`` runs a fused kernel on ``mesh``'s platform."""
+def _fused_attention(cfg: GPTConfig, mesh: MeshInfo, seq: int, rules: Any = None,
+                     batch: int = 1) -> bool:
+    """Whether ``cfg.attention`` runs a fused kernel on ``mesh``'s platform (and, for
+    ``"auto"`` with ``rules``, on this layout)."""
+    impl = getattr(cfg, "attention", "xla")
+    problem = attention_impl.splash_layout_problem(
+        (batch, seq, cfg.n_heads, cfg.head_dim), cfg.n_kv_heads, rules=rules,
+        mesh=mesh) if impl == "auto" and rules is not None else None
     try:
-        r = attention_impl.resolve(getattr(cfg, "attention", "xla"), mesh.platform, seq=seq,
-                                   block_sizes=getattr(cfg, "attention_block_sizes", None))
+        r = attention_impl.resolve(impl, mesh.platform, seq=seq,
+                                   block_sizes=getattr(cfg, "attention_block_sizes", None),
+                                   head_dim=cfg.head_dim, layout_problem=problem)
     except ValueError:
         return False
     return r.impl != "xla"
@@ -244,7 +252,7 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     # attention span: ring attention (context parallelism) scores one T/n block at a time
     span = _ceil_div(seq, shard("seq")) \
         if getattr(cfg, "context_attention", "") == "ring" else seq
-    if kind == "accelerator" and _fused_attention(cfg, mesh, seq):
+    if kind == "accelerator" and _fused_attention(cfg, mesh, seq, rules, batch):
         span = 0   # a fused kernel (splash, cuDNN) never holds the T x T scores
     d = cfg.d_model
     f = _ceil_div(cfg.d_ff, shard("mlp"))
@@ -257,7 +265,8 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     if cfg.n_experts:   # MoE: F-sized tensors per slot, slots = E * capacity / group
         ea = [a for a in rules.axes("experts") if a in mesh.shape]
         s = moe_slots_per_token(cfg, tokens * (axes_size(mesh, ea)
-                                               if cfg.moe_dispatch == "all_gather" else 1))
+                                               if cfg.moe_dispatch == "all_gather" else 1),
+                                expert_shards=axes_size(mesh, ea))
         f = int(s * _ceil_div(cfg.moe_d_ff, shard("expert_mlp"))) \
             + _ceil_div(cfg.n_shared_experts * cfg.moe_d_ff, shard("mlp"))
 
@@ -327,13 +336,19 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
             "model": kind}
 
 
-def moe_slots_per_token(cfg: GPTConfig, group: int) -> float:
+def moe_slots_per_token(cfg: GPTConfig, group: int, expert_shards: int = 1) -> float:
     """Expert slots per token of a group of ``group`` tokens, ``E * capacity / group``:
     ``E`` when dropless (every expert has room for the whole group), about
     ``capacity_factor * k`` otherwise. Each slot holds a D-sized input and output and the
-    expert's F-sized hidden tensors, so MoE activations scale with it."""
+    expert's F-sized hidden tensors, so MoE activations scale with it. Grouped matmuls
+    (``GPTConfig.moe_matmul_resolved == "grouped"``) hold rows, not slots: ``k`` per
+    token, and over ``expert_shards`` devices ``n`` on the expert axes, the rows a device's
+    peers could owe its experts, ``min(n*k, E)`` per token of its own
+    (``models.moe._group_grouped``)."""
     from workbench.models.moe import capacity
 
+    if cfg.moe_matmul_resolved == "grouped":
+        return float(min(max(1, expert_shards) * cfg.experts_per_token, cfg.n_experts))
     return cfg.n_experts * capacity(cfg, max(1, int(group))) / max(1, int(group))
 
 
@@ -345,8 +360,9 @@ def moe_padding_flops(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     the hardware does ``slots / k`` times the routed experts' model FLOPs
     (``2·3·D·Fe·k`` per token and layer, ``workbench.flops``), three times for training
     and once more for the gate and up projections remat recomputes
-    (``flops.remat_recompute``). 0 for a dense model."""
-    if not cfg.n_experts:
+    (``flops.remat_recompute``). 0 for a dense model, and for grouped matmuls
+    (``moe_matmul="grouped"``: the ragged matmuls run on the routed rows only)."""
+    if not cfg.n_experts or cfg.moe_matmul_resolved == "grouped":
         return 0.0
     from workbench.flops import remat_recompute
 
@@ -522,6 +538,10 @@ def moe_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
     - ``all_gather``: 2 all-gathers of the group's tokens, ``n·G·D·b`` (forward, and the
       backward of the reduce-scatter) and 2 reduce-scatters to ``G·D·b`` (forward, and the
       backward of the gather); the routes' small gathers are left out.
+
+    With grouped matmuls (``moe_matmul="grouped"``) the all-to-alls carry ``n`` blocks of
+    ``S = G·min(k, E/n)`` rows instead of the ``(E, C, D)`` buffer, ``n·S·D·b`` bytes,
+    and one more per layer (forward only) carries the ``(n, E/n)`` int32 row counts.
     """
     from workbench.models.moe import capacity
 
@@ -539,6 +559,14 @@ def moe_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
                         _shape_str(dt, (n * g, d)), "MoE token all-gather, fwd + bwd"),
                 _record("reduce-scatter", ea, mesh, g * d * dt.itemsize, 2 * layers,
                         _shape_str(dt, (g, d)), "MoE output reduce-scatter, fwd + bwd")]
+    if cfg.moe_matmul_resolved == "grouped":
+        rows = n * g * min(cfg.experts_per_token, e // n)
+        return [_record("all-to-all", ea, mesh, rows * d * dt.itemsize, 4 * layers,
+                        _shape_str(dt, (n, rows // n, d)),
+                        "MoE routed rows (grouped) dispatch + return, fwd + bwd"),
+                _record("all-to-all", ea, mesh, n * (e // n) * 4, layers,
+                        _shape_str(np.dtype("int32"), (n, e // n)),
+                        "MoE rows per expert (grouped), fwd")]
     c = capacity(cfg, g)
     return [_record("all-to-all", ea, mesh, e * c * d * dt.itemsize, 4 * layers,
                     _shape_str(dt, (e, c, d)), "MoE dispatch + return, fwd + bwd")]

@@ -96,6 +96,16 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
     if info.jax_mesh is not None:
         require_auto_axes(info.jax_mesh)
     cfg = cfg_or_factory if isinstance(cfg_or_factory, GPTConfig) else None
+    if cfg is None and not callable(cfg_or_factory):
+        raise TypeError(f"wb.plan: cfg_or_factory={cfg_or_factory!r} is a "
+                        f"{type(cfg_or_factory).__name__}; give a GPTConfig (e.g. "
+                        "wb.models.GPTConfig.preset('tiny')) or a callable rngs -> nnx.Module "
+                        "(wb.models.from_nnx(...))")
+    if optimizer is not None and not (callable(getattr(optimizer, "init", None))
+                                      and callable(getattr(optimizer, "update", None))):
+        raise TypeError(f"wb.plan: optimizer={optimizer!r} is a {type(optimizer).__name__}, not "
+                        "an optax transformation (with init and update); give e.g. "
+                        "optimizer=optax.adamw(3e-4), or leave it out for that default")
     if dtype is not None:
         if cfg is None:
             raise ValueError(f"dtype={dtype!r} applies to a GPTConfig; a model factory sets "
@@ -179,7 +189,8 @@ def choose_target(inp: Inputs) -> Setup:
     target = _compile_target(info, inp.compile)
     platform = "tpu" if target.source == "tpu-compiler" else info.platform
     options = compile_options(platform, inp.overlap)
-    attention = _check_kernels(cfg, platform, inp.seq)   # before anything is traced
+    attention = _check_kernels(cfg, platform, inp.seq, rules=inp.rules, mesh=info,
+                               batch=inp.batch)   # before anything is traced
     if inp.pipe is not None:
         _check_pipeline_plan(inp.pipe, cfg, inp.rules, info, inp.batch, train=target.compile)
     early = ((lints.context_parallel(cfg, inp.rules, info, inp.seq, inp.batch)
@@ -217,16 +228,21 @@ def _compile_target(info: Any, compile: bool | None) -> Target:
                   reason=tgt.reason)
 
 
-def _check_kernels(cfg: GPTConfig | None, platform: str, seq: int) -> str:
+def _check_kernels(cfg: GPTConfig | None, platform: str, seq: int, *, rules: Rules,
+                   mesh: Any, batch: int) -> str:
     """The attention kernel and remat policy checked for ``platform`` before tracing
     (splash off TPU/CPU, blocks that don't divide ``seq``, host offload without host
-    memory raise); returns which attention runs and why."""
+    memory raise); returns which attention runs and why (``"auto"`` on a layout the
+    splash kernel cannot take says so: the step then runs XLA attention)."""
     if cfg is None:
         return ""
     remat_policy(cfg.remat, platform)
+    problem = attention_impl.splash_layout_problem(
+        (batch, seq, cfg.n_heads, cfg.head_dim), cfg.n_kv_heads, rules=rules,
+        mesh=mesh) if cfg.attention == "auto" else None
     r = attention_impl.check(cfg.attention, platform, seq=seq, head_dim=cfg.head_dim,
                              n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
-                             block_sizes=cfg.attention_block_sizes)
+                             block_sizes=cfg.attention_block_sizes, layout_problem=problem)
     return f"{r.impl}: {r.reason}"
 
 

@@ -491,7 +491,8 @@ def _module_name(hlo_text: str) -> str:
 
 def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str],
                axis_sizes: Sequence[int], executions_per_step: int = 1,
-               cores: float | None = None, available: float | None = None) -> StepProfile:
+               cores: float | None = None, available: float | None = None,
+               steps: int | None = None) -> StepProfile:
     """Read the trace under ``directory`` into per-step time by category, collective and op.
 
     Args:
@@ -507,6 +508,12 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
       available: of ``cores``, those the traced steps had on average: other processes'
         use of them (``workbench.train.profile.HostLoad``) goes to ``shared["others"]``
         (default: all of them).
+      steps: the steps traced, when the caller knows them. On a GPU one step can launch
+        several CUDA graphs (XLA's command buffers: a scanned model's loop body is one,
+        launched once per layer and pass), each a launch of its own in the trace; when the
+        launches found are a multiple of ``steps x executions_per_step``, consecutive
+        launches are grouped into that many executions (every step launches the same
+        sequence). Default: one launch is one execution.
 
     Raises:
       FileNotFoundError: no ``.xplane.pb`` under ``directory``.
@@ -531,6 +538,12 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
     per_device: dict[int, list[list[_Event]]] = {
         d: sorted((evs for (dd, _), evs in by_exe.items() if dd == d),
                   key=lambda evs: min(e.start for e in evs)) for d in devices}
+    want = steps * executions_per_step if steps else None
+    for d, runs in per_device.items():   # several graph launches per execution (GPU)
+        if want and len(runs) > want and len(runs) % want == 0:
+            g = len(runs) // want
+            per_device[d] = [[e for r in runs[i * g:(i + 1) * g] for e in r]
+                             for i in range(want)]
     n_exec = min(len(v) for v in per_device.values())
     steps = max(1, n_exec // executions_per_step)
     exec_span = sum(max(e.end for e in per_device[d][k]) - min(e.start for e in per_device[d][k])

@@ -141,7 +141,10 @@ class ProgressLine:
         if kind == "compiling":
             self._write("compiling the train step (XLA)...")
         elif kind == "compile":
-            self._write(f"compiled in {fields.get('seconds') or 0.0:.1f} s")
+            attention = fields.get("attention") or ""
+            impl, _, why = attention.partition(": ")
+            self._write(f"compiled in {fields.get('seconds') or 0.0:.1f} s"
+                        + (f"; attention {impl} ({why})" if impl else ""))
         if self.tty and kind in ("compiling", "compile"):
             self.stream.write("\n")
 

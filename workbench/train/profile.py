@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from workbench._validate import check_int
+from workbench._validate import check_int, check_path
 from workbench.planning.trace import host_core_ids, host_cores
 
 __all__ = ["MAX_STEPS", "ProfileError", "capture", "check_directory", "check_idle",
@@ -31,6 +31,9 @@ __all__ = ["MAX_STEPS", "ProfileError", "capture", "check_directory", "check_idl
 #: More steps make a trace of hundreds of MB that XProf loads slowly; a few steady-state
 #: steps say where the time goes.
 MAX_STEPS = 50
+#: Warm-up steps run untraced before the traced ones and as many after: a few reach the
+#: steady state, and a huge count only makes the call run for hours.
+MAX_WARMUP = 1000
 _ACTIVE: list[str] = []   # the directory of the trace this process is capturing
 
 
@@ -43,8 +46,9 @@ def check_steps(steps: Any, warmup: Any, where: str) -> tuple[int, int]:
     steps = check_int(steps, "steps", where=where, maximum=MAX_STEPS,
                       fix=f"profile a few steady-state steps, e.g. steps=3 (at most "
                           f"{MAX_STEPS}: a trace grows with every op of every step)")
-    warmup = check_int(warmup, "warmup", minimum=0, where=where,
-                       fix="warmup is how many steps run untraced first, e.g. warmup=3")
+    warmup = check_int(warmup, "warmup", minimum=0, maximum=MAX_WARMUP, where=where,
+                       fix="warmup is how many steps run untraced first (and after), e.g. "
+                           f"warmup=3; at most {MAX_WARMUP}: a few reach the steady state")
     return steps, warmup
 
 
@@ -216,6 +220,14 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
     from workbench.planning.trace import read_trace
 
     steps, warmup = check_steps(steps, warmup, "profile_step: ")
+    seed = check_int(seed, "seed", minimum=0, maximum=2**32 - 1, where="profile_step: ")
+    if directory is not None:
+        check_path(directory, "directory", where="profile_step: ")
+    from workbench.planning import Plan
+
+    if not isinstance(plan, Plan):
+        raise TypeError(f"profile_step: plan={plan!r} is a {type(plan).__name__}; give what "
+                        "wb.plan(cfg, mesh=wb.make_mesh(...), ...) returns")
     if plan.compiled is None or plan.mesh.jax_mesh is None:
         raise ProfileError(f"plan {plan.name!r} is on {plan.mesh.describe()} and was not "
                            "compiled for devices at hand: there is no step to run. Plan on "
@@ -252,7 +264,7 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
     times["outside"] = times["outside"][1:]
     measured = read_trace(directory, hlo_text=step.as_text(), axis_names=plan.mesh.axis_names,
                           axis_sizes=plan.mesh.axis_sizes, cores=cores,
-                          available=_available(host_cores(), cores, load))
+                          available=_available(host_cores(), cores, load), steps=steps)
     tps = {k: tokens / float(np.median(v)) for k, v in times.items() if v}
     report = profile_report(plan.predict(calibration=False), measured, plan_name=plan.name,
                             mesh=dict(plan.mesh.shape), device_kind=_kind(plan.mesh),
@@ -331,7 +343,8 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 3, plan: Any 
     measured = read_trace(directory, hlo_text=trainer.compiled_step().as_text(),
                           axis_names=tuple(mesh.axis_names),
                           axis_sizes=tuple(int(s) for s in mesh.devices.shape), cores=cores,
-                          available=_available(host_cores(), cores, load))
+                          available=_available(host_cores(), cores, load),
+                          steps=steps * trainer.config.optimizer.accumulate)
     tps = _throughput(trainer.history, first, warmup, steps, trainer.config.tokens_per_step)
     from workbench.mesh import mesh_info
 

@@ -326,6 +326,12 @@ class Parts:
     peak_source: str | None
     device_kind: str
     n_devices: int
+    #: which attention the step runs and why (``"cudnn: auto: cuDNN flash attention on
+    #: GPU"``; "" for a model that is not a wb GPT)
+    attention: str = ""
+    #: the XLA compile options the step is compiled with (``planning.flags``: the
+    #: platform's overlap flags, as plans use)
+    compile_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | None = None
@@ -333,6 +339,7 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
     """Mesh, rules, optimizer, abstract sharded state, step shardings and the data."""
     from workbench.hardware import peak_flops
     from workbench.mesh import make_mesh
+    from workbench.planning.flags import compile_options
     from workbench.step import abstract_state, batch_shardings
 
     mesh = make_mesh(dict(config.mesh))
@@ -356,7 +363,7 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
             f"{what} is not divisible by the {shards} devices that split the batch dim "
             f"(mesh axes {bsh['inputs'].spec[0]!r} of mesh {dict(mesh.shape)}); use a batch "
             f"that is a multiple of {shards * acc}, or a mesh with fewer data devices")
-    _check_model_for_mesh(config, model_config, mesh, shards)
+    attention = _check_model_for_mesh(config, model_config, mesh, shards, rules)
     abstract_batch = {k: jax.ShapeDtypeStruct((micro, config.seq), jnp.int32, sharding=s)
                       for k, s in bsh.items()}
     data = ShardedBatches(config.data, seq=config.seq, batch=micro, seed=config.seed,
@@ -374,19 +381,20 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
         eval_data=eval_data,
         model_flops=analytic_flops(model_config, config.batch, config.seq),
         peak=peak, peak_source=source, device_kind=device.device_kind,
-        n_devices=mesh.devices.size)
+        n_devices=mesh.devices.size, attention=attention,
+        compile_options=compile_options(device.platform))
 
 
 def _check_model_for_mesh(config: TrainConfig, model_config: Any, mesh: Any,
-                          shards: int) -> None:
+                          shards: int, rules: Any) -> str:
     """What the model and the resolved mesh decide together, checked before the Trainer
     writes anything: the pipeline's stages (a ``-1`` axis now has its size) and its
     micro-batches against the batch axes, the loss chunks and the attention kernel's
-    blocks against ``seq``."""
+    blocks against ``seq``. Returns which attention the step runs and why."""
     from workbench.models.config import GPTConfig
 
     if not isinstance(model_config, GPTConfig):
-        return
+        return ""
     if config.pipeline is not None:
         from workbench.models.pipeline import check_pipeline
         from workbench.rules import STAGE_AXIS
@@ -398,7 +406,13 @@ def _check_model_for_mesh(config: TrainConfig, model_config: Any, mesh: Any,
     from workbench.step import check_loss_chunks
 
     check_loss_chunks(model_config.loss_chunks, config.seq)
-    attention_impl.check(model_config.attention, mesh.devices.flat[0].platform,
-                         seq=config.seq, head_dim=model_config.head_dim,
-                         n_heads=model_config.n_heads, n_kv_heads=model_config.n_kv_heads,
-                         block_sizes=model_config.attention_block_sizes)
+    problem = attention_impl.splash_layout_problem(
+        (config.micro_batch, config.seq, model_config.n_heads, model_config.head_dim),
+        model_config.n_kv_heads, rules=rules, mesh=mesh) \
+        if model_config.attention == "auto" else None
+    r = attention_impl.check(model_config.attention, mesh.devices.flat[0].platform,
+                             seq=config.seq, head_dim=model_config.head_dim,
+                             n_heads=model_config.n_heads, n_kv_heads=model_config.n_kv_heads,
+                             block_sizes=model_config.attention_block_sizes,
+                             layout_problem=problem)
+    return f"{r.impl}: {r.reason}"

@@ -360,7 +360,8 @@ class Trainer(Displayable):
             p = self.parts
             fn = make_train_step(p.graphdef, p.tx, rules=self.rules, mesh=self.mesh,
                                  pipeline=self.config.pipeline)
-            jitted = jit_train_step(fn, p.shardings, p.batch_shardings, donate=True)
+            jitted = jit_train_step(fn, p.shardings, p.batch_shardings, donate=True,
+                                    compiler_options=p.compile_options)
             t0 = time.perf_counter()
             self._compiled = jitted.lower(p.abstract_state, p.abstract_batch).compile()
             self.compile_seconds = time.perf_counter() - t0
@@ -463,7 +464,8 @@ class Trainer(Displayable):
             self._prediction_event = None
         if compiled_now:
             broadcast(reporters, "compile", seconds=self.compile_seconds,
-                      cache=self.compile_cache)
+                      cache=self.compile_cache, attention=self.parts.attention,
+                      compiler_options=dict(self.parts.compile_options))
         if self.step > 0:
             broadcast(reporters, "resume", step=self.step)
 
@@ -539,6 +541,7 @@ class Trainer(Displayable):
             "device_kind": p.device_kind, "peak_flops": p.peak, "peak_source": p.peak_source,
             "model_flops_per_step": p.model_flops, "target_steps": target,
             "memory_per_device": self.memory_per_device,
+            "attention": p.attention, "compiler_options": dict(p.compile_options),
             "data": p.data.info, "process_count": jax.process_count(),
         } | ({} if self.config.init is None else {"init": {
             "format": "huggingface", "path": str(Path(self.config.init).resolve())}}) | ({} if self._recorded_prediction is None

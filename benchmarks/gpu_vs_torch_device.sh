@@ -1,0 +1,35 @@
+#!/bin/bash
+# The prepared GPU run of benchmarks/gpu_vs_torch.py on a machine that has JAX, Flax,
+# PyTorch and transformers but lacks some of Workbench's own packages (Grain, ArrayRecord,
+# portpicker), which travel as wheels in .whl/ (and a pinned Flax/Optax/Orbax in
+# .whl/pinned/, used only when the machine's own cannot import Workbench). Arguments go to
+# gpu_vs_torch.py; results land in $OUT (or ./gpu-out), the profiles bundled in one file.
+#   MEMFRAC  share of GPU memory the JAX side may take (default 0.62: the 1b step's 62 GB
+#            beside PyTorch's 46 GB on an H200; an H100 holds both only with remat)
+#   LIMIT    seconds before the run is stopped (default 520)
+set -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/wb-site .whl/*.whl || exit 3
+  export PYTHONPATH=/tmp/wb-site
+  if [ -d .whl/pinned ] && ! JAX_PLATFORMS=cpu python3 -c "import workbench.train.trainer" \
+      2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/wb-pinned .whl/pinned/*.whl || exit 3
+    export PYTHONPATH=/tmp/wb-pinned:/tmp/wb-site
+    echo "using the carried Flax/Optax/Orbax (the machine's could not import Workbench)"
+  fi
+fi
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=${MEMFRAC:-0.62}
+timeout "${LIMIT:-520}" python3 benchmarks/gpu_vs_torch.py "$@" --out "$OUT" 2>&1 \
+  | grep -v "cuda_timer.cc" | tee "$OUT/log.txt"
+status=$?
+shopt -s nullglob
+extra=("$OUT"/profile-* "$OUT"/hlo-* "$OUT"/trace-*)
+if [ ${#extra[@]} -gt 0 ]; then
+  tar czf "$OUT/profiles.tgz" -C "$OUT" "${extra[@]##*/}" && rm -f "${extra[@]}"
+fi
+exit $status
