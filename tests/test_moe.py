@@ -199,7 +199,8 @@ def test_capacity_drops_what_overflows():
 @pytest.mark.parametrize("dispatch", ["all_to_all", "all_gather"])
 @pytest.mark.slow
 def test_dispatch_collectives_in_the_hlo_equal_the_hand_count(dispatch):
-    cfg = TINY.replace(moe_dispatch=dispatch)
+    # the dense path's (E, C, D) buffer (grouped rows: test_moe_grouped)
+    cfg = TINY.replace(moe_dispatch=dispatch, moe_matmul="dense")
     batch, seq = 8, cfg.seq_len
     p = wb.plan(cfg, mesh=_mesh(expert=4, data=2), rules="ep", batch=batch, progress=False)
     assert p.source == "cpu-compiler"

@@ -27,6 +27,7 @@ import pytest
 import workbench as wb
 from workbench import step as S
 from workbench.models import GPTConfig
+from workbench.planning import analytic
 from workbench.rules import Rules
 from workbench.topology import tpu_compiler_available
 
@@ -140,20 +141,52 @@ def test_the_exchange_carries_n_g_min_k_local_experts_rows():
     mesh = _mesh({"expert": 2, "data": 4})
 
     def a2a(matmul):
-        p = wb.plan(TINY.replace(moe_matmul=matmul), mesh=mesh, rules="ep", batch=batch,
-                    progress=False)
+        cfg = TINY.replace(moe_matmul=matmul)
+        p = wb.plan(cfg, mesh=mesh, rules="ep", batch=batch, progress=False)
         assert p.source == "cpu-compiler"
         out = {}
         for c in p.collectives:
             if c.kind == "all-to-all":
                 assert c.axes == ("expert",)
                 out[c.bytes] = out.get(c.bytes, 0) + c.count
+        hand = analytic.moe_collectives(cfg, p.rules, p.mesh, batch, seq)
+        assert out == {c.bytes: c.count for c in hand}   # the planner's formula says so
         return out
 
     assert a2a("dense") == {TINY.n_experts * g * d * 4: 4 * L}
     rows = n * g * min(k, e_local)
     assert rows == TINY.n_experts * g // 2
     assert a2a("grouped") == {rows * d * 4: 4 * L, n * e_local * 4: L}
+
+
+def test_the_formulas_count_routed_rows_only():
+    """The planner's formulas for grouped matmuls: no empty-slot FLOPs, k rows per token
+    without expert parallelism and min(n*k, E) per token of a device with it (dense
+    dropless: E slots per token)."""
+    mesh = wb.abstract_mesh("v5p-64", data=-1)
+    dense = GPTConfig.preset("mixtral-8x7b", capacity_factor=None, moe_matmul="dense")
+    grouped = dense.replace(moe_matmul="grouped")
+    rules = Rules.preset("fsdp", mesh)
+    assert analytic.moe_padding_flops(grouped, 32, 4096, rules, mesh) == 0
+    # dense: E - k empty slots per token, each 2*3*D*Fe FLOPs per layer, x3 + remat (none)
+    assert analytic.moe_padding_flops(dense, 32, 4096, rules, mesh) == \
+        3 * 2 * 3 * 4096 * 14336 * (8 - 2) * 32 * 4096 * 32
+    assert analytic.moe_slots_per_token(grouped, 4096) == 2
+    assert analytic.moe_slots_per_token(dense, 4096) == 8
+    assert analytic.moe_slots_per_token(grouped, 4096, expert_shards=2) == 4
+    assert analytic.moe_slots_per_token(grouped, 4096, expert_shards=8) == 8
+    assert analytic.moe_slots_per_token(TINY, 64, expert_shards=8) == 8
+    p = wb.plan(grouped.replace(remat="full"), mesh=mesh, rules="fsdp", batch=64,
+                compile=False, progress=False)
+    q = wb.plan(dense.replace(remat="full"), mesh=mesh, rules="fsdp", batch=64,
+                compile=False, progress=False)
+    assert p.model_flops == q.model_flops   # model FLOPs: the routed experts (flops.py)
+    assert p.padding_flops == 0 < q.padding_flops
+    capped = wb.plan(dense.replace(remat="full", capacity_factor=1.25), mesh=mesh,
+                     rules="fsdp", batch=64, compile=False, progress=False)
+    # k rows per token where capacity 1.25 keeps 1.25 k slots and dense dropless E
+    assert p.memory_estimate["temp"] < capped.memory_estimate["temp"] \
+        < q.memory_estimate["temp"]
 
 
 # ----------------------------------------------------------------------------- TPU plans
@@ -166,11 +199,15 @@ def test_dropless_grouped_tpu_plan_needs_no_more_than_capacity_1_25():
     sequences, 8192 tokens per chip), compiled by the TPU compiler: the grouped dropless
     plan's temporaries are at most the capacity-1.25 plan's (it computes k rows per token
     where capacity 1.25 pads to 1.25 k), well under the dense dropless plan's (E rows per
-    token), and its compiled FLOPs likewise."""
+    token). Its compiled FLOPs are under the dense dropless plan's but above capacity
+    1.25's: libtpu 0.0.42.1 runs the forward and input-gradient ragged matmuls as kernels
+    over the routed rows, but expands the weight gradient's (ragged contracting dim) into a
+    masked dense matmul over every expert ("Ragged dot with ragged contracting dim (bwd
+    grad_y) - fall through to ragged_dot_expander")."""
     from benchmarks.bench_moe import mixtral_plans
 
     rows = mixtral_plans(n_layers=2, tokens_per_chip=8192)
     grouped, dense, capped = rows["grouped"], rows["dense"], rows["capacity 1.25"]
     assert all(r["source"] == "tpu-compiler" for r in rows.values()), rows
     assert grouped["temp"] <= capped["temp"] < dense["temp"], rows
-    assert grouped["flops"] <= capped["flops"] < dense["flops"], rows
+    assert capped["flops"] < grouped["flops"] < dense["flops"], rows

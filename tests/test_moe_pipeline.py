@@ -146,8 +146,9 @@ def test_plan_of_a_pipelined_moe_shows_its_all_to_alls():
     shifts and the dispatch's all-to-alls over the expert axis. Hand count: 4 per MoE layer
     (two forward, two backward) for each of a stage's layers in each of the M + S - 1
     iterations (SPMD: every stage computes in the bubble too), all inside the loop."""
-    mesh = _mesh(PIPE_MESH)
-    p = wb.plan(CFG, mesh=mesh, rules="ep", batch=BATCH, progress=False,
+    mesh = _mesh(PIPE_MESH)   # the dense path's buffers (grouped rows: test_moe_grouped)
+    p = wb.plan(CFG.replace(moe_matmul="dense"), mesh=mesh, rules="ep", batch=BATCH,
+                progress=False,
                 pipeline={"microbatches": 4, "schedule": "gpipe"})
     assert p.source == "cpu-compiler" and p.pipeline["stages"] == 2
     a2a = [c for c in p.collectives if c.kind == "all-to-all"]

@@ -44,7 +44,8 @@ needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),
 
 MOE = GPTConfig.preset("moe-tiny").replace(
     n_layers=2, d_model=256, n_heads=4, n_kv_heads=4, head_dim=64, d_ff=512,
-    expert_d_ff=512, vocab_size=512, seq_len=256, dtype="bfloat16", scan_layers=True)
+    expert_d_ff=512, vocab_size=512, seq_len=256, dtype="bfloat16", scan_layers=True,
+    moe_matmul="dense")   # dropless with a slot per expert and token (grouped: test_moe_grouped)
 SEQ = 256
 BATCHES = (64, 1024)                # 4096 and 65536 tokens per chip (4 chips)
 REL = 0.25
@@ -91,7 +92,7 @@ def test_mixtral_sized_dropless_estimate_is_what_the_compiler_allocates():
     plan's 15% (the experts compute on E slots per token where k carry one), where it
     predicted 79%."""
     cfg = GPTConfig.preset("mixtral-8x7b").replace(capacity_factor=None, attention="splash",
-                                                   remat="full")
+                                                   remat="full", moe_matmul="dense")
     mesh = wb.abstract_mesh("v5p-64", data=-1)
     for tokens, got in MIXTRAL_COMPILER_TEMP_GIB.items():
         batch = tokens * 32 // 4096

@@ -17,6 +17,15 @@ the mesh axes of the ``experts`` rule, with one of two dispatches
   partial outputs back to the tokens' devices; fewer, larger collectives that pay off on
   small meshes and short groups.
 
+How the experts compute (``GPTConfig.moe_matmul``, "auto" resolving to "grouped" when
+dropless and "dense" with a capacity factor): "dense" runs each expert on its fixed
+``(capacity, D)`` buffer of slots, empty ones included (dropless: ``E/k`` times the routed
+rows); "grouped" sorts the ``k*G`` assignments by expert and runs one
+``jax.lax.ragged_dot`` per projection over exactly those rows (MaxText's megablox
+``sparse_matmul``, torchtitan's grouped GEMM), dropless with no padding. Under expert
+parallelism its all-to-all carries fixed per-peer blocks of ``G*min(k, E/n)`` rows
+(:func:`_group_grouped` says why); the all-gather dispatch gathers as the dense one does.
+
 Each MoE layer returns its router statistics (load-balance loss, router z-loss, tokens
 per expert, dropped assignments, router entropy) beside its output; the GPT passes them
 out of its blocks, remat, scan and pipeline as values (``GPT.hidden_and_stats``), and the
