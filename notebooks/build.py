@@ -12,8 +12,11 @@ them reviewable as plain diffs. tests/test_notebooks.py runs ``--check``.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
+import stat
 import sys
+import tempfile
 
 import nbformat
 
@@ -57,6 +60,37 @@ def build(source: pathlib.Path) -> str:
     return nbformat.writes(nb) + "\n"
 
 
+def _not_a_notebook(target: pathlib.Path) -> str | None:
+    """Why ``target`` may not be replaced by a built notebook (None: absent, or a regular
+    file). A symlink would be written through to its target, a directory or pipe is not a
+    notebook: each is refused, never replaced."""
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return f"is a symlink (to {os.readlink(target)}), not a notebook file"
+    return "is a directory" if stat.S_ISDIR(mode) else "is not a regular file (a pipe?)"
+
+
+def _write(target: pathlib.Path, text: str) -> None:
+    """Writes ``target`` through a temporary file of its own, renamed over it: an
+    interrupted build leaves the old notebook whole."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)   # what a plain write would give (mkstemp's is 0600)
+        os.replace(tmp, target)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare, write nothing")
@@ -65,11 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     for source in sorted(SOURCES.glob("[0-9]*.py")):
         target = HERE / f"{source.stem}.ipynb"
         text = build(source)
+        problem = _not_a_notebook(target)
+        if problem is not None:
+            print(f"{target} {problem}; it is never replaced: move it away, then run "
+                  "python notebooks/build.py", file=sys.stderr)
+            return 1
         if target.exists() and target.read_text() == text:
             continue
         stale.append(target.name)
         if not args.check:
-            target.write_text(text)
+            _write(target, text)
     if args.check and stale:
         print(f"out of date with notebooks/source/: {', '.join(stale)}; run "
               "python notebooks/build.py", file=sys.stderr)

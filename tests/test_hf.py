@@ -382,6 +382,12 @@ def test_failed_export_leaves_nothing_and_existing_folder_is_kept(hf, tmp_path, 
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "keep.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="keep.txt"):   # not to_hf's: never replaced
+        wb.models.to_hf(model, existing, overwrite=True)
+    assert (existing / "keep.txt").read_text() == "x"
+    (existing / "keep.txt").unlink()
+    wb.models.to_hf(model, existing, overwrite=True, max_shard_bytes=30_000)   # to_hf's own
+    old = {p.name: p.read_bytes() for p in existing.iterdir()}
     with pytest.raises(FileExistsError, match="overwrite=True"):
         wb.models.to_hf(model, existing)
     calls = []
@@ -396,7 +402,7 @@ def test_failed_export_leaves_nothing_and_existing_folder_is_kept(hf, tmp_path, 
     with pytest.raises(OSError, match="disk full"):
         wb.models.to_hf(model, existing, overwrite=True, max_shard_bytes=30_000)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]   # no partial folder
-    assert (existing / "keep.txt").read_text() == "x"
+    assert {p.name: p.read_bytes() for p in existing.iterdir()} == old
 
 
 def _tokenizer_json(path, n):

@@ -4,7 +4,7 @@ Usage::
 
     python -m workbench train CONFIG.json|CONFIG.py --run-dir DIR     # one worker
     python -m workbench launch CONFIG.json --processes 2 --devices-per-process 4 --run-dir DIR
-    python -m workbench export RUN_DIR OUT [--step N]                # a Hugging Face folder
+    python -m workbench export RUN_DIR OUT [--step N] [--overwrite]  # a Hugging Face folder
     python -m workbench ping                                         # check jax.distributed
     python -m workbench runs [ROOT ...]                              # list run directories
 
@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("out", metavar="OUT", help="the folder to create")
     ex.add_argument("--step", type=_index, help="checkpoint step (default the newest)")
     ex.add_argument("--dtype", help="tensor dtype written (default the parameters' own)")
+    ex.add_argument("--overwrite", action="store_true",
+                    help="replace OUT if it is a model folder an earlier export wrote (never "
+                         "a run directory or any other folder)")
     _add_distributed(ex)
     ex.set_defaults(parser=ex)
 
@@ -216,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = _train(args)
         elif args.command == "export":
             code = worker.export(args.run_dir, args.out, _spec(args), step=args.step,
-                                 dtype=args.dtype)
+                                 dtype=args.dtype, overwrite=args.overwrite)
         else:
             code = worker.ping(_spec(args), hold=args.hold)
     except SystemExit as e:

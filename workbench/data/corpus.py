@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import sysconfig
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +127,21 @@ def _listing_key(spec: TextData, files: list[Path], seq: int) -> str:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    tmp = _own_tmp(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _own_tmp(path: Path) -> Path:
+    """A new empty file beside ``path`` that this call made (a file already there under a
+    guessable name is never overwritten, nor removed on failure)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
 
 
 def build_text_corpus(spec: TextData, seq: int, cache_dir: str | os.PathLike[str] | None = None
@@ -175,7 +188,7 @@ def build_text_corpus(spec: TextData, seq: int, cache_dir: str | os.PathLike[str
             "path": str(path)}
     if not path.exists():
         # Written under a temporary name and renamed: no process ever sees half a file.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = _own_tmp(path)
         try:
             writer = ArrayRecordWriter(str(tmp), "group_size:1")
             span = per_record * seq

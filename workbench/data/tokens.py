@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -136,9 +137,8 @@ def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: s
     if not (folder / "info.json").exists():
         work = [u for p in files for u in units(p, file_format(p, fmt))]   # checks empty files
         root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".{folder.name}.{os.getpid()}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        # a folder of our own (never one found there: nothing deletes what it did not make)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=root))
         try:
             info = _write(tmp, work, field=field, tokenizer=tokenizer, workers=workers,
                           writer_cls=ArrayRecordWriter)

@@ -113,9 +113,10 @@ def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
 
 def export(run_dir: str | os.PathLike[str], out: str | os.PathLike[str],
            spec: cluster.DistributedSpec, *, step: int | None = None,
-           dtype: str | None = None) -> int:
+           dtype: str | None = None, overwrite: bool = False) -> int:
     """Joins the job, then writes the run's checkpoint as a Hugging Face folder
-    (``wb.train.export_run``: each process restores its shards, process 0 writes).
+    (``wb.train.export_run``: each process restores its shards, process 0 writes;
+    ``overwrite`` replaces only a folder an earlier export wrote).
 
     Returns:
       0 once the folder is complete.
@@ -124,7 +125,7 @@ def export(run_dir: str | os.PathLike[str], out: str | os.PathLike[str],
     from workbench.train.export import export_run
 
     try:
-        path = export_run(run_dir, out, step=step, dtype=dtype)
+        path = export_run(run_dir, out, step=step, dtype=dtype, overwrite=overwrite)
     except BaseException:
         _exit_now_if_distributed()
         raise

@@ -1,6 +1,15 @@
 """Hugging Face checkpoints out: a model, a train state or a run directory's checkpoint ->
 config.json + safetensors shards + index, gathered one tensor at a time, written to a
-temporary folder and renamed into place only when complete."""
+temporary folder and renamed into place only when complete.
+
+``overwrite=True`` replaces only what ``to_hf`` made (:func:`check_replaceable`): a real
+folder holding nothing but regular files with the names ``to_hf`` writes (config.json,
+``*.safetensors``, the index, the tokenizer files of :data:`TOKENIZER_FILES`), config.json
+among them, and safetensors files whose header carries ``to_hf``'s mark
+(:data:`MARK`). The mark lives in the safetensors metadata, not in a file of its own, so
+the folder stays exactly what Hugging Face libraries expect, and a folder that merely
+looks the same (a Hub download, ``save_pretrained``'s output, a run directory, a folder
+holding one) is refused by name, never deleted."""
 from __future__ import annotations
 
 import functools
@@ -18,12 +27,15 @@ from workbench.models.hf_families import (check_family, export_dtype, from_gpt_c
                                           read_config)
 from workbench.models.hf_tensors import INDEX, SINGLE, Mapping_, mappings
 
-__all__ = ["TOKENIZER_FILES", "to_hf"]
+__all__ = ["MARK", "TOKENIZER_FILES", "check_replaceable", "exists_error", "to_hf"]
 
 #: Files of a model folder copied along with the weights when present.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
 DEFAULT_SHARD_BYTES = 2 << 30
+#: safetensors metadata that marks a file written by ``to_hf`` (what ``overwrite`` checks).
+MARK = {"format": "pt", "written_by": "workbench.models.to_hf"}
+_MAX_HEADER = 100 << 20   # safetensors' own cap on a header
 _NOT_TOKENIZERS = ("tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "generation_config.json", "config.json")
 
@@ -130,7 +142,10 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         tokenizer: a tokenizer file or folder to copy (default: ``base``'s files).
         max_shard_bytes: split into ``model-0000i-of-0000n.safetensors`` + index above
             this size.
-        overwrite: replace an existing folder (only once the new one is complete).
+        overwrite: replace an existing folder that ``to_hf`` wrote before (only once the
+            new one is complete). Anything else is refused, never deleted: a run
+            directory, a folder holding folders or other files, a model folder written by
+            another tool (see :func:`check_replaceable`).
 
     Returns:
         The folder. It appears (renamed from a temporary sibling, config.json written
@@ -146,9 +161,11 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         AutoModelForCausalLM.from_pretrained("exported/")      # transformers reads it
     """
     out = Path(path)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; choose a new folder or pass overwrite=True "
-                              "(the old one is replaced only after the new one is complete)")
+    if out.name in ("", ".", ".."):   # "." or "..": name the folder itself
+        out = Path(os.path.abspath(out))
+    refused = exists_error(out, overwrite)
+    if refused is not None:
+        raise refused
     if isinstance(obj, tuple) and len(obj) == 2:   # (params, config): wb.train.export_run
         params, cfg = obj
     elif hasattr(obj, "params") and hasattr(obj, "opt_state"):
@@ -179,11 +196,8 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
             shutil.copy2(f, tmp / f.name)
         # config.json last: a folder without it is never taken for a model
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
+        if os.path.lexists(out):
+            _replace(out, tmp)
         else:
             tmp.rename(out)
     except BaseException:
@@ -191,6 +205,131 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         raise
     _sync(f"to_hf:{out}")
     return out
+
+
+def check_replaceable(folder: str | os.PathLike[str]) -> str | None:
+    """Why ``overwrite=True`` may not replace ``folder`` (None: it may).
+
+    It may when it is a model folder ``to_hf`` wrote: a directory (not a symlink) whose
+    entries are all regular files named ``config.json``, ``*.safetensors``,
+    ``model.safetensors.index.json`` or one of :data:`TOKENIZER_FILES`, with
+    ``config.json`` and at least one safetensors file among them, every safetensors file
+    carrying :data:`MARK` in its header; or an empty directory (nothing to lose).
+    Everything else is refused, by name: a run
+    directory (``run.json``), a folder holding folders (runs, checkpoints, a parent of
+    the run being exported), other files, a model folder another tool wrote.
+    """
+    from workbench.runs import RUN_JSON
+
+    p = Path(folder)
+    if p.is_symlink():
+        return (f"{p} is a symlink (to {os.readlink(p)}); give the folder itself, or a new "
+                "folder")
+    if not p.is_dir():
+        return f"{p} exists and is not a folder"
+    try:
+        entries = sorted(os.scandir(p), key=lambda e: e.name)
+    except OSError as e:
+        return f"{p} cannot be listed ({e.strerror or e})"
+    names = [e.name for e in entries]
+    if not names:
+        return None   # an empty folder: replacing it loses nothing
+    if RUN_JSON in names:
+        return f"{p} is a run directory (it holds {RUN_JSON}); it is never replaced"
+    dirs = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    if dirs:
+        return (f"{p} holds folders ({_few(dirs)}): it is not a model folder to_hf wrote "
+                "(a parent of runs, a run's checkpoints?); it is never replaced")
+    allowed = {"config.json", INDEX, *TOKENIZER_FILES}
+    odd = [e.name for e in entries if not e.is_file(follow_symlinks=False)
+           or not (e.name in allowed or e.name.endswith(".safetensors"))]
+    if odd:
+        return (f"{p} holds files to_hf does not write ({_few(odd)}): it is not a model "
+                "folder to_hf wrote (a link or pipe never is one)")
+    shards = [n for n in names if n.endswith(".safetensors")]
+    if "config.json" not in names or not shards:
+        return f"{p} is not a model folder to_hf wrote (no config.json or no safetensors file)"
+    for n in shards:
+        if not _marked(p / n):
+            return (f"{p / n} was not written by wb.models.to_hf (its header lacks the mark "
+                    f"{MARK}): a model folder of another tool is never replaced")
+    return None
+
+
+def exists_error(out: Path, overwrite: bool) -> FileExistsError | None:
+    """The error of writing to ``out`` (None: it is free, or ``overwrite`` may replace it):
+    why it may not be replaced, or that it exists and ``overwrite`` was not given."""
+    if not os.path.lexists(out):
+        return None
+    why = check_replaceable(out)
+    if why is not None:
+        return FileExistsError(f"{why}; choose a new folder (overwrite=True replaces only a "
+                               "model folder that wb.models.to_hf wrote, or an empty one)")
+    if overwrite:
+        return None
+    what = "a model folder to_hf wrote" if any(out.iterdir()) else "an empty folder"
+    return FileExistsError(f"{out} exists ({what}); choose a new folder or pass "
+                           "overwrite=True (the old one is replaced only after the new one is "
+                           "complete)")
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _marked(file: Path) -> bool:
+    """Whether a safetensors file's header metadata holds :data:`MARK` (the header only
+    is read: 8 bytes of length, then at most ``_MAX_HEADER`` bytes of JSON)."""
+    from workbench._run_file import open_file
+
+    try:
+        with open_file(file) as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= _MAX_HEADER:
+                return False
+            meta = json.loads(f.read(n)).get("__metadata__") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(meta, dict) and all(meta.get(k) == v for k, v in MARK.items())
+
+
+_MARK_JSON = [json.dumps(m, separators=(",", ":")).encode()
+              for m in (MARK, dict(reversed(MARK.items())))]
+
+
+def _canonical_mark(file: Path) -> None:
+    """Puts :data:`MARK`'s keys in one order in the header just written: safetensors keeps
+    metadata in a hash map, so their order (and the file's bytes) would vary from run to
+    run; both orders have the same length, so the header is rewritten in place."""
+    with open(file, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = f.read(n)
+        i = header.find(_MARK_JSON[1])
+        if i >= 0:
+            f.seek(8 + i)
+            f.write(_MARK_JSON[0])
+
+
+def _replace(out: Path, new: Path) -> None:
+    """Puts the complete folder ``new`` in place of the to_hf folder ``out``: ``out`` is
+    renamed aside, checked again there (nothing can change it under our feet after the
+    rename), then its files are removed one by one; anything else leaves it aside, named."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.rename(out, aside)   # onto our own empty folder: atomic, same file system
+    why = check_replaceable(aside)
+    if why is not None:
+        os.rename(aside, out)   # put back what changed since the first check
+        shutil.rmtree(new, ignore_errors=True)
+        raise FileExistsError(f"{out} changed while it was being replaced ({why}); left as it "
+                              "was: choose a new folder")
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(aside, out)   # the old folder back where it was
+        raise
+    for e in os.scandir(aside):
+        os.unlink(e.path)   # regular files of the names to_hf writes (just checked)
+    os.rmdir(aside)
 
 
 def tokenizer_vocab(file: Path) -> int | None:
@@ -290,7 +429,8 @@ def _write(folder: Path | None, params: Any, cfg: GPTConfig, maps: list[Mapping_
             weight_map[name] = file
             total += tensors[name].nbytes
         if folder is not None:
-            save_file(tensors, str(folder / file), metadata={"format": "pt"})
+            save_file(tensors, str(folder / file), metadata=MARK)
+            _canonical_mark(folder / file)
         del tensors
     if n > 1 and folder is not None:
         (folder / INDEX).write_text(json.dumps(

@@ -30,6 +30,8 @@ import json
 import math
 import os
 import re
+import stat
+import tempfile
 import warnings
 from collections import defaultdict
 from collections.abc import Sequence
@@ -101,12 +103,21 @@ class Calibration:
         return cls(**check_calibration(d))
 
     def save(self) -> Path:
-        """Writes the calibration for its device kind (replacing an older one)."""
+        """Writes the calibration for its device kind (replacing an older one: a regular
+        file; anything else at its path, or a calibration folder that is a run directory,
+        is refused with a ValueError and left as it is). Written to a temporary file of
+        its own, then renamed over the old one."""
         path = _file(self.device_kind)
+        _check_place(path, "written")
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        tmp.replace(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(self.to_dict(), indent=1))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return path
 
     # -- applying it -----------------------------------------------------------------
@@ -242,19 +253,41 @@ def _ignored(path: Path, device_kind: str, why: str) -> None:
 def remove_calibration(device_kind: str) -> bool:
     """Deletes the stored calibration of ``device_kind``; True if there was one.
 
+    Only a regular file is removed (damaged or not: the fix a bad file's warning gives).
+
     Raises:
-      ValueError: its path is a directory (not a file ``wb.calibrate`` wrote): it is left
-        as it is, for you to look at.
+      ValueError: its path is a directory, a symlink, a pipe or device (not a file
+        ``wb.calibrate`` wrote), or the calibration folder is a run directory (its
+        ``run.json`` is never a calibration): it is left as it is, for you to look at.
     """
     path = _file(device_kind)
-    if path.is_dir() and not path.is_symlink():
-        raise ValueError(f"{path} is a directory, not a calibration file that wb.calibrate "
-                         "wrote; nothing was removed: look at it and remove it yourself")
+    _check_place(path, "removed")
     try:
         path.unlink()
         return True
     except FileNotFoundError:
         return False
+
+
+def _check_place(path: Path, verb: str) -> None:
+    """Refuses to write or remove ``path`` when it is not a calibration file's place: the
+    folder is a run directory, or something other than a regular file is there."""
+    from workbench.runs import RUN_JSON
+
+    if os.path.lexists(path.parent / RUN_JSON):
+        raise ValueError(f"the calibration folder {path.parent} is a run directory (it holds "
+                         f"{RUN_JSON}); nothing was {verb}: point WORKBENCH_CALIBRATION at a "
+                         "folder of its own")
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    what = ("a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode)
+            else "a pipe or device")
+    raise ValueError(f"{path} is {what}, not a calibration file that wb.calibrate wrote; "
+                     f"nothing was {verb}: look at it and remove it yourself")
 
 
 # -- fitting ----------------------------------------------------------------------------

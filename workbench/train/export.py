@@ -27,22 +27,51 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
 
     Args:
         run_dir: the run directory (``run.json`` + ``checkpoints/``).
-        path: the folder to create.
-        step: the checkpoint step (default the newest readable one).
+        path: the folder to create. Never the run directory, a folder holding it, or a
+            folder inside its ``checkpoints/``: those are refused before anything is read.
+        step: the checkpoint step (default the newest readable one); a step without a
+            checkpoint is refused with the steps that have one.
         **kwargs: passed to ``wb.models.to_hf`` (``dtype``, ``family``, ``tokenizer``,
-            ``max_shard_bytes``, ``overwrite``).
+            ``max_shard_bytes``, ``overwrite``: replaces only a folder ``to_hf`` wrote
+            before, see ``wb.models.hf_export.check_replaceable``).
+
+    Raises:
+        FileExistsError: ``path`` exists and may not be replaced (the message says why).
+        ValueError: ``path`` is the run, holds it, or lies in its checkpoints.
+        CheckpointError: no checkpoint at ``step`` (the message lists those there are).
 
     Example::
 
         wb.train.export_run("runs/ft", "exported/", step=200)
     """
-    from workbench.models.hf_export import to_hf
+    from workbench.models.hf_export import exists_error, to_hf
 
+    _check_destination(run_dir, path)
+    refused = exists_error(Path(path), bool(kwargs.get("overwrite", False)))
+    if refused is not None:   # before the (long) restore, not after it
+        raise refused
     params, cfg, meta = restore_params(run_dir, step=step)
     config = meta["config"]
     init = (meta.get("init") or {}).get("path", config.get("init"))   # absolute when recorded
     kwargs.setdefault("base", init if init is None or Path(init).is_dir() else None)
     return to_hf((params, cfg), path, **kwargs)
+
+
+def _check_destination(run_dir: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Refuses an export folder that is the run, holds it, or lies in its checkpoints."""
+    src = Path(os.path.realpath(run_dir))
+    dst = Path(os.path.realpath(path))
+    fix = f"export to a new folder beside the run, e.g. {src.parent / (src.name + '-hf')}"
+    if dst == src:
+        raise ValueError(f"{path} is the run directory being exported ({run_dir}: run.json, "
+                         f"metrics, checkpoints); it is never replaced: {fix}")
+    if dst in src.parents:
+        raise ValueError(f"{path} holds the run directory being exported ({run_dir}); it is "
+                         f"never replaced: {fix}")
+    ckpts = src / "checkpoints"
+    if dst == ckpts or ckpts in dst.parents:
+        raise ValueError(f"{path} lies in the checkpoints of the run being exported "
+                         f"({ckpts}, where only Orbax writes): {fix}")
 
 
 def restore_params(run_dir: str | os.PathLike[str], *, step: int | None = None
@@ -58,7 +87,7 @@ def restore_params(run_dir: str | os.PathLike[str], *, step: int | None = None
     from workbench.models.config import GPTConfig
     from workbench.rules import Rules
     from workbench.step import abstract_state
-    from workbench.train.checkpoint import Checkpoints
+    from workbench.train.checkpoint import CheckpointError, Checkpoints
     from workbench.train.config import TrainConfig
 
     run_dir = Path(run_dir)
@@ -81,6 +110,15 @@ def restore_params(run_dir: str | os.PathLike[str], *, step: int | None = None
                                                                    jax.sharding.PartitionSpec()))
     ckpts = Checkpoints(run_dir / "checkpoints", read_only=True)
     try:
+        if step is not None:
+            have = ckpts.all_steps()
+            if step not in have:
+                there = (f"its checkpoints are at step{'s' if len(have) > 1 else ''} "
+                         f"{', '.join(map(str, have))}" if have else "it has no checkpoint")
+                raise CheckpointError(
+                    f"run {run_dir} has no checkpoint at step {step}; {there} (in "
+                    f"{run_dir / 'checkpoints'}): give one of them, or leave step out for "
+                    "the newest")
         restored = ckpts.restore({"train": abstract, "rng": rng}, step=step)
     finally:
         ckpts.close()
