@@ -394,18 +394,26 @@ def _cupti_trace(tmp_path: Path, kernels: list[tuple[str, int, int]], module: st
     return tmp_path
 
 
+def _matmul_tanh_step() -> tuple[str, str]:
+    """A compiled ``tanh(x @ w).sum()``: its HLO text and the name of its memory-bound
+    fusion (what a GPU trace's non-matmul kernel is called)."""
+    from workbench.planning.trace import _instruction_kinds
+
+    hlo = jax.jit(lambda x, w: jax.numpy.tanh(x @ w).sum()).lower(
+        jax.ShapeDtypeStruct((64, 32), np.float32),
+        jax.ShapeDtypeStruct((32, 32), np.float32)).compile().as_text()
+    _, kinds = _instruction_kinds(hlo)
+    return hlo, next(n for n, (c, op) in kinds.items() if c == "memory" and op == "fusion")
+
+
 @pytest.mark.parametrize("graph", [True, False], ids=["cuda-graph", "kernel-launches"])
 def test_gpu_stream_lines_are_read_by_launch_hand_count(tmp_path, graph):
     """NVIDIA GPU traces have no "XLA Ops" line: kernels on stream lines, tagged with their
     module; executions are the CUDA graph's launches (or start where the first kernel runs
     again); a cuBLAS kernel (no HLO name) counts as compute. Categories equal a hand count."""
-    hlo = jax.jit(lambda x, w: jax.numpy.tanh(x @ w).sum()).lower(
-        jax.ShapeDtypeStruct((64, 32), np.float32),
-        jax.ShapeDtypeStruct((32, 32), np.float32)).compile().as_text()
-    from workbench.planning.trace import _instruction_kinds, _module_name
+    hlo, fusion = _matmul_tanh_step()
+    from workbench.planning.trace import _module_name
 
-    _, kinds = _instruction_kinds(hlo)
-    fusion = next(n for n, (c, op) in kinds.items() if c == "memory" and op == "fusion")
     # per launch (ns): cuBLAS gemm 0-3000, Memset 3000-3400, the fusion 4000-5000
     kernels = [("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", 0, 3000), ("Memset 0", 3000, 400),
                (fusion, 4000, 1000)]
@@ -427,13 +435,9 @@ def test_several_cuda_graph_launches_per_step_are_one_step_hand_count(tmp_path):
     launches each are 12 launches in the trace. Told the steps, the reader groups them
     (each step launches the same sequence): 4 steps, each 3 launches' kernels, the gaps
     between its launches idle (the H200 trace of the 1b step read 45 "steps" per step)."""
-    hlo = jax.jit(lambda x, w: jax.numpy.tanh(x @ w).sum()).lower(
-        jax.ShapeDtypeStruct((64, 32), np.float32),
-        jax.ShapeDtypeStruct((32, 32), np.float32)).compile().as_text()
-    from workbench.planning.trace import _instruction_kinds, _module_name
+    hlo, fusion = _matmul_tanh_step()
+    from workbench.planning.trace import _module_name
 
-    _, kinds = _instruction_kinds(hlo)
-    fusion = next(n for n, (c, op) in kinds.items() if c == "memory" and op == "fusion")
     kernels = [("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", 0, 3000), (fusion, 4000, 1000)]
     trace = _cupti_trace(tmp_path, kernels, _module_name(hlo), 12, True)
     ungrouped = read_trace(trace, hlo_text=hlo, axis_names=(), axis_sizes=())
@@ -761,15 +765,11 @@ def test_a_gpu_calibration_reproduces_the_profile_it_was_fitted_on(tmp_path):
     on the stream (overlap 0). Calibrated from that profile, the prediction of the same step
     is their sum (the measured local time), not the roofline's max of the two: on an H200
     the max gave 0.54x the measured step of the very case it was fitted on (BENCHMARKS.md)."""
-    hlo = jax.jit(lambda x, w: jax.numpy.tanh(x @ w).sum()).lower(
-        jax.ShapeDtypeStruct((64, 32), np.float32),
-        jax.ShapeDtypeStruct((32, 32), np.float32)).compile().as_text()
+    hlo, fusion = _matmul_tanh_step()
     from workbench.planning.predict import predict
     from workbench.planning.profile import profile_report
-    from workbench.planning.trace import _instruction_kinds, _module_name
+    from workbench.planning.trace import _module_name
 
-    _, kinds = _instruction_kinds(hlo)
-    fusion = next(n for n, (c, op) in kinds.items() if c == "memory" and op == "fusion")
     kernels = [("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", 0, 3000), (fusion, 3000, 4000)]
     m = read_trace(_cupti_trace(tmp_path, kernels, _module_name(hlo), 4, True),
                    hlo_text=hlo, axis_names=(), axis_sizes=())
