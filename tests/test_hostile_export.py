@@ -402,3 +402,38 @@ def test_notebook_build_still_writes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert mod.main([]) == 0
     assert target.read_text() == (ROOT / "notebooks" / "00_tour.ipynb").read_text()
     assert sorted(p.name for p in (tmp_path / "nb").iterdir()) == ["00_tour.ipynb", "source"]
+
+
+# ----------------------------------------------------------------------------- profiles
+@pytest.mark.parametrize("kind", ["a link to the run's run.json", "a named pipe"])
+def test_a_profile_report_is_never_written_through(tree: Tree, kind: str) -> None:
+    """``report.json`` of a profile folder that is a link (to the run's run.json) or a pipe
+    was written through (run.json overwritten) or blocked the trainer: the folder is
+    skipped for a free one, and write_report itself refuses such a path."""
+    from workbench.train import profile
+
+    base = tree.run / "profiles" / "3"
+    base.mkdir(parents=True)
+    if kind == "a named pipe":
+        os.mkfifo(base / "report.json")
+    else:
+        (base / "report.json").symlink_to(tree.run / "run.json")
+    (tree.run / "profiles" / "4").symlink_to(tree.run, target_is_directory=True)
+    before = snapshot(tree.root)
+    assert profile.free_directory(base) == base.with_name("3-2")
+    assert profile.free_directory(tree.run / "profiles" / "4") == tree.run / "profiles" / "4-2"
+
+    @dataclasses.dataclass
+    class Report:
+        directory: Path
+
+        def to_dict(self) -> dict[str, Any]:
+            return {"rows": []}
+
+    with pytest.raises(profile.ProfileError, match="is never written through"):
+        profile.write_report(Report(base))
+    assert snapshot(tree.root) == before
+    (base.with_name("3-2")).mkdir()
+    path = profile.write_report(Report(base.with_name("3-2")))
+    assert json.loads(path.read_text()) == {"rows": []}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["report.json"]

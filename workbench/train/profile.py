@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
+import tempfile
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -78,12 +80,23 @@ def check_directory(directory: Path) -> Path:
 
 
 def free_directory(base: Path) -> Path:
-    """``base``, or ``base-2``, ``base-3``... the first that holds no trace yet."""
+    """``base``, or ``base-2``, ``base-3``... the first that holds no trace yet and is
+    free to write: absent, or a real folder (not a symlink) whose ``report.json``, if
+    any, is a regular file (a link or pipe there is skipped, never written through)."""
     candidate, k = base, 1
-    while candidate.exists() and any(candidate.glob("plugins/profile/*/*.xplane.pb")):
+    while not _writable(candidate) or any(candidate.glob("plugins/profile/*/*.xplane.pb")):
         k += 1
         candidate = base.with_name(f"{base.name}-{k}")
     return candidate
+
+
+def _writable(folder: Path) -> bool:
+    if not os.path.lexists(folder):
+        return True
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    report = folder / "report.json"
+    return not os.path.lexists(report) or stat.S_ISREG(os.lstat(report).st_mode)
 
 
 def check_idle() -> None:
@@ -305,7 +318,20 @@ def write_report(report: Any) -> Path:
     from workbench import runs
 
     path = Path(report.directory) / "report.json"
-    path.write_text(json.dumps(runs.json_safe(report.to_dict()), indent=1))
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+        raise ProfileError(f"{path} exists and is not a regular file (a link, pipe or "
+                           "folder); it is never written through or replaced: move it away, "
+                           "or profile into another directory")
+    # a temporary file of its own, renamed over: readers never see half a report
+    fd, tmp = tempfile.mkstemp(prefix=".report.json.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(runs.json_safe(report.to_dict()), indent=1))
+        os.chmod(tmp, 0o644)   # readable like the trace beside it (mkstemp's is 0600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 
