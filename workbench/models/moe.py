@@ -358,7 +358,13 @@ def _inverse(order: jax.Array) -> jax.Array:
 def _grouped_experts(rows: jax.Array, sizes: jax.Array, gate: jax.Array, up: jax.Array,
                      down: jax.Array, dtype: str) -> jax.Array:
     """SwiGLU of each expert on its rows: rows (M, D) sorted by expert, ``sizes`` (E',)
-    rows per expert (rows past their sum are in no group and come out unused) -> (M, D)."""
+    rows per expert (rows past their sum are in no group and come out unused) -> (M, D).
+
+    On TPU (libtpu 0.0.42.1) the forward and input-gradient matmuls compile to kernels
+    over the routed rows, but the weight gradient (ragged contracting dim) is expanded by
+    XLA into a masked dense matmul over every expert ("fall through to
+    ragged_dot_expander"): E times its routed FLOPs (``remat_dots`` policies do not save
+    these outputs either: only ``dot_general`` counts as a dot for them)."""
     rd = lambda a, w: jax.lax.ragged_dot(a, w.astype(dtype), sizes)
     g = checkpoint_name(rd(rows, gate), "mlpwi_0")                          # (M, F)
     u = checkpoint_name(rd(rows, up), "mlpwi_1")                            # (M, F)
