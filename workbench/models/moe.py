@@ -363,8 +363,9 @@ def _grouped_experts(rows: jax.Array, sizes: jax.Array, gate: jax.Array, up: jax
     On TPU (libtpu 0.0.42.1) the forward and input-gradient matmuls compile to kernels
     over the routed rows, but the weight gradient (ragged contracting dim) is expanded by
     XLA into a masked dense matmul over every expert ("fall through to
-    ragged_dot_expander"): E times its routed FLOPs (``remat_dots`` policies do not save
-    these outputs either: only ``dot_general`` counts as a dot for them)."""
+    ragged_dot_expander"): E times its routed FLOPs. The remat policies "dots"/"minimal"
+    save neither these nor the dense path's per-expert einsums (only batch-free
+    ``dot_general``s); the checkpoint names are the same."""
     rd = lambda a, w: jax.lax.ragged_dot(a, w.astype(dtype), sizes)
     g = checkpoint_name(rd(rows, gate), "mlpwi_0")                          # (M, F)
     u = checkpoint_name(rd(rows, up), "mlpwi_1")                            # (M, F)
