@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_float", "check_int", "nearest_multiples", "no_new_empty_dirs"]
+__all__ = ["check_float", "check_int", "check_path", "check_str", "nearest_multiples",
+           "no_new_empty_dirs"]
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = 1, maximum: int | None = None,
@@ -96,6 +97,51 @@ def check_float(value: Any, name: str, *, minimum: float | None = None,
     if (positive and not number > 0) or (minimum is not None and number < minimum):
         raise ValueError(f"{head} is out of range; {name} must be {want}")
     return number
+
+
+def check_str(value: Any, name: str, *, where: str = "", example: str = "",
+              empty: bool = False) -> str:
+    """``value`` if it is a string (non-empty unless ``empty``), or an error naming it.
+
+    Raises:
+      TypeError: ``value`` is not a ``str``.
+      ValueError: it is empty (and ``empty`` is False).
+    """
+    hint = f" (e.g. {example})" if example else ""
+    if not isinstance(value, str):
+        raise TypeError(f"{where}{name}={value!r} is a {type(value).__name__}; {name} must be "
+                        f"a string{hint}")
+    if not value and not empty:
+        raise ValueError(f"{where}{name}='' is empty; {name} must be a non-empty string{hint}")
+    return value
+
+
+def check_path(value: Any, name: str, *, where: str = "") -> Path:
+    """``value`` as a ``Path``, or an error naming it: a ``str`` or ``os.PathLike``, not empty,
+    without a NUL character or a lone surrogate (the OS refuses both, with errors that name
+    neither the argument nor the fix).
+
+    Raises:
+      TypeError: ``value`` is not a path.
+      ValueError: it is empty or holds a character no file name can.
+    """
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{where}{name}={value!r} is a {type(value).__name__}; {name} must be a "
+                        "path (a str or os.PathLike)")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        raise TypeError(f"{where}{name}={value!r} is a bytes path; give {name} as a str")
+    if not text:
+        raise ValueError(f"{where}{name}='' is empty; give {name} as a path ('.' for the "
+                         "current folder)")
+    if "\x00" in text:
+        raise ValueError(f"{where}{name}={text!r} holds a NUL character, which no path can")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{where}{name}={text!r} holds a lone surrogate, which no path can "
+                         "hold; give the name as the text it was meant to be") from None
+    return Path(text)
 
 
 def nearest_multiples(value: int, k: int) -> list[int]:

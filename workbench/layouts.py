@@ -304,6 +304,9 @@ def layout(
         lay.indices[0]            # ((0, 16), (0, 2048), (0, 6144))
     """
     if not isinstance(x, (tuple, list)):
+        if not hasattr(x, "shape"):
+            raise TypeError(f"wb.layout: x={x!r} is a {type(x).__name__}; x must be a shape "
+                            "tuple such as (64, 2048), or an array / jax.ShapeDtypeStruct")
         shape = tuple(getattr(x, "shape", ()))
         sharding = getattr(x, "sharding", None)
         arr_dtype = getattr(x, "dtype", dtype)
@@ -315,6 +318,11 @@ def layout(
             return _from_sharding(shape, arr_dtype, sharding, nm)
         x, dtype = shape, arr_dtype
     nm = name or "tensor"
+    try:
+        jax.numpy.dtype(dtype)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"wb.layout: dtype={dtype!r} is not a data type ({e}); use e.g. "
+                        "'float32' or 'bfloat16'") from None
     shape = tuple(check_int(s, f"shape[{i}]", minimum=0, where=f"wb.layout of {nm!r}: ")
                   for i, s in enumerate(x))
     if mesh is None:

@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from workbench._display import Displayable
-from workbench._validate import check_int
+from workbench._validate import check_int, check_str
 from workbench.hardware import (HardwareSpec, catalogue, generation, hardware_presets,
                                 hardware_spec, peak_flops, quiet_libtpu)
 
@@ -29,6 +29,10 @@ def _axis_types(axis_types: Any, n: int) -> tuple[AxisType, ...]:
                 f"axis_types={axis_types!r} is not known; use 'auto', 'explicit' or a tuple "
                 "of jax.sharding.AxisType") from None
         return (kind,) * n
+    if not isinstance(axis_types, (tuple, list)) or \
+            not all(isinstance(t, AxisType) for t in axis_types):
+        raise TypeError(f"axis_types={axis_types!r} is a {type(axis_types).__name__}; use 'auto', "
+                        "'explicit' or a tuple of jax.sharding.AxisType, one per mesh axis")
     types = tuple(axis_types)
     if len(types) != n:
         raise ValueError(f"axis_types has {len(types)} entries but the mesh has {n} axes")
@@ -101,7 +105,12 @@ def make_mesh(
         mesh = wb.make_mesh({"data": -1, "model": 2})
     """
     if axes is not None and named:
-        raise ValueError("give the axes either as a dict or as keywords, not both")
+        raise ValueError("give the axes either as a dict or as keywords, not both: "
+                         f"axes={axes!r} and {', '.join(f'{k}={v!r}' for k, v in named.items())}")
+    if axes is not None and not isinstance(axes, Mapping):
+        raise TypeError(f"axes={axes!r} is a {type(axes).__name__}; give the mesh axes as a dict "
+                        "of name -> size, e.g. wb.make_mesh({'data': 4, 'model': 2}), or as "
+                        "keywords, wb.make_mesh(data=4, model=2)")
     spec = dict(axes if axes is not None else named)
     if devices is None:
         quiet_libtpu()
@@ -335,7 +344,8 @@ def __getattr__(name: str) -> Any:
 def _preset(name: str) -> tuple[HardwareSpec, str, np.ndarray, np.ndarray]:
     """(spec, device_kind, coords (n, 3), process index (n,)) for a hardware preset of
     the catalogue (``workbench.hardware.GENERATIONS``)."""
-    key = name.strip()
+    key = check_str(name, "hardware", where="abstract_mesh: ", example="'v5p-256' or '8xH100'"
+                    ).strip()
     gen = generation(key)
     if gen is not None and key in gen.slices:
         spec = gen.spec

@@ -157,6 +157,9 @@ class Rules(Mapping[str, MeshAxes]):
         stacked blocks) to None, or to the ``stage`` axis when the mesh has one (pipeline
         stages; ``stage`` then shards nothing else).
         """
+        if not isinstance(getattr(mesh, "axis_names", None), tuple):
+            raise TypeError(f"Rules.preset({name!r}): mesh={mesh!r} is a {type(mesh).__name__}; "
+                            "give a mesh: wb.make_mesh(...) or wb.abstract_mesh(...)")
         names = tuple(a for a in mesh.axis_names if a != STAGE_AXIS)   # stage: layers only
         model = [a for a in names if a in MODEL_AXIS_NAMES]
         data = tuple(a for a in names if a not in MODEL_AXIS_NAMES)

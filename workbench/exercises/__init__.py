@@ -28,7 +28,15 @@ from workbench.exercises import (_compiled, _context, _experts, _hardware, _memo
                                  _pipeline, _sharding)
 from workbench.exercises._core import AnswerError, Exercise, Result
 
-__all__ = ["AnswerError", "Exercise", "Result", "exercise", "exercises"]
+__all__ = ["AnswerError", "Exercise", "Result", "UnknownExercise", "exercise", "exercises"]
+
+
+class UnknownExercise(KeyError, ValueError):
+    """``wb.exercise(name)`` with a name no exercise has (a KeyError, as a lookup; and a
+    ValueError, as a bad argument)."""
+
+    def __str__(self) -> str:   # KeyError's str() would quote the whole message
+        return str(self.args[0]) if self.args else ""
 
 # name -> builder, in teaching order (notebook 01, 02, ...).
 _BUILDERS: dict[str, Callable[[], Exercise]] = {
@@ -56,14 +64,19 @@ def exercise(name: str) -> Exercise:
     """The exercise called ``name``; shows as a widget in a notebook.
 
     Raises:
-      KeyError: an unknown name, with the closest known names.
+      UnknownExercise: (a KeyError and a ValueError) an unknown name, with the closest
+        known names.
+      TypeError: ``name`` is not a string.
     """
-    try:
-        return _BUILDERS[name]()
-    except KeyError:
+    if not isinstance(name, str):
+        raise TypeError(f"wb.exercise: name={name!r} is a {type(name).__name__}; give an "
+                        f"exercise's name, one of: {', '.join(_BUILDERS)}")
+    if name not in _BUILDERS:
         close = difflib.get_close_matches(name, _BUILDERS, n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise KeyError(f"no exercise {name!r}{hint} Known: {', '.join(_BUILDERS)}") from None
+        raise UnknownExercise(f"wb.exercise: no exercise name={name!r}{hint} Known: "
+                              f"{', '.join(_BUILDERS)}")
+    return _BUILDERS[name]()
 
 
 def exercises(notebook: str | None = None) -> list[Exercise]:

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import jax
 
 from workbench._display import Displayable
+from workbench._validate import check_int
 from workbench._xla_flags import COUNT_FLAG as _COUNT_FLAG
 from workbench._xla_flags import cpu_device_flags
 from workbench.hardware.catalogue import GIB, hardware_spec
@@ -16,7 +17,25 @@ from workbench.hardware.libtpu import backends_started as _backends_started
 from workbench.hardware.libtpu import quiet_libtpu
 from workbench.hardware.measure import measured_cpu_peak
 
-__all__ = ["DeviceInfo", "DeviceInventory", "devices", "peak_flops", "simulate_devices"]
+__all__ = ["DeviceInfo", "DeviceInventory", "JaxAlreadyStarted", "devices", "peak_flops",
+           "simulate_devices"]
+
+
+def _check_devices(devices: Any) -> list[Any]:
+    """``devices`` as a list of JAX devices, or an error naming the argument."""
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+        raise TypeError(f"wb.devices: devices={devices!r} is a {type(devices).__name__}; give a "
+                        "sequence of JAX devices, e.g. jax.devices()[:4]")
+    devs = list(devices)
+    bad = [d for d in devs if not isinstance(d, jax.Device)]
+    if bad:
+        raise TypeError(f"wb.devices: devices holds {bad[0]!r} ({type(bad[0]).__name__}), not a "
+                        "JAX device; give device objects, e.g. jax.devices()[:4]")
+    return devs
+
+
+class JaxAlreadyStarted(RuntimeError):
+    """``wb.simulate_devices(n)`` after JAX started its backends with another device count."""
 
 
 
@@ -38,14 +57,14 @@ def simulate_devices(n: int = 8) -> None:
         import workbench as wb
         wb.simulate_devices(8)       # first cell of the notebook
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"simulate_devices(n) needs a positive int, got {n!r}")
+    n = check_int(n, "n", where="wb.simulate_devices: ", fix="the number of CPU devices, e.g. 8")
     if _backends_started():
         have = len(jax.devices("cpu"))
         if have == n:
             return
-        raise RuntimeError(
-            f"JAX already started with {have} CPU device(s), so {n} cannot be simulated now. "
+        raise JaxAlreadyStarted(
+            f"wb.simulate_devices(n={n}): JAX already started with {have} CPU device(s), so "
+            f"{n} cannot be simulated now. "
             f"Restart the kernel and call wb.simulate_devices({n}) before any JAX computation "
             f"(or set XLA_FLAGS={_COUNT_FLAG}={n} before starting Python)."
         )
@@ -67,7 +86,11 @@ def peak_flops(device: Any = None) -> tuple[float, str]:
     if device is None:
         quiet_libtpu()
         device = jax.devices()[0]
-    kind = device if isinstance(device, str) else device.device_kind
+    kind = device if isinstance(device, str) else getattr(device, "device_kind", None)
+    if not isinstance(kind, str):
+        raise TypeError(f"wb.peak_flops: device={device!r} is a {type(device).__name__}; give a "
+                        "jax.Device, a device-kind string such as 'TPU v5p', or None for "
+                        "jax.devices()[0]")
     spec = hardware_spec(kind)
     if spec is not None:
         return spec.peak_flops, f"table: {spec.source}"
@@ -161,8 +184,16 @@ def devices(backend: str | None = None, *, devices: Sequence[Any] | None = None)
 
         wb.show(wb.devices())
     """
-    if devices is None:
-        quiet_libtpu()
-    devs = list(devices) if devices is not None else jax.devices(backend)
+    if devices is not None:
+        return DeviceInventory(DeviceInfo.from_device(d) for d in _check_devices(devices))
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"wb.devices: backend={backend!r} is a {type(backend).__name__}; give a "
+                        "platform name ('cpu', 'gpu', 'tpu') or None for JAX's default")
+    quiet_libtpu()
+    try:
+        devs = jax.devices(backend)
+    except RuntimeError as e:
+        raise ValueError(f"wb.devices: backend={backend!r} has no devices here ({e}); use one of "
+                         f"{sorted({d.platform for d in jax.devices()})} or None") from None
     return DeviceInventory(DeviceInfo.from_device(d) for d in devs)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.jobs import fields, storage
-from workbench.jobs.job import Job, _Pid, exit_file
+from workbench.jobs.job import Job, NoJobError, _Pid, exit_file
 from workbench.run_lock import LAUNCHED_ENV, RunLock
 from workbench.jobs.worker import EXIT_FILE_ENV
 
@@ -442,8 +442,9 @@ def attach_hosts(run_dir: Path) -> Job:
     lock = RunLock(run_dir)
     holder = lock.read() or {}
     if RunLock.holder_alive(holder) is not True:
-        raise FileNotFoundError(f"no ssh job is running in {run_dir} from this host (no live "
-                                f"{lock.path}); read its results with workbench.runs")
+        raise NoJobError(f"no ssh job is running in run_dir={str(run_dir)!r} from this "
+                               f"host (no live {lock.path}); read its results with "
+                               "workbench.runs")
     cls = {"Hosts": Hosts, "TPUSlice": TPUSlice}[record["launcher"]]
     cluster = cls(**record["cluster"])
     starts = holder.get("starts") or {}

@@ -333,6 +333,10 @@ class Job(Displayable):
         writer.close("failed" if status == "failed" else "interrupted", error=error)
 
 
+class NoJobError(FileNotFoundError):
+    """``attach(run_dir)`` found no job there (none running on this host, none submitted)."""
+
+
 def attach(run_dir: str | os.PathLike[str]) -> Job:
     """Watches a local job that is running in ``run_dir`` (e.g. after a kernel restart);
     ``workbench.jobs.attach`` also finds SLURM and ssh jobs (``jobs.reattach``).
@@ -343,8 +347,8 @@ def attach(run_dir: str | os.PathLike[str]) -> Job:
     lock = RunLock(run_dir)
     holder = lock.read()
     if not holder or RunLock.holder_alive(holder) is not True:
-        raise FileNotFoundError(f"no job is running in {run_dir} on this host (no live "
-                                f"{lock.path}); read its results with workbench.runs")
+        raise NoJobError(f"no job is running in run_dir={str(run_dir)!r} on this host (no "
+                         f"live {lock.path}); read its results with workbench.runs")
     starts, pids = holder.get("starts") or {}, holder.get("pids", [])
     logs = [Path(p) for p in holder.get("logs") or
             [Path(run_dir) / "logs" / f"process-{i}.log" for i in range(len(pids))]]

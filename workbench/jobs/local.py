@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import workbench
-from workbench._validate import check_int
+from workbench._validate import check_int, check_path
 from workbench._xla_flags import cpu_device_flags
 from workbench.jobs.hosts import Hosts, TPUSlice
 from workbench.jobs.job import Job, exit_file
@@ -31,6 +31,9 @@ from workbench.run_lock import LAUNCHED_ENV, RunLock
 from workbench.jobs.worker import EXIT_FILE_ENV
 
 __all__ = ["default_platform", "free_port", "launch", "ping"]
+
+#: The platforms a launched process may use (``JAX_PLATFORMS``).
+PLATFORMS = ("cpu", "gpu", "tpu")
 
 CONFIG_NAME = "config.json"
 
@@ -80,8 +83,8 @@ def _config_text(config: Any) -> str:
         return json.dumps(config, indent=1)
     to_json = getattr(config, "to_json", None)
     if to_json is None:
-        raise TypeError(f"launch() needs a TrainConfig (or a dict / CONFIG.json), got "
-                        f"{type(config).__name__}")
+        raise TypeError(f"wb.launch: config={config!r} is a {type(config).__name__}; give a "
+                        "TrainConfig (or a dict, or the path of a CONFIG.json)")
     text = to_json()
     return text if isinstance(text, str) else json.dumps(text, indent=1)
 
@@ -211,6 +214,15 @@ def launch(config: Any, processes: int = 1, devices_per_process: int | None = No
                         run_dir="runs/tiny-2x4")
         job.wait()
     """
+    if run_dir is not None:
+        check_path(run_dir, "run_dir", where="wb.launch: ")
+    if platform is not None and platform not in PLATFORMS:
+        raise (ValueError if isinstance(platform, str) else TypeError)(
+            f"wb.launch: platform={platform!r} is not one of {PLATFORMS}; leave it out for "
+            f"this machine's ({default_platform()!r})")
+    if heartbeat_timeout is not None:
+        check_int(heartbeat_timeout, "heartbeat_timeout", where="wb.launch: ",
+                  fix="seconds, e.g. heartbeat_timeout=60")
     run_dir = Path(run_dir or f"runs/launch-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     text = _config_text(config)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from workbench._validate import check_path
 from workbench.jobs import job as local
 from workbench.jobs.hosts import HOSTS_FILE, attach_hosts
 from workbench.jobs.slurm import SLURM_FILE
@@ -20,9 +21,10 @@ def attach(run_dir: str | os.PathLike[str]) -> local.Job:
     (``run_dir/hosts.json``) or as local processes is found while it runs.
 
     Raises:
-      FileNotFoundError: no running job holds ``run_dir`` (and none was submitted to SLURM).
+      NoJobError: (a FileNotFoundError) no running job holds ``run_dir`` (and none was
+        submitted to SLURM).
     """
-    path = Path(run_dir)
+    path = check_path(run_dir, "run_dir", where="wb.attach: ")
     if (path / SLURM_FILE).exists():
         return attach_slurm(path)
     if (path / HOSTS_FILE).exists():

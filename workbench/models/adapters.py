@@ -184,8 +184,8 @@ def from_nnx(factory: Callable[[nnx.Rngs], nnx.Module], *, name: str | None = No
         config: JSON-able fields that identify the model in a run record.
     """
     if not callable(factory):
-        raise TypeError(f"from_nnx needs a callable rngs -> nnx.Module, got "
-                        f"{type(factory).__name__}")
+        raise TypeError(f"from_nnx: factory={factory!r} is a {type(factory).__name__}; give a "
+                        "callable rngs -> nnx.Module (a module class taking rngs works)")
     if isinstance(example_batch, Mapping):
         fixed = dict(example_batch)
         example_batch = lambda b, t: fixed  # noqa: E731 - a fixed batch ignores (b, t)

@@ -243,8 +243,8 @@ def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: 
     if not isinstance(model, GPT) and isinstance(getattr(model, "model", None), GPT):
         model = model.model
     if not isinstance(model, GPT):
-        raise TypeError(f"generate needs a workbench GPT (or a Trainer); got "
-                        f"{type(model).__name__}")
+        raise TypeError(f"generate: model={model!r} is a {type(model).__name__}; give a workbench "
+                        "GPT (wb.models.from_hf(...), plan.materialize()) or a Trainer")
     cfg = model.cfg
     tokens, was_text = _tokens(prompt, tokenizer, cfg.vocab_size)
     b, t = tokens.shape

@@ -80,6 +80,12 @@ class GPT(nnx.Module):
     """
 
     def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs) -> None:
+        if not isinstance(cfg, GPTConfig):
+            raise TypeError(f"GPT: cfg={cfg!r} is a {type(cfg).__name__}; give a "
+                            "wb.models.GPTConfig, e.g. GPTConfig.preset('tiny')")
+        if not isinstance(rngs, nnx.Rngs):
+            raise TypeError(f"GPT: rngs={rngs!r} is a {type(rngs).__name__}; give flax's "
+                            "nnx.Rngs, e.g. rngs=nnx.Rngs(0)")
         self.cfg = cfg
         pd = cfg.param_dtype
         keys = jax.random.split(rngs.params(), cfg.n_layers + 2)   # one draw from rngs

@@ -30,6 +30,7 @@ import jax
 from flax import nnx
 
 from workbench import tracing
+from workbench._validate import check_str
 from workbench.models.adapters import ModelSpec
 from workbench.rules import PENZAI_AXES, constrain, penzai_rules
 
@@ -220,8 +221,9 @@ def from_penzai(model_or_builder: Any, *, name: str = "penzai",
     elif callable(model_or_builder):
         build = model_or_builder
     else:
-        raise TypeError(f"from_penzai needs a penzai model or a callable key -> penzai model, "
-                        f"got {type(model_or_builder).__name__}")
+        raise TypeError(f"from_penzai: model_or_builder={model_or_builder!r} is a "
+                        f"{type(model_or_builder).__name__}; give a penzai model or a callable "
+                        "key -> penzai model")
     described = _describe(config)
     if vocab_size is None and config is not None:
         vocab_size = getattr(config, "vocab_size", None)
@@ -231,7 +233,7 @@ def from_penzai(model_or_builder: Any, *, name: str = "penzai",
         with jax.ensure_compile_time_eval():  # constants concrete, the init traced
             return PenzaiModel(build(key))
 
-    factory.__name__ = name
+    factory.__name__ = check_str(name, "name", where="from_penzai: ", example="name='my-model'")
     return ModelSpec(factory=factory, name=name, loss_fn=loss_fn, vocab_size=vocab_size,
                      rules_for=penzai_rules, config={"family": "penzai", **described},
                      require_rules=True)

@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import optax
 
+from workbench._validate import check_int
 from workbench.models import GPTConfig
 from workbench.models.pipeline import Pipeline
 from workbench.planning import analytic
@@ -94,6 +95,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
             memory, collective permutes). "1f1b" is planned by formula only (not compiled).
     """
     t0 = time.perf_counter()
+    replicated_threshold = check_int(replicated_threshold, "replicated_threshold", minimum=0,
+                                     where="wb.plan: ", fix="a parameter count, e.g. 2**24")
     inp = resolve(cfg_or_factory, mesh=mesh, rules=rules, batch=batch, seq=seq,
                   optimizer=optimizer, dtype=dtype, name=name, compile=compile,
                   memory_limit=memory_limit, loss_fn=loss_fn, example_batch=example_batch,
@@ -136,6 +139,16 @@ def _assemble(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured, warnin
 def compare(plans: list[Plan]) -> Comparison:
     """Plans side by side: memory per device, FLOPs per device, bytes communicated per
     step, replicated compute factor, fits. Shows a table and a chart in a notebook."""
+    if isinstance(plans, Plan):
+        plans = [plans]
+    if not isinstance(plans, (list, tuple)):
+        raise TypeError(f"wb.compare: plans={plans!r} is a {type(plans).__name__}; give a list of "
+                        "plans, e.g. wb.compare([plan_dp, plan_tp])")
     if not plans:
-        raise ValueError("compare needs at least one plan, e.g. wb.compare([plan_dp, plan_tp])")
+        raise ValueError("wb.compare: plans is empty; compare needs at least one plan, e.g. "
+                         "wb.compare([plan_dp, plan_tp])")
+    bad = [p for p in plans if not isinstance(p, Plan)]
+    if bad:
+        raise TypeError(f"wb.compare: plans holds {bad[0]!r} ({type(bad[0]).__name__}), not a "
+                        "Plan; give what wb.plan(...) returns")
     return Comparison(list(plans))

@@ -374,8 +374,9 @@ def _as_spec(model: Any, loss_fn: Any, example_batch: Any, remat: Sequence[str],
              microbatches: Sequence[int]) -> ModelSpec:
     """A factory (or spec) as the ``ModelSpec`` every candidate is planned with."""
     if not callable(model):
-        raise TypeError(f"wb.search needs a GPTConfig or a model factory (rngs -> nnx.Module, "
-                        f"wb.models.from_nnx / from_penzai), got {type(model).__name__}")
+        raise TypeError(f"wb.search: cfg={model!r} is a {type(model).__name__}; cfg must be a "
+                        "GPTConfig or a model factory (rngs -> nnx.Module, wb.models.from_nnx "
+                        "/ from_penzai)")
     if tuple(remat) != DEFAULT_REMAT:
         raise ValueError(f"remat={tuple(remat)!r}: a model factory sets its own remat "
                          "(nnx.remat in the module); leave remat out")

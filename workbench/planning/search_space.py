@@ -122,7 +122,8 @@ class SearchOptions:
         remat = self.remat if gpt else DEFAULT_REMAT
         for name, value in (("strategies", self.strategies), ("remat", remat),
                             ("microbatches", self.microbatches)):
-            if isinstance(value, (str, Rules)) or not len(value):
+            if isinstance(value, (str, Rules)) or not isinstance(value, (list, tuple)) \
+                    or not len(value):
                 raise ValueError(f"{name}={value!r}: give a non-empty list, e.g. "
                                  f"{name}={examples[name]!r}")
         for s in self.strategies:

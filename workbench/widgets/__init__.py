@@ -80,7 +80,8 @@ def view_for(obj: Any) -> str:
             "place it with jax.device_put(x, NamedSharding(mesh, spec)), or draw a planned "
             "layout with wb.show(wb.layout(x.shape, spec, mesh))")
     raise TypeError(
-        f"wb.show does not know how to draw a {type(obj).__module__}.{type(obj).__qualname__}; "
+        f"wb.show(obj) does not know how to draw a {type(obj).__module__}."
+        f"{type(obj).__qualname__}; "
         "it draws meshes, Layouts, sharded arrays, pytrees of arrays, nnx.Modules, "
         "wb.devices(), plans, jobs and trainers")
 
