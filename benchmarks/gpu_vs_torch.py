@@ -225,8 +225,7 @@ def jax_child(args: argparse.Namespace) -> None:
     for cmd in _commands():
         if cmd["cmd"] == "quit":
             break
-        name = cmd["variant"]
-        step = variants[name][0]
+        step = variants[cmd["variant"]][0] if "variant" in cmd else None
         if cmd["cmd"] == "window":
             jax.block_until_ready(state)
             t0 = time.perf_counter()
@@ -234,6 +233,24 @@ def jax_child(args: argparse.Namespace) -> None:
                 state, metrics = step(state, dev_batch)
             jax.block_until_ready((state, metrics))
             _reply({"seconds": time.perf_counter() - t0, "loss": float(metrics["loss"])})
+        elif cmd["cmd"] == "predict":
+            # the Trainer's own profile against its plan: uncalibrated; with the
+            # calibration stored by an earlier case (if any); and, when asked, calibrate
+            # from this one (stored for the cases after it)
+            from workbench.train.profile import trainer_plan
+
+            trainer._state = state   # the live state (the variants' steps donated the first)
+            plan = trainer_plan(trainer)
+            before = plan.predict().step_seconds
+            report = trainer.profile(steps=int(cmd.get("steps", 3)), warmup=2, plan=plan)
+            state = trainer.state
+            reply = {"measured": report.term("step").measured,
+                     "uncalibrated": plan.predict(calibration=False).step_seconds,
+                     "calibrated": before, "table": report.table()}
+            if cmd.get("calibrate"):
+                wb.calibrate(report, save=True)
+                reply["self_calibrated"] = plan.predict().step_seconds
+            _reply(reply)
         elif cmd["cmd"] == "profile":
             from workbench.planning.trace import read_trace
 
@@ -492,6 +509,17 @@ def run_case(case: str, args: argparse.Namespace, out: Path | None) -> dict[str,
                                         "steps": args.profile_steps, "top": 40})
                 text += ["## pytorch", "", r["table"], ""]
             (out / f"profile-{case}.txt").write_text("\n".join(text))
+        if args.predict:
+            r = sides["jax"].ask({"cmd": "predict", "steps": args.profile_steps,
+                                  "calibrate": case == args.first_case})
+            result["prediction"] = {k: r.get(k) for k in ("measured", "uncalibrated",
+                                                          "calibrated", "self_calibrated")}
+            result["prediction"]["calibrated_on"] = args.first_case
+            log(f"{case}: predicted/measured uncalibrated "
+                f"{r['uncalibrated'] / r['measured']:.2f}, with the stored calibration "
+                f"{r['calibrated'] / r['measured']:.2f}")
+            if out is not None:
+                (out / f"profile-{case}-trainer.txt").write_text(r["table"])
     except Exception as e:
         result["error"] = f"{type(e).__name__}: {e}"
         log(f"{case}: failed: {traceback.format_exc()}")
@@ -551,6 +579,24 @@ def rows_of(result: dict[str, Any], command: str, steps: int) -> list[dict[str, 
                                f"{result['flops'] / 1e12:.1f} TFLOP per step "
                                f"(workbench.flops.gpt_flops, both sides) over "
                                f"{result['peak_flops'] / 1e12:.0f} TFLOP/s peak; {how}")})
+    pred = result.get("prediction")
+    if pred and pred.get("measured"):
+        m = pred["measured"]
+        on = pred["calibrated_on"]
+        own = on == result["case"]
+        cal = pred.get("self_calibrated") if own else pred.get("calibrated")
+        for what, value, target in (
+                ("uncalibrated (hardware table)", pred["uncalibrated"], ""),
+                (f"calibrated on {'itself' if own else on}", cal,
+                 "" if own else "0.85-1.15")):
+            if value is None:
+                continue
+            ratio = value / m
+            rows.append({**base, "name": f"predicted step, {shape}, Trainer default, {what}",
+                         "value": ratio, "unit": "predicted/measured", "target": target,
+                         "ok": (0.85 <= ratio <= 1.15) if target else None,
+                         "notes": (f"predicted {value * 1e3:.1f} ms, measured {m * 1e3:.1f} "
+                                   f"ms (trainer.profile, trace); {how}")})
     if "pytorch" in med:
         for name in med:
             if name == "pytorch":
@@ -599,6 +645,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="folder for rows.json, results.json, profiles")
     ap.add_argument("--profile", action="store_true", help="trace both sides after timing")
     ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--predict", action="store_true",
+                    help="after timing, trainer.profile() of each case against its plan: "
+                         "predicted vs measured uncalibrated, and calibrated on the first "
+                         "case (stored in the calibration directory for the later ones)")
     ap.add_argument("--no-torch", action="store_true", help="the workbench side alone")
     ap.add_argument("--torch-backend", default="inductor",
                     help="torch.compile backend (inductor; the smoke test uses aot_eager)")
@@ -636,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "host.json").write_text(json.dumps(
             {"python": platform.python_version(), "command": command, "steps": args.steps}))
     cases = ["smoke"] if args.smoke else args.cases
+    args.first_case = cases[0]   # --predict calibrates on it, predicts the others
     results, rows = [], []
     for case in cases:
         r = run_case(case, args, out)

@@ -85,8 +85,9 @@ def test_weight_inventory_matches_the_models_layouts(preset, rules):
 
 def test_accelerator_terms_by_hand():
     """An abstract v5p slice, bfloat16: logits, saved activations and FSDP gathers by
-    hand from the model's shapes; remat lowers the saved set (full < dots < none)."""
-    cfg = GPTConfig.preset("small", dtype="bfloat16")
+    hand from the model's shapes (XLA attention: the T x T scores saved; the default fused
+    kernel saves none); remat lowers the saved set (full < dots < none)."""
+    cfg = GPTConfig.preset("small", dtype="bfloat16", attention="xla")
     mesh = wb.abstract_mesh("v5p-16", data=4, model=2)
     p = wb.plan(cfg, mesh=mesh, rules="fsdp_tp", batch=32, seq=1024, compile=False,
                 progress=False)
@@ -95,6 +96,8 @@ def test_accelerator_terms_by_hand():
     assert t["logits"] == tokens * v * (4 + 2)
     per_token = 2 * (3 * d + 3 * f + 2 * heads * hd + 2 * heads * hd) + heads * 1024 * (4 + 2)
     assert t["saved"] == tokens * per_token * cfg.n_layers
+    fused = analytic.temp_breakdown(cfg.replace(attention="auto"), 32, 1024, p.rules, p.mesh)
+    assert fused["saved"] == tokens * (per_token - heads * 1024 * (4 + 2)) * cfg.n_layers
     layer = (4 * d * heads * hd + 3 * d * f + 2 * d) * 2   # q, k, v, o, MLP, norms; bf16
     assert t["gathered"] == v * d * 2 + 2 * layer     # the output projection + two layers
     saved = {r: analytic.temp_breakdown(cfg.replace(remat=r), 32, 1024, p.rules, p.mesh)

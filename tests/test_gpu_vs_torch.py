@@ -29,11 +29,13 @@ def test_smoke_runs_both_sides_interleaved_on_the_same_model_and_tokens(tmp_path
     workbench variant that only cuts the loss into chunks gives the Trainer's own loss
     on the same state (float32 reduction order apart); the same batch trained again lowers
     each side's loss; MFU is the FLOP formula over the median window and the peak."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               WORKBENCH_CALIBRATION=str(tmp_path / "calibration"))
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--smoke", "--windows", "2", "--steps", "2",
          "--warmup", "2", "--torch-backend", "aot_eager", "--variant", "chunk:loss_chunks=2",
-         "--out", str(tmp_path)], env=env, text=True, capture_output=True, timeout=900)
+         "--predict", "--out", str(tmp_path)], env=env, text=True, capture_output=True,
+        timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     (r,) = json.loads((tmp_path / "results.json").read_text())
     assert "error" not in r
@@ -54,6 +56,12 @@ def test_smoke_runs_both_sides_interleaved_on_the_same_model_and_tokens(tmp_path
     # warm-up and 4 timed steps on one batch: both sides learn it
     assert r["final_loss"]["trainer"] < first["trainer"]
     assert r["final_loss"]["pytorch"] < r["pytorch"]["warm_loss"] + 1e-3
+    # --predict: the Trainer's own profile against its plan, then calibrated on itself
+    # (stored where the later cases of a GPU run read it)
+    pred = r["prediction"]
+    assert pred["measured"] > 0 and pred["uncalibrated"] > 0 and pred["self_calibrated"] > 0
+    assert list((tmp_path / "calibration").glob("*.json"))
+    assert "step" in (tmp_path / "profile-smoke-trainer.txt").read_text()
     host = json.loads((tmp_path / "host.json").read_text())
     assert host["steps"] == 2 and "--smoke" in host["command"]
 
@@ -79,7 +87,7 @@ def test_rows_name_each_side_by_its_configuration_and_check_the_targets():
     rows = {r["name"]: r for r in gvt.rows_of(_result(0.45), "cmd", 10)}
     trainer = "mfu, 1b 8 x 2048, workbench Trainer step, attention=cudnn remat=none " \
               "loss_chunks=1 bfloat16"
-    lhs = ("vs pytorch, 1b 8 x 2048, attention=xla remat=minimal loss_chunks=1 bfloat16 "
+    lhs = ("vs pytorch, 1b 8 x 2048, attention=auto remat=minimal loss_chunks=1 bfloat16 "
            "xla_gpu_enable_latency_hiding_scheduler=True")
     assert rows[trainer]["ok"] is False and rows[trainer]["target"] == ">= 0.5"
     assert rows[lhs]["value"] == pytest.approx(0.255 / 0.2) and rows[lhs]["ok"] is True
