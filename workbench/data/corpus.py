@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench._cache import cache_root
+from workbench._validate import check_int, check_path, check_str
+from workbench.data.files import DataFileNotFound
 
 #: Bytes of text per ArrayRecord record (several windows each).
 RECORD_BYTES = 8192
@@ -60,10 +62,12 @@ class TextData:
         if self.root is not None:   # absolute: a job or a resume may start elsewhere
             object.__setattr__(self, "root", os.path.abspath(os.path.expanduser(
                 os.fspath(self.root))))
-        object.__setattr__(self, "patterns", tuple(self.patterns))
-        object.__setattr__(self, "exclude", tuple(self.exclude))
-        if self.max_bytes is not None and self.max_bytes < 2:
-            raise ValueError(f"TextData.max_bytes={self.max_bytes} must be at least 2 bytes")
+        object.__setattr__(self, "patterns", _names(self.patterns, "patterns", "'*.py'"))
+        object.__setattr__(self, "exclude", _names(self.exclude, "exclude", "'tests'",
+                                                   empty=True))
+        if self.max_bytes is not None:
+            check_int(self.max_bytes, "TextData.max_bytes", minimum=2,
+                      fix="give at least 2 bytes, or None for all")
 
     @property
     def vocab_size(self) -> int:
@@ -77,6 +81,29 @@ class TextData:
                                    for k, v in d.items()}}
 
 
+def _names(value: Any, name: str, example: str, *, empty: bool = False) -> tuple[str, ...]:
+    """``TextData.patterns`` / ``.exclude`` as a tuple of non-empty strings (one string is
+    one name; a list from ``to_dict()`` is accepted)."""
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"TextData.{name}={value!r} is a {type(value).__name__}; {name} must "
+                        f"be a tuple of strings (e.g. ({example},))")
+    if not value and not empty:
+        raise ValueError(f"TextData.{name}=() matches no file; give at least one pattern "
+                         f"(e.g. ({example},))")
+    for i, v in enumerate(value):
+        check_str(v, f"{name}[{i}]", where="TextData.", example=example)
+    return tuple(value)
+
+
+def _check_spec(spec: Any, name: str = "spec") -> TextData:
+    if not isinstance(spec, TextData):
+        raise TypeError(f"{name}={spec!r} is a {type(spec).__name__}; give a "
+                        "wb.data.TextData(...)")
+    return spec
+
+
 def corpus_root(spec: TextData) -> Path:
     """The directory a ``TextData`` reads (the stdlib when ``spec.root`` is None)."""
     return Path(spec.root) if spec.root is not None else Path(sysconfig.get_paths()["stdlib"])
@@ -86,7 +113,7 @@ def corpus_files(spec: TextData) -> list[Path]:
     """The files of the corpus, sorted by relative path (the stream's order)."""
     root = corpus_root(spec)
     if not root.is_dir():
-        raise FileNotFoundError(f"text corpus root {str(root)!r} is not a directory; "
+        raise DataFileNotFound(f"text corpus root {str(root)!r} is not a directory; "
                                 "pass TextData(root=...) pointing at a folder of text files")
     found: list[Path] = []
     for folder, dirs, names in os.walk(root):
@@ -94,15 +121,23 @@ def corpus_files(spec: TextData) -> list[Path]:
         found.extend(Path(folder, n) for n in names
                      if any(fnmatch.fnmatchcase(n, pat) for pat in spec.patterns))
     if not found:
-        raise FileNotFoundError(f"no files match {list(spec.patterns)} under {root} "
+        raise DataFileNotFound(f"no files match {list(spec.patterns)} under {root} "
                                 f"(excluding directories {list(spec.exclude)})")
     return sorted((p for p in found if p.is_file()),
                   key=lambda p: p.relative_to(root).as_posix())
 
 
 def corpus_bytes(spec: TextData, files: list[Path] | None = None) -> bytes:
-    """The corpus as one byte stream: a header line, then each file's bytes."""
+    """The corpus as one byte stream: a header line, then each file's bytes.
+
+    Args:
+      spec: which files.
+      files: the files to read (default ``corpus_files(spec)``), each below its root.
+    """
+    _check_spec(spec)
     root = corpus_root(spec)
+    if files is not None:
+        files = _check_files(files, root)
     parts: list[bytes] = []
     total = 0
     for path in corpus_files(spec) if files is None else files:
@@ -115,6 +150,24 @@ def corpus_bytes(spec: TextData, files: list[Path] | None = None) -> bytes:
             break
     stream = b"".join(parts)
     return stream[: spec.max_bytes] if spec.max_bytes is not None else stream
+
+
+def _check_files(files: Any, root: Path) -> list[Path]:
+    """``corpus_bytes``' ``files``: readable files below ``root``, as Paths."""
+    if isinstance(files, (str, os.PathLike)) or not isinstance(files, (list, tuple)):
+        raise TypeError(f"files={files!r} is a {type(files).__name__}; files must be a list of "
+                        "paths below the corpus root (corpus_files(spec)), or None for all")
+    out = []
+    for i, f in enumerate(files):
+        path = check_path(f, f"files[{i}]")
+        if not path.is_relative_to(root):
+            raise ValueError(f"files[{i}]={str(path)!r} is not below the corpus root "
+                             f"{str(root)!r}; give files from corpus_files(spec)")
+        if not path.is_file():
+            raise DataFileNotFound(f"files[{i}]={str(path)!r} is not a file; give files from "
+                                   "corpus_files(spec)")
+        out.append(path)
+    return out
 
 
 def _listing_key(spec: TextData, files: list[Path], seq: int) -> str:
@@ -163,9 +216,10 @@ def build_text_corpus(spec: TextData, seq: int, cache_dir: str | os.PathLike[str
     """
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    if seq < 1:
-        raise ValueError(f"seq={seq} must be at least 1")
-    folder = (Path(cache_dir) if cache_dir is not None else cache_root() / "data").absolute()
+    _check_spec(spec)
+    check_int(seq, "seq", fix="give the tokens per training sequence")
+    folder = (check_path(cache_dir, "cache_dir") if cache_dir is not None
+              else cache_root() / "data").absolute()
     files = corpus_files(spec)
     manifest = folder / f"listing-{_listing_key(spec, files, seq)}.json"
     stream = corpus_bytes(spec, files)

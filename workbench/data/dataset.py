@@ -24,6 +24,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from workbench._validate import check_int, check_path
 from workbench.data.files import FORMATS
 from workbench.data.packing import PackedRows, pack
 from workbench.data.tokenizer import Tokenizer, check_vocab
@@ -53,6 +54,24 @@ def _patterns(value: Any, name: str) -> tuple[str, ...]:
         raise ValueError(f"Dataset({name}={value!r}) holds an empty path, which would "
                          "read every file below the working directory; name the files")
     return tuple(absolute(v) for v in value)
+
+
+def _tokenizer(value: Any) -> Tokenizer:
+    """``Dataset.tokenizer`` as a ``Tokenizer``: one, a path, ``to_dict()``'s form or None."""
+    if isinstance(value, Tokenizer):
+        return value
+    if isinstance(value, dict):
+        unknown = sorted(map(str, set(value) - {"path", "bos", "eos", "pad"}))
+        if unknown:
+            raise ValueError(f"Dataset.tokenizer={value!r} has unknown keys {unknown}; a dict "
+                             "is Tokenizer.to_dict()'s form: 'path', 'bos', 'eos', 'pad'")
+        return Tokenizer.from_dict(value)
+    if value is not None and (isinstance(value, bytes)
+                              or not isinstance(value, (str, os.PathLike))):
+        raise TypeError(f"Dataset.tokenizer={value!r} is a {type(value).__name__}; give a "
+                        "wb.data.Tokenizer, the path of a tokenizer.json or .model file, or "
+                        "None for byte-level tokens")
+    return Tokenizer(None if value is None else check_path(value, "Dataset.tokenizer"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -88,12 +107,7 @@ class Dataset:
         set_(self, "files", _patterns(self.files, "files"))
         set_(self, "eval_files", _patterns(self.eval_files, "eval_files")
              if self.eval_files else ())
-        tok = self.tokenizer
-        if isinstance(tok, dict):
-            tok = Tokenizer.from_dict(tok)
-        elif not isinstance(tok, Tokenizer):
-            tok = Tokenizer(tok)
-        set_(self, "tokenizer", tok)
+        set_(self, "tokenizer", _tokenizer(self.tokenizer))
         if self.format not in FORMATS:
             raise ValueError(f"Dataset.format={self.format!r}; choose one of {FORMATS}")
         if not isinstance(self.field, str) or not self.field:
@@ -182,6 +196,13 @@ def prepare(spec: Dataset, *, seq: int, vocab_size: int,
       ValueError: the tokenizer's vocabulary exceeds ``vocab_size``; no train rows.
       DataError: bad files (see :mod:`workbench.data.files`).
     """
+    if not isinstance(spec, Dataset):
+        raise TypeError(f"spec={spec!r} is a {type(spec).__name__}; prepare needs a "
+                        "wb.data.Dataset(files=...)")
+    check_int(seq, "seq", fix="give the tokens per training sequence")
+    check_int(vocab_size, "vocab_size", fix="give the model's vocabulary size")
+    if cache_dir is not None:
+        cache_dir = check_path(cache_dir, "cache_dir")
     tok = spec.tokenizer
     assert isinstance(tok, Tokenizer)
     check_vocab(tok, vocab_size)

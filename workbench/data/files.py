@@ -21,7 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DataError", "FORMATS", "Unit", "file_format", "list_files", "read_unit", "units"]
+from workbench._validate import check_path, check_str
+
+__all__ = ["DataError", "DataFileNotFound", "FORMATS", "Unit", "check_patterns", "file_format",
+           "list_files", "read_unit", "units"]
 
 #: Values of ``Dataset.format``.
 FORMATS: tuple[str, ...] = ("auto", "jsonl", "parquet", "text", "arrayrecord")
@@ -34,6 +37,11 @@ Unit = tuple[str, str, int, int]   # (format, path, start, stop): lines / row gr
 
 class DataError(ValueError):
     """A data file cannot be read as documents (the message names the file and line)."""
+
+
+class DataFileNotFound(FileNotFoundError):
+    """A file, folder or glob given as data names nothing on disk (the message names the
+    argument and the working directory)."""
 
 
 def file_format(path: Path, fmt: str) -> str:
@@ -50,11 +58,37 @@ def file_format(path: Path, fmt: str) -> str:
     return "text"
 
 
-def list_files(patterns: Sequence[str]) -> list[Path]:
+def check_patterns(value: Any, name: str, *, where: str = "") -> tuple[str, ...]:
+    """``value`` (a glob, folder or file, or a list of them) as a tuple of strings.
+
+    Raises:
+      TypeError: not a path or a list of paths.
+      ValueError: an empty list, or a path no file name can hold (empty, a NUL).
+    """
+    if isinstance(value, (str, os.PathLike)):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{where}{name}={value!r} is a {type(value).__name__}; {name} must be "
+                        "a glob, a folder, a file or a list of them (e.g. ['data/*.jsonl'])")
+    if not value:
+        raise ValueError(f"{where}{name}={value!r} names no files; give a glob like "
+                         "'data/*.jsonl', a folder, a file, or a list of them")
+    return tuple(str(check_path(v, f"{name}[{i}]", where=where)) for i, v in enumerate(value))
+
+
+def check_format(value: Any, name: str = "fmt", *, where: str = "") -> str:
+    """``value`` if it is one of :data:`FORMATS`, else an error naming it and the choices."""
+    check_str(value, name, where=where, example="'auto'")
+    if value not in FORMATS:
+        raise ValueError(f"{where}{name}={value!r} is not a format; choose one of {FORMATS}")
+    return value
+
+
+def list_files(patterns: Sequence[str], name: str = "patterns") -> list[Path]:
     """Files matched by glob ``patterns`` (``**`` recursive) or below folders, sorted.
 
     Raises:
-      FileNotFoundError: a pattern matches nothing (named, with the working directory).
+      DataFileNotFound: a pattern matches nothing (named, with the working directory).
     """
     found: set[Path] = set()
     for pattern in patterns:
@@ -64,9 +98,9 @@ def list_files(patterns: Sequence[str]) -> list[Path]:
         else:
             hits = [Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file()]
         if not hits:
-            raise FileNotFoundError(
-                f"no files match {pattern!r} (from {os.getcwd()}); give a glob like "
-                "'data/*.jsonl', a folder, or a list of files")
+            raise DataFileNotFound(
+                f"no files match {pattern!r} (from {os.getcwd()}); give {name} as a glob "
+                "like 'data/*.jsonl', a folder, or a list of them")
         found.update(p.resolve() for p in hits)
     return sorted(found)
 

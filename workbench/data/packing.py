@@ -21,14 +21,20 @@ next token of the same document (:func:`row_batch`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from workbench._validate import check_int
 
 __all__ = ["OPEN_ROWS", "Packing", "PackedRows", "pack", "row_batch"]
 
 #: Rows still open to new pieces while packing (first-fit over the newest ones).
 OPEN_ROWS = 64
+
+#: The longest sequence (a row of ``seq + 1`` int32 ids stays addressable).
+MAX_SEQ = 2**31 - 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +69,23 @@ def pack(lengths: np.ndarray, docs: np.ndarray, *, seq: int, seed: int | None) -
       docs: the documents to pack.
       seq: tokens per training sequence (a row has ``seq + 1``).
       seed: order of the pieces (None: the order of ``docs``).
+
+    Raises:
+      TypeError, ValueError: an argument of the wrong type, shape or range (named).
     """
+    seq = check_int(seq, "seq", maximum=MAX_SEQ, fix="give the tokens per training sequence")
+    if seed is not None:
+        check_int(seed, "seed", minimum=0, fix="give a seed >= 0, or None for docs' order")
+    lengths = _int_vector(lengths, "lengths")
+    if lengths.size and lengths.min() < 0:
+        raise ValueError(f"lengths holds a negative length ({int(lengths.min())}); lengths "
+                         "are the tokens of each document (>= 0)")
+    docs = _int_vector(docs, "docs")
+    if docs.size and not (0 <= docs.min() and docs.max() < lengths.size):
+        bad = int(docs.max()) if docs.max() >= lengths.size else int(docs.min())
+        raise ValueError(f"docs holds {bad}, not the index of a document: lengths has "
+                         f"{lengths.size}; give indices from 0 to {lengths.size - 1}")
     cap = seq + 1
-    docs = np.asarray(docs, dtype=np.int64)
     lens = lengths[docs].astype(np.int64)
     keep = lens >= 2
     docs, lens = docs[keep], lens[keep]
@@ -89,6 +109,23 @@ def pack(lengths: np.ndarray, docs: np.ndarray, *, seq: int, seed: int | None) -
             "padding_fraction": float(1 - p_len.sum() / (rows * cap)) if rows else 0.0}
     return Packing(doc=p_doc, start=p_start, length=p_len,
                    row_ptr=row_ptr.astype(np.int64), info=info)
+
+
+def _int_vector(value: Any, name: str) -> np.ndarray:
+    """``value`` as a 1-D int64 array (a scalar is one entry), or an error naming it."""
+    if isinstance(value, (bool, np.bool_, str, bytes)):
+        raise TypeError(f"{name}={value!r} is a {type(value).__name__}; {name} must be a "
+                        "1-D array of integers")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as err:   # ragged nesting
+        raise TypeError(f"{name}={value!r} is not an array of integers ({err})") from None
+    if arr.size == 0:
+        arr = arr.astype(np.int64)     # np.asarray([]) is float64
+    if arr.ndim > 1 or arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}={value!r} is a {arr.ndim}-D {arr.dtype} array; {name} must "
+                        "be a 1-D array of integers")
+    return np.atleast_1d(arr).astype(np.int64)
 
 
 def _first_fit(lengths: np.ndarray, cap: int, window: int = OPEN_ROWS) -> np.ndarray:
@@ -154,8 +191,34 @@ class PackedRows:
 
 def row_batch(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A train-step batch from stacked rows ``(B, seq + 1)``: inputs, targets, mask,
-    segment_ids and positions, each int32 ``(B, seq)``."""
-    tok, seg, pos = rows["tokens"], rows["segments"], rows["positions"]
+    segment_ids and positions, each int32 ``(B, seq)``.
+
+    Raises:
+      TypeError, ValueError: ``rows`` is not such a dict of equal-shaped 2-D arrays.
+    """
+    tok, seg, pos = _rows(rows)
     same = (seg[:, :-1] == seg[:, 1:]) & (seg[:, :-1] > 0)               # (B, seq)
     return {"inputs": tok[:, :-1], "targets": tok[:, 1:], "mask": same.astype(np.int32),
             "segment_ids": seg[:, :-1], "positions": pos[:, :-1]}
+
+
+def _rows(rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``rows``' tokens, segments and positions, each a 2-D array of one shape."""
+    keys = ("tokens", "segments", "positions")
+    if not isinstance(rows, Mapping) or any(k not in rows for k in keys):
+        raise TypeError(f"rows={rows!r} must be a dict of {list(keys)} (stacked packed rows, "
+                        "each (batch, seq + 1))")
+    arrays = []
+    for k in keys:
+        try:
+            a = np.asarray(rows[k])
+        except (ValueError, TypeError) as err:
+            raise TypeError(f"rows[{k!r}] is not an array ({err})") from None
+        if a.ndim != 2 or a.shape[1] < 2 or a.dtype.kind not in "iu":
+            raise ValueError(f"rows[{k!r}] is a {a.dtype} array of shape {a.shape}; rows "
+                             "needs integer arrays of shape (batch, seq + 1), seq >= 1")
+        arrays.append(a)
+    if len({a.shape for a in arrays}) > 1:
+        raise ValueError(f"rows' arrays differ in shape ({[a.shape for a in arrays]}); give "
+                         "rows of one shape (batch, seq + 1)")
+    return arrays[0], arrays[1], arrays[2]

@@ -20,6 +20,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from workbench._validate import check_int, check_path
 from workbench.data.corpus import TextData, build_text_corpus
 from workbench.data.dataset import Dataset, prepare
 from workbench.data.packing import row_batch
@@ -44,10 +45,11 @@ class SyntheticData:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.size < 1:
-            raise ValueError(f"SyntheticData.size={self.size} must be positive")
-        if self.vocab_size is not None and self.vocab_size < 2:
-            raise ValueError(f"SyntheticData.vocab_size={self.vocab_size} must be at least 2")
+        check_int(self.size, "SyntheticData.size", fix="give the number of distinct rows")
+        if self.vocab_size is not None:
+            check_int(self.vocab_size, "SyntheticData.vocab_size", minimum=2,
+                      fix="give at least 2 tokens, or None for the model's vocabulary")
+        check_int(self.seed, "SyntheticData.seed", minimum=0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form with ``"kind": "synthetic"``."""
@@ -61,26 +63,44 @@ _KINDS: dict[str, type[TextData | SyntheticData | Dataset]] = {
 
 def data_spec(value: str | Mapping[str, Any] | DataSpec) -> DataSpec:
     """Normalises ``"text"``, ``"synthetic"``, a ``to_dict()`` mapping or a spec object."""
+    return _data_spec(value, "value")
+
+
+def _data_spec(value: Any, name: str) -> DataSpec:
+    """:func:`data_spec`, its errors naming the argument ``name`` ("value", "spec")."""
     if isinstance(value, (TextData, SyntheticData, Dataset)):
         return value
     if isinstance(value, str):
         if value not in _KINDS:
-            raise ValueError(f"unknown data {value!r}; use 'text', 'synthetic', "
+            raise ValueError(f"unknown data {value!r}; the {name} must be 'text', 'synthetic', "
                              "wb.data.TextData(...) or wb.data.SyntheticData(...)")
         return _KINDS[value]()
     if isinstance(value, Mapping):
         fields = dict(value)
         kind = fields.pop("kind", None)
-        if kind not in _KINDS:
+        if not isinstance(kind, str) or kind not in _KINDS:
             raise ValueError(f"data spec {dict(value)} needs 'kind': 'text', 'synthetic' or "
-                             "'dataset'")
+                             f"'dataset' (the {name} given has kind={kind!r})")
         cls = _KINDS[kind]
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(map(str, set(fields) - known))
+        if unknown:
+            raise ValueError(f"data spec {dict(value)} has fields {unknown} that "
+                             f"{cls.__name__} lacks (the {name} given); its fields are "
+                             f"{sorted(known)}")
         for key, val in fields.items():
             if isinstance(val, list):
                 fields[key] = tuple(val)
         return cls(**fields)
-    raise TypeError(f"data must be 'text', 'synthetic', a dict or a spec (wb.data.TextData, "
-                    f"wb.data.Dataset, ...); got {value!r}")
+    raise TypeError(f"{name}={value!r} is a {type(value).__name__}; data must be 'text', "
+                    "'synthetic', a dict or a spec (wb.data.TextData, wb.data.Dataset, ...)")
+
+
+def _check_shape(seq: Any, vocab_size: Any, cache_dir: Any) -> Any:
+    """Checks ``seq`` and ``vocab_size``; returns ``cache_dir`` as a Path (or None)."""
+    check_int(seq, "seq", fix="give the tokens per training sequence")
+    check_int(vocab_size, "vocab_size", minimum=2, fix="give the model's vocabulary size")
+    return None if cache_dir is None else check_path(cache_dir, "cache_dir")
 
 
 def _synthetic_row(index: int, *, seq: int, vocab: int, seed: int) -> np.ndarray:
@@ -115,6 +135,8 @@ def source(spec: DataSpec, *, seq: int, vocab_size: int,
       vocab_size: the model's vocabulary; every token id must be below it.
       cache_dir: where the text corpus' ArrayRecord file lives (default: the user cache).
     """
+    spec = _data_spec(spec, "spec")
+    cache_dir = _check_shape(seq, vocab_size, cache_dir)
     if isinstance(spec, Dataset):
         prepared = prepare(spec, seq=seq, vocab_size=vocab_size, cache_dir=cache_dir)
         return prepared.train, prepared.info
@@ -155,6 +177,7 @@ def dataset(spec: DataSpec, *, seq: int, batch: int, seed: int, vocab_size: int,
       process_index, process_count: this process and how many read.
       cache_dir: where the text corpus lives.
     """
+    _check_batches(batch, seed, process_index, process_count)
     records, info = source(spec, seq=seq, vocab_size=vocab_size, cache_dir=cache_dir)
     return batched(records, batch=batch, seed=seed, process_index=process_index,
                    process_count=process_count), {**info, "epoch_records": len(records)}
@@ -168,13 +191,32 @@ def batched(records: grain.MapDataset, *, batch: int, seed: int | None, process_
     Global batch ``j`` is blocks ``j*P .. j*P+P-1`` of ``batch/P`` consecutive (shuffled)
     records; process ``p`` takes block ``j*P + p``.
     """
+    if not isinstance(records, grain.MapDataset):
+        raise TypeError(f"records={records!r} is a {type(records).__name__}; give a "
+                        "grain.MapDataset (e.g. the first result of wb.data.source)")
+    _check_batches(batch, seed, process_index, process_count)
     if batch % process_count:
         raise ValueError(f"batch={batch} is not divisible by the {process_count} processes "
-                         f"that load it; use a multiple of {process_count}")
+                         f"that load it (process_count={process_count}); use a multiple of "
+                         f"{process_count}")
     local = batch // process_count
     ds = records.shuffle(seed=seed) if seed is not None else records
     ds = ds.repeat(None).batch(local, drop_remainder=True)
     return ds[process_index::process_count]
+
+
+#: Grain's shuffle seeds are below this.
+MAX_SEED = 2**32 - 1
+
+
+def _check_batches(batch: Any, seed: Any, process_index: Any, process_count: Any) -> None:
+    check_int(batch, "batch", fix="give the global batch size")
+    if seed is not None:
+        check_int(seed, "seed", minimum=0, maximum=MAX_SEED,
+                  fix="Grain's shuffle takes seeds below 2**32 (None: no shuffle)")
+    check_int(process_count, "process_count", fix="give how many processes read")
+    check_int(process_index, "process_index", minimum=0, maximum=process_count - 1,
+              fix=f"give this process's index among the {process_count} that read")
 
 
 #: The entries of a batch of packed rows (``workbench.data.packing.row_batch``).
@@ -183,11 +225,17 @@ PACKED_KEYS: tuple[str, ...] = ("inputs", "targets", "mask", "segment_ids", "pos
 
 def batch_keys(spec: str | Mapping[str, Any] | DataSpec) -> tuple[str, ...]:
     """The entries of the batches a data spec gives (each int32 ``(batch, seq)``)."""
-    return PACKED_KEYS if isinstance(data_spec(spec), Dataset) else ("inputs", "targets")
+    return PACKED_KEYS if isinstance(_data_spec(spec, "spec"), Dataset) else ("inputs", "targets")
 
 
 def batch_shards(sharding: Any) -> int:
     """How many ways a ``NamedSharding`` splits dim 0 (the batch) across devices."""
+    import jax
+
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        raise TypeError(f"sharding={sharding!r} is a {type(sharding).__name__}; give a "
+                        "jax.sharding.NamedSharding of the (batch, seq) batches, e.g. "
+                        "NamedSharding(mesh, PartitionSpec('data'))")
     spec = sharding.spec
     first = spec[0] if len(spec) else None
     axes = (first,) if isinstance(first, str) else tuple(first or ())
@@ -219,6 +267,10 @@ class ShardedBatches:
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
         import jax
 
+        self.spec = _data_spec(spec, "spec")
+        check_int(seq, "seq", fix="give the tokens per training sequence")
+        check_int(batch, "batch", fix="give the global batch size")
+        check_int(prefetch, "prefetch", minimum=0, fix="0 reads inline")
         shards = batch_shards(sharding)
         if batch % shards:
             axes = sharding.spec[0]
@@ -226,12 +278,12 @@ class ShardedBatches:
                 f"batch={batch} is not divisible by the {shards} shards of its batch dim "
                 f"(mesh axes {axes!r} of mesh {dict(sharding.mesh.shape)}); use a batch that "
                 f"is a multiple of {shards}, e.g. batch={max(shards, batch - batch % shards)}")
-        self.spec = data_spec(spec)
         self.sharding = sharding
         self.global_shape = (batch, seq + 1)
         self._eval_rows: grain.MapDataset | None = None
         where = {"process_index": jax.process_index(), "process_count": jax.process_count()}
         if isinstance(self.spec, Dataset):
+            _check_batches(batch, seed, where["process_index"], where["process_count"])
             prepared = prepare(self.spec, seq=seq, vocab_size=vocab_size, cache_dir=cache_dir)
             self._eval_rows = prepared.eval
             self._ds = batched(prepared.train, batch=batch, seed=seed, **where)

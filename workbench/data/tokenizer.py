@@ -21,6 +21,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from workbench._validate import check_int, check_path, check_str
+from workbench.data.files import DataFileNotFound
+
 __all__ = ["Tokenizer", "check_vocab"]
 
 _BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "[CLS]", "<|startoftext|>")
@@ -51,8 +54,11 @@ class Tokenizer:
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, bos: str | None = None,
                  eos: str | None = None, pad: str | None = None) -> None:
-        self.path = None if path is None else str(path)
+        self.path = None if path is None else str(check_path(path, "path", where="Tokenizer: "))
         self._names = {"bos": bos, "eos": eos, "pad": pad}
+        for role, given in self._names.items():
+            if given is not None:
+                _check_token_name(given, role)
         self._impl: Any = None
         if self.path is None:
             if any(v is not None for v in self._names.values()):
@@ -66,9 +72,9 @@ class Tokenizer:
         if file.is_dir():
             file = file / "tokenizer.json"
         if not file.is_file():
-            raise FileNotFoundError(
-                f"tokenizer file {str(file)!r} does not exist; pass a Hugging Face "
-                "tokenizer.json (or its folder) or a SentencePiece .model file, or "
+            raise DataFileNotFound(
+                f"tokenizer file {str(file)!r} (path={path!r}) does not exist; pass a Hugging "
+                "Face tokenizer.json (or its folder) or a SentencePiece .model file, or "
                 "Tokenizer() for byte-level tokens")
         self.path = str(file)
         self._sha = hashlib.sha256(file.read_bytes()).hexdigest()
@@ -201,12 +207,27 @@ class Tokenizer:
                 f"bos_id={self.bos_id}, eos_id={self.eos_id}, pad_id={self.pad_id})")
 
 
+def _check_token_name(value: Any, role: str) -> None:
+    """A special token's name: a string (``""``: none) that a tokenizer can look up."""
+    check_str(value, role, where="Tokenizer: ", empty=True, example=f"{role}='</s>'")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"Tokenizer: {role}={value!r} holds a lone surrogate, which no token "
+                         f"can; give the token's text, or {role}='' for none") from None
+
+
 def check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
     """Raises unless every id of ``tokenizer`` is below the model's ``vocab_size``.
 
     Raises:
+      TypeError: ``tokenizer`` is not a ``Tokenizer``, or ``vocab_size`` not an integer.
       ValueError: naming both sizes and the fix.
     """
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer={tokenizer!r} is a {type(tokenizer).__name__}; give a "
+                        "wb.data.Tokenizer (wb.data.Tokenizer() for byte-level tokens)")
+    check_int(vocab_size, "vocab_size", fix="give the model's vocabulary size")
     if tokenizer.vocab_size > vocab_size:
         where = tokenizer.path or "byte-level"
         raise ValueError(

@@ -37,13 +37,18 @@ import grain
 import numpy as np
 
 from workbench._cache import cache_root
-from workbench.data.files import DataError, Unit, file_format, list_files, read_unit, units
+from workbench._validate import check_int, check_path, check_str
+from workbench.data.files import (DataError, Unit, check_format, check_patterns, file_format,
+                                  list_files, read_unit, units)
 from workbench.data.tokenizer import Tokenizer
 
 __all__ = ["RECORD_TOKENS", "TokenCache", "build_token_cache"]
 
 #: Tokens per ArrayRecord record (8 KiB of int32).
 RECORD_TOKENS = 2048
+
+#: The most Grain worker processes that tokenize (each one is a Python process).
+MAX_WORKERS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,10 +132,21 @@ def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: s
     Raises:
       DataError: an empty file, bad JSON, a missing field or column, non-UTF-8 text, or
         no documents at all (the message names the file and line).
+      DataFileNotFound: a pattern matches no file.
+      TypeError, ValueError: an argument of the wrong type or out of range (named).
     """
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    root = (Path(cache_dir) if cache_dir is not None else cache_root() / "data").absolute()
+    patterns = check_patterns(patterns, "patterns")
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer={tokenizer!r} is a {type(tokenizer).__name__}; give a "
+                        "wb.data.Tokenizer (wb.data.Tokenizer() for byte-level tokens)")
+    check_str(field, "field", example="'text'")
+    check_format(fmt, "fmt")
+    check_int(workers, "workers", minimum=0, maximum=MAX_WORKERS,
+              fix="0 tokenizes in this process")
+    root = (check_path(cache_dir, "cache_dir") if cache_dir is not None
+            else cache_root() / "data").absolute()
     files = list_files(patterns)
     digest, each = _content_key(files, fmt, field, tokenizer)
     folder = root / f"tokens-{digest[:16]}-{tokenizer.fingerprint}"
