@@ -111,68 +111,12 @@ ALIASES: dict[tuple[str, str], tuple[str, ...]] = {
 #: hostile value of that argument is expected to fail here, and one is checked on its own
 #: below as a strict xfail, so a fix is noticed. (function, argument) -> (value, reason).
 KNOWN: dict[tuple[str, str], tuple[Any, str]] = {
-    ("wb.Trainer", "async_checkpoint"): (
-        None, "the lead (train/trainer.py): TypeError at "
-              "orbax/checkpoint/checkpoint_manager.py (raised outside Workbench); kinds "
-              "none,negative,inf"),
-    ("wb.Trainer", "config"): (
-        False, "the lead (train/trainer.py): TypeError at train/trainer.py (message does "
-               "not name it); kinds bool"),
     ("wb.calibrate", "reports"): (
         False, "helper 1 (planning/calibrate.py): AttributeError at planning/calibrate.py "
                "(raw); kinds bool,none,fraction"),
     ("wb.calibrate", "spec"): (
         False, "helper 1 (planning/calibrate.py): AttributeError at planning/calibrate.py "
                "(raw); kinds bool,empty,huge"),
-    ("wb.models.Attention", "cfg"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: AttributeError "
-               "at models/layers.py (raw); kinds bool,none,fraction,huge"),
-    ("wb.models.Attention", "key"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: TypeError at "
-               "jax/_src/random/prng.py (raised outside Workbench); kinds "
-               "bool,none,empty,negative,inf,zero"),
-    ("wb.models.Block", "cfg"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: AttributeError "
-               "at models/gpt.py (raw); kinds bool,none,fraction,huge"),
-    ("wb.models.Block", "key"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: TypeError at "
-               "jax/_src/random/prng.py (raised outside Workbench); kinds "
-               "bool,none,empty,negative,inf,zero"),
-    ("wb.models.MLP", "cfg"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: AttributeError "
-               "at models/layers.py (raw); kinds bool,none,fraction,huge"),
-    ("wb.models.MLP", "key"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: TypeError at "
-               "jax/_src/random/prng.py (raised outside Workbench); kinds "
-               "bool,none,empty,negative,inf,zero"),
-    ("wb.models.MLPClassifier", "dtype"): (
-        0.0, "unowned (models/layers.py, mlp.py): not fixed this round: TypeError at "
-             "models/layers.py (message does not name it); kinds zero"),
-    ("wb.models.MLPClassifier", "hidden"): (
-        None, "unowned (models/layers.py, mlp.py): not fixed this round: TypeError at "
-              "models/mlp.py (message does not name it); kinds none,fraction"),
-    ("wb.models.MLPClassifier", "in_features"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: "
-               "ZeroDivisionError at models/mlp.py (raw); kinds bool"),
-    ("wb.models.MLPClassifier", "n_classes"): (
-        "", "unowned (models/layers.py, mlp.py): not fixed this round: TypeError at "
-            "jax/_src/core.py (raised outside Workbench); kinds empty,huge"),
-    ("wb.models.MLPClassifier", "rngs"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: AttributeError "
-               "at models/mlp.py (raw); kinds bool,none,negative,inf"),
-    ("wb.models.RMSNorm", "dim"): (
-        None, "unowned (models/layers.py, mlp.py): not fixed this round: TypeError at "
-              "jax/_src/core.py (raised outside Workbench); kinds none,fraction"),
-    ("wb.models.RMSNorm", "param_dtype"): (
-        0.0, "unowned (models/layers.py, mlp.py): not fixed this round: TypeError at "
-             "models/layers.py (message does not name it); kinds zero"),
-    ("wb.models.classifier_loss", "batch"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: TypeError at "
-               "models/mlp.py (message does not name it); kinds "
-               "bool,none,empty,negative,inf,zero"),
-    ("wb.models.classifier_loss", "model"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: TypeError at "
-               "models/mlp.py (message does not name it); kinds bool,none,fraction,huge"),
     ("wb.models.from_hf", "ignore_fields"): (
         False, "helper 2 (models/hf.py): TypeError at models/hf_families.py (message does "
                "not name it); kinds bool,none,negative,inf"),
@@ -189,15 +133,6 @@ KNOWN: dict[tuple[str, str], tuple[Any, str]] = {
     ("wb.models.hf_config", "path"): (
         False, "helper 2 (models/hf.py, hf_families.py): TypeError at pathlib.py (raised "
                "outside Workbench); kinds bool,none,fraction"),
-    ("wb.models.rope", "positions"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: AttributeError "
-               "at models/layers.py (raw); kinds bool,negative,inf,zero"),
-    ("wb.models.rope", "theta"): (
-        "", "unowned (models/layers.py, mlp.py): not fixed this round: TypeError at "
-            "models/layers.py (message does not name it); kinds empty,huge"),
-    ("wb.models.rope", "x"): (
-        False, "unowned (models/layers.py, mlp.py): not fixed this round: AttributeError "
-               "at models/layers.py (raw); kinds bool,none,fraction"),
     ("wb.models.to_hf", "obj"): (
         False, "helper 1 (models/hf_export.py): TypeError at models/hf_export.py (message "
                "does not name it); kinds bool"),

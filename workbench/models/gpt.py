@@ -26,7 +26,16 @@ from workbench.models import attention as attention_impl
 from workbench.models import context as context_parallel
 from workbench.models import moe
 from workbench.models.config import GPTConfig, remat_policy
-from workbench.models.layers import MLP, Attention, RMSNorm, Segments, fan_in_init, param, rope
+from workbench.models.layers import (
+    MLP,
+    Attention,
+    RMSNorm,
+    Segments,
+    check_layer_args,
+    fan_in_init,
+    param,
+    rope,
+)
 from workbench.models.pipeline import run_pipeline
 from workbench.rules import constrain
 
@@ -48,6 +57,7 @@ class Block(nnx.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
     def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
+        check_layer_args(cfg, key, "Block")
         norm = {"eps": cfg.norm_eps, "dtype": cfg.dtype, "param_dtype": cfg.param_dtype}
         k_attn, k_mlp = jax.random.split(key)
         self.attn_norm = RMSNorm(cfg.d_model, **norm)

@@ -14,12 +14,15 @@ F d_ff.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from workbench._validate import check_float, check_int, check_str
 from workbench.models import attention as attention_impl
 from workbench.models import context as context_parallel
 from workbench.models.config import GPTConfig
@@ -30,6 +33,57 @@ __all__ = ["MLP", "Attention", "Init", "RMSNorm", "Segments", "fan_in_init", "pa
 Init = Callable[..., jax.Array]
 #: Packed rows: ``(segment_ids, positions)``, int32 (B, T) each (``workbench.data.packing``).
 Segments = tuple[jax.Array, jax.Array]
+#: The widest dimension a layer accepts (``RMSNorm(dim)``, ``MLPClassifier`` sizes): far
+#: past any model's width, and a refusal instead of a multi-GiB allocation or an overflow.
+MAX_DIM = 2**24
+
+
+def check_layer_args(cfg: object, key: object, where: str) -> None:
+    """The arguments of a layer built from a config (``Attention``, ``MLP``, ``Block``)
+    checked in its constructor (Python values, before any tracing): ``cfg`` a
+    ``GPTConfig``, ``key`` one PRNG key (a typed key, or a legacy raw ``uint32`` key).
+
+    Raises:
+      TypeError: naming the argument, its value and what to give instead.
+    """
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"{where}: cfg={_brief(cfg)} is a {type(cfg).__name__}; give a "
+                        "wb.models.GPTConfig, e.g. GPTConfig.preset('tiny')")
+    fix = "give one PRNG key, e.g. key=jax.random.key(0)"
+    if not isinstance(key, (jax.Array, np.ndarray)):
+        raise TypeError(f"{where}: key={_brief(key)} is a {type(key).__name__}; {fix}")
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.shape != ():
+            raise TypeError(f"{where}: key is an array of {key.shape} keys; {fix} "
+                            "(one of them: key=keys[i])")
+    elif key.dtype != np.uint32 or key.ndim != 1:
+        raise TypeError(f"{where}: key is an array of {key.dtype} {key.shape}, not a PRNG "
+                        f"key; {fix}")
+
+
+def check_dtype(value: object, name: str, where: str) -> str:
+    """The name of a floating-point dtype (``"float32"``, ``jnp.bfloat16``), or an error
+    naming ``name`` and the dtypes that work."""
+    from workbench.models.config import FLOAT_DTYPES
+
+    want = f"give one of {', '.join(repr(d) for d in FLOAT_DTYPES)}"
+    dt = None
+    if value is not None and not isinstance(value, (bool, int, float, complex)):
+        try:
+            dt = jnp.dtype(value)
+        except (TypeError, ValueError, KeyError):
+            dt = None
+    if dt is None:
+        raise TypeError(f"{where}: {name}={_brief(value)} is not a dtype; {want}")
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise TypeError(f"{where}: {name}={_brief(value)} is not a floating-point dtype; {want}")
+    return dt.name
+
+
+def _brief(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
 
 def param(key: jax.Array | None, init: Init, shape: Sequence[int],
           axes: tuple[str | None, ...], dtype: str) -> nnx.Param:
@@ -53,6 +107,11 @@ class RMSNorm(nnx.Module):
 
     def __init__(self, dim: int, *, eps: float, dtype: str, param_dtype: str,
                  axis: str = "embed") -> None:
+        dim = check_int(dim, "dim", maximum=MAX_DIM, where="RMSNorm: ")
+        check_float(eps, "eps", minimum=0.0, where="RMSNorm: ", example="1e-5")
+        check_dtype(dtype, "dtype", "RMSNorm")
+        check_dtype(param_dtype, "param_dtype", "RMSNorm")
+        check_str(axis, "axis", where="RMSNorm: ", example="'embed'")
         self.scale = param(None, nnx.initializers.ones, (dim,), (axis,), param_dtype)
         self.eps, self.dtype = eps, dtype
 
@@ -69,6 +128,7 @@ def rope(x: jax.Array, theta: float, positions: jax.Array | None = None) -> jax.
     zig-zag order under context parallelism, :func:`workbench.models.context.positions`);
     or (B, T): each token's position within its document (packed rows).
     """
+    theta = _check_rope(x, theta, positions)
     _, t, _, h = x.shape
     pos = jnp.arange(t) if positions is None else positions
     inv_freq = 1.0 / theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h)   # (H/2,)
@@ -82,10 +142,37 @@ def rope(x: jax.Array, theta: float, positions: jax.Array | None = None) -> jax.
     return out.astype(x.dtype)
 
 
+def _check_rope(x: object, theta: object, positions: object) -> Any:
+    """``theta``, after checking the arguments of :func:`rope` (on Python values and
+    shapes: under ``jit`` at trace time, never in the compiled step); a Python int
+    ``theta`` as a float (an int past int64 overflows where JAX converts it)."""
+    if not isinstance(x, (jax.Array, np.ndarray)):
+        raise TypeError(f"rope: x={_brief(x)} is a {type(x).__name__}; give an array of "
+                        "shape (batch, seq, heads, head_dim)")
+    if x.ndim != 4 or x.shape[-1] % 2:
+        raise ValueError(f"rope: x has shape {tuple(x.shape)}; x must be (batch, seq, heads, "
+                         "head_dim) with an even head_dim")
+    if positions is not None:
+        t = x.shape[1]
+        if not isinstance(positions, (jax.Array, np.ndarray)):
+            raise TypeError(f"rope: positions={_brief(positions)} is a "
+                            f"{type(positions).__name__}; give None (0..seq-1), an array "
+                            f"({t},) or ({x.shape[0]}, {t})")
+        if positions.ndim not in (1, 2) or positions.shape[-1] != t:
+            raise ValueError(f"rope: positions has shape {tuple(positions.shape)}; x has "
+                             f"{t} tokens: give positions of shape ({t},) or "
+                             f"({x.shape[0]}, {t})")
+    if isinstance(theta, jax.Array):   # traced, or given as an array: checked by JAX
+        return theta
+    check_float(theta, "theta", positive=True, where="rope: ", example="10000.0")
+    return float(theta) if isinstance(theta, (int, np.integer)) else theta
+
+
 class Attention(nnx.Module):
     """Grouped-query causal self-attention with RoPE."""
 
     def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
+        check_layer_args(cfg, key, "Attention")
         d, n, k, h, pd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.param_dtype
         kq, kk, kv, ko = jax.random.split(key, 4)
         self.q = param(kq, fan_in_init(d), (d, n, h), ("embed", "heads", "head_dim"), pd)
@@ -147,6 +234,7 @@ class MLP(nnx.Module):
     """SwiGLU feed-forward: down(silu(x @ gate) * (x @ up))."""
 
     def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
+        check_layer_args(cfg, key, "MLP")
         d, f, pd = cfg.d_model, cfg.d_ff, cfg.param_dtype
         kg, ku, kd = jax.random.split(key, 3)
         self.gate = param(kg, fan_in_init(d), (d, f), ("embed", "mlp"), pd)

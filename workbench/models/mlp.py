@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from workbench.models.layers import param
+from workbench._validate import check_int
+from workbench.models.layers import MAX_DIM, check_dtype, param
 from workbench.rules import constrain
 
 
@@ -26,8 +29,12 @@ class MLPClassifier(nnx.Module):
 
     def __init__(self, in_features: int, hidden: Sequence[int], n_classes: int, *,
                  rngs: nnx.Rngs, dtype: str = "float32") -> None:
-        sizes = [in_features, *hidden]
-        keys = jax.random.split(rngs.params(), len(hidden) + 1)
+        *sizes, n_classes = _check_sizes(in_features, hidden, n_classes)
+        if not isinstance(rngs, nnx.Rngs):
+            raise TypeError(f"MLPClassifier: rngs={rngs!r} is a {type(rngs).__name__}; give "
+                            "flax's nnx.Rngs, e.g. rngs=nnx.Rngs(0)")
+        check_dtype(dtype, "dtype", "MLPClassifier")
+        keys = jax.random.split(rngs.params(), len(sizes))   # one per weight
         self.weights = nnx.List()
         self.biases = nnx.List()
         for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
@@ -49,9 +56,35 @@ class MLPClassifier(nnx.Module):
         return x @ self.out[...] + self.out_bias[...]                 # (B, n_classes)
 
 
+def _check_sizes(in_features: Any, hidden: Any, n_classes: Any) -> list[int]:
+    """``[in_features, *hidden, n_classes]`` as ints, each from 1 to ``MAX_DIM``, or an
+    error naming the argument."""
+    where = "MLPClassifier: "
+    if isinstance(hidden, np.ndarray) and hidden.ndim == 1:
+        hidden = hidden.tolist()
+    if isinstance(hidden, (str, bytes, Mapping)) or not isinstance(hidden, Sequence):
+        raise TypeError(f"{where}hidden={hidden!r} is a {type(hidden).__name__}; give the "
+                        "hidden layers' widths as a sequence of ints, e.g. hidden=(256, 256) "
+                        "(or () for none)")
+    return [check_int(in_features, "in_features", maximum=MAX_DIM, where=where),
+            *(check_int(h, f"hidden[{i}]", maximum=MAX_DIM, where=where)
+              for i, h in enumerate(hidden)),
+            check_int(n_classes, "n_classes", maximum=MAX_DIM, where=where)]
+
+
 def classifier_loss(model: MLPClassifier, batch: dict[str, jax.Array]) -> jax.Array:
     """Mean softmax cross-entropy of ``model(batch["x"])`` against int labels ``batch["y"]``."""
     import optax
+
+    if not callable(model):
+        raise TypeError(f"classifier_loss: model is a {type(model).__name__}, not callable; give "
+                        "the classifier, e.g. an MLPClassifier: (B, ...) -> logits (B, classes)")
+    want = "give a mapping {'x': inputs (B, ...), 'y': int labels (B,)}"
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"classifier_loss: batch is a {type(batch).__name__}; {want}")
+    if not {"x", "y"} <= set(batch):
+        raise ValueError(f"classifier_loss: batch has keys {sorted(map(repr, batch))}, not "
+                         f"'x' and 'y'; {want}")
 
     logits = model(batch["x"])
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]))

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from workbench import runs
-from workbench._validate import check_int, no_new_empty_dirs
+from workbench._validate import check_int, check_path, no_new_empty_dirs
 from workbench._display import Displayable
 from workbench.run_lock import RunLock
 from workbench.train.checkpoint import CheckpointError, Checkpoints
@@ -53,9 +53,7 @@ def _no_empty_dirs_on_failure(init: Any) -> Any:
     ``checkpoints/``) if it made them and they are still empty."""
     @functools.wraps(init)
     def wrapper(self: Any, config: Any, run_dir: Any, *args: Any, **kwargs: Any) -> None:
-        if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
-            raise TypeError(f"Trainer run_dir={run_dir!r} must be a directory path (str or "
-                            "pathlib.Path), e.g. run_dir='runs/tiny'")
+        check_path(run_dir, "run_dir", where="Trainer ")   # e.g. run_dir='runs/tiny'
         with no_new_empty_dirs(run_dir):
             init(self, config, run_dir, *args, **kwargs)
     return wrapper
@@ -107,8 +105,29 @@ class Trainer(Displayable):
                  data_cache: str | os.PathLike[str] | None = None,
                  initial_model: Any = None, prediction: Any = None) -> None:
         if not isinstance(config, TrainConfig):
-            raise TypeError(f"Trainer needs a wb.TrainConfig, got {type(config).__name__}; "
-                            "use Trainer.from_plan(plan, ...) for a Plan")
+            raise TypeError(f"Trainer config={config!r:.80} is a {type(config).__name__}; "
+                            "config must be a wb.TrainConfig (use Trainer.from_plan(plan, "
+                            "...) for a Plan)")
+        for name, flag in (("fork", fork), ("force", force), ("tensorboard", tensorboard),
+                           ("async_checkpoint", async_checkpoint)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"Trainer {name}={flag!r:.80} must be True or False")
+        if progress is not None and (not isinstance(progress, str)
+                                     or progress not in ("auto", "widget", "line")):
+            raise ValueError(f"Trainer progress={progress!r:.80}; use 'auto', 'widget', "
+                             "'line' or None")
+        if isinstance(compile_cache, (bool, np.bool_)):
+            compile_cache = bool(compile_cache)
+        else:
+            check_path(compile_cache, "compile_cache", where="Trainer ")
+        if data_cache is not None:
+            check_path(data_cache, "data_cache", where="Trainer ")
+        from flax import nnx
+
+        if initial_model is not None and not isinstance(initial_model, nnx.Module):
+            raise TypeError(f"Trainer initial_model={initial_model!r:.80} is a "
+                            f"{type(initial_model).__name__}; give an nnx.Module of the "
+                            "config's model (plan.materialize(...)), or None")
         self.config = config
         check_data_changed(data_changed)
         self.run_dir, source, self._config_event = check_run_dir(
