@@ -23,6 +23,36 @@ MAX_LINE = 32 << 20  # bytes; a longer line is skipped unread
 STEP_LIMIT = 2**53  # |step| below this (the integers a JavaScript number holds exactly)
 
 
+def path_arg(value: Any, name: str, *, where: str = "", empty: bool = False) -> Path:
+    """``value`` as a ``Path``, or an error naming the argument: a ``str`` or
+    ``os.PathLike`` (not bytes), non-empty unless ``empty``, that the OS can take (no NUL,
+    no lone surrogate). ``workbench._validate.check_path`` without NumPy, for the modules
+    the Jupyter server imports; a name ``os.fsencode`` takes (``surrogateescape``, as
+    ``os.listdir`` returns undecodable names) is kept.
+
+    Raises:
+      TypeError: ``value`` is not a path.
+      ValueError: it is empty, or holds a character no file name can.
+    """
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{where}{name}={value!r} is a {type(value).__name__}; {name} must be a "
+                        "path (a str or os.PathLike)")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        raise TypeError(f"{where}{name}={value!r} is a bytes path; give {name} as a str")
+    if not text and not empty:
+        raise ValueError(f"{where}{name}='' is empty; give {name} as a path ('.' for the "
+                         "current folder)")
+    if "\x00" in text:
+        raise ValueError(f"{where}{name}={text!r} holds a NUL character, which no path can")
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        raise ValueError(f"{where}{name}={text!r} holds a lone surrogate, which no path can "
+                         "hold; give the name as the text it was meant to be") from None
+    return Path(text)
+
+
 class _Bad:
     """A line that is no record; ``reason`` says why."""
 
@@ -51,7 +81,7 @@ class MetricsTail:
     MARK_EVERY = 512
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir = path_arg(run_dir, "run_dir", where="MetricsTail: ")
         self.path = self.run_dir / METRICS  # read only inside run_dir, symlinks resolved
         self.resets = 0  # times the file shrank (replaced or truncated) and was re-read
         self.file_problem: str | None = None  # the file itself cannot be read

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import operator
 import os
 import platform
 import re
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from workbench._run_file import FileRefused, open_file
-from workbench._tail import METRICS, MetricsTail, _depth_ok
+from workbench._tail import METRICS, MetricsTail, _depth_ok, path_arg
 
 __all__ = ["HISTORY_EVENTS", "METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunFileError",
            "RunWriter", "check_run", "clean_prediction", "columns", "config_hash",
@@ -129,7 +130,13 @@ class RunWriter:
 
     def __init__(self, run_dir: str | os.PathLike[str], *, config: dict[str, Any],
                  name: str | None = None, meta: dict[str, Any] | None = None) -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir = path_arg(run_dir, "run_dir", where="RunWriter: ")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"RunWriter: name={name!r} is a {type(name).__name__}; name must "
+                            "be a string (the run's display name) or None for the folder's")
+        if meta is not None and not isinstance(meta, dict):
+            raise TypeError(f"RunWriter: meta={_short(meta)} is a {type(meta).__name__}; meta "
+                            "must be a dict of further run.json fields, or None")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._last_meta_write = 0.0
@@ -284,7 +291,7 @@ def read_run(run_dir: str | os.PathLike[str], *, contained: bool = False) -> dic
         ``contained``, unreadable, larger than 16 MiB, not UTF-8, empty, not JSON, nested
         more than 64 levels, not a JSON object).
     """
-    path = Path(run_dir) / RUN_JSON
+    path = path_arg(run_dir, "run_dir", where="read_run: ") / RUN_JSON
     fix = (f"move it aside (e.g. to {RUN_JSON}.bad) or delete it; a training run that "
            "resumes there writes a new one (its metrics.jsonl and checkpoints are kept)")
     try:
@@ -396,7 +403,11 @@ def check_run(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
     A ``status`` that is not one of :data:`STATUSES` becomes ``"error"``; texts are cut
     to 2000 characters; the result is strict JSON (see :func:`json_safe`).
+
+    Raises:
+      TypeError: ``meta`` is not a dict.
     """
+    _dict_arg(meta, "meta", "check_run")
     out = json_safe(meta)
     problems: list[str] = []
     for key, (what, kind) in _RUN_TYPES.items():
@@ -434,27 +445,84 @@ def _positive(v: Any) -> bool:
 
 def read_metrics(run_dir: str | os.PathLike[str], since: int = 0) -> list[dict[str, Any]]:
     """Step records of a run with ``step > since``, de-duplicated across resumes."""
+    run_dir = path_arg(run_dir, "run_dir", where="read_metrics: ")
+    if isinstance(since, bool) or not isinstance(since, (int, float)):
+        raise TypeError(f"read_metrics: since={_short(since)} is a {type(since).__name__}; "
+                        "since must be a step number (0 for every record)")
+    if isinstance(since, float) and not math.isfinite(since):
+        raise ValueError(f"read_metrics: since={since!r} is not finite; since must be a step "
+                         "number (0 for every record)")
     steps, _ = MetricsTail(run_dir).poll()
     return [r for r in steps if r["step"] > since]
 
 
 def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The non-step lines (``{"event": ...}``) of a run, in order."""
-    return MetricsTail(run_dir).poll()[1]
+    return MetricsTail(path_arg(run_dir, "run_dir", where="read_events: ")).poll()[1]
 
 
 def columns(records: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     """Records -> columns: ``{"step": [...], "loss": [...], ...}`` (missing -> None)."""
+    if isinstance(records, (str, bytes, dict)) or not isinstance(records, Iterable):
+        raise TypeError(f"columns: records={_short(records)} is a {type(records).__name__}; "
+                        "records must be a list of dicts (e.g. read_metrics(run_dir))")
+    records = list(records)
+    for i, rec in enumerate(records):
+        _dict_arg(rec, f"records[{i}]", "columns")
     keys: dict[str, None] = {}
     for rec in records:
         keys.update(dict.fromkeys(rec))
     return {k: [rec.get(k) for rec in records] for k in keys}
 
 
+def _dict_arg(value: Any, name: str, where: str) -> None:
+    if not isinstance(value, dict):
+        raise TypeError(f"{where}: {name}={_short(value)} is a {type(value).__name__}; {name} "
+                        f"must be a dict (a parsed {RUN_JSON} or a metrics record)")
+
+
+def _int_arg(value: Any, name: str, where: str) -> int:
+    """``value`` as an int >= 0 (``workbench._validate.check_int`` without NumPy)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where}: {name}={_short(value)} is a {type(value).__name__}; {name} "
+                        "must be an integer >= 0")
+    if value < 0:
+        raise ValueError(f"{where}: {name}={value} is negative; {name} must be an integer >= 0")
+    return value
+
+
+def _roots_arg(roots: Any, where: str) -> list[Path]:
+    """``roots`` as a list of paths (a str or Path alone is refused: its characters or parts
+    are no roots)."""
+    if isinstance(roots, (str, bytes, os.PathLike)) or not isinstance(roots, Iterable):
+        raise TypeError(f"{where}: roots={_short(roots)} is a {type(roots).__name__}; roots "
+                        "must be a list of run roots (e.g. roots=['runs'])")
+    return [path_arg(r, f"roots[{k}]", where=f"{where}: ") for k, r in enumerate(roots)]
+
+
+def _encodable(text: str) -> bool:
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 # ----------------------------------------------------------------------------- finding
 def run_id(root: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> str:
-    """The run's id under ``root``: its relative POSIX path (``"runs/tiny"``)."""
-    rel = Path(os.path.abspath(run_dir)).relative_to(os.path.abspath(root))
+    """The run's id under ``root``: its relative POSIX path (``"runs/tiny"``).
+
+    Raises:
+      TypeError, ValueError: ``root`` or ``run_dir`` is no path, or ``run_dir`` is not
+        inside ``root``.
+    """
+    root = path_arg(root, "root", where="run_id: ")
+    run_dir = path_arg(run_dir, "run_dir", where="run_id: ")
+    try:
+        rel = Path(os.path.abspath(run_dir)).relative_to(os.path.abspath(root))
+    except ValueError:
+        raise ValueError(f"run_id: run_dir={str(run_dir)!r} is not inside root="
+                         f"{str(root)!r}; give the root the run lies under") from None
     return rel.as_posix()
 
 
@@ -467,7 +535,14 @@ def find_run_dirs(root: str | os.PathLike[str], max_depth: int = 4,
     not searched. A ``run.json`` that is a directory, a named pipe or any other non-file
     still marks a run (an unreadable one, listed as an error); a symlinked one does not.
     """
-    queue: list[tuple[Path, int]] = [(Path(root), 0)]
+    root = path_arg(root, "root", where="find_run_dirs: ")
+    max_depth = _int_arg(max_depth, "max_depth", "find_run_dirs")
+    max_dirs = _int_arg(max_dirs, "max_dirs", "find_run_dirs")
+    return _find_run_dirs(root, max_depth, max_dirs, hidden)
+
+
+def _find_run_dirs(root: Path, max_depth: int, max_dirs: int, hidden: bool) -> Iterator[Path]:
+    queue: list[tuple[Path, int]] = [(root, 0)]
     visited = 0
     while queue and visited < max_dirs:
         folder, depth = queue.pop(0)
@@ -496,6 +571,8 @@ def list_runs(roots: Iterable[str | os.PathLike[str]], max_depth: int = 4,
     ``"k:relative/path"``. Newest-updated first. A run whose ``run.json`` cannot be read
     is listed with status ``"error"`` and the reason as ``problem``.
     """
+    roots = _roots_arg(roots, "list_runs")
+    max_depth = _int_arg(max_depth, "max_depth", "list_runs")
     out: list[dict[str, Any]] = []
     for k, root in enumerate(roots):
         for d in find_run_dirs(root, max_depth, hidden=hidden):
@@ -514,7 +591,8 @@ def list_runs(roots: Iterable[str | os.PathLike[str]], max_depth: int = 4,
 def is_hidden(rel: str | os.PathLike[str]) -> bool:
     """Whether a path relative to a root has a hidden part (a name starting with ``.``),
     as Jupyter's contents API judges it."""
-    return any(p.startswith(".") and p not in (".", "..") for p in Path(rel).parts)
+    parts = path_arg(rel, "rel", where="is_hidden: ", empty=True).parts
+    return any(p.startswith(".") and p not in (".", "..") for p in parts)
 
 
 def resolve_run(roots: Sequence[str | os.PathLike[str]], rid: str,
@@ -529,18 +607,24 @@ def resolve_run(roots: Sequence[str | os.PathLike[str]], rid: str,
         part starting with ``.``.
 
     Raises:
+      TypeError: ``roots`` is not a list of paths, or ``rid`` not a string.
       ValueError: the id is malformed (absolute, ``..``, backslash, NUL, unknown root).
       FileNotFoundError: no run directory with that id inside the root (or a hidden one).
     """
+    roots = _roots_arg(roots, "resolve_run")
+    if not isinstance(rid, str):
+        raise TypeError(f"resolve_run: rid={_short(rid)} is a {type(rid).__name__}; rid must "
+                        "be a run id string (a path relative to its root, e.g. 'runs/tiny')")
     m = _ROOT_PREFIX.match(rid)
     k, rel = (int(m.group(1)), m.group(2)) if m and len(m.group(1)) < 6 else (0, rid)
     if not roots or k >= len(roots):
-        raise ValueError(f"run id {rid!r} names root {k}, but there are {len(roots)} run roots")
+        raise ValueError(f"run id rid={rid!r} names root {k}, but there are {len(roots)} run "
+                         "roots")
     parts = rel.split("/")
     if (not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or ":" in parts[0]
-            or any(p in ("", ".", "..") for p in parts)):
-        raise ValueError(f"bad run id {rid!r}: use a relative path inside the run root "
-                         "without '..', '.', empty parts or backslashes")
+            or any(p in ("", ".", "..") for p in parts) or not _encodable(rel)):
+        raise ValueError(f"bad run id rid={rid!r}: use a relative path inside the run root "
+                         "without '..', '.', empty parts, backslashes or lone surrogates")
     root = os.path.realpath(roots[k])
     target = os.path.realpath(os.path.join(root, *parts))
     meta = os.path.realpath(os.path.join(target, RUN_JSON))
@@ -558,6 +642,7 @@ def resolve_run(roots: Sequence[str | os.PathLike[str]], rid: str,
 def effective_status(run: dict[str, Any]) -> str:
     """``run["status"]``, but a ``running`` run whose writer died on this host reads
     ``interrupted`` (a killed kernel never gets to close its run)."""
+    _dict_arg(run, "run", "effective_status")
     status = str(run.get("status") or "running")
     pid = run.get("pid")
     if status != "running" or run.get("host") != socket.gethostname() or not isinstance(pid, int):
@@ -567,7 +652,19 @@ def effective_status(run: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- processes
 def pid_start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (tells a live pid from a reused one), if known."""
+    """The kernel's start time of ``pid`` (tells a live pid from a reused one), if known.
+
+    A value that is no process id (zero, negative, not an int) has none: None, as
+    :func:`pid_alive` reads it as dead.
+    """
+    if isinstance(pid, bool):
+        return None
+    try:
+        pid = operator.index(pid)   # an int, or a NumPy integer
+    except TypeError:
+        return None
+    if pid <= 0:
+        return None
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             return f.read().rsplit(")", 1)[1].split()[19]  # field 22: starttime

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from workbench._validate import check_path
 from workbench.models.config import GPTConfig
 from workbench.models.hf_families import (HFConfigError, family_of, read_config,
                                         to_gpt_config)
@@ -64,9 +65,31 @@ def hf_config(path: str | Path, *, ignore_fields: Iterable[str] = (),
         cfg = wb.models.hf_config("qwen3-folder/", scan_layers=True)
         plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=512)
     """
-    p = Path(path)
+    return _read_config(path, ignore_fields, overrides, "hf_config")
+
+
+def _read_config(path: Any, ignore_fields: Any, overrides: dict[str, Any],
+                 where: str) -> GPTConfig:
+    """``hf_config``'s work, its arguments checked and named as ``where`` (the entry point)."""
+    p = check_path(path, "path", where=f"{where}: ")
+    fields = _field_names(ignore_fields, where)
     return to_gpt_config(read_config(p), where=str(p if p.is_file() else p / "config.json"),
-                         ignore_fields=ignore_fields, **overrides)
+                         ignore_fields=fields, **overrides)
+
+
+def _field_names(ignore_fields: Any, where: str) -> tuple[str, ...]:
+    """``ignore_fields`` as a tuple of names: a list (or other iterable) of strings, not a
+    string alone (whose characters are no field names)."""
+    fix = "give a list of config.json field names, e.g. ignore_fields=['rope_scaling']"
+    if isinstance(ignore_fields, (str, bytes)) or not isinstance(ignore_fields, Iterable):
+        raise TypeError(f"{where}: ignore_fields={ignore_fields!r} is a "
+                        f"{type(ignore_fields).__name__}; {fix}")
+    names = tuple(ignore_fields)
+    for i, n in enumerate(names):
+        if not isinstance(n, str):
+            raise TypeError(f"{where}: ignore_fields[{i}]={n!r} is a {type(n).__name__}, not "
+                            f"a field name; {fix}")
+    return names
 
 
 def _default_layout(mesh: Any, rules: Any) -> tuple[Any, Any]:
@@ -113,9 +136,20 @@ def from_hf(path: str | Path, *, mesh: Any = None, rules: Any = None, plan: Any 
     """
     from flax import nnx
 
+    from workbench.planning.handle import Plan
+    from workbench.rules import Rules
     from workbench.step import abstract_model, param_specs
 
-    cfg = hf_config(path, ignore_fields=ignore_fields, **overrides)
+    cfg = _read_config(path, ignore_fields, overrides, "from_hf")
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        raise TypeError(f"from_hf: mesh={mesh!r} is a {type(mesh).__name__}, not a mesh of "
+                        "devices; give wb.make_mesh(...) (or leave mesh out for all devices)")
+    if rules is not None and not isinstance(rules, (str, Rules)):
+        raise TypeError(f"from_hf: rules={rules!r} is a {type(rules).__name__}; give a "
+                        "wb.Rules or a preset name (rules='fsdp'), or leave rules out")
+    if plan is not None and not isinstance(plan, Plan):
+        raise TypeError(f"from_hf: plan={plan!r} is a {type(plan).__name__}, not a wb.Plan; "
+                        "give wb.plan(wb.models.hf_config(path), mesh=...), or leave plan out")
     if plan is not None:
         if plan.cfg is None or _arch(plan.cfg) != _arch(cfg):
             raise ValueError(f"the plan is of another model ({plan.cfg}); plan "

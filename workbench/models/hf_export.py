@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench._validate import check_path
 from workbench.models.config import GPTConfig
 from workbench.models.hf_families import (check_family, export_dtype, from_gpt_config,
                                           read_config)
@@ -115,10 +116,14 @@ def _params_of(obj: Any) -> tuple[Any, GPTConfig]:
     if isinstance(obj, nnx.Module):
         cfg = getattr(obj, "cfg", None)
         if not isinstance(cfg, GPTConfig):
-            raise TypeError(f"to_hf exports workbench GPT models; got {type(obj).__name__}")
+            raise TypeError(f"to_hf: obj is a {type(obj).__name__}; to_hf exports workbench "
+                            "GPT models")
         return nnx.to_pure_dict(nnx.state(obj, nnx.Param)), cfg
-    raise TypeError(f"to_hf takes a GPT model, a TrainState with config=, or a run directory; "
-                    f"got {type(obj).__name__}")
+    text = repr(obj)
+    raise TypeError(f"to_hf: obj={text if len(text) <= 60 else text[:57] + '...'} is a "
+                    f"{type(obj).__name__}; obj must be a GPT model, a TrainState (with "
+                    "config=) or (params, config); a run directory's checkpoint: "
+                    "wb.train.export_run(run_dir, path)")
 
 
 def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = None,
@@ -160,7 +165,19 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         wb.models.to_hf(trainer.model, "exported/")
         AutoModelForCausalLM.from_pretrained("exported/")      # transformers reads it
     """
-    out = Path(path)
+    out = check_path(path, "path", where="to_hf: ")
+    if base is not None:
+        base = check_path(base, "base", where="to_hf: ")
+    if tokenizer is not None:
+        tokenizer = check_path(tokenizer, "tokenizer", where="to_hf: ")
+    if isinstance(max_shard_bytes, (bool, np.bool_)) or not isinstance(
+            max_shard_bytes, (int, float, np.integer, np.floating)):
+        raise TypeError(f"to_hf: max_shard_bytes={max_shard_bytes!r} is a "
+                        f"{type(max_shard_bytes).__name__}; give a size in bytes "
+                        "(max_shard_bytes=2**30)")
+    if not max_shard_bytes > 0:
+        raise ValueError(f"to_hf: max_shard_bytes={max_shard_bytes!r} is not a positive size; "
+                         "give a size in bytes (max_shard_bytes=2**30)")
     if out.name in ("", ".", ".."):   # "." or "..": name the folder itself
         out = Path(os.path.abspath(out))
     refused = exists_error(out, overwrite)

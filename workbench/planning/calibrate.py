@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from workbench._cache import cache_root
+from workbench._validate import check_str
 
 __all__ = ["Calibration", "CalibrationWarning", "calibrate", "calibration_dir",
            "check_calibration", "load_calibration", "remove_calibration"]
@@ -259,7 +260,10 @@ def remove_calibration(device_kind: str) -> bool:
       ValueError: its path is a directory, a symlink, a pipe or device (not a file
         ``wb.calibrate`` wrote), or the calibration folder is a run directory (its
         ``run.json`` is never a calibration): it is left as it is, for you to look at.
+      TypeError: ``device_kind`` is not a string.
     """
+    check_str(device_kind, "device_kind", where="remove_calibration: ",
+              example="'H100 SXM', the name wb.calibrate(...).device_kind gives")
     path = _file(device_kind)
     _check_place(path, "removed")
     try:
@@ -330,11 +334,23 @@ def calibrate(reports: Any | Sequence[Any], *, spec: Any = None, save: bool = Tr
       ValueError: no report, reports of different device kinds, or a report whose
         prediction was itself calibrated (calibrate from uncalibrated predictions).
     """
-    from workbench.hardware import cpu_spec, hardware_spec
+    from workbench.hardware import HardwareSpec, cpu_spec, hardware_spec
 
-    reports = list(reports) if isinstance(reports, (list, tuple)) else [reports]
-    if not reports:
-        raise ValueError("calibrate needs at least one ProfileReport (trainer.profile())")
+    many = isinstance(reports, (list, tuple))
+    if many and not reports:
+        raise ValueError(f"calibrate: reports={reports!r} is empty; it needs at least one "
+                         "ProfileReport (trainer.profile())")
+    for i, r in enumerate(reports if many else [reports]):
+        if not (hasattr(r, "device_kind") and hasattr(r, "prediction")):
+            name = f"reports[{i}]" if many else "reports"
+            raise TypeError(f"calibrate: {name}={_short(r)} is a {type(r).__name__}, not a "
+                            "ProfileReport; pass trainer.profile() or wb.profile_step(plan) "
+                            "(or a list of them)")
+    if spec is not None and not isinstance(spec, HardwareSpec):
+        raise TypeError(f"calibrate: spec={_short(spec)} is a {type(spec).__name__}, not a "
+                        "HardwareSpec; pass wb.hardware.hardware_spec(kind), or leave spec "
+                        "out for the reports' own device kind")
+    reports = list(reports) if many else [reports]
     kinds = {r.device_kind for r in reports}
     if len(kinds) != 1:
         raise ValueError(f"calibrate: the reports are of different device kinds {sorted(kinds)}"

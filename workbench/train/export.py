@@ -44,8 +44,11 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
 
         wb.train.export_run("runs/ft", "exported/", step=200)
     """
+    from workbench._validate import check_path
     from workbench.models.hf_export import exists_error, to_hf
 
+    run_dir = check_path(run_dir, "run_dir", where="export_run: ")
+    path = check_path(path, "path", where="export_run: ")
     _check_destination(run_dir, path)
     refused = exists_error(Path(path), bool(kwargs.get("overwrite", False)))
     if refused is not None:   # before the (long) restore, not after it
@@ -95,7 +98,11 @@ def restore_params(run_dir: str | os.PathLike[str], *, step: int | None = None
     if "config" not in meta:
         raise ValueError(f"{run_dir / runs.RUN_JSON} has no 'config'; export a run written by "
                          "wb.Trainer")
-    config = TrainConfig.from_dict(meta["config"])
+    try:
+        config = TrainConfig.from_dict(meta["config"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"run_dir={str(run_dir)!r}: its {runs.RUN_JSON} 'config' is not a "
+                         f"wb.Trainer's ({e}); export a run written by wb.Trainer") from None
     cfg = config.model_config()
     if not isinstance(cfg, GPTConfig):
         raise ValueError(f"run {run_dir} trains {type(cfg).__name__}, not a workbench GPT; "
