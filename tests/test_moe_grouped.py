@@ -192,6 +192,7 @@ def test_the_formulas_count_routed_rows_only():
 # ----------------------------------------------------------------------------- TPU plans
 @pytest.mark.tpu
 @pytest.mark.slow   # three TPU compiles of a two-layer Mixtral-width model (minutes each)
+@pytest.mark.timeout(2400)   # compiled live only by `make tpu-plans` (tests/tpu_plans after)
 @pytest.mark.skipif(not tpu_compiler_available(),
                     reason="the TPU compiler (libtpu) is not installed")
 def test_dropless_grouped_tpu_plan_needs_no_more_than_capacity_1_25():
