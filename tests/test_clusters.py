@@ -385,7 +385,7 @@ def test_hosts_dead_worker_fails_the_job_and_stops_the_others(sshd, tmp_path):
 
 def test_tpu_slice_commands_and_missing_gcloud(tmp_path, monkeypatch):
     tpu = wb.TPUSlice("my-v5p", "us-east5-a", "my-project", workers=4)
-    cmd = tpu.remote_command(2, tmp_path / "run", "TOKEN", steps=None)
+    cmd = tpu.remote_command(2, tmp_path / "run", "TOKEN")
     argv = tpu.remote_argv(2, cmd)
     assert argv[1:9] == ["compute", "tpus", "tpu-vm", "ssh", "my-v5p", "--zone=us-east5-a",
                          "--project=my-project", "--worker=2"]

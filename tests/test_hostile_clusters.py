@@ -211,7 +211,7 @@ def test_batch_script_reads_back_as_asked_and_runs_nothing_else(tmp_path, monkey
     assert done.returncode == 0, done.stdout + done.stderr
     seen = json.loads(out.read_text())
     task = seen["argv"][seen["argv"].index("bash") + 3:]
-    want = worker_argv(slurm, run_dir.absolute(), 3)
+    want = worker_argv(slurm, run_dir.absolute(), ["--steps", "3"])
     want[0] = want[0].replace("~", str(tmp_path), want[0].startswith("~/"))
     assert task[0] == "wb" and task[1:] == want
     assert seen["argv"][1] == f"--output={logs}/process-%t.log"
@@ -259,7 +259,7 @@ def test_remote_command_runs_the_worker_with_its_arguments_and_nothing_else(tmp_
     hosts = wb.Hosts(["n1", "n2"], python=str(fake), workdir=work, env=env, platform="cpu",
                      devices_per_task=2, setup=["export FROM_SETUP=$((1 + 2))"])
     run_dir = tmp_path / ("run " + HOSTILE)
-    cmd = hosts.remote_command(1, run_dir, "TOK'", steps=5)
+    cmd = hosts.remote_command(1, run_dir, "TOK'", extra=["--steps", "5"])
     done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60,
                           check=False, env={**os.environ, "HOME": str(tmp_path)})
     assert done.returncode == 0 and done.stdout.startswith("[workbench] worker pid"), done
@@ -280,7 +280,7 @@ def test_a_home_relative_python_and_workdir_stay_home_relative(tmp_path):
     fake.write_text(FAKE_SRUN.format(python=sys.executable, out=str(out)))
     fake.chmod(0o755)
     hosts = wb.Hosts(["n"], python="~/venv bin/py", workdir="~/w d")
-    cmd = hosts.remote_command(0, tmp_path / "r", "T", steps=None)
+    cmd = hosts.remote_command(0, tmp_path / "r", "T")
     done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60,
                           check=False, env={**os.environ, "HOME": str(tmp_path)})
     assert done.returncode == 0, done

@@ -316,3 +316,42 @@ def test_no_files_is_said_as_such(files, says):
     with pytest.raises(ValueError, match=re.escape(says)):
         Dataset(files=files)
 
+
+
+@pytest.mark.multiprocess
+def test_a_launched_job_on_changed_data_is_refused_then_continues_with_data_changed_ok(world):
+    """wb.launch's workers build the Trainer the same way: a resume on replaced documents
+    fails the job naming what changed, run dir untouched; launched again with
+    data_changed="ok" (the workers' --data-changed ok) it continues and records it."""
+    world.reset()
+    lines = _replace_documents(world)
+    cfg = _again(world.cfg)
+    job = wb.launch(cfg, processes=1, devices_per_process=8, run_dir=world.run, steps=3,
+                    platform="cpu")
+    assert job.wait(timeout=600) == "failed"
+    assert lines[0] in job.tail(200) and "data_changed" in job.tail(200)
+    assert (world.run / runs.RUN_JSON).read_bytes() == world.run_json
+    job = wb.launch(cfg, processes=1, devices_per_process=8, run_dir=world.run, steps=3,
+                    platform="cpu", data_changed="ok")
+    assert job.wait(timeout=600) == "finished", job.tail(50)
+    (event,) = json.loads((world.run / runs.RUN_JSON).read_text())["history"]
+    assert (event["event"], event["step"], event["changes"]) == ("data_changed", 2, lines)
+    assert [r["step"] for r in runs.read_metrics(world.run)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("value", ["yes", "OK", 1, True])
+def test_launch_and_scripts_take_data_changed_ok_only(tmp_path, value):
+    with pytest.raises((ValueError, TypeError), match="data_changed="):
+        wb.launch(wb.TrainConfig(), run_dir=tmp_path / "r", data_changed=value)
+    with pytest.raises((ValueError, TypeError), match="data_changed="):
+        wb.Slurm(partition="p").script(tmp_path / "r", data_changed=value)
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_workers_are_told_data_changed_ok():
+    script = wb.Slurm(partition="p").script("/shared/r", steps=5, data_changed="ok")
+    assert " --steps 5 --data-changed ok" in script
+    assert "--data-changed" not in wb.Slurm(partition="p").script("/shared/r")
+    cmd = wb.Hosts(["h1"]).remote_command(0, Path("/shared/r"), "T",
+                                          extra=["--data-changed", "ok"])
+    assert cmd.split(" && exec ")[1].endswith(" --data-changed ok")

@@ -87,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", help="run directory (default: the directory of CONFIG.json); "
                                      "on shared storage when the job spans hosts")
     t.add_argument("--steps", type=_count, help="train until this many steps in total")
+    t.add_argument("--data-changed", choices=("ok",),
+                   help="continue the run although its data changed since it was recorded "
+                        "(wb.Trainer(data_changed='ok'); recorded in run.json's history)")
     _add_distributed(t)
     t.set_defaults(parser=t)
 
@@ -150,7 +153,8 @@ def _train(args: argparse.Namespace) -> int:
     _checked_config(args, config)  # the worker reads it again after joining the job
     try:
         with no_new_empty_dirs(run_dir):
-            return worker.train(config, run_dir, _spec(args), steps=args.steps)
+            return worker.train(config, run_dir, _spec(args), steps=args.steps,
+                                data_changed=args.data_changed)
     except worker.ConfigRejected as err:  # a usage error like argparse's: no traceback
         args.parser.exit(2, f"{args.parser.prog}: error: the Trainer refused config {config} "
                             f"for run directory {run_dir}: {err}\n")

@@ -80,15 +80,16 @@ class _FanOut:
         """What to check when worker ``i`` could not be started."""
         raise NotImplementedError
 
-    def remote_command(self, i: int, run_dir: Path, token: str, *, steps: int | None) -> str:
-        """The shell command worker ``i`` runs on its host."""
+    def remote_command(self, i: int, run_dir: Path, token: str, *,
+                       extra: Sequence[str] = ()) -> str:
+        """The shell command worker ``i`` runs on its host (``extra``: the launch's
+        ``workbench train`` options, ``worker.train_args``)."""
         env = {LAUNCHED_ENV: token, "PYTHONUNBUFFERED": "1",
                EXIT_FILE_ENV: str(exit_file(run_dir / "logs" / f"process-{i}.log")),
                **({"JAX_PLATFORMS": self.platform} if self.platform else {}), **self.env}
         argv = [self.python or "python3", "-m", "workbench", "train", "--config",
                 str(run_dir / "config.json"), "--run-dir", str(run_dir), *self.worker_args(i)]
-        if steps is not None:
-            argv += ["--steps", str(steps)]
+        argv += list(extra)
         if self.platform:
             argv += ["--platform", self.platform]
         if self.devices_per_task and self.platform in ("cpu", None):
@@ -99,7 +100,7 @@ class _FanOut:
                  f"exec {fields.shell_path(argv[0])} {shlex.join(argv[1:])}"]
         return " && ".join(parts)
 
-    def submit(self, run_dir: Path, config_text: str, *, steps: int | None,
+    def submit(self, run_dir: Path, config_text: str, *, extra: Sequence[str] = (),
                target_steps: int | None) -> Job:
         """Locks ``run_dir``, writes the config, starts one ssh per host; returns the Job."""
         self.remote_argv(0, "true")  # ssh / gcloud missing: say so before touching disk
@@ -116,7 +117,7 @@ class _FanOut:
                 log = logs_dir / f"process-{i}.log"
                 exit_file(log).unlink(missing_ok=True)
                 argv = self.remote_argv(i, self.remote_command(i, run_dir, lock.token or "",
-                                                               steps=steps))
+                                                               extra=extra))
                 with open(log, "ab") as f:
                     f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} launch: "
                             f"{shlex.join(argv)}\n".encode())

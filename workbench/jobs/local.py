@@ -28,7 +28,7 @@ from workbench.jobs.job import Job, exit_file
 from workbench.jobs.slurm import Slurm
 from workbench.jobs.slurm_job import submit_slurm
 from workbench.run_lock import LAUNCHED_ENV, RunLock
-from workbench.jobs.worker import EXIT_FILE_ENV
+from workbench.jobs.worker import EXIT_FILE_ENV, check_data_changed, train_args
 
 __all__ = ["default_platform", "free_port", "launch", "ping"]
 
@@ -177,7 +177,7 @@ def _start(run_dir: Path, subcommand: list[str], *, processes: int,
 def launch(config: Any, processes: int = 1, devices_per_process: int | None = None,
            run_dir: str | os.PathLike[str] | None = None, *, steps: int | None = None,
            platform: str | None = None, heartbeat_timeout: int | None = None,
-           cluster: Any = None) -> Job:
+           cluster: Any = None, data_changed: str | None = None) -> Job:
     """Launches ``config`` as a multi-process ``jax.distributed`` training job on this machine,
     or on a cluster: SLURM (``cluster=wb.Slurm(...)``), hosts over ssh (``wb.Hosts``) or a
     Cloud TPU VM slice (``wb.TPUSlice``).
@@ -200,6 +200,9 @@ def launch(config: Any, processes: int = 1, devices_per_process: int | None = No
       heartbeat_timeout: seconds after which a silent process counts as dead (default 15).
       cluster: where to run instead of this machine: a ``wb.Slurm``, ``wb.Hosts`` or
         ``wb.TPUSlice`` (then ``processes``/``devices_per_process`` come from it).
+      data_changed: None, or "ok" to continue a run whose data (files or tokenizer)
+        changed since it was recorded (``wb.Trainer(data_changed="ok")``; without it the
+        workers refuse, naming what changed).
 
     Returns:
       The running :class:`Job` (``status``, ``wait()``, ``stop()``, ``tail()``; it shows
@@ -237,28 +240,29 @@ def launch(config: Any, processes: int = 1, devices_per_process: int | None = No
                         ("steps", steps)):
         if value is not None:
             check_int(value, name, where="wb.launch: ")
+    check_data_changed(data_changed, "wb.launch: ")
     target = steps if steps is not None else fields.get("steps")
+    extra = train_args(steps, data_changed)
     if cluster is not None:
-        return _launch_on(cluster, run_dir, text, fields, steps=steps, target=target)
+        return _launch_on(cluster, run_dir, text, fields, extra=extra, target=target)
     _check_mesh(fields.get("mesh") or {}, processes, devices_per_process)
-    sub = ["train", "--config", str(run_dir / CONFIG_NAME), "--run-dir", str(run_dir)]
-    if steps is not None:
-        sub += ["--steps", str(steps)]
+    sub = ["train", "--config", str(run_dir / CONFIG_NAME), "--run-dir", str(run_dir),
+           *extra]
     return _start(run_dir, sub, processes=processes, devices_per_process=devices_per_process,
                   platform=platform, heartbeat_timeout=heartbeat_timeout, what="train",
                   target_steps=target, files={CONFIG_NAME: text})
 
 
 def _launch_on(cluster: Any, run_dir: Path, text: str, fields: dict[str, Any], *,
-               steps: int | None, target: int | None) -> Job:
+               extra: list[str], target: int | None) -> Job:
     """``launch(cluster=...)``: SLURM (``jobs.slurm_job``) or hosts over ssh (``jobs.hosts``)."""
     if not isinstance(cluster, (Slurm, Hosts, TPUSlice)):
         raise TypeError(f"wb.launch(cluster={cluster!r}): pass a wb.Slurm, wb.Hosts or "
                         "wb.TPUSlice")
     _check_mesh(fields.get("mesh") or {}, cluster.tasks, cluster.devices_per_task)
     if isinstance(cluster, Slurm):
-        return submit_slurm(cluster, run_dir, text, steps=steps, target_steps=target)
-    return cluster.submit(run_dir, text, steps=steps, target_steps=target)
+        return submit_slurm(cluster, run_dir, text, extra=extra, target_steps=target)
+    return cluster.submit(run_dir, text, extra=extra, target_steps=target)
 
 
 def ping(processes: int = 2, devices_per_process: int | None = None,

@@ -147,19 +147,25 @@ class Slurm:
     def worker_platform(self) -> str | None:
         return self.platform or ("gpu" if self.gpus_per_node else None)
 
-    def script(self, run_dir: str | os.PathLike[str], *, steps: int | None = None) -> str:
-        """The batch script ``wb.launch(cfg, cluster=self, run_dir=run_dir)`` submits
-        (``<token>`` stands for the run directory lock's token). Nothing is written."""
+    def script(self, run_dir: str | os.PathLike[str], *, steps: int | None = None,
+               data_changed: str | None = None) -> str:
+        """The batch script ``wb.launch(cfg, cluster=self, run_dir=run_dir, steps=...,
+        data_changed=...)`` submits (``<token>`` stands for the run directory lock's
+        token). Nothing is written."""
+        from workbench.jobs.worker import check_data_changed, train_args
+
+        check_data_changed(data_changed, "Slurm.script: ")
         run_dir = Path(run_dir).absolute()
-        return batch_script(self, run_dir, worker_argv(self, run_dir, steps), "<token>")
+        return batch_script(self, run_dir,
+                            worker_argv(self, run_dir, train_args(steps, data_changed)),
+                            "<token>")
 
 
-def worker_argv(slurm: Slurm, run_dir: Path, steps: int | None) -> list[str]:
-    """The command every task runs (``srun`` starts it once per task)."""
+def worker_argv(slurm: Slurm, run_dir: Path, extra: Sequence[str] = ()) -> list[str]:
+    """The command every task runs (``srun`` starts it once per task); ``extra``: the
+    launch's ``workbench train`` options (``worker.train_args``)."""
     argv = [slurm.python or sys.executable, "-m", "workbench", "train", "--config",
-            str(run_dir / "config.json"), "--run-dir", str(run_dir)]
-    if steps is not None:
-        argv += ["--steps", str(steps)]
+            str(run_dir / "config.json"), "--run-dir", str(run_dir), *extra]
     if slurm.worker_platform:
         argv += ["--platform", slurm.worker_platform]
     if slurm.devices_per_task and slurm.worker_platform == "cpu":

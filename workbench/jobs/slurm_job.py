@@ -18,6 +18,7 @@ import re
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -320,8 +321,8 @@ def attach_slurm(run_dir: Path) -> SlurmJob:
     return SlurmJob(run_dir, record, lock=None, attached=True)
 
 
-def submit_slurm(slurm: Slurm, run_dir: Path, config_text: str, *, steps: int | None,
-           target_steps: int | None) -> Any:
+def submit_slurm(slurm: Slurm, run_dir: Path, config_text: str, *,
+                 extra: Sequence[str] = (), target_steps: int | None) -> Any:
     """Checks, locks ``run_dir``, writes the config and the script, runs ``sbatch``.
 
     Returns:
@@ -341,7 +342,7 @@ def submit_slurm(slurm: Slurm, run_dir: Path, config_text: str, *, steps: int | 
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "slurm").mkdir(exist_ok=True)
         (run_dir / "config.json").write_text(config_text, encoding="utf-8")
-        worker = slurm_mod.worker_argv(slurm, run_dir, steps)
+        worker = slurm_mod.worker_argv(slurm, run_dir, extra)
         script = run_dir / "slurm" / "job.sbatch"
         script.write_text(slurm_mod.batch_script(slurm, run_dir, worker, lock.token or ""))
         out = run_command(["sbatch", "--parsable", str(script)])

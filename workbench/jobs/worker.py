@@ -86,8 +86,11 @@ def _joined(spec: cluster.DistributedSpec) -> None:
 
 
 def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
-          spec: cluster.DistributedSpec, *, steps: int | None = None) -> int:
-    """Joins the job, then trains ``config`` in ``run_dir`` (resuming from its checkpoint).
+          spec: cluster.DistributedSpec, *, steps: int | None = None,
+          data_changed: str | None = None) -> int:
+    """Joins the job, then trains ``config`` in ``run_dir`` (resuming from its checkpoint;
+    ``data_changed="ok"``: also when the data differs from what the run recorded, as
+    ``wb.Trainer(data_changed="ok")``).
 
     Returns:
       The exit code: 0 when the run reached its target, ``EXIT_STOPPED`` when SIGTERM
@@ -95,7 +98,7 @@ def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
     """
     _joined(spec)
     try:
-        trainer = _trainer(config_path, Path(run_dir))
+        trainer = _trainer(config_path, Path(run_dir), data_changed=data_changed)
         try:
             result = trainer.run(steps=steps)
         finally:
@@ -133,7 +136,8 @@ def export(run_dir: str | os.PathLike[str], out: str | os.PathLike[str],
     return 0
 
 
-def _trainer(config_path: str | os.PathLike[str], run_dir: Path) -> Any:
+def _trainer(config_path: str | os.PathLike[str], run_dir: Path, *,
+             data_changed: str | None = None) -> Any:
     """The ``Trainer`` of ``config_path`` in ``run_dir``.
 
     Raises:
@@ -147,9 +151,25 @@ def _trainer(config_path: str | os.PathLike[str], run_dir: Path) -> Any:
         config = load_config(config_path)
         # The Trainer of process 0 locks the run directory while it writes (workbench.jobs.
         # lock), unless the local launcher holds the lock for this job already.
-        return Trainer(config, run_dir=run_dir, compile_cache=_compile_cache())
+        return Trainer(config, run_dir=run_dir, compile_cache=_compile_cache(),
+                       data_changed=data_changed)
     except (ValueError, TypeError) as err:
         raise ConfigRejected(str(err)) from err
+
+
+def train_args(steps: int | None, data_changed: str | None) -> list[str]:
+    """The ``workbench train`` options a launch passes to every worker."""
+    return ([] if steps is None else ["--steps", str(steps)]) + (
+        [] if data_changed is None else ["--data-changed", str(data_changed)])
+
+
+def check_data_changed(value: Any, where: str) -> str | None:
+    """``data_changed`` is None or "ok" (``wb.Trainer``'s own values)."""
+    if value is None or (isinstance(value, str) and value == "ok"):
+        return value
+    raise (ValueError if isinstance(value, str) else TypeError)(
+        f"{where}data_changed={value!r}: leave it out (a resume on changed data is refused) "
+        "or pass data_changed='ok' to continue this run on the data as it is now")
 
 
 def _compile_cache() -> bool:

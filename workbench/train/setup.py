@@ -205,7 +205,9 @@ def check_data(run_dir: Path, config: TrainConfig, info: dict[str, Any], *, fork
         f"{listed}\nNothing was changed. Continuing would train the run's checkpoints on "
         "other data under the same name. Use a new run_dir, Trainer(..., fork=True) to start "
         "a new run from its newest checkpoint on this data, or Trainer(..., "
-        "data_changed='ok') to continue this run on it (recorded in run.json's history).")
+        "data_changed='ok') to continue this run on it (recorded in run.json's history; "
+        "for a launched job wb.launch(..., data_changed='ok'), on the command line "
+        "`workbench train --data-changed ok`).")
 
 
 def read_stored_run(run_dir: Path) -> dict[str, Any]:
