@@ -50,7 +50,9 @@ print(wb.layout((8192, 28672), ("data", "model"), pod, dtype="bfloat16", name="w
 #
 # `wb.plan` compiles one whole train step (forward, backward, AdamW) ahead of time for
 # this mesh and these sharding rules, and reports memory per device, FLOPs,
-# collectives and layout lints.
+# collectives and layout lints. Its summary also says which attention the step runs,
+# and why. The default, `attention="auto"`, is XLA's attention on CPU, cuDNN flash
+# attention on a GPU and the Pallas splash kernel on a TPU.
 
 # %%
 cfg = wb.models.GPTConfig.preset("tiny")

@@ -108,9 +108,15 @@ print(f"30 steps: largest loss difference expert=4 x data=2 vs data=8: {diff:.1e
 # ### The all-to-all in the compiled program
 #
 # `wb.plan` compiles the step and reads its collectives from the HLO. The all-to-alls run
-# over `expert`, four per MoE layer (dispatch and return, forward and backward), each
-# moving the `(E, capacity, D)` buffer; the plan's hand count says the same. The
-# all-gather dispatch moves more bytes here, in fewer, larger collectives:
+# over `expert`, for dispatch and return in the forward and backward passes. `moe-tiny`
+# routes dropless, so by default its experts run as grouped matmuls
+# (`moe_matmul="auto"`). Each token's k assignments are sorted by expert, and each
+# projection is one `jax.lax.ragged_dot` over exactly the routed rows, with no padding.
+#
+# Each all-to-all therefore moves, per peer, the most rows one peer can be owed
+# (`G x min(k, E/n)`), not the padded `(E, capacity, D)` buffer; a small one carries the
+# row counts. The plan's hand count says the same. The all-gather dispatch moves more
+# bytes here, in fewer, larger collectives:
 
 # %%
 from workbench.planning import analytic
