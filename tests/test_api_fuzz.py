@@ -45,7 +45,6 @@ import subprocess
 import sys
 import time
 import types
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +105,6 @@ EXEMPT: dict[str, str] = {
 ALIASES: dict[tuple[str, str], tuple[str, ...]] = {
     ("wb.layout", "x"): ("shape",),   # x is the shape: an element is named shape[i]
 }
-
-#: Failures in files other engineers are changing now (issue 44's other items): any
-#: hostile value of that argument is expected to fail here, and one is checked on its own
-#: below as a strict xfail, so a fix is noticed. (function, argument) -> (value, reason).
-KNOWN: dict[tuple[str, str], tuple[Any, str]] = {
-}
-
 
 # --- hostile values -----------------------------------------------------------------------------
 
@@ -209,7 +201,7 @@ def fuzz(tmp_path_factory):
                                                                         default=repr))
 
 
-STATS: dict[str, Any] = {"calls": 0, "functions": [], "failures": [], "known": Counter(),
+STATS: dict[str, Any] = {"calls": 0, "functions": [], "failures": [],
                          "seconds": {}}
 
 
@@ -297,9 +289,6 @@ def test_every_call_works_or_names_its_argument(name, fuzz):
         problem = judge(out, name, param)
         if problem is None:
             return
-        if (name, param) in KNOWN:
-            STATS["known"][f"{name}({param}=<{kind}>)"] += 1
-            return
         row = {"function": name, "argument": param, "kind": kind, "value": repr(value),
                "problem": problem, "traceback": out.get("traceback", "")[-1500:]}
         if COLLECT:
@@ -325,12 +314,3 @@ def test_every_call_works_or_names_its_argument(name, fuzz):
     STATS["failures"] += problems
     STATS["seconds"][name] = round(time.monotonic() - started, 1)
     assert not problems, json.dumps(problems, indent=1)
-
-
-@pytest.mark.parametrize("case", sorted(KNOWN), ids=lambda c: f"{c[0]}({c[1]})")
-def test_known_failures(case, fuzz, request):
-    value, reason = KNOWN[case]
-    request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-    name, param = case
-    problem = judge(fuzz.call(name, param, value), name, param)
-    assert problem is None, problem
