@@ -138,7 +138,10 @@ def mixtral_plans(n_layers: int | None = None, tokens_per_chip: int = 16384
         p = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=batch, seq=4096, progress=False)
         out[name] = {"source": p.source, "temp": p.memory["temp"],
                      "estimate": p.memory_estimate["temp"],
-                     "flops": p.compiled_flops_per_device, "batch": batch,
+                     # the compiler's own count: all three scan the same layers, whose
+                     # body it counts once (compiled_flops_per_device is None for loops),
+                     # so the counts compare with each other, not with model FLOPs
+                     "flops": p.cost.get("flops"), "batch": batch,
                      "model_flops": p.model_flops}
     return out
 

@@ -45,7 +45,8 @@ needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),
 MOE = GPTConfig.preset("moe-tiny").replace(
     n_layers=2, d_model=256, n_heads=4, n_kv_heads=4, head_dim=64, d_ff=512,
     expert_d_ff=512, vocab_size=512, seq_len=256, dtype="bfloat16", scan_layers=True,
-    moe_matmul="dense")   # dropless with a slot per expert and token (grouped: test_moe_grouped)
+    moe_matmul="dense",   # dropless with a slot per expert and token (grouped: test_moe_grouped)
+    attention="xla")      # the T x T scores the formula counts (fused: test_calibration)
 SEQ = 256
 BATCHES = (64, 1024)                # 4096 and 65536 tokens per chip (4 chips)
 REL = 0.25

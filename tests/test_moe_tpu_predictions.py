@@ -29,7 +29,10 @@ needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),
 #: moe-tiny's routing (8 experts, top-2), small widths
 MOE = GPTConfig.preset("moe-tiny").replace(
     n_layers=2, d_model=128, n_heads=4, n_kv_heads=4, head_dim=32, d_ff=256,
-    expert_d_ff=128, vocab_size=512, seq_len=128)
+    expert_d_ff=128, vocab_size=512, seq_len=128,
+    # the padded expert buffers and XLA attention these hand counts are written for
+    # (grouped experts: test_moe_grouped; fused attention: test_tpu_plans)
+    attention="xla", moe_matmul="dense")
 LAYOUTS = [("ep", {"expert": 4}), ("fsdp_ep", {"expert": 2, "data": 2}),
            ("ep_tp", {"expert": 2, "model": 2}), ("fsdp", {"data": 4})]
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4}
