@@ -80,16 +80,16 @@ class _FanOut:
         """What to check when worker ``i`` could not be started."""
         raise NotImplementedError
 
-    def remote_command(self, i: int, run_dir: Path, token: str, *,
+    def remote_command(self, i: int, run_dir: Path, token: str, *, steps: int | None = None,
                        extra: Sequence[str] = ()) -> str:
-        """The shell command worker ``i`` runs on its host (``extra``: the launch's
-        ``workbench train`` options, ``worker.train_args``)."""
+        """The shell command worker ``i`` runs on its host (``steps``: train to this many
+        steps; ``extra``: the launch's ``workbench train`` options, ``worker.train_args``)."""
         env = {LAUNCHED_ENV: token, "PYTHONUNBUFFERED": "1",
                EXIT_FILE_ENV: str(exit_file(run_dir / "logs" / f"process-{i}.log")),
                **({"JAX_PLATFORMS": self.platform} if self.platform else {}), **self.env}
         argv = [self.python or "python3", "-m", "workbench", "train", "--config",
                 str(run_dir / "config.json"), "--run-dir", str(run_dir), *self.worker_args(i)]
-        argv += list(extra)
+        argv += [*([] if steps is None else ["--steps", str(steps)]), *extra]
         if self.platform:
             argv += ["--platform", self.platform]
         if self.devices_per_task and self.platform in ("cpu", None):
