@@ -190,6 +190,23 @@ LogLevel ERROR
 """
 
 
+def running_slurm(directory: Path):
+    """A started :class:`LocalSlurm` in ``directory`` with ``SLURM_CONF`` pointing at it
+    for the caller's tests (a generator for a module fixture: yields the cluster, then
+    stops it and puts ``SLURM_CONF`` back)."""
+    cluster = LocalSlurm(directory).start()
+    old = os.environ.get("SLURM_CONF")
+    os.environ.update(cluster.env)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+
+
 class LocalSshd:
     """OpenSSH's sshd on 127.0.0.1 at a high port, with a key pair made for this test only."""
 

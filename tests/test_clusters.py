@@ -28,7 +28,7 @@ from workbench.jobs.local import free_port
 from workbench.jobs.slurm import SlurmError, parse_time
 from workbench.jobs.storage import warn_if_not_shared
 
-from _clusters import LocalSlurm, LocalSshd
+from _clusters import LocalSshd, running_slurm
 
 CFG = {"model": "tiny", "mesh": {"data": 4}, "rules": "fsdp", "batch": 8, "seq": 32,
        "steps": 30, "checkpoint_every": 4, "keep": 3, "seed": 0, "data": "text"}
@@ -65,15 +65,7 @@ def _wait_for(pred, timeout: float, job=None) -> None:
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
-    old = os.environ.get("SLURM_CONF")
-    os.environ.update(cluster.env)
-    yield cluster
-    cluster.stop()
-    if old is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = old
+    yield from running_slurm(tmp_path_factory.mktemp("slurm"))
 
 
 @pytest.fixture(scope="module")

@@ -370,17 +370,9 @@ def test_ssh_that_cannot_start_fails_fast_and_releases_the_run_dir(tmp_path, mon
 # ----------------------------------------------------------------------------- real sbatch
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    from _clusters import LocalSlurm
+    from _clusters import running_slurm
 
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
-    old = os.environ.get("SLURM_CONF")
-    os.environ.update(cluster.env)
-    yield cluster
-    cluster.stop()
-    if old is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = old
+    yield from running_slurm(tmp_path_factory.mktemp("slurm"))
 
 
 SUBMITS = [
