@@ -97,6 +97,17 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
     return name, model, options
 
 
+def optax_lm_loss(model: Any, batch: Any) -> Any:
+    """The next-token loss as optax computes it on float32 logits (``--variant
+    name:loss=optax``): the reference that workbench.models._xent's loss replaced."""
+    import jax.numpy as jnp
+    import optax
+
+    tokens = batch["tokens"]
+    logits = model(tokens[:, :-1]).astype(jnp.float32)                   # (B, T, V)
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]))
+
+
 # ----------------------------------------------------------------------------- children
 
 def _reply(obj: dict[str, Any]) -> None:
@@ -151,9 +162,13 @@ def jax_child(args: argparse.Namespace) -> None:
     def compile_variant(text: str) -> None:
         name, model_changes, options = parse_variant(text)
         try:
-            vcfg = cfg.replace(**model_changes)
+            loss = model_changes.get("loss", "workbench")
+            if loss not in ("workbench", "optax"):
+                raise ValueError(f"loss={loss!r}: 'workbench' (the Trainer's) or 'optax'")
+            vcfg = cfg.replace(**{k: v for k, v in model_changes.items() if k != "loss"})
             graphdef, _ = abstract_state(vcfg, p.tx, p.rules, p.mesh)
-            fn = make_train_step(graphdef, p.tx, rules=p.rules, mesh=p.mesh)
+            fn = make_train_step(graphdef, p.tx, rules=p.rules, mesh=p.mesh,
+                                 loss_fn=optax_lm_loss if loss == "optax" else None)
             opts = {**(getattr(trainer, "compile_options", None) or {}), **options}
             t0 = time.perf_counter()
             compiled = jit_train_step(fn, p.shardings, p.batch_shardings,
@@ -535,6 +550,8 @@ def effective(result: dict[str, Any], name: str) -> dict[str, Any]:
     cfg = {**result["workbench"]["model_config"], **(v.get("model") or {})}
     out = {k: cfg[k] for k in ("attention", "remat", "loss_chunks", "dtype", "param_dtype")}
     out["options"] = dict(v.get("options") or {})
+    out["other"] = {k: x for k, x in (v.get("model") or {}).items()
+                    if k not in (*out, "seq_len")}     # scan_layers=False, loss=optax, ...
     return out
 
 
@@ -543,7 +560,8 @@ def label(result: dict[str, Any], name: str) -> str:
     e = effective(result, name)
     text = (f"attention={e['attention']} remat={e['remat']} loss_chunks={e['loss_chunks']} "
             f"{e['dtype']}")
-    return text + "".join(f" {k}={v}" for k, v in sorted(e["options"].items()))
+    return text + "".join(f" {k}={v}" for k, v in sorted({**e["other"], **e["options"]}
+                                                          .items()))
 
 
 def rows_of(result: dict[str, Any], command: str, steps: int) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ def test_smoke_runs_both_sides_interleaved_on_the_same_model_and_tokens(tmp_path
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--smoke", "--windows", "2", "--steps", "2",
          "--warmup", "2", "--torch-backend", "aot_eager", "--variant", "chunk:loss_chunks=2",
+         "--variant", "optax:loss=optax",
          "--predict", "--out", str(tmp_path)], env=env, text=True, capture_output=True,
         timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -41,12 +42,14 @@ def test_smoke_runs_both_sides_interleaved_on_the_same_model_and_tokens(tmp_path
     assert "error" not in r
     tiny = GPTConfig.preset("tiny", seq_len=64)
     assert r["pytorch"]["params"] == tiny.n_params
-    assert r["workbench"]["ready"] == ["trainer", "chunk"]
+    assert r["workbench"]["ready"] == ["trainer", "chunk", "optax"]
     assert {n: len(t) for n, t in r["step_seconds"].items()} == {
-        "trainer": 2, "chunk": 2, "pytorch": 2}
+        "trainer": 2, "chunk": 2, "optax": 2, "pytorch": 2}
     first = r["workbench"]["first_loss"]
     # the same loss of the same logits; chunks only reorder the float32 mean over 256 tokens
     assert first["chunk"] == pytest.approx(first["trainer"], rel=1e-5)
+    # optax's cross-entropy on float32 logits (the reference) gives the Trainer's loss
+    assert first["optax"] == pytest.approx(first["trainer"], rel=1e-5)
     assert 0.5 * math.log(256) < first["trainer"] < 1.5 * math.log(256)
     flops = gpt_flops(tiny, 4, 64).total
     assert r["flops"] == flops

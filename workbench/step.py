@@ -45,6 +45,7 @@ from workbench.models import GPT, GPTConfig, moe
 from workbench.models.pipeline import Pipeline, check_rules, stages_of
 from workbench.models.pipeline import activate as pipeline_context
 from workbench.models.adapters import ModelSpec, build_without_mesh, model_loss, resolve_rules
+from workbench.models._xent import token_cross_entropy
 from workbench.pytrees import path_str
 from workbench.rules import Rules
 
@@ -358,11 +359,9 @@ def lm_loss_and_stats(model: nnx.Module, batch: Mapping[str, jax.Array]
         if model.cfg.loss_chunks > 1:
             losses = _chunked_losses(model, x, targets, model.cfg.loss_chunks)   # (B, T)
         else:
-            logits = model.head(x).astype(jnp.float32)                     # (B, T, V)
-            losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+            losses = token_cross_entropy(model.head(x), targets)           # (B, T)
     else:
-        logits = model(inputs).astype(jnp.float32)                         # (B, T, V)
-        losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        losses = token_cross_entropy(model(inputs), targets)               # (B, T)
     if "mask" in batch:
         mask = batch["mask"].astype(jnp.float32)
         return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0), stats
@@ -404,8 +403,7 @@ def _chunked_losses(model: GPT, x: jax.Array, targets: jax.Array, chunks: int
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def slice_losses(xc: jax.Array, tc: jax.Array) -> jax.Array:
-        logits = model.head(xc).astype(jnp.float32)                    # (B, T/c, V)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tc)
+        return token_cross_entropy(model.head(xc), tc)                 # (B, T/c)
 
     _, losses = jax.lax.scan(lambda carry, xt: (carry, slice_losses(*xt)), None, (xs, ts))
     return jnp.moveaxis(losses, 0, 2).reshape(b, t)                    # (B, T)
