@@ -103,9 +103,12 @@ def optax_lm_loss(model: Any, batch: Any) -> Any:
     import jax.numpy as jnp
     import optax
 
-    tokens = batch["tokens"]
-    logits = model(tokens[:, :-1]).astype(jnp.float32)                   # (B, T, V)
-    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]))
+    if "tokens" in batch:
+        inputs, targets = batch["tokens"][:, :-1], batch["tokens"][:, 1:]
+    else:
+        inputs, targets = batch["inputs"], batch["targets"]
+    logits = model(inputs).astype(jnp.float32)                           # (B, T, V)
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
 
 
 # ----------------------------------------------------------------------------- children
