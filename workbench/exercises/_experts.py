@@ -28,6 +28,7 @@ def traced_dispatch(cfg: Any, mesh_axes: dict[str, int], rules: str, *, batch: i
                         axis_types=(AxisType.Auto,) * len(mesh_axes))
     r = Rules.preset(rules, mesh)
     e, d, f, k = cfg.n_experts, cfg.d_model, cfg.moe_d_ff, cfg.experts_per_token
+    cfg = cfg.resolved(jax.default_backend())   # dtype "auto": as the model would run here
     dt = jnp.dtype(cfg.dtype)
     sds = jax.ShapeDtypeStruct
     args = (sds((batch, seq, d), dt), sds((batch, seq, k), jnp.int32),

@@ -132,14 +132,42 @@ MOE_MATMUL: tuple[str, ...] = ("auto", "grouped", "dense")
 #: Dtypes the model computes and stores parameters in (``GPTConfig.dtype``/``param_dtype``).
 FLOAT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")
 
+#: ``GPTConfig.dtype="auto"`` per platform: bfloat16 where the matrix units run it at full
+#: rate (TPU MXUs, GPU tensor cores: float32 matmuls run several times slower there, or
+#: through TF32 passes); float32 elsewhere (CPU has no bfloat16 matmul units, and the
+#: CPU numbers stay as they were). Parameters and optimizer state keep ``param_dtype``.
+AUTO_DTYPES: dict[str, str] = {"tpu": "bfloat16", "gpu": "bfloat16", "cuda": "bfloat16",
+                               "rocm": "bfloat16"}
+
+
+def resolve_dtype(dtype: str, platform: str) -> tuple[str, str]:
+    """``(compute dtype, why)`` of ``GPTConfig.dtype`` on ``platform``: "auto" becomes
+    :data:`AUTO_DTYPES`' entry (float32 on a platform not listed), a dtype stays itself.
+
+    Example:
+        >>> resolve_dtype("auto", "gpu")
+        ('bfloat16', 'auto: bfloat16 on gpu')
+    """
+    if dtype != "auto":
+        return dtype, f"{dtype} as configured"
+    dt = AUTO_DTYPES.get(platform, "float32")
+    return dt, f"auto: {dt} on {platform}"
+
 
 def _float_dtype(value: Any, name: str) -> str:
     """The name of a floating-point dtype, or an error saying which ones work."""
+    if name == "GPTConfig.dtype" and isinstance(value, str) and value == "auto":
+        return value
+    choices = ("'auto' or " if name == "GPTConfig.dtype" else "") + ", ".join(FLOAT_DTYPES)
     try:
         dt = jnp.dtype(value)
     except TypeError:
-        raise TypeError(f"{name}={value!r} is not a dtype; use one of "
-                        f"{', '.join(FLOAT_DTYPES)}") from None
+        auto = (" ('auto' is for the compute dtype, GPTConfig.dtype: parameters and "
+                "optimizer state keep one dtype on every platform)"
+                if name == "GPTConfig.param_dtype" and isinstance(value, str)
+                and value == "auto" else "")
+        raise TypeError(f"{name}={value!r} is not a dtype; use one of {choices}{auto}") \
+            from None
     if not jnp.issubdtype(dt, jnp.floating):
         raise ValueError(
             f"{name}={value!r} is not a floating-point dtype: activations, matmuls, gradients "
@@ -164,9 +192,18 @@ class GPTConfig:
         head_dim: width of one head.
         d_ff: hidden width of the SwiGLU MLP.
         seq_len: training sequence length (RoPE works for any length).
-        dtype: compute dtype of activations and matmuls: a floating-point dtype (one of
-            ``FLOAT_DTYPES``; stored as its name, e.g. "bfloat16").
-        param_dtype: storage dtype of parameters (a floating-point dtype, as ``dtype``).
+        dtype: compute dtype of activations and matmuls: "auto" (the default: bfloat16
+            on GPU and TPU, float32 on CPU; :data:`AUTO_DTYPES`, resolved for the platform
+            the step runs or is planned for, an abstract TPU slice's included: plans,
+            ``run.json`` and the Trainer's compile line say which and why) or a
+            floating-point dtype (one of ``FLOAT_DTYPES``; stored as its name, e.g.
+            "bfloat16"), used as given on every platform. :meth:`resolved` gives the
+            concrete config; a ``GPT`` built from an "auto" config resolves it for the
+            platform it is built for (the active rules' mesh, else JAX's default backend).
+        param_dtype: storage dtype of parameters (a floating-point dtype, as ``dtype``;
+            not "auto"): the master weights, and the optimizer state kept in their dtype.
+            Default float32, also when ``dtype`` is bfloat16 (mixed precision: each
+            matmul casts its weight to ``dtype``).
         tie_embeddings: reuse the embedding table as the output projection.
         remat: rematerialisation policy per block, a key of ``REMAT_POLICIES``: "none",
             "full", "dots"/"minimal", named policies that keep chosen projections
@@ -250,7 +287,7 @@ class GPTConfig:
     head_dim: int
     d_ff: int
     seq_len: int
-    dtype: str = "float32"
+    dtype: str = "auto"
     param_dtype: str = "float32"
     tie_embeddings: bool = False
     remat: str = "none"
@@ -381,6 +418,10 @@ class GPTConfig:
           shared expert of width 5632 (= 4 experts; its sigmoid gate, 2048 weights per
           layer, is omitted), 14.3B parameters, 2.7B active.
 
+        Compute dtype: tiny, small, moe-tiny and moe-small have ``dtype="auto"`` (bfloat16
+        on GPU and TPU, float32 on CPU); 1b, 7b, 70b and the public MoE shapes set
+        "bfloat16". All keep float32 parameters (``param_dtype``).
+
         The public MoE shapes use ``capacity_factor=1.25`` (GShard/Switch's common
         setting) so plans of them have bounded dispatch buffers; their reference
         implementations route dropless (set ``capacity_factor=None``).
@@ -418,6 +459,27 @@ class GPTConfig:
         dense model)."""
         return self._count(self.experts_per_token if self.n_experts else 0)
 
+    def compute_dtype(self, platform: str | None = None) -> str:
+        """The dtype activations and matmuls run in on ``platform`` ("cpu", "gpu",
+        "tpu"): ``dtype``, with "auto" resolved (:func:`resolve_dtype`). Default platform:
+        the one being traced for (the active rules' mesh, else JAX's default backend)."""
+        if self.dtype != "auto":
+            return self.dtype
+        return resolve_dtype(self.dtype, platform or _current_platform())[0]
+
+    def resolved(self, platform: str | None = None) -> GPTConfig:
+        """This config with ``dtype`` concrete for ``platform`` (:meth:`compute_dtype`):
+        itself when it already is. The Trainer and ``wb.plan`` resolve for the mesh's
+        platform (an abstract TPU slice: "tpu") before they build the model.
+
+        Example:
+            >>> GPTConfig.preset("small").resolved("tpu").dtype
+            'bfloat16'
+        """
+        if self.dtype != "auto":
+            return self
+        return dataclasses.replace(self, dtype=self.compute_dtype(platform))
+
     @property
     def moe_matmul_resolved(self) -> str:
         """The expert matmul that runs: ``moe_matmul``, with "auto" resolved ("grouped"
@@ -444,6 +506,13 @@ class GPTConfig:
         block = attn + mlp + 2 * d                     # + two norms
         head = 0 if self.tie_embeddings else d * self.vocab_size
         return self.vocab_size * d + self.n_layers * block + d + head
+
+
+def _current_platform() -> str:
+    """The platform being traced for (``workbench.models.attention.current_platform``)."""
+    from workbench.models.attention import current_platform
+
+    return current_platform()
 
 
 _PRESETS: dict[str, GPTConfig] = {

@@ -58,6 +58,7 @@ class Block(nnx.Module):
 
     def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
         check_layer_args(cfg, key, "Block")
+        cfg = cfg.resolved()   # dtype "auto": for the platform built for
         norm = {"eps": cfg.norm_eps, "dtype": cfg.dtype, "param_dtype": cfg.param_dtype}
         k_attn, k_mlp = jax.random.split(key)
         self.attn_norm = RMSNorm(cfg.d_model, **norm)
@@ -96,7 +97,9 @@ class GPT(nnx.Module):
         if not isinstance(rngs, nnx.Rngs):
             raise TypeError(f"GPT: rngs={rngs!r} is a {type(rngs).__name__}; give flax's "
                             "nnx.Rngs, e.g. rngs=nnx.Rngs(0)")
-        self.cfg = cfg
+        # dtype "auto" made concrete for the platform built for (the active rules' mesh,
+        # else JAX's default backend); the Trainer and wb.plan pass resolved configs
+        self.cfg = cfg = cfg.resolved()
         pd = cfg.param_dtype
         keys = jax.random.split(rngs.params(), cfg.n_layers + 2)   # one draw from rngs
         self.embed = param(keys[0], nnx.initializers.normal(stddev=0.02),

@@ -173,6 +173,7 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
         check_layer_args(cfg, key, "Attention")
+        cfg = cfg.resolved()   # dtype "auto": for the platform built for
         d, n, k, h, pd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.param_dtype
         kq, kk, kv, ko = jax.random.split(key, 4)
         self.q = param(kq, fan_in_init(d), (d, n, h), ("embed", "heads", "head_dim"), pd)
@@ -235,6 +236,7 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
         check_layer_args(cfg, key, "MLP")
+        cfg = cfg.resolved()   # dtype "auto": for the platform built for
         d, f, pd = cfg.d_model, cfg.d_ff, cfg.param_dtype
         kg, ku, kd = jax.random.split(key, 3)
         self.gate = param(kg, fan_in_init(d), (d, f), ("embed", "mlp"), pd)

@@ -166,6 +166,7 @@ class MoE(nnx.Module):
     """
 
     def __init__(self, cfg: GPTConfig, *, key: jax.Array) -> None:
+        cfg = cfg.resolved()   # dtype "auto": for the platform built for
         d, e, f, pd = cfg.d_model, cfg.n_experts, cfg.moe_d_ff, cfg.param_dtype
         kr, kg, ku, kd, ks = jax.random.split(key, 5)
         normal = lambda fan_in: nnx.initializers.normal(stddev=fan_in ** -0.5)
@@ -477,6 +478,7 @@ def dispatch_combine(cfg: GPTConfig, x: jax.Array, idx: jax.Array, weights: jax.
     Returns:
         ``(y, dropped)``: (B, T, D) and the float32 number of dropped assignments.
     """
+    cfg = cfg.resolved()   # dtype "auto": for the platform traced for
     b, t, d = x.shape
     k = idx.shape[-1]
     ctx = active()

@@ -136,6 +136,12 @@ def _kind(mesh: MeshInfo) -> str:
     return "cpu" if mesh.platform == "cpu" else "accelerator"
 
 
+def compute_dtype(cfg: GPTConfig, mesh: MeshInfo) -> np.dtype:
+    """The dtype ``cfg``'s activations take on ``mesh``'s platform (``dtype="auto"``:
+    bfloat16 on GPU/TPU, float32 on CPU; ``GPTConfig.compute_dtype``)."""
+    return np.dtype(cfg.compute_dtype(mesh.platform))
+
+
 def _ceil_div(n: int, d: int) -> int:
     return -(-int(n) // max(1, int(d)))
 
@@ -245,7 +251,7 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
     unchecked.
     """
     kind = _kind(mesh)
-    b = np.dtype(cfg.dtype).itemsize
+    b = compute_dtype(cfg, mesh).itemsize
     pbytes = np.dtype(cfg.param_dtype).itemsize
     shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
     tokens = _ceil_div(batch, shard("batch")) * _ceil_div(seq, shard("seq"))
@@ -507,8 +513,9 @@ def analytic_collectives(param_layouts: Mapping[str, Layout], rules: Rules, mesh
     if cfg is not None:
         tok_shards = axes_size(mesh, batch_axes(rules, mesh))
         act_shape = (max(1, batch // tok_shards), seq, cfg.d_model)
-        act = int(np.dtype(cfg.dtype).itemsize * math.prod(act_shape))
-        shp = _shape_str(np.dtype(cfg.dtype), act_shape)
+        dt = compute_dtype(cfg, mesh)
+        act = int(dt.itemsize * math.prod(act_shape))
+        shp = _shape_str(dt, act_shape)
         for logical, what in (("heads", "attention output"), ("mlp", "MLP output")):
             axes = tuple(a for a in rules.axes(logical)
                          if a not in bat and mesh.shape.get(a, 1) > 1)
@@ -552,7 +559,7 @@ def moe_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
     shards = axes_size(mesh, [a for a in rules.axes("batch") + rules.axes("seq")
                               if a in mesh.shape])
     g, d, e = max(1, batch * seq // shards), cfg.d_model, cfg.n_experts
-    dt = np.dtype(cfg.dtype)
+    dt = compute_dtype(cfg, mesh)
     layers = cfg.n_layers
     if cfg.moe_dispatch == "all_gather":
         return [_record("all-gather", ea, mesh, n * g * d * dt.itemsize, 2 * layers,
@@ -618,7 +625,7 @@ def context_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int
             or cfg.n_heads % heads or cfg.n_kv_heads % heads:
         heads = 1
     b = batch // axes_size(mesh, bat)
-    dt, f32 = np.dtype(cfg.dtype), np.dtype(np.float32)
+    dt, f32 = compute_dtype(cfg, mesh), np.dtype(np.float32)
     block = (b, seq // n, cfg.n_kv_heads // heads, cfg.head_dim)
     size = lambda shape, d: int(math.prod(shape)) * d.itemsize
     L, rerun = cfg.n_layers, 2 if cfg.remat != "none" else 1
@@ -693,7 +700,8 @@ def pipeline_permutes(cfg: GPTConfig, batch: int, seq: int, rules: Rules, mesh: 
     shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
     shape = (_ceil_div(batch // microbatches, shard("batch")), _ceil_div(seq, shard("seq")),
              cfg.d_model)
-    nbytes = int(np.prod(shape)) * np.dtype(cfg.dtype).itemsize
+    dt = compute_dtype(cfg, mesh)
+    nbytes = int(np.prod(shape)) * dt.itemsize
     return [_record("collective-permute", ("stage",), mesh, nbytes, 2 * iterations,
-                    _shape_str(np.dtype(cfg.dtype), shape),
+                    _shape_str(dt, shape),
                     "pipeline: micro-batch activations to the next stage, forward and backward")]

@@ -280,7 +280,8 @@ def context_parallel(cfg: Any, rules: Rules, mesh: MeshInfo, seq: int,
                                if mesh.shape.get(a, 1) > 1])
         kv = kv_bytes_per_device(
             batch=batch, seq=seq, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-            itemsize=int(np.dtype(cfg.dtype).itemsize), size=n, variant=variant,
+            itemsize=int(np.dtype(cfg.compute_dtype(mesh.platform)).itemsize), size=n,
+            variant=variant,
             batch_shards=bsh if batch % bsh == 0 else 1,
             head_shards=hsh if cfg.n_kv_heads % hsh == 0 else 1)
         how = ("all-gathered: every device holds the whole sequence's K/V"

@@ -73,7 +73,9 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
             at any length (RoPE has no position table), so it is a legitimate experiment,
             but one the config does not state; ``cfg.replace(seq_len=seq)`` states it.
         optimizer: optax transformation (default ``optax.adamw(3e-4)``).
-        dtype: compute dtype override for a GPTConfig ("bfloat16", ...).
+        dtype: compute dtype override for a GPTConfig ("bfloat16", "auto", ...); "auto"
+            (the presets' default) is resolved for the mesh's platform: bfloat16 on GPU and
+            TPU (an abstract TPU slice too), float32 on CPU (``plan.dtype`` says which).
         name: label for ``compare`` (default: the preset name).
         compile: force (True) or skip (False) compilation; default: compile when the mesh
             has real devices.
@@ -125,7 +127,7 @@ def _assemble(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured, warnin
         compile_seconds=m.outcome.seconds, compile_cached=m.outcome.cached,
         plan_seconds=seconds, pipeline=m.pipeline,
         compiler_options={**setup.options, **m.outcome.extra_options},
-        attention=setup.attention,
+        attention=setup.attention, dtype=inp.dtype,
         compiled_numbers=None if compiled is None else CompiledNumbers(
             compiled, tpu=target.source == "tpu-compiler"))
     return Plan(report=report, optimizer=inp.optimizer, graphdef=st.graphdef,

@@ -146,6 +146,9 @@ class PlanReport:
             platform's overlap flags by default).
         attention: the attention that runs and why (``"splash: Pallas splash kernel
             (Mosaic)"``); empty for a model factory.
+        dtype: the compute dtype and why (``"bfloat16: auto: bfloat16 on tpu"``: a
+            GPTConfig's ``dtype="auto"`` resolved for the platform planned for, which
+            ``cfg.dtype`` then holds); empty for a model factory.
         compiled_numbers: what was read from the compiled program (``CompiledNumbers``);
             None when nothing was compiled.
     """
@@ -173,6 +176,7 @@ class PlanReport:
     pipeline: dict[str, Any] | None = None
     compiler_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     attention: str = ""
+    dtype: str = ""
     compiled_numbers: CompiledNumbers | None = None
 
     # -- numbers -----------------------------------------------------------------------
@@ -448,7 +452,8 @@ class PlanReport:
             + ("" if self.is_estimate else
                f", {sum(c.count for c in self.collectives if c.overlapped)} overlapped "
                "(async)")),
-            (f"  attention {self.attention or 'n/a'}; remat "
+            (f"  attention {self.attention or 'n/a'}; dtype "
+             f"{self.dtype.partition(': ')[2] or self.dtype or 'n/a'}; remat "
              f"{self.cfg.remat if self.cfg is not None else 'n/a'}; overlap flags: "
              f"{len(self.compiler_options)}"
              + (f" ({', '.join(sorted(self.compiler_options))})"
@@ -527,6 +532,7 @@ class PlanReport:
             "predicted": self._predicted_dict(),
             **({"pipeline": self.pipeline} if self.pipeline else {}),
             "compiler_options": dict(self.compiler_options), "attention": self.attention,
+            "dtype": self.dtype,
         }
 
     def to_json(self) -> dict[str, Any]:

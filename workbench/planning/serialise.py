@@ -26,7 +26,10 @@ FORMAT = "workbench.plan-report/1"
 
 _PLAIN = ("name", "batch", "seq", "is_estimate", "source", "source_reason",
           "hbm_bytes_estimate", "memory", "memory_estimate", "compile_seconds",
-          "compile_cached", "plan_seconds", "pipeline", "compiler_options", "attention")
+          "compile_cached", "plan_seconds", "pipeline", "compiler_options", "attention",
+          "dtype")
+#: Fields a report written before they existed lacks, and their value then.
+_ADDED = {"dtype": ""}
 
 
 def report_to_json(report: Any) -> dict[str, Any]:
@@ -67,7 +70,8 @@ def report_fields(data: Mapping[str, Any]) -> dict[str, Any]:
                          logical_axes=None if v["logical"] is None else tuple(v["logical"]))
                for k, v in data["layouts"].items()}
     return dict(
-        **{k: data[k] for k in _PLAIN}, mesh=mesh, layouts=layouts,
+        **{k: data[k] if k not in _ADDED else data.get(k, _ADDED[k]) for k in _PLAIN},
+        mesh=mesh, layouts=layouts,
         cfg=None if data["cfg"] is None else GPTConfig(**_tupled(data["cfg"])),
         rules=Rules.from_dict(data["rules"]), flops=FlopCount(**data["flops"]),
         collectives=[Collective(**_tupled(c)) for c in data["collectives"]],

@@ -22,7 +22,7 @@ from workbench.mesh import MeshInfo, mesh_info
 from workbench.models import GPTConfig
 from workbench.models import attention as attention_impl
 from workbench.models.adapters import ModelSpec, resolve_rules
-from workbench.models.config import remat_policy
+from workbench.models.config import remat_policy, resolve_dtype
 from workbench.models.pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipeline,
                                        check_rules, stages_of)
 from workbench.planning import analytic, lints
@@ -46,9 +46,11 @@ __all__ = ["AbstractStep", "Inputs", "Setup", "build_step", "choose_target", "li
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Inputs:
-    """What ``wb.plan`` was asked, resolved: the model (``cfg`` for a GPTConfig, else None;
-    ``factory`` always), the mesh, the rules, batch and sequence, the optimizer and loss,
-    the batch's shapes, the pipeline and the options that pick the compile target."""
+    """What ``wb.plan`` was asked, resolved: the model (``cfg`` for a GPTConfig, else None,
+    its ``dtype`` concrete for the mesh's platform; ``factory`` always), the mesh, the
+    rules, batch and sequence, the optimizer and loss, the batch's shapes, the pipeline and
+    the options that pick the compile target; ``dtype``: the compute dtype and why
+    ("bfloat16: auto: bfloat16 on tpu"; "" for a model factory)."""
 
     cfg: GPTConfig | None
     factory: ModelFactory
@@ -66,6 +68,7 @@ class Inputs:
     name: str | None
     memory_limit: int | None
     overlap: bool | Mapping[str, Any]
+    dtype: str = ""
 
 
 def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules | str | None,
@@ -111,6 +114,10 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
             raise ValueError(f"dtype={dtype!r} applies to a GPTConfig; a model factory sets "
                              "its own dtypes")
         cfg = cfg.replace(dtype=dtype)
+    compute = ""
+    if cfg is not None:   # dtype "auto" for the platform planned for (abstract TPU: tpu)
+        concrete, why = resolve_dtype(cfg.dtype, info.platform)
+        cfg, compute = cfg.replace(dtype=concrete), f"{concrete}: {why}"
     factory = model_factory(cfg if cfg is not None else cfg_or_factory)
     abstract = None
     if cfg is None:  # any NNX module: its annotations name mesh axes or logical axes
@@ -139,7 +146,7 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
                   rules_name=rules_name, batch=batch, seq=seq,
                   optimizer=optimizer if optimizer is not None else optax.adamw(3e-4),
                   loss_fn=loss_fn, example_batch=example_batch, pipe=pipe, compile=compile,
-                  name=name, memory_limit=memory_limit, overlap=overlap)
+                  name=name, memory_limit=memory_limit, overlap=overlap, dtype=compute)
 
 
 def _check_batch_divides(batch: int, rules: Rules, info: Any, rules_name: str | None,

@@ -143,8 +143,10 @@ class ProgressLine:
         elif kind == "compile":
             attention = fields.get("attention") or ""
             impl, _, why = attention.partition(": ")
+            dtype, _, dtype_why = (fields.get("dtype") or "").partition(": ")
             self._write(f"compiled in {fields.get('seconds') or 0.0:.1f} s"
-                        + (f"; attention {impl} ({why})" if impl else ""))
+                        + (f"; attention {impl} ({why})" if impl else "")
+                        + (f"; dtype {dtype_why or dtype}" if dtype else ""))
         if self.tty and kind in ("compiling", "compile"):
             self.stream.write("\n")
 

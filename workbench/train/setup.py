@@ -334,6 +334,10 @@ class Parts:
     #: the XLA compile options the step is compiled with (``planning.flags``: the
     #: platform's overlap flags, as plans use)
     compile_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the compute dtype and why (``"bfloat16: auto: bfloat16 on gpu"``: ``dtype="auto"``
+    #: resolved for the mesh's platform, as ``model_config.dtype`` holds it; "" for a model
+    #: that is not a wb GPT)
+    dtype: str = ""
 
 
 def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | None = None
@@ -346,7 +350,8 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
 
     mesh = make_mesh(dict(config.mesh))
     rules = resolve_rules(config.rules, mesh)
-    model_config = config.model_config()
+    model_config, dtype = resolve_model_dtype(config.model_config(),
+                                              mesh.devices.flat[0].platform)
     from workbench.models.context import check_layout
 
     check_layout(config.seq, dict(mesh.shape), rules,
@@ -384,7 +389,20 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
         model_flops=analytic_flops(model_config, config.batch, config.seq),
         peak=peak, peak_source=source, device_kind=device.device_kind,
         n_devices=mesh.devices.size, attention=attention,
-        compile_options=compile_options(device.platform))
+        compile_options=compile_options(device.platform), dtype=dtype)
+
+
+def resolve_model_dtype(model_config: Any, platform: str) -> tuple[Any, str]:
+    """``(model config, "dtype: why")``: a GPTConfig with ``dtype="auto"`` made concrete
+    for ``platform`` (bfloat16 on GPU/TPU, float32 on CPU) before the model is built, so
+    every layer, the step and the run's records see one dtype; other models unchanged
+    (and "")."""
+    from workbench.models.config import GPTConfig, resolve_dtype
+
+    if not isinstance(model_config, GPTConfig):
+        return model_config, ""
+    concrete, why = resolve_dtype(model_config.dtype, platform)
+    return model_config.replace(dtype=concrete), f"{concrete}: {why}"
 
 
 def _check_model_for_mesh(config: TrainConfig, model_config: Any, mesh: Any,

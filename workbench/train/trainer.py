@@ -484,6 +484,7 @@ class Trainer(Displayable):
         if compiled_now:
             broadcast(reporters, "compile", seconds=self.compile_seconds,
                       cache=self.compile_cache, attention=self.parts.attention,
+                      dtype=self.parts.dtype,
                       compiler_options=dict(self.parts.compile_options))
         if self.step > 0:
             broadcast(reporters, "resume", step=self.step)
@@ -560,7 +561,8 @@ class Trainer(Displayable):
             "device_kind": p.device_kind, "peak_flops": p.peak, "peak_source": p.peak_source,
             "model_flops_per_step": p.model_flops, "target_steps": target,
             "memory_per_device": self.memory_per_device,
-            "attention": p.attention, "compiler_options": dict(p.compile_options),
+            "attention": p.attention, "dtype": p.dtype,
+            "compiler_options": dict(p.compile_options),
             "data": p.data.info, "process_count": jax.process_count(),
         } | ({} if self.config.init is None else {"init": {
             "format": "huggingface", "path": str(Path(self.config.init).resolve())}}) | ({} if self._recorded_prediction is None
