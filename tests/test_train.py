@@ -152,9 +152,10 @@ def test_a_custom_sink_gets_what_the_run_writer_wrote(tmp_path):
     assert first.events() == [("compiling", {}), *written[:1]]  # compiling: before run.json
     assert written[0] == ("compile", {"seconds": tr.compile_seconds, "cache": tr.compile_cache,
                                       "attention": tr.parts.attention,
-                                      "compiler_options": {}})
-    # on CPU, "auto" runs XLA attention and says so; CPU has no overlap flags
+                                      "dtype": tr.parts.dtype, "compiler_options": {}})
+    # on CPU, "auto" runs XLA attention and float32, and says so; CPU has no overlap flags
     assert tr.parts.attention.startswith("xla: auto: XLA attention on cpu")
+    assert tr.parts.dtype == "float32: auto: float32 on cpu"
     assert second.events() == written[1:] == [("resume", {"step": 3})]
     assert tr.history == first.records() + second.records()
 
