@@ -249,13 +249,15 @@ RECIPES: dict[str, Recipe] = {
     "wb.remove_calibration": lambda f: {"device_kind": "cpu"},
     "wb.profile_step": lambda f: {"plan": f.compiled_plan, "steps": 1, "warmup": 0,
                                   "directory": f.fresh("profile")},
-    "wb.TrainConfig": lambda f: {"model": "tiny", "mesh": {"data": 8}, "batch": 8, "seq": 16,
-                                 "steps": 1, "data": "synthetic"},
+    # init and a Dataset: the files TrainConfig.check reads (THEN) are real ones
+    "wb.TrainConfig": lambda f: {"model": f.cfg, "init": f.hf_dir, "mesh": {"data": 8},
+                                 "batch": 8, "seq": 16, "steps": 1, "data": f.dataset},
     "wb.Trainer": lambda f: {"config": f.train_config, "run_dir": f.fresh("run"),
                              "progress": None},
     "wb.launch": lambda f: {"config": f.train_config, "processes": 1,
                             "run_dir": f.fresh("job")},
     "wb.attach": lambda f: {"run_dir": "no-job-here"},
+    "wb.Local": lambda f: {"processes": 2, "devices_per_process": 4},
     "wb.Slurm": lambda f: {"nodes": 2, "gpus_per_node": 8, "partition": "a100",
                            "time": "1:00:00", "job_name": "fuzz"},
     "wb.Hosts": lambda f: {"hosts": ["10.0.0.1", "10.0.0.2"], "port": 22},
@@ -334,6 +336,11 @@ RECIPES: dict[str, Recipe] = {
     "wb.runs.run_id": lambda f: {"root": str(f.dir), "run_dir": f.written_run},
 }
 
+#: Public classes whose instances have an entry point of their own, called on every instance
+#: a fuzzed call made, so that hostile values that construct reach it too: ``TrainConfig``
+#: checks values when it is made, and the files it names in ``check()``.
+THEN: dict[str, str] = {"wb.TrainConfig": "check"}
+
 #: Signatures inspect cannot read (Flax NNX modules show ``(*args, **kwargs)``): the
 #: parameters of their ``__init__``, as (name, kind) in order.
 SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -401,7 +408,10 @@ def call(fx: Fixtures, name: str, param: str | None, value: Any) -> Any:
             args.append(v)
         elif kind != "positional":
             kwargs[pname] = v
-    return obj(*args, **kwargs)
+    result = obj(*args, **kwargs)
+    if name in THEN:
+        getattr(result, THEN[name])()
+    return result
 
 
 def close(result: Any) -> None:

@@ -7,7 +7,9 @@ The surface is walked, not listed: ``workbench.__all__`` and the ``__all__`` of 
 it exports (``wb.data``, ``wb.models``, ``wb.train``, ``wb.runs``). A public name added
 later is fuzzed once it has a recipe (valid base arguments, ``tests/_api_fuzz_worker.py``)
 or is exempt below with the reason; otherwise ``test_every_public_callable_is_fuzzed``
-fails and says which to add.
+fails and says which to add. A class whose instances have an entry point of their own
+(``TrainConfig.check``, which reads the files a config names) has it called on every
+instance a fuzzed call made (``THEN`` in the worker), so hostile values reach it too.
 
 What a call may do (the rule the fuzzer checks, one call at a time):
 

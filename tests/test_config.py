@@ -4,6 +4,7 @@ import hashlib
 import json
 import math
 import pickle
+import re
 import subprocess
 import sys
 
@@ -181,3 +182,96 @@ def test_accumulation_averages_micro_batches_before_one_update():
     u2, s = acc.update(g2, s, params)
     ref, _ = one.update({"w": jnp.full((2, 2), 2.0)}, one.init(params), params)
     np.testing.assert_allclose(u2["w"], ref["w"], rtol=1e-6)        # mean gradient, one step
+
+
+# -- values when made, files in check() ---------------------------------------------------
+
+_OPENED: list[str] | None = None   # paths opened or listed while recording
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _OPENED is not None and event in ("open", "os.listdir", "os.scandir") and args:
+        _OPENED.append(str(args[0]))
+
+
+sys.addaudithook(_audit)   # records only inside _files_touched (audit hooks stay for good)
+
+
+def _files_touched(under, make):
+    """``make()``'s result and the paths below ``under`` it opened or listed."""
+    global _OPENED
+    _OPENED = []
+    try:
+        result = make()
+    finally:
+        seen, _OPENED = _OPENED, None
+    return result, sorted({p for p in seen if p.startswith(str(under))})
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory):
+    """A Hugging Face folder of a 1-layer model: not the 2-layer ``tiny`` preset."""
+    from flax import nnx
+
+    folder = tmp_path_factory.mktemp("init") / "one-layer"
+    cfg = GPTConfig.preset("tiny").replace(n_layers=1, vocab_size=128)
+    wb.models.to_hf(wb.models.GPT(cfg, rngs=nnx.Rngs(0)), folder)
+    return folder
+
+
+def test_making_a_config_reads_no_file_and_check_reads_them(tmp_path, other_model):
+    """A config naming a missing data file, and an init folder of another model, is made
+    (from Python and from its JSON) without opening or listing a file; ``check()`` then
+    raises what the Trainer and launch raised before: the data glob that matches nothing,
+    the architecture fields that differ."""
+    from workbench.data.files import DataFileNotFound
+
+    missing = tmp_path / "docs" / "*.jsonl"
+    data = wb.data.Dataset(files=str(missing))     # byte-level tokenizer: no file of its own
+    cfg, touched = _files_touched(tmp_path, lambda: TrainConfig(data=data))
+    assert touched == []
+    back, touched = _files_touched(tmp_path, lambda: TrainConfig.from_json(cfg.to_json()))
+    assert back == cfg and touched == []
+    for c in (cfg, back):
+        with pytest.raises(DataFileNotFound, match=rf"no files match {re.escape(repr(str(missing)))}"):
+            c.check()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.jsonl").write_text('{"text": "hello"}\n')
+    assert cfg.check() is cfg                        # found now; check returns the config
+
+    wrong, touched = _files_touched(other_model.parent, lambda: TrainConfig(
+        model="tiny", model_overrides={"vocab_size": 128}, init=str(other_model)))
+    assert touched == [] and wrong.init == str(other_model)
+    with pytest.raises(ValueError, match="different architecture.*n_layers"):
+        wrong.check()
+    right = TrainConfig(model=wb.models.hf_config(other_model), init=str(other_model))
+    _, touched = _files_touched(other_model.parent, right.check)
+    assert touched == [str(other_model / "config.json")]   # config.json only, no weights
+    gone = right.replace(init=str(other_model.parent / "moved-away"))
+    assert gone.check() is gone      # a resumed run needs the folder no more (the Trainer
+    #                                  names it when a run without checkpoints needs it)
+
+
+def test_text_data_folders_are_checked_by_check(tmp_path):
+    from workbench.data.files import DataFileNotFound
+
+    cfg = TrainConfig(data=TextData(root=str(tmp_path / "nowhere")))
+    with pytest.raises(DataFileNotFound, match="text corpus root .*nowhere.* is not a directory"):
+        cfg.check()
+
+
+def test_post_init_imports_nothing():
+    """Every module the value checks need is imported once, at the top of the module (no
+    import hides inside ``__post_init__`` or the checks it calls)."""
+    import ast
+    import inspect
+    import textwrap
+
+    from workbench.train import config as module
+
+    for fn in (TrainConfig.__post_init__, TrainConfig._checked_model,
+               TrainConfig._check_pipeline, TrainConfig._check_init):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], \
+            fn.__qualname__
+    assert module.Dataset is wb.data.Dataset

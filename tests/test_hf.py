@@ -285,7 +285,7 @@ def test_plan_and_trainer_start_from_hf_and_export_the_run(hf, tmp_path):
 def test_init_must_match_the_model_config(hf):
     folder, _, _ = hf["llama"]
     with pytest.raises(ValueError, match="different architecture.*n_layers"):
-        wb.TrainConfig(model=wb.models.hf_config(folder, n_layers=3), init=str(folder))
+        wb.TrainConfig(model=wb.models.hf_config(folder, n_layers=3), init=str(folder)).check()
 
 
 # -- bad input ----------------------------------------------------------------------------

@@ -226,6 +226,70 @@ def test_attach_watches_and_stops_a_job_started_elsewhere(tmp_path):
         attach(tmp_path / "p")
 
 
+# ----------------------------------------------------------------------------- the protocol
+def test_every_cluster_kind_is_a_cluster_and_launch_takes_nothing_else(tmp_path):
+    """Local, Slurm, Hosts and TPUSlice satisfy the runtime-checkable Cluster protocol (a
+    slice whose worker count gcloud would give is checked without running gcloud), and
+    ``attach`` asks exactly these kinds, Local last."""
+    import workbench as wb
+    from workbench.jobs import Cluster, Local
+    from workbench.jobs.dispatch import KINDS
+
+    kinds = [Local(processes=2, devices_per_process=4), wb.Slurm(nodes=2, gpus_per_node=8),
+             wb.Hosts(["node1", "node2"]), wb.TPUSlice("my-v5p", "us-east5-a", workers=4)]
+    assert all(isinstance(k, Cluster) for k in kinds)
+    assert [k.tasks for k in kinds] == [2, 2, 2, 4]
+    assert {type(k) for k in kinds} == set(KINDS) and KINDS[-1] is Local is wb.Local
+    unasked = wb.TPUSlice("my-v5p", "us-east5-a", gcloud=str(tmp_path / "no-gcloud"))
+    assert isinstance(unasked, Cluster) and unasked.workers is None
+    for other in (object(), "slurm", {"nodes": 2}, wb.TrainConfig):
+        assert not isinstance(other, Cluster)
+        with pytest.raises(TypeError, match=r"wb.launch: cluster=.* pass a wb.Local, wb.Slurm, "
+                                            r"wb.Hosts or wb.TPUSlice"):
+            wb.launch(wb.TrainConfig(), run_dir=tmp_path / "r", cluster=other)
+    with pytest.raises(ValueError, match=r"needs 8 devices.*processes=1 x "
+                                         r"devices_per_process=4 = 4"):
+        wb.launch(wb.TrainConfig(mesh={"data": 8}), run_dir=tmp_path / "r",
+                  cluster=Local(devices_per_process=4))
+    with pytest.raises(FileNotFoundError, match=r"no files match .*nothing\*\.jsonl"):
+        wb.launch(wb.TrainConfig(data=wb.data.Dataset(files=str(tmp_path / "nothing*.jsonl"))),
+                  run_dir=tmp_path / "r")   # TrainConfig.check, before anything is written
+    assert not (tmp_path / "r").exists()
+
+
+def test_local_submits_and_attaches_through_the_protocol(tmp_path):
+    """A real two-process job (jax.distributed over loopback) submitted to ``Local`` through
+    the protocol: each worker runs the command ``remote_command`` previews, the one
+    ``attach`` finds it as ``Local.attach`` does, and stops it."""
+    import shlex
+
+    import workbench as wb
+    from workbench.jobs import Local, NoJobError, Submission
+    from workbench.jobs.worker import ping_command
+
+    local, run_dir = Local(processes=2, devices_per_process=2, platform="cpu"), tmp_path / "p"
+    job = local.submit(Submission(run_dir=run_dir, command=ping_command(120), what="ping"))
+    _wait_for(lambda: all("PING " in p.log.read_text() for p in job.processes), 90, job)
+    assert [Local.recorded(run_dir), wb.Slurm.recorded(run_dir), wb.Hosts.recorded(run_dir),
+            wb.TPUSlice.recorded(run_dir)] == [True, False, False, False]
+    token = RunLock(run_dir).read()["token"]
+    for i, argv in enumerate(job.commands):
+        port = argv[argv.index("--coordinator") + 1].rpartition(":")[2]
+        preview = shlex.split(local.remote_command(i, run_dir, token,
+                                                    command=ping_command(120)))
+        assert preview == [f"WORKBENCH_JOB={token}", "JAX_PLATFORMS=cpu",
+                           *(a.replace(f":{port}", ":<port>") for a in argv)]
+    found, again = Local.attach(run_dir), wb.attach(run_dir)
+    for watcher in (found, again):
+        assert type(watcher) is wb.Job and watcher.status == "running"
+        assert [p.pid for p in watcher.processes] == [p.pid for p in job.processes]
+    assert again.stop(60) == "stopped"
+    assert job.wait(30) == "stopped" and found.wait(30) == "stopped"
+    assert not Local.recorded(run_dir)
+    with pytest.raises(NoJobError, match="no job is running"):
+        wb.attach(run_dir)
+
+
 @pytest.fixture(scope="module")
 def finished_ping(tmp_path_factory):
     job = ping(2, 1, run_dir=tmp_path_factory.mktemp("ping") / "p", platform="cpu")

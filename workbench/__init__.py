@@ -49,6 +49,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "launch": ("workbench.jobs", "launch"),
     "attach": ("workbench.jobs", "attach"),
     "Job": ("workbench.jobs", "Job"),
+    "Local": ("workbench.jobs", "Local"),
     "Slurm": ("workbench.jobs", "Slurm"),
     "Hosts": ("workbench.jobs", "Hosts"),
     "TPUSlice": ("workbench.jobs", "TPUSlice"),
@@ -83,7 +84,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench import data, models, runs, train
     from workbench.hardware import DeviceInfo, devices, peak_flops, simulate_devices
     from workbench.exercises import exercise
-    from workbench.jobs import Hosts, Job, Slurm, TPUSlice, attach, launch
+    from workbench.jobs import Hosts, Job, Local, Slurm, TPUSlice, attach, launch
     from workbench.layouts import Layout, layout
     from workbench.mesh import MeshInfo, abstract_mesh, make_mesh
     from workbench.models.generate import generate

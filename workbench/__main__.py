@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = worker.export(args.run_dir, args.out, _spec(args), step=args.step,
                                  dtype=args.dtype, overwrite=args.overwrite)
         else:
-            code = worker.ping(_spec(args), hold=args.hold)
+            code = worker.run_ping(_spec(args), hold=args.hold)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 2
         raise

@@ -1,8 +1,13 @@
 """Multi-process training jobs over ``jax.distributed``: launch from a cell, run on pods.
 
-``launch(config, processes=N, devices_per_process=M, run_dir=...)`` starts N worker
-processes on this machine, each running ``python -m workbench train`` (the same command
-a SLURM task or a TPU pod worker runs), and returns a :class:`Job`.
+Three verbs and one protocol. ``launch(config, ...)`` starts a training job and returns a
+:class:`Job`; ``ping(...)`` starts one that only checks the collectives; ``attach(run_dir)``
+finds a job again (after a kernel restart). Where the workers run is a :class:`Cluster`:
+``Local(processes=N, devices_per_process=M)`` (the default: ``launch(config,
+processes=N)``), ``Slurm(...)`` (``sbatch``), ``Hosts([...])`` (ssh) or ``TPUSlice(...)``
+(every worker of a Cloud TPU VM slice). Every worker runs ``python -m workbench train``,
+the command a SLURM task or a TPU pod worker runs; the returned Job is the same object and
+widget whatever the cluster.
 
 Example::
 
@@ -12,23 +17,20 @@ Example::
                     devices_per_process=4, run_dir="runs/tiny-2x4")
     job                      # live widget: processes, loss, log tails, Stop button
     job.wait()               # "finished" | "failed" | "stopped"
-
-On a cluster, ``launch(config, cluster=...)`` runs the same worker command there:
-``Slurm(...)`` submits it with ``sbatch`` (``jobs.slurm``), ``Hosts([...])`` starts it on
-every host over ssh and ``TPUSlice(...)`` on every worker of a Cloud TPU VM slice
-(``jobs.hosts``). The returned Job is the same object and widget.
+    job = wb.launch(cfg, cluster=wb.Slurm(nodes=2, gpus_per_node=8), run_dir="/shared/r")
+    job = wb.attach("/shared/r")
 """
 from workbench.jobs.cluster import DistributedSpec, detect_cluster
-from workbench.jobs.job import Job, ProcessInfo
+from workbench.jobs.dispatch import attach, launch, ping
 from workbench.jobs.hosts import Hosts, TPUSlice
-from workbench.jobs.local import launch, ping
+from workbench.jobs.job import Job, NoJobError, ProcessInfo
+from workbench.jobs.local import Local
+from workbench.jobs.protocol import Cluster, Submission
 from workbench.jobs.slurm import Slurm, SlurmError
 from workbench.jobs.slurm import available as slurm_available
-from workbench.jobs.reattach import attach
-from workbench.run_lock import JobRunningError, RunLock
 from workbench.jobs.worker import EXIT_STOPPED
+from workbench.run_lock import JobRunningError, RunLock
 
-__all__ = ["EXIT_STOPPED", "DistributedSpec", "Hosts", "Job", "JobRunningError", "ProcessInfo",
-           "RunLock", "Slurm", "SlurmError", "TPUSlice", "attach", "detect_cluster", "launch",
-           "ping", "slurm_available"]
-
+__all__ = ["EXIT_STOPPED", "Cluster", "DistributedSpec", "Hosts", "Job", "JobRunningError",
+           "Local", "NoJobError", "ProcessInfo", "RunLock", "Slurm", "SlurmError", "Submission",
+           "TPUSlice", "attach", "detect_cluster", "launch", "ping", "slurm_available"]

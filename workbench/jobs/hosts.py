@@ -1,17 +1,10 @@
 """The same worker command on every host over ssh: plain hosts (``Hosts``) and the workers
 of a Cloud TPU VM slice (``TPUSlice``, through ``gcloud compute tpus tpu-vm ssh``).
 
-One local ``ssh`` process per host runs, on that host::
-
-    cd <workdir> && export WORKBENCH_JOB=<token> ... && echo "[workbench] worker pid $$ ..." \\
-      && exec <python> -m workbench train --config <run_dir>/config.json --run-dir <run_dir> \\
-         --coordinator <host 0>:<port> --num-processes N --process-id i
-
-Its output streams into ``<run_dir>/logs/process-<i>.log`` here, and ssh exits with the
-worker's exit code, so the :class:`~workbench.jobs.Job` sees each worker end (a dead
-worker, or a lost connection: 255) and stops the others. Signals go to the remote worker
-itself (``ssh <host> kill -TERM <pid>``): ``job.stop()`` makes every worker checkpoint at
-an agreed step. On a TPU slice every worker runs the same command through
+Both are :class:`~workbench.jobs.Cluster` kinds; what they share (starting one ssh per
+host, watching it, signalling the remote worker, finding the job again) is
+``workbench.jobs.fanout``. Worker ``i`` of ``Hosts`` runs on ``hosts[i]`` and joins the
+coordinator on the first host; on a TPU slice every worker runs the same command through
 ``gcloud compute tpus tpu-vm ssh <name> --zone=<zone> --project=<project> --worker=<i>
 --command=...``, and the workers join through ``jax.distributed.initialize()``'s Cloud TPU
 detection (no coordinator on the command line).
@@ -20,213 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import re
 import shlex
-import shutil
-import signal
 import socket
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
-from workbench.jobs import fields, storage
-from workbench.jobs.job import Job, NoJobError, _Pid, exit_file
-from workbench.run_lock import LAUNCHED_ENV, RunLock
-from workbench.jobs.worker import EXIT_FILE_ENV
+from workbench.jobs import fields
+from workbench.jobs.fanout import HOSTS_FILE, HostsError, _FanOut, tool_path
+from workbench.jobs.fanout import _remote_pid  # noqa: F401 - tests read it from here
 
-__all__ = ["Hosts", "HostsError", "TPUSlice", "attach_hosts"]
-
-HOSTS_FILE = "hosts.json"
-_PID_LINE = re.compile(r"^\[workbench\] worker pid (\d+) on ")
-
-
-class HostsError(RuntimeError):
-    """A host launch cannot start: ssh or gcloud is missing, or the slice is unknown."""
-
-
-def _tool(name: str, fix: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise HostsError(f"`{name}` is not on PATH on this machine; {fix}")
-    return path
-
-
-class _FanOut:
-    """What ``Hosts`` and ``TPUSlice`` share: start, watch and signal one worker per host."""
-
-    tasks: int
-    devices_per_task: int | None
-    platform: str | None
-    python: str | None
-    workdir: str | None
-    env: Mapping[str, str]
-    setup: Sequence[str]
-    connect_timeout: int
-    start_timeout: float
-
-    def remote_argv(self, i: int, command: str) -> list[str]:
-        raise NotImplementedError
-
-    def worker_args(self, i: int) -> list[str]:
-        raise NotImplementedError
-
-    def host_names(self) -> list[str]:
-        raise NotImplementedError
-
-    def start_fix(self, i: int) -> str:
-        """What to check when worker ``i`` could not be started."""
-        raise NotImplementedError
-
-    def remote_command(self, i: int, run_dir: Path, token: str, *, steps: int | None = None,
-                       extra: Sequence[str] = ()) -> str:
-        """The shell command worker ``i`` runs on its host (``steps``: train to this many
-        steps; ``extra``: the launch's ``workbench train`` options, ``worker.train_args``)."""
-        env = {LAUNCHED_ENV: token, "PYTHONUNBUFFERED": "1",
-               EXIT_FILE_ENV: str(exit_file(run_dir / "logs" / f"process-{i}.log")),
-               **({"JAX_PLATFORMS": self.platform} if self.platform else {}), **self.env}
-        argv = [self.python or "python3", "-m", "workbench", "train", "--config",
-                str(run_dir / "config.json"), "--run-dir", str(run_dir), *self.worker_args(i)]
-        argv += [*([] if steps is None else ["--steps", str(steps)]), *extra]
-        if self.platform:
-            argv += ["--platform", self.platform]
-        if self.devices_per_task and self.platform in ("cpu", None):
-            argv += ["--devices-per-process", str(self.devices_per_task)]
-        parts = [*self.setup, f"cd {fields.shell_path(self.workdir or os.getcwd())}",
-                 "export " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()),
-                 'echo "[workbench] worker pid $$ on $(hostname)"',
-                 f"exec {fields.shell_path(argv[0])} {shlex.join(argv[1:])}"]
-        return " && ".join(parts)
-
-    def submit(self, run_dir: Path, config_text: str, *, extra: Sequence[str] = (),
-               target_steps: int | None) -> Job:
-        """Locks ``run_dir``, writes the config, starts one ssh per host; returns the Job."""
-        self.remote_argv(0, "true")  # ssh / gcloud missing: say so before touching disk
-        storage.warn_if_not_shared(run_dir, self.host_names())
-        lock = RunLock(run_dir)
-        lock.acquire(what="hosts")
-        procs: list[Any] = []
-        try:
-            logs_dir = run_dir / "logs"
-            logs_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "config.json").write_text(config_text, encoding="utf-8")
-            logs, commands = [], []
-            for i in range(self.tasks):
-                log = logs_dir / f"process-{i}.log"
-                exit_file(log).unlink(missing_ok=True)
-                argv = self.remote_argv(i, self.remote_command(i, run_dir, lock.token or "",
-                                                               extra=extra))
-                with open(log, "ab") as f:
-                    f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} launch: "
-                            f"{shlex.join(argv)}\n".encode())
-                    f.flush()
-                    procs.append(_Remote(subprocess.Popen(
-                        argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        start_new_session=True), self, i, log))
-                logs.append(log)
-                commands.append(argv)
-            record = {"launcher": type(self).__name__, "cluster": _asdict(self),
-                      "ssh_pids": [p.pid for p in procs], "logs": [str(p) for p in logs],
-                      "target_steps": target_steps, "host": socket.gethostname()}
-            (run_dir / HOSTS_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
-            lock.update([p.pid for p in procs], what="hosts", logs=[str(p) for p in logs],
-                        target_steps=target_steps, platform=self.platform)
-            self._wait_started(procs)
-        except BaseException:
-            for p in procs:
-                if p.popen.poll() is None and _remote_pid(p.log) is not None:
-                    p.send_signal_remote(signal.SIGKILL)   # the worker on its host, too
-                p.popen.kill()
-                p.popen.wait()
-            lock.release()
-            raise
-        return Job(run_dir, procs, logs, lock=lock, commands=commands,
-                   devices_per_process=self.devices_per_task, platform=self.platform,
-                   target_steps=target_steps)
-
-    def _wait_started(self, procs: list[_Remote]) -> None:
-        """Waits until every worker printed its pid on its host (ssh connected and the
-        setup lines ran), at most ``start_timeout`` seconds.
-
-        Raises:
-          HostsError: a worker's ssh (or gcloud) ended before its worker started, or one
-            has not started in time; the message names the host, the log and what to check.
-        """
-        t_end = time.monotonic() + self.start_timeout
-        pending = list(range(len(procs)))
-        hosts = self.host_names()
-        tool = "ssh" if isinstance(self, Hosts) else "gcloud"
-        while pending:
-            for i in list(pending):
-                rc = procs[i].popen.poll()   # before the log: an ended one has written all
-                if _remote_pid(procs[i].log) is not None:
-                    pending.remove(i)
-                elif rc is not None:
-                    tail = " | ".join(line.strip() for line in _log_lines(procs[i].log)[-4:])
-                    raise HostsError(
-                        f"worker {i} did not start on {hosts[i]}: {tool} exited with {rc} "
-                        f"before the worker ran ({tail or 'no output'}; log "
-                        f"{procs[i].log}). {self.start_fix(i)}")
-            if pending and time.monotonic() > t_end:
-                names = ", ".join(f"{i} ({hosts[i]})" for i in pending)
-                raise HostsError(
-                    f"worker(s) {names} did not start within start_timeout="
-                    f"{self.start_timeout:g} s: no '[workbench] worker pid' line in "
-                    f"{procs[pending[0]].log}. The host may be unreachable or a setup line "
-                    f"may wait for input. {self.start_fix(pending[0])}; if the setup lines "
-                    "take longer, raise start_timeout")
-            if pending:
-                time.sleep(0.05)
-
-    def signal_worker(self, i: int, log: Path, sig: int) -> None:
-        """Sends ``sig`` to worker ``i`` on its host (its pid is the first line it printed)."""
-        pid = _remote_pid(log)
-        if pid is None:
-            return
-        name = signal.Signals(sig).name.removeprefix("SIG")
-        subprocess.run(self.remote_argv(i, f"kill -{name} {pid}"), capture_output=True,
-                       stdin=subprocess.DEVNULL, timeout=60, check=False)
-
-
-def _log_lines(log: Path) -> list[str]:
-    from workbench.jobs.job import read_tail
-
-    return read_tail(log, 20, raw=True)
-
-
-def _remote_pid(log: Path) -> int | None:
-    from workbench.jobs.job import read_tail
-
-    for line in read_tail(log, 10**6, raw=True):
-        m = _PID_LINE.match(line)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-class _Remote:
-    """The local ssh process of worker ``i``; signals reach the remote worker."""
-
-    def __init__(self, popen: Any, cluster: _FanOut, i: int, log: Path) -> None:
-        self.popen, self.cluster, self.i, self.log = popen, cluster, i, log
-        self.pid = popen.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.popen.returncode
-
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
-    def send_signal_remote(self, sig: int) -> None:
-        try:
-            self.cluster.signal_worker(self.i, self.log, sig)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        if sig == signal.SIGKILL and self.popen.poll() is None:
-            self.popen.kill()  # the connection too: nothing is left to wait for
+__all__ = ["HOSTS_FILE", "Hosts", "HostsError", "TPUSlice"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +51,7 @@ class Hosts(_FanOut):
         connected and the setup lines done) before it stops them and says which did not.
     """
 
+    tool: ClassVar[str] = "ssh"
     hosts: Sequence[str]
     _: dataclasses.KW_ONLY
     port: int | None = None
@@ -296,7 +94,7 @@ class Hosts(_FanOut):
         return [h.rpartition("@")[2] for h in self.hosts]
 
     def remote_argv(self, i: int, command: str) -> list[str]:
-        ssh = _tool("ssh", "install OpenSSH's client (Debian: `apt-get install "
+        ssh = tool_path("ssh", "install OpenSSH's client (Debian: `apt-get install "
                            "openssh-client`)")
         # ssh keeps the first value it reads for an option: the user's come first
         argv = [ssh, *self.ssh_options, "-o", "BatchMode=yes",
@@ -337,11 +135,13 @@ class TPUSlice(_FanOut):
       workers: hosts in the slice (e.g. 4 for a v5p-32); None: ask gcloud.
       python, workdir, env, setup: as in :class:`Hosts`.
       gcloud: the gcloud executable.
-      ssh_flags: further ``gcloud ... ssh`` flags (``["--internal-ip"]``, ``["--tunnel-through-iap"]``).
+      ssh_flags: further ``gcloud ... ssh`` flags (``["--internal-ip"]``,
+        ``["--tunnel-through-iap"]``).
       connect_timeout, start_timeout: as in :class:`Hosts` (ssh's ``ConnectTimeout``
         reaches it through ``--ssh-flag``).
     """
 
+    tool: ClassVar[str] = "gcloud"
     name: str
     zone: str
     project: str | None = None
@@ -374,7 +174,7 @@ class TPUSlice(_FanOut):
         fields.fanout(self, where)
 
     def _gcloud(self) -> str:
-        return _tool(self.gcloud, "install the Google Cloud CLI (cloud.google.com/sdk: "
+        return tool_path(self.gcloud, "install the Google Cloud CLI (cloud.google.com/sdk: "
                                   "`apt-get install google-cloud-cli` from Google's apt "
                                   "repository) and run `gcloud auth login`, or pass "
                                   "wb.TPUSlice(gcloud='/path/to/gcloud')")
@@ -430,48 +230,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
-
-
-def _asdict(cluster: _FanOut) -> dict[str, Any]:
-    d = dataclasses.asdict(cluster)  # type: ignore[call-overload]
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
-
-
-def attach_hosts(run_dir: Path) -> Job:
-    """Watches the ssh job recorded in ``run_dir/hosts.json`` (started from this host)."""
-    record = json.loads((run_dir / HOSTS_FILE).read_text(encoding="utf-8"))
-    lock = RunLock(run_dir)
-    holder = lock.read() or {}
-    if RunLock.holder_alive(holder) is not True:
-        raise NoJobError(f"no ssh job is running in run_dir={str(run_dir)!r} from this "
-                               f"host (no live {lock.path}); read its results with "
-                               "workbench.runs")
-    cls = {"Hosts": Hosts, "TPUSlice": TPUSlice}[record["launcher"]]
-    cluster = cls(**record["cluster"])
-    starts = holder.get("starts") or {}
-    logs = [Path(p) for p in record["logs"]]
-    procs = [_AttachedRemote(_Pid(pid, starts.get(str(pid)), exit_file(log)), cluster, i, log)
-             for i, (pid, log) in enumerate(zip(record["ssh_pids"], logs))]
-    return Job(run_dir, procs, logs, lock=None, attached=True, platform=record.get("platform"),
-               target_steps=record.get("target_steps"))
-
-
-class _AttachedRemote(_Remote):
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
-    @property
-    def returncode(self) -> int | None:
-        return self.popen.returncode
-
-    def send_signal_remote(self, sig: int) -> None:
-        try:
-            self.cluster.signal_worker(self.i, self.log, sig)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        if sig == signal.SIGKILL:
-            try:
-                os.kill(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-

@@ -25,7 +25,7 @@ from workbench import runs
 from workbench.run_lock import RunLock, pid_alive
 from workbench.jobs.worker import EXIT_STOPPED
 
-__all__ = ["Job", "ProcessInfo", "attach", "exit_file"]
+__all__ = ["Job", "NoJobError", "ProcessInfo", "exit_file", "read_tail"]
 
 STATUSES = ("queued", "running", "finished", "failed", "stopped")  # queued: SLURM only
 _POLL_S = 0.25
@@ -335,26 +335,6 @@ class Job(Displayable):
 
 class NoJobError(FileNotFoundError):
     """``attach(run_dir)`` found no job there (none running on this host, none submitted)."""
-
-
-def attach(run_dir: str | os.PathLike[str]) -> Job:
-    """Watches a local job that is running in ``run_dir`` (e.g. after a kernel restart);
-    ``workbench.jobs.attach`` also finds SLURM and ssh jobs (``jobs.reattach``).
-
-    Raises:
-      FileNotFoundError: no running job holds ``run_dir`` on this host.
-    """
-    lock = RunLock(run_dir)
-    holder = lock.read()
-    if not holder or RunLock.holder_alive(holder) is not True:
-        raise NoJobError(f"no job is running in run_dir={str(run_dir)!r} on this host (no "
-                         f"live {lock.path}); read its results with workbench.runs")
-    starts, pids = holder.get("starts") or {}, holder.get("pids", [])
-    logs = [Path(p) for p in holder.get("logs") or
-            [Path(run_dir) / "logs" / f"process-{i}.log" for i in range(len(pids))]]
-    procs = [_Pid(p, starts.get(str(p)), exit_file(log)) for p, log in zip(pids, logs)]
-    return Job(Path(run_dir), procs, logs, lock=None, attached=True,
-               platform=holder.get("platform"), target_steps=holder.get("target_steps"))
 
 
 def exit_file(log: Path) -> Path:

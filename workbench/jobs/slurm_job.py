@@ -12,25 +12,19 @@ holds revoked) shows as such instead of as the previous start's checkpointed sto
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 import signal
-import socket
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from workbench import runs
 from workbench.jobs.job import Job, ProcessInfo, _describe_exit, exit_file, read_tail
-from workbench.jobs import slurm as slurm_mod
-from workbench.jobs import storage
-from workbench.run_lock import RunLock
-from workbench.jobs.slurm import SLURM_FILE, Slurm, SlurmError, request, run_command
+from workbench.jobs.sbatch import SlurmError, run_command
 from workbench.jobs.worker import EXIT_STOPPED
+from workbench.run_lock import RunLock
 
-__all__ = ["SlurmJob", "attach_slurm", "query_state", "submit_slurm"]
+__all__ = ["SlurmJob", "query_state"]
 
 QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "SUSPENDED",
           "RESIZING", "STOPPED", "SPECIAL_EXIT", "PREEMPTED")
@@ -313,53 +307,3 @@ def _status_from_run(run_dir: Path) -> str:
     except (OSError, ValueError):
         return "failed"
     return {"completed": "finished", "interrupted": "stopped"}.get(status, "failed")
-
-
-def attach_slurm(run_dir: Path) -> SlurmJob:
-    """The :class:`SlurmJob` recorded in ``run_dir/slurm.json`` (any state)."""
-    record = json.loads((run_dir / SLURM_FILE).read_text(encoding="utf-8"))
-    return SlurmJob(run_dir, record, lock=None, attached=True)
-
-
-def submit_slurm(slurm: Slurm, run_dir: Path, config_text: str, *,
-                 extra: Sequence[str] = (), target_steps: int | None) -> Any:
-    """Checks, locks ``run_dir``, writes the config and the script, runs ``sbatch``.
-
-    Returns:
-      The :class:`~workbench.jobs.slurm_job.SlurmJob` (a :class:`~workbench.jobs.Job`).
-
-    Raises:
-      SlurmError: missing commands, an unknown partition, too many nodes, or sbatch's refusal.
-      JobRunningError: ``run_dir`` belongs to a job that is still queued or running.
-    """
-    fields = json.loads(config_text)
-    slurm_mod.check_paths(run_dir)   # a newline in a path would end a line of the script
-    nodes = slurm_mod.check(slurm, run_dir, checkpoint_every=fields.get("checkpoint_every"))
-    storage.warn_if_not_shared(run_dir, nodes)
-    lock = RunLock(run_dir)
-    lock.acquire(what="slurm")
-    try:
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (run_dir / "slurm").mkdir(exist_ok=True)
-        (run_dir / "config.json").write_text(config_text, encoding="utf-8")
-        worker = slurm_mod.worker_argv(slurm, run_dir, extra)
-        script = run_dir / "slurm" / "job.sbatch"
-        script.write_text(slurm_mod.batch_script(slurm, run_dir, worker, lock.token or ""))
-        out = run_command(["sbatch", "--parsable", str(script)])
-        if out.returncode != 0:
-            raise SlurmError(f"sbatch refused the job: {out.stderr.strip()} (script {script}; "
-                             "check the partition, nodes, GPUs and time limit against `sinfo`)")
-        job_id = out.stdout.strip().split(";")[0]
-        record = {"scheduler": "slurm", "job_id": job_id, "script": str(script),
-                  "submitted": time.time(), "host": socket.gethostname(),
-                  "slurm_conf": os.environ.get("SLURM_CONF"), "tasks": slurm.tasks,
-                  "platform": slurm.worker_platform, "devices_per_task": slurm.devices_per_task,
-                  "target_steps": target_steps, "request": request(slurm)}
-        lock.update([], what="slurm", slurm_job=job_id, slurm_conf=record["slurm_conf"])
-        tmp = run_dir / f".{SLURM_FILE}.tmp"
-        tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
-        os.replace(tmp, run_dir / SLURM_FILE)
-    except BaseException:
-        lock.release()
-        raise
-    return SlurmJob(run_dir, record, lock=lock)

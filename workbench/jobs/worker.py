@@ -1,4 +1,5 @@
-"""What one worker process of a job runs: ``train`` (the Trainer) and ``ping`` (collectives).
+"""What one worker process of a job runs: ``train`` (the Trainer) and ``run_ping`` (collectives),
+and the worker subcommands a launch asks for (``train_command``, ``ping_command``).
 
 Both start with :func:`workbench.jobs.cluster.initialize`, so the same code runs as a
 loopback process of :func:`workbench.jobs`, an ``srun`` task, or one worker of a TPU
@@ -19,8 +20,8 @@ from typing import Any
 
 from workbench.jobs import cluster
 
-__all__ = ["EXIT_STOPPED", "ConfigRejected", "export", "load_config", "ping", "record_exit",
-           "train"]
+__all__ = ["EXIT_STOPPED", "ConfigRejected", "export", "load_config", "ping_command",
+           "record_exit", "run_ping", "train", "train_command"]
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped before the target with a checkpoint; relaunch continues
 EXIT_FILE_ENV = "WORKBENCH_EXIT_FILE"  # where a launched worker records its exit code
@@ -163,6 +164,17 @@ def train_args(steps: int | None, data_changed: str | None) -> list[str]:
         [] if data_changed is None else ["--data-changed", str(data_changed)])
 
 
+def train_command(run_dir: Path) -> tuple[str, ...]:
+    """The worker subcommand of a training job (after ``python -m workbench``): train
+    ``<run_dir>/config.json`` into ``run_dir`` (:func:`train_args` gives its options)."""
+    return ("train", "--config", str(run_dir / "config.json"), "--run-dir", str(run_dir))
+
+
+def ping_command(hold: float = 0.0) -> tuple[str, ...]:
+    """The worker subcommand of a ping job (:func:`run_ping`)."""
+    return ("ping", "--hold", str(hold))
+
+
 def check_data_changed(value: Any, where: str) -> str | None:
     """``data_changed`` is None or "ok" (``wb.Trainer``'s own values)."""
     if value is None or (isinstance(value, str) and value == "ok"):
@@ -214,8 +226,9 @@ def _exit_now_if_distributed() -> None:
     os._exit(1)
 
 
-def ping(spec: cluster.DistributedSpec, *, hold: float = 0.0) -> int:
-    """Checks that every process joined and a cross-process all-reduce is right.
+def run_ping(spec: cluster.DistributedSpec, *, hold: float = 0.0) -> int:
+    """One worker of a ping job (``workbench.jobs.ping`` starts them): checks that every
+    process joined and a cross-process all-reduce is right.
 
     Each device contributes its process index; the all-reduced sum must equal the hand
     count ``sum(process_index * local_devices)``. With ``hold`` the check repeats for

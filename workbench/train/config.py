@@ -3,15 +3,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 from workbench._validate import check_int
-from workbench.data.corpus import TextData
+from workbench.data.corpus import TextData, corpus_files
+from workbench.data.dataset import Dataset
+from workbench.data.files import list_files
 from workbench.data.pipeline import DataSpec, SyntheticData, data_spec
+from workbench.data.tokenizer import check_vocab
+from workbench.models.config import PRESETS, GPTConfig
+from workbench.models.context import check_layout
+from workbench.models.pipeline import Pipeline, check_pipeline
 from workbench.rules import PRESETS as rules_presets
+from workbench.rules import STAGE_AXIS, Rules
 from workbench.runs import config_hash
 from workbench.train.optim import AdamW
 
@@ -88,10 +96,12 @@ class TrainConfig:
         as usual and needs the folder no more (nor does exporting it), so the same config
         is accepted once the folder has moved away.
 
-    Every field is checked when the config is made (before anything touches disk or
-    JAX): integers must be integers (not bools, strings or floats) in range, and the
-    model preset and overrides must make a valid ``GPTConfig``; errors name the value,
-    the constraint and the fix.
+    Every value is checked when the config is made, and nothing is read from disk:
+    integers must be integers (not bools, strings or floats) in range, and the model
+    preset and overrides must make a valid ``GPTConfig``; errors name the value, the
+    constraint and the fix. The files the config names (the ``init`` folder, the data
+    files) are checked by :meth:`check`, which ``wb.launch`` and the ``Trainer`` call
+    before any process starts or anything is written.
     """
 
     model: str | Any = "tiny"
@@ -114,8 +124,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         if self.pipeline is not None:
-            from workbench.models.pipeline import Pipeline
-
             set_(self, "pipeline", Pipeline.of(self.pipeline))
         set_(self, "model_overrides", _frozen_mapping(self.model_overrides))
         if isinstance(self.mesh, Mapping):
@@ -124,8 +132,6 @@ class TrainConfig:
         if isinstance(self.optimizer, Mapping):
             set_(self, "optimizer", AdamW.from_dict(dict(self.optimizer)))
         if isinstance(self.rules, Mapping) and not hasattr(self.rules, "to_dict"):
-            from workbench.rules import Rules
-
             set_(self, "rules", Rules.from_dict({k: v for k, v in self.rules.items()
                                                  if k != "kind"}))
         elif not isinstance(self.rules, str) and not hasattr(self.rules, "to_dict"):
@@ -165,12 +171,9 @@ class TrainConfig:
             raise ValueError(f"batch={self.batch} is not divisible by optimizer.accumulate="
                              f"{acc} micro-batches; use a batch that is a multiple of {acc}")
         model = self._checked_model()
-        from workbench.data.dataset import Dataset
-
         if isinstance(self.data, Dataset) and hasattr(model, "vocab_size"):
-            from workbench.data.tokenizer import check_vocab
-
-            check_vocab(self.data.tokenizer, model.vocab_size)   # before anything is read
+            # the tokenizer the Dataset loaded, against the model (no file is read here)
+            check_vocab(self.data.tokenizer, model.vocab_size)
         if self.seq > model.seq_len:
             warnings.warn(
                 f"TrainConfig.seq={self.seq} is longer than the model's seq_len="
@@ -178,10 +181,7 @@ class TrainConfig:
                 "limit), at quadratic attention cost; if that is what you want, say so with "
                 f"model_overrides={{'seq_len': {self.seq}}}, which also silences this warning",
                 UserWarning, stacklevel=3)
-
-        from workbench.models.context import check_layout  # context axis divides seq
-
-        check_layout(self.seq, dict(self.mesh), self.rules,
+        check_layout(self.seq, dict(self.mesh), self.rules,   # the context axis divides seq
                      zigzag=bool(getattr(self.model_config(), "context_zigzag", False)))
         if self.pipeline is not None:
             self._check_pipeline()
@@ -189,28 +189,49 @@ class TrainConfig:
             self._check_init()
 
     def _check_init(self) -> None:
-        """The init path made absolute; where the folder exists, it must hold this config's
-        model (config.json only). A folder that is gone is no error here: a run with a
-        checkpoint resumes from it and exports without it; the Trainer raises, naming the
-        path, when a run without checkpoints needs its weights."""
-        import os
-
+        """The init path, made absolute (the folder itself is read by :meth:`check`)."""
         if not isinstance(self.init, (str, os.PathLike)) or not os.fspath(self.init).strip():
             raise TypeError(f"TrainConfig.init={self.init!r} must be a path to a Hugging Face "
                             "model folder, or None")
         # absolute: the run records it, and a job or an export may start in another folder
         object.__setattr__(self, "init", os.path.abspath(os.path.expanduser(
             os.fspath(self.init))))
-        if not os.path.exists(self.init):
-            return
-        from workbench.models.hf import check_matches
 
-        check_matches(self.init, self.model_config())
+    def check(self) -> TrainConfig:
+        """Checks the files this config names; ``wb.launch`` and the ``Trainer`` call it
+        before any process starts or anything is written.
+
+        - ``init``: where the folder exists, its ``config.json`` must describe this
+          config's model. A folder that is gone is no error here: a run with a checkpoint
+          resumes and exports without it, and the Trainer raises, naming the path, when a
+          run without checkpoints needs its weights.
+        - ``data``: every glob of a ``wb.data.Dataset`` (``files``, ``eval_files``) matches
+          a file, and a ``wb.data.TextData`` folder holds files of its patterns. (A
+          Dataset's tokenizer file was read when the Dataset was made.)
+
+        Returns:
+          This config, so that ``cfg = wb.TrainConfig(...).check()`` reads as one step.
+
+        Raises:
+          ValueError: the ``init`` folder holds another architecture (the fields named),
+            or its ``config.json`` cannot be read as a Hugging Face config.
+          FileNotFoundError: (``wb.data.DataError``'s ``DataFileNotFound``) a data glob
+            matches no file, or a ``TextData`` folder is missing or holds none.
+        """
+        if self.init is not None and os.path.exists(self.init):
+            from workbench.models.hf import check_matches   # safetensors: only when used
+
+            check_matches(self.init, self.model_config())
+        if isinstance(self.data, Dataset):
+            for patterns in (self.data.files, self.data.eval_files):
+                if patterns:
+                    list_files(patterns)
+        elif isinstance(self.data, TextData):
+            corpus_files(self.data)
+        return self
 
     def _checked_model(self) -> Any:
         """The resolved ``GPTConfig``; raises for a bad preset, override or model."""
-        from workbench.models.config import PRESETS, GPTConfig
-
         if getattr(self.model, "is_model_spec", False):  # wb.models.from_nnx / from_penzai
             return self.model.replace(**dict(self.model_overrides))
         if not isinstance(self.model, (str, GPTConfig)):
@@ -225,10 +246,6 @@ class TrainConfig:
 
     def _check_pipeline(self) -> None:
         """Pipeline errors that the config alone decides (before any mesh is built)."""
-        from workbench.models.config import GPTConfig
-        from workbench.models.pipeline import check_pipeline
-        from workbench.rules import STAGE_AXIS
-
         cfg = self.model_config()
         if not isinstance(cfg, GPTConfig) or not cfg.scan_layers:
             raise ValueError(
@@ -253,8 +270,6 @@ class TrainConfig:
     # ------------------------------------------------------------------ derived
     def model_config(self) -> Any:
         """The resolved ``GPTConfig`` (preset or given config, plus overrides)."""
-        from workbench.models.config import GPTConfig
-
         if isinstance(self.model, str):
             return GPTConfig.preset(self.model, **dict(self.model_overrides))
         return self.model.replace(**dict(self.model_overrides)) if self.model_overrides \
@@ -306,8 +321,6 @@ class TrainConfig:
 
             fields["model"] = ModelRecord(dict(fields["model"]))
         elif isinstance(fields.get("model"), Mapping):
-            from workbench.models.config import GPTConfig
-
             fields["model"] = GPTConfig(**fields["model"])
         if isinstance(fields.get("optimizer"), Mapping):
             fields["optimizer"] = AdamW.from_dict(dict(fields["optimizer"]))

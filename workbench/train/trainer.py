@@ -108,6 +108,7 @@ class Trainer(Displayable):
             raise TypeError(f"Trainer config={config!r:.80} is a {type(config).__name__}; "
                             "config must be a wb.TrainConfig (use Trainer.from_plan(plan, "
                             "...) for a Plan)")
+        config.check()   # the files it names (init folder, data), before anything is written
         for name, flag in (("fork", fork), ("force", force), ("tensorboard", tensorboard),
                            ("async_checkpoint", async_checkpoint)):
             if not isinstance(flag, (bool, np.bool_)):
