@@ -25,10 +25,12 @@ pytestmark = [
                        reason="the TPU compiler (libtpu) is not installed"),
 ]
 
-#: moe-small's routing (16 experts, top-2, a shared expert, capacity 1.25), small widths
+#: moe-small's routing (16 experts, top-2, a shared expert, capacity 1.25), small widths;
+#: in float32 (the preset's "auto" is bfloat16 on TPU), whose buffers the bytes check
+#: below tells apart from the compiler's bfloat16 copies
 SMALL = GPTConfig.preset("moe-small").replace(
     n_layers=2, d_model=128, n_heads=4, n_kv_heads=4, head_dim=32, d_ff=256,
-    expert_d_ff=128, vocab_size=512, seq_len=128)
+    expert_d_ff=128, vocab_size=512, seq_len=128, dtype="float32")
 _A2A = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<type>.+?)\s+all-to-all(?:-start)?\("
                   r".*?op_name=\"(?P<op>[^\"]*)\"", re.M)
 

@@ -52,6 +52,7 @@ def _reference(cfg, topology, rules_name, batch, seq, axes=AXES):
                 axis_types=(AxisType.Auto,) * len(axes))
     rules = Rules.preset(rules_name, mesh_info(mesh))
     opt = optax.adamw(3e-4)
+    cfg = cfg.resolved("tpu")   # dtype "auto" as on a TPU (bfloat16), as wb.plan does
     st = abstract_train_state(model_factory(cfg), opt, rules, mesh, strict=False)
     ex = {k: jax.ShapeDtypeStruct((batch, seq), jnp.int32) for k in ("inputs", "targets")}
     b = abstract_batch(ex, rules, mesh)
@@ -288,7 +289,7 @@ def test_ctrl_c_while_compiling_returns_at_once_and_the_compile_is_kept(tmp_path
 def test_a_step_the_tpu_compiler_cannot_fit_is_a_plan_that_says_by_how_much():
     mesh = wb.abstract_mesh("v5e-4", data=4)
     big = TINY.replace(vocab_size=32768, d_model=1024, n_heads=16, n_kv_heads=16, d_ff=4096,
-                       n_layers=2)
+                       n_layers=2, dtype="float32")   # (in bfloat16 it fits: 15.3 of 16 GiB)
     p = wb.plan(big, mesh=mesh, rules="dp", batch=256, seq=2048, progress=False)
     assert p.fits is False and p.source == "estimate"
     assert "rejected this step" in p.source_reason and "does not fit" in p.source_reason
