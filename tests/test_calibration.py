@@ -84,7 +84,7 @@ def test_weight_inventory_matches_the_models_layouts(preset, rules):
 
 
 def test_accelerator_terms_by_hand():
-    """An abstract v5p slice, bfloat16: logits, saved activations and FSDP gathers by
+    """An abstract v5p slice, bfloat16: logits (and their gradient), saved activations and FSDP gathers by
     hand from the model's shapes (XLA attention: the T x T scores saved; the default fused
     kernel saves none); remat lowers the saved set (full < dots < none)."""
     cfg = GPTConfig.preset("small", dtype="bfloat16", attention="xla")
@@ -93,7 +93,7 @@ def test_accelerator_terms_by_hand():
                 progress=False)
     t = analytic.temp_breakdown(cfg, 32, 1024, p.rules, p.mesh)
     tokens, d, f, heads, hd, v = 32 * 1024 // 4, 768, 2048 // 2, 12 // 2, 64, 50304 // 2
-    assert t["logits"] == tokens * v * (4 + 2)
+    assert t["logits"] == tokens * v * (2 + 2)     # bf16 logits and their gradient
     per_token = 2 * (3 * d + 3 * f + 2 * heads * hd + 2 * heads * hd) + heads * 1024 * (4 + 2)
     assert t["saved"] == tokens * per_token * cfg.n_layers
     fused = analytic.temp_breakdown(cfg.replace(attention="auto"), 32, 1024, p.rules, p.mesh)

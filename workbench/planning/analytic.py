@@ -68,8 +68,10 @@ def per_device(layouts: Mapping[str, Layout]) -> int:
 # KH-sized (kv heads x head_dim) tensors, each dimension divided by the mesh axes that
 # shard it; plus the attention scores (``heads x T`` per token: a float32 copy, since
 # ``jax.nn.dot_product_attention`` computes them in float32, and the probabilities in the
-# compute dtype) and the logits (``V`` per token: float32 for the loss and the compute
-# dtype's). ``b`` is the compute dtype's size.
+# compute dtype) and the logits (``V`` per token: on an accelerator the logits and their
+# gradient in the compute dtype, since the loss (workbench.models._xent) keeps no float32
+# copy; the TPU compiler even fuses 16-bit ones away at some sizes, so this is an upper
+# bound there. XLA:CPU keeps a float32 copy too). ``b`` is the compute dtype's size.
 #
 # Calibrated against the compilers' buffer assignments (docs/predictions.md, "Calibration"):
 # with a 16-bit compute dtype the TPU compiler keeps 3 D-sized (norm outputs, the attention
@@ -98,14 +100,14 @@ def _bytes_per_element(kind: str, b: int, remat: str) -> dict[str, float]:
                 b * ("decoder_layer_input" not in host) + b * ("out_proj" in kept),
                 b * (("mlpwi_0" in kept) + ("mlpwi_1" in kept)),
                 b * (("query_proj" in kept) + ("context" in kept)),
-                b * (("key_proj" in kept) + ("value_proj" in kept)), 0, 4 + b)))
+                b * (("key_proj" in kept) + ("value_proj" in kept)), 0, 2 * b)))
     if remat == "dots":  # matmul outputs without batch dimensions: q, k, v, o, gate, up, down
-        return dict(zip(_LAYER_KEYS, (2 * b, 2 * b, b, 2 * b, 0, 4 + b)))
+        return dict(zip(_LAYER_KEYS, (2 * b, 2 * b, b, 2 * b, 0, 2 * b)))
     if remat == "full":  # the block input
-        return dict(zip(_LAYER_KEYS, (b, 0, 0, 0, 0, 4 + b)))
+        return dict(zip(_LAYER_KEYS, (b, 0, 0, 0, 0, 2 * b)))
     if b == 4:
         return dict(zip(_LAYER_KEYS, (9, 9, 4, 3, 4, 5)))
-    return dict(zip(_LAYER_KEYS, (3 * b, 3 * b, 2 * b, 2 * b, 4 + b, 4 + b)))
+    return dict(zip(_LAYER_KEYS, (3 * b, 3 * b, 2 * b, 2 * b, 4 + b, 2 * b)))
 
 
 def _fused_attention(cfg: GPTConfig, mesh: MeshInfo, seq: int, rules: Any = None,
@@ -228,7 +230,8 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
       ``max(logits, transient)``. This is what remat needs at least: where HBM is to
       spare the TPU compiler recomputes several layers ahead and uses more (1b,
       remat="full", 2048 tokens per sequence on v5p-16: 13.4 GiB of temp for ~7.8).
-    - ``logits``: float32 logits for the loss and the compute dtype's, ``cL·V`` per token
+    - ``logits``: the logits and their gradient in the compute dtype (a float32 copy too
+      on XLA:CPU), ``cL·V`` per token
       (of one ``1/loss_chunks`` slice of the tokens with ``GPTConfig.loss_chunks``).
     - ``gathered``: FSDP gather buffers (weights sharded over a batch axis). The TPU
       compiler gathers each layer's weights just before use, in the matmul dtype: the
