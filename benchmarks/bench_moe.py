@@ -12,18 +12,12 @@ bytes of the compiled program vs the hand count.
   optimized HLO (``plan.collectives``), bytes x count per step, against
   ``workbench.planning.analytic.moe_collectives`` (4 per MoE layer of the ``(E, C, D)``
   buffer; all-gather dispatch: 2 gathers of ``n*G*D`` and 2 reduce-scatters of ``G*D``).
-- Grouped matmuls on a pod (:func:`mixtral_plans`): the TPU compiler's plans of a dropless
-  ``mixtral-8x7b`` (fsdp on an abstract v5p-64, remat "full", splash attention, 4096-token
-  sequences, 16384 tokens per chip) with ``moe_matmul="dense"`` (every expert a slot for
-  every token: E/k = 4x the routed rows) and ``"grouped"`` (``jax.lax.ragged_dot`` over
-  the routed rows), beside the ``capacity_factor=1.25`` plan at the same batch: temporary
-  (activation) memory per chip and the compiler's FLOPs per chip. Compiled with libtpu
-  on this CPU (minutes per plan).
+
+The TPU plans of grouped MoE at Mixtral's shapes are ``bench_moe_plans``.
 """
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from typing import Any
@@ -112,64 +106,6 @@ def _bytes(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def mixtral_plans(n_layers: int | None = None, tokens_per_chip: int = 16384
-                  ) -> dict[str, dict[str, Any]]:
-    """TPU plans of dropless Mixtral-8x7B, dense and grouped, and of capacity 1.25 (see the
-    module docstring): per case the plan's ``source``, compiled ``temp`` bytes per chip
-    and its formula estimate, and the compiler's ``flops`` per chip (None if not compiled).
-
-    Args:
-        n_layers: fewer layers than the preset's 32 (a test's shorter compile), or None.
-        tokens_per_chip: tokens of one step per chip (4096-token sequences).
-    """
-    import workbench as wb
-    from workbench.models import GPTConfig
-
-    base = GPTConfig.preset("mixtral-8x7b", attention="splash", remat="full")
-    if n_layers is not None:
-        base = base.replace(n_layers=n_layers)
-    cases = {"dense": base.replace(capacity_factor=None, moe_matmul="dense"),
-             "grouped": base.replace(capacity_factor=None, moe_matmul="grouped"),
-             "capacity 1.25": base.replace(capacity_factor=1.25, moe_matmul="dense")}
-    mesh = wb.abstract_mesh("v5p-64", data=-1)
-    batch = tokens_per_chip * math.prod(mesh.shape.values()) // 4096
-    out = {}
-    for name, cfg in cases.items():
-        p = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=batch, seq=4096, progress=False)
-        out[name] = {"source": p.source, "temp": p.memory["temp"],
-                     "estimate": p.memory_estimate["temp"],
-                     # the compiler's own count: all three scan the same layers, whose
-                     # body it counts once (compiled_flops_per_device is None for loops),
-                     # so the counts compare with each other, not with model FLOPs
-                     "flops": p.cost.get("flops"), "batch": batch,
-                     "model_flops": p.model_flops}
-    return out
-
-
-def _mixtral_rows() -> list[dict[str, Any]]:
-    plans = mixtral_plans()
-    gib = lambda b: f"{b / 2**30:.1f} GiB"
-    cap = plans["capacity 1.25"]
-    rows = []
-    for name in ("dense", "grouped", "capacity 1.25"):
-        r = plans[name]
-        flops = ""
-        if r["flops"] and cap["flops"]:
-            flops = (f"; compiled FLOPs per chip {r['flops'] / 1e12:.1f} T "
-                     f"({r['flops'] / cap['flops']:.2f}x capacity 1.25's)")
-        rows.append({
-            "name": f"moe: mixtral-8x7b plan temp per chip, {name}"
-                    + (" (dropless)" if name != "capacity 1.25" else "")
-                    + ", v5p-64 fsdp, 16384 tokens/chip",
-            "value": r["temp"] / 2**30, "unit": "GiB",
-            "target": "<= capacity 1.25's" if name == "grouped" else "",
-            "ok": r["temp"] <= cap["temp"] if name == "grouped" else None,
-            "notes": f"{r['source']}: {gib(r['temp'])} temp (formula {gib(r['estimate'])}); "
-                     f"capacity 1.25: {gib(cap['temp'])}{flops}; batch {r['batch']} x 4096, "
-                     f"remat full, splash attention"})
-    return rows
-
-
 def run() -> list[dict[str, Any]]:
     """The MoE benchmark rows."""
     from workbench.models import GPTConfig
@@ -195,7 +131,7 @@ def run() -> list[dict[str, Any]]:
             "notes": f"{b['hlo']} B in the {b['source']} program vs {b['hand']} B by hand "
                      f"(kind, bytes, count per step: {b['detail']}); other {k} collectives "
                      f"over 'expert' (the routes): {b['other']} B"})
-    return rows + _mixtral_rows()
+    return rows
 
 
 if __name__ == "__main__":

@@ -205,7 +205,7 @@ def test_dropless_grouped_tpu_plan_needs_no_more_than_capacity_1_25():
     over the routed rows, but expands the weight gradient's (ragged contracting dim) into a
     masked dense matmul over every expert ("Ragged dot with ragged contracting dim (bwd
     grad_y) - fall through to ragged_dot_expander")."""
-    from benchmarks.bench_moe import mixtral_plans
+    from benchmarks.bench_moe_plans import mixtral_plans
 
     rows = mixtral_plans(n_layers=2, tokens_per_chip=8192)
     grouped, dense, capped = rows["grouped"], rows["dense"], rows["capacity 1.25"]
