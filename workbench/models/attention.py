@@ -26,17 +26,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from workbench.models.config import ATTENTION_IMPLEMENTATIONS
-from workbench.rules import active
+from workbench.rules import active, constrain
 
-__all__ = ["IMPLEMENTATIONS", "Resolved", "attend", "block_sizes_for", "check",
-           "current_platform", "resolve", "segment_mask", "splash_attention",
+__all__ = ["IMPLEMENTATIONS", "KVCache", "Resolved", "attend", "block_sizes_for",
+           "cached_attention", "check", "current_platform", "resolve", "segment_mask",
+           "splash_attention",
            "splash_layout_problem", "xla_attention"]
 
 #: Values of ``GPTConfig.attention``.
@@ -349,3 +350,47 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str = "xla",
     if r.impl == "cudnn":
         return cudnn_attention(q, k, v, segment_ids)
     return xla_attention(q, k, v, segment_ids)
+
+
+# -- decode mode: attention against a key/value cache ----------------------------------------
+
+class KVCache(NamedTuple):
+    """The keys and values of the positions decoded so far, and where the next go.
+
+    The decode state of :class:`workbench.models.layers.Attention` (one layer: ``k, v``
+    ``(B, S, K, H)``) and of :class:`workbench.models.gpt.GPT` (every layer stacked:
+    ``(L, B, S, K, H)``, :meth:`~workbench.models.gpt.GPT.init_cache`); ``S`` is the
+    longest sequence it holds. ``pos`` (int32 scalar): the position of the first token of
+    the next call (0 for the prompt); a call on ``t`` tokens returns the cache with their
+    keys and values written at ``pos..pos+t`` and ``pos + t``.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    pos: jax.Array
+
+
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, cache: KVCache
+                     ) -> tuple[jax.Array, KVCache]:
+    """Causal GQA attention of ``t`` new tokens at positions ``cache.pos..cache.pos+t``.
+
+    Args:
+        q: (B, t, N, H) queries after RoPE.
+        k, v: (B, t, K, H) the new tokens' keys (after RoPE) and values.
+        cache: one layer's :class:`KVCache`.
+
+    Returns:
+        ``(B, t, N, H)``: each query attends to every cached key up to its own position
+        (XLA attention with a mask over the cache's ``S`` positions), and the cache with
+        ``k, v`` written.
+    """
+    t, s = q.shape[1], cache.k.shape[1]
+    positions = cache.pos + jnp.arange(t)                                     # (t,)
+    ck = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), (0, cache.pos, 0, 0))
+    cv = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), (0, cache.pos, 0, 0))
+    ck = constrain(ck, ("batch", None, "kv_heads", "head_dim"), name="k_cache")  # (B, S, K, H)
+    cv = constrain(cv, ("batch", None, "kv_heads", "head_dim"), name="v_cache")
+    mask = jnp.arange(s)[None, :] <= positions[:, None]                      # (t, S)
+    y = jax.nn.dot_product_attention(q, ck.astype(q.dtype), cv.astype(q.dtype),
+                                     mask=mask[None, None], implementation="xla")
+    return y, KVCache(ck, cv, cache.pos + t)

@@ -1,10 +1,12 @@
 """Text generation with a sharded KV cache: greedy, temperature, top-k and top-p sampling.
 
-The prompt runs once through the model filling a per-layer key/value cache ``(B, S, K, H)``
-(batch over the rules' ``batch`` axes, kv heads over ``kv_heads``); each new token then
-runs one position through every block against that cache. ``cache=False`` recomputes the
-whole sequence for every token instead (a fixed-length buffer, one compile): the same
-tokens, for checking the cache.
+This module owns only the prompt, the sampling and the stopping loop; the tokens run
+through the model's own forward in decode mode (:meth:`GPT.decode_hidden
+<workbench.models.gpt.GPT.decode_hidden>`). The prompt runs once, filling a per-layer
+key/value cache ``(B, S, K, H)`` (batch over the rules' ``batch`` axes, kv heads over
+``kv_heads``); each new token then runs one position through every block against that
+cache. ``cache=False`` recomputes the whole sequence for every token instead (the training
+forward on a fixed-length buffer, one compile): the same tokens, for checking the cache.
 
 Shape letters: B batch, T prompt length, S prompt + new tokens, D d_model, N query heads,
 K kv heads, H head_dim, V vocab.
@@ -24,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from workbench._validate import check_float, check_int
-from workbench.models.gpt import GPT, rope
+from workbench.models.gpt import GPT, KVCache
 from workbench.rules import Rules
 
 __all__ = ["Stream", "generate", "sample"]
@@ -120,67 +122,6 @@ def sample(logits: jax.Array, key: jax.Array, *, temperature: float = 0.0,
             jnp.arange(logits.shape[0])[:, None], order].set(drop_sorted)
         logits = jnp.where(drop, -jnp.inf, logits)
     return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
-
-
-def _attend_cached(attn: Any, x: jax.Array, ck: jax.Array, cv: jax.Array, pos: jax.Array,
-                   kv_sharding: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One attention layer on ``x`` (B, t, D) at positions ``pos..pos+t``, writing its keys
-    and values into the cache ``ck, cv`` (B, S, K, H) and attending to the cache."""
-    dt = attn.dtype
-    q = jnp.einsum("btd,dnh->btnh", x, attn.q[...].astype(dt))              # (B, t, N, H)
-    k = jnp.einsum("btd,dkh->btkh", x, attn.k[...].astype(dt))              # (B, t, K, H)
-    v = jnp.einsum("btd,dkh->btkh", x, attn.v[...].astype(dt))              # (B, t, K, H)
-    if attn.bias is not None:
-        q, k, v = (y + attn.bias[n][...].astype(dt) for y, n in ((q, "q"), (k, "k"), (v, "v")))
-    if attn.q_norm is not None:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    t, s = x.shape[1], ck.shape[1]
-    positions = pos + jnp.arange(t)
-    q, k = rope(q, attn.theta, positions), rope(k, attn.theta, positions)
-    ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, pos, 0, 0))
-    cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, pos, 0, 0))
-    ck = jax.lax.with_sharding_constraint(ck, kv_sharding)
-    cv = jax.lax.with_sharding_constraint(cv, kv_sharding)
-    mask = jnp.arange(s)[None, :] <= positions[:, None]                      # (t, S)
-    y = jax.nn.dot_product_attention(q, ck.astype(dt), cv.astype(dt),
-                                     mask=mask[None, None], implementation="xla")
-    out = jnp.einsum("btnh,nhd->btd", y, attn.o[...].astype(dt))             # (B, t, D)
-    return out, ck, cv
-
-
-def _block_step(block: Any, x: jax.Array, ck: jax.Array, cv: jax.Array, pos: jax.Array,
-                kv_sharding: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-    a, ck, cv = _attend_cached(block.attn, block.attn_norm(x), ck, cv, pos, kv_sharding)
-    x = x + a
-    return x + block.mlp(block.mlp_norm(x)), ck, cv
-
-
-def _forward_cached(model: GPT, tokens: jax.Array, cache: tuple[jax.Array, jax.Array],
-                    pos: jax.Array, kv_sharding: Any
-                    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """Logits of the last position ``(B, V)`` and the updated cache ``(L, B, S, K, H)``
-    twice, for ``tokens`` (B, t) at positions ``pos..pos+t``."""
-    cfg = model.cfg
-    x = jnp.take(model.embed[...], tokens, axis=0).astype(cfg.dtype)        # (B, t, D)
-    ks, vs = cache
-    if cfg.scan_layers:
-        graphdef, state = nnx.split(model.blocks)
-
-        def body(h: jax.Array, layer: Any) -> tuple[jax.Array, Any]:
-            params, ck, cv = layer
-            h, ck, cv = _block_step(nnx.merge(graphdef, params), h, ck, cv, pos, kv_sharding)
-            return h, (ck, cv)
-
-        x, (ks, vs) = jax.lax.scan(body, x, (state, ks, vs))
-    else:
-        new_k, new_v = [], []
-        for i, block in enumerate(model.blocks):
-            x, ck, cv = _block_step(block, x, ks[i], vs[i], pos, kv_sharding)
-            new_k.append(ck)
-            new_v.append(cv)
-        ks, vs = jnp.stack(new_k), jnp.stack(new_v)
-    logits = model.head(model.final_norm(x[:, -1:]))                         # (B, 1, V)
-    return logits[:, 0].astype(jnp.float32), (ks, vs)
 
 
 def _layout(model: GPT, rules: Rules | str | None, batch: int) -> tuple[Any, Rules]:
@@ -393,12 +334,16 @@ def _pick(logits: jax.Array, key: jax.Array, *, temperature: float, top_k: int |
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _cached(graphdef: Any, rules: Rules, kv: Any, state: Any, toks: jax.Array, kvcache: Any,
-            pos: jax.Array) -> Any:
-    """Logits of the last position and the updated cache (compiled once per model, rules
-    and shapes: the prompt, then one token at a time)."""
-    with rules.activate(kv.mesh):
-        return _forward_cached(nnx.merge(graphdef, state), toks, kvcache, pos, kv)
+def _cached(graphdef: Any, rules: Rules, mesh: Any, state: Any, toks: jax.Array,
+            kvcache: KVCache) -> tuple[jax.Array, KVCache]:
+    """Logits ``(B, V)`` of the last of ``toks`` (B, t) and the updated cache: the model's
+    own forward in decode mode (compiled once per model, rules and shapes: the prompt,
+    then one token at a time)."""
+    with rules.activate(mesh):
+        model = nnx.merge(graphdef, state)
+        h, kvcache = model.decode_hidden(toks, kvcache)                   # (B, t, D)
+        logits = model.head(h[:, -1:])                                    # (B, 1, V)
+    return logits[:, 0].astype(jnp.float32), kvcache
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -418,7 +363,6 @@ def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules
          sink: Callable[[np.ndarray], Any] | None = None) -> np.ndarray:
     from jax.sharding import NamedSharding
 
-    cfg = model.cfg
     b, t = tokens.shape
     total = t + new
     graphdef, state = nnx.split(model)
@@ -426,14 +370,10 @@ def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules
     key = jax.random.key(seed)
     buf = jax.device_put(np.pad(tokens, ((0, 0), (0, new))), batch_sh)      # (B, S)
     if cache:
-        kv = NamedSharding(mesh, rules.spec(("batch", None, "kv_heads", "head_dim")))
         stacked = NamedSharding(mesh, rules.spec((None, "batch", None, "kv_heads",
                                                   "head_dim")))
-        shape = (cfg.n_layers, b, total, cfg.n_kv_heads, cfg.head_dim)
-        kvcache = (jnp.zeros(shape, cfg.dtype, device=stacked),
-                   jnp.zeros(shape, cfg.dtype, device=stacked))
-        logits, kvcache = _cached(graphdef, rules, kv, state, buf[:, :t], kvcache,
-                                  jnp.int32(0))
+        kvcache = model.init_cache(b, total, sharding=stacked)   # (L, B, S, K, H) twice
+        logits, kvcache = _cached(graphdef, rules, mesh, state, buf[:, :t], kvcache)
     else:
         logits = _full(graphdef, rules, mesh, state, buf, jnp.int32(t - 1))
     out = np.asarray(tokens)
@@ -450,8 +390,7 @@ def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules
             break
         step_tokens = jax.device_put(nxt[:, None], batch_sh)
         if cache:
-            logits, kvcache = _cached(graphdef, rules, kv, state, step_tokens, kvcache,
-                                      jnp.int32(t + i))
+            logits, kvcache = _cached(graphdef, rules, mesh, state, step_tokens, kvcache)
         else:
             buf = buf.at[:, t + i].set(step_tokens[:, 0])
             logits = _full(graphdef, rules, mesh, state, buf, jnp.int32(t + i))

@@ -29,6 +29,7 @@ from workbench.models.config import GPTConfig, remat_policy
 from workbench.models.layers import (
     MLP,
     Attention,
+    KVCache,
     RMSNorm,
     Segments,
     check_layer_args,
@@ -39,8 +40,8 @@ from workbench.models.layers import (
 from workbench.models.pipeline import run_pipeline
 from workbench.rules import constrain
 
-__all__ = ["GPT", "LAYERS_AXIS", "MLP", "Attention", "Block", "RMSNorm", "RouterStats", "rope",
-           "stack_blocks", "unstack_blocks"]
+__all__ = ["GPT", "LAYERS_AXIS", "MLP", "Attention", "Block", "KVCache", "RMSNorm",
+           "RouterStats", "rope", "stack_blocks", "unstack_blocks"]
 
 #: MoE router statistics by name (:data:`workbench.models.moe.STAT_KEYS`); ``{}`` for a
 #: dense block or model.
@@ -66,19 +67,26 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, **norm)
         self.mlp = moe.MoE(cfg, key=k_mlp) if cfg.n_experts else MLP(cfg, key=k_mlp)
 
-    def __call__(self, x: jax.Array, segments: Segments | None = None
-                 ) -> tuple[jax.Array, RouterStats]:
+    def __call__(self, x: jax.Array, segments: Segments | None = None,
+                 cache: KVCache | None = None) -> Any:
         """``x`` (B, T, D) -> the block's output (B, T, D) and its MoE router statistics
-        (``{}`` for a dense MLP); ``segments``: packed rows' ``(segment_ids, positions)``."""
+        (``{}`` for a dense MLP); ``segments``: packed rows' ``(segment_ids, positions)``.
+        Decode mode: with ``cache`` (this layer's ``KVCache``, see :class:`Attention`) the
+        updated cache comes third, ``(out, stats, cache)``."""
         x = checkpoint_name(x, "decoder_layer_input")
-        x = x + self.attn(self.attn_norm(x), segments)
+        if cache is None:
+            x = x + self.attn(self.attn_norm(x), segments)
+        else:
+            a, cache = self.attn(self.attn_norm(x), segments, cache)
+            x = x + a
         x = constrain(x, ("batch", "seq", None), name="residual")
         if isinstance(self.mlp, moe.MoE):
             y, stats = self.mlp.with_stats(self.mlp_norm(x))
         else:
             y, stats = self.mlp(self.mlp_norm(x)), {}
         x = x + y
-        return constrain(x, ("batch", "seq", None), name="residual"), stats
+        x = constrain(x, ("batch", "seq", None), name="residual")
+        return (x, stats) if cache is None else (x, stats, cache)
 
 
 class GPT(nnx.Module):
@@ -115,7 +123,20 @@ class GPT(nnx.Module):
             ("embed", "vocab"), pd)
 
     def __call__(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,
-                 positions: jax.Array | None = None) -> jax.Array:
+                 positions: jax.Array | None = None, cache: KVCache | None = None) -> Any:
+        """Logits ``(B, T, vocab_size)`` of ``tokens`` (B, T) int32.
+
+        Decode mode: with ``cache`` (:meth:`init_cache`) ``tokens`` are the ones at
+        positions ``cache.pos..cache.pos+T`` and the result is ``(logits, cache)``
+        (:meth:`decode_hidden`): the prompt in one call, then one token at a time, each
+        position's logits those of the whole sequence's forward.
+        """
+        if cache is not None:
+            if segment_ids is not None or positions is not None:
+                raise ValueError("GPT: packed rows (segment_ids, positions) have no decode "
+                                 "mode; give them or cache, not both")
+            h, cache = self.decode_hidden(tokens, cache)
+            return self.head(h), cache
         return self.head(self.hidden(tokens, segment_ids=segment_ids, positions=positions))
 
     def hidden(self, tokens: jax.Array, *, segment_ids: jax.Array | None = None,
@@ -136,12 +157,11 @@ class GPT(nnx.Module):
         layers in layer order (``tokens_per_expert`` ``(n_layers, n_experts)``; ``{}`` for
         a dense model): what the train step adds to the loss and reports
         (:func:`workbench.models.moe.summarize`)."""
-        cfg, dt = self.cfg, self.cfg.dtype
+        cfg = self.cfg
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (batch, seq) int32, got shape {tokens.shape}")
         segments = _segments(tokens, segment_ids, positions)
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)      # (B, T, D)
-        x = constrain(x, ("batch", "seq", None), name="embedded")
+        x = self._embed(tokens)                                        # (B, T, D)
         x = context_parallel.to_model_order(x, zigzag=cfg.context_zigzag)  # CP zig-zag
         run_block: RunBlock = lambda blk, h: blk(h, segments)
         policy = remat_policy(cfg.remat, attention_impl.current_platform())
@@ -167,6 +187,43 @@ class GPT(nnx.Module):
             stats = jax.tree.map(lambda *v: jnp.stack(v), *per_layer) if per_layer[0] else {}
         x = context_parallel.to_token_order(x, zigzag=cfg.context_zigzag)
         return self.final_norm(x), stats
+
+    def _embed(self, tokens: jax.Array) -> jax.Array:
+        """The token embeddings ``(B, T, D)`` in the compute dtype."""
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be (batch, seq) int32, got shape {tokens.shape}")
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(self.cfg.dtype)  # (B, T, D)
+        return constrain(x, ("batch", "seq", None), name="embedded")
+
+    def init_cache(self, batch: int, length: int, *, sharding: Any = None) -> KVCache:
+        """An empty decode cache for ``batch`` sequences of up to ``length`` positions:
+        keys and values ``(n_layers, batch, length, n_kv_heads, head_dim)`` in the compute
+        dtype (placed by ``sharding``, e.g. a ``NamedSharding``), ``pos`` 0."""
+        cfg = self.cfg
+        shape = (cfg.n_layers, batch, length, cfg.n_kv_heads, cfg.head_dim)
+        return KVCache(jnp.zeros(shape, cfg.dtype, device=sharding),
+                       jnp.zeros(shape, cfg.dtype, device=sharding), jnp.int32(0))
+
+    def decode_hidden(self, tokens: jax.Array, cache: KVCache
+                      ) -> tuple[jax.Array, KVCache]:
+        """:meth:`hidden` in decode mode: ``tokens`` (B, t) at positions
+        ``cache.pos..cache.pos+t`` through the same blocks (unrolled or scanned, dense or
+        MoE), each attending to the keys and values in ``cache`` (``(n_layers, ...)``,
+        :meth:`init_cache`) after writing its own. Returns the final-normed hidden states
+        ``(B, t, d_model)`` and the cache with ``pos + t``. No remat, pipeline or context
+        parallelism: decoding runs without gradients on rules that keep the sequence whole.
+        """
+        x = self._embed(tokens)                                        # (B, t, D)
+        if self.cfg.scan_layers:
+            x, (ks, vs) = _scan_blocks(None, self.blocks, x, cache)
+        else:
+            ks, vs = [], []
+            for i, block in enumerate(self.blocks):
+                x, _, layer = block(x, cache=KVCache(cache.k[i], cache.v[i], cache.pos))
+                ks.append(layer.k)
+                vs.append(layer.v)
+            ks, vs = jnp.stack(ks), jnp.stack(vs)                      # (L, B, S, K, H)
+        return self.final_norm(x), KVCache(ks, vs, cache.pos + tokens.shape[1])
 
     def head(self, x: jax.Array) -> jax.Array:
         """Logits ``(B, T, vocab_size)`` of hidden states ``x`` ``(B, T, d_model)``: the
@@ -206,22 +263,31 @@ def _stacked_blocks(cfg: GPTConfig, keys: jax.Array) -> Block:
     return make(keys)
 
 
-def _scan_blocks(run_block: RunBlock, blocks: Block, x: jax.Array
-                 ) -> tuple[jax.Array, RouterStats]:
+def _scan_blocks(run_block: RunBlock | None, blocks: Block, x: jax.Array,
+                 cache: KVCache | None = None) -> tuple[jax.Array, Any]:
     """``x`` through the stacked ``blocks`` in order: ``jax.lax.scan`` over the layers axis
     of their parameters with the residual stream as carry; ``run_block`` (remat included)
     is the loop body, whose router statistics are the scan's outputs (stacked over layers).
+    Decode mode (``cache``, ``(L, ...)``): the blocks run on their layer's keys and values,
+    which the scan returns updated, ``(x, (k, v))``.
 
     A plain ``lax.scan`` over the parameter arrays: ``nnx.scan`` would also return the
     unchanged stacked state as a loop output (XLA drops it, but the jaxpr carries it).
     """
     graphdef, state = nnx.split(blocks)
     params = nnx.to_pure_dict(state)
+    if cache is None:
+        def body(h: jax.Array, layer: Any) -> tuple[jax.Array, RouterStats]:
+            return run_block(nnx.merge(graphdef, layer), h)
 
-    def body(h: jax.Array, layer: Any) -> tuple[jax.Array, RouterStats]:
-        return run_block(nnx.merge(graphdef, layer), h)
+        return jax.lax.scan(body, x, params)       # stats: (n_layers, ...) each
 
-    return jax.lax.scan(body, x, params)       # stats: (n_layers, ...) each
+    def decode(h: jax.Array, layer: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        p, k, v = layer
+        h, _, out = nnx.merge(graphdef, p)(h, cache=KVCache(k, v, cache.pos))
+        return h, (out.k, out.v)
+
+    return jax.lax.scan(decode, x, (params, cache.k, cache.v))
 
 
 def stack_blocks(params: Mapping[str, Any]) -> dict[str, Any]:

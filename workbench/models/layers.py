@@ -25,10 +25,12 @@ from jax.ad_checkpoint import checkpoint_name
 from workbench._validate import check_float, check_int, check_str
 from workbench.models import attention as attention_impl
 from workbench.models import context as context_parallel
+from workbench.models.attention import KVCache
 from workbench.models.config import GPTConfig
 from workbench.rules import constrain
 
-__all__ = ["MLP", "Attention", "Init", "RMSNorm", "Segments", "fan_in_init", "param", "rope"]
+__all__ = ["MLP", "Attention", "Init", "KVCache", "RMSNorm", "Segments", "fan_in_init", "param",
+           "rope"]
 
 Init = Callable[..., jax.Array]
 #: Packed rows: ``(segment_ids, positions)``, int32 (B, T) each (``workbench.data.packing``).
@@ -193,15 +195,21 @@ class Attention(nnx.Module):
         self.impl, self.block_sizes = cfg.attention, cfg.attention_block_sizes
         self.context_attention, self.context_zigzag = cfg.context_attention, cfg.context_zigzag
 
-    def __call__(self, x: jax.Array, segments: Segments | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, segments: Segments | None = None,
+                 cache: KVCache | None = None) -> Any:
         """``x`` (B, T, D) -> (B, T, D); ``segments``: packed rows' ``(segment_ids,
-        positions)`` (B, T) each: attention within each document, RoPE from its start."""
+        positions)`` (B, T) each: attention within each document, RoPE from its start.
+
+        Decode mode: with ``cache`` (this layer's :class:`~workbench.models.attention.KVCache`)
+        ``x`` holds the tokens at positions ``cache.pos..cache.pos+T``; their keys and values
+        are written into the cache and attention runs against it
+        (:func:`~workbench.models.attention.cached_attention`). Returns ``(out, cache)``.
+        """
         dt = self.dtype
-        if self.window is not None and x.shape[1] > self.window:
-            raise ValueError(
-                f"sequence of {x.shape[1]} tokens is longer than the model's sliding_window="
-                f"{self.window}; windowed attention is not implemented here: use sequences "
-                f"of at most {self.window} tokens")
+        self._check_window(x.shape[1] if cache is None else cache.k.shape[1])
+        if cache is not None and segments is not None:
+            raise ValueError("Attention: packed rows (segments) have no decode mode; give "
+                             "segments or cache, not both")
         q = jnp.einsum("btd,dnh->btnh", x, self.q[...].astype(dt))   # (B, T, N, H)
         k = jnp.einsum("btd,dkh->btkh", x, self.k[...].astype(dt))   # (B, T, K, H)
         v = jnp.einsum("btd,dkh->btkh", x, self.v[...].astype(dt))   # (B, T, K, H)
@@ -212,12 +220,36 @@ class Attention(nnx.Module):
         q = checkpoint_name(q, "query_proj")
         k = checkpoint_name(k, "key_proj")
         v = checkpoint_name(v, "value_proj")
-        pos = context_parallel.positions(x.shape[1], zigzag=self.context_zigzag) \
-            if segments is None else segments[1]    # global, or within each document
+        if cache is not None:                       # the positions being written
+            pos = cache.pos + jnp.arange(x.shape[1])
+        else:                                       # global, or within each document
+            pos = context_parallel.positions(x.shape[1], zigzag=self.context_zigzag) \
+                if segments is None else segments[1]
         q = constrain(rope(q, self.theta, pos), ("batch", "seq", "heads", "head_dim"), name="q")
         k = constrain(rope(k, self.theta, pos), ("batch", "seq", "kv_heads", "head_dim"),
                       name="k")
         v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"), name="v")
+        if cache is not None:
+            y, cache = attention_impl.cached_attention(q, k, v, cache)    # (B, T, N, H)
+        else:
+            y = self._attend(q, k, v, segments)                          # (B, T, N, H)
+        y = checkpoint_name(y, "context")
+        y = constrain(y, ("batch", "seq", "heads", "head_dim"), name="attn_out")
+        out = jnp.einsum("btnh,nhd->btd", y, self.o[...].astype(dt))     # (B, T, D)
+        out = checkpoint_name(out, "out_proj")
+        return out if cache is None else (out, cache)
+
+    def _check_window(self, length: int) -> None:
+        if self.window is not None and length > self.window:
+            raise ValueError(
+                f"sequence of {length} tokens is longer than the model's sliding_window="
+                f"{self.window}; windowed attention is not implemented here: use sequences "
+                f"of at most {self.window} tokens")
+
+    def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array,
+                segments: Segments | None) -> jax.Array:
+        """Training-mode attention: context-parallel when the rules shard the sequence,
+        else ``cfg.attention``'s implementation."""
         y = None if segments is not None else context_parallel.attend(
             q, k, v, variant=self.context_attention,
             zigzag=self.context_zigzag)                                   # None: seq not sharded
@@ -225,10 +257,7 @@ class Attention(nnx.Module):
             y = attention_impl.attend(
                 q, k, v, impl=self.impl, block_sizes=self.block_sizes,
                 segment_ids=None if segments is None else segments[0])   # (B, T, N, H)
-        y = checkpoint_name(y, "context")
-        y = constrain(y, ("batch", "seq", "heads", "head_dim"), name="attn_out")
-        out = jnp.einsum("btnh,nhd->btd", y, self.o[...].astype(dt))     # (B, T, D)
-        return checkpoint_name(out, "out_proj")
+        return y
 
 
 class MLP(nnx.Module):
