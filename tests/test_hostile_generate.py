@@ -119,7 +119,7 @@ def test_kv_cache_bytes_against_free_memory(model, monkeypatch):
     """The cache of batch B and S positions is 2 x L x B x S x K x H x itemsize bytes; with
     room for exactly 3 + 5 positions, 5 new tokens run and 6 are refused naming 5."""
     per_position = 2 * TINY.n_layers * 2 * TINY.n_kv_heads * TINY.head_dim * \
-        jnp.dtype(TINY.dtype).itemsize   # batch 2
+        jnp.dtype(TINY.resolved().dtype).itemsize   # batch 2
     monkeypatch.setattr(gen, "_free_bytes", lambda d: (per_position * (3 + 5), "the test's"))
     prompt = np.array([PROMPT, PROMPT])
     assert wb.generate(model, prompt, max_new_tokens=5).shape == (2, 8)

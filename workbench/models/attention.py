@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from workbench.models.config import ATTENTION_IMPLEMENTATIONS
+from workbench.models.config import ATTENTION_IMPLEMENTATIONS, current_platform
 from workbench.rules import active, constrain
 
 __all__ = ["IMPLEMENTATIONS", "KVCache", "Resolved", "attend", "block_sizes_for",
@@ -62,21 +62,6 @@ class Resolved:
     block_q: int = 0
     block_kv: int = 0
     reason: str = ""
-
-
-def current_platform() -> str:
-    """The platform being traced for: the active rules' mesh devices (a plan's TPU
-    slice, the Trainer's devices), else JAX's default backend."""
-    ctx = active()
-    if ctx is not None:
-        mesh = ctx[1]
-        devices = getattr(mesh, "devices", None)
-        if devices is not None and getattr(devices, "size", 0):
-            return str(devices.flat[0].platform)
-        abstract = getattr(mesh, "abstract_device", None)
-        if abstract is not None and getattr(abstract, "platform", None):
-            return str(abstract.platform)
-    return jax.default_backend()
 
 
 def block_sizes_for(seq: int, block_sizes: tuple[int, int] | None) -> tuple[int, int]:

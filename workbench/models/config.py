@@ -471,7 +471,7 @@ class GPTConfig:
         the one being traced for (the active rules' mesh, else JAX's default backend)."""
         if self.dtype != "auto":
             return self.dtype
-        return resolve_dtype(self.dtype, platform or _current_platform())[0]
+        return resolve_dtype(self.dtype, platform or current_platform())[0]
 
     def resolved(self, platform: str | None = None) -> GPTConfig:
         """This config with ``dtype`` concrete for ``platform`` (:meth:`compute_dtype`):
@@ -514,11 +514,21 @@ class GPTConfig:
         return self.vocab_size * d + self.n_layers * block + d + head
 
 
-def _current_platform() -> str:
-    """The platform being traced for (``workbench.models.attention.current_platform``)."""
-    from workbench.models.attention import current_platform
+def current_platform() -> str:
+    """The platform being traced for: the active rules' mesh devices (a plan's TPU
+    slice, the Trainer's devices), else JAX's default backend."""
+    from workbench.rules import active   # rules imports no models module
 
-    return current_platform()
+    ctx = active()
+    if ctx is not None:
+        mesh = ctx[1]
+        devices = getattr(mesh, "devices", None)
+        if devices is not None and getattr(devices, "size", 0):
+            return str(devices.flat[0].platform)
+        abstract = getattr(mesh, "abstract_device", None)
+        if abstract is not None and getattr(abstract, "platform", None):
+            return str(abstract.platform)
+    return jax.default_backend()
 
 
 _PRESETS: dict[str, GPTConfig] = {
