@@ -115,7 +115,7 @@ def _assemble(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured, warnin
     """The report of the stages' records (predicted on first use), in its runnable handle."""
     compiled, target, st = m.compiled, m.target, step.state
     report = PlanReport(
-        name=inp.name or inp.rules_name or "plan", cfg=inp.cfg, mesh=inp.info,
+        name=inp.name or inp.rules_name or "plan", cfg=inp.asked, mesh=inp.info,
         rules=inp.rules, batch=inp.batch, seq=inp.seq, is_estimate=compiled is None,
         flops=step.flops, source=target.source if compiled is not None else "estimate",
         source_reason=target.reason,

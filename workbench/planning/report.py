@@ -110,7 +110,8 @@ class PlanReport:
 
     Attributes:
         name: label used by ``compare``.
-        cfg: the GPTConfig (None for a model factory).
+        cfg: the GPTConfig as given (None for a model factory); its ``dtype="auto"``
+            stays so, and ``dtype`` says what the step computes in.
         mesh: the ``MeshInfo``.
         rules: the ``Rules`` used.
         batch, seq: global batch size and sequence length.
@@ -147,8 +148,8 @@ class PlanReport:
         attention: the attention that runs and why (``"splash: Pallas splash kernel
             (Mosaic)"``); empty for a model factory.
         dtype: the compute dtype and why (``"bfloat16: auto: bfloat16 on tpu"``: a
-            GPTConfig's ``dtype="auto"`` resolved for the platform planned for, which
-            ``cfg.dtype`` then holds); empty for a model factory.
+            GPTConfig's ``dtype="auto"`` resolved for the platform planned for; ``cfg``
+            stays the config as given); empty for a model factory.
         compiled_numbers: what was read from the compiled program (``CompiledNumbers``);
             None when nothing was compiled.
     """

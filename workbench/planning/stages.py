@@ -49,7 +49,8 @@ class Inputs:
     """What ``wb.plan`` was asked, resolved: the model (``cfg`` for a GPTConfig, else None,
     its ``dtype`` concrete for the mesh's platform; ``factory`` always), the mesh, the
     rules, batch and sequence, the optimizer and loss, the batch's shapes, the pipeline and
-    the options that pick the compile target; ``dtype``: the compute dtype and why
+    the options that pick the compile target; ``asked``: the GPTConfig as given (with
+    ``wb.plan(dtype=)``), which the report keeps; ``dtype``: the compute dtype and why
     ("bfloat16: auto: bfloat16 on tpu"; "" for a model factory)."""
 
     cfg: GPTConfig | None
@@ -68,6 +69,7 @@ class Inputs:
     name: str | None
     memory_limit: int | None
     overlap: bool | Mapping[str, Any]
+    asked: GPTConfig | None = None
     dtype: str = ""
 
 
@@ -114,7 +116,7 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
             raise ValueError(f"dtype={dtype!r} applies to a GPTConfig; a model factory sets "
                              "its own dtypes")
         cfg = cfg.replace(dtype=dtype)
-    compute = ""
+    compute, asked = "", cfg
     if cfg is not None:   # dtype "auto" for the platform planned for (abstract TPU: tpu)
         concrete, why = resolve_dtype(cfg.dtype, info.platform)
         cfg, compute = cfg.replace(dtype=concrete), f"{concrete}: {why}"
@@ -146,7 +148,7 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
                   rules_name=rules_name, batch=batch, seq=seq,
                   optimizer=optimizer if optimizer is not None else optax.adamw(3e-4),
                   loss_fn=loss_fn, example_batch=example_batch, pipe=pipe, compile=compile,
-                  name=name, memory_limit=memory_limit, overlap=overlap, dtype=compute)
+                  name=name, memory_limit=memory_limit, overlap=overlap, asked=asked, dtype=compute)
 
 
 def _check_batch_divides(batch: int, rules: Rules, info: Any, rules_name: str | None,
