@@ -102,6 +102,24 @@ def test_resolve_auto_by_platform():
     assert A.resolve("splash", "cpu", seq=256).interpret
 
 
+@pytest.mark.parametrize("dtype, want", [("float32", "xla"), (jnp.float32, "xla"),
+                                         ("bfloat16", "cudnn"), (jnp.float16, "cudnn"),
+                                         ("auto", "cudnn"), (None, "cudnn")])
+def test_auto_on_gpu_takes_cudnn_only_for_the_dtypes_it_computes(dtype, want):
+    """cuDNN's flash kernel takes bfloat16 and float16: a float32 GPU step (dtype="float32"
+    given) runs XLA attention under "auto" and is refused under "cudnn", naming the fix."""
+    r = A.resolve("auto", "gpu", seq=2048, head_dim=64, dtype=dtype)
+    assert r.impl == want
+    if want == "xla":
+        assert "computes in float32" in r.reason
+        with pytest.raises(ValueError, match=r"cudnn'.*float32.*dtype='auto'"):
+            A.check("cudnn", "gpu", seq=2048, head_dim=64, n_heads=4, n_kv_heads=2,
+                    dtype=dtype)
+    else:
+        assert A.check("cudnn", "gpu", seq=2048, head_dim=64, n_heads=4, n_kv_heads=2,
+                       dtype=dtype).impl == "cudnn"
+
+
 def test_bad_choices_fail_before_compiling():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="does not divide the sequence length 256"):

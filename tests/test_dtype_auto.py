@@ -20,6 +20,7 @@ from workbench.planning import analytic
 from workbench.planning.report import PlanReport
 from workbench.rules import Rules
 from workbench.train.metrics import ProgressLine
+from workbench.train.setup import RunConfigMismatch
 
 AUTO_PRESETS = ("tiny", "small", "moe-tiny", "moe-small")
 BF16_PRESETS = ("1b", "7b", "70b", "mixtral-8x7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b")
@@ -209,6 +210,27 @@ def test_a_cpu_trainer_of_tiny_trains_in_float32_and_says_so(tmp_path):
     explicit.run()
     assert [r["loss"] for r in tr.history] == [r["loss"] for r in explicit.history]
     assert explicit.parts.dtype == "float32: float32 as configured"
+    # a run made when float32 was the default (its config says so) continues under "auto",
+    # which computes the same float32 here; a dtype that computes otherwise is refused
+    old_style = base.replace(model=GPTConfig.preset("tiny", n_layers=1, dtype="float32"),
+                             model_overrides={})
+    old = wb.Trainer(old_style, run_dir=tmp_path / "old", progress=None)
+    old.run()
+    before = (tmp_path / "old" / "run.json").read_bytes()
+    with pytest.raises(RunConfigMismatch,
+                       match=r"(?s)model.dtype: 'float32'.*'bfloat16'.*dtype 'auto' computes"):
+        wb.Trainer(old_style.replace(model=old_style.model.replace(dtype="bfloat16")),
+                   run_dir=tmp_path / "old", progress=None)
+    assert (tmp_path / "old" / "run.json").read_bytes() == before    # refused: untouched
+    resumed = wb.Trainer(old_style.replace(model=old_style.model.replace(dtype="auto")),
+                         run_dir=tmp_path / "old", progress=None)
+    assert resumed.step == 2
+    resumed.run(steps=3)
+    again = wb.Trainer(base, run_dir=tmp_path / "f32", progress=None)
+    assert again.step == 2        # model_overrides' dtype "float32" -> the preset's "auto"
+    straight = wb.Trainer(old_style, run_dir=tmp_path / "straight", progress=None)
+    straight.run(steps=3)
+    assert [r["loss"] for r in resumed.history] == [r["loss"] for r in straight.history]
 
 
 def test_the_progress_line_names_the_dtype():

@@ -118,6 +118,7 @@ def test_loss_chunks_lower_the_tpu_compiled_memory_by_the_float32_logits():
     assert est[1] - est[8] >= 0.75 * logits_f32
 
 
+@pytest.mark.tpu
 def test_bf16_loss_holds_no_float32_logits_on_the_tpu():
     """With bf16 logits the loss (workbench.models._xent) keeps no float32 copy and no
     float32 gradient of them: the TPU compiler's unchunked temp is within a quarter of the

@@ -74,7 +74,7 @@ def _result(mfu: float = 0.5) -> dict:
     return {"case": "1b", "preset": "1b", "batch": 8, "seq": 2048,
             "workbench": {"device": "NVIDIA H200", "model_config": cfg,
                           "versions": {"jax": "0.11.2"},
-                          "variants": {"trainer": {"model": {"attention": "cudnn"}},
+                          "variants": {"trainer": {"model": {"attention": "cudnn", "remat": "none"}},
                                        "lhs": {"model": {"remat": "minimal"}, "options": {
                                            "xla_gpu_enable_latency_hiding_scheduler": True}}}},
             "pytorch": {"versions": {"torch": "2.11"}},

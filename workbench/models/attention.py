@@ -74,7 +74,7 @@ def block_sizes_for(seq: int, block_sizes: tuple[int, int] | None) -> tuple[int,
 
 def resolve(impl: str, platform: str, *, seq: int,
             block_sizes: tuple[int, int] | None = None, head_dim: int | None = None,
-            layout_problem: str | None = None) -> Resolved:
+            layout_problem: str | None = None, dtype: Any = None) -> Resolved:
     """Which implementation runs for ``impl`` on ``platform`` (no checks; see :func:`check`).
 
     Args:
@@ -85,6 +85,8 @@ def resolve(impl: str, platform: str, *, seq: int,
         head_dim: the heads' width (``auto`` leaves cuDNN for XLA where cuDNN refuses it).
         layout_problem: :func:`splash_layout_problem` of the layout, when known: ``auto``
             then runs XLA attention on TPU and says why.
+        dtype: the compute dtype, when known: cuDNN's kernel takes bfloat16 and float16
+            only, so ``auto`` runs XLA attention on a float32 GPU step and says why.
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"attention={impl!r}; choose one of {IMPLEMENTATIONS}")
@@ -112,6 +114,10 @@ def resolve(impl: str, platform: str, *, seq: int,
                 return Resolved(impl="xla", reason=(
                     f"auto: cuDNN flash attention needs head_dim <= 256 and a multiple of 8 "
                     f"(here {head_dim}): XLA attention"))
+            if _not_for_cudnn(dtype):
+                return Resolved(impl="xla", reason=(
+                    f"auto: cuDNN flash attention takes bfloat16 or float16; this step "
+                    f"computes in {_dtype_name(dtype)}: XLA attention"))
             return Resolved(impl="cudnn", reason="auto: cuDNN flash attention on GPU")
         return Resolved(impl="xla", reason=f"auto: XLA attention on {platform} (no fused "
                         "kernel there; attention='splash' runs the TPU kernel in interpret "
@@ -129,7 +135,7 @@ def resolve(impl: str, platform: str, *, seq: int,
 
 def check(impl: str, platform: str, *, seq: int, head_dim: int, n_heads: int,
           n_kv_heads: int, block_sizes: tuple[int, int] | None = None,
-          layout_problem: str | None = None) -> Resolved:
+          layout_problem: str | None = None, dtype: Any = None) -> Resolved:
     """:func:`resolve`, raising before tracing when the choice cannot run.
 
     Raises:
@@ -137,7 +143,7 @@ def check(impl: str, platform: str, *, seq: int, head_dim: int, n_heads: int,
             ``seq`` or are not multiples of 128 on TPU, an unknown implementation.
     """
     r = resolve(impl, platform, seq=seq, block_sizes=block_sizes, head_dim=head_dim,
-                layout_problem=layout_problem)
+                layout_problem=layout_problem, dtype=dtype)
     gpu = platform in ("gpu", "cuda", "rocm")
     if r.impl == "splash":
         if gpu:
@@ -164,9 +170,30 @@ def check(impl: str, platform: str, *, seq: int, head_dim: int, n_heads: int,
         if head_dim > 256 or head_dim % 8:
             raise ValueError(f"cuDNN flash attention needs head_dim <= 256 and a multiple "
                              f"of 8, got {head_dim}; use attention='xla'")
+        if _not_for_cudnn(dtype):
+            raise ValueError(
+                f"attention='cudnn': cuDNN flash attention takes bfloat16 or float16, and "
+                f"this step computes in {_dtype_name(dtype)}; use GPTConfig(dtype='auto' or "
+                "'bfloat16'), or attention='xla' (or 'auto') for a float32 step")
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
     return r
+
+
+#: The compute dtypes cuDNN's flash attention kernel takes.
+CUDNN_DTYPES = ("bfloat16", "float16")
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(jnp.dtype(dtype))
+
+
+def _not_for_cudnn(dtype: Any) -> bool:
+    """Whether a known compute dtype is one cuDNN's kernel does not take (None and "auto",
+    not yet resolved, are not known)."""
+    if dtype is None or (isinstance(dtype, str) and dtype == "auto"):
+        return False
+    return _dtype_name(dtype) not in CUDNN_DTYPES
 
 
 def _divisor(seq: int) -> int:
@@ -329,7 +356,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, impl: str = "xla",
     platform = platform or current_platform()
     problem = splash_layout_problem(q.shape, k.shape[2]) if impl == "auto" else None
     r = check(impl, platform, seq=q.shape[1], head_dim=q.shape[3], n_heads=q.shape[2],
-              n_kv_heads=k.shape[2], block_sizes=block_sizes, layout_problem=problem)
+              n_kv_heads=k.shape[2], block_sizes=block_sizes, layout_problem=problem,
+              dtype=q.dtype)
     if r.impl == "splash":
         return _sharded_splash(q, k, v, r, segment_ids)
     if r.impl == "cudnn":

@@ -121,7 +121,8 @@ def _fused_attention(cfg: GPTConfig, mesh: MeshInfo, seq: int, rules: Any = None
     try:
         r = attention_impl.resolve(impl, mesh.platform, seq=seq,
                                    block_sizes=getattr(cfg, "attention_block_sizes", None),
-                                   head_dim=cfg.head_dim, layout_problem=problem)
+                                   head_dim=cfg.head_dim, layout_problem=problem,
+                                   dtype=getattr(cfg, "dtype", None))
     except ValueError:
         return False
     return r.impl != "xla"

@@ -26,14 +26,43 @@ def identity_fields(config: TrainConfig) -> tuple[str, ...]:
     return RUN_CONTROL_FIELDS
 
 
-def config_diff(stored: dict[str, Any], config: TrainConfig) -> dict[str, tuple[Any, Any]]:
-    """Differences that matter between a stored config (dict) and ``config``."""
+def config_diff(stored: dict[str, Any], config: TrainConfig, *,
+                recorded_dtype: str | None = None) -> dict[str, tuple[Any, Any]]:
+    """Differences that matter between a stored config (dict) and ``config``.
+
+    ``model.dtype`` compares what the step computes in: a run recorded with "float32" (the
+    default before "auto") continues under "auto" where "auto" resolves to float32 (on CPU),
+    and a run recorded under "auto" continues with the dtype it resolved to
+    (``recorded_dtype``, run.json's ``dtype``)."""
     try:
         old = TrainConfig.from_dict(stored)
     except (TypeError, ValueError) as e:
         return {"config": (f"unreadable: {e}", "given")}
     skip = set(identity_fields(old)) & set(identity_fields(config))
-    return {k: v for k, v in old.diff(config).items() if k.split(".")[0] not in skip}
+    diff = {k: v for k, v in old.diff(config).items() if k.split(".")[0] not in skip}
+    dtype_keys = [k for k in ("model.dtype", "model_overrides.dtype") if k in diff]
+    if dtype_keys and _same_compute_dtype(old, config, recorded_dtype):
+        for k in dtype_keys:
+            del diff[k]
+    return diff
+
+
+def _same_compute_dtype(stored: TrainConfig, given: TrainConfig, recorded: str | None
+                        ) -> bool:
+    """Whether the stored run's model (whose dtype resolved to ``recorded``, if known) and
+    the given one on this process's platform compute in the same dtype."""
+    from workbench.models.config import current_platform, resolve_dtype
+
+    try:
+        old, new = (getattr(c.model_config(), "dtype", None) for c in (stored, given))
+    except Exception:  # noqa: BLE001 - a model that cannot be built here differs anyway
+        return False
+    if not (isinstance(old, str) and isinstance(new, str)) or "auto" not in (old, new):
+        return False
+    platform = current_platform()
+    if old == "auto":
+        old = recorded or resolve_dtype(old, platform)[0]
+    return old == resolve_dtype(new, platform)[0]
 
 
 def check_run_dir(run_dir: Path, config: TrainConfig, *, fork: bool, force: bool
@@ -46,8 +75,11 @@ def check_run_dir(run_dir: Path, config: TrainConfig, *, fork: bool, force: bool
     """
     if not (run_dir / runs.RUN_JSON).exists():
         return run_dir, None, None
-    stored = read_stored_run(run_dir).get("config") or {}
-    diff = config_diff(stored, config)
+    stored_run = read_stored_run(run_dir)
+    recorded = stored_run.get("dtype")
+    diff = config_diff(stored_run.get("config") or {}, config,
+                       recorded_dtype=recorded.partition(":")[0].strip()
+                       if isinstance(recorded, str) and recorded else None)
     if not diff:
         return run_dir, None, None
     changes = {k: [a, b] for k, (a, b) in diff.items()}
@@ -64,6 +96,9 @@ def check_run_dir(run_dir: Path, config: TrainConfig, *, fork: bool, force: bool
                                  "diff": changes}
     lines = "\n".join(f"  {k}: {a!r} (in {run_dir}) -> {b!r} (given)"
                       for k, (a, b) in diff.items())
+    if {"model.dtype", "model_overrides.dtype"} & set(diff):
+        lines += ("\n  (dtype 'auto' computes in bfloat16 on GPU and TPU, float32 on CPU: give "
+                  "the model the dtype the run computed in to continue it as it was)")
     raise RunConfigMismatch(
         f"run_dir {str(run_dir)!r} holds a run with a different config:\n{lines}\n"
         "Nothing was changed. Use a new run_dir, Trainer(..., fork=True) to start a new run "
@@ -434,5 +469,5 @@ def _check_model_for_mesh(config: TrainConfig, model_config: Any, mesh: Any,
                              seq=config.seq, head_dim=model_config.head_dim,
                              n_heads=model_config.n_heads, n_kv_heads=model_config.n_kv_heads,
                              block_sizes=model_config.attention_block_sizes,
-                             layout_problem=problem)
+                             layout_problem=problem, dtype=model_config.dtype)
     return f"{r.impl}: {r.reason}"
