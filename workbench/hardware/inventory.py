@@ -46,6 +46,13 @@ def simulate_devices(n: int = 8) -> None:
     separate XLA CPU device sharing the host's cores). On GPU/TPU it only adds CPU
     devices, which JAX does not use by default.
 
+    Where libtpu is installed (for TPU-compiled plans) but no TPU chip is attached, it
+    also makes JAX skip its TPU backend (``quiet_libtpu``, as ``wb.devices`` and
+    ``wb.make_mesh`` do), so the first ``jax.devices()`` neither loads libtpu nor prints
+    its "could not determine TPU accelerator type" warnings. Whether chips are attached is
+    JAX's own test (TPU PCI devices, ``/dev/accel*``, ``/dev/vfio``): on a TPU VM the TPU
+    backend starts as before.
+
     Args:
       n: number of CPU devices.
 
@@ -70,6 +77,7 @@ def simulate_devices(n: int = 8) -> None:
         )
     os.environ["XLA_FLAGS"] = cpu_device_flags(os.environ.get("XLA_FLAGS", ""), n)
     jax.config.update("jax_num_cpu_devices", n)
+    quiet_libtpu()
 
 
 def peak_flops(device: Any = None) -> tuple[float, str]:

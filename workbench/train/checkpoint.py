@@ -53,13 +53,15 @@ per-shard writes; the blocking part is Orbax's device-to-host copy.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import errno
 import json
+import logging
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +321,36 @@ def abstract(tree: Any) -> Any:
     return jax.tree.map(leaf, tree)
 
 
+#: What Orbax's CheckpointManager logs (absl, WARNING) on every read-only open: the
+#: ``read_only=True`` asked for, said back. ``_without_read_only_notice`` drops it.
+_READ_ONLY_NOTICE = "Given directory is read only=%s"
+
+
+class _DropReadOnlyNotice(logging.Filter):
+    """Drops Orbax's read-only notice for one directory; every other record passes."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.directory = str(directory)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == _READ_ONLY_NOTICE and isinstance(record.args, tuple)
+                    and len(record.args) == 1 and str(record.args[0]) == self.directory)
+
+
+@contextlib.contextmanager
+def _without_read_only_notice(directory: Path) -> Iterator[None]:
+    """While Orbax opens ``directory``: its "Given directory is read only" notice for that
+    directory is not logged (absl's logger; only that message, only for that directory)."""
+    absl_logger = logging.getLogger("absl")
+    drop = _DropReadOnlyNotice(directory)
+    absl_logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(drop)
+
+
 class Checkpoints:
     """The checkpoints of one run (an ``orbax.checkpoint.CheckpointManager``).
 
@@ -340,12 +372,16 @@ class Checkpoints:
         self.read_only = read_only
         self.checksums = checksums
         self._async = async_save
+        # Read-only options are given as Orbax would set them (no saves, no deletions, no
+        # creation, no clean-up), so it has nothing to change and warn about.
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, save_interval_steps=every, create=not read_only,
+            max_to_keep=None if read_only else keep,
+            save_interval_steps=0 if read_only else every, create=not read_only,
             read_only=read_only, enable_async_checkpointing=async_save,
             cleanup_tmp_directories=not read_only)
-        self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=("state", "data", "meta"))
+        with _without_read_only_notice(self.directory):
+            self._manager = ocp.CheckpointManager(
+                self.directory, options=options, item_names=("state", "data", "meta"))
         self._pending: int | None = None
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None
         self._submitted: tuple[int, concurrent.futures.Future[bool]] | None = None
