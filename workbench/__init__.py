@@ -57,6 +57,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "exercise": ("workbench.exercises", "exercise"),
     "generate": ("workbench.models.generate", "generate"),
     "models": ("workbench.models", None),
+    "hf": ("workbench.hf", None),
     "runs": ("workbench.runs", None),
     "data": ("workbench.data", None),
     "train": ("workbench.train", None),
@@ -81,7 +82,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from workbench import data, models, runs, train
+    from workbench import data, hf, models, runs, train
     from workbench.hardware import DeviceInfo, devices, peak_flops, simulate_devices
     from workbench.exercises import exercise
     from workbench.jobs import Hosts, Job, Local, Slurm, TPUSlice, attach, launch

@@ -119,14 +119,14 @@ def export(run_dir: str | os.PathLike[str], out: str | os.PathLike[str],
            spec: cluster.DistributedSpec, *, step: int | None = None,
            dtype: str | None = None, overwrite: bool = False) -> int:
     """Joins the job, then writes the run's checkpoint as a Hugging Face folder
-    (``wb.train.export_run``: each process restores its shards, process 0 writes;
+    (``wb.hf.export_run``: each process restores its shards, process 0 writes;
     ``overwrite`` replaces only a folder an earlier export wrote).
 
     Returns:
       0 once the folder is complete.
     """
     _joined(spec)
-    from workbench.train.export import export_run
+    from workbench.hf.export import export_run
 
     try:
         path = export_run(run_dir, out, step=step, dtype=dtype, overwrite=overwrite)

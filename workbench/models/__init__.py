@@ -26,14 +26,15 @@ __all__ = [
            "to_hf",
 ]
 
-#: Names resolved on first use: ``name -> module`` (safetensors loads only when used).
-_LAZY = {"from_hf": "hf", "hf_config": "hf", "to_hf": "hf_export"}
+#: Aliases of :mod:`workbench.hf` (``wb.hf``), which sits above ``models`` (it builds their
+#: GPTs from Hugging Face folders): resolved on first use, so ``models`` never imports it.
+_HF_ALIASES = ("from_hf", "hf_config", "to_hf")
 
 
 def __getattr__(name: str) -> object:
-    """The Hugging Face functions import on first use only."""
-    if name in _LAZY:
+    """``wb.models.from_hf`` / ``hf_config`` / ``to_hf``: the functions of ``wb.hf``."""
+    if name in _HF_ALIASES:
         import importlib
 
-        return getattr(importlib.import_module(f"workbench.models.{_LAZY[name]}"), name)
+        return getattr(importlib.import_module("workbench.hf"), name)
     raise AttributeError(f"module 'workbench.models' has no attribute {name!r}")

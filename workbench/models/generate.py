@@ -150,7 +150,7 @@ def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: 
     """Continue a prompt with a GPT (imported, trained or planned).
 
     Args:
-        model: a ``GPT`` (``wb.models.from_hf``, ``plan.materialize``) or anything with a
+        model: a ``GPT`` (``wb.hf.from_hf``, ``plan.materialize``) or anything with a
             ``.model`` (a ``wb.Trainer``).
         prompt: text (with ``tokenizer``), or token ids ``(T,)`` / ``(B, T)``.
         tokenizer: any object with ``encode(text) -> ids`` and ``decode(ids) -> text``
@@ -185,7 +185,7 @@ def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: 
         model = model.model
     if not isinstance(model, GPT):
         raise TypeError(f"generate: model={model!r} is a {type(model).__name__}; give a workbench "
-                        "GPT (wb.models.from_hf(...), plan.materialize()) or a Trainer")
+                        "GPT (wb.hf.from_hf(...), plan.materialize()) or a Trainer")
     cfg = model.cfg
     tokens, was_text = _tokens(prompt, tokenizer, cfg.vocab_size)
     b, t = tokens.shape

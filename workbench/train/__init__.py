@@ -10,8 +10,8 @@ def __getattr__(name: str):  # the Trainer pulls in orbax and the step: load on 
         from workbench.train.trainer import Trainer
 
         return Trainer
-    if name == "export_run":   # a run's checkpoint -> a Hugging Face folder
-        from workbench.train.export import export_run
+    if name == "export_run":   # wb.hf.export_run (it restores train's checkpoints)
+        from workbench.hf.export import export_run
 
         return export_run
     raise AttributeError(f"module 'workbench.train' has no attribute {name!r}")

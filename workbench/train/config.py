@@ -89,8 +89,8 @@ class TrainConfig:
       eval_batches: batches of held-out rows each evaluation reads (the same ones every
         time).
       init: None (initialise from ``seed``), or a local Hugging Face model folder whose
-        weights start the run (``wb.models.from_hf``'s loader, straight into this run's
-        sharding); ``model`` must be its architecture: ``wb.models.hf_config(init)``
+        weights start the run (``wb.hf.from_hf``'s loader, straight into this run's
+        sharding); ``model`` must be its architecture: ``wb.hf.hf_config(init)``
         (runtime fields such as ``scan_layers`` or ``remat`` may differ). Stored as an
         absolute path and recorded in ``run.json``; a resumed run restores its checkpoints
         as usual and needs the folder no more (nor does exporting it), so the same config
@@ -219,7 +219,7 @@ class TrainConfig:
             matches no file, or a ``TextData`` folder is missing or holds none.
         """
         if self.init is not None and os.path.exists(self.init):
-            from workbench.models.hf import check_matches   # safetensors: only when used
+            from workbench.hf.load import check_matches   # safetensors: only when used
 
             check_matches(self.init, self.model_config())
         if isinstance(self.data, Dataset):

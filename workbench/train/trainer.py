@@ -308,7 +308,7 @@ class Trainer(Displayable):
         from workbench.step import TrainState
 
         if model is None:   # TrainConfig.init: an HF folder, read into this run's shardings
-            from workbench.models.hf import load_params
+            from workbench.hf.load import load_params
 
             params, source = load_params(self.config.init, self.parts.model_config,
                                          self.parts.shardings.params)

@@ -1,0 +1,53 @@
+"""Hugging Face models in and out (``wb.hf``): a model folder straight into a sharded GPT,
+a GPT or a run's checkpoint back out as a folder that ``transformers`` reads.
+
+Usage::
+
+    import workbench as wb
+
+    cfg = wb.hf.hf_config("qwen3-folder/")                  # config.json only: plan first
+    model = wb.hf.from_hf("qwen3-folder/", mesh=wb.make_mesh(data=8))
+    wb.hf.to_hf(model, "exported/")
+    wb.hf.export_run("runs/ft", "exported-ft/", step=200)   # a run's checkpoint
+
+One module per concern, each importing only those before it:
+
+- :mod:`workbench.hf.families`: ``config.json`` <-> ``GPTConfig``, per family;
+- :mod:`workbench.hf.tensors`: which HF tensors make each parameter, read slice by slice;
+- :mod:`workbench.hf.save`: ``to_hf``, the folder written tensor by tensor;
+- :mod:`workbench.hf.load`: ``from_hf`` / ``hf_config`` / ``load_params``, the folder read
+  into a sharded model;
+- :mod:`workbench.hf.export`: ``export_run``, a run's checkpoint restored, then ``to_hf``.
+
+The package sits above ``workbench.models`` and ``workbench.step`` (it builds their
+models); nothing below imports it at import time (the Trainer's ``init=`` and
+``TrainConfig.check`` call :func:`workbench.hf.load.load_params` /
+``check_matches`` when they run). ``wb.models.from_hf`` / ``to_hf`` / ``hf_config`` and
+``wb.train.export_run`` are the same functions.
+
+Every name is resolved on first use (PEP 562): importing ``workbench.hf`` imports neither
+JAX nor safetensors.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["CheckpointError", "HFConfigError", "HFSource", "export_run", "from_hf",
+           "hf_config", "to_hf"]
+
+#: public name -> the module of this package that defines it.
+_WHERE = {"CheckpointError": "tensors", "HFConfigError": "families", "HFSource": "load",
+          "export_run": "export", "from_hf": "load", "hf_config": "load", "to_hf": "save"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'workbench.hf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"workbench.hf.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
