@@ -3,6 +3,7 @@ and then a second time in the same folder."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import pathlib
 import re
@@ -13,6 +14,8 @@ import time
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+from _noise import THIRD_PARTY_NOISE
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -61,6 +64,13 @@ def _cluster_for(stem: str, factory: pytest.TempPathFactory):
         cluster.stop()
 
 
+def _accelerator_attached() -> bool:
+    """Whether a TPU chip (JAX's own test) or an NVIDIA GPU is attached to this host."""
+    from workbench.hardware.libtpu import tpu_chips_attached
+
+    return tpu_chips_attached() or bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
 def kernel_env(cache: pathlib.Path) -> dict[str, str]:
     """The environment of a fresh kernel: no simulated-device flag, so each notebook must set
     up its own devices with wb.simulate_devices(8) like a learner's kernel. ``cache`` is the
@@ -74,7 +84,13 @@ def kernel_env(cache: pathlib.Path) -> dict[str, str]:
     kernel. Without it a notebook's ``wb.plan`` compiles for CPU devices were redone in
     every kernel: notebook 03's second run (four plans, ~4.5 s of XLA CPU compile each)
     cost as much as its first. Multi-process CPU workers still turn it off
-    (``workbench.jobs.worker``)."""
+    (``workbench.jobs.worker``).
+
+    On a host without accelerators JAX picks its platform itself (no ``JAX_PLATFORMS``),
+    as in a learner's kernel: where libtpu is installed it would probe for a TPU at the
+    first ``jax.devices()`` and print libtpu's warnings, which the notebooks must not show
+    (``wb.simulate_devices`` skips that probe; THIRD_PARTY_NOISE checks). Where a GPU or
+    TPU is attached the kernel stays on CPU (``JAX_PLATFORMS=cpu``)."""
     env = dict(os.environ)
     env["WORKBENCH_CACHE"] = str(cache)
     env["JAX_COMPILATION_CACHE_DIR"] = str(cache / "jax-compile")
@@ -82,7 +98,10 @@ def kernel_env(cache: pathlib.Path) -> dict[str, str]:
     env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
     env["XLA_FLAGS"] = flags.strip()
-    env["JAX_PLATFORMS"] = "cpu"
+    if _accelerator_attached():
+        env["JAX_PLATFORMS"] = "cpu"
+    else:
+        env.pop("JAX_PLATFORMS", None)
     env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
     env.pop("MPLBACKEND", None)
     return env
@@ -222,6 +241,9 @@ def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path
                            f"{errors[0].get('evalue')}"
         text = "\n".join(_text(o) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
         assert "Traceback" not in text, f"{path.stem}, {attempt}"
+        noise = third_party_noise(nb)
+        assert not noise, f"{path.stem}, {attempt}: third-party log lines in the outputs:\n" + \
+            "\n".join(noise)
         time.sleep(0.5)
         assert not _processes_in(tmp_path), f"{path.stem} left processes running ({attempt})"
         print(f"{path.stem}, {attempt}: {seconds:.1f} s ({_slowest_cells(nb)})")
@@ -229,6 +251,43 @@ def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path
             assert "'state': 'COMPLETED'" in text, f"{path.stem}, {attempt}: no SLURM run"
     said = SECOND_RUN_SAYS.get(path.stem)
     assert said is None or said in text, f"{path.stem}'s second run does not say {said!r}"
+
+
+def third_party_noise(nb: nbformat.NotebookNode) -> list[str]:
+    """Each stderr line of an executed notebook that THIRD_PARTY_NOISE matches, as
+    "cell i (first line of its code): the line" (i counts code cells from 0)."""
+    found = []
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
+        for out in cell.outputs:
+            if out.output_type != "stream" or out.name != "stderr":
+                continue
+            found += [f"cell {i} ({first[:60]}): {line}" for line in out.text.splitlines()
+                      if THIRD_PARTY_NOISE.search(line)]
+    return found
+
+
+def test_third_party_noise_names_the_cell_and_line_and_passes_our_own_warnings():
+    cells = [nbformat.v4.new_code_cell("import workbench as wb\nwb.simulate_devices(8)"),
+             nbformat.v4.new_code_cell("ckpts = wb.train.Checkpoints('runs/x', read_only=True)")]
+    cells[0].outputs = [nbformat.v4.new_output("stream", name="stderr", text=(
+        "WARNING: Logging before InitGoogle() is written to STDERR\n"
+        "E0000 00:00:1795870317.188758    1543 common_lib.cc:554] INVALID_ARGUMENT: Error: "
+        "unexpected worker hostname\n"))]
+    cells[1].outputs = [
+        nbformat.v4.new_output("stream", name="stderr", text=(
+            "WARNING:absl:CheckpointManagerOptions.read_only=True, setting max_to_keep=None.\n"
+            "/work/main/workbench/train/checkpoint.py:763: UserWarning: runs/x/7 is not a "
+            "complete checkpoint\n  warnings.warn(\n")),
+        nbformat.v4.new_output("stream", name="stdout", text="WARNING:absl:on stdout\n")]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    assert third_party_noise(nb) == [
+        "cell 0 (import workbench as wb): WARNING: Logging before InitGoogle() is written to "
+        "STDERR",
+        "cell 0 (import workbench as wb): E0000 00:00:1795870317.188758    1543 "
+        "common_lib.cc:554] INVALID_ARGUMENT: Error: unexpected worker hostname",
+        "cell 1 (ckpts = wb.train.Checkpoints('runs/x', read_only=True)): "
+        "WARNING:absl:CheckpointManagerOptions.read_only=True, setting max_to_keep=None."]
 
 
 def _text(output: nbformat.NotebookNode) -> str:
