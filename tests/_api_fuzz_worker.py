@@ -162,7 +162,7 @@ class Fixtures:
 
     def _make_hf_dir(self) -> str:
         import workbench as wb
-        return str(wb.models.to_hf(self.model, self.dir / "hf", config=self.cfg))
+        return str(wb.hf.to_hf(self.model, self.dir / "hf", config=self.cfg))
 
     def _make_train_config(self) -> Any:
         import workbench as wb
@@ -306,15 +306,16 @@ RECIPES: dict[str, Recipe] = {
     "wb.models.classifier_loss": lambda f: {"model": f.classifier,
                                             "batch": {"x": _jnp_ones((2, 8)),
                                                       "y": _np([0, 1])}},
-    "wb.models.from_hf": lambda f: {"path": f.hf_dir},
     "wb.models.from_nnx": lambda f: {"factory": f.nnx_factory},
     "wb.models.from_penzai": lambda f: {"model_or_builder": f.penzai_builder, "vocab_size": 8},
-    "wb.models.hf_config": lambda f: {"path": f.hf_dir},
     "wb.models.rope": lambda f: {"x": _jnp_ones((1, 4, 2, 8)), "theta": 10000.0},
-    "wb.models.to_hf": lambda f: {"obj": f.model, "path": f.fresh("hf"), "config": f.cfg},
+    # wb.hf (wb.models.from_hf / hf_config / to_hf and wb.train.export_run are these)
+    "wb.hf.export_run": lambda f: {"run_dir": f.trained_run, "path": f.fresh("export")},
+    "wb.hf.from_hf": lambda f: {"path": f.hf_dir},
+    "wb.hf.hf_config": lambda f: {"path": f.hf_dir},
+    "wb.hf.to_hf": lambda f: {"obj": f.model, "path": f.fresh("hf"), "config": f.cfg},
     # wb.train
     "wb.train.AdamW": lambda f: {"lr": 1e-3},
-    "wb.train.export_run": lambda f: {"run_dir": f.trained_run, "path": f.fresh("export")},
     # wb.runs
     "wb.runs.MetricsTail": lambda f: {"run_dir": f.written_run},
     "wb.runs.RunWriter": lambda f: {"run_dir": f.fresh("writer"), "config": {"a": 1}},

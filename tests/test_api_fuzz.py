@@ -4,7 +4,7 @@ with newlines), the others valid. Every call works, or raises a Workbench error 
 argument; nothing hangs; nothing is written outside the sandbox's run folder.
 
 The surface is walked, not listed: ``workbench.__all__`` and the ``__all__`` of each module
-it exports (``wb.data``, ``wb.models``, ``wb.train``, ``wb.runs``). A public name added
+it exports (``wb.data``, ``wb.hf``, ``wb.models``, ``wb.train``, ``wb.runs``). A public name added
 later is fuzzed once it has a recipe (valid base arguments, ``tests/_api_fuzz_worker.py``)
 or is exempt below with the reason; otherwise ``test_every_public_callable_is_fuzzed``
 fails and says which to add. A class whose instances have an entry point of their own
@@ -101,6 +101,7 @@ EXEMPT: dict[str, str] = {
     "wb.MeshInfo": "a result type (wb.show's description of a mesh), made by the mesh code",
     "wb.Layout": "a result type, made by wb.layout (which is fuzzed)",
     "wb.DeviceInfo": "a result type, one row of wb.devices() (which is fuzzed)",
+    "wb.hf.HFSource": "a result type: where wb.hf.from_hf's model came from (model.hf_source)",
 }
 
 #: Other names a message may give an argument by: (function, argument) -> names.

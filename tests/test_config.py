@@ -215,7 +215,7 @@ def other_model(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("init") / "one-layer"
     cfg = GPTConfig.preset("tiny").replace(n_layers=1, vocab_size=128)
-    wb.models.to_hf(wb.models.GPT(cfg, rngs=nnx.Rngs(0)), folder)
+    wb.hf.to_hf(wb.models.GPT(cfg, rngs=nnx.Rngs(0)), folder)
     return folder
 
 
@@ -244,7 +244,7 @@ def test_making_a_config_reads_no_file_and_check_reads_them(tmp_path, other_mode
     assert touched == [] and wrong.init == str(other_model)
     with pytest.raises(ValueError, match="different architecture.*n_layers"):
         wrong.check()
-    right = TrainConfig(model=wb.models.hf_config(other_model), init=str(other_model))
+    right = TrainConfig(model=wb.hf.hf_config(other_model), init=str(other_model))
     _, touched = _files_touched(other_model.parent, right.check)
     assert touched == [str(other_model / "config.json")]   # config.json only, no weights
     gone = right.replace(init=str(other_model.parent / "moved-away"))

@@ -15,7 +15,7 @@ import workbench as wb
 from workbench import runs
 from workbench.models import GPT, GPTConfig
 from workbench.models.config import AUTO_DTYPES, resolve_dtype
-from workbench.models.hf_families import to_gpt_config
+from workbench.hf.families import to_gpt_config
 from workbench.planning import analytic
 from workbench.planning.report import PlanReport
 from workbench.rules import Rules

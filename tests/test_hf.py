@@ -17,8 +17,8 @@ import pytest
 import workbench as wb
 from tests._hf_models import FAMILIES, PROMPT, make_model, reference, save
 from tests._tolerance import assert_close_at_scale
-from workbench.models.hf_families import HFConfigError
-from workbench.models.hf_tensors import CheckpointError
+from workbench.hf.families import HFConfigError
+from workbench.hf.tensors import CheckpointError
 
 pytest.importorskip("transformers", reason="the test extra installs transformers + torch (CPU)")
 
@@ -65,7 +65,7 @@ def logits(model, tokens=PROMPT):
 @pytest.mark.slow
 def test_logits_and_greedy_tokens_equal_transformers(hf, family):
     folder, want, greedy = hf[family]
-    model = wb.models.from_hf(folder, mesh=_mesh(data=4, model=2), rules="fsdp_tp")
+    model = wb.hf.from_hf(folder, mesh=_mesh(data=4, model=2), rules="fsdp_tp")
     got = logits(model)
     assert_close_at_scale(got, want, rtol=RTOL)
     np.testing.assert_array_equal(wb.generate(model, PROMPT, max_new_tokens=NEW), greedy)
@@ -79,7 +79,7 @@ def test_logits_and_greedy_tokens_equal_transformers(hf, family):
 @pytest.mark.slow
 def test_scanned_layers_and_other_layouts_equal_transformers(hf, family, axes, rules):
     folder, want, greedy = hf[family]
-    model = wb.models.from_hf(folder, mesh=_mesh(**axes), rules=rules, scan_layers=True)
+    model = wb.hf.from_hf(folder, mesh=_mesh(**axes), rules=rules, scan_layers=True)
     assert_close_at_scale(logits(model), want, rtol=RTOL)
     np.testing.assert_array_equal(wb.generate(model, PROMPT, max_new_tokens=NEW), greedy)
 
@@ -87,7 +87,7 @@ def test_scanned_layers_and_other_layouts_equal_transformers(hf, family, axes, r
 def test_each_device_reads_only_its_block(hf, monkeypatch):
     """Every parameter is read once in total (its devices' distinct blocks), never whole
     per device, and each device holds exactly its slice of the HF tensor."""
-    from workbench.models import hf_tensors
+    from workbench.hf import tensors as hf_tensors
 
     folder, _, _ = hf["llama"]
     read: dict[str, int] = {}
@@ -99,7 +99,7 @@ def test_each_device_reads_only_its_block(hf, monkeypatch):
         return block
     monkeypatch.setattr(hf_tensors.Folder, "read", counting)
     mesh = _mesh(data=4, model=2)
-    model = wb.models.from_hf(folder, mesh=mesh, rules="fsdp_tp")
+    model = wb.hf.from_hf(folder, mesh=mesh, rules="fsdp_tp")
     from safetensors.numpy import load_file
     whole = load_file(str(folder / "model.safetensors"))
     for name, arr in whole.items():
@@ -117,9 +117,9 @@ def test_bf16_and_f16_checkpoints_load_exactly(tmp_path):
     _, greedy = None, None
     for dt in ("bfloat16", "float16"):
         folder = save(model, tmp_path / dt, dtype=dt)
-        m16 = wb.models.from_hf(folder, mesh=_mesh(data=8))
+        m16 = wb.hf.from_hf(folder, mesh=_mesh(data=8))
         assert m16.cfg.param_dtype == dt
-        m32 = wb.models.from_hf(folder, mesh=_mesh(data=8), param_dtype="float32",
+        m32 = wb.hf.from_hf(folder, mesh=_mesh(data=8), param_dtype="float32",
                                 dtype="float32")
         import torch
         import transformers
@@ -138,22 +138,22 @@ def test_export_round_trip_is_bitwise_and_transformers_reads_it(hf, family, tmp_
 
     folder, want, _ = hf[family]
     mesh = _mesh(data=4, model=2)
-    model = wb.models.from_hf(folder, mesh=mesh, rules="fsdp_tp",
+    model = wb.hf.from_hf(folder, mesh=mesh, rules="fsdp_tp",
                               scan_layers=family == "mixtral")
-    out = wb.models.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
+    out = wb.hf.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
     files = sorted(p.name for p in out.glob("*.safetensors"))
     assert len(files) > 1 and (out / "model.safetensors.index.json").is_file()
     # the source folder's other files come along (generation_config.json here)
     assert (out / "generation_config.json").read_bytes() == \
         (folder / "generation_config.json").read_bytes()
     tok = _tokenizer_json(tmp_path / "tokenizer.json", 100)
-    with_tok = wb.models.to_hf(model, tmp_path / "with_tok", tokenizer=tok)
+    with_tok = wb.hf.to_hf(model, tmp_path / "with_tok", tokenizer=tok)
     assert (with_tok / "tokenizer.json").read_text() == tok.read_text()
     bad = tmp_path / "broken" / "tokenizer.json"
     bad.parent.mkdir()
     bad.write_text('{"version": "1.0"}')
     with pytest.raises(ValueError, match="broken/tokenizer.json is not a readable tokenizer"):
-        wb.models.to_hf(model, tmp_path / "with_bad", tokenizer=bad.parent)
+        wb.hf.to_hf(model, tmp_path / "with_bad", tokenizer=bad.parent)
     assert not (tmp_path / "with_bad").exists()
 
     def tensors(d):
@@ -168,14 +168,14 @@ def test_export_round_trip_is_bitwise_and_transformers_reads_it(hf, family, tmp_
     ref = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     got, _ = reference(ref, new=1)
     assert_close_at_scale(got, want, rtol=RTOL)
-    again = wb.models.from_hf(out, mesh=mesh, rules="fsdp_tp", scan_layers=family == "mixtral")
+    again = wb.hf.from_hf(out, mesh=mesh, rules="fsdp_tp", scan_layers=family == "mixtral")
     np.testing.assert_array_equal(logits(again),
                                   logits(model))
 
 
 def test_generation_with_and_without_cache_agree_when_sampling(hf):
     folder, _, _ = hf["qwen3"]
-    model = wb.models.from_hf(folder, mesh=_mesh(data=4, model=2), rules="fsdp_tp")
+    model = wb.hf.from_hf(folder, mesh=_mesh(data=4, model=2), rules="fsdp_tp")
     kw = dict(max_new_tokens=NEW, temperature=0.9, top_k=40, top_p=0.9, seed=3)
     a = wb.generate(model, PROMPT, **kw)
     b = wb.generate(model, PROMPT, cache=False, **kw)
@@ -203,7 +203,7 @@ def test_sampling_filters():
 
 def test_text_prompt_with_any_tokenizer(hf):
     folder, _, _ = hf["llama"]
-    model = wb.models.from_hf(folder, mesh=_mesh(data=8))
+    model = wb.hf.from_hf(folder, mesh=_mesh(data=8))
     text = wb.generate(model, "hi", tokenizer=Chars(), max_new_tokens=3)
     ids = wb.generate(model, [ord("h"), ord("i")], max_new_tokens=3)
     assert text == Chars().decode(ids[0].tolist())
@@ -224,7 +224,7 @@ def test_streamed_tokens_are_the_greedy_tokens(hf, capsys, monkeypatch):
     from workbench.widgets.generation_view import GenerationView
 
     folder, _, greedy = hf["llama"]
-    model = wb.models.from_hf(folder, mesh=_mesh(data=8))
+    model = wb.hf.from_hf(folder, mesh=_mesh(data=8))
     seen = []
     out = wb.generate(model, PROMPT, max_new_tokens=NEW, stream=seen.append)
     np.testing.assert_array_equal(out, greedy)             # transformers' greedy tokens
@@ -256,11 +256,11 @@ def test_plan_and_trainer_start_from_hf_and_export_the_run(hf, tmp_path):
     import transformers
 
     folder, want, _ = hf["qwen3"]
-    cfg = wb.models.hf_config(folder)
+    cfg = wb.hf.hf_config(folder)
     mesh = _mesh(data=8)
     plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=16)
     assert plan.memory["total"] > 0
-    model = wb.models.from_hf(folder, plan=plan)
+    model = wb.hf.from_hf(folder, plan=plan)
     assert_close_at_scale(logits(model), want, rtol=RTOL)
     tc = wb.TrainConfig(model=cfg, init=str(folder), mesh={"data": 8}, batch=8, seq=16,
                         steps=2, checkpoint_every=2, data="synthetic")
@@ -274,7 +274,7 @@ def test_plan_and_trainer_start_from_hf_and_export_the_run(hf, tmp_path):
     trained = logits(trainer.model)
     assert not np.allclose(trained, start)
     trainer.close()
-    out = wb.train.export_run(tmp_path / "run", tmp_path / "exported")
+    out = wb.hf.export_run(tmp_path / "run", tmp_path / "exported")
     ref = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     got, _ = reference(ref, new=1)
     assert_close_at_scale(got, trained, rtol=RTOL)
@@ -285,7 +285,7 @@ def test_plan_and_trainer_start_from_hf_and_export_the_run(hf, tmp_path):
 def test_init_must_match_the_model_config(hf):
     folder, _, _ = hf["llama"]
     with pytest.raises(ValueError, match="different architecture.*n_layers"):
-        wb.TrainConfig(model=wb.models.hf_config(folder, n_layers=3), init=str(folder)).check()
+        wb.TrainConfig(model=wb.hf.hf_config(folder, n_layers=3), init=str(folder)).check()
 
 
 # -- bad input ----------------------------------------------------------------------------
@@ -306,28 +306,28 @@ def test_layout_that_does_not_divide_a_tensor(hf):
     folder, _, _ = hf["llama"]   # 2 kv heads
     with pytest.raises(ValueError, match=r"dim 1 of 'blocks.0.attn.k' \(size 2\).*'model' "
                        r"\(size 4\)"):
-        wb.models.from_hf(folder, mesh=_mesh(data=2, model=4), rules="fsdp_tp")
+        wb.hf.from_hf(folder, mesh=_mesh(data=2, model=4), rules="fsdp_tp")
 
 
 def test_missing_config_and_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        wb.models.from_hf(tmp_path)
+        wb.hf.from_hf(tmp_path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        wb.models.from_hf(tmp_path / "nope")
+        wb.hf.from_hf(tmp_path / "nope")
 
 
 def test_unknown_architecture_and_fields(hf, tmp_path):
     d = _copy(hf, "llama", tmp_path)
     _edit_config(d, architectures=["GPT2LMHeadModel"])
     with pytest.raises(HFConfigError, match="'GPT2LMHeadModel' is not supported"):
-        wb.models.from_hf(d)
+        wb.hf.from_hf(d)
     _edit_config(d, architectures=["LlamaForCausalLM"], fancy_gate=True)
     with pytest.raises(HFConfigError, match=r"\['fancy_gate'\].*ignore_fields"):
-        wb.models.from_hf(d)
+        wb.hf.from_hf(d)
     _edit_config(d, fancy_gate=None, rope_parameters={"rope_type": "llama3",
                                                       "rope_theta": 5e5})
     with pytest.raises(HFConfigError, match="rope_type='llama3'"):
-        wb.models.from_hf(d, ignore_fields=["fancy_gate"])
+        wb.hf.from_hf(d, ignore_fields=["fancy_gate"])
 
 
 def test_missing_and_truncated_shards(hf, tmp_path):
@@ -336,13 +336,13 @@ def test_missing_and_truncated_shards(hf, tmp_path):
     data = shards[1].read_bytes()
     shards[1].write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match=f"{shards[1].name}.*truncated"):
-        wb.models.from_hf(d)
+        wb.hf.from_hf(d)
     shards[1].unlink()
     with pytest.raises(CheckpointError, match=f"shard {shards[1].name}.*missing"):
-        wb.models.from_hf(d)
+        wb.hf.from_hf(d)
     (d / "model.safetensors.index.json").unlink()
     with pytest.raises(CheckpointError, match="need their index file"):
-        wb.models.from_hf(d)
+        wb.hf.from_hf(d)
 
 
 def test_shape_vocab_and_dtype_disagreeing_with_config(hf, tmp_path):
@@ -351,21 +351,21 @@ def test_shape_vocab_and_dtype_disagreeing_with_config(hf, tmp_path):
     d = _copy(hf, "llama", tmp_path)
     _edit_config(d, vocab_size=200)
     with pytest.raises(CheckpointError, match="embed_tokens.weight.*vocabulary size"):
-        wb.models.from_hf(d)
+        wb.hf.from_hf(d)
     _edit_config(d, vocab_size=128, intermediate_size=64)
     with pytest.raises(CheckpointError, match=r"mlp.gate_proj.weight.*shape \[96, 64\].*implies \[64, 64\]"):
-        wb.models.from_hf(d)
+        wb.hf.from_hf(d)
     _edit_config(d, intermediate_size=96)
     t = load_file(str(d / "model.safetensors"))
     t["model.norm.weight"] = t["model.norm.weight"].astype(np.int8)
     save_file(t, str(d / "model.safetensors"))
     with pytest.raises(CheckpointError, match="model.norm.weight.*is I8.*dequantise"):
-        wb.models.from_hf(d)
+        wb.hf.from_hf(d)
 
 
 def test_prompt_outside_vocab_is_refused(hf):
     folder, _, _ = hf["llama"]
-    model = wb.models.from_hf(folder, mesh=_mesh(data=8))
+    model = wb.hf.from_hf(folder, mesh=_mesh(data=8))
     with pytest.raises(ValueError, match=r"\[0, 128\).*tokenizer's vocabulary"):
         wb.generate(model, [5, 300])
     with pytest.raises(ValueError, match="needs tokenizer="):
@@ -378,18 +378,18 @@ def test_failed_export_leaves_nothing_and_existing_folder_is_kept(hf, tmp_path, 
     import safetensors.numpy
 
     folder, _, _ = hf["llama"]
-    model = wb.models.from_hf(folder, mesh=_mesh(data=8))
+    model = wb.hf.from_hf(folder, mesh=_mesh(data=8))
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "keep.txt").write_text("x")
     with pytest.raises(FileExistsError, match="keep.txt"):   # not to_hf's: never replaced
-        wb.models.to_hf(model, existing, overwrite=True)
+        wb.hf.to_hf(model, existing, overwrite=True)
     assert (existing / "keep.txt").read_text() == "x"
     (existing / "keep.txt").unlink()
-    wb.models.to_hf(model, existing, overwrite=True, max_shard_bytes=30_000)   # to_hf's own
+    wb.hf.to_hf(model, existing, overwrite=True, max_shard_bytes=30_000)   # to_hf's own
     old = {p.name: p.read_bytes() for p in existing.iterdir()}
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        wb.models.to_hf(model, existing)
+        wb.hf.to_hf(model, existing)
     calls = []
 
     def failing(tensors, filename, metadata=None):
@@ -400,7 +400,7 @@ def test_failed_export_leaves_nothing_and_existing_folder_is_kept(hf, tmp_path, 
     real = safetensors.numpy.save_file
     monkeypatch.setattr(safetensors.numpy, "save_file", failing)
     with pytest.raises(OSError, match="disk full"):
-        wb.models.to_hf(model, existing, overwrite=True, max_shard_bytes=30_000)
+        wb.hf.to_hf(model, existing, overwrite=True, max_shard_bytes=30_000)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]   # no partial folder
     assert {p.name: p.read_bytes() for p in existing.iterdir()} == old
 
@@ -418,17 +418,17 @@ def test_tokenizer_larger_than_the_vocab_is_refused_on_import_and_export(hf, tmp
     _tokenizer_json(d / "tokenizer.json", 200)
     with pytest.raises(CheckpointError, match=r"tokenizer .*tokenizer.json has 200 token ids "
                        r"but the model's vocab_size is 128.*own tokenizer files"):
-        wb.models.from_hf(d)
-    model = wb.models.from_hf(hf["llama"][0], mesh=_mesh(data=8))
+        wb.hf.from_hf(d)
+    model = wb.hf.from_hf(hf["llama"][0], mesh=_mesh(data=8))
     big = _tokenizer_json(tmp_path / "big.json", 200)
     with pytest.raises(ValueError, match=r"exporting to .*out: the tokenizer .*big.json has "
                        r"200 token ids.*vocab_size is 128"):
-        wb.models.to_hf(model, tmp_path / "out", tokenizer=big)
+        wb.hf.to_hf(model, tmp_path / "out", tokenizer=big)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
     fits = _tokenizer_json(tmp_path / "tokenizer.json", 100)   # fewer ids than rows: fine
-    out = wb.models.to_hf(model, tmp_path / "out", tokenizer=fits)
+    out = wb.hf.to_hf(model, tmp_path / "out", tokenizer=fits)
     assert (out / "tokenizer.json").read_bytes() == fits.read_bytes()
-    assert wb.models.from_hf(out, mesh=_mesh(data=8)).cfg.vocab_size == 128
+    assert wb.hf.from_hf(out, mesh=_mesh(data=8)).cfg.vocab_size == 128
 
 
 def test_a_crash_mid_export_leaves_no_folder_that_looks_complete(hf, tmp_path, monkeypatch):
@@ -436,9 +436,9 @@ def test_a_crash_mid_export_leaves_no_folder_that_looks_complete(hf, tmp_path, m
     is a hidden ``.<name>.partial-*`` folder without config.json, which from_hf refuses."""
     import safetensors.numpy
 
-    from workbench.models import hf_export
+    from workbench.hf import save as hf_save
 
-    model = wb.models.from_hf(hf["llama"][0], mesh=_mesh(data=8))
+    model = wb.hf.from_hf(hf["llama"][0], mesh=_mesh(data=8))
     real, calls = safetensors.numpy.save_file, []
 
     def dies(tensors, filename, metadata=None):
@@ -448,15 +448,15 @@ def test_a_crash_mid_export_leaves_no_folder_that_looks_complete(hf, tmp_path, m
         return real(tensors, filename, metadata=metadata)
     monkeypatch.setattr(safetensors.numpy, "save_file", dies)
     with pytest.raises(KeyboardInterrupt):
-        wb.models.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
+        wb.hf.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
     assert list(tmp_path.iterdir()) == []
     calls.clear()
-    monkeypatch.setattr(hf_export.shutil, "rmtree", lambda *a, **k: None)   # a SIGKILL
+    monkeypatch.setattr(hf_save.shutil, "rmtree", lambda *a, **k: None)   # a SIGKILL
     with pytest.raises(KeyboardInterrupt):
-        wb.models.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
+        wb.hf.to_hf(model, tmp_path / "out", max_shard_bytes=30_000)
     (left,) = tmp_path.iterdir()
     assert left.name.startswith(".out.partial-") and not (tmp_path / "out").exists()
     assert [p.name for p in left.iterdir()] == ["model-00001-of-00012.safetensors"]   # 1 of 12
     assert not (left / "config.json").exists()
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        wb.models.from_hf(left)
+        wb.hf.from_hf(left)

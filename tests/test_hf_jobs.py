@@ -4,7 +4,7 @@ The job trains a Qwen3 model (made by transformers, random weights) over jax.dis
 on 127.0.0.1 (2 processes x 2 CPU devices: gloo's loopback collectives cost CPU with every
 device of the job, and nothing here needs more); its checkpoint is then exported by a 2-process
 ``python -m workbench export`` job (each process restores only its shards; process 0
-writes) and by ``wb.train.export_run`` in this process. References: the two folders are
+writes) and by ``wb.hf.export_run`` in this process. References: the two folders are
 the same bytes, and transformers' float32 logits of the export equal the workbench
 model's (the GPT with the checkpoint's parameters, restored in this process) within 1e-4.
 """
@@ -35,7 +35,7 @@ def test_two_process_run_exports_like_one_process_and_transformers_reads_it(tmp_
     from workbench.jobs.local import free_port
 
     folder = save(make_model("qwen3"), tmp_path / "qwen3")
-    config = wb.TrainConfig(model=wb.models.hf_config(folder), init=str(folder),
+    config = wb.TrainConfig(model=wb.hf.hf_config(folder), init=str(folder),
                             mesh={"data": 4}, batch=8, seq=16, steps=2, checkpoint_every=2,
                             data="synthetic")
     run_dir = tmp_path / "run"
@@ -51,7 +51,7 @@ def test_two_process_run_exports_like_one_process_and_transformers_reads_it(tmp_
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
     logs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
-    one = wb.train.export_run(run_dir, tmp_path / "one")   # this process, 8 devices
+    one = wb.hf.export_run(run_dir, tmp_path / "one")   # this process, 8 devices
 
     two = tmp_path / "two"
     names = sorted(p.name for p in one.iterdir())
@@ -64,11 +64,11 @@ def test_two_process_run_exports_like_one_process_and_transformers_reads_it(tmp_
 
     from tests.test_hf import RTOL, logits
     from workbench.step import abstract_model
-    from workbench.train.export import restore_params
+    from workbench.hf.export import restore_params
 
     params, cfg, _ = restore_params(run_dir)                # step 2, onto 8 devices here
     want = logits(nnx.merge(abstract_model(cfg)[0], params))
-    start = logits(wb.models.from_hf(folder, mesh=wb.make_mesh(data=8)))
+    start = logits(wb.hf.from_hf(folder, mesh=wb.make_mesh(data=8)))
     assert not np.allclose(want, start)                    # the job did train
     ref = transformers.AutoModelForCausalLM.from_pretrained(two, dtype=torch.float32)
     got, _ = reference(ref, PROMPT, new=1)

@@ -262,21 +262,21 @@ def test_a_run_from_a_relative_init_exports_and_resumes_after_the_folder_moves(
 
     cfg = wb.models.GPTConfig.preset("tiny").replace(n_layers=1, vocab_size=128)
     (tmp_path / "models").mkdir()
-    wb.models.to_hf(GPT(cfg, rngs=nnx.Rngs(0)), tmp_path / "models" / "base")
+    wb.hf.to_hf(GPT(cfg, rngs=nnx.Rngs(0)), tmp_path / "models" / "base")
     monkeypatch.chdir(tmp_path / "models")
-    tc = wb.TrainConfig(model=wb.models.hf_config("base"), init="base", mesh={"data": 8},
+    tc = wb.TrainConfig(model=wb.hf.hf_config("base"), init="base", mesh={"data": 8},
                         batch=8, seq=16, steps=2, checkpoint_every=2, data="synthetic")
     assert tc.init == str(tmp_path / "models" / "base")          # stored absolute
     trainer = wb.Trainer(tc, tmp_path / "run", progress=None)
     trainer.run()
-    want = wb.models.to_hf(trainer.model, tmp_path / "want")
+    want = wb.hf.to_hf(trainer.model, tmp_path / "want")
     trainer.close()
     run = json.loads((tmp_path / "run" / runs.RUN_JSON).read_text())
     assert run["config"]["init"] == run["init"]["path"] == str(tmp_path / "models" / "base")
     shutil.move(tmp_path / "models", tmp_path / "moved")
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
-    out = wb.train.export_run(tmp_path / "run", tmp_path / "out")
+    out = wb.hf.export_run(tmp_path / "run", tmp_path / "out")
     got, ref = load_file(out / "model.safetensors"), load_file(want / "model.safetensors")
     assert sorted(got) == sorted(ref)
     for name in ref:

@@ -27,10 +27,10 @@ import pytest
 
 import workbench as wb
 from workbench.data.tokens import build_token_cache
-from workbench.models import hf_export
+from workbench.hf import save as hf_save
+from workbench.hf.export import restore_params
 from workbench.planning import calibrate
 from workbench.train.checkpoint import CheckpointError, Checkpoints
-from workbench.train.export import restore_params
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8}, batch=8,
@@ -67,7 +67,7 @@ def trained(tmp_path_factory: Any) -> Path:
         trainer.run()
     finally:
         trainer.close()
-    wb.train.export_run(root / "runs" / "a", root / "exported")
+    wb.hf.export_run(root / "runs" / "a", root / "exported")
     return root
 
 
@@ -111,11 +111,11 @@ def _cli_refuses(t: Tree, dst: Path) -> None:
 
 def _to_hf(t: Tree, dst: Path) -> None:
     params, cfg, _ = restore_params(t.run)
-    wb.models.to_hf((params, cfg), dst, overwrite=True)
+    wb.hf.to_hf((params, cfg), dst, overwrite=True)
 
 
 def _export(t: Tree, dst: Path, **kw: Any) -> None:
-    wb.train.export_run(t.run, dst, **{"overwrite": True, **kw})
+    wb.hf.export_run(t.run, dst, **{"overwrite": True, **kw})
 
 
 def _other_tool_folder(t: Tree) -> Path:
@@ -180,7 +180,7 @@ EXPORT_CASES: list[Case] = [
     ("export_run onto a folder of other files", _notes, _export, FileExistsError,
      "holds files to_hf does not write (notes.txt)"),
     ("export_run onto a model folder another tool wrote", _other_tool_folder, _export,
-     FileExistsError, "model.safetensors was not written by wb.models.to_hf"),
+     FileExistsError, "model.safetensors was not written by wb.hf.to_hf"),
     ("export_run onto a to_hf folder with a README added", _with_readme, _export,
      FileExistsError, "holds files to_hf does not write (README.md)"),
     ("export_run onto a symlink to the run", lambda t: _link(t, t.run), _export, ValueError,
@@ -231,7 +231,7 @@ def test_step_999_lists_the_steps_there_are(tree: Tree) -> None:
         ckpts.close()
     assert have == [1, 2]
     with pytest.raises(CheckpointError, match=r"at steps 1, 2 \(in .*checkpoints\): give one"):
-        wb.train.export_run(tree.run, tree.root / "new", step=999)
+        wb.hf.export_run(tree.run, tree.root / "new", step=999)
     assert not (tree.root / "new").exists()
 
 
@@ -239,17 +239,17 @@ def test_a_previous_to_hf_folder_is_still_overwritten(tree: Tree) -> None:
     """The legitimate overwrite: a folder an earlier export wrote is replaced, holding the
     same bytes as a fresh export of the same step, with nothing left beside it; the CLI's
     --overwrite does the same."""
-    fresh = wb.train.export_run(tree.run, tree.root / "fresh", step=1)
+    fresh = wb.hf.export_run(tree.run, tree.root / "fresh", step=1)
     (tree.exported / "tokenizer.json").write_text("{}")   # a file to_hf may write: replaced
-    out = wb.train.export_run(tree.run, tree.exported, step=1, overwrite=True)
+    out = wb.hf.export_run(tree.run, tree.exported, step=1, overwrite=True)
     assert out == tree.exported
     want = {p.name: p.read_bytes() for p in fresh.iterdir()}
     assert {p.name: p.read_bytes() for p in out.iterdir()} == want
     assert sorted(p.name for p in tree.root.iterdir()) == ["exported", "fresh", "runs"]
-    assert hf_export.check_replaceable(out) is None
+    assert hf_save.check_replaceable(out) is None
     res = _cli("export", str(tree.run), str(tree.exported), "--step", "2", "--overwrite")
     assert res.returncode == 0, res.stderr[-2000:]
-    again = wb.train.export_run(tree.run, tree.root / "fresh2", step=2)
+    again = wb.hf.export_run(tree.run, tree.root / "fresh2", step=2)
     assert {p.name: p.read_bytes() for p in tree.exported.iterdir()} == {
         p.name: p.read_bytes() for p in again.iterdir()}
     assert sorted(p.name for p in tree.root.iterdir()) == ["exported", "fresh", "fresh2",
@@ -263,13 +263,13 @@ def test_every_shard_carries_the_mark_in_one_order(tree: Tree) -> None:
     from safetensors import safe_open
 
     params, cfg, _ = restore_params(tree.run)
-    outs = [wb.models.to_hf((params, cfg), tree.root / f"x{i}", max_shard_bytes=20_000)
+    outs = [wb.hf.to_hf((params, cfg), tree.root / f"x{i}", max_shard_bytes=20_000)
             for i in range(5)]
     files = sorted(p.name for p in outs[0].glob("*.safetensors"))
     assert len(files) > 1
     for f in files:
         with safe_open(str(outs[0] / f), "np") as st:
-            assert st.metadata() == hf_export.MARK
+            assert st.metadata() == hf_save.MARK
         assert len({(o / f).read_bytes() for o in outs}) == 1, f
 
 

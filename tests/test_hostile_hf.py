@@ -1,6 +1,6 @@
 """Trust nothing read from disk: hostile Hugging Face folders and exports, one row each.
 
-Reference: a tiny workbench GPT written by ``wb.models.to_hf`` (one file, and sharded with
+Reference: a tiny workbench GPT written by ``wb.hf.to_hf`` (one file, and sharded with
 an index) loads back with every parameter equal. Each row damages one thing: a
 ``config.json`` field of the wrong type or range (``"hidden_size": 64.9`` must not become
 64), a binary / list-shaped / truncated JSON file, an index whose shards point outside the
@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench.models.hf import CheckpointError, HFConfigError
+from workbench.hf.load import CheckpointError, HFConfigError
 
 CFG = wb.models.GPTConfig.preset("tiny").replace(n_layers=1, vocab_size=128)
 
@@ -32,8 +32,8 @@ def model():
 @pytest.fixture(scope="module")
 def folders(model, tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile-hf")
-    single = wb.models.to_hf(model, root / "single")
-    sharded = wb.models.to_hf(model, root / "sharded", max_shard_bytes=40_000)
+    single = wb.hf.to_hf(model, root / "single")
+    sharded = wb.hf.to_hf(model, root / "sharded", max_shard_bytes=40_000)
     assert (sharded / "model.safetensors.index.json").is_file()
     return {"single": single, "sharded": sharded}
 
@@ -55,7 +55,7 @@ def _copy(folders, which, tmp_path):
 
 @pytest.mark.parametrize("which", ["single", "sharded"])
 def test_the_clean_folders_load_every_parameter(model, folders, which):
-    _assert_same_params(wb.models.from_hf(folders[which]), model)
+    _assert_same_params(wb.hf.from_hf(folders[which]), model)
 
 
 # -- config.json ------------------------------------------------------------------------
@@ -114,7 +114,7 @@ def test_a_bad_config_field_is_named_with_its_file(folders, tmp_path, case):
     folder = _copy(folders, "single", tmp_path)
     file = folder / "config.json"
     file.write_text(json.dumps(change(json.loads(file.read_text()))))
-    for load in (wb.models.hf_config, wb.models.from_hf):
+    for load in (wb.hf.hf_config, wb.hf.from_hf):
         with pytest.raises(HFConfigError) as err:
             load(folder)
         assert str(err.value).startswith(f"{file}: {says}"), str(err.value)
@@ -124,8 +124,8 @@ def test_a_whole_float_is_a_whole_number(model, folders, tmp_path):
     folder = _copy(folders, "single", tmp_path)
     file = folder / "config.json"
     file.write_text(json.dumps(_edit(hidden_size=64.0)(json.loads(file.read_text()))))
-    assert wb.models.hf_config(folder) == wb.models.hf_config(folders["single"])
-    _assert_same_params(wb.models.from_hf(folder), model)
+    assert wb.hf.hf_config(folder) == wb.hf.hf_config(folders["single"])
+    _assert_same_params(wb.hf.from_hf(folder), model)
 
 
 FILE_ROWS = {   # what config.json is -> the error after "<file> "
@@ -142,7 +142,7 @@ def test_a_config_json_that_is_no_object_is_named(folders, tmp_path, case):
     folder = _copy(folders, "single", tmp_path)
     (folder / "config.json").write_bytes(raw)
     with pytest.raises(HFConfigError) as err:
-        wb.models.from_hf(folder)
+        wb.hf.from_hf(folder)
     assert str(err.value).startswith(f"{folder / 'config.json'} {says}")
 
 
@@ -177,7 +177,7 @@ def test_a_bad_index_is_refused_and_shards_stay_inside_the_folder(folders, tmp_p
                                                   "model.embed_tokens.weight": new}}).encode()
     index.write_bytes(new)
     with pytest.raises(CheckpointError) as err:
-        wb.models.from_hf(folder)
+        wb.hf.from_hf(folder)
     assert str(err.value).startswith(f"{index}{says}"), str(err.value)
     assert outside
 
@@ -196,7 +196,7 @@ def test_non_finite_weights_are_refused_as_they_stream(folders, tmp_path, value,
     tensors[name][3, 5] = value
     save_file(tensors, str(file), metadata={"format": "pt"})
     with pytest.raises(CheckpointError) as err:
-        wb.models.from_hf(folder)
+        wb.hf.from_hf(folder)
     assert str(err.value).startswith(
         f"tensor {name!r} in {file} (parameter blocks.0.mlp.down) holds 1 non-finite "
         f"value(s) ({kinds}) in the block read")
@@ -234,11 +234,11 @@ def test_an_export_that_cannot_hold_the_model_is_refused_before_any_file(model, 
                                                                          case):
     kwargs, cls, says = EXPORT_ROWS[case]
     with pytest.raises(cls, match="^" + re.escape(says)):
-        wb.models.to_hf(model, tmp_path / "out", **kwargs)
+        wb.hf.to_hf(model, tmp_path / "out", **kwargs)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_family_that_holds_the_model_exports_it(model, tmp_path):
-    out = wb.models.to_hf(model, tmp_path / "out", family="mistral", dtype="float32")
+    out = wb.hf.to_hf(model, tmp_path / "out", family="mistral", dtype="float32")
     assert json.loads((out / "config.json").read_text())["model_type"] == "mistral"
-    _assert_same_params(wb.models.from_hf(out), model)
+    _assert_same_params(wb.hf.from_hf(out), model)
