@@ -1,7 +1,7 @@
-"""Normal operations print nothing from third-party libraries: ``wb.simulate_devices``
-then ``jax.devices()`` in a plain script (libtpu's TPU probe), and opening a run's
-checkpoints read-only (Orbax's absl warnings). tests/test_notebooks.py checks every
-notebook's stderr the same way (tests/_noise.py)."""
+"""Normal operations print nothing from third-party libraries: JAX's start after
+``wb.simulate_devices`` in a plain script or in the CLI's worker (libtpu's TPU probe),
+and opening a run's checkpoints read-only (Orbax's absl warnings).
+tests/test_notebooks.py checks every notebook's outputs the same way (tests/_noise.py)."""
 from __future__ import annotations
 
 import logging
@@ -37,16 +37,28 @@ def _run(script: str) -> subprocess.CompletedProcess[str]:
                           timeout=300, env=env)
 
 
+#: How ``python -m workbench train`` (and a launched worker) starts JAX: without
+#: JAX_PLATFORMS or --platform, JAX picks the platform.
+CLI_WORKER = """
+from workbench.jobs.cluster import DistributedSpec, initialize
+print(initialize(DistributedSpec()))
+import jax
+print(jax.devices()[0].platform)
+"""
+
+
 @pytest.mark.multiprocess
-def test_simulate_devices_then_jax_devices_prints_nothing_from_libtpu():
-    out = _run(SCRIPT.format(before=""))
+@pytest.mark.parametrize("script", [SCRIPT.format(before=""), CLI_WORKER],
+                         ids=["simulate_devices", "cli_worker"])
+def test_starting_jax_prints_nothing_from_libtpu(script):
+    out = _run(script)
     assert out.returncode == 0, out.stderr[-3000:]
     platform = "tpu" if tpu_chips_attached() else "cpu"
-    assert out.stdout.split()[1] == platform, out.stdout + out.stderr[-3000:]
-    if platform == "cpu":
+    assert out.stdout.split()[-1] == platform, out.stdout + out.stderr[-3000:]
+    if platform == "cpu" and script != CLI_WORKER:
         assert out.stdout.split()[0] == "8", out.stdout
     noise = [line for line in out.stderr.splitlines() if THIRD_PARTY_NOISE.search(line)]
-    assert not noise, "wb.simulate_devices(8); jax.devices() printed:\n" + "\n".join(noise)
+    assert not noise, f"{script.strip()}\nprinted:\n" + "\n".join(noise)
 
 
 @pytest.mark.multiprocess

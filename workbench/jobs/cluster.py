@@ -145,6 +145,10 @@ def initialize(spec: DistributedSpec) -> str:
     platform = spec.platform or os.environ.get("JAX_PLATFORMS", "").split(",")[0] or None
     if platform:
         jax.config.update("jax_platforms", platform)
+    else:   # JAX's choice, without libtpu's probe where no TPU chip is attached
+        from workbench.hardware.libtpu import quiet_libtpu
+
+        quiet_libtpu()
     if platform == "cpu" and spec.devices_per_process:
         _set_cpu_devices(spec.devices_per_process)
 
