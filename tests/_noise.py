@@ -1,8 +1,8 @@
-"""What a learner must not see on stderr: the log lines of absl, Orbax, libtpu and other
+"""What a learner must not see in a notebook: the log lines of absl, Orbax, libtpu and other
 installed packages (tests/test_notebooks.py, tests/test_quiet.py)."""
 import re
 
-#: stderr lines a learner must not see: what absl (Orbax logs through it), libtpu and
+#: Output lines a learner must not see: what absl (Orbax logs through it), libtpu and
 #: other installed packages print. absl's Python logger without a handler of its own
 #: ("WARNING:absl:..."); the absl/glog line prefix of absl's Python handler and of C++
 #: logging (XLA, libtpu: "E0000 00:00:1795870317.188758    1543 common_lib.cc:554] ...");
