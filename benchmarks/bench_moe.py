@@ -10,7 +10,7 @@ bytes of the compiled program vs the hand count.
   memory), not a speed-up.
 - Bytes: ``wb.plan`` compiles the EP step; the all-to-alls over the ``expert`` axis in its
   optimized HLO (``plan.collectives``), bytes x count per step, against
-  ``workbench.planning.analytic.moe_collectives`` (4 per MoE layer of the ``(E, C, D)``
+  ``workbench.perf.analytic.moe_collectives`` (4 per MoE layer of the ``(E, C, D)``
   buffer; all-gather dispatch: 2 gathers of ``n*G*D`` and 2 reduce-scatters of ``G*D``).
 
 The TPU plans of grouped MoE at Mixtral's shapes are ``bench_moe_plans``.
@@ -85,7 +85,7 @@ def _step_times(cfg: Any) -> dict[str, Any]:
 
 def _bytes(cfg: Any) -> dict[str, Any]:
     import workbench as wb
-    from workbench.planning import analytic
+    from workbench.perf import analytic
 
     out = {}
     for dispatch in ("all_to_all", "all_gather"):

@@ -30,7 +30,7 @@ Rows (``--out DIR/rows.json``): ``"mfu, <case>, workbench <variant>"``, ``"mfu, 
 pytorch"`` (value: MFU as a fraction) and ``"vs pytorch, <case>, <variant>"`` (workbench
 tokens/s over PyTorch's, window medians), with the device, the versions and the command.
 ``--profile`` also traces the fastest workbench variant of each case
-(``workbench.planning.trace.read_trace``: time per category and the top ops) and PyTorch
+(``workbench.perf.trace.read_trace``: time per category and the top ops) and PyTorch
 (``torch.profiler``: top kernels), into ``DIR/profile-<case>.txt``.
 """
 from __future__ import annotations
@@ -270,7 +270,7 @@ def jax_child(args: argparse.Namespace) -> None:
                 reply["self_calibrated"] = plan.predict().step_seconds
             _reply(reply)
         elif cmd["cmd"] == "profile":
-            from workbench.planning.trace import read_trace
+            from workbench.perf.trace import read_trace
 
             directory = Path(tempfile.mkdtemp(prefix="trace-"))
             with jax.profiler.trace(str(directory)):
@@ -286,7 +286,7 @@ def jax_child(args: argparse.Namespace) -> None:
                 Path(cmd["hlo"]).write_bytes(gzip.compress(hlo.encode()))
             if cmd.get("trace"):   # the XSpace itself, for reading again elsewhere
                 import shutil
-                from workbench.planning.trace import trace_files
+                from workbench.perf.trace import trace_files
                 shutil.copy(trace_files(directory)[-1], cmd["trace"])
             _reply({"table": text, "categories": prof.categories,
                     "step_seconds": prof.step_seconds})

@@ -4,7 +4,7 @@ variant's gathers and reduce-scatters, and the zig-zag reorders, per step and pe
 
 References: the same config compiled for 8 CPU devices (``plan.collectives``, read from
 the HLO with ``parse_collectives``), the TPU compiler's HLO where it is installed, and the
-K/V bytes of ``planning.attention_cost.kv_bytes_per_device``.
+K/V bytes of ``perf.attention_cost.kv_bytes_per_device``.
 """
 import collections
 import re
@@ -14,8 +14,8 @@ import pytest
 import workbench as wb
 from workbench.models import GPTConfig
 from workbench.models import context as C
-from workbench.planning import attention_cost
-from workbench.planning import analytic
+from workbench.perf import attention_cost
+from workbench.perf import analytic
 from workbench.topology import tpu_compiler_available
 
 pytestmark = pytest.mark.usefixtures("wb_cache")

@@ -8,7 +8,7 @@ import pytest
 
 import workbench as wb
 from workbench.models import GPTConfig, attention as A
-from workbench.planning import attention_cost
+from workbench.perf import attention_cost
 from workbench.rules import Rules
 from workbench.step import init_state, make_train_step
 

@@ -10,7 +10,7 @@ import workbench as wb
 from benchmarks import bench_calibration as bc
 from workbench import hardware as hw
 from workbench.models import GPTConfig
-from workbench.planning import analytic
+from workbench.perf import analytic
 
 TINY = GPTConfig.preset("tiny")
 
@@ -169,8 +169,8 @@ def test_two_process_mesh_is_predictable():
     """A mesh spanning two processes (abstract CPU hosts) times its collectives over the
     loopback entry instead of raising for a missing network bandwidth."""
     from workbench.mesh import MeshInfo
-    from workbench.planning.hlo import Collective
-    from workbench.planning.predict import collective_seconds
+    from workbench.perf.hlo import Collective
+    from workbench.perf.predict import collective_seconds
 
     jax.devices()
     info = MeshInfo(axis_names=("data",), axis_sizes=(8,), device_ids=np.arange(8),

@@ -21,7 +21,7 @@ import workbench as wb
 from workbench import step as S
 from workbench.models import GPTConfig
 from workbench.models import context as C
-from workbench.planning import attention_cost
+from workbench.perf import attention_cost
 
 from _tolerance import assert_close_at_scale
 

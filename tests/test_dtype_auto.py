@@ -16,7 +16,7 @@ from workbench import runs
 from workbench.models import GPT, GPTConfig
 from workbench.models.config import AUTO_DTYPES, resolve_dtype
 from workbench.hf.families import to_gpt_config
-from workbench.planning import analytic
+from workbench.perf import analytic
 from workbench.planning.report import PlanReport
 from workbench.rules import Rules
 from workbench.train.metrics import ProgressLine

@@ -16,7 +16,7 @@ from flax import nnx
 import workbench as wb
 from workbench.hardware import hardware_spec
 from workbench.models import GPT, GPTConfig
-from workbench.planning.hlo import compiler_cycles, computation_multiplicity
+from workbench.perf.hlo import compiler_cycles, computation_multiplicity
 from workbench.step import lm_loss, make_train_step
 from workbench.topology import tpu_compiler_available
 

@@ -23,7 +23,7 @@ from workbench import runs
 from workbench import step as S
 from workbench.models import GPTConfig
 from workbench.models.moe import capacity
-from workbench.planning import analytic
+from workbench.perf import analytic
 from workbench.rules import Rules
 
 pytestmark = pytest.mark.usefixtures("wb_cache")

@@ -14,8 +14,8 @@ import pytest
 
 import workbench as wb
 from workbench.models import GPTConfig
-from workbench.planning import analytic
-from workbench.planning.hlo import parse_collectives
+from workbench.perf import analytic
+from workbench.perf.hlo import parse_collectives
 from workbench.topology import tpu_compiler_available
 
 pytestmark = [

@@ -27,7 +27,7 @@ import pytest
 import workbench as wb
 from workbench import step as S
 from workbench.models import GPTConfig
-from workbench.planning import analytic
+from workbench.perf import analytic
 from workbench.rules import Rules
 from workbench.topology import tpu_compiler_available
 

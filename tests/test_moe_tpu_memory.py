@@ -36,7 +36,7 @@ import pytest
 
 import workbench as wb
 from workbench.models import GPTConfig
-from workbench.planning import analytic
+from workbench.perf import analytic
 from workbench.topology import tpu_compiler_available
 
 needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),

@@ -17,10 +17,10 @@ import pytest
 import workbench as wb
 from workbench.hardware import hardware_spec
 from workbench.models import GPTConfig
-from workbench.planning import analytic
-from workbench.planning.bounds import MFU_CEILING
-from workbench.planning.hlo import computation_multiplicity
-from workbench.planning.predict import predict
+from workbench.perf import analytic
+from workbench.perf.bounds import MFU_CEILING
+from workbench.perf.hlo import computation_multiplicity
+from workbench.perf.predict import predict
 from workbench.topology import tpu_compiler_available
 
 needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),

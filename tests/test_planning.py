@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench.planning.hlo import groups_to_axes, parse_collectives, parse_replica_groups
+from workbench.perf.hlo import groups_to_axes, parse_collectives, parse_replica_groups
 from workbench.models import GPTConfig, MLPClassifier, classifier_loss
 from workbench.rules import Rules
 from workbench.step import TrainState

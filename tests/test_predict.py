@@ -5,8 +5,8 @@ import pytest
 
 import workbench as wb
 from workbench.hardware import hardware_spec
-from workbench.planning.hlo import Collective
-from workbench.planning.predict import predict
+from workbench.perf.hlo import Collective
+from workbench.perf.predict import predict
 
 
 def _gather(nbytes, n, axes, kind="all-gather", count=1):

@@ -23,7 +23,8 @@ PUBLIC_MODULES = (
     "workbench.data", "workbench.train", "workbench.runs", "workbench.jobs",
     "workbench.hardware", "workbench.mesh", "workbench.layouts", "workbench.rules",
     "workbench.flops", "workbench.step", "workbench.topology", "workbench.planning",
-    "workbench.planning.search", "workbench.planning.predict", "workbench.planning.analytic",
+    "workbench.planning.search", "workbench.perf", "workbench.perf.formulas",
+    "workbench.perf.predict", "workbench.perf.analytic",
     "workbench.exercises", "workbench.widgets",
 )
 #: What readers of the project are shown: the notebooks, the README, the user guides.

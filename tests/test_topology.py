@@ -12,7 +12,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import workbench as wb
-from workbench.planning.hlo import parse_collectives
+from workbench.perf.hlo import parse_collectives
 from workbench.topology import topology_name, tpu_compiler_available, tpu_devices, tpu_target
 
 needs_libtpu = pytest.mark.skipif(

@@ -24,7 +24,7 @@ from workbench.planning.flags import OVERLAP_FLAGS
 from workbench.mesh import mesh_info
 from workbench.models import GPTConfig
 from workbench.planning import compile as plan_compile
-from workbench.planning.hlo import parse_collectives
+from workbench.perf.hlo import parse_collectives
 from workbench.rules import Rules
 from workbench.step import abstract_batch, abstract_train_state, jit_train_step, make_train_step
 from workbench.step import model_factory
@@ -349,7 +349,7 @@ def test_collectives_inside_a_scanned_loop_count_once_per_iteration():
     loop body's instructions by the trip count read from the loop condition."""
     from jax.sharding import PartitionSpec as P
 
-    from workbench.planning.hlo import loop_trip_counts
+    from workbench.perf.hlo import loop_trip_counts
 
     mesh = wb.make_mesh(data=8)
 

@@ -316,8 +316,8 @@ def test_devices_table(tmp_path):
 
 
 def test_profile_widget_draws_one_pair_of_bars_per_term(tmp_path):
-    from workbench.planning.profile import profile_report
-    from workbench.planning.trace import StepProfile
+    from workbench.perf.profile import profile_report
+    from workbench.perf.trace import StepProfile
     from workbench.widgets.profile_view import profile_payload
 
     pred = {"step_seconds": 0.03, "sources": {}, "breakdown": {

@@ -41,8 +41,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "compare": ("workbench.planning", "compare"),
     "search": ("workbench.planning.search", "search"),
     "SearchResult": ("workbench.planning.search", "SearchResult"),
-    "calibrate": ("workbench.planning.calibrate", "calibrate"),
-    "remove_calibration": ("workbench.planning.calibrate", "remove_calibration"),
+    "calibrate": ("workbench.perf.calibrate", "calibrate"),
+    "remove_calibration": ("workbench.perf.calibrate", "remove_calibration"),
     "profile_step": ("workbench.train.profile", "profile_step"),
     "TrainConfig": ("workbench.train", "TrainConfig"),
     "Trainer": ("workbench.train", "Trainer"),
@@ -61,6 +61,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "runs": ("workbench.runs", None),
     "data": ("workbench.data", None),
     "train": ("workbench.train", None),
+    "perf": ("workbench.perf", None),
 }
 
 __all__ = sorted(_EXPORTS)
@@ -82,7 +83,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from workbench import data, hf, models, runs, train
+    from workbench import data, hf, models, perf, runs, train
     from workbench.hardware import DeviceInfo, devices, peak_flops, simulate_devices
     from workbench.exercises import exercise
     from workbench.jobs import Hosts, Job, Local, Slurm, TPUSlice, attach, launch
@@ -90,7 +91,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench.mesh import MeshInfo, abstract_mesh, make_mesh
     from workbench.models.generate import generate
     from workbench.planning import Plan, compare, plan
-    from workbench.planning.calibrate import calibrate, remove_calibration
+    from workbench.perf.calibrate import calibrate, remove_calibration
     from workbench.planning.search import SearchResult, search
     from workbench.train.profile import profile_step
     from workbench.rules import Rules

@@ -119,7 +119,7 @@ print(f"30 steps: largest loss difference expert=4 x data=2 vs data=8: {diff:.1e
 # bytes here, in fewer, larger collectives:
 
 # %%
-from workbench.planning import analytic
+from workbench.perf import formulas
 
 tiny_moe = GPTConfig.preset("moe-tiny", seq_len=64)
 for dispatch in ("all_to_all", "all_gather"):
@@ -129,7 +129,7 @@ for dispatch in ("all_to_all", "all_gather"):
     for col in p.collectives:
         if col.axes == ("expert",) and col.kind != "all-reduce":
             print(f"   {col.kind:<15} {col.count} x {col.bytes:>7,} B  {col.shapes[0]}")
-    for h in analytic.moe_collectives(c, p.rules, p.mesh, 8, 64):
+    for h in formulas.moe_collectives(c, p.rules, p.mesh, 8, 64):
         print(f"   hand count: {h.kind:<15} {h.count} x {h.bytes:>7,} B")
 
 # %% [markdown]

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench.flops import compiled_flops
-from workbench.planning.hlo import KINDS, Collective, parse_collectives
+from workbench.perf.hlo import KINDS, Collective, parse_collectives
 from workbench.exercises._core import (
     Exercise,
     Result,
@@ -31,7 +31,7 @@ class Compiled:
     """What XLA made of a jitted function on a mesh.
 
     Attributes:
-      collectives: the collectives of the compiled program (``workbench.planning.hlo``).
+      collectives: the collectives of the compiled program (``workbench.perf.hlo``).
       flops: FLOPs each device executes (``compiled.cost_analysis()``).
     """
 

@@ -40,7 +40,7 @@ class HardwareSpec:
       network_bandwidth: GPU scale-out (InfiniBand) bytes/s per GPU, one direction.
         (For the CPU entry, ``nvlink_bandwidth`` is the in-process copy bandwidth.)
       clock_hz: TPU TensorCore clock (cycles/s): converts the TPU compiler's per-instruction
-        ``estimated_cycles`` into seconds (``workbench.planning.hlo.compiler_cycles``).
+        ``estimated_cycles`` into seconds (``workbench.perf.hlo.compiler_cycles``).
       collective_latency: seconds each collective instruction costs whatever its size
         (measured for the CPU entry, where XLA:CPU synchronises the device threads; None
         in the published tables: bandwidth-only).

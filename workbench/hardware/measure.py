@@ -128,7 +128,7 @@ def measured_cpu_collective_bandwidth(*, refresh: bool = False, mib: int = 8) ->
 
     A jitted ``psum`` of ``mib`` MiB per device over every local CPU device is timed (best
     of 5 after a warm-up) and turned into a link bandwidth with the ring formula that
-    ``workbench.planning.predict`` applies to it: ``W = 2 (n-1)/n x bytes / time``. XLA:CPU
+    ``workbench.perf.predict`` applies to it: ``W = 2 (n-1)/n x bytes / time``. XLA:CPU
     runs it through host memory on the cores the devices share, so this includes that
     sharing (and, in a ``jax.distributed`` process on CPU, gloo's in-process path).
     """

@@ -19,7 +19,7 @@
 
 :func:`check` validates an implementation against a platform and shapes before anything
 is traced or compiled; what a kernel computes (a compiler's ``cost_analysis()`` does not
-count Pallas kernels) is counted by :func:`workbench.planning.attention_cost.kernel_flops`.
+count Pallas kernels) is counted by :func:`workbench.perf.attention_cost.kernel_flops`.
 """
 from __future__ import annotations
 

@@ -6,14 +6,18 @@ Modules: ``planner`` (``plan()``, ``compare()``) runs the ``stages``: resolve th
 choose the compile target (the devices at hand, the TPU compiler for an abstract TPU
 slice, or formulas), build the abstract step (the Trainer's own, from ``workbench.step``),
 ``measure`` (compile, or estimate), lint; ``compile`` (compiles in a worker thread:
-progress, Ctrl-C, in-process and on-disk caches), ``report`` (``PlanReport``: the
-serialisable numbers with their text and dict forms, and ``Comparison``), ``handle``
-(``Plan``: the report with the runnable step, ``materialize``), ``predict`` (the roofline behind ``Plan.predicted``), ``analytic``
-(formulas for abstract meshes, calibrated in BENCHMARKS.md), ``lints`` (layout mistakes),
-``hlo`` (collectives read from the compiled program), ``search`` / ``search_space`` /
-``search_result`` (``wb.search``: layouts ranked by predicted step time).
+progress, Ctrl-C, in-process and on-disk caches; ``flags``: the overlap options),
+``report`` (``PlanReport``: the serialisable numbers with their text and dict forms, and
+``Comparison``; ``serialise``: its JSON), ``handle`` (``Plan``: the report with the
+runnable step, ``materialize``), ``lints`` (layout mistakes), ``activations`` (the
+step's tensors and why each collective runs), ``schedule`` (a pipeline's timeline),
+``search`` / ``search_space`` / ``search_result`` (``wb.search``: layouts ranked by
+predicted step time). How long a step takes (the HLO cost reading, the roofline, the
+formulas, traces, profiles, calibration) is ``workbench.perf``; its modules' old paths
+here (``planning.predict``, ``planning.analytic``, ...) still import, with a
+DeprecationWarning.
 """
-from workbench.planning.hlo import Collective
+from workbench.perf.hlo import Collective
 from workbench.planning.lints import Lint
 from workbench.planning.handle import Plan
 from workbench.planning.planner import compare, plan

@@ -21,8 +21,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from workbench.layouts import format_bytes
-from workbench.planning.analytic import batch_axes
-from workbench.planning.hlo import Collective
+from workbench.perf.analytic import batch_axes
+from workbench.perf.hlo import Collective
 from workbench.rules import Rules, recording
 
 __all__ = ["Activation", "CollectiveLayouts", "collective_layouts", "explain_collectives",
@@ -287,7 +287,7 @@ def collective_layouts(plan: Any, index: int) -> CollectiveLayouts:
     in the instruction).
     """
     from workbench.layouts import layout
-    from workbench.planning.hlo import HloGraph
+    from workbench.perf.hlo import HloGraph
 
     c = plan.collectives[index]
     axes = tuple(c.axes)

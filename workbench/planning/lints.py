@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from workbench.planning.attention_cost import kv_bytes_per_device
-from workbench.planning.hlo import Collective, Reshard
-from workbench.planning.analytic import (axes_size, batch_axes, fsdp_axes,
+from workbench.perf.attention_cost import kv_bytes_per_device
+from workbench.perf.hlo import Collective, Reshard
+from workbench.perf.analytic import (axes_size, batch_axes, fsdp_axes,
                                          weight_axes)
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
@@ -243,7 +243,7 @@ def context_parallel(cfg: Any, rules: Rules, mesh: MeshInfo, seq: int,
                      batch: int) -> list[Lint]:
     """Context parallelism (``seq`` sharded over mesh axes): a sequence the context axes do
     not divide (error), ring attention over slow links (warning), and the K/V bytes each
-    device receives per layer (info; hand count of :mod:`workbench.planning.attention_cost`)."""
+    device receives per layer (info; hand count of :mod:`workbench.perf.attention_cost`)."""
     axes = rules.axes("seq", mesh.shape)
     if not axes:
         return []

@@ -15,11 +15,11 @@ import jax
 from workbench._display import status_line
 from workbench._notebook import in_notebook
 from workbench.layouts import format_bytes
-from workbench.planning import analytic
+from workbench.perf import analytic
 from workbench.planning.activations import explain_collectives
 from workbench.planning.compile import compile_lowered
 from workbench.planning.flags import retry_options
-from workbench.planning.hlo import Collective, parse_collectives, parse_reshards
+from workbench.perf.hlo import Collective, parse_collectives, parse_reshards
 
 __all__ = ["CompileOutcome", "Measured", "Target", "compile_step", "measure", "say_once"]
 

@@ -29,7 +29,7 @@ import optax
 from workbench._validate import check_int
 from workbench.models import GPTConfig
 from workbench.models.pipeline import Pipeline
-from workbench.planning import analytic
+from workbench.perf import analytic
 from workbench.planning.handle import Plan
 from workbench.planning.report import CompiledNumbers, Comparison, PlanReport
 from workbench.planning.measure import Measured, measure

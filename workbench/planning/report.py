@@ -17,13 +17,13 @@ from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
 from workbench.models.config import REMAT_POLICIES
-from workbench.planning.analytic import (batch_axes, compute_split, moe_padding_flops,
+from workbench.perf.analytic import (batch_axes, compute_split, moe_padding_flops,
                                          weight_axes)
-from workbench.planning.attention_cost import kernel_flops
-from workbench.planning.hlo import (Collective, compiler_cycles, loop_trip_counts,
+from workbench.perf.attention_cost import kernel_flops
+from workbench.perf.hlo import (Collective, compiler_cycles, loop_trip_counts,
                                     unestimated_instructions)
 from workbench.planning.lints import Lint
-from workbench.planning.predict import Prediction, predict
+from workbench.perf.predict import Prediction, predict
 from workbench.planning.serialise import report_fields, report_to_json
 from workbench.rules import Rules
 
@@ -278,7 +278,7 @@ class PlanReport:
 
     def predict(self, *, hardware: Any = None, overlap: float | None = None,
                 calibration: Any = None) -> Prediction:
-        """A prediction of one step (``workbench.planning.predict``) from this plan's
+        """A prediction of one step (``workbench.perf.predict``) from this plan's
         FLOPs, HBM bytes and collectives: compiled numbers where there are, else the
         analytic ones. A TPU-compiled plan times its local work with the TPU compiler's
         own cycle estimates (``compiler_cycles``) at the chip's clock, unless
@@ -349,7 +349,7 @@ class PlanReport:
     @property
     def kernel_flops(self) -> float:
         """FLOPs of the fused attention kernel in one step, all devices, by formula
-        (``workbench.planning.attention_cost.kernel_flops``); 0 for XLA attention."""
+        (``workbench.perf.attention_cost.kernel_flops``); 0 for XLA attention."""
         impl = self.attention.split(":")[0]
         if self.cfg is None or impl in ("", "xla"):
             return 0.0

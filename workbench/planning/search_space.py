@@ -16,7 +16,7 @@ from workbench._validate import check_int
 from workbench.mesh import abstract_mesh, make_mesh, mesh_info
 from workbench.models import GPTConfig
 from workbench.models.config import REMAT_POLICIES
-from workbench.planning.analytic import axes_size
+from workbench.perf.analytic import axes_size
 from workbench.rules import Rules
 
 __all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "EXPERT_STRATEGIES", "Candidate",

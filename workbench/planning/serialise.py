@@ -15,7 +15,7 @@ from workbench.flops import FlopCount
 from workbench.layouts import Layout
 from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
-from workbench.planning.hlo import Collective
+from workbench.perf.hlo import Collective
 from workbench.planning.lints import Lint
 from workbench.rules import Rules
 

@@ -25,7 +25,8 @@ from workbench.models.adapters import ModelSpec, resolve_rules
 from workbench.models.config import remat_policy, resolve_dtype
 from workbench.models.pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipeline,
                                        check_rules, stages_of)
-from workbench.planning import analytic, lints
+from workbench.perf import analytic
+from workbench.planning import lints
 from workbench.planning.flags import compile_options
 from workbench.planning.lints import Lint
 from workbench.planning.measure import Measured, Target, measure

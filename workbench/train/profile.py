@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from workbench._validate import check_int, check_path
-from workbench.planning.trace import host_core_ids, host_cores
+from workbench.perf.trace import host_core_ids, host_cores
 
 __all__ = ["MAX_STEPS", "ProfileError", "capture", "check_directory", "check_idle",
            "profile_step"]
@@ -227,10 +227,10 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
       seed: the parameters' and tokens' seed.
 
     Returns:
-      A ``workbench.planning.profile.ProfileReport``.
+      A ``workbench.perf.profile.ProfileReport``.
     """
-    from workbench.planning.profile import profile_report
-    from workbench.planning.trace import read_trace
+    from workbench.perf.profile import profile_report
+    from workbench.perf.trace import read_trace
 
     steps, warmup = check_steps(steps, warmup, "profile_step: ")
     seed = check_int(seed, "seed", minimum=0, maximum=2**32 - 1, where="profile_step: ")
@@ -340,8 +340,8 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 3, plan: Any 
     """:meth:`workbench.train.trainer.Trainer.profile`: ``warmup`` untraced steps, then
     ``steps`` traced ones, both trained and recorded as usual; the trace into
     ``run_dir/profiles/<first traced step>``; the report beside it."""
-    from workbench.planning.profile import profile_report
-    from workbench.planning.trace import read_trace
+    from workbench.perf.profile import profile_report
+    from workbench.perf.trace import read_trace
 
     steps, warmup = check_steps(steps, warmup, "Trainer.profile: ")
     if getattr(trainer, "_closed", False):

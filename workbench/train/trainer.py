@@ -531,7 +531,7 @@ class Trainer(Displayable):
         Trains ``warmup`` steps, then ``steps`` more under a ``jax.profiler`` trace (both
         recorded as usual), written to ``run_dir/profiles/<first traced step>`` (open it
         with ``xprof --logdir <run_dir>/profiles``), and lines the trace up against the
-        plan's prediction (``workbench.planning.profile.ProfileReport``, also saved
+        plan's prediction (``workbench.perf.profile.ProfileReport``, also saved
         there as ``report.json``); ``wb.calibrate(report)`` feeds it back into predictions.
 
         Args:
