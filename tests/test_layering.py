@@ -269,8 +269,8 @@ def test_the_import_reader_resolves_submodules_of_a_package():
 def test_no_package_has_an_import_cycle(folder):
     """Within every package the modules form a tree (a DAG): counting every import that
     can run, those inside functions too, so no lazy import hides a cycle. (Imports under
-    ``if TYPE_CHECKING:`` never run: ``workbench.tracing`` names the types of ``rules``
-    and of the pipeline it carries that way.)"""
+    ``if TYPE_CHECKING:`` never run and are left out here; across the whole package,
+    test_import_graph.py counts them, with every module-level import.)"""
     graph = package_graph(folder, type_checking=False)
     assert len(graph) >= 2 or folder.name == "exercises", graph
     assert import_cycle(graph) is None, import_cycle(graph)

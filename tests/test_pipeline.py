@@ -17,7 +17,7 @@ import workbench as wb
 from workbench import runs
 from workbench.models import GPT, GPTConfig
 from workbench.models.pipeline import Pipeline, activate
-from workbench.planning.schedule import in_flight, schedule_bubble, timeline
+from workbench.models.schedule import in_flight, schedule_bubble, timeline
 
 from _tolerance import assert_close_at_scale
 

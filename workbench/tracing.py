@@ -13,6 +13,12 @@ a ``with`` block and restores them after, nested blocks layering on the outer on
 
 Only inputs flow in this way. Values that flow *out* of a model (MoE router statistics)
 are returned by the layers, through ``scan``, ``remat`` and the pipeline, to the caller.
+
+This module is the bottom of the tree: ``rules`` and ``models`` import it, so it names
+none of their types (not even for annotations, which would make two modules that need
+each other). It carries their values; each owner reads its own through a typed accessor:
+``workbench.rules.active()`` -> ``(Rules, mesh)``, ``workbench.models.pipeline.active()``
+-> ``(Pipeline, stages)``.
 """
 from __future__ import annotations
 
@@ -20,11 +26,7 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:   # types only: rules and models import this module
-    from workbench.models.pipeline import Pipeline
-    from workbench.rules import Rules
+from typing import Any
 
 __all__ = ["ActivationRecord", "TraceContext", "current", "scoped"]
 
@@ -48,14 +50,14 @@ class TraceContext:
         stages: the pipeline's stages (size of the ``stage`` mesh axis).
     """
 
-    rules: Rules | None = None
+    rules: Any = None   # a workbench.rules.Rules (see the module's docstring)
     mesh: Any = None
     record: list[ActivationRecord] | None = None
-    pipeline: Pipeline | None = None
+    pipeline: Any = None   # a workbench.models.pipeline.Pipeline
     stages: int = 1
 
     @property
-    def sharding(self) -> tuple[Rules, Any] | None:
+    def sharding(self) -> tuple[Any, Any] | None:
         """``(rules, mesh)`` when rules are active, else None."""
         return None if self.rules is None else (self.rules, self.mesh)
 

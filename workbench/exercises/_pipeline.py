@@ -33,8 +33,7 @@ def pipeline_bubble() -> Exercise:
     stages, micro = 4, 6
 
     def judge(frac: float) -> Result:
-        from workbench.models.pipeline import Pipeline
-        from workbench.planning.schedule import schedule_bubble, timeline
+        from workbench.models.schedule import Pipeline, schedule_bubble, timeline
 
         events = timeline(Pipeline(microbatches=micro), stages)
         want = schedule_bubble(events, stages)

@@ -18,12 +18,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import workbench
 from workbench._validate import check_int
 from workbench._xla_flags import cpu_device_flags
 from workbench.jobs.job import Job, NoJobError, _Pid, exit_file
 from workbench.jobs.protocol import Submission, check_mesh
-from workbench.jobs.worker import EXIT_FILE_ENV, train_command
+from workbench.jobs.worker import EXIT_FILE_ENV, IMPORT_ROOT, train_command
 from workbench.run_lock import LAUNCHED_ENV, RunLock
 
 __all__ = ["PLATFORMS", "Local", "default_platform", "free_port"]
@@ -69,8 +68,7 @@ def _child_env(platform: str, devices_per_process: int | None, token: str) -> di
     env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS=platform)
     env[LAUNCHED_ENV] = token  # the workers write under the launcher's run-dir lock
     # The workers import the same workbench as this process, installed or not.
-    root = str(Path(workbench.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (IMPORT_ROOT, env.get("PYTHONPATH")) if p)
     if platform == "cpu" and devices_per_process:
         env["XLA_FLAGS"] = cpu_device_flags(env.get("XLA_FLAGS", ""), devices_per_process)
     return env

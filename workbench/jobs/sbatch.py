@@ -25,10 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import workbench
 from workbench._xla_flags import cpu_device_flags
 from workbench.jobs import fields
-from workbench.jobs.worker import train_command
+from workbench.jobs.worker import IMPORT_ROOT, train_command
 from workbench.run_lock import LAUNCHED_ENV
 
 __all__ = ["SLURM_FILE", "SlurmError", "available", "batch_script", "check", "check_paths",
@@ -224,7 +223,6 @@ def batch_script(slurm: Any, run_dir: Path, worker: Sequence[str], token: str) -
     if slurm.requeue:
         opts.append(f"--signal=TERM@{slurm.signal_before}")
     opts += list(slurm.extra)
-    root = str(Path(workbench.__file__).resolve().parent.parent)
     env = {"PYTHONUNBUFFERED": "1", LAUNCHED_ENV: token}
     platform = slurm.worker_platform
     if platform:
@@ -237,7 +235,7 @@ def batch_script(slurm: Any, run_dir: Path, worker: Sequence[str], token: str) -
     env.update(slurm.env)
     # this workbench first on the path, unless env= gives the whole PYTHONPATH
     exports = ([] if "PYTHONPATH" in env else
-               [f'export PYTHONPATH={q(root)}"${{PYTHONPATH:+:$PYTHONPATH}}"'])
+               [f'export PYTHONPATH={q(IMPORT_ROOT)}"${{PYTHONPATH:+:$PYTHONPATH}}"'])
     exports += [f"export {k}={q(str(v))}" for k, v in env.items()]
     task = ("export WORKBENCH_EXIT_FILE=" + shlex.quote(str(logs)) +
             "/process-$SLURM_PROCID.exit; exec \"$@\"")

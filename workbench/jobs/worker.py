@@ -25,6 +25,9 @@ __all__ = ["EXIT_STOPPED", "ConfigRejected", "export", "load_config", "ping_comm
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped before the target with a checkpoint; relaunch continues
 EXIT_FILE_ENV = "WORKBENCH_EXIT_FILE"  # where a launched worker records its exit code
+#: The folder holding the ``workbench`` package, put on a worker's PYTHONPATH so that the
+#: workers import the same workbench as the launcher, installed or not.
+IMPORT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class ConfigRejected(ValueError):

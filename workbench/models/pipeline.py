@@ -24,24 +24,24 @@ Schedules:
   work, so the bubble shrinks ``R``-fold. Needs ``M >= S`` (a micro-batch leaving the last
   stage re-enters the first one ``M`` iterations after it first entered).
 - ``1f1b``: same bubble as GPipe, fewer activations in flight (at most ``S - s`` at stage
-  ``s``). Planned and drawn (:func:`workbench.planning.schedule.timeline`), not trained: the backward of one
-  micro-batch must run between forwards of later ones, and ``jax.grad`` of a loop runs
-  every backward after every forward; 1F1B in SPMD needs a hand-written per-stage VJP loop.
+  ``s``). Planned and drawn (:func:`workbench.models.schedule.timeline`), not trained: the
+  backward of one micro-batch must run between forwards of later ones, and ``jax.grad`` of
+  a loop runs every backward after every forward; 1F1B in SPMD needs a hand-written
+  per-stage VJP loop.
 
 API::
 
     pipe = Pipeline(microbatches=8, schedule="circular", repeats=2)
     pipe.bubble_fraction(stages=4)          # (S-1) / (R M + S - 1)
-    pipe.on(stages=4)                       # the timeline: workbench.planning.schedule
+    pipe.on(stages=4)                       # the timeline: workbench.models.schedule
     with activate(pipe, stages=4):          # inside the traced step (workbench.step does it)
         logits = model(tokens)              # blocks run through run_pipeline
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,87 +50,12 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench import tracing
+from workbench.models.schedule import SCHEDULES, TRAINABLE_SCHEDULES, Pipeline
 from workbench.rules import STAGE_AXIS
 from workbench.rules import active as active_rules
 
-if TYPE_CHECKING:
-    from workbench.planning.schedule import Schedule
-
 __all__ = ["SCHEDULES", "STAGE_AXIS", "TRAINABLE_SCHEDULES", "Pipeline", "activate", "active",
            "check_pipeline", "check_rules", "run_pipeline", "stages_of"]
-
-SCHEDULES: tuple[str, ...] = ("gpipe", "circular", "1f1b")
-TRAINABLE_SCHEDULES: tuple[str, ...] = ("gpipe", "circular")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Pipeline:
-    """How the stacked layers are pipelined over the ``stage`` mesh axis.
-
-    Attributes:
-        microbatches: ``M``, micro-batches the batch is cut into (divides the batch).
-        schedule: "gpipe", "circular" (``repeats > 1``) or "1f1b" (planned, not trained).
-        repeats: ``R``, rounds of the stage ring per micro-batch (circular only); each
-            stage holds ``R`` chunks of ``n_layers / (stages R)`` layers.
-    """
-
-    microbatches: int = 1
-    schedule: str = "gpipe"
-    repeats: int = 1
-
-    def __post_init__(self) -> None:
-        for f in ("microbatches", "repeats"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"pipeline {f}={v!r} must be a positive integer")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"pipeline schedule={self.schedule!r}; choose one of {SCHEDULES}")
-        if self.repeats > 1 and self.schedule != "circular":
-            raise ValueError(
-                f"pipeline repeats={self.repeats} needs schedule='circular' (got "
-                f"{self.schedule!r}); use {{'schedule': 'circular', 'repeats': {self.repeats}}} "
-                f"or repeats=1")
-
-    @classmethod
-    def of(cls, value: Pipeline | Mapping[str, Any] | None) -> Pipeline | None:
-        """None, a ``Pipeline`` or a mapping ``{"microbatches", "schedule", "repeats"}``."""
-        if value is None or isinstance(value, Pipeline):
-            return value
-        if isinstance(value, Mapping):
-            known = {f.name for f in dataclasses.fields(cls)}
-            unknown = set(value) - known
-            if unknown:
-                raise ValueError(f"unknown pipeline keys {sorted(unknown)}; known: "
-                                 f"{sorted(known)}")
-            return cls(**dict(value))
-        raise TypeError(f"pipeline must be None, a Pipeline or a mapping like "
-                        f"{{'microbatches': 4, 'schedule': 'gpipe'}}; got {value!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form (``Pipeline.of`` inverts it)."""
-        return dataclasses.asdict(self)
-
-    def iterations(self, stages: int) -> int:
-        """Loop iterations of the SPMD program: ``R M + S - 1``."""
-        return self.repeats * self.microbatches + stages - 1
-
-    def on(self, stages: int) -> Schedule:
-        """The timeline on ``stages`` stages (a notebook draws it: stages x time, forward
-        and backward per micro-batch, the bubble shaded; micro-batches and repeats can be
-        changed in the widget): :class:`workbench.planning.schedule.Schedule`.
-
-        A convenience for notebooks: the schedule's timeline is a planning formula, so
-        this is the one import from ``models`` up into ``planning``, made when called.
-        """
-        from workbench.planning.schedule import Schedule  # noqa: PLC0415 - see above
-
-        return Schedule(pipeline=self, stages=stages)
-
-    def bubble_fraction(self, stages: int) -> float:
-        """Idle fraction of every stage's time by formula: ``(S - 1) / (R M + S - 1)``
-        (GPipe and 1F1B: Huang et al. 2019, Narayanan et al. 2021; circular divides the
-        bubble's length by ``R``)."""
-        return (stages - 1) / self.iterations(stages)
 
 
 def stages_of(mesh: Any) -> int:

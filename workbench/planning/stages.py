@@ -30,7 +30,7 @@ from workbench.planning import lints
 from workbench.planning.flags import compile_options
 from workbench.planning.lints import Lint
 from workbench.planning.measure import Measured, Target, measure
-from workbench.planning.schedule import in_flight, schedule_bubble, timeline
+from workbench.models.schedule import in_flight, schedule_bubble, timeline
 from workbench.pytrees import tree_layouts
 from workbench.rules import Rules
 from workbench.step import (LossFn, ModelFactory, abstract_batch,

@@ -14,7 +14,7 @@ __all__ = ["ScheduleWidget", "schedule_payload", "schedule_widget"]
 
 class ScheduleWidget(anywidget.AnyWidget):
     """The timeline of one pipeline schedule; ``payload`` follows the widget's controls
-    (the front end recomputes the timeline as ``workbench.planning.schedule.timeline``)."""
+    (the front end recomputes the timeline as ``workbench.models.schedule.timeline``)."""
 
     _esm = _assets.esm("schedule")
     _css = _assets.css("schedule")
@@ -24,8 +24,7 @@ class ScheduleWidget(anywidget.AnyWidget):
 def schedule_payload(schedule: Any) -> dict[str, Any]:
     """The widget's JSON payload (pure): the pipeline, the events of its timeline, the
     bubble by formula and from the timeline, the chunks each stage holds."""
-    from workbench.models.pipeline import SCHEDULES
-    from workbench.planning.schedule import BACKWARD_COST
+    from workbench.models.schedule import BACKWARD_COST, SCHEDULES
 
     p, s = schedule.pipeline, schedule.stages
     return {

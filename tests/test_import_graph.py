@@ -1,0 +1,193 @@
+"""No import circle across the whole package: the import-time graph of every module under
+``workbench/`` is a DAG (test_layering.py checks each package alone, lazy imports too).
+
+The graph, read from the source (``ast``), has an edge ``a -> b`` when importing ``a``
+needs ``b``:
+
+- **Module-level imports count**: the statements that run when the module is imported
+  (top level, and inside ``if`` / ``try`` / ``with`` / loops / class bodies), and those
+  under ``if TYPE_CHECKING:``. The latter never run, but a module that names another's
+  types needs it as much as one that calls it: a type-only circle is two modules that
+  cannot be read apart (``rules`` <-> ``tracing`` was one).
+- **Imports inside functions do not count**: they are deferred, run when the function is
+  called, after every module has loaded, so they cannot deadlock an import. They are
+  how a module loads what it needs only sometimes (safetensors, orbax, the display hook).
+  ``test_layering.test_no_package_has_an_import_cycle`` still counts them inside a package.
+- **What a target is**: ``import a.b.c`` and ``from a.b import c`` (``c`` a module) need
+  ``a.b.c``; ``from a.b import name`` (not a module) needs ``a.b`` (its ``__init__``).
+- **Packages run first**: importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__``
+  first, so the edge also goes to each package above the target that is not above the
+  importer too (the importer's own packages are already being imported when it runs).
+  An *explicit* import of a package counts, also one above the importer: a package
+  ``__init__`` that imports a submodule which imports the package back is a circle.
+- **The root** ``workbench/__init__.py`` resolves every public name on first use (PEP
+  562) and names them all under ``TYPE_CHECKING`` for IDEs, so it sits on top of the
+  graph: a module inside imports ``workbench.x``, never ``workbench`` itself
+  (``from workbench import runs`` is the submodule ``workbench.runs``).
+
+A name a package resolves lazily (a ``__getattr__`` in its ``__init__``), imported at module
+level from inside the package, would run its module at import time without an edge here;
+:func:`test_no_module_level_import_of_a_lazy_name` forbids that, so the graph is complete.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+from tests.test_layering import PACKAGE, import_cycle, module_name
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def module_level_imports(source: str) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements of ``source`` that run (or, under ``if TYPE_CHECKING:``, are
+    read) when the module is imported: every statement but those inside functions."""
+    out: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue   # deferred: runs when called
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.append(node)
+                continue
+            for field in ("body", "orelse", "finalbody"):
+                visit(getattr(node, field, None) or [])
+            for handler in getattr(node, "handlers", None) or []:
+                visit(handler.body)
+            for case in getattr(node, "cases", None) or []:
+                visit(case.body)
+
+    visit(ast.parse(source).body)
+    return out
+
+
+def _ancestors(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def targets(node: ast.Import | ast.ImportFrom, module: str, *, is_package: bool,
+            modules: frozenset[str]) -> set[str]:
+    """The modules of ``modules`` that the statement ``node`` of ``module`` needs, with the
+    packages that run before them (those not above ``module`` too)."""
+    if isinstance(node, ast.Import):
+        named = {a.name for a in node.names}
+    else:
+        base = node.module or ""
+        if node.level:
+            package = (module if is_package else module.rpartition(".")[0]).split(".")
+            base = ".".join(package[: len(package) - node.level + 1]
+                            + ([node.module] if node.module else []))
+        named = {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                 for a in node.names}
+    mine = set(_ancestors(module))
+    out = set(named)
+    for name in named:
+        out.update(a for a in _ancestors(name) if a not in mine)
+    return {n for n in out if n in modules and n != module}
+
+
+def import_graph(root: pathlib.Path = PACKAGE
+                 ) -> dict[str, dict[str, int]]:
+    """``module -> {module it needs at import time: line of the first such import}`` for
+    every module under ``root``."""
+    files = {module_name(p): p for p in sorted(root.rglob("*.py"))
+             if "__pycache__" not in p.parts}
+    modules = frozenset(files)
+    graph: dict[str, dict[str, int]] = {}
+    for mod, path in files.items():
+        edges: dict[str, int] = {}
+        for node in module_level_imports(path.read_text()):
+            for t in targets(node, mod, is_package=path.name == "__init__.py",
+                             modules=modules):
+                edges.setdefault(t, node.lineno)
+        graph[mod] = edges
+    return graph
+
+
+def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    """``a (line 3) -> b (line 12) -> a``: each module with the line that imports the next."""
+    steps = [f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:], strict=False)]
+    return " -> ".join(steps + [cycle[-1]])
+
+
+def test_the_reader_counts_what_runs_at_import_time():
+    src = ("from typing import TYPE_CHECKING\n"
+           "import workbench.models.gpt\n"
+           "from workbench.jobs import cluster, launch\n"
+           "if TYPE_CHECKING:\n    from workbench.rules import Rules\n"
+           "try:\n    from . import flops\nexcept ImportError:\n    pass\n"
+           "class C:\n    from workbench import layouts\n"
+           "def f():\n    from workbench.planning import schedule\n")
+    mods = frozenset({"workbench", "workbench.models", "workbench.models.gpt", "workbench.jobs",
+                      "workbench.jobs.cluster", "workbench.rules", "workbench.flops",
+                      "workbench.layouts", "workbench.planning", "workbench.planning.schedule",
+                      "workbench.step"})
+    got: set[str] = set()
+    for node in module_level_imports(src):
+        got |= targets(node, "workbench.step", is_package=False, modules=mods)
+    assert got == {"workbench.models", "workbench.models.gpt",   # the package runs first
+                   "workbench.jobs",                # `launch` is a name of jobs/__init__
+                   "workbench.jobs.cluster", "workbench.rules", "workbench.flops",
+                   "workbench.layouts"}             # not planning: inside a function
+
+
+def test_a_package_importing_itself_back_counts():
+    mods = frozenset({"workbench", "workbench.models", "workbench.models.gpt"})
+    [back] = module_level_imports("from workbench.models import GPTConfig\n")
+    assert targets(back, "workbench.models.gpt", is_package=False, modules=mods) == {
+        "workbench.models"}
+    [sibling] = module_level_imports("from workbench.models import gpt\n")
+    assert targets(sibling, "workbench.models.config", is_package=False, modules=mods) == {
+        "workbench.models.gpt"}   # models/__init__ is already running: no edge to it
+    [root] = module_level_imports("import workbench\n")
+    assert targets(root, "workbench.jobs.local", is_package=False, modules=mods) == {
+        "workbench"}
+
+
+def test_the_whole_package_has_no_import_circle():
+    graph = import_graph()
+    assert len(graph) > 100 and "workbench.hf.load" in graph
+    assert "workbench.step" in graph["workbench.hf.load"]   # hf sits above step
+    cycle = import_cycle({m: set(e) for m, e in graph.items()})
+    assert cycle is None, f"import circle: {describe(cycle, graph)}"
+
+
+def _static_names(init: pathlib.Path) -> tuple[bool, set[str]]:
+    """Whether a package ``__init__`` resolves names lazily (``__getattr__``), and the names
+    it binds at module level."""
+    tree = ast.parse(init.read_text())
+    lazy = any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return lazy, names
+
+
+def test_no_module_level_import_of_a_lazy_name():
+    """``from workbench.train import Trainer`` at module level would import train/trainer.py
+    through ``train.__getattr__`` at import time, an edge the graph cannot see: inside the
+    package, import such a name from the module that defines it."""
+    files = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))
+             if "__pycache__" not in p.parts}
+    inits = {m: _static_names(p) for m, p in files.items() if p.name == "__init__.py"}
+    found = []
+    for mod, path in files.items():
+        for node in module_level_imports(path.read_text()):
+            if not isinstance(node, ast.ImportFrom) or node.level or node.module not in inits:
+                continue
+            lazy, bound = inits[node.module]
+            for a in node.names:
+                if lazy and f"{node.module}.{a.name}" not in files and a.name not in bound:
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} "
+                                 f"from {node.module} import {a.name}")
+    assert not found, found
