@@ -1,4 +1,4 @@
-"""Hugging Face import: peak host memory and time of wb.models.from_hf against a plain
+"""Hugging Face import: peak host memory and time of wb.hf.from_hf against a plain
 safetensors read, and generation tokens/s with and without the KV cache.
 
 The checkpoint is a Llama-shaped folder (~200M parameters, bfloat16, ~100 MB shards)
@@ -91,7 +91,7 @@ def rss():   # resident now (ru_maxrss is a peak: it may hold JAX's start-up tra
 base = rss()
 t0 = time.perf_counter()
 if mode == "from_hf":
-    model = wb.models.from_hf(folder, mesh=mesh, rules="fsdp")
+    model = wb.hf.from_hf(folder, mesh=mesh, rules="fsdp")
     jax.block_until_ready(jax.tree.leaves(model))
     held = sum(x.nbytes for x in jax.tree.leaves(model) if hasattr(x, "nbytes"))
 else:   # every tensor read whole by safetensors, one file at a time

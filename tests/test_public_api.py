@@ -20,6 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: The documented modules (docs/architecture.md, "Public surface"); ``wb.*`` is the rest.
 PUBLIC_MODULES = (
     "workbench", "workbench.models", "workbench.models.pipeline", "workbench.models.context",
+    "workbench.hf",
     "workbench.data", "workbench.train", "workbench.runs", "workbench.jobs",
     "workbench.hardware", "workbench.mesh", "workbench.layouts", "workbench.rules",
     "workbench.flops", "workbench.step", "workbench.topology", "workbench.planning",

@@ -7,7 +7,7 @@
 #
 # 1. makes a small model folder in that layout here (random weights: a stand-in for a
 #    download; a Qwen3-style model, with per-head q/k norms),
-# 2. imports it with `wb.models.from_hf`, straight into a sharded layout, and shows where
+# 2. imports it with `wb.hf.from_hf`, straight into a sharded layout, and shows where
 #    each tensor landed,
 # 3. asks it to write something, fine-tunes it a few steps on local text, and asks again,
 # 4. exports the fine-tuned run as a Hugging Face folder and loads it back.
@@ -31,7 +31,7 @@ from flax import nnx
 # ## A "released" model folder
 #
 # A byte-level Qwen3-style model (256 token ids: one per byte), exported with
-# `wb.models.to_hf`: the files a download would give you. `to_hf` writes into a temporary
+# `wb.hf.to_hf`: the files a download would give you. `to_hf` writes into a temporary
 # folder and renames it when complete, so a folder that exists is whole.
 
 # %%
@@ -41,23 +41,23 @@ if not released.exists():
                                n_kv_heads=2, head_dim=16, d_ff=128, seq_len=128,
                                qk_norm=True, norm_eps=1e-6, rope_theta=1e6)
     stand_in = wb.models.GPT(cfg0, rngs=nnx.Rngs(7))   # random weights
-    wb.models.to_hf(stand_in, released, max_shard_bytes=100_000)
+    wb.hf.to_hf(stand_in, released, max_shard_bytes=100_000)
 print(sorted(p.name for p in released.iterdir()))
 print(json.dumps(json.loads((released / "config.json").read_text()), indent=1)[:400], "...")
 
 # %% [markdown]
 # ## Import it into a sharded layout
 #
-# `wb.models.hf_config` reads `config.json` only, so the model can be planned before a
+# `wb.hf.hf_config` reads `config.json` only, so the model can be planned before a
 # byte of weights is read. `from_hf(..., plan=plan)` then builds every parameter with
 # `jax.make_array_from_callback`: each device asks for its own block, which is read from
 # its shard with safetensors' `get_slice`, one tensor at a time.
 
 # %%
-cfg = wb.models.hf_config(released)
+cfg = wb.hf.hf_config(released)
 mesh = wb.make_mesh(data=4, model=2)
 plan = wb.plan(cfg, mesh=mesh, rules="fsdp_tp", batch=8, seq=64)
-model = wb.models.from_hf(released, plan=plan)
+model = wb.hf.from_hf(released, plan=plan)
 print(model.hf_source)
 q = model.blocks[0].attn.q[...]
 print("q projection", q.shape, "sharded", q.sharding.spec, "-> block per device",
@@ -108,7 +108,7 @@ print(repr(wb.generate(trainer, "def ", tokenizer=tok, max_new_tokens=32,
 # %% [markdown]
 # ## Export and reload
 #
-# `wb.train.export_run` restores a checkpoint step of the run and writes a Hugging Face
+# `wb.hf.export_run` restores a checkpoint step of the run and writes a Hugging Face
 # folder (config.json, safetensors shards and their index), one tensor at a time from the
 # arrays' own shards. Loading it back gives the same logits as the trained model. A run
 # trained by a multi-process `wb.launch` job exports the same way from a notebook, or from
@@ -117,9 +117,9 @@ print(repr(wb.generate(trainer, "def ", tokenizer=tok, max_new_tokens=32,
 
 # %%
 trainer.close()
-exported = wb.train.export_run("runs/13-finetune", "exported-qwen3", overwrite=True)
+exported = wb.hf.export_run("runs/13-finetune", "exported-qwen3", overwrite=True)
 print(sorted(p.name for p in exported.iterdir()))
-again = wb.models.from_hf(exported, plan=plan)
+again = wb.hf.from_hf(exported, plan=plan)
 tokens = jnp.asarray(np.frombuffer(b"import numpy as np\n", np.uint8)[None].astype(np.int32))
 same = np.array_equal(np.asarray(again(tokens)), np.asarray(trainer.model(tokens)))
 print("reloaded export gives the trained model's logits:", same)
