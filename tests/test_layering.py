@@ -14,8 +14,9 @@ import sys
 import pytest
 
 CORE = ["workbench", "workbench.hardware", "workbench.mesh", "workbench.layouts", "workbench.rules",
-        "workbench.models", "workbench.flops", "workbench.step", "workbench.planning", "workbench.runs",
-        "workbench.train", "workbench.data", "workbench.jobs"]
+        "workbench.models", "workbench.hf.load", "workbench.hf.export", "workbench.flops",
+        "workbench.step", "workbench.planning", "workbench.runs", "workbench.train",
+        "workbench.data", "workbench.jobs"]
 BLOCK = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):

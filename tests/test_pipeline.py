@@ -318,3 +318,19 @@ def test_search_plans_pipelined_candidates_like_wb_plan():
     assert p.pipeline["bubble_formula"] == pytest.approx(3 / 11)
     assert p.flops_per_device == pytest.approx(
         (p.model_flops + p.flops.recompute) / p.compute_split / (1 - 3 / 11))
+
+
+def test_the_schedule_lives_beside_the_pipeline_and_its_old_path_warns():
+    """``Pipeline`` and its timeline are one module (``models/schedule``: no import circle
+    with planning); ``workbench.planning.schedule`` still imports, warning with the new path."""
+    import importlib
+
+    from workbench.models import schedule
+    from workbench.planning import schedule as old
+
+    assert Pipeline is schedule.Pipeline and isinstance(Pipeline(microbatches=2).on(2),
+                                                        schedule.Schedule)
+    with pytest.warns(DeprecationWarning, match="workbench.models.schedule"):
+        importlib.reload(old)
+    assert (old.timeline, old.Schedule, old.BACKWARD_COST) == (
+        timeline, schedule.Schedule, schedule.BACKWARD_COST)
