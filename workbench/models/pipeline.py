@@ -29,7 +29,8 @@ Schedules:
   a loop runs every backward after every forward; 1F1B in SPMD needs a hand-written
   per-stage VJP loop.
 
-API::
+API (``Pipeline`` and its timeline live in :mod:`workbench.models.schedule`, pure Python;
+this module runs the stages)::
 
     pipe = Pipeline(microbatches=8, schedule="circular", repeats=2)
     pipe.bubble_fraction(stages=4)          # (S-1) / (R M + S - 1)
