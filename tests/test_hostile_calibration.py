@@ -16,8 +16,8 @@ import pytest
 
 import workbench as wb
 from workbench.hardware import cpu_spec
-from workbench.perf.calibrate import (Calibration, CalibrationWarning, _file,
-                                          load_calibration, remove_calibration)
+from workbench.hardware.calibration import (Calibration, CalibrationWarning, _file,
+                                            load_calibration, remove_calibration)
 
 CLEAN = dict(compute_factor=0.5, memory_factor=0.25, matmul_flops=1e12, hbm_bandwidth=1e10,
              collectives={"all-reduce": {"latency": 1e-5, "scale": 2.0, "bandwidth": 5e9,

@@ -4,12 +4,18 @@ simulated CPU devices, the measured CPU entry, and libtpu.
 
 Modules: ``catalogue`` (``GENERATIONS``, ``HardwareSpec``, ``hardware_spec``),
 ``inventory`` (``devices``, ``DeviceInfo``, ``simulate_devices``, ``peak_flops``),
-``measure`` (the CPU entry, measured and cached per machine), ``libtpu`` (whether the TPU
-compiler is installed; ``quiet_libtpu``, called by the entry points that start JAX's
-backends). Importing this package changes nothing in JAX or the environment.
+``measure`` (the CPU entry, measured and cached per machine), ``calibration`` (achieved
+rates fitted to profiles, stored per device kind), ``effective`` (``effective_spec``: the
+one spec a prediction uses, catalogue -> measured -> calibrated, each number with its
+source), ``libtpu`` (whether the TPU compiler is installed; ``quiet_libtpu``, called by
+the entry points that start JAX's backends). Importing this package changes nothing in
+JAX or the environment.
 """
 from workbench.hardware.catalogue import (GENERATIONS, Generation, HardwareSpec, generation,
                                           hardware_presets, hardware_spec)
+from workbench.hardware.calibration import (Calibration, CalibrationWarning, calibration_dir,
+                                            load_calibration, remove_calibration)
+from workbench.hardware.effective import EffectiveSpec, effective_spec
 from workbench.hardware.inventory import (DeviceInfo, DeviceInventory, devices, peak_flops,
                                           simulate_devices)
 from workbench.hardware.libtpu import libtpu_installed, quiet_libtpu
@@ -19,9 +25,11 @@ from workbench.hardware.measure import (cpu_spec, measured_cpu_collective_bandwi
                                         measured_loopback_bandwidth, psum_seconds)
 
 __all__ = [
-    "GENERATIONS", "DeviceInfo", "DeviceInventory", "Generation", "HardwareSpec", "cpu_spec",
-    "devices", "generation", "hardware_presets", "hardware_spec", "libtpu_installed",
+    "GENERATIONS", "Calibration", "CalibrationWarning", "DeviceInfo", "DeviceInventory",
+    "EffectiveSpec", "Generation", "HardwareSpec", "calibration_dir", "cpu_spec", "devices",
+    "effective_spec", "generation", "hardware_presets", "hardware_spec", "libtpu_installed",
+    "load_calibration",
     "measured_cpu_collective_bandwidth", "measured_cpu_collective_latency",
     "measured_cpu_memory_bandwidth", "measured_cpu_peak", "measured_loopback_bandwidth",
-    "peak_flops", "psum_seconds", "quiet_libtpu", "simulate_devices",
+    "peak_flops", "psum_seconds", "quiet_libtpu", "remove_calibration", "simulate_devices",
 ]

@@ -2,26 +2,29 @@
 physical bounds, profiles read back and calibration (``wb.perf``).
 
 ``workbench.planning`` plans a step (what it holds, which collectives it runs); this
-package says how long it takes, from a plan's numbers and the hardware's, and checks
+package says how long it takes, from a plan's numbers and one hardware spec that the
+caller resolves (``workbench.hardware.effective_spec``: the catalogue's entry or the
+measured CPU, then a calibration; nothing here reads a stored calibration), and checks
 that against a profile.
 
 Modules: ``hlo`` (collectives, loop trip counts and the TPU compiler's cycle estimates
 read from a compiled program's text), ``predict`` (the roofline: step time, MFU, the
-bound), ``analytic`` and ``attention_cost`` (formulas, public as ``formulas``),
-``bounds`` (what no prediction may beat), ``trace`` (a ``jax.profiler`` trace read into
-time per category and op), ``profile`` (predicted vs measured, term by term),
-``calibrate`` (achieved rates fitted to profiles). Formulas and sources:
-docs/predictions.md.
+bound), ``predict_plan`` (a ``PlanReport``'s numbers fed to it), ``analytic`` and
+``attention_cost`` (formulas, public as ``formulas``), ``bounds`` (what no prediction may
+beat), ``trace`` (a ``jax.profiler`` trace read into time per category and op),
+``profile`` (predicted vs measured, term by term), ``calibrate`` (achieved rates fitted
+to profiles). Formulas and sources: docs/predictions.md.
 """
 from workbench.perf import formulas
 from workbench.perf.bounds import MFU_CEILING, implausible
 from workbench.perf.calibrate import Calibration, calibrate, remove_calibration
 from workbench.perf.hlo import Collective, parse_collectives
 from workbench.perf.predict import CollectiveTime, Prediction, collective_seconds, predict
+from workbench.perf.predict_plan import predict_plan
 from workbench.perf.profile import ProfileReport, Term, profile_report
 from workbench.perf.trace import StepProfile, read_trace, trace_files
 
 __all__ = ["MFU_CEILING", "Calibration", "Collective", "CollectiveTime", "Prediction",
            "ProfileReport", "StepProfile", "Term", "calibrate", "collective_seconds",
-           "formulas", "implausible", "parse_collectives", "predict", "profile_report",
-           "read_trace", "remove_calibration", "trace_files"]
+           "formulas", "implausible", "parse_collectives", "predict", "predict_plan",
+           "profile_report", "read_trace", "remove_calibration", "trace_files"]

@@ -202,6 +202,9 @@ def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
                    mesh: MeshInfo) -> dict[str, int | str]:
     """What holds XLA's temporary memory at its peak, per device (estimate, bytes).
 
+    One function of about 90 lines, on purpose: each term below is a few lines of code, in
+    the order this docstring gives them, so the code can be read against the formula.
+
     Two phases can be the peak: the end of the forward pass (everything kept for the
     backward pass) and the gradient reduction. ``temp = max(forward_peak,
     reduction_peak)``; ``phase`` says which. Terms (``b``: compute dtype bytes; tokens per

@@ -30,10 +30,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from workbench.hardware import HardwareSpec, cpu_spec, hardware_spec
+from workbench.hardware.calibration import Calibration
+from workbench.hardware.catalogue import HardwareSpec
+from workbench.hardware.effective import EffectiveSpec, effective_spec
 from workbench.mesh import MeshInfo, mesh_info
 from workbench.perf.bounds import implausible
-from workbench.perf.calibrate import load_calibration
 from workbench.perf.hlo import Collective
 
 __all__ = ["CollectiveTime", "Prediction", "collective_seconds", "predict"]
@@ -273,14 +274,15 @@ def _default_overlap(platform: str) -> tuple[float, str]:
 
 
 def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collective],
-            mesh: Any, hardware: HardwareSpec | str | None = None,
+            mesh: Any, hardware: EffectiveSpec | HardwareSpec | str | None = None,
             tokens_per_step: int | None = None, model_flops: float | None = None,
             overlap: float | None = None, compiler_seconds: float | None = None,
             exposed_axes: Sequence[str] = (),
             flops_source: str = "compiled cost analysis",
             bytes_source: str = "compiled cost analysis",
             sync_exposed: bool = False, compute_seconds: float | None = None,
-            compute_source: str = "", calibration: Any = None) -> Prediction:
+            compute_source: str = "", calibration: Calibration | bool | None = None
+            ) -> Prediction:
     """Predict one training step's time, MFU and throughput (a roofline).
 
     Args:
@@ -291,8 +293,10 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
       collectives: the step's collectives (``workbench.perf.hlo.parse_collectives``).
       mesh: the mesh (MeshInfo, Mesh or AbstractMesh); its coords, hosts and DCN axes
         decide which links each collective uses.
-      hardware: a ``HardwareSpec`` or device kind; default: the mesh's device kind, and
-        for CPU meshes the runtime-measured ``cpu_spec``.
+      hardware: the ``EffectiveSpec`` to predict with (``workbench.hardware.effective_spec``:
+        the entry and the calibration, resolved by the caller); or a ``HardwareSpec`` or
+        device kind; default: the mesh's device kind, and for CPU meshes the
+        runtime-measured ``cpu_spec``, uncalibrated unless ``calibration`` is given.
       tokens_per_step: global batch x sequence length, for tokens/s.
       model_flops: analytic model FLOPs per step (all devices, no rematerialization) for
         MFU; without it MFU is None.
@@ -313,9 +317,10 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         clock, plus kernels it does not model): replaces the roofline's
         ``max(compute, memory)``, which stays in the breakdown (``roofline_local``) as
         the ideal; ``compute_source`` says where it comes from.
-      calibration: a ``workbench.perf.calibrate.Calibration`` to apply; None (default):
-        the one stored for the mesh's device kind, if any (only when ``hardware`` is not
-        given); False: none.
+      calibration: a ``Calibration`` to apply to a ``hardware`` that is not an
+        ``EffectiveSpec``; None or False: none. ``predict`` never reads a stored
+        calibration: ``effective_spec(mesh)`` does, for the caller that asks (as
+        ``plan.predict()`` does).
 
     Example::
 
@@ -325,24 +330,14 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                     mesh=info, tokens_per_step=batch * seq, model_flops=model_flops)
     """
     info = mesh_info(mesh)
-    spec = _spec(hardware, info)
-    cal = calibration or (load_calibration(spec.name) if calibration is None and hardware
-                          is None else None)
-    table_latency = spec.collective_latency or 0.0
-    if cal:   # achieved FLOP/s and bandwidth measured by a profile of this device kind
-        spec = cal.apply_spec(spec)
+    eff = _effective(hardware, calibration, info)
+    # spec: the entry with the achieved FLOP/s and bandwidth a profile measured, if any
+    spec, cal, table_latency = eff.spec, eff.calibration, eff.table_latency
     if not spec.hbm_bandwidth:
         raise ValueError(f"{spec.name} has no HBM bandwidth in the hardware table")
     t_compute = flops / spec.peak_flops
     t_memory = bytes_accessed / spec.hbm_bandwidth
-    if overlap is None and cal and cal.overlap is not None:
-        overlap, overlap_src = cal.overlap, f"{cal.source}: measured overlap"
-    elif overlap is None:
-        overlap, overlap_src = _default_overlap(spec.platform)
-    else:
-        overlap_src = "given"
-    if not 0.0 <= overlap <= 1.0:
-        raise ValueError(f"overlap must be in [0, 1], got {overlap}")
+    overlap, overlap_src = _overlap(overlap, cal, spec.platform)
     times = [collective_seconds(c, info, spec) for c in collectives]
     if cal:
         times = [_calibrated(t, cal, table_latency) for t in times]
@@ -392,19 +387,10 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                    "collectives": tuple(times)},
         sources={"flops": flops_source, "bytes": bytes_source, "peak_flops": spec.source,
                  "hbm_bandwidth": spec.source_of("hbm_bandwidth"),
-                 "local": compute_source if compute_seconds is not None else (
-                     "compute + memory: simulated CPU devices share the host's cores, so "
-                     "math and memory traffic do not overlap" if cpu else
-                     "compute + memory: calibrated, each the time a profile measured in its "
-                     "kind of kernel, which the device runs one after the other" if cal else
-                     "max(compute, memory): the roofline (HBM traffic overlaps math)"),
-                 "overlap": overlap_src + (
-                     f"; collectives over {', '.join(exposed_axes)} only are on the critical "
-                     "path (tensor parallel: the next matmul waits for them), never hidden"
-                     if exposed_axes and t_exposed else "")
-                 + ("; collectives the compiled program runs synchronously (no async start "
-                    "or async collective fusion in its HLO) block it: never hidden"
-                    if sync_exposed else ""),
+                 "local": compute_source if compute_seconds is not None else
+                 _local_source(cpu, bool(cal)),
+                 "overlap": _overlap_source(overlap_src, exposed_axes if t_exposed else (),
+                                            sync_exposed),
                  "mfu": "model FLOPs / (step time x devices x peak FLOP/s per device)",
                  "compiler_seconds": ("TPU compiler cost analysis (optimal_seconds)"
                                       if compiler_seconds is not None else "none")
@@ -414,6 +400,55 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                      "its own roofline, MFU at most the published envelope")}
         | ({"calibration": cal.source} if cal else {}),
         compiler_seconds=compiler_seconds, implausible=flagged)
+
+
+def _effective(hardware: EffectiveSpec | HardwareSpec | str | None,
+               calibration: Calibration | bool | None, info: MeshInfo) -> EffectiveSpec:
+    """The spec ``predict`` was given, or the uncalibrated entry (plus a ``Calibration``
+    given by hand) for ``hardware``; never a stored calibration."""
+    if isinstance(hardware, EffectiveSpec):
+        if calibration is not None and calibration is not False:
+            raise ValueError("predict: hardware is an EffectiveSpec, which has its "
+                             "calibration already; pass calibration= to effective_spec")
+        return hardware
+    return effective_spec(info, hardware=hardware, calibration=calibration or False)
+
+
+def _overlap(overlap: float | None, cal: Calibration | None, platform: str
+             ) -> tuple[float, str]:
+    """The overlap fraction and its source: given, a calibration's measured one, or the
+    platform's default."""
+    if overlap is None and cal and cal.overlap is not None:
+        overlap, source = cal.overlap, f"{cal.source}: measured overlap"
+    elif overlap is None:
+        overlap, source = _default_overlap(platform)
+    else:
+        source = "given"
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap must be in [0, 1], got {overlap}")
+    return overlap, source
+
+
+def _local_source(cpu: bool, calibrated: bool) -> str:
+    """Why the local work is the sum or the max of compute and memory."""
+    if cpu:
+        return ("compute + memory: simulated CPU devices share the host's cores, so math and "
+                "memory traffic do not overlap")
+    if calibrated:
+        return ("compute + memory: calibrated, each the time a profile measured in its kind "
+                "of kernel, which the device runs one after the other")
+    return "max(compute, memory): the roofline (HBM traffic overlaps math)"
+
+
+def _overlap_source(source: str, exposed_axes: Sequence[str], sync_exposed: bool) -> str:
+    """The overlap's source, and which collectives are never hidden (``exposed_axes``:
+    those on the critical path that the step has)."""
+    return source + (
+        f"; collectives over {', '.join(exposed_axes)} only are on the critical path "
+        "(tensor parallel: the next matmul waits for them), never hidden"
+        if exposed_axes else "") + (
+        "; collectives the compiled program runs synchronously (no async start or async "
+        "collective fusion in its HLO) block it: never hidden" if sync_exposed else "")
 
 
 def _calibrated(t: CollectiveTime, cal: Any, table_latency: float) -> CollectiveTime:
@@ -426,15 +461,3 @@ def _calibrated(t: CollectiveTime, cal: Any, table_latency: float) -> Collective
     return dataclasses.replace(t, seconds=seconds, formula=f"{t.formula}; calibrated",
                                source=cal.source)
 
-
-def _spec(hardware: HardwareSpec | str | None, info: MeshInfo) -> HardwareSpec:
-    if isinstance(hardware, HardwareSpec):
-        return hardware
-    kind = hardware or info.device_kind
-    if kind.lower() == "cpu" or (hardware is None and info.platform == "cpu"):
-        return cpu_spec(info.size)
-    spec = hardware_spec(kind)
-    if spec is None:
-        raise ValueError(f"no hardware entry for {kind!r}; pass hardware= a HardwareSpec "
-                         "or a device kind such as 'TPU v5p' or 'H100'")
-    return spec

@@ -190,6 +190,10 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
                    tokens_per_s: dict[str, float] | None = None) -> ProfileReport:
     """Line a prediction up against a profile, term by term.
 
+    One function of about 85 lines, on purpose: it builds the rows of one table in the
+    order of the prediction's breakdown, each predicted term beside its measured one, so
+    the table and the code read the same way.
+
     Args:
       prediction: ``plan.predicted`` (a ``Prediction``) or its dict (``run.json``'s
         ``"prediction"``).

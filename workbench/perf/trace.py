@@ -495,6 +495,12 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
                steps: int | None = None) -> StepProfile:
     """Read the trace under ``directory`` into per-step time by category, collective and op.
 
+    One function of about 100 lines, on purpose: it is one accounting whose terms must add
+    up to the step (``step = compute + memory + collectives + other - concurrent + idle +
+    host``, see the module docstring), kept together so that identity can be checked by
+    reading; the parts that stand alone are helpers (``_events``, ``_shared_time``,
+    ``_apportion``).
+
     Args:
       directory: where ``jax.profiler`` wrote the trace (``Trainer.profile``'s
         ``run_dir/profiles/<step>``).

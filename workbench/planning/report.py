@@ -12,18 +12,18 @@ from typing import Any
 
 from workbench._display import Displayable
 from workbench.flops import FlopCount, compiled_cost
-from workbench.hardware import hardware_spec
+from workbench.hardware import effective_spec
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
 from workbench.models.config import REMAT_POLICIES
-from workbench.perf.analytic import (batch_axes, compute_split, moe_padding_flops,
-                                         weight_axes)
+from workbench.perf.analytic import compute_split, moe_padding_flops
 from workbench.perf.attention_cost import kernel_flops
 from workbench.perf.hlo import (Collective, compiler_cycles, loop_trip_counts,
                                     unestimated_instructions)
 from workbench.planning.lints import Lint
-from workbench.perf.predict import Prediction, predict
+from workbench.perf.predict import Prediction
+from workbench.perf.predict_plan import predict_plan
 from workbench.planning.serialise import report_fields, report_to_json
 from workbench.rules import Rules
 
@@ -41,13 +41,6 @@ def _flops(x: float | None) -> str:
 
 def _bytes(x: float | None) -> str:
     return "-" if x is None else format_bytes(x)
-
-
-#: A compiled step whose cost analysis counts less than this fraction of the model's own
-#: FLOPs per device left work out (custom-call GEMMs): its prediction uses the analytic
-#: FLOPs. The compiled count is otherwise >= the model's (it adds recompute, softmax,
-#: norms and the optimizer), so 0.9 leaves room only for rounding of the model's count.
-UNDERCOUNT = 0.9
 
 
 class CompiledNumbers:
@@ -202,47 +195,6 @@ class PlanReport:
             return 0, 0
         return self.compiled_numbers.cycles
 
-    def _compiler_compute(self, kernel: float, other_flops: float) -> tuple[float | None, str]:
-        """The local work of a step timed by the TPU compiler's cycle estimates at the
-        chip's clock, plus the Pallas kernels' FLOPs (``kernel``, all devices) at the
-        efficiency the compiler's cycles give the rest of the step's FLOPs
-        (``other_flops``, per device); (None, "") when there are no cycles (not
-        TPU-compiled, or no clock for this chip in the hardware table)."""
-        cycles, n = self.compiler_cycles
-        spec = hardware_spec(self.mesh.device_kind) if cycles else None
-        if spec is None or not spec.clock_hz:
-            return None, ""
-        t_cycles = cycles / spec.clock_hz
-        t_unknown, unknown_why = self._unestimated_seconds(spec)
-        t_cycles += t_unknown
-        efficiency = min(1.0, other_flops / spec.peak_flops / t_cycles) \
-            if other_flops > 0 else 1.0
-        t_kernel = kernel / self.compute_split / spec.peak_flops / efficiency
-        why = (f"the TPU compiler's own cycle estimates: {n} instructions, {cycles:.4g} "
-               f"cycles per step (loop bodies x trip count) at {spec.clock_hz / 1e9:.3g} GHz "
-               f"({spec.source_of('clock_hz')}) = {t_cycles:.4g} s, {efficiency:.0%} of "
-               f"peak FLOP/s for the step's other FLOPs") + unknown_why
-        if kernel:
-            why += (f"; + the {self.attention.split(':')[0]} kernel's FLOPs at that "
-                    f"efficiency, {t_kernel:.3g} s (the compiler does not model Pallas "
-                    "kernels)")
-        return t_cycles + t_kernel, why
-
-    def _unestimated_seconds(self, spec: Any) -> tuple[float, str]:
-        """Seconds per step of the instructions the TPU compiler marks unknown
-        (``hlo.unestimated_instructions``), each timed by its roofline: the bytes it reads
-        and writes at the HBM bandwidth; and the sentence that says so."""
-        unknown = self.compiled_numbers.unknown if self.compiled_numbers is not None else []
-        if not unknown:
-            return 0.0, ""
-        nbytes = sum(b * n for _, b, n in unknown)
-        seconds = nbytes / spec.hbm_bandwidth
-        names = ", ".join(sorted({name for name, _, _ in unknown})[:4])
-        return seconds, (
-            f"; {len(unknown)} instruction(s) the compiler marks unknown (estimated_cycles "
-            f"2**63-1: {names}) timed by their roofline instead: {nbytes:.4g} bytes read and "
-            f"written at {spec.hbm_bandwidth / 1e12:.3g} TB/s = {seconds:.3g} s")
-
     @functools.cached_property
     def compiled_flops_per_device(self) -> float | None:
         """FLOPs per device from ``compiled.cost_analysis()``; None when analytic, or when
@@ -278,11 +230,14 @@ class PlanReport:
 
     def predict(self, *, hardware: Any = None, overlap: float | None = None,
                 calibration: Any = None) -> Prediction:
-        """A prediction of one step (``workbench.perf.predict``) from this plan's
-        FLOPs, HBM bytes and collectives: compiled numbers where there are, else the
-        analytic ones. A TPU-compiled plan times its local work with the TPU compiler's
-        own cycle estimates (``compiler_cycles``) at the chip's clock, unless
-        ``hardware`` names another chip; the roofline stays in the breakdown.
+        """A prediction of one step from this plan's FLOPs, HBM bytes and collectives
+        (``workbench.perf.predict_plan``): compiled numbers where there are, else the
+        analytic ones. The hardware is resolved here, explicitly, into one
+        ``EffectiveSpec`` (``workbench.hardware.effective_spec``: the catalogue's entry or
+        the measured CPU, then the calibration) and passed down. A TPU-compiled plan times
+        its local work with the TPU compiler's own cycle estimates (``compiler_cycles``) at
+        the chip's clock, unless ``hardware`` names another chip; the roofline stays in
+        the breakdown.
 
         Args:
           hardware: a ``HardwareSpec`` or device kind ("TPU v5p", "H100") to predict for
@@ -292,59 +247,8 @@ class PlanReport:
           calibration: False: the hardware table alone; None: with the calibration stored
             for the device kind (``wb.calibrate``), if any; or a ``Calibration``.
         """
-        cost = self.cost
-        compiled = "bytes accessed" in cost and cost.get("flops", 0) > 0 and not self.loops
-        label = f"{self.source} cost analysis"
-        why = ("analytic: the compiled program loops over layers and XLA's cost analysis "
-               "counts a loop body once; " if self.loops else "")
-        undercount = self._undercounted_flops() if compiled else None
-        if undercount:
-            compiled, why = False, undercount
-        kernel, attn = self.kernel_flops, 0.0
-        if kernel and not compiled:   # the formula's attention gives way to the kernel's
-            fwd_attn = self.flops.breakdown["attention"] / 3
-            attn = 3 * fwd_attn + (fwd_attn if self.cfg is not None
-                                   and self.cfg.remat != "none"
-                                   and "context" not in _kept(self.cfg.remat) else 0.0)
-        flops = (cost["flops"] + kernel / self.compute_split) if compiled else \
-            (self.model_flops + self.flops.recompute - attn + kernel + self.padding_flops) \
-            / self.compute_split * self.pipeline_factor
-        return predict(
-            flops=flops,
-            bytes_accessed=cost["bytes accessed"] if compiled else self.hbm_bytes_estimate,
-            collectives=self.collectives, mesh=self.mesh, hardware=hardware,
-            tokens_per_step=self.batch * self.seq if self.cfg is not None
-            or self.flops.tokens == self.batch * self.seq else None,
-            model_flops=self.model_flops, overlap=overlap, calibration=calibration,
-            compiler_seconds=cost.get("optimal_seconds") if compiled else None,
-            **dict(zip(("compute_seconds", "compute_source"),
-                       self._compiler_compute(kernel, flops - kernel / self.compute_split)
-                       if hardware is None else (None, ""))),
-            exposed_axes=self._weight_only_axes(),
-            flops_source=(label if compiled else why + "model FLOPs (+ remat"
-                          + (", + the experts' empty slots: analytic.moe_padding_flops"
-                             if self.padding_flops else "") + ") / compute split")
-            + (f"; + the {self.attention.split(':')[0]} kernel's FLOPs by formula "
-               "(attention_cost.kernel_flops: cost analysis does not count Pallas kernels)"
-               if kernel else ""),
-            sync_exposed=self.source == "tpu-compiler",
-            bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
-
-    def _undercounted_flops(self) -> str:
-        """Why the compiler's FLOP count cannot be the step's, or "": below the model's
-        own FLOPs per device (``6 N T`` and attention, without remat or kernels) it left
-        work out. XLA:GPU's cost analysis does not count the cuBLAS / cuDNN GEMMs its
-        custom calls run (on an H200, GPT "small" in bfloat16: about a fifth of 6 N T);
-        the analytic FLOPs are used instead and the sources say so."""
-        if self.cfg is None or not self.model_flops:
-            return ""
-        floor = self.model_flops / self.compute_split
-        counted = float(self.cost.get("flops", 0.0)) + self.kernel_flops / self.compute_split
-        if counted >= UNDERCOUNT * floor:
-            return ""
-        return (f"analytic: the {self.source} cost analysis counts {counted:.4g} FLOPs per "
-                f"device, {counted / floor:.0%} of the model's own {floor:.4g} (it leaves "
-                "out the matmuls of custom calls, e.g. cuBLAS GEMMs on GPUs); ")
+        spec = effective_spec(self.mesh, hardware=hardware, calibration=calibration)
+        return predict_plan(self, spec, overlap=overlap)
 
     @property
     def kernel_flops(self) -> float:
@@ -361,15 +265,6 @@ class PlanReport:
             head_dim=cfg.head_dim, n_layers=cfg.n_layers,
             block_sizes=cfg.attention_block_sizes,
             recompute_forward=cfg.remat != "none" and "context" not in _kept(cfg.remat))
-
-    def _weight_only_axes(self) -> tuple[str, ...]:
-        """Mesh axes (size > 1) that shard weights but split neither batch nor sequence:
-        their collectives carry activations between the matmuls of one layer."""
-
-        params = {k: v for k, v in self.layouts.items() if k.startswith("params.")}
-        bat = set(batch_axes(self.rules, self.mesh))
-        return tuple(a for a in self.mesh.axis_names
-                     if a in weight_axes(params) and a not in bat and self.mesh.shape[a] > 1)
 
     @property
     def compute_split(self) -> int:
