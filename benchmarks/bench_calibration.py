@@ -165,8 +165,8 @@ def hbm_row(plan: Any, case: Sequence[Any]) -> dict[str, Any]:
             "notes": (f"compiled {compiled / 1e9:.1f} GB (the TPU compiler's cost analysis), "
                       f"analytic {new / 1e9:.1f} GB; without the model (the formula before "
                       f"calibration: 3 x weights + 2 x activations + update) "
-                      f"{plan.hbm_bytes_estimate / 1e9:.1f} GB "
-                      f"(x{plan.hbm_bytes_estimate / compiled:.2f})")}
+                      f"{plan.report.hbm_bytes_estimate / 1e9:.1f} GB "
+                      f"(x{plan.report.hbm_bytes_estimate / compiled:.2f})")}
 
 
 def memory_rows(cases: Sequence[Sequence[Any]], mesh: Any, compiler: str) -> list[dict]:

@@ -131,7 +131,7 @@ def row(ref: Reference, p: wb.Plan, seconds: float) -> dict[str, Any]:
     published_step = ref.per_chip_batch * ref.seq / ref.tokens_per_chip
     n_async = sum(c.count for c in p.collectives if c.overlapped)
     n_all = sum(c.count for c in p.collectives)
-    cycles, _ = p.compiler_cycles
+    cycles, _ = p.report.compiler_cycles
     spec = wb.hardware.hardware_spec(p.mesh.device_kind)
     gap = ours - ref.mfu
     why = []

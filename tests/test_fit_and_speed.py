@@ -213,7 +213,7 @@ def test_tpu_plans_time_local_work_with_the_compilers_cycles():
     plans = {s: wb.plan(cfg.replace(scan_layers=s), mesh=mesh, rules="fsdp", batch=4,
                         seq=256, progress=False) for s in (False, True)}
     spec = hardware_spec("TPU v5e")
-    cyc = {s: p.compiler_cycles[0] for s, p in plans.items()}
+    cyc = {s: p.report.compiler_cycles[0] for s, p in plans.items()}
     # the same matmuls plus the loop's slicing of stacked weights and gradients (1.58x on
     # this tiny model, one 256-token sequence per chip); the loop body counted once would
     # give 0.56x, every computation twice 3.2x (libtpu 0.0.42.1)
@@ -237,7 +237,7 @@ def test_tpu_plans_time_local_work_with_the_compilers_cycles():
     # an estimate (no TPU program) predicts from the roofline
     cpu = wb.plan(cfg, mesh=wb.make_mesh(fsdp=8), rules="fsdp", batch=8, seq=128,
                   progress=False)
-    assert cpu.compiler_cycles == (0, 0)
+    assert cpu.report.compiler_cycles == (0, 0)
     assert cpu.predicted.breakdown["local"] == cpu.predicted.breakdown["roofline_local"]
 
 

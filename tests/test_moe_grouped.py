@@ -181,7 +181,7 @@ def test_the_formulas_count_routed_rows_only():
     q = wb.plan(dense.replace(remat="full"), mesh=mesh, rules="fsdp", batch=64,
                 compile=False, progress=False)
     assert p.model_flops == q.model_flops   # model FLOPs: the routed experts (flops.py)
-    assert p.padding_flops == 0 < q.padding_flops
+    assert p.report.padding_flops == 0 < q.report.padding_flops
     capped = wb.plan(dense.replace(remat="full", capacity_factor=1.25), mesh=mesh,
                      rules="fsdp", batch=64, compile=False, progress=False)
     # k rows per token where capacity 1.25 keeps 1.25 k slots and dense dropless E

@@ -1,6 +1,7 @@
 """The plan's report apart from its runnable handle: the report is plain data (a JSON round
 trip gives back the same summary, dict and prediction), the handle runs the step, and the
-plan reads every report attribute as its own."""
+plan shows the report's user-facing numbers as explicit properties, never forwarding the
+rest (``plan.report.<name>``)."""
 from __future__ import annotations
 
 import json
@@ -61,13 +62,24 @@ def test_the_handle_runs_and_the_report_does_not(compiled_plan):
     for name in ("materialize", "train_step", "init_state", "compiled", "jitted",
                  "graphdef", "shardings", "factory"):
         assert hasattr(compiled_plan, name) and not hasattr(report, name), name
-    # the plan reads the report's fields and methods as its own
+    # the plan shows the report's user-facing numbers, each an explicit property
     assert compiled_plan.memory is report.memory and compiled_plan.warnings is report.warnings
     assert compiled_plan.predicted is report.predicted
     assert compiled_plan.summary() == report.summary() and repr(compiled_plan) == repr(report)
-    assert {"memory", "collectives", "predict", "to_json"} <= _REPORT_NAMES
-    assert "memory" in dir(compiled_plan)
-    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+    assert compiled_plan.memory_rows() == report.memory_rows()
+    for name in ("source", "fits", "layouts", "memory_estimate", "cost", "compute_split",
+                 "flops_per_device", "kernel_flops", "compiler_options", "dtype"):
+        assert isinstance(getattr(Plan, name), property), name
+        assert getattr(compiled_plan, name) == getattr(report, name), name
+    assert "memory" in dir(compiled_plan) and "loops" not in dir(compiled_plan)
+    # ... and forwards nothing else: the rest says where it is
+    assert {"memory", "collectives", "predict", "to_json", "loops"} <= _REPORT_NAMES
+    assert "__getattr__" not in vars(PlanReport)
+    for name in ("loops", "compiler_cycles", "compiled_numbers", "to_json"):
+        with pytest.raises(AttributeError, match=rf"no attribute '{name}': it is the "
+                                                 rf"report's, plan.report.{name}"):
+            getattr(compiled_plan, name)
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'$"):
         compiled_plan.nonsense
     import jax
     from flax import nnx

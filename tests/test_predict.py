@@ -162,7 +162,7 @@ def test_a_cost_analysis_that_leaves_out_matmuls_gives_way_to_the_model_flops():
     assert counted >= floor                              # what XLA:CPU counts
     assert p.predicted.sources["flops"] == "cpu-compiler cost analysis"
     whole = p.predict(calibration=False)
-    p.compiled_numbers.cost["flops"] = counted / 5       # as XLA:GPU counts it
+    p.report.compiled_numbers.cost["flops"] = counted / 5       # as XLA:GPU counts it
     cut = p.predict(calibration=False)
     assert cut.sources["flops"].startswith("analytic: the cpu-compiler cost analysis counts")
     assert "cuBLAS" in cut.sources["flops"]

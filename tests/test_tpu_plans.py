@@ -380,8 +380,8 @@ def test_scanned_layers_plan_counts_loop_collectives_and_predicts_from_the_analy
     scanned = wb.plan(cfg.replace(scan_layers=True), mesh=mesh, rules="fsdp_tp", batch=8,
                       seq=64, progress=False)
     assert scanned.source == unrolled.source == "tpu-compiler"
-    assert list(scanned.loops.values()) and set(scanned.loops.values()) == {4}
-    assert not unrolled.loops and unrolled.compiled_flops_per_device is not None
+    assert list(scanned.report.loops.values()) and set(scanned.report.loops.values()) == {4}
+    assert not unrolled.report.loops and unrolled.compiled_flops_per_device is not None
     assert scanned.compiled_flops_per_device is None
     assert scanned.predicted.sources["flops"].startswith("analytic: the compiled program loops")
     assert scanned.predicted.compiler_seconds is None

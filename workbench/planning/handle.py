@@ -1,7 +1,9 @@
 """``Plan``, what ``wb.plan`` returns: the runnable handle (the abstract state and its
 shardings, the jitted and compiled step, ``materialize``, ``train_step``) around the
-serialisable ``PlanReport`` (memory, FLOPs, collectives, lints, prediction), whose every
-attribute the plan shows as its own (``plan.memory`` is ``plan.report.memory``)."""
+serialisable ``PlanReport`` (memory, FLOPs, collectives, lints, prediction). The plan
+shows the report's numbers that users read as its own, each an explicit property
+(``plan.memory`` is ``plan.report.memory``); the rest are the report's alone
+(``plan.report.loops``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,9 +20,20 @@ from workbench.step import LossFn, ModelFactory, TrainState, sharded_init
 
 __all__ = ["Plan"]
 
+#: Every attribute name of the report: one the plan does not show is ``plan.report.<name>``.
 _REPORT_NAMES = frozenset(
     {f.name for f in dataclasses.fields(PlanReport)}
     | {n for n in dir(PlanReport) if not n.startswith("__")})
+
+
+def _shown(name: str) -> property:
+    """A read-only property of the plan that is ``plan.report.<name>`` (documented as the
+    report's own attribute is)."""
+    doc = (getattr(PlanReport, name, None).__doc__ if isinstance(
+        getattr(PlanReport, name, None), (property, functools.cached_property)) else None)
+    summary = (doc or "").strip().split("\n\n")[0]
+    return property(lambda self: getattr(self.report, name),
+                    doc=f"``plan.report.{name}``" + (f": {summary}" if summary else ""))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
@@ -28,10 +41,14 @@ class Plan(Displayable):
     """One train step of a model on a mesh, planned before any parameter is allocated
     (``wb.plan``): its ``report`` and what runs it.
 
-    Every attribute of the report reads as the plan's own: ``plan.memory``,
-    ``plan.model_flops``, ``plan.collectives``, ``plan.warnings``, ``plan.predicted``,
-    ``plan.summary()``, ``plan.to_dict()`` (see ``PlanReport``). ``repr`` is a one-line
-    summary, ``str`` the full report; a notebook shows the plan widget.
+    The report's numbers that notebooks and the docs read are the plan's own, each an
+    explicit property (``plan.memory``, ``plan.model_flops``, ``plan.collectives``,
+    ``plan.warnings``, ``plan.source``, ``plan.fits``, ``plan.layouts``,
+    ``plan.predicted``, ...) or method (``predict``, ``summary``, ``to_dict``,
+    ``memory_rows``); the rest of ``PlanReport`` (``loops``, ``compiler_cycles``,
+    ``compiled_numbers``, ``padding_flops``, ``to_json``, ...) is ``plan.report.<name>``.
+    ``repr`` is a one-line summary, ``str`` the full report; a notebook shows the plan
+    widget.
 
     Attributes:
         report: the ``PlanReport`` (serialisable: ``plan.report.to_json()``).
@@ -69,29 +86,45 @@ class Plan(Displayable):
     reshards: list[Any] = dataclasses.field(default_factory=list)
 
     def __getattr__(self, name: str) -> Any:
-        # only called for names the handle lacks: the report's fields and methods
-        report = self.__dict__.get("report")
-        if report is not None and name in _REPORT_NAMES:
-            return getattr(report, name)
+        # only called for names the plan lacks: says where a report attribute is, never
+        # forwards to it
+        if not name.startswith("_") and name in _REPORT_NAMES:
+            raise AttributeError(f"'Plan' object has no attribute {name!r}: it is the "
+                                 f"report's, plan.report.{name}")
         raise AttributeError(f"'Plan' object has no attribute {name!r}")
 
-    def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | _REPORT_NAMES)
-
-    # the report's most used parts, spelled out (the rest come through __getattr__)
-    name = property(lambda self: self.report.name, doc="PlanReport.name")
-    cfg = property(lambda self: self.report.cfg, doc="PlanReport.cfg")
-    mesh = property(lambda self: self.report.mesh, doc="PlanReport.mesh")
-    rules = property(lambda self: self.report.rules, doc="PlanReport.rules")
-    batch = property(lambda self: self.report.batch, doc="PlanReport.batch")
-    seq = property(lambda self: self.report.seq, doc="PlanReport.seq")
-    memory = property(lambda self: self.report.memory, doc="PlanReport.memory")
-    model_flops = property(lambda self: self.report.model_flops,
-                           doc="PlanReport.model_flops")
-    collectives = property(lambda self: self.report.collectives,
-                           doc="PlanReport.collectives")
-    warnings = property(lambda self: self.report.warnings, doc="PlanReport.warnings")
-    predicted = property(lambda self: self.report.predicted, doc="PlanReport.predicted")
+    # the report's numbers a plan shows as its own (PlanReport documents each)
+    name = _shown("name")
+    cfg = _shown("cfg")
+    mesh = _shown("mesh")
+    rules = _shown("rules")
+    batch = _shown("batch")
+    seq = _shown("seq")
+    dtype = _shown("dtype")
+    attention = _shown("attention")
+    source = _shown("source")
+    source_reason = _shown("source_reason")
+    is_estimate = _shown("is_estimate")
+    compile_seconds = _shown("compile_seconds")
+    compile_cached = _shown("compile_cached")
+    compiler_options = _shown("compiler_options")
+    memory = _shown("memory")
+    memory_estimate = _shown("memory_estimate")
+    fits = _shown("fits")
+    layouts = _shown("layouts")
+    pipeline = _shown("pipeline")
+    model_flops = _shown("model_flops")
+    flops = _shown("flops")
+    flops_per_device = _shown("flops_per_device")
+    compiled_flops_per_device = _shown("compiled_flops_per_device")
+    replicated_compute_factor = _shown("replicated_compute_factor")
+    compute_split = _shown("compute_split")
+    kernel_flops = _shown("kernel_flops")
+    cost = _shown("cost")
+    collectives = _shown("collectives")
+    comm_bytes_per_device = _shown("comm_bytes_per_device")
+    warnings = _shown("warnings")
+    predicted = _shown("predicted")
 
     def predict(self, *, hardware: Any = None, overlap: float | None = None,
                 calibration: Any = None) -> Any:
@@ -106,6 +139,10 @@ class Plan(Displayable):
     def to_dict(self) -> dict[str, Any]:
         """``PlanReport.to_dict``: the JSON-friendly summary."""
         return self.report.to_dict()
+
+    def memory_rows(self) -> list[dict[str, Any]]:
+        """``PlanReport.memory_rows``: one row per memory component."""
+        return self.report.memory_rows()
 
     def __str__(self) -> str:
         return str(self.report)
