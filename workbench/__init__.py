@@ -41,6 +41,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "compare": ("workbench.planning", "compare"),
     "search": ("workbench.planning.search", "search"),
     "SearchResult": ("workbench.planning.search", "SearchResult"),
+    "PlanOptions": ("workbench.planning", "PlanOptions"),
     "calibrate": ("workbench.perf.calibrate", "calibrate"),
     "remove_calibration": ("workbench.perf.calibrate", "remove_calibration"),
     "profile_step": ("workbench.train.profile", "profile_step"),
@@ -90,7 +91,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench.layouts import Layout, layout
     from workbench.mesh import MeshInfo, abstract_mesh, make_mesh
     from workbench.models.generate import generate
-    from workbench.planning import Plan, compare, plan
+    from workbench.planning import Plan, PlanOptions, compare, plan
     from workbench.perf.calibrate import calibrate, remove_calibration
     from workbench.planning.search import SearchResult, search
     from workbench.train.profile import profile_step

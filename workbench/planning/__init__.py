@@ -2,7 +2,8 @@
 formula on hardware you do not have) -> memory, FLOPs, collectives and layout lints per
 device; ``Plan.materialize()`` builds the sharded model.
 
-Modules: ``planner`` (``plan()``, ``compare()``) runs the ``stages``: resolve the inputs,
+Modules: ``planner`` (``plan()``, ``compare()``; ``options``: ``PlanOptions``, how
+``plan()`` and ``wb.search`` plan a step) runs the ``stages``: resolve the inputs,
 choose the compile target (the devices at hand, the TPU compiler for an abstract TPU
 slice, or formulas), build the abstract step (the Trainer's own, from ``workbench.step``),
 ``measure`` (compile, or estimate), lint; ``compile`` (compiles in a worker thread:
@@ -20,7 +21,9 @@ DeprecationWarning.
 from workbench.perf.hlo import Collective
 from workbench.planning.lints import Lint
 from workbench.planning.handle import Plan
+from workbench.planning.options import PlanOptions
 from workbench.planning.planner import compare, plan
 from workbench.planning.report import Comparison, PlanReport
 
-__all__ = ["Collective", "Comparison", "Lint", "Plan", "PlanReport", "compare", "plan"]
+__all__ = ["Collective", "Comparison", "Lint", "Plan", "PlanOptions", "PlanReport", "compare",
+           "plan"]

@@ -20,40 +20,27 @@ all labelled as estimates.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
-
-import jax
-import optax
 
 from workbench._validate import check_int
 from workbench.models import GPTConfig
-from workbench.models.pipeline import Pipeline
 from workbench.perf import analytic
 from workbench.planning.handle import Plan
 from workbench.planning.report import CompiledNumbers, Comparison, PlanReport
 from workbench.planning.measure import Measured, measure
+from workbench.planning.options import (  # noqa: F401 - the old home of the default
+    DEFAULT_REPLICATED_THRESHOLD, PlanOptions, options_of)
 from workbench.planning.stages import (AbstractStep, Inputs, Setup, build_step,
                                        choose_target, lint, resolve)
 from workbench.rules import Rules
-from workbench.step import LossFn, ModelFactory, lm_loss
+from workbench.step import ModelFactory
 
-__all__ = ["compare", "plan"]
-
-DEFAULT_REPLICATED_THRESHOLD = 16 * 1024 ** 2
+__all__ = ["PlanOptions", "compare", "plan"]
 
 
 def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
          rules: Rules | str | None = None, batch: int, seq: int | None = None,
-         optimizer: optax.GradientTransformation | None = None, dtype: str | None = None,
-         name: str | None = None, compile: bool | None = None,
-         memory_limit: int | None = None,
-         replicated_threshold: int = DEFAULT_REPLICATED_THRESHOLD,
-         loss_fn: LossFn = lm_loss,
-         example_batch: Mapping[str, jax.ShapeDtypeStruct] | None = None,
-         progress: bool = True,
-         pipeline: Pipeline | Mapping[str, Any] | None = None,
-         overlap: bool | Mapping[str, Any] = True) -> Plan:
+         options: PlanOptions | None = None, **keywords: Any) -> Plan:
     """Plan one train step of a model on a mesh without allocating it.
 
     The state, its shardings, the batch shardings and the step are built by the functions
@@ -72,40 +59,36 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
             model's ``seq_len`` is planned with a warning naming both: the model computes
             at any length (RoPE has no position table), so it is a legitimate experiment,
             but one the config does not state; ``cfg.replace(seq_len=seq)`` states it.
-        optimizer: optax transformation (default ``optax.adamw(3e-4)``).
-        dtype: compute dtype override for a GPTConfig ("bfloat16", "auto", ...); "auto"
-            (the presets' default) is resolved for the mesh's platform: bfloat16 on GPU and
-            TPU (an abstract TPU slice too), float32 on CPU (``plan.dtype`` says which).
-        name: label for ``compare`` (default: the preset name).
-        compile: force (True) or skip (False) compilation; default: compile when the mesh
-            has real devices.
-        memory_limit: bytes per device to check against (default: the device's memory).
-        replicated_threshold: parameters at least this large must not be replicated.
-        loss_fn: ``(model, batch) -> loss`` (default next-token cross-entropy).
-        example_batch: ShapeDtypeStructs of a factory model's batch (dim 0 is "batch");
-            default ``{"inputs", "targets"}`` int32 ``(batch, seq)``.
-        progress: say when compilation starts and how long it took (it can take minutes
-            for a large model on many devices).
-        overlap: compile with the platform's flags that overlap collectives with compute
-            (``workbench.planning.flags.OVERLAP_FLAGS``: async collective fusion on TPU,
-            the latency-hiding scheduler on GPU); False: without; a dict: exactly these
-            XLA compile options. ``Plan.compiler_options`` shows them and
-            ``Collective.overlapped`` what the compiled program runs asynchronously.
-        pipeline: ``{"microbatches": M, "schedule": "gpipe" | "circular" | "1f1b",
-            "repeats": R}``: pipeline stages over the mesh's ``stage`` axis (a GPTConfig with
-            ``scan_layers=True``); the plan adds ``plan.pipeline`` (bubble, per-stage
-            memory, collective permutes). "1f1b" is planned by formula only (not compiled).
+        options: how to plan (``PlanOptions``: optimizer, dtype, name, compile,
+            memory_limit, replicated_threshold, loss_fn, example_batch, progress,
+            pipeline, overlap; each documented there). Default ``PlanOptions()``.
+        **keywords: the same options one by one, as before ``PlanOptions`` (``optimizer=``,
+            ``progress=``, ``compile=``, ...): they fill in ``options``; one given both ways
+            must agree. ``pipeline={"microbatches": M, "schedule": ..., "repeats": R}``
+            adds ``plan.pipeline``; ``overlap`` picks the compile flags
+            (``Plan.compiler_options`` shows them).
+
+    Raises:
+        TypeError: an unknown keyword (the message lists ``PlanOptions``' fields).
+
+    Example::
+
+        plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=128,
+                       options=wb.PlanOptions(optimizer=optax.adamw(3e-4), progress=False))
     """
     t0 = time.perf_counter()
-    replicated_threshold = check_int(replicated_threshold, "replicated_threshold", minimum=0,
-                                     where="wb.plan: ", fix="a parameter count, e.g. 2**24")
+    opts = options_of(options, keywords, "wb.plan")
+    replicated_threshold = check_int(opts.replicated_threshold, "replicated_threshold",
+                                     minimum=0, where="wb.plan: ",
+                                     fix="a parameter count, e.g. 2**24")
     inp = resolve(cfg_or_factory, mesh=mesh, rules=rules, batch=batch, seq=seq,
-                  optimizer=optimizer, dtype=dtype, name=name, compile=compile,
-                  memory_limit=memory_limit, loss_fn=loss_fn, example_batch=example_batch,
-                  pipeline=pipeline, overlap=overlap)
+                  optimizer=opts.optimizer, dtype=opts.dtype, name=opts.name,
+                  compile=opts.compile, memory_limit=opts.memory_limit, loss_fn=opts.loss,
+                  example_batch=opts.example_batch, pipeline=opts.pipeline,
+                  overlap=opts.overlap)
     setup = choose_target(inp)
     step = build_step(inp, setup)
-    measured = measure(inp, setup, step, progress=progress)
+    measured = measure(inp, setup, step, progress=opts.progress)
     warnings = lint(inp, setup, step, measured, replicated_threshold)
     return _assemble(inp, setup, step, measured, warnings, seconds=time.perf_counter() - t0)
 

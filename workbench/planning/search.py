@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import optax
 
 from workbench._display import status_line
 from workbench._notebook import in_notebook
 from workbench.layouts import format_bytes
 from workbench.models import GPTConfig
 from workbench.models.adapters import ModelSpec, from_nnx
+from workbench.planning.options import PlanOptions, options_of
 from workbench.planning.planner import plan as make_plan
 from workbench.planning.handle import Plan
 from workbench.planning.search_result import SearchResult, SearchRow
@@ -33,23 +33,14 @@ from workbench.planning.search_space import (
     DEFAULT_REMAT, DEFAULT_STRATEGIES, EXPERT_STRATEGIES, Candidate, Hardware, SearchOptions,
     candidates, hardware as resolve_hardware, invalid, larger_presets, mesh_shape,
     check_seq, model_candidates, skip)
-from workbench.rules import Rules
 
-__all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "SearchOptions", "SearchResult", "SearchRow",
-           "search"]
+__all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "PlanOptions", "SearchOptions", "SearchResult",
+           "SearchRow", "search"]
 
 
 def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
-           seq: int | None = None,
-           strategies: Sequence[str | Rules] = DEFAULT_STRATEGIES,
-           remat: Sequence[str] = DEFAULT_REMAT, microbatches: Sequence[int] = (1,),
-           mesh_shapes: Sequence[Mapping[str, int] | tuple[int, int]] | None = None,
-           max_model: int = 16, top_k: int = 3, exact: bool = True,
-           memory_limit: int | None = None, overlap: float | None = None,
-           optimizer: optax.GradientTransformation | None = None,
-           loss_fn: Any = None, example_batch: Any = None,
-           progress: bool = True, stages: Sequence[int] = (1,),
-           pipeline: Mapping[str, Any] | None = None) -> SearchResult:
+           seq: int | None = None, options: PlanOptions | None = None,
+           **keywords: Any) -> SearchResult:
     """Search layouts of ``cfg`` on ``hardware``: plan each by formula, keep what fits, rank
     by predicted step time, compile the best ``top_k`` and re-rank them by their compiled
     predictions.
@@ -65,6 +56,16 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             preset) to use, or None for the devices at hand.
         batch: global batch (sequences per optimizer step).
         seq: sequence length (default ``cfg.seq_len``).
+        options: how each candidate is planned, shared with ``wb.plan``
+            (``PlanOptions``: ``optimizer``, ``dtype``, ``memory_limit`` (bytes per device
+            to fit in; default the device's memory), ``replicated_threshold``, ``loss_fn``
+            and ``example_batch`` (below), ``progress`` (one status line while it works,
+            and the compiler's own while compiling), ``overlap`` (the compile flags)).
+            Its ``name``, ``compile`` and ``pipeline`` are the search's to set.
+        **keywords: what to vary (``SearchOptions``, below), and ``options``' fields one
+            by one as before (``optimizer=``, ``memory_limit=``, ``progress=``, ...).
+
+    Search options (keywords):
         strategies: rules presets ("dp", "fsdp", "tp", "fsdp_tp"; "ep", "fsdp_ep", "ep_tp"
             for a mixture-of-experts config) or ``Rules`` naming the mesh axes ``data``
             and ``model``. A MoE config (``cfg.n_experts > 0``) searched with the default
@@ -81,22 +82,20 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             presets compile with the TPU compiler, real meshes with XLA; other hardware
             (GPU presets) stays analytic, said in ``notes``.
         exact: False skips compilation altogether.
-        memory_limit: bytes per device to fit in (default: the device's memory).
         overlap: fraction of communication hidden behind compute in the predictions
             (``Plan.predict``; default by platform: 1 on TPU/GPU, 0 on CPU). With full
             overlap compute-bound layouts tie; ties go to the least exposed communication
             (the step without overlap), then to the least memory.
-        optimizer: optax transformation (default ``optax.adamw(3e-4)``).
-        loss_fn: a factory's ``(model, batch) -> loss`` (as ``wb.plan``; a spec's own
-            otherwise).
-        example_batch: a factory's batch, ``(batch, seq) -> {name: ShapeDtypeStruct}`` or a
-            fixed dict (as ``wb.models.from_nnx``; micro-batches need the callable).
-        progress: one status line while it works (and the compiler's own while compiling).
         stages: pipeline stage counts to try besides none (1): each ``s > 1`` adds
             candidates with a ``stage`` axis of size ``s`` taken from ``data``, planned with
             ``scan_layers=True`` and ``pipeline``.
         pipeline: the pipelined candidates' ``{"microbatches", "schedule", "repeats"}``
             (default GPipe with ``2 x stages`` micro-batches).
+
+    Of ``options``, ``loss_fn`` is a factory's ``(model, batch) -> loss`` (as ``wb.plan``; a
+    spec's own otherwise) and ``example_batch`` a factory's batch, ``(batch, seq) -> {name:
+    ShapeDtypeStruct}`` or a fixed dict (as ``wb.models.from_nnx``; micro-batches need the
+    callable).
 
     Returns:
         A ``SearchResult``: ``.rows``, ``.best`` (a Plan), ``.pareto``, ``.rank_changes``,
@@ -105,7 +104,9 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
 
     Raises:
         ValueError: unknown hardware/strategy/remat, a micro-batch count that does not
-            divide ``batch``, ``top_k < 0``, an empty option, or no candidate can be planned.
+            divide ``batch``, ``top_k < 0``, an empty option, ``options`` naming a plan,
+            its compilation or pipeline, or no candidate can be planned.
+        TypeError: a keyword that is neither a search option nor a ``PlanOptions`` field.
 
     Example::
 
@@ -114,30 +115,30 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
         res.best.summary()
     """
     t0 = time.perf_counter()
-    opts = SearchOptions(strategies=strategies, remat=remat, microbatches=microbatches,
-                         mesh_shapes=mesh_shapes, max_model=max_model, stages=stages,
-                         pipeline=pipeline, top_k=top_k, exact=exact,
-                         memory_limit=memory_limit, overlap=overlap, progress=progress)
+    opts, plan_opts = _options(options, keywords)
     gpt = isinstance(cfg, GPTConfig)
     if not gpt:
-        cfg = _as_spec(cfg, loss_fn, example_batch, remat, microbatches)
-    elif loss_fn is not None or example_batch is not None:
+        cfg = _as_spec(cfg, plan_opts.loss_fn, plan_opts.example_batch, opts.remat,
+                       opts.microbatches)
+        plan_opts = plan_opts.replace(loss_fn=None, example_batch=None)   # the spec's now
+    elif plan_opts.loss_fn is not None or plan_opts.example_batch is not None:
         raise ValueError("loss_fn= and example_batch= are for a model factory; a GPTConfig "
                          "trains on tokens with the next-token loss")
     opts.check(batch, gpt=gpt)
     check_seq(seq)
     s = _Search(cfg=cfg, hw=resolve_hardware(hardware), batch=batch,
-                seq=int(seq or (cfg.seq_len if gpt else 1)), optimizer=optimizer, opts=opts,
-                say=_Status("wb.search", progress))
+                seq=int(seq or (cfg.seq_len if gpt else 1)), plan_opts=plan_opts, opts=opts,
+                say=_Status("wb.search", opts.progress))
     cands, skipped = candidates(cfg, s.hw, batch, opts) if gpt else \
         model_candidates(cfg, s.hw, batch, opts)
     rows, plans = s.analytic_pass(cands, skipped)
     analytic_seconds = time.perf_counter() - t0
-    notes = _notes(mesh_shapes, rows)
-    changes = s.exact_pass(rows, plans, cands, top_k, notes) if exact and top_k else []
+    notes = _notes(opts.mesh_shapes, rows)
+    changes = s.exact_pass(rows, plans, cands, opts.top_k, notes) \
+        if opts.exact and opts.top_k else []
     rows = _order(rows)
     fitting = [r for r in rows if r["rank"] is not None]
-    advice = None if fitting else s.advice(rows, cands, remat)
+    advice = None if fitting else s.advice(rows, cands, opts.remat)
     s.say(f"{len(rows)} candidates on {s.hw.name} in {time.perf_counter() - t0:.1f} s: "
           f"{len(fitting)} fit" + (f"; best {fitting[0]['layout']}" if fitting else ""),
           final=True)
@@ -148,6 +149,34 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
         analytic_seconds=analytic_seconds, seconds=time.perf_counter() - t0)
 
 
+#: The keywords of ``wb.search`` that are search options (``SearchOptions``); the others
+#: are ``PlanOptions`` fields (``memory_limit`` and ``progress`` serve both).
+_SEARCH_KEYWORDS = frozenset(f.name for f in dataclasses.fields(SearchOptions)) \
+    - {"memory_limit", "progress"}
+
+
+def _options(options: PlanOptions | None, keywords: Mapping[str, Any]
+             ) -> tuple[SearchOptions, PlanOptions]:
+    """``wb.search``'s keywords split into what to vary and how to plan each candidate.
+
+    Raises:
+        ValueError: ``options`` names a plan, its compilation or its pipeline (the
+            search's to set per candidate).
+        TypeError: a keyword that is neither.
+    """
+    plan_opts = options_of(options, {k: v for k, v in keywords.items()
+                                     if k not in _SEARCH_KEYWORDS}, "wb.search")
+    for name in ("name", "compile", "pipeline"):
+        if getattr(plan_opts, name) is not None:
+            raise ValueError(f"wb.search: options.{name}={getattr(plan_opts, name)!r} is the "
+                             "search's to set per candidate (pipelines: stages= and "
+                             "pipeline= keywords; compilation: top_k= and exact=); leave it "
+                             "out")
+    opts = SearchOptions(**{k: v for k, v in keywords.items() if k in _SEARCH_KEYWORDS},
+                         memory_limit=plan_opts.memory_limit, progress=plan_opts.progress)
+    return opts, plan_opts
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Search:
     """One search's fixed settings: plans candidates and measures them."""
@@ -156,7 +185,7 @@ class _Search:
     hw: Hardware
     batch: int
     seq: int
-    optimizer: Any
+    plan_opts: PlanOptions
     opts: SearchOptions
     say: Callable[..., None]
 
@@ -167,10 +196,10 @@ class _Search:
         model = self.cfg if c.remat is None else self.cfg.replace(
             remat=c.remat, **({"scan_layers": True} if c.pipeline else {}))
         return make_plan(model, mesh=hw.mesh(c.mesh), rules=c.rules,
-                         batch=batch // c.microbatches, seq=self.seq, optimizer=self.optimizer,
-                         name=c.label, compile=compile, memory_limit=self.opts.memory_limit,
-                         progress=self.opts.progress and compile is not False,
-                         pipeline=c.pipeline)
+                         batch=batch // c.microbatches, seq=self.seq,
+                         options=self.plan_opts.replace(
+                             name=c.label, compile=compile, pipeline=c.pipeline,
+                             progress=self.opts.progress and compile is not False))
 
     def measure(self, p: Plan, microbatches: int, batch: int | None = None) -> dict[str, Any]:
         """Memory, fit and predicted time of one optimizer step of ``batch`` run as
