@@ -15,8 +15,8 @@ import pytest
 
 CORE = ["workbench", "workbench.hardware", "workbench.mesh", "workbench.layouts", "workbench.rules",
         "workbench.models", "workbench.hf.load", "workbench.hf.export", "workbench.flops",
-        "workbench.step", "workbench.planning", "workbench.runs", "workbench.train",
-        "workbench.data", "workbench.jobs"]
+        "workbench.step", "workbench.perf", "workbench.planning", "workbench.runs",
+        "workbench.train", "workbench.data", "workbench.jobs"]
 BLOCK = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):

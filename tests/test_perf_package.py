@@ -1,0 +1,53 @@
+"""``workbench.perf``, split from ``workbench.planning``: the old module paths still import,
+warn with the new path and give the new module's own objects; perf never imports the plan
+pipeline (planning uses perf, not the other way round); ``wb.perf.formulas`` is the public
+home of the hand counts."""
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+import warnings
+
+import pytest
+
+import workbench as wb
+
+MOVED = ("hlo", "analytic", "attention_cost", "bounds", "calibrate", "predict", "profile",
+         "trace")
+PERF = pathlib.Path(wb.__file__).parent / "perf"
+
+
+@pytest.mark.parametrize("name", MOVED)
+def test_an_old_planning_path_warns_and_gives_the_perf_module(name):
+    new = importlib.import_module(f"workbench.perf.{name}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module(f"workbench.planning.{name}")
+    with pytest.warns(DeprecationWarning,
+                      match=rf"workbench\.planning\.{name} moved to workbench\.perf\.{name}"):
+        importlib.reload(old)
+    public = getattr(new, "__all__", None) or [n for n in vars(new) if not n.startswith("_")]
+    for attr in public:
+        assert getattr(old, attr) is getattr(new, attr), attr
+
+
+def test_perf_never_imports_the_plan_pipeline():
+    bad = []
+    for path in sorted(PERF.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            bad += [f"{path.name}:{node.lineno} {m}" for m in mods
+                    if m.startswith("workbench.planning")]
+    assert not bad, f"perf imports planning: {bad}"
+
+
+def test_formulas_are_public_and_the_same_functions():
+    from workbench.perf import analytic, attention_cost, formulas
+
+    assert wb.perf.formulas is formulas and "formulas" in wb.perf.__all__
+    for name in formulas.__all__:
+        impl = getattr(analytic, name, None) or getattr(attention_cost, name)
+        assert getattr(formulas, name) is impl, name
+    assert formulas.moe_collectives.__doc__
