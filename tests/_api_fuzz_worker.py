@@ -242,6 +242,7 @@ RECIPES: dict[str, Recipe] = {
     "wb.plan": lambda f: {"cfg_or_factory": f.cfg, "mesh": f.mesh, "batch": 8, "seq": 16,
                           "compile": False, "progress": False},
     "wb.compare": lambda f: {"plans": [f.plan, f.plan]},
+    "wb.PlanOptions": lambda f: {"progress": False},
     "wb.search": lambda f: {"cfg": f.cfg, "hardware": "v5p-8", "batch": 8, "seq": 16,
                             "strategies": ("dp",), "remat": ("none",), "exact": False,
                             "progress": False},
@@ -354,6 +355,18 @@ SIGNATURES["wb.models.RMSNorm"] = (("dim", "positional"), ("eps", "keyword"),
 SIGNATURES["wb.models.MLPClassifier"] = (
     ("in_features", "positional"), ("hidden", "positional"), ("n_classes", "positional"),
     ("rngs", "keyword"), ("dtype", "keyword"))
+#: wb.plan and wb.search take ``PlanOptions``' fields one by one as keywords (``**keywords``,
+#: beside ``options=``): each is fuzzed by name, as when they were parameters of their own.
+_PLAN_OPTIONS = ("optimizer", "dtype", "name", "compile", "memory_limit",
+                 "replicated_threshold", "loss_fn", "example_batch", "progress", "pipeline",
+                 "overlap")
+SIGNATURES["wb.plan"] = tuple((p, "keyword") for p in (
+    "cfg_or_factory", "mesh", "rules", "batch", "seq", "options", *_PLAN_OPTIONS))
+SIGNATURES["wb.search"] = tuple((p, "keyword") for p in (
+    "cfg", "hardware", "batch", "seq", "options", "strategies", "remat", "microbatches",
+    "mesh_shapes", "max_model", "top_k", "exact", "overlap", "stages", "pipeline",
+    "memory_limit", "optimizer", "loss_fn", "example_batch", "progress", "dtype",
+    "replicated_threshold"))
 
 
 # --- the call ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``workbench.perf``, split from ``workbench.planning``: the old module paths still import,
 warn with the new path and give the new module's own objects; perf never imports the plan
-pipeline (planning uses perf, not the other way round); ``wb.perf.formulas`` is the public
+pipeline (planning uses perf, not the other way round); ``workbench.perf.formulas`` is the public
 home of the hand counts."""
 from __future__ import annotations
 
@@ -44,9 +44,10 @@ def test_perf_never_imports_the_plan_pipeline():
 
 
 def test_formulas_are_public_and_the_same_functions():
+    import workbench.perf as perf
     from workbench.perf import analytic, attention_cost, formulas
 
-    assert wb.perf.formulas is formulas and "formulas" in wb.perf.__all__
+    assert perf.formulas is formulas and "formulas" in perf.__all__
     for name in formulas.__all__:
         impl = getattr(analytic, name, None) or getattr(attention_cost, name)
         assert getattr(formulas, name) is impl, name

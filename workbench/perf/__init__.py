@@ -1,5 +1,6 @@
 """How long things take: the HLO cost reading, the roofline prediction, the formulas, the
-physical bounds, profiles read back and calibration (``wb.perf``).
+physical bounds, profiles read back and calibration (``import workbench.perf``; its
+``__all__`` is public, and ``workbench.perf.formulas`` the hand counts).
 
 ``workbench.planning`` plans a step (what it holds, which collectives it runs); this
 package says how long it takes, from a plan's numbers and one hardware spec that the
