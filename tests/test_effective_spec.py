@@ -69,6 +69,11 @@ def test_plan_predict_resolves_the_stored_calibration(v5p):
     cal.save()
     assert plan.predict().step_seconds == plan.predict(calibration=cal).step_seconds
     assert plan.predict(calibration=False).step_seconds == table.step_seconds
+    # the caller's own spec, used as it is
+    mine = effective_spec(plan.mesh, calibration=cal)
+    assert plan.predict(hardware=mine).step_seconds == plan.predict().step_seconds
+    with pytest.raises(ValueError, match="has its calibration already"):
+        plan.predict(hardware=mine, calibration=False)
 
 
 def test_bad_arguments_say_what_to_pass(v5p):

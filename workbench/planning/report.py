@@ -12,7 +12,7 @@ from typing import Any
 
 from workbench._display import Displayable
 from workbench.flops import FlopCount, compiled_cost
-from workbench.hardware import effective_spec
+from workbench.hardware import EffectiveSpec, effective_spec
 from workbench.layouts import Layout, format_bytes
 from workbench.mesh import MeshInfo
 from workbench.models import GPTConfig
@@ -242,11 +242,21 @@ class PlanReport:
         Args:
           hardware: a ``HardwareSpec`` or device kind ("TPU v5p", "H100") to predict for
             another chip with the same program; default the mesh's device kind (measured
-            for CPU devices).
+            for CPU devices); or an ``EffectiveSpec`` resolved by the caller
+            (``wb.hardware.effective_spec(plan.mesh, ...)``), used as it is.
           overlap: fraction of communication hidden behind compute (default by platform).
           calibration: False: the hardware table alone; None: with the calibration stored
             for the device kind (``wb.calibrate``), if any; or a ``Calibration``.
+
+        Raises:
+          ValueError: ``calibration`` given with an ``EffectiveSpec`` (it has its own), or
+            no hardware entry for the device kind.
         """
+        if isinstance(hardware, EffectiveSpec):
+            if calibration is not None:
+                raise ValueError("predict: hardware is an EffectiveSpec, which has its "
+                                 "calibration already; pass calibration= to effective_spec")
+            return predict_plan(self, hardware, overlap=overlap)
         spec = effective_spec(self.mesh, hardware=hardware, calibration=calibration)
         return predict_plan(self, spec, overlap=overlap)
 
