@@ -12,6 +12,7 @@ Usage::
 
 One module per concern, each importing only those before it:
 
+- :mod:`workbench.hf.hub`: a Hub id -> a snapshot folder in huggingface_hub's cache;
 - :mod:`workbench.hf.families`: ``config.json`` <-> ``GPTConfig``, per family;
 - :mod:`workbench.hf.tensors`: which HF tensors make each parameter, read slice by slice;
 - :mod:`workbench.hf.save`: ``to_hf``, the folder written tensor by tensor;
@@ -33,11 +34,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["CheckpointError", "HFConfigError", "HFSource", "export_run", "from_hf",
+__all__ = ["CheckpointError", "HFConfigError", "HFSource", "HubError", "export_run", "from_hf",
            "hf_config", "to_hf"]
 
 #: public name -> the module of this package that defines it.
 _WHERE = {"CheckpointError": "tensors", "HFConfigError": "families", "HFSource": "load",
+          "HubError": "hub",
           "export_run": "export", "from_hf": "load", "hf_config": "load", "to_hf": "save"}
 
 

@@ -1,5 +1,6 @@
-"""Hugging Face checkpoints in: a local model folder (config.json + safetensors) straight
-into a sharded GPT, each device reading only its slices, one tensor at a time.
+"""Hugging Face checkpoints in: a model folder or Hub id (config.json + safetensors)
+straight into a sharded GPT, each device reading only its slices, one tensor at a time;
+the folder's tokenizer and chat template attached to the model.
 
 Export (``to_hf``) lives in :mod:`workbench.hf.save`.
 """
@@ -16,6 +17,7 @@ from flax import nnx
 
 from workbench._validate import check_path
 from workbench.hf.families import HFConfigError, family_of, read_config, to_gpt_config
+from workbench.hf.hub import CONFIG_FILES, Resolved, check_weights, resolve
 from workbench.hf.save import check_tokenizer
 from workbench.hf.tensors import (CheckpointError, Folder, Mapping_, mappings, normalize,
                                   read_core)
@@ -38,38 +40,52 @@ class HFSource:
     """Where an imported model came from (recorded by the Trainer in ``run.json``).
 
     Attributes:
-        path: the model folder (absolute).
+        path: the model folder (absolute; for a Hub id, its snapshot in the HF cache).
         family: its family (``llama``, ``qwen2_moe``, ...).
         files: the safetensors files read.
         dtype: the checkpoint's float dtype(s), e.g. "bfloat16".
+        repo_id: the Hub id it was loaded by (None for a local folder).
+        revision: the commit hash of that snapshot (None for a local folder).
+        eos_ids: the model's end-of-sequence ids, from ``generation_config.json`` (else
+            ``config.json``) ``eos_token_id``; ``wb.generate`` stops at them.
     """
 
     path: str
     family: str
     files: tuple[str, ...]
     dtype: str
+    repo_id: str | None = None
+    revision: str | None = None
+    eos_ids: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": "huggingface", **dataclasses.asdict(self),
-                "files": list(self.files)}
+        d = {"format": "huggingface", **dataclasses.asdict(self), "files": list(self.files),
+             "eos_ids": list(self.eos_ids)}
+        return {k: v for k, v in d.items() if v is not None}
 
 
-def hf_config(path: str | Path, *, ignore_fields: Iterable[str] = (),
-              **overrides: Any) -> GPTConfig:
-    """The ``GPTConfig`` of a Hugging Face model folder (reads config.json only).
+def hf_config(path: str | Path, *, revision: str | None = None, progress: bool = True,
+              ignore_fields: Iterable[str] = (), **overrides: Any) -> GPTConfig:
+    """The ``GPTConfig`` of a Hugging Face model (reads config.json only).
 
     Args:
-        path: the folder (or its config.json).
+        path: the folder (or its config.json), or a Hub id ``"org/name"`` (only its
+            config.json is downloaded; an existing local path wins over an id).
+        revision: the Hub repo's branch, tag or commit (default "main"); ids only.
+        progress: a progress bar while downloading.
         ignore_fields: config fields unknown here that do not change the model.
         **overrides: ``GPTConfig`` fields to set (``scan_layers=True``, ``dtype=...``,
             ``seq_len=...``); the architecture fields must stay as the checkpoint's.
 
     Example::
 
-        cfg = wb.hf.hf_config("qwen3-folder/", scan_layers=True)
+        cfg = wb.hf.hf_config("Qwen/Qwen3-0.6B", scan_layers=True)
         plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=512)
     """
-    return _read_config(path, ignore_fields, overrides, "hf_config")
+    check_path(path, "path", where="hf_config: ")
+    where = resolve(path, revision=revision, progress=progress, files=CONFIG_FILES,
+                    where="hf_config")
+    return _read_config(where.path, ignore_fields, overrides, "hf_config")
 
 
 def _read_config(path: Any, ignore_fields: Any, overrides: dict[str, Any],
@@ -104,9 +120,11 @@ def _default_layout(mesh: Any, rules: Any) -> tuple[Any, Any]:
     return mesh, rules
 
 
-def from_hf(path: str | Path, *, mesh: Any = None, rules: Any = None, plan: Any = None,
+def from_hf(path: str | Path, *, revision: str | None = None, progress: bool = True,
+            mesh: Any = None, rules: Any = None, plan: Any = None,
             ignore_fields: Iterable[str] = (), **overrides: Any) -> Any:
-    """A sharded ``GPT`` with the weights of a local Hugging Face model folder.
+    """A sharded ``GPT`` with the weights of a Hugging Face model: a local folder or a
+    Hub id, with the model's own tokenizer and chat template attached.
 
     Reads ``config.json`` (Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE),
     checks every tensor's name, shape and dtype against it, then builds each parameter
@@ -117,7 +135,12 @@ def from_hf(path: str | Path, *, mesh: Any = None, rules: Any = None, plan: Any 
     Args:
         path: the folder: config.json + model.safetensors, or sharded
             ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``;
-            float32, bfloat16 or float16 tensors.
+            float32, bfloat16 or float16 tensors. Or a Hub id ``"org/name"``: downloaded
+            into the Hugging Face cache (config, safetensors, tokenizer files only) or
+            taken from it (``HF_HUB_OFFLINE=1``: the cache only). An existing local
+            path always wins over an id.
+        revision: the Hub repo's branch, tag or commit hash (default "main"); ids only.
+        progress: a progress bar while downloading (False: quiet).
         mesh: the devices (default ``wb.make_mesh(data=-1)``: all of them).
         rules: a ``wb.Rules`` or preset name (default "fsdp").
         plan: a ``wb.plan`` of this model: its mesh and rules are used (the plan's model
@@ -127,17 +150,31 @@ def from_hf(path: str | Path, *, mesh: Any = None, rules: Any = None, plan: Any 
             ``remat``, ``seq_len``...); parameters are converted to ``param_dtype``.
 
     Returns:
-        ``GPT`` (an ``nnx.Module``) whose parameters are sharded by the rules; its
-        ``hf_source`` attribute says where it came from.
+        ``GPT`` (an ``nnx.Module``) whose parameters are sharded by the rules. Its
+        ``hf_source`` attribute says where it came from (folder, Hub id and commit, EOS
+        ids); its ``tokenizer`` attribute is the folder's ``wb.data.Tokenizer``
+        (``tokenizer.json`` with ``tokenizer_config.json``'s special tokens and chat
+        template), or None when the folder has no ``tokenizer.json``. ``wb.generate``
+        uses both: ``wb.generate(model, "text")`` or ``messages=[...]``.
+
+    Raises:
+        HubError: a Hub id not on the Hub, gated without a token, a revision that does
+            not exist, or not cached with ``HF_HUB_OFFLINE=1``.
+        CheckpointError: the folder (or Hub repo) has no safetensors weights, or they do
+            not match config.json.
 
     Example::
 
-        model = wb.hf.from_hf("qwen-folder/", mesh=wb.make_mesh(data=4, model=2),
-                                  rules="fsdp_tp")
-        wb.show(model)
+        model = wb.hf.from_hf("Qwen/Qwen3-0.6B", mesh=wb.make_mesh(data=4, model=2),
+                              rules="fsdp_tp")
+        wb.generate(model, messages=[{"role": "user", "content": "Hi!"}])
     """
     from workbench.planning.handle import Plan   # the plan pipeline loads only when called
 
+    check_path(path, "path", where="from_hf: ")
+    where = resolve(path, revision=revision, progress=progress, where="from_hf")
+    check_weights(where, "from_hf")
+    path = where.path
     cfg = _read_config(path, ignore_fields, overrides, "from_hf")
     if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
         raise TypeError(f"from_hf: mesh={mesh!r} is a {type(mesh).__name__}, not a mesh of "
@@ -160,10 +197,46 @@ def from_hf(path: str | Path, *, mesh: Any = None, rules: Any = None, plan: Any 
     graphdef, abstract, logical = abstract_model(cfg)
     specs = param_specs(abstract, logical, rules)
     shardings = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs)
-    params, source = load_params(path, cfg, shardings)
+    params, source = load_params(path, cfg, shardings, hub=where)
     model = nnx.merge(graphdef, params)
     model.hf_source = source
+    model.tokenizer = model_tokenizer(path)
     return model
+
+
+def model_tokenizer(path: Path) -> Any:
+    """The folder's ``wb.data.Tokenizer`` (None without a ``tokenizer.json``)."""
+    from workbench.data.tokenizer import Tokenizer
+
+    if not (Path(path) / "tokenizer.json").is_file():
+        return None
+    try:
+        return Tokenizer(path)
+    except (OSError, ValueError) as e:   # the weights load without a tokenizer
+        import warnings
+
+        warnings.warn(f"from_hf: the model's tokenizer was not attached (model.tokenizer is "
+                      f"None): {e}. Generation then needs tokenizer= or token ids",
+                      stacklevel=3)
+        return None
+
+
+def eos_ids(path: Path) -> tuple[int, ...]:
+    """``eos_token_id`` of ``generation_config.json`` (else ``config.json``): one id or a
+    list; () when absent or unreadable (the tokenizer's EOS still applies)."""
+    import json
+
+    for name in ("generation_config.json", "config.json"):
+        f = Path(path) / name
+        try:
+            value = json.loads(f.read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        ids = value if isinstance(value, list) else [value]
+        if value is not None and all(isinstance(i, int) and not isinstance(i, bool)
+                                     and i >= 0 for i in ids):
+            return tuple(ids)
+    return ()
 
 
 def _arch(cfg: GPTConfig) -> tuple[Any, ...]:
@@ -226,13 +299,15 @@ def _expected(folder: Folder, cfg: GPTConfig, family: str
     return plan
 
 
-def load_params(path: str | Path, cfg: GPTConfig, shardings: Any) -> tuple[Any, HFSource]:
+def load_params(path: str | Path, cfg: GPTConfig, shardings: Any, *,
+                hub: Resolved | None = None) -> tuple[Any, HFSource]:
     """The parameters of ``GPT(cfg)`` from an HF folder, each built in its sharding.
 
     Args:
-        path: the HF model folder.
+        path: the HF model folder (a Hub id: :func:`workbench.hf.hub.resolve` it first).
         cfg: the model's config (``hf_config(path, ...)``).
         shardings: the params' pure dict of ``NamedSharding`` (a plan's or Trainer's).
+        hub: the resolved Hub id the folder is a snapshot of (recorded in the source).
 
     Returns:
         ``(params, source)``: the pure dict of sharded ``jax.Array`` and its
@@ -264,7 +339,9 @@ def load_params(path: str | Path, cfg: GPTConfig, shardings: Any) -> tuple[Any, 
     dts = sorted({FLOAT_DTYPES[folder.dtype(n)] for n in folder.names()
                   if folder.dtype(n) in FLOAT_DTYPES})
     files = tuple(sorted({f.name for f in folder.files.values()}))
-    return params, HFSource(path=str(path), family=family, files=files, dtype="+".join(dts))
+    return params, HFSource(path=str(path), family=family, files=files, dtype="+".join(dts),
+                            repo_id=hub.repo_id if hub else None,
+                            revision=hub.revision if hub else None, eos_ids=eos_ids(path))
 
 
 def _check_divides(m: Mapping_, sharding: Any, cfg: GPTConfig) -> None:

@@ -32,7 +32,8 @@ __all__ = ["MARK", "TOKENIZER_FILES", "check_replaceable", "exists_error", "to_h
 
 #: Files of a model folder copied along with the weights when present.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
+                   "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json",
+                   "chat_template.jinja")
 DEFAULT_SHARD_BYTES = 2 << 30
 #: safetensors metadata that marks a file written by ``to_hf`` (what ``overwrite`` checks).
 MARK = {"format": "pt", "written_by": "workbench.models.to_hf"}

@@ -17,7 +17,7 @@ import functools
 import math
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -36,14 +36,24 @@ __all__ = ["Stream", "generate", "sample"]
 Stream = Callable[[np.ndarray], Any] | bool | None
 
 
-def _tokens(prompt: Any, tokenizer: Any, vocab: int) -> tuple[np.ndarray, bool]:
-    """``(tokens (B, T) int32, was_text)``; every id checked against the model's ``vocab``."""
-    if isinstance(prompt, str):
+def _tokens(prompt: Any, tokenizer: Any, vocab: int, chat: bool = False
+            ) -> tuple[np.ndarray, bool]:
+    """``(tokens (B, T) int32, was_text)``; every id checked against the model's ``vocab``
+    (``chat``: a rendered chat, whose special tokens the template wrote)."""
+    if isinstance(prompt, str) and chat:
+        arr = np.asarray([list(tokenizer.encode(prompt))])
+        if arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError("wb.generate: the chat template rendered these messages as no "
+                             "tokens; check the messages and the template")
+        was_text = True
+    elif isinstance(prompt, str):
         if tokenizer is None or not callable(getattr(tokenizer, "encode", None)) \
                 or not callable(getattr(tokenizer, "decode", None)):
-            raise ValueError("a text prompt needs tokenizer= (an object with encode/decode, "
-                             "e.g. wb.data.Tokenizer); or pass token ids")
-        ids = tokenizer.encode(prompt)
+            raise ValueError("a text prompt needs a tokenizer: the model's own (wb.hf.from_hf "
+                             "attaches the folder's tokenizer.json), or tokenizer= (an object "
+                             "with encode/decode, e.g. wb.data.Tokenizer); or pass token ids")
+        encode = getattr(tokenizer, "encode_prompt", None)   # wb.data.Tokenizer: as transformers
+        ids = encode(prompt) if callable(encode) else tokenizer.encode(prompt)
         ids = getattr(ids, "ids", ids)   # a tokenizers.Encoding
         arr = np.asarray([list(ids)])
         if arr.size == 0:
@@ -143,23 +153,34 @@ def _layout(model: GPT, rules: Rules | str | None, batch: int) -> tuple[Any, Rul
     return mesh, rules
 
 
-def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: int = 32,
-             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             seed: int = 0, eos_id: int | None = None, cache: bool = True,
+def generate(model: Any, prompt: Any = None, *, messages: Any = None, tokenizer: Any = None,
+             max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, seed: int = 0,
+             eos_id: int | Sequence[int] | None = None, cache: bool = True,
              rules: Rules | str | None = None, stream: Stream = None) -> Any:
-    """Continue a prompt with a GPT (imported, trained or planned).
+    """Continue a prompt, or answer a chat, with a GPT (imported, trained or planned).
 
     Args:
         model: a ``GPT`` (``wb.hf.from_hf``, ``plan.materialize``) or anything with a
             ``.model`` (a ``wb.Trainer``).
-        prompt: text (with ``tokenizer``), or token ids ``(T,)`` / ``(B, T)``.
+        prompt: text, or token ids ``(T,)`` / ``(B, T)``. Text is encoded as
+            ``transformers``' ``tokenizer(text)`` encodes it (a ``wb.data.Tokenizer``'s
+            ``encode_prompt``: Llama 3's BOS first, none for Qwen).
+        messages: instead of ``prompt``, a chat: ``[{"role": "user", "content": "Hi!"},
+            ...]``, rendered by the tokenizer's chat template as ``transformers``'
+            ``apply_chat_template(messages, add_generation_prompt=True)`` renders it.
         tokenizer: any object with ``encode(text) -> ids`` and ``decode(ids) -> text``
-            (``wb.data.Tokenizer``, a ``tokenizers.Tokenizer``).
+            (``wb.data.Tokenizer``, a ``tokenizers.Tokenizer``); ``messages`` need a
+            ``wb.data.Tokenizer`` with a chat template. Default: the model's own
+            (``model.tokenizer``, attached by ``wb.hf.from_hf``).
         max_new_tokens: tokens to add.
         temperature: 0 for greedy decoding, else the sampling temperature.
         top_k, top_p: sampling filters (see :func:`sample`).
         seed: the sampling key.
-        eos_id: stop when every sequence has produced it (later tokens are ``eos_id``).
+        eos_id: stop when every sequence has produced one of these ids (later tokens are
+            the first of them). Default None: the model's own end-of-sequence ids (its
+            tokenizer's EOS and ``generation_config.json``'s ``eos_token_id``, for a
+            ``wb.hf.from_hf`` model), else never; ``()`` never stops early.
         cache: use the KV cache (False recomputes the sequence for every token).
         rules: how activations and the cache are sharded on the parameters' mesh (default
             "fsdp_tp" if the mesh has a ``model`` axis, else "fsdp"); a batch that the
@@ -172,11 +193,15 @@ def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: 
             The tokens are the same as without streaming.
 
     Returns:
-        For a text prompt, the decoded text (prompt + continuation); for token ids, an
-        int32 array ``(B, T + max_new_tokens)``.
+        For a text prompt, the decoded text (prompt + continuation); for ``messages``, the
+        reply alone (special tokens dropped); for token ids, an int32 array
+        ``(B, T + max_new_tokens)``.
 
     Example::
 
+        model = wb.hf.from_hf("Qwen/Qwen3-0.6B")
+        wb.generate(model, messages=[{"role": "user", "content": "Hi!"}])
+        wb.generate(model, "The capital of France is", max_new_tokens=8)
         wb.generate(model, [1, 2, 3], max_new_tokens=8)           # greedy
         wb.generate(trainer, "Once upon", tokenizer=tok, temperature=0.8, top_p=0.9)
         wb.generate(trainer, "Once upon", tokenizer=tok, stream=True)   # live in the cell
@@ -187,17 +212,23 @@ def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: 
         raise TypeError(f"generate: model={model!r} is a {type(model).__name__}; give a workbench "
                         "GPT (wb.hf.from_hf(...), plan.materialize()) or a Trainer")
     cfg = model.cfg
-    tokens, was_text = _tokens(prompt, tokenizer, cfg.vocab_size)
+    if tokenizer is None:
+        tokenizer = getattr(model, "tokenizer", None)
+    if messages is not None:
+        if prompt is not None:
+            raise ValueError("wb.generate: give prompt= or messages=, not both")
+        prompt = _chat_text(messages, tokenizer)
+    elif prompt is None:
+        raise ValueError("wb.generate: give a prompt (text or token ids) or messages=[{'role': "
+                         "'user', 'content': ...}]")
+    tokens, was_text = _tokens(prompt, tokenizer, cfg.vocab_size, chat=messages is not None)
     b, t = tokens.shape
     max_new_tokens = check_int(max_new_tokens, "max_new_tokens", minimum=1,
                                maximum=np.iinfo(np.int32).max - t, where="wb.generate: ",
                                fix="the number of tokens to add, e.g. 32")
     how = _check_sampling(temperature, top_k, top_p, cfg.vocab_size)
     seed = check_int(seed, "seed", minimum=-2**63, maximum=2**63 - 1, where="wb.generate: ")
-    if eos_id is not None:
-        eos_id = check_int(eos_id, "eos_id", minimum=0, maximum=cfg.vocab_size - 1,
-                           where="wb.generate: ", fix="a token id of the model's vocabulary, "
-                                                      "or eos_id=None")
+    eos = _eos_ids(eos_id, model, cfg.vocab_size)
     if not isinstance(cache, (bool, np.bool_)):
         raise TypeError(f"wb.generate: cache={cache!r} must be True (the KV cache) or False "
                         "(recompute the sequence for every token)")
@@ -221,13 +252,48 @@ def generate(model: Any, prompt: Any, *, tokenizer: Any = None, max_new_tokens: 
         _warn_past_trained(t, max_new_tokens, cfg.seq_len)
     sink = _sink(stream, tokenizer if was_text else None)
     with rules.activate(mesh):   # (also inside the compiled steps: a cache hit skips tracing)
-        out = _run(model, tokens, max_new_tokens, cache, mesh, rules, eos_id,
+        out = _run(model, tokens, max_new_tokens, cache, mesh, rules, eos,
                    dict(zip(("temperature", "top_k", "top_p"), how)), seed, sink)
     if sink is not None and callable(getattr(sink, "finish", None)):
         sink.finish()
+    if messages is not None:
+        new = out[0, t:].tolist()
+        stop = next((i for i, x in enumerate(new) if x in eos), len(new))
+        return tokenizer.decode(new[:stop])
     if was_text:
         return tokenizer.decode(out[0].tolist())
     return out
+
+
+def _chat_text(messages: Any, tokenizer: Any) -> str:
+    """The chat rendered by the tokenizer's template (its special tokens as text)."""
+    apply = getattr(tokenizer, "apply_chat_template", None)
+    if tokenizer is None or not callable(apply) or not hasattr(tokenizer, "chat_template"):
+        raise ValueError(
+            "wb.generate: messages= need the model's tokenizer and its chat template: load "
+            "the model with wb.hf.from_hf (a folder or Hub id with tokenizer.json and "
+            "tokenizer_config.json), or pass tokenizer=wb.data.Tokenizer.from_hf(...)")
+    text = apply(messages, add_generation_prompt=True)
+    if not isinstance(text, str):
+        raise TypeError(f"wb.generate: tokenizer.apply_chat_template returned a "
+                        f"{type(text).__name__}, not text; pass a wb.data.Tokenizer")
+    return text
+
+
+def _eos_ids(eos_id: Any, model: Any, vocab: int) -> tuple[int, ...]:
+    """The ids generation stops at: ``eos_id`` (one or several), or the model's own."""
+    fix = "a token id of the model's vocabulary, a list of them, () for none, or None"
+    if eos_id is None:
+        tok = getattr(model, "tokenizer", None)
+        source = getattr(model, "hf_source", None)
+        ids = [getattr(tok, "eos_id", None), *getattr(source, "eos_ids", ())]
+        return tuple(dict.fromkeys(i for i in ids if isinstance(i, int) and 0 <= i < vocab))
+    if isinstance(eos_id, (str, bytes)) or not isinstance(eos_id, (Sequence, np.ndarray)):
+        eos_id = [check_int(eos_id, "eos_id", minimum=0, maximum=vocab - 1,
+                            where="wb.generate: ", fix=fix)]
+    return tuple(dict.fromkeys(check_int(i, f"eos_id[{n}]", minimum=0, maximum=vocab - 1,
+                                         where="wb.generate: ", fix=fix)
+                               for n, i in enumerate(list(eos_id))))
 
 
 def _warn_past_trained(t: int, new: int, seq_len: int) -> None:
@@ -359,7 +425,7 @@ def _full(graphdef: Any, rules: Rules, mesh: Any, state: Any, buf: jax.Array,
 
 
 def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules: Rules,
-         eos_id: int | None, how: dict[str, Any], seed: int,
+         eos: tuple[int, ...], how: dict[str, Any], seed: int,
          sink: Callable[[np.ndarray], Any] | None = None) -> np.ndarray:
     from jax.sharding import NamedSharding
 
@@ -380,13 +446,13 @@ def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules
     done = np.zeros(b, bool)
     for i in range(new):
         nxt = np.asarray(_pick(logits, jax.random.fold_in(key, i), **how))
-        if eos_id is not None:
-            nxt = np.where(done, eos_id, nxt)
-            done |= nxt == eos_id
+        if eos:
+            nxt = np.where(done, eos[0], nxt)
+            done |= np.isin(nxt, eos)
         out = np.concatenate([out, nxt[:, None]], axis=1)
         if sink is not None:
             sink(out.copy())
-        if i == new - 1 or (eos_id is not None and done.all()):
+        if i == new - 1 or (eos and done.all()):
             break
         step_tokens = jax.device_put(nxt[:, None], batch_sh)
         if cache:
@@ -395,5 +461,5 @@ def _run(model: GPT, tokens: np.ndarray, new: int, cache: bool, mesh: Any, rules
             buf = buf.at[:, t + i].set(step_tokens[:, 0])
             logits = _full(graphdef, rules, mesh, state, buf, jnp.int32(t + i))
     if out.shape[1] < total:   # stopped at eos
-        out = np.pad(out, ((0, 0), (0, total - out.shape[1])), constant_values=eos_id)
+        out = np.pad(out, ((0, 0), (0, total - out.shape[1])), constant_values=eos[0])
     return out.astype(np.int32)

@@ -88,13 +88,17 @@ class TrainConfig:
         run is continued.
       eval_batches: batches of held-out rows each evaluation reads (the same ones every
         time).
-      init: None (initialise from ``seed``), or a local Hugging Face model folder whose
-        weights start the run (``wb.hf.from_hf``'s loader, straight into this run's
-        sharding); ``model`` must be its architecture: ``wb.hf.hf_config(init)``
-        (runtime fields such as ``scan_layers`` or ``remat`` may differ). Stored as an
-        absolute path and recorded in ``run.json``; a resumed run restores its checkpoints
-        as usual and needs the folder no more (nor does exporting it), so the same config
-        is accepted once the folder has moved away.
+      init: None (initialise from ``seed``), or a Hugging Face model whose weights start
+        the run (``wb.hf.from_hf``'s loader, straight into this run's sharding): a local
+        folder, or a Hub id ``"org/name"`` (an existing local path wins over an id).
+        ``model`` must be its architecture: ``wb.hf.hf_config(init)`` (runtime fields such
+        as ``scan_layers`` or ``remat`` may differ). A folder is stored as an absolute path;
+        an id as given. ``run.json`` records the folder, and for an id the commit it
+        resolved to, so a resumed run loads the same weights. A resumed run restores its
+        checkpoints as usual and needs a local folder no more (nor does exporting it), so
+        the same config is accepted once the folder has moved away.
+      init_revision: the Hub repo's branch, tag or commit hash for an ``init`` id (None:
+        "main", or the commit the run recorded when it started).
 
     Every value is checked when the config is made, and nothing is read from disk:
     integers must be integers (not bools, strings or floats) in range, and the model
@@ -120,6 +124,7 @@ class TrainConfig:
     eval_every: int = 0
     eval_batches: int = 1
     init: str | None = None
+    init_revision: str | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -187,12 +192,28 @@ class TrainConfig:
             self._check_pipeline()
         if self.init is not None:
             self._check_init()
+        if self.init_revision is not None:
+            from workbench.hf.hub import check_revision, is_hub_id
+
+            check_revision(self.init_revision, "TrainConfig", arg="init_revision")
+            if not is_hub_id(self.init):
+                raise ValueError(f"TrainConfig.init_revision={self.init_revision!r} picks a "
+                                 f"revision of a Hub id; init={self.init!r} is "
+                                 f"{'None' if self.init is None else 'a local path'}: drop "
+                                 "init_revision, or give init='org/name'")
 
     def _check_init(self) -> None:
-        """The init path, made absolute (the folder itself is read by :meth:`check`)."""
+        """The init path, made absolute, or a Hub id as given (the folder or Hub repo is
+        read by :meth:`check`)."""
+        from workbench._validate import check_path
+        from workbench.hf.hub import is_hub_id
+
         if not isinstance(self.init, (str, os.PathLike)) or not os.fspath(self.init).strip():
             raise TypeError(f"TrainConfig.init={self.init!r} must be a path to a Hugging Face "
-                            "model folder, or None")
+                            "model folder, a Hub id ('org/name'), or None")
+        check_path(self.init, "init", where="TrainConfig.")
+        if is_hub_id(self.init):
+            return
         # absolute: the run records it, and a job or an export may start in another folder
         object.__setattr__(self, "init", os.path.abspath(os.path.expanduser(
             os.fspath(self.init))))
@@ -204,7 +225,8 @@ class TrainConfig:
         - ``init``: where the folder exists, its ``config.json`` must describe this
           config's model. A folder that is gone is no error here: a run with a checkpoint
           resumes and exports without it, and the Trainer raises, naming the path, when a
-          run without checkpoints needs its weights.
+          run without checkpoints needs its weights. A Hub id: its ``config.json`` (only) is
+          downloaded into the Hugging Face cache, or read there, and checked the same way.
         - ``data``: every glob of a ``wb.data.Dataset`` (``files``, ``eval_files``) matches
           a file, and a ``wb.data.TextData`` folder holds files of its patterns. (A
           Dataset's tokenizer file was read when the Dataset was made.)
@@ -215,11 +237,21 @@ class TrainConfig:
         Raises:
           ValueError: the ``init`` folder holds another architecture (the fields named),
             or its ``config.json`` cannot be read as a Hugging Face config.
+          HubError: (an ``OSError``) the ``init`` id is not on the Hub, gated, or not
+            cached with ``HF_HUB_OFFLINE=1``.
           FileNotFoundError: (``wb.data.DataError``'s ``DataFileNotFound``) a data glob
             matches no file, or a ``TextData`` folder is missing or holds none.
         """
-        if self.init is not None and os.path.exists(self.init):
+        from workbench.hf.hub import CONFIG_FILES, is_hub_id, resolve
+
+        if self.init is not None and is_hub_id(self.init):
             from workbench.hf.load import check_matches   # safetensors: only when used
+
+            hub = resolve(self.init, revision=self.init_revision, files=CONFIG_FILES,
+                          where="TrainConfig", arg="init")
+            check_matches(hub.path, self.model_config())
+        elif self.init is not None and os.path.exists(self.init):
+            from workbench.hf.load import check_matches
 
             check_matches(self.init, self.model_config())
         if isinstance(self.data, Dataset):
@@ -306,6 +338,8 @@ class TrainConfig:
             **({"eval_every": self.eval_every, "eval_batches": self.eval_batches}
                if self.eval_every else {}),
             **({"init": self.init} if self.init is not None else {}),
+            **({"init_revision": self.init_revision} if self.init_revision is not None
+               else {}),
         }
 
     @classmethod

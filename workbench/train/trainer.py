@@ -308,11 +308,18 @@ class Trainer(Displayable):
         from workbench.step import TrainState
 
         if model is None:   # TrainConfig.init: an HF folder, read into this run's shardings
+            from workbench.hf.hub import MODEL_FILES, check_weights
             from workbench.hf.load import load_params
 
-            params, source = load_params(self.config.init, self.parts.model_config,
-                                         self.parts.shardings.params)
-            self._say(f"initialised from {source.family} checkpoint {source.path}")
+            hub = self._init_hub(MODEL_FILES)
+            if hub is not None:
+                check_weights(hub, "TrainConfig", arg="init")
+                self._init_resolved = hub
+            params, source = load_params(hub.path if hub else self.config.init,
+                                         self.parts.model_config, self.parts.shardings.params,
+                                         hub=hub)
+            self._say(f"initialised from {source.family} checkpoint {source.path}"
+                      + (f" ({hub.repo_id} at commit {hub.revision})" if hub else ""))
             model = nnx.merge(self.parts.graphdef, params)
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
         want = self.parts.abstract_state.params
@@ -565,9 +572,44 @@ class Trainer(Displayable):
             "attention": p.attention, "dtype": p.dtype,
             "compiler_options": dict(p.compile_options),
             "data": p.data.info, "process_count": jax.process_count(),
-        } | ({} if self.config.init is None else {"init": {
-            "format": "huggingface", "path": str(Path(self.config.init).resolve())}}) | ({} if self._recorded_prediction is None
+        } | ({} if self.config.init is None else {"init": self._init_record()}) | (
+            {} if self._recorded_prediction is None
              else {"prediction": self._recorded_prediction})
+
+    def _recorded_init(self) -> dict[str, Any]:
+        """``run.json``'s ``init`` record of this run, if it has one for this Hub id."""
+        try:
+            rec = runs.read_run(self.run_dir).get("init") or {}
+        except (OSError, ValueError):
+            return {}
+        ok = isinstance(rec, dict) and rec.get("repo_id") == self.config.init \
+            and isinstance(rec.get("revision"), str)
+        return rec if ok else {}
+
+    def _init_hub(self, files: list[str]) -> Any:
+        """``TrainConfig.init``'s Hub snapshot (None for a local folder), at the commit the
+        run recorded when it started (a resume loads the same weights), else at
+        ``init_revision`` ("main")."""
+        from workbench.hf.hub import is_hub_id, resolve
+
+        if not is_hub_id(self.config.init):
+            return None
+        revision = self._recorded_init().get("revision") or self.config.init_revision
+        return resolve(self.config.init, revision=revision, files=files,
+                       where="TrainConfig", arg="init")
+
+    def _init_record(self) -> dict[str, Any]:
+        """``run.json``'s ``init``: the folder, and for a Hub id the id and commit."""
+        from workbench.hf.hub import CONFIG_FILES
+
+        hub = getattr(self, "_init_resolved", None) or self._recorded_init() or \
+            self._init_hub(CONFIG_FILES)
+        if hub is None:
+            return {"format": "huggingface", "path": str(Path(self.config.init).resolve())}
+        if isinstance(hub, dict):
+            return hub
+        return {"format": "huggingface", "path": str(hub.path), "repo_id": hub.repo_id,
+                "revision": hub.revision}
 
     def lr(self, step: int) -> float:
         """Learning rate of update ``step`` (1-based): ``schedule(step - 1)``.
