@@ -267,7 +267,7 @@ def test_malformed_files_in_a_snapshot(cache):
     with pytest.warns(UserWarning, match="tokenizer was not attached.*not readable JSON"):
         model = wb.hf.from_hf(REPO, mesh=wb.make_mesh(data=8))
     assert model.tokenizer is None
-    with pytest.raises(ValueError, match="a text prompt needs a tokenizer"):
+    with pytest.raises(ValueError, match="a text prompt needs tokenizer="):
         wb.generate(model, "Hi", max_new_tokens=1)
     _replace_blob(cache, A, "tokenizer_config.json", json.dumps(
         {"eos_token": "<|nope|>", "chat_template": "{{ x"}))

@@ -49,9 +49,10 @@ def _tokens(prompt: Any, tokenizer: Any, vocab: int, chat: bool = False
     elif isinstance(prompt, str):
         if tokenizer is None or not callable(getattr(tokenizer, "encode", None)) \
                 or not callable(getattr(tokenizer, "decode", None)):
-            raise ValueError("a text prompt needs a tokenizer: the model's own (wb.hf.from_hf "
-                             "attaches the folder's tokenizer.json), or tokenizer= (an object "
-                             "with encode/decode, e.g. wb.data.Tokenizer); or pass token ids")
+            raise ValueError("a text prompt needs tokenizer= (an object with encode/decode, "
+                             "e.g. wb.data.Tokenizer) or the model's own (wb.hf.from_hf "
+                             "attaches its folder's tokenizer.json as model.tokenizer); or "
+                             "pass token ids")
         encode = getattr(tokenizer, "encode_prompt", None)   # wb.data.Tokenizer: as transformers
         ids = encode(prompt) if callable(encode) else tokenizer.encode(prompt)
         ids = getattr(ids, "ids", ids)   # a tokenizers.Encoding
