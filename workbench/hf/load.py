@@ -21,8 +21,8 @@ from workbench.hf.hub import CONFIG_FILES, Resolved, check_weights, resolve
 from workbench.hf.save import check_tokenizer
 from workbench.hf.tensors import (CheckpointError, Folder, Mapping_, mappings, normalize,
                                   read_core)
-from workbench.mesh import make_mesh
 from workbench.models.config import GPTConfig
+from workbench.placement import resolve_placement
 from workbench.rules import Rules
 from workbench.step import abstract_model, param_specs
 
@@ -113,11 +113,10 @@ def _field_names(ignore_fields: Any, where: str) -> tuple[str, ...]:
 
 
 def _default_layout(mesh: Any, rules: Any) -> tuple[Any, Any]:
-    """The mesh and rules to load onto: the given ones, else all devices and "fsdp"."""
-    mesh = make_mesh(data=-1) if mesh is None else mesh
-    if rules is None or isinstance(rules, str):
-        rules = Rules.preset(rules or "fsdp", mesh)
-    return mesh, rules
+    """The mesh and rules to load onto: the given ones, else ``workbench.placement``'s
+    default (every device on one ``data`` axis; "fsdp_tp" with one model axis > 1, else
+    "fsdp")."""
+    return tuple(resolve_placement(mesh, rules, where="from_hf"))
 
 
 def from_hf(path: str | Path, *, revision: str | None = None, progress: bool = True,
@@ -142,7 +141,9 @@ def from_hf(path: str | Path, *, revision: str | None = None, progress: bool = T
         revision: the Hub repo's branch, tag or commit hash (default "main"); ids only.
         progress: a progress bar while downloading (False: quiet).
         mesh: the devices (default ``wb.make_mesh(data=-1)``: all of them).
-        rules: a ``wb.Rules`` or preset name (default "fsdp").
+        rules: a ``wb.Rules`` or preset name (default ``workbench.placement``'s, as
+            ``wb.plan`` and the Trainer: "fsdp_tp" on a mesh with one model axis larger
+            than 1, else "fsdp").
         plan: a ``wb.plan`` of this model: its mesh and rules are used (the plan's model
             must be this checkpoint's).
         ignore_fields: config.json fields unknown here that do not change the model.
