@@ -11,9 +11,8 @@ import jax
 from workbench import runs
 from workbench._validate import check_path
 from workbench.hf.save import exists_error, to_hf
-from workbench.mesh import make_mesh
 from workbench.models.config import GPTConfig
-from workbench.rules import Rules
+from workbench.placement import resolve_placement
 from workbench.step import abstract_state
 from workbench.train.checkpoint import CheckpointError, Checkpoints
 from workbench.train.config import TrainConfig
@@ -86,7 +85,8 @@ def _check_destination(run_dir: str | os.PathLike[str], path: str | os.PathLike[
 def restore_params(run_dir: str | os.PathLike[str], *, step: int | None = None
                    ) -> tuple[Any, Any, dict[str, Any]]:
     """The model parameters of a run's checkpoint, restored read-only onto all of
-    ``jax.devices()`` ("fsdp"), whatever mesh and process count wrote them.
+    ``jax.devices()`` ("fsdp": ``workbench.placement``'s default), whatever mesh and
+    process count wrote them.
 
     Returns:
         ``(params, model config, run.json)``; ``nnx.merge(graphdef, params)`` with the
@@ -106,8 +106,7 @@ def restore_params(run_dir: str | os.PathLike[str], *, step: int | None = None
     if not isinstance(cfg, GPTConfig):
         raise ValueError(f"run {run_dir} trains {type(cfg).__name__}, not a workbench GPT; "
                          "only GPT models export to Hugging Face folders")
-    mesh = make_mesh(data=-1)
-    rules = Rules.preset("fsdp", mesh)
+    mesh, rules = resolve_placement(where="export_run")   # every device, "fsdp"
     tx = config.optimizer.build(config.steps)
     _, abstract = abstract_state(cfg, tx, rules, mesh)
     key = jax.eval_shape(lambda: jax.random.key(0))
