@@ -138,16 +138,16 @@ def sample(logits: jax.Array, key: jax.Array, *, temperature: float = 0.0,
 def _layout(model: GPT, rules: Rules | str | None, batch: int) -> tuple[Any, Rules]:
     """The mesh the parameters live on and the rules to run with (batch replicated when
     the data axes do not divide it)."""
+    from workbench.placement import resolve_placement   # the one default of rules
+
     leaf = model.embed[...]
     sharding = getattr(leaf, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
-    if mesh is None or not hasattr(mesh, "devices"):
-        from workbench.mesh import make_mesh
-
-        mesh = make_mesh(data=1, devices=[next(iter(leaf.devices()))])
-    if rules is None or isinstance(rules, str):
-        name = rules or ("fsdp_tp" if "model" in mesh.axis_names else "fsdp")
-        rules = Rules.preset(name, mesh)
+    if mesh is None or not hasattr(mesh, "devices"):   # unsharded: its one device
+        mesh, rules = resolve_placement(None, rules, devices=[next(iter(leaf.devices()))],
+                                        where="wb.generate")
+    else:
+        mesh, rules = resolve_placement(mesh, rules, where="wb.generate")
     axes = rules.mesh_axes("batch") if "batch" in rules else ()
     if batch % int(np.prod([mesh.shape[a] for a in axes])):
         rules = rules.replace(batch=None)
@@ -184,7 +184,8 @@ def generate(model: Any, prompt: Any = None, *, messages: Any = None, tokenizer:
             ``wb.hf.from_hf`` model), else never; ``()`` never stops early.
         cache: use the KV cache (False recomputes the sequence for every token).
         rules: how activations and the cache are sharded on the parameters' mesh (default
-            "fsdp_tp" if the mesh has a ``model`` axis, else "fsdp"); a batch that the
+            ``workbench.placement``'s, as the model was loaded: "fsdp_tp" if the mesh has
+            one model axis larger than 1, else "fsdp"); a batch that the
             data axes do not divide is replicated over them.
         stream: show tokens as they are produced. A callable is called after each new
             token with the int32 tokens so far ``(B, T + i)`` (prompt included; the last
