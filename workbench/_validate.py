@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -201,3 +202,26 @@ def _missing(path: Path) -> list[Path]:
         out.append(path)
         path = path.parent
     return out
+
+
+# The Hub's repo names: letters, digits, "-", "_", "."; no "--" or ".." (huggingface_hub's
+# validate_repo_id), as "org/name".
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
+
+
+def is_hub_id(name: Any) -> bool:
+    """Whether ``name`` is looked up on the Hugging Face Hub (:mod:`workbench.hf.hub`): an
+    ``org/name`` string that is not an existing local path (a local path always wins)."""
+    if not isinstance(name, str) or not _HUB_ID.match(name) or "--" in name or ".." in name:
+        return False
+    return not os.path.exists(os.path.expanduser(name))
+
+
+def check_revision(revision: Any, where: str, arg: str = "revision") -> str | None:
+    """``revision`` of a Hub repo: None, or a branch, tag or commit hash (a string)."""
+    if revision is None:
+        return None
+    if not isinstance(revision, str) or not revision.strip() or "\x00" in revision:
+        raise TypeError(f"{where}: {arg}={revision!r} must be a branch, tag or commit hash "
+                        "of the Hub repo (a non-empty str), or None for 'main'")
+    return revision

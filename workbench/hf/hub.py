@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from pathlib import Path
 from typing import Any
+
+from workbench._validate import check_revision, is_hub_id
 
 __all__ = ["CONFIG_FILES", "HubError", "MODEL_FILES", "Resolved", "TOKENIZER_PATTERNS",
            "is_hub_id", "resolve"]
@@ -35,8 +36,6 @@ TOKENIZER_PATTERNS = ["tokenizer.json", "tokenizer_config.json", "special_tokens
 MODEL_FILES = [*CONFIG_FILES, "model.safetensors", "model-*-of-*.safetensors",
                "model.safetensors.index.json", *TOKENIZER_PATTERNS]
 
-# The Hub's repo names: letters, digits, "-", "_", "."; no "--" or ".." (validate_repo_id).
-_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
 _LOGIN = ("log in with `hf auth login` (or set HF_TOKEN), after accepting the model's "
           "licence on its Hub page")
 
@@ -54,14 +53,6 @@ class Resolved:
     path: Path
     repo_id: str | None = None
     revision: str | None = None
-
-
-def is_hub_id(name: Any) -> bool:
-    """Whether ``name`` would be looked up on the Hub: an ``org/name`` string that is not
-    an existing local path."""
-    if not isinstance(name, str) or not _ID.match(name) or "--" in name or ".." in name:
-        return False
-    return not os.path.exists(os.path.expanduser(name))
 
 
 def cache_dir() -> Path:
@@ -84,16 +75,6 @@ def offline() -> bool:
         if var in os.environ:
             return os.environ[var].strip().upper() in ("1", "ON", "YES", "TRUE")
     return bool(constants.HF_HUB_OFFLINE)
-
-
-def check_revision(revision: Any, where: str, arg: str = "revision") -> str | None:
-    """``revision``: None, or a branch, tag or commit hash."""
-    if revision is None:
-        return None
-    if not isinstance(revision, str) or not revision.strip() or "\x00" in revision:
-        raise TypeError(f"{where}: {arg}={revision!r} must be a branch, tag or commit hash "
-                        "of the Hub repo (a non-empty str), or None for 'main'")
-    return revision
 
 
 def check_progress(progress: Any, where: str) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from workbench._validate import check_int
+from workbench._validate import check_int, check_path, check_revision, is_hub_id
 from workbench.data.corpus import TextData, corpus_files
 from workbench.data.dataset import Dataset
 from workbench.data.files import list_files
@@ -193,8 +193,6 @@ class TrainConfig:
         if self.init is not None:
             self._check_init()
         if self.init_revision is not None:
-            from workbench.hf.hub import check_revision, is_hub_id
-
             check_revision(self.init_revision, "TrainConfig", arg="init_revision")
             if not is_hub_id(self.init):
                 raise ValueError(f"TrainConfig.init_revision={self.init_revision!r} picks a "
@@ -205,9 +203,6 @@ class TrainConfig:
     def _check_init(self) -> None:
         """The init path, made absolute, or a Hub id as given (the folder or Hub repo is
         read by :meth:`check`)."""
-        from workbench._validate import check_path
-        from workbench.hf.hub import is_hub_id
-
         if not isinstance(self.init, (str, os.PathLike)) or not os.fspath(self.init).strip():
             raise TypeError(f"TrainConfig.init={self.init!r} must be a path to a Hugging Face "
                             "model folder, a Hub id ('org/name'), or None")
@@ -242,9 +237,8 @@ class TrainConfig:
           FileNotFoundError: (``wb.data.DataError``'s ``DataFileNotFound``) a data glob
             matches no file, or a ``TextData`` folder is missing or holds none.
         """
-        from workbench.hf.hub import CONFIG_FILES, is_hub_id, resolve
-
         if self.init is not None and is_hub_id(self.init):
+            from workbench.hf.hub import CONFIG_FILES, resolve
             from workbench.hf.load import check_matches   # safetensors: only when used
 
             hub = resolve(self.init, revision=self.init_revision, files=CONFIG_FILES,
