@@ -46,6 +46,7 @@ from workbench.models.pipeline import Pipeline, check_rules, stages_of
 from workbench.models.pipeline import activate as pipeline_context
 from workbench.models.adapters import ModelSpec, build_without_mesh, model_loss, resolve_rules
 from workbench.models._xent import token_cross_entropy
+from workbench.models import lora as lora_adapters
 from workbench.pytrees import path_str
 from workbench.rules import Rules
 
@@ -231,6 +232,8 @@ def abstract_train_state(cfg_or_factory: GPTConfig | ModelFactory,
         for ax in rules.unmapped(axes):
             unmapped.setdefault(ax, []).append(tensor)
     specs = {k: rules.spec(v, tensor=k, strict=strict) for k, v in logical.items()}
+    # a model with LoRA adapters: the optimizer (and its state) covers the adapters only
+    optimizer = lora_adapters.for_params(optimizer, params)
     opt_state = jax.eval_shape(optimizer.init, params)
     param_paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
     mirrors = [None, *param_paths, *opt_state_params(opt_state, params)]  # step, params, opt
@@ -327,8 +330,9 @@ def sharded_init(cfg_or_factory: GPTConfig | ModelFactory,
         params = nnx.to_pure_dict(params)
         if optimizer is None:
             return params
+        tx = lora_adapters.for_params(optimizer, params)   # adapters only, when present
         return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                          opt_state=optimizer.init(params))
+                          opt_state=tx.init(params))
 
     return jax.jit(_init, out_shardings=shardings)
 
@@ -458,14 +462,36 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                 if moe_metrics:
                     loss = loss + moe_metrics["router_loss"]
                 return loss, moe_metrics
-            (loss, moe_metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(
-                state.params)
-            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-            params = optax.apply_updates(state.params, updates)
+            if lora_adapters.has_adapters(state.params):
+                params, (loss, moe_metrics), grads, opt_state = _adapter_update(
+                    loss_of, optimizer, state)
+            else:
+                (loss, moe_metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(
+                    state.params)
+                updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+                params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                    **{f"moe_{k}": v for k, v in moe_metrics.items()}}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
     return train_step
+
+
+def _adapter_update(loss_of: Callable[[Any], Any], optimizer: optax.GradientTransformation,
+                    state: TrainState) -> tuple[dict[Any, Any], Any, Any, Any]:
+    """One LoRA update: the loss differentiated with respect to the adapters only (no
+    gradient of a frozen weight is ever formed), the optimizer (``adapter_optimizer``:
+    state for the adapters only) given zeros where the base is (``set_to_zero`` ignores
+    them; XLA drops them), and the base passed through untouched, bit for bit.
+
+    Returns ``(params, (loss, aux), adapter grads, opt_state)``."""
+    tx = lora_adapters.adapter_optimizer(optimizer)
+    base, adapters = lora_adapters.split_params(state.params)
+    out, grads = jax.value_and_grad(
+        lambda a: loss_of(lora_adapters.combine(base, a)), has_aux=True)(adapters)
+    full = lora_adapters.combine(jax.tree.map(jnp.zeros_like, base), grads)
+    updates, opt_state = tx.update(full, state.opt_state, state.params)
+    new = optax.apply_updates(adapters, lora_adapters.split_params(updates)[1])
+    return lora_adapters.combine(base, new), out, grads, opt_state
 
 
 def loss_and_stats(loss_fn: LossFn, model: nnx.Module, batch: Mapping[str, jax.Array]

@@ -277,6 +277,9 @@ class GPTConfig:
             backward pass (``workbench.step.chunked_token_losses``; MaxText's vocabulary
             tiling): the float32 logits take ``1/loss_chunks`` of the memory for one extra
             logits matmul. Must divide the training sequence length. Default 1 (whole).
+        lora: None, or low-rank adapters on the blocks' projections
+            (``workbench.models.lora.LoRA``, or a dict of its fields): ``TrainConfig(lora=
+            ...)`` sets it; the train step then trains the adapters only.
     """
 
     vocab_size: int
@@ -313,9 +316,13 @@ class GPTConfig:
     qk_norm: bool = False
     shared_expert_gate: bool = False
     sliding_window: int | None = None
+    lora: Any = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        from workbench.models.lora import LoRA
+
+        set_(self, "lora", LoRA.of(self.lora))
         for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                   "d_ff", "seq_len"):
             set_(self, f, check_int(getattr(self, f), f"GPTConfig.{f}"))
@@ -361,6 +368,8 @@ class GPTConfig:
             set_(self, "sliding_window", check_int(self.sliding_window,
                                                    "GPTConfig.sliding_window"))
         self._check_moe()
+        if self.lora is not None:
+            self.lora.check_model(self)
 
     def _check_moe(self) -> None:
         """Validate the mixture-of-experts fields (before anything is built)."""
@@ -450,8 +459,14 @@ class GPTConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly dict of the fields."""
-        return dataclasses.asdict(self)
+        """JSON-friendly dict of the fields (``lora`` only when set: configs without
+        adapters keep their hash)."""
+        d = dataclasses.asdict(self)
+        if self.lora is None:
+            del d["lora"]
+        else:
+            d["lora"] = self.lora.to_dict()
+        return d
 
     @property
     def n_params(self) -> int:

@@ -25,6 +25,7 @@ from jax.ad_checkpoint import checkpoint_name
 from workbench._validate import check_float, check_int, check_str
 from workbench.models import attention as attention_impl
 from workbench.models import context as context_parallel
+from workbench.models import lora as lora_adapters
 from workbench.models.attention import KVCache
 from workbench.models.config import GPTConfig
 from workbench.rules import constrain
@@ -182,6 +183,9 @@ class Attention(nnx.Module):
         self.k = param(kk, fan_in_init(d), (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
         self.v = param(kv, fan_in_init(d), (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
         self.o = param(ko, fan_in_init(n * h), (n, h, d), ("heads", "head_dim", "embed"), pd)
+        # cfg.lora: adapters on q/k/v/o (their own key: the weights above are unchanged)
+        self.lora = lora_adapters.adapters(cfg, lora_adapters.ATTENTION_TARGETS,
+                                           jax.random.fold_in(key, 1))
         zeros = nnx.initializers.zeros
         self.bias = nnx.Dict(   # Qwen2: q, k, v biases
             q=param(None, zeros, (n, h), ("heads", "head_dim"), pd),
@@ -213,6 +217,9 @@ class Attention(nnx.Module):
         q = jnp.einsum("btd,dnh->btnh", x, self.q[...].astype(dt))   # (B, T, N, H)
         k = jnp.einsum("btd,dkh->btkh", x, self.k[...].astype(dt))   # (B, T, K, H)
         v = jnp.einsum("btd,dkh->btkh", x, self.v[...].astype(dt))   # (B, T, K, H)
+        if self.lora is not None:                                     # + B(A(x)) each
+            q, k, v = (lora_adapters.add(self.lora, t, x, y) for t, y in
+                       (("q", q), ("k", k), ("v", v)))
         if self.bias is not None:
             q, k, v = (y + self.bias[n][...].astype(dt) for y, n in ((q, "q"), (k, "k"), (v, "v")))
         if self.q_norm is not None:
@@ -236,6 +243,7 @@ class Attention(nnx.Module):
         y = checkpoint_name(y, "context")
         y = constrain(y, ("batch", "seq", "heads", "head_dim"), name="attn_out")
         out = jnp.einsum("btnh,nhd->btd", y, self.o[...].astype(dt))     # (B, T, D)
+        out = lora_adapters.add(self.lora, "o", y, out)
         out = checkpoint_name(out, "out_proj")
         return out if cache is None else (out, cache)
 
@@ -271,14 +279,18 @@ class MLP(nnx.Module):
         self.gate = param(kg, fan_in_init(d), (d, f), ("embed", "mlp"), pd)
         self.up = param(ku, fan_in_init(d), (d, f), ("embed", "mlp"), pd)
         self.down = param(kd, fan_in_init(f), (f, d), ("mlp", "embed"), pd)
+        self.lora = lora_adapters.adapters(cfg, lora_adapters.MLP_TARGETS,
+                                           jax.random.fold_in(key, 1))
         self.dtype = cfg.dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = self.dtype
-        g = checkpoint_name(jnp.einsum("btd,df->btf", x, self.gate[...].astype(dt)),
-                            "mlpwi_0")                                  # (B, T, F)
-        u = checkpoint_name(jnp.einsum("btd,df->btf", x, self.up[...].astype(dt)),
-                            "mlpwi_1")                                  # (B, T, F)
+        lora = self.lora
+        g = jnp.einsum("btd,df->btf", x, self.gate[...].astype(dt))            # (B, T, F)
+        u = jnp.einsum("btd,df->btf", x, self.up[...].astype(dt))              # (B, T, F)
+        g = checkpoint_name(lora_adapters.add(lora, "gate", x, g), "mlpwi_0")
+        u = checkpoint_name(lora_adapters.add(lora, "up", x, u), "mlpwi_1")
         hidden = constrain(jax.nn.silu(g) * u, ("batch", "seq", "mlp"), name="mlp_hidden")
         out = jnp.einsum("btf,fd->btd", hidden, self.down[...].astype(dt))  # (B, T, D)
+        out = lora_adapters.add(lora, "down", hidden, out)
         return checkpoint_name(out, "mlpwo")

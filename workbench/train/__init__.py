@@ -1,8 +1,9 @@
 """Resumable training: TrainConfig, the optimizer spec, the Trainer and its checkpoints."""
 from workbench.train.config import RUN_CONTROL_FIELDS, TrainConfig
+from workbench.models.lora import LoRA
 from workbench.train.optim import AdamW
 
-__all__ = ["RUN_CONTROL_FIELDS", "AdamW", "TrainConfig", "Trainer", "export_run"]
+__all__ = ["RUN_CONTROL_FIELDS", "AdamW", "LoRA", "TrainConfig", "Trainer", "export_run"]
 
 
 def __getattr__(name: str):  # the Trainer pulls in orbax and the step: load on first use

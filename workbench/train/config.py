@@ -21,6 +21,7 @@ from workbench.models.pipeline import Pipeline, check_pipeline
 from workbench.rules import PRESETS as rules_presets
 from workbench.rules import STAGE_AXIS, Rules
 from workbench.runs import config_hash
+from workbench.models.lora import LoRA
 from workbench.train.optim import AdamW
 
 #: Fields that may change when an existing run is continued: they do not change the
@@ -99,6 +100,12 @@ class TrainConfig:
         the same config is accepted once the folder has moved away.
       init_revision: the Hub repo's branch, tag or commit hash for an ``init`` id (None:
         "main", or the commit the run recorded when it started).
+      lora: None, or LoRA fine-tuning (``wb.train.LoRA`` or a dict of its fields:
+        ``{"rank": 16, "alpha": 32, "targets": ("q", "k", "v", "o")}``, optionally
+        ``"base_dtype": "bfloat16"``): adapters on those projections train, the base
+        (``init``'s weights, or the seed's) stays frozen; the optimizer state and the
+        checkpoints hold the adapters only (``run.json`` records ``init``, the pointer to
+        the base). ``model_config()`` carries it.
 
     Every value is checked when the config is made, and nothing is read from disk:
     integers must be integers (not bools, strings or floats) in range, and the model
@@ -125,9 +132,11 @@ class TrainConfig:
     eval_batches: int = 1
     init: str | None = None
     init_revision: str | None = None
+    lora: Any = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        set_(self, "lora", LoRA.of(self.lora))
         if self.pipeline is not None:
             set_(self, "pipeline", Pipeline.of(self.pipeline))
         set_(self, "model_overrides", _frozen_mapping(self.model_overrides))
@@ -175,6 +184,10 @@ class TrainConfig:
         if self.batch % acc:
             raise ValueError(f"batch={self.batch} is not divisible by optimizer.accumulate="
                              f"{acc} micro-batches; use a batch that is a multiple of {acc}")
+        if self.lora is not None and getattr(self.model, "is_model_spec", False):
+            raise ValueError("TrainConfig.lora adds adapters to a wb GPT's projections; "
+                             f"model={self.model!r:.60} is your own nnx model: use a GPT "
+                             "(a preset, a GPTConfig or init='org/name'), or lora=None")
         model = self._checked_model()
         if isinstance(self.data, Dataset) and hasattr(model, "vocab_size"):
             # the tokenizer the Dataset loaded, against the model (no file is read here)
@@ -297,9 +310,14 @@ class TrainConfig:
     def model_config(self) -> Any:
         """The resolved ``GPTConfig`` (preset or given config, plus overrides)."""
         if isinstance(self.model, str):
-            return GPTConfig.preset(self.model, **dict(self.model_overrides))
-        return self.model.replace(**dict(self.model_overrides)) if self.model_overrides \
-            else self.model
+            cfg = GPTConfig.preset(self.model, **dict(self.model_overrides))
+        else:
+            cfg = self.model.replace(**dict(self.model_overrides)) if self.model_overrides \
+                else self.model
+        if self.lora is None or not isinstance(cfg, GPTConfig):
+            return cfg
+        dtype = {"param_dtype": self.lora.base_dtype} if self.lora.base_dtype else {}
+        return cfg.replace(lora=self.lora, **dtype)
 
     @property
     def micro_batch(self) -> int:
@@ -334,6 +352,7 @@ class TrainConfig:
             **({"init": self.init} if self.init is not None else {}),
             **({"init_revision": self.init_revision} if self.init_revision is not None
                else {}),
+            **({"lora": self.lora.to_dict()} if self.lora is not None else {}),
         }
 
     @classmethod

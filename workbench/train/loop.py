@@ -76,6 +76,7 @@ class LoopInputs:
         (``workbench.train.evaluate.Evaluator``), dispatched after every
         ``eval_every``-th update; its numbers join that step's record.
       eval_every: updates between evaluations (with ``evaluate``).
+      saved: what a checkpoint holds of the state (None: all of it).
     """
 
     step_fn: Callable[[Any, Any], tuple[Any, Any]]
@@ -91,6 +92,9 @@ class LoopInputs:
     run_dir: Path
     evaluate: Callable[[Any], Any] | None = None
     eval_every: int = 0
+    #: the part of the train state a checkpoint holds (LoRA: the adapters and their
+    #: optimizer state, ``workbench.models.lora.saved_state``); None: all of it
+    saved: Callable[[Any], Any] | None = None
 
 
 class _Run:
@@ -165,7 +169,8 @@ class _Run:
             pending = (step, outs, data_time, None, evaluated)
             stopping = stop.should_stop(step)
             if step % every == 0 or step == target or stopping:
-                save = {"train": state, "rng": inp.rng}
+                save = {"train": state if inp.saved is None else inp.saved(state),
+                        "rng": inp.rng}
                 last = step == target or stopping
                 snap = None if last else inp.checkpoints.snapshot(save, data)
                 if snap is None:

@@ -108,3 +108,13 @@ class AdamW:
         if self.accumulate > 1:
             return optax.MultiSteps(tx, every_k_schedule=self.accumulate).gradient_transformation()
         return tx
+
+
+def adapter_optimizer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` for LoRA: it updates the adapters only and keeps state for them only
+    (``optax.multi_transform`` with ``optax.set_to_zero`` on the frozen base;
+    :func:`workbench.models.lora.adapter_optimizer`). The train step applies it by itself
+    to a model with adapters."""
+    from workbench.models.lora import adapter_optimizer as wrap
+
+    return wrap(tx)

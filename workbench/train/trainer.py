@@ -211,10 +211,15 @@ class Trainer(Displayable):
             ckpts = source
         if ckpts.all_steps():
             t0 = time.perf_counter()
-            target = {"train": self.parts.abstract_state,
+            lora = self._lora
+            train = self.parts.abstract_state
+            target = {"train": lora.saved_state(train) if lora else train,
                       "rng": self._abstract_rng()}
             restored = ckpts.restore(target, data=self.parts.data)
             self._state, self._rng = restored.state["train"], restored.state["rng"]
+            if lora:   # the checkpoint holds the adapters: the frozen base comes back
+                self._state = self._state._replace(params=lora.combine(
+                    self._base_params(), self._state.params))
             self.step = self.restored_from = restored.step
             done = int(self._state.step)
             want = restored.step * self.config.optimizer.accumulate
@@ -315,11 +320,9 @@ class Trainer(Displayable):
             if hub is not None:
                 check_weights(hub, "TrainConfig", arg="init")
                 self._init_resolved = hub
-            params, source = load_params(hub.path if hub else self.config.init,
-                                         self.parts.model_config, self.parts.shardings.params,
-                                         hub=hub)
-            self._say(f"initialised from {source.family} checkpoint {source.path}"
-                      + (f" ({hub.repo_id} at commit {hub.revision})" if hub else ""))
+            params = self._base_params(hub)
+            if self._lora:   # fresh adapters (B = 0) on the loaded base
+                params = self._lora.combine(params, self._seed_params(adapters=True))
             model = nnx.merge(self.parts.graphdef, params)
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
         want = self.parts.abstract_state.params
@@ -328,9 +331,61 @@ class Trainer(Displayable):
                              f"({self.parts.model_config}); pass the model of the same plan")
         sh = self.parts.shardings
         params = jax.device_put(params, sh.params)
-        opt_state = jax.jit(self.parts.tx.init, out_shardings=sh.opt_state)(params)
+        tx = self._lora.for_params(self.parts.tx, params) if self._lora else self.parts.tx
+        opt_state = jax.jit(tx.init, out_shardings=sh.opt_state)(params)
         step = jax.device_put(np.zeros((), np.int32), sh.step)
         return TrainState(step=step, params=params, opt_state=opt_state)
+
+    @property
+    def _lora(self) -> Any:
+        """``workbench.models.lora`` for a LoRA run, else None."""
+        if self.config.lora is None:
+            return None
+        from workbench.models import lora
+
+        return lora
+
+    def _base_params(self, hub: Any = None) -> Any:
+        """The frozen weights: ``init``'s (a LoRA run's base, loaded into this run's
+        shardings without its adapters) or, without ``init``, the seed's (a LoRA run's:
+        the same bits as at step 0)."""
+        shardings = self.parts.shardings.params
+        cfg = self.parts.model_config
+        if self._lora:
+            shardings = self._lora.split_params(shardings)[0]
+            cfg = cfg.replace(lora=None)
+        if self.config.init is None:
+            return self._seed_params(adapters=False)
+        from workbench.hf.hub import MODEL_FILES, check_weights
+        from workbench.hf.load import load_params
+
+        if hub is None:
+            hub = self._init_hub(MODEL_FILES)
+        if hub is not None:
+            check_weights(hub, "TrainConfig", arg="init")
+            self._init_resolved = hub
+        params, source = load_params(hub.path if hub else self.config.init, cfg, shardings,
+                                     hub=hub)
+        self._say(f"initialised from {source.family} checkpoint {source.path}"
+                  + (f" ({hub.repo_id} at commit {hub.revision})" if hub else ""))
+        return params
+
+    def _seed_params(self, *, adapters: bool) -> Any:
+        """The adapters (or the base) of a LoRA model initialised from the run's seed,
+        straight into their shards (XLA drops the other part's initialisation)."""
+        from flax import nnx
+
+        from workbench.step import model_factory
+
+        lora, factory = self._lora, model_factory(self.parts.model_config)
+        part = 1 if adapters else 0
+
+        def init(key: Any) -> Any:
+            params = nnx.to_pure_dict(nnx.state(factory(nnx.Rngs(params=key)), nnx.Param))
+            return lora.split_params(params)[part]
+
+        shardings = lora.split_params(self.parts.shardings.params)[part]
+        return jax.jit(init, out_shardings=shardings)(jax.random.key(self.config.seed))
 
     @classmethod
     def from_plan(cls, plan: Any, run_dir: str | os.PathLike[str], *, model: Any = None,
@@ -509,7 +564,8 @@ class Trainer(Displayable):
                           checkpoint_every=cfg.checkpoint_every, config=cfg.to_dict(),
                           lr=self.lr, record=record, sinks=tuple(reporters),
                           run_dir=self.run_dir, evaluate=self.evaluator(),
-                          eval_every=cfg.eval_every)
+                          eval_every=cfg.eval_every,
+                          saved=self._lora.saved_state if self._lora else None)
 
     def evaluator(self) -> Any:
         """The held-out evaluation (``workbench.train.evaluate.Evaluator``), or None when

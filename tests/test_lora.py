@@ -1,0 +1,210 @@
+"""LoRA (``TrainConfig(lora=...)``, ``workbench.models.lora``) against its references.
+
+- an unadapted GPT of the same seed: at init (B = 0) its logits, bit for bit;
+- the merged model ``W + alpha/r * A @ B`` (``merge_params``) after training: the adapted
+  model's logits to float32 rounding (``_tolerance``: the two compute the same sums in
+  another order, ``x @ W + s * (x @ A) @ B`` vs ``x @ (W + s * A @ B)``);
+- the base weights at step 0: bit for bit after training (only adapters change);
+- an uninterrupted run: an interrupted and resumed LoRA run, bit for bit;
+- the optimizer state: leaves mirror adapter parameters only.
+"""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import workbench as wb
+from workbench.models import GPT, GPTConfig
+from workbench.models.lora import LoRA, merge_params, split_params
+from workbench.step import opt_state_params, path_str
+from workbench.train.setup import RunConfigMismatch
+from tests._tolerance import assert_close_at_scale
+
+ALL = ("q", "k", "v", "o", "gate", "up", "down")
+LORA = {"rank": 4, "alpha": 8, "targets": ALL}
+CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 2, "dtype": "float32"},
+                     mesh={"data": 4, "model": 2}, rules="fsdp_tp", batch=8, seq=32, steps=6,
+                     checkpoint_every=2, data=wb.data.TextData(max_bytes=50_000),
+                     optimizer=wb.train.AdamW(lr=1e-2, warmup_steps=1), lora=LORA)
+TOKENS = (np.arange(2 * 32).reshape(2, 32) * 7 % 256).astype(np.int32)
+
+
+def _leaves(tree):
+    return {path_str(p): np.asarray(x) for p, x in
+            jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """An uninterrupted LoRA run of 6 steps, and its step-0 parameters."""
+    tr = wb.Trainer(CFG, run_dir=tmp_path_factory.mktemp("lora") / "run", progress=None)
+    start = _leaves(tr.state.params)
+    tr.run()
+    return tr, start
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_at_init_the_logits_are_the_unadapted_models_bit_for_bit(scan):
+    base = GPTConfig.preset("tiny", dtype="float32", scan_layers=scan)
+    plain = GPT(base, rngs=nnx.Rngs(3))
+    adapted = GPT(base.replace(lora=LORA), rngs=nnx.Rngs(3))
+    assert np.array_equal(np.asarray(plain(TOKENS)), np.asarray(adapted(TOKENS)))
+    # the base weights are drawn exactly as without adapters
+    b, a = split_params(nnx.to_pure_dict(nnx.state(adapted, nnx.Param)))
+    assert jax.tree.all(jax.tree.map(np.array_equal, b,
+                                     nnx.to_pure_dict(nnx.state(plain, nnx.Param))))
+    assert a and all(not np.any(np.asarray(x)) for p, x in _leaves(a).items()
+                     if p.endswith("lora_b"))
+
+
+def test_only_the_adapters_change_and_the_base_stays_bit_for_bit(trained):
+    tr, start = trained
+    now = _leaves(tr.state.params)
+    assert now.keys() == start.keys()
+    changed = {k for k in now if not np.array_equal(now[k], start[k])}
+    adapters = {k for k in now if ".lora." in k}
+    assert changed == adapters   # every adapter moved (B from 0, A through B's gradient)
+    # the base is the unadapted model of the seed (the reference: no LoRA at all)
+    plain = wb.TrainConfig.from_dict({k: v for k, v in CFG.to_dict().items() if k != "lora"})
+    _, st = wb.step.init_state(plain.model_config(), optax.sgd(0.1),
+                               wb.Rules.preset("fsdp_tp", tr.mesh), tr.mesh, seed=CFG.seed)
+    base = _leaves(st.params)
+    assert all(np.array_equal(now[k], v) for k, v in base.items())
+    assert tr.losses[-1] < tr.losses[0]
+
+
+def test_the_optimizer_state_holds_adapter_leaves_only(trained):
+    tr, _ = trained
+    state = tr.state
+    mirrors = opt_state_params(state.opt_state, state.params)
+    leaves = jax.tree.leaves(state.opt_state)
+    big = [m for m, x in zip(mirrors, leaves, strict=True) if np.ndim(x) > 0]
+    assert big and all(m is not None and ".lora." in m for m in big)
+    n_adapter = sum(x.size for k, x in _leaves(state.params).items() if ".lora." in k)
+    assert sum(x.size for x in leaves) <= 2 * n_adapter + 16   # Adam's mu, nu + counts
+
+
+def test_merged_weights_give_the_adapted_models_logits(trained):
+    tr, _ = trained
+    params = jax.device_get(tr.state.params)
+    lora = tr.parts.model_config.lora
+    assert any(np.any(x) for k, x in _leaves(params).items() if k.endswith("lora_b"))
+    base_cfg = tr.parts.model_config.replace(lora=None)
+    merged = nnx.merge(nnx.split(nnx.eval_shape(lambda: GPT(base_cfg, rngs=nnx.Rngs(0))))[0],
+                       merge_params(params, lora))
+    got = np.asarray(merged(TOKENS))
+    want = np.asarray(tr.model(TOKENS))
+    # the same sums in another order (x@W + s*(x@A)@B vs x@(W + s*A@B)), over a few
+    # hundred terms per projection, through 2 blocks: float32 reordering, _tolerance's 1e-5
+    assert_close_at_scale(got, want, rtol=1e-5)
+    assert not np.array_equal(got, np.asarray(GPT(base_cfg, rngs=nnx.Rngs(0))(TOKENS)))
+
+
+def test_an_interrupted_and_resumed_run_is_bitwise_the_uninterrupted_one(trained, tmp_path):
+    ref, _ = trained
+    run_dir = tmp_path / "run"
+    first = wb.Trainer(CFG, run_dir=run_dir, progress=None)
+    first.run(steps=3)   # stops at 3 (saved: a checkpoint past every=2)
+    first.close()
+    again = wb.Trainer(CFG, run_dir=run_dir, progress=None)
+    assert again.restored_from == 3
+    again.run()
+    assert again.losses == ref.losses
+    a, b = _leaves(again.state), _leaves(ref.state)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoints_hold_the_adapters_not_the_base(trained):
+    tr, _ = trained
+    full = sum(x.nbytes for x in _leaves(tr.state.params).values())
+    adapters = sum(x.nbytes for k, x in _leaves(tr.state.params).items() if ".lora." in k)
+    step = max(int(p.name) for p in (tr.run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    on_disk = sum(f.stat().st_size for f in (tr.run_dir / "checkpoints" / str(step)).rglob("*")
+                  if f.is_file())
+    assert on_disk < (full - adapters) / 2, (on_disk, full, adapters)
+    run = json.loads((tr.run_dir / "run.json").read_text())
+    assert run["config"]["lora"]["rank"] == 4
+
+
+def test_a_bfloat16_base_trains_float32_adapters(tmp_path):
+    cfg = CFG.replace(lora={**LORA, "base_dtype": "bfloat16"}, steps=2)
+    tr = wb.Trainer(cfg, run_dir=tmp_path / "run", progress=None)
+    start = _leaves(tr.state.params)
+    tr.run()
+    now = _leaves(tr.state.params)
+    assert {x.dtype for k, x in now.items() if ".lora." not in k} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for k, x in now.items() if ".lora." in k} == {np.dtype(np.float32)}
+    assert all(np.array_equal(now[k], start[k]) for k in now if ".lora." not in k)
+
+
+# ------------------------------------------------------------------ hostile input
+@pytest.mark.parametrize("value, error, words", [
+    ({"rank": 0, "alpha": 8}, ValueError, "rank=0"),
+    ({"rank": 4.0, "alpha": 8}, TypeError, "rank=4.0"),
+    ({"rank": True, "alpha": 8}, TypeError, "bool"),
+    ({"rank": "4", "alpha": 8}, TypeError, "string"),
+    ({"rank": 4, "alpha": 0}, ValueError, "alpha=0"),
+    ({"rank": 4, "alpha": float("nan")}, ValueError, "alpha=nan"),
+    ({"rank": 4, "alpha": "8"}, TypeError, "alpha='8'"),
+    ({"rank": 4, "alpha": 8, "targets": ()}, ValueError, "empty"),
+    ({"rank": 4, "alpha": 8, "targets": ("q", "wq")}, ValueError, "'gate'"),
+    ({"rank": 4, "alpha": 8, "targets": ("q", "q")}, ValueError, "twice"),
+    ({"rank": 4, "alpha": 8, "targets": [1]}, TypeError, "projection names"),
+    ({"rank": 4, "alpha": 8, "dropout": 0.1}, ValueError, "dropout=0.0"),
+    ({"rank": 4, "alpha": 8, "base_dtype": "int8"}, TypeError, "base_dtype"),
+    ({"rank": 4, "alpha": 8, "ranks": 4}, ValueError, "unknown field"),
+    ({"alpha": 8}, ValueError, "rank"),
+    ([4, 8], TypeError, "wb.train.LoRA"),
+    ("rank=4", TypeError, "wb.train.LoRA"),
+])
+def test_bad_lora_values_are_refused_by_name(value, error, words):
+    with pytest.raises(error, match=words.replace("(", r"\(").replace("[", r"\[")):
+        wb.TrainConfig(model="tiny", lora=value)
+
+
+def test_targets_name_the_valid_choices():
+    with pytest.raises(ValueError) as e:
+        LoRA(rank=2, alpha=4, targets=("wq",))
+    for name in ALL:
+        assert repr(name) in str(e.value)
+
+
+def test_a_rank_past_the_projections_dims_is_refused():
+    with pytest.raises(ValueError, match=r"rank=65 .*'q' \(64 -> 64"):
+        wb.TrainConfig(model="tiny", lora={"rank": 65, "alpha": 1})
+    with pytest.raises(ValueError, match="rank <= 32"):   # k: 64 -> 2 kv heads x 16
+        wb.TrainConfig(model="tiny", lora={"rank": 33, "alpha": 1, "targets": ("k",)})
+
+
+def test_mlp_targets_on_a_mixture_of_experts_are_refused():
+    with pytest.raises(ValueError, match="experts"):
+        wb.TrainConfig(model="moe-tiny", lora={"rank": 2, "alpha": 4, "targets": ("up",)})
+    wb.TrainConfig(model="moe-tiny", lora={"rank": 2, "alpha": 4})   # attention: fine
+
+
+def test_the_config_round_trips_through_json():
+    cfg = wb.TrainConfig(model="tiny", lora=LoRA(rank=2, alpha=4, targets=("v", "q")))
+    again = wb.TrainConfig.from_json(cfg.to_json())
+    assert again == cfg and again.lora.targets == ("q", "v")
+    assert "lora" not in wb.TrainConfig(model="tiny").to_dict()   # old hashes kept
+
+
+def _tree_state(path):
+    return sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
+                  for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("change", [{"lora": None}, {"lora": {**LORA, "rank": 2}},
+                                    {"lora": {**LORA, "targets": ("q",)}}])
+def test_resuming_with_other_adapters_is_refused_and_nothing_changes(trained, change):
+    tr, _ = trained
+    before = _tree_state(tr.run_dir)
+    with pytest.raises(RunConfigMismatch) as e:
+        wb.Trainer(CFG.replace(**change), run_dir=tr.run_dir, progress=None)
+    assert "lora." in str(e.value) and "Nothing was changed" in str(e.value)
+    assert _tree_state(tr.run_dir) == before
