@@ -29,7 +29,8 @@ def test_issue_example_and_every_field_has_a_default():
     cfg = wb.TrainConfig(**ISSUE_EXAMPLE)
     assert all(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
                for f in dataclasses.fields(TrainConfig))
-    assert TrainConfig() == TrainConfig(**{**ISSUE_EXAMPLE, "mesh": {"data": -1}})
+    # rules None: workbench.placement's default for the mesh (fsdp on {"data": -1})
+    assert TrainConfig() == TrainConfig(**{**ISSUE_EXAMPLE, "mesh": {"data": -1}, "rules": None})
     assert cfg.model_config() == GPTConfig.preset("tiny")
     assert cfg.data == TextData() and cfg.optimizer == AdamW()
     with pytest.raises(dataclasses.FrozenInstanceError):

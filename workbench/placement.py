@@ -49,13 +49,19 @@ class Placement:
             ``jax.sharding.Mesh`` made for a dict of sizes or for no mesh.
         rules: the ``wb.Rules``.
         preset: the preset name the rules are (given or chosen), None for a given table.
-        why: one line: where the mesh and the rules came from.
+        mesh_why, rules_why: where the mesh and the rules came from; ``why`` joins them.
     """
 
     mesh: Any
     rules: Rules
     preset: str | None
-    why: str
+    mesh_why: str
+    rules_why: str
+
+    @property
+    def why(self) -> str:
+        """One line: where the mesh and the rules came from."""
+        return f"{self.mesh_why}; {self.rules_why}"
 
     def __iter__(self) -> Iterator[Any]:
         """``mesh, rules = placement``."""
@@ -207,4 +213,4 @@ def resolve_placement(mesh: Any = None, rules: Any = None, *,
                     f"{where}: rules map {logical!r} to mesh axis {a!r}, but the mesh has "
                     f"axes {names}; add {a!r} to the mesh (e.g. wb.make_mesh({a}=2, ...)), "
                     f"or map {logical} to one of {names} or None")
-    return Placement(mesh=made, rules=table, preset=name, why=f"{mesh_why}; {rules_why}")
+    return Placement(mesh=made, rules=table, preset=name, mesh_why=mesh_why, rules_why=rules_why)

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from workbench.placement import resolve_placement
 from workbench.rules import LOGICAL_AXES, MODEL_AXIS_NAMES, Rules
 
 __all__ = ["ModelRecord", "ModelSpec", "UnknownAxesError", "annotation_names", "build_without_mesh",
@@ -213,8 +214,9 @@ def resolve_rules(logical: Mapping[str, Sequence[str | None]], rules: Any, mesh:
     - Annotations that name mesh axes map to themselves (``model="model"``) unless
       ``rules`` say otherwise: the Flax guide's models need no rules.
     - ``rules`` None: the batch goes over the mesh's data axes (not named like a model
-      axis); the ``"fsdp"`` preset covers Workbench's own logical axes (``embed``, ...);
-      any other name is an error saying which rules to add.
+      axis); the default preset (``workbench.placement``: "fsdp_tp" on a mesh with one
+      model axis larger than 1, else "fsdp") covers Workbench's own logical axes
+      (``embed``, ...); any other name is an error saying which rules to add.
     - A spec with ``rules_for`` (penzai) gets its own names from Workbench's rules.
 
     Args:
@@ -233,7 +235,7 @@ def resolve_rules(logical: Mapping[str, Sequence[str | None]], rules: Any, mesh:
     direct = [a for a in names if a in mesh_axes]
     if rules is None or isinstance(rules, str):
         given = rules is not None
-        base = Rules.preset(rules or "fsdp", mesh)
+        base = resolve_placement(mesh, rules, where="wb.plan").rules   # the one default
         if spec is not None and spec.rules_for is not None:
             base = spec.rules_for(base)
         if direct and not given:

@@ -215,7 +215,8 @@ def measure(inp: Any, setup: Any, step: Any, *, progress: bool) -> Measured:
     info, rules, cfg, pipe = inp.info, inp.rules, inp.cfg, inp.pipe
     out = CompileOutcome(target=setup.target)
     if setup.target.compile:
-        shown = inp.name or inp.rules_name or ("fsdp" if cfg is not None else "plan")
+        shown = inp.name or inp.rules_name or (inp.preset if cfg is not None and inp.preset
+                                                else "plan")
         out = compile_step(step.jitted, (step.state.state, step.batch), info, setup.target,
                            step.estimate, step.limit, label=f"wb.plan({shown!r})",
                            progress=progress)

@@ -38,7 +38,7 @@ from workbench.step import ModelFactory
 __all__ = ["PlanOptions", "compare", "plan"]
 
 
-def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
+def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
          rules: Rules | str | None = None, batch: int, seq: int | None = None,
          options: PlanOptions | None = None, **keywords: Any) -> Plan:
     """Plan one train step of a model on a mesh without allocating it.
@@ -50,8 +50,12 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any,
 
     Args:
         cfg_or_factory: a ``GPTConfig`` or a callable ``rngs -> nnx.Module``.
-        mesh: ``wb.make_mesh(...)`` (compiled plan) or ``wb.abstract_mesh(...)`` (analytic).
-        rules: ``Rules`` or a preset name ("dp", "fsdp", "tp", "fsdp_tp"); default "fsdp".
+        mesh: ``wb.make_mesh(...)`` (compiled plan) or ``wb.abstract_mesh(...)`` (analytic),
+            a dict of axis sizes (``wb.make_mesh``'s), or None: every device on one
+            ``data`` axis (``workbench.placement``, the default everywhere).
+        rules: ``Rules`` or a preset name ("dp", "fsdp", "tp", "fsdp_tp"); default
+            ``workbench.placement``'s: "fsdp_tp" on a mesh with one model axis larger
+            than 1, else "fsdp". ``plan.report.placement`` says which and why.
         batch: global batch size (sequences per step): a positive int divisible by the
             data-parallel size (the product of the mesh axes the rules map ``batch`` to);
             otherwise a ValueError names the nearest batches that are.
@@ -110,7 +114,7 @@ def _assemble(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured, warnin
         compile_seconds=m.outcome.seconds, compile_cached=m.outcome.cached,
         plan_seconds=seconds, pipeline=m.pipeline,
         compiler_options={**setup.options, **m.outcome.extra_options},
-        attention=setup.attention, dtype=inp.dtype,
+        attention=setup.attention, dtype=inp.dtype, placement=inp.placement,
         compiled_numbers=None if compiled is None else CompiledNumbers(
             compiled, tpu=target.source == "tpu-compiler"))
     return Plan(report=report, optimizer=inp.optimizer, graphdef=st.graphdef,

@@ -145,6 +145,8 @@ class PlanReport:
             stays the config as given); empty for a model factory.
         compiled_numbers: what was read from the compiled program (``CompiledNumbers``);
             None when nothing was compiled.
+        placement: where the mesh and rules came from (``workbench.placement``): given,
+            or the default and why; "" in a report written before it was recorded.
     """
 
     name: str
@@ -172,6 +174,7 @@ class PlanReport:
     attention: str = ""
     dtype: str = ""
     compiled_numbers: CompiledNumbers | None = None
+    placement: str = ""
 
     # -- numbers -----------------------------------------------------------------------
 
@@ -366,6 +369,7 @@ class PlanReport:
                 if self.compiler_options else " (none)")),
             f"  source: {self.source} — {self.source_reason}",
             "  " + self._predicted_line(),
+            *([f"  placement: {self.placement}"] if self.placement else []),
         ]
         if self.pipeline:
             pp = self.pipeline
@@ -438,7 +442,7 @@ class PlanReport:
             "predicted": self._predicted_dict(),
             **({"pipeline": self.pipeline} if self.pipeline else {}),
             "compiler_options": dict(self.compiler_options), "attention": self.attention,
-            "dtype": self.dtype,
+            "dtype": self.dtype, "placement": self.placement,
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -53,7 +53,8 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             with the mesh axes the annotations name, or the presets for logical and penzai
             axes), ranked the same way.
         hardware: a preset ("v5p-256", "v5e-16", "2x8xH100"), a mesh whose devices (or
-            preset) to use, or None for the devices at hand.
+            preset) to use, or None for the devices at hand (those of
+            ``workbench.placement``'s default mesh, as ``wb.plan`` without a mesh).
         batch: global batch (sequences per optimizer step).
         seq: sequence length (default ``cfg.seq_len``).
         options: how each candidate is planned, shared with ``wb.plan``

@@ -8,7 +8,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
 from flax import nnx
 
 from workbench.hardware import generation
@@ -70,16 +69,18 @@ class Hardware:
 
 
 def hardware(spec: Any) -> Hardware:
-    """A preset name, a mesh (its devices, or its preset when abstract), or None
-    (``jax.devices()``)."""
+    """A preset name, a mesh (its devices, or its preset when abstract), or None (the
+    devices of ``workbench.placement``'s default mesh: ``jax.devices()``)."""
     if isinstance(spec, str):
         try:
             size = abstract_mesh(spec).size
         except ValueError as err:
             raise ValueError(f"wb.search(hardware={spec!r}): {err}") from None
         return Hardware(spec, size, lambda s: abstract_mesh(spec, **s), spec)
-    if spec is None:
-        devices = jax.devices()
+    if spec is None:   # the devices of workbench.placement's default mesh
+        from workbench.placement import resolve_placement
+
+        devices = list(resolve_placement(where="wb.search").mesh.devices.flat)
     else:
         info = mesh_info(spec)
         if info.jax_mesh is None:

@@ -27,9 +27,9 @@ FORMAT = "workbench.plan-report/1"
 _PLAIN = ("name", "batch", "seq", "is_estimate", "source", "source_reason",
           "hbm_bytes_estimate", "memory", "memory_estimate", "compile_seconds",
           "compile_cached", "plan_seconds", "pipeline", "compiler_options", "attention",
-          "dtype")
+          "dtype", "placement")
 #: Fields a report written before they existed lacks, and their value then.
-_ADDED = {"dtype": ""}
+_ADDED = {"dtype": "", "placement": ""}
 
 
 def report_to_json(report: Any) -> dict[str, Any]:

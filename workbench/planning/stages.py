@@ -32,6 +32,7 @@ from workbench.planning.lints import Lint
 from workbench.planning.measure import Measured, Target, measure
 from workbench.models.schedule import in_flight, schedule_bubble, timeline
 from workbench.pytrees import tree_layouts
+from workbench.placement import Placement, resolve_placement
 from workbench.rules import Rules
 from workbench.step import (LossFn, ModelFactory, abstract_batch,
                             abstract_param_state, abstract_train_state, batch_logical_axes,
@@ -72,6 +73,10 @@ class Inputs:
     overlap: bool | Mapping[str, Any]
     asked: GPTConfig | None = None
     dtype: str = ""
+    #: where the mesh and rules came from (``workbench.placement``: given, or the default)
+    placement: str = ""
+    #: the rules' preset name, given or chosen by default (None for a given ``Rules``)
+    preset: str | None = None
 
 
 def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules | str | None,
@@ -93,12 +98,10 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
         memory_limit = check_int(memory_limit, "memory_limit", where="wb.plan: ",
                                  fix="bytes per device, e.g. memory_limit=16 * 2**30")
     given_rules = rules
-    info = mesh_info(mesh)
+    placement = resolve_placement(mesh, rules, where="wb.plan")   # the one default
+    info = mesh_info(placement.mesh)
     rules_name = rules if isinstance(rules, str) else None
-    rules = Rules.preset("fsdp" if rules is None else rules, info) \
-        if rules is None or isinstance(rules, str) \
-        else Rules.of(rules, where="wb.plan")
-    rules.check_mesh(info)
+    rules = placement.rules
     if info.jax_mesh is not None:
         require_auto_axes(info.jax_mesh)
     cfg = cfg_or_factory if isinstance(cfg_or_factory, GPTConfig) else None
@@ -133,7 +136,8 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
                 else loss_fn
             if example_batch is None and spec.example_batch is not None:
                 example_batch = spec.batch(batch, int(seq or 1))
-    _check_batch_divides(batch, rules, info, rules_name, given_rules)
+    _check_batch_divides(batch, rules, info, rules_name, given_rules,
+                         placement.preset if cfg is not None else None)
     if seq is None:
         seq = cfg.seq_len if cfg else 1
     elif cfg is not None and seq > cfg.seq_len:
@@ -149,11 +153,22 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
                   rules_name=rules_name, batch=batch, seq=seq,
                   optimizer=optimizer if optimizer is not None else optax.adamw(3e-4),
                   loss_fn=loss_fn, example_batch=example_batch, pipe=pipe, compile=compile,
-                  name=name, memory_limit=memory_limit, overlap=overlap, asked=asked, dtype=compute)
+                  name=name, memory_limit=memory_limit, overlap=overlap, asked=asked, dtype=compute,
+                  placement=_placement_why(placement, given_rules, cfg),
+                  preset=placement.preset)
+
+
+def _placement_why(placement: Placement, given_rules: Any, cfg: GPTConfig | None) -> str:
+    """The placement's reason; a model factory without rules gets rules from its
+    annotations (``adapters.resolve_rules``), not the preset named."""
+    if cfg is None and given_rules is None:
+        return (f"{placement.mesh_why}; no rules given: from the model's annotations "
+                f"({placement.preset!r} for Workbench's logical axes)")
+    return placement.why
 
 
 def _check_batch_divides(batch: int, rules: Rules, info: Any, rules_name: str | None,
-                         given: Any) -> None:
+                         given: Any, default: str | None) -> None:
     """Refuses a batch its data-parallel devices do not divide, naming the nearest ones
     that work (JAX cannot lay out the batch otherwise, and the Trainer refuses it too)."""
     axes = rules.axes("batch")
@@ -162,7 +177,8 @@ def _check_batch_divides(batch: int, rules: Rules, info: Any, rules_name: str | 
         return
     near = " or ".join(f"batch={b}" for b in nearest_multiples(batch, shards))
     how = f"rules {rules_name!r}" if rules_name else \
-        "the rules" if given is not None else "the default rules 'fsdp'"
+        "the rules" if given is not None else \
+        f"the default rules {default!r}" if default else "the default rules"
     raise ValueError(
         f"wb.plan: batch={batch} is not divisible by the data-parallel size {shards}: "
         f"{how} split the batch over mesh axes {axes} of mesh "

@@ -59,9 +59,13 @@ class TrainConfig:
       model: a preset name of ``wb.models.GPTConfig`` ("tiny", "small", ...) or a
         ``GPTConfig``.
       model_overrides: fields changed on top of the preset (``{"n_layers": 4}``).
-      mesh: mesh axes and sizes for ``wb.make_mesh`` (one size may be -1).
+      mesh: mesh axes and sizes for ``wb.make_mesh`` (one size may be -1); default
+        ``{"data": -1}``, every device on one axis (``workbench.placement``'s default).
       rules: a ``wb.Rules`` preset name ("dp", "fsdp", "tp", "fsdp_tp"), a ``Rules``
-        or a mapping logical axis -> mesh axes (made a ``Rules``).
+        or a mapping logical axis -> mesh axes (made a ``Rules``); default None:
+        ``workbench.placement``'s default for the mesh, "fsdp_tp" with one model axis
+        larger than 1, else "fsdp" (the run records which in ``run.json``'s
+        ``placement``). A config stored with "fsdp" before this default keeps "fsdp".
       optimizer: the optimizer spec (``wb.train.AdamW``).
       data: "text" (the Python standard library's sources, byte-level), "synthetic",
         a ``wb.data.TextData`` / ``wb.data.SyntheticData``, or a ``wb.data.Dataset`` (your
@@ -118,7 +122,7 @@ class TrainConfig:
     model: str | Any = "tiny"
     model_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     mesh: Mapping[str, int] = dataclasses.field(default_factory=lambda: {"data": -1})
-    rules: str | Any = "fsdp"
+    rules: str | Any = None
     optimizer: AdamW = dataclasses.field(default_factory=AdamW)
     data: str | DataSpec = "text"
     batch: int = 8
@@ -148,9 +152,10 @@ class TrainConfig:
         if isinstance(self.rules, Mapping) and not hasattr(self.rules, "to_dict"):
             set_(self, "rules", Rules.from_dict({k: v for k, v in self.rules.items()
                                                  if k != "kind"}))
-        elif not isinstance(self.rules, str) and not hasattr(self.rules, "to_dict"):
-            raise TypeError(f"TrainConfig.rules must be a preset name, a wb.Rules or a mapping; "
-                            f"got {self.rules!r}")
+        elif self.rules is not None and not isinstance(self.rules, str) \
+                and not hasattr(self.rules, "to_dict"):
+            raise TypeError(f"TrainConfig.rules must be a preset name, a wb.Rules, a mapping "
+                            f"or None (the default for the mesh); got {self.rules!r}")
         elif isinstance(self.rules, str) and self.rules not in RULES_PRESETS:
             raise ValueError(f"TrainConfig.rules={self.rules!r} is not a rules preset; choose "
                              f"one of {', '.join(RULES_PRESETS)}, or give a wb.Rules")
@@ -199,8 +204,9 @@ class TrainConfig:
                 "limit), at quadratic attention cost; if that is what you want, say so with "
                 f"model_overrides={{'seq_len': {self.seq}}}, which also silences this warning",
                 UserWarning, stacklevel=3)
-        check_layout(self.seq, dict(self.mesh), self.rules,   # the context axis divides seq
-                     zigzag=bool(getattr(self.model_config(), "context_zigzag", False)))
+        if self.rules is not None:   # (the default rules, fsdp or fsdp_tp, never split seq)
+            check_layout(self.seq, dict(self.mesh), self.rules,   # context axes divide seq
+                         zigzag=bool(getattr(self.model_config(), "context_zigzag", False)))
         if self.pipeline is not None:
             self._check_pipeline()
         if self.init is not None:
@@ -337,7 +343,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict; ``TrainConfig.from_dict`` inverts it."""
         model = self.model if isinstance(self.model, str) else self.model.to_dict()
-        rules = self.rules if isinstance(self.rules, str) else \
+        rules = self.rules if self.rules is None or isinstance(self.rules, str) else \
             {"kind": "rules", **self.rules.to_dict()}
         return {
             "model": model, "model_overrides": dict(self.model_overrides),

@@ -433,4 +433,5 @@ def trainer_plan(trainer: Any) -> Any:
     return plan(trainer.parts.model_config, mesh=trainer.mesh, rules=trainer.rules,
                 batch=cfg.micro_batch, seq=cfg.seq, optimizer=trainer.parts.tx,
                 pipeline=cfg.pipeline, progress=False, name=str(cfg.rules)
-                if isinstance(cfg.rules, str) else "trainer")
+                if isinstance(cfg.rules, str) else
+                trainer.parts.placement.get("preset") or "trainer")

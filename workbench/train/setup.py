@@ -321,14 +321,11 @@ def enable_compile_cache(setting: bool | str | os.PathLike[str]) -> str | None:
 
 
 def resolve_rules(rules: Any, mesh: jax.sharding.Mesh) -> Any:
-    """A ``Rules`` from a preset name, a ``Rules`` or a mapping."""
-    from workbench.rules import Rules
+    """A ``Rules`` from a preset name, a ``Rules``, a mapping, or None (the default for
+    ``mesh``, ``workbench.placement``)."""
+    from workbench.placement import resolve_placement
 
-    if isinstance(rules, Rules):
-        return rules
-    if isinstance(rules, str):
-        return Rules.preset(rules, mesh)
-    return Rules.from_dict(dict(rules))
+    return resolve_placement(mesh, rules, where="TrainConfig").rules
 
 
 def analytic_flops(model_config: Any, batch: int, seq: int) -> float | None:
@@ -373,18 +370,21 @@ class Parts:
     #: resolved for the mesh's platform, as ``model_config.dtype`` holds it; "" for a model
     #: that is not a wb GPT)
     dtype: str = ""
+    #: the rules' preset name (None for a table) and where mesh and rules came from
+    #: (``workbench.placement``: given, or the default and why)
+    placement: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | None = None
                 ) -> Parts:
     """Mesh, rules, optimizer, abstract sharded state, step shardings and the data."""
     from workbench.hardware import peak_flops
-    from workbench.mesh import make_mesh
+    from workbench.placement import resolve_placement
     from workbench.planning.flags import compile_options
     from workbench.step import abstract_state, batch_shardings
 
-    mesh = make_mesh(dict(config.mesh))
-    rules = resolve_rules(config.rules, mesh)
+    placement = resolve_placement(dict(config.mesh), config.rules, where="TrainConfig")
+    mesh, rules = placement
     model_config, dtype = resolve_model_dtype(config.model_config(),
                                               mesh.devices.flat[0].platform)
     from workbench.models.context import check_layout
@@ -424,7 +424,8 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
         model_flops=analytic_flops(model_config, config.batch, config.seq),
         peak=peak, peak_source=source, device_kind=device.device_kind,
         n_devices=mesh.devices.size, attention=attention,
-        compile_options=compile_options(device.platform), dtype=dtype)
+        compile_options=compile_options(device.platform), dtype=dtype,
+        placement={"preset": placement.preset, "why": placement.why})
 
 
 def resolve_model_dtype(model_config: Any, platform: str) -> tuple[Any, str]:

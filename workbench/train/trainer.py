@@ -628,6 +628,7 @@ class Trainer(Displayable):
             "attention": p.attention, "dtype": p.dtype,
             "compiler_options": dict(p.compile_options),
             "data": p.data.info, "process_count": jax.process_count(),
+            "placement": dict(p.placement),
         } | ({} if self.config.init is None else {"init": self._init_record()}) | (
             {} if self._recorded_prediction is None
              else {"prediction": self._recorded_prediction})
