@@ -88,7 +88,7 @@ BAD = [
      r"prompt must be text, or token ids .* got shape \(1, 0\).*empty prompt"),
     ("prompt-ragged", [[1, 2], [3]], {}, ValueError, r"rows of prompt have different lengths"),
     ("prompt-floats", [1.0, 2.0], {}, ValueError, r"prompt must be text, or token ids.*float64"),
-    ("prompt-none", None, {}, ValueError, r"prompt must be text, or token ids.*dtype object"),
+    ("prompt-none", None, {}, ValueError, r"give a prompt \(text or token ids\) or messages="),
     ("prompt-past-vocab", [1, V], {}, ValueError,
      rf"prompt token ids must be in \[0, {V}\).*got 1..{V}"),
     ("prompt-past-int32", [2**32 + 5], {}, ValueError,
