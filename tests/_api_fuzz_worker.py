@@ -313,6 +313,10 @@ RECIPES: dict[str, Recipe] = {
     # wb.hf (wb.models.from_hf / hf_config / to_hf and wb.train.export_run are these)
     "wb.hf.export_run": lambda f: {"run_dir": f.trained_run, "path": f.fresh("export")},
     "wb.hf.from_hf": lambda f: {"path": f.hf_dir},
+    # workbench.placement (a documented module; test_api_fuzz.EXTRA_MODULES)
+    "wb.placement.resolve_placement": lambda f: {"mesh": {"data": 4, "model": 2},
+                                                 "rules": None, "where": "placement"},
+    "wb.placement.default_preset": lambda f: {"mesh": f.mesh},
     "wb.hf.hf_config": lambda f: {"path": f.hf_dir},
     "wb.hf.to_hf": lambda f: {"obj": f.model, "path": f.fresh("hf"), "config": f.cfg},
     # wb.train
@@ -373,6 +377,7 @@ SIGNATURES["wb.search"] = tuple((p, "keyword") for p in (
 
 def resolve(name: str) -> Any:
     import workbench as wb
+    import workbench.placement  # noqa: F401 - wb.placement.* (test_api_fuzz.EXTRA_MODULES)
     obj: Any = wb
     for part in name.split(".")[1:]:
         obj = getattr(obj, part)

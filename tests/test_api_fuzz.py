@@ -56,6 +56,7 @@ from hypothesis import strategies as st
 
 import _api_fuzz_worker as worker
 import workbench as wb
+import workbench.placement as placement
 from _api_fuzz_worker import Opaque
 
 #: ~45 s of CPU in one worker process (`make test`; `make test-fast` leaves it out).
@@ -70,13 +71,18 @@ COLLECT = os.environ.get("WORKBENCH_FUZZ_COLLECT") == "1"
 
 # --- the surface --------------------------------------------------------------------------------
 
+#: Documented modules outside ``wb.*`` whose functions are fuzzed too, as ``wb.<module>.<name>``:
+#: ``workbench.placement`` (the one default mesh and rules, issue 46).
+EXTRA_MODULES: list[tuple[str, Any]] = [("wb.placement", placement)]
+
+
 def walk_surface() -> dict[str, Any]:
     """Every public callable: dotted name -> object, each object once (under the first
     name found: ``wb.TrainConfig``, not ``wb.train.TrainConfig``). Exception classes and
     constants (``PRESETS``, ``DataSpec``'s union) are not calls and are left out."""
     out: dict[str, Any] = {}
     seen: set[int] = set()
-    todo: list[tuple[str, Any]] = [("wb", wb)]
+    todo: list[tuple[str, Any]] = [("wb", wb), *EXTRA_MODULES]
     while todo:
         prefix, module = todo.pop(0)
         for attr in module.__all__:
@@ -102,6 +108,7 @@ EXEMPT: dict[str, str] = {
     "wb.Layout": "a result type, made by wb.layout (which is fuzzed)",
     "wb.DeviceInfo": "a result type, one row of wb.devices() (which is fuzzed)",
     "wb.hf.HFSource": "a result type: where wb.hf.from_hf's model came from (model.hf_source)",
+    "wb.placement.Placement": "a result type, made by resolve_placement (which is fuzzed)",
 }
 
 #: Other names a message may give an argument by: (function, argument) -> names.

@@ -23,7 +23,7 @@ PUBLIC_MODULES = (
     "workbench.hf",
     "workbench.data", "workbench.train", "workbench.runs", "workbench.jobs",
     "workbench.hardware", "workbench.mesh", "workbench.layouts", "workbench.rules",
-    "workbench.flops", "workbench.step", "workbench.topology", "workbench.planning",
+    "workbench.placement", "workbench.flops", "workbench.step", "workbench.topology", "workbench.planning",
     "workbench.planning.search", "workbench.perf", "workbench.perf.formulas",
     "workbench.perf.predict", "workbench.perf.analytic",
     "workbench.exercises", "workbench.widgets",

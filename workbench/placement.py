@@ -71,11 +71,16 @@ class Placement:
         return self.why
 
 
-def _sizes(mesh: Any) -> dict[str, int]:
+def _sizes(mesh: Any, where: str = "default_preset") -> dict[str, int]:
     """``{axis: size}`` of a ``Mesh``, ``AbstractMesh`` or ``MeshInfo``."""
+    from workbench.mesh import MeshInfo
+
     if isinstance(mesh, Mesh):
         return {str(k): int(v) for k, v in mesh.shape.items()}
-    return {str(k): int(v) for k, v in zip(mesh.axis_names, mesh.axis_sizes)}
+    if isinstance(mesh, (AbstractMesh, MeshInfo)):
+        return {str(k): int(v) for k, v in zip(mesh.axis_names, mesh.axis_sizes)}
+    raise TypeError(f"{where}: mesh={mesh!r:.80} is a {type(mesh).__name__}; expected a mesh: "
+                    "wb.make_mesh(...), wb.abstract_mesh(...) or its MeshInfo")
 
 
 def default_preset(mesh: Any) -> tuple[str, str]:
