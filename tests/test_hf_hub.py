@@ -230,6 +230,10 @@ def test_train_config_init_id_records_the_commit(cache, tmp_path):
     rec = json.loads((tmp_path / "run" / "run.json").read_text())["init"]
     assert rec == {"format": "huggingface", "path": str(snapshot(cache, B)),
                    "repo_id": REPO, "revision": B}
+    out = wb.hf.export_run(tmp_path / "run", tmp_path / "exported")   # the id's tokenizer
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (out / name).read_bytes() == (snapshot(cache, B) / name).read_bytes()
+    assert wb.data.Tokenizer.from_hf(out).chat_template == want.tokenizer.chat_template
     # v2 moves on: the run keeps the commit it started from
     (cache / ("models--" + REPO.replace("/", "--")) / "refs" / "v2").write_text(A)
     again = wb.Trainer(tc, tmp_path / "run", progress=None)
