@@ -89,8 +89,11 @@ def test_what_is_given_keeps_its_meaning():
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"mesh": 3}, TypeError, r"where: mesh=3 is a int; expected a mesh"),
     ({"mesh": [8]}, TypeError, r"mesh=\[8\] is a list"),
-    ({"rules": 3}, TypeError, r"where: rules=3 is a int; give a preset name"),
-    ({"rules": "fdsp"}, ValueError, r"rules='fdsp' is not a rules preset"),
+    ({"rules": 3}, TypeError, r"where: rules=3 \(int\) must be a preset name \(dp, fsdp"),
+    ({"rules": {1: "data"}}, TypeError, r"where: rules=\{1: 'data'\} is not a table of logical"),
+    ({"rules": {"batch": 3}}, TypeError, r"rules=\{'batch': 3\} is not a table .* must be a "
+                                         r"mesh axis name"),
+    ({"rules": "fdsp"}, ValueError, r"rules='fdsp': unknown rules preset 'fdsp'; choose one"),
     ({"rules": "tp"}, ValueError, r"rules='tp' on mesh \{'data': 8\}: preset 'tp' needs "
                                   r"exactly one model axis"),
     ({"rules": Rules(batch="model")}, ValueError,

@@ -159,20 +159,23 @@ def _rules(rules: Any, mesh: Any, where: str) -> tuple[Rules, str | None, str]:
         return Rules.preset(name, mesh), name, f"no rules given: {name!r}: {why}"
     if isinstance(rules, str):
         if rules not in PRESETS:
-            raise ValueError(f"{where}: rules={rules!r} is not a rules preset; choose one of "
-                             f"{', '.join(PRESETS)}, give a wb.Rules, or leave rules out for "
-                             "the default")
+            raise ValueError(f"{where}: rules={rules!r}: unknown rules preset {rules!r}; choose "
+                             f"one of {', '.join(PRESETS)}, give a wb.Rules, or leave rules "
+                             "out for the default")
         try:
             return Rules.preset(rules, mesh), rules, f"rules {rules!r} (given)"
         except ValueError as err:
             raise ValueError(f"{where}: rules={rules!r} on mesh {_sizes(mesh)}: {err}") from None
-    if isinstance(rules, Rules) or (isinstance(rules, Mapping)
-                                    and all(isinstance(k, str) for k in rules)):
-        table = Rules.of(rules, where=where)
-        return table, None, "rules: the given wb.Rules"
-    raise TypeError(f"{where}: rules={rules!r} is a {type(rules).__name__}; give a preset name "
-                    f"({', '.join(PRESETS)}), a wb.Rules, a dict of logical axis -> mesh "
-                    "axes, or None for the default")
+    if isinstance(rules, Mapping) and not isinstance(rules, Rules):
+        try:
+            table = Rules.from_dict(rules)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{where}: rules={rules!r:.80} is not a table of logical axis -> "
+                            f"mesh axes ({err}); e.g. rules={{'batch': 'data', 'embed': None}}"
+                            ) from None
+        return table, None, "rules: the given table"
+    table = Rules.of(rules, where=where)   # a wb.Rules, or its TypeError naming rules=
+    return table, None, "rules: the given wb.Rules"
 
 
 def resolve_placement(mesh: Any = None, rules: Any = None, *,
