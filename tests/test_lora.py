@@ -121,12 +121,15 @@ def test_an_interrupted_and_resumed_run_is_bitwise_the_uninterrupted_one(trained
 
 def test_checkpoints_hold_the_adapters_not_the_base(trained):
     tr, _ = trained
-    full = sum(x.nbytes for x in _leaves(tr.state.params).values())
-    adapters = sum(x.nbytes for k, x in _leaves(tr.state.params).items() if ".lora." in k)
     step = max(int(p.name) for p in (tr.run_dir / "checkpoints").iterdir() if p.name.isdigit())
-    on_disk = sum(f.stat().st_size for f in (tr.run_dir / "checkpoints" / str(step)).rglob("*")
-                  if f.is_file())
-    assert on_disk < (full - adapters) / 2, (on_disk, full, adapters)
+    stored = {}   # Orbax's tree metadata: every saved leaf (the base's slots are empty)
+    for f in (tr.run_dir / "checkpoints" / str(step)).rglob("_METADATA"):
+        tree = json.loads(f.read_text()).get("tree_metadata") or {}
+        stored.update({k: v["value_metadata"]["value_type"] for k, v in tree.items()})
+    arrays = [k for k, t in stored.items() if t != "None" and "'train'" in k
+              and ("'params'" in k or "'mu'" in k or "'nu'" in k)]
+    assert arrays and all("'lora'" in k for k in arrays), arrays
+    assert not any("'lora'" not in k for k in stored if "'params'" in k)
     run = json.loads((tr.run_dir / "run.json").read_text())
     assert run["config"]["lora"]["rank"] == 4
 
@@ -208,3 +211,81 @@ def test_resuming_with_other_adapters_is_refused_and_nothing_changes(trained, ch
         wb.Trainer(CFG.replace(**change), run_dir=tr.run_dir, progress=None)
     assert "lora." in str(e.value) and "Nothing was changed" in str(e.value)
     assert _tree_state(tr.run_dir) == before
+
+
+# ------------------------------------------------------------------ PEFT / transformers
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory):
+    """A LoRA run on a Qwen3-shaped HF folder made by transformers (random weights)."""
+    pytest.importorskip("transformers", reason="the test extra installs transformers + torch")
+    from tests._hf_models import make_model, save
+
+    root = tmp_path_factory.mktemp("lora-hf")
+    folder = save(make_model("qwen3"), root / "base")
+    model = wb.hf.hf_config(folder, dtype="float32")
+    cfg = CFG.replace(model=model, model_overrides={}, init=str(folder), steps=3, data="synthetic",
+                      lora={**LORA, "alpha": 16})
+    tr = wb.Trainer(cfg, run_dir=root / "run", progress=None)
+    tr.run()
+    return tr, folder, root
+
+
+def _torch_logits(model):
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor(TOKENS % 128, dtype=torch.long)).logits.float().numpy()
+
+
+def test_the_peft_export_loads_in_peft_with_the_same_logits(hf_run):
+    peft = pytest.importorskip("peft", reason="the test extra installs peft")
+    import transformers
+
+    tr, folder, root = hf_run
+    out = wb.hf.to_peft(tr.model, root / "adapter", base_model=str(folder))
+    conf = json.loads((out / "adapter_config.json").read_text())
+    assert conf["r"] == 4 and conf["lora_alpha"] == 16 and conf["peft_type"] == "LORA"
+    base = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype="float32")
+    model = peft.PeftModel.from_pretrained(base, out).eval()
+    want = np.asarray(tr.model(jnp.asarray(TOKENS % 128)))
+    # torch's kernels vs XLA's: each sums in its own order (test_hf's RTOL, 80 eps)
+    assert_close_at_scale(_torch_logits(model), want, rtol=1e-5)
+    # and the adapters matter: the base alone is far off
+    plain = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype="float32")
+    assert not np.allclose(_torch_logits(plain), want, rtol=1e-3, atol=1e-3)
+    # PEFT's own merge gives the same model
+    assert_close_at_scale(_torch_logits(model.merge_and_unload()), want, rtol=1e-5)
+
+
+def test_export_run_writes_merged_weights_or_peft_adapters(hf_run):
+    peft = pytest.importorskip("peft", reason="the test extra installs peft")
+    import transformers
+
+    tr, folder, root = hf_run
+    tr.checkpoints.wait()
+    want = np.asarray(tr.model(jnp.asarray(TOKENS % 128)))
+    merged = wb.hf.export_run(tr.run_dir, root / "merged")
+    got = _torch_logits(transformers.AutoModelForCausalLM.from_pretrained(merged,
+                                                                          dtype="float32"))
+    assert_close_at_scale(got, want, rtol=1e-5)
+    adapter = wb.hf.export_run(tr.run_dir, root / "peft", lora="peft")
+    assert json.loads((adapter / "adapter_config.json").read_text())[
+        "base_model_name_or_path"] == str(folder)
+    base = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype="float32")
+    got = _torch_logits(peft.PeftModel.from_pretrained(base, adapter).eval())
+    assert_close_at_scale(got, want, rtol=1e-5)
+    with pytest.raises(ValueError, match="'merged' or 'peft'"):
+        wb.hf.export_run(tr.run_dir, root / "x", lora="adapters")
+
+
+def test_to_peft_refuses_a_model_without_adapters_and_an_existing_folder(hf_run, tmp_path):
+    tr, folder, root = hf_run
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        wb.hf.to_peft(GPT(GPTConfig.preset("tiny"), rngs=nnx.Rngs(0)), tmp_path / "a")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError):
+        wb.hf.to_peft(tr.model, tmp_path / "taken", overwrite=True)
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+    with pytest.raises(TypeError, match="base_model"):
+        wb.hf.to_peft(tr.model, tmp_path / "b", base_model=3)

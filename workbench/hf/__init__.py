@@ -18,7 +18,9 @@ One module per concern, each importing only those before it:
 - :mod:`workbench.hf.save`: ``to_hf``, the folder written tensor by tensor;
 - :mod:`workbench.hf.load`: ``from_hf`` / ``hf_config`` / ``load_params``, the folder read
   into a sharded model;
-- :mod:`workbench.hf.export`: ``export_run``, a run's checkpoint restored, then ``to_hf``.
+- :mod:`workbench.hf.export`: ``export_run``, a run's checkpoint restored, then ``to_hf``;
+- :mod:`workbench.hf.peft`: a LoRA model's adapters in PEFT's layout (``to_peft``), merged
+  weights for ``to_hf``, and ``export_run`` of a LoRA run.
 
 The package sits above ``workbench.models`` and ``workbench.step`` (it builds their
 models); nothing below imports it at import time (the Trainer's ``init=`` and
@@ -35,12 +37,13 @@ import importlib
 from typing import Any
 
 __all__ = ["CheckpointError", "HFConfigError", "HFSource", "HubError", "export_run", "from_hf",
-           "hf_config", "to_hf"]
+           "hf_config", "to_hf", "to_peft"]
 
 #: public name -> the module of this package that defines it.
 _WHERE = {"CheckpointError": "tensors", "HFConfigError": "families", "HFSource": "load",
           "HubError": "hub",
-          "export_run": "export", "from_hf": "load", "hf_config": "load", "to_hf": "save"}
+          "export_run": "export", "from_hf": "load", "hf_config": "load", "to_hf": "save",
+          "to_peft": "peft"}
 
 
 def __getattr__(name: str) -> Any:

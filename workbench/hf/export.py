@@ -58,11 +58,24 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
     refused = exists_error(Path(path), bool(kwargs.get("overwrite", False)))
     if refused is not None:   # before the (long) restore, not after it
         raise refused
+    lora = kwargs.pop("lora", "merged")
+    if cfg_lora(run_dir) is not None:   # a LoRA run: merged weights, or PEFT's adapters
+        from workbench.hf.peft import export_lora
+
+        return export_lora(run_dir, path, step=step, lora=lora, **kwargs)
     params, cfg, meta = restore_params(run_dir, step=step)
     config = meta["config"]
     init = (meta.get("init") or {}).get("path", config.get("init"))   # absolute when recorded
     kwargs.setdefault("base", init if init is None or Path(init).is_dir() else None)
     return to_hf((params, cfg), path, **kwargs)
+
+
+def cfg_lora(run_dir: str | os.PathLike[str]) -> Any:
+    """The ``lora`` of a run's recorded config (None: not a LoRA run, or unreadable)."""
+    try:
+        return (runs.read_run(Path(run_dir)).get("config") or {}).get("lora")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _check_destination(run_dir: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
@@ -109,6 +122,10 @@ def restore_params(run_dir: str | os.PathLike[str], *, step: int | None = None
     mesh, rules = resolve_placement(where="export_run")   # every device, "fsdp"
     tx = config.optimizer.build(config.steps)
     _, abstract = abstract_state(cfg, tx, rules, mesh)
+    if cfg.lora is not None:   # the checkpoint holds the adapters (workbench.hf.peft)
+        from workbench.models.lora import saved_state
+
+        abstract = saved_state(abstract)
     key = jax.eval_shape(lambda: jax.random.key(0))
     rng = jax.ShapeDtypeStruct(key.shape, key.dtype,
                                sharding=jax.sharding.NamedSharding(mesh,
