@@ -407,12 +407,16 @@ def activation_bytes(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
 def analytic_memory(param_layouts: Mapping[str, Layout], opt_layouts: Mapping[str, Layout],
                     batch_layouts: Mapping[str, Layout], activations: int | None,
                     limit: int | None) -> dict[str, int | None]:
-    """Per-device bytes: params, optimizer, batch, gradients (= params' shards), temp
+    """Per-device bytes: params, optimizer, batch, gradients (= params' shards; a LoRA
+    model's adapters' only), temp
     (gradients + ``activations``: the rest of the temporaries, see
     :func:`activation_bytes`), total and limit."""
     params, opt = per_device(param_layouts), per_device(opt_layouts)
     batch = per_device(batch_layouts)
-    grads = params
+    # LoRA (workbench.models.lora): only the adapters (paths through a "lora" entry) have
+    # gradients; the frozen base has none
+    adapters = {k: v for k, v in param_layouts.items() if "lora" in k.split(".")}
+    grads = per_device(adapters) if adapters else params
     temp = grads + (activations or 0)
     return {"params": params, "optimizer": opt, "batch": batch, "gradients": grads,
             "activations": activations, "temp": temp, "total": params + opt + batch + temp,
