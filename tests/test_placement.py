@@ -248,3 +248,32 @@ def test_search_spans_the_default_devices():
     assert [r["mesh"] for r in res.rows] == [dict(want.mesh.shape)]
     best = res.best
     assert_placed(best.mesh, best.rules, want)
+
+
+def test_a_model_factory_gets_the_same_rules_from_plan_and_trainer():
+    """Given no rules, a factory's annotations pick them (here the Flax guide's model, which
+    names the mesh axis ``model``), the same way for wb.plan and the Trainer."""
+    import sys
+    from pathlib import Path
+
+    import jax.numpy as jnp
+
+    from workbench.train.setup import build_parts
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _models import DotReluDot
+
+    def loss(model, batch):
+        x = jax.nn.one_hot(batch["inputs"], 64).mean(1)
+        return jnp.mean((model(x) - jax.nn.one_hot(batch["targets"], 64).mean(1)) ** 2)
+
+    spec = wb.models.from_nnx(lambda rngs: DotReluDot(64, rngs), loss_fn=loss, vocab_size=64,
+                              name="guide")
+    mesh = {"data": 2, "model": 4}
+    parts = build_parts(wb.TrainConfig(model=spec, mesh=mesh, batch=8, seq=16,
+                                       data="synthetic"))
+    plan = wb.plan(spec, mesh=wb.make_mesh(mesh), batch=8, seq=16, compile=False,
+                   progress=False)
+    assert parts.rules == plan.rules and parts.rules["batch"] == "data"
+    assert parts.placement["why"] == plan.report.placement
+    assert "from the model's annotations ('fsdp_tp'" in plan.report.placement

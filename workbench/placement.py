@@ -63,6 +63,14 @@ class Placement:
         """One line: where the mesh and the rules came from."""
         return f"{self.mesh_why}; {self.rules_why}"
 
+    def from_annotations(self) -> Placement:
+        """This placement for a model factory given no rules: its annotations pick the rules
+        (``wb.models.adapters.resolve_rules``; this preset covers Workbench's logical
+        axes), as ``wb.plan`` and the Trainer both resolve them."""
+        return dataclasses.replace(self, rules_why=(
+            f"no rules given: from the model's annotations ({self.preset!r} for Workbench's "
+            "logical axes)"))
+
     def __iter__(self) -> Iterator[Any]:
         """``mesh, rules = placement``."""
         return iter((self.mesh, self.rules))

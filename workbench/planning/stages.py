@@ -162,8 +162,7 @@ def _placement_why(placement: Placement, given_rules: Any, cfg: GPTConfig | None
     """The placement's reason; a model factory without rules gets rules from its
     annotations (``adapters.resolve_rules``), not the preset named."""
     if cfg is None and given_rules is None:
-        return (f"{placement.mesh_why}; no rules given: from the model's annotations "
-                f"({placement.preset!r} for Workbench's logical axes)")
+        return placement.from_annotations().why
     return placement.why
 
 

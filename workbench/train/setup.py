@@ -387,6 +387,18 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
     mesh, rules = placement
     model_config, dtype = resolve_model_dtype(config.model_config(),
                                               mesh.devices.flat[0].platform)
+    from workbench.models.config import GPTConfig
+
+    if config.rules is None and not isinstance(model_config, GPTConfig):
+        # a model factory: its annotations pick the rules, as wb.plan picks them
+        from workbench.models.adapters import ModelSpec
+        from workbench.models.adapters import resolve_rules as annotated_rules
+        from workbench.step import abstract_param_state, logical_axes
+
+        rules = annotated_rules(logical_axes(abstract_param_state(model_config)[1]), None,
+                                mesh, spec=model_config if isinstance(model_config, ModelSpec)
+                                else None)
+        placement = placement.from_annotations()
     from workbench.models.context import check_layout
 
     check_layout(config.seq, dict(mesh.shape), rules,
