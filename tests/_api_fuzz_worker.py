@@ -92,6 +92,12 @@ class Fixtures:
         from workbench.models import GPT
         return GPT(self.cfg, rngs=nnx.Rngs(0))
 
+    def _make_lora_model(self) -> Any:
+        from flax import nnx
+
+        from workbench.models import GPT
+        return GPT(self.cfg.replace(lora={"rank": 2, "alpha": 4.0}), rngs=nnx.Rngs(0))
+
     def _make_plan(self) -> Any:
         import workbench as wb
         return wb.plan(self.cfg, mesh=self.mesh, batch=8, seq=16, compile=False, progress=False)
@@ -252,7 +258,8 @@ RECIPES: dict[str, Recipe] = {
                                   "directory": f.fresh("profile")},
     # init and a Dataset: the files TrainConfig.check reads (THEN) are real ones
     "wb.TrainConfig": lambda f: {"model": f.cfg, "init": f.hf_dir, "mesh": {"data": 8},
-                                 "batch": 8, "seq": 16, "steps": 1, "data": f.dataset},
+                                 "batch": 8, "seq": 16, "steps": 1, "data": f.dataset,
+                                 "lora": {"rank": 2, "alpha": 4.0}},
     "wb.Trainer": lambda f: {"config": f.train_config, "run_dir": f.fresh("run"),
                              "progress": None},
     "wb.launch": lambda f: {"config": f.train_config, "processes": 1,
@@ -319,8 +326,12 @@ RECIPES: dict[str, Recipe] = {
     "wb.placement.default_preset": lambda f: {"mesh": f.mesh},
     "wb.hf.hf_config": lambda f: {"path": f.hf_dir},
     "wb.hf.to_hf": lambda f: {"obj": f.model, "path": f.fresh("hf"), "config": f.cfg},
+    "wb.hf.to_peft": lambda f: {"obj": f.lora_model, "path": f.fresh("peft"),
+                                "base_model": "org/name", "revision": None},
     # wb.train
     "wb.train.AdamW": lambda f: {"lr": 1e-3},
+    "wb.train.LoRA": lambda f: {"rank": 2, "alpha": 4.0, "targets": ("q", "v"),
+                                "dropout": 0.0, "base_dtype": None},
     # wb.runs
     "wb.runs.MetricsTail": lambda f: {"run_dir": f.written_run},
     "wb.runs.RunWriter": lambda f: {"run_dir": f.fresh("writer"), "config": {"a": 1}},
