@@ -283,7 +283,9 @@ def test_models_is_a_tree_with_config_at_the_root():
     graph = package_graph(PACKAGE / "models")
     m = "workbench.models."
     assert graph[m + "config"] == set()
-    assert graph[m + "layers"] <= {m + "config", m + "attention", m + "context"}
+    # ... and the LoRA adapters (Flax's nnx.LoRA on the projections), which import config only
+    assert graph[m + "layers"] <= {m + "config", m + "attention", m + "context", m + "lora"}
+    assert graph[m + "lora"] <= {m + "config"}
     assert {m + "config", m + "layers", m + "moe", m + "pipeline"} <= graph[m + "gpt"]
     assert m + "layers" in graph[m + "moe"] and m + "layers" in graph[m + "mlp"]
     assert m + "gpt" not in graph[m + "moe"] | graph[m + "pipeline"] | graph[m + "layers"]

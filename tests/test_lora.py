@@ -159,7 +159,7 @@ def test_a_bfloat16_base_trains_float32_adapters(tmp_path):
     ({"rank": 4, "alpha": 8, "targets": ("q", "q")}, ValueError, "twice"),
     ({"rank": 4, "alpha": 8, "targets": [1]}, TypeError, "projection names"),
     ({"rank": 4, "alpha": 8, "dropout": 0.1}, ValueError, "dropout=0.0"),
-    ({"rank": 4, "alpha": 8, "base_dtype": "int8"}, TypeError, "base_dtype"),
+    ({"rank": 4, "alpha": 8, "base_dtype": "int8"}, ValueError, "base_dtype"),
     ({"rank": 4, "alpha": 8, "ranks": 4}, ValueError, "unknown field"),
     ({"alpha": 8}, ValueError, "rank"),
     ([4, 8], TypeError, "wb.train.LoRA"),
@@ -289,3 +289,32 @@ def test_to_peft_refuses_a_model_without_adapters_and_an_existing_folder(hf_run,
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
     with pytest.raises(TypeError, match="base_model"):
         wb.hf.to_peft(tr.model, tmp_path / "b", base_model=3)
+
+
+# ------------------------------------------------------------------ the plan, TPU compiler
+def _tpu_compiler():
+    from workbench.topology import tpu_compiler_available
+
+    return tpu_compiler_available()
+
+
+@pytest.mark.skipif(not _tpu_compiler(), reason="the TPU compiler (libtpu) is not installed")
+@pytest.mark.tpu
+@pytest.mark.slow   # two compiles of a 16-layer 1B model for a v5e slice (minutes of CPU)
+def test_plan_full_fine_tuning_of_1b_does_not_fit_a_v5e_chip_and_lora_does():
+    """Reference: the TPU compiler's memory_analysis of the two steps (Llama-3.2-1B-shaped,
+    every weight on each chip, 1 x 1024 tokens per chip; benchmarks/bench_lora_plans)."""
+    from benchmarks.bench_lora_plans import lora_plans
+
+    plans = lora_plans(("1b",))
+    full, lora = plans["1b full"], plans["1b lora"]
+    # LoRA compiles; full fine-tuning is refused by the compiler (out of memory: the plan
+    # keeps the formula's numbers with the compiler's temp from its message) and does not fit
+    assert lora["source"] == "tpu-compiler"
+    assert full["fits"] is False and lora["fits"] is True
+    fm, lm = full["memory"], lora["memory"]
+    # the optimizer state (argument shards: exact) is the adapters' only: < 1% of full's
+    assert lm["optimizer"] < fm["optimizer"] / 100
+    assert lm["params"] >= fm["params"]   # the base, plus the adapters
+    # the formula says the same: full does not fit, LoRA does
+    assert full["estimate"]["total"] > full["memory"]["limit"] > lora["estimate"]["total"]

@@ -60,9 +60,13 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
         raise refused
     lora = kwargs.pop("lora", "merged")
     if cfg_lora(run_dir) is not None:   # a LoRA run: merged weights, or PEFT's adapters
-        from workbench.hf.peft import export_lora
+        from workbench.hf.peft import LORA_EXPORTS, export_lora
 
-        return export_lora(run_dir, path, step=step, lora=lora, **kwargs)
+        if not isinstance(lora, str) or lora not in LORA_EXPORTS:   # before the restore
+            raise ValueError(f"export_run: lora={lora!r:.60}; a LoRA run exports as "
+                             f"{' or '.join(map(repr, LORA_EXPORTS))} (merged weights, or "
+                             "the adapters in PEFT's layout)")
+        return export_lora(restore_params(run_dir, step=step), path, lora=lora, **kwargs)
     params, cfg, meta = restore_params(run_dir, step=step)
     config = meta["config"]
     init = (meta.get("init") or {}).get("path", config.get("init"))   # absolute when recorded

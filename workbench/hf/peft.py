@@ -157,22 +157,18 @@ def to_peft(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None 
 LORA_EXPORTS = ("merged", "peft")
 
 
-def export_lora(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
-                step: int | None = None, lora: str = "merged", **kwargs: Any) -> Path:
+def export_lora(restored: tuple[Any, GPTConfig, dict[str, Any]], path: str | os.PathLike[str],
+                *, lora: str = "merged", **kwargs: Any) -> Path:
     """``wb.hf.export_run`` of a LoRA run: ``lora="merged"`` writes the base with the
     adapters merged in as a Hugging Face folder (``to_hf``'s ``kwargs``), ``"peft"`` the
     adapters as a PEFT folder whose ``base_model_name_or_path`` is the run's ``init``
     (the Hub id and its recorded commit, or the folder; None for a base from the seed).
-    The checkpoint holds the adapters; the base comes from ``init``, or the run's seed."""
-    from workbench.hf.export import restore_params
+    The checkpoint holds the adapters (``restored``: ``export.restore_params``'s
+    ``(adapters, config, run.json)``); the base comes from ``init``, or the run's seed."""
     from workbench.hf.save import to_hf
     from workbench.models.lora import combine
 
-    if not isinstance(lora, str) or lora not in LORA_EXPORTS:
-        raise ValueError(f"export_run: lora={lora!r:.60}; a LoRA run exports as "
-                         f"{' or '.join(map(repr, LORA_EXPORTS))} (merged weights, or the "
-                         "adapters in PEFT's layout)")
-    adapters, cfg, meta = restore_params(run_dir, step=step)
+    adapters, cfg, meta = restored
     init = meta.get("init") or {}
     config = meta["config"]
     if lora == "peft":

@@ -195,9 +195,9 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         src = getattr(obj, "hf_source", None)
         base = base if base is not None else (src.path if src is not None else None)
     if getattr(cfg, "lora", None) is not None:   # LoRA: the adapters merged into the weights
-        from workbench.hf.peft import merged
+        from workbench.models.lora import merge_params
 
-        params, cfg = merged((params, cfg))
+        params, cfg = merge_params(params, cfg.lora), cfg.replace(lora=None)
     if family is not None:   # the family must hold this model (else random weights)
         check_family(cfg, family)
     dt = export_dtype(dtype, cfg)   # a float dtype (int8 would truncate every weight)
