@@ -121,6 +121,20 @@ def test_an_interrupted_and_resumed_run_is_bitwise_the_uninterrupted_one(trained
 
 def test_checkpoints_hold_the_adapters_not_the_base(trained):
     tr, _ = trained
+    _check_adapter_checkpoint(tr)
+    run = json.loads((tr.run_dir / "run.json").read_text())
+    assert run["config"]["lora"]["rank"] == 4
+
+
+def test_a_model_config_with_adapters_trains_as_lora_too(tmp_path):
+    """A plan's model (a GPTConfig with ``lora``) given as TrainConfig.model: the same."""
+    cfg = CFG.replace(model=CFG.model_config(), model_overrides={}, lora=None, steps=2)
+    tr = wb.Trainer(cfg, run_dir=tmp_path / "run", progress=None)
+    tr.run()
+    _check_adapter_checkpoint(tr)
+
+
+def _check_adapter_checkpoint(tr):
     step = max(int(p.name) for p in (tr.run_dir / "checkpoints").iterdir() if p.name.isdigit())
     stored = {}   # Orbax's tree metadata: every saved leaf (the base's slots are empty)
     for f in (tr.run_dir / "checkpoints" / str(step)).rglob("_METADATA"):
@@ -130,8 +144,6 @@ def test_checkpoints_hold_the_adapters_not_the_base(trained):
               and ("'params'" in k or "'mu'" in k or "'nu'" in k)]
     assert arrays and all("'lora'" in k for k in arrays), arrays
     assert not any("'lora'" not in k for k in stored if "'params'" in k)
-    run = json.loads((tr.run_dir / "run.json").read_text())
-    assert run["config"]["lora"]["rank"] == 4
 
 
 def test_a_bfloat16_base_trains_float32_adapters(tmp_path):

@@ -77,7 +77,9 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
 def cfg_lora(run_dir: str | os.PathLike[str]) -> Any:
     """The ``lora`` of a run's recorded config (None: not a LoRA run, or unreadable)."""
     try:
-        return (runs.read_run(Path(run_dir)).get("config") or {}).get("lora")
+        config = runs.read_run(Path(run_dir)).get("config") or {}
+        model = config.get("model")
+        return config.get("lora") or (model.get("lora") if isinstance(model, dict) else None)
     except (OSError, ValueError, AttributeError):
         return None
 

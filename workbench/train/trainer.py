@@ -338,8 +338,9 @@ class Trainer(Displayable):
 
     @property
     def _lora(self) -> Any:
-        """``workbench.models.lora`` for a LoRA run, else None."""
-        if self.config.lora is None:
+        """``workbench.models.lora`` for a LoRA run (``TrainConfig.lora``, or a model config
+        with adapters, e.g. from a plan), else None."""
+        if getattr(self.parts.model_config, "lora", None) is None:
             return None
         from workbench.models import lora
 
