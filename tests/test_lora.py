@@ -330,3 +330,12 @@ def test_plan_full_fine_tuning_of_1b_does_not_fit_a_v5e_chip_and_lora_does():
     assert lm["params"] >= fm["params"]   # the base, plus the adapters
     # the formula says the same: full does not fit, LoRA does
     assert full["estimate"]["total"] > full["memory"]["limit"] > lora["estimate"]["total"]
+
+
+def test_export_run_refuses_lora_for_a_run_without_adapters(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"config": wb.TrainConfig(model="tiny").to_dict()}))
+    with pytest.raises(ValueError, match="lora='peft'.*no LoRA"):
+        wb.hf.export_run(run, tmp_path / "out", lora="peft")
+    assert not (tmp_path / "out").exists()

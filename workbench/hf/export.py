@@ -39,7 +39,10 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
             folder inside its ``checkpoints/``: those are refused before anything is read.
         step: the checkpoint step (default the newest readable one); a step without a
             checkpoint is refused with the steps that have one.
-        **kwargs: passed to ``wb.hf.to_hf`` (``dtype``, ``family``, ``tokenizer``,
+        **kwargs: ``lora=`` for a LoRA run (``TrainConfig(lora=...)``): "merged" (the
+            default: the adapters merged into the weights, an ordinary model folder) or
+            "peft" (the adapters in PEFT's layout, ``workbench.hf.peft``); the rest are
+            passed to ``wb.hf.to_hf`` (``dtype``, ``family``, ``tokenizer``,
             ``max_shard_bytes``, ``overwrite``: replaces only a folder ``to_hf`` wrote
             before, see ``workbench.hf.save.check_replaceable``).
 
@@ -58,9 +61,14 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
     refused = exists_error(Path(path), bool(kwargs.get("overwrite", False)))
     if refused is not None:   # before the (long) restore, not after it
         raise refused
-    lora = kwargs.pop("lora", "merged")
+    lora = kwargs.pop("lora", None)
+    if cfg_lora(run_dir) is None and lora is not None:
+        raise ValueError(f"export_run: lora={lora!r:.60}, but run {run_dir} trained no LoRA "
+                         "adapters (its config's lora is None): leave lora out")
     if cfg_lora(run_dir) is not None:   # a LoRA run: merged weights, or PEFT's adapters
         from workbench.hf.peft import LORA_EXPORTS, export_lora
+
+        lora = "merged" if lora is None else lora
 
         if not isinstance(lora, str) or lora not in LORA_EXPORTS:   # before the restore
             raise ValueError(f"export_run: lora={lora!r:.60}; a LoRA run exports as "
