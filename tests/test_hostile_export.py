@@ -27,9 +27,9 @@ import pytest
 
 import workbench as wb
 from workbench.data.tokens import build_token_cache
+from workbench.hardware import calibration as calibrate
 from workbench.hf import save as hf_save
 from workbench.hf.export import restore_params
-from workbench.perf import calibrate
 from workbench.train.checkpoint import CheckpointError, Checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
