@@ -60,11 +60,19 @@ def _rows() -> list[dict[str, Any]]:
             "value": m["total"] / 2**30, "unit": "GiB",
             "target": "fits 16 GiB" if kind == "lora" else "",
             "ok": r["fits"] if kind == "lora" else None,
-            "notes": f"{r['source']}: params {gib(m['params'])}, gradients "
+            "notes": f"{_source(r)}: params {gib(m['params'])}, gradients "
                      f"{gib(m['gradients'])}, optimizer {gib(m['optimizer'])}, total "
                      f"{gib(m['total'])} ({'fits' if r['fits'] else 'DOES NOT FIT'}); "
                      f"formula: gradients {gib(e['gradients'])}, total {gib(e['total'])}"})
     return rows
+
+
+def _source(r: dict[str, Any]) -> str:
+    """Where the numbers come from; a step the TPU compiler refused as out of memory keeps
+    the formula's numbers with the compiler's temp (from its message)."""
+    if r["source"] != "tpu-compiler" and r["memory"].get("temp") != r["estimate"].get("temp"):
+        return "the TPU compiler refused it (out of memory; its temp, the formula's rest)"
+    return r["source"]
 
 
 def run() -> list[dict[str, Any]]:
