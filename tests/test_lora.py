@@ -346,3 +346,19 @@ def test_export_run_refuses_lora_for_a_run_without_adapters(tmp_path):
     with pytest.raises(ValueError, match="lora='peft'.*no LoRA"):
         wb.hf.export_run(run, tmp_path / "out", lora="peft")
     assert not (tmp_path / "out").exists()
+
+
+def test_to_peft_of_stacked_blocks_equals_the_unrolled_models(tmp_path):
+    """Reference: the unrolled model of the same seed (block i drawn from the same key)."""
+    from safetensors.numpy import load_file
+
+    cfg = GPTConfig.preset("tiny", dtype="float32").replace(lora=LORA)
+    out = {}
+    for scan in (False, True):
+        model = GPT(cfg.replace(scan_layers=scan), rngs=nnx.Rngs(5))
+        folder = wb.hf.to_peft(model, tmp_path / f"scan-{scan}")
+        out[scan] = load_file(folder / "adapter_model.safetensors")
+    assert out[False].keys() == out[True].keys() and len(out[True]) == 2 * 2 * len(ALL)
+    assert all(np.array_equal(out[False][k], out[True][k]) for k in out[True])
+    assert out[True]["base_model.model.model.layers.1.mlp.down_proj.lora_A.weight"].shape == \
+        (4, 256)   # (rank, d_ff)
