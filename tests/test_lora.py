@@ -362,3 +362,14 @@ def test_to_peft_of_stacked_blocks_equals_the_unrolled_models(tmp_path):
     assert all(np.array_equal(out[False][k], out[True][k]) for k in out[True])
     assert out[True]["base_model.model.model.layers.1.mlp.down_proj.lora_A.weight"].shape == \
         (4, 256)   # (rank, d_ff)
+
+
+def test_stacked_blocks_train_their_adapters_only(tmp_path):
+    cfg = CFG.replace(model_overrides={**CFG.model_overrides, "scan_layers": True}, steps=2)
+    tr = wb.Trainer(cfg, run_dir=tmp_path / "run", progress=None)
+    start = _leaves(tr.state.params)
+    tr.run()
+    now = _leaves(tr.state.params)
+    changed = {k for k in now if not np.array_equal(now[k], start[k])}
+    assert changed == {k for k in now if ".lora." in k}
+    assert now["blocks.attn.lora.q.lora_a"].shape == (2, 64, 4)   # (layers, in, rank)
