@@ -11,7 +11,7 @@ from typing import Any
 from flax import nnx
 
 from workbench.hardware import generation
-from workbench._validate import check_int
+from workbench._validate import check_float, check_int
 from workbench.mesh import abstract_mesh, make_mesh, mesh_info
 from workbench.models import GPTConfig
 from workbench.models.config import REMAT_POLICIES
@@ -150,7 +150,9 @@ class SearchOptions:
         if not isinstance(self.max_model, int) or isinstance(self.max_model, bool) \
                 or self.max_model < 1:
             raise ValueError(f"max_model must be a positive int, got {self.max_model!r}")
-        if self.overlap is not None and not 0.0 <= self.overlap <= 1.0:
+        if self.overlap is not None and not 0.0 <= check_float(
+                self.overlap, "overlap", where="wb.search: ",
+                example="overlap=0.5 (the fraction of communication hidden)") <= 1.0:
             raise ValueError(f"overlap must be in [0, 1] or None, got {self.overlap!r}")
         check_stages(self.stages)
 
