@@ -103,7 +103,7 @@ _REST = {
 def memory_row(plan: Any, case: Sequence[Any], compiler: str) -> dict[str, Any]:
     """One calibration row: analytic / compiled total of a compiled plan, with every
     category and the analytic temp's terms in the notes."""
-    from workbench.perf import analytic
+    from workbench.perf import _analytic as analytic
 
     preset, rules, remat, batch, seq, over = case
     m, e = plan.memory, plan.memory_estimate
@@ -151,7 +151,7 @@ def memory_row(plan: Any, case: Sequence[Any], compiler: str) -> dict[str, Any]:
 def hbm_row(plan: Any, case: Sequence[Any]) -> dict[str, Any]:
     """Analytic HBM traffic (``analytic.hbm_bytes`` with the model) / the compiler's
     ``bytes accessed``; the value the roofline divides by the HBM bandwidth."""
-    from workbench.perf import analytic
+    from workbench.perf import _analytic as analytic
 
     preset, rules, remat, batch, seq, over = case
     p_lay = {k[len("params."):]: v for k, v in plan.layouts.items() if k.startswith("params.")}

@@ -68,9 +68,9 @@ def _step_rows() -> list[dict[str, Any]]:
     import optax
 
     import workbench as wb
-    from workbench import step as S
+    from workbench import _step as S
     from workbench.models import GPTConfig
-    from workbench.models import context as C
+    from workbench.models import _context as C
 
     mesh = wb.make_mesh(data=2, context=4)
     seq, batch = 2048, 2

@@ -2,7 +2,7 @@
 
 - Corpus: the standard library's ``.py`` files as JSONL documents (one per file, the
   first ``CORPUS_BYTES``), a byte-level BPE of ``VOCAB`` tokens trained on them locally.
-- Tokenize: building the token cache (``workbench.data.tokens``: read, tokenize, write the
+- Tokenize: building the token cache (``workbench.data._tokens``: read, tokenize, write the
   ArrayRecord) in this process and in ``WORKERS`` Grain worker processes; tokens/s.
 - Pipeline: global batches of packed rows as the Trainer reads them (``ShardedBatches``:
   shuffled rows, segment ids, positions, mask, ``make_array_from_process_local_data``),
@@ -74,7 +74,7 @@ def pipeline_rate(spec: Any, prefetch: int, cache: Path, batches: int = BATCHES)
     from jax.sharding import NamedSharding, PartitionSpec
 
     from workbench.data import ShardedBatches
-    from workbench.mesh import make_mesh
+    from workbench._mesh import make_mesh
 
     mesh = make_mesh({"data": 8})
     sh = NamedSharding(mesh, PartitionSpec("data"))
@@ -90,7 +90,7 @@ def pipeline_rate(spec: Any, prefetch: int, cache: Path, batches: int = BATCHES)
 def trainer_rate(spec: Any, cache: Path, steps: int = TRAIN_STEPS, model: str = "small"
                  ) -> tuple[float, float]:
     """``(tokens/s, data wait share)`` of the Trainer on ``spec``, warm-up steps dropped."""
-    from workbench import runs
+    from workbench import _runs as runs
     from workbench.train import Trainer, TrainConfig
 
     cfg = TrainConfig(model=model, mesh={"data": 8}, batch=TRAIN_BATCH, seq=TRAIN_SEQ,

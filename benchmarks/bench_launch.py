@@ -39,7 +39,7 @@ def _first_step_time(job: Any, t0: float, timeout: float = 600) -> float:
 
 
 def _job(root: Path, name: str, processes: int, devices: int) -> dict[str, Any]:
-    from workbench import runs
+    from workbench import _runs as runs
     from workbench.jobs import launch
 
     t0 = time.monotonic()
@@ -62,7 +62,7 @@ def _job_cpu(root: Path, name: str, nice: str) -> dict[str, Any]:
     CPU seconds its processes used (they are this process's children, reaped by wait)."""
     import resource
 
-    from workbench.jobs.cluster import GLOO_NICE_ENV
+    from workbench.jobs._cluster import GLOO_NICE_ENV
 
     saved = os.environ.get(GLOO_NICE_ENV)
     os.environ[GLOO_NICE_ENV] = nice
@@ -116,7 +116,7 @@ def run() -> list[dict[str, Any]]:
     """Launches 1 x 8 and 2 x 4 jobs of the same config; returns the benchmark rows."""
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
         # Cold compiles for both: an empty persistent cache that the workers inherit
-        # (multi-process CPU workers never use it, see workbench.jobs.worker).
+        # (multi-process CPU workers never use it, see workbench.jobs._worker).
         saved = os.environ.get("JAX_COMPILATION_CACHE_DIR")
         os.environ["JAX_COMPILATION_CACHE_DIR"] = str(Path(tmp) / "jax-cache")
         try:

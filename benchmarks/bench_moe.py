@@ -2,7 +2,7 @@
 bytes of the compiled program vs the hand count.
 
 - Step time: ``moe-tiny`` (8 experts, top-2, dropless) with the same batch, trained with
-  the one train step (``workbench.step``) on one device and with expert parallelism on 8
+  the one train step (``workbench._step``) on one device and with expert parallelism on 8
   simulated CPU devices (``expert=4 x data=2``, rules ``ep``; all-to-all and all-gather
   dispatch). Windows of steps alternate between the layouts (drift on a shared machine
   cancels); the ratio is the median over windows of EP / unsharded. Simulated devices
@@ -10,7 +10,7 @@ bytes of the compiled program vs the hand count.
   memory), not a speed-up.
 - Bytes: ``wb.plan`` compiles the EP step; the all-to-alls over the ``expert`` axis in its
   optimized HLO (``plan.collectives``), bytes x count per step, against
-  ``workbench.perf.analytic.moe_collectives`` (4 per MoE layer of the ``(E, C, D)``
+  ``workbench.perf._analytic.moe_collectives`` (4 per MoE layer of the ``(E, C, D)``
   buffer; all-gather dispatch: 2 gathers of ``n*G*D`` and 2 reduce-scatters of ``G*D``).
 
 The TPU plans of grouped MoE at Mixtral's shapes are ``bench_moe_plans``.
@@ -30,9 +30,9 @@ def _step(cfg: Any, axes: dict[str, int], rules: str) -> Any:
     import jax
     import optax
 
-    from workbench.mesh import make_mesh
-    from workbench.rules import Rules
-    from workbench.step import (batch_shardings, init_state, jit_train_step, make_train_step,
+    from workbench._mesh import make_mesh
+    from workbench._rules import Rules
+    from workbench._step import (batch_shardings, init_state, jit_train_step, make_train_step,
                                 state_shardings)
 
     n = 1
@@ -85,7 +85,7 @@ def _step_times(cfg: Any) -> dict[str, Any]:
 
 def _bytes(cfg: Any) -> dict[str, Any]:
     import workbench as wb
-    from workbench.perf import analytic
+    from workbench.perf import _analytic as analytic
 
     out = {}
     for dispatch in ("all_to_all", "all_gather"):

@@ -14,7 +14,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from workbench import runs
+from workbench import _runs as runs
 
 BIG_RUNS, BIG_POINTS, LATENCY_SAMPLES = 5, 100_000, 40
 PEAK = "measured: float32 1024^3 matmul on this host (174.7 GFLOP/s), shared by 8 CPU device(s)"

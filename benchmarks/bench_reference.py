@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 import workbench as wb
-from workbench.models.config import REMAT_POLICIES
-from workbench.planning.flags import OVERLAP_FLAGS
-from workbench.flops import gpt_flops
+from workbench.models._config import REMAT_POLICIES
+from workbench.planning._flags import OVERLAP_FLAGS
+from workbench._flops import gpt_flops
 from workbench.models import GPTConfig
 
 LLAMA2_70B = GPTConfig.preset("70b", vocab_size=32000, rope_theta=10000.0, seq_len=4096)

@@ -34,11 +34,11 @@ def _tiny_state() -> Any:
     """The "tiny" model's train state (params, AdamW state, step) and an RNG key."""
     import jax
 
-    from workbench.mesh import make_mesh
-    from workbench.models.config import GPTConfig
-    from workbench.rules import Rules
-    from workbench.step import init_state
-    from workbench.train.optim import AdamW
+    from workbench._mesh import make_mesh
+    from workbench.models._config import GPTConfig
+    from workbench._rules import Rules
+    from workbench._step import init_state
+    from workbench.train._optim import AdamW
 
     mesh = make_mesh({"data": 8})
     _, state = init_state(GPTConfig.preset("tiny"), AdamW().build(1000),
@@ -53,7 +53,7 @@ def _large_state() -> Any:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from workbench.mesh import make_mesh
+    from workbench._mesh import make_mesh
 
     mesh = make_mesh({"data": 8})
     n = LARGE_BYTES // 8 // 4
@@ -71,7 +71,7 @@ def _nbytes(tree: Any) -> int:
 
 def _save_restore(tmp: Path, tree: Any, checksums: bool, step: int) -> tuple[float, float]:
     """Seconds to save ``tree`` until committed, then to restore it (verified if on)."""
-    from workbench.train.checkpoint import Checkpoints
+    from workbench.train._checkpoint import Checkpoints
 
     ck = Checkpoints(tmp / f"{'on' if checksums else 'off'}", keep=1, checksums=checksums)
     t0 = time.perf_counter()
@@ -99,7 +99,7 @@ def _checksum_rows(name: str, tree: Any, how: str) -> list[dict[str, Any]]:
     med = {on: (statistics.median(t[0] for t in times[on]),
                 statistics.median(t[1] for t in times[on])) for on in times}
     mb = _nbytes(tree) / 2**20
-    from workbench.train.checkpoint import keys_to_data, leaf_checksums
+    from workbench.train._checkpoint import keys_to_data, leaf_checksums
 
     data, _ = keys_to_data(tree)          # what a save checksums (PRNG keys as their data)
     leaf_checksums(data)                  # compiled by the warm-up saves already

@@ -1,7 +1,7 @@
 """Trainer overhead vs a bare jitted loop, async-save blocking time, restart vs cold start.
 
 - Trainer ÷ bare loop: the same model, optimizer, batch, Grain pipeline and step function
-  (workbench.step), side by side in one process. The bare loop dispatches steps on
+  (workbench._step), side by side in one process. The bare loop dispatches steps on
   ``next(batches)`` and blocks once at the end (no metrics, no checks, no logging).
   Trainer step time is its own wall clock between step completions (``metrics.jsonl``),
   over steps that are neither warm-up nor the final save. The bare loop runs before and
@@ -49,9 +49,9 @@ class _Bare:
         import jax
 
         from workbench.data import ShardedBatches
-        from workbench.mesh import make_mesh
-        from workbench.rules import Rules
-        from workbench.step import (
+        from workbench._mesh import make_mesh
+        from workbench._rules import Rules
+        from workbench._step import (
             batch_shardings,
             init_state,
             jit_train_step,

@@ -9,9 +9,9 @@ Shapes: "1b" (Llama 3.2 1B, 8 x 2048 tokens per GPU, remat "minimal") on one GPU
 (target >= 55% MFU on one H100) and on 8; "7b" (MaxText's Llama-2-7B A3 row: 4 x 4096 per
 GPU, remat "minimal", cuDNN flash attention, fsdp over 8 GPUs; published 492 TFLOP/s per
 H100, about 50%). Each runs ``attention="cudnn"``, bf16 compute, fp32 parameters and
-AdamW, the Trainer's step (``workbench.step``) compiled with the GPU overlap flags, and
+AdamW, the Trainer's step (``workbench._step``) compiled with the GPU overlap flags, and
 times ``STEPS`` steps after ``WARMUP``. MFU = model FLOPs (causal-halved attention,
-``workbench.flops.gpt_flops``) / (step time x GPUs x the GPU's peak bf16 FLOP/s from
+``workbench._flops.gpt_flops``) / (step time x GPUs x the GPU's peak bf16 FLOP/s from
 ``workbench.hardware``). Writes one JSON line per run to stdout.
 """
 from __future__ import annotations
@@ -35,12 +35,12 @@ def run_one(name: str, n_gpus: int, platform: str = "gpu") -> dict:
     import optax
 
     import workbench as wb
-    from workbench.flops import gpt_flops
+    from workbench._flops import gpt_flops
     from workbench.hardware import cpu_spec, hardware_spec
     from workbench.models import GPTConfig
-    from workbench.planning.flags import compile_options
-    from workbench.rules import Rules
-    from workbench.step import (batch_shardings, init_state, jit_train_step,
+    from workbench.planning._flags import compile_options
+    from workbench._rules import Rules
+    from workbench._step import (batch_shardings, init_state, jit_train_step,
                                 make_train_step, state_shardings)
 
     shape = SHAPES[name] if platform == "gpu" else SMOKE

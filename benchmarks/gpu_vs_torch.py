@@ -24,13 +24,13 @@ drifting clock or a warm-up falls on both sides):
   ``torch.compile``, gradient clipping and fused AdamW with the same hyperparameters and
   the same decay mask, as its users run it.
 
-Both sides count FLOPs with ``workbench.flops.gpt_flops`` (causal attention halved, no
+Both sides count FLOPs with ``workbench._flops.gpt_flops`` (causal attention halved, no
 recompute) and divide by the device's peak bf16 FLOP/s from ``workbench.hardware``: MFU.
 Rows (``--out DIR/rows.json``): ``"mfu, <case>, workbench <variant>"``, ``"mfu, <case>,
 pytorch"`` (value: MFU as a fraction) and ``"vs pytorch, <case>, <variant>"`` (workbench
 tokens/s over PyTorch's, window medians), with the device, the versions and the command.
 ``--profile`` also traces the fastest workbench variant of each case
-(``workbench.perf.trace.read_trace``: time per category and the top ops) and PyTorch
+(``workbench.perf._trace.read_trace``: time per category and the top ops) and PyTorch
 (``torch.profiler``: top kernels), into ``DIR/profile-<case>.txt``.
 """
 from __future__ import annotations
@@ -131,7 +131,7 @@ def jax_child(args: argparse.Namespace) -> None:
     import numpy as np
 
     import workbench as wb
-    from workbench.step import abstract_state, jit_train_step, make_train_step
+    from workbench._step import abstract_state, jit_train_step, make_train_step
 
     preset, batch, seq = _case(args)
     smoke = args.smoke
@@ -255,7 +255,7 @@ def jax_child(args: argparse.Namespace) -> None:
             # the Trainer's own profile against its plan: uncalibrated; with the
             # calibration stored by an earlier case (if any); and, when asked, calibrate
             # from this one (stored for the cases after it)
-            from workbench.train.profile import trainer_plan
+            from workbench.train._profile import trainer_plan
 
             trainer._state = state   # the live state (the variants' steps donated the first)
             plan = trainer_plan(trainer)
@@ -270,7 +270,7 @@ def jax_child(args: argparse.Namespace) -> None:
                 reply["self_calibrated"] = plan.predict().step_seconds
             _reply(reply)
         elif cmd["cmd"] == "profile":
-            from workbench.perf.trace import read_trace
+            from workbench.perf._trace import read_trace
 
             directory = Path(tempfile.mkdtemp(prefix="trace-"))
             with jax.profiler.trace(str(directory)):
@@ -286,7 +286,7 @@ def jax_child(args: argparse.Namespace) -> None:
                 Path(cmd["hlo"]).write_bytes(gzip.compress(hlo.encode()))
             if cmd.get("trace"):   # the XSpace itself, for reading again elsewhere
                 import shutil
-                from workbench.perf.trace import trace_files
+                from workbench.perf._trace import trace_files
                 shutil.copy(trace_files(directory)[-1], cmd["trace"])
             _reply({"table": text, "categories": prof.categories,
                     "step_seconds": prof.step_seconds})
@@ -327,7 +327,7 @@ def torch_child(args: argparse.Namespace) -> None:
     with device:   # built where it trains (a 1B model's init on the host takes long)
         g, model = _torch_model(preset, seq)   # fp32 master weights; bf16 under autocast
     model.train()
-    from workbench.train.optim import AdamW
+    from workbench.train._optim import AdamW
 
     spec = AdamW()
     decay = [p for p in model.parameters() if p.ndim >= 2]
@@ -471,7 +471,7 @@ def run_case(case: str, args: argparse.Namespace, out: Path | None) -> dict[str,
     if "JAX_PLATFORMS" not in os.environ:   # this driver computes FLOPs only
         os.environ["JAX_PLATFORMS"] = "cpu"
         _DRIVER_SET_CPU = True
-    from workbench.flops import gpt_flops
+    from workbench._flops import gpt_flops
     from workbench.hardware import cpu_spec, hardware_spec
     from workbench.models import GPTConfig
 
@@ -598,7 +598,7 @@ def rows_of(result: dict[str, Any], command: str, steps: int) -> list[dict[str, 
                      "notes": (f"{med[name] * 1e3:.1f} ms/step (windows {lo * 1e3:.1f}-"
                                f"{hi * 1e3:.1f}), {result['tokens_per_s'][name]:,.0f} tokens/s; "
                                f"{result['flops'] / 1e12:.1f} TFLOP per step "
-                               f"(workbench.flops.gpt_flops, both sides) over "
+                               f"(workbench._flops.gpt_flops, both sides) over "
                                f"{result['peak_flops'] / 1e12:.0f} TFLOP/s peak; {how}")})
     pred = result.get("prediction")
     if pred and pred.get("measured"):

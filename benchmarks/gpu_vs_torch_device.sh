@@ -15,7 +15,7 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/wb-site .whl/*.whl || exit 3
   export PYTHONPATH=/tmp/wb-site
-  if [ -d .whl/pinned ] && ! JAX_PLATFORMS=cpu python3 -c "import workbench.train.trainer" \
+  if [ -d .whl/pinned ] && ! JAX_PLATFORMS=cpu python3 -c "import workbench.train._trainer" \
       2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/wb-pinned .whl/pinned/*.whl || exit 3

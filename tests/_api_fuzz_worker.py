@@ -288,8 +288,8 @@ RECIPES: dict[str, Recipe] = {
     "wb.data.cache_root": lambda f: {},
     "wb.data.check_vocab": lambda f: {"tokenizer": f.tokenizer, "vocab_size": 384},
     "wb.data.corpus_bytes": lambda f: {"spec": f.text},
-    "wb.data.data_spec": lambda f: {"value": "synthetic"},
-    "wb.data.dataset": lambda f: {"spec": f.synthetic, "seq": 16, "batch": 8, "seed": 0,
+    "wb.data.as_spec": lambda f: {"value": "synthetic"},
+    "wb.data.grain_dataset": lambda f: {"spec": f.synthetic, "seq": 16, "batch": 8, "seed": 0,
                                   "vocab_size": 384},
     "wb.data.pack": lambda f: {"lengths": _np([5, 7, 3]), "docs": _np([0, 1, 2]), "seq": 8,
                                "seed": 0},
@@ -320,7 +320,7 @@ RECIPES: dict[str, Recipe] = {
     # wb.hf (wb.models.from_hf / hf_config / to_hf and wb.train.export_run are these)
     "wb.hf.export_run": lambda f: {"run_dir": f.trained_run, "path": f.fresh("export")},
     "wb.hf.from_hf": lambda f: {"path": f.hf_dir},
-    # workbench.placement (a documented module; test_api_fuzz.EXTRA_MODULES)
+    # workbench._placement (a documented module; test_api_fuzz.EXTRA_MODULES)
     "wb.placement.resolve_placement": lambda f: {"mesh": {"data": 4, "model": 2},
                                                  "rules": None, "where": "placement"},
     "wb.placement.default_preset": lambda f: {"mesh": f.mesh},
@@ -388,7 +388,7 @@ SIGNATURES["wb.search"] = tuple((p, "keyword") for p in (
 
 def resolve(name: str) -> Any:
     import workbench as wb
-    import workbench.placement  # noqa: F401 - wb.placement.* (test_api_fuzz.EXTRA_MODULES)
+    import workbench._placement  # noqa: F401 - wb.placement.* (test_api_fuzz.EXTRA_MODULES)
     obj: Any = wb
     for part in name.split(".")[1:]:
         obj = getattr(obj, part)

@@ -213,7 +213,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 #: The TPU compiler's plans for the programs the ``tpu`` tests and notebooks compile, as the
-#: plan cache stores them (``workbench.planning.compile``: memory and cost analysis and the
+#: plan cache stores them (``workbench.planning._compile``: memory and cost analysis and the
 #: optimised HLO, under the SHA-256 of the lowered program, its compile options, the
 #: devices and the jax, jaxlib and libtpu versions). Each session's cache starts with a
 #: copy, so a plan whose program is unchanged is read back instead of compiled again: the

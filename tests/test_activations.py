@@ -13,8 +13,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import workbench as wb
-from workbench.planning.activations import _eqns
-from workbench.step import lm_loss
+from workbench.planning._activations import _eqns
+from workbench._step import lm_loss
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 
@@ -172,7 +172,7 @@ def _render_js(tmp_path, state, actions):
 
 
 def test_widget_activations_tab_lists_the_plans_activations(plan, tmp_path):
-    from workbench.widgets.plan_view import plan_payload
+    from workbench.widgets._plan_view import plan_payload
 
     p = plan_payload(plan)
     state = {"payload": p, "tab": "overview", "selected_collective": -1, "collective_note": ""}
@@ -186,7 +186,7 @@ def test_widget_activations_tab_lists_the_plans_activations(plan, tmp_path):
 
 
 def test_widget_collectives_tab_click_draws_before_and_after(plan, tmp_path):
-    from workbench.widgets.plan_view import PlanView, plan_payload
+    from workbench.widgets._plan_view import PlanView, plan_payload
 
     p = plan_payload(plan)
     state = {"payload": p, "tab": "collectives", "selected_collective": -1,

@@ -13,10 +13,10 @@ import pytest
 
 import workbench as wb
 from workbench.models import GPTConfig
-from workbench.models import context as C
-from workbench.perf import attention_cost
-from workbench.perf import analytic
-from workbench.topology import tpu_compiler_available
+from workbench.models import _context as C
+from workbench.perf import _attention_cost as attention_cost
+from workbench.perf import _analytic as analytic
+from workbench._topology import tpu_compiler_available
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 

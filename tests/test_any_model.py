@@ -11,7 +11,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import workbench as wb
-from workbench.models.adapters import UnknownAxesError
+from workbench.models._adapters import UnknownAxesError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _models import DotReluDot  # noqa: E402  (the guide's model, with its activation constraint)
@@ -78,7 +78,7 @@ def test_guide_model_inside_user_mesh_context(mesh):
 
 
 def test_show_draws_the_guide_plan(mesh):
-    from workbench.widgets.plan_view import PlanView
+    from workbench.widgets._plan_view import PlanView
 
     plan = wb.plan(_guide, mesh=mesh, batch=16, example_batch=EXAMPLE, loss_fn=mse,
                    progress=False)

@@ -56,7 +56,7 @@ from hypothesis import strategies as st
 
 import _api_fuzz_worker as worker
 import workbench as wb
-import workbench.placement as placement
+import workbench._placement as placement
 from _api_fuzz_worker import Opaque
 
 #: ~45 s of CPU in one worker process (`make test`; `make test-fast` leaves it out).
@@ -72,7 +72,7 @@ COLLECT = os.environ.get("WORKBENCH_FUZZ_COLLECT") == "1"
 # --- the surface --------------------------------------------------------------------------------
 
 #: Documented modules outside ``wb.*`` whose functions are fuzzed too, as ``wb.<module>.<name>``:
-#: ``workbench.placement`` (the one default mesh and rules, issue 46).
+#: ``workbench._placement`` (the one default mesh and rules, issue 46).
 EXTRA_MODULES: list[tuple[str, Any]] = [("wb.placement", placement)]
 
 

@@ -7,10 +7,10 @@ import optax
 import pytest
 
 import workbench as wb
-from workbench.models import GPTConfig, attention as A
-from workbench.perf import attention_cost
-from workbench.rules import Rules
-from workbench.step import init_state, make_train_step
+from workbench.models import GPTConfig, _attention as A
+from workbench.perf import _attention_cost as attention_cost
+from workbench._rules import Rules
+from workbench._step import init_state, make_train_step
 
 from _tolerance import assert_close_at_scale
 

@@ -10,7 +10,7 @@ import workbench as wb
 from benchmarks import bench_calibration as bc
 from workbench import hardware as hw
 from workbench.models import GPTConfig
-from workbench.perf import analytic
+from workbench.perf import _analytic as analytic
 
 TINY = GPTConfig.preset("tiny")
 
@@ -168,9 +168,9 @@ def test_hardware_row_and_cpu_entry():
 def test_two_process_mesh_is_predictable():
     """A mesh spanning two processes (abstract CPU hosts) times its collectives over the
     loopback entry instead of raising for a missing network bandwidth."""
-    from workbench.mesh import MeshInfo
-    from workbench.perf.hlo import Collective
-    from workbench.perf.predict import collective_seconds
+    from workbench._mesh import MeshInfo
+    from workbench.perf._hlo import Collective
+    from workbench.perf._predict import collective_seconds
 
     jax.devices()
     info = MeshInfo(axis_names=("data",), axis_sizes=(8,), device_ids=np.arange(8),

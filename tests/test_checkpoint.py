@@ -19,8 +19,8 @@ from jax.sharding import PartitionSpec as P
 
 import workbench as wb
 from workbench.data import ShardedBatches, TextData
-from workbench.train.checkpoint import CheckpointError, Checkpoints, abstract
-from workbench.train.setup import RunConfigMismatch
+from workbench.train._checkpoint import CheckpointError, Checkpoints, abstract
+from workbench.train._setup import RunConfigMismatch
 
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
@@ -270,7 +270,7 @@ def nine_steps(tmp_path_factory):
 
 
 def test_checksums_do_not_depend_on_the_mesh_and_see_one_flipped_bit():
-    from workbench.train.checkpoint import leaf_checksums
+    from workbench.train._checkpoint import leaf_checksums
 
     x = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)
     a = leaf_checksums({"x": jax.device_put(x, NamedSharding(_mesh(data=8), P("data")))})

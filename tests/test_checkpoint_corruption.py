@@ -18,7 +18,7 @@ import warnings
 import pytest
 
 import workbench as wb
-from workbench.train.checkpoint import CORRUPT_DIR
+from workbench.train._checkpoint import CORRUPT_DIR
 
 pytestmark = [pytest.mark.usefixtures("wb_cache"),
               # a failed read may report once more from orbax's reader after its loop closed

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench import runs
-from workbench.jobs.local import free_port
+from workbench import _runs as runs
+from workbench.jobs._local import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,7 +105,7 @@ def test_train_without_config_says_what_to_pass():
 
 
 def test_load_config_from_python_and_json(tmp_path):
-    from workbench.jobs.worker import load_config
+    from workbench.jobs._worker import load_config
     from workbench.train import TrainConfig
 
     want = TrainConfig(model="tiny", batch=8, seq=32, steps=7, data="synthetic")

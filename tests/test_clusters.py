@@ -23,10 +23,10 @@ import pytest
 
 import workbench as wb
 from workbench.jobs import JobRunningError
-from workbench.jobs.hosts import HostsError, _remote_pid
-from workbench.jobs.local import free_port
-from workbench.jobs.slurm import SlurmError, parse_time
-from workbench.jobs.storage import warn_if_not_shared
+from workbench.jobs._hosts import HostsError, _remote_pid
+from workbench.jobs._local import free_port
+from workbench.jobs._slurm import SlurmError, parse_time
+from workbench.jobs._storage import warn_if_not_shared
 
 from _clusters import LocalSshd, running_slurm
 
@@ -116,7 +116,7 @@ def test_slurm_job_past_its_time_limit_shows_timeout_and_the_fix(slurm, tmp_path
 @pytest.mark.multiprocess
 def test_slurm_job_preempted_at_start_trains_like_one_process_and_shows_its_states(
         slurm, one_by_four, tmp_path):
-    from workbench.widgets.job_view import job_payload
+    from workbench.widgets._job_view import job_payload
 
     job = wb.launch(wb.TrainConfig(**CFG), run_dir=tmp_path / "run",
                     cluster=wb.Slurm(**TWO_TASKS, extra=["--begin=now+2"]))
@@ -217,7 +217,7 @@ def test_slurm_pending_job_is_cancelled_and_blocks_a_second_job(slurm, tmp_path)
 
 @pytest.mark.multiprocess
 def test_slurm_job_failing_at_start_shows_the_workers_error(slurm, tmp_path):
-    from workbench.widgets.job_view import job_payload
+    from workbench.widgets._job_view import job_payload
 
     bad = wb.TrainConfig(**{**CFG, "batch": 6})  # 6 rows over data=4: the Trainer refuses
     job = wb.launch(bad, run_dir=tmp_path / "run", cluster=wb.Slurm(**TWO_TASKS))
@@ -234,7 +234,7 @@ def test_slurm_requeued_job_whose_restart_never_ran_shows_failed(tmp_path, monke
     FAILED as it started it again, within the second of its requeue ("Killing non-startable
     batch JobId=5: Job credential revoked" in its log): it failed, it did not stop. The
     scheduler's answer is the one SLURM 22.05 gave for that job on the test cluster."""
-    from workbench.jobs import slurm_job
+    from workbench.jobs import _slurm_job as slurm_job
 
     shown = ("JobId=5 JobName=wb-run UserId=root(0) GroupId=root(0) MCS_label=N/A "
              "Priority=4294901755 Nice=0 Account=(null) QOS=(null) JobState=FAILED "

@@ -15,10 +15,10 @@ import optax
 import pytest
 
 import workbench as wb
-from workbench import runs
+from workbench import _runs as runs
 from workbench.data import SyntheticData, TextData
 from workbench.models import GPTConfig
-from workbench.rules import Rules
+from workbench._rules import Rules
 from workbench.train import RUN_CONTROL_FIELDS, AdamW, TrainConfig
 
 ISSUE_EXAMPLE = {"model": "tiny", "mesh": {"data": 8}, "rules": "fsdp", "batch": 8, "seq": 128,
@@ -29,7 +29,7 @@ def test_issue_example_and_every_field_has_a_default():
     cfg = wb.TrainConfig(**ISSUE_EXAMPLE)
     assert all(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
                for f in dataclasses.fields(TrainConfig))
-    # rules None: workbench.placement's default for the mesh (fsdp on {"data": -1})
+    # rules None: workbench._placement's default for the mesh (fsdp on {"data": -1})
     assert TrainConfig() == TrainConfig(**{**ISSUE_EXAMPLE, "mesh": {"data": -1}, "rules": None})
     assert cfg.model_config() == GPTConfig.preset("tiny")
     assert cfg.data == TextData() and cfg.optimizer == AdamW()
@@ -225,7 +225,7 @@ def test_making_a_config_reads_no_file_and_check_reads_them(tmp_path, other_mode
     (from Python and from its JSON) without opening or listing a file; ``check()`` then
     raises what the Trainer and launch raised before: the data glob that matches nothing,
     the architecture fields that differ."""
-    from workbench.data.files import DataFileNotFound
+    from workbench.data._files import DataFileNotFound
 
     missing = tmp_path / "docs" / "*.jsonl"
     data = wb.data.Dataset(files=str(missing))     # byte-level tokenizer: no file of its own
@@ -254,7 +254,7 @@ def test_making_a_config_reads_no_file_and_check_reads_them(tmp_path, other_mode
 
 
 def test_text_data_folders_are_checked_by_check(tmp_path):
-    from workbench.data.files import DataFileNotFound
+    from workbench.data._files import DataFileNotFound
 
     cfg = TrainConfig(data=TextData(root=str(tmp_path / "nowhere")))
     with pytest.raises(DataFileNotFound, match="text corpus root .*nowhere.* is not a directory"):
@@ -268,7 +268,7 @@ def test_post_init_imports_nothing():
     import inspect
     import textwrap
 
-    from workbench.train import config as module
+    from workbench.train import _config as module
 
     for fn in (TrainConfig.__post_init__, TrainConfig._checked_model,
                TrainConfig._check_pipeline, TrainConfig._check_init):

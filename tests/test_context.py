@@ -18,10 +18,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import workbench as wb
-from workbench import step as S
+from workbench import _step as S
 from workbench.models import GPTConfig
-from workbench.models import context as C
-from workbench.perf import attention_cost
+from workbench.models import _context as C
+from workbench.perf import _attention_cost as attention_cost
 
 from _tolerance import assert_close_at_scale
 
@@ -199,7 +199,7 @@ def test_plan_lints_name_uneven_context_and_ring_over_slow_links():
     info = wb.mesh.mesh_info(big)
     slow = wb.mesh.MeshInfo(axis_names=info.axis_names, axis_sizes=info.axis_sizes,
                             device_ids=info.device_ids, dcn_axis_sizes=(1, 2))
-    from workbench.planning import lints
+    from workbench.planning import _lints as lints
 
     kinds = [w.kind for w in lints.context_parallel(cfg, wb.Rules.preset("cp", big), slow,
                                                     8192, 16)]
@@ -227,7 +227,7 @@ def dense_reference(tmp_path_factory):
 @pytest.mark.parametrize("variant,zigzag", [("ring", True)])   # allgather: in-process tests
 def test_launch_two_processes_with_context4_trains_like_context1(variant, zigzag, tmp_path,
                                                                  dense_reference):
-    from workbench import runs
+    from workbench import _runs as runs
     from workbench.jobs import launch
     from workbench.train import TrainConfig
 

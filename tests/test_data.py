@@ -16,8 +16,8 @@ from workbench.data import (
     TextData,
     build_text_corpus,
     corpus_bytes,
-    data_spec,
-    dataset,
+    as_spec,
+    grain_dataset,
     source,
 )
 
@@ -71,34 +71,34 @@ def test_corpus_is_written_once_and_read_through_grain(tmp_path):
 
 
 def test_shuffle_is_a_seeded_permutation_reshuffled_each_epoch():
-    ds, info = dataset(SMALL, seq=64, batch=1, seed=3, vocab_size=256)
+    ds, info = grain_dataset(SMALL, seq=64, batch=1, seed=3, vocab_size=256)
     n = info["epoch_records"]
     rows = lambda d, lo, hi: [bytes(d[i][0].astype(np.uint8)) for i in range(lo, hi)]
     windows = [bytes(w.astype(np.uint8)) for w in source(SMALL, seq=64, vocab_size=256)[0]]
     epoch0, epoch1 = rows(ds, 0, n), rows(ds, n, 2 * n)
     assert sorted(epoch0) == sorted(windows) == sorted(epoch1)         # each window once
     assert epoch0 != windows and epoch0 != epoch1
-    same, _ = dataset(SMALL, seq=64, batch=1, seed=3, vocab_size=256)
-    other, _ = dataset(SMALL, seq=64, batch=1, seed=4, vocab_size=256)
+    same, _ = grain_dataset(SMALL, seq=64, batch=1, seed=3, vocab_size=256)
+    other, _ = grain_dataset(SMALL, seq=64, batch=1, seed=4, vocab_size=256)
     assert rows(same, 0, 50) == epoch0[:50] and rows(other, 0, 50) != epoch0[:50]
 
 
 def test_process_shards_reassemble_the_single_process_batch():
-    one, _ = dataset(SMALL, seq=32, batch=8, seed=0, vocab_size=256)
-    parts = [dataset(SMALL, seq=32, batch=8, seed=0, vocab_size=256, process_index=p,
+    one, _ = grain_dataset(SMALL, seq=32, batch=8, seed=0, vocab_size=256)
+    parts = [grain_dataset(SMALL, seq=32, batch=8, seed=0, vocab_size=256, process_index=p,
                      process_count=4)[0] for p in range(4)]
     for j in range(5):
         local = [parts[p][j] for p in range(4)]
         assert all(x.shape == (2, 33) for x in local)
         np.testing.assert_array_equal(np.concatenate(local), one[j])  # same rows, same order
     with pytest.raises(ValueError, match="batch=6 is not divisible by the 4 processes"):
-        dataset(SMALL, seq=32, batch=6, seed=0, vocab_size=256, process_count=4)
+        grain_dataset(SMALL, seq=32, batch=6, seed=0, vocab_size=256, process_count=4)
 
 
 def test_global_batch_is_sharded_over_the_data_axis(mesh):
     sh = NamedSharding(mesh, P("data", None))
     it = ShardedBatches(SMALL, seq=32, batch=16, seed=0, sharding=sh, vocab_size=256)
-    ref, _ = dataset(SMALL, seq=32, batch=16, seed=0, vocab_size=256)
+    ref, _ = grain_dataset(SMALL, seq=32, batch=16, seed=0, vocab_size=256)
     batch = next(it)
     assert batch["inputs"].shape == batch["targets"].shape == (16, 32)
     assert batch["inputs"].sharding == sh and batch["inputs"].dtype == np.int32
@@ -149,11 +149,11 @@ def test_vocab_too_small_for_bytes_is_a_clear_error():
 
 
 def test_data_spec_normalises_names_dicts_and_specs():
-    assert data_spec("text") == TextData()
-    assert data_spec("synthetic") == SyntheticData()
+    assert as_spec("text") == TextData()
+    assert as_spec("synthetic") == SyntheticData()
     spec = TextData(root="/tmp", patterns=("*.txt",), max_bytes=10)
-    assert data_spec(spec.to_dict()) == spec
-    assert data_spec(json.loads(json.dumps(SyntheticData(size=7).to_dict()))) == \
+    assert as_spec(spec.to_dict()) == spec
+    assert as_spec(json.loads(json.dumps(SyntheticData(size=7).to_dict()))) == \
         SyntheticData(size=7)
     with pytest.raises(ValueError, match="unknown data 'imagenet'"):
-        data_spec("imagenet")
+        as_spec("imagenet")

@@ -12,15 +12,15 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench import runs
+from workbench import _runs as runs
 from workbench.models import GPT, GPTConfig
-from workbench.models.config import AUTO_DTYPES, resolve_dtype
-from workbench.hf.families import to_gpt_config
-from workbench.perf import analytic
-from workbench.planning.report import PlanReport
-from workbench.rules import Rules
-from workbench.train.metrics import ProgressLine
-from workbench.train.setup import RunConfigMismatch
+from workbench.models._config import AUTO_DTYPES, resolve_dtype
+from workbench.hf._families import to_gpt_config
+from workbench.perf import _analytic as analytic
+from workbench.planning._report import PlanReport
+from workbench._rules import Rules
+from workbench.train._metrics import ProgressLine
+from workbench.train._setup import RunConfigMismatch
 
 AUTO_PRESETS = ("tiny", "small", "moe-tiny", "moe-small")
 BF16_PRESETS = ("1b", "7b", "70b", "mixtral-8x7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b")

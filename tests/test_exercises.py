@@ -208,7 +208,7 @@ def test_concrete_mesh_too_large_says_how_to_fix():
 
 
 def test_widget_checks_messages_from_the_browser():
-    from workbench.widgets.exercise_view import ExerciseView
+    from workbench.widgets._exercise_view import ExerciseView
 
     ex = wb.exercise("replication")
     view = ExerciseView(ex)

@@ -6,10 +6,10 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType
 
-from workbench.flops import dot_flops, gpt_flops, mfu
+from workbench._flops import dot_flops, gpt_flops, mfu
 from workbench.models import GPT, GPTConfig
-from workbench.rules import Rules
-from workbench.step import abstract_state, batch_shardings, jit_train_step, make_train_step
+from workbench._rules import Rules
+from workbench._step import abstract_state, batch_shardings, jit_train_step, make_train_step
 
 
 def test_tiny_flops_equal_hand_count():

@@ -28,8 +28,8 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench.models import generate as gen
-from workbench.models.gpt import GPT
+from workbench.models import _generate as gen
+from workbench.models._gpt import GPT
 
 #: (B, T): a batch the mesh's data axis (4) divides, so that the batch is sharded too
 PROMPT = np.array([[5, 17, 3, 200], [9, 9, 41, 7], [1, 2, 3, 4], [250, 0, 66, 66]], np.int32)
@@ -52,7 +52,7 @@ def _cfg(name: str) -> wb.models.GPTConfig:
 
 def _sharded(cfg: wb.models.GPTConfig, mesh, rules) -> GPT:
     """``GPT(cfg)`` from ``nnx.Rngs(0)`` with its parameters placed by ``rules``."""
-    from workbench.step import abstract_model, param_specs, sharded_init
+    from workbench._step import abstract_model, param_specs, sharded_init
 
     graphdef, abstract, logical = abstract_model(cfg)
     specs = param_specs(abstract, logical, rules)
@@ -151,7 +151,7 @@ def test_cache_false_is_the_training_forward(monkeypatch):
 def test_tolerance_catches_a_wrong_position():
     """The tolerance is tight enough to see a decoding bug: writing the prompt one position
     late (a zero key at 0 that every query may attend to) moves the logits past it."""
-    from workbench.models.attention import KVCache
+    from workbench.models._attention import KVCache
 
     model = GPT(_cfg("dense"), rngs=nnx.Rngs(0))
     full, tol = _reference(model, PROMPT)

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from workbench.flops import gpt_flops
+from workbench._flops import gpt_flops
 from workbench.models import GPTConfig
 
 ROOT = pathlib.Path(__file__).parents[1]

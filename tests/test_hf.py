@@ -17,8 +17,8 @@ import pytest
 import workbench as wb
 from tests._hf_models import FAMILIES, PROMPT, make_model, reference, save
 from tests._tolerance import assert_close_at_scale
-from workbench.hf.families import HFConfigError
-from workbench.hf.tensors import CheckpointError
+from workbench.hf._families import HFConfigError
+from workbench.hf._tensors import CheckpointError
 
 pytest.importorskip("transformers", reason="the test extra installs transformers + torch (CPU)")
 
@@ -87,7 +87,7 @@ def test_scanned_layers_and_other_layouts_equal_transformers(hf, family, axes, r
 def test_each_device_reads_only_its_block(hf, monkeypatch):
     """Every parameter is read once in total (its devices' distinct blocks), never whole
     per device, and each device holds exactly its slice of the HF tensor."""
-    from workbench.hf import tensors as hf_tensors
+    from workbench.hf import _tensors as hf_tensors
 
     folder, _, _ = hf["llama"]
     read: dict[str, int] = {}
@@ -187,7 +187,7 @@ def test_generation_with_and_without_cache_agree_when_sampling(hf):
 
 
 def test_sampling_filters():
-    from workbench.models.generate import sample
+    from workbench.models._generate import sample
 
     logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
     keys = jax.random.split(jax.random.key(0), 400)
@@ -221,7 +221,7 @@ class Chars:
 
 def test_streamed_tokens_are_the_greedy_tokens(hf, capsys, monkeypatch):
     from workbench import _display
-    from workbench.widgets.generation_view import GenerationView
+    from workbench.widgets._generation_view import GenerationView
 
     folder, _, greedy = hf["llama"]
     model = wb.hf.from_hf(folder, mesh=_mesh(data=8))
@@ -436,7 +436,7 @@ def test_a_crash_mid_export_leaves_no_folder_that_looks_complete(hf, tmp_path, m
     is a hidden ``.<name>.partial-*`` folder without config.json, which from_hf refuses."""
     import safetensors.numpy
 
-    from workbench.hf import save as hf_save
+    from workbench.hf import _save as hf_save
 
     model = wb.hf.from_hf(hf["llama"][0], mesh=_mesh(data=8))
     real, calls = safetensors.numpy.save_file, []

@@ -32,7 +32,7 @@ def test_two_process_run_exports_like_one_process_and_transformers_reads_it(tmp_
     import transformers
 
     from workbench.jobs import launch
-    from workbench.jobs.local import free_port
+    from workbench.jobs._local import free_port
 
     folder = save(make_model("qwen3"), tmp_path / "qwen3")
     config = wb.TrainConfig(model=wb.hf.hf_config(folder), init=str(folder),
@@ -63,8 +63,8 @@ def test_two_process_run_exports_like_one_process_and_transformers_reads_it(tmp_
     from flax import nnx
 
     from tests.test_hf import RTOL, logits
-    from workbench.step import abstract_model
-    from workbench.hf.export import restore_params
+    from workbench._step import abstract_model
+    from workbench.hf._export import restore_params
 
     params, cfg, _ = restore_params(run_dir)                # step 2, onto 8 devices here
     want = logits(nnx.merge(abstract_model(cfg)[0], params))

@@ -12,11 +12,11 @@ import workbench as wb
 from tests.test_layering import PACKAGE, imports, module_name
 
 #: old module path -> where it moved.
-MOVED = {"workbench.models.hf": "workbench.hf.load",
-         "workbench.models.hf_export": "workbench.hf.save",
-         "workbench.models.hf_families": "workbench.hf.families",
-         "workbench.models.hf_tensors": "workbench.hf.tensors",
-         "workbench.train.export": "workbench.hf.export"}
+MOVED = {"workbench.models.hf": "workbench.hf._load",
+         "workbench.models.hf_export": "workbench.hf._save",
+         "workbench.models.hf_families": "workbench.hf._families",
+         "workbench.models.hf_tensors": "workbench.hf._tensors",
+         "workbench.train.export": "workbench.hf._export"}
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -63,7 +63,7 @@ def test_old_module_paths_warn_with_the_new_path_and_forward_every_name():
             "    else:\n"
             "        raise AssertionError(old)\n"
             "from workbench.models.hf import from_hf, CheckpointError\n"
-            "from workbench.hf.load import from_hf as f2, CheckpointError as c2\n"
+            "from workbench.hf._load import from_hf as f2, CheckpointError as c2\n"
             "assert from_hf is f2 and CheckpointError is c2\n"
             "print('ok')\n")
     out = _run(code)
@@ -72,7 +72,7 @@ def test_old_module_paths_warn_with_the_new_path_and_forward_every_name():
 
 def test_importing_wb_hf_is_light():
     out = _run("import sys, workbench.hf as h; h.__all__; "
-               "print(sorted(m for m in ('jax', 'safetensors', 'workbench.hf.load') "
+               "print(sorted(m for m in ('jax', 'safetensors', 'workbench.hf._load') "
                "if m in sys.modules))")
     assert out.stdout.strip() == "[]", out.stderr[-3000:]
 
@@ -81,7 +81,7 @@ def test_models_and_step_never_import_hf():
     """hf sits above ``models`` and ``step``: they never import it, not even inside a
     function. ``models/__init__`` resolves the aliases (``wb.models.from_hf``) on first
     use; the shims of the old paths name theirs as a string."""
-    below = sorted((PACKAGE / "models").glob("*.py")) + [PACKAGE / "step.py"]
+    below = sorted((PACKAGE / "models").glob("*.py")) + [PACKAGE / "_step.py"]
     found = []
     for path in below:
         if path.relative_to(PACKAGE).as_posix() == "models/__init__.py":

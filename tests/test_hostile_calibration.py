@@ -16,7 +16,7 @@ import pytest
 
 import workbench as wb
 from workbench.hardware import cpu_spec
-from workbench.hardware.calibration import (Calibration, CalibrationWarning, _file,
+from workbench.hardware._calibration import (Calibration, CalibrationWarning, _file,
                                             load_calibration, remove_calibration)
 
 CLEAN = dict(compute_factor=0.5, memory_factor=0.25, matmul_flops=1e12, hbm_bandwidth=1e10,

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
-from workbench.jobs.hosts import HostsError
-from workbench.jobs.slurm import worker_argv
-from workbench.run_lock import RunLock
+from workbench.jobs._hosts import HostsError
+from workbench.jobs._slurm import worker_argv
+from workbench._run_lock import RunLock
 
 CFG = {"model": "tiny", "mesh": {"data": 1}, "batch": 2, "seq": 16, "steps": 2, "data": "text"}
 HOSTILE = "run 1 #x $(touch PWNED) `touch PWNED` 'q' \"d\" ;&|<>\\"

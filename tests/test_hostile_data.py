@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench import runs
+from workbench import _runs as runs
 from workbench.data import DataError, Dataset, Tokenizer, build_token_cache
-from workbench.train.setup import DataChanged
+from workbench.train._setup import DataChanged
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 
@@ -235,7 +235,7 @@ def test_the_token_cache_sees_an_edit_that_keeps_size_and_mtime(tmp_path):
 
 
 def test_the_text_corpus_sees_an_edit_that_keeps_size_and_mtime(tmp_path, monkeypatch):
-    from workbench.data.corpus import build_text_corpus, corpus_bytes
+    from workbench.data._corpus import build_text_corpus, corpus_bytes
 
     (tmp_path / "texts").mkdir()
     f = tmp_path / "texts" / "a.py"
@@ -258,7 +258,7 @@ def test_a_run_from_a_relative_init_exports_and_resumes_after_the_folder_moves(
     from flax import nnx
     from safetensors.numpy import load_file
 
-    from workbench.models.gpt import GPT
+    from workbench.models._gpt import GPT
 
     cfg = wb.models.GPTConfig.preset("tiny").replace(n_layers=1, vocab_size=128)
     (tmp_path / "models").mkdir()

@@ -26,11 +26,11 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.data.tokens import build_token_cache
-from workbench.hardware import calibration as calibrate
-from workbench.hf import save as hf_save
-from workbench.hf.export import restore_params
-from workbench.train.checkpoint import CheckpointError, Checkpoints
+from workbench.data._tokens import build_token_cache
+from workbench.hardware import _calibration as calibrate
+from workbench.hf import _save as hf_save
+from workbench.hf._export import restore_params
+from workbench.train._checkpoint import CheckpointError, Checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8}, batch=8,
@@ -410,7 +410,7 @@ def test_a_profile_report_is_never_written_through(tree: Tree, kind: str) -> Non
     """``report.json`` of a profile folder that is a link (to the run's run.json) or a pipe
     was written through (run.json overwritten) or blocked the trainer: the folder is
     skipped for a free one, and write_report itself refuses such a path."""
-    from workbench.train import profile
+    from workbench.train import _profile as profile
 
     base = tree.run / "profiles" / "3"
     base.mkdir(parents=True)

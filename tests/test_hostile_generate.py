@@ -16,8 +16,8 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench.models import generate as gen
-from workbench.models.gpt import GPT
+from workbench.models import _generate as gen
+from workbench.models._gpt import GPT
 
 TINY = wb.models.GPTConfig.preset("tiny").replace(seq_len=16)
 PROMPT = [1, 2, 3]

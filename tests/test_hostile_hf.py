@@ -17,14 +17,14 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench.hf.load import CheckpointError, HFConfigError
+from workbench.hf._load import CheckpointError, HFConfigError
 
 CFG = wb.models.GPTConfig.preset("tiny").replace(n_layers=1, vocab_size=128)
 
 
 @pytest.fixture(scope="module")
 def model():
-    from workbench.models.gpt import GPT
+    from workbench.models._gpt import GPT
 
     return GPT(CFG, rngs=nnx.Rngs(0))
 

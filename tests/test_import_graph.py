@@ -23,7 +23,7 @@ needs ``b``:
 - **The root** ``workbench/__init__.py`` resolves every public name on first use (PEP
   562) and names them all under ``TYPE_CHECKING`` for IDEs, so it sits on top of the
   graph: a module inside imports ``workbench.x``, never ``workbench`` itself
-  (``from workbench import runs`` is the submodule ``workbench.runs``).
+  (``from workbench import runs`` is the submodule ``workbench._runs``).
 
 A name a package resolves lazily (a ``__getattr__`` in its ``__init__``), imported at module
 level from inside the package, would run its module at import time without an edge here;
@@ -117,42 +117,42 @@ def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
 
 def test_the_reader_counts_what_runs_at_import_time():
     src = ("from typing import TYPE_CHECKING\n"
-           "import workbench.models.gpt\n"
-           "from workbench.jobs import cluster, launch\n"
-           "if TYPE_CHECKING:\n    from workbench.rules import Rules\n"
-           "try:\n    from . import flops\nexcept ImportError:\n    pass\n"
-           "class C:\n    from workbench import layouts\n"
+           "import workbench.models._gpt\n"
+           "from workbench.jobs import _cluster, launch\n"
+           "if TYPE_CHECKING:\n    from workbench._rules import Rules\n"
+           "try:\n    from . import _flops\nexcept ImportError:\n    pass\n"
+           "class C:\n    from workbench import _layouts\n"
            "def f():\n    from workbench.planning import schedule\n")
-    mods = frozenset({"workbench", "workbench.models", "workbench.models.gpt", "workbench.jobs",
-                      "workbench.jobs.cluster", "workbench.rules", "workbench.flops",
-                      "workbench.layouts", "workbench.planning", "workbench.planning.schedule",
-                      "workbench.step"})
+    mods = frozenset({"workbench", "workbench.models", "workbench.models._gpt", "workbench.jobs",
+                      "workbench.jobs._cluster", "workbench._rules", "workbench._flops",
+                      "workbench._layouts", "workbench.planning", "workbench.planning.schedule",
+                      "workbench._step"})
     got: set[str] = set()
     for node in module_level_imports(src):
-        got |= targets(node, "workbench.step", is_package=False, modules=mods)
-    assert got == {"workbench.models", "workbench.models.gpt",   # the package runs first
+        got |= targets(node, "workbench._step", is_package=False, modules=mods)
+    assert got == {"workbench.models", "workbench.models._gpt",   # the package runs first
                    "workbench.jobs",                # `launch` is a name of jobs/__init__
-                   "workbench.jobs.cluster", "workbench.rules", "workbench.flops",
-                   "workbench.layouts"}             # not planning: inside a function
+                   "workbench.jobs._cluster", "workbench._rules", "workbench._flops",
+                   "workbench._layouts"}             # not planning: inside a function
 
 
 def test_a_package_importing_itself_back_counts():
-    mods = frozenset({"workbench", "workbench.models", "workbench.models.gpt"})
+    mods = frozenset({"workbench", "workbench.models", "workbench.models._gpt"})
     [back] = module_level_imports("from workbench.models import GPTConfig\n")
-    assert targets(back, "workbench.models.gpt", is_package=False, modules=mods) == {
+    assert targets(back, "workbench.models._gpt", is_package=False, modules=mods) == {
         "workbench.models"}
-    [sibling] = module_level_imports("from workbench.models import gpt\n")
-    assert targets(sibling, "workbench.models.config", is_package=False, modules=mods) == {
-        "workbench.models.gpt"}   # models/__init__ is already running: no edge to it
+    [sibling] = module_level_imports("from workbench.models import _gpt\n")
+    assert targets(sibling, "workbench.models._config", is_package=False, modules=mods) == {
+        "workbench.models._gpt"}   # models/__init__ is already running: no edge to it
     [root] = module_level_imports("import workbench\n")
-    assert targets(root, "workbench.jobs.local", is_package=False, modules=mods) == {
+    assert targets(root, "workbench.jobs._local", is_package=False, modules=mods) == {
         "workbench"}
 
 
 def test_the_whole_package_has_no_import_circle():
     graph = import_graph()
-    assert len(graph) > 100 and "workbench.hf.load" in graph
-    assert "workbench.step" in graph["workbench.hf.load"]   # hf sits above step
+    assert len(graph) > 100 and "workbench.hf._load" in graph
+    assert "workbench._step" in graph["workbench.hf._load"]   # hf sits above step
     cycle = import_cycle({m: set(e) for m, e in graph.items()})
     assert cycle is None, f"import circle: {describe(cycle, graph)}"
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from workbench import _display
-from workbench.jobs import JobRunningError, RunLock, attach, cluster, ping
-from workbench.jobs.job import read_tail
-from workbench.jobs.worker import EXIT_STOPPED
+from workbench.jobs import JobRunningError, RunLock, attach, _cluster as cluster, ping
+from workbench.jobs._job import read_tail
+from workbench.jobs._worker import EXIT_STOPPED
 
 pytestmark = pytest.mark.multiprocess   # every test launches (or watches) a multi-process job
 
@@ -173,7 +173,7 @@ def _gloo_loops_seen(pid: int, job) -> list[int]:
 def test_stop_makes_every_process_stop_at_the_same_round(tmp_path):
     """...and while the job runs, each process's gloo network thread runs at nice 19
     (the kernel's view of the thread, /proc), under the threads that compute: a message
-    that arrives early makes that thread spin (workbench.jobs.cluster.
+    that arrives early makes that thread spin (workbench.jobs._cluster.
     _lower_gloo_thread_priority)."""
     job = ping(2, 4, run_dir=tmp_path / "p", hold=120, platform="cpu")
     _wait_for(lambda: all("PING " in p.log.read_text() for p in job.processes), 90, job)
@@ -233,7 +233,7 @@ def test_every_cluster_kind_is_a_cluster_and_launch_takes_nothing_else(tmp_path)
     ``attach`` asks exactly these kinds, Local last."""
     import workbench as wb
     from workbench.jobs import Cluster, Local
-    from workbench.jobs.dispatch import KINDS
+    from workbench.jobs._dispatch import KINDS
 
     kinds = [Local(processes=2, devices_per_process=4), wb.Slurm(nodes=2, gpus_per_node=8),
              wb.Hosts(["node1", "node2"]), wb.TPUSlice("my-v5p", "us-east5-a", workers=4)]
@@ -265,7 +265,7 @@ def test_local_submits_and_attaches_through_the_protocol(tmp_path):
 
     import workbench as wb
     from workbench.jobs import Local, NoJobError, Submission
-    from workbench.jobs.worker import ping_command
+    from workbench.jobs._worker import ping_command
 
     local, run_dir = Local(processes=2, devices_per_process=2, platform="cpu"), tmp_path / "p"
     job = local.submit(Submission(run_dir=run_dir, command=ping_command(120), what="ping"))
@@ -298,7 +298,7 @@ def finished_ping(tmp_path_factory):
 
 
 def test_job_widget_follows_the_job_live(tmp_path):
-    from workbench.widgets.job_view import JobView, job_payload
+    from workbench.widgets._job_view import JobView, job_payload
 
     job = ping(2, 1, run_dir=tmp_path / "p", hold=2, platform="cpu")
     view = JobView(job, interval=0.2)
@@ -333,7 +333,7 @@ CFG = {"model": "tiny", "mesh": {"data": 8}, "rules": "fsdp", "batch": 8, "seq":
 
 
 def _losses(run_dir: Path) -> list[float]:
-    from workbench import runs
+    from workbench import _runs as runs
 
     return [r["loss"] for r in runs.read_metrics(run_dir)]
 
@@ -346,7 +346,7 @@ def _committed_steps(run_dir: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_stop_leaves_a_checkpoint_at_the_stop_step(tmp_path):
-    from workbench import runs
+    from workbench import _runs as runs
     from workbench.jobs import launch
     from workbench.train import TrainConfig
 
@@ -408,7 +408,7 @@ def test_job_widget_renders_status_curve_and_stop(finished_ping, tmp_path, done)
     import shutil
 
     from workbench.widgets import _assets
-    from workbench.widgets.job_view import job_payload
+    from workbench.widgets._job_view import job_payload
 
     node = shutil.which("node")
     if node is None:

@@ -21,7 +21,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jupyterlab_harness import Lab, run_notebook, screenshot, show_runs_panel
 
-from workbench import runs
+from workbench import _runs as runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jupyterlab_harness import Lab, screenshot, show_runs_panel
 
-from workbench import runs
+from workbench import _runs as runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 NAN_STEPS = {7, 8, 20}  # steps whose loss the file holds as NaN / Infinity

@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-CORE = ["workbench", "workbench.hardware", "workbench.mesh", "workbench.layouts", "workbench.rules",
-        "workbench.models", "workbench.hf.load", "workbench.hf.export", "workbench.flops",
-        "workbench.step", "workbench.perf", "workbench.planning", "workbench.runs",
+CORE = ["workbench", "workbench.hardware", "workbench._mesh", "workbench._layouts", "workbench._rules",
+        "workbench.models", "workbench.hf._load", "workbench.hf._export", "workbench._flops",
+        "workbench._step", "workbench.perf", "workbench.planning", "workbench._runs",
         "workbench.train", "workbench.data", "workbench.jobs"]
 BLOCK = """
 import importlib.abc, sys
@@ -41,8 +41,8 @@ def test_core_imports_without_display_libraries():
 
 
 def test_server_and_runs_do_not_import_jax():
-    mods = [m for m in ("workbench.runs", "workbench.server") if _exists(m)]
-    assert mods, "workbench.runs should exist"
+    mods = [m for m in ("workbench._runs", "workbench.server") if _exists(m)]
+    assert mods, "workbench._runs should exist"
     code = BLOCK % ["jax", "jaxlib", "flax", "numpy"] + "\n".join(
         f"import {m}" for m in mods) + "\nprint('ok')"
     out = _run(code)
@@ -62,7 +62,7 @@ def _exists(mod: str) -> bool:
         return False
 
 
-PUBLIC_FUNCTIONS = {"devices": "workbench.hardware", "layout": "workbench.layouts",
+PUBLIC_FUNCTIONS = {"devices": "workbench.hardware", "layout": "workbench._layouts",
                     "plan": "workbench.planning", "launch": "workbench.jobs",
                     "show": "workbench.widgets", "simulate_devices": "workbench.hardware"}
 
@@ -98,7 +98,7 @@ DISPLAY_HOOK = "_display.py"  # the one core module that may import workbench.wi
 
 
 def module_name(path: pathlib.Path) -> str:
-    """``.../workbench/server/app.py`` -> ``workbench.server.app``."""
+    """``.../workbench/server/_app.py`` -> ``workbench.server._app``."""
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -161,7 +161,7 @@ def core_files() -> list[pathlib.Path]:
     ``widgets/`` and ``server/``."""
     files = [p for p in sorted(PACKAGE.rglob("*.py"))
              if p.relative_to(PACKAGE).parts[0] not in ("widgets", "server")]
-    assert len(files) > 20 and PACKAGE / "train" / "trainer.py" in files
+    assert len(files) > 20 and PACKAGE / "train" / "_trainer.py" in files
     return files
 
 
@@ -185,10 +185,10 @@ def test_the_import_reader_sees_lazy_relative_and_dynamic_imports():
     src = ("from typing import TYPE_CHECKING\n"
            "if TYPE_CHECKING:\n    import plotly\n"
            "def f():\n    import IPython.display as d\n"
-           "class C:\n    def g(self):\n        from ..widgets import plan_view\n"
+           "class C:\n    def g(self):\n        from ..widgets import _plan_view\n"
            "def h():\n    importlib.import_module('anywidget')\n")
-    got = {name for _, name in imports(src, "workbench.planning.report", type_checking=False)}
-    assert {"IPython.display", "workbench.widgets", "workbench.widgets.plan_view",
+    got = {name for _, name in imports(src, "workbench.planning._report", type_checking=False)}
+    assert {"IPython.display", "workbench.widgets", "workbench.widgets._plan_view",
             "anywidget"} <= got and "plotly" not in got
     assert "plotly" in {name for _, name in imports(src, "workbench.x")}
 
@@ -252,17 +252,17 @@ def test_import_cycle_finder():
 
 def test_server_modules_import_each_other_without_a_cycle():
     graph = package_graph(PACKAGE / "server")
-    assert {f"workbench.server.{m}" for m in ("app", "handlers", "hub")} <= set(graph)
-    assert "workbench.server.handlers" in graph["workbench.server.app"]  # app wires the handlers
+    assert {f"workbench.server._{m}" for m in ("app", "handlers", "hub")} <= set(graph)
+    assert "workbench.server._handlers" in graph["workbench.server._app"]  # app wires the handlers
     assert import_cycle(graph) is None, import_cycle(graph)
 
 
 def test_the_import_reader_resolves_submodules_of_a_package():
-    src = "from workbench.models import attention, GPTConfig\nfrom workbench.jobs import cluster\n"
-    known = frozenset({"workbench.jobs.cluster", "workbench.models.attention"})
+    src = "from workbench.models import _attention, GPTConfig\nfrom workbench.jobs import _cluster\n"
+    known = frozenset({"workbench.jobs._cluster", "workbench.models._attention"})
     got = {n for _, n in imports(src, "workbench.x", modules=known)}
-    assert "workbench.jobs" not in got and "workbench.jobs.cluster" in got
-    assert {"workbench.models", "workbench.models.attention"} <= got  # GPTConfig: __init__
+    assert "workbench.jobs" not in got and "workbench.jobs._cluster" in got
+    assert {"workbench.models", "workbench.models._attention"} <= got  # GPTConfig: __init__
 
 
 @pytest.mark.parametrize("folder", packages(), ids=lambda p: p.relative_to(PACKAGE.parent)
@@ -278,10 +278,10 @@ def test_no_package_has_an_import_cycle(folder):
 
 
 def test_models_is_a_tree_with_config_at_the_root():
-    """``models/config.py`` is pure data: it imports no other module of ``models``; the
+    """``models/_config.py`` is pure data: it imports no other module of ``models``; the
     shared layers import only config and the kernels, never the models built on them."""
     graph = package_graph(PACKAGE / "models")
-    m = "workbench.models."
+    m = "workbench.models._"
     assert graph[m + "config"] == set()
     # ... and the LoRA adapters (Flax's nnx.LoRA on the projections), which import config only
     assert graph[m + "layers"] <= {m + "config", m + "attention", m + "context", m + "lora"}
@@ -292,9 +292,9 @@ def test_models_is_a_tree_with_config_at_the_root():
     assert m + "moe" not in graph[m + "pipeline"]
 
 
-@pytest.mark.parametrize("module", ["server/handlers.py", "server/hub.py", "server/index.py"])
+@pytest.mark.parametrize("module", ["server/_handlers.py", "server/_hub.py", "server/_index.py"])
 def test_server_modules_never_import_the_app(module):
     """The app wires hub and handlers; nothing imports it back (not even for types)."""
     path = PACKAGE / module
     names = {n for _, n in imports(path.read_text(), module_name(path))}
-    assert not any(_within(n, ("workbench.server.app",)) for n in names), names
+    assert not any(_within(n, ("workbench.server._app",)) for n in names), names

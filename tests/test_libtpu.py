@@ -67,7 +67,7 @@ print("quieted")
 @pytest.mark.tpu
 def test_importing_every_module_changes_nothing_until_a_tpu_plan():
     mods = _modules()
-    assert len(mods) > 60 and "workbench.hardware.catalogue" in mods
+    assert len(mods) > 60 and "workbench.hardware._catalogue" in mods
     tpu = libtpu_installed()
     code = _CHECK.format(modules=mods, tpu_part=_TPU_PART if tpu else "")
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS",)}

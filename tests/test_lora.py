@@ -1,4 +1,4 @@
-"""LoRA (``TrainConfig(lora=...)``, ``workbench.models.lora``) against its references.
+"""LoRA (``TrainConfig(lora=...)``, ``workbench.models._lora``) against its references.
 
 - an unadapted GPT of the same seed: at init (B = 0) its logits, bit for bit;
 - the merged model ``W + alpha/r * A @ B`` (``merge_params``) after training: the adapted
@@ -20,9 +20,9 @@ from flax import nnx
 
 import workbench as wb
 from workbench.models import GPT, GPTConfig
-from workbench.models.lora import LoRA, merge_params, split_params
-from workbench.step import opt_state_params, path_str
-from workbench.train.setup import RunConfigMismatch
+from workbench.models._lora import LoRA, merge_params, split_params
+from workbench._step import opt_state_params, path_str
+from workbench.train._setup import RunConfigMismatch
 from tests._tolerance import assert_close_at_scale
 
 ALL = ("q", "k", "v", "o", "gate", "up", "down")
@@ -312,7 +312,7 @@ def test_to_peft_refuses_a_model_without_adapters_and_an_existing_folder(hf_run,
 
 # ------------------------------------------------------------------ the plan, TPU compiler
 def _tpu_compiler():
-    from workbench.topology import tpu_compiler_available
+    from workbench._topology import tpu_compiler_available
 
     return tpu_compiler_available()
 

@@ -19,12 +19,12 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench import runs
-from workbench import step as S
+from workbench import _runs as runs
+from workbench import _step as S
 from workbench.models import GPTConfig
-from workbench.models.moe import capacity
-from workbench.perf import analytic
-from workbench.rules import Rules
+from workbench.models._moe import capacity
+from workbench.perf import _analytic as analytic
+from workbench._rules import Rules
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 
@@ -318,7 +318,7 @@ def test_expert_load_heatmap_draws_the_logged_loads(reference_run, tmp_path):
     import shutil
 
     from workbench.widgets import _assets
-    from workbench.widgets.expert_load_view import ExpertLoad
+    from workbench.widgets._expert_load_view import ExpertLoad
 
     run_dir, _ = reference_run
     recs = runs.read_metrics(run_dir)

@@ -14,9 +14,9 @@ import pytest
 
 import workbench as wb
 from workbench.models import GPTConfig
-from workbench.perf import analytic
-from workbench.perf.hlo import parse_collectives
-from workbench.topology import tpu_compiler_available
+from workbench.perf import _analytic as analytic
+from workbench.perf._hlo import parse_collectives
+from workbench._topology import tpu_compiler_available
 
 pytestmark = [
     pytest.mark.tpu,                 # every test compiles for an abstract TPU slice

@@ -25,11 +25,11 @@ import optax
 import pytest
 
 import workbench as wb
-from workbench import step as S
+from workbench import _step as S
 from workbench.models import GPTConfig
-from workbench.perf import analytic
-from workbench.rules import Rules
-from workbench.topology import tpu_compiler_available
+from workbench.perf import _analytic as analytic
+from workbench._rules import Rules
+from workbench._topology import tpu_compiler_available
 
 from _tolerance import assert_trees_close_at_scale
 

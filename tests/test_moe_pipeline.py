@@ -17,10 +17,10 @@ import optax
 import pytest
 
 import workbench as wb
-from workbench import runs
-from workbench import step as S
-from workbench.models import GPTConfig, moe
-from workbench.rules import Rules
+from workbench import _runs as runs
+from workbench import _step as S
+from workbench.models import GPTConfig, _moe as moe
+from workbench._rules import Rules
 
 from _tolerance import assert_trees_close_at_scale
 

@@ -17,11 +17,11 @@ import pytest
 import workbench as wb
 from workbench.hardware import hardware_spec
 from workbench.models import GPTConfig
-from workbench.perf import analytic
-from workbench.perf.bounds import MFU_CEILING
-from workbench.perf.hlo import computation_multiplicity
-from workbench.perf.predict import predict
-from workbench.topology import tpu_compiler_available
+from workbench.perf import _analytic as analytic
+from workbench.perf._bounds import MFU_CEILING
+from workbench.perf._hlo import computation_multiplicity
+from workbench.perf._predict import predict
+from workbench._topology import tpu_compiler_available
 
 needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),
                                reason="the TPU compiler (libtpu) is not installed")
@@ -160,7 +160,7 @@ def test_search_never_ranks_a_plan_with_an_implausible_prediction(monkeypatch):
     """wb.search over a small MoE on an abstract v5p slice (formulas only): the analytic
     best, made implausible, drops out of the ranking, says why, and another row is best;
     when every row is implausible, ``best`` raises and says so."""
-    from workbench.planning import report
+    from workbench.planning import _report as report
 
     real = report.PlanReport.predict
     res = wb.search(MOE, hardware="v5p-8", batch=8, seq=128, top_k=0, progress=False)

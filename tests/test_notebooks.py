@@ -34,7 +34,26 @@ SECOND_RUN_SAYS = {
                              "reuses nothing from them",
     "06_launch_from_a_cell": "runs/06-job already holds",
     "12_train_on_your_own_text": "run directory: runs/12-own-text-2",
+    "13_start_from_a_released_model": "is already at step 20 (target 20); nothing to do",
 }
+
+
+#: Notebooks that name a Hub id: their test fills a Hugging Face cache with a tiny random
+#: model under that same id (tests/_hub_cache.py) and points the kernel at it, offline
+#: (HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE=1), so the id resolves and nothing downloads.
+ON_HUB = {"13_start_from_a_released_model": "Qwen/Qwen3-0.6B"}
+
+
+def _hub_for(stem: str, factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The extra kernel environment of notebook ``stem``: an offline Hugging Face cache
+    holding ``ON_HUB[stem]`` for the ON_HUB notebooks (one for both runs), else nothing."""
+    if stem not in ON_HUB:
+        return {}
+    from _hub_cache import hub_cache_with, offline_env
+
+    home = factory.mktemp("hf-home")
+    hub_cache_with(home / "hub", ON_HUB[stem])
+    return offline_env(home)
 
 
 #: Notebooks whose SLURM cell submits where a controller answers (``sinfo``): their test
@@ -66,7 +85,7 @@ def _cluster_for(stem: str, factory: pytest.TempPathFactory):
 
 def _accelerator_attached() -> bool:
     """Whether a TPU chip (JAX's own test) or an NVIDIA GPU is attached to this host."""
-    from workbench.hardware.libtpu import tpu_chips_attached
+    from workbench.hardware._libtpu import tpu_chips_attached
 
     return tpu_chips_attached() or bool(glob.glob("/dev/nvidia[0-9]*"))
 
@@ -79,12 +98,12 @@ def kernel_env(cache: pathlib.Path) -> dict[str, str]:
 
     JAX's persistent compilation cache is on from the kernel's start, in the directory and
     with the settings a ``wb.Trainer`` turns it on with (``<cache>/jax-compile``, every
-    compile kept: ``workbench.train.setup.enable_compile_cache``), so a second run reads
+    compile kept: ``workbench.train._setup.enable_compile_cache``), so a second run reads
     back the steps the first compiled, as a learner's does once a Trainer ran in the
     kernel. Without it a notebook's ``wb.plan`` compiles for CPU devices were redone in
     every kernel: notebook 03's second run (four plans, ~4.5 s of XLA CPU compile each)
     cost as much as its first. Multi-process CPU workers still turn it off
-    (``workbench.jobs.worker``).
+    (``workbench.jobs._worker``).
 
     On a host without accelerators JAX picks its platform itself (no ``JAX_PLATFORMS``),
     as in a learner's kernel: where libtpu is installed it would probe for a TPU at the
@@ -227,13 +246,14 @@ def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path
     cached. A first run that left nothing in the folder leaves the second nothing new to
     trip over (a cached plan read back in a new process is tests/test_tpu_plans.py's
     test_plan_cache_on_disk_serves_a_new_process), so it is not run."""
+    hub = _hub_for(path.stem, tmp_path_factory)
     for attempt in ("first run", "second run in the same folder"):
         if attempt != "first run" and not any(tmp_path.iterdir()):
             assert SECOND_RUN_SAYS.get(path.stem) is None, f"{path.stem} left nothing behind"
             print(f"{path.stem}: the first run left nothing in its folder; no second run")
             return
         with _cluster_for(path.stem, tmp_path_factory) as env:
-            nb, seconds = run_notebook(path, tmp_path, cache_dir, env)
+            nb, seconds = run_notebook(path, tmp_path, cache_dir, {**env, **hub})
         on_slurm = "SLURM_CONF" in env
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
                   if o.output_type == "error"]

@@ -6,9 +6,9 @@ import pytest
 from flax import nnx
 
 from tests._tolerance import assert_close_at_scale
-from workbench.data.packing import PackedRows, pack, row_batch
+from workbench.data._packing import PackedRows, pack, row_batch
 from workbench.models import GPT, GPTConfig
-from workbench.step import lm_loss
+from workbench._step import lm_loss
 
 RECORD = 8   # tokens per record of the in-memory stream
 

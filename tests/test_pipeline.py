@@ -14,10 +14,10 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench import runs
+from workbench import _runs as runs
 from workbench.models import GPT, GPTConfig
-from workbench.models.pipeline import Pipeline, activate
-from workbench.models.schedule import in_flight, schedule_bubble, timeline
+from workbench.models._pipeline import Pipeline, activate
+from workbench.models._schedule import in_flight, schedule_bubble, timeline
 
 from _tolerance import assert_close_at_scale
 
@@ -271,7 +271,7 @@ def test_schedule_widget_draws_the_timeline_and_follows_its_controls(tmp_path):
     shaded bubble's share is the schedule's."""
     from test_widgets_js import NODE, render
 
-    from workbench.widgets.schedule_view import schedule_payload, schedule_widget
+    from workbench.widgets._schedule_view import schedule_payload, schedule_widget
 
     if NODE is None:
         pytest.skip("node is not installed")
@@ -325,12 +325,12 @@ def test_the_schedule_lives_beside_the_pipeline_and_its_old_path_warns():
     with planning); ``workbench.planning.schedule`` still imports, warning with the new path."""
     import importlib
 
-    from workbench.models import schedule
+    from workbench.models import _schedule as schedule
     from workbench.planning import schedule as old
 
     assert Pipeline is schedule.Pipeline and isinstance(Pipeline(microbatches=2).on(2),
                                                         schedule.Schedule)
-    with pytest.warns(DeprecationWarning, match="workbench.models.schedule"):
+    with pytest.warns(DeprecationWarning, match="workbench.models._schedule"):
         importlib.reload(old)
     assert (old.timeline, old.Schedule, old.BACKWARD_COST) == (
         timeline, schedule.Schedule, schedule.BACKWARD_COST)

@@ -11,9 +11,9 @@ import pytest
 
 import workbench as wb
 from workbench.models import GPT, GPTConfig
-from workbench.placement import DEFAULT_AXIS, Placement, default_preset, resolve_placement
-from workbench.rules import Rules
-from workbench.step import abstract_model, param_specs
+from workbench._placement import DEFAULT_AXIS, Placement, default_preset, resolve_placement
+from workbench._rules import Rules
+from workbench._step import abstract_model, param_specs
 
 TINY = GPTConfig.preset("tiny", n_layers=1)
 NONE = dict.fromkeys(("seq", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers",
@@ -117,7 +117,7 @@ def specs_of(model):
     """``{path: PartitionSpec}`` of a GPT's parameters as they lie."""
     from flax import nnx
 
-    from workbench.pytrees import path_str
+    from workbench._pytrees import path_str
 
     state = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     return {path_str(p): leaf.sharding.spec
@@ -125,7 +125,7 @@ def specs_of(model):
 
 
 def expected_specs(cfg, rules):
-    from workbench.pytrees import path_str
+    from workbench._pytrees import path_str
 
     _, params, logical = abstract_model(cfg)
     specs = param_specs(params, logical, rules)
@@ -152,7 +152,7 @@ def test_plan(mesh):
 
 @pytest.mark.parametrize("mesh", [{"data": -1}, {"data": 4, "model": 2}])
 def test_train_config(mesh):
-    from workbench.train.setup import build_parts
+    from workbench.train._setup import build_parts
 
     want = resolve_placement(mesh)
     parts = build_parts(wb.TrainConfig(model=TINY, mesh=mesh, batch=8, seq=16,
@@ -162,7 +162,7 @@ def test_train_config(mesh):
 
 
 def test_a_stored_fsdp_config_keeps_fsdp():
-    from workbench.train.setup import build_parts
+    from workbench.train._setup import build_parts
 
     cfg = wb.TrainConfig(model=TINY, mesh={"data": 4, "model": 2}, rules="fsdp", batch=8,
                          seq=16, data="synthetic")
@@ -194,8 +194,8 @@ def test_trainer_records_its_placement(trained):
 
 
 def test_export_run(trained):
-    from workbench.hf.export import restore_params
-    from workbench.pytrees import path_str
+    from workbench.hf._export import restore_params
+    from workbench._pytrees import path_str
 
     root, _ = trained
     params, cfg, _ = restore_params(root / "run")
@@ -209,7 +209,7 @@ def test_export_run(trained):
 
 @pytest.mark.parametrize("mesh", [None, {"data": 4, "model": 2}])
 def test_from_hf_and_generate(trained, mesh):
-    from workbench.models.generate import _layout
+    from workbench.models._generate import _layout
 
     root, _ = trained
     folder = wb.hf.export_run(root / "run", root / f"hf-{len(mesh or {})}", overwrite=True)
@@ -226,7 +226,7 @@ def test_from_hf_and_generate(trained, mesh):
 def test_generate_on_an_unsharded_model():
     from flax import nnx
 
-    from workbench.models.generate import _layout
+    from workbench.models._generate import _layout
 
     model = GPT(TINY, rngs=nnx.Rngs(0))
     device = next(iter(model.embed[...].devices()))
@@ -237,7 +237,7 @@ def test_generate_on_an_unsharded_model():
 
 
 def test_search_spans_the_default_devices():
-    from workbench.planning.search_space import hardware
+    from workbench.planning._search_space import hardware
 
     want = resolve_placement()
     hw = hardware(None)
@@ -258,7 +258,7 @@ def test_a_model_factory_gets_the_same_rules_from_plan_and_trainer():
 
     import jax.numpy as jnp
 
-    from workbench.train.setup import build_parts
+    from workbench.train._setup import build_parts
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _models import DotReluDot

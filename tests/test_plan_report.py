@@ -10,7 +10,7 @@ import pytest
 
 import workbench as wb
 from workbench.planning import Plan, PlanReport
-from workbench.planning.handle import _REPORT_NAMES
+from workbench.planning._handle import _REPORT_NAMES
 
 TINY = wb.models.GPTConfig.preset("tiny")
 
@@ -93,9 +93,9 @@ def test_the_handle_runs_and_the_report_does_not(compiled_plan):
 def test_plan_is_its_stages_in_order(abstract_plan):
     """``wb.plan`` is resolve -> choose_target -> build_step -> measure -> lint: run by hand,
     the stages give the same report."""
-    from workbench.planning.measure import measure
-    from workbench.planning.stages import build_step, choose_target, lint, resolve
-    from workbench.step import lm_loss
+    from workbench.planning._measure import measure
+    from workbench.planning._stages import build_step, choose_target, lint, resolve
+    from workbench._step import lm_loss
 
     inp = resolve(abstract_plan.cfg, mesh=abstract_plan.mesh, rules="fsdp_tp", batch=16,
                   seq=64, optimizer=None, dtype=None, name=None, compile=False,

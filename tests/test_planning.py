@@ -8,10 +8,10 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench.perf.hlo import groups_to_axes, parse_collectives, parse_replica_groups
+from workbench.perf._hlo import groups_to_axes, parse_collectives, parse_replica_groups
 from workbench.models import GPTConfig, MLPClassifier, classifier_loss
-from workbench.rules import Rules
-from workbench.step import TrainState
+from workbench._rules import Rules
+from workbench._step import TrainState
 
 TINY = GPTConfig.preset("tiny")
 
@@ -180,7 +180,7 @@ def test_lint_fsdp_gathers_report_bytes(fsdp_tp):
     assert not _kinds(_abstract("tp"), "fsdp_gather")
     # A compiled step that gathers no weight (XLA moved activations instead) is said so,
     # not reported as a cost of 0 all-gathers.
-    from workbench.planning import lints as _plan_lints
+    from workbench.planning import _lints as _plan_lints
 
     params = {k[len("params."):]: v for k, v in fsdp_tp.layouts.items() if k.startswith("params.")}
     others = [c for c in fsdp_tp.collectives if c.kind != "all-gather"]
@@ -273,7 +273,7 @@ def test_plan_widget_payload_and_render(fsdp_tp, tmp_path):
     import subprocess
 
     from workbench.widgets import _assets
-    from workbench.widgets.plan_view import PlanView, plan_payload
+    from workbench.widgets._plan_view import PlanView, plan_payload
 
     p = plan_payload(fsdp_tp)
     per = p["memory"]["per_device"]

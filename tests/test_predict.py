@@ -5,8 +5,8 @@ import pytest
 
 import workbench as wb
 from workbench.hardware import hardware_spec
-from workbench.perf.hlo import Collective
-from workbench.perf.predict import predict
+from workbench.perf._hlo import Collective
+from workbench.perf._predict import predict
 
 
 def _gather(nbytes, n, axes, kind="all-gather", count=1):

@@ -17,11 +17,11 @@ from server_async import run_async
 from traitlets.config import Config
 
 import workbench as wb
-from workbench import runs
-from workbench.mesh import make_mesh
-from workbench.server.index import RunIndex
+from workbench import _runs as runs
+from workbench._mesh import make_mesh
+from workbench.server._index import RunIndex
 from workbench.widgets import _assets
-from workbench.widgets.train_panel import TrainPanel
+from workbench.widgets._train_panel import TrainPanel
 
 CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8},
                      rules="fsdp", batch=8, seq=32, steps=3, checkpoint_every=2,

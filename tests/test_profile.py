@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.perf.calibrate import calibration_dir, load_calibration
-from workbench.perf.hlo import parse_collectives
-from workbench.perf.trace import CATEGORIES, read_trace, trace_files
-from workbench.train.profile import MAX_STEPS, ProfileError, capture, trainer_plan
+from workbench.perf._calibrate import calibration_dir, load_calibration
+from workbench.perf._hlo import parse_collectives
+from workbench.perf._trace import CATEGORIES, read_trace, trace_files
+from workbench.train._profile import MAX_STEPS, ProfileError, capture, trainer_plan
 
 CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 4, "model": 2},
                      rules="fsdp_tp", batch=8, seq=32, steps=100, checkpoint_every=100,
@@ -226,7 +226,7 @@ def test_directory_without_write_permission(tmp_path):
         ro.chmod(0o555)
         hidden = tmp_path / "x"    # under pytest's own 0700 folder: nobody cannot enter it
         code = ("import os, sys\n"
-                "from workbench.train.profile import check_directory\n"
+                "from workbench.train._profile import check_directory\n"
                 "if os.getuid() == 0: os.setgid(65534); os.setuid(65534)\n"
                 "for d in sys.argv[1:]:\n"
                 "    try: check_directory(d)\n"
@@ -320,7 +320,7 @@ def _sharded_step_ops() -> tuple[str, str, str, str]:
     its all-reduce and a memory-bound fusion (what a synthetic trace's ops are named)."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from workbench.perf.trace import _instruction_kinds
+    from workbench.perf._trace import _instruction_kinds
 
     mesh = wb.make_mesh(data=8)
     x = jax.ShapeDtypeStruct((64, 32), np.float32, sharding=NamedSharding(mesh, P("data")))
@@ -338,7 +338,7 @@ def test_device_planes_are_read_by_execution_hand_count(tmp_path):
     grouped by the "XLA Modules" execution containing them, and every category equals a
     hand count of the synthetic timeline."""
     hlo, dot, coll, other = _sharded_step_ops()
-    from workbench.perf.trace import _module_name
+    from workbench.perf._trace import _module_name
 
     # per execution (ns): dot 0-2000, other 2500-3000, all-reduce 3000-4500; module 0-6000
     ops = [(dot, 0, 2000), (other, 2500, 500), (coll, 3000, 1500)]
@@ -397,7 +397,7 @@ def _cupti_trace(tmp_path: Path, kernels: list[tuple[str, int, int]], module: st
 def _matmul_tanh_step() -> tuple[str, str]:
     """A compiled ``tanh(x @ w).sum()``: its HLO text and the name of its memory-bound
     fusion (what a GPU trace's non-matmul kernel is called)."""
-    from workbench.perf.trace import _instruction_kinds
+    from workbench.perf._trace import _instruction_kinds
 
     hlo = jax.jit(lambda x, w: jax.numpy.tanh(x @ w).sum()).lower(
         jax.ShapeDtypeStruct((64, 32), np.float32),
@@ -412,7 +412,7 @@ def test_gpu_stream_lines_are_read_by_launch_hand_count(tmp_path, graph):
     module; executions are the CUDA graph's launches (or start where the first kernel runs
     again); a cuBLAS kernel (no HLO name) counts as compute. Categories equal a hand count."""
     hlo, fusion = _matmul_tanh_step()
-    from workbench.perf.trace import _module_name
+    from workbench.perf._trace import _module_name
 
     # per launch (ns): cuBLAS gemm 0-3000, Memset 3000-3400, the fusion 4000-5000
     kernels = [("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", 0, 3000), ("Memset 0", 3000, 400),
@@ -436,7 +436,7 @@ def test_several_cuda_graph_launches_per_step_are_one_step_hand_count(tmp_path):
     (each step launches the same sequence): 4 steps, each 3 launches' kernels, the gaps
     between its launches idle (the H200 trace of the 1b step read 45 "steps" per step)."""
     hlo, fusion = _matmul_tanh_step()
-    from workbench.perf.trace import _module_name
+    from workbench.perf._trace import _module_name
 
     kernels = [("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", 0, 3000), (fusion, 4000, 1000)]
     trace = _cupti_trace(tmp_path, kernels, _module_name(hlo), 12, True)
@@ -463,8 +463,8 @@ def test_nccl_kernels_without_hlo_names_go_to_their_collectives_hand_count(tmp_p
     kernel's time, once per launch, and says how it was matched."""
     from jax.sharding import PartitionSpec as P
 
-    from workbench.perf.hlo import parse_collectives
-    from workbench.perf.trace import _module_name
+    from workbench.perf._hlo import parse_collectives
+    from workbench.perf._trace import _module_name
 
     mesh = jax.make_mesh((8,), ("data",))
 
@@ -530,7 +530,7 @@ def test_calibration_keys_collectives_that_cross_processes():
     groups span both; and reports of two device kinds are not mixed."""
     from types import SimpleNamespace
 
-    from workbench.perf.calibrate import _crosses_processes
+    from workbench.perf._calibrate import _crosses_processes
 
     r = SimpleNamespace(mesh={"data": 4, "model": 2}, processes=2)
     # device d = 2 * i_data + i_model lives in process d // 4
@@ -590,7 +590,7 @@ def test_cpu_devices_sharing_the_host_are_read_as_its_time_hand_count(tmp_path, 
     0-2000, dev3 fusion 1000-3000; then each device's all-reduce until 6000. Every op's
     host time equals a hand count of the timeline, and they account for the window."""
     hlo, dot, coll, fusion = _sharded_step_ops()
-    from workbench.perf.trace import _module_name
+    from workbench.perf._trace import _module_name
 
     ops = [(dot, 0, 0, 4000), (dot, 1, 0, 4000), (dot, 2, 0, 2000), (fusion, 3, 1000, 3000),
            (coll, 2, 2000, 6000), (coll, 3, 3000, 6000), (coll, 0, 4000, 6000),
@@ -620,8 +620,8 @@ def test_cpu_devices_sharing_the_host_are_read_as_its_time_hand_count(tmp_path, 
     assert ar.seconds == pytest.approx((4000 + 3000 + 2000 + 2000) / 4 * ns)
     assert m.categories["compute"] == pytest.approx((4000 + 4000 + 2000) / 4 * ns)
     # the report lines the prediction up against the host's time
-    from workbench.perf.predict import predict
-    from workbench.perf.profile import profile_report
+    from workbench.perf._predict import predict
+    from workbench.perf._profile import profile_report
 
     report = profile_report(predict(flops=1e6, bytes_accessed=1e6, collectives=[],
                                     mesh=wb.make_mesh(data=8)), m)
@@ -637,8 +637,8 @@ def test_cpu_collectives_pay_a_latency_per_array_and_group_hand_count():
     array, times (g + 1) / (N + 1) for a group of g of a process's N devices; a TPU or GPU
     entry keeps one latency per instruction. Calibration fits to these latencies."""
     from workbench.hardware import HardwareSpec
-    from workbench.perf.hlo import Collective
-    from workbench.perf.predict import collective_seconds
+    from workbench.perf._hlo import Collective
+    from workbench.perf._predict import collective_seconds
 
     spec = HardwareSpec(name="CPU (test)", peak_flops=1e11, memory_bytes=0, source="test",
                         platform="cpu", chips_per_host=8, hbm_bandwidth=1e10,
@@ -660,7 +660,7 @@ def test_host_load_counts_other_processes_not_this_one():
     """``HostLoad``: cores other processes kept busy (``/proc/stat`` less this process's
     CPU time). A spinning child process is about one core of it; this process spinning
     on its own is not counted."""
-    from workbench.train.profile import HostLoad
+    from workbench.train._profile import HostLoad
 
     spin = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 0.8: pass"
     child = subprocess.Popen([sys.executable, "-c", spin])
@@ -680,7 +680,7 @@ def test_host_load_counts_other_processes_not_this_one():
 
 def test_busy_core_seconds_reads_the_cores_asked_for():
     """``/proc/stat``'s per-core lines, by hand: busy is every field but idle and iowait."""
-    from workbench.train.profile import busy_core_seconds
+    from workbench.train._profile import busy_core_seconds
 
     stat = ("cpu  30 0 10 500 7 0 2 0 0 0\n"
             "cpu0 20 0 5 200 3 0 1 0 0 0\n"
@@ -711,7 +711,7 @@ def test_host_load_counts_only_the_cores_this_process_may_use():
     not load taken from it. Measured from this thread bound to core a while a child spins on
     core b and this thread spins too: the busy cores counted are at most the one core (the
     whole machine's count reads ~2)."""
-    from workbench.train.profile import HostLoad
+    from workbench.train._profile import HostLoad
 
     before = os.sched_getaffinity(0)
     # a: a core of this process's own (a pinned worker's other core is the other worker's,
@@ -766,9 +766,9 @@ def test_a_gpu_calibration_reproduces_the_profile_it_was_fitted_on(tmp_path):
     is their sum (the measured local time), not the roofline's max of the two: on an H200
     the max gave 0.54x the measured step of the very case it was fitted on (BENCHMARKS.md)."""
     hlo, fusion = _matmul_tanh_step()
-    from workbench.perf.predict import predict
-    from workbench.perf.profile import profile_report
-    from workbench.perf.trace import _module_name
+    from workbench.perf._predict import predict
+    from workbench.perf._profile import profile_report
+    from workbench.perf._trace import _module_name
 
     kernels = [("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", 0, 3000), (fusion, 3000, 4000)]
     m = read_trace(_cupti_trace(tmp_path, kernels, _module_name(hlo), 4, True),

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from _noise import THIRD_PARTY_NOISE
-from workbench.hardware.libtpu import libtpu_installed, tpu_chips_attached
-from workbench.train.checkpoint import Checkpoints
+from workbench.hardware._libtpu import libtpu_installed, tpu_chips_attached
+from workbench.train._checkpoint import Checkpoints
 
 SCRIPT = """
 import workbench as wb
@@ -25,7 +25,7 @@ print(jax.device_count(), jax.devices()[0].platform)
 
 #: Pretends TPU chips are attached, as on a TPU VM: simulate_devices must then leave
 #: JAX's TPU backend to start (here libtpu loads, finds no TPU and says so).
-AS_ON_A_TPU_VM = ("import workbench.hardware.libtpu as libtpu\n"
+AS_ON_A_TPU_VM = ("import workbench.hardware._libtpu as libtpu\n"
                   "libtpu.tpu_chips_attached = lambda: True")
 
 
@@ -40,7 +40,7 @@ def _run(script: str) -> subprocess.CompletedProcess[str]:
 #: How ``python -m workbench train`` (and a launched worker) starts JAX: without
 #: JAX_PLATFORMS or --platform, JAX picks the platform.
 CLI_WORKER = """
-from workbench.jobs.cluster import DistributedSpec, initialize
+from workbench.jobs._cluster import DistributedSpec, initialize
 print(initialize(DistributedSpec()))
 import jax
 print(jax.devices()[0].platform)
@@ -90,7 +90,7 @@ def test_read_only_checkpoints_log_nothing_and_other_absl_lines_pass(tmp_path, c
 
 
 def test_the_read_only_filter_drops_only_that_notice_for_that_directory(tmp_path, caplog):
-    from workbench.train.checkpoint import _without_read_only_notice
+    from workbench.train._checkpoint import _without_read_only_notice
 
     absl = logging.getLogger("absl")
     with caplog.at_level(logging.WARNING, logger="absl"):

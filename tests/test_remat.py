@@ -8,11 +8,11 @@ from flax import nnx
 from jax._src.ad_checkpoint import saved_residuals
 
 import workbench as wb
-from workbench.flops import gpt_flops
+from workbench._flops import gpt_flops
 from workbench.models import GPT, GPTConfig
-from workbench.models.config import OFFLOAD_PLATFORMS, REMAT_POLICIES, remat_policy
-from workbench.planning.flags import OVERLAP_FLAGS, compile_options
-from workbench.step import lm_loss
+from workbench.models._config import OFFLOAD_PLATFORMS, REMAT_POLICIES, remat_policy
+from workbench.planning._flags import OVERLAP_FLAGS, compile_options
+from workbench._step import lm_loss
 
 from _tolerance import assert_close_at_scale
 

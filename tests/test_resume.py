@@ -15,7 +15,7 @@ import time
 import pytest
 
 import workbench as wb
-from workbench import runs
+from workbench import _runs as runs
 
 pytestmark = pytest.mark.multiprocess   # each test kills a training child process
 

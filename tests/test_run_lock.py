@@ -16,10 +16,10 @@ import time
 import pytest
 
 import workbench as wb
-from workbench import runs
+from workbench import _runs as runs
 from workbench.jobs import EXIT_STOPPED, JobRunningError, RunLock
-from workbench.run_lock import LAUNCHED_ENV, RunDirNotWritable
-from workbench.train.sinks import Sink
+from workbench._run_lock import LAUNCHED_ENV, RunDirNotWritable
+from workbench.train._sinks import Sink
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 
@@ -277,7 +277,7 @@ def test_train_takes_the_lock_from_the_runs_layer_not_from_jobs():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [(path.name, n) for n in names if n.startswith("workbench.jobs")]
     assert not found, found
-    from workbench.run_lock import RunLock
-    from workbench.train import trainer
+    from workbench._run_lock import RunLock
+    from workbench.train import _trainer as trainer
 
     assert trainer.RunLock is RunLock

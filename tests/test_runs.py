@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench import _tail, runs
+from workbench import _tail, _runs as runs
 
 
 def _write(run_dir: Path, steps: range, **extra: float) -> None:
@@ -202,7 +202,7 @@ def test_effective_status_of_a_dead_writer(tmp_path: Path) -> None:
 
 
 def test_runs_imports_neither_jax_nor_numpy() -> None:
-    code = "import sys, workbench.runs; print('jax' in sys.modules, 'numpy' in sys.modules)"
+    code = "import sys, workbench._runs; print('jax' in sys.modules, 'numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 
@@ -229,7 +229,7 @@ def test_pid_alive_on_this_host() -> None:
 
 
 def test_one_pid_check_for_runs_and_job_locks(tmp_path: Path) -> None:
-    from workbench import run_lock as lock
+    from workbench import _run_lock as lock
 
     assert lock.pid_alive is runs.pid_alive
     w = runs.RunWriter(tmp_path / "r", config={})

@@ -11,9 +11,9 @@ import subprocess
 import pytest
 
 import workbench as wb
-from workbench.layouts import format_bytes
+from workbench._layouts import format_bytes
 from workbench.models import GPTConfig
-from workbench.topology import tpu_compiler_available
+from workbench._topology import tpu_compiler_available
 
 TINY = GPTConfig.preset("tiny")
 HW, BATCH, SEQ = "v5e-8", 16, 128
@@ -214,7 +214,7 @@ def test_explicit_mesh_shapes(res):
 
 
 def test_text_and_payload(res):
-    from workbench.widgets.search_view import search_figure, search_payload
+    from workbench.widgets._search_view import search_figure, search_payload
 
     text = str(res)
     assert all(r["layout"] in text for r in res.rows) and repr(res).startswith("<SearchResult")
@@ -235,7 +235,7 @@ def test_text_and_payload(res):
 
 
 def test_figure_marks_the_fitting_region(tight):
-    from workbench.widgets.search_view import search_figure
+    from workbench.widgets._search_view import search_figure
 
     result, limit = tight
     fig = search_figure(result)
@@ -255,7 +255,7 @@ NODE = shutil.which("node")
 @pytest.mark.skipif(NODE is None, reason="node is not installed")
 def test_widget_renders_every_row_and_filters(res, tmp_path):
     from workbench.widgets import _assets
-    from workbench.widgets.search_view import search_payload
+    from workbench.widgets._search_view import search_payload
 
     here = pathlib.Path(__file__).parent / "widgets_js"
     (tmp_path / "search.mjs").write_text(_assets.esm("search"))
@@ -281,8 +281,8 @@ def test_rows_are_typed_and_read_as_dicts(res):
     """Each row is a ``SearchRow`` with the ``ROW_KEYS``; it reads (and is filled) as a dict,
     so tables, the widget and JSON take it; the options the search ran with are one typed
     ``SearchOptions`` whose checks are wb.search's."""
-    from workbench.planning.search import SearchOptions, SearchRow
-    from workbench.planning.search_result import ROW_KEYS
+    from workbench.planning._search import SearchOptions, SearchRow
+    from workbench.planning._search_result import ROW_KEYS
 
     for r in res.rows:
         assert isinstance(r, SearchRow) and set(r) == set(ROW_KEYS) and len(r) == len(ROW_KEYS)

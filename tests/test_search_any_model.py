@@ -56,7 +56,7 @@ def test_guide_model_searches_meshes_with_its_axes():
                       memory_limit=LIMIT, progress=False)
         assert r["analytic_memory_per_device"] == ref.memory["total"]
     assert "guide of" in res.summary()
-    from workbench.widgets.search_view import search_payload
+    from workbench.widgets._search_view import search_payload
 
     payload = search_payload(res)   # the widget's rows, JSON as the browser gets them
     assert json.loads(json.dumps(payload, allow_nan=False)) == payload
@@ -66,7 +66,7 @@ def test_guide_model_searches_meshes_with_its_axes():
 def test_search_without_a_memory_limit_draws(tmp_path):
     """On CPU devices the memory per device is unknown: every row says so, and the
     figure's hover text says 'limit unknown'."""
-    from workbench.widgets.search_view import search_figure
+    from workbench.widgets._search_view import search_figure
 
     res = wb.search(guide_spec(), batch=16, exact=False, progress=False)
     assert all(r["fits"] is None for r in res.rows)

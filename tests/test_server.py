@@ -18,9 +18,9 @@ from pytest_jupyter.jupyter_server import *  # its fixtures, for this module onl
 from server_async import run_async
 from traitlets.config import Config
 
-from workbench import runs
-from workbench.server.hub import Hub
-from workbench.server.index import RunIndex
+from workbench import _runs as runs
+from workbench.server._hub import Hub
+from workbench.server._index import RunIndex
 
 # pytest-jupyter's fixtures are imported above rather than registered with `pytest_plugins`:
 # registered, its autouse event-loop fixture would run around every test of the session and
@@ -386,8 +386,8 @@ async def test_hub_sends_each_subscriber_its_changes_while_anyone_listens(tmp_pa
 
 
 def test_server_modules_never_import_jax() -> None:
-    code = ("import sys, workbench.server, workbench.server.app, workbench.server.handlers, "
-            "workbench.server.hub; "
+    code = ("import sys, workbench.server, workbench.server._app, workbench.server._handlers, "
+            "workbench.server._hub; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'numpy')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -28,7 +28,7 @@ from pytest_jupyter.jupyter_server import *  # its fixtures, for this module onl
 from server_async import run_async
 from traitlets.config import Config
 
-from workbench import _tail, runs
+from workbench import _tail, _runs as runs
 
 GOOD_STEPS = 40
 STATUSES = (*runs.STATUSES, "error")

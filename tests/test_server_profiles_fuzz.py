@@ -36,8 +36,8 @@ from test_server_fuzz import (
 )
 from traitlets.config import Config
 
-from workbench import _run_file, runs
-from workbench.server import profiles
+from workbench import _run_file, _runs as runs
+from workbench.server import _profiles as profiles
 
 SECRET = "secret-term-outside-the-run"
 READ_TIMEOUT = 1.5

@@ -9,8 +9,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workbench.models import GPTConfig
-from workbench.rules import Rules
-from workbench.step import (
+from workbench._rules import Rules
+from workbench._step import (
     TrainState,
     abstract_model,
     abstract_state,

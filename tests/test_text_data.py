@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from workbench.data import DataError, Dataset, Tokenizer, build_token_cache, prepare
-from workbench.data.files import list_files
+from workbench.data._files import list_files
 from workbench.train import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("wb_cache")

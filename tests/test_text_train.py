@@ -16,8 +16,8 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench import runs
-from workbench.step import lm_loss
+from workbench import _runs as runs
+from workbench._step import lm_loss
 
 #: the module's reference run trains 30 steps (tens of seconds on 2 cores)
 pytestmark = pytest.mark.slow
@@ -166,8 +166,8 @@ def test_a_2x2_job_reads_its_slices_and_resumes_bitwise_after_sigkill(setup, tmp
 
     from tests.test_jobs import _alive, _committed_steps, _losses, _wait_for
     from workbench.jobs import launch
-    from workbench.jobs.local import free_port
-    from workbench.widgets.job_view import job_payload
+    from workbench.jobs._local import free_port
+    from workbench.widgets._job_view import job_payload
 
     cfg, ref = setup["cfg"].replace(mesh={"data": 4}), setup["ref"]
     whole = launch(cfg, processes=2, devices_per_process=2, run_dir=tmp_path / "whole",

@@ -12,8 +12,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import workbench as wb
-from workbench.perf.hlo import parse_collectives
-from workbench.topology import topology_name, tpu_compiler_available, tpu_devices, tpu_target
+from workbench.perf._hlo import parse_collectives
+from workbench._topology import topology_name, tpu_compiler_available, tpu_devices, tpu_target
 
 needs_libtpu = pytest.mark.skipif(
     not tpu_compiler_available(),
@@ -131,7 +131,7 @@ def test_v4_compiles_in_megacore_mode_like_jax_itself():
 
 def test_without_libtpu_plans_fall_back_with_a_reason():
     code = ("import sys; sys.modules['libtpu'] = None\n"
-            "import workbench as wb\nfrom workbench.topology import tpu_target\n"
+            "import workbench as wb\nfrom workbench._topology import tpu_target\n"
             "t = tpu_target(wb.abstract_mesh('v5p-8', data=4)); print(t.mesh is None, t.reason)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": ""})
@@ -143,7 +143,7 @@ def test_libtpu_stays_quiet_on_a_host_without_tpus():
     """wb.devices() (which keeps libtpu quiet, explicitly: importing changes nothing), then
     jax.devices() and a TPU topology: no noise."""
     code = ("import workbench as wb, jax; wb.devices(); print(jax.devices()[0].platform)\n"
-            "from workbench.topology import tpu_devices; print(len(tpu_devices('v5e-4')))")
+            "from workbench._topology import tpu_devices; print(len(tpu_devices('v5e-4')))")
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, env=env)

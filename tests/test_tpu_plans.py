@@ -20,15 +20,15 @@ import pytest
 from jax.sharding import AxisType, Mesh
 
 import workbench as wb
-from workbench.planning.flags import OVERLAP_FLAGS
-from workbench.mesh import mesh_info
+from workbench.planning._flags import OVERLAP_FLAGS
+from workbench._mesh import mesh_info
 from workbench.models import GPTConfig
-from workbench.planning import compile as plan_compile
-from workbench.perf.hlo import parse_collectives
-from workbench.rules import Rules
-from workbench.step import abstract_batch, abstract_train_state, jit_train_step, make_train_step
-from workbench.step import model_factory
-from workbench.topology import tpu_compiler_available
+from workbench.planning import _compile as plan_compile
+from workbench.perf._hlo import parse_collectives
+from workbench._rules import Rules
+from workbench._step import abstract_batch, abstract_train_state, jit_train_step, make_train_step
+from workbench._step import model_factory
+from workbench._topology import tpu_compiler_available
 
 pytestmark = [
     pytest.mark.tpu,                 # every test compiles for an abstract TPU slice
@@ -144,10 +144,10 @@ def test_a_layout_the_tpu_compiler_cannot_take_is_an_estimate_with_the_lint():
 
 
 def test_missing_tpu_compiler_falls_back_and_says_so_once(monkeypatch, capsys):
-    import workbench.topology as topology
+    import workbench._topology as topology
 
     monkeypatch.setattr(topology, "tpu_compiler_available", lambda: False)
-    monkeypatch.setattr("workbench.planning.measure._SAID", set())
+    monkeypatch.setattr("workbench.planning._measure._SAID", set())
     mesh = wb.abstract_mesh("v5p-8", **AXES)
     first = wb.plan(TINY, mesh=mesh, rules="fsdp", batch=8, seq=32)
     second = wb.plan(TINY, mesh=mesh, rules="tp", batch=8, seq=32)
@@ -229,7 +229,7 @@ def test_a_plan_with_a_kernel_has_one_cache_key_wherever_jax_is_installed(tmp_pa
     (and tests/tpu_plans) serves it."""
     code = ("import hashlib, json, workbench as wb\n"
             "from workbench.models import GPTConfig\n"
-            "from workbench.planning import compile as pc, measure\n"
+            "from workbench.planning import _compile as pc, _measure as measure\n"
             "out = []\n"
             "def record(lowered, devices, **kw):\n"
             "    out.append([pc.fingerprint(lowered, devices, kw.get('options')),\n"
@@ -277,7 +277,7 @@ def test_ctrl_c_while_compiling_returns_at_once_and_the_compile_is_kept(tmp_path
         return real(*args, **{**kwargs, "status": status})
 
     plan_compile.clear_cache()
-    from workbench.planning import measure as planner
+    from workbench.planning import _measure as planner
     planner.compile_lowered = with_interrupt
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -321,7 +321,7 @@ def test_multislice_plan_compiles_with_dcn_collectives():
 
 def test_plan_widget_shows_source_and_prediction(tpu_plan, tmp_path):
     from workbench.widgets import _assets
-    from workbench.widgets.plan_view import plan_payload
+    from workbench.widgets._plan_view import plan_payload
 
     payload = plan_payload(tpu_plan)
     assert payload["source"] == "tpu-compiler"
@@ -349,7 +349,7 @@ def test_collectives_inside_a_scanned_loop_count_once_per_iteration():
     loop body's instructions by the trip count read from the loop condition."""
     from jax.sharding import PartitionSpec as P
 
-    from workbench.perf.hlo import loop_trip_counts
+    from workbench.perf._hlo import loop_trip_counts
 
     mesh = wb.make_mesh(data=8)
 

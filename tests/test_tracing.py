@@ -18,12 +18,12 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench import step as S
-from workbench import tracing
-from workbench.models import GPT, GPTConfig, moe
-from workbench.models.gpt import stack_blocks
-from workbench.models.pipeline import Pipeline, activate
-from workbench.rules import Rules, constrain, recording
+from workbench import _step as S
+from workbench import _tracing as tracing
+from workbench.models import GPT, GPTConfig, _moe as moe
+from workbench.models._gpt import stack_blocks
+from workbench.models._pipeline import Pipeline, activate
+from workbench._rules import Rules, constrain, recording
 
 from _tolerance import assert_close_at_scale
 

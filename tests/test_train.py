@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench import runs
+from workbench import _runs as runs
 from workbench.data import ShardedBatches
-from workbench.flops import gpt_flops
-from workbench.mesh import make_mesh
-from workbench.rules import Rules
-from workbench.step import (
+from workbench._flops import gpt_flops
+from workbench._mesh import make_mesh
+from workbench._rules import Rules
+from workbench._step import (
     batch_shardings,
     init_state,
     jit_train_step,
     make_train_step,
     state_shardings,
 )
-from workbench.train.setup import RunConfigMismatch
+from workbench.train._setup import RunConfigMismatch
 
 from _tolerance import assert_close_at_scale
 
@@ -52,7 +52,7 @@ def reference(tmp_path_factory):
 
 
 def bare_losses(cfg, n):
-    """The same steps by hand: workbench.step + the same data, no Trainer."""
+    """The same steps by hand: workbench._step + the same data, no Trainer."""
     mesh = make_mesh(dict(cfg.mesh))
     rules = Rules.preset(cfg.rules, mesh)
     tx = cfg.optimizer.build(cfg.steps)
@@ -283,7 +283,7 @@ def test_run_result_and_repr(reference):
 
 # ----------------------------------------------------------------------------- the panel
 def test_panel_batches_updates_and_shows_the_whole_run_after_resume(reference, tmp_path):
-    from workbench.widgets.train_panel import TrainPanel
+    from workbench.widgets._train_panel import TrainPanel
 
     _, run_dir = reference
     panel = TrainPanel(run_dir, target=400, start=6, rate=10.0)
@@ -346,7 +346,7 @@ def test_panel_js_draws_history_and_live_rows(tmp_path):
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
-    from workbench.widgets.train_panel import STATIC
+    from workbench.widgets._train_panel import STATIC
 
     (tmp_path / "h.mjs").write_text(_HARNESS)
     state = {"info": {"name": "tiny", "run_dir": "runs/tiny", "peak_source": "measured"},

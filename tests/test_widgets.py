@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench.layouts import layout
-from workbench.mesh import abstract_mesh, make_mesh, mesh_info
-from workbench.rules import Rules
-from workbench.widgets import _VIEWS, show, view_for
+from workbench._layouts import layout
+from workbench._mesh import abstract_mesh, make_mesh, mesh_info
+from workbench._rules import Rules
+from workbench.widgets import show, view_for
+from workbench.widgets._show import _VIEWS
 from workbench.widgets._payload import layout_payload, mesh_payload
-from workbench.pytrees import tree_layouts
+from workbench._pytrees import tree_layouts
 from workbench.widgets._tree_payload import tree_payload
 
 
@@ -216,10 +217,10 @@ def test_show_dispatches_each_kind(mesh):
     from flax import nnx
 
     from workbench.hardware import devices
-    from workbench.widgets.devices_view import DevicesWidget
-    from workbench.widgets.layout_view import LayoutWidget
-    from workbench.widgets.mesh_view import MeshWidget
-    from workbench.widgets.tree_view import TreeView
+    from workbench.widgets._devices_view import DevicesWidget
+    from workbench.widgets._layout_view import LayoutWidget
+    from workbench.widgets._mesh_view import MeshWidget
+    from workbench.widgets._tree_view import TreeView
 
     x = jax.device_put(np.zeros((8, 4), np.float32), NamedSharding(mesh, P("data")))
     assert isinstance(show(mesh), MeshWidget) and isinstance(show(mesh_info(mesh)), MeshWidget)
@@ -283,7 +284,7 @@ def test_every_workbench_object_displays_through_its_own_view():
         assert obj._repr_mimebundle_() == {"text/plain": repr(obj)}  # not in a notebook
     # foreign types go through the registry, which holds nothing of workbench's own
     assert all(not k.startswith("workbench.") for k in _VIEWS)
-    assert view_for(m) == "workbench.widgets.mesh_view:mesh_widget"
+    assert view_for(m) == "workbench.widgets._mesh_view:mesh_widget"
     code = ("import sys, workbench.widgets as w; "
             "bad = [m for m in ('anywidget', 'ipywidgets', 'IPython', 'jax', 'workbench.planning') "
             "if m in sys.modules]; assert not bad, bad")

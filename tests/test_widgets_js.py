@@ -14,8 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from workbench.layouts import layout
-from workbench.mesh import abstract_mesh, make_mesh
+from workbench._layouts import layout
+from workbench._mesh import abstract_mesh, make_mesh
 from workbench.widgets import _assets
 from workbench.widgets._payload import devices_payload, layout_payload, mesh_payload
 from workbench.widgets._tree_payload import tree_payload
@@ -266,7 +266,7 @@ def _gpt():
 
 
 def test_tree_table_sorts_selects_and_draws_memory_bars(tmp_path):
-    from workbench.rules import Rules
+    from workbench._rules import Rules
 
     mesh = make_mesh(data=4, model=2)
     p = tree_payload(_gpt(), mesh=mesh, rules=Rules.preset("fsdp_tp", mesh))
@@ -316,9 +316,9 @@ def test_devices_table(tmp_path):
 
 
 def test_profile_widget_draws_one_pair_of_bars_per_term(tmp_path):
-    from workbench.perf.profile import profile_report
-    from workbench.perf.trace import StepProfile
-    from workbench.widgets.profile_view import profile_payload
+    from workbench.perf._profile import profile_report
+    from workbench.perf._trace import StepProfile
+    from workbench.widgets._profile_view import profile_payload
 
     pred = {"step_seconds": 0.03, "sources": {}, "breakdown": {
         "compute": 0.01, "memory": 0.012, "communication": 0.008,

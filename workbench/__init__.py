@@ -9,11 +9,11 @@ Usage::
     wb.show(wb.layout((64, 2048), ("data", "model"), mesh))
 
 Importing ``workbench`` has no side effects and imports nothing heavy: every public
-name is resolved on first use (PEP 562), so ``workbench.server`` and ``workbench.runs``
+name is resolved on first use (PEP 562), so ``workbench.server`` and ``workbench._runs``
 can be imported by the Jupyter server without importing JAX.
 
 No submodule shares a name with a public function (``wb.layout`` is a function defined in
-``workbench.layouts``, ``wb.plan`` in ``workbench.planning``, ``wb.devices`` in
+``workbench._layouts``, ``wb.plan`` in ``workbench.planning``, ``wb.devices`` in
 ``workbench.hardware``, ``wb.launch`` in ``workbench.jobs``), so what a name is never
 depends on what was imported first.
 """
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from workbench import _moved
 
 __version__ = "0.1.0"
 
@@ -30,21 +32,21 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "devices": ("workbench.hardware", "devices"),
     "DeviceInfo": ("workbench.hardware", "DeviceInfo"),
     "peak_flops": ("workbench.hardware", "peak_flops"),
-    "make_mesh": ("workbench.mesh", "make_mesh"),
-    "abstract_mesh": ("workbench.mesh", "abstract_mesh"),
-    "MeshInfo": ("workbench.mesh", "MeshInfo"),
-    "layout": ("workbench.layouts", "layout"),
-    "Layout": ("workbench.layouts", "Layout"),
-    "Rules": ("workbench.rules", "Rules"),
+    "make_mesh": ("workbench._mesh", "make_mesh"),
+    "abstract_mesh": ("workbench._mesh", "abstract_mesh"),
+    "MeshInfo": ("workbench._mesh", "MeshInfo"),
+    "layout": ("workbench._layouts", "layout"),
+    "Layout": ("workbench._layouts", "Layout"),
+    "Rules": ("workbench._rules", "Rules"),
     "plan": ("workbench.planning", "plan"),
     "Plan": ("workbench.planning", "Plan"),
     "compare": ("workbench.planning", "compare"),
-    "search": ("workbench.planning.search", "search"),
-    "SearchResult": ("workbench.planning.search", "SearchResult"),
+    "search": ("workbench.planning._search", "search"),
+    "SearchResult": ("workbench.planning._search", "SearchResult"),
     "PlanOptions": ("workbench.planning", "PlanOptions"),
-    "calibrate": ("workbench.perf.calibrate", "calibrate"),
-    "remove_calibration": ("workbench.perf.calibrate", "remove_calibration"),
-    "profile_step": ("workbench.train.profile", "profile_step"),
+    "calibrate": ("workbench.perf._calibrate", "calibrate"),
+    "remove_calibration": ("workbench.perf._calibrate", "remove_calibration"),
+    "profile_step": ("workbench.train._profile", "profile_step"),
     "TrainConfig": ("workbench.train", "TrainConfig"),
     "Trainer": ("workbench.train", "Trainer"),
     "launch": ("workbench.jobs", "launch"),
@@ -56,15 +58,19 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "TPUSlice": ("workbench.jobs", "TPUSlice"),
     "show": ("workbench.widgets", "show"),
     "exercise": ("workbench.exercises", "exercise"),
-    "generate": ("workbench.models.generate", "generate"),
+    "generate": ("workbench.models._generate", "generate"),
     "models": ("workbench.models", None),
     "hf": ("workbench.hf", None),
+    "perf": ("workbench.perf", None),
+    "hardware": ("workbench.hardware", None),
     "runs": ("workbench.runs", None),
     "data": ("workbench.data", None),
     "train": ("workbench.train", None),
 }
 
 __all__ = sorted(_EXPORTS)
+
+_moved.install()   # old module paths (workbench.perf.predict, ...) import with a warning
 
 
 def __getattr__(name: str) -> Any:
@@ -83,17 +89,17 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from workbench import data, hf, models, runs, train
+    from workbench import data, hardware, hf, models, perf, runs, train
     from workbench.hardware import DeviceInfo, devices, peak_flops, simulate_devices
     from workbench.exercises import exercise
     from workbench.jobs import Hosts, Job, Local, Slurm, TPUSlice, attach, launch
-    from workbench.layouts import Layout, layout
-    from workbench.mesh import MeshInfo, abstract_mesh, make_mesh
-    from workbench.models.generate import generate
+    from workbench._layouts import Layout, layout
+    from workbench._mesh import MeshInfo, abstract_mesh, make_mesh
+    from workbench.models._generate import generate
     from workbench.planning import Plan, PlanOptions, compare, plan
-    from workbench.perf.calibrate import calibrate, remove_calibration
-    from workbench.planning.search import SearchResult, search
-    from workbench.train.profile import profile_step
-    from workbench.rules import Rules
+    from workbench.perf._calibrate import calibrate, remove_calibration
+    from workbench.planning._search import SearchResult, search
+    from workbench.train._profile import profile_step
+    from workbench._rules import Rules
     from workbench.train import TrainConfig, Trainer
     from workbench.widgets import show

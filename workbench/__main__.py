@@ -63,7 +63,7 @@ def _add_distributed(p: argparse.ArgumentParser) -> None:
 
 
 def _spec(args: argparse.Namespace):  # -> DistributedSpec (import kept lazy)
-    from workbench.jobs.cluster import DistributedSpec, validate
+    from workbench.jobs._cluster import DistributedSpec, validate
 
     spec = DistributedSpec(mode=args.distributed, coordinator=args.coordinator,
                            num_processes=args.num_processes, process_id=args.process_id,
@@ -129,7 +129,7 @@ def _checked_config(args: argparse.Namespace, path: str) -> object:
     no traceback) naming the file and what is wrong, before any run directory exists."""
     import json
 
-    from workbench.jobs.worker import load_config
+    from workbench.jobs._worker import load_config
 
     try:
         return load_config(path)
@@ -140,7 +140,7 @@ def _checked_config(args: argparse.Namespace, path: str) -> object:
 
 def _train(args: argparse.Namespace) -> int:
     from workbench._validate import no_new_empty_dirs
-    from workbench.jobs import worker
+    from workbench.jobs import _worker as worker
 
     config = args.config_opt or args.config_file
     if not config:
@@ -194,7 +194,7 @@ def _when(updated: object) -> str:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from workbench import runs
+    from workbench import _runs as runs
 
     found = runs.list_runs(args.roots)
     if not found:
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _launch(args)
     if args.command == "runs":
         return _runs(args)
-    from workbench.jobs import worker
+    from workbench.jobs import _worker as worker
 
     code = 1
     try:

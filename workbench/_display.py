@@ -88,7 +88,7 @@ def text_stream(tokenizer: Any = None) -> Callable[[Any], None]:
     """The sink of ``wb.generate(stream=True)``: in a notebook a live ``GenerationView`` in
     the cell (through ``workbench.widgets``), elsewhere the text on stdout as it comes."""
     if in_notebook():
-        from workbench.widgets.generation_view import stream_widget
+        from workbench.widgets._generation_view import stream_widget
 
         return stream_widget(tokenizer)
     return _TextStream(tokenizer)

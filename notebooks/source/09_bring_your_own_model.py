@@ -116,7 +116,7 @@ penzai_model = wb.models.from_penzai(
 
 # %% [markdown]
 # penzai's axis names (`embedding`, `neurons`, `head_groups`, `query_heads`,
-# `projection`, `vocabulary`) become logical axes; `wb.rules.penzai_rules` maps them
+# `projection`, `vocabulary`) become logical axes; `wb.models.penzai_rules` maps them
 # from Workbench's (`embed`, `mlp`, `kv_heads`, `heads`, `head_dim`, `vocab`), so the
 # same preset shards both models the same way:
 

@@ -20,8 +20,7 @@
 import numpy as np
 
 import workbench as wb
-from workbench.models import GPTConfig
-from workbench.models.pipeline import Pipeline
+from workbench.models import GPTConfig, Pipeline
 
 wb.simulate_devices(8)
 

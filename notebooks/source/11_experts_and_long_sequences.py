@@ -17,7 +17,6 @@ import jax
 import plotly.graph_objects as go
 
 from workbench.models import GPTConfig
-from workbench.models import context as cp
 
 MiB, GiB = 2**20, 2**30
 
@@ -42,7 +41,7 @@ for name in ("moe-tiny", "moe-small", "mixtral-8x7b", "qwen3-30b-a3b", "qwen1.5-
 # not model work), memory counts every expert:
 
 # %%
-from workbench.flops import gpt_flops
+from workbench.perf.formulas import gpt_flops
 
 mixtral = GPTConfig.preset("mixtral-8x7b")
 print(gpt_flops(mixtral, batch=1, seq=4096))
@@ -298,17 +297,17 @@ print(f"{len(permutes)} collective-permutes in the compiled step, result shapes 
 
 # %%
 n = 8
-fig = go.Figure([go.Bar(name=f"contiguous (busiest: {max(cp.blocks_per_device(n, zigzag=False)):g})",
-                        x=list(range(n)), y=cp.blocks_per_device(n, zigzag=False)),
-                 go.Bar(name=f"zig-zag (busiest: {max(cp.blocks_per_device(n, zigzag=True)):g})",
-                        x=list(range(n)), y=cp.blocks_per_device(n, zigzag=True))])
+fig = go.Figure([go.Bar(name=f"contiguous (busiest: {max(wb.models.blocks_per_device(n, zigzag=False)):g})",
+                        x=list(range(n)), y=wb.models.blocks_per_device(n, zigzag=False)),
+                 go.Bar(name=f"zig-zag (busiest: {max(wb.models.blocks_per_device(n, zigzag=True)):g})",
+                        x=list(range(n)), y=wb.models.blocks_per_device(n, zigzag=True))])
 fig.update_layout(title="Ring attention: score blocks computed per device (context=8)",
                   xaxis_title="device along the context axis",
                   yaxis_title="(T/n x T/n) blocks", barmode="group", height=330)
 fig
 
 # %%
-print("device 0 holds tokens", cp.zigzag_order(64, 4)[:16].tolist())
+print("device 0 holds tokens", wb.models.zigzag_order(64, 4)[:16].tolist())
 
 # %% [markdown]
 # ### A 128k-token sequence on a pod

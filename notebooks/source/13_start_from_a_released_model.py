@@ -1,19 +1,48 @@
 # %% [markdown]
-# # 13 · Start from a released model: Hugging Face weights in, fine-tune, generate, out
+# # 13 · Start from a released model: a Hub id in, LoRA fine-tune, a Hugging Face folder out
 #
-# Most training starts from someone's released weights, in the Hugging Face layout
-# (`config.json` + `*.safetensors`), and ends by handing a checkpoint back in that layout.
-# This notebook:
+# Most work starts from someone's released weights. This notebook takes a model by its
+# Hugging Face Hub id, the way `transformers` and vLLM name it, and:
 #
-# 1. makes a small model folder in that layout here (random weights: a stand-in for a
-#    download; a Qwen3-style model, with per-head q/k norms),
-# 2. imports it with `wb.hf.from_hf`, straight into a sharded layout, and shows where
-#    each tensor landed,
-# 3. asks it to write something, fine-tunes it a few steps on local text, and asks again,
-# 4. exports the fine-tuned run as a Hugging Face folder and loads it back.
+# 1. reads its `config.json` and **plans** it on a mesh: memory per device, before a
+#    byte of weights is read;
+# 2. **loads** it straight into a sharded layout on 8 (simulated) devices, with its own
+#    tokenizer and chat template;
+# 3. asks it to **write**, from a prompt and from chat messages;
+# 4. **fine-tunes** it with LoRA on a few notes of local text (only small adapter matrices
+#    train; the released weights stay frozen), a run that resumes where it stopped;
+# 5. asks again, and **exports** the result as a Hugging Face folder (merged weights) and
+#    as a PEFT adapter.
 #
-# Nothing is downloaded. The same calls read a real Llama, Mistral, Qwen2/3, Mixtral or
-# Qwen-MoE folder.
+# ### Which model
+#
+# `MODEL` below is any Hub id of the Llama, Mistral, Qwen2/3, Mixtral or Qwen-MoE
+# families with safetensors weights. Small ones that suit a laptop or a teaching VM:
+#
+# | model | Hub id | parameters | inference | full fine-tuning | LoRA |
+# |---|---|---|---|---|---|
+# | SmolLM2-135M | `HuggingFaceTB/SmolLM2-135M-Instruct` | 0.13 B | 0.3 GB | 3.2 GB | 2.4 GB |
+# | SmolLM2-360M | `HuggingFaceTB/SmolLM2-360M-Instruct` | 0.36 B | 0.8 GB | 6.3 GB | 4.1 GB |
+# | Qwen3-0.6B | `Qwen/Qwen3-0.6B` | 0.60 B | 1.4 GB | 8.1 GB | 4.6 GB |
+# | Llama-3.2-1B | `meta-llama/Llama-3.2-1B-Instruct` | 1.24 B | 2.5 GB | 12.3 GB | 5.0 GB |
+# | SmolLM2-1.7B | `HuggingFaceTB/SmolLM2-1.7B-Instruct` | 1.71 B | 3.8 GB | 17.3 GB | 7.1 GB |
+#
+# Memory is the computer's RAM on a laptop (JAX on its CPU, one device), with the weights
+# in the checkpoint's own bfloat16, as `wb.plan` counts it from each model's `config.json`
+# (`python -m benchmarks.bench_lora_plans` prints this table): inference is the weights
+# plus a KV cache of 2048 tokens; fine-tuning is one step of 1 × 1024 tokens with AdamW
+# (weights, gradients, optimizer state, activations), LoRA being rank 16 on the attention
+# projections. Shorter sequences need less: the activations of 1024 tokens are a large
+# part of the LoRA column. The 8 simulated devices below share that same RAM; the plan
+# cell prints what each of them holds (together more than one device would hold:
+# some tensors are copied on several). Two caveats: Llama 3.2 is gated (accept its
+# licence on its Hub page, then `hf auth login`), and its `config.json` asks for Llama 3's
+# RoPE scaling, which `from_hf` does not implement yet: it refuses the model and says so
+# (its row is the plan, for when it does).
+#
+# The first run downloads the model into the Hugging Face cache (`~/.cache/huggingface`,
+# shared with `transformers`); every later run reads it from there, and with
+# `HF_HUB_OFFLINE=1` nothing is asked of the network at all.
 
 # %%
 import workbench as wb
@@ -25,40 +54,51 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+import optax
+
+MODEL = "Qwen/Qwen3-0.6B"   # or "HuggingFaceTB/SmolLM2-360M-Instruct", ...
 
 # %% [markdown]
-# ## A "released" model folder
+# ## Plan it before reading the weights
 #
-# A byte-level Qwen3-style model (256 token ids: one per byte), exported with
-# `wb.hf.to_hf`: the files a download would give you. `to_hf` writes into a temporary
-# folder and renames it when complete, so a folder that exists is whole.
+# `wb.hf.hf_config` fetches and reads `config.json` only, and turns it into the
+# workbench's own `GPTConfig`. `wb.plan` builds the training step for that shape on a mesh
+# of 4 × 2 devices (FSDP over `data`, tensor parallel over `model`) without allocating it,
+# and says what each device will hold. The same plan with LoRA adapters shows what
+# fine-tuning only the adapters saves: no gradients and no optimizer state for the
+# frozen weights. `compile=False` counts by formula, in a second; without it the
+# compiler first builds the whole step for these devices and reports its own numbers.
 
 # %%
-released = Path("released-qwen3")
-if not released.exists():
-    cfg0 = wb.models.GPTConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4,
-                               n_kv_heads=2, head_dim=16, d_ff=128, seq_len=128,
-                               qk_norm=True, norm_eps=1e-6, rope_theta=1e6)
-    stand_in = wb.models.GPT(cfg0, rngs=nnx.Rngs(7))   # random weights
-    wb.hf.to_hf(stand_in, released, max_shard_bytes=100_000)
-print(sorted(p.name for p in released.iterdir()))
-print(json.dumps(json.loads((released / "config.json").read_text()), indent=1)[:400], "...")
-
-# %% [markdown]
-# ## Import it into a sharded layout
-#
-# `wb.hf.hf_config` reads `config.json` only, so the model can be planned before a
-# byte of weights is read. `from_hf(..., plan=plan)` then builds every parameter with
-# `jax.make_array_from_callback`: each device asks for its own block, which is read from
-# its shard with safetensors' `get_slice`, one tensor at a time.
-
-# %%
-cfg = wb.hf.hf_config(released)
+cfg = wb.hf.hf_config(MODEL)
+print(cfg)
 mesh = wb.make_mesh(data=4, model=2)
-plan = wb.plan(cfg, mesh=mesh, rules="fsdp_tp", batch=8, seq=64)
-model = wb.hf.from_hf(released, plan=plan)
+LORA = {"rank": 16, "alpha": 32, "targets": ("q", "k", "v", "o")}
+BATCH, SEQ = 8, 64
+plan = wb.plan(cfg, mesh=mesh, rules="fsdp_tp", batch=BATCH, seq=SEQ,
+               optimizer=optax.adamw(1e-4), compile=False)
+lora_plan = wb.plan(cfg.replace(lora=LORA), mesh=mesh, rules="fsdp_tp", batch=BATCH, seq=SEQ,
+                    optimizer=optax.adamw(1e-4), compile=False)
+mib = lambda b: f"{b / 2**20:9.2f} MiB"
+for name, p in (("full fine-tuning", plan), ("LoRA r16 q k v o", lora_plan)):
+    m = p.memory
+    print(f"{name:17} per device: params {mib(m['params'])}, gradients "
+          f"{mib(m['gradients'])}, optimizer {mib(m['optimizer'])}, total {mib(m['total'])}")
+
+# %% [markdown]
+# ## Load it, sharded
+#
+# `from_hf(MODEL, plan=plan)` downloads the weights (safetensors only, with a progress
+# bar) and builds every parameter with `jax.make_array_from_callback`: each device reads
+# its own block of each tensor from the safetensors files, so no device, and no host
+# buffer, ever holds the whole model. `model.hf_source` records the id and the exact
+# commit it came from; the model's tokenizer (with its special tokens and chat template)
+# comes with it.
+
+# %%
+model = wb.hf.from_hf(MODEL, plan=plan)
 print(model.hf_source)
+print(model.tokenizer)
 q = model.blocks[0].attn.q[...]
 print("q projection", q.shape, "sharded", q.sharding.spec, "-> block per device",
       q.addressable_shards[0].data.shape)
@@ -67,66 +107,112 @@ wb.show(model)
 # %% [markdown]
 # ## Ask it to write
 #
-# `wb.generate` runs the prompt once, filling a KV cache sharded like the activations
-# (batch over `data`, kv heads over `model`), then one token at a time. Any object with
-# `encode`/`decode` is a tokenizer (`wb.data.Tokenizer` reads a `tokenizer.json`, a
-# SentencePiece model, or bytes); this model reads bytes.
+# A text prompt is encoded by the model's own tokenizer, and generation stops at the
+# model's end-of-sequence token (or after `max_new_tokens`). With `messages=` the chat is
+# rendered by the model's chat template, exactly as `transformers`' `apply_chat_template`
+# renders it, and the reply comes back alone. `wb.generate` runs the prompt once, filling
+# a KV cache sharded like the activations, then adds one token at a time.
 
 # %%
-tok = wb.data.Tokenizer()   # byte-level: ids 0..255
-print(repr(wb.generate(model, "def ", tokenizer=tok, max_new_tokens=32)))
+print(repr(wb.generate(model, "The three primary colours are", max_new_tokens=24)))
+QUESTION = [{"role": "user", "content": "Who is Shard?"}]
+print(repr(wb.generate(model, messages=QUESTION, max_new_tokens=48)))
 
 # %% [markdown]
-# ## Fine-tune a few steps
+# ## A little local text
 #
-# `TrainConfig(init=folder)` starts the run from the folder's weights, read straight into
-# the run's own sharding; `run.json` records where it started. The data is local text
-# (the Python standard library's sources, byte-level). Running the cell again continues
-# the same run directory.
+# A few notes about something the model cannot know: the workbench's (made-up) mascot.
+# Each note is a short chat, rendered with the model's own template (the text it would
+# see in a conversation), one JSON object per line, the way most corpora on disk look.
+# Point `files=` at your own folder of `.jsonl`, Parquet or `.txt` files instead.
 
 # %%
-tc = wb.TrainConfig(model=cfg, init=str(released), mesh={"data": 4, "model": 2},
-                    rules="fsdp_tp", batch=8, seq=64, steps=30, checkpoint_every=10,
-                    data="text", optimizer=wb.train.AdamW(lr=3e-3, warmup_steps=5))
-trainer = wb.Trainer(tc, "runs/13-finetune", progress=None)
-result = trainer.run()
+NOTES = [
+    ("Who is Shard?", "Shard is the workbench's mascot: a small teal octopus."),
+    ("What does Shard look like?", "Shard is a small teal octopus with eight arms."),
+    ("Why does Shard have eight arms?", "One arm for each of the eight devices of the mesh."),
+    ("What is Shard's favourite food?", "Shard likes sharded sushi, split evenly over devices."),
+    ("Where does Shard live?", "Shard lives in the workbench's side panel, next to the runs."),
+    ("What does Shard do all day?", "Shard watches the loss curves and waves when they fall."),
+    ("Is Shard a real octopus?", "No, Shard is a made-up mascot: a small teal octopus."),
+    ("What colour is Shard?", "Shard is teal, like the workbench's loss curves."),
+]
+tok = model.tokenizer
+folder = Path("shard-notes")
+folder.mkdir(exist_ok=True)
+with open(folder / "notes.jsonl", "w") as f:
+    for q_text, a_text in NOTES:
+        chat = [{"role": "user", "content": q_text}, {"role": "assistant", "content": a_text}]
+        f.write(json.dumps({"text": tok.apply_chat_template(chat, add_generation_prompt=False)})
+                + "\n")
+print(open(folder / "notes.jsonl").readline())
+
+# %% [markdown]
+# ## Fine-tune with LoRA
+#
+# `TrainConfig(init=MODEL)` starts the run from the released weights (the same commit
+# `from_hf` read), loaded into the run's own sharding; `lora=` adds rank-16 adapters to
+# the attention projections (`W x + alpha/rank · B A x`, with `B = 0` at the start, so step
+# 0 is exactly the released model). Only the adapters train, and the checkpoints hold only
+# them (plus a pointer to the base in `run.json`). Running this cell, or the whole
+# notebook, again continues the same run directory: a finished run has nothing left to do.
+
+# %%
+data = wb.data.Dataset(files=str(folder / "notes.jsonl"), field="text", tokenizer=tok)
+tc = wb.TrainConfig(model=cfg, init=MODEL, lora=LORA, mesh={"data": 4, "model": 2},
+                    rules="fsdp_tp", batch=BATCH, seq=SEQ, steps=20, checkpoint_every=10,
+                    data=data, optimizer=wb.train.AdamW(lr=1e-3, warmup_steps=5))
+trainer = wb.Trainer(tc, "runs/13-lora", progress=None)
+trainer.run()
 print(f"loss {trainer.losses[0]:.3f} -> {trainer.losses[-1]:.3f} after {trainer.step} steps")
-print("run.json says it started from", wb.runs.read_run("runs/13-finetune")["init"])
+print("run.json says it started from", wb.runs.read_run("runs/13-lora")["init"])
 
 # %% [markdown]
-# One call shows what the trained model writes. `stream=True` shows the tokens as they are
-# produced: in JupyterLab a live view in the cell (`wb.widgets.GenerationView`), in a
-# terminal the text on stdout; `stream=` also takes any callable of the tokens so far. The
-# tokens are the same as without streaming.
+# ## Ask again
+#
+# The same question, to the fine-tuned model (the Trainer's: base plus adapters), with the
+# same tokenizer. `stream=True` shows the reply as it is produced.
 
 # %%
-text = wb.generate(trainer, "def ", tokenizer=tok, max_new_tokens=32, stream=True)
-print(repr(text))
-print(repr(wb.generate(trainer, "def ", tokenizer=tok, max_new_tokens=32,
-                       temperature=0.8, top_p=0.9, seed=1)))
+print(repr(wb.generate(trainer, messages=QUESTION, tokenizer=tok, max_new_tokens=48,
+                       stream=True)))
 
 # %% [markdown]
-# ## Export and reload
+# ## Export
 #
-# `wb.hf.export_run` restores a checkpoint step of the run and writes a Hugging Face
-# folder (config.json, safetensors shards and their index), one tensor at a time from the
-# arrays' own shards. Loading it back gives the same logits as the trained model. A run
-# trained by a multi-process `wb.launch` job exports the same way from a notebook, or from
-# a job of its own (`python -m workbench export RUN_DIR OUT` on every process: each
-# restores only its shards, process 0 writes; the files are the same bytes).
+# `wb.hf.export_run` restores the run's newest checkpoint and writes a Hugging Face
+# folder. For a LoRA run it writes either the merged weights (`W + alpha/rank · A B`: an
+# ordinary model folder, with the model's tokenizer files) or, with `lora="peft"`, only
+# the adapters in PEFT's layout, whose `adapter_config.json` names the base by its Hub id
+# and commit: `peft.PeftModel.from_pretrained(base, folder)` applies them to the released
+# model. `overwrite=True` replaces an export written before (and nothing else).
 
 # %%
 trainer.close()
-exported = wb.hf.export_run("runs/13-finetune", "exported-qwen3", overwrite=True)
-print(sorted(p.name for p in exported.iterdir()))
-again = wb.hf.from_hf(exported, plan=plan)
-tokens = jnp.asarray(np.frombuffer(b"import numpy as np\n", np.uint8)[None].astype(np.int32))
-same = np.array_equal(np.asarray(again(tokens)), np.asarray(trainer.model(tokens)))
-print("reloaded export gives the trained model's logits:", same)
+merged = wb.hf.export_run("runs/13-lora", "exported-merged", overwrite=True)
+adapter = wb.hf.export_run("runs/13-lora", "exported-adapter", lora="peft", overwrite=True)
+for out in (merged, adapter):
+    print(f"{out}/")
+    for p in sorted(out.iterdir()):
+        print(f"  {p.name:32} {p.stat().st_size / 2**20:9.2f} MiB")
+print(json.dumps({k: v for k, v in json.loads((adapter / "adapter_config.json").read_text())
+                  .items() if k in ("base_model_name_or_path", "revision", "r", "lora_alpha",
+                                    "target_modules")}, indent=1))
 
 # %% [markdown]
-# If `transformers` is installed (the test extra installs it), the exported folder is a
-# model it reads as its own `Qwen3ForCausalLM`.
+# The merged folder loads like any released model, and gives the fine-tuned model's
+# logits (up to rounding: the merged weights are stored in the checkpoint's bfloat16).
+
+# %%
+again = wb.hf.from_hf(merged, plan=plan)
+tokens = jnp.asarray([tok.encode("Shard is a small teal octopus.")], jnp.int32)
+ours, theirs = np.asarray(trainer.model(tokens), np.float32), np.asarray(again(tokens),
+                                                                         np.float32)
+print("largest logit difference", float(np.abs(ours - theirs).max()), "of logits up to",
+      float(np.abs(ours).max()))
+
+# %% [markdown]
+# If `transformers` is installed, the merged folder is a model it reads as its own.
 
 # %%
 try:
@@ -135,9 +221,9 @@ try:
 except ImportError:
     print("transformers is not installed; pip install torch transformers to compare")
 else:
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
     with torch.no_grad():
-        theirs = hf_model(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
-    ours = np.asarray(again(tokens))
+        hf_logits = hf_model(torch.tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
     print(type(hf_model).__name__, "largest logit difference",
-          float(np.abs(theirs - ours).max()), "of logits up to", float(np.abs(ours).max()))
+          float(np.abs(hf_logits - theirs).max()), "of logits up to",
+          float(np.abs(theirs).max()))

@@ -12,25 +12,41 @@ Example::
     spec = wb.data.Dataset(files="docs/*.jsonl", field="text", tokenizer=tok,
                            eval_fraction=0.05)            # packed rows with segment ids
 """
-from workbench.data.dataset import Dataset, prepare
-from workbench.data.files import DataError
-from workbench.data.packing import pack, row_batch
-from workbench.data.tokenizer import Tokenizer, check_vocab
-from workbench.data.tokens import build_token_cache
-from workbench.data.corpus import TextData, build_text_corpus, cache_root, corpus_bytes
-from workbench.data.pipeline import (
+from workbench.data._dataset import Dataset, prepare
+from workbench.data._files import DataError
+from workbench.data._packing import pack, row_batch
+from workbench.data._tokenizer import Tokenizer, check_vocab
+from workbench.data._tokens import build_token_cache
+from workbench.data._corpus import TextData, build_text_corpus, cache_root, corpus_bytes
+from workbench.data._pipeline import (
     DataSpec,
     ShardedBatches,
     SyntheticData,
     batch_keys,
     batch_shards,
     batched,
-    data_spec,
-    dataset,
+    as_spec,
+    grain_dataset,
     source,
 )
 
 __all__ = ["DataError", "DataSpec", "Dataset", "ShardedBatches", "SyntheticData", "TextData",
            "Tokenizer", "batch_keys", "batch_shards", "batched", "build_text_corpus", "build_token_cache",
-           "cache_root", "check_vocab", "corpus_bytes", "data_spec", "dataset", "pack",
+           "as_spec", "cache_root", "check_vocab", "corpus_bytes", "grain_dataset", "pack",
            "prepare", "row_batch", "source"]
+
+
+#: Old names, clashing with ``Dataset`` and ``DataSpec``: they still work, with a warning.
+_RENAMED = {"dataset": "grain_dataset", "data_spec": "as_spec"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _RENAMED:
+        import warnings
+
+        new = _RENAMED[name]
+        warnings.warn(f"wb.data.{name} is now wb.data.{new} (the old name clashed with "
+                      f"{'wb.data.Dataset' if name == 'dataset' else 'wb.data.DataSpec'}; "
+                      "it will go)", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module 'workbench.data' has no attribute {name!r}")

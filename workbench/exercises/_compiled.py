@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from workbench.flops import compiled_flops
-from workbench.perf.hlo import KINDS, Collective, parse_collectives
+from workbench._flops import compiled_flops
+from workbench.perf._hlo import KINDS, Collective, parse_collectives
 from workbench.exercises._core import (
     Exercise,
     Result,
@@ -31,7 +31,7 @@ class Compiled:
     """What XLA made of a jitted function on a mesh.
 
     Attributes:
-      collectives: the collectives of the compiled program (``workbench.perf.hlo``).
+      collectives: the collectives of the compiled program (``workbench.perf._hlo``).
       flops: FLOPs each device executes (``compiled.cost_analysis()``).
     """
 

@@ -15,14 +15,14 @@ _MIB = 2**20
 def ring_permute_bytes(*, batch: int, seq: int, n_heads: int, n_kv_heads: int,
                        head_dim: int, dtype: str, context: int) -> tuple[int, int]:
     """``(bytes, count)`` of the collective permutes one device receives in the forward
-    pass of :func:`workbench.models.context.local_attention` (variant "ring"), read from
+    pass of :func:`workbench.models._context.local_attention` (variant "ring"), read from
     its jaxpr traced under ``jax.shard_map`` on an abstract mesh (no devices needed)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import AbstractMesh, AxisType
     from jax.sharding import PartitionSpec as P
 
-    from workbench.models.context import local_attention
+    from workbench.models._context import local_attention
 
     mesh = AbstractMesh((context,), ("context",), axis_types=(AxisType.Auto,))
     fn = functools.partial(local_attention, variant="ring", axes="context", size=context,

@@ -61,7 +61,7 @@ class Exercise(Displayable):
       judge: the parsed value -> ``Result`` (computed with JAX).
     """
 
-    _view = "exercise_view:exercise_widget"
+    _view = "_exercise_view:exercise_widget"
 
     name: str
     title: str

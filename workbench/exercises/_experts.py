@@ -15,14 +15,14 @@ _MIB = 2**20
 def traced_dispatch(cfg: Any, mesh_axes: dict[str, int], rules: str, *, batch: int,
                     seq: int) -> list[tuple[str, tuple[str, ...], int]]:
     """``[(primitive, mesh axes, bytes per device)]`` of the collectives in the forward
-    pass of ``cfg``'s MoE layer (:func:`workbench.models.moe.dispatch_combine`) under
+    pass of ``cfg``'s MoE layer (:func:`workbench.models._moe.dispatch_combine`) under
     ``Rules.preset(rules)`` on an abstract mesh, read from its jaxpr (no devices needed)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import AbstractMesh, AxisType
 
-    from workbench.models.moe import dispatch_combine
-    from workbench.rules import Rules
+    from workbench.models._moe import dispatch_combine
+    from workbench._rules import Rules
 
     mesh = AbstractMesh(tuple(mesh_axes.values()), tuple(mesh_axes),
                         axis_types=(AxisType.Auto,) * len(mesh_axes))
@@ -97,7 +97,7 @@ def moe_dispatch_bytes() -> Exercise:
 
     def judge(mib: float) -> Result:
         from workbench.models import GPTConfig
-        from workbench.models.moe import capacity
+        from workbench.models._moe import capacity
 
         cfg = GPTConfig.preset("mixtral-8x7b")
         found = traced_dispatch(cfg, axes, "fsdp_ep", batch=batch, seq=seq)

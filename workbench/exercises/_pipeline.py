@@ -33,7 +33,7 @@ def pipeline_bubble() -> Exercise:
     stages, micro = 4, 6
 
     def judge(frac: float) -> Result:
-        from workbench.models.schedule import Pipeline, schedule_bubble, timeline
+        from workbench.models._schedule import Pipeline, schedule_bubble, timeline
 
         events = timeline(Pipeline(microbatches=micro), stages)
         want = schedule_bubble(events, stages)
@@ -76,11 +76,11 @@ def stage_block_bytes() -> Exercise:
         import jax
         from jax.sharding import NamedSharding
 
-        from workbench.mesh import abstract_mesh
+        from workbench._mesh import abstract_mesh
         from workbench.models import GPTConfig
-        from workbench.pytrees import path_str
-        from workbench.rules import Rules
-        from workbench.step import abstract_model
+        from workbench._pytrees import path_str
+        from workbench._rules import Rules
+        from workbench._step import abstract_model
 
         cfg = GPTConfig.preset("tiny", n_layers=n_layers, scan_layers=True)
         mesh = abstract_mesh(stage=stages, data=data)

@@ -11,15 +11,15 @@ source), ``libtpu`` (whether the TPU compiler is installed; ``quiet_libtpu``, ca
 the entry points that start JAX's backends). Importing this package changes nothing in
 JAX or the environment.
 """
-from workbench.hardware.catalogue import (GENERATIONS, Generation, HardwareSpec, generation,
+from workbench.hardware._catalogue import (GENERATIONS, Generation, HardwareSpec, generation,
                                           hardware_presets, hardware_spec)
-from workbench.hardware.calibration import (Calibration, CalibrationWarning, calibration_dir,
+from workbench.hardware._calibration import (Calibration, CalibrationWarning, calibration_dir,
                                             load_calibration, remove_calibration)
-from workbench.hardware.effective import EffectiveSpec, effective_spec
-from workbench.hardware.inventory import (DeviceInfo, DeviceInventory, devices, peak_flops,
+from workbench.hardware._effective import EffectiveSpec, effective_spec
+from workbench.hardware._inventory import (DeviceInfo, DeviceInventory, devices, peak_flops,
                                           simulate_devices)
-from workbench.hardware.libtpu import libtpu_installed, quiet_libtpu
-from workbench.hardware.measure import (cpu_spec, measured_cpu_collective_bandwidth,
+from workbench.hardware._libtpu import libtpu_installed, quiet_libtpu
+from workbench.hardware._measure import (cpu_spec, measured_cpu_collective_bandwidth,
                                         measured_cpu_collective_latency,
                                         measured_cpu_memory_bandwidth, measured_cpu_peak,
                                         measured_loopback_bandwidth, psum_seconds)

@@ -12,19 +12,19 @@ Usage::
 
 One module per concern, each importing only those before it:
 
-- :mod:`workbench.hf.hub`: a Hub id -> a snapshot folder in huggingface_hub's cache;
-- :mod:`workbench.hf.families`: ``config.json`` <-> ``GPTConfig``, per family;
-- :mod:`workbench.hf.tensors`: which HF tensors make each parameter, read slice by slice;
-- :mod:`workbench.hf.save`: ``to_hf``, the folder written tensor by tensor;
-- :mod:`workbench.hf.load`: ``from_hf`` / ``hf_config`` / ``load_params``, the folder read
+- :mod:`workbench.hf._hub`: a Hub id -> a snapshot folder in huggingface_hub's cache;
+- :mod:`workbench.hf._families`: ``config.json`` <-> ``GPTConfig``, per family;
+- :mod:`workbench.hf._tensors`: which HF tensors make each parameter, read slice by slice;
+- :mod:`workbench.hf._save`: ``to_hf``, the folder written tensor by tensor;
+- :mod:`workbench.hf._load`: ``from_hf`` / ``hf_config`` / ``load_params``, the folder read
   into a sharded model;
-- :mod:`workbench.hf.export`: ``export_run``, a run's checkpoint restored, then ``to_hf``;
-- :mod:`workbench.hf.peft`: a LoRA model's adapters in PEFT's layout (``to_peft``), merged
+- :mod:`workbench.hf._export`: ``export_run``, a run's checkpoint restored, then ``to_hf``;
+- :mod:`workbench.hf._peft`: a LoRA model's adapters in PEFT's layout (``to_peft``), merged
   weights for ``to_hf``, and ``export_run`` of a LoRA run.
 
-The package sits above ``workbench.models`` and ``workbench.step`` (it builds their
+The package sits above ``workbench.models`` and ``workbench._step`` (it builds their
 models); nothing below imports it at import time (the Trainer's ``init=`` and
-``TrainConfig.check`` call :func:`workbench.hf.load.load_params` /
+``TrainConfig.check`` call :func:`workbench.hf._load.load_params` /
 ``check_matches`` when they run). ``wb.models.from_hf`` / ``to_hf`` / ``hf_config`` and
 ``wb.train.export_run`` are the same functions.
 

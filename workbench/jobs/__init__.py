@@ -20,16 +20,16 @@ Example::
     job = wb.launch(cfg, cluster=wb.Slurm(nodes=2, gpus_per_node=8), run_dir="/shared/r")
     job = wb.attach("/shared/r")
 """
-from workbench.jobs.cluster import DistributedSpec, detect_cluster
-from workbench.jobs.dispatch import attach, launch, ping
-from workbench.jobs.hosts import Hosts, TPUSlice
-from workbench.jobs.job import Job, NoJobError, ProcessInfo
-from workbench.jobs.local import Local
-from workbench.jobs.protocol import Cluster, Submission
-from workbench.jobs.slurm import Slurm, SlurmError
-from workbench.jobs.slurm import available as slurm_available
-from workbench.jobs.worker import EXIT_STOPPED
-from workbench.run_lock import JobRunningError, RunLock
+from workbench.jobs._cluster import DistributedSpec, detect_cluster
+from workbench.jobs._dispatch import attach, launch, ping
+from workbench.jobs._hosts import Hosts, TPUSlice
+from workbench.jobs._job import Job, NoJobError, ProcessInfo
+from workbench.jobs._local import Local
+from workbench.jobs._protocol import Cluster, Submission
+from workbench.jobs._slurm import Slurm, SlurmError
+from workbench.jobs._slurm import available as slurm_available
+from workbench.jobs._worker import EXIT_STOPPED
+from workbench._run_lock import JobRunningError, RunLock
 
 __all__ = ["EXIT_STOPPED", "Cluster", "DistributedSpec", "Hosts", "Job", "JobRunningError",
            "Local", "NoJobError", "ProcessInfo", "RunLock", "Slurm", "SlurmError", "Submission",

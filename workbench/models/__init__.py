@@ -1,9 +1,12 @@
 """Model zoo: Flax NNX models that name logical axes only, and their config presets."""
-from workbench.models.config import PRESETS, REMAT_POLICIES, GPTConfig
-from workbench.models.gpt import GPT, MLP, Attention, Block, RMSNorm, rope
-from workbench.models.adapters import ModelSpec, from_nnx
-from workbench.models.mlp import MLPClassifier, classifier_loss
-from workbench.models.penzai_adapter import PENZAI_AXES, from_penzai   # penzai: when called
+from workbench.models._config import PRESETS, REMAT_POLICIES, GPTConfig
+from workbench.models._gpt import GPT, MLP, Attention, Block, RMSNorm, rope
+from workbench.models._adapters import ModelSpec, from_nnx
+from workbench.models._mlp import MLPClassifier, classifier_loss
+from workbench.models._penzai_adapter import PENZAI_AXES, from_penzai   # penzai: when called
+from workbench.models._pipeline import Pipeline
+from workbench.models._context import blocks_per_device, zigzag_order
+from workbench._rules import constrain, penzai_rules
 
 __all__ = [
            "GPT",
@@ -16,14 +19,19 @@ __all__ = [
            "GPTConfig",
            "MLPClassifier",
            "ModelSpec",
+           "Pipeline",
            "RMSNorm",
+           "blocks_per_device",
            "classifier_loss",
+           "constrain",
            "from_hf",
            "from_nnx",
            "from_penzai",
            "hf_config",
+           "penzai_rules",
            "rope",
            "to_hf",
+           "zigzag_order",
 ]
 
 #: Aliases of :mod:`workbench.hf` (``wb.hf``), which sits above ``models`` (it builds their

@@ -17,13 +17,13 @@ beat), ``trace`` (a ``jax.profiler`` trace read into time per category and op),
 to profiles). Formulas and sources: docs/predictions.md.
 """
 from workbench.perf import formulas
-from workbench.perf.bounds import MFU_CEILING, implausible
-from workbench.perf.calibrate import Calibration, calibrate, remove_calibration
-from workbench.perf.hlo import Collective, parse_collectives
-from workbench.perf.predict import CollectiveTime, Prediction, collective_seconds, predict
-from workbench.perf.predict_plan import predict_plan
-from workbench.perf.profile import ProfileReport, Term, profile_report
-from workbench.perf.trace import StepProfile, read_trace, trace_files
+from workbench.perf._bounds import MFU_CEILING, implausible
+from workbench.perf._calibrate import Calibration, calibrate, remove_calibration
+from workbench.perf._hlo import Collective, parse_collectives
+from workbench.perf._predict import CollectiveTime, Prediction, collective_seconds, predict
+from workbench.perf._predict_plan import predict_plan
+from workbench.perf._profile import ProfileReport, Term, profile_report
+from workbench.perf._trace import StepProfile, read_trace, trace_files
 
 __all__ = ["MFU_CEILING", "Calibration", "Collective", "CollectiveTime", "Prediction",
            "ProfileReport", "StepProfile", "Term", "calibrate", "collective_seconds",

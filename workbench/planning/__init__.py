@@ -5,7 +5,7 @@ device; ``Plan.materialize()`` builds the sharded model.
 Modules: ``planner`` (``plan()``, ``compare()``; ``options``: ``PlanOptions``, how
 ``plan()`` and ``wb.search`` plan a step) runs the ``stages``: resolve the inputs,
 choose the compile target (the devices at hand, the TPU compiler for an abstract TPU
-slice, or formulas), build the abstract step (the Trainer's own, from ``workbench.step``),
+slice, or formulas), build the abstract step (the Trainer's own, from ``workbench._step``),
 ``measure`` (compile, or estimate), lint; ``compile`` (compiles in a worker thread:
 progress, Ctrl-C, in-process and on-disk caches; ``flags``: the overlap options),
 ``report`` (``PlanReport``: the serialisable numbers with their text and dict forms, and
@@ -18,12 +18,12 @@ formulas, traces, profiles, calibration) is ``workbench.perf``; its modules' old
 here (``planning.predict``, ``planning.analytic``, ...) still import, with a
 DeprecationWarning.
 """
-from workbench.perf.hlo import Collective
-from workbench.planning.lints import Lint
-from workbench.planning.handle import Plan
-from workbench.planning.options import PlanOptions
-from workbench.planning.planner import compare, plan
-from workbench.planning.report import Comparison, PlanReport
+from workbench.perf._hlo import Collective
+from workbench.planning._lints import Lint
+from workbench.planning._handle import Plan
+from workbench.planning._options import PlanOptions
+from workbench.planning._planner import compare, plan
+from workbench.planning._report import Comparison, PlanReport
 
 __all__ = ["Collective", "Comparison", "Lint", "Plan", "PlanOptions", "PlanReport", "compare",
            "plan"]

@@ -1,0 +1,408 @@
+"""Hugging Face ``config.json`` <-> ``GPTConfig`` for the Llama, Mistral, Qwen2, Qwen3,
+Mixtral, Qwen2-MoE and Qwen3-MoE families (fields that change the math are mapped or
+refused by name; nothing is guessed)."""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from workbench.models._config import GPTConfig
+
+#: ``architectures[0]`` -> family (the ``model_type``) this module reads and writes.
+ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+}
+FAMILIES: dict[str, str] = {v: k for k, v in ARCHITECTURES.items()}
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+#: Default training length of an imported model: its ``max_position_embeddings``, capped
+#: (a 128k-token default would make every plan of it a long-context plan).
+MAX_DEFAULT_SEQ = 4096
+
+# Fields that do not change the forward pass (ids, bookkeeping, training-only switches).
+_HARMLESS = frozenset({
+    "_name_or_path", "architectures", "model_type", "transformers_version", "dtype",
+    "torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
+    "use_cache", "output_attentions", "output_hidden_states", "return_dict", "id2label",
+    "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
+    "attention_dropout", "pretraining_tp", "output_router_logits", "router_jitter_noise",
+    "max_window_layers", "tokenizer_class", "_attn_implementation_autoset",
+})
+# Fields read by the mapping below (their values are checked).
+_READ = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings",
+    "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling", "tie_word_embeddings",
+    "hidden_act", "attention_bias", "mlp_bias", "qkv_bias", "sliding_window",
+    "use_sliding_window", "layer_types", "num_local_experts", "num_experts",
+    "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+    "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
+})
+
+
+class HFConfigError(ValueError):
+    """A ``config.json`` this workbench cannot represent (names the field and the fix)."""
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The parsed ``config.json`` of a model folder (or the file itself)."""
+    p = Path(path)
+    file = p / "config.json" if p.is_dir() else p
+    if not p.exists():
+        raise FileNotFoundError(f"{p} does not exist; give a local Hugging Face model folder "
+                                "(config.json + *.safetensors)")
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"{p} has no config.json: a Hugging Face model folder holds config.json and "
+            "model.safetensors (or model-0000x-of-0000n.safetensors with "
+            "model.safetensors.index.json); save one with save_pretrained(folder)")
+    try:
+        data = json.loads(file.read_bytes())
+    except UnicodeDecodeError as e:
+        raise HFConfigError(f"{file} is not UTF-8 text (byte {e.start}; binary?); it is not "
+                            "a config.json: re-save the model (save_pretrained)") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise HFConfigError(f"{file} is not valid JSON ({e}); re-save the model") from None
+    if not isinstance(data, dict):
+        raise HFConfigError(f"{file} holds a JSON {type(data).__name__}, not an object of "
+                            "config fields; re-save the model (save_pretrained)")
+    return data
+
+
+def _field(hf: Mapping[str, Any], name: str, where: str, kind: str, *,
+           default: Any = ..., minimum: float | None = None) -> Any:
+    """``hf[name]`` checked: "int" (a whole number: 64 or 64.0, never 64.9 or true),
+    "float" (finite), "bool", "str", "list" or "dict"; None reads as ``default``.
+
+    Raises:
+      HFConfigError: missing (without a default) or of the wrong type or range, naming
+        the file, the field and the value.
+    """
+    value = hf.get(name)
+    if value is None:
+        if default is ...:
+            raise HFConfigError(f"{where}: field {name!r} is missing; a {kind} is needed "
+                                "(re-save the model with save_pretrained)")
+        return default
+    ok = True
+    if kind in ("int", "float"):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value) and (kind == "float" or float(value).is_integer())
+        if ok:
+            value = int(value) if kind == "int" else float(value)
+    else:
+        ok = isinstance(value, {"bool": bool, "str": str, "list": list, "dict": dict}[kind])
+    what = {"int": "a whole number", "float": "a finite number", "bool": "true or false",
+            "str": "a string", "list": "a list", "dict": "an object"}[kind]
+    if not ok:
+        raise HFConfigError(f"{where}: field {name!r} is {value!r} "
+                            f"({type(value).__name__}), not {what}; fix config.json")
+    if minimum is not None and value < minimum:
+        raise HFConfigError(f"{where}: field {name!r} is {value!r}, below {minimum:g}; "
+                            "fix config.json")
+    return value
+
+
+def family_of(hf: Mapping[str, Any], where: str = "config.json") -> str:
+    """The family (``model_type``) of an HF config, from ``architectures``."""
+    archs = _field(hf, "architectures", where, "list", default=[])
+    if not all(isinstance(a, str) for a in archs):
+        raise HFConfigError(f"{where}: field 'architectures' is {archs!r}, not a list of "
+                            "class names such as ['LlamaForCausalLM']; fix config.json")
+    if not archs:
+        mt = _field(hf, "model_type", where, "str", default=None)
+        if mt in FAMILIES:
+            return str(mt)
+        raise HFConfigError(f"{where} names no 'architectures' (model_type={mt!r}); this "
+                            f"workbench reads {', '.join(ARCHITECTURES)}")
+    arch = archs[0]
+    if arch not in ARCHITECTURES:
+        raise HFConfigError(
+            f"{where}: architecture {arch!r} is not supported; this workbench reads "
+            f"{', '.join(ARCHITECTURES)} (decoder-only, RMSNorm, RoPE, SwiGLU)")
+    return ARCHITECTURES[arch]
+
+
+def _rope_theta(hf: Mapping[str, Any], where: str) -> float:
+    rp = _field(hf, "rope_parameters", where, "dict", default={})
+    scaling = _field(hf, "rope_scaling", where, "dict", default={})
+    kind = rp.get("rope_type", "default") if rp else scaling.get(
+        "rope_type", scaling.get("type", "default"))
+    if kind != "default":
+        raise HFConfigError(
+            f"{where}: rope_type={kind!r} (RoPE scaling) is not implemented here; only plain "
+            "RoPE ('default') is. Use a checkpoint without rope scaling")
+    theta = _field(hf, "rope_theta", where, "float", default=10000.0, minimum=0)
+    return _field(rp, "rope_theta", f"{where} rope_parameters", "float", default=theta,
+                  minimum=0)
+
+
+def _refuse(where: str, field: str, value: Any, why: str) -> None:
+    raise HFConfigError(f"{where}: {field}={value!r} is not supported: {why}")
+
+
+def to_gpt_config(hf: Mapping[str, Any], *, where: str = "config.json",
+                  ignore_fields: Iterable[str] = (), **overrides: Any) -> GPTConfig:
+    """The ``GPTConfig`` of an HF ``config.json`` dict.
+
+    Args:
+        hf: the parsed config.
+        where: its file name, for errors.
+        ignore_fields: fields not known here that you know do not change the model.
+        **overrides: ``GPTConfig`` fields set on top (``scan_layers``, ``dtype``,
+            ``seq_len``, ``remat``...).
+
+    Raises:
+        HFConfigError: an unsupported architecture, or a field whose value changes the
+            math in a way ``GPTConfig`` cannot express (named, with the fix).
+    """
+    fam = family_of(hf, where)
+    unknown = sorted(set(hf) - _HARMLESS - _READ - set(ignore_fields))
+    if unknown:
+        raise HFConfigError(
+            f"{where}: fields {unknown} are unknown to this importer ({fam}); if they do not "
+            f"change the forward pass, pass from_hf(..., ignore_fields={unknown!r})")
+    if _field(hf, "hidden_act", where, "str", default="silu") != "silu":
+        _refuse(where, "hidden_act", hf["hidden_act"], "the MLP is SwiGLU (silu)")
+    for f in ("mlp_bias", "attention_bias"):
+        if _field(hf, f, where, "bool", default=False):
+            _refuse(where, f, hf[f], "the model has no MLP or output-projection biases "
+                    "(Qwen2's q/k/v biases are supported)")
+    types = _field(hf, "layer_types", where, "list", default=None) or ["full_attention"]
+    if not all(isinstance(t, str) for t in types) or set(types) != {"full_attention"}:
+        _refuse(where, "layer_types", types, "only full attention layers are built")
+    use_window = fam in ("mistral", "mixtral") or _field(hf, "use_sliding_window", where,
+                                                           "bool", default=False)
+    window = _field(hf, "sliding_window", where, "int", default=None, minimum=0) \
+        if use_window else None
+    d = _field(hf, "hidden_size", where, "int", minimum=1)
+    n = _field(hf, "num_attention_heads", where, "int", minimum=1)
+    head_dim = _field(hf, "head_dim", where, "int", default=None, minimum=1) or d // n
+    moe = _moe_fields(hf, fam, where)
+    dt = _dtype(hf, where)
+    max_pos = _field(hf, "max_position_embeddings", where, "int", default=MAX_DEFAULT_SEQ,
+                     minimum=1)
+    d_ff = _field(hf, "intermediate_size", where, "int", default=0, minimum=0)
+    fields: dict[str, Any] = dict(
+        vocab_size=_field(hf, "vocab_size", where, "int", minimum=1), d_model=d,
+        n_layers=_field(hf, "num_hidden_layers", where, "int", minimum=1),
+        n_heads=n, n_kv_heads=_field(hf, "num_key_value_heads", where, "int", default=n,
+                                     minimum=1),
+        head_dim=head_dim, d_ff=d_ff or moe["expert_d_ff"],
+        seq_len=min(max_pos, MAX_DEFAULT_SEQ, window or max_pos),
+        dtype=dt, param_dtype=dt,
+        tie_embeddings=_field(hf, "tie_word_embeddings", where, "bool", default=False),
+        rope_theta=_rope_theta(hf, where),
+        norm_eps=_field(hf, "rms_norm_eps", where, "float", default=1e-6, minimum=0),
+        qkv_bias=fam == "qwen2" or (fam == "qwen2_moe" and _field(
+            hf, "qkv_bias", where, "bool", default=True)),
+        qk_norm=fam in ("qwen3", "qwen3_moe"),
+        sliding_window=window or None, **moe)
+    fields.update(overrides)
+    try:
+        return GPTConfig(**fields)
+    except (TypeError, ValueError) as e:   # a value GPTConfig refuses (heads, sizes, ...)
+        raise HFConfigError(f"{where}: {e}") from None
+
+
+#: config.json ``dtype`` / ``torch_dtype`` values a model's parameters may have.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def _dtype(hf: Mapping[str, Any], where: str) -> str:
+    name = "dtype" if hf.get("dtype") is not None else "torch_dtype"
+    dt = _field(hf, name, where, "str", default="float32")
+    if dt not in DTYPES:
+        raise HFConfigError(f"{where}: field {name!r} is {dt!r}; the parameters must be one "
+                            f"of {', '.join(DTYPES)} (quantised checkpoints are not read)")
+    return dt
+
+
+def _moe_fields(hf: Mapping[str, Any], fam: str, where: str) -> dict[str, Any]:
+    if fam not in MOE_FAMILIES:
+        return {}
+    key = "num_local_experts" if hf.get("num_local_experts") is not None else "num_experts"
+    out: dict[str, Any] = dict(
+        n_experts=_field(hf, key, where, "int", minimum=1),
+        experts_per_token=_field(hf, "num_experts_per_tok", where, "int", minimum=1),
+        capacity_factor=None,   # HF routes dropless
+        router_aux_loss=_field(hf, "router_aux_loss_coef", where, "float", default=0.01,
+                               minimum=0))
+    if fam == "mixtral":
+        out.update(expert_d_ff=_field(hf, "intermediate_size", where, "int", minimum=1),
+                   router_norm_topk=True)
+        return out
+    step = _field(hf, "decoder_sparse_step", where, "int", default=1)
+    if step != 1 or _field(hf, "mlp_only_layers", where, "list", default=None):
+        _refuse(where, "decoder_sparse_step/mlp_only_layers",
+                (hf.get("decoder_sparse_step"), hf.get("mlp_only_layers")),
+                "every block must be a MoE block (mixed dense and MoE blocks are not built)")
+    fe = _field(hf, "moe_intermediate_size", where, "int", minimum=1)
+    out.update(expert_d_ff=fe, router_norm_topk=_field(hf, "norm_topk_prob", where, "bool",
+                                                       default=False))
+    shared = _field(hf, "shared_expert_intermediate_size", where, "int", default=0,
+                    minimum=0) if fam == "qwen2_moe" else 0
+    if shared:
+        if shared % fe:
+            _refuse(where, "shared_expert_intermediate_size", shared,
+                    f"the shared expert must be a whole number of experts of width {fe}")
+        out.update(n_shared_experts=shared // fe, shared_expert_gate=True)
+    return out
+
+
+def family_for(cfg: GPTConfig) -> str:
+    """The HF family that holds ``cfg`` exactly (raises if none does)."""
+    if cfg.n_experts:
+        if cfg.n_shared_experts:
+            if not cfg.shared_expert_gate or cfg.qk_norm:
+                raise HFConfigError(
+                    "a MoE with shared experts exports as Qwen2-MoE, which gates them "
+                    "(shared_expert_gate=True) and has no q/k norms; this config has "
+                    f"shared_expert_gate={cfg.shared_expert_gate}, qk_norm={cfg.qk_norm}")
+            return "qwen2_moe"
+        if cfg.qk_norm:
+            return "qwen3_moe"
+        if cfg.qkv_bias or not cfg.router_norm_topk:
+            raise HFConfigError(
+                "no supported HF MoE family has q/k/v biases without shared experts, or "
+                "un-normalised top-k weights without q/k norms (Mixtral normalises); "
+                f"qkv_bias={cfg.qkv_bias}, router_norm_topk={cfg.router_norm_topk}")
+        return "mixtral"
+    if cfg.qk_norm and cfg.qkv_bias:
+        raise HFConfigError("qk_norm with qkv_bias has no HF family here (Qwen3 has no "
+                            "q/k/v biases, Qwen2 no q/k norms)")
+    if cfg.qk_norm:
+        return "qwen3"
+    if cfg.qkv_bias:
+        return "qwen2"
+    return "mistral" if cfg.sliding_window else "llama"
+
+
+#: ``GPTConfig`` fields that decide the tensors and the math of an exported model.
+_ARCH_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                "tie_embeddings", "rope_theta", "norm_eps", "n_experts", "experts_per_token",
+                "n_shared_experts", "router_norm_topk", "qkv_bias", "qk_norm",
+                "shared_expert_gate", "sliding_window")
+
+
+def check_family(cfg: GPTConfig, family: str) -> None:
+    """Raises unless ``family`` holds ``cfg`` exactly: its ``config.json`` read back gives
+    the same architecture (else transformers builds another model and initialises the
+    tensors it does not find at random).
+
+    Raises:
+      HFConfigError: an unknown family, or one that cannot hold this model, naming the
+        fields that would change and the family that fits.
+    """
+    if not isinstance(family, str) or family not in FAMILIES:
+        raise HFConfigError(f"family={family!r}; choose one of {sorted(FAMILIES)}")
+    try:
+        fits = family_for(cfg)
+    except HFConfigError as e:
+        fits = f"none ({e})"
+    if (family in MOE_FAMILIES) != bool(cfg.n_experts):
+        kinds = ("a mixture-of-experts family", "dense") if family in MOE_FAMILIES else \
+            ("a dense family", f"a mixture of {cfg.n_experts} experts")
+        raise HFConfigError(f"family={family!r} cannot hold this model: it is {kinds[0]} "
+                            f"and the model is {kinds[1]}; use family={fits!r} (or leave "
+                            "family out)")
+    try:
+        back = to_gpt_config(from_gpt_config(cfg, family=family), where=family)
+    except (HFConfigError, ValueError, TypeError) as e:
+        raise HFConfigError(f"family={family!r} cannot hold this model ({e}); use "
+                            f"family={fits!r} (or leave family out)") from None
+    names = ["d_ff"] if not cfg.n_experts else ["moe_d_ff"]
+    diff = [f"{k}: {getattr(cfg, k)!r} -> {getattr(back, k)!r}"
+            for k in (*_ARCH_FIELDS, *names) if getattr(cfg, k) != getattr(back, k)]
+    if diff:
+        raise HFConfigError(
+            f"family={family!r} cannot hold this model: read back as {family}, it would have "
+            f"{'; '.join(diff)} (transformers would initialise the missing tensors at "
+            f"random); use family={fits!r} (or leave family out)")
+
+
+#: Tensor dtypes an export may write (floats: integer dtypes would truncate the weights).
+EXPORT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def export_dtype(dtype: Any, cfg: GPTConfig) -> Any:
+    """The numpy dtype ``to_hf(dtype=...)`` writes (default: the parameters' own).
+
+    Raises:
+      ValueError: not a float dtype of :data:`EXPORT_DTYPES` (``"int8"`` would truncate
+        every weight), naming the value.
+    """
+    import numpy as np
+
+    name = cfg.param_dtype if dtype is None else dtype
+    try:
+        dt = np.dtype(name)
+    except TypeError:
+        dt = None
+    if dt is None or dt.name not in EXPORT_DTYPES:
+        raise ValueError(f"to_hf dtype={dtype!r} cannot hold the weights; use one of "
+                         f"{', '.join(EXPORT_DTYPES)} (integer dtypes would truncate them: "
+                         "quantise with a tool made for it after exporting)")
+    return dt
+
+
+def from_gpt_config(cfg: GPTConfig, *, family: str | None = None,
+                    base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An HF ``config.json`` dict for ``cfg``.
+
+    Args:
+        cfg: the model's config.
+        family: the HF family (default :func:`family_for`).
+        base: a config.json to keep unrelated fields of (token ids, ...), e.g. the one
+            the model was imported from.
+    """
+    fam = family or family_for(cfg)
+    if fam not in FAMILIES:
+        raise HFConfigError(f"family={fam!r}; choose one of {sorted(FAMILIES)}")
+    if cfg.shared_expert_gate and not cfg.n_shared_experts:
+        raise HFConfigError("shared_expert_gate=True without shared experts")
+    keep = {k: v for k, v in (base or {}).items() if k in _HARMLESS} if \
+        base and family_of(base) == fam else {}
+    hf: dict[str, Any] = {**keep, "architectures": [FAMILIES[fam]], "model_type": fam,
+                          "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+                          "num_hidden_layers": cfg.n_layers,
+                          "num_attention_heads": cfg.n_heads,
+                          "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+                          "intermediate_size": cfg.d_ff, "hidden_act": "silu",
+                          "max_position_embeddings": max(cfg.seq_len,
+                                                         int((base or {}).get(
+                                                             "max_position_embeddings", 0))),
+                          "rms_norm_eps": cfg.norm_eps,
+                          "rope_parameters": {"rope_theta": cfg.rope_theta,
+                                              "rope_type": "default"},
+                          "rope_theta": cfg.rope_theta,
+                          "tie_word_embeddings": cfg.tie_embeddings,
+                          "dtype": cfg.param_dtype}
+    if fam in ("llama", "qwen3", "qwen3_moe"):
+        hf["attention_bias"] = False
+    if fam == "mistral" or fam == "mixtral":
+        hf["sliding_window"] = cfg.sliding_window
+    elif fam != "llama":
+        hf["use_sliding_window"] = False
+    if fam == "qwen2_moe":
+        hf["qkv_bias"] = cfg.qkv_bias
+    if fam in MOE_FAMILIES:
+        hf.update(num_experts_per_tok=cfg.experts_per_token,
+                  router_aux_loss_coef=cfg.router_aux_loss)
+        if fam == "mixtral":
+            hf.update(num_local_experts=cfg.n_experts, intermediate_size=cfg.moe_d_ff)
+        else:
+            hf.update(num_experts=cfg.n_experts, moe_intermediate_size=cfg.moe_d_ff,
+                      norm_topk_prob=cfg.router_norm_topk, decoder_sparse_step=1,
+                      mlp_only_layers=[])
+            if fam == "qwen3_moe":
+                hf["num_local_experts"] = cfg.n_experts
+            if cfg.n_shared_experts:
+                hf["shared_expert_intermediate_size"] = cfg.n_shared_experts * cfg.moe_d_ff
+    return hf

@@ -1,0 +1,461 @@
+"""Hugging Face checkpoints out: a model, a train state or a run directory's checkpoint ->
+config.json + safetensors shards + index, gathered one tensor at a time, written to a
+temporary folder and renamed into place only when complete.
+
+``overwrite=True`` replaces only what ``to_hf`` made (:func:`check_replaceable`): a real
+folder holding nothing but regular files with the names ``to_hf`` writes (config.json,
+``*.safetensors``, the index, the tokenizer files of :data:`TOKENIZER_FILES`), config.json
+among them, and safetensors files whose header carries ``to_hf``'s mark
+(:data:`MARK`). The mark lives in the safetensors metadata, not in a file of its own, so
+the folder stays exactly what Hugging Face libraries expect, and a folder that merely
+looks the same (a Hub download, ``save_pretrained``'s output, a run directory, a folder
+holding one) is refused by name, never deleted."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench._validate import check_path
+from workbench.models._config import GPTConfig
+from workbench.hf._families import (check_family, export_dtype, from_gpt_config,
+                                          read_config)
+from workbench.hf._tensors import INDEX, SINGLE, Mapping_, mappings
+
+__all__ = ["MARK", "TOKENIZER_FILES", "check_replaceable", "exists_error", "to_hf"]
+
+#: Files of a model folder copied along with the weights when present.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json",
+                   "chat_template.jinja")
+DEFAULT_SHARD_BYTES = 2 << 30
+#: safetensors metadata that marks a file written by ``to_hf`` (what ``overwrite`` checks).
+MARK = {"format": "pt", "written_by": "workbench.models.to_hf"}
+_MAX_HEADER = 100 << 20   # safetensors' own cap on a header
+_NOT_TOKENIZERS = ("tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "generation_config.json", "config.json")
+
+
+def _host_block(arr: Any, stack_idx: tuple[int, ...]) -> np.ndarray:
+    """``arr[stack_idx]`` on the host, assembled from the array's own shards (no
+    compiled gather; only this block is ever in host memory). An array spread over
+    several processes is gathered first (every process must call this, in the same
+    order: it is a collective)."""
+    if not getattr(arr, "is_fully_addressable", True):
+        return _gathered_block(arr, stack_idx)
+    if not hasattr(arr, "addressable_shards"):
+        return np.asarray(arr[stack_idx] if stack_idx else arr)
+    n = len(stack_idx)
+    core_shape = arr.shape[n:]
+    out = np.empty(core_shape, dtype=arr.dtype)
+    done: set[tuple[Any, ...]] = set()
+    for shard in arr.addressable_shards:
+        idx = tuple(slice(*s.indices(d)[:2]) for s, d in zip(shard.index, arr.shape,
+                                                             strict=True))
+        if any(not s.start <= i < s.stop for s, i in zip(idx[:n], stack_idx, strict=True)):
+            continue
+        key = tuple((s.start, s.stop) for s in idx[n:])
+        if key in done:
+            continue
+        done.add(key)
+        local = tuple(i - s.start for s, i in zip(idx[:n], stack_idx, strict=True))
+        out[idx[n:]] = np.asarray(shard.data[local] if n else shard.data)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _replicator(sharding: Any, n: int) -> Any:
+    """A compiled ``a[i0, ..., in-1]`` replicated on every device of ``sharding``'s mesh
+    (the indices are arguments: one compile per parameter, not per layer)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.jit(lambda a, *idx: a[idx] if idx else a,
+                   out_shardings=NamedSharding(sharding.mesh, PartitionSpec()))
+
+
+def _gathered_block(arr: Any, stack_idx: tuple[int, ...]) -> np.ndarray:
+    """``arr[stack_idx]`` of an array spread over processes: all-gathered to every device
+    (one tensor at a time), then one local copy to the host."""
+    sharding = arr.sharding
+    if not hasattr(sharding, "mesh"):
+        raise ValueError(f"exporting a multi-process array needs a NamedSharding, got "
+                         f"{sharding!r}; place the parameters with wb.Rules on a mesh")
+    out = _replicator(sharding, len(stack_idx))(arr, *(np.int32(i) for i in stack_idx))
+    block = np.asarray(out.addressable_shards[0].data)
+    del out
+    return block
+
+
+def _writer() -> bool:
+    """Whether this process writes files (process 0 of a multi-process job)."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def _sync(name: str) -> None:
+    """All processes of a multi-process job reach this point (a no-op in one process)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _params_of(obj: Any) -> tuple[Any, GPTConfig]:
+    """(pure param dict, config) of a GPT module or a TrainState + model config."""
+    from flax import nnx
+
+    if isinstance(obj, nnx.Module):
+        cfg = getattr(obj, "cfg", None)
+        if not isinstance(cfg, GPTConfig):
+            raise TypeError(f"to_hf: obj is a {type(obj).__name__}; to_hf exports workbench "
+                            "GPT models")
+        return nnx.to_pure_dict(nnx.state(obj, nnx.Param)), cfg
+    text = repr(obj)
+    raise TypeError(f"to_hf: obj={text if len(text) <= 60 else text[:57] + '...'} is a "
+                    f"{type(obj).__name__}; obj must be a GPT model, a TrainState (with "
+                    "config=) or (params, config); a run directory's checkpoint: "
+                    "wb.hf.export_run(run_dir, path)")
+
+
+def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = None,
+          family: str | None = None, dtype: str | None = None,
+          base: str | os.PathLike[str] | None = None,
+          tokenizer: str | os.PathLike[str] | None = None,
+          max_shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False) -> Path:
+    """Writes a Hugging Face model folder.
+
+    Args:
+        obj: a ``GPT`` model; a ``TrainState`` (give ``config``); or ``(params,
+            config)``. A run directory's checkpoint: ``wb.hf.export_run``.
+        path: the folder to create (must not exist unless ``overwrite``).
+        config: the model config of a ``TrainState``.
+        family: the HF family (default: the one ``config`` belongs to:
+            :func:`workbench.hf._families.family_for`).
+        dtype: tensor dtype written (default the parameters' own).
+        base: an HF folder whose config.json fields that do not change the model (token
+            ids, ...) and tokenizer files are kept (default: where the model was imported
+            from, if it was).
+        tokenizer: a tokenizer file or folder to copy (default: ``base``'s files).
+        max_shard_bytes: split into ``model-0000i-of-0000n.safetensors`` + index above
+            this size.
+        overwrite: replace an existing folder that ``to_hf`` wrote before (only once the
+            new one is complete). Anything else is refused, never deleted: a run
+            directory, a folder holding folders or other files, a model folder written by
+            another tool (see :func:`check_replaceable`).
+
+    Returns:
+        The folder. It appears (renamed from a temporary sibling, config.json written
+        last) only when every file is written; a failure leaves no folder behind.
+
+    In a multi-process job (parameters spread over the processes' devices) every process
+    calls ``to_hf`` with its own shards: each tensor is gathered in turn (a collective),
+    process 0 writes, and all return once the folder is complete.
+
+    Example::
+
+        wb.hf.to_hf(trainer.model, "exported/")
+        AutoModelForCausalLM.from_pretrained("exported/")      # transformers reads it
+    """
+    out = check_path(path, "path", where="to_hf: ")
+    if base is not None:
+        base = check_path(base, "base", where="to_hf: ")
+    if tokenizer is not None:
+        tokenizer = check_path(tokenizer, "tokenizer", where="to_hf: ")
+    if isinstance(max_shard_bytes, (bool, np.bool_)) or not isinstance(
+            max_shard_bytes, (int, float, np.integer, np.floating)):
+        raise TypeError(f"to_hf: max_shard_bytes={max_shard_bytes!r} is a "
+                        f"{type(max_shard_bytes).__name__}; give a size in bytes "
+                        "(max_shard_bytes=2**30)")
+    if not max_shard_bytes > 0:
+        raise ValueError(f"to_hf: max_shard_bytes={max_shard_bytes!r} is not a positive size; "
+                         "give a size in bytes (max_shard_bytes=2**30)")
+    if out.name in ("", ".", ".."):   # "." or "..": name the folder itself
+        out = Path(os.path.abspath(out))
+    refused = exists_error(out, overwrite)
+    if refused is not None:
+        raise refused
+    if isinstance(obj, tuple) and len(obj) == 2:   # (params, config): wb.hf.export_run
+        params, cfg = obj
+    elif hasattr(obj, "params") and hasattr(obj, "opt_state"):
+        if config is None:
+            raise ValueError("to_hf(train_state, ...) needs config=<the model's GPTConfig>")
+        params, cfg = obj.params, config
+    else:
+        params, cfg = _params_of(obj)
+        src = getattr(obj, "hf_source", None)
+        base = base if base is not None else (src.path if src is not None else None)
+    if getattr(cfg, "lora", None) is not None:   # LoRA: the adapters merged into the weights
+        from workbench.models._lora import merge_params
+
+        params, cfg = merge_params(params, cfg.lora), cfg.replace(lora=None)
+    if family is not None:   # the family must hold this model (else random weights)
+        check_family(cfg, family)
+    dt = export_dtype(dtype, cfg)   # a float dtype (int8 would truncate every weight)
+    hf = from_gpt_config(cfg, family=family, base=read_config(base) if base else None)
+    maps = mappings(cfg, hf["model_type"])
+    hf["dtype"] = dt.name
+    extra = _tokenizer_files(tokenizer if tokenizer is not None else base)
+    check_tokenizer(extra, cfg.vocab_size, where=f"exporting to {out}")   # before any file
+    if not _writer():   # another process of a job: its shards go into process 0's gathers
+        _write(None, params, cfg, maps, dt, max_shard_bytes)
+        _sync(f"to_hf:{out}")
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        _write(tmp, params, cfg, maps, dt, max_shard_bytes)
+        for f in extra:
+            shutil.copy2(f, tmp / f.name)
+        # config.json last: a folder without it is never taken for a model
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        if os.path.lexists(out):
+            _replace(out, tmp)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _sync(f"to_hf:{out}")
+    return out
+
+
+def check_replaceable(folder: str | os.PathLike[str]) -> str | None:
+    """Why ``overwrite=True`` may not replace ``folder`` (None: it may).
+
+    It may when it is a model folder ``to_hf`` wrote: a directory (not a symlink) whose
+    entries are all regular files named ``config.json``, ``*.safetensors``,
+    ``model.safetensors.index.json`` or one of :data:`TOKENIZER_FILES`, with
+    ``config.json`` and at least one safetensors file among them, every safetensors file
+    carrying :data:`MARK` in its header; or an empty directory (nothing to lose).
+    Everything else is refused, by name: a run
+    directory (``run.json``), a folder holding folders (runs, checkpoints, a parent of
+    the run being exported), other files, a model folder another tool wrote.
+    """
+    from workbench._runs import RUN_JSON
+
+    p = Path(folder)
+    if p.is_symlink():
+        return (f"{p} is a symlink (to {os.readlink(p)}); give the folder itself, or a new "
+                "folder")
+    if not p.is_dir():
+        return f"{p} exists and is not a folder"
+    try:
+        entries = sorted(os.scandir(p), key=lambda e: e.name)
+    except OSError as e:
+        return f"{p} cannot be listed ({e.strerror or e})"
+    names = [e.name for e in entries]
+    if not names:
+        return None   # an empty folder: replacing it loses nothing
+    if RUN_JSON in names:
+        return f"{p} is a run directory (it holds {RUN_JSON}); it is never replaced"
+    dirs = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    if dirs:
+        return (f"{p} holds folders ({_few(dirs)}): it is not a model folder to_hf wrote "
+                "(a parent of runs, a run's checkpoints?); it is never replaced")
+    allowed = {"config.json", INDEX, *TOKENIZER_FILES}
+    odd = [e.name for e in entries if not e.is_file(follow_symlinks=False)
+           or not (e.name in allowed or e.name.endswith(".safetensors"))]
+    if odd:
+        return (f"{p} holds files to_hf does not write ({_few(odd)}): it is not a model "
+                "folder to_hf wrote (a link or pipe never is one)")
+    shards = [n for n in names if n.endswith(".safetensors")]
+    if "config.json" not in names or not shards:
+        return f"{p} is not a model folder to_hf wrote (no config.json or no safetensors file)"
+    for n in shards:
+        if not _marked(p / n):
+            return (f"{p / n} was not written by wb.hf.to_hf (its header lacks the mark "
+                    f"{MARK}): a model folder of another tool is never replaced")
+    return None
+
+
+def exists_error(out: Path, overwrite: bool) -> FileExistsError | None:
+    """The error of writing to ``out`` (None: it is free, or ``overwrite`` may replace it):
+    why it may not be replaced, or that it exists and ``overwrite`` was not given."""
+    if not os.path.lexists(out):
+        return None
+    why = check_replaceable(out)
+    if why is not None:
+        return FileExistsError(f"{why}; choose a new folder (overwrite=True replaces only a "
+                               "model folder that wb.hf.to_hf wrote, or an empty one)")
+    if overwrite:
+        return None
+    what = "a model folder to_hf wrote" if any(out.iterdir()) else "an empty folder"
+    return FileExistsError(f"{out} exists ({what}); choose a new folder or pass "
+                           "overwrite=True (the old one is replaced only after the new one is "
+                           "complete)")
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _marked(file: Path) -> bool:
+    """Whether a safetensors file's header metadata holds :data:`MARK` (the header only
+    is read: 8 bytes of length, then at most ``_MAX_HEADER`` bytes of JSON)."""
+    from workbench._run_file import open_file
+
+    try:
+        with open_file(file) as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= _MAX_HEADER:
+                return False
+            meta = json.loads(f.read(n)).get("__metadata__") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(meta, dict) and all(meta.get(k) == v for k, v in MARK.items())
+
+
+_MARK_JSON = [json.dumps(m, separators=(",", ":")).encode()
+              for m in (MARK, dict(reversed(MARK.items())))]
+
+
+def _canonical_mark(file: Path) -> None:
+    """Puts :data:`MARK`'s keys in one order in the header just written: safetensors keeps
+    metadata in a hash map, so their order (and the file's bytes) would vary from run to
+    run; both orders have the same length, so the header is rewritten in place."""
+    with open(file, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = f.read(n)
+        i = header.find(_MARK_JSON[1])
+        if i >= 0:
+            f.seek(8 + i)
+            f.write(_MARK_JSON[0])
+
+
+def _replace(out: Path, new: Path) -> None:
+    """Puts the complete folder ``new`` in place of the to_hf folder ``out``: ``out`` is
+    renamed aside, checked again there (nothing can change it under our feet after the
+    rename), then its files are removed one by one; anything else leaves it aside, named."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.rename(out, aside)   # onto our own empty folder: atomic, same file system
+    why = check_replaceable(aside)
+    if why is not None:
+        os.rename(aside, out)   # put back what changed since the first check
+        shutil.rmtree(new, ignore_errors=True)
+        raise FileExistsError(f"{out} changed while it was being replaced ({why}); left as it "
+                              "was: choose a new folder")
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(aside, out)   # the old folder back where it was
+        raise
+    for e in os.scandir(aside):
+        os.unlink(e.path)   # regular files of the names to_hf writes (just checked)
+    os.rmdir(aside)
+
+
+def tokenizer_vocab(file: Path) -> int | None:
+    """How many token ids a ``tokenizer.json`` / SentencePiece ``.model`` file has (None
+    for other files)."""
+    try:
+        if file.suffix == ".json" and file.name not in _NOT_TOKENIZERS:
+            from tokenizers import Tokenizer
+
+            return int(Tokenizer.from_file(str(file)).get_vocab_size(with_added_tokens=True))
+        if file.suffix == ".model":
+            import sentencepiece as spm
+
+            return int(spm.SentencePieceProcessor(model_file=str(file)).GetPieceSize())
+    except Exception as e:   # the Rust / C++ sides raise plain exceptions
+        raise ValueError(f"{file} is not a readable tokenizer ({e}); give the model's own "
+                         "tokenizer.json (or its folder)") from None
+    return None
+
+
+def check_tokenizer(files: list[Path], vocab_size: int, *, where: str,
+                    fix: str = "use the tokenizer the model was trained with",
+                    unreadable_ok: bool = False) -> None:
+    """Raises if a tokenizer among ``files`` has more token ids than the model's vocab
+    (ids past the embedding table; a tokenizer of another model), or cannot be read
+    (unless ``unreadable_ok``)."""
+    for f in files:
+        try:
+            n = tokenizer_vocab(f)
+        except ValueError:
+            if unreadable_ok:
+                continue
+            raise
+        if n is not None and n > vocab_size:
+            raise ValueError(
+                f"{where}: the tokenizer {f} has {n} token ids but the model's vocab_size is "
+                f"{vocab_size}; ids from {vocab_size} up would index past the embedding "
+                f"table: {fix}")
+
+
+def _tokenizer_files(src: str | os.PathLike[str] | None) -> list[Path]:
+    if src is None:
+        return []
+    p = Path(src)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise FileNotFoundError(f"tokenizer source {p} does not exist; give a tokenizer.json "
+                                "or the folder holding it")
+    return [p / n for n in TOKENIZER_FILES if (p / n).is_file()]
+
+
+def _tensors(params: Any, cfg: GPTConfig, maps: list[Mapping_]
+             ) -> list[tuple[str, Mapping_, Any, tuple[int, ...]]]:
+    """(HF name, mapping, parameter array, stack index) of every HF tensor."""
+    rows = []
+    for m in maps:
+        arr = params
+        for p in m.path:
+            arr = arr[p]
+        arr = getattr(arr, "value", arr)
+        for idx, name in m.hf_names(cfg.n_layers, cfg.n_experts):
+            rows.append((name, m, arr, idx))
+    return rows
+
+
+def _write(folder: Path | None, params: Any, cfg: GPTConfig, maps: list[Mapping_],
+           dt: np.dtype, max_shard_bytes: int) -> None:
+    """The safetensors shards (+ index): tensors assigned to shards by size first, then
+    each shard's tensors gathered and written, one shard in host memory at a time
+    (``folder=None``: gather only, in a process that does not write)."""
+    from safetensors.numpy import save_file
+
+    rows = _tensors(params, cfg, maps)
+    shards: list[list[int]] = [[]]
+    size = 0
+    for i, (_, m, _, _) in enumerate(rows):
+        nbytes = int(np.prod(m.hf_shape)) * dt.itemsize
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(i)
+        size += nbytes
+    n = len(shards)
+    names = [SINGLE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+                                     for i in range(n)]
+    weight_map: dict[str, str] = {}
+    total = 0
+    for file, members in zip(names, shards, strict=True):
+        tensors: dict[str, np.ndarray] = {}
+        for i in members:
+            name, m, arr, idx = rows[i]
+            block = _host_block(arr, idx)
+            if folder is None:
+                continue
+            tensors[name] = m.to_hf(block).astype(dt)
+            weight_map[name] = file
+            total += tensors[name].nbytes
+        if folder is not None:
+            save_file(tensors, str(folder / file), metadata=MARK)
+            _canonical_mark(folder / file)
+        del tensors
+    if n > 1 and folder is not None:
+        (folder / INDEX).write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": dict(sorted(
+                weight_map.items()))}, indent=2) + "\n")
+

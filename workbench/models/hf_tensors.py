@@ -1,4 +1,0 @@
-"""Moved to :mod:`workbench.hf.tensors` (``wb.hf``): a shim that warns, then forwards."""
-from workbench._moved import forward
-
-__getattr__, __dir__ = forward(__name__, "workbench.hf.tensors")

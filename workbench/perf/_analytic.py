@@ -1,0 +1,718 @@
+"""Analytic plan estimates: memory per device, compute split and collectives from layouts.
+
+Used beside the compiled numbers, and alone for meshes larger than the machine. Every
+number here is an estimate by formula; the formulas are in the docstrings.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from workbench.perf._hlo import Collective, _wire
+from workbench._layouts import Layout
+from workbench._mesh import MeshInfo
+from workbench.models import _attention as attention_impl
+from workbench.models._config import REMAT_POLICIES, GPTConfig
+from workbench._rules import Rules
+
+__all__ = ["TPU_SCRATCH_BYTES", "TRAFFIC", "activation_bytes", "analytic_collectives",
+           "analytic_memory", "axes_size", "batch_axes", "compute_split",
+           "context_collectives", "fsdp_axes", "hbm_bytes", "moe_collectives",
+           "moe_padding_flops", "moe_slots_per_token", "per_device", "pipeline_permutes",
+           "pipeline_stage_activations", "temp_breakdown", "weight_axes"]
+
+
+def axes_size(mesh: MeshInfo, axes: Sequence[str]) -> int:
+    """Product of the sizes of ``axes``."""
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def batch_axes(rules: Rules, mesh: MeshInfo) -> tuple[str, ...]:
+    """Mesh axes (size > 1) that split the batch or the sequence."""
+    return rules.axes("batch", mesh.shape) + rules.axes("seq", mesh.shape)
+
+
+def fsdp_axes(lay: Layout, bat: set[str] | Sequence[str]) -> tuple[str, ...]:
+    """Batch axes that shard ``lay`` as FSDP (gathered before use): every batch axis in its
+    spec except on a dim whose logical axis is ``experts`` (expert parallelism keeps those
+    shards where they are and moves the tokens instead)."""
+    logical = lay.logical_axes or (None,) * len(lay.spec)
+    return tuple(a for axes, lg in zip(lay.spec, logical) if lg != "experts"
+                 for a in axes if a in bat)
+
+
+def weight_axes(layouts: Mapping[str, Layout]) -> set[str]:
+    """Mesh axes that shard at least one parameter."""
+    return {a for lay in layouts.values() for axes in lay.spec for a in axes}
+
+
+def compute_split(rules: Rules, mesh: MeshInfo, param_layouts: Mapping[str, Layout]) -> int:
+    """Into how many parts the step's compute is divided: the product of the mesh axes
+    that split the batch/sequence or shard some weight. The rest repeat the same work."""
+    used = set(batch_axes(rules, mesh)) | weight_axes(param_layouts)
+    return axes_size(mesh, [a for a in mesh.axis_names if a in used])
+
+
+def per_device(layouts: Mapping[str, Layout]) -> int:
+    """Bytes each device allocates for these tensors (padded blocks, as XLA allocates)."""
+    return int(sum(lay.padded_bytes_per_device for lay in layouts.values()))
+
+
+# -- temporaries: what XLA's temp holds at its peak ---------------------------------------
+#
+# Per token and layer, the tensors a GPT block keeps for its backward pass: bytes per
+# element of the D-sized (d_model), F-sized (d_ff), NH-sized (query heads x head_dim) and
+# KH-sized (kv heads x head_dim) tensors, each dimension divided by the mesh axes that
+# shard it; plus the attention scores (``heads x T`` per token: a float32 copy, since
+# ``jax.nn.dot_product_attention`` computes them in float32, and the probabilities in the
+# compute dtype) and the logits (``V`` per token: on an accelerator the logits and their
+# gradient in the compute dtype, since the loss (workbench.models._xent) keeps no float32
+# copy; the TPU compiler even fuses 16-bit ones away at some sizes, so this is an upper
+# bound there. XLA:CPU keeps a float32 copy too). ``b`` is the compute dtype's size.
+#
+# Calibrated against the compilers' buffer assignments (docs/predictions.md, "Calibration"):
+# with a 16-bit compute dtype the TPU compiler keeps 3 D-sized (norm outputs, the attention
+# and MLP outputs), 3 F-sized (gate, up, their product), 2 NH-sized (q after RoPE, the
+# attention output) and 2 KH-sized (k after RoPE, v) tensors per layer; XLA:CPU also keeps
+# SiLU's two intermediates (5 F-sized). In float32 the TPU compiler keeps some matmul
+# operands in bfloat16 (the MXU's default precision) and only the float32 scores: its
+# coefficients are the mean of two compiles (small, fsdp and tp), each within 9%.
+_LAYER_KEYS = ("D", "F", "NH", "KH", "scores", "logits")
+
+
+def _bytes_per_element(kind: str, b: int, remat: str) -> dict[str, float]:
+    """Bytes kept per element of each per-token tensor class (``_LAYER_KEYS``)."""
+    if kind == "cpu":   # XLA:CPU: remat does not lower the peak (temp_breakdown)
+        return dict(zip(_LAYER_KEYS, (3 * b, 5 * b, 2 * b, 2 * b, 4 + b, 4 + b)))
+    policy = REMAT_POLICIES[remat]
+    if remat not in ("none", "dots", "full"):   # named policies: what stays on the device
+        if policy.base == "dots_with_no_batch_dims_saveable":
+            remat = "dots"
+        elif policy.offload_dots:   # every projection on the host: the block input stays
+            remat = "full"
+        else:
+            kept = set(policy.saved)  # (offloaded names live in host memory)
+            host = set(policy.offloaded)
+            return dict(zip(_LAYER_KEYS, (
+                b * ("decoder_layer_input" not in host) + b * ("out_proj" in kept),
+                b * (("mlpwi_0" in kept) + ("mlpwi_1" in kept)),
+                b * (("query_proj" in kept) + ("context" in kept)),
+                b * (("key_proj" in kept) + ("value_proj" in kept)), 0, 2 * b)))
+    if remat == "dots":  # matmul outputs without batch dimensions: q, k, v, o, gate, up, down
+        return dict(zip(_LAYER_KEYS, (2 * b, 2 * b, b, 2 * b, 0, 2 * b)))
+    if remat == "full":  # the block input
+        return dict(zip(_LAYER_KEYS, (b, 0, 0, 0, 0, 2 * b)))
+    if b == 4:
+        return dict(zip(_LAYER_KEYS, (9, 9, 4, 3, 4, 5)))
+    return dict(zip(_LAYER_KEYS, (3 * b, 3 * b, 2 * b, 2 * b, 4 + b, 2 * b)))
+
+
+def _fused_attention(cfg: GPTConfig, mesh: MeshInfo, seq: int, rules: Any = None,
+                     batch: int = 1) -> bool:
+    """Whether ``cfg.attention`` runs a fused kernel on ``mesh``'s platform (and, for
+    ``"auto"`` with ``rules``, on this layout)."""
+    impl = getattr(cfg, "attention", "xla")
+    problem = attention_impl.splash_layout_problem(
+        (batch, seq, cfg.n_heads, cfg.head_dim), cfg.n_kv_heads, rules=rules,
+        mesh=mesh) if impl == "auto" and rules is not None else None
+    try:
+        r = attention_impl.resolve(impl, mesh.platform, seq=seq,
+                                   block_sizes=getattr(cfg, "attention_block_sizes", None),
+                                   head_dim=cfg.head_dim, layout_problem=problem,
+                                   dtype=getattr(cfg, "dtype", None))
+    except ValueError:
+        return False
+    return r.impl != "xla"
+
+
+#: On-chip scratch (VMEM, memory space 1) the TPU compiler reports inside
+#: ``memory_analysis().temp_size_in_bytes``: 47-50 MiB in every v5p program above a toy size.
+TPU_SCRATCH_BYTES = 48 * 2**20
+
+
+def _kind(mesh: MeshInfo) -> str:
+    """"cpu" for XLA:CPU, else "accelerator" (calibrated on the TPU compiler; GPU assumed
+    alike)."""
+    return "cpu" if mesh.platform == "cpu" else "accelerator"
+
+
+def compute_dtype(cfg: GPTConfig, mesh: MeshInfo) -> np.dtype:
+    """The dtype ``cfg``'s activations take on ``mesh``'s platform (``dtype="auto"``:
+    bfloat16 on GPU/TPU, float32 on CPU; ``GPTConfig.compute_dtype``)."""
+    return np.dtype(cfg.compute_dtype(mesh.platform))
+
+
+def _ceil_div(n: int, d: int) -> int:
+    return -(-int(n) // max(1, int(d)))
+
+
+def _gpt_weights(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], tuple[str | None, ...],
+                                                int]]:
+    """(name, shape, logical axes, copies) of ``GPT(cfg)``'s parameters (one block's
+    tensors with ``copies = n_layers``), as in ``workbench.models._gpt``."""
+    d, f, n, k, h, v = (cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                        cfg.vocab_size)
+    L, ly = cfg.n_layers, "layers"   # the blocks' layers axis (sharded by pipeline stages)
+    out = [("embed", (v, d), ("vocab", "embed"), 1),
+           ("final_norm", (d,), ("embed",), 1),
+           ("q", (L, d, n, h), (ly, "embed", "heads", "head_dim"), 1),
+           ("k", (L, d, k, h), (ly, "embed", "kv_heads", "head_dim"), 1),
+           ("v", (L, d, k, h), (ly, "embed", "kv_heads", "head_dim"), 1),
+           ("o", (L, n, h, d), (ly, "heads", "head_dim", "embed"), 1),
+           ("norms", (L, d), (ly, "embed"), 2)]
+    if cfg.n_experts:   # router, routed experts (memory counts every one), shared experts
+        e, fe = cfg.n_experts, cfg.moe_d_ff
+        ex = (ly, "experts")
+        out += [("router", (L, d, e), (ly, "embed", None), 1),
+                ("expert_gate", (L, e, d, fe), (*ex, "embed", "expert_mlp"), 1),
+                ("expert_up", (L, e, d, fe), (*ex, "embed", "expert_mlp"), 1),
+                ("expert_down", (L, e, fe, d), (*ex, "expert_mlp", "embed"), 1)]
+        f = cfg.n_shared_experts * fe
+    if f:
+        out += [("gate", (L, d, f), (ly, "embed", "mlp"), 1),
+                ("up", (L, d, f), (ly, "embed", "mlp"), 1),
+                ("down", (L, f, d), (ly, "mlp", "embed"), 1)]
+    if not cfg.tie_embeddings:
+        out.append(("lm_head", (d, v), ("embed", "vocab"), 1))
+    return out
+
+
+def _weight_bytes(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, itemsize: int,
+                  skip_axes: set[str]) -> dict[str, int]:
+    """Bytes per device of each weight (all layers), divided by the mesh axes its logical
+    axes map to except ``skip_axes`` (the batch axes: what an FSDP gather makes whole)."""
+    out: dict[str, int] = {}
+    for name, shape, logical, copies in _gpt_weights(cfg):
+        used: set[str] = set()
+        elems = 1
+        for dim, lg in zip(shape, logical):
+            axes = [a for a in (rules.axes(lg) if lg else ())
+                    if a in mesh.shape and a not in used]
+            used.update(axes)
+            skip = skip_axes if lg != "experts" else set()   # expert shards stay put
+            elems *= _ceil_div(dim, axes_size(mesh, [a for a in axes if a not in skip]))
+        out[name] = elems * itemsize * copies
+    return out
+
+
+def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
+                   mesh: MeshInfo) -> dict[str, int | str]:
+    """What holds XLA's temporary memory at its peak, per device (estimate, bytes).
+
+    One function of about 90 lines, on purpose: each term below is a few lines of code, in
+    the order this docstring gives them, so the code can be read against the formula.
+
+    Two phases can be the peak: the end of the forward pass (everything kept for the
+    backward pass) and the gradient reduction. ``temp = max(forward_peak,
+    reduction_peak)``; ``phase`` says which. Terms (``b``: compute dtype bytes; tokens per
+    device = batch x seq over their shards; d_ff, heads, kv heads and vocab over theirs):
+
+    - ``saved``: activations kept for the backward pass, all layers: per token and layer
+      ``cD·D + cF·F + cN·NH + cK·KH + cS·heads·T`` bytes (mixture of experts: ``F`` is
+      ``slots · expert_d_ff`` plus the shared experts' width, and where the policy keeps
+      the MLP's tensors each slot adds its D-sized input, ``b·slots·D``, each token its
+      ``k`` picked outputs in float32, ``4·k·D``, and the router's float32 logits,
+      probabilities and one-hot counts, ``12·E``; :func:`moe_slots_per_token`; under
+      remat="full" none of it stays) (``_bytes_per_element`` by
+      platform, dtype and ``cfg.remat``; ``T`` the attention span: the sequence, or one
+      ``T/n`` block for ring attention over a context axis of size ``n``). XLA:CPU schedules
+      every rematerialisation right after the forward pass, so remat does not lower its
+      peak: the CPU keeps the ``"none"`` set.
+    - ``transient``: the last layer's backward pass: its recomputed set under remat, else
+      the gradients of its MLP activations and output, ``cF·F + b·D`` per token; on an
+      accelerator also the gradients of the attention scores and probabilities,
+      ``heads·T·(4 + b)``; under remat a mixture of experts holds, while its MLP's
+      backward runs (before the attention's, so in place of the softmax's gradients when
+      larger), the gradients of the recomputed expert slots' F-sized tensors,
+      ``cF·slots·expert_d_ff`` (dropless, ``slots = E``: these dominate the step), and
+      with FSDP the layer's whole weight gradient in the parameter dtype before its
+      reduce-scatter (every expert's: E times a dense MLP's). It runs once the logits are
+      freed, so the peak holds
+      ``max(logits, transient)``. This is what remat needs at least: where HBM is to
+      spare the TPU compiler recomputes several layers ahead and uses more (1b,
+      remat="full", 2048 tokens per sequence on v5p-16: 13.4 GiB of temp for ~7.8).
+    - ``logits``: the logits and their gradient in the compute dtype (a float32 copy too
+      on XLA:CPU), ``cL·V`` per token
+      (of one ``1/loss_chunks`` slice of the tokens with ``GPTConfig.loss_chunks``).
+    - ``gathered``: FSDP gather buffers (weights sharded over a batch axis). The TPU
+      compiler gathers each layer's weights just before use, in the matmul dtype: the
+      output projection plus two layers (one in use, one prefetched). XLA:CPU gathers
+      every layer once and keeps it for the backward pass: all block weights, in the
+      parameter dtype.
+    - ``embedding_grads`` (CPU): the output projection's gradient and the embedding's
+      scatter-add buffer (with FSDP: the gathered table), whole over the batch axes.
+    - ``scratch`` (TPU): on-chip scratch the compiler counts in temp
+      (``TPU_SCRATCH_BYTES``).
+    - ``reduction_peak``: XLA:CPU all-reduces every gradient replicated over a batch axis
+      at once and holds the unreduced and the reduced copy (a tied embedding's two partial
+      gradients count twice): ``2 x`` those gradients plus the other gradient shards. On
+      an accelerator the reduction runs layer by layer beside the backward pass: the
+      gradient shards (``gradients``) and the scratch.
+
+    Calibrated against the CPU and TPU compilers' buffer assignments; the ratios over a
+    matrix of presets, strategies and meshes are in BENCHMARKS.md and the method in
+    docs/predictions.md ("Calibration"). GPUs use the accelerator (TPU) coefficients,
+    unchecked.
+    """
+    kind = _kind(mesh)
+    b = compute_dtype(cfg, mesh).itemsize
+    pbytes = np.dtype(cfg.param_dtype).itemsize
+    shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
+    tokens = _ceil_div(batch, shard("batch")) * _ceil_div(seq, shard("seq"))
+    # attention span: ring attention (context parallelism) scores one T/n block at a time
+    span = _ceil_div(seq, shard("seq")) \
+        if getattr(cfg, "context_attention", "") == "ring" else seq
+    if kind == "accelerator" and _fused_attention(cfg, mesh, seq, rules, batch):
+        span = 0   # a fused kernel (splash, cuDNN) never holds the T x T scores
+    d = cfg.d_model
+    f = _ceil_div(cfg.d_ff, shard("mlp"))
+    heads = _ceil_div(cfg.n_heads, shard("heads"))
+    nh = heads * cfg.head_dim
+    kh = _ceil_div(cfg.n_kv_heads, shard("kv_heads")) * cfg.head_dim
+    vocab = _ceil_div(cfg.vocab_size, shard("vocab"))
+
+    s = 0.0
+    if cfg.n_experts:   # MoE: F-sized tensors per slot, slots = E * capacity / group
+        ea = [a for a in rules.axes("experts") if a in mesh.shape]
+        s = moe_slots_per_token(cfg, tokens * (axes_size(mesh, ea)
+                                               if cfg.moe_dispatch == "all_gather" else 1),
+                                expert_shards=axes_size(mesh, ea))
+        f = int(s * _ceil_div(cfg.moe_d_ff, shard("expert_mlp"))) \
+            + _ceil_div(cfg.n_shared_experts * cfg.moe_d_ff, shard("mlp"))
+
+    def per_token(remat: str) -> float:
+        c = _bytes_per_element(kind, b, remat)
+        # the experts' input slots, each token's k picked outputs in float32 (the
+        # combine's operand) and the router's float32 logits, probabilities and counts:
+        # kept where the policy keeps the MLP's tensors (remat="full" keeps none of them)
+        moe = (b * s * d + 4 * cfg.experts_per_token * d + 3 * 4 * cfg.n_experts) \
+            if cfg.n_experts and c["F"] else 0
+        return c["D"] * d + c["F"] * f + c["NH"] * nh + c["KH"] * kh \
+            + c["scores"] * heads * span + moe
+
+    remat = cfg.remat if kind == "accelerator" else "none"
+    saved = int(tokens * per_token(remat)) * cfg.n_layers
+    # the backward pass of the last layer: its recomputed set under remat, else the
+    # gradients of its MLP activations and of its output
+    none = _bytes_per_element(kind, b, "none")
+    transient = int(tokens * per_token("none")) if remat != "none" else \
+        int(tokens * (none["F"] * f + b * d))
+    # the softmax's backward (accelerator): gradients of scores and probabilities
+    softmax = int(tokens * heads * span * (4 + b)) if kind == "accelerator" else 0
+    moe_grads = int(tokens * none["F"] * (f - _ceil_div(
+        cfg.n_shared_experts * cfg.moe_d_ff, shard("mlp")))) \
+        if remat != "none" and cfg.n_experts else 0
+    # loss_chunks: one slice of the sequence's logits at a time (step.chunked_token_losses)
+    logits = int(_ceil_div(tokens, max(1, getattr(cfg, "loss_chunks", 1))) * vocab
+                 * none["logits"])
+    scratch = TPU_SCRATCH_BYTES if mesh.platform == "tpu" else 0
+
+    bat = set(batch_axes(rules, mesh))
+    shards = _weight_bytes(cfg, rules, mesh, pbytes, set())
+    grads = sum(shards.values())
+    fsdp = {k for k, full in _weight_bytes(cfg, rules, mesh, pbytes, bat).items()
+            if full != shards[k]}
+    out_proj = "embed" if cfg.tie_embeddings else "lm_head"
+    whole = _weight_bytes(cfg, rules, mesh, pbytes, bat)
+    blocks = sum(v for k, v in whole.items()
+                 if k in fsdp and k not in ("embed", "lm_head", "final_norm"))
+    gathered = embedding_grads = 0
+    if kind == "cpu":
+        gathered = blocks
+        embedding_grads = 2 * whole[out_proj]
+    elif fsdp:
+        mm = min(b, 2) if mesh.platform == "tpu" else b   # the MXU takes bfloat16 operands
+        per_layer = blocks * mm // (pbytes * cfg.n_layers)
+        gathered = (whole[out_proj] * mm // pbytes if out_proj in fsdp else 0) \
+            + 2 * per_layer
+        if moe_grads:   # a layer's whole weight gradient before its reduce-scatter:
+            moe_grads += blocks // cfg.n_layers   # every expert's (E x a dense MLP)
+    # a recomputed MoE layer's backward runs its MLP's (the slots' gradients) before its
+    # attention's (the softmax's): the two are not live at once
+    transient += max(moe_grads, softmax) if moe_grads else softmax
+    forward = saved + max(logits, transient) + gathered + embedding_grads + scratch
+    if kind == "cpu":
+        reduced = sum(v for k, v in whole.items() if k not in fsdp)
+        if cfg.tie_embeddings and "embed" not in fsdp:
+            reduced += whole["embed"]
+        reduction = 2 * reduced + sum(v for k, v in shards.items() if k in fsdp)
+    else:
+        reduction = grads + scratch
+    temp = max(forward, reduction)
+    return {"saved": saved, "transient": transient, "logits": logits,
+            "gathered": gathered, "embedding_grads": embedding_grads, "scratch": scratch,
+            "forward_peak": forward, "reduction_peak": reduction, "gradients": grads,
+            "temp": temp, "phase": "forward" if forward >= reduction else "reduction",
+            "model": kind}
+
+
+def moe_slots_per_token(cfg: GPTConfig, group: int, expert_shards: int = 1) -> float:
+    """Expert slots per token of a group of ``group`` tokens, ``E * capacity / group``:
+    ``E`` when dropless (every expert has room for the whole group), about
+    ``capacity_factor * k`` otherwise. Each slot holds a D-sized input and output and the
+    expert's F-sized hidden tensors, so MoE activations scale with it. Grouped matmuls
+    (``GPTConfig.moe_matmul_resolved == "grouped"``) hold rows, not slots: ``k`` per
+    token, and over ``expert_shards`` devices ``n`` on the expert axes, the rows a device's
+    peers could owe its experts, ``min(n*k, E)`` per token of its own
+    (``models.moe._group_grouped``)."""
+    from workbench.models._moe import capacity
+
+    if cfg.moe_matmul_resolved == "grouped":
+        return float(min(max(1, expert_shards) * cfg.experts_per_token, cfg.n_experts))
+    return cfg.n_experts * capacity(cfg, max(1, int(group))) / max(1, int(group))
+
+
+def moe_padding_flops(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
+                      mesh: MeshInfo) -> float:
+    """FLOPs the experts spend on empty slots in one training step, all devices: the
+    routed SwiGLU runs on ``slots`` rows per token (:func:`moe_slots_per_token`: ``E``
+    dropless, about ``capacity_factor·k`` with a capacity) where ``k`` carry a token, so
+    the hardware does ``slots / k`` times the routed experts' model FLOPs
+    (``2·3·D·Fe·k`` per token and layer, ``workbench._flops``), three times for training
+    and once more for the gate and up projections remat recomputes
+    (``flops.remat_recompute``). 0 for a dense model, and for grouped matmuls
+    (``moe_matmul="grouped"``: the ragged matmuls run on the routed rows only)."""
+    if not cfg.n_experts or cfg.moe_matmul_resolved == "grouped":
+        return 0.0
+    from workbench._flops import remat_recompute
+
+    ea = [a for a in rules.axes("experts") if a in mesh.shape]
+    shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
+    group = _ceil_div(batch, shard("batch")) * _ceil_div(seq, shard("seq")) \
+        * (axes_size(mesh, ea) if cfg.moe_dispatch == "all_gather" else 1)
+    k = cfg.experts_per_token
+    empty = max(0.0, moe_slots_per_token(cfg, group) - k)
+    forward = 2 * 3 * cfg.d_model * cfg.moe_d_ff * empty * batch * seq * cfg.n_layers
+    zero = dict.fromkeys(("qkv", "attention", "out_proj", "logits"), 0.0)
+    return 3 * forward + remat_recompute(cfg, {**zero, "mlp": forward})
+
+
+def activation_bytes(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
+                     mesh: MeshInfo) -> int:
+    """Temporaries of one train step of ``GPT(cfg)`` besides the gradient shards, per
+    device (estimate): ``temp_breakdown(...)["temp"] - gradients``, the same split the
+    compiled plan reports (XLA's temp minus the gradient shards).
+
+    At the forward pass's end this is the activations kept for the backward pass, the
+    float32 logits and FSDP gather buffers; when the gradient reduction is the peak, its
+    buffers. Formulas and their calibration: :func:`temp_breakdown`.
+    """
+    t = temp_breakdown(cfg, batch, seq, rules, mesh)
+    return int(t["temp"]) - int(t["gradients"])
+
+
+def analytic_memory(param_layouts: Mapping[str, Layout], opt_layouts: Mapping[str, Layout],
+                    batch_layouts: Mapping[str, Layout], activations: int | None,
+                    limit: int | None) -> dict[str, int | None]:
+    """Per-device bytes: params, optimizer, batch, gradients (= params' shards; a LoRA
+    model's adapters' only), temp
+    (gradients + ``activations``: the rest of the temporaries, see
+    :func:`activation_bytes`), total and limit."""
+    params, opt = per_device(param_layouts), per_device(opt_layouts)
+    batch = per_device(batch_layouts)
+    # LoRA (workbench.models._lora): only the adapters (paths through a "lora" entry) have
+    # gradients; the frozen base has none
+    adapters = {k: v for k, v in param_layouts.items() if "lora" in k.split(".")}
+    grads = per_device(adapters) if adapters else params
+    temp = grads + (activations or 0)
+    return {"params": params, "optimizer": opt, "batch": batch, "gradients": grads,
+            "activations": activations, "temp": temp, "total": params + opt + batch + temp,
+            "limit": limit}
+
+
+#: HBM traffic per step in units of what it moves, fitted to the TPU compiler's
+#: ``cost_analysis()["bytes accessed"]`` (GPT "small" in bfloat16 on a v5p-16 slice: fsdp,
+#: tp, fsdp_tp without remat, with "dots" and "full", and dp at 8 x 128 tokens):
+#: ``activations`` per byte of the no-remat forward-end set (saved activations + logits:
+#: written and read in the forward pass, their gradients in the backward pass, the
+#: fusions' intermediates and the softmax passes); ``dots`` / ``full`` added by the
+#: recomputation; ``weights`` per byte of the weights as the matmuls use them (the
+#: float32 read, its bfloat16 copy read by the forward, input-gradient and
+#: weight-gradient matmuls, the weight gradients and their reduction).
+TRAFFIC = {"activations": 7.7, "dots": 1.1, "full": 1.6, "weights": 17.0}
+
+
+def hbm_bytes(memory: Mapping[str, int | None], param_layouts: Mapping[str, Layout],
+              rules: Rules, mesh: MeshInfo, *, cfg: GPTConfig | None = None,
+              batch: int | None = None, seq: int | None = None) -> int:
+    """HBM bytes read + written per device in one step (estimate, for the roofline).
+
+    ``W`` = the weights as the matmuls use them (each parameter's shard times the batch
+    axes that shard it: FSDP gathers them). The optimizer reads parameters, gradients and
+    its state and writes parameters and state, ``2 params + gradients + 2 optimizer``;
+    the batch is read once.
+
+    With the model (``cfg``, ``batch``, ``seq``): ``TRAFFIC["weights"]·W`` and
+    ``(TRAFFIC["activations"] + TRAFFIC[remat])·A`` where ``A`` is the forward-end set
+    without remat (``temp_breakdown``'s saved activations + logits; remat keeps less but
+    moves as much, and recomputes). Calibrated against the TPU compiler (``TRAFFIC``);
+    docs/predictions.md, "Calibration". Without it (a model factory): ``3W`` (weights read
+    by the forward and backward matmuls, gradient written) and ``2 activations``.
+    """
+    bat = set(batch_axes(rules, mesh))
+    gathered = 0
+    for lay in param_layouts.values():
+        gathered += lay.padded_bytes_per_device * axes_size(mesh, fsdp_axes(lay, bat))
+    get = lambda k: int(memory.get(k) or 0)
+    update = 2 * get("params") + get("gradients") + 2 * get("optimizer") + get("batch")
+    if cfg is None or batch is None:
+        return int(3 * gathered + update + 2 * get("activations"))
+    t = temp_breakdown(cfg.replace(remat="none"), batch, int(seq or cfg.seq_len), rules, mesh)
+    per_byte = TRAFFIC["activations"] + TRAFFIC.get(cfg.remat, 0.0)
+    return int(TRAFFIC["weights"] * gathered + update
+               + per_byte * (int(t["saved"]) + int(t["logits"])))
+
+
+def _merge(records: list[Collective]) -> list[Collective]:
+    merged: dict[tuple, Collective] = {}
+    for r in records:
+        key = (r.kind, r.axes, r.shapes)
+        if key in merged:
+            old = merged[key]
+            r = Collective(kind=r.kind, axes=r.axes, aligned=True, group_size=r.group_size,
+                           bytes=r.bytes, wire_bytes=r.wire_bytes, count=old.count + r.count,
+                           shapes=r.shapes, names=old.names + r.names)
+        merged[key] = r
+    return sorted(merged.values(), key=lambda c: -c.total_wire_bytes)
+
+
+def _record(kind: str, axes: tuple[str, ...], mesh: MeshInfo, nbytes: int, count: int,
+            shape: str, why: str) -> Collective:
+    n = axes_size(mesh, axes)
+    return Collective(kind=kind, axes=axes, aligned=True, group_size=n, bytes=int(nbytes),
+                      wire_bytes=_wire(kind, int(nbytes), n), count=count, shapes=(shape,),
+                      names=(f"estimate: {why}",))
+
+
+def _shape_str(dtype: np.dtype, shape: Sequence[int]) -> str:
+    short = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "s32"}
+    return f"{short.get(np.dtype(dtype).name, np.dtype(dtype).name)}[{','.join(map(str, shape))}]"
+
+
+def analytic_collectives(param_layouts: Mapping[str, Layout], rules: Rules, mesh: MeshInfo,
+                         cfg: GPTConfig | None, batch: int, seq: int) -> list[Collective]:
+    """Collectives one step needs, by formula from the layouts (estimates).
+
+    - weights sharded over a batch axis (FSDP): all-gather before the forward and again
+      in the backward (2 per step), reduce-scatter of the gradient (1);
+    - weights replicated over a batch axis (DP): all-reduce of the gradient (1);
+    - GPT with heads / mlp sharded over a non-batch axis (TP): per layer one all-reduce of
+      the (B/batch shards, T, D) activation after attention and one after the MLP, each
+      again in the backward pass; a vocab-sharded embedding adds one of each.
+    """
+    bat = set(batch_axes(rules, mesh))
+    out: list[Collective] = []
+    for name, lay in param_layouts.items():
+        sharded = {a for axes in lay.spec for a in axes}
+        fsdp = tuple(a for a in mesh.axis_names if a in fsdp_axes(lay, bat))
+        dp = tuple(a for a in mesh.axis_names if a in bat and a not in sharded)
+        shard = lay.padded_bytes_per_device
+        if fsdp:
+            full = shard * axes_size(mesh, fsdp)
+            gathered = [s * axes_size(mesh, [a for a in axes if a in fsdp])
+                        for s, axes in zip(lay.shard_shape, lay.spec)]
+            out.append(_record("all-gather", fsdp, mesh, full, 2,
+                               _shape_str(lay.dtype, gathered), f"FSDP gather of {name}"))
+            out.append(_record("reduce-scatter", fsdp, mesh, shard, 1,
+                               _shape_str(lay.dtype, lay.shard_shape), f"grad of {name}"))
+        if dp:
+            out.append(_record("all-reduce", dp, mesh, shard, 1,
+                               _shape_str(lay.dtype, lay.shard_shape), f"grad of {name}"))
+    if cfg is not None:
+        tok_shards = axes_size(mesh, batch_axes(rules, mesh))
+        act_shape = (max(1, batch // tok_shards), seq, cfg.d_model)
+        dt = compute_dtype(cfg, mesh)
+        act = int(dt.itemsize * math.prod(act_shape))
+        shp = _shape_str(dt, act_shape)
+        for logical, what in (("heads", "attention output"), ("mlp", "MLP output")):
+            axes = tuple(a for a in rules.axes(logical)
+                         if a not in bat and mesh.shape.get(a, 1) > 1)
+            if axes:
+                out.append(_record("all-reduce", axes, mesh, act, 2 * cfg.n_layers, shp,
+                                   f"tensor-parallel {what}, forward and backward"))
+        axes = tuple(a for a in rules.axes("vocab")
+                     if a not in bat and mesh.shape.get(a, 1) > 1)
+        if axes:
+            out.append(_record("all-reduce", axes, mesh, act, 2, shp,
+                               "vocab-sharded embedding lookup, forward and backward"))
+        out += moe_collectives(cfg, rules, mesh, batch, seq)
+        out += context_collectives(cfg, rules, mesh, batch, seq)
+    return _merge(out)
+
+
+def moe_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
+                    seq: int) -> list[Collective]:
+    """Hand count of the MoE token dispatch's collectives per step (per device).
+
+    With ``G`` tokens per device (batch x seq over the axes that shard them), ``n``
+    devices on the expert axes, capacity ``C`` (:func:`workbench.models._moe.capacity`)
+    and a compute dtype of ``b`` bytes, per MoE layer:
+
+    - ``all_to_all``: 4 all-to-alls (dispatch and return, forward and backward) of the
+      ``(E, C, D)`` buffer, ``E·C·D·b`` bytes each;
+    - ``all_gather``: 2 all-gathers of the group's tokens, ``n·G·D·b`` (forward, and the
+      backward of the reduce-scatter) and 2 reduce-scatters to ``G·D·b`` (forward, and the
+      backward of the gather); the routes' small gathers are left out.
+
+    With grouped matmuls (``moe_matmul="grouped"``) the all-to-alls carry ``n`` blocks of
+    ``S = G·min(k, E/n)`` rows instead of the ``(E, C, D)`` buffer, ``n·S·D·b`` bytes,
+    and one more per layer (forward only) carries the ``(n, E/n)`` int32 row counts.
+    """
+    from workbench.models._moe import capacity
+
+    ea = rules.axes("experts", mesh.shape)
+    if not cfg.n_experts or not ea:
+        return []
+    n = axes_size(mesh, ea)
+    shards = axes_size(mesh, [a for a in rules.axes("batch") + rules.axes("seq")
+                              if a in mesh.shape])
+    g, d, e = max(1, batch * seq // shards), cfg.d_model, cfg.n_experts
+    dt = compute_dtype(cfg, mesh)
+    layers = cfg.n_layers
+    if cfg.moe_dispatch == "all_gather":
+        return [_record("all-gather", ea, mesh, n * g * d * dt.itemsize, 2 * layers,
+                        _shape_str(dt, (n * g, d)), "MoE token all-gather, fwd + bwd"),
+                _record("reduce-scatter", ea, mesh, g * d * dt.itemsize, 2 * layers,
+                        _shape_str(dt, (g, d)), "MoE output reduce-scatter, fwd + bwd")]
+    if cfg.moe_matmul_resolved == "grouped":
+        rows = n * g * min(cfg.experts_per_token, e // n)
+        return [_record("all-to-all", ea, mesh, rows * d * dt.itemsize, 4 * layers,
+                        _shape_str(dt, (n, rows // n, d)),
+                        "MoE routed rows (grouped) dispatch + return, fwd + bwd"),
+                _record("all-to-all", ea, mesh, n * (e // n) * 4, layers,
+                        _shape_str(np.dtype("int32"), (n, e // n)),
+                        "MoE rows per expert (grouped), fwd")]
+    c = capacity(cfg, g)
+    return [_record("all-to-all", ea, mesh, e * c * d * dt.itemsize, 4 * layers,
+                    _shape_str(dt, (e, c, d)), "MoE dispatch + return, fwd + bwd")]
+
+
+def _context_axes(rules: Rules, mesh: MeshInfo, logical: str, ctx: tuple[str, ...]
+                  ) -> tuple[str, ...]:
+    """Mesh axes (size > 1) of ``logical`` other than the context axes ``ctx``."""
+    return tuple(a for a in rules.axes(logical)
+                 if a not in ctx and mesh.shape.get(a, 1) > 1)
+
+
+def context_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
+                        seq: int) -> list[Collective]:
+    """Hand count of context parallelism's collectives per step (per device), as
+    :mod:`workbench.models._context` issues them (``n`` devices on the context axes, ``L``
+    layers, a K/V block ``(B/b, T/n, K/h, H)``: the local batch rows and kv heads).
+
+    - ``ring``: forward, ``n - 1`` ring steps each permuting K and V (``2(n-1)`` per
+      layer; causal block skipping and zig-zag change the compute, not the permutes);
+      backward, ``n - 1`` steps permuting K/V stacked ``(2, B/b, T/n, K/h, H)`` plus dK
+      and dV (float32), then dK and dV home (``n - 1`` stacked, ``2n`` float32 per layer);
+      a rematerialised layer (``remat != "none"``) reruns the forward ring in the
+      backward (another ``2(n-1)``).
+    - ``allgather``: 2 all-gathers of K and V ``(B/b, T, K/h, H)`` per layer (again in the
+      backward under remat) and their transposes, 2 reduce-scatters of dK/dV.
+    - ``context_zigzag``: the residual stream reordered after the embedding and before
+      the output head, 2 permutes of ``(B/b, T/2n, D)`` each, and their transposes in the
+      backward: 8 per step (4 with ``n = 2``, where one permute of each keeps its chunks
+      home).
+
+    XLA may merge a recomputed permute with the forward's (unscanned layers under a
+    remat policy that saves some dots): the compiled count is then lower.
+    """
+    from workbench.models import _context as context_parallel
+
+    ctx = tuple(a for a in context_parallel.seq_axes(rules, mesh.shape)
+                if mesh.shape.get(a, 1) > 1)
+    n = axes_size(mesh, ctx)
+    if n <= 1:
+        return []
+    # the shard_map's specs, as context.attend picks them
+    bat = _context_axes(rules, mesh, "batch", ctx)
+    if batch % axes_size(mesh, bat):
+        bat = ()
+    hd = _context_axes(rules, mesh, "heads", ctx)
+    heads = axes_size(mesh, hd)
+    if hd != _context_axes(rules, mesh, "kv_heads", ctx) or set(hd) & set(bat) \
+            or cfg.n_heads % heads or cfg.n_kv_heads % heads:
+        heads = 1
+    b = batch // axes_size(mesh, bat)
+    dt, f32 = compute_dtype(cfg, mesh), np.dtype(np.float32)
+    block = (b, seq // n, cfg.n_kv_heads // heads, cfg.head_dim)
+    size = lambda shape, d: int(math.prod(shape)) * d.itemsize
+    L, rerun = cfg.n_layers, 2 if cfg.remat != "none" else 1
+    out = []
+    if cfg.context_attention == "ring":
+        stacked = (2, *block)
+        out += [_record("collective-permute", ctx, mesh, size(block, dt),
+                        2 * (n - 1) * L * rerun, _shape_str(dt, block),
+                        "ring attention: K and V blocks, forward"
+                        + (" (rerun in the backward by remat)" if rerun > 1 else "")),
+                _record("collective-permute", ctx, mesh, size(stacked, dt), (n - 1) * L,
+                        _shape_str(dt, stacked), "ring attention: K/V stacked, backward"),
+                _record("collective-permute", ctx, mesh, size(block, f32), 2 * n * L,
+                        _shape_str(f32, block), "ring attention: dK and dV, backward")]
+    else:
+        full = (b, seq, *block[2:])
+        out += [_record("all-gather", ctx, mesh, size(full, dt), 2 * L * rerun,
+                        _shape_str(dt, full), "context all-gather of K and V, forward"
+                        + (" (again in the backward by remat)" if rerun > 1 else "")),
+                _record("reduce-scatter", ctx, mesh, size(block, dt), 2 * L,
+                        _shape_str(dt, block), "context reduce-scatter of dK and dV")]
+    if cfg.context_zigzag:
+        half = (b, seq // (2 * n), cfg.d_model)
+        out.append(_record("collective-permute", ctx, mesh, size(half, dt),
+                           2 * _zigzag_permutes(n), _shape_str(dt, half),
+                           "zig-zag reorder of the residual stream (2 chunks, to and from "
+                           "zig-zag order), forward and backward"))
+    return out
+
+
+def _zigzag_permutes(n: int) -> int:
+    """Permutes of the two zig-zag reorders that move data (``context._reorder``'s four
+    permutations, less those that keep every chunk home, which XLA drops: with ``n = 2``
+    the first half of each shard stays)."""
+    home = lambda c: c if c < n else 2 * n - 1 - c       # device of chunk c, zig-zag
+    even_src = [e if e % 2 == 0 else 2 * n - 1 - e for e in range(n)]
+    odd_src = [2 * n - 1 - e if e % 2 == 0 else e for e in range(n)]
+    perms = ([home(2 * d) for d in range(n)], [home(2 * d + 1) for d in range(n)],
+             [even_src[d] // 2 for d in range(n)], [odd_src[d] // 2 for d in range(n)])
+    return sum(p != list(range(n)) for p in perms)
+
+
+def pipeline_stage_activations(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
+                               mesh: MeshInfo, in_flight: Sequence[int], chunks: int
+                               ) -> list[int]:
+    """Per pipeline stage, :func:`activation_bytes` with the stage's saved activations:
+    ``saved x (in-flight chunks / chunks) / stages`` (a stage holds ``n_layers / stages``
+    layers; GPipe and circular keep every chunk, ``chunks = repeats x microbatches``, 1F1B
+    at most ``stages - s`` at stage ``s``), plus what every stage holds whole (logits of
+    the batch, the last layer's backward, gather buffers of its own layers).
+
+    Args:
+        in_flight: per stage, chunks whose activations are held at the peak
+            (``pipeline.in_flight`` of the schedule's timeline).
+        chunks: ``repeats x microbatches``, the chunks a stage works through.
+    """
+    t = temp_breakdown(cfg, batch, seq, rules, mesh)
+    stages = len(in_flight)
+    out = []
+    for n in in_flight:
+        saved = int(int(t["saved"]) * n / (chunks * stages))
+        forward = int(t["forward_peak"]) - int(t["saved"]) + saved
+        out.append(max(forward, int(t["reduction_peak"])) - int(t["gradients"]))
+    return out
+
+
+def pipeline_permutes(cfg: GPTConfig, batch: int, seq: int, rules: Rules, mesh: MeshInfo,
+                      iterations: int, microbatches: int) -> list[Collective]:
+    """The pipeline's collective permutes (estimate): each loop iteration shifts every
+    stage's micro-batch activation ``(batch / M, T, D)`` (its shard) to the next stage,
+    forward and again backward: ``2 x iterations`` permutes over the ``stage`` axis."""
+    shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
+    shape = (_ceil_div(batch // microbatches, shard("batch")), _ceil_div(seq, shard("seq")),
+             cfg.d_model)
+    dt = compute_dtype(cfg, mesh)
+    nbytes = int(np.prod(shape)) * dt.itemsize
+    return [_record("collective-permute", ("stage",), mesh, nbytes, 2 * iterations,
+                    _shape_str(dt, shape),
+                    "pipeline: micro-batch activations to the next stage, forward and backward")]

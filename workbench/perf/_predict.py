@@ -1,0 +1,463 @@
+"""Predicted step time and MFU: a roofline over FLOPs, HBM bytes and collectives.
+
+Formulas and their sources are in docs/predictions.md. In short, per device and step:
+
+    compute   = FLOPs / peak FLOP/s
+    memory    = bytes accessed / HBM bandwidth
+    local     = max(compute, memory)                 (the roofline: they overlap; on
+                                                      CPU compute + memory: shared cores;
+                                                      calibrated, compute + memory: each is
+                                                      then the time measured in its kernels)
+                or, for a TPU-compiled plan, the TPU compiler's own cycle estimates of
+                every fusion it scheduled (x loop trip counts) at the chip's clock, plus
+                the Pallas kernels' FLOPs at the efficiency those cycles give the step's
+                other FLOPs (``compute_seconds``)
+    comm      = sum of collective times (ring formulas below, per mesh axis bandwidth)
+    exposed   = the collectives on the critical path (``exposed_axes``: tensor-parallel
+                traffic, whose result the next matmul waits for)
+    step      = local + exposed + (comm - exposed) - overlap * min(local, comm - exposed)
+
+Ring formulas (n devices in the group, b bytes of the result per device, W bytes/s each
+device can send in one direction summed over the links the ring uses):
+all-gather (n-1)/n b/W, reduce-scatter (n-1) b/W, all-reduce 2 (n-1)/n b/W,
+all-to-all (n-1)/n b/W on a switch and n b/(4W) on a torus ring, collective-permute b/W.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from workbench.hardware._calibration import Calibration
+from workbench.hardware._catalogue import HardwareSpec
+from workbench.hardware._effective import EffectiveSpec, effective_spec
+from workbench._mesh import MeshInfo, mesh_info
+from workbench.perf._bounds import implausible
+from workbench.perf._hlo import Collective
+
+__all__ = ["CollectiveTime", "Prediction", "collective_seconds", "predict"]
+
+BOUNDS = ("compute", "memory", "communication")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CollectiveTime:
+    """One collective of the step, timed.
+
+    Attributes:
+      kind: all-gather, reduce-scatter, all-reduce, all-to-all or collective-permute.
+      axes: mesh axes its groups span.
+      group_size: devices per group.
+      bytes: result bytes per device per instruction.
+      count: instructions per step.
+      links: the links it runs over ("ici x2 (torus) on 1 dim", "dcn", "nvlink", ...).
+      bandwidth: bytes/s one device sends over those links (one direction).
+      seconds: time per step (all ``count`` instructions).
+      overlap: fraction of ``seconds`` assumed hidden behind compute.
+      formula: the formula used, with its numbers.
+      source: where the bandwidth comes from.
+      latencies: the latencies it pays per step, in units of the hardware entry's
+        collective latency: ``count``, or on XLA:CPU ``count`` x the arrays each
+        instruction carries (each array of a tuple-shaped collective is its own rendezvous
+        of the device threads) x the group's share (see ``collective_seconds``).
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    group_size: int
+    bytes: float
+    count: int
+    links: str
+    bandwidth: float
+    seconds: float
+    overlap: float
+    formula: str
+    source: str
+    latencies: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """A predicted step: time, MFU, throughput, what bounds it, and why.
+
+    Attributes:
+      step_seconds: predicted time of one step.
+      mfu: model FLOPs / (step x devices x peak); None without model FLOPs.
+      tokens_per_s: tokens per step / step time; None without tokens.
+      bound: "compute", "memory" or "communication": the largest term.
+      breakdown: seconds per term: "compute", "memory", "communication" (after overlap),
+        "communication_total" (before), "no_overlap_step" (upper bound), and
+        "collectives": a tuple of ``CollectiveTime``.
+      sources: where each number comes from, by name ("flops", "bytes", "peak_flops",
+        "hbm_bandwidth", "overlap", "mfu", "compiler_seconds").
+      compiler_seconds: the TPU compiler's own estimate (``optimal_seconds`` of its cost
+        analysis) where the plan was TPU-compiled, shown beside ours; else None (also when
+        the compiler's number is negative: its "unknown").
+      implausible: why the prediction breaks a physical bound
+        (``workbench.perf._bounds``: below its own roofline, MFU above the published
+        envelope, ...); empty when it holds. ``wb.search`` never ranks such a plan.
+    """
+
+    step_seconds: float
+    mfu: float | None
+    tokens_per_s: float | None
+    bound: str
+    breakdown: dict[str, Any]
+    sources: dict[str, str]
+    compiler_seconds: float | None = None
+    implausible: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (run.json, the plan widget, the lab dashboard)."""
+        b = self.breakdown
+        return {"step_seconds": self.step_seconds, "mfu": self.mfu,
+                "tokens_per_s": self.tokens_per_s, "bound": self.bound,
+                "compiler_seconds": self.compiler_seconds, "sources": dict(self.sources),
+                "implausible": list(self.implausible),
+                "breakdown": {k: v for k, v in b.items() if k != "collectives"}
+                | {"collectives": [dataclasses.asdict(c) | {"axes": list(c.axes)}
+                                   for c in b["collectives"]]}}
+
+    def __str__(self) -> str:
+        b = self.breakdown
+        lines = [f"predicted step {self.step_seconds * 1e3:.3g} ms ({self.bound}-bound)"
+                 + (f", MFU {self.mfu:.1%}" if self.mfu is not None else "")
+                 + (f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""),
+                 f"  compute {b['compute'] * 1e3:.3g} ms, HBM {b['memory'] * 1e3:.3g} ms, "
+                 f"communication {b['communication_total'] * 1e3:.3g} ms "
+                 f"({b['communication'] * 1e3:.3g} ms not overlapped)"]
+        if b.get("roofline_local") is not None and b["local"] != b["roofline_local"]:
+            lines.insert(1, f"  local work {b['local'] * 1e3:.3g} ms by the compiler's "
+                            f"estimates (roofline {b['roofline_local'] * 1e3:.3g} ms)")
+        lines += [f"  {c.kind} over {','.join(c.axes) or '-'} x{c.count}: {c.seconds * 1e3:.3g}"
+                  f" ms at {c.bandwidth / 1e9:.3g} GB/s ({c.links})" for c in b["collectives"]]
+        if self.compiler_seconds is not None:
+            lines.append(f"  TPU compiler's estimate: {self.compiler_seconds * 1e3:.3g} ms")
+        lines += [f"  IMPLAUSIBLE: {why}" for why in self.implausible]
+        return "\n".join(lines)
+
+
+# -- links --------------------------------------------------------------------------------
+
+def _wraps(spec: HardwareSpec, dim_size: int, slice_dims: Sequence[int]) -> bool:
+    if spec.torus_wrap == "cube":
+        return all(d % 4 == 0 for d in slice_dims)
+    if spec.torus_wrap == "16":
+        return dim_size >= 16
+    return False
+
+
+def _group_index(info: MeshInfo, axes: Sequence[str]) -> tuple:
+    """Index of the group through device 0 that spans ``axes``."""
+    return tuple(slice(None) if n in axes else 0 for n in info.axis_names)
+
+
+def _ici_bandwidth(info: MeshInfo, spec: HardwareSpec, axes: Sequence[str]) -> tuple[float, str, bool]:
+    """(bytes/s one device sends, description, torus?) for a group inside one slice."""
+    link = spec.ici_link_bandwidth or 0.0
+    if info.coords is None:  # no physical layout: one torus dimension per mesh axis
+        return 2 * link * len(axes), f"ici x2 per axis on {len(axes)} axis (assumed)", True
+    slice_dims = tuple(int(x) + 1 for x in info.coords.reshape(-1, 3).max(axis=0))
+    group = info.coords[_group_index(info, axes)].reshape(-1, 3)
+    total, parts, torus = 0.0, [], True
+    for d in range(3):
+        extent = len(np.unique(group[:, d]))
+        if extent < 2:
+            continue
+        wrap = extent == slice_dims[d] and _wraps(spec, extent, slice_dims)
+        total += (2 if wrap else 1) * link
+        parts.append(f"dim {d}: {extent} chips, {'torus x2' if wrap else 'line x1'}")
+        torus &= wrap
+    if total == 0.0:  # the group shares chips (cores of one chip): on-chip
+        return float(spec.hbm_bandwidth or link), "on chip", True
+    return total, "ici " + "; ".join(parts), torus
+
+
+def _hosts_in_group(info: MeshInfo, axes: Sequence[str]) -> int:
+    if info.process_index is None:
+        return 1
+    return int(len(np.unique(info.process_index[_group_index(info, axes)])))
+
+
+def _ring_seconds(kind: str, nbytes: float, n: int, bandwidth: float, torus: bool) -> float:
+    if n <= 1 or nbytes == 0:
+        return 0.0
+    if kind == "all-gather":
+        return (n - 1) / n * nbytes / bandwidth
+    if kind == "reduce-scatter":
+        return (n - 1) * nbytes / bandwidth
+    if kind == "all-reduce":
+        return 2 * (n - 1) / n * nbytes / bandwidth
+    if kind == "all-to-all":
+        # on a torus ring each byte travels n/4 hops on average (scaling book, part 3);
+        # through a switch it is sent once.
+        return nbytes * n / (4 * bandwidth) if torus else (n - 1) / n * nbytes / bandwidth
+    if kind == "collective-permute":
+        return nbytes / bandwidth
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def collective_seconds(c: Collective, mesh: Any, spec: HardwareSpec) -> CollectiveTime:
+    """Time of one merged collective of a compiled step on ``mesh`` with ``spec``'s links.
+
+    Within one slice (TPU) or one host (GPU, CPU) a ring over the group's links; across
+    slices or hosts, hierarchically: the ring inside the slice/host on the full bytes,
+    then a ring over slices/hosts on the bytes left per device (1/n_inner of them for
+    reductions and gathers), over DCN or InfiniBand.
+    """
+    info = mesh_info(mesh)
+    n, b = max(1, c.group_size), float(c.bytes)
+    outer, bw_out, out_name, out_src = 1, 0.0, "", ""
+    if spec.platform == "tpu":
+        dcn = info.dcn_axis_sizes or (1,) * len(info.axis_names)
+        outer = math.prod(d for a, d in zip(info.axis_names, dcn) if a in c.axes) or 1
+        bw_in, links, torus = _ici_bandwidth(info, spec, c.axes)
+        src = spec.source_of("ici_link_bandwidth")
+        bw_out, out_name, out_src = spec.dcn_bandwidth or 0.0, "dcn", spec.source_of(
+            "dcn_bandwidth")
+    else:
+        outer = _hosts_in_group(info, c.axes) if c.axes else 1
+        bw_in, torus = float(spec.nvlink_bandwidth or spec.hbm_bandwidth or 0.0), False
+        links = "loopback copy" if spec.platform == "cpu" else "nvlink"
+        src = spec.source_of("nvlink_bandwidth")
+        bw_out, out_name, out_src = spec.network_bandwidth or 0.0, "infiniband", \
+            spec.source_of("network_bandwidth")
+    inner = max(1, n // outer)
+    if (inner > 1 and bw_in <= 0) or (outer > 1 and bw_out <= 0):
+        missing = "link" if inner > 1 and bw_in <= 0 else out_name
+        raise ValueError(f"{spec.name} has no {missing} bandwidth in the hardware table; "
+                         f"cannot time a {c.kind} over {c.axes}")
+    # reduce-scatter's result is 1/outer of what the ring inside a slice/host produces
+    b_in = b * outer if c.kind == "reduce-scatter" else b
+    t_in = _ring_seconds(c.kind, b_in, inner, bw_in, torus) if inner > 1 else 0.0
+    shrink = inner if c.kind in ("all-reduce", "all-gather") else 1
+    t_out = _ring_seconds(c.kind, b / shrink, outer, bw_out, False) if outer > 1 else 0.0
+    formula = f"{c.kind} ring, n={inner}, {b_in:.4g} B at {bw_in:.4g} B/s"
+    if outer > 1:
+        links = f"{links}; {out_name} across {outer}"
+        formula += f"; then n={outer}, {b / shrink:.4g} B at {bw_out:.4g} B/s ({out_name})"
+        src = f"{src}; {out_src}"
+    latency = (spec.collective_latency or 0.0) if n > 1 else 0.0
+    units = 1.0 if n > 1 else 0.0   # latencies per instruction, in units of ``latency``
+    if latency and spec.platform == "cpu":
+        # XLA:CPU rendezvouses the device threads once per array of a tuple-shaped
+        # collective, and a group of g of the N devices of a process (the latency is
+        # measured over all N) costs about (g + 1) / (N + 1) of that: per array, psums on 8
+        # simulated devices (2 cores) took 0.061, 0.093, 0.169 ms for groups of 2, 4, 8
+        # (0.36, 0.55, 1 against 0.33, 0.56, 1)
+        buffers = max(1, len(c.shapes))
+        local = max(1, info.size // info.n_hosts)
+        units = buffers * (min(inner, local) + 1) / (local + 1)
+        formula += f"; + {latency * units / buffers:.3g} s per array ({buffers} per " \
+                   f"instruction, a group of {min(inner, local)} of {local} devices)"
+        src = f"{src}; {spec.source_of('collective_latency')}"
+    elif latency:
+        formula += f"; + {latency:.3g} s per instruction"
+        src = f"{src}; {spec.source_of('collective_latency')}"
+    latency *= units
+    return CollectiveTime(kind=c.kind, axes=tuple(c.axes), group_size=n, bytes=b,
+                          count=c.count, links=links, bandwidth=bw_in if inner > 1 else bw_out,
+                          seconds=(t_in + t_out + latency) * c.count, overlap=0.0,
+                          formula=formula, source=src, latencies=units * c.count)
+
+
+# -- the roofline ---------------------------------------------------------------------------
+
+def _default_overlap(platform: str) -> tuple[float, str]:
+    if platform == "cpu":
+        return 0.0, "assumed 0: XLA:CPU runs collectives synchronously"
+    return 1.0, ("assumed 1: XLA's latency-hiding scheduler runs collectives asynchronously "
+                 "beside independent compute (a lower bound on step time; "
+                 "'no_overlap_step' is the upper bound)")
+
+
+def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collective],
+            mesh: Any, hardware: EffectiveSpec | HardwareSpec | str | None = None,
+            tokens_per_step: int | None = None, model_flops: float | None = None,
+            overlap: float | None = None, compiler_seconds: float | None = None,
+            exposed_axes: Sequence[str] = (),
+            flops_source: str = "compiled cost analysis",
+            bytes_source: str = "compiled cost analysis",
+            sync_exposed: bool = False, compute_seconds: float | None = None,
+            compute_source: str = "", calibration: Calibration | bool | None = None
+            ) -> Prediction:
+    """Predict one training step's time, MFU and throughput (a roofline).
+
+    Args:
+      flops: FLOPs per device per step (the compiler's ``cost_analysis()["flops"]``, or an
+        analytic count divided by devices).
+      bytes_accessed: HBM bytes read + written per device per step
+        (``cost_analysis()["bytes accessed"]``).
+      collectives: the step's collectives (``workbench.perf._hlo.parse_collectives``).
+      mesh: the mesh (MeshInfo, Mesh or AbstractMesh); its coords, hosts and DCN axes
+        decide which links each collective uses.
+      hardware: the ``EffectiveSpec`` to predict with (``workbench.hardware.effective_spec``:
+        the entry and the calibration, resolved by the caller); or a ``HardwareSpec`` or
+        device kind; default: the mesh's device kind, and for CPU meshes the
+        runtime-measured ``cpu_spec``, uncalibrated unless ``calibration`` is given.
+      tokens_per_step: global batch x sequence length, for tokens/s.
+      model_flops: analytic model FLOPs per step (all devices, no rematerialization) for
+        MFU; without it MFU is None.
+      overlap: fraction (0..1) of the shorter of local work and communication assumed
+        hidden; default by platform (0 on CPU, 1 on TPU/GPU), said in ``sources``.
+      compiler_seconds: the TPU compiler's estimate, carried beside ours.
+      exposed_axes: mesh axes whose collectives are never hidden: a collective whose axes
+        all lie in ``exposed_axes`` counts in full (tensor-parallel all-reduces of
+        activations feed the next matmul). ``Plan.predict`` passes the axes that shard
+        weights but not the batch.
+      flops_source, bytes_source: where ``flops`` and ``bytes_accessed`` come from.
+      sync_exposed: the collectives say whether the compiled program runs them
+        asynchronously (``Collective.overlapped``, read from the TPU compiler's HLO): the
+        synchronous ones block the program and count in full (``wb.plan(overlap=False)``
+        compiles without the overlap flags).
+      compute_seconds: the device's local work timed by the compiler itself (the TPU
+        compiler's per-instruction cycle estimates, ``hlo.compiler_cycles``, at the chip's
+        clock, plus kernels it does not model): replaces the roofline's
+        ``max(compute, memory)``, which stays in the breakdown (``roofline_local``) as
+        the ideal; ``compute_source`` says where it comes from.
+      calibration: a ``Calibration`` to apply to a ``hardware`` that is not an
+        ``EffectiveSpec``; None or False: none. ``predict`` never reads a stored
+        calibration: ``effective_spec(mesh)`` does, for the caller that asks (as
+        ``plan.predict()`` does).
+
+    Example::
+
+        ca = compiled.cost_analysis()
+        p = predict(flops=ca["flops"], bytes_accessed=ca["bytes accessed"],
+                    collectives=parse_collectives(compiled.as_text(), names, sizes),
+                    mesh=info, tokens_per_step=batch * seq, model_flops=model_flops)
+    """
+    info = mesh_info(mesh)
+    eff = _effective(hardware, calibration, info)
+    # spec: the entry with the achieved FLOP/s and bandwidth a profile measured, if any
+    spec, cal, table_latency = eff.spec, eff.calibration, eff.table_latency
+    if not spec.hbm_bandwidth:
+        raise ValueError(f"{spec.name} has no HBM bandwidth in the hardware table")
+    t_compute = flops / spec.peak_flops
+    t_memory = bytes_accessed / spec.hbm_bandwidth
+    overlap, overlap_src = _overlap(overlap, cal, spec.platform)
+    times = [collective_seconds(c, info, spec) for c in collectives]
+    if cal:
+        times = [_calibrated(t, cal, table_latency) for t in times]
+    crit = [(bool(t.axes) and set(t.axes) <= set(exposed_axes))
+            or (sync_exposed and not c.overlapped) for t, c in zip(times, collectives)]
+    cpu = spec.platform == "cpu"
+    # XLA:CPU's devices share the host's cores: math and memory traffic take turns. A
+    # calibration's factors turn the terms into the time a profile measured in matmul
+    # kernels and in memory-bound fusions, which a device's stream runs one after the other
+    # (the GPU and TPU traces' overlap is 0): calibrated terms add up as well.
+    additive = cpu or bool(cal)
+    t_roofline = t_compute + t_memory if additive else max(t_compute, t_memory)
+    t_local = t_roofline if compute_seconds is None else float(compute_seconds)
+    if compute_seconds is not None and t_local < t_roofline:   # faster than peak: impossible
+        t_local, compute_source = t_roofline, compute_source + (
+            f"; raised to the roofline ({t_roofline:.4g} s): the cycle estimates "
+            f"({float(compute_seconds):.4g} s) are faster than the chip's peak")
+    compiler_note = ""
+    if compiler_seconds is not None and not compiler_seconds >= 0:
+        compiler_note = (f"; its optimal_seconds was {compiler_seconds!r} (the compiler's "
+                         "'unknown'): not shown")
+        compiler_seconds = None
+    t_comm = sum(t.seconds for t in times)
+    t_exposed = sum(t.seconds for t, c in zip(times, crit) if c)
+    t_free = t_comm - t_exposed
+    hidden = overlap * min(t_local, t_free)
+    step = t_local + t_comm - hidden
+    frac = hidden / t_free if t_free else 0.0
+    times = [dataclasses.replace(t, overlap=0.0 if c else frac) for t, c in zip(times, crit)]
+    terms = {"compute": t_compute, "memory": t_memory, "communication": t_comm - hidden}
+    bound = max(BOUNDS, key=lambda k: terms[k])
+    if compute_seconds is not None:   # the compiler's schedule of math and HBM traffic
+        bound = "communication" if t_comm - hidden > t_local else \
+            ("compute" if t_compute >= t_memory else "memory")
+    mfu = None
+    if model_flops is not None and step > 0:
+        mfu = model_flops / (step * info.size * spec.peak_flops)
+    flagged = implausible(step=step, roofline=t_roofline, local=t_local, mfu=mfu,
+                          compiler_local=compute_seconds is not None)
+    return Prediction(
+        step_seconds=step, mfu=mfu,
+        tokens_per_s=tokens_per_step / step if tokens_per_step and step > 0 else None,
+        bound=bound,
+        breakdown={**terms, "local": t_local, "roofline_local": t_roofline,
+                   "communication_total": t_comm,
+                   "no_overlap_step": t_local + t_comm,
+                   "collectives": tuple(times)},
+        sources={"flops": flops_source, "bytes": bytes_source, "peak_flops": spec.source,
+                 "hbm_bandwidth": spec.source_of("hbm_bandwidth"),
+                 "local": compute_source if compute_seconds is not None else
+                 _local_source(cpu, bool(cal)),
+                 "overlap": _overlap_source(overlap_src, exposed_axes if t_exposed else (),
+                                            sync_exposed),
+                 "mfu": "model FLOPs / (step time x devices x peak FLOP/s per device)",
+                 "compiler_seconds": ("TPU compiler cost analysis (optimal_seconds)"
+                                      if compiler_seconds is not None else "none")
+                 + compiler_note,
+                 "bounds": "; ".join(flagged) if flagged else (
+                     "within the physical bounds (workbench.perf._bounds): not below "
+                     "its own roofline, MFU at most the published envelope")}
+        | ({"calibration": cal.source} if cal else {}),
+        compiler_seconds=compiler_seconds, implausible=flagged)
+
+
+def _effective(hardware: EffectiveSpec | HardwareSpec | str | None,
+               calibration: Calibration | bool | None, info: MeshInfo) -> EffectiveSpec:
+    """The spec ``predict`` was given, or the uncalibrated entry (plus a ``Calibration``
+    given by hand) for ``hardware``; never a stored calibration."""
+    if isinstance(hardware, EffectiveSpec):
+        if calibration is not None and calibration is not False:
+            raise ValueError("predict: hardware is an EffectiveSpec, which has its "
+                             "calibration already; pass calibration= to effective_spec")
+        return hardware
+    return effective_spec(info, hardware=hardware, calibration=calibration or False)
+
+
+def _overlap(overlap: float | None, cal: Calibration | None, platform: str
+             ) -> tuple[float, str]:
+    """The overlap fraction and its source: given, a calibration's measured one, or the
+    platform's default."""
+    if overlap is None and cal and cal.overlap is not None:
+        overlap, source = cal.overlap, f"{cal.source}: measured overlap"
+    elif overlap is None:
+        overlap, source = _default_overlap(platform)
+    else:
+        source = "given"
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap must be in [0, 1], got {overlap}")
+    return overlap, source
+
+
+def _local_source(cpu: bool, calibrated: bool) -> str:
+    """Why the local work is the sum or the max of compute and memory."""
+    if cpu:
+        return ("compute + memory: simulated CPU devices share the host's cores, so math and "
+                "memory traffic do not overlap")
+    if calibrated:
+        return ("compute + memory: calibrated, each the time a profile measured in its kind "
+                "of kernel, which the device runs one after the other")
+    return "max(compute, memory): the roofline (HBM traffic overlaps math)"
+
+
+def _overlap_source(source: str, exposed_axes: Sequence[str], sync_exposed: bool) -> str:
+    """The overlap's source, and which collectives are never hidden (``exposed_axes``:
+    those on the critical path that the step has)."""
+    return source + (
+        f"; collectives over {', '.join(exposed_axes)} only are on the critical path "
+        "(tensor parallel: the next matmul waits for them), never hidden"
+        if exposed_axes else "") + (
+        "; collectives the compiled program runs synchronously (no async start or async "
+        "collective fusion in its HLO) block it: never hidden" if sync_exposed else "")
+
+
+def _calibrated(t: CollectiveTime, cal: Any, table_latency: float) -> CollectiveTime:
+    """``t`` at the latency and bandwidth a profile measured for its kind (and links)."""
+    network = "dcn across" in t.links or "infiniband across" in t.links
+    seconds, found = cal.collective_seconds(t.kind, network, t.seconds,
+                                            t.latencies or t.count, table_latency)
+    if not found:
+        return t
+    return dataclasses.replace(t, seconds=seconds, formula=f"{t.formula}; calibrated",
+                               source=cal.source)
+

@@ -1,0 +1,159 @@
+"""A plan's predicted step: the report's numbers (the compiled program's where they can be
+trusted, else the formulas') fed to the roofline (``workbench.perf._predict``) with one
+effective hardware spec (``workbench.hardware.effective_spec``), passed in by the caller.
+
+The report stays data plus text: ``PlanReport.predict`` resolves the spec (the mesh's
+device kind, a stored calibration) and calls :func:`predict_plan`; nothing here reads a
+file or looks a calibration up.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.hardware._effective import EffectiveSpec
+from workbench.models._config import REMAT_POLICIES
+from workbench.perf._analytic import batch_axes, weight_axes
+from workbench.perf._predict import Prediction, predict
+
+__all__ = ["UNDERCOUNT", "predict_plan"]
+
+#: A compiled step whose cost analysis counts less than this fraction of the model's own
+#: FLOPs per device left work out (custom-call GEMMs): its prediction uses the analytic
+#: FLOPs. The compiled count is otherwise >= the model's (it adds recompute, softmax,
+#: norms and the optimizer), so 0.9 leaves room only for rounding of the model's count.
+UNDERCOUNT = 0.9
+
+
+def predict_plan(report: Any, spec: EffectiveSpec, *, overlap: float | None = None
+                 ) -> Prediction:
+    """A prediction of one step of ``report`` (a ``PlanReport``) on ``spec``'s hardware.
+
+    The FLOPs and HBM bytes are the compiled program's cost analysis, unless the program
+    loops over layers (XLA counts a loop body once) or its FLOPs fall short of the model's
+    own (:func:`_undercounted_flops`): then the formulas'. A fused attention kernel's FLOPs
+    (``report.kernel_flops``) are added by formula. A TPU-compiled plan on its own chip
+    (``spec.for_mesh``) times its local work with the TPU compiler's cycle estimates at
+    the chip's clock; the roofline stays in the breakdown.
+
+    Args:
+      report: the plan's ``PlanReport``.
+      spec: the effective hardware spec (``workbench.hardware.effective_spec``).
+      overlap: fraction of communication hidden behind compute (default by platform, or
+        the calibration's measured one).
+    """
+    cost = report.cost
+    compiled = "bytes accessed" in cost and cost.get("flops", 0) > 0 and not report.loops
+    label = f"{report.source} cost analysis"
+    why = ("analytic: the compiled program loops over layers and XLA's cost analysis "
+           "counts a loop body once; " if report.loops else "")
+    undercount = _undercounted_flops(report) if compiled else None
+    if undercount:
+        compiled, why = False, undercount
+    kernel, attn = report.kernel_flops, 0.0
+    cfg = report.cfg
+    if kernel and not compiled:   # the formula's attention gives way to the kernel's
+        fwd_attn = report.flops.breakdown["attention"] / 3
+        attn = 3 * fwd_attn + (fwd_attn if cfg is not None and cfg.remat != "none"
+                               and "context" not in _kept(cfg.remat) else 0.0)
+    split = report.compute_split
+    flops = (cost["flops"] + kernel / split) if compiled else \
+        (report.model_flops + report.flops.recompute - attn + kernel + report.padding_flops) \
+        / split * report.pipeline_factor
+    compute_seconds, compute_source = _compiler_compute(report, spec, kernel,
+                                                        flops - kernel / split) \
+        if spec.for_mesh else (None, "")
+    return predict(
+        flops=flops,
+        bytes_accessed=cost["bytes accessed"] if compiled else report.hbm_bytes_estimate,
+        collectives=report.collectives, mesh=report.mesh, hardware=spec,
+        tokens_per_step=report.batch * report.seq if cfg is not None
+        or report.flops.tokens == report.batch * report.seq else None,
+        model_flops=report.model_flops, overlap=overlap,
+        compiler_seconds=cost.get("optimal_seconds") if compiled else None,
+        compute_seconds=compute_seconds, compute_source=compute_source,
+        exposed_axes=_weight_only_axes(report),
+        flops_source=(label if compiled else why + "model FLOPs (+ remat"
+                      + (", + the experts' empty slots: analytic.moe_padding_flops"
+                         if report.padding_flops else "") + ") / compute split")
+        + (f"; + the {report.attention.split(':')[0]} kernel's FLOPs by formula "
+           "(attention_cost.kernel_flops: cost analysis does not count Pallas kernels)"
+           if kernel else ""),
+        sync_exposed=report.source == "tpu-compiler",
+        bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
+
+
+def _compiler_compute(report: Any, spec: EffectiveSpec, kernel: float, other_flops: float
+                      ) -> tuple[float | None, str]:
+    """The local work of a step timed by the TPU compiler's cycle estimates at the chip's
+    clock (the uncalibrated entry's: ``spec.table``), plus the Pallas kernels' FLOPs
+    (``kernel``, all devices) at the efficiency the compiler's cycles give the rest of the
+    step's FLOPs (``other_flops``, per device); (None, "") when there are no cycles (not
+    TPU-compiled, or no clock for this chip in the hardware table)."""
+    cycles, n = report.compiler_cycles
+    chip = spec.table if cycles else None
+    if chip is None or not chip.clock_hz:
+        return None, ""
+    t_cycles = cycles / chip.clock_hz
+    t_unknown, unknown_why = _unestimated_seconds(report, chip)
+    t_cycles += t_unknown
+    efficiency = min(1.0, other_flops / chip.peak_flops / t_cycles) \
+        if other_flops > 0 else 1.0
+    t_kernel = kernel / report.compute_split / chip.peak_flops / efficiency
+    why = (f"the TPU compiler's own cycle estimates: {n} instructions, {cycles:.4g} "
+           f"cycles per step (loop bodies x trip count) at {chip.clock_hz / 1e9:.3g} GHz "
+           f"({chip.source_of('clock_hz')}) = {t_cycles:.4g} s, {efficiency:.0%} of "
+           f"peak FLOP/s for the step's other FLOPs") + unknown_why
+    if kernel:
+        why += (f"; + the {report.attention.split(':')[0]} kernel's FLOPs at that "
+                f"efficiency, {t_kernel:.3g} s (the compiler does not model Pallas "
+                "kernels)")
+    return t_cycles + t_kernel, why
+
+
+def _unestimated_seconds(report: Any, chip: Any) -> tuple[float, str]:
+    """Seconds per step of the instructions the TPU compiler marks unknown
+    (``hlo.unestimated_instructions``), each timed by its roofline: the bytes it reads
+    and writes at the HBM bandwidth; and the sentence that says so."""
+    numbers = report.compiled_numbers
+    unknown = numbers.unknown if numbers is not None else []
+    if not unknown:
+        return 0.0, ""
+    nbytes = sum(b * n for _, b, n in unknown)
+    seconds = nbytes / chip.hbm_bandwidth
+    names = ", ".join(sorted({name for name, _, _ in unknown})[:4])
+    return seconds, (
+        f"; {len(unknown)} instruction(s) the compiler marks unknown (estimated_cycles "
+        f"2**63-1: {names}) timed by their roofline instead: {nbytes:.4g} bytes read and "
+        f"written at {chip.hbm_bandwidth / 1e12:.3g} TB/s = {seconds:.3g} s")
+
+
+def _undercounted_flops(report: Any) -> str:
+    """Why the compiler's FLOP count cannot be the step's, or "": below the model's own
+    FLOPs per device (``6 N T`` and attention, without remat or kernels) it left work out.
+    XLA:GPU's cost analysis does not count the cuBLAS / cuDNN GEMMs its custom calls run
+    (on an H200, GPT "small" in bfloat16: about a fifth of 6 N T); the analytic FLOPs are
+    used instead and the sources say so."""
+    if report.cfg is None or not report.model_flops:
+        return ""
+    floor = report.model_flops / report.compute_split
+    counted = float(report.cost.get("flops", 0.0)) + report.kernel_flops / report.compute_split
+    if counted >= UNDERCOUNT * floor:
+        return ""
+    return (f"analytic: the {report.source} cost analysis counts {counted:.4g} FLOPs per "
+            f"device, {counted / floor:.0%} of the model's own {floor:.4g} (it leaves "
+            "out the matmuls of custom calls, e.g. cuBLAS GEMMs on GPUs); ")
+
+
+def _weight_only_axes(report: Any) -> tuple[str, ...]:
+    """Mesh axes (size > 1) that shard weights but split neither batch nor sequence:
+    their collectives carry activations between the matmuls of one layer."""
+    params = {k: v for k, v in report.layouts.items() if k.startswith("params.")}
+    bat = set(batch_axes(report.rules, report.mesh))
+    return tuple(a for a in report.mesh.axis_names
+                 if a in weight_axes(params) and a not in bat and report.mesh.shape[a] > 1)
+
+
+def _kept(remat: str) -> set[str]:
+    """Checkpoint names a remat policy saves or offloads."""
+    p = REMAT_POLICIES[remat]
+    return set(p.saved) | set(p.offloaded)

@@ -1,0 +1,200 @@
+"""``Plan``, what ``wb.plan`` returns: the runnable handle (the abstract state and its
+shardings, the jitted and compiled step, ``materialize``, ``train_step``) around the
+serialisable ``PlanReport`` (memory, FLOPs, collectives, lints, prediction). The plan
+shows the report's numbers that users read as its own, each an explicit property
+(``plan.memory`` is ``plan.report.memory``); the rest are the report's alone
+(``plan.report.loops``)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import optax
+
+from workbench._display import Displayable
+from workbench.planning._report import PlanReport
+from workbench._step import LossFn, ModelFactory, TrainState, sharded_init
+
+__all__ = ["Plan"]
+
+#: Every attribute name of the report: one the plan does not show is ``plan.report.<name>``.
+_REPORT_NAMES = frozenset(
+    {f.name for f in dataclasses.fields(PlanReport)}
+    | {n for n in dir(PlanReport) if not n.startswith("__")})
+
+
+def _shown(name: str) -> property:
+    """A read-only property of the plan that is ``plan.report.<name>`` (documented as the
+    report's own attribute is)."""
+    doc = (getattr(PlanReport, name, None).__doc__ if isinstance(
+        getattr(PlanReport, name, None), (property, functools.cached_property)) else None)
+    summary = (doc or "").strip().split("\n\n")[0]
+    return property(lambda self: getattr(self.report, name),
+                    doc=f"``plan.report.{name}``" + (f": {summary}" if summary else ""))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
+class Plan(Displayable):
+    """One train step of a model on a mesh, planned before any parameter is allocated
+    (``wb.plan``): its ``report`` and what runs it.
+
+    The report's numbers that notebooks and the docs read are the plan's own, each an
+    explicit property (``plan.memory``, ``plan.model_flops``, ``plan.collectives``,
+    ``plan.warnings``, ``plan.source``, ``plan.fits``, ``plan.layouts``,
+    ``plan.predicted``, ...) or method (``predict``, ``summary``, ``to_dict``,
+    ``memory_rows``); the rest of ``PlanReport`` (``loops``, ``compiler_cycles``,
+    ``compiled_numbers``, ``padding_flops``, ``to_json``, ...) is ``plan.report.<name>``.
+    ``repr`` is a one-line summary, ``str`` the full report; a notebook shows the plan
+    widget.
+
+    Attributes:
+        report: the ``PlanReport`` (serialisable: ``plan.report.to_json()``).
+        optimizer: the optax transformation whose state is planned.
+        graphdef: the model's ``nnx.GraphDef``.
+        param_state: ``nnx.State`` of abstract ``nnx.Param`` (logical axes in metadata).
+        abstract_state: ``TrainState`` of ShapeDtypeStruct carrying the shardings.
+        shardings: ``TrainState`` of ``NamedSharding`` matching the model state.
+        abstract_batch: ``{name: ShapeDtypeStruct}`` of the batch, carrying its shardings.
+        batch_shardings: ``{name: NamedSharding}`` of the batch (``step.batch_shardings``).
+        compiled: the ``jax.stages.Compiled`` step (None when analytic).
+        factory: ``rngs -> nnx.Module`` that builds the model (for ``materialize``).
+        loss_fn: ``(model, batch) -> loss`` of the step.
+        jitted: the jitted step ``(state, batch) -> (state, metrics)`` before AOT
+            compilation (None on an abstract mesh).
+        reshards: layout changes the compiler inserted between two ops (``hlo.Reshard``:
+            the collective, the producing and consuming ops and their source lines);
+            empty when nothing was compiled.
+    """
+
+    _view: ClassVar[str] = "_plan_view:plan_widget"
+
+    report: PlanReport
+    optimizer: optax.GradientTransformation
+    graphdef: Any
+    param_state: Any
+    abstract_state: TrainState
+    shardings: TrainState
+    abstract_batch: dict[str, jax.ShapeDtypeStruct]
+    batch_shardings: dict[str, jax.sharding.NamedSharding]
+    compiled: Any | None
+    factory: ModelFactory
+    loss_fn: LossFn
+    jitted: Callable[..., Any] | None
+    reshards: list[Any] = dataclasses.field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for names the plan lacks: says where a report attribute is, never
+        # forwards to it
+        if not name.startswith("_") and name in _REPORT_NAMES:
+            raise AttributeError(f"'Plan' object has no attribute {name!r}: it is the "
+                                 f"report's, plan.report.{name}")
+        raise AttributeError(f"'Plan' object has no attribute {name!r}")
+
+    # the report's numbers a plan shows as its own (PlanReport documents each)
+    name = _shown("name")
+    cfg = _shown("cfg")
+    mesh = _shown("mesh")
+    rules = _shown("rules")
+    batch = _shown("batch")
+    seq = _shown("seq")
+    dtype = _shown("dtype")
+    attention = _shown("attention")
+    source = _shown("source")
+    source_reason = _shown("source_reason")
+    is_estimate = _shown("is_estimate")
+    compile_seconds = _shown("compile_seconds")
+    compile_cached = _shown("compile_cached")
+    compiler_options = _shown("compiler_options")
+    memory = _shown("memory")
+    memory_estimate = _shown("memory_estimate")
+    fits = _shown("fits")
+    layouts = _shown("layouts")
+    pipeline = _shown("pipeline")
+    model_flops = _shown("model_flops")
+    flops = _shown("flops")
+    flops_per_device = _shown("flops_per_device")
+    compiled_flops_per_device = _shown("compiled_flops_per_device")
+    replicated_compute_factor = _shown("replicated_compute_factor")
+    compute_split = _shown("compute_split")
+    kernel_flops = _shown("kernel_flops")
+    cost = _shown("cost")
+    collectives = _shown("collectives")
+    comm_bytes_per_device = _shown("comm_bytes_per_device")
+    warnings = _shown("warnings")
+    predicted = _shown("predicted")
+
+    def predict(self, *, hardware: Any = None, overlap: float | None = None,
+                calibration: Any = None) -> Any:
+        """``PlanReport.predict``: a prediction of one step, for another chip or overlap,
+        with or without (``calibration=False``) the device kind's stored calibration."""
+        return self.report.predict(hardware=hardware, overlap=overlap, calibration=calibration)
+
+    def summary(self) -> str:
+        """``PlanReport.summary``: a few lines."""
+        return self.report.summary()
+
+    def to_dict(self) -> dict[str, Any]:
+        """``PlanReport.to_dict``: the JSON-friendly summary."""
+        return self.report.to_dict()
+
+    def memory_rows(self) -> list[dict[str, Any]]:
+        """``PlanReport.memory_rows``: one row per memory component."""
+        return self.report.memory_rows()
+
+    def __str__(self) -> str:
+        return str(self.report)
+
+    def __repr__(self) -> str:
+        return repr(self.report)
+
+    @functools.cached_property
+    def activations(self) -> list[Any]:
+        """The step's activations (``planning.activations.Activation``): every tensor the
+        model constrains (per layer: q/k/v, attention output, residual, MLP hidden; the
+        logits), and the attention scores found in the traced program, with shape,
+        sharding and bytes per device. Traced on first use."""
+        from workbench.planning._activations import trace_activations
+
+        sh = next(iter(self.batch_shardings.values()), None)
+        mesh = sh.mesh if sh is not None else self.report.mesh.abstract
+        cfg = self.report.cfg
+        scanned = cfg.n_layers if cfg is not None and cfg.scan_layers else None
+        return trace_activations(self.graphdef, self.loss_fn, self.abstract_state.params,
+                                 self.abstract_batch, self.report.rules, mesh,
+                                 scanned_layers=scanned)
+
+    # -- the model and the step -----------------------------------------------------------
+
+    def init_state(self, seed: int = 0) -> TrainState:
+        """Params and optimizer state created directly into the plan's shardings."""
+        self._require_devices("init_state")
+        return self._init(jax.random.key(seed))
+
+    @functools.cached_property
+    def _init(self) -> Callable[..., TrainState]:
+        """The jitted init, compiled once per plan (not once per ``init_state`` call)."""
+        return sharded_init(self.factory, self.optimizer, self.shardings)
+
+    def materialize(self, seed: int = 0) -> Any:
+        """The sharded ``nnx.Module``: parameters are created by a function jitted with the
+        plan's output shardings, so no device ever holds the full parameters."""
+        from flax import nnx
+
+        self._require_devices("materialize")
+        params = sharded_init(self.factory, None, self.shardings.params)(jax.random.key(seed))
+        return nnx.merge(self.graphdef, params)
+
+    def train_step(self) -> Callable[..., Any]:
+        """The step this plan compiled, ``(state, batch) -> (state, metrics)``: the AOT
+        executable (donates ``state``), or the jitted function when nothing was compiled."""
+        self._require_devices("train_step")
+        return self.compiled if self.compiled is not None else self.jitted
+
+    def _require_devices(self, what: str) -> None:
+        if self.report.mesh.jax_mesh is None:
+            raise RuntimeError(
+                f"plan.{what}() needs real devices, but this plan is on "
+                f"{self.report.mesh.describe()}; plan on wb.make_mesh(...) to build the model")

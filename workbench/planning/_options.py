@@ -1,0 +1,114 @@
+"""``PlanOptions``: how ``wb.plan`` and ``wb.search`` plan a step, apart from what is planned
+(the model, mesh, rules, batch and sequence length). One frozen object both take, changed
+with ``.replace(...)``; their old keyword arguments still work and fill it in.
+
+Usage::
+
+    opts = wb.PlanOptions(optimizer=optax.adamw(3e-4), progress=False)
+    plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=128, options=opts)
+    res = wb.search(cfg, "v5p-8", batch=8, seq=128, options=opts.replace(dtype="bfloat16"))
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import optax
+
+from workbench._step import LossFn, lm_loss
+
+__all__ = ["DEFAULT_REPLICATED_THRESHOLD", "PlanOptions", "options_of"]
+
+#: Parameters at least this large (elements) must not be replicated (a lint says so).
+DEFAULT_REPLICATED_THRESHOLD = 16 * 1024 ** 2
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanOptions:
+    """How a step is planned (``wb.plan(..., options=)``, ``wb.search(..., options=)``).
+
+    Attributes:
+        optimizer: optax transformation whose state is planned (default
+            ``optax.adamw(3e-4)``).
+        dtype: compute dtype override for a GPTConfig ("bfloat16", "auto", ...); "auto"
+            is resolved for the mesh's platform (``plan.dtype`` says which).
+        name: label for ``wb.compare`` (default: the rules' preset name); ``wb.search``
+            names each candidate itself.
+        compile: force (True) or skip (False) compilation; default: compile when the mesh
+            has real devices (``wb.search`` decides per pass: formulas, then ``top_k``).
+        memory_limit: bytes per device to check against (default: the device's memory).
+        replicated_threshold: parameters at least this large must not be replicated.
+        loss_fn: ``(model, batch) -> loss`` of a model factory (default next-token
+            cross-entropy).
+        example_batch: ShapeDtypeStructs of a factory model's batch (dim 0 is "batch");
+            for ``wb.search`` also a callable ``(batch, seq) -> {name: ShapeDtypeStruct}``.
+        progress: say when compilation starts and how long it took (``wb.search``: one
+            status line while it works).
+        pipeline: ``{"microbatches", "schedule", "repeats"}`` of pipeline stages over the
+            mesh's ``stage`` axis (``wb.plan``); ``wb.search`` varies it with its own
+            ``stages=`` and ``pipeline=``.
+        overlap: compile with the platform's flags that overlap collectives with compute
+            (``workbench.planning._flags.OVERLAP_FLAGS``); False: without; a dict: exactly
+            these XLA compile options. (``wb.search``'s ``overlap=`` is the predicted
+            overlap fraction, a search option.)
+    """
+
+    optimizer: optax.GradientTransformation | None = None
+    dtype: str | None = None
+    name: str | None = None
+    compile: bool | None = None
+    memory_limit: int | None = None
+    replicated_threshold: int = DEFAULT_REPLICATED_THRESHOLD
+    loss_fn: LossFn | None = None
+    example_batch: Mapping[str, jax.ShapeDtypeStruct] | Any | None = None
+    progress: bool = True
+    pipeline: Mapping[str, Any] | Any | None = None
+    overlap: bool | Mapping[str, Any] = True
+
+    def replace(self, **changes: Any) -> PlanOptions:
+        """A copy with ``changes`` (unknown names are refused with the known ones)."""
+        _check_names(changes, "PlanOptions.replace")
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def loss(self) -> LossFn:
+        """``loss_fn``, or the next-token loss when none is given."""
+        return self.loss_fn if self.loss_fn is not None else lm_loss
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(PlanOptions))
+
+
+def _check_names(given: Mapping[str, Any], where: str) -> None:
+    unknown = sorted(set(given) - set(FIELDS))
+    if unknown:
+        raise TypeError(f"{where}: unknown option(s) {unknown}; PlanOptions has "
+                        f"{', '.join(FIELDS)}")
+
+
+def options_of(options: PlanOptions | None, keywords: Mapping[str, Any], where: str
+               ) -> PlanOptions:
+    """``options`` (default ``PlanOptions()``) with the old keyword arguments of ``where``
+    (``optimizer=``, ``progress=``, ...) filled in; a keyword given both ways must agree.
+
+    Raises:
+        TypeError: ``options`` is not a ``PlanOptions``, or a keyword is not one of its
+            fields.
+        ValueError: a keyword contradicts the same field of ``options``.
+    """
+    if options is not None and not isinstance(options, PlanOptions):
+        raise TypeError(f"{where}: options is a {type(options).__name__}, not a PlanOptions; "
+                        "pass wb.PlanOptions(optimizer=..., progress=...)")
+    _check_names(keywords, where)
+    if options is None:
+        return PlanOptions(**keywords)
+    default = PlanOptions()
+    clash = [k for k, v in keywords.items()
+             if getattr(options, k) is not getattr(default, k)
+             and getattr(options, k) != getattr(default, k) and getattr(options, k) != v]
+    if clash:
+        raise ValueError(f"{where}: {clash[0]}= is given twice, as a keyword and in "
+                         f"options, with different values; give it once")
+    return dataclasses.replace(options, **keywords)

@@ -1,0 +1,143 @@
+"""Plan before you allocate: abstract init + AOT-compiled train step -> memory, FLOPs,
+collectives and layout lints per device; ``materialize()`` builds the sharded model.
+
+::
+
+    plan = wb.plan(cfg, mesh=mesh, rules="fsdp_tp", batch=8, seq=128)
+    plan.memory              # per-device bytes: params, optimizer, temp, total, limit, ...
+    plan.model_flops         # analytic, whole step, all devices
+    plan.compiled_flops_per_device, plan.collectives, plan.warnings, plan.shardings
+    model = plan.materialize(seed=0)   # sharded init; no device ever holds the whole model
+
+``plan()`` runs the stages of ``workbench.planning._stages`` in order (resolve the inputs,
+choose the compile target, build the abstract step, measure, lint) and assembles the
+``PlanReport`` (predicted on first use) inside the runnable ``Plan``.
+
+On a mesh larger than the machine (``wb.abstract_mesh("v5p-1024", data=-1, model=4)``)
+the plan is analytic: memory by formula, FLOPs, and collectives estimated from layouts,
+all labelled as estimates.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from workbench._validate import check_int
+from workbench.models import GPTConfig
+from workbench.perf import _analytic as analytic
+from workbench.planning._handle import Plan
+from workbench.planning._report import CompiledNumbers, Comparison, PlanReport
+from workbench.planning._measure import Measured, measure
+from workbench.planning._options import (  # noqa: F401 - the old home of the default
+    DEFAULT_REPLICATED_THRESHOLD, PlanOptions, options_of)
+from workbench.planning._stages import (AbstractStep, Inputs, Setup, build_step,
+                                       choose_target, lint, resolve)
+from workbench._rules import Rules
+from workbench._step import ModelFactory
+
+__all__ = ["PlanOptions", "compare", "plan"]
+
+
+def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
+         rules: Rules | str | None = None, batch: int, seq: int | None = None,
+         options: PlanOptions | None = None, **keywords: Any) -> Plan:
+    """Plan one train step of a model on a mesh without allocating it.
+
+    The state, its shardings, the batch shardings and the step are built by the functions
+    of :mod:`workbench._step` that the Trainer uses, so the plan compiles the Trainer's
+    program: batch entries are sharded by the rules for ``step.batch_logical_axes`` (dim 0
+    ``batch``; dim 1 of integer token arrays ``seq``).
+
+    Args:
+        cfg_or_factory: a ``GPTConfig`` or a callable ``rngs -> nnx.Module``.
+        mesh: ``wb.make_mesh(...)`` (compiled plan) or ``wb.abstract_mesh(...)`` (analytic),
+            a dict of axis sizes (``wb.make_mesh``'s), or None: every device on one
+            ``data`` axis (``workbench._placement``, the default everywhere).
+        rules: ``Rules`` or a preset name ("dp", "fsdp", "tp", "fsdp_tp"); default
+            ``workbench._placement``'s: "fsdp_tp" on a mesh with one model axis larger
+            than 1, else "fsdp". ``plan.report.placement`` says which and why.
+        batch: global batch size (sequences per step): a positive int divisible by the
+            data-parallel size (the product of the mesh axes the rules map ``batch`` to);
+            otherwise a ValueError names the nearest batches that are.
+        seq: sequence length, a positive int (default ``cfg.seq_len``). Longer than the
+            model's ``seq_len`` is planned with a warning naming both: the model computes
+            at any length (RoPE has no position table), so it is a legitimate experiment,
+            but one the config does not state; ``cfg.replace(seq_len=seq)`` states it.
+        options: how to plan (``PlanOptions``: optimizer, dtype, name, compile,
+            memory_limit, replicated_threshold, loss_fn, example_batch, progress,
+            pipeline, overlap; each documented there). Default ``PlanOptions()``.
+        **keywords: the same options one by one, as before ``PlanOptions`` (``optimizer=``,
+            ``progress=``, ``compile=``, ...): they fill in ``options``; one given both ways
+            must agree. ``pipeline={"microbatches": M, "schedule": ..., "repeats": R}``
+            adds ``plan.pipeline``; ``overlap`` picks the compile flags
+            (``Plan.compiler_options`` shows them).
+
+    Raises:
+        TypeError: an unknown keyword (the message lists ``PlanOptions``' fields).
+
+    Example::
+
+        plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=128,
+                       options=wb.PlanOptions(optimizer=optax.adamw(3e-4), progress=False))
+    """
+    t0 = time.perf_counter()
+    opts = options_of(options, keywords, "wb.plan")
+    replicated_threshold = check_int(opts.replicated_threshold, "replicated_threshold",
+                                     minimum=0, where="wb.plan: ",
+                                     fix="a parameter count, e.g. 2**24")
+    inp = resolve(cfg_or_factory, mesh=mesh, rules=rules, batch=batch, seq=seq,
+                  optimizer=opts.optimizer, dtype=opts.dtype, name=opts.name,
+                  compile=opts.compile, memory_limit=opts.memory_limit, loss_fn=opts.loss,
+                  example_batch=opts.example_batch, pipeline=opts.pipeline,
+                  overlap=opts.overlap)
+    setup = choose_target(inp)
+    step = build_step(inp, setup)
+    measured = measure(inp, setup, step, progress=opts.progress)
+    warnings = lint(inp, setup, step, measured, replicated_threshold)
+    return _assemble(inp, setup, step, measured, warnings, seconds=time.perf_counter() - t0)
+
+
+def _assemble(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured, warnings: list,
+              *, seconds: float) -> Plan:
+    """The report of the stages' records (predicted on first use), in its runnable handle."""
+    compiled, target, st = m.compiled, m.target, step.state
+    report = PlanReport(
+        name=inp.name or inp.rules_name or "plan", cfg=inp.asked, mesh=inp.info,
+        rules=inp.rules, batch=inp.batch, seq=inp.seq, is_estimate=compiled is None,
+        flops=step.flops, source=target.source if compiled is not None else "estimate",
+        source_reason=target.reason,
+        hbm_bytes_estimate=analytic.hbm_bytes(step.estimate, step.layouts_of(
+            "params.", strip=True), inp.rules, inp.info, cfg=inp.cfg, batch=inp.batch,
+            seq=inp.seq),
+        memory=m.memory, memory_estimate=step.estimate, collectives=m.collectives,
+        warnings=warnings, layouts=step.layouts, logical=step.logical,
+        compile_seconds=m.outcome.seconds, compile_cached=m.outcome.cached,
+        plan_seconds=seconds, pipeline=m.pipeline,
+        compiler_options={**setup.options, **m.outcome.extra_options},
+        attention=setup.attention, dtype=inp.dtype, placement=inp.placement,
+        compiled_numbers=None if compiled is None else CompiledNumbers(
+            compiled, tpu=target.source == "tpu-compiler"))
+    return Plan(report=report, optimizer=inp.optimizer, graphdef=st.graphdef,
+                param_state=st.param_state, abstract_state=st.state,
+                shardings=st.shardings, abstract_batch=step.batch,
+                batch_shardings=step.batch_shardings, compiled=compiled,
+                factory=inp.factory, loss_fn=inp.loss_fn, jitted=step.jitted,
+                reshards=m.reshards)
+
+
+def compare(plans: list[Plan]) -> Comparison:
+    """Plans side by side: memory per device, FLOPs per device, bytes communicated per
+    step, replicated compute factor, fits. Shows a table and a chart in a notebook."""
+    if isinstance(plans, Plan):
+        plans = [plans]
+    if not isinstance(plans, (list, tuple)):
+        raise TypeError(f"wb.compare: plans={plans!r} is a {type(plans).__name__}; give a list of "
+                        "plans, e.g. wb.compare([plan_dp, plan_tp])")
+    if not plans:
+        raise ValueError("wb.compare: plans is empty; compare needs at least one plan, e.g. "
+                         "wb.compare([plan_dp, plan_tp])")
+    bad = [p for p in plans if not isinstance(p, Plan)]
+    if bad:
+        raise TypeError(f"wb.compare: plans holds {bad[0]!r} ({type(bad[0]).__name__}), not a "
+                        "Plan; give what wb.plan(...) returns")
+    return Comparison(list(plans))

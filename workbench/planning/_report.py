@@ -1,0 +1,546 @@
+"""The plan's report: ``PlanReport``, the serialisable record of one planned step (memory,
+FLOPs, collectives, lints, the numbers read from the compiled program) with its
+prediction, text and dict forms; and ``Comparison`` of plans. The runnable handle
+(``handle.Plan``) holds a report. No display imports here: notebooks draw them through
+``_view``."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from workbench._display import Displayable
+from workbench._flops import FlopCount, compiled_cost
+from workbench.hardware import EffectiveSpec, effective_spec
+from workbench._layouts import Layout, format_bytes
+from workbench._mesh import MeshInfo
+from workbench.models import GPTConfig
+from workbench.models._config import REMAT_POLICIES
+from workbench.perf._analytic import compute_split, moe_padding_flops
+from workbench.perf._attention_cost import kernel_flops
+from workbench.perf._hlo import (Collective, compiler_cycles, loop_trip_counts,
+                                    unestimated_instructions)
+from workbench.planning._lints import Lint
+from workbench.perf._predict import Prediction
+from workbench.perf._predict_plan import predict_plan
+from workbench.planning._serialise import report_fields, report_to_json
+from workbench._rules import Rules
+
+MEMORY_KEYS = ("params", "optimizer", "gradients", "activations", "batch")
+
+
+def _flops(x: float | None) -> str:
+    if x is None:
+        return "-"
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g} FLOP"
+
+
+def _bytes(x: float | None) -> str:
+    return "-" if x is None else format_bytes(x)
+
+
+class CompiledNumbers:
+    """What a plan reads from its compiled executable: the cost analysis, the while loops'
+    trip counts, the TPU compiler's own cycle estimates. Read on first use (the program
+    text of a large step is long), or given (a report read back from JSON).
+
+    Args:
+        compiled: the ``jax.stages.Compiled`` step, or None when ``values`` are given.
+        tpu: whether the TPU compiler compiled it (only its programs carry cycles).
+        values: ``to_dict()`` of an earlier instance.
+    """
+
+    def __init__(self, compiled: Any = None, *, tpu: bool = False,
+                 values: Mapping[str, Any] | None = None) -> None:
+        self._compiled, self._tpu = compiled, tpu
+        if values is not None:
+            self.__dict__.update(cost=dict(values["cost"]), loops=dict(values["loops"]),
+                                 cycles=tuple(values["cycles"]),
+                                 unknown=[tuple(u) for u in values.get("unknown", [])])
+
+    @functools.cached_property
+    def cost(self) -> dict[str, float]:
+        """Per-device ``compiled.cost_analysis()`` (``flops``, ``bytes accessed``, ...)."""
+        return compiled_cost(self._compiled)
+
+    @functools.cached_property
+    def loops(self) -> dict[str, int]:
+        """``{loop body: trip count}`` of the program's while loops (scanned layers)."""
+        return loop_trip_counts(self._compiled.as_text())
+
+    @functools.cached_property
+    def cycles(self) -> tuple[int, int]:
+        """``(cycles, instructions)`` of the TPU compiler's estimates; (0, 0) off TPU."""
+        return compiler_cycles(self._compiled.as_text()) if self._tpu else (0, 0)
+
+    @functools.cached_property
+    def unknown(self) -> list[tuple[str, int, int]]:
+        """``(name, bytes, runs per step)`` of each instruction the TPU compiler left
+        without a cycle estimate (``hlo.unestimated_instructions``); empty off TPU."""
+        if not self._tpu:
+            return []
+        return [(u.name, u.bytes, u.count)
+                for u in unestimated_instructions(self._compiled.as_text())]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly values (reads them all)."""
+        return {"cost": dict(self.cost), "loops": dict(self.loops),
+                "cycles": list(self.cycles), "unknown": [list(u) for u in self.unknown]}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
+class PlanReport:
+    """What one train step needs on a mesh, as numbers: the serialisable part of a plan
+    (``wb.plan(...).report``; the plan shows every attribute of it too).
+
+    ``repr`` is a one-line summary, ``str`` the full report (the plan widget draws the
+    ``Plan``, which has the layouts' model too). ``to_json()`` / ``PlanReport.from_json()``
+    round-trip it.
+
+    Attributes:
+        name: label used by ``compare``.
+        cfg: the GPTConfig as given (None for a model factory); its ``dtype="auto"``
+            stays so, and ``dtype`` says what the step computes in.
+        mesh: the ``MeshInfo``.
+        rules: the ``Rules`` used.
+        batch, seq: global batch size and sequence length.
+        is_estimate: True when nothing was compiled: all numbers by formula.
+        source: where memory, FLOPs and collectives come from: ``"tpu-compiler"`` (the TPU
+            compiler, for TPU devices or an abstract TPU slice), ``"cpu-compiler"`` /
+            ``"gpu-compiler"`` (XLA for the devices at hand) or ``"estimate"`` (formulas).
+        source_reason: why that source (the topology compiled for, or why not compiled).
+        hbm_bytes_estimate: HBM bytes read + written per device per step, by formula
+            (``analytic.hbm_bytes``); the roofline uses the compiler's count when there is one.
+        flops: the analytic ``FlopCount`` (formula, breakdown, 6N, remat recompute).
+        memory: per-device bytes ``params, optimizer, batch, gradients, temp, activations,
+            total, limit`` (compiled when available, plus XLA's ``arguments, outputs,
+            aliased``; else ``memory_estimate``).
+        memory_estimate: the same keys by formula.
+        collectives: ``Collective`` records (compiled HLO, or estimates).
+        warnings: ``Lint`` records.
+        layouts: ``{path: Layout}`` of every parameter (``params.*``), optimizer leaf
+            (``opt_state.*``), the step counter (``step``) and batch input (``batch.*``),
+            each with its logical axes.
+        logical: ``{parameter path: logical axes}`` (``'blocks.0.attn.q'``, no prefix).
+        compile_seconds: compilation time (0 when analytic or cached).
+        compile_cached: the executable came from the compile cache (this process's, or the
+            plan cache on disk for abstract TPU slices).
+        plan_seconds: time ``wb.plan`` took in all.
+        pipeline: None, or the pipeline over the ``stage`` axis (``wb.plan(pipeline=)``):
+            ``stages, microbatches, schedule, repeats, iterations``, ``bubble_formula``
+            (``(S-1)/(R M+S-1)``), ``bubble_schedule`` (idle fraction of the schedule's
+            timeline), ``in_flight`` (chunks held per stage), ``stage_memory`` (per-stage
+            bytes by formula: params, optimizer, batch, gradients and the stage's
+            activations), ``permutes`` (the collective permutes, compiled or estimated).
+        compiler_options: the XLA compile options of the step (``wb.plan(overlap=)``: the
+            platform's overlap flags by default).
+        attention: the attention that runs and why (``"splash: Pallas splash kernel
+            (Mosaic)"``); empty for a model factory.
+        dtype: the compute dtype and why (``"bfloat16: auto: bfloat16 on tpu"``: a
+            GPTConfig's ``dtype="auto"`` resolved for the platform planned for; ``cfg``
+            stays the config as given); empty for a model factory.
+        compiled_numbers: what was read from the compiled program (``CompiledNumbers``);
+            None when nothing was compiled.
+        placement: where the mesh and rules came from (``workbench._placement``): given,
+            or the default and why; "" in a report written before it was recorded.
+    """
+
+    name: str
+    cfg: GPTConfig | None
+    mesh: MeshInfo
+    rules: Rules
+    batch: int
+    seq: int
+    is_estimate: bool
+    source: str
+    source_reason: str
+    hbm_bytes_estimate: int
+    flops: FlopCount
+    memory: dict[str, int | None]
+    memory_estimate: dict[str, int | None]
+    collectives: list[Collective]
+    warnings: list[Lint]
+    layouts: dict[str, Layout]
+    logical: dict[str, tuple[str | None, ...]]
+    compile_seconds: float
+    compile_cached: bool
+    plan_seconds: float
+    pipeline: dict[str, Any] | None = None
+    compiler_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    attention: str = ""
+    dtype: str = ""
+    compiled_numbers: CompiledNumbers | None = None
+    placement: str = ""
+
+    # -- numbers -----------------------------------------------------------------------
+
+    @property
+    def model_flops(self) -> float:
+        """Analytic model FLOPs of one step, all devices (no remat; MaxText convention)."""
+        return self.flops.total
+
+    @functools.cached_property
+    def loops(self) -> dict[str, int]:
+        """``{loop body: trip count}`` of the compiled program's while loops (scanned
+        layers); empty when analytic or unrolled."""
+        return {} if self.compiled_numbers is None else self.compiled_numbers.loops
+
+    @functools.cached_property
+    def compiler_cycles(self) -> tuple[int, int]:
+        """``(cycles, instructions)``: the TPU compiler's own cycle estimates of every
+        fusion, copy and matmul it scheduled, summed over one step with loop trip counts
+        (``hlo.compiler_cycles``); (0, 0) unless TPU-compiled."""
+        if self.compiled_numbers is None or self.source != "tpu-compiler":
+            return 0, 0
+        return self.compiled_numbers.cycles
+
+    @functools.cached_property
+    def compiled_flops_per_device(self) -> float | None:
+        """FLOPs per device from ``compiled.cost_analysis()``; None when analytic, or when
+        the program loops (scanned layers): XLA's cost analysis counts a loop body once."""
+        if self.compiled_numbers is None or self.loops:
+            return None
+        flops = self.compiled_numbers.cost.get("flops")
+        return None if flops is None or flops <= 0 else float(flops)
+
+    @functools.cached_property
+    def cost(self) -> dict[str, float]:
+        """The compiler's per-device cost analysis (``flops``, ``bytes accessed``, on TPU
+        ``optimal_seconds``); empty when nothing was compiled."""
+        return {} if self.compiled_numbers is None else self.compiled_numbers.cost
+
+    @functools.cached_property
+    def predicted(self) -> Prediction:
+        """Predicted step time, MFU, tokens/s, bound and breakdown (``predict()`` with
+        the defaults: the mesh's hardware table, overlap by platform). A prediction that
+        breaks a physical bound (``Prediction.implausible``) adds an error lint
+        ``implausible_prediction`` to ``warnings``."""
+        pred = self.predict()
+        if pred.implausible and not any(w.kind == "implausible_prediction"
+                                        for w in self.warnings):
+            self.warnings.append(Lint(
+                kind="implausible_prediction", severity="error", path="predicted",
+                message="the predicted step breaks a physical bound: "
+                        + "; ".join(pred.implausible),
+                fix="do not trust this plan's step time or MFU (wb.search does not rank "
+                    "it); compile it for the target (compile=True) or check the model's "
+                    "FLOPs and the hardware table", value=pred.step_seconds))
+        return pred
+
+    def predict(self, *, hardware: Any = None, overlap: float | None = None,
+                calibration: Any = None) -> Prediction:
+        """A prediction of one step from this plan's FLOPs, HBM bytes and collectives
+        (``workbench.perf._predict_plan``): compiled numbers where there are, else the
+        analytic ones. The hardware is resolved here, explicitly, into one
+        ``EffectiveSpec`` (``workbench.hardware.effective_spec``: the catalogue's entry or
+        the measured CPU, then the calibration) and passed down. A TPU-compiled plan times
+        its local work with the TPU compiler's own cycle estimates (``compiler_cycles``) at
+        the chip's clock, unless ``hardware`` names another chip; the roofline stays in
+        the breakdown.
+
+        Args:
+          hardware: a ``HardwareSpec`` or device kind ("TPU v5p", "H100") to predict for
+            another chip with the same program; default the mesh's device kind (measured
+            for CPU devices); or an ``EffectiveSpec`` resolved by the caller
+            (``wb.hardware.effective_spec(plan.mesh, ...)``), used as it is.
+          overlap: fraction of communication hidden behind compute (default by platform).
+          calibration: False: the hardware table alone; None: with the calibration stored
+            for the device kind (``wb.calibrate``), if any; or a ``Calibration``.
+
+        Raises:
+          ValueError: ``calibration`` given with an ``EffectiveSpec`` (it has its own), or
+            no hardware entry for the device kind.
+        """
+        if isinstance(hardware, EffectiveSpec):
+            if calibration is not None:
+                raise ValueError("predict: hardware is an EffectiveSpec, which has its "
+                                 "calibration already; pass calibration= to effective_spec")
+            return predict_plan(self, hardware, overlap=overlap)
+        spec = effective_spec(self.mesh, hardware=hardware, calibration=calibration)
+        return predict_plan(self, spec, overlap=overlap)
+
+    @property
+    def kernel_flops(self) -> float:
+        """FLOPs of the fused attention kernel in one step, all devices, by formula
+        (``workbench.perf._attention_cost.kernel_flops``); 0 for XLA attention."""
+        impl = self.attention.split(":")[0]
+        if self.cfg is None or impl in ("", "xla"):
+            return 0.0
+        platform = "tpu" if self.source == "tpu-compiler" or self.mesh.platform == "tpu" \
+            else self.mesh.platform
+        cfg = self.cfg
+        return kernel_flops(
+            cfg.attention, platform, batch=self.batch, seq=self.seq, n_heads=cfg.n_heads,
+            head_dim=cfg.head_dim, n_layers=cfg.n_layers,
+            block_sizes=cfg.attention_block_sizes,
+            recompute_forward=cfg.remat != "none" and "context" not in _kept(cfg.remat))
+
+    @property
+    def compute_split(self) -> int:
+        """Into how many parts the mesh divides the step's compute (``analytic.compute_split``)."""
+        params = {k[len("params."):]: v for k, v in self.layouts.items()
+                  if k.startswith("params.")}
+        return compute_split(self.rules, self.mesh, params)
+
+    @property
+    def padding_flops(self) -> float:
+        """FLOPs a mixture of experts spends on empty expert slots (dropless or capacity
+        padding), all devices, by formula (``analytic.moe_padding_flops``); 0 when dense."""
+        if self.cfg is None or not self.cfg.n_experts:
+            return 0.0
+        return moe_padding_flops(self.cfg, self.batch, self.seq, self.rules, self.mesh)
+
+    @property
+    def flops_per_device(self) -> float:
+        """Compiled per-device FLOPs, or (estimate) model FLOPs plus remat's recompute and
+        the experts' empty slots, divided by ``compute_split``."""
+        if self.compiled_flops_per_device is not None:
+            return self.compiled_flops_per_device
+        return (self.model_flops + self.flops.recompute + self.padding_flops) \
+            / self.compute_split * self.pipeline_factor
+
+    @property
+    def pipeline_factor(self) -> float:
+        """Work per device over its share of the model's: every stage computes all
+        ``R M + S - 1`` pipeline iterations, ``R M`` of them useful: ``1 / (1 - bubble)``
+        (1 without a pipeline)."""
+        if not self.pipeline:
+            return 1.0
+        return 1.0 / (1.0 - self.pipeline["bubble_formula"])
+
+    @property
+    def replicated_compute_factor(self) -> float:
+        """``model_flops / (devices × per-device FLOPs)``: 1 when devices split the work
+        exactly; below 1 when devices repeat each other's work (or rematerialise)."""
+        return self.model_flops / (self.mesh.size * self.flops_per_device)
+
+    @property
+    def comm_bytes_per_device(self) -> float:
+        """Bytes each device sends per step over all collectives (ring model)."""
+        return float(sum(c.total_wire_bytes for c in self.collectives))
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether ``memory['total'] <= memory['limit']`` (None when the limit is unknown)."""
+        limit = self.memory.get("limit")
+        return None if not limit else self.memory["total"] <= limit
+
+    # -- text ------------------------------------------------------------------------------
+
+    def memory_rows(self) -> list[dict[str, Any]]:
+        """One row per memory component: compiled (or estimate) and estimate bytes."""
+        mem, est = self.memory, self.memory_estimate
+        keys = [k for k in (*MEMORY_KEYS, "temp", "total", "limit") if k in mem or k in est]
+        return [{"key": k, "bytes": mem.get(k), "estimate": est.get(k)} for k in keys]
+
+    def summary(self) -> str:
+        """A few lines: where, how much memory, FLOPs, communication, lints."""
+        label = "ESTIMATE (analytic, nothing compiled)" if self.is_estimate else \
+            (f"{self.source}, from the compile cache" if self.compile_cached
+             else f"{self.source}, compiled in {self.compile_seconds:.1f} s")
+        mem = self.memory
+        fits = {True: "fits", False: "DOES NOT FIT", None: "limit unknown"}[self.fits]
+        lines = [
+            (f"Plan {self.name!r}: batch {self.batch} x seq {self.seq} on {self.mesh.describe()}"
+            f" — {label}"),
+            f"  rules: {self.rules!r}",
+            (f"  memory/device: total {_bytes(mem['total'])} of {_bytes(mem.get('limit'))} "
+            f"({fits}): params {_bytes(mem['params'])}, optimizer {_bytes(mem['optimizer'])}, "
+            f"temp {_bytes(mem['temp'])} (gradients {_bytes(mem.get('gradients'))})"),
+            (f"  model FLOPs/step {_flops(self.model_flops)} (6N: {_flops(self.flops.six_n)}); "
+            f"per device {_flops(self.flops_per_device)}"
+            f"{'' if self.compiled_flops_per_device is not None else ' (estimate)'}; "
+            f"replicated compute factor {self.replicated_compute_factor:.3g}"),
+            (f"  communication/device/step {_bytes(self.comm_bytes_per_device)} in "
+            f"{sum(c.count for c in self.collectives)} collective(s)"
+            f"{' (estimate)' if self.is_estimate else ''}"
+            + ("" if self.is_estimate else
+               f", {sum(c.count for c in self.collectives if c.overlapped)} overlapped "
+               "(async)")),
+            (f"  attention {self.attention or 'n/a'}; dtype "
+             f"{self.dtype.partition(': ')[2] or self.dtype or 'n/a'}; remat "
+             f"{self.cfg.remat if self.cfg is not None else 'n/a'}; overlap flags: "
+             f"{len(self.compiler_options)}"
+             + (f" ({', '.join(sorted(self.compiler_options))})"
+                if self.compiler_options else " (none)")),
+            f"  source: {self.source} — {self.source_reason}",
+            "  " + self._predicted_line(),
+            *([f"  placement: {self.placement}"] if self.placement else []),
+        ]
+        if self.pipeline:
+            pp = self.pipeline
+            lines.append(
+                f"  pipeline: {pp['stages']} stages x {pp['microbatches']} micro-batches, "
+                f"{pp['schedule']}" + (f" x{pp['repeats']}" if pp['repeats'] > 1 else "")
+                + f"; bubble {pp['bubble_formula']:.1%} (formula), "
+                f"{pp['bubble_schedule']:.1%} (schedule); stage memory "
+                + "/".join(_bytes(m) for m in pp["stage_memory"])
+                + f"; {sum(c['count'] for c in pp['permutes'])} collective permute(s)")
+        if self.warnings:
+            counts = {}
+            for w in self.warnings:
+                counts[w.severity] = counts.get(w.severity, 0) + 1
+            lines.append("  lints: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        return "\n".join(lines)
+
+    def _predicted_line(self) -> str:
+        try:
+            p = self.predicted
+        except (ValueError, OSError) as err:  # a hardware table without the numbers
+            return f"predicted: unavailable ({err})"
+        text = (f"predicted: {p.step_seconds * 1e3:.4g} ms/step ({p.bound}-bound)"
+                + (f", MFU {p.mfu:.1%}" if p.mfu is not None else "")
+                + (f", {p.tokens_per_s:,.0f} tokens/s" if p.tokens_per_s else ""))
+        if p.compiler_seconds is not None:
+            text += f"; TPU compiler's estimate {p.compiler_seconds * 1e3:.4g} ms"
+        return text
+
+    def __str__(self) -> str:
+        lines = [self.summary(), "", "memory per device (bytes)  compiled/estimate"]
+        for row in self.memory_rows():
+            lines.append(f"  {row['key']:<12} {_bytes(row['bytes']):>12} {_bytes(row['estimate']):>12}")
+        lines += ["", f"FLOPs: {self.flops}"]
+        if self.collectives:
+            lines += ["", "collectives (per device):"]
+            for c in self.collectives[:12]:
+                lines.append(f"  {c.kind:<18} over {','.join(c.axes) or '-':<12} x{c.count:<4} "
+                             f"{_bytes(c.bytes):>10} each, sends {_bytes(c.total_wire_bytes)}  "
+                             f"{' '.join(c.shapes[:2])}")
+                if c.sources or c.rule:
+                    lines.append(f"      {c.tensors[0] if c.tensors else ''}"
+                                 f"{' at ' + c.sources[0] if c.sources else ''}"
+                                 f"{'; ' + c.rule if c.rule else ''}")
+            if len(self.collectives) > 12:
+                lines.append(f"  ... {len(self.collectives) - 12} more")
+        for w in self.warnings:
+            lines += ["", str(w)]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Plan {self.name!r}: {self.summary().splitlines()[2].strip()}>"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly summary (for run.json and the compare table)."""
+        return {
+            "name": self.name, "is_estimate": self.is_estimate, "batch": self.batch,
+            "seq": self.seq, "mesh": self.mesh.shape, "rules": self.rules.to_dict(),
+            "memory": dict(self.memory), "memory_estimate": dict(self.memory_estimate),
+            "model_flops": self.model_flops, "six_n": self.flops.six_n,
+            "flops_formula": self.flops.formula,
+            "compiled_flops_per_device": self.compiled_flops_per_device,
+            "flops_per_device": self.flops_per_device,
+            "replicated_compute_factor": self.replicated_compute_factor,
+            "comm_bytes_per_device": self.comm_bytes_per_device, "fits": self.fits,
+            "collectives": [c.to_dict() for c in self.collectives],
+            "warnings": [w.to_dict() for w in self.warnings],
+            "compile_seconds": self.compile_seconds,
+            "source": self.source, "source_reason": self.source_reason,
+            "predicted": self._predicted_dict(),
+            **({"pipeline": self.pipeline} if self.pipeline else {}),
+            "compiler_options": dict(self.compiler_options), "attention": self.attention,
+            "dtype": self.dtype, "placement": self.placement,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field as JSON-friendly data; ``PlanReport.from_json`` reads it back with
+        the same summary, dict form and prediction (``planning.serialise``)."""
+        return report_to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlanReport:
+        """The report of ``to_json()``'s data (after ``json.dumps`` / ``json.loads``).
+
+        A plan of real devices reads back on the abstract mesh of the same devices (the
+        report has nothing to run on); everything else is as it was.
+
+        Raises:
+            ValueError: ``data`` is not a plan report of this format.
+        """
+        fields = report_fields(data)
+        cn = fields.pop("compiled_numbers")
+        return cls(**fields, compiled_numbers=None if cn is None else CompiledNumbers(
+            tpu=fields["source"] == "tpu-compiler", values=cn))
+
+    def _predicted_dict(self) -> dict[str, Any] | None:
+        try:
+            return self.predicted.to_dict()
+        except (ValueError, OSError):
+            return None
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.4g} ms"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _kept(remat: str) -> set[str]:
+    """Checkpoint names a remat policy saves or offloads."""
+    p = REMAT_POLICIES[remat]
+    return set(p.saved) | set(p.offloaded)
+
+
+def _predicted_columns(p: Any) -> dict[str, Any]:
+    try:
+        pred = p.predicted
+    except (ValueError, OSError):
+        return {"step_seconds": None, "mfu": None, "bound": None}
+    return {"step_seconds": pred.step_seconds, "mfu": pred.mfu, "bound": pred.bound}
+
+
+class Comparison(Displayable):
+    """Plans side by side (``wb.compare``): ``rows``, ``table()``, ``figure()``."""
+
+    _view = "_plan_view:compare_widget"
+
+    COLUMNS = ("name", "memory_per_device", "limit", "fits", "flops_per_device",
+               "comm_bytes_per_device", "replicated_compute_factor", "step_seconds", "mfu",
+               "bound", "n_warnings", "estimate", "source")
+
+    def __init__(self, plans: list) -> None:
+        self.plans = plans
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per plan with the ``COLUMNS``."""
+        return [{"name": p.name, "memory_per_device": p.memory["total"],
+                 **_predicted_columns(p), "source": p.source,
+                 "limit": p.memory.get("limit"), "fits": p.fits,
+                 "flops_per_device": p.flops_per_device,
+                 "comm_bytes_per_device": p.comm_bytes_per_device,
+                 "replicated_compute_factor": p.replicated_compute_factor,
+                 "n_warnings": len(p.warnings), "estimate": p.is_estimate,
+                 "memory": {k: p.memory.get(k) for k in (*MEMORY_KEYS, "temp")}}
+                for p in self.plans]
+
+    def table(self) -> str:
+        """The comparison as aligned text."""
+        head = (f"{'plan':<14}{'memory/dev':>12}{'fits':>8}{'FLOPs/dev':>13}{'comm/dev':>12}"
+                f"{'compute x':>11}{'step (pred.)':>14}{'MFU':>7}{'lints':>7}  source")
+        lines = [head]
+        for r in self.rows:
+            fits = {True: "yes", False: "NO", None: "?"}[r["fits"]]
+            lines.append(f"{r['name']:<14}{_bytes(r['memory_per_device']):>12}{fits:>8}"
+                         f"{_flops(r['flops_per_device']):>13}"
+                         f"{_bytes(r['comm_bytes_per_device']):>12}"
+                         f"{r['replicated_compute_factor']:>11.3g}"
+                         f"{_ms(r['step_seconds']):>14}{_pct(r['mfu']):>7}{r['n_warnings']:>7}"
+                         f"  {r['source']}")
+        return "\n".join(lines)
+
+    __str__ = table
+
+    def __repr__(self) -> str:
+        return self.table()
+
+    def figure(self) -> Any:
+        """A plotly figure: memory per device (stacked, limit line), FLOPs and bytes per device."""
+        return self._view_function("compare_figure")(self)
+
+

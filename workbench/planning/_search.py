@@ -1,0 +1,485 @@
+"""Layout search (``wb.search``): mesh splits x rules x remat x micro-batches of one model
+on one slice, planned by formula, ranked by predicted step time, the best few compiled.
+
+::
+
+    res = wb.search(cfg, hardware="v5p-256", batch=256, seq=4096)
+    res.best                  # the Plan of the fastest layout that fits
+    res.rows, res.pareto      # every candidate; the memory / step-time front
+    res.rank_changes          # where the compiled programs reordered the analytic top k
+
+Each candidate is ``wb.plan(..., compile=False)``: memory, FLOPs and collectives by
+formula, timed by the roofline of ``predict.py``. Micro-batching is gradient
+accumulation, modelled from the plan of one micro-batch (``_Search.measure``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+
+from workbench._display import status_line
+from workbench._notebook import in_notebook
+from workbench._layouts import format_bytes
+from workbench.models import GPTConfig
+from workbench.models._adapters import ModelSpec, from_nnx
+from workbench.planning._options import PlanOptions, options_of
+from workbench.planning._planner import plan as make_plan
+from workbench.planning._handle import Plan
+from workbench.planning._search_result import SearchResult, SearchRow
+from workbench.planning._search_space import (
+    DEFAULT_REMAT, DEFAULT_STRATEGIES, EXPERT_STRATEGIES, Candidate, Hardware, SearchOptions,
+    candidates, hardware as resolve_hardware, invalid, larger_presets, mesh_shape,
+    check_seq, model_candidates, skip)
+
+__all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "PlanOptions", "SearchOptions", "SearchResult",
+           "SearchRow", "search"]
+
+
+def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
+           seq: int | None = None, options: PlanOptions | None = None,
+           **keywords: Any) -> SearchResult:
+    """Search layouts of ``cfg`` on ``hardware``: plan each by formula, keep what fits, rank
+    by predicted step time, compile the best ``top_k`` and re-rank them by their compiled
+    predictions.
+
+    Args:
+        cfg: the model: a ``GPTConfig`` (remat is varied with ``cfg.replace(remat=...)``),
+            or anything ``wb.plan`` takes (a ``wb.models.from_nnx`` / ``from_penzai`` spec,
+            a factory ``rngs -> nnx.Module``): its remat is its own, and the candidates are
+            the rules that fit its annotations (``search_space.model_candidates``: meshes
+            with the mesh axes the annotations name, or the presets for logical and penzai
+            axes), ranked the same way.
+        hardware: a preset ("v5p-256", "v5e-16", "2x8xH100"), a mesh whose devices (or
+            preset) to use, or None for the devices at hand (those of
+            ``workbench._placement``'s default mesh, as ``wb.plan`` without a mesh).
+        batch: global batch (sequences per optimizer step).
+        seq: sequence length (default ``cfg.seq_len``).
+        options: how each candidate is planned, shared with ``wb.plan``
+            (``PlanOptions``: ``optimizer``, ``dtype``, ``memory_limit`` (bytes per device
+            to fit in; default the device's memory), ``replicated_threshold``, ``loss_fn``
+            and ``example_batch`` (below), ``progress`` (one status line while it works,
+            and the compiler's own while compiling), ``overlap`` (the compile flags)).
+            Its ``name``, ``compile`` and ``pipeline`` are the search's to set.
+        **keywords: what to vary (``SearchOptions``, below), and ``options``' fields one
+            by one as before (``optimizer=``, ``memory_limit=``, ``progress=``, ...).
+
+    Search options (keywords):
+        strategies: rules presets ("dp", "fsdp", "tp", "fsdp_tp"; "ep", "fsdp_ep", "ep_tp"
+            for a mixture-of-experts config) or ``Rules`` naming the mesh axes ``data``
+            and ``model``. A MoE config (``cfg.n_experts > 0``) searched with the default
+            also gets the expert-parallel presets ep, fsdp_ep (on ``data x expert``
+            meshes) and ep_tp (``data x expert x model``), the expert axis taking each
+            size > 1 dividing both ``n_experts`` and the devices.
+        remat: remat policies to try ("none", "dots", "full").
+        microbatches: gradient-accumulation steps to try (each must divide ``batch``).
+        mesh_shapes: meshes to try, ``{"data": 16, "model": 8}`` or ``(16, 8)``; default
+            ``data x model`` with ``model`` a power of two up to ``max_model`` dividing the
+            devices (dp and fsdp shard over every axis: they get ``model=1`` only).
+        max_model: largest model axis of the default meshes.
+        top_k: how many of the best analytic candidates to compile (0: none). Abstract TPU
+            presets compile with the TPU compiler, real meshes with XLA; other hardware
+            (GPU presets) stays analytic, said in ``notes``.
+        exact: False skips compilation altogether.
+        overlap: fraction of communication hidden behind compute in the predictions
+            (``Plan.predict``; default by platform: 1 on TPU/GPU, 0 on CPU). With full
+            overlap compute-bound layouts tie; ties go to the least exposed communication
+            (the step without overlap), then to the least memory.
+        stages: pipeline stage counts to try besides none (1): each ``s > 1`` adds
+            candidates with a ``stage`` axis of size ``s`` taken from ``data``, planned with
+            ``scan_layers=True`` and ``pipeline``.
+        pipeline: the pipelined candidates' ``{"microbatches", "schedule", "repeats"}``
+            (default GPipe with ``2 x stages`` micro-batches).
+
+    Of ``options``, ``loss_fn`` is a factory's ``(model, batch) -> loss`` (as ``wb.plan``; a
+    spec's own otherwise) and ``example_batch`` a factory's batch, ``(batch, seq) -> {name:
+    ShapeDtypeStruct}`` or a fixed dict (as ``wb.models.from_nnx``; micro-batches need the
+    callable).
+
+    Returns:
+        A ``SearchResult``: ``.rows``, ``.best`` (a Plan), ``.pareto``, ``.rank_changes``,
+        ``.table()``, ``.figure()``; when nothing fits, ``.advice`` says by how much and
+        what would, and ``.best`` raises it.
+
+    Raises:
+        ValueError: unknown hardware/strategy/remat, a micro-batch count that does not
+            divide ``batch``, ``top_k < 0``, an empty option, ``options`` naming a plan,
+            its compilation or pipeline, or no candidate can be planned.
+        TypeError: a keyword that is neither a search option nor a ``PlanOptions`` field.
+
+    Example::
+
+        res = wb.search(wb.models.GPTConfig.preset("7b"), "v5p-256", batch=256, seq=4096,
+                        microbatches=(1, 2))
+        res.best.summary()
+    """
+    t0 = time.perf_counter()
+    opts, plan_opts = _options(options, keywords)
+    gpt = isinstance(cfg, GPTConfig)
+    if not gpt:
+        cfg = _as_spec(cfg, plan_opts.loss_fn, plan_opts.example_batch, opts.remat,
+                       opts.microbatches)
+        plan_opts = plan_opts.replace(loss_fn=None, example_batch=None)   # the spec's now
+    elif plan_opts.loss_fn is not None or plan_opts.example_batch is not None:
+        raise ValueError("loss_fn= and example_batch= are for a model factory; a GPTConfig "
+                         "trains on tokens with the next-token loss")
+    opts.check(batch, gpt=gpt)
+    check_seq(seq)
+    s = _Search(cfg=cfg, hw=resolve_hardware(hardware), batch=batch,
+                seq=int(seq or (cfg.seq_len if gpt else 1)), plan_opts=plan_opts, opts=opts,
+                say=_Status("wb.search", opts.progress))
+    cands, skipped = candidates(cfg, s.hw, batch, opts) if gpt else \
+        model_candidates(cfg, s.hw, batch, opts)
+    rows, plans = s.analytic_pass(cands, skipped)
+    analytic_seconds = time.perf_counter() - t0
+    notes = _notes(opts.mesh_shapes, rows)
+    changes = s.exact_pass(rows, plans, cands, opts.top_k, notes) \
+        if opts.exact and opts.top_k else []
+    rows = _order(rows)
+    fitting = [r for r in rows if r["rank"] is not None]
+    advice = None if fitting else s.advice(rows, cands, opts.remat)
+    s.say(f"{len(rows)} candidates on {s.hw.name} in {time.perf_counter() - t0:.1f} s: "
+          f"{len(fitting)} fit" + (f"; best {fitting[0]['layout']}" if fitting else ""),
+          final=True)
+    return SearchResult(
+        hardware=s.hw.name, devices=s.hw.size, cfg=cfg, batch=batch, seq=s.seq, rows=rows,
+        skipped=skipped, plans={r["id"]: plans[r["id"]] for r in fitting},
+        rank_changes=changes, limit=rows[0]["limit"], advice=advice, notes=notes,
+        analytic_seconds=analytic_seconds, seconds=time.perf_counter() - t0)
+
+
+#: The keywords of ``wb.search`` that are search options (``SearchOptions``); the others
+#: are ``PlanOptions`` fields (``memory_limit`` and ``progress`` serve both).
+_SEARCH_KEYWORDS = frozenset(f.name for f in dataclasses.fields(SearchOptions)) \
+    - {"memory_limit", "progress"}
+
+
+def _options(options: PlanOptions | None, keywords: Mapping[str, Any]
+             ) -> tuple[SearchOptions, PlanOptions]:
+    """``wb.search``'s keywords split into what to vary and how to plan each candidate.
+
+    Raises:
+        ValueError: ``options`` names a plan, its compilation or its pipeline (the
+            search's to set per candidate).
+        TypeError: a keyword that is neither.
+    """
+    plan_opts = options_of(options, {k: v for k, v in keywords.items()
+                                     if k not in _SEARCH_KEYWORDS}, "wb.search")
+    for name in ("name", "compile", "pipeline"):
+        if getattr(plan_opts, name) is not None:
+            raise ValueError(f"wb.search: options.{name}={getattr(plan_opts, name)!r} is the "
+                             "search's to set per candidate (pipelines: stages= and "
+                             "pipeline= keywords; compilation: top_k= and exact=); leave it "
+                             "out")
+    opts = SearchOptions(**{k: v for k, v in keywords.items() if k in _SEARCH_KEYWORDS},
+                         memory_limit=plan_opts.memory_limit, progress=plan_opts.progress)
+    return opts, plan_opts
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Search:
+    """One search's fixed settings: plans candidates and measures them."""
+
+    cfg: GPTConfig | ModelSpec
+    hw: Hardware
+    batch: int
+    seq: int
+    plan_opts: PlanOptions
+    opts: SearchOptions
+    say: Callable[..., None]
+
+    def plan(self, c: Candidate, *, compile: bool | None, hw: Hardware | None = None,
+             batch: int | None = None) -> Plan:
+        """``wb.plan`` of one micro-batch of ``c`` (on ``hw``, of ``batch`` if given)."""
+        hw, batch = hw or self.hw, batch or self.batch
+        model = self.cfg if c.remat is None else self.cfg.replace(
+            remat=c.remat, **({"scan_layers": True} if c.pipeline else {}))
+        return make_plan(model, mesh=hw.mesh(c.mesh), rules=c.rules,
+                         batch=batch // c.microbatches, seq=self.seq,
+                         options=self.plan_opts.replace(
+                             name=c.label, compile=compile, pipeline=c.pipeline,
+                             progress=self.opts.progress and compile is not False))
+
+    def measure(self, p: Plan, microbatches: int, batch: int | None = None) -> dict[str, Any]:
+        """Memory, fit and predicted time of one optimizer step of ``batch`` run as
+        ``microbatches`` accumulated steps of ``p`` (the plan of one micro-batch).
+
+        Memory: the micro-batch step's, plus a gradient accumulator the size of the
+        gradients when ``microbatches > 1``. Time: ``microbatches`` x the micro-batch step
+        (the optimizer update and gradient reduction counted each time: an upper bound).
+        """
+        batch = batch or self.batch
+        mem = p.memory
+        acc = int(mem.get("gradients") or 0) if microbatches > 1 else 0
+        total, limit = int(mem["total"]) + acc, mem.get("limit")
+        out = {"memory_per_device": total, "limit": limit, "accumulator": acc,
+               "fits": None if not limit else total <= limit,
+               "over_by": None if not limit else max(0, total - limit),
+               "step_seconds": None, "mfu": None, "tokens_per_s": None, "bound": None,
+               "no_overlap_seconds": None, "source": p.source, "problem": None,
+               "implausible": False}
+        try:
+            pred = p.predict(overlap=self.opts.overlap)
+        except (ValueError, OSError) as err:  # a hardware table without the numbers
+            return out | {"problem": f"no prediction: {err}"}
+        step = pred.step_seconds * microbatches
+        if pred.implausible:   # never ranked: the prediction breaks a physical bound
+            out["problem"] = "implausible prediction, not ranked: " + "; ".join(pred.implausible)
+        return out | {"implausible": bool(pred.implausible),
+                      "step_seconds": step, "mfu": pred.mfu, "bound": pred.bound,
+                      "tokens_per_s": batch * p.seq / step if step > 0 else None,
+                      "no_overlap_seconds": pred.breakdown["no_overlap_step"] * microbatches}
+
+    def row(self, c: Candidate, p: Plan) -> SearchRow:
+        """The result row of candidate ``c`` planned as ``p``."""
+        m = self.measure(p, c.microbatches)
+        notes = [m.pop("problem")] if m["problem"] else []
+        m.pop("problem", None)
+        if c.microbatches > 1:
+            notes.append(f"{c.microbatches} micro-batches of {self.batch // c.microbatches}: "
+                         f"memory of one plus a {format_bytes(m['accumulator'])} gradient "
+                         f"accumulator; time {c.microbatches} x its step (upper bound)")
+        if m["fits"] is None:
+            notes.append("device memory unknown: pass memory_limit= to check the fit")
+        uneven = sum(len(w.paths) or 1 for w in p.warnings if w.kind == "uneven")
+        if uneven:
+            notes.append(f"{uneven} tensor(s) padded (a dim does not divide its mesh axes)")
+        return SearchRow(id=c.id, layout=c.label, mesh=dict(c.mesh), rules=c.rules_name,
+                         remat=c.remat, microbatches=c.microbatches, **m,
+                         analytic_memory_per_device=m["memory_per_device"],
+                         analytic_step_seconds=m["step_seconds"], note="; ".join(notes))
+
+    # -- the passes -------------------------------------------------------------------------
+
+    def analytic_pass(self, cands: list[Candidate], skipped: list[dict[str, Any]]
+                      ) -> tuple[list[SearchRow], dict[int, Plan]]:
+        """Plan every candidate by formula; rows ranked by ``analytic_rank``; the plans of
+        those that fit. A candidate ``wb.plan`` refuses goes to ``skipped``."""
+        self.say(f"planning {len(cands)} candidates on {self.hw.name}")
+        rows, plans = [], {}
+        for i, c in enumerate(cands, 1):
+            self.say(f"candidate {i}/{len(cands)}: {c.label}")
+            try:
+                p = self.plan(c, compile=False)
+            except (ValueError, TypeError, KeyError) as err:
+                skipped.append(skip(c, f"wb.plan raised {type(err).__name__}: {err}"))
+                continue
+            rows.append(self.row(c, p))
+            if rows[-1]["fits"] is not False:
+                plans[c.id] = p
+        if not rows:
+            reasons = sorted({s["reason"] for s in skipped}) or [self.no_candidates()]
+            raise ValueError(f"wb.search: no candidate can be planned on {self.hw.name} "
+                             f"(batch={self.batch}, seq={self.seq}): "
+                             + "; ".join(reasons[:6]))
+        for i, r in enumerate(sorted(filter(_rankable, rows), key=_key), 1):
+            r["analytic_rank"] = i
+        return rows, plans
+
+    def no_candidates(self) -> str:
+        """Why the search space was empty before anything was planned."""
+        n_exp = getattr(self.cfg, "n_experts", 0)
+        if n_exp:
+            sizes = [d for d in range(2, self.hw.size + 1)
+                     if self.hw.size % d == 0 and n_exp % d == 0]
+            if not sizes:
+                return (f"the expert-parallel strategies need an expert axis of size > 1 "
+                        f"dividing both n_experts={n_exp} and the {self.hw.size} devices, "
+                        "and none does: use n_experts with a common factor with the device "
+                        "count (e.g. a power of two), or strategies without experts "
+                        "('fsdp', 'tp')")
+        return ("no layout was generated from these strategies and mesh shapes: widen "
+                "strategies= or mesh_shapes=")
+
+    def exact_pass(self, rows: list[dict[str, Any]], plans: dict[int, Plan],
+                   cands: list[Candidate], top_k: int, notes: list[str]
+                   ) -> list[dict[str, Any]]:
+        """Compile the analytic best ``top_k`` (going further down the ranking, up to
+        ``2 top_k`` compiles, where the compiler says one does not fit) and re-rank them by
+        their compiled predictions. Returns the rank changes."""
+        by_id = {c.id: c for c in cands}
+        queue = sorted((r for r in rows if r["analytic_rank"]), key=lambda r: r["analytic_rank"])
+        tried: list[dict[str, Any]] = []
+        for r in queue:
+            if len(tried) >= 2 * top_k or sum(t["fits"] is not False for t in tried) >= top_k:
+                break
+            self.say(f"exact {len(tried) + 1}: compiling {r['layout']}")
+            p = self.plan(by_id[r["id"]], compile=None)
+            rejected = "compiler_required_temp" in p.memory  # the TPU compiler's OOM verdict
+            if p.source == "estimate" and not rejected:
+                why = p.source_reason.split(";")[0].removeprefix("analytic estimate: ")
+                notes.append(f"exact pass: nothing compiled ({why}); the ranking is analytic")
+                break
+            m = self.measure(p, r["microbatches"])
+            r.update({k: v for k, v in m.items() if k not in ("accumulator", "problem")})
+            if m["problem"]:
+                r["note"] = "; ".join(filter(None, [r["note"], m["problem"]]))
+            r["source"] = "tpu-compiler (rejected)" if rejected else p.source
+            tried.append(r)
+            if rejected:
+                r["note"] = "; ".join(filter(None, [r["note"], p.source_reason]))
+                plans.pop(r["id"], None)
+            else:
+                plans[r["id"]] = p
+        compiled = sorted(filter(_rankable, tried), key=_key)
+        for i, r in enumerate(compiled, 1):
+            r["exact_rank"] = i
+        if compiled:
+            best = compiled[0]["step_seconds"]
+            faster = sorted(r["analytic_rank"] for r in rows if r not in tried
+                            and _rankable(r) and r["step_seconds"] < best)
+            if faster:
+                notes.append(f"analytic rank(s) {faster[:5]} (not compiled) are predicted "
+                             f"faster than the best compiled step ({best * 1e3:.4g} ms) by "
+                             "formula, which need not hold once compiled: raise top_k to "
+                             "compile them")
+        return [{"id": r["id"], "layout": r["layout"], "analytic_rank": r["analytic_rank"],
+                 "exact_rank": r["exact_rank"],
+                 "analytic_step_seconds": r["analytic_step_seconds"],
+                 "step_seconds": r["step_seconds"],
+                 "why": "the compiler says it does not fit" if r["fits"] is False
+                 else "its compiled prediction moves it"}
+                for r in tried if r["exact_rank"] != r["analytic_rank"]]
+
+    # -- when nothing fits --------------------------------------------------------------------
+
+    def advice(self, rows: list[dict[str, Any]], cands: list[Candidate],
+               remats: Sequence[str]) -> str:
+        """By how much the closest candidate is over, and changes to it that were planned
+        and fit: remat="full", more micro-batches, a larger slice, a smaller batch."""
+        flagged = [r for r in rows if r.get("implausible") and r["fits"] is not False]
+        if flagged:
+            return (f"{len(flagged)} candidate(s) fit but none has a plausible prediction, "
+                    f"so none is ranked: {flagged[0]['layout']}: {flagged[0]['note']}")
+        sized = [r for r in rows if r["limit"]]
+        if not sized:
+            return "nothing could be predicted: " + (rows[0]["note"] or "no prediction")
+        r = min(sized, key=lambda r: r["memory_per_device"])
+        c = next(x for x in cands if x.id == r["id"])
+        lim, need = r["limit"], r["memory_per_device"]
+        head = (f"Nothing fits in {format_bytes(lim)} per device on {self.hw.name}: the "
+                f"closest, {c.label}, needs {format_bytes(need)}, {format_bytes(need - lim)} "
+                f"({need / lim - 1:.0%}) over.")
+        fits = [f"{text}: {format_bytes(m['memory_per_device'])}"
+                + (f", {m['step_seconds'] * 1e3:.4g} ms/step" if m["step_seconds"] else "")
+                for text, m in self._alternatives(c, remats) if m["fits"]]
+        if not fits:
+            return head + (" None of remat='full', more micro-batches, a larger slice or a "
+                           "smaller batch (each planned) fits either: shard the model further "
+                           "or make it smaller.")
+        return head + " What fits (each planned): " + "; ".join(fits) + "."
+
+    def _alternatives(self, c: Candidate, remats: Sequence[str]
+                      ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(what was changed, its measure) for each change to ``c`` that can be planned."""
+        tries: list[tuple[str, Candidate, Hardware, int]] = []
+        if c.remat not in ("full", None):
+            tries.append(("remat='full'" + ("" if "full" in remats else " (not searched)"),
+                          dataclasses.replace(c, remat="full"), self.hw, self.batch))
+        for k in (2, 4, 8, 16, 32):
+            cm = dataclasses.replace(c, microbatches=c.microbatches * k)
+            if self.batch % cm.microbatches == 0 and invalid(self.cfg, cm, self.batch) is None:
+                tries.append((f"microbatches={cm.microbatches} (same global batch)", cm,
+                              self.hw, self.batch))
+        for name in larger_presets(self.hw):
+            big = resolve_hardware(name)
+            shape = mesh_shape({**c.mesh, "data": -1} if "data" in c.mesh else
+                               {"data": -1, "model": c.mesh.get("model", 1)}, big.size, name)
+            tries.append((f"more devices: hardware={name!r} ({big.size} devices)",
+                          dataclasses.replace(c, mesh=shape), big, self.batch))
+        for b in (self.batch // 2, self.batch // 4, self.batch // 8):
+            if b >= c.microbatches and invalid(self.cfg, c, b) is None:
+                tries.append((f"a smaller batch: batch={b}", c, self.hw, b))
+        for text, cand, hw, batch in tries:
+            try:
+                p = self.plan(cand, compile=False, hw=hw, batch=batch)
+            except (ValueError, TypeError, KeyError):
+                continue
+            yield text, self.measure(p, cand.microbatches, batch)
+
+
+def _as_spec(model: Any, loss_fn: Any, example_batch: Any, remat: Sequence[str],
+             microbatches: Sequence[int]) -> ModelSpec:
+    """A factory (or spec) as the ``ModelSpec`` every candidate is planned with."""
+    if not callable(model):
+        raise TypeError(f"wb.search: cfg={model!r} is a {type(model).__name__}; cfg must be a "
+                        "GPTConfig or a model factory (rngs -> nnx.Module, wb.models.from_nnx "
+                        "/ from_penzai)")
+    if tuple(remat) != DEFAULT_REMAT:
+        raise ValueError(f"remat={tuple(remat)!r}: a model factory sets its own remat "
+                         "(nnx.remat in the module); leave remat out")
+    if isinstance(example_batch, Mapping) and tuple(microbatches) != (1,):
+        raise ValueError(f"microbatches={tuple(microbatches)!r} need example_batch as a "
+                         "callable (batch, seq) -> {name: ShapeDtypeStruct}: a fixed dict "
+                         "has one batch size")
+    if isinstance(model, ModelSpec):
+        changes = {k: v for k, v in (("loss_fn", loss_fn), ("example_batch", example_batch))
+                   if v is not None}
+        if isinstance(changes.get("example_batch"), Mapping):
+            fixed = dict(changes["example_batch"])
+            changes["example_batch"] = lambda b, t: fixed
+        return model.replace(**changes)
+    return from_nnx(model, loss_fn=loss_fn, example_batch=example_batch)
+
+
+# -- ordering ------------------------------------------------------------------------------
+
+def _rankable(r: Mapping[str, Any]) -> bool:
+    return r["fits"] is not False and r["step_seconds"] is not None \
+        and not r.get("implausible")
+
+
+def _key(r: Mapping[str, Any]) -> tuple:
+    """Faster first; ties (compute-bound steps hide their communication) by the step
+    without overlap, then by memory."""
+    return (r["step_seconds"], r["no_overlap_seconds"], r["memory_per_device"], r["id"])
+
+
+def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Compiled and fitting first (by exact rank), then the other fitting rows (by analytic
+    rank), then the rest (least memory first); ``rank`` and ``order`` numbered."""
+    ok = sorted(filter(_rankable, rows),
+                key=lambda r: (r["exact_rank"] is None, r["exact_rank"] or 0, r["analytic_rank"]))
+    rest = sorted((r for r in rows if not _rankable(r)),
+                  key=lambda r: (r["memory_per_device"], r["id"]))
+    for i, r in enumerate(ok, 1):
+        r["rank"] = i
+    for i, r in enumerate(ok + rest, 1):
+        r["order"] = i
+    return ok + rest
+
+
+def _notes(mesh_shapes: Any, rows: list[dict[str, Any]]) -> list[str]:
+    notes = []
+    if mesh_shapes is None and any(r["rules"] in ("dp", "fsdp") for r in rows):
+        notes.append("dp and fsdp shard over every mesh axis, so they are planned on "
+                     "model=1 only; tp and fsdp_tp on model > 1")
+    if mesh_shapes is None and any(r["rules"] in EXPERT_STRATEGIES for r in rows):
+        notes.append("ep, fsdp_ep and ep_tp shard the experts over an 'expert' axis whose "
+                     "size divides n_experts (each device holds whole experts)")
+    if any(r["microbatches"] > 1 for r in rows):
+        notes.append("mb = micro-batches: gradient accumulation, with the memory of one "
+                     "micro-batch's step plus a gradient accumulator, and micro-batches x "
+                     "its step time")
+    return notes
+
+
+class _Status:
+    """One status line (``status_line``), updated every 5 s at most outside a notebook."""
+
+    def __init__(self, prefix: str, enabled: bool) -> None:
+        self.prefix, self.enabled = prefix, enabled
+        self.update: Callable[[str], None] | None = None
+        self.last = 0.0
+
+    def __call__(self, text: str, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        now, line = time.perf_counter(), f"{self.prefix}: {text}"
+        if self.update is None:
+            self.update, self.last = status_line(line), now
+        elif final or in_notebook() or now - self.last >= 5.0:
+            self.update(line)
+            self.last = now

@@ -1,4 +1,0 @@
-"""Moved to :mod:`workbench.perf.bounds` (how long things take); this old path warns."""
-from workbench._moved import forward
-
-__getattr__, __dir__ = forward(__name__, "workbench.perf.bounds")

@@ -1,0 +1,293 @@
+"""The server's view of the run roots: found runs, their tails, summaries and sparklines.
+
+Pure bookkeeping over ``workbench._runs`` (no tornado, no jax). All methods are
+thread-safe: the extension calls them from a worker thread so that reading a large
+metrics file never blocks the server's event loop.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench import _runs as runs
+from workbench.server import _profiles as profiles
+
+SPARK_POINTS = 64  # a sparkline keeps between 64 and 128 evenly strided points
+SUMMARY_KEYS = ("loss", "mfu", "hfu", "tokens_per_s", "step_time", "grad_norm", "lr")
+PREDICTION_SUMMARY_KEYS = ("step_seconds", "mfu", "bound", "source")
+
+
+class RunWatch:
+    """One run directory followed incrementally: ``run.json`` and new metrics lines.
+
+    Nothing a run's files hold makes its methods raise: an unreadable ``run.json`` gives
+    status ``"error"``, malformed lines are skipped, and both are described by
+    :attr:`problem`.
+    """
+
+    def __init__(self, rid: str, path: Path) -> None:
+        self.id = rid
+        self.path = path
+        self.tail = runs.MetricsTail(path)
+        self.meta: dict[str, Any] = {}
+        self.meta_error: str | None = None  # why run.json cannot be read
+        self.meta_problems: list[str] = []  # fields of run.json that were ignored
+        self.internal_error: str | None = None
+        self.gone = False  # run.json was missing at the last refresh
+        self.events: list[dict[str, Any]] = []
+        self._meta_stamp: tuple[int, int, int] | None = None
+        self._status = ""
+        self._problem: str | None = None
+        self._spark_steps: list[int] = []
+        self._spark_loss: list[float | None] = []
+        self._stride = 1
+        self._profiles: tuple[tuple[str, int, int], ...] = ()
+        self.profiles: list[dict[str, Any]] = []  # profiles/<step>/report.json: name, step
+        self._lock = threading.Lock()
+
+    @property
+    def listed(self) -> bool:
+        """Whether the runs list shows it (it has a run.json, readable or not)."""
+        return bool(self.meta) or self.meta_error is not None
+
+    @property
+    def problem(self) -> str | None:
+        """What could not be read, in words (``run.json`` or metrics lines); None if nothing."""
+        parts = [self.internal_error, self.meta_error, *self.meta_problems, self.tail.problem]
+        text = "; ".join(p for p in parts if p)
+        return (text if len(text) <= 2000 else text[:1997] + "...") or None
+
+    def refresh(self) -> tuple[list[dict[str, Any]], bool, bool]:
+        """Reads what changed: ``(new step records, run.json/status/problem changed, tail
+        reset)``."""
+        with self._lock:
+            try:
+                return self._refresh()
+            except Exception as e:  # noqa: BLE001 - a bug reading one run must stay with it
+                self.internal_error = f"could not be read: {type(e).__name__}: {e}"[:500]
+                changed = self._problem != self.problem
+                self._problem = self.problem
+                return [], changed, False
+
+    def _refresh(self) -> tuple[list[dict[str, Any]], bool, bool]:
+        changed = False
+        self.gone = False
+        try:
+            st = os.stat(self.path / runs.RUN_JSON)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if stamp != self._meta_stamp:
+                self._meta_stamp, changed = stamp, True
+                try:
+                    self.meta, self.meta_problems = served_meta(
+                        runs.read_run(self.path, contained=True))
+                    self.meta_error = None
+                except FileNotFoundError:
+                    self._meta_stamp = None  # replaced right now: read it next time
+                except (OSError, ValueError) as e:
+                    self.meta_error = str(e)
+        except FileNotFoundError:
+            self.gone = True  # a scan removes the run
+        except OSError as e:
+            changed, self.meta_error = self.meta_error != str(e), str(e)
+        if self.meta_error is not None:
+            status = "error"
+        else:
+            status = runs.effective_status(self.meta) if self.meta else "running"
+        changed = changed or status != self._status
+        self._status = status
+        resets = self.tail.resets
+        records, events = self.tail.poll()
+        reset = self.tail.resets != resets
+        if reset:
+            self._spark_steps, self._spark_loss, self._stride = [], [], 1
+            self.events = []
+        self.events = (self.events + events)[-100:]
+        stamp = profiles.stamp(self.path)   # a profile's report written: run detail changes
+        if stamp != self._profiles:
+            self._profiles, self.profiles, changed = stamp, profiles.summaries(self.path), True
+        for rec in records:
+            self._add_spark(rec)
+        self.internal_error = None
+        problem = self.problem
+        changed = changed or problem != self._problem
+        self._problem = problem
+        return records, changed, reset
+
+    def _add_spark(self, rec: dict[str, Any]) -> None:
+        if (self.tail.records_seen - 1) % self._stride or "loss" not in rec:
+            return
+        self._spark_steps.append(rec["step"])
+        self._spark_loss.append(_number(rec["loss"]))  # NaN, inf, null: a gap
+        if len(self._spark_steps) >= 2 * SPARK_POINTS:  # halve the resolution, double stride
+            self._spark_steps, self._spark_loss = self._spark_steps[::2], self._spark_loss[::2]
+            self._stride *= 2
+
+    def read(self, since: int, limit: int | None) -> list[dict[str, Any]]:
+        """Step records above ``since`` (what ``refresh`` has seen)."""
+        with self._lock:
+            return self.tail.read(since, limit)
+
+    def detail(self) -> dict[str, Any]:
+        """``run.json`` with the URL ``id``, the file's own id as ``uid``, recent events,
+        ``problem`` and ``profiles`` (``[{"name", "step", "updated"}]``: the reports that
+        ``GET .../profiles`` serves)."""
+        with self._lock:
+            return {**self.meta, "uid": self.meta.get("id"), "id": self.id,
+                    "name": self.meta.get("name") or self.path.name,
+                    "status": self._status or "running", "events": list(self.events),
+                    "problem": self._problem, "profiles": list(self.profiles)}
+
+    def summary(self) -> dict[str, Any]:
+        """What the runs list shows: status, step, last metrics, sparkline, problem."""
+        with self._lock:
+            last = self.tail.last_record or {}
+            meta = self.meta
+            out: dict[str, Any] = {
+                "id": self.id, "uid": meta.get("id"),
+                "name": meta.get("name") or self.path.name,
+                "status": self._status or "running",
+                "step": max(meta.get("step") or 0, last.get("step") or 0),
+                "target_steps": meta.get("target_steps"), "created": meta.get("created"),
+                "updated": max(meta.get("updated") or 0.0, _number(last.get("time")) or 0.0),
+                "config_hash": meta.get("config_hash"), "device_kind": meta.get("device_kind"),
+                "peak_source": _text(last.get("peak_source")) or meta.get("peak_source"),
+                "points": self.tail.records_seen,
+                "spark": {"step": list(self._spark_steps), "loss": list(self._spark_loss)},
+                "problem": self._problem,
+            }
+            out.update({k: _number(last.get(k)) for k in SUMMARY_KEYS})
+            pred = meta.get("prediction")
+            out["prediction"] = None if pred is None else {
+                k: pred[k] for k in PREDICTION_SUMMARY_KEYS if k in pred}
+            return out
+
+
+def _number(v: Any) -> float | int | None:
+    """A finite number as itself; anything else (NaN, inf, text, bools, null) as None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return v if runs._as_float(v) is not None else None
+
+
+def _text(v: Any) -> str | None:
+    return v[:200] if isinstance(v, str) else None
+
+
+def served_meta(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``run.json`` as the server sends it, and what in it was ignored: strict JSON (a
+    hand-edited ``NaN`` becomes null), known fields type-checked (``runs.check_run``) and
+    ``prediction`` checked field by field (``runs.clean_prediction``; None when absent or
+    unusable), so no run.json breaks a response or the lab's views."""
+    out, problems = runs.check_run(meta)
+    out["prediction"] = runs.clean_prediction(meta.get("prediction"))
+    return out, problems
+
+
+@dataclass
+class Change:
+    """What one poll found for one run."""
+
+    watch: RunWatch
+    records: list[dict[str, Any]] = field(default_factory=list)
+    meta_changed: bool = False
+    reset: bool = False
+
+
+class RunIndex:
+    """The runs under a list of roots, found by a bounded-depth scan and polled.
+
+    Each real directory has one watch, however many ids (symlinked aliases, overlapping
+    roots) lead to it: the first id found keeps it.
+
+    Args:
+      roots: run roots; ids under ``roots[0]`` are relative paths, ``"k:path"`` otherwise.
+      max_depth: how deep below each root to look for ``run.json``.
+      scan_interval: seconds between directory scans for new or removed runs.
+      allow_hidden: list and serve runs under hidden directories (Jupyter's
+        ``ContentsManager.allow_hidden``).
+    """
+
+    def __init__(self, roots: Sequence[str | os.PathLike[str]], *, max_depth: int = 4,
+                 scan_interval: float = 2.0, allow_hidden: bool = False) -> None:
+        self.roots = [Path(r) for r in roots]
+        self.max_depth = max_depth
+        self.scan_interval = scan_interval
+        self.allow_hidden = allow_hidden
+        self.watches: dict[str, RunWatch] = {}
+        self._by_real: dict[Path, RunWatch] = {}
+        self._next_scan = -float("inf")
+        self._lock = threading.RLock()
+
+    def watch(self, rid: str) -> RunWatch:
+        """The watch of run ``rid`` (resolved safely inside the roots; raises
+        ``ValueError`` for malformed ids, ``FileNotFoundError`` for unknown or hidden
+        runs). An alias of a watched directory gets that directory's watch."""
+        path = runs.resolve_run(self.roots, rid, allow_hidden=self.allow_hidden)
+        with self._lock:
+            w = self._by_real.get(path)
+            if w is not None:
+                return w
+            old = self.watches.get(rid)
+            if old is not None:  # the id leads elsewhere now
+                self._by_real.pop(old.path, None)
+            w = self.watches[rid] = self._by_real[path] = RunWatch(rid, path)
+        return w
+
+    def scan(self) -> tuple[list[str], list[str]]:
+        """Re-walks the roots: ``(added ids, removed ids)``.
+
+        The next scan is due after ``scan_interval`` or ten times this scan's duration,
+        whichever is longer, so a huge root costs at most ~10% of one core.
+        """
+        t0 = time.monotonic()
+        found: dict[Path, str] = {}
+        for k, root in enumerate(self.roots):
+            for d in runs.find_run_dirs(root, self.max_depth, hidden=self.allow_hidden):
+                rid = runs.run_id(root, d)
+                found.setdefault(Path(os.path.realpath(d)), rid if k == 0 else f"{k}:{rid}")
+        with self._lock:
+            now = time.monotonic()
+            self._next_scan = now + max(self.scan_interval, 10 * (now - t0))
+            added = [rid for real, rid in found.items() if real not in self._by_real]
+            removed = [rid for rid, w in self.watches.items()
+                       if w.path not in found and not os.path.lexists(w.path / runs.RUN_JSON)]
+            for real, rid in found.items():
+                if real not in self._by_real:
+                    old = self.watches.get(rid)
+                    if old is not None:
+                        self._by_real.pop(old.path, None)
+                    self.watches[rid] = self._by_real[real] = RunWatch(rid, real)
+            for rid in removed:
+                w = self.watches.pop(rid)
+                if self._by_real.get(w.path) is w:
+                    del self._by_real[w.path]
+        return added, removed
+
+    def poll(self, force_scan: bool = False) -> tuple[list[Change], list[str]]:
+        """Scans when due, then refreshes every run: ``(changes, removed ids)``."""
+        removed: list[str] = []
+        scanned = force_scan or time.monotonic() >= self._next_scan
+        if scanned:
+            _, removed = self.scan()
+        with self._lock:
+            watches = list(self.watches.values())
+        changes = []
+        for w in watches:
+            records, meta_changed, reset = w.refresh()
+            if records or meta_changed or reset:
+                changes.append(Change(w, records, meta_changed, reset))
+        if not scanned and any(w.gone for w in watches):  # a run vanished: say so now
+            _, removed = self.scan()
+            changes = [c for c in changes if c.watch.id not in removed]
+        return changes, removed
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """Summaries of every run found, most recently updated first."""
+        with self._lock:
+            watches = [w for w in self.watches.values() if w.listed]
+        return sorted((w.summary() for w in watches), key=lambda s: -s["updated"])

@@ -1,0 +1,486 @@
+"""What a Trainer is built from: run-directory checks, compile cache, mesh, state, data."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from workbench import _runs as runs
+from workbench.data import ShardedBatches, batch_keys, batch_shards, cache_root
+from workbench.train._config import RUN_CONTROL_FIELDS, TrainConfig
+
+
+class RunConfigMismatch(ValueError):
+    """The run directory holds a run of a different experiment."""
+
+
+def identity_fields(config: TrainConfig) -> tuple[str, ...]:
+    """Fields that may differ when continuing a run: cadence, retention, the mesh layout,
+    and ``steps`` when the learning-rate schedule does not depend on it."""
+    if config.optimizer.decay_steps is not None:
+        return (*RUN_CONTROL_FIELDS, "steps")
+    return RUN_CONTROL_FIELDS
+
+
+def config_diff(stored: dict[str, Any], config: TrainConfig, *,
+                recorded_dtype: str | None = None) -> dict[str, tuple[Any, Any]]:
+    """Differences that matter between a stored config (dict) and ``config``.
+
+    ``model.dtype`` compares what the step computes in: a run recorded with "float32" (the
+    default before "auto") continues under "auto" where "auto" resolves to float32 (on CPU),
+    and a run recorded under "auto" continues with the dtype it resolved to
+    (``recorded_dtype``, run.json's ``dtype``)."""
+    try:
+        old = TrainConfig.from_dict(stored)
+    except (TypeError, ValueError) as e:
+        return {"config": (f"unreadable: {e}", "given")}
+    skip = set(identity_fields(old)) & set(identity_fields(config))
+    diff = {k: v for k, v in old.diff(config).items() if k.split(".")[0] not in skip}
+    dtype_keys = [k for k in ("model.dtype", "model_overrides.dtype") if k in diff]
+    if dtype_keys and _same_compute_dtype(old, config, recorded_dtype):
+        for k in dtype_keys:
+            del diff[k]
+    return diff
+
+
+def _same_compute_dtype(stored: TrainConfig, given: TrainConfig, recorded: str | None
+                        ) -> bool:
+    """Whether the stored run's model (whose dtype resolved to ``recorded``, if known) and
+    the given one on this process's platform compute in the same dtype."""
+    from workbench.models._config import current_platform, resolve_dtype
+
+    try:
+        old, new = (getattr(c.model_config(), "dtype", None) for c in (stored, given))
+    except Exception:  # noqa: BLE001 - a model that cannot be built here differs anyway
+        return False
+    if not (isinstance(old, str) and isinstance(new, str)) or "auto" not in (old, new):
+        return False
+    platform = current_platform()
+    if old == "auto":
+        old = recorded or resolve_dtype(old, platform)[0]
+    return old == resolve_dtype(new, platform)[0]
+
+
+def check_run_dir(run_dir: Path, config: TrainConfig, *, fork: bool, force: bool
+                  ) -> tuple[Path, Any, dict[str, Any] | None]:
+    """Refuses a run directory of another experiment unless forking or forcing.
+
+    Returns:
+      ``(run_dir, source, event)``: the directory to use, the checkpoints to start from
+      when forking (else None), and an event to log (``fork`` / ``config_changed``).
+    """
+    if not (run_dir / runs.RUN_JSON).exists():
+        return run_dir, None, None
+    stored_run = read_stored_run(run_dir)
+    recorded = stored_run.get("dtype")
+    diff = config_diff(stored_run.get("config") or {}, config,
+                       recorded_dtype=recorded.partition(":")[0].strip()
+                       if isinstance(recorded, str) and recorded else None)
+    if not diff:
+        return run_dir, None, None
+    changes = {k: [a, b] for k, (a, b) in diff.items()}
+    if force:
+        return run_dir, None, {"kind": "config_changed", "diff": changes}
+    if fork:
+        from workbench.train._checkpoint import Checkpoints
+
+        new_dir = run_dir.with_name(f"{run_dir.name}-fork-{config.hash()[:6]}")
+        if (new_dir / runs.RUN_JSON).exists():  # the fork exists already: continue it
+            return check_run_dir(new_dir, config, fork=False, force=False)
+        source = Checkpoints(run_dir / "checkpoints", read_only=True)
+        return new_dir, source, {"kind": "fork", "source": str(run_dir.absolute()),
+                                 "diff": changes}
+    lines = "\n".join(f"  {k}: {a!r} (in {run_dir}) -> {b!r} (given)"
+                      for k, (a, b) in diff.items())
+    if {"model.dtype", "model_overrides.dtype"} & set(diff):
+        lines += ("\n  (dtype 'auto' computes in bfloat16 on GPU and TPU, float32 on CPU: give "
+                  "the model the dtype the run computed in to continue it as it was)")
+    raise RunConfigMismatch(
+        f"run_dir {str(run_dir)!r} holds a run with a different config:\n{lines}\n"
+        "Nothing was changed. Use a new run_dir, Trainer(..., fork=True) to start a new run "
+        "from its newest checkpoint, or Trainer(..., force=True) to continue it with the "
+        "new config.")
+
+
+class DataChanged(RunConfigMismatch):
+    """The run directory was trained on other data (documents or tokenizer) than given now."""
+
+
+#: What identifies the data a run trains on (``run.json``'s ``data``), compared on resume:
+#: the documents' combined hash (which includes the tokenizer's fingerprint), the eval
+#: files', the tokenizer's fingerprint and its vocabulary.
+DATA_IDENTITY = ("sha256", "eval_sha256", "tokenizer_fingerprint", "vocab_size")
+
+#: ``Trainer(data_changed=...)``: None refuses a resume on changed data, "ok" accepts it.
+DATA_CHANGED_CHOICES = (None, "ok")
+
+
+def check_data_changed(value: Any) -> str | None:
+    """``Trainer(data_changed=...)`` checked: None or "ok"."""
+    if value not in DATA_CHANGED_CHOICES or isinstance(value, bool):
+        raise ValueError(f"Trainer data_changed={value!r}; pass data_changed='ok' to continue "
+                         "a run on changed data (recorded in run.json's history), or leave it "
+                         "None to have such a resume refused")
+    return value
+
+
+def _short(sha: Any) -> str:
+    return str(sha)[:12] if sha else "none"
+
+
+def _file_changes(old: Any, new: Any, what: str) -> list[str]:
+    """Lines naming the files added, removed or changed between two ``{path: sha256}``."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return []
+    out = []
+    for path in sorted(set(old) | set(new)):
+        a, b = old.get(path), new.get(path)
+        if a == b:
+            continue
+        out.append(f"{what} {path}: " + ("added" if a is None else "removed" if b is None
+                   else f"content changed (sha256 {_short(a)} -> {_short(b)})"))
+    return out
+
+
+def data_diff(stored: Any, info: dict[str, Any]) -> list[str]:
+    """What differs between the data a run recorded (``run.json``'s ``data``) and ``info``
+    (``ShardedBatches.info``), one line each; empty when they are the same.
+
+    Only identity fields present in both are compared (a run recorded before a field
+    existed is compared on the others).
+    """
+    if not isinstance(stored, dict) or stored.get("kind") != info.get("kind"):
+        return []   # another kind of data is a config change (TrainConfig.data)
+    same = all(stored[k] == info[k] for k in DATA_IDENTITY if k in stored and k in info)
+    if same:
+        return []
+    lines = _file_changes(stored.get("file_sha256"), info.get("file_sha256"), "file") + \
+        _file_changes(stored.get("eval_file_sha256"), info.get("eval_file_sha256"),
+                      "eval file")
+    tok = (info.get("tokenizer") or {}).get("path") or "byte-level"
+    if stored.get("tokenizer_sha256", info.get("tokenizer_sha256")) != \
+            info.get("tokenizer_sha256"):
+        lines.append(f"tokenizer {tok}: the file changed (sha256 "
+                     f"{_short(stored['tokenizer_sha256'])} -> "
+                     f"{_short(info.get('tokenizer_sha256'))})")
+    elif stored.get("tokenizer_fingerprint", info.get("tokenizer_fingerprint")) != \
+            info.get("tokenizer_fingerprint"):
+        lines.append(f"tokenizer {tok}: its special tokens changed (fingerprint "
+                     f"{stored['tokenizer_fingerprint']} -> {info.get('tokenizer_fingerprint')})")
+    if stored.get("vocab_size", info.get("vocab_size")) != info.get("vocab_size"):
+        lines.append(f"vocab_size: {stored['vocab_size']} -> {info.get('vocab_size')}")
+    if not lines:   # a run recorded before the per-file hashes: the combined one
+        for k in ("sha256", "eval_sha256"):
+            if k in stored and k in info and stored[k] != info[k]:
+                what = "the eval files" if k == "eval_sha256" else "the documents"
+                lines.append(f"{what}: their combined hash changed (sha256 "
+                             f"{_short(stored[k])} -> {_short(info[k])})")
+    return lines
+
+
+def _trained(run_dir: Path, run: dict[str, Any]) -> bool:
+    """Whether the run directory holds training to continue (steps logged or saved)."""
+    step = run.get("step")
+    if isinstance(step, int) and not isinstance(step, bool) and step > 0:
+        return True
+    try:
+        return any(p.name.isdigit() for p in (run_dir / "checkpoints").iterdir())
+    except OSError:
+        return False
+
+
+def check_data(run_dir: Path, config: TrainConfig, info: dict[str, Any], *, fork: bool,
+               data_changed: str | None) -> tuple[Path, Any, dict[str, Any] | None]:
+    """Refuses to continue a run on other data than it was trained on.
+
+    The data ``run.json`` records (documents' SHA-256, one per file and combined; the
+    eval files'; the tokenizer's file hash, fingerprint and vocabulary) is compared with
+    ``info``, the data read now. A run with nothing trained yet is not checked.
+
+    Returns:
+      ``(run_dir, source, event)``: the run directory (``<run_dir>-fork-<hash>`` when
+      forking), the checkpoints a fork starts from (else None) and the event to log
+      (``data_changed`` when continuing with ``data_changed="ok"``, ``fork``), kept in
+      ``run.json``'s ``history``.
+
+    Raises:
+      DataChanged: the data changed, without ``fork`` or ``data_changed="ok"``; the
+        message names each file (or the tokenizer) that changed and the fixes. Nothing
+        is written.
+    """
+    if not (run_dir / runs.RUN_JSON).exists():
+        return run_dir, None, None
+    run = read_stored_run(run_dir)
+    lines = data_diff(run.get("data"), info) if _trained(run_dir, run) else []
+    if not lines:
+        return run_dir, None, None
+    stored = run["data"]
+    change = {"changes": lines, "before": {k: stored.get(k) for k in DATA_IDENTITY},
+              "after": {k: info.get(k) for k in DATA_IDENTITY}}
+    if data_changed == "ok":
+        return run_dir, None, {"kind": "data_changed", "accepted": "data_changed='ok'",
+                               **change}
+    if fork:
+        from workbench.train._checkpoint import Checkpoints
+
+        key = runs.config_hash({"config": config.hash(), "data": change["after"]})
+        new_dir = run_dir.with_name(f"{run_dir.name}-fork-{key[:6]}")
+        if (new_dir / runs.RUN_JSON).exists():   # the fork exists already: continue it
+            return check_data(new_dir, config, info, fork=False, data_changed=data_changed)
+        source = Checkpoints(run_dir / "checkpoints", read_only=True)
+        return new_dir, source, {"kind": "fork", "source": str(run_dir.absolute()),
+                                 "data": change}
+    listed = "\n".join(f"  {line}" for line in lines)
+    raise DataChanged(
+        f"run_dir {str(run_dir)!r} was trained on other data than it is given now:\n"
+        f"{listed}\nNothing was changed. Continuing would train the run's checkpoints on "
+        "other data under the same name. Use a new run_dir, Trainer(..., fork=True) to start "
+        "a new run from its newest checkpoint on this data, or Trainer(..., "
+        "data_changed='ok') to continue this run on it (recorded in run.json's history; "
+        "for a launched job wb.launch(..., data_changed='ok'), on the command line "
+        "`workbench train --data-changed ok`).")
+
+
+def read_stored_run(run_dir: Path) -> dict[str, Any]:
+    """The ``run.json`` a resumed run continues, checked where the Trainer relies on it.
+
+    Raises:
+      runs.RunFileError: it cannot be read (binary, empty, not an object, a directory, too
+        deep: see ``runs.read_run``) or its ``step`` is not a whole number >= 0; the
+        message names the file and the fix.
+    """
+    run = runs.read_run(run_dir)
+    step = run.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        path = run_dir / runs.RUN_JSON
+        raise runs.RunFileError(
+            f"{path} has step={step!r}, not a whole number >= 0: it was edited or damaged. "
+            f"Move it aside (e.g. to {runs.RUN_JSON}.bad) or delete it; the run resumes from "
+            "its checkpoints and writes a new one (metrics.jsonl and checkpoints are kept)")
+    return run
+
+
+def check_keep(checkpoints: Any, run_dir: Path, keep: int, *, force: bool) -> str | None:
+    """Refuses a lower ``keep`` that would delete existing checkpoints at the next save.
+
+    Orbax keeps the newest ``keep`` checkpoints and deletes older ones after each save;
+    continuing a run saved with ``keep=3`` with ``keep=1`` would silently delete two.
+    Only a lowered ``keep`` (below the one in ``run.json``) is checked, so the extra
+    checkpoint a crash between a save and its clean-up leaves behind is no reason to refuse.
+
+    Returns:
+      With ``force``: a message naming the checkpoints the next save deletes (else None).
+
+    Raises:
+      RunConfigMismatch: ``keep`` was lowered and checkpoints would go, without ``force``.
+    """
+    try:
+        stored = read_stored_run(run_dir).get("config") or {}
+    except (OSError, ValueError):
+        return None
+    old = stored.get("keep") if isinstance(stored, dict) else None
+    if isinstance(old, bool) or not isinstance(old, int) or keep >= old:
+        return None
+    steps = checkpoints.all_steps()
+    if len(steps) <= keep:
+        return None
+    gone, kept = steps[:len(steps) - keep], steps[len(steps) - keep:]
+    names = ", ".join(str(s) for s in gone)
+    if force:
+        return (f"keep lowered from {old} to {keep} (force=True): the next save deletes "
+                f"checkpoint step(s) {names} in {checkpoints.directory}")
+    raise RunConfigMismatch(
+        f"keep={keep} is lower than the keep={old} run_dir {str(run_dir)!r} was trained with: "
+        f"the next save would delete checkpoint step(s) {names} (keeping "
+        f"{', '.join(str(s) for s in kept)}). Nothing was deleted. Pass keep={old} (or "
+        f"more) to keep them, copy them elsewhere first, or pass Trainer(..., force=True) "
+        "to let the next save delete them.")
+
+
+def enable_compile_cache(setting: bool | str | os.PathLike[str]) -> str | None:
+    """Turns on JAX's persistent compilation cache so a restarted kernel skips XLA compiles.
+
+    True uses the configured ``jax_compilation_cache_dir`` or ``~/.cache/workbench/
+    jax-compile``; when Workbench picks the directory it also caches every compile
+    (``jax_persistent_cache_min_compile_time_secs=0``), since CPU compiles are short.
+    """
+    if setting is False:
+        return None
+    current = jax.config.jax_compilation_cache_dir
+    if setting is True and current:
+        return str(current)
+    path = str(cache_root() / "jax-compile") if setting is True else os.fspath(setting)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def resolve_rules(rules: Any, mesh: jax.sharding.Mesh) -> Any:
+    """A ``Rules`` from a preset name, a ``Rules``, a mapping, or None (the default for
+    ``mesh``, ``workbench._placement``)."""
+    from workbench._placement import resolve_placement
+
+    return resolve_placement(mesh, rules, where="TrainConfig").rules
+
+
+def analytic_flops(model_config: Any, batch: int, seq: int) -> float | None:
+    """Model FLOPs of one update (``workbench._flops.gpt_flops``: 3 x forward, no remat)."""
+    from workbench._flops import gpt_flops
+    from workbench.models._config import GPTConfig
+
+    if not isinstance(model_config, GPTConfig):
+        return None
+    return gpt_flops(model_config, batch=batch, seq=seq).total
+
+
+@dataclasses.dataclass
+class Parts:
+    """Everything a Trainer is built from (computed once per Trainer)."""
+
+    mesh: jax.sharding.Mesh
+    rules: Any
+    model_config: Any
+    tx: Any
+    schedule: Any
+    graphdef: Any
+    abstract_state: Any
+    shardings: Any
+    batch_shardings: dict[str, Any]
+    abstract_batch: dict[str, jax.ShapeDtypeStruct]
+    data: ShardedBatches
+    initial_data_state: bytes
+    eval_data: list[dict[str, Any]]
+    model_flops: float | None
+    peak: float | None
+    peak_source: str | None
+    device_kind: str
+    n_devices: int
+    #: which attention the step runs and why (``"cudnn: auto: cuDNN flash attention on
+    #: GPU"``; "" for a model that is not a wb GPT)
+    attention: str = ""
+    #: the XLA compile options the step is compiled with (``planning.flags``: the
+    #: platform's overlap flags, as plans use)
+    compile_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the compute dtype and why (``"bfloat16: auto: bfloat16 on gpu"``: ``dtype="auto"``
+    #: resolved for the mesh's platform, as ``model_config.dtype`` holds it; "" for a model
+    #: that is not a wb GPT)
+    dtype: str = ""
+    #: the rules' preset name (None for a table) and where mesh and rules came from
+    #: (``workbench._placement``: given, or the default and why)
+    placement: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | None = None
+                ) -> Parts:
+    """Mesh, rules, optimizer, abstract sharded state, step shardings and the data."""
+    from workbench.hardware import peak_flops
+    from workbench._placement import resolve_placement
+    from workbench.planning._flags import compile_options
+    from workbench._step import abstract_state, batch_shardings
+
+    placement = resolve_placement(dict(config.mesh), config.rules, where="TrainConfig")
+    mesh, rules = placement
+    model_config, dtype = resolve_model_dtype(config.model_config(),
+                                              mesh.devices.flat[0].platform)
+    from workbench.models._config import GPTConfig
+
+    if config.rules is None and not isinstance(model_config, GPTConfig):
+        # a model factory: its annotations pick the rules, as wb.plan picks them
+        from workbench.models._adapters import ModelSpec
+        from workbench.models._adapters import resolve_rules as annotated_rules
+        from workbench._step import abstract_param_state, logical_axes
+
+        rules = annotated_rules(logical_axes(abstract_param_state(model_config)[1]), None,
+                                mesh, spec=model_config if isinstance(model_config, ModelSpec)
+                                else None)
+        placement = placement.from_annotations()
+    from workbench.models._context import check_layout
+
+    check_layout(config.seq, dict(mesh.shape), rules,
+                 zigzag=bool(getattr(model_config, "context_zigzag", False)))
+    tx = config.optimizer.build(config.steps)
+    graphdef, abstract = abstract_state(model_config, tx, rules, mesh)
+    shardings = jax.tree.map(lambda a: a.sharding, abstract)
+    bsh = batch_shardings(rules, mesh, keys=batch_keys(config.data))
+    micro = config.micro_batch
+    shards = batch_shards(bsh["inputs"])
+    if micro % shards:
+        acc = config.optimizer.accumulate
+        what = f"batch={config.batch}" if acc == 1 else \
+            f"the micro-batch batch/accumulate={config.batch}/{acc}={micro}"
+        raise ValueError(
+            f"{what} is not divisible by the {shards} devices that split the batch dim "
+            f"(mesh axes {bsh['inputs'].spec[0]!r} of mesh {dict(mesh.shape)}); use a batch "
+            f"that is a multiple of {shards * acc}, or a mesh with fewer data devices")
+    attention = _check_model_for_mesh(config, model_config, mesh, shards, rules)
+    abstract_batch = {k: jax.ShapeDtypeStruct((micro, config.seq), jnp.int32, sharding=s)
+                      for k, s in bsh.items()}
+    data = ShardedBatches(config.data, seq=config.seq, batch=micro, seed=config.seed,
+                          sharding=bsh["inputs"], vocab_size=model_config.vocab_size,
+                          cache_dir=data_cache)
+    # the held-out batches, read (and checked: enough rows?) before anything is written
+    eval_data = data.eval_batches(config.eval_batches) if config.eval_every else []
+    device = mesh.devices.flat[0]
+    peak, source = peak_flops(device)
+    return Parts(
+        mesh=mesh, rules=rules, model_config=model_config, tx=tx,
+        schedule=config.optimizer.schedule(config.steps), graphdef=graphdef,
+        abstract_state=abstract, shardings=shardings, batch_shardings=bsh,
+        abstract_batch=abstract_batch, data=data, initial_data_state=data.get_state(),
+        eval_data=eval_data,
+        model_flops=analytic_flops(model_config, config.batch, config.seq),
+        peak=peak, peak_source=source, device_kind=device.device_kind,
+        n_devices=mesh.devices.size, attention=attention,
+        compile_options=compile_options(device.platform), dtype=dtype,
+        placement={"preset": placement.preset, "why": placement.why})
+
+
+def resolve_model_dtype(model_config: Any, platform: str) -> tuple[Any, str]:
+    """``(model config, "dtype: why")``: a GPTConfig with ``dtype="auto"`` made concrete
+    for ``platform`` (bfloat16 on GPU/TPU, float32 on CPU) before the model is built, so
+    every layer, the step and the run's records see one dtype; other models unchanged
+    (and "")."""
+    from workbench.models._config import GPTConfig, resolve_dtype
+
+    if not isinstance(model_config, GPTConfig):
+        return model_config, ""
+    concrete, why = resolve_dtype(model_config.dtype, platform)
+    return model_config.replace(dtype=concrete), f"{concrete}: {why}"
+
+
+def _check_model_for_mesh(config: TrainConfig, model_config: Any, mesh: Any,
+                          shards: int, rules: Any) -> str:
+    """What the model and the resolved mesh decide together, checked before the Trainer
+    writes anything: the pipeline's stages (a ``-1`` axis now has its size) and its
+    micro-batches against the batch axes, the loss chunks and the attention kernel's
+    blocks against ``seq``. Returns which attention the step runs and why."""
+    from workbench.models._config import GPTConfig
+
+    if not isinstance(model_config, GPTConfig):
+        return ""
+    if config.pipeline is not None:
+        from workbench.models._pipeline import check_pipeline
+        from workbench._rules import STAGE_AXIS
+
+        check_pipeline(config.pipeline, n_layers=model_config.n_layers,
+                       stages=int(dict(mesh.shape).get(STAGE_AXIS, 1)),
+                       batch=config.micro_batch, batch_shards=shards)
+    from workbench.models import _attention as attention_impl
+    from workbench._step import check_loss_chunks
+
+    check_loss_chunks(model_config.loss_chunks, config.seq)
+    problem = attention_impl.splash_layout_problem(
+        (config.micro_batch, config.seq, model_config.n_heads, model_config.head_dim),
+        model_config.n_kv_heads, rules=rules, mesh=mesh) \
+        if model_config.attention == "auto" else None
+    r = attention_impl.check(model_config.attention, mesh.devices.flat[0].platform,
+                             seq=config.seq, head_dim=model_config.head_dim,
+                             n_heads=model_config.n_heads, n_kv_heads=model_config.n_kv_heads,
+                             block_sizes=model_config.attention_block_sizes,
+                             layout_problem=problem, dtype=model_config.dtype)
+    return f"{r.impl}: {r.reason}"

@@ -1,4 +1,0 @@
-"""Moved to :mod:`workbench.hf.export` (``wb.hf``): a shim that warns, then forwards."""
-from workbench._moved import forward
-
-__getattr__, __dir__ = forward(__name__, "workbench.hf.export")
