@@ -139,6 +139,14 @@ class TrainConfig:
     lora: Any = None
 
     def __post_init__(self) -> None:
+        """Values only, in order: each field's own form and type, the numbers, then what
+        fields say of each other (files are read by :meth:`check`)."""
+        self._normalise()
+        self._check_numbers()
+        self._check_together()
+
+    def _normalise(self) -> None:
+        """Each field in its one form: mappings frozen, dicts made into their specs."""
         set_ = object.__setattr__
         set_(self, "lora", LoRA.of(self.lora))
         if self.pipeline is not None:
@@ -159,6 +167,10 @@ class TrainConfig:
         elif isinstance(self.rules, str) and self.rules not in RULES_PRESETS:
             raise ValueError(f"TrainConfig.rules={self.rules!r} is not a rules preset; choose "
                              f"one of {', '.join(RULES_PRESETS)}, or give a wb.Rules")
+
+    def _check_numbers(self) -> None:
+        """The integer fields and the mesh's sizes, each error naming the field."""
+        set_ = object.__setattr__
         if not isinstance(self.optimizer, AdamW):
             raise TypeError(f"TrainConfig.optimizer={self.optimizer!r} must be a "
                             "wb.train.AdamW (or a dict of its fields)")
@@ -185,6 +197,11 @@ class TrainConfig:
         set_(self, "mesh", _frozen_mapping({
             k: check_int(v, f"TrainConfig.mesh[{k!r}]", allow=(-1,))
             for k, v in self.mesh.items()}))
+
+    def _check_together(self) -> None:
+        """What the fields say of each other: accumulation divides the batch, LoRA needs a
+        GPT, the tokenizer fits the model, seq against the model and the mesh, the
+        pipeline, init and its revision."""
         acc = self.optimizer.accumulate
         if self.batch % acc:
             raise ValueError(f"batch={self.batch} is not divisible by optimizer.accumulate="
