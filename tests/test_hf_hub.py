@@ -20,7 +20,8 @@ from huggingface_hub import errors
 
 import workbench as wb
 from tests._chat_models import hub_cache, write_tokenizer
-from tests._hf_models import make_model, save
+from tests._hf_models import PROMPT, make_model, save
+from tests._tolerance import assert_close_at_scale
 from workbench.hf._hub import HubError
 
 pytest.importorskip("transformers", reason="the test extra installs transformers + torch (CPU)")
@@ -252,6 +253,50 @@ def test_train_config_init_values(cache):
         wb.TrainConfig(init=str(snapshot(cache, A)), init_revision="v2")
     with pytest.raises(ValueError, match="different architecture"):
         wb.TrainConfig(model="tiny", init=REPO).check()
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_a_lora_run_from_an_id_exports_merged_and_peft(cache, tmp_path):
+    """A LoRA run whose base is a Hub id (TrainConfig(init=REPO)) exports as merged weights
+    and as PEFT adapters naming the id and its commit. Reference: transformers loads the
+    merged folder, and peft applies the adapters to the snapshot the id names, each with
+    the trained model's logits; exporting again over
+    the earlier folders (overwrite=True) replaces them."""
+    peft = pytest.importorskip("peft", reason="the test extra installs peft")
+    import torch
+    import transformers
+
+    lora = {"rank": 4, "alpha": 16, "targets": ("q", "k", "v", "o", "gate", "up", "down")}
+    tc = wb.TrainConfig(model=wb.hf.hf_config(REPO), init=REPO, lora=lora, mesh={"data": 8},
+                        batch=8, seq=16, steps=3, checkpoint_every=3, data="synthetic",
+                        optimizer=wb.train.AdamW(lr=1e-2, warmup_steps=1))
+    trainer = wb.Trainer(tc, tmp_path / "run", progress=None)
+    trainer.run()
+    want = np.asarray(trainer.model(PROMPT))
+    trainer.close()
+
+    def logits(model):
+        with torch.no_grad():
+            return model(torch.tensor(PROMPT, dtype=torch.long)).logits.float().numpy()
+
+    for again in (False, True):   # the second time over the first's folders
+        merged = wb.hf.export_run(tmp_path / "run", tmp_path / "merged", overwrite=again)
+        adapter = wb.hf.export_run(tmp_path / "run", tmp_path / "adapter", lora="peft",
+                                   overwrite=again)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            assert (merged / name).read_bytes() == (snapshot(cache, A) / name).read_bytes()
+        got = logits(transformers.AutoModelForCausalLM.from_pretrained(merged,
+                                                                       dtype=torch.float32))
+        assert_close_at_scale(got, want, rtol=1e-5)
+        conf = json.loads((adapter / "adapter_config.json").read_text())
+        assert (conf["base_model_name_or_path"], conf["revision"]) == (REPO, A)
+        base = transformers.AutoModelForCausalLM.from_pretrained(   # what REPO names at A
+            snapshot(cache, A), dtype=torch.float32)
+        got = logits(peft.PeftModel.from_pretrained(base, adapter).eval())
+        assert_close_at_scale(got, want, rtol=1e-5)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(snapshot(cache, A),
+                                                              dtype=torch.float32)
+    assert not np.allclose(logits(plain), want, rtol=1e-3, atol=1e-3)   # the adapters matter
 
 
 # -- hostile caches -------------------------------------------------------------------------

@@ -44,7 +44,8 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
             "peft" (the adapters in PEFT's layout, ``workbench.hf._peft``); the rest are
             passed to ``wb.hf.to_hf`` (``dtype``, ``family``, ``tokenizer``,
             ``max_shard_bytes``, ``overwrite``: replaces only a folder ``to_hf`` wrote
-            before, see ``workbench.hf._save.check_replaceable``).
+            before, see ``workbench.hf._save.check_replaceable``; with ``lora="peft"``
+            only a PEFT adapter folder written before, as ``wb.hf.to_peft``).
 
     Raises:
         FileExistsError: ``path`` exists and may not be replaced (the message says why).
@@ -58,10 +59,16 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
     run_dir = check_path(run_dir, "run_dir", where="export_run: ")
     path = check_path(path, "path", where="export_run: ")
     _check_destination(run_dir, path)
-    refused = exists_error(Path(path), bool(kwargs.get("overwrite", False)))
+    lora = kwargs.pop("lora", None)
+    overwrite = bool(kwargs.get("overwrite", False))
+    if lora == "peft" and cfg_lora(run_dir) is not None:   # a PEFT adapter folder
+        from workbench.hf._peft import exists_error as adapter_exists_error
+
+        refused = adapter_exists_error(Path(path), overwrite, "export_run")
+    else:
+        refused = exists_error(Path(path), overwrite)
     if refused is not None:   # before the (long) restore, not after it
         raise refused
-    lora = kwargs.pop("lora", None)
     if cfg_lora(run_dir) is None and lora is not None:
         raise ValueError(f"export_run: lora={lora!r:.60}, but run {run_dir} trained no LoRA "
                          "adapters (its config's lora is None): leave lora out")

@@ -102,6 +102,21 @@ def adapter_config(cfg: GPTConfig, base_model: str | None, revision: str | None
             "base_model_name_or_path": base_model, "revision": revision}
 
 
+def exists_error(out: Path, overwrite: bool, where: str) -> FileExistsError | None:
+    """Why ``out`` may not become a PEFT adapter folder (None: it may): it exists, and is
+    not (with ``overwrite``) a PEFT adapter folder written before: ``adapter_config.json``
+    with at most the adapter weights and a README beside it."""
+    if not os.path.lexists(out):
+        return None
+    if overwrite and out.is_dir() and not out.is_symlink() and \
+            (out / ADAPTER_CONFIG).is_file() and all(
+                p.name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS, "README.md") for p in out.iterdir()):
+        return None
+    return FileExistsError(f"{where}: {out} exists; give a new folder, or overwrite=True to "
+                           "replace a PEFT adapter folder written before (nothing else is "
+                           "ever replaced)")
+
+
 def to_peft(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = None,
             base_model: str | os.PathLike[str] | None = None, revision: str | None = None,
             overwrite: bool = False) -> Path:
@@ -129,13 +144,9 @@ def to_peft(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None 
     if revision is not None and not isinstance(revision, str):
         raise TypeError(f"to_peft: revision={revision!r:.60} must be a string")
     params, cfg = _params_and_config(obj, config, "to_peft")
-    if os.path.lexists(out):
-        if not overwrite or not (out / ADAPTER_CONFIG).is_file() or any(
-                p.name not in (ADAPTER_CONFIG, ADAPTER_WEIGHTS, "README.md")
-                for p in out.iterdir()):
-            raise FileExistsError(f"to_peft: {out} exists; give a new folder, or "
-                                  "overwrite=True to replace a PEFT adapter folder written "
-                                  "before (nothing else is ever replaced)")
+    refused = exists_error(out, overwrite, "to_peft")
+    if refused is not None:
+        raise refused
     tensors = _tensors(params, cfg)
     base = None if base_model is None else os.fspath(base_model)
     out.parent.mkdir(parents=True, exist_ok=True)
