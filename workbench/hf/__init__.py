@@ -39,11 +39,11 @@ from typing import Any
 __all__ = ["CheckpointError", "HFConfigError", "HFSource", "HubError", "export_run", "from_hf",
            "hf_config", "to_hf", "to_peft"]
 
-#: public name -> the module of this package that defines it.
-_WHERE = {"CheckpointError": "tensors", "HFConfigError": "families", "HFSource": "load",
-          "HubError": "hub",
-          "export_run": "export", "from_hf": "load", "hf_config": "load", "to_hf": "save",
-          "to_peft": "peft"}
+#: public name -> the (private) module of this package that defines it.
+_WHERE = {"CheckpointError": "_tensors", "HFConfigError": "_families", "HFSource": "_load",
+          "HubError": "_hub",
+          "export_run": "_export", "from_hf": "_load", "hf_config": "_load", "to_hf": "_save",
+          "to_peft": "_peft"}
 
 
 def __getattr__(name: str) -> Any:
