@@ -18,6 +18,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import workbench as wb
+import workbench.train._checkpoint  # noqa: F401 - wb.train._checkpoint below
 from workbench.data import ShardedBatches, TextData
 from workbench.train._checkpoint import CheckpointError, Checkpoints, abstract
 from workbench.train._setup import RunConfigMismatch
@@ -107,10 +108,10 @@ def test_snapshot_saves_the_state_and_data_position_it_was_taken_at(tmp_path):
 def test_snapshot_only_of_small_states_and_for_asynchronous_saves(tmp_path, monkeypatch):
     mesh = _mesh(data=8)
     assert Checkpoints(tmp_path / "a", async_save=False).snapshot(_state(mesh)) is None
-    monkeypatch.setattr(wb.train.checkpoint, "SNAPSHOT_LEAF_BYTES", 256)   # "w" is 512 bytes
+    monkeypatch.setattr(wb.train._checkpoint, "SNAPSHOT_LEAF_BYTES", 256)   # "w" is 512 bytes
     assert Checkpoints(tmp_path / "b").snapshot(_state(mesh)) is None
     monkeypatch.undo()
-    monkeypatch.setattr(wb.train.checkpoint, "SNAPSHOT_BYTES", 256)
+    monkeypatch.setattr(wb.train._checkpoint, "SNAPSHOT_BYTES", 256)
     assert Checkpoints(tmp_path / "c").snapshot(_state(mesh)) is None
     monkeypatch.undo()
     d = jax.devices()   # leaves on different devices: each copied where it is
@@ -126,7 +127,7 @@ def test_snapshot_only_of_small_states_and_for_asynchronous_saves(tmp_path, monk
 # 1 << 40: snapshotted, every array saved whole from the host; 0: Orbax's per-shard writes
 @pytest.mark.parametrize("gather", [1 << 40, 0], ids=["host-arrays", "per-shard"])
 def test_restore_onto_another_mesh_has_the_same_values(tmp_path, monkeypatch, gather):
-    monkeypatch.setattr(wb.train.checkpoint, "SNAPSHOT_LEAF_BYTES", gather)
+    monkeypatch.setattr(wb.train._checkpoint, "SNAPSHOT_LEAF_BYTES", gather)
     state = _state(_mesh(data=8))
     ck = Checkpoints(tmp_path / "ck")
     ck.save(1, state)
@@ -288,7 +289,7 @@ def test_force_with_another_model_shape_names_the_first_parameter_and_both_shape
     run_dir = tmp_path / "run"
     shutil.copytree(nine_steps, run_dir)
     wider = TINY.replace(model_overrides={"n_layers": 1, "d_model": 128})
-    with pytest.raises(wb.train.checkpoint.CheckpointMismatch) as err:
+    with pytest.raises(wb.train._checkpoint.CheckpointMismatch) as err:
         wb.Trainer(wider, run_dir=run_dir, force=True, progress=None)
     msg = str(err.value)
     assert re.search(r"'train\.[\w.]+' is \(\d+(, \d+)*\) in the checkpoint, \(\d+(, \d+)*\) "

@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 import workbench as wb
+import workbench._flops  # noqa: F401 - wb._flops below
 from workbench.hardware import hardware_spec
 from workbench.models import GPT, GPTConfig
 from workbench.perf._hlo import compiler_cycles, computation_multiplicity
@@ -90,8 +91,8 @@ def test_loss_chunks_that_do_not_divide_the_sequence_fail_before_compiling():
 
 
 def test_loss_chunks_add_one_logits_matmul_to_the_recompute():
-    whole = wb.flops.gpt_flops(TINY, batch=4, seq=64)
-    chunked = wb.flops.gpt_flops(TINY.replace(loss_chunks=4), batch=4, seq=64)
+    whole = wb._flops.gpt_flops(TINY, batch=4, seq=64)
+    chunked = wb._flops.gpt_flops(TINY.replace(loss_chunks=4), batch=4, seq=64)
     assert chunked.total == whole.total   # model FLOPs are the model's
     assert chunked.recompute - whole.recompute == pytest.approx(
         whole.breakdown["logits"] / 3)    # one forward logits matmul
@@ -262,7 +263,7 @@ def test_gpu_mfu_script_runs_its_step_on_cpu_devices_and_says_when_there_is_no_g
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["gpus"] == 2 and row["batch"] == 8 and row["seq"] == 64
-    flops = wb.flops.gpt_flops(TINY.replace(seq_len=64), 8, 64).total
+    flops = wb._flops.gpt_flops(TINY.replace(seq_len=64), 8, 64).total
     assert row["mfu_causal_halved"] == pytest.approx(
         flops / (row["step_seconds"] * 2 * row["peak_flops"]))
     assert 0 < row["loss"] < math.log(256)

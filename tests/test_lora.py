@@ -19,6 +19,7 @@ import pytest
 from flax import nnx
 
 import workbench as wb
+import workbench._step  # noqa: F401 - wb._step below
 from workbench.models import GPT, GPTConfig
 from workbench.models._lora import LoRA, merge_params, split_params
 from workbench._step import opt_state_params, path_str
@@ -71,7 +72,7 @@ def test_only_the_adapters_change_and_the_base_stays_bit_for_bit(trained):
     assert changed == adapters   # every adapter moved (B from 0, A through B's gradient)
     # the base is the unadapted model of the seed (the reference: no LoRA at all)
     plain = wb.TrainConfig.from_dict({k: v for k, v in CFG.to_dict().items() if k != "lora"})
-    _, st = wb.step.init_state(plain.model_config(), optax.sgd(0.1),
+    _, st = wb._step.init_state(plain.model_config(), optax.sgd(0.1),
                                wb.Rules.preset("fsdp_tp", tr.mesh), tr.mesh, seed=CFG.seed)
     base = _leaves(st.params)
     assert all(np.array_equal(now[k], v) for k, v in base.items())

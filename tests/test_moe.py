@@ -19,6 +19,7 @@ import pytest
 from flax import nnx
 
 import workbench as wb
+import workbench._flops  # noqa: F401 - wb._flops below
 from workbench import _runs as runs
 from workbench import _step as S
 from workbench.models import GPTConfig
@@ -87,8 +88,8 @@ def test_public_moe_shapes_match_their_published_sizes():
 
 def test_flops_count_active_experts_only():
     cfg = GPTConfig.preset("mixtral-8x7b")
-    f = wb.flops.gpt_flops(cfg, batch=1, seq=128)
-    dense = wb.flops.gpt_flops(cfg.replace(n_experts=0), batch=1, seq=128)
+    f = wb._flops.gpt_flops(cfg, batch=1, seq=128)
+    dense = wb._flops.gpt_flops(cfg.replace(n_experts=0), batch=1, seq=128)
     k, d, fe = cfg.experts_per_token, cfg.d_model, cfg.moe_d_ff
     assert f.breakdown["mlp"] == pytest.approx(k * dense.breakdown["mlp"])
     assert f.breakdown["router"] == 3 * 2 * d * cfg.n_experts * cfg.n_layers * 128

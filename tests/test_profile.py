@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
+import workbench.perf._profile  # noqa: F401 - wb.perf._profile below
 from workbench.perf._calibrate import calibration_dir, load_calibration
 from workbench.perf._hlo import parse_collectives
 from workbench.perf._trace import CATEGORIES, read_trace, trace_files
@@ -174,7 +175,7 @@ def test_calibration_is_stored_and_used_by_predictions(profiled, tmp_path, monke
         * (cal.matmul_flops / cal.compute_factor), rel=1e-6)
     assert plan.predict(calibration=False).step_seconds == pytest.approx(before.step_seconds)
     with pytest.raises(ValueError, match="already calibrated"):
-        wb.calibrate(wb.perf.profile.profile_report(after, report.measured,
+        wb.calibrate(wb.perf._profile.profile_report(after, report.measured,
                                                         device_kind=report.device_kind))
     assert wb.remove_calibration(cal.device_kind)
     assert "calibration" not in plan.predict().sources

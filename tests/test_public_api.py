@@ -151,6 +151,7 @@ def test_the_check_catches_a_private_import_and_a_private_attribute():
     ("workbench.planning.search", "workbench.planning._search"),
     ("workbench.perf.predict", "workbench.perf._predict"),
     ("workbench.planning.predict", "workbench.perf._predict"),    # moved, then private
+    ("workbench.planning.schedule", "workbench.models._schedule"),
     ("workbench.models.hf", "workbench.hf._load"),
     ("workbench.data.tokenizer", "workbench.data._tokenizer"),
 ])

@@ -15,6 +15,7 @@ import time
 import pytest
 
 import workbench as wb
+import workbench.train._checkpoint  # noqa: F401 - wb.train._checkpoint below
 from workbench import _runs as runs
 
 pytestmark = pytest.mark.multiprocess   # each test kills a training child process
@@ -130,7 +131,7 @@ def test_sigterm_saves_then_stops_and_resumes_exactly(reference, tmp_path):
     assert result["status"] == "interrupted" and 4 <= k < N
     assert "SIGTERM received: stopping after this step" in err
     assert "SIGTERM: stopped at step" in err and f"checkpoint step {k} saved" in err
-    ck = wb.train.checkpoint.Checkpoints(run_dir / "checkpoints")
+    ck = wb.train._checkpoint.Checkpoints(run_dir / "checkpoints")
     assert ck.latest_step() == k                               # saved at the stop step
     assert [r["step"] for r in runs.read_metrics(run_dir)][-1] == k
     assert runs.read_run(run_dir)["status"] == "interrupted"

@@ -12,6 +12,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import workbench as wb
+import workbench._mesh  # noqa: F401 - wb._mesh below
 from workbench.perf._hlo import parse_collectives
 from workbench._topology import topology_name, tpu_compiler_available, tpu_devices, tpu_target
 
@@ -100,7 +101,7 @@ def test_multislice_mesh_puts_slices_on_the_dcn_axis():
     assert mesh is not None and dict(mesh.shape) == {"data": 4, "model": 2}
     slices = np.vectorize(lambda d: d.slice_index)(mesh.devices)
     assert (slices[:2] == 0).all() and (slices[2:] == 1).all()
-    assert wb.mesh.mesh_info(mesh).dcn_axis_sizes == (2, 1)
+    assert wb._mesh.mesh_info(mesh).dcn_axis_sizes == (2, 1)
 
 
 @needs_libtpu

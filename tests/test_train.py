@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
+import workbench.train._trainer  # noqa: F401 - wb.train._trainer below
 from workbench import _runs as runs
 from workbench.data import ShardedBatches
 from workbench._flops import gpt_flops
@@ -172,7 +173,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     bad = CFG.replace(steps=8, optimizer=wb.train.AdamW(lr=1e4, warmup_steps=0, clip_norm=None))
     tr = trainer(tmp_path / "run", bad)
     sink = _Collect()
-    with pytest.raises(wb.train.trainer.NonFiniteLoss, match=r"is nan.* at step 4;.*"
+    with pytest.raises(wb.train._trainer.NonFiniteLoss, match=r"is nan.* at step 4;.*"
                        r"checkpoint step 2"):
         tr.run(sinks=[sink])
     assert tr.checkpoints.all_steps() == [2]

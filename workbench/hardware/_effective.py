@@ -84,7 +84,7 @@ def effective_spec(mesh: Any, *, hardware: HardwareSpec | str | None = None,
     calibrated, each step named (``EffectiveSpec.sources``).
 
     Args:
-      mesh: a ``MeshInfo`` (``wb.mesh.mesh_info(mesh)``, ``plan.mesh``), or anything with
+      mesh: a ``MeshInfo`` (``plan.mesh``), or anything with
         its ``device_kind``, ``platform`` and ``size``.
       hardware: a ``HardwareSpec`` or device kind ("TPU v5p", "H100") to predict for
         another chip; default the mesh's device kind (measured on this machine for CPU

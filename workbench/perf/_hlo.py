@@ -57,7 +57,7 @@ class Collective:
         overlapped: the compiled program runs it asynchronously (an async start/done
             pair, or inside the TPU compiler's async collective fusion), so independent
             compute can run beside it; False: it blocks the program until done.
-        sources: the user source lines (``"layers.py:101 in MLP.__call__"``) of the JAX ops
+        sources: the user source lines (``"_layers.py:101 in MLP.__call__"``) of the JAX ops
             these instructions were made for, from the HLO op metadata.
         ops: their JAX op names (``"jvp(btd,df->btf)/dot_general"``).
         tensors: what they move: a parameter (``"params.blocks.0.mlp.up"``) when the
@@ -598,7 +598,7 @@ class HloGraph:
 
     def source(self, ins: Instr) -> str:
         """The innermost frame outside JAX, Flax, optax and Workbench's step plumbing:
-        ``'layers.py:101 in MLP.__call__'`` (empty when the op has no metadata)."""
+        ``'_layers.py:101 in MLP.__call__'`` (empty when the op has no metadata)."""
         for file, line, fn in self.stack(ins):
             if not _LIBRARY.search(file):
                 return f"{file.rsplit('/', 1)[-1]}:{line}" + (f" in {fn}" if fn else "")

@@ -115,7 +115,7 @@ class OpTime:
       seconds: self time per step, averaged over devices.
       count: times it ran per step on one device (loop bodies run trip-count times).
       op: the JAX op it was made for (``"jvp(btd,dnh->btnh)/dot_general"``).
-      source: the user source line (``"gpt.py:101 in MLP.__call__"``), from HLO metadata.
+      source: the user source line (``"_gpt.py:101 in MLP.__call__"``), from HLO metadata.
     """
 
     name: str

@@ -419,7 +419,7 @@ def reshards(found: Sequence[Reshard], *, most: int = 6) -> list[Lint]:
                      f"({format_bytes(moved)} per device) inserted because the two ops want "
                      "different layouts"),
             fix=("constrain the tensor between them to the layout the consumer wants "
-                 "(wb.rules.constrain / jax.lax.with_sharding_constraint), or change the "
+                 "(wb.models.constrain / jax.lax.with_sharding_constraint), or change the "
                  "rule that shards one of them differently")))
     rest = ranked[most:]
     if rest:

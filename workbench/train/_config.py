@@ -83,7 +83,7 @@ class TrainConfig:
         to ``MAX_SEED`` (2**32 - 1, what Grain's shuffle takes).
       pipeline: None, or pipeline parallelism over the mesh's ``stage`` axis:
         ``{"microbatches": M, "schedule": "gpipe" | "circular", "repeats": R}``
-        (``wb.models.pipeline.Pipeline``); needs ``model_overrides={"scan_layers": True}``
+        (``wb.models.Pipeline``); needs ``model_overrides={"scan_layers": True}``
         (stacked layers), ``n_layers`` divisible by stages x R and ``batch`` by M. The
         same numbers as without it, up to float rounding: it may change when a run is
         continued (like ``mesh``).
