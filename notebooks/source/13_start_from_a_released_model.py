@@ -62,22 +62,26 @@ MODEL = "Qwen/Qwen3-0.6B"   # or "HuggingFaceTB/SmolLM2-360M-Instruct", ...
 # ## Plan it before reading the weights
 #
 # `wb.hf.hf_config` fetches and reads `config.json` only, and turns it into the
-# workbench's own `GPTConfig`. `wb.plan` builds the training step for that shape on a mesh
-# of 4 × 2 devices (FSDP over `data`, tensor parallel over `model`) without allocating it,
-# and says what each device will hold. The same plan with LoRA adapters shows what
+# workbench's own `GPTConfig`. `wb.plan` builds the training step for that shape on the 8
+# devices without allocating it (FSDP: every weight split along one of its dimensions over
+# the `data` axis), and says what each device will hold. The same plan with LoRA adapters shows what
 # fine-tuning only the adapters saves: no gradients and no optimizer state for the
 # frozen weights. `compile=False` counts by formula, in a second; without it the
 # compiler first builds the whole step for these devices and reports its own numbers.
+#
+# Tensor parallelism (a `model` axis, rules `"fsdp_tp"`, notebook 03) splits the attention
+# heads too, so their counts must divide it: Qwen3-0.6B's 16 query and 8 key/value heads
+# divide a `model` axis of 2, SmolLM2-135M's 9 and 3 do not. FSDP alone suits them all.
 
 # %%
 cfg = wb.hf.hf_config(MODEL)
 print(cfg)
-mesh = wb.make_mesh(data=4, model=2)
+mesh = wb.make_mesh(data=8)
 LORA = {"rank": 16, "alpha": 32, "targets": ("q", "k", "v", "o")}
 BATCH, SEQ = 8, 64
-plan = wb.plan(cfg, mesh=mesh, rules="fsdp_tp", batch=BATCH, seq=SEQ,
+plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=BATCH, seq=SEQ,
                optimizer=optax.adamw(1e-4), compile=False)
-lora_plan = wb.plan(cfg.replace(lora=LORA), mesh=mesh, rules="fsdp_tp", batch=BATCH, seq=SEQ,
+lora_plan = wb.plan(cfg.replace(lora=LORA), mesh=mesh, rules="fsdp", batch=BATCH, seq=SEQ,
                     optimizer=optax.adamw(1e-4), compile=False)
 mib = lambda b: f"{b / 2**20:9.2f} MiB"
 for name, p in (("full fine-tuning", plan), ("LoRA r16 q k v o", lora_plan)):
@@ -159,8 +163,8 @@ print(open(folder / "notes.jsonl").readline())
 
 # %%
 data = wb.data.Dataset(files=str(folder / "notes.jsonl"), field="text", tokenizer=tok)
-tc = wb.TrainConfig(model=cfg, init=MODEL, lora=LORA, mesh={"data": 4, "model": 2},
-                    rules="fsdp_tp", batch=BATCH, seq=SEQ, steps=20, checkpoint_every=10,
+tc = wb.TrainConfig(model=cfg, init=MODEL, lora=LORA, mesh={"data": 8}, rules="fsdp",
+                    batch=BATCH, seq=SEQ, steps=20, checkpoint_every=10,
                     data=data, optimizer=wb.train.AdamW(lr=1e-3, warmup_steps=5))
 trainer = wb.Trainer(tc, "runs/13-lora", progress=None)
 trainer.run()
