@@ -58,7 +58,7 @@ _ROOT_PREFIX = re.compile(r"^(\d+):(.*)$")
 _PREDICTION_NUMBERS = ("step_seconds", "mfu", "tokens_per_s", "compiler_seconds")
 _PREDICTION_TEXT = ("bound", "source", "source_reason", "hardware", "plan_name")
 _PREDICTION_TERMS = ("compute", "memory", "communication", "communication_total",
-                     "no_overlap_step")
+                     "host_transfers", "host_link", "no_overlap_step")
 _TEXT_MAX = 2000
 
 

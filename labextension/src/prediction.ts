@@ -117,9 +117,33 @@ export function versus(metric: 'step_time' | 'mfu', recent: number | null,
       (p.bound ? ` (${p.bound}-bound)` : ''),
     `measured ${fmt(recent)} (median of the last 20 steps)` +
       (r === null ? '' : `: ${fmtRatio(r)} the prediction`),
+    metric === 'step_time' ? describeTerms(p) : '',
     describePrediction(p)
   ];
   return { text, title: lines.filter(Boolean).join('\n') };
+}
+
+/**
+ * The predicted step's terms: 'compute 10 ms · HBM 4 ms · communication 1 ms not hidden ·
+ * host transfers 2 ms not hidden (of 5 ms on the host link)'; the host term only where
+ * activations are offloaded to host memory. '' without a breakdown.
+ */
+export function describeTerms(p: IPrediction): string {
+  const b = p.breakdown;
+  const parts: string[] = [];
+  for (const [key, label] of [['compute', 'compute'], ['memory', 'HBM']] as const) {
+    if (b[key] !== undefined) {
+      parts.push(`${label} ${fmtSeconds(b[key])}`);
+    }
+  }
+  if (b.communication !== undefined) {
+    parts.push(`communication ${fmtSeconds(b.communication)} not hidden`);
+  }
+  if (b.host_link) {
+    parts.push(`host transfers ${fmtSeconds(b.host_transfers ?? 0)} not hidden ` +
+      `(of ${fmtSeconds(b.host_link)} on the host link)`);
+  }
+  return parts.join(' · ');
 }
 
 /** Where a prediction comes from: 'plan tiny · cpu-compiler on cpu — reason'. */

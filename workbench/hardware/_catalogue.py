@@ -1,6 +1,6 @@
 """The hardware catalogue: one entry per device generation with everything Workbench knows
 about it: published numbers (peak FLOP/s, memory, HBM / ICI / DCN / NVLink / InfiniBand
-bandwidths, TensorCore clock), each value beside its source; the ``device_kind`` JAX
+bandwidths, the host link, TensorCore clock), each value beside its source; the ``device_kind`` JAX
 reports; libtpu's topology name; and the mesh presets (TPU slices, GPU servers) that
 ``wb.abstract_mesh``, the TPU compiler target (``workbench._topology``) and ``wb.search``
 read. Adding a generation is adding one ``Generation`` to ``GENERATIONS``. The CPU entry is
@@ -38,6 +38,9 @@ class HardwareSpec:
       dcn_bandwidth: data-center network egress bytes/s per chip (across TPU slices).
       nvlink_bandwidth: GPU NVLink bytes/s per GPU, one direction (through NVSwitch).
       network_bandwidth: GPU scale-out (InfiniBand) bytes/s per GPU, one direction.
+      host_bandwidth: the host link (PCIe) bytes/s per chip, each direction (PCIe is full
+        duplex): what activations offloaded to host memory cross twice per step
+        (``workbench.perf._host``); None where no figure is published.
         (For the CPU entry, ``nvlink_bandwidth`` is the in-process copy bandwidth.)
       clock_hz: TPU TensorCore clock (cycles/s): converts the TPU compiler's per-instruction
         ``estimated_cycles`` into seconds (``workbench.perf._hlo.compiler_cycles``).
@@ -61,6 +64,7 @@ class HardwareSpec:
     dcn_bandwidth: float | None = None
     nvlink_bandwidth: float | None = None
     network_bandwidth: float | None = None
+    host_bandwidth: float | None = None
     collective_latency: float | None = None
     clock_hz: float | None = None
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
@@ -77,6 +81,17 @@ _GB = 1000**3
 _GBPS = 1e9 / 8  # bytes/s in one Gbit/s
 _TPU_DOC = "Google Cloud TPU system architecture docs"
 _BOOK = "How to Scale Your Model (jax-ml scaling book), part 2 'How to think about TPUs'"
+#: The scaling book's PCIe figures (part 2, after its ICI table): "PCIe bandwidth is
+#: typically around 1.5e10 bytes / second per chip", with the footnote "Trillium (TPU v6e)
+#: has 32GB/s, about 2x higher than v5". Google publishes no per-generation PCIe figure
+#: (the v6e page says only "connects to the host through a PCIe Gen5 interface"); these
+#: are read as each direction, as PCIe links are full duplex (x8 Gen4 and Gen5 links give
+#: 16 and 32 GB/s each way).
+_PCIE_TPU = (1.5e10, f"{_BOOK}: PCIe 'typically around 1.5e10 bytes / second per chip' "
+             "(read as each direction; no per-generation figure published)")
+_PCIE_V6E = (3.2e10, f"{_BOOK}: 'Trillium (TPU v6e) has 32GB/s' of PCIe per chip (read as "
+             f"each direction); {_TPU_DOC} (v6e): 'connects to the host through a PCIe "
+             "Gen5 interface'")
 
 
 def _clock(peak: float, cores: int, mxus: int, side: int) -> tuple[float, str]:
@@ -156,6 +171,10 @@ _PLANES = {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1), 16: (4, 4, 1), 32: (4, 8, 1
            64: (8, 8, 1), 128: (8, 16, 1), 256: (16, 16, 1)}
 _NVLINK_A100 = (300e9, "NVIDIA A100 datasheet: NVLink 600 GB/s (both directions), so "
                 "300 GB/s one way")
+_PCIE4 = (32e9, "NVIDIA A100 datasheet: PCIe Gen4 64 GB/s (both directions), so 32 GB/s "
+          "one way")
+_PCIE5_H100 = (64e9, "NVIDIA H100 datasheet: PCIe Gen5 128 GB/s (both directions), so 64 "
+               "GB/s one way")
 _IB_A100 = (200 * _GBPS, "NVIDIA DGX A100 datasheet: one 200 Gbit/s HDR InfiniBand port per "
             "GPU")
 
@@ -192,7 +211,8 @@ GENERATIONS: tuple[Generation, ...] = (
                        "torus_wrap": ("cube", f"{_TPU_DOC}: slices of whole 4x4x4 cubes are "
                                       "tori"),
                        "dcn_bandwidth": (50 * _GBPS, "estimate: 200 Gbit/s per 4-chip host "
-                                         "(ct4p VM), like v5p")})),
+                                         "(ct4p VM), like v5p"),
+                       "host_bandwidth": _PCIE_TPU})),
     Generation(
         name="v5p", pattern=r"v5p|v5$", device_kind="TPU v5p", libtpu="v5p",
         slices={**_slices("v5p", _CUBES), "v5p-8192": (16, 16, 16)},
@@ -205,7 +225,8 @@ GENERATIONS: tuple[Generation, ...] = (
                        "torus_wrap": ("cube", f"{_TPU_DOC}: slices of whole 4x4x4 cubes are "
                                       "tori"),
                        "dcn_bandwidth": (50 * _GBPS, f"{_TPU_DOC}: 200 Gbit/s per "
-                                         "ct5p-hightpu-4t VM, 50 Gbit/s per chip")})),
+                                         "ct5p-hightpu-4t VM, 50 Gbit/s per chip"),
+                       "host_bandwidth": _PCIE_TPU})),
     Generation(
         name="v5e", pattern=r"v5 ?lite|v5e", device_kind="TPU v5 lite", libtpu="v5e",
         slices=_slices("v5e", _PLANES), single_host_chips=8,
@@ -218,7 +239,8 @@ GENERATIONS: tuple[Generation, ...] = (
                                               "link"),
                        "torus_wrap": ("16", f"{_TPU_DOC}: the 16x16 pod is a 2D torus"),
                        "dcn_bandwidth": (50 * _GBPS, f"{_TPU_DOC}: 50 Gbit/s DCN per v5e "
-                                         "chip")})),
+                                         "chip"),
+                       "host_bandwidth": _PCIE_TPU})),
     Generation(
         name="v6e", pattern=r"v6 ?lite|v6e", device_kind="TPU v6 lite", libtpu="v6e",
         slices=_slices("v6e", _PLANES), single_host_chips=8,
@@ -230,7 +252,8 @@ GENERATIONS: tuple[Generation, ...] = (
                        "ici_link_bandwidth": (9e10, f"{_BOOK}: 9e10 B/s one-way per ICI link"),
                        "torus_wrap": ("16", f"{_TPU_DOC}: the 16x16 pod is a 2D torus"),
                        "dcn_bandwidth": (100 * _GBPS, f"{_TPU_DOC}: 100 Gbit/s DCN per v6e "
-                                         "chip")})),
+                                         "chip"),
+                       "host_bandwidth": _PCIE_V6E})),
     Generation(
         name="A100", pattern=r"a100.*80", device_kind="NVIDIA A100-SXM4-80GB", servers=(1, 2, 4),
         spec=_spec(name="A100 80GB", peak_flops=312e12, memory_bytes=80 * _GB,
@@ -238,14 +261,16 @@ GENERATIONS: tuple[Generation, ...] = (
                    chips_per_host=8, links={
                        "hbm_bandwidth": (2.039e12, "NVIDIA A100 datasheet: 2039 GB/s (SXM "
                                          "80GB)"),
-                       "nvlink_bandwidth": _NVLINK_A100, "network_bandwidth": _IB_A100})),
+                       "nvlink_bandwidth": _NVLINK_A100, "network_bandwidth": _IB_A100,
+                       "host_bandwidth": _PCIE4})),
     Generation(
         name="A100 40GB", pattern=r"a100", device_kind="NVIDIA A100-SXM4-40GB",
         spec=_spec(name="A100 40GB", peak_flops=312e12, memory_bytes=40 * _GB,
                    source="NVIDIA A100 datasheet: 312 TFLOP/s dense bf16", platform="gpu",
                    chips_per_host=8, links={
                        "hbm_bandwidth": (1.555e12, "NVIDIA A100 datasheet: 1555 GB/s (40GB)"),
-                       "nvlink_bandwidth": _NVLINK_A100, "network_bandwidth": _IB_A100})),
+                       "nvlink_bandwidth": _NVLINK_A100, "network_bandwidth": _IB_A100,
+                       "host_bandwidth": _PCIE4})),
     Generation(
         name="H100 NVL", pattern=r"h100.*nvl", device_kind="NVIDIA H100 NVL",
         spec=_spec(name="H100 NVL", peak_flops=835e12, memory_bytes=94 * _GB,
@@ -253,7 +278,8 @@ GENERATIONS: tuple[Generation, ...] = (
                    "dense", platform="gpu", chips_per_host=8, links={
                        "hbm_bandwidth": (3.9e12, "NVIDIA H100 datasheet: 3.9 TB/s (NVL)"),
                        "nvlink_bandwidth": (300e9, "NVIDIA H100 datasheet: NVLink 600 GB/s "
-                                            "(both directions), so 300 GB/s one way")})),
+                                            "(both directions), so 300 GB/s one way"),
+                       "host_bandwidth": _PCIE5_H100})),
     Generation(
         name="H100 PCIe", pattern=r"h100.*pcie", device_kind="NVIDIA H100 PCIe",
         spec=_spec(name="H100 PCIe", peak_flops=756e12, memory_bytes=80 * _GB,
@@ -261,7 +287,8 @@ GENERATIONS: tuple[Generation, ...] = (
                    "dense", platform="gpu", chips_per_host=8, links={
                        "hbm_bandwidth": (2.0e12, "NVIDIA H100 datasheet: 2 TB/s (PCIe)"),
                        "nvlink_bandwidth": (300e9, "NVIDIA H100 datasheet: NVLink bridge 600 "
-                                            "GB/s (both directions), so 300 GB/s one way")})),
+                                            "GB/s (both directions), so 300 GB/s one way"),
+                       "host_bandwidth": _PCIE5_H100})),
     Generation(
         name="H100", pattern=r"h100", device_kind="NVIDIA H100 80GB HBM3", servers=(1, 2, 4),
         spec=_spec(name="H100 SXM", peak_flops=989e12, memory_bytes=80 * _GB,
@@ -271,7 +298,8 @@ GENERATIONS: tuple[Generation, ...] = (
                        "nvlink_bandwidth": (450e9, "NVIDIA H100 datasheet: NVLink 900 GB/s "
                                             "(both directions), so 450 GB/s one way"),
                        "network_bandwidth": (400 * _GBPS, "NVIDIA DGX H100 datasheet: one 400 "
-                                             "Gbit/s NDR InfiniBand port per GPU")})),
+                                             "Gbit/s NDR InfiniBand port per GPU"),
+                       "host_bandwidth": _PCIE5_H100})),
     Generation(
         name="H200", pattern=r"h200", device_kind="NVIDIA H200", servers=(1, 2, 4),
         spec=_spec(name="H200", peak_flops=989e12, memory_bytes=141 * _GB,
@@ -281,7 +309,9 @@ GENERATIONS: tuple[Generation, ...] = (
                        "nvlink_bandwidth": (450e9, "NVIDIA H200 datasheet: NVLink 900 GB/s "
                                             "(both directions), so 450 GB/s one way"),
                        "network_bandwidth": (400 * _GBPS, "NVIDIA DGX H200 datasheet: one 400 "
-                                             "Gbit/s InfiniBand port per GPU")})),
+                                             "Gbit/s InfiniBand port per GPU"),
+                       "host_bandwidth": (64e9, "NVIDIA H200 datasheet: PCIe Gen5 128 GB/s "
+                                          "(both directions), so 64 GB/s one way")})),
     Generation(
         name="B200", pattern=r"b200", device_kind="NVIDIA B200", servers=(1, 2, 4),
         spec=_spec(name="B200", peak_flops=2250e12, memory_bytes=180 * _GB,

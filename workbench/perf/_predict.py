@@ -15,7 +15,11 @@ Formulas and their sources are in docs/predictions.md. In short, per device and 
     comm      = sum of collective times (ring formulas below, per mesh axis bandwidth)
     exposed   = the collectives on the critical path (``exposed_axes``: tensor-parallel
                 traffic, whose result the next matmul waits for)
+    host      = the offloaded activations' trips to host memory and back that the compute
+                scheduled beside them does not hide (``workbench.perf._host``: read from the
+                compiled HLO, timed at the chip's host-link bandwidth)
     step      = local + exposed + (comm - exposed) - overlap * min(local, comm - exposed)
+                + host
 
 Ring formulas (n devices in the group, b bytes of the result per device, W bytes/s each
 device can send in one direction summed over the links the ring uses):
@@ -36,6 +40,7 @@ from workbench.hardware._effective import EffectiveSpec, effective_spec
 from workbench._mesh import MeshInfo, mesh_info
 from workbench.perf._bounds import implausible
 from workbench.perf._hlo import Collective
+from workbench.perf._host import HostTime
 
 __all__ = ["CollectiveTime", "Prediction", "collective_seconds", "predict"]
 
@@ -88,8 +93,11 @@ class Prediction:
       tokens_per_s: tokens per step / step time; None without tokens.
       bound: "compute", "memory" or "communication": the largest term.
       breakdown: seconds per term: "compute", "memory", "communication" (after overlap),
-        "communication_total" (before), "no_overlap_step" (upper bound), and
-        "collectives": a tuple of ``CollectiveTime``.
+        "communication_total" (before), "host_transfers" (the offloaded activations'
+        host-link time not hidden behind compute; 0 without offload), "host_link" (the
+        host link's busy time per step), "no_overlap_step" (upper bound), the bytes per
+        step "host_bytes_to_host" and "host_bytes_to_device", and "collectives": a
+        tuple of ``CollectiveTime``.
       sources: where each number comes from, by name ("flops", "bytes", "peak_flops",
         "hbm_bandwidth", "overlap", "mfu", "compiler_seconds").
       compiler_seconds: the TPU compiler's own estimate (``optimal_seconds`` of its cost
@@ -128,6 +136,11 @@ class Prediction:
                  f"  compute {b['compute'] * 1e3:.3g} ms, HBM {b['memory'] * 1e3:.3g} ms, "
                  f"communication {b['communication_total'] * 1e3:.3g} ms "
                  f"({b['communication'] * 1e3:.3g} ms not overlapped)"]
+        if b.get("host_link"):
+            lines.append(f"  host transfers {b['host_transfers'] * 1e3:.3g} ms not hidden, of "
+                         f"{b['host_link'] * 1e3:.3g} ms on the host link "
+                         f"({b['host_bytes_to_host'] / 1e9:.3g} GB to host, "
+                         f"{b['host_bytes_to_device'] / 1e9:.3g} GB back)")
         if b.get("roofline_local") is not None and b["local"] != b["roofline_local"]:
             lines.insert(1, f"  local work {b['local'] * 1e3:.3g} ms by the compiler's "
                             f"estimates (roofline {b['roofline_local'] * 1e3:.3g} ms)")
@@ -281,8 +294,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
             flops_source: str = "compiled cost analysis",
             bytes_source: str = "compiled cost analysis",
             sync_exposed: bool = False, compute_seconds: float | None = None,
-            compute_source: str = "", calibration: Calibration | bool | None = None
-            ) -> Prediction:
+            compute_source: str = "", calibration: Calibration | bool | None = None,
+            host: HostTime | None = None, host_source: str = "") -> Prediction:
     """Predict one training step's time, MFU and throughput (a roofline).
 
     Args:
@@ -317,6 +330,9 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         clock, plus kernels it does not model): replaces the roofline's
         ``max(compute, memory)``, which stays in the breakdown (``roofline_local``) as
         the ideal; ``compute_source`` says where it comes from.
+      host: the step's host transfers, timed (``workbench.perf._host.host_seconds``): its
+        exposed seconds add to the step; None: nothing moves to host memory.
+        ``host_source`` says why when there is no timing (no host-link bandwidth).
       calibration: a ``Calibration`` to apply to a ``hardware`` that is not an
         ``EffectiveSpec``; None or False: none. ``predict`` never reads a stored
         calibration: ``effective_spec(mesh)`` does, for the caller that asks (as
@@ -364,7 +380,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     t_exposed = sum(t.seconds for t, c in zip(times, crit) if c)
     t_free = t_comm - t_exposed
     hidden = overlap * min(t_local, t_free)
-    step = t_local + t_comm - hidden
+    t_host = host.exposed_seconds if host is not None else 0.0
+    step = t_local + t_comm - hidden + t_host
     frac = hidden / t_free if t_free else 0.0
     times = [dataclasses.replace(t, overlap=0.0 if c else frac) for t, c in zip(times, crit)]
     terms = {"compute": t_compute, "memory": t_memory, "communication": t_comm - hidden}
@@ -382,8 +399,13 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         tokens_per_s=tokens_per_step / step if tokens_per_step and step > 0 else None,
         bound=bound,
         breakdown={**terms, "local": t_local, "roofline_local": t_roofline,
-                   "communication_total": t_comm,
-                   "no_overlap_step": t_local + t_comm,
+                   "communication_total": t_comm, "host_transfers": t_host,
+                   "host_link": host.link_seconds if host is not None else 0.0,
+                   "host_bytes_to_host": host.to_host_bytes if host is not None else 0.0,
+                   "host_bytes_to_device": host.to_device_bytes if host is not None else 0.0,
+                   "no_overlap_step": t_local + t_comm + (
+                       (host.to_host_bytes + host.to_device_bytes) / host.bandwidth
+                       if host is not None else 0.0),
                    "collectives": tuple(times)},
         sources={"flops": flops_source, "bytes": bytes_source, "peak_flops": spec.source,
                  "hbm_bandwidth": spec.source_of("hbm_bandwidth"),
@@ -392,6 +414,7 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                  "overlap": _overlap_source(overlap_src, exposed_axes if t_exposed else (),
                                             sync_exposed),
                  "mfu": "model FLOPs / (step time x devices x peak FLOP/s per device)",
+                 "host_transfers": _host_source(host, host_source),
                  "compiler_seconds": ("TPU compiler cost analysis (optimal_seconds)"
                                       if compiler_seconds is not None else "none")
                  + compiler_note,
@@ -400,6 +423,15 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                      "its own roofline, MFU at most the published envelope")}
         | ({"calibration": cal.source} if cal else {}),
         compiler_seconds=compiler_seconds, implausible=flagged)
+
+
+def _host_source(host: HostTime | None, why: str) -> str:
+    """Where the host-transfer term comes from."""
+    if host is None:
+        return why or "none: the compiled step moves nothing to host memory"
+    return (f"the compiled HLO's transfers to and from host memory (S(5)): "
+            f"{host.transfers} instructions, {host.asynchronous} asynchronous; "
+            f"{host.formula}; host-link bandwidth: {host.source}")
 
 
 def _effective(hardware: EffectiveSpec | HardwareSpec | str | None,

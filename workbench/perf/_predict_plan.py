@@ -8,11 +8,13 @@ file or looks a calibration up.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from workbench.hardware._effective import EffectiveSpec
 from workbench.models._config import REMAT_POLICIES
 from workbench.perf._analytic import batch_axes, weight_axes
+from workbench.perf._host import HostTime, host_seconds
 from workbench.perf._predict import Prediction, predict
 
 __all__ = ["UNDERCOUNT", "predict_plan"]
@@ -33,7 +35,10 @@ def predict_plan(report: Any, spec: EffectiveSpec, *, overlap: float | None = No
     own (:func:`_undercounted_flops`): then the formulas'. A fused attention kernel's FLOPs
     (``report.kernel_flops``) are added by formula. A TPU-compiled plan on its own chip
     (``spec.for_mesh``) times its local work with the TPU compiler's cycle estimates at
-    the chip's clock; the roofline stays in the breakdown.
+    the chip's clock; the roofline stays in the breakdown. Activations offloaded to host
+    memory (``report.host_traffic``, read from the compiled HLO) add what their trips over
+    the chip's host link (``host_bandwidth``) leave exposed beside the compute the
+    compiler scheduled around them (``workbench.perf._host.host_seconds``).
 
     Args:
       report: the plan's ``PlanReport``.
@@ -59,9 +64,9 @@ def predict_plan(report: Any, spec: EffectiveSpec, *, overlap: float | None = No
     flops = (cost["flops"] + kernel / split) if compiled else \
         (report.model_flops + report.flops.recompute - attn + kernel + report.padding_flops) \
         / split * report.pipeline_factor
-    compute_seconds, compute_source = _compiler_compute(report, spec, kernel,
-                                                        flops - kernel / split) \
-        if spec.for_mesh else (None, "")
+    compute_seconds, compute_source, t_kernel = _compiler_compute(
+        report, spec, kernel, flops - kernel / split) if spec.for_mesh else (None, "", 0.0)
+    host, host_why = _host_time(report, spec, t_kernel)
     return predict(
         flops=flops,
         bytes_accessed=cost["bytes accessed"] if compiled else report.hbm_bytes_estimate,
@@ -78,21 +83,49 @@ def predict_plan(report: Any, spec: EffectiveSpec, *, overlap: float | None = No
         + (f"; + the {report.attention.split(':')[0]} kernel's FLOPs by formula "
            "(attention_cost.kernel_flops: cost analysis does not count Pallas kernels)"
            if kernel else ""),
-        sync_exposed=report.source == "tpu-compiler",
+        sync_exposed=report.source == "tpu-compiler", host=host, host_source=host_why,
         bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
 
 
+def _host_time(report: Any, spec: EffectiveSpec, kernel_seconds: float
+               ) -> tuple[HostTime | None, str]:
+    """The step's host transfers timed at the chip's host-link bandwidth, or (None, why)
+    when nothing moves to host memory or the table has no host link. ``kernel_seconds``:
+    the Pallas kernels' time per step, spread evenly over their calls as compute the
+    transfers can hide behind."""
+    traffic = getattr(report, "host_traffic", None)
+    if not traffic:
+        return None, ""
+    chip = spec.spec
+    up, down = traffic.to_host_bytes, traffic.to_device_bytes
+    if not chip.host_bandwidth:
+        return None, (f"not timed: {chip.name} has no host-link bandwidth in the hardware "
+                      f"table ({up / 1e9:.3g} GB to host and {down / 1e9:.3g} GB back per "
+                      "step)")
+    clock = chip.clock_hz or spec.table.clock_hz
+    per_call = kernel_seconds / traffic.kernel_calls if traffic.kernel_calls else 0.0
+    if not clock:   # no cycles to place the compute: nothing is assumed hidden
+        t = host_seconds(traffic, bandwidth=chip.host_bandwidth, clock_hz=1.0,
+                         source=chip.source_of("host_bandwidth"))
+        return dataclasses.replace(t, exposed_seconds=t.link_seconds, hidden_seconds=0.0,
+                                   formula=t.formula + "; no clock: counted in full"), ""
+    return host_seconds(traffic, bandwidth=chip.host_bandwidth, clock_hz=clock,
+                        kernel_seconds=per_call,
+                        source=chip.source_of("host_bandwidth")), ""
+
+
 def _compiler_compute(report: Any, spec: EffectiveSpec, kernel: float, other_flops: float
-                      ) -> tuple[float | None, str]:
+                      ) -> tuple[float | None, str, float]:
     """The local work of a step timed by the TPU compiler's cycle estimates at the chip's
     clock (the uncalibrated entry's: ``spec.table``), plus the Pallas kernels' FLOPs
     (``kernel``, all devices) at the efficiency the compiler's cycles give the rest of the
-    step's FLOPs (``other_flops``, per device); (None, "") when there are no cycles (not
-    TPU-compiled, or no clock for this chip in the hardware table)."""
+    step's FLOPs (``other_flops``, per device), and the kernels' seconds alone;
+    (None, "", 0.0) when there are no cycles (not TPU-compiled, or no clock for this chip
+    in the hardware table)."""
     cycles, n = report.compiler_cycles
     chip = spec.table if cycles else None
     if chip is None or not chip.clock_hz:
-        return None, ""
+        return None, "", 0.0
     t_cycles = cycles / chip.clock_hz
     t_unknown, unknown_why = _unestimated_seconds(report, chip)
     t_cycles += t_unknown
@@ -107,7 +140,7 @@ def _compiler_compute(report: Any, spec: EffectiveSpec, kernel: float, other_flo
         why += (f"; + the {report.attention.split(':')[0]} kernel's FLOPs at that "
                 f"efficiency, {t_kernel:.3g} s (the compiler does not model Pallas "
                 "kernels)")
-    return t_cycles + t_kernel, why
+    return t_cycles + t_kernel, why, t_kernel
 
 
 def _unestimated_seconds(report: Any, chip: Any) -> tuple[float, str]:

@@ -21,6 +21,7 @@ from workbench.perf._analytic import compute_split, moe_padding_flops
 from workbench.perf._attention_cost import kernel_flops
 from workbench.perf._hlo import (Collective, compiler_cycles, loop_trip_counts,
                                     unestimated_instructions)
+from workbench.perf._host import HostTraffic, host_traffic
 from workbench.planning._lints import Lint
 from workbench.perf._predict import Prediction
 from workbench.perf._predict_plan import predict_plan
@@ -60,7 +61,8 @@ class CompiledNumbers:
         if values is not None:
             self.__dict__.update(cost=dict(values["cost"]), loops=dict(values["loops"]),
                                  cycles=tuple(values["cycles"]),
-                                 unknown=[tuple(u) for u in values.get("unknown", [])])
+                                 unknown=[tuple(u) for u in values.get("unknown", [])],
+                                 host=HostTraffic.from_dict(values.get("host")))
 
     @functools.cached_property
     def cost(self) -> dict[str, float]:
@@ -86,10 +88,18 @@ class CompiledNumbers:
         return [(u.name, u.bytes, u.count)
                 for u in unestimated_instructions(self._compiled.as_text())]
 
+    @functools.cached_property
+    def host(self) -> HostTraffic:
+        """What the step moves between device and host memory (activations a remat
+        policy offloads), with the schedule around it (``perf._host.host_traffic``);
+        empty off TPU."""
+        return host_traffic(self._compiled.as_text()) if self._tpu else HostTraffic()
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly values (reads them all)."""
         return {"cost": dict(self.cost), "loops": dict(self.loops),
-                "cycles": list(self.cycles), "unknown": [list(u) for u in self.unknown]}
+                "cycles": list(self.cycles), "unknown": [list(u) for u in self.unknown],
+                "host": self.host.to_dict()}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
@@ -188,6 +198,15 @@ class PlanReport:
         """``{loop body: trip count}`` of the compiled program's while loops (scanned
         layers); empty when analytic or unrolled."""
         return {} if self.compiled_numbers is None else self.compiled_numbers.loops
+
+    @property
+    def host_traffic(self) -> HostTraffic:
+        """What one step moves between device and host memory (``HostTraffic``: bytes
+        each way, the transfers, their schedule), read from the TPU-compiled HLO; empty
+        when nothing is offloaded or the plan was not TPU-compiled."""
+        if self.compiled_numbers is None or self.source != "tpu-compiler":
+            return HostTraffic()
+        return self.compiled_numbers.host
 
     @functools.cached_property
     def compiler_cycles(self) -> tuple[int, int]:

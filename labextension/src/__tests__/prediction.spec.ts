@@ -1,4 +1,5 @@
 import {
+  describeTerms,
   fmtRatio,
   parsePrediction,
   predictionHint,
@@ -71,6 +72,18 @@ describe('measured against predicted', () => {
     expect(versus('mfu', null, p)?.text).toBe('pred. 30.0%');
     expect(versus('step_time', 0.03, null)).toBeNull();
     expect(versus('step_time', 0.03, parsePrediction({ mfu: 0.3 }))).toBeNull();
+  });
+
+  it('lists the terms, the host transfers only where something is offloaded', () => {
+    const p = parsePrediction({
+      step_seconds: 4, breakdown: { compute: 3, memory: 1, communication: 0.2,
+        host_transfers: 0.5, host_link: 1.5 }
+    });
+    expect(p && describeTerms(p)).toBe('compute 3.00 s · HBM 1.00 s · communication 200 ms ' +
+      'not hidden · host transfers 500 ms not hidden (of 1.50 s on the host link)');
+    expect(versus('step_time', 4, p)?.title).toContain('host transfers 500 ms not hidden');
+    const none = parsePrediction({ step_seconds: 4, breakdown: { compute: 3, host_link: 0 } });
+    expect(none && describeTerms(none)).toBe('compute 3.00 s');
   });
 
   it('hints at a prediction in the runs list, and at nothing without one', () => {

@@ -42,6 +42,8 @@ function predicted(p) {
   if (!pr) return el("div", { class: "wb-note", text: "no prediction: the hardware table lacks this device's numbers" });
   const b = pr.breakdown;
   const terms = [["compute", b.compute], ["HBM traffic", b.memory], ["communication", b.communication_total]];
+  // activations offloaded to host memory: their trips over the host link (PCIe)
+  if (b.host_link) terms.push(["host transfers", b.host_link]);
   // a TPU-compiled plan: local work timed by the compiler's own cycle estimates
   const byCompiler = b.roofline_local !== undefined && b.local !== b.roofline_local;
   if (byCompiler) terms.unshift(["local work (TPU compiler's cycles)", b.local]);
@@ -54,6 +56,8 @@ function predicted(p) {
     el("span", { class: "wb-pred-name", text: name }),
     el("span", { class: "wb-pred-bar", style: { width: `${Math.max(1, (t / top) * 240)}px` },
       title: name === "communication" ? `${fmtSeconds(b.communication)} not hidden behind compute (${pr.sources.overlap})`
+        : name === "host transfers" ? `${fmtSeconds(b.host_transfers)} not hidden behind compute: `
+          + `${fmtBytes(b.host_bytes_to_host)} to host and ${fmtBytes(b.host_bytes_to_device)} back per step (${pr.sources.host_transfers})`
         : name.startsWith("local work") ? pr.sources.local
         : pr.sources[name === "compute" ? "flops" : "bytes"] + (byCompiler ? " (the roofline's ideal)" : "") }),
     el("span", { class: "wb-pred-value", text: fmtSeconds(t) }),
