@@ -37,8 +37,7 @@ def qwen3_06b() -> Any:
 
 #: The config.json fields that set the size of each small released model notebook 13 suits
 #: (as published on the Hub; the fields workbench ignores left out). All are bfloat16 with
-#: tied embeddings. Llama-3.2-1B's rope_scaling ("llama3") holds no weights: the memory is
-#: planned without it (:func:`released_config`).
+#: tied embeddings (Llama-3.2-1B with Llama 3's RoPE scaling, which holds no weights).
 RELEASED: dict[str, dict[str, Any]] = {
     "HuggingFaceTB/SmolLM2-135M-Instruct": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
@@ -76,8 +75,7 @@ RELEASED: dict[str, dict[str, Any]] = {
 
 
 def released_config(repo_id: str) -> Any:
-    """The ``GPTConfig`` ``wb.hf.hf_config`` reads from ``RELEASED[repo_id]``'s config.json
-    (less ``rope_scaling``: it changes no shape, and Llama 3's is not implemented here)."""
+    """The ``GPTConfig`` ``wb.hf.hf_config`` reads from ``RELEASED[repo_id]``'s config.json."""
     import json
     import tempfile
     from pathlib import Path
@@ -85,8 +83,7 @@ def released_config(repo_id: str) -> Any:
     import workbench as wb
 
     with tempfile.TemporaryDirectory() as d:
-        fields = {k: v for k, v in RELEASED[repo_id].items() if k != "rope_scaling"}
-        (Path(d) / "config.json").write_text(json.dumps(fields))
+        (Path(d) / "config.json").write_text(json.dumps(RELEASED[repo_id]))
         return wb.hf.hf_config(d)
 
 

@@ -130,6 +130,39 @@ def test_bf16_and_f16_checkpoints_load_exactly(tmp_path):
                                       np.asarray(m16.embed[...]).astype(np.float32))
 
 
+#: Llama 3's RoPE scaling (Llama 3.1 / 3.2: factor 32 over 8192 positions), here over 32
+#: positions so that a head of 16 has frequencies in all three bands (kept, blended,
+#: stretched).
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+
+
+def test_llama3_rope_scaling_equals_transformers(tmp_path):
+    """Reference: transformers' Llama with the same rope_scaling (its
+    _compute_llama3_parameters), on import and on the exported folder read back."""
+    import torch
+    import transformers
+
+    ref = make_model("llama", rope_scaling=dict(LLAMA3_ROPE))
+    want, _ = reference(ref, new=1)
+    plain, _ = reference(make_model("llama"), new=1)
+    assert not np.allclose(plain, want, rtol=1e-3, atol=1e-3)   # the scaling matters here
+    model = wb.hf.from_hf(save(ref, tmp_path / "in"), mesh=_mesh(data=8))
+    assert model.cfg.rope_scaling == (8.0, 1.0, 4.0, 32)
+    assert_close_at_scale(logits(model), want, rtol=RTOL)
+    out = wb.hf.to_hf(model, tmp_path / "out")
+    assert wb.hf.hf_config(out) == wb.hf.hf_config(tmp_path / "in")
+    back = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert_close_at_scale(reference(back, new=1)[0], want, rtol=RTOL)
+    cfg = model.cfg
+    assert wb.models.GPTConfig(**{**cfg.to_dict(), "rope_scaling": [8, 1, 4, 32]}) == cfg
+    assert "rope_scaling" not in cfg.replace(rope_scaling=None).to_dict()   # old hashes kept
+    for bad, error in ((8.0, TypeError), ((8.0, 1.0, 4.0), TypeError),
+                       ((0.0, 1.0, 4.0, 32), ValueError), ((8.0, 1.0, 4.0, 0), ValueError)):
+        with pytest.raises(error, match="rope_scaling"):
+            cfg.replace(rope_scaling=bad)
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen2_moe", "mixtral"])
 def test_export_round_trip_is_bitwise_and_transformers_reads_it(hf, family, tmp_path):
     import torch
@@ -324,9 +357,17 @@ def test_unknown_architecture_and_fields(hf, tmp_path):
     _edit_config(d, architectures=["LlamaForCausalLM"], fancy_gate=True)
     with pytest.raises(HFConfigError, match=r"\['fancy_gate'\].*ignore_fields"):
         wb.hf.from_hf(d)
-    _edit_config(d, fancy_gate=None, rope_parameters={"rope_type": "llama3",
-                                                      "rope_theta": 5e5})
-    with pytest.raises(HFConfigError, match="rope_type='llama3'"):
+    _edit_config(d, fancy_gate=None, rope_parameters={"rope_type": "yarn", "rope_theta": 5e5})
+    with pytest.raises(HFConfigError, match="rope_type='yarn' .*not implemented"):
+        wb.hf.from_hf(d, ignore_fields=["fancy_gate"])
+    _edit_config(d, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0})
+    with pytest.raises(HFConfigError, match=r"rope_type 'llama3' without \['low_freq_factor', "
+                       r"'high_freq_factor', 'original_max_position_embeddings'\]"):
+        wb.hf.from_hf(d, ignore_fields=["fancy_gate"])
+    _edit_config(d, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                                     "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+                                     "original_max_position_embeddings": 32})
+    with pytest.raises(HFConfigError, match="high_freq_factor=1.0 must be larger"):
         wb.hf.from_hf(d, ignore_fields=["fancy_gate"])
 
 

@@ -35,10 +35,8 @@
 # projections. Shorter sequences need less: the activations of 1024 tokens are a large
 # part of the LoRA column. The 8 simulated devices below share that same RAM; the plan
 # cell prints what each of them holds (together more than one device would hold:
-# some tensors are copied on several). Two caveats: Llama 3.2 is gated (accept its
-# licence on its Hub page, then `hf auth login`), and its `config.json` asks for Llama 3's
-# RoPE scaling, which `from_hf` does not implement yet: it refuses the model and says so
-# (its row is the plan, for when it does).
+# some tensors are copied on several). Llama 3.2 is gated: accept its licence on its Hub
+# page, then log in (`hf auth login`) before the first download.
 #
 # The first run downloads the model into the Hugging Face cache (`~/.cache/huggingface`,
 # shared with `transformers`); every later run reads it from there, and with

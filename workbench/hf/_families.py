@@ -131,16 +131,36 @@ def family_of(hf: Mapping[str, Any], where: str = "config.json") -> str:
 
 def _rope_theta(hf: Mapping[str, Any], where: str) -> float:
     rp = _field(hf, "rope_parameters", where, "dict", default={})
-    scaling = _field(hf, "rope_scaling", where, "dict", default={})
-    kind = rp.get("rope_type", "default") if rp else scaling.get(
-        "rope_type", scaling.get("type", "default"))
-    if kind != "default":
-        raise HFConfigError(
-            f"{where}: rope_type={kind!r} (RoPE scaling) is not implemented here; only plain "
-            "RoPE ('default') is. Use a checkpoint without rope scaling")
     theta = _field(hf, "rope_theta", where, "float", default=10000.0, minimum=0)
     return _field(rp, "rope_theta", f"{where} rope_parameters", "float", default=theta,
                   minimum=0)
+
+
+#: The ``rope_scaling`` fields of Llama 3's RoPE scaling, in ``GPTConfig.rope_scaling``'s order.
+LLAMA3_ROPE = ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings")
+
+
+def _rope_scaling(hf: Mapping[str, Any], where: str) -> tuple[Any, ...] | None:
+    """``GPTConfig.rope_scaling`` of a config.json: None for plain RoPE, Llama 3's four
+    numbers for ``rope_type: "llama3"`` (``rope_parameters`` in transformers 5,
+    ``rope_scaling`` before); any other scaling is refused by name."""
+    rp = _field(hf, "rope_parameters", where, "dict", default={})
+    scaling = _field(hf, "rope_scaling", where, "dict", default={})
+    src, name = (rp, "rope_parameters") if rp.get("rope_type", "default") != "default" \
+        else (scaling, "rope_scaling")
+    kind = src.get("rope_type", src.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise HFConfigError(
+            f"{where}: rope_type={kind!r} (RoPE scaling) is not implemented here; plain RoPE "
+            "('default') and Llama 3's ('llama3') are. Use a checkpoint without this scaling")
+    missing = [f for f in LLAMA3_ROPE if src.get(f) is None]
+    if missing:
+        raise HFConfigError(f"{where}: {name} has rope_type 'llama3' without {missing}; "
+                            f"Llama 3's RoPE scaling needs {list(LLAMA3_ROPE)}")
+    return tuple(src[f] for f in LLAMA3_ROPE)
 
 
 def _refuse(where: str, field: str, value: Any, why: str) -> None:
@@ -198,7 +218,7 @@ def to_gpt_config(hf: Mapping[str, Any], *, where: str = "config.json",
         seq_len=min(max_pos, MAX_DEFAULT_SEQ, window or max_pos),
         dtype=dt, param_dtype=dt,
         tie_embeddings=_field(hf, "tie_word_embeddings", where, "bool", default=False),
-        rope_theta=_rope_theta(hf, where),
+        rope_theta=_rope_theta(hf, where), rope_scaling=_rope_scaling(hf, where),
         norm_eps=_field(hf, "rms_norm_eps", where, "float", default=1e-6, minimum=0),
         qkv_bias=fam == "qwen2" or (fam == "qwen2_moe" and _field(
             hf, "qkv_bias", where, "bool", default=True)),
@@ -286,7 +306,8 @@ def family_for(cfg: GPTConfig) -> str:
 
 #: ``GPTConfig`` fields that decide the tensors and the math of an exported model.
 _ARCH_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                "tie_embeddings", "rope_theta", "norm_eps", "n_experts", "experts_per_token",
+                "tie_embeddings", "rope_theta", "rope_scaling", "norm_eps", "n_experts",
+                "experts_per_token",
                 "n_shared_experts", "router_norm_topk", "qkv_bias", "qk_norm",
                 "shared_expert_gate", "sliding_window")
 
@@ -384,6 +405,10 @@ def from_gpt_config(cfg: GPTConfig, *, family: str | None = None,
                           "rope_theta": cfg.rope_theta,
                           "tie_word_embeddings": cfg.tie_embeddings,
                           "dtype": cfg.param_dtype}
+    if cfg.rope_scaling is not None:   # Llama 3's, as transformers 5 and 4 read it
+        llama3 = {"rope_type": "llama3", **dict(zip(LLAMA3_ROPE, cfg.rope_scaling, strict=True))}
+        hf["rope_parameters"] = {"rope_theta": cfg.rope_theta, **llama3}
+        hf["rope_scaling"] = llama3
     if fam in ("llama", "qwen3", "qwen3_moe"):
         hf["attention_bias"] = False
     if fam == "mistral" or fam == "mixtral":

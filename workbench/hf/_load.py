@@ -246,7 +246,8 @@ def _arch(cfg: GPTConfig) -> tuple[Any, ...]:
             cfg.head_dim, cfg.d_ff if not cfg.n_experts else None, cfg.tie_embeddings,
             cfg.rope_theta, cfg.norm_eps, cfg.n_experts, cfg.experts_per_token,
             cfg.moe_d_ff if cfg.n_experts else None, cfg.n_shared_experts,
-            cfg.router_norm_topk, cfg.qkv_bias, cfg.qk_norm, cfg.shared_expert_gate)
+            cfg.router_norm_topk, cfg.qkv_bias, cfg.qk_norm, cfg.shared_expert_gate,
+            cfg.rope_scaling)
 
 
 def check_matches(path: str | Path, cfg: GPTConfig) -> None:
@@ -256,7 +257,7 @@ def check_matches(path: str | Path, cfg: GPTConfig) -> None:
     names = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
              "d_ff", "tie_embeddings", "rope_theta", "norm_eps", "n_experts",
              "experts_per_token", "moe_d_ff", "n_shared_experts", "router_norm_topk",
-             "qkv_bias", "qk_norm", "shared_expert_gate")
+             "qkv_bias", "qk_norm", "shared_expert_gate", "rope_scaling")
     for a, b, name in zip(_arch(cfg), _arch(want), names, strict=False):
         if a != b:
             raise ValueError(f"the model config has a different architecture than {path}: "

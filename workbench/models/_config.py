@@ -155,6 +155,26 @@ def resolve_dtype(dtype: str, platform: str) -> tuple[str, str]:
     return dt, f"auto: {dt} on {platform}"
 
 
+def _rope_scaling(value: Any) -> tuple[float, float, float, int] | None:
+    """``GPTConfig.rope_scaling`` checked: None, or Llama 3's ``(factor, low_freq_factor,
+    high_freq_factor, original_max_position)`` as a tuple (a list from JSON accepted)."""
+    if value is None:
+        return None
+    fix = ("give None (plain RoPE) or Llama 3's (factor, low_freq_factor, high_freq_factor, "
+           "original_max_position), e.g. (32.0, 1.0, 4.0, 8192)")
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (tuple, list)) or \
+            len(value) != 4:
+        raise TypeError(f"GPTConfig.rope_scaling={value!r:.80} is not four numbers; {fix}")
+    factor, low, high = (check_float(v, n, positive=True, where="GPTConfig.rope_scaling: ")
+                         for v, n in zip(value[:3], ("factor", "low_freq_factor",
+                                                     "high_freq_factor"), strict=True))
+    old = check_int(value[3], "GPTConfig.rope_scaling original_max_position")
+    if not high > low:
+        raise ValueError(f"GPTConfig.rope_scaling={tuple(value)!r}: high_freq_factor={high} "
+                         f"must be larger than low_freq_factor={low}; {fix}")
+    return (float(factor), float(low), float(high), old)
+
+
 def _float_dtype(value: Any, name: str) -> str:
     """The name of a floating-point dtype, or an error saying which ones work."""
     if name == "GPTConfig.dtype" and isinstance(value, str) and value == "auto":
@@ -393,6 +413,12 @@ class GPTConfig:
             small and moe-tiny stay unrolled): pass ``scan_layers=False`` to
             :meth:`preset` for their unrolled form (paths ``blocks.0...``).
         rope_theta: RoPE base frequency.
+        rope_scaling: None (plain RoPE), or Llama 3's RoPE scaling as four numbers
+            ``(factor, low_freq_factor, high_freq_factor, original_max_position)``
+            (``config.json``'s ``rope_scaling`` with ``rope_type: "llama3"``, e.g.
+            Llama 3.1 / 3.2: ``(32.0, 1.0, 4.0, 8192)``): the low frequencies are divided
+            by ``factor``, the high ones kept, those between blended
+            (:func:`workbench.models._layers.rope_frequencies`).
         norm_eps: RMSNorm epsilon.
         n_experts: routed experts per MoE block (0: a dense SwiGLU MLP in every block);
             :mod:`workbench.models._moe`.
@@ -469,6 +495,7 @@ class GPTConfig:
     shared_expert_gate: bool = False
     sliding_window: int | None = None
     lora: Any = None
+    rope_scaling: tuple[float, float, float, int] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -518,6 +545,7 @@ class GPTConfig:
             set_(self, "sliding_window", check_int(self.sliding_window,
                                                    "GPTConfig.sliding_window"))
         self._check_moe()
+        set_(self, "rope_scaling", _rope_scaling(self.rope_scaling))
         if self.lora is not None:
             self.lora.check_model(self)
 
@@ -616,6 +644,10 @@ class GPTConfig:
             del d["lora"]
         else:
             d["lora"] = self.lora.to_dict()
+        if self.rope_scaling is None:   # likewise: plain-RoPE configs keep their hash
+            del d["rope_scaling"]
+        else:
+            d["rope_scaling"] = list(self.rope_scaling)
         return d
 
     @property

@@ -13,6 +13,7 @@ F d_ff.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from workbench.models._config import GPTConfig
 from workbench._rules import constrain
 
 __all__ = ["MLP", "Attention", "Init", "KVCache", "RMSNorm", "Segments", "fan_in_init", "param",
-           "rope"]
+           "rope", "rope_frequencies"]
 
 Init = Callable[..., jax.Array]
 #: Packed rows: ``(segment_ids, positions)``, int32 (B, T) each (``workbench.data._packing``).
@@ -124,17 +125,42 @@ class RMSNorm(nnx.Module):
         return (normed * self.scale[...].astype(jnp.float32)).astype(self.dtype)
 
 
-def rope(x: jax.Array, theta: float, positions: jax.Array | None = None) -> jax.Array:
+def rope_frequencies(head_dim: int, theta: float,
+                     scaling: tuple[float, float, float, int] | None = None) -> jax.Array:
+    """RoPE's inverse frequencies ``theta ** (-2i / head_dim)``, (head_dim / 2,) float32.
+
+    ``scaling``: Llama 3's ``(factor, low_freq_factor, high_freq_factor,
+    original_max_position)`` (``GPTConfig.rope_scaling``), as transformers'
+    ``_compute_llama3_parameters`` applies it: wavelengths longer than
+    ``original_max_position / low_freq_factor`` are stretched by ``factor``, those shorter
+    than ``original_max_position / high_freq_factor`` kept, and those between blended
+    linearly in ``original_max_position / wavelength``.
+    """
+    inv_freq = 1.0 / theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    if scaling is None:
+        return inv_freq
+    factor, low, high, old = scaling
+    wavelen = 2 * math.pi / inv_freq
+    stretched = jnp.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    blended = (1 - smooth) * stretched / factor + smooth * stretched
+    between = (wavelen >= old / high) & (wavelen <= old / low)
+    return jnp.where(between, blended, stretched)
+
+
+def rope(x: jax.Array, theta: float, positions: jax.Array | None = None, *,
+         scaling: tuple[float, float, float, int] | None = None) -> jax.Array:
     """Rotary position embedding on ``x`` of shape (B, T, heads, H), rotate-half form.
 
     ``positions`` (T,): the global position of each row (default ``arange(T)``; the
     zig-zag order under context parallelism, :func:`workbench.models._context.positions`);
-    or (B, T): each token's position within its document (packed rows).
+    or (B, T): each token's position within its document (packed rows). ``scaling``: Llama
+    3's RoPE scaling (:func:`rope_frequencies`), None for plain RoPE.
     """
     theta = _check_rope(x, theta, positions)
     _, t, _, h = x.shape
     pos = jnp.arange(t) if positions is None else positions
-    inv_freq = 1.0 / theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h)   # (H/2,)
+    inv_freq = rope_frequencies(h, theta, scaling)                            # (H/2,)
     angles = pos.astype(jnp.float32)[..., None] * inv_freq                  # ([B,] T, H/2)
     if angles.ndim == 2:
         angles = angles[None]                                                # (1, T, H/2)
@@ -196,6 +222,7 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(h, **norm) if cfg.qk_norm else None
         self.window = cfg.sliding_window
         self.theta, self.dtype = cfg.rope_theta, cfg.dtype
+        self.rope_scaling = cfg.rope_scaling
         self.impl, self.block_sizes = cfg.attention, cfg.attention_block_sizes
         self.context_attention, self.context_zigzag = cfg.context_attention, cfg.context_zigzag
 
@@ -232,8 +259,10 @@ class Attention(nnx.Module):
         else:                                       # global, or within each document
             pos = context_parallel.positions(x.shape[1], zigzag=self.context_zigzag) \
                 if segments is None else segments[1]
-        q = constrain(rope(q, self.theta, pos), ("batch", "seq", "heads", "head_dim"), name="q")
-        k = constrain(rope(k, self.theta, pos), ("batch", "seq", "kv_heads", "head_dim"),
+        q = constrain(rope(q, self.theta, pos, scaling=self.rope_scaling),
+                      ("batch", "seq", "heads", "head_dim"), name="q")
+        k = constrain(rope(k, self.theta, pos, scaling=self.rope_scaling),
+                      ("batch", "seq", "kv_heads", "head_dim"),
                       name="k")
         v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"), name="v")
         if cache is not None:
