@@ -11,7 +11,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import workbench as wb
-from workbench.models._adapters import UnknownAxesError
+from workbench.any_model._spec import UnknownAxesError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _models import DotReluDot  # noqa: E402  (the guide's model, with its activation constraint)

@@ -8,7 +8,7 @@ import pytest
 
 import workbench as wb
 from tests._tolerance import assert_close_at_scale
-from workbench.models._adapters import UnknownAxesError
+from workbench.any_model._spec import UnknownAxesError
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 

@@ -78,7 +78,7 @@ def test_recording_does_not_change_the_model(plan):
     model = plan.materialize(seed=0)
     tokens = jnp.arange(B * T, dtype=jnp.int32).reshape(B, T) % 256
     plain = model(tokens)
-    from workbench.models._penzai_adapter import with_activation_records
+    from workbench.any_model._penzai import with_activation_records
     from penzai import pz
     recorded = with_activation_records(model.penzai())(pz.nx.wrap(tokens).tag("batch", "seq"))
     assert jnp.array_equal(plain, recorded.unwrap("batch", "seq", "vocabulary"))

@@ -22,7 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: The public modules (docs/architecture.md, "Public surface"). A new one is a decision:
 #: add it here and there.
 PUBLIC_MODULES = (
-    "workbench", "workbench.data", "workbench.exercises", "workbench.hardware",
+    "workbench", "workbench.any_model", "workbench.data", "workbench.exercises", "workbench.hardware",
     "workbench.hf", "workbench.jobs", "workbench.models", "workbench.perf",
     "workbench.perf.formulas", "workbench.planning", "workbench.runs", "workbench.server",
     "workbench.train", "workbench.widgets",
@@ -153,6 +153,7 @@ def test_the_check_catches_a_private_import_and_a_private_attribute():
     ("workbench.planning.predict", "workbench.perf._predict"),    # moved, then private
     ("workbench.planning.schedule", "workbench.models._schedule"),
     ("workbench.models.hf", "workbench.hf._load"),
+    ("workbench.models.adapters", "workbench.any_model._spec"),
     ("workbench.data.tokenizer", "workbench.data._tokenizer"),
 ])
 def test_old_module_paths_import_with_a_warning_naming_the_new_one(old, new):

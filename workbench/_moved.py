@@ -23,7 +23,7 @@ import sys
 import types
 import warnings
 
-#: Modules that moved between packages (round three): old path -> new (private) path.
+#: Modules that moved to another package (round three): old path -> new (private) path.
 MOVED: dict[str, str] = {
     "workbench.planning.analytic": "workbench.perf._analytic",
     "workbench.planning.attention_cost": "workbench.perf._attention_cost",
@@ -39,6 +39,9 @@ MOVED: dict[str, str] = {
     "workbench.models.hf_families": "workbench.hf._families",
     "workbench.models.hf_tensors": "workbench.hf._tensors",
     "workbench.train.export": "workbench.hf._export",
+    "workbench.models.adapters": "workbench.any_model._spec",
+    "workbench.models.penzai_adapter": "workbench.any_model._penzai",
+    "workbench.models.mlp": "workbench.any_model._mlp",
 }
 
 

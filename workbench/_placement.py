@@ -65,7 +65,7 @@ class Placement:
 
     def from_annotations(self) -> Placement:
         """This placement for a model factory given no rules: its annotations pick the rules
-        (``workbench.models._adapters.resolve_rules``; this preset covers Workbench's logical
+        (``workbench.any_model._spec.resolve_rules``; this preset covers Workbench's logical
         axes), as ``wb.plan`` and the Trainer both resolve them."""
         return dataclasses.replace(self, rules_why=(
             f"no rules given: from the model's annotations ({self.preset!r} for Workbench's "

@@ -44,7 +44,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from workbench.models import GPT, GPTConfig, _moe as moe
 from workbench.models._pipeline import Pipeline, check_rules, stages_of
 from workbench.models._pipeline import activate as pipeline_context
-from workbench.models._adapters import ModelSpec, build_without_mesh, model_loss, resolve_rules
+from workbench.any_model._spec import ModelSpec, build_without_mesh, model_loss, resolve_rules
 from workbench.models._xent import token_cross_entropy
 from workbench.models import _lora as lora_adapters
 from workbench._pytrees import path_str

@@ -14,7 +14,9 @@ accumulation, modelled from the plan of one micro-batch (``_Search.measure``).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -24,7 +26,8 @@ from workbench._display import status_line
 from workbench._notebook import in_notebook
 from workbench._layouts import format_bytes
 from workbench.models import GPTConfig
-from workbench.models._adapters import ModelSpec, from_nnx
+from workbench.any_model._spec import ModelSpec, from_nnx
+from workbench.planning._compile import one_tracer
 from workbench.planning._options import PlanOptions, options_of
 from workbench.planning._planner import plan as make_plan
 from workbench.planning._handle import Plan
@@ -81,8 +84,16 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
         max_model: largest model axis of the default meshes.
         top_k: how many of the best analytic candidates to compile (0: none). Abstract TPU
             presets compile with the TPU compiler, real meshes with XLA; other hardware
-            (GPU presets) stays analytic, said in ``notes``.
-        exact: False skips compilation altogether.
+            (GPU presets) stays analytic, said in ``notes``. Candidates whose formula
+            prediction is above the MFU ceiling (``perf.bounds``: a roofline at peak, as
+            fsdp's often is) are compiled in their place in the formula's order: the
+            compiled program decides whether they rank.
+        exact: False skips compilation altogether; "all" compiles every candidate that fits
+            by formula (the exhaustive reference the default's best is checked against,
+            ``tests/test_search_exact.py``).
+        workers: candidates compiled at once (threads: the compilers run in parallel while
+            one thread at a time traces and lowers the next, so each program is the one a
+            serial search lowers). Each compile holds its program's memory.
         overlap: fraction of communication hidden behind compute in the predictions
             (``Plan.predict``; default by platform: 1 on TPU/GPU, 0 on CPU). With full
             overlap compute-bound layouts tie; ties go to the least exposed communication
@@ -134,9 +145,9 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
         model_candidates(cfg, s.hw, batch, opts)
     rows, plans = s.analytic_pass(cands, skipped)
     analytic_seconds = time.perf_counter() - t0
-    notes = _notes(opts.mesh_shapes, rows)
+    notes = _notes(opts.mesh_shapes, rows) + s.attention_notes()
     changes = s.exact_pass(rows, plans, cands, opts.top_k, notes) \
-        if opts.exact and opts.top_k else []
+        if opts.exact == "all" or (opts.exact and opts.top_k) else []
     rows = _order(rows)
     fitting = [r for r in rows if r["rank"] is not None]
     advice = None if fitting else s.advice(rows, cands, opts.remat)
@@ -189,6 +200,8 @@ class _Search:
     plan_opts: PlanOptions
     opts: SearchOptions
     say: Callable[..., None]
+    #: ``{candidate id: the attention its plan runs, and why}`` (``Plan.attention``)
+    attention: dict[int, str] = dataclasses.field(default_factory=dict)
 
     def plan(self, c: Candidate, *, compile: bool | None, hw: Hardware | None = None,
              batch: int | None = None) -> Plan:
@@ -267,6 +280,7 @@ class _Search:
                 skipped.append(skip(c, f"wb.plan raised {type(err).__name__}: {err}"))
                 continue
             rows.append(self.row(c, p))
+            self.attention[c.id] = p.attention or ""
             if rows[-1]["fits"] is not False:
                 plans[c.id] = p
         if not rows:
@@ -277,6 +291,18 @@ class _Search:
         for i, r in enumerate(sorted(filter(_rankable, rows), key=_key), 1):
             r["analytic_rank"] = i
         return rows, plans
+
+    def attention_notes(self) -> list[str]:
+        """Where candidates on an accelerator run XLA attention (the T x T scores held in
+        memory, what keeps a 7B at 4k tokens off a v5p without a fused kernel): how many,
+        and why."""
+        xla = [a for a in self.attention.values()
+               if a.startswith("xla:") and "on cpu" not in a]
+        if not xla:
+            return []
+        return [f"{len(xla)} of {len(self.attention)} candidates hold the T x T attention "
+                f"scores ({xla[0]}); attention='auto' runs the fused kernel (splash on TPU, "
+                "cuDNN on GPU) wherever the layout allows it"]
 
     def no_candidates(self) -> str:
         """Why the search space was empty before anything was planned."""
@@ -296,22 +322,74 @@ class _Search:
     def exact_pass(self, rows: list[dict[str, Any]], plans: dict[int, Plan],
                    cands: list[Candidate], top_k: int, notes: list[str]
                    ) -> list[dict[str, Any]]:
-        """Compile the analytic best ``top_k`` (going further down the ranking, up to
-        ``2 top_k`` compiles, where the compiler says one does not fit) and re-rank them by
-        their compiled predictions. Returns the rank changes."""
+        """Compile candidates in the formula's order until ``top_k`` of them fit (going
+        further down, up to ``2 top_k`` compiles, where the compiler says one does not
+        fit), or every candidate that fits by formula (``exact="all"``), ``workers`` at
+        once, and re-rank them by their compiled predictions. Returns the rank changes.
+
+        The queue holds every candidate that fits by formula, also those whose formula
+        prediction is above the MFU ceiling (not ranked by formula: a roofline at peak
+        FLOP/s, which fsdp's compute-bound steps reach); their compiled prediction decides.
+        """
         by_id = {c.id: c for c in cands}
-        queue = sorted((r for r in rows if r["analytic_rank"]), key=lambda r: r["analytic_rank"])
+        every = self.opts.exact == "all"
+        queue = sorted((r for r in rows if _compilable(r)), key=_key)
         tried: list[dict[str, Any]] = []
-        for r in queue:
-            if len(tried) >= 2 * top_k or sum(t["fits"] is not False for t in tried) >= top_k:
-                break
-            self.say(f"exact {len(tried) + 1}: compiling {r['layout']}")
-            p = self.plan(by_id[r["id"]], compile=None)
+        done, turn = 0, threading.Lock()
+        with concurrent.futures.ThreadPoolExecutor(self.opts.workers) as pool:
+            while done < len(queue):
+                fit = sum(t["fits"] is not False for t in tried)
+                room = len(queue) - done if every else \
+                    min(2 * top_k - len(tried), top_k - fit)
+                if room <= 0:
+                    break
+                batch = queue[done:done + min(room, self.opts.workers)]
+                done += len(batch)
+                self.say(f"exact {len(tried) + 1}-{len(tried) + len(batch)} of "
+                         f"{len(queue) if every else top_k}: compiling "
+                         + ", ".join(r["layout"] for r in batch))
+                compiled = list(pool.map(lambda r: self.compile(by_id[r["id"]], turn),
+                                         batch))
+                if not self._take(batch, compiled, tried, plans, notes):
+                    break
+        ranked = sorted(filter(_rankable, tried), key=_key)
+        for i, r in enumerate(ranked, 1):
+            r["exact_rank"] = i
+        if ranked:
+            best = ranked[0]["step_seconds"]
+            faster = sorted(r["analytic_rank"] for r in rows if r not in tried
+                            and _rankable(r) and r["step_seconds"] < best)
+            if faster:
+                notes.append(f"analytic rank(s) {faster[:5]} (not compiled) are predicted "
+                             f"faster than the best compiled step ({best * 1e3:.4g} ms) by "
+                             "formula, which need not hold once compiled: raise top_k to "
+                             "compile them (exact='all' compiles every candidate)")
+        return [{"id": r["id"], "layout": r["layout"], "analytic_rank": r["analytic_rank"],
+                 "exact_rank": r["exact_rank"],
+                 "analytic_step_seconds": r["analytic_step_seconds"],
+                 "step_seconds": r["step_seconds"],
+                 "why": "the compiler says it does not fit" if r["fits"] is False
+                 else "its formula prediction was above the MFU ceiling (not ranked by "
+                 "formula); compiled, it ranks" if r["analytic_rank"] is None
+                 else "its compiled prediction moves it"}
+                for r in tried if r["exact_rank"] != r["analytic_rank"]]
+
+    def compile(self, c: Candidate, turn: threading.Lock) -> Plan:
+        """``c`` planned with its compile, tracing and lowering in ``turn`` (one thread at a
+        time, ``_compile.one_tracer``), the compiler beside the other workers'."""
+        with one_tracer(turn):
+            return self.plan(c, compile=None)
+
+    def _take(self, batch: list[dict[str, Any]], compiled: list[Plan],
+              tried: list[dict[str, Any]], plans: dict[int, Plan], notes: list[str]) -> bool:
+        """Update the rows of ``batch`` from their compiled plans (in queue order); False
+        when nothing compiles here (the ranking stays analytic, said in ``notes``)."""
+        for r, p in zip(batch, compiled):
             rejected = "compiler_required_temp" in p.memory  # the TPU compiler's OOM verdict
             if p.source == "estimate" and not rejected:
                 why = p.source_reason.split(";")[0].removeprefix("analytic estimate: ")
                 notes.append(f"exact pass: nothing compiled ({why}); the ranking is analytic")
-                break
+                return False
             m = self.measure(p, r["microbatches"])
             r.update({k: v for k, v in m.items() if k not in ("accumulator", "problem")})
             if m["problem"]:
@@ -323,25 +401,7 @@ class _Search:
                 plans.pop(r["id"], None)
             else:
                 plans[r["id"]] = p
-        compiled = sorted(filter(_rankable, tried), key=_key)
-        for i, r in enumerate(compiled, 1):
-            r["exact_rank"] = i
-        if compiled:
-            best = compiled[0]["step_seconds"]
-            faster = sorted(r["analytic_rank"] for r in rows if r not in tried
-                            and _rankable(r) and r["step_seconds"] < best)
-            if faster:
-                notes.append(f"analytic rank(s) {faster[:5]} (not compiled) are predicted "
-                             f"faster than the best compiled step ({best * 1e3:.4g} ms) by "
-                             "formula, which need not hold once compiled: raise top_k to "
-                             "compile them")
-        return [{"id": r["id"], "layout": r["layout"], "analytic_rank": r["analytic_rank"],
-                 "exact_rank": r["exact_rank"],
-                 "analytic_step_seconds": r["analytic_step_seconds"],
-                 "step_seconds": r["step_seconds"],
-                 "why": "the compiler says it does not fit" if r["fits"] is False
-                 else "its compiled prediction moves it"}
-                for r in tried if r["exact_rank"] != r["analytic_rank"]]
+        return True
 
     # -- when nothing fits --------------------------------------------------------------------
 
@@ -425,6 +485,11 @@ def _as_spec(model: Any, loss_fn: Any, example_batch: Any, remat: Sequence[str],
 
 
 # -- ordering ------------------------------------------------------------------------------
+
+def _compilable(r: Mapping[str, Any]) -> bool:
+    """Fits by formula (or its fit is unknown) and has a prediction, plausible or not."""
+    return r["fits"] is not False and r["step_seconds"] is not None
+
 
 def _rankable(r: Mapping[str, Any]) -> bool:
     return r["fits"] is not False and r["step_seconds"] is not None \

@@ -97,8 +97,9 @@ def hardware(spec: Any) -> Hardware:
 class SearchOptions:
     """What ``wb.search`` varies and how far it goes (its keyword arguments, documented
     there): the layouts (``strategies``, ``remat``, ``microbatches``, ``mesh_shapes``,
-    ``max_model``, ``stages``, ``pipeline``), the exact pass (``top_k``, ``exact``), the
-    fit and the prediction (``memory_limit``, ``overlap``) and ``progress``."""
+    ``max_model``, ``stages``, ``pipeline``), the exact pass (``top_k``, ``exact``,
+    ``workers``), the fit and the prediction (``memory_limit``, ``overlap``) and
+    ``progress``."""
 
     strategies: Sequence[str | Rules] = DEFAULT_STRATEGIES
     remat: Sequence[str] = DEFAULT_REMAT
@@ -108,7 +109,8 @@ class SearchOptions:
     stages: Sequence[int] = (1,)
     pipeline: Mapping[str, Any] | None = None
     top_k: int = 3
-    exact: bool = True
+    exact: bool | str = True
+    workers: int = 2
     memory_limit: int | None = None
     overlap: float | None = None
     progress: bool = True
@@ -147,6 +149,14 @@ class SearchOptions:
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (how many candidates to compile), "
                              f"got {top_k!r}; top_k=0 or exact=False compiles none")
+        if self.exact not in (True, False, "all"):
+            raise ValueError(f"exact={self.exact!r}: give True (compile the analytic best "
+                             "top_k), False (compile none) or 'all' (compile every candidate "
+                             "that fits by formula: the exhaustive reference)")
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) \
+                or self.workers < 1:
+            raise ValueError(f"workers must be a positive int (compiles at once), got "
+                             f"{self.workers!r}")
         if not isinstance(self.max_model, int) or isinstance(self.max_model, bool) \
                 or self.max_model < 1:
             raise ValueError(f"max_model must be a positive int, got {self.max_model!r}")
@@ -268,7 +278,7 @@ def model_candidates(model: Any, hw: Hardware, batch: int, opts: SearchOptions
     Remat is the model's own (``Candidate.remat`` None); a plan the model's shapes refuse
     is skipped by the search with ``wb.plan``'s message.
     """
-    from workbench.models._adapters import annotation_names, resolve_rules
+    from workbench.any_model._spec import annotation_names, resolve_rules
     from workbench._rules import LOGICAL_AXES
     from workbench._step import abstract_param_state, logical_axes
 
@@ -323,7 +333,7 @@ def _indivisible(model: Any, logical: Mapping[str, Sequence[str | None]],
                  shapes: Mapping[str, tuple[int, ...]], c: Candidate) -> str | None:
     """The first parameter dim of a model factory that its mesh axes under ``c`` do not
     divide (JAX cannot lay it out: the compiled step would refuse it), or None."""
-    from workbench.models._adapters import resolve_rules
+    from workbench.any_model._spec import resolve_rules
 
     info = mesh_info(abstract_mesh(**c.mesh))
     try:

@@ -21,7 +21,7 @@ from workbench._layouts import Layout
 from workbench._mesh import MeshInfo, mesh_info
 from workbench.models import GPTConfig
 from workbench.models import _attention as attention_impl
-from workbench.models._adapters import ModelSpec, resolve_rules
+from workbench.any_model._spec import ModelSpec, resolve_rules
 from workbench.models._config import remat_policy, resolve_dtype
 from workbench.models._pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipeline,
                                        check_rules, stages_of)

@@ -387,7 +387,7 @@ class TrainConfig:
             raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}; known: "
                              f"{[f.name for f in dataclasses.fields(cls)]}")
         if isinstance(fields.get("model"), Mapping) and fields["model"].get("kind") == "model":
-            from workbench.models._adapters import ModelRecord
+            from workbench.any_model._spec import ModelRecord
 
             fields["model"] = ModelRecord(dict(fields["model"]))
         elif isinstance(fields.get("model"), Mapping):

@@ -391,8 +391,8 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
 
     if config.rules is None and not isinstance(model_config, GPTConfig):
         # a model factory: its annotations pick the rules, as wb.plan picks them
-        from workbench.models._adapters import ModelSpec
-        from workbench.models._adapters import resolve_rules as annotated_rules
+        from workbench.any_model._spec import ModelSpec
+        from workbench.any_model._spec import resolve_rules as annotated_rules
         from workbench._step import abstract_param_state, logical_axes
 
         rules = annotated_rules(logical_axes(abstract_param_state(model_config)[1]), None,

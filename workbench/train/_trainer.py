@@ -699,7 +699,7 @@ def _plan_spec(plan: Any) -> Any:
     loss wrapped by ``wb.models.from_nnx``. The Trainer feeds token batches (``{"inputs",
     "targets"}`` int32 ``(batch, seq)``), so a plan of another batch is refused with the
     supported way: a ``loss_fn`` that makes the model's inputs from the token batch."""
-    from workbench.models._adapters import ModelSpec, from_nnx
+    from workbench.any_model._spec import ModelSpec, from_nnx
     from workbench._step import lm_loss
 
     tokens = set(plan.abstract_batch) == {"inputs", "targets"} and all(

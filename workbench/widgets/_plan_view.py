@@ -78,7 +78,7 @@ class PlanView(ipywidgets.VBox):
     def penzai_model(self) -> Any:
         """The plan's penzai model with its parameters materialised into the plan's
         shardings (on real devices), else with abstract parameters."""
-        from workbench.models._penzai_adapter import PenzaiModel, penzai_tree
+        from workbench.any_model._penzai import PenzaiModel, penzai_tree
 
         if self.plan.mesh.jax_mesh is not None:
             return penzai_tree(self.plan.materialize(seed=0))

@@ -31,7 +31,7 @@ from flax import nnx
 
 from workbench import _tracing as tracing
 from workbench._validate import check_str
-from workbench.models._adapters import ModelSpec
+from workbench.any_model._spec import ModelSpec
 from workbench._rules import PENZAI_AXES, constrain, penzai_rules
 
 __all__ = ["PENZAI_AXES", "PenzaiModel", "from_penzai", "penzai_tree",
