@@ -55,7 +55,7 @@ def test_the_trace_context_is_the_only_context_variable():
     package = pathlib.Path(wb.__file__).parent
     owners = {p.relative_to(package).as_posix() for p in package.rglob("*.py")
               if re.search(r"ContextVar\(", p.read_text())}
-    assert owners == {"tracing.py"}, owners
+    assert owners == {"_tracing.py"}, owners
 
 
 def _models():
