@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
+import contextvars
 import gzip
 import hashlib
 import json
@@ -32,13 +34,13 @@ import time
 import types
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from workbench._cache import cache_root
 
 __all__ = ["CompileResult", "StoredExecutable", "clear_cache", "compile_lowered",
-           "fingerprint"]
+           "fingerprint", "one_tracer"]
 
 REPORT_EVERY = 10.0          # seconds between progress lines outside a notebook
 _MAX_ENTRIES = 32            # executables kept (they hold their HLO; a 7B one is ~10 MB)
@@ -236,6 +238,34 @@ def _submit(key: str, lowered: Any, persist: bool, extra: dict[str, Any] | None 
     return fut, False
 
 
+#: Called when this thread's compile starts waiting on the compiler (``one_tracer``).
+_ON_WAIT: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "workbench_compile_on_wait", default=None)
+
+
+@contextlib.contextmanager
+def one_tracer(lock: threading.Lock) -> Iterator[None]:
+    """Hold ``lock`` while this thread plans (traces and lowers) until its compile starts:
+    ``compile_lowered`` releases it then, so the next thread traces while the compiler
+    runs (``wb.search(workers=)``). Threads tracing at once lower slightly different
+    programs (constants numbered in another order: another cache key, another compile),
+    so only the compilers run in parallel."""
+    lock.acquire()
+    held = [True]
+
+    def release() -> None:
+        if held[0]:
+            held[0] = False
+            lock.release()
+
+    token = _ON_WAIT.set(release)
+    try:
+        yield
+    finally:
+        _ON_WAIT.reset(token)
+        release()
+
+
 def compile_lowered(lowered: Any, devices: Any, *, what: str,
                     status: Callable[[str], Callable[[str], None]] | None,
                     in_place: bool = False, persist: bool = False,
@@ -272,6 +302,9 @@ def compile_lowered(lowered: Any, devices: Any, *, what: str,
             status(f"{what}: compiled before in this process ({seconds:.1f} s then); "
                    "reused")
         return CompileResult(compiled, 0.0, True)
+    on_wait = _ON_WAIT.get()
+    if on_wait is not None:   # another thread may trace while the compiler runs
+        on_wait()
     update = status(f"{what}: compiling" + (" (already running in the background)"
                                             if cached else "") + "...") \
         if status is not None else None
