@@ -132,6 +132,18 @@ def test_generate_text_and_messages_with_the_models_tokenizer(chat_model):
         wb.generate(model, messages=msgs, tokenizer=wb.data.Tokenizer())
     with pytest.raises(ValueError, match="messages= need the model's tokenizer"):
         wb.generate(model, messages=msgs, tokenizer=object())
+    # template variables reach the template as transformers' keyword arguments do
+    quiet = tok.encode(tok.apply_chat_template(msgs, enable_thinking=False))
+    assert quiet != ids     # the Qwen3-style template renders an empty <think> block
+    out = wb.generate(model, quiet, max_new_tokens=4, eos_id=())[0, len(quiet):].tolist()
+    assert wb.generate(model, messages=msgs, chat_options={"enable_thinking": False},
+                       max_new_tokens=4, eos_id=()) == tok.decode(out)
+    with pytest.raises(TypeError, match="chat_options=.* must map template variable names"):
+        wb.generate(model, messages=msgs, chat_options=["enable_thinking"])
+    with pytest.raises(ValueError, match=r"may not set \['add_generation_prompt'\]"):
+        wb.generate(model, messages=msgs, chat_options={"add_generation_prompt": False})
+    with pytest.raises(ValueError, match="chat_options= are for the chat template"):
+        wb.generate(model, "Hi", chat_options={"enable_thinking": False})
 
 
 def test_generation_stops_at_the_models_eos_as_transformers_does(chat_model, tmp_path):

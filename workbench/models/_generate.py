@@ -17,7 +17,7 @@ import functools
 import math
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -154,7 +154,8 @@ def _layout(model: GPT, rules: Rules | str | None, batch: int) -> tuple[Any, Rul
     return mesh, rules
 
 
-def generate(model: Any, prompt: Any = None, *, messages: Any = None, tokenizer: Any = None,
+def generate(model: Any, prompt: Any = None, *, messages: Any = None,
+             chat_options: Mapping[str, Any] | None = None, tokenizer: Any = None,
              max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, seed: int = 0,
              eos_id: int | Sequence[int] | None = None, cache: bool = True,
@@ -170,6 +171,9 @@ def generate(model: Any, prompt: Any = None, *, messages: Any = None, tokenizer:
         messages: instead of ``prompt``, a chat: ``[{"role": "user", "content": "Hi!"},
             ...]``, rendered by the tokenizer's chat template as ``transformers``'
             ``apply_chat_template(messages, add_generation_prompt=True)`` renders it.
+        chat_options: more variables for the chat template, as ``apply_chat_template``'s
+            keyword arguments (``{"enable_thinking": False}``: Qwen3 answers without a
+            ``<think>`` block).
         tokenizer: any object with ``encode(text) -> ids`` and ``decode(ids) -> text``
             (``wb.data.Tokenizer``, a ``tokenizers.Tokenizer``); ``messages`` need a
             ``wb.data.Tokenizer`` with a chat template. Default: the model's own
@@ -219,7 +223,10 @@ def generate(model: Any, prompt: Any = None, *, messages: Any = None, tokenizer:
     if messages is not None:
         if prompt is not None:
             raise ValueError("wb.generate: give prompt= or messages=, not both")
-        prompt = _chat_text(messages, tokenizer)
+        prompt = _chat_text(messages, tokenizer, chat_options)
+    elif chat_options is not None:
+        raise ValueError("wb.generate: chat_options= are for the chat template of messages=; "
+                         "a text prompt is not rendered by it")
     elif prompt is None:
         raise ValueError("wb.generate: give a prompt (text or token ids) or messages=[{'role': "
                          "'user', 'content': ...}]")
@@ -267,15 +274,26 @@ def generate(model: Any, prompt: Any = None, *, messages: Any = None, tokenizer:
     return out
 
 
-def _chat_text(messages: Any, tokenizer: Any) -> str:
-    """The chat rendered by the tokenizer's template (its special tokens as text)."""
+def _chat_text(messages: Any, tokenizer: Any, options: Mapping[str, Any] | None = None) -> str:
+    """The chat rendered by the tokenizer's template (its special tokens as text), with the
+    template variables ``options``."""
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) and k.isidentifier()
+                                                    for k in options):
+        raise TypeError(f"wb.generate: chat_options={options!r:.80} must map template variable "
+                        "names to values, e.g. {'enable_thinking': False}")
+    reserved = {"messages", "add_generation_prompt", "tools", "documents"} & set(options)
+    if reserved:
+        raise ValueError(f"wb.generate: chat_options may not set {sorted(reserved)}: "
+                         "wb.generate sets them itself")
     apply = getattr(tokenizer, "apply_chat_template", None)
     if tokenizer is None or not callable(apply) or not hasattr(tokenizer, "chat_template"):
         raise ValueError(
             "wb.generate: messages= need the model's tokenizer and its chat template: load "
             "the model with wb.hf.from_hf (a folder or Hub id with tokenizer.json and "
             "tokenizer_config.json), or pass tokenizer=wb.data.Tokenizer.from_hf(...)")
-    text = apply(messages, add_generation_prompt=True)
+    text = apply(messages, add_generation_prompt=True, **options)
     if not isinstance(text, str):
         raise TypeError(f"wb.generate: tokenizer.apply_chat_template returned a "
                         f"{type(text).__name__}, not text; pass a wb.data.Tokenizer")
