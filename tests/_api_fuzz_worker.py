@@ -317,6 +317,12 @@ RECIPES: dict[str, Recipe] = {
     "wb.models.from_nnx": lambda f: {"factory": f.nnx_factory},
     "wb.models.from_penzai": lambda f: {"model_or_builder": f.penzai_builder, "vocab_size": 8},
     "wb.models.rope": lambda f: {"x": _jnp_ones((1, 4, 2, 8)), "theta": 10000.0},
+    "wb.models.Pipeline": lambda f: {"microbatches": 2, "schedule": "gpipe", "repeats": 1},
+    "wb.models.blocks_per_device": lambda f: {"size": 4, "zigzag": True},
+    "wb.models.constrain": lambda f: {"x": _jnp_ones((2, 8)), "logical_axes": ("batch", None),
+                                      "name": "x"},
+    "wb.models.penzai_rules": lambda f: {"rules": wb.Rules.preset("fsdp_tp", f.mesh)},
+    "wb.models.zigzag_order": lambda f: {"seq": 64, "size": 4},
     # wb.hf (wb.models.from_hf / hf_config / to_hf and wb.train.export_run are these)
     "wb.hf.export_run": lambda f: {"run_dir": f.trained_run, "path": f.fresh("export")},
     "wb.hf.from_hf": lambda f: {"path": f.hf_dir},
@@ -379,7 +385,7 @@ SIGNATURES["wb.plan"] = tuple((p, "keyword") for p in (
     "cfg_or_factory", "mesh", "rules", "batch", "seq", "options", *_PLAN_OPTIONS))
 SIGNATURES["wb.search"] = tuple((p, "keyword") for p in (
     "cfg", "hardware", "batch", "seq", "options", "strategies", "remat", "microbatches",
-    "mesh_shapes", "max_model", "top_k", "exact", "overlap", "stages", "pipeline",
+    "mesh_shapes", "max_model", "top_k", "exact", "workers", "overlap", "stages", "pipeline",
     "memory_limit", "optimizer", "loss_fn", "example_batch", "progress", "dtype",
     "replicated_threshold"))
 
