@@ -214,9 +214,13 @@ def _computations(hlo_text: str) -> dict[str, list[str]]:
 def loop_trip_counts(hlo_text: str) -> dict[str, int]:
     """``{while body computation: trip count}`` of the module's while loops (a scan over
     layers lowers to one): XLA's ``known_trip_count`` where the backend writes it, else
-    the loop condition's comparison with its one integer constant (``i < 32``). A loop
-    whose bound is not a constant is left out."""
+    the loop condition's comparison with its one integer constant (``i < 32``) less the
+    counter's start where the loop's initial tuple gives it as a constant: the TPU
+    compiler peels a scan's first iteration into the caller and starts the loop at 1
+    (``i`` from 1 while ``i < 32``: 31 trips). A loop whose bound is not a constant is
+    left out."""
     comps = _computations(hlo_text)
+    starts = _loop_starts(comps)
     trips: dict[str, int] = {}
     for cond, body, attrs in _WHILE.findall(hlo_text):
         known = _KNOWN_TRIPS.search(attrs)
@@ -226,8 +230,41 @@ def loop_trip_counts(hlo_text: str) -> dict[str, int]:
         lines = comps.get(cond, [])
         consts = [int(c) for ln in lines for c in _INT_CONSTANT.findall(ln)]
         if len(consts) == 1 and any(_BOUND.search(ln) for ln in lines) and consts[0] > 0:
-            trips[body] = consts[0]
+            start = starts.get(body, 0)
+            trips[body] = consts[0] - start if 0 <= start < consts[0] else consts[0]
     return trips
+
+
+_WHILE_OPERAND = re.compile(r"\bwhile\(%?([\w.\-]+)\).*?\bbody=%?([\w.\-]+)")
+_DEF_OP = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.+?\s+([a-z][\w\-]*)\((.*)$")
+
+
+def _loop_starts(comps: dict[str, list[str]]) -> dict[str, int]:
+    """``{while body: the loop counter's initial value}`` where the while's operand is a
+    tuple whose first element is an integer constant (through ``copy``/``bitcast``)."""
+    out: dict[str, int] = {}
+    for lines in comps.values():
+        whiles = [m.groups() for ln in lines if (m := _WHILE_OPERAND.search(ln))]
+        if not whiles:
+            continue
+        defs = {m.group(1): (m.group(2), m.group(3)) for ln in lines
+                if (m := _DEF_OP.match(ln))}
+        for operand, body in whiles:
+            op, args = defs.get(operand, ("", ""))
+            first = re.match(r"\s*%?([\w.\-]+)", args) if op == "tuple" else None
+            name = first.group(1) if first else None
+            for _ in range(8):   # copies and bitcasts of the constant
+                op, args = defs.get(name, ("", "")) if name else ("", "")
+                if op == "constant":
+                    value = re.match(r"\s*(-?\d+)\)", args)
+                    if value:
+                        out[body] = int(value.group(1))
+                    break
+                if op not in ("copy", "bitcast", "convert"):
+                    break
+                nxt = re.match(r"\s*%?([\w.\-]+)", args)
+                name = nxt.group(1) if nxt else None
+    return out
 
 
 _CALLEE = re.compile(r"\b(?:calls|to_apply|body|condition|true_computation|false_computation"

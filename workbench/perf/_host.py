@@ -25,9 +25,10 @@ computation lists its instructions in the order they run. Walking that order, th
 compute advances a clock by the TPU compiler's own ``estimated_cycles`` of each
 instruction (the clock the local-work term uses; a while loop advances it by its body's
 cycles x trip count; a Pallas kernel by the seconds the prediction gives each kernel
-call), and the host link is one queue per direction (PCIe is full duplex) at the chip's
-host-link bandwidth (``HardwareSpec.host_bandwidth``): a start enqueues its bytes, its
-done waits until they have crossed. The waits are the *exposed* host-transfer time:
+call), and the host link carries each direction (PCIe is full duplex) at the chip's
+host-link bandwidth (``HardwareSpec.host_bandwidth``), shared equally by the transfers in
+flight (DMAs run concurrently; the compiler waits for the small ones first): a start
+adds its bytes, its done waits until they have crossed. The waits are the *exposed* host-transfer time:
 what the compute scheduled between a start and its done does not hide. A computation
 with transfers (a scanned layer's body) is walked once and counted as often as it runs
 (``computation_multiplicity``).
@@ -370,7 +371,7 @@ def host_seconds(traffic: HostTraffic, *, bandwidth: float, clock_hz: float,
                f"schedule's compute (the compiler's cycle estimates at "
                f"{clock_hz / 1e9:.3g} GHz" + (f", + {kernel_seconds:.3g} s per Pallas "
                                                "kernel call" if kernel_seconds else "")
-               + ") runs beside one transfer queue per direction")
+               + ") runs beside the host link, its transfers in flight sharing each direction")
     return HostTime(to_host_bytes=up, to_device_bytes=down, bandwidth=bandwidth,
                     link_seconds=link, exposed_seconds=exposed,
                     hidden_seconds=max(0.0, link - exposed),
@@ -380,28 +381,62 @@ def host_seconds(traffic: HostTraffic, *, bandwidth: float, clock_hz: float,
 
 def _walk(events: Sequence[Sequence[Any]], bandwidth: float, clock_hz: float,
           kernel_seconds: float) -> float:
-    """Seconds one run of a computation's schedule waits for its host transfers."""
+    """Seconds one run of a computation's schedule waits for its host transfers. The
+    transfers in flight in one direction share its bandwidth equally (DMAs run
+    concurrently: the compiler waits for the small ones first)."""
     now, wait = 0.0, 0.0
-    free = {"to_host": 0.0, "to_device": 0.0}
-    finish: dict[str, float] = {}
+    left: dict[str, dict[str, float]] = {"to_host": {}, "to_device": {}}   # bytes to go
+    where: dict[str, str] = {}
+
+    def advance(dt: float) -> None:   # the link moves bytes for dt seconds
+        for flows in left.values():
+            t = dt
+            while flows and t > 1e-15:
+                share = bandwidth / len(flows)
+                first = min(flows.values())
+                step = min(t, first / share)
+                for k in list(flows):
+                    flows[k] -= share * step
+                    if flows[k] <= 1e-6:
+                        del flows[k]
+                t -= step
+
+    def until_done(name: str) -> float:   # seconds until ``name`` has crossed
+        flows = left[where[name]]
+        saved, t = dict(flows), 0.0
+        while name in flows:
+            share = bandwidth / len(flows)
+            step = min(flows.values()) / share
+            for k in list(flows):
+                flows[k] -= share * step
+                if flows[k] <= 1e-6:
+                    del flows[k]
+            t += step
+        flows.clear()
+        flows.update(saved)
+        return t
+
     for ev in events:
         kind = ev[0]
         if kind == "c":
-            now += ev[1] / clock_hz + ev[2] * kernel_seconds
+            dt = ev[1] / clock_hz + ev[2] * kernel_seconds
+            advance(dt)
+            now += dt
         elif kind == "s":
-            start = max(now, free[ev[2]])
-            free[ev[2]] = finish[ev[1]] = start + ev[3] / bandwidth
+            where[ev[1]] = ev[2]
+            left[ev[2]][ev[1]] = float(ev[3])
         elif kind == "d":
-            end = finish.pop(ev[1], now)
-            if end > now:
-                wait += end - now
-                now = end
-        elif kind == "x":   # synchronous: the program waits for the queue and this copy
-            end = max(now, free[ev[1]]) + ev[2] / bandwidth
-            free[ev[1]] = end
-            wait += end - now
-            now = end
-    if finish:   # started here, done elsewhere: assumed to wait at the end of this run
-        end = max(finish.values())
-        wait += max(0.0, end - now)
-    return wait
+            if ev[1] in where and ev[1] in left[where[ev[1]]]:
+                dt = until_done(ev[1])
+                advance(dt)
+                wait, now = wait + dt, now + dt
+        elif kind == "x":   # synchronous: the program waits for it (sharing the link)
+            key = f"sync-{now}"
+            where[key] = ev[1]
+            left[ev[1]][key] = float(ev[2])
+            dt = until_done(key)
+            advance(dt)
+            wait, now = wait + dt, now + dt
+    # started here, done elsewhere: assumed to wait at the end of this run
+    rest = max((until_done(k) for k in where if k in left[where[k]]), default=0.0)
+    return wait + rest
