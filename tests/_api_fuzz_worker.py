@@ -217,6 +217,12 @@ def _np(x: Any, dtype: str = "int32") -> Any:
     return np.asarray(x, dtype=dtype)
 
 
+def _rules_preset(name: str, mesh: Any) -> Any:
+    from workbench import Rules
+
+    return Rules.preset(name, mesh)
+
+
 def _jnp_ones(shape: tuple[int, ...]) -> Any:
     import jax.numpy as jnp
     return jnp.ones(shape)
@@ -321,7 +327,7 @@ RECIPES: dict[str, Recipe] = {
     "wb.models.blocks_per_device": lambda f: {"size": 4, "zigzag": True},
     "wb.models.constrain": lambda f: {"x": _jnp_ones((2, 8)), "logical_axes": ("batch", None),
                                       "name": "x"},
-    "wb.models.penzai_rules": lambda f: {"rules": wb.Rules.preset("fsdp_tp", f.mesh)},
+    "wb.models.penzai_rules": lambda f: {"rules": _rules_preset("fsdp", f.mesh)},
     "wb.models.zigzag_order": lambda f: {"seq": 64, "size": 4},
     # wb.hf (wb.models.from_hf / hf_config / to_hf and wb.train.export_run are these)
     "wb.hf.export_run": lambda f: {"run_dir": f.trained_run, "path": f.fresh("export")},

@@ -61,8 +61,6 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "generate": ("workbench.models._generate", "generate"),
     "models": ("workbench.models", None),
     "hf": ("workbench.hf", None),
-    "perf": ("workbench.perf", None),
-    "hardware": ("workbench.hardware", None),
     "runs": ("workbench.runs", None),
     "data": ("workbench.data", None),
     "train": ("workbench.train", None),
@@ -89,7 +87,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from workbench import data, hardware, hf, models, perf, runs, train
+    from workbench import data, hf, models, runs, train
     from workbench.hardware import DeviceInfo, devices, peak_flops, simulate_devices
     from workbench.exercises import exercise
     from workbench.jobs import Hosts, Job, Local, Slurm, TPUSlice, attach, launch

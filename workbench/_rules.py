@@ -399,6 +399,9 @@ def penzai_rules(rules: Rules) -> Rules:
         ...                    kv_heads="model"))["neurons"]
         'model'
     """
+    if not isinstance(rules, Rules):
+        raise TypeError(f"penzai_rules: rules={rules!r:.60} must be a wb.Rules (e.g. "
+                        "wb.Rules.preset('fsdp_tp', mesh))")
     extra: dict[str, MeshAxes] = {}
     for pz_name, ours in PENZAI_AXES.items():
         if pz_name in rules or ours not in rules:

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from workbench._validate import check_int
 from workbench.models._config import CONTEXT_VARIANTS
 from workbench._rules import Rules, active
 
@@ -140,12 +141,20 @@ class _Names:
     axis_names: tuple[str, ...]
 
 
+#: The most devices a context axis may have (a pod's worth; larger is a typo, not a mesh).
+MAX_CONTEXT = 1 << 16
+
+
 def zigzag_order(seq: int, size: int) -> np.ndarray:
     """The zig-zag permutation: row ``r`` of the model's order holds token ``order[r]``.
 
     The sequence is cut into ``2 * size`` chunks; shard ``i`` (rows ``i*T/n ..``) holds
     chunks ``i`` and ``2*size - 1 - i``.
     """
+    seq = check_int(seq, "seq", maximum=1 << 24, where="zigzag_order: ",
+                    fix="a sequence length in tokens")
+    size = check_int(size, "size", maximum=MAX_CONTEXT, where="zigzag_order: ",
+                     fix="the number of devices on the context axis")
     check_sequence(seq, size, zigzag=True)
     c = seq // (2 * size)
     chunks = [j for i in range(size) for j in (i, 2 * size - 1 - i)]
@@ -175,6 +184,10 @@ def blocks_per_device(size: int, *, zigzag: bool) -> list[float]:
     pair, then half a block (two chunk x chunk products) per other step:
     ``1 + (n - 1) / 2`` on every device.
     """
+    size = check_int(size, "size", maximum=MAX_CONTEXT, where="blocks_per_device: ",
+                     fix="the number of devices on the context axis")
+    if not isinstance(zigzag, bool):
+        raise TypeError(f"blocks_per_device: zigzag={zigzag!r} must be True or False")
     if not zigzag:
         return [float(i + 1) for i in range(size)]
     return [1.0 + (size - 1) / 2 for _ in range(size)]

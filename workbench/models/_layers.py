@@ -28,7 +28,7 @@ from workbench.models import _attention as attention_impl
 from workbench.models import _context as context_parallel
 from workbench.models import _lora as lora_adapters
 from workbench.models._attention import KVCache
-from workbench.models._config import GPTConfig
+from workbench.models._config import GPTConfig, _rope_scaling
 from workbench._rules import constrain
 
 __all__ = ["MLP", "Attention", "Init", "KVCache", "RMSNorm", "Segments", "fan_in_init", "param",
@@ -158,6 +158,12 @@ def rope(x: jax.Array, theta: float, positions: jax.Array | None = None, *,
     3's RoPE scaling (:func:`rope_frequencies`), None for plain RoPE.
     """
     theta = _check_rope(x, theta, positions)
+    if scaling is not None:
+        try:
+            scaling = _rope_scaling(scaling)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"rope: scaling={scaling!r:.60} is not Llama 3's RoPE scaling: {e}"
+                          ) from None
     _, t, _, h = x.shape
     pos = jnp.arange(t) if positions is None else positions
     inv_freq = rope_frequencies(h, theta, scaling)                            # (H/2,)
