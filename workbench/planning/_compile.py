@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import contextlib
-import contextvars
 import gzip
 import hashlib
 import json
@@ -238,9 +237,10 @@ def _submit(key: str, lowered: Any, persist: bool, extra: dict[str, Any] | None 
     return fut, False
 
 
-#: Called when this thread's compile starts waiting on the compiler (``one_tracer``).
-_ON_WAIT: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
-    "workbench_compile_on_wait", default=None)
+#: ``on_wait``: called when this thread's compile starts waiting on the compiler
+#: (``one_tracer``). Per thread, not a context variable: the trace context
+#: (``workbench._tracing``) is the package's one context variable.
+_THREAD = threading.local()
 
 
 @contextlib.contextmanager
@@ -258,11 +258,12 @@ def one_tracer(lock: threading.Lock) -> Iterator[None]:
             held[0] = False
             lock.release()
 
-    token = _ON_WAIT.set(release)
+    before = getattr(_THREAD, "on_wait", None)
+    _THREAD.on_wait = release
     try:
         yield
     finally:
-        _ON_WAIT.reset(token)
+        _THREAD.on_wait = before
         release()
 
 
@@ -302,7 +303,7 @@ def compile_lowered(lowered: Any, devices: Any, *, what: str,
             status(f"{what}: compiled before in this process ({seconds:.1f} s then); "
                    "reused")
         return CompileResult(compiled, 0.0, True)
-    on_wait = _ON_WAIT.get()
+    on_wait = getattr(_THREAD, "on_wait", None)
     if on_wait is not None:   # another thread may trace while the compiler runs
         on_wait()
     update = status(f"{what}: compiling" + (" (already running in the background)"
