@@ -166,11 +166,14 @@ def test_same_plan_again_is_served_from_the_cache(tpu_plan):
 
 
 def _checkout_free(hlo: str) -> str:
-    """``hlo`` with each file path of its metadata cut to what follows the checkout or the
-    Python install (``.../site-packages/jax/x.py`` -> ``<site-packages>/jax/x.py``), and
-    without source positions: the cache key is the program without them, so an edit that
-    only moves a traced line keeps the committed plan (its ops are the same)."""
-    hlo = re.sub(r'"/[^"]*?/(site-packages|workbench|tests)/', r'"<\1>/', hlo)
+    """``hlo`` without its debug information: the source tables at its end (file and function
+    names, file locations, stack frames), each op's ``stack_frame_id`` into them, and source
+    positions. The cache key is the program without debug information, so an edit that only
+    moves a traced line, renames a module (``planning/planner.py`` ->
+    ``planning/_planner.py``) or a traced helper keeps the committed plan: its ops, shapes,
+    layouts and op names are the same, and they are what is compared."""
+    hlo = hlo.split("\nFileNames\n", 1)[0]
+    hlo = re.sub(r"\s*\bstack_frame_id=\d+", "", hlo)
     return re.sub(r"\b(end_)?(line|column)=\d+", "", hlo)
 
 
