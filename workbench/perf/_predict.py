@@ -286,6 +286,33 @@ def _default_overlap(platform: str) -> tuple[float, str]:
                  "'no_overlap_step' is the upper bound)")
 
 
+def _local_seconds(t_compute: float, t_memory: float, *, additive: bool,
+                   compute_seconds: float | None, compute_source: str) -> tuple[float, float, str]:
+    """``(roofline, local, source)``: the roofline's local work (compute and memory added
+    where they take turns, else the larger), and the local work the step uses: the
+    compiler's own timing where given, never faster than the roofline (the source says
+    when it was raised)."""
+    t_roofline = t_compute + t_memory if additive else max(t_compute, t_memory)
+    t_local = t_roofline if compute_seconds is None else float(compute_seconds)
+    if compute_seconds is not None and t_local < t_roofline:   # faster than peak: impossible
+        t_local, compute_source = t_roofline, compute_source + (
+            f"; raised to the roofline ({t_roofline:.4g} s): the cycle estimates "
+            f"({float(compute_seconds):.4g} s) are faster than the chip's peak")
+    return t_roofline, t_local, compute_source
+
+
+def _host_terms(host: HostTime | None) -> dict[str, float]:
+    """The breakdown's host-transfer terms (zeros where nothing moves to host memory);
+    ``host_link_total``: both directions' bytes at the link's bandwidth, none hidden."""
+    if host is None:
+        return {"host_transfers": 0.0, "host_link": 0.0, "host_bytes_to_host": 0.0,
+                "host_bytes_to_device": 0.0, "host_link_total": 0.0}
+    return {"host_transfers": host.exposed_seconds, "host_link": host.link_seconds,
+            "host_bytes_to_host": host.to_host_bytes,
+            "host_bytes_to_device": host.to_device_bytes,
+            "host_link_total": (host.to_host_bytes + host.to_device_bytes) / host.bandwidth}
+
+
 def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collective],
             mesh: Any, hardware: EffectiveSpec | HardwareSpec | str | None = None,
             tokens_per_step: int | None = None, model_flops: float | None = None,
@@ -364,13 +391,9 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     # calibration's factors turn the terms into the time a profile measured in matmul
     # kernels and in memory-bound fusions, which a device's stream runs one after the other
     # (the GPU and TPU traces' overlap is 0): calibrated terms add up as well.
-    additive = cpu or bool(cal)
-    t_roofline = t_compute + t_memory if additive else max(t_compute, t_memory)
-    t_local = t_roofline if compute_seconds is None else float(compute_seconds)
-    if compute_seconds is not None and t_local < t_roofline:   # faster than peak: impossible
-        t_local, compute_source = t_roofline, compute_source + (
-            f"; raised to the roofline ({t_roofline:.4g} s): the cycle estimates "
-            f"({float(compute_seconds):.4g} s) are faster than the chip's peak")
+    t_roofline, t_local, compute_source = _local_seconds(
+        t_compute, t_memory, additive=cpu or bool(cal), compute_seconds=compute_seconds,
+        compute_source=compute_source)
     compiler_note = ""
     if compiler_seconds is not None and not compiler_seconds >= 0:
         compiler_note = (f"; its optimal_seconds was {compiler_seconds!r} (the compiler's "
@@ -394,18 +417,15 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         mfu = model_flops / (step * info.size * spec.peak_flops)
     flagged = implausible(step=step, roofline=t_roofline, local=t_local, mfu=mfu,
                           compiler_local=compute_seconds is not None)
+    host_terms = _host_terms(host)
+    host_link_total = host_terms.pop("host_link_total")
     return Prediction(
         step_seconds=step, mfu=mfu,
         tokens_per_s=tokens_per_step / step if tokens_per_step and step > 0 else None,
         bound=bound,
         breakdown={**terms, "local": t_local, "roofline_local": t_roofline,
-                   "communication_total": t_comm, "host_transfers": t_host,
-                   "host_link": host.link_seconds if host is not None else 0.0,
-                   "host_bytes_to_host": host.to_host_bytes if host is not None else 0.0,
-                   "host_bytes_to_device": host.to_device_bytes if host is not None else 0.0,
-                   "no_overlap_step": t_local + t_comm + (
-                       (host.to_host_bytes + host.to_device_bytes) / host.bandwidth
-                       if host is not None else 0.0),
+                   "communication_total": t_comm, **host_terms,
+                   "no_overlap_step": t_local + t_comm + host_link_total,
                    "collectives": tuple(times)},
         sources={"flops": flops_source, "bytes": bytes_source, "peak_flops": spec.source,
                  "hbm_bandwidth": spec.source_of("hbm_bandwidth"),
