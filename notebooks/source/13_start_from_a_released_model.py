@@ -112,13 +112,16 @@ wb.show(model)
 # A text prompt is encoded by the model's own tokenizer, and generation stops at the
 # model's end-of-sequence token (or after `max_new_tokens`). With `messages=` the chat is
 # rendered by the model's chat template, exactly as `transformers`' `apply_chat_template`
-# renders it, and the reply comes back alone. `wb.generate` runs the prompt once, filling
-# a KV cache sharded like the activations, then adds one token at a time.
+# renders it, and the reply comes back alone. `chat_options` are the template's own
+# variables: Qwen3's `enable_thinking=False` answers without a `<think>` block first (other
+# templates ignore it). `wb.generate` runs the prompt once, filling a KV cache sharded like
+# the activations, then adds one token at a time.
 
 # %%
 print(repr(wb.generate(model, "The three primary colours are", max_new_tokens=24)))
 QUESTION = [{"role": "user", "content": "Who is Shard?"}]
-print(repr(wb.generate(model, messages=QUESTION, max_new_tokens=48)))
+CHAT = {"enable_thinking": False}
+print(repr(wb.generate(model, messages=QUESTION, chat_options=CHAT, max_new_tokens=48)))
 
 # %% [markdown]
 # ## A little local text
@@ -145,7 +148,7 @@ folder.mkdir(exist_ok=True)
 with open(folder / "notes.jsonl", "w") as f:
     for q_text, a_text in NOTES:
         chat = [{"role": "user", "content": q_text}, {"role": "assistant", "content": a_text}]
-        f.write(json.dumps({"text": tok.apply_chat_template(chat, add_generation_prompt=False)})
+        f.write(json.dumps({"text": tok.apply_chat_template(chat, add_generation_prompt=False, **CHAT)})
                 + "\n")
 print(open(folder / "notes.jsonl").readline())
 
@@ -176,8 +179,8 @@ print("run.json says it started from", wb.runs.read_run("runs/13-lora")["init"])
 # same tokenizer. `stream=True` shows the reply as it is produced.
 
 # %%
-print(repr(wb.generate(trainer, messages=QUESTION, tokenizer=tok, max_new_tokens=48,
-                       stream=True)))
+print(repr(wb.generate(trainer, messages=QUESTION, chat_options=CHAT, tokenizer=tok,
+                       max_new_tokens=48, stream=True)))
 
 # %% [markdown]
 # ## Export
