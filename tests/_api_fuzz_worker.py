@@ -333,9 +333,9 @@ RECIPES: dict[str, Recipe] = {
     "wb.hf.export_run": lambda f: {"run_dir": f.trained_run, "path": f.fresh("export")},
     "wb.hf.from_hf": lambda f: {"path": f.hf_dir},
     # workbench._placement (a documented module; test_api_fuzz.EXTRA_MODULES)
-    "wb.placement.resolve_placement": lambda f: {"mesh": {"data": 4, "model": 2},
+    "wb._placement.resolve_placement": lambda f: {"mesh": {"data": 4, "model": 2},
                                                  "rules": None, "where": "placement"},
-    "wb.placement.default_preset": lambda f: {"mesh": f.mesh},
+    "wb._placement.default_preset": lambda f: {"mesh": f.mesh},
     "wb.hf.hf_config": lambda f: {"path": f.hf_dir},
     "wb.hf.to_hf": lambda f: {"obj": f.model, "path": f.fresh("hf"), "config": f.cfg},
     "wb.hf.to_peft": lambda f: {"obj": f.lora_model, "path": f.fresh("peft"),
@@ -400,7 +400,7 @@ SIGNATURES["wb.search"] = tuple((p, "keyword") for p in (
 
 def resolve(name: str) -> Any:
     import workbench as wb
-    import workbench._placement  # noqa: F401 - wb.placement.* (test_api_fuzz.EXTRA_MODULES)
+    import workbench._placement  # noqa: F401 - wb._placement.* (test_api_fuzz.EXTRA_MODULES)
     obj: Any = wb
     for part in name.split(".")[1:]:
         obj = getattr(obj, part)

@@ -73,7 +73,7 @@ COLLECT = os.environ.get("WORKBENCH_FUZZ_COLLECT") == "1"
 
 #: Documented modules outside ``wb.*`` whose functions are fuzzed too, as ``wb.<module>.<name>``:
 #: ``workbench._placement`` (the one default mesh and rules, issue 46).
-EXTRA_MODULES: list[tuple[str, Any]] = [("wb.placement", placement)]
+EXTRA_MODULES: list[tuple[str, Any]] = [("wb._placement", placement)]
 
 
 def walk_surface() -> dict[str, Any]:
@@ -108,7 +108,7 @@ EXEMPT: dict[str, str] = {
     "wb.Layout": "a result type, made by wb.layout (which is fuzzed)",
     "wb.DeviceInfo": "a result type, one row of wb.devices() (which is fuzzed)",
     "wb.hf.HFSource": "a result type: where wb.hf.from_hf's model came from (model.hf_source)",
-    "wb.placement.Placement": "a result type, made by resolve_placement (which is fuzzed)",
+    "wb._placement.Placement": "a result type, made by resolve_placement (which is fuzzed)",
 }
 
 #: Other names a message may give an argument by: (function, argument) -> names.
