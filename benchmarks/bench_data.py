@@ -74,7 +74,7 @@ def pipeline_rate(spec: Any, prefetch: int, cache: Path, batches: int = BATCHES)
     from jax.sharding import NamedSharding, PartitionSpec
 
     from workbench.data import ShardedBatches
-    from workbench._mesh import make_mesh
+    from workbench._sharding.mesh import make_mesh
 
     mesh = make_mesh({"data": 8})
     sh = NamedSharding(mesh, PartitionSpec("data"))

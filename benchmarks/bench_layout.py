@@ -10,9 +10,9 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from workbench._layouts import layout
-from workbench._mesh import abstract_mesh
-from workbench._pytrees import tree_layouts
+from workbench._sharding.layouts import layout
+from workbench._sharding.mesh import abstract_mesh
+from workbench._sharding.pytrees import tree_layouts
 from workbench.widgets._payload import layout_payload
 from workbench.widgets._tree_payload import tree_payload
 

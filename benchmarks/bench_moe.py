@@ -30,8 +30,8 @@ def _step(cfg: Any, axes: dict[str, int], rules: str) -> Any:
     import jax
     import optax
 
-    from workbench._mesh import make_mesh
-    from workbench._rules import Rules
+    from workbench._sharding.mesh import make_mesh
+    from workbench._sharding.rules import Rules
     from workbench._step import (batch_shardings, init_state, jit_train_step, make_train_step,
                                 state_shardings)
 

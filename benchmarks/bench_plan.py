@@ -95,7 +95,7 @@ def _plan_process(args: list[str], cache: str) -> dict[str, Any]:
 def tpu_rows() -> list[dict[str, Any]]:
     """TPU-compiled plans in fresh processes: first (compiles), the same plan again in the
     process (memory cache), and a new process (plan cache on disk)."""
-    from workbench._topology import tpu_compiler_available
+    from workbench._sharding.topology import tpu_compiler_available
 
     if not tpu_compiler_available():
         return [{"name": "TPU-compiled plans", "value": None, "unit": "", "target": "",
@@ -138,7 +138,7 @@ import time, warnings, jax, sys
 jax.config.update("jax_compilation_cache_dir", sys.argv[1])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 import workbench as wb
-from workbench._topology import tpu_mesh
+from workbench._sharding.topology import tpu_mesh
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 m = tpu_mesh(wb.abstract_mesh("v5e-4", data=4))
@@ -176,7 +176,7 @@ def import_rows() -> list[dict[str, Any]]:
     """``import workbench; wb.devices(); jax.devices()`` on this CPU host with libtpu
     installed vs hidden (a shadow ``libtpu`` module that fails to import), interleaved,
     5 windows; and what a process that never imports workbench's device code prints."""
-    from workbench._topology import tpu_compiler_available
+    from workbench._sharding.topology import tpu_compiler_available
 
     if not tpu_compiler_available():
         return []

@@ -34,9 +34,9 @@ def _tiny_state() -> Any:
     """The "tiny" model's train state (params, AdamW state, step) and an RNG key."""
     import jax
 
-    from workbench._mesh import make_mesh
+    from workbench._sharding.mesh import make_mesh
     from workbench.models._config import GPTConfig
-    from workbench._rules import Rules
+    from workbench._sharding.rules import Rules
     from workbench._step import init_state
     from workbench.train._optim import AdamW
 
@@ -53,7 +53,7 @@ def _large_state() -> Any:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from workbench._mesh import make_mesh
+    from workbench._sharding.mesh import make_mesh
 
     mesh = make_mesh({"data": 8})
     n = LARGE_BYTES // 8 // 4

@@ -49,8 +49,8 @@ class _Bare:
         import jax
 
         from workbench.data import ShardedBatches
-        from workbench._mesh import make_mesh
-        from workbench._rules import Rules
+        from workbench._sharding.mesh import make_mesh
+        from workbench._sharding.rules import Rules
         from workbench._step import (
             batch_shardings,
             init_state,

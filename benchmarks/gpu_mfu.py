@@ -39,7 +39,7 @@ def run_one(name: str, n_gpus: int, platform: str = "gpu") -> dict:
     from workbench.hardware import cpu_spec, hardware_spec
     from workbench.models import GPTConfig
     from workbench.planning._flags import compile_options
-    from workbench._rules import Rules
+    from workbench._sharding.rules import Rules
     from workbench._step import (batch_shardings, init_state, jit_train_step,
                                 make_train_step, state_shardings)
 

@@ -332,10 +332,10 @@ RECIPES: dict[str, Recipe] = {
     # wb.hf (wb.models.from_hf / hf_config / to_hf and wb.train.export_run are these)
     "wb.hf.export_run": lambda f: {"run_dir": f.trained_run, "path": f.fresh("export")},
     "wb.hf.from_hf": lambda f: {"path": f.hf_dir},
-    # workbench._placement (a documented module; test_api_fuzz.EXTRA_MODULES)
-    "wb._placement.resolve_placement": lambda f: {"mesh": {"data": 4, "model": 2},
+    # workbench._sharding.placement (a documented module; test_api_fuzz.EXTRA_MODULES)
+    "wb._sharding.placement.resolve_placement": lambda f: {"mesh": {"data": 4, "model": 2},
                                                  "rules": None, "where": "placement"},
-    "wb._placement.default_preset": lambda f: {"mesh": f.mesh},
+    "wb._sharding.placement.default_preset": lambda f: {"mesh": f.mesh},
     "wb.hf.hf_config": lambda f: {"path": f.hf_dir},
     "wb.hf.to_hf": lambda f: {"obj": f.model, "path": f.fresh("hf"), "config": f.cfg},
     "wb.hf.to_peft": lambda f: {"obj": f.lora_model, "path": f.fresh("peft"),
@@ -400,7 +400,8 @@ SIGNATURES["wb.search"] = tuple((p, "keyword") for p in (
 
 def resolve(name: str) -> Any:
     import workbench as wb
-    import workbench._placement  # noqa: F401 - wb._placement.* (test_api_fuzz.EXTRA_MODULES)
+    import workbench._sharding.placement  # noqa: F401 - wb._sharding.placement.*
+    # (test_api_fuzz.EXTRA_MODULES)
     obj: Any = wb
     for part in name.split(".")[1:]:
         obj = getattr(obj, part)

@@ -84,7 +84,7 @@ def test_collectives_name_source_lines_tensors_and_rules(plan):
             assert c.sources, c     # the ops of the model's own lines have them
         for src, op in zip(c.sources, c.ops, strict=False):
             # a source line is the model's, never Workbench's plumbing (perf._hlo._LIBRARY)
-            assert not src.startswith(("_step.py", "_rules.py", "_planner.py",
+            assert not src.startswith(("_step.py", "rules.py", "_planner.py",
                                        "_activations.py")), src
             spec = re.search(r"\(([a-z,]+->[a-z]+)\)", op)
             if spec and src.startswith(("_gpt.py", "_layers.py")):   # the model's own lines

@@ -16,7 +16,7 @@ from workbench.models import GPTConfig
 from workbench.models import _context as C
 from workbench.perf import _attention_cost as attention_cost
 from workbench.perf import _analytic as analytic
-from workbench._topology import tpu_compiler_available
+from workbench._sharding.topology import tpu_compiler_available
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 

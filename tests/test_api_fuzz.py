@@ -56,7 +56,7 @@ from hypothesis import strategies as st
 
 import _api_fuzz_worker as worker
 import workbench as wb
-import workbench._placement as placement
+import workbench._sharding.placement as placement
 from _api_fuzz_worker import Opaque
 
 #: ~45 s of CPU in one worker process (`make test`; `make test-fast` leaves it out).
@@ -72,8 +72,8 @@ COLLECT = os.environ.get("WORKBENCH_FUZZ_COLLECT") == "1"
 # --- the surface --------------------------------------------------------------------------------
 
 #: Documented modules outside ``wb.*`` whose functions are fuzzed too, as ``wb.<module>.<name>``:
-#: ``workbench._placement`` (the one default mesh and rules, issue 46).
-EXTRA_MODULES: list[tuple[str, Any]] = [("wb._placement", placement)]
+#: ``workbench._sharding.placement`` (the one default mesh and rules, issue 46).
+EXTRA_MODULES: list[tuple[str, Any]] = [("wb._sharding.placement", placement)]
 
 
 def walk_surface() -> dict[str, Any]:
@@ -108,7 +108,7 @@ EXEMPT: dict[str, str] = {
     "wb.Layout": "a result type, made by wb.layout (which is fuzzed)",
     "wb.DeviceInfo": "a result type, one row of wb.devices() (which is fuzzed)",
     "wb.hf.HFSource": "a result type: where wb.hf.from_hf's model came from (model.hf_source)",
-    "wb._placement.Placement": "a result type, made by resolve_placement (which is fuzzed)",
+    "wb._sharding.placement.Placement": "a result type, made by resolve_placement (fuzzed)",
 }
 
 #: Other names a message may give an argument by: (function, argument) -> names.

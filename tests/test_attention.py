@@ -9,7 +9,7 @@ import pytest
 import workbench as wb
 from workbench.models import GPTConfig, _attention as A
 from workbench.perf import _attention_cost as attention_cost
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 from workbench._step import init_state, make_train_step
 
 from _tolerance import assert_close_at_scale

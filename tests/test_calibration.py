@@ -168,7 +168,7 @@ def test_hardware_row_and_cpu_entry():
 def test_two_process_mesh_is_predictable():
     """A mesh spanning two processes (abstract CPU hosts) times its collectives over the
     loopback entry instead of raising for a missing network bandwidth."""
-    from workbench._mesh import MeshInfo
+    from workbench._sharding.mesh import MeshInfo
     from workbench.perf._hlo import Collective
     from workbench.perf._predict import collective_seconds
 

@@ -14,7 +14,7 @@ import workbench as wb
 from workbench.models import GPTConfig
 from workbench.planning import _flags as flags
 from workbench.planning._flags import OVERLAP_FLAGS, retry_options
-from workbench._topology import tpu_compiler_available
+from workbench._sharding.topology import tpu_compiler_available
 
 pytestmark = [
     pytest.mark.tpu,

@@ -18,7 +18,7 @@ import workbench as wb
 from workbench import _runs as runs
 from workbench.data import SyntheticData, TextData
 from workbench.models import GPTConfig
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 from workbench.train import RUN_CONTROL_FIELDS, AdamW, TrainConfig
 
 ISSUE_EXAMPLE = {"model": "tiny", "mesh": {"data": 8}, "rules": "fsdp", "batch": 8, "seq": 128,
@@ -29,7 +29,7 @@ def test_issue_example_and_every_field_has_a_default():
     cfg = wb.TrainConfig(**ISSUE_EXAMPLE)
     assert all(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
                for f in dataclasses.fields(TrainConfig))
-    # rules None: workbench._placement's default for the mesh (fsdp on {"data": -1})
+    # rules None: workbench._sharding.placement's default for the mesh (fsdp on {"data": -1})
     assert TrainConfig() == TrainConfig(**{**ISSUE_EXAMPLE, "mesh": {"data": -1}, "rules": None})
     assert cfg.model_config() == GPTConfig.preset("tiny")
     assert cfg.data == TextData() and cfg.optimizer == AdamW()

@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import workbench as wb
-import workbench._mesh  # noqa: F401 - wb._mesh below
+import workbench._sharding.mesh  # noqa: F401 - wb._sharding.mesh below
 from workbench import _step as S
 from workbench.models import GPTConfig
 from workbench.models import _context as C
@@ -197,8 +197,8 @@ def test_plan_lints_name_uneven_context_and_ring_over_slow_links():
     p = wb.plan(cfg, mesh=big, rules="fsdp_cp", batch=16, seq=8190, compile=False,
                 progress=False)
     assert [w.kind for w in p.warnings if w.severity == "error"] == ["context_uneven"]
-    info = wb._mesh.mesh_info(big)
-    slow = wb._mesh.MeshInfo(axis_names=info.axis_names, axis_sizes=info.axis_sizes,
+    info = wb._sharding.mesh.mesh_info(big)
+    slow = wb._sharding.mesh.MeshInfo(axis_names=info.axis_names, axis_sizes=info.axis_sizes,
                             device_ids=info.device_ids, dcn_axis_sizes=(1, 2))
     from workbench.planning import _lints as lints
 

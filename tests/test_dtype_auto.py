@@ -18,7 +18,7 @@ from workbench.models._config import AUTO_DTYPES, resolve_dtype
 from workbench.hf._families import to_gpt_config
 from workbench.perf import _analytic as analytic
 from workbench.planning._report import PlanReport
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 from workbench.train._metrics import ProgressLine
 from workbench.train._setup import RunConfigMismatch
 

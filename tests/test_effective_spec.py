@@ -10,7 +10,7 @@ import pytest
 
 import workbench as wb
 from workbench.hardware import Calibration, EffectiveSpec, effective_spec, hardware_spec
-from workbench._mesh import mesh_info
+from workbench._sharding.mesh import mesh_info
 from workbench.perf._predict import predict
 
 CAL = dict(compute_factor=0.5, memory_factor=0.25, matmul_flops=1e12, hbm_bandwidth=1e10,

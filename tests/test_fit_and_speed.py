@@ -19,7 +19,7 @@ from workbench.hardware import hardware_spec
 from workbench.models import GPT, GPTConfig
 from workbench.perf._hlo import compiler_cycles, computation_multiplicity
 from workbench._step import lm_loss, make_train_step
-from workbench._topology import tpu_compiler_available
+from workbench._sharding.topology import tpu_compiler_available
 
 from _tolerance import assert_close_at_scale
 
@@ -186,7 +186,7 @@ def test_a_matmuls_estimated_cycles_at_the_clock_stay_within_its_flops_at_peak(t
     """The clock in the hardware table turns the compiler's cycles into seconds: for one
     large bf16 matmul on one chip, the estimate at that clock is no faster than the
     matmul's FLOPs at the chip's published peak, and within 2x of it."""
-    from workbench._topology import _topology_devices
+    from workbench._sharding.topology import _topology_devices
 
     dev = _topology_devices(topology, 1)[0]   # the devices plans compile for (v4: megacore)
     n = 4096

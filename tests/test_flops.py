@@ -8,7 +8,7 @@ from jax.sharding import AxisType
 
 from workbench._flops import dot_flops, gpt_flops, mfu
 from workbench.models import GPT, GPTConfig
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 from workbench._step import abstract_state, batch_shardings, jit_train_step, make_train_step
 
 

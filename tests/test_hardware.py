@@ -81,9 +81,9 @@ def test_a_new_generation_is_one_catalogue_entry(monkeypatch):
     search's advice, and (naming libtpu's chip) its target to the TPU compiler."""
     from workbench.hardware import _catalogue as catalogue
     from workbench.hardware._catalogue import GIB, Generation, HardwareSpec
-    from workbench._mesh import HARDWARE_PRESETS
+    from workbench._sharding.mesh import HARDWARE_PRESETS
     from workbench.planning._search_space import hardware as search_hardware, larger_presets
-    from workbench._topology import topology_name, tpu_target
+    from workbench._sharding.topology import topology_name, tpu_target
 
     spec = HardwareSpec(name="Zeta z1", peak_flops=100e12, memory_bytes=16 * GIB,
                         source="test entry", platform="tpu", topology_dims=2,
@@ -93,9 +93,9 @@ def test_a_new_generation_is_one_catalogue_entry(monkeypatch):
                       libtpu="v5e", slices={"z1-4": (2, 2, 1), "z1-16": (4, 4, 1)},
                       single_host_chips=8)
     monkeypatch.setattr(catalogue, "GENERATIONS", (*catalogue.GENERATIONS, fake))
-    import workbench._mesh
+    import workbench._sharding.mesh
 
-    assert "z1-16" in workbench._mesh.HARDWARE_PRESETS and "z1-16" not in HARDWARE_PRESETS
+    assert "z1-16" in workbench._sharding.mesh.HARDWARE_PRESETS and "z1-16" not in HARDWARE_PRESETS
     assert hardware_spec("Zeta z1") is spec and peak_flops("Zeta z1")[0] == 100e12
     mesh = wb.abstract_mesh("z1-4", data=2, model=2)
     assert (mesh.size, mesh.device_kind, mesh.memory_per_device, mesh.peak_flops) == \

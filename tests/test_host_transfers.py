@@ -18,7 +18,7 @@ import workbench as wb
 from workbench.hardware import GENERATIONS, hardware_spec
 from workbench.models import GPTConfig
 from workbench.perf._host import HostTraffic, host_seconds, host_traffic
-from workbench._topology import tpu_compiler_available
+from workbench._sharding.topology import tpu_compiler_available
 
 
 

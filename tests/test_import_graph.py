@@ -119,21 +119,22 @@ def test_the_reader_counts_what_runs_at_import_time():
     src = ("from typing import TYPE_CHECKING\n"
            "import workbench.models._gpt\n"
            "from workbench.jobs import _cluster, launch\n"
-           "if TYPE_CHECKING:\n    from workbench._rules import Rules\n"
+           "if TYPE_CHECKING:\n    from workbench._sharding.rules import Rules\n"
            "try:\n    from . import _flops\nexcept ImportError:\n    pass\n"
-           "class C:\n    from workbench import _layouts\n"
+           "class C:\n    from workbench._sharding import layouts\n"
            "def f():\n    from workbench.planning import schedule\n")
     mods = frozenset({"workbench", "workbench.models", "workbench.models._gpt", "workbench.jobs",
-                      "workbench.jobs._cluster", "workbench._rules", "workbench._flops",
-                      "workbench._layouts", "workbench.planning", "workbench.planning.schedule",
-                      "workbench._step"})
+                      "workbench.jobs._cluster", "workbench._sharding", "workbench._sharding.rules",
+                      "workbench._flops", "workbench._sharding.layouts", "workbench.planning",
+                      "workbench.planning.schedule", "workbench._step"})
     got: set[str] = set()
     for node in module_level_imports(src):
         got |= targets(node, "workbench._step", is_package=False, modules=mods)
     assert got == {"workbench.models", "workbench.models._gpt",   # the package runs first
                    "workbench.jobs",                # `launch` is a name of jobs/__init__
-                   "workbench.jobs._cluster", "workbench._rules", "workbench._flops",
-                   "workbench._layouts"}             # not planning: inside a function
+                   "workbench.jobs._cluster", "workbench._sharding",   # runs before its module
+                   "workbench._sharding.rules", "workbench._flops",
+                   "workbench._sharding.layouts"}   # not planning: inside a function
 
 
 def test_a_package_importing_itself_back_counts():

@@ -97,7 +97,7 @@ def record() -> dict:
 @pytest.mark.slow
 def test_every_module_is_imported(record):
     imported = set(record["imported"])
-    for name in ("workbench._tracing", "workbench.models._gpt", "workbench.models._layers",
+    for name in ("workbench._sharding.tracing", "workbench.models._gpt", "workbench.models._layers",
                  "workbench.planning", "workbench.train", "workbench.jobs",
                  "workbench.widgets", "workbench.server", "workbench.__main__"):
         assert name in imported, name

@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-CORE = ["workbench", "workbench.hardware", "workbench._mesh", "workbench._layouts", "workbench._rules",
-        "workbench.models", "workbench.hf._load", "workbench.hf._export", "workbench._flops",
+CORE = ["workbench", "workbench.hardware", "workbench._sharding.mesh", "workbench._sharding.layouts",
+        "workbench._sharding.rules", "workbench._sharding.placement", "workbench._sharding.pytrees",
+        "workbench._sharding.topology", "workbench.models", "workbench.hf._load", "workbench.hf._export", "workbench._flops",
         "workbench._step", "workbench.perf", "workbench.planning", "workbench._runs",
         "workbench.train", "workbench.data", "workbench.jobs"]
 BLOCK = """
@@ -62,7 +63,7 @@ def _exists(mod: str) -> bool:
         return False
 
 
-PUBLIC_FUNCTIONS = {"devices": "workbench.hardware", "layout": "workbench._layouts",
+PUBLIC_FUNCTIONS = {"devices": "workbench.hardware", "layout": "workbench._sharding.layouts",
                     "plan": "workbench.planning", "launch": "workbench.jobs",
                     "show": "workbench.widgets", "simulate_devices": "workbench.hardware"}
 
@@ -290,6 +291,25 @@ def test_models_is_a_tree_with_config_at_the_root():
     assert m + "layers" in graph[m + "moe"]
     assert m + "gpt" not in graph[m + "moe"] | graph[m + "pipeline"] | graph[m + "layers"]
     assert m + "moe" not in graph[m + "pipeline"]
+
+
+#: What ``workbench/_sharding/`` (meshes, layouts, rules, placement, the trace context) may import.
+SHARDING_BELOW = ("workbench._sharding", "workbench.hardware", "workbench._display",
+                  "workbench._validate")
+
+
+def test_sharding_sits_low():
+    """``_sharding`` imports only itself, ``hardware`` and the root's ``_display`` and
+    ``_validate`` (every import counted, inside functions too): models, planning, perf,
+    train, hf... all build on it, so it can never import them back."""
+    found = []
+    for path in sorted((PACKAGE / "_sharding").glob("*.py")):
+        for line, name in imports(path.read_text(), module_name(path),
+                                  is_package=path.name == "__init__.py"):
+            if _within(name, ("workbench",)) and not _within(name, SHARDING_BELOW):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}")
+    assert len(package_graph(PACKAGE / "_sharding")) == 8
+    assert not found, found
 
 
 @pytest.mark.parametrize("module", ["server/_handlers.py", "server/_hub.py", "server/_index.py"])

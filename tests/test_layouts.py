@@ -173,12 +173,12 @@ def test_text_form_has_the_numbers():
     assert "replication x1" in text and "devices 7" in text
 
 
-# -- pytrees (workbench._pytrees) ------------------------------------------------------------
+# -- pytrees (workbench._sharding.pytrees) ---------------------------------------------------------
 
 def test_tree_layouts_equal_jax_shards_and_carry_logical_axes():
     """Every leaf's ranges equal ``devices_indices_map``, bytes per device equal the sum of
     ``addressable_shards``; equal (shape, dtype, spec) leaves share one geometry."""
-    from workbench._pytrees import tree_layouts
+    from workbench._sharding.pytrees import tree_layouts
 
     mesh = wb.make_mesh(data=4, model=2, devices=jax.devices()[::-1])   # ids != positions
     sds = lambda shape, spec, dtype=np.float32: jax.ShapeDtypeStruct(

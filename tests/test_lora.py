@@ -313,7 +313,7 @@ def test_to_peft_refuses_a_model_without_adapters_and_an_existing_folder(hf_run,
 
 # ------------------------------------------------------------------ the plan, TPU compiler
 def _tpu_compiler():
-    from workbench._topology import tpu_compiler_available
+    from workbench._sharding.topology import tpu_compiler_available
 
     return tpu_compiler_available()
 

@@ -5,7 +5,7 @@ import pytest
 from jax.sharding import AxisType
 
 import workbench as wb
-from workbench._mesh import HARDWARE_PRESETS, mesh_info
+from workbench._sharding.mesh import HARDWARE_PRESETS, mesh_info
 
 
 def test_make_mesh_kwargs_dict_and_infer():

@@ -9,7 +9,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 
 from workbench.models import GPT, PRESETS, GPTConfig, MLPClassifier
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 from workbench._step import abstract_model, param_specs
 
 from _tolerance import assert_close_at_scale, assert_trees_close_at_scale

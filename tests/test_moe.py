@@ -25,7 +25,7 @@ from workbench import _step as S
 from workbench.models import GPTConfig
 from workbench.models._moe import capacity
 from workbench.perf import _analytic as analytic
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 

@@ -16,7 +16,7 @@ import workbench as wb
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
 from workbench.perf._hlo import parse_collectives
-from workbench._topology import tpu_compiler_available
+from workbench._sharding.topology import tpu_compiler_available
 
 pytestmark = [
     pytest.mark.tpu,                 # every test compiles for an abstract TPU slice

@@ -28,8 +28,8 @@ import workbench as wb
 from workbench import _step as S
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
-from workbench._rules import Rules
-from workbench._topology import tpu_compiler_available
+from workbench._sharding.rules import Rules
+from workbench._sharding.topology import tpu_compiler_available
 
 from _tolerance import assert_trees_close_at_scale
 

@@ -20,7 +20,7 @@ import workbench as wb
 from workbench import _runs as runs
 from workbench import _step as S
 from workbench.models import GPTConfig, _moe as moe
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 
 from _tolerance import assert_trees_close_at_scale
 

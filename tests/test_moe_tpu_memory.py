@@ -37,7 +37,7 @@ import pytest
 import workbench as wb
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
-from workbench._topology import tpu_compiler_available
+from workbench._sharding.topology import tpu_compiler_available
 
 needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),
                                reason="the TPU compiler (libtpu) is not installed")

@@ -21,7 +21,7 @@ from workbench.perf import _analytic as analytic
 from workbench.perf._bounds import MFU_CEILING
 from workbench.perf._hlo import computation_multiplicity
 from workbench.perf._predict import predict
-from workbench._topology import tpu_compiler_available
+from workbench._sharding.topology import tpu_compiler_available
 
 needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),
                                reason="the TPU compiler (libtpu) is not installed")

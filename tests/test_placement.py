@@ -1,6 +1,6 @@
-"""The one placement default (workbench/placement.py): the resolver's table of cases against
-hand-written rules, its errors, and every caller that picks a mesh or rules when none is
-given (wb.plan, the Trainer through TrainConfig, wb.hf.export_run, wb.hf.from_hf,
+"""The one placement default (workbench/_sharding/placement.py): the resolver's table of cases
+against hand-written rules, its errors, and every caller that picks a mesh or rules when none
+is given (wb.plan, the Trainer through TrainConfig, wb.hf.export_run, wb.hf.from_hf,
 wb.generate, wb.search) ending up where the resolver says, on the 8 simulated devices."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 import workbench as wb
 from workbench.models import GPT, GPTConfig
-from workbench._placement import DEFAULT_AXIS, Placement, default_preset, resolve_placement
-from workbench._rules import Rules
+from workbench._sharding.placement import DEFAULT_AXIS, Placement, default_preset, resolve_placement
+from workbench._sharding.rules import Rules
 from workbench._step import abstract_model, param_specs
 
 TINY = GPTConfig.preset("tiny", n_layers=1)
@@ -117,7 +117,7 @@ def specs_of(model):
     """``{path: PartitionSpec}`` of a GPT's parameters as they lie."""
     from flax import nnx
 
-    from workbench._pytrees import path_str
+    from workbench._sharding.pytrees import path_str
 
     state = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     return {path_str(p): leaf.sharding.spec
@@ -125,7 +125,7 @@ def specs_of(model):
 
 
 def expected_specs(cfg, rules):
-    from workbench._pytrees import path_str
+    from workbench._sharding.pytrees import path_str
 
     _, params, logical = abstract_model(cfg)
     specs = param_specs(params, logical, rules)
@@ -195,7 +195,7 @@ def test_trainer_records_its_placement(trained):
 
 def test_export_run(trained):
     from workbench.hf._export import restore_params
-    from workbench._pytrees import path_str
+    from workbench._sharding.pytrees import path_str
 
     root, _ = trained
     params, cfg, _ = restore_params(root / "run")

@@ -8,7 +8,7 @@ import jax
 import pytest
 
 import workbench as wb
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 
 MESH = {"data": 4, "model": 2}
 COLLECTIVE = re.compile(

@@ -10,7 +10,7 @@ from flax import nnx
 import workbench as wb
 from workbench.perf._hlo import groups_to_axes, parse_collectives, parse_replica_groups
 from workbench.models import GPTConfig, MLPClassifier, classifier_loss
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 from workbench._step import TrainState
 
 TINY = GPTConfig.preset("tiny")

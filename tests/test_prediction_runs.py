@@ -18,7 +18,7 @@ from traitlets.config import Config
 
 import workbench as wb
 from workbench import _runs as runs
-from workbench._mesh import make_mesh
+from workbench._sharding.mesh import make_mesh
 from workbench.server._index import RunIndex
 from workbench.widgets import _assets
 from workbench.widgets._train_panel import TrainPanel

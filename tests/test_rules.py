@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench._rules import LOGICAL_AXES, Rules, constrain
+from workbench._sharding.rules import LOGICAL_AXES, Rules, constrain
 
 
 @pytest.fixture(scope="module")

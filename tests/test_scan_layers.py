@@ -9,7 +9,7 @@ import workbench as wb
 from workbench._flops import jaxpr_step_flops
 from workbench.models import GPT, GPTConfig
 from workbench.models._gpt import stack_blocks, unstack_blocks
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 from workbench._step import abstract_model, lm_loss
 
 from _tolerance import assert_close_at_scale, assert_trees_close_at_scale

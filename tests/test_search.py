@@ -11,9 +11,9 @@ import subprocess
 import pytest
 
 import workbench as wb
-from workbench._layouts import format_bytes
+from workbench._sharding.layouts import format_bytes
 from workbench.models import GPTConfig
-from workbench._topology import tpu_compiler_available
+from workbench._sharding.topology import tpu_compiler_available
 
 TINY = GPTConfig.preset("tiny")
 HW, BATCH, SEQ = "v5e-8", 16, 128

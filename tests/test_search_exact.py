@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from workbench._topology import tpu_compiler_available
+from workbench._sharding.topology import tpu_compiler_available
 from workbench.models import GPTConfig
 
 pytestmark = [pytest.mark.tpu,

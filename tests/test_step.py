@@ -9,7 +9,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from workbench.models import GPTConfig
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 from workbench._step import (
     TrainState,
     abstract_model,

@@ -12,9 +12,10 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import workbench as wb
-import workbench._mesh  # noqa: F401 - wb._mesh below
+import workbench._sharding.mesh  # noqa: F401 - wb._sharding.mesh below
 from workbench.perf._hlo import parse_collectives
-from workbench._topology import topology_name, tpu_compiler_available, tpu_devices, tpu_target
+from workbench._sharding.topology import (topology_name, tpu_compiler_available, tpu_devices,
+                                          tpu_target)
 
 needs_libtpu = pytest.mark.skipif(
     not tpu_compiler_available(),
@@ -101,7 +102,7 @@ def test_multislice_mesh_puts_slices_on_the_dcn_axis():
     assert mesh is not None and dict(mesh.shape) == {"data": 4, "model": 2}
     slices = np.vectorize(lambda d: d.slice_index)(mesh.devices)
     assert (slices[:2] == 0).all() and (slices[2:] == 1).all()
-    assert wb._mesh.mesh_info(mesh).dcn_axis_sizes == (2, 1)
+    assert wb._sharding.mesh.mesh_info(mesh).dcn_axis_sizes == (2, 1)
 
 
 @needs_libtpu
@@ -132,7 +133,7 @@ def test_v4_compiles_in_megacore_mode_like_jax_itself():
 
 def test_without_libtpu_plans_fall_back_with_a_reason():
     code = ("import sys; sys.modules['libtpu'] = None\n"
-            "import workbench as wb\nfrom workbench._topology import tpu_target\n"
+            "import workbench as wb\nfrom workbench._sharding.topology import tpu_target\n"
             "t = tpu_target(wb.abstract_mesh('v5p-8', data=4)); print(t.mesh is None, t.reason)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": ""})
@@ -144,7 +145,8 @@ def test_libtpu_stays_quiet_on_a_host_without_tpus():
     """wb.devices() (which keeps libtpu quiet, explicitly: importing changes nothing), then
     jax.devices() and a TPU topology: no noise."""
     code = ("import workbench as wb, jax; wb.devices(); print(jax.devices()[0].platform)\n"
-            "from workbench._topology import tpu_devices; print(len(tpu_devices('v5e-4')))")
+            "from workbench._sharding.topology import tpu_devices\n"
+            "print(len(tpu_devices('v5e-4')))")
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, env=env)

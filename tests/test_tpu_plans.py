@@ -21,14 +21,14 @@ from jax.sharding import AxisType, Mesh
 
 import workbench as wb
 from workbench.planning._flags import OVERLAP_FLAGS
-from workbench._mesh import mesh_info
+from workbench._sharding.mesh import mesh_info
 from workbench.models import GPTConfig
 from workbench.planning import _compile as plan_compile
 from workbench.perf._hlo import parse_collectives
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 from workbench._step import abstract_batch, abstract_train_state, jit_train_step, make_train_step
 from workbench._step import model_factory
-from workbench._topology import tpu_compiler_available
+from workbench._sharding.topology import tpu_compiler_available
 
 pytestmark = [
     pytest.mark.tpu,                 # every test compiles for an abstract TPU slice
@@ -144,7 +144,7 @@ def test_a_layout_the_tpu_compiler_cannot_take_is_an_estimate_with_the_lint():
 
 
 def test_missing_tpu_compiler_falls_back_and_says_so_once(monkeypatch, capsys):
-    import workbench._topology as topology
+    import workbench._sharding.topology as topology
 
     monkeypatch.setattr(topology, "tpu_compiler_available", lambda: False)
     monkeypatch.setattr("workbench.planning._measure._SAID", set())

@@ -19,11 +19,11 @@ from flax import nnx
 
 import workbench as wb
 from workbench import _step as S
-from workbench import _tracing as tracing
+from workbench._sharding import tracing
 from workbench.models import GPT, GPTConfig, _moe as moe
 from workbench.models._gpt import stack_blocks
 from workbench.models._pipeline import Pipeline, activate
-from workbench._rules import Rules, constrain, recording
+from workbench._sharding.rules import Rules, constrain, recording
 
 from _tolerance import assert_close_at_scale
 
@@ -55,7 +55,7 @@ def test_the_trace_context_is_the_only_context_variable():
     package = pathlib.Path(wb.__file__).parent
     owners = {p.relative_to(package).as_posix() for p in package.rglob("*.py")
               if re.search(r"ContextVar\(", p.read_text())}
-    assert owners == {"_tracing.py"}, owners
+    assert owners == {"_sharding/tracing.py"}, owners
 
 
 def _models():

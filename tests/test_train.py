@@ -17,8 +17,8 @@ import workbench.train._trainer  # noqa: F401 - wb.train._trainer below
 from workbench import _runs as runs
 from workbench.data import ShardedBatches
 from workbench._flops import gpt_flops
-from workbench._mesh import make_mesh
-from workbench._rules import Rules
+from workbench._sharding.mesh import make_mesh
+from workbench._sharding.rules import Rules
 from workbench._step import (
     batch_shardings,
     init_state,

@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from workbench._layouts import layout
-from workbench._mesh import abstract_mesh, make_mesh, mesh_info
-from workbench._rules import Rules
+from workbench._sharding.layouts import layout
+from workbench._sharding.mesh import abstract_mesh, make_mesh, mesh_info
+from workbench._sharding.rules import Rules
 from workbench.widgets import show, view_for
 from workbench.widgets._show import _VIEWS
 from workbench.widgets._payload import layout_payload, mesh_payload
-from workbench._pytrees import tree_layouts
+from workbench._sharding.pytrees import tree_layouts
 from workbench.widgets._tree_payload import tree_payload
 
 

@@ -14,8 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from workbench._layouts import layout
-from workbench._mesh import abstract_mesh, make_mesh
+from workbench._sharding.layouts import layout
+from workbench._sharding.mesh import abstract_mesh, make_mesh
 from workbench.widgets import _assets
 from workbench.widgets._payload import devices_payload, layout_payload, mesh_payload
 from workbench.widgets._tree_payload import tree_payload
@@ -266,7 +266,7 @@ def _gpt():
 
 
 def test_tree_table_sorts_selects_and_draws_memory_bars(tmp_path):
-    from workbench._rules import Rules
+    from workbench._sharding.rules import Rules
 
     mesh = make_mesh(data=4, model=2)
     p = tree_payload(_gpt(), mesh=mesh, rules=Rules.preset("fsdp_tp", mesh))

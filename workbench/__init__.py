@@ -13,7 +13,7 @@ name is resolved on first use (PEP 562), so ``workbench.server`` and ``workbench
 can be imported by the Jupyter server without importing JAX.
 
 No submodule shares a name with a public function (``wb.layout`` is a function defined in
-``workbench._layouts``, ``wb.plan`` in ``workbench.planning``, ``wb.devices`` in
+``workbench._sharding.layouts``, ``wb.plan`` in ``workbench.planning``, ``wb.devices`` in
 ``workbench.hardware``, ``wb.launch`` in ``workbench.jobs``), so what a name is never
 depends on what was imported first.
 """
@@ -32,12 +32,12 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "devices": ("workbench.hardware", "devices"),
     "DeviceInfo": ("workbench.hardware", "DeviceInfo"),
     "peak_flops": ("workbench.hardware", "peak_flops"),
-    "make_mesh": ("workbench._mesh", "make_mesh"),
-    "abstract_mesh": ("workbench._mesh", "abstract_mesh"),
-    "MeshInfo": ("workbench._mesh", "MeshInfo"),
-    "layout": ("workbench._layouts", "layout"),
-    "Layout": ("workbench._layouts", "Layout"),
-    "Rules": ("workbench._rules", "Rules"),
+    "make_mesh": ("workbench._sharding.mesh", "make_mesh"),
+    "abstract_mesh": ("workbench._sharding.mesh", "abstract_mesh"),
+    "MeshInfo": ("workbench._sharding.mesh", "MeshInfo"),
+    "layout": ("workbench._sharding.layouts", "layout"),
+    "Layout": ("workbench._sharding.layouts", "Layout"),
+    "Rules": ("workbench._sharding.rules", "Rules"),
     "plan": ("workbench.planning", "plan"),
     "Plan": ("workbench.planning", "Plan"),
     "compare": ("workbench.planning", "compare"),
@@ -91,13 +91,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench.hardware import DeviceInfo, devices, peak_flops, simulate_devices
     from workbench.exercises import exercise
     from workbench.jobs import Hosts, Job, Local, Slurm, TPUSlice, attach, launch
-    from workbench._layouts import Layout, layout
-    from workbench._mesh import MeshInfo, abstract_mesh, make_mesh
+    from workbench._sharding.layouts import Layout, layout
+    from workbench._sharding.mesh import MeshInfo, abstract_mesh, make_mesh
     from workbench.models._generate import generate
     from workbench.planning import Plan, PlanOptions, compare, plan
     from workbench.perf._calibrate import calibrate, remove_calibration
     from workbench.planning._search import SearchResult, search
     from workbench.train._profile import profile_step
-    from workbench._rules import Rules
+    from workbench._sharding.rules import Rules
     from workbench.train import TrainConfig, Trainer
     from workbench.widgets import show

@@ -11,7 +11,9 @@ Two kinds of old path:
 
 - a module made private in place: ``workbench.<pkg>.<name>`` is ``workbench.<pkg>._<name>``
   where that file exists (found on the package's own path, so nothing else is imported);
-- a module that moved to another package earlier (:data:`MOVED`).
+- a module that moved to another package earlier (:data:`MOVED`), private paths too
+  (``workbench._rules`` is now ``workbench._sharding.rules``; a pickle naming
+  ``workbench._rules.Rules`` or ``workbench.rules.Rules`` loads the same class).
 """
 from __future__ import annotations
 
@@ -43,6 +45,11 @@ MOVED: dict[str, str] = {
     "workbench.models.penzai_adapter": "workbench.any_model._penzai",
     "workbench.models.mlp": "workbench.any_model._mlp",
 }
+#: The sharding modules (round four): public ``workbench.mesh`` before round three, private
+#: ``workbench._mesh`` in it, ``workbench._sharding.mesh`` now (both old paths still import).
+SHARDING = ("mesh", "rules", "layouts", "placement", "topology", "pytrees", "tracing")
+MOVED.update({f"workbench.{prefix}{name}": f"workbench._sharding.{name}"
+              for name in SHARDING for prefix in ("", "_")})
 
 
 def new_path(old: str) -> str | None:

@@ -47,8 +47,8 @@ from workbench.models._pipeline import activate as pipeline_context
 from workbench.any_model._spec import ModelSpec, build_without_mesh, model_loss, resolve_rules
 from workbench.models._xent import token_cross_entropy
 from workbench.models import _lora as lora_adapters
-from workbench._pytrees import path_str
-from workbench._rules import Rules
+from workbench._sharding.pytrees import path_str
+from workbench._sharding.rules import Rules
 
 __all__ = ["AbstractTrainState", "LossFn", "ModelFactory", "TrainState", "abstract_batch",
            "abstract_model", "abstract_state", "abstract_train_state", "batch_logical_axes",

@@ -12,7 +12,7 @@ from flax import nnx
 
 from workbench._validate import check_int
 from workbench.models._layers import MAX_DIM, check_dtype, param
-from workbench._rules import constrain
+from workbench._sharding.rules import constrain
 
 
 class MLPClassifier(nnx.Module):

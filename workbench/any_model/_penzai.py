@@ -29,10 +29,10 @@ from typing import Any
 import jax
 from flax import nnx
 
-from workbench import _tracing as tracing
+from workbench._sharding import tracing
 from workbench._validate import check_str
 from workbench.any_model._spec import ModelSpec
-from workbench._rules import PENZAI_AXES, constrain, penzai_rules
+from workbench._sharding.rules import PENZAI_AXES, constrain, penzai_rules
 
 __all__ = ["PENZAI_AXES", "PenzaiModel", "from_penzai", "penzai_tree",
            "with_activation_records"]

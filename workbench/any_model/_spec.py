@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workbench._placement import resolve_placement
-from workbench._rules import LOGICAL_AXES, MODEL_AXIS_NAMES, Rules
+from workbench._sharding.placement import resolve_placement
+from workbench._sharding.rules import LOGICAL_AXES, MODEL_AXIS_NAMES, Rules
 
 __all__ = ["ModelRecord", "ModelSpec", "UnknownAxesError", "annotation_names", "build_without_mesh",
            "from_nnx", "model_loss", "resolve_rules"]
@@ -214,7 +214,7 @@ def resolve_rules(logical: Mapping[str, Sequence[str | None]], rules: Any, mesh:
     - Annotations that name mesh axes map to themselves (``model="model"``) unless
       ``rules`` say otherwise: the Flax guide's models need no rules.
     - ``rules`` None: the batch goes over the mesh's data axes (not named like a model
-      axis); the default preset (``workbench._placement``: "fsdp_tp" on a mesh with one
+      axis); the default preset (``workbench._sharding.placement``: "fsdp_tp" on a mesh with one
       model axis larger than 1, else "fsdp") covers Workbench's own logical axes
       (``embed``, ...); any other name is an error saying which rules to add.
     - A spec with ``rules_for`` (penzai) gets its own names from Workbench's rules.

@@ -22,7 +22,7 @@ def traced_dispatch(cfg: Any, mesh_axes: dict[str, int], rules: str, *, batch: i
     from jax.sharding import AbstractMesh, AxisType
 
     from workbench.models._moe import dispatch_combine
-    from workbench._rules import Rules
+    from workbench._sharding.rules import Rules
 
     mesh = AbstractMesh(tuple(mesh_axes.values()), tuple(mesh_axes),
                         axis_types=(AxisType.Auto,) * len(mesh_axes))

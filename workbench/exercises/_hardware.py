@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.exercises._core import Exercise, Result, parse_axes, parse_number
-from workbench._layouts import layout
-from workbench._mesh import abstract_mesh
+from workbench._sharding.layouts import layout
+from workbench._sharding.mesh import abstract_mesh
 
 __all__ = ["host_batch", "megacore_devices", "tp_within_host"]
 

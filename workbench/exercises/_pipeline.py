@@ -76,10 +76,10 @@ def stage_block_bytes() -> Exercise:
         import jax
         from jax.sharding import NamedSharding
 
-        from workbench._mesh import abstract_mesh
+        from workbench._sharding.mesh import abstract_mesh
         from workbench.models import GPTConfig
-        from workbench._pytrees import path_str
-        from workbench._rules import Rules
+        from workbench._sharding.pytrees import path_str
+        from workbench._sharding.rules import Rules
         from workbench._step import abstract_model
 
         cfg = GPTConfig.preset("tiny", n_layers=n_layers, scan_layers=True)

@@ -17,8 +17,8 @@ from workbench.exercises._core import (
     parse_ranges,
     parse_spec,
 )
-from workbench._layouts import normalize_spec
-from workbench._mesh import make_mesh, mesh_info
+from workbench._sharding.layouts import normalize_spec
+from workbench._sharding.mesh import make_mesh, mesh_info
 
 __all__ = ["concrete_mesh", "device_block", "mesh_for_block", "replication", "spec_for_block",
            "vocab_padding"]

@@ -2,7 +2,7 @@
 about it: published numbers (peak FLOP/s, memory, HBM / ICI / DCN / NVLink / InfiniBand
 bandwidths, the host link, TensorCore clock), each value beside its source; the ``device_kind`` JAX
 reports; libtpu's topology name; and the mesh presets (TPU slices, GPU servers) that
-``wb.abstract_mesh``, the TPU compiler target (``workbench._topology``) and ``wb.search``
+``wb.abstract_mesh``, the TPU compiler target (``workbench._sharding.topology``) and ``wb.search``
 read. Adding a generation is adding one ``Generation`` to ``GENERATIONS``. The CPU entry is
 measured at runtime instead (``workbench.hardware.cpu_spec``).
 """

@@ -51,9 +51,9 @@ def quiet_libtpu() -> bool:
     Nothing does this at import: the entry points that start JAX's backends or load the
     TPU compiler call it (``wb.simulate_devices``, ``wb.devices``, ``wb.make_mesh``, the
     CLI's and launched workers' ``jobs.cluster.initialize`` when no platform is given,
-    the compile-only TPU devices of ``workbench._topology``). Idempotent. On TPU hosts nothing changes; nothing is done
-    when libtpu is not installed, when JAX's backends have already started, or when
-    ``JAX_FORCE_TPU_INIT`` is set.
+    the compile-only TPU devices of ``workbench._sharding.topology``). Idempotent. On TPU
+    hosts nothing changes; nothing is done when libtpu is not installed, when JAX's
+    backends have already started, or when ``JAX_FORCE_TPU_INIT`` is set.
 
     Returns:
         True when JAX's TPU backend factory is (now, or already) the quiet one.

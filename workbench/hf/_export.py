@@ -12,7 +12,7 @@ from workbench import _runs as runs
 from workbench._validate import check_path
 from workbench.hf._save import exists_error, to_hf
 from workbench.models._config import GPTConfig
-from workbench._placement import resolve_placement
+from workbench._sharding.placement import resolve_placement
 from workbench._step import abstract_state
 from workbench.train._checkpoint import CheckpointError, Checkpoints
 from workbench.train._config import TrainConfig
@@ -119,7 +119,7 @@ def _check_destination(run_dir: str | os.PathLike[str], path: str | os.PathLike[
 def restore_params(run_dir: str | os.PathLike[str], *, step: int | None = None
                    ) -> tuple[Any, Any, dict[str, Any]]:
     """The model parameters of a run's checkpoint, restored read-only onto all of
-    ``jax.devices()`` ("fsdp": ``workbench._placement``'s default), whatever mesh and
+    ``jax.devices()`` ("fsdp": ``workbench._sharding.placement``'s default), whatever mesh and
     process count wrote them.
 
     Returns:

@@ -22,8 +22,8 @@ from workbench.hf._save import check_tokenizer
 from workbench.hf._tensors import (CheckpointError, Folder, Mapping_, mappings, normalize,
                                   read_core)
 from workbench.models._config import GPTConfig
-from workbench._placement import resolve_placement
-from workbench._rules import Rules
+from workbench._sharding.placement import resolve_placement
+from workbench._sharding.rules import Rules
 from workbench._step import abstract_model, param_specs
 
 __all__ = ["CheckpointError", "HFConfigError", "HFSource", "from_hf", "hf_config",
@@ -113,7 +113,7 @@ def _field_names(ignore_fields: Any, where: str) -> tuple[str, ...]:
 
 
 def _default_layout(mesh: Any, rules: Any) -> tuple[Any, Any]:
-    """The mesh and rules to load onto: the given ones, else ``workbench._placement``'s
+    """The mesh and rules to load onto: the given ones, else ``workbench._sharding.placement``'s
     default (every device on one ``data`` axis; "fsdp_tp" with one model axis > 1, else
     "fsdp")."""
     return tuple(resolve_placement(mesh, rules, where="from_hf"))
@@ -141,7 +141,7 @@ def from_hf(path: str | Path, *, revision: str | None = None, progress: bool = T
         revision: the Hub repo's branch, tag or commit hash (default "main"); ids only.
         progress: a progress bar while downloading (False: quiet).
         mesh: the devices (default ``wb.make_mesh(data=-1)``: all of them).
-        rules: a ``wb.Rules`` or preset name (default ``workbench._placement``'s, as
+        rules: a ``wb.Rules`` or preset name (default ``workbench._sharding.placement``'s, as
             ``wb.plan`` and the Trainer: "fsdp_tp" on a mesh with one model axis larger
             than 1, else "fsdp").
         plan: a ``wb.plan`` of this model: its mesh and rules are used (the plan's model

@@ -201,7 +201,7 @@ def _base_params(config: dict[str, Any], init: dict[str, Any], adapters: Any) ->
     from flax import nnx
 
     from workbench.models._lora import split_params
-    from workbench._placement import resolve_placement
+    from workbench._sharding.placement import resolve_placement
     from workbench._step import abstract_train_state, model_factory
     from workbench.train._config import TrainConfig
 

@@ -5,7 +5,7 @@ from workbench.models._config import PRESETS, REMAT_POLICIES, GPTConfig
 from workbench.models._gpt import GPT, MLP, Attention, Block, RMSNorm, rope
 from workbench.models._pipeline import Pipeline
 from workbench.models._context import blocks_per_device, zigzag_order
-from workbench._rules import constrain, penzai_rules
+from workbench._sharding.rules import constrain, penzai_rules
 
 __all__ = [
            "GPT",

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from workbench.models._config import ATTENTION_IMPLEMENTATIONS, current_platform
-from workbench._rules import active, constrain
+from workbench._sharding.rules import active, constrain
 
 __all__ = ["IMPLEMENTATIONS", "KVCache", "Resolved", "attend", "block_sizes_for",
            "cached_attention", "check", "current_platform", "resolve", "segment_mask",

@@ -714,7 +714,7 @@ class GPTConfig:
 def current_platform() -> str:
     """The platform being traced for: the active rules' mesh devices (a plan's TPU
     slice, the Trainer's devices), else JAX's default backend."""
-    from workbench._rules import active   # rules imports no models module
+    from workbench._sharding.rules import active   # rules imports no models module
 
     ctx = active()
     if ctx is not None:

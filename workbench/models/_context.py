@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec
 
 from workbench._validate import check_int
 from workbench.models._config import CONTEXT_VARIANTS
-from workbench._rules import Rules, active
+from workbench._sharding.rules import Rules, active
 
 __all__ = ["VARIANTS", "ContextLayout", "attend", "blocks_per_device", "check_layout",
            "check_sequence", "seq_axes",

@@ -27,7 +27,7 @@ from flax import nnx
 
 from workbench._validate import check_float, check_int
 from workbench.models._gpt import GPT, KVCache
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 
 __all__ = ["Stream", "generate", "sample"]
 
@@ -138,7 +138,7 @@ def sample(logits: jax.Array, key: jax.Array, *, temperature: float = 0.0,
 def _layout(model: GPT, rules: Rules | str | None, batch: int) -> tuple[Any, Rules]:
     """The mesh the parameters live on and the rules to run with (batch replicated when
     the data axes do not divide it)."""
-    from workbench._placement import resolve_placement   # the one default of rules
+    from workbench._sharding.placement import resolve_placement   # the one default of rules
 
     leaf = model.embed[...]
     sharding = getattr(leaf, "sharding", None)
@@ -188,7 +188,7 @@ def generate(model: Any, prompt: Any = None, *, messages: Any = None,
             ``wb.hf.from_hf`` model), else never; ``()`` never stops early.
         cache: use the KV cache (False recomputes the sequence for every token).
         rules: how activations and the cache are sharded on the parameters' mesh (default
-            ``workbench._placement``'s, as the model was loaded: "fsdp_tp" if the mesh has
+            ``workbench._sharding.placement``'s, as the model was loaded: "fsdp_tp" if the mesh has
             one model axis larger than 1, else "fsdp"); a batch that the
             data axes do not divide is replicated over them.
         stream: show tokens as they are produced. A callable is called after each new

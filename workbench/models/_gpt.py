@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from workbench import _tracing as tracing
+from workbench._sharding import tracing
 from workbench.models import _attention as attention_impl
 from workbench.models import _context as context_parallel
 from workbench.models import _moe as moe
@@ -38,7 +38,7 @@ from workbench.models._layers import (
     rope,
 )
 from workbench.models._pipeline import run_pipeline
-from workbench._rules import constrain
+from workbench._sharding.rules import constrain
 
 __all__ = ["GPT", "LAYERS_AXIS", "MLP", "Attention", "Block", "KVCache", "RMSNorm",
            "RouterStats", "rope", "stack_blocks", "unstack_blocks"]

@@ -1,7 +1,7 @@
 """The layers a GPT is built from: annotated parameters, RMSNorm, RoPE, attention, MLP.
 
 Every parameter carries its logical axes as NNX ``out_sharding`` metadata; activations
-are constrained with :func:`workbench._rules.constrain`, which follows the active
+are constrained with :func:`workbench._sharding.rules.constrain`, which follows the active
 ``Rules``. Attention runs by ``cfg.attention`` (XLA, the Pallas splash kernel or cuDNN
 flash attention: :mod:`workbench.models._attention`), or by ``cfg.context_attention`` when
 the rules shard the sequence (:mod:`workbench.models._context`). The transformer block and
@@ -29,7 +29,7 @@ from workbench.models import _context as context_parallel
 from workbench.models import _lora as lora_adapters
 from workbench.models._attention import KVCache
 from workbench.models._config import GPTConfig, _rope_scaling
-from workbench._rules import constrain
+from workbench._sharding.rules import constrain
 
 __all__ = ["MLP", "Attention", "Init", "KVCache", "RMSNorm", "Segments", "fan_in_init", "param",
            "rope", "rope_frequencies"]

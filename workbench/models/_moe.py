@@ -52,7 +52,7 @@ from jax.sharding import PartitionSpec
 
 from workbench.models._config import MOE_DISPATCH, GPTConfig
 from workbench.models._layers import MLP, param
-from workbench._rules import Rules, active, constrain
+from workbench._sharding.rules import Rules, active, constrain
 
 #: Token dispatch implementations accepted by ``GPTConfig.moe_dispatch``.
 DISPATCH: tuple[str, ...] = MOE_DISPATCH

@@ -50,10 +50,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from workbench import _tracing as tracing
+from workbench._sharding import tracing
 from workbench.models._schedule import SCHEDULES, TRAINABLE_SCHEDULES, Pipeline
-from workbench._rules import STAGE_AXIS
-from workbench._rules import active as active_rules
+from workbench._sharding.rules import STAGE_AXIS
+from workbench._sharding.rules import active as active_rules
 
 __all__ = ["SCHEDULES", "STAGE_AXIS", "TRAINABLE_SCHEDULES", "Pipeline", "activate", "active",
            "check_pipeline", "check_rules", "run_pipeline", "stages_of"]
@@ -138,7 +138,7 @@ def check_pipeline(pipe: Pipeline, *, n_layers: int, stages: int, batch: int | N
 @contextlib.contextmanager
 def activate(pipe: Pipeline, stages: int) -> Iterator[Pipeline]:
     """While tracing inside this block, GPT's stacked blocks run through the pipeline
-    (``workbench._tracing.scoped(pipeline=pipe, stages=stages)``)."""
+    (``workbench._sharding.tracing.scoped(pipeline=pipe, stages=stages)``)."""
     with tracing.scoped(pipeline=pipe, stages=int(stages)):
         yield pipe
 
@@ -277,7 +277,7 @@ def _layer_stats(stats: dict[str, jax.Array], pipe: Pipeline, stages: int
 
 
 def _path(path: Any) -> str:
-    """A parameter's path as one string (``workbench._pytrees.path_str``'s spelling)."""
+    """A parameter's path as one string (``workbench._sharding.pytrees.path_str``'s spelling)."""
     return jax.tree_util.keystr(tuple(path), simple=True, separator=".")
 
 

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from workbench.perf._hlo import Collective, _wire
-from workbench._layouts import Layout
-from workbench._mesh import MeshInfo
+from workbench._sharding.layouts import Layout
+from workbench._sharding.mesh import MeshInfo
 from workbench.models import _attention as attention_impl
 from workbench.models._config import REMAT_POLICIES, GPTConfig
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 
 __all__ = ["TPU_SCRATCH_BYTES", "TRAFFIC", "activation_bytes", "analytic_collectives",
            "analytic_memory", "axes_size", "batch_axes", "compute_split",

@@ -515,8 +515,8 @@ _META_FRAME = re.compile(r"stack_frame_id=(\d+)")
 _META_FILE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
 _TABLE_ROW = re.compile(r"^(\d+)\s+(.*)$")
 #: Frames of these libraries (and Workbench's step plumbing) are not "the source line".
-_LIBRARY = re.compile(r"/(jax|jaxlib|flax|optax|numpy)/|/workbench/_?(rules|step|planning/"
-                      r"_?planner|planning/_?activations)\.py$|^<")
+_LIBRARY = re.compile(r"/(jax|jaxlib|flax|optax|numpy)/|/workbench/((_sharding/|_)?rules|_?step|"
+                      r"planning/_?planner|planning/_?activations)\.py$|^<")
 _PASS_THROUGH = {"bitcast", "copy", "reshape", "convert", "transpose", "get-tuple-element",
                  "broadcast", "slice", "dynamic-slice", "copy-start", "copy-done",
                  "all-gather-done", "all-reduce-done", "collective-permute-done",

@@ -37,7 +37,7 @@ import numpy as np
 from workbench.hardware._calibration import Calibration
 from workbench.hardware._catalogue import HardwareSpec
 from workbench.hardware._effective import EffectiveSpec, effective_spec
-from workbench._mesh import MeshInfo, mesh_info
+from workbench._sharding.mesh import MeshInfo, mesh_info
 from workbench.perf._bounds import implausible
 from workbench.perf._hlo import Collective
 from workbench.perf._host import HostTime

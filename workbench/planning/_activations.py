@@ -1,6 +1,6 @@
 """The activations of a plan's step (``plan.activations``) and why each collective runs
 (``explain_collectives``): shapes, shardings and bytes per device of the tensors the
-model constrains (``workbench._rules.constrain``), the attention scores and the logits.
+model constrains (``workbench._sharding.rules.constrain``), the attention scores and the logits.
 
 Activations come from tracing the step's loss with the plan's rules active: every
 ``constrain(x, logical_axes, name=...)`` call is recorded with the ``PartitionSpec`` it
@@ -20,10 +20,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from workbench._layouts import format_bytes
+from workbench._sharding.layouts import format_bytes
 from workbench.perf._analytic import batch_axes
 from workbench.perf._hlo import Collective
-from workbench._rules import Rules, recording
+from workbench._sharding.rules import Rules, recording
 
 __all__ = ["Activation", "CollectiveLayouts", "collective_layouts", "explain_collectives",
            "trace_activations"]
@@ -286,7 +286,7 @@ def collective_layouts(plan: Any, index: int) -> CollectiveLayouts:
     by the collective's own axes (the other mesh axes as the compiler left them are not
     in the instruction).
     """
-    from workbench._layouts import layout
+    from workbench._sharding.layouts import layout
     from workbench.perf._hlo import HloGraph
 
     c = plan.collectives[index]

@@ -239,7 +239,7 @@ def _submit(key: str, lowered: Any, persist: bool, extra: dict[str, Any] | None 
 
 #: ``on_wait``: called when this thread's compile starts waiting on the compiler
 #: (``one_tracer``). Per thread, not a context variable: the trace context
-#: (``workbench._tracing``) is the package's one context variable.
+#: (``workbench._sharding.tracing``) is the package's one context variable.
 _THREAD = threading.local()
 
 

@@ -12,9 +12,9 @@ from workbench.perf._attention_cost import kv_bytes_per_device
 from workbench.perf._hlo import Collective, Reshard
 from workbench.perf._analytic import (axes_size, batch_axes, fsdp_axes,
                                          weight_axes)
-from workbench._layouts import Layout, format_bytes
-from workbench._mesh import MeshInfo
-from workbench._rules import EXPERT_AXIS_NAMES, Rules
+from workbench._sharding.layouts import Layout, format_bytes
+from workbench._sharding.mesh import MeshInfo
+from workbench._sharding.rules import EXPERT_AXIS_NAMES, Rules
 
 SEVERITIES = ("error", "warning", "info")
 

@@ -14,7 +14,7 @@ import jax
 
 from workbench._display import status_line
 from workbench._notebook import in_notebook
-from workbench._layouts import format_bytes
+from workbench._sharding.layouts import format_bytes
 from workbench.perf import _analytic as analytic
 from workbench.planning._activations import explain_collectives
 from workbench.planning._compile import compile_lowered

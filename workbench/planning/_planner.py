@@ -32,7 +32,7 @@ from workbench.planning._options import (  # noqa: F401 - the old home of the de
     DEFAULT_REPLICATED_THRESHOLD, PlanOptions, options_of)
 from workbench.planning._stages import (AbstractStep, Inputs, Setup, build_step,
                                        choose_target, lint, resolve)
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 from workbench._step import ModelFactory
 
 __all__ = ["PlanOptions", "compare", "plan"]
@@ -52,9 +52,9 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
         cfg_or_factory: a ``GPTConfig`` or a callable ``rngs -> nnx.Module``.
         mesh: ``wb.make_mesh(...)`` (compiled plan) or ``wb.abstract_mesh(...)`` (analytic),
             a dict of axis sizes (``wb.make_mesh``'s), or None: every device on one
-            ``data`` axis (``workbench._placement``, the default everywhere).
+            ``data`` axis (``workbench._sharding.placement``, the default everywhere).
         rules: ``Rules`` or a preset name ("dp", "fsdp", "tp", "fsdp_tp"); default
-            ``workbench._placement``'s: "fsdp_tp" on a mesh with one model axis larger
+            ``workbench._sharding.placement``'s: "fsdp_tp" on a mesh with one model axis larger
             than 1, else "fsdp". ``plan.report.placement`` says which and why.
         batch: global batch size (sequences per step): a positive int divisible by the
             data-parallel size (the product of the mesh axes the rules map ``batch`` to);

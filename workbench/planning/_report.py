@@ -13,8 +13,8 @@ from typing import Any
 from workbench._display import Displayable
 from workbench._flops import FlopCount, compiled_cost
 from workbench.hardware import EffectiveSpec, effective_spec
-from workbench._layouts import Layout, format_bytes
-from workbench._mesh import MeshInfo
+from workbench._sharding.layouts import Layout, format_bytes
+from workbench._sharding.mesh import MeshInfo
 from workbench.models import GPTConfig
 from workbench.models._config import REMAT_POLICIES
 from workbench.perf._analytic import compute_split, moe_padding_flops
@@ -26,7 +26,7 @@ from workbench.planning._lints import Lint
 from workbench.perf._predict import Prediction
 from workbench.perf._predict_plan import predict_plan
 from workbench.planning._serialise import report_fields, report_to_json
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 
 MEMORY_KEYS = ("params", "optimizer", "gradients", "activations", "batch")
 
@@ -155,7 +155,7 @@ class PlanReport:
             stays the config as given); empty for a model factory.
         compiled_numbers: what was read from the compiled program (``CompiledNumbers``);
             None when nothing was compiled.
-        placement: where the mesh and rules came from (``workbench._placement``): given,
+        placement: where the mesh and rules came from (``workbench._sharding.placement``): given,
             or the default and why; "" in a report written before it was recorded.
     """
 

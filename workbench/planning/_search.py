@@ -24,7 +24,7 @@ from typing import Any
 
 from workbench._display import status_line
 from workbench._notebook import in_notebook
-from workbench._layouts import format_bytes
+from workbench._sharding.layouts import format_bytes
 from workbench.models import GPTConfig
 from workbench.any_model._spec import ModelSpec, from_nnx
 from workbench.planning._compile import one_tracer
@@ -57,7 +57,7 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             axes), ranked the same way.
         hardware: a preset ("v5p-256", "v5e-16", "2x8xH100"), a mesh whose devices (or
             preset) to use, or None for the devices at hand (those of
-            ``workbench._placement``'s default mesh, as ``wb.plan`` without a mesh).
+            ``workbench._sharding.placement``'s default mesh, as ``wb.plan`` without a mesh).
         batch: global batch (sequences per optimizer step).
         seq: sequence length (default ``cfg.seq_len``).
         options: how each candidate is planned, shared with ``wb.plan``

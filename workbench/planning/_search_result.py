@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import jax
 
 from workbench._display import Displayable
-from workbench._layouts import format_bytes
+from workbench._sharding.layouts import format_bytes
 from workbench.models import GPTConfig
 from workbench.planning._handle import Plan
 

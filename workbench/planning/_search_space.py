@@ -12,11 +12,11 @@ from flax import nnx
 
 from workbench.hardware import generation
 from workbench._validate import check_float, check_int
-from workbench._mesh import abstract_mesh, make_mesh, mesh_info
+from workbench._sharding.mesh import abstract_mesh, make_mesh, mesh_info
 from workbench.models import GPTConfig
 from workbench.models._config import REMAT_POLICIES
 from workbench.perf._analytic import axes_size
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 
 __all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "EXPERT_STRATEGIES", "Candidate",
            "Hardware", "SearchOptions", "candidates", "expert_sizes", "hardware", "invalid",
@@ -70,15 +70,15 @@ class Hardware:
 
 def hardware(spec: Any) -> Hardware:
     """A preset name, a mesh (its devices, or its preset when abstract), or None (the
-    devices of ``workbench._placement``'s default mesh: ``jax.devices()``)."""
+    devices of ``workbench._sharding.placement``'s default mesh: ``jax.devices()``)."""
     if isinstance(spec, str):
         try:
             size = abstract_mesh(spec).size
         except ValueError as err:
             raise ValueError(f"wb.search(hardware={spec!r}): {err}") from None
         return Hardware(spec, size, lambda s: abstract_mesh(spec, **s), spec)
-    if spec is None:   # the devices of workbench._placement's default mesh
-        from workbench._placement import resolve_placement
+    if spec is None:   # the devices of workbench._sharding.placement's default mesh
+        from workbench._sharding.placement import resolve_placement
 
         devices = list(resolve_placement(where="wb.search").mesh.devices.flat)
     else:
@@ -279,7 +279,7 @@ def model_candidates(model: Any, hw: Hardware, batch: int, opts: SearchOptions
     is skipped by the search with ``wb.plan``'s message.
     """
     from workbench.any_model._spec import annotation_names, resolve_rules
-    from workbench._rules import LOGICAL_AXES
+    from workbench._sharding.rules import LOGICAL_AXES
     from workbench._step import abstract_param_state, logical_axes
 
     strategies, microbatches = opts.strategies, opts.microbatches

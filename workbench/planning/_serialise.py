@@ -12,12 +12,12 @@ import numpy as np
 from jax.sharding import AbstractMesh
 
 from workbench._flops import FlopCount
-from workbench._layouts import Layout
-from workbench._mesh import MeshInfo
+from workbench._sharding.layouts import Layout
+from workbench._sharding.mesh import MeshInfo
 from workbench.models import GPTConfig
 from workbench.perf._hlo import Collective
 from workbench.planning._lints import Lint
-from workbench._rules import Rules
+from workbench._sharding.rules import Rules
 
 __all__ = ["FORMAT", "report_fields", "report_to_json"]
 

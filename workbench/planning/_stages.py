@@ -17,8 +17,8 @@ from flax import nnx
 
 from workbench._validate import check_int, nearest_multiples
 from workbench._flops import FlopCount, gpt_flops, jaxpr_step_flops
-from workbench._layouts import Layout
-from workbench._mesh import MeshInfo, mesh_info
+from workbench._sharding.layouts import Layout
+from workbench._sharding.mesh import MeshInfo, mesh_info
 from workbench.models import GPTConfig
 from workbench.models import _attention as attention_impl
 from workbench.any_model._spec import ModelSpec, resolve_rules
@@ -31,14 +31,14 @@ from workbench.planning._flags import compile_options
 from workbench.planning._lints import Lint
 from workbench.planning._measure import Measured, Target, measure
 from workbench.models._schedule import in_flight, schedule_bubble, timeline
-from workbench._pytrees import tree_layouts
-from workbench._placement import Placement, resolve_placement
-from workbench._rules import Rules
+from workbench._sharding.pytrees import tree_layouts
+from workbench._sharding.placement import Placement, resolve_placement
+from workbench._sharding.rules import Rules
 from workbench._step import (LossFn, ModelFactory, abstract_batch,
                             abstract_param_state, abstract_train_state, batch_logical_axes,
                             jit_train_step, lm_loss, logical_axes, make_train_step,
                             model_factory, require_auto_axes)
-from workbench._topology import tpu_target
+from workbench._sharding.topology import tpu_target
 
 __all__ = ["AbstractStep", "Inputs", "Setup", "build_step", "choose_target", "lint",
            "resolve"]
@@ -73,7 +73,7 @@ class Inputs:
     overlap: bool | Mapping[str, Any]
     asked: GPTConfig | None = None
     dtype: str = ""
-    #: where the mesh and rules came from (``workbench._placement``: given, or the default)
+    #: where the mesh and rules came from (``workbench._sharding.placement``: given, or the default)
     placement: str = ""
     #: the rules' preset name, given or chosen by default (None for a given ``Rules``)
     preset: str | None = None

@@ -18,8 +18,8 @@ from workbench.data._tokenizer import check_vocab
 from workbench.models._config import PRESETS, GPTConfig
 from workbench.models._context import check_layout
 from workbench.models._pipeline import Pipeline, check_pipeline
-from workbench._rules import PRESETS as rules_presets
-from workbench._rules import STAGE_AXIS, Rules
+from workbench._sharding.rules import PRESETS as rules_presets
+from workbench._sharding.rules import STAGE_AXIS, Rules
 from workbench._runs import config_hash
 from workbench.models._lora import LoRA
 from workbench.train._optim import AdamW
@@ -60,10 +60,10 @@ class TrainConfig:
         ``GPTConfig``.
       model_overrides: fields changed on top of the preset (``{"n_layers": 4}``).
       mesh: mesh axes and sizes for ``wb.make_mesh`` (one size may be -1); default
-        ``{"data": -1}``, every device on one axis (``workbench._placement``'s default).
+        ``{"data": -1}``, every device on one axis (``workbench._sharding.placement``'s default).
       rules: a ``wb.Rules`` preset name ("dp", "fsdp", "tp", "fsdp_tp"), a ``Rules``
         or a mapping logical axis -> mesh axes (made a ``Rules``); default None:
-        ``workbench._placement``'s default for the mesh, "fsdp_tp" with one model axis
+        ``workbench._sharding.placement``'s default for the mesh, "fsdp_tp" with one model axis
         larger than 1, else "fsdp" (the run records which in ``run.json``'s
         ``placement``). A config stored with "fsdp" before this default keeps "fsdp".
       optimizer: the optimizer spec (``wb.train.AdamW``).

@@ -372,7 +372,7 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 3, plan: Any 
                           available=_available(host_cores(), cores, load),
                           steps=steps * trainer.config.optimizer.accumulate)
     tps = _throughput(trainer.history, first, warmup, steps, trainer.config.tokens_per_step)
-    from workbench._mesh import mesh_info
+    from workbench._sharding.mesh import mesh_info
 
     report = profile_report(prediction, measured, plan_name=plan.name,
                             mesh={k: int(v) for k, v in mesh.shape.items()},

@@ -322,8 +322,8 @@ def enable_compile_cache(setting: bool | str | os.PathLike[str]) -> str | None:
 
 def resolve_rules(rules: Any, mesh: jax.sharding.Mesh) -> Any:
     """A ``Rules`` from a preset name, a ``Rules``, a mapping, or None (the default for
-    ``mesh``, ``workbench._placement``)."""
-    from workbench._placement import resolve_placement
+    ``mesh``, ``workbench._sharding.placement``)."""
+    from workbench._sharding.placement import resolve_placement
 
     return resolve_placement(mesh, rules, where="TrainConfig").rules
 
@@ -371,7 +371,7 @@ class Parts:
     #: that is not a wb GPT)
     dtype: str = ""
     #: the rules' preset name (None for a table) and where mesh and rules came from
-    #: (``workbench._placement``: given, or the default and why)
+    #: (``workbench._sharding.placement``: given, or the default and why)
     placement: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -379,7 +379,7 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
                 ) -> Parts:
     """Mesh, rules, optimizer, abstract sharded state, step shardings and the data."""
     from workbench.hardware import peak_flops
-    from workbench._placement import resolve_placement
+    from workbench._sharding.placement import resolve_placement
     from workbench.planning._flags import compile_options
     from workbench._step import abstract_state, batch_shardings
 
@@ -465,7 +465,7 @@ def _check_model_for_mesh(config: TrainConfig, model_config: Any, mesh: Any,
         return ""
     if config.pipeline is not None:
         from workbench.models._pipeline import check_pipeline
-        from workbench._rules import STAGE_AXIS
+        from workbench._sharding.rules import STAGE_AXIS
 
         check_pipeline(config.pipeline, n_layers=model_config.n_layers,
                        stages=int(dict(mesh.shape).get(STAGE_AXIS, 1)),

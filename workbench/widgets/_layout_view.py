@@ -7,7 +7,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from workbench._layouts import Layout, layout
+from workbench._sharding.layouts import Layout, layout
 from workbench.widgets import _assets
 from workbench.widgets._payload import layout_payload
 

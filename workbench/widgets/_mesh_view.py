@@ -6,7 +6,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from workbench._mesh import mesh_info
+from workbench._sharding.mesh import mesh_info
 from workbench.widgets import _assets
 from workbench.widgets._payload import mesh_payload
 

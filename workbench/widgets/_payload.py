@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench._layouts import Layout
-from workbench._mesh import MeshInfo, mesh_info
+from workbench._sharding.layouts import Layout
+from workbench._sharding.mesh import MeshInfo, mesh_info
 
 __all__ = ["devices_payload", "layout_payload", "mesh_payload", "mesh_summary"]
 

@@ -9,7 +9,7 @@ import ipywidgets
 import numpy as np
 import traitlets
 
-from workbench._pytrees import TreeLayouts, bytes_per_device
+from workbench._sharding.pytrees import TreeLayouts, bytes_per_device
 from workbench.widgets import _assets
 from workbench.widgets._payload import mesh_summary
 from workbench.widgets._layout_view import LayoutWidget

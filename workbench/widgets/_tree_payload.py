@@ -1,5 +1,5 @@
 """Pytree payload: one summary row per tensor and memory per device, from the core's
-``workbench._pytrees.tree_layouts`` (this module only turns them into JSON and text)."""
+``workbench._sharding.pytrees.tree_layouts`` (this module only turns them into JSON and text)."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench._layouts import format_bytes
-from workbench._pytrees import TreeLayouts, tree_layouts
+from workbench._sharding.layouts import format_bytes
+from workbench._sharding.pytrees import TreeLayouts, tree_layouts
 from workbench.widgets._payload import mesh_summary
 
 __all__ = ["spec_text", "tree_payload", "tree_text"]

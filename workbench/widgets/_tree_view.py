@@ -8,7 +8,7 @@ import anywidget
 import ipywidgets
 import traitlets
 
-from workbench._pytrees import TreeLayouts, tree_layouts
+from workbench._sharding.pytrees import TreeLayouts, tree_layouts
 from workbench.widgets import _assets
 from workbench.widgets._tree_payload import tree_payload, tree_text
 from workbench.widgets._layout_view import LayoutWidget

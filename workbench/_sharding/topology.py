@@ -4,7 +4,7 @@ With the ``libtpu`` wheel installed (``pip install "workbench[tpu-compile]"``), 
 describe any TPU slice as compile-only devices, and ``jax.jit(f).lower(...).compile()``
 on a mesh of them runs the TPU compiler on this machine, CPU-only laptops included::
 
-    from workbench._topology import tpu_mesh
+    from workbench._sharding.topology import tpu_mesh
     mesh = tpu_mesh(wb.abstract_mesh("v5p-256", data=-1, model=4))   # or None, see below
     compiled = jax.jit(step, in_shardings=...).lower(*shapes).compile()
 
@@ -27,7 +27,7 @@ from jax.sharding import AxisType, Mesh
 
 from workbench.hardware import _catalogue as catalogue, generation, libtpu_installed, quiet_libtpu
 from workbench.hardware._libtpu import tpu_chips_attached
-from workbench._mesh import MeshInfo, mesh_info
+from workbench._sharding.mesh import MeshInfo, mesh_info
 
 __all__ = ["TpuTarget", "topology_name", "tpu_compiler_available", "tpu_devices", "tpu_mesh",
            "tpu_target"]

@@ -17,8 +17,8 @@ are returned by the layers, through ``scan``, ``remat`` and the pipeline, to the
 This module is the bottom of the tree: ``rules`` and ``models`` import it, so it names
 none of their types (not even for annotations, which would make two modules that need
 each other). It carries their values; each owner reads its own through a typed accessor:
-``workbench._rules.active()`` -> ``(Rules, mesh)``, ``workbench.models._pipeline.active()``
--> ``(Pipeline, stages)``.
+``workbench._sharding.rules.active()`` -> ``(Rules, mesh)``,
+``workbench.models._pipeline.active()`` -> ``(Pipeline, stages)``.
 """
 from __future__ import annotations
 
@@ -40,17 +40,17 @@ class TraceContext:
     """Everything the model reads from its caller while it is traced.
 
     Attributes:
-        rules: the ``Rules`` that shard activations (``workbench._rules.constrain``,
+        rules: the ``Rules`` that shard activations (``workbench._sharding.rules.constrain``,
             attention kernels, MoE dispatch, context parallelism); None: unconstrained.
         mesh: the mesh the rules shard over (a ``Mesh`` or ``AbstractMesh``; set with
             ``rules``).
         record: a list receiving one :data:`ActivationRecord` per constrained activation
-            (``workbench._rules.recording``, for the plan's activation table); None: off.
+            (``workbench._sharding.rules.recording``, for the plan's activation table); None: off.
         pipeline: the ``Pipeline`` a scanned GPT's blocks run through; None: a plain scan.
         stages: the pipeline's stages (size of the ``stage`` mesh axis).
     """
 
-    rules: Any = None   # a workbench._rules.Rules (see the module's docstring)
+    rules: Any = None   # a workbench._sharding.rules.Rules (see the module's docstring)
     mesh: Any = None
     record: list[ActivationRecord] | None = None
     pipeline: Any = None   # a workbench.models._pipeline.Pipeline

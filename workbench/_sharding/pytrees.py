@@ -12,8 +12,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from workbench._layouts import Layout, layout
-from workbench._mesh import MeshInfo, abstract_mesh, mesh_info
+from workbench._sharding.layouts import Layout, layout
+from workbench._sharding.mesh import MeshInfo, abstract_mesh, mesh_info
 
 __all__ = ["TreeLayouts", "bytes_per_device", "path_str", "tree_layouts"]
 
@@ -148,7 +148,7 @@ def tree_layouts(tree: Any, mesh: Any = None, *, rules: Any = None, specs: Any =
         tl.layouts["blocks.0.attn.q"].logical_axes   # ('embed', 'heads', 'head_dim')
     """
     if rules is not None and not hasattr(rules, "spec"):
-        from workbench._rules import Rules
+        from workbench._sharding.rules import Rules
 
         rules = Rules(**dict(rules))
     leaves = _flatten(tree)

@@ -28,8 +28,8 @@ from typing import Any
 
 from jax.sharding import AbstractMesh, Mesh
 
-from workbench._rules import (CONTEXT_AXIS_NAMES, EXPERT_AXIS_NAMES, MODEL_AXIS_NAMES, PRESETS,
-                             Rules)
+from workbench._sharding.rules import (CONTEXT_AXIS_NAMES, EXPERT_AXIS_NAMES, MODEL_AXIS_NAMES,
+                                      PRESETS, Rules)
 
 __all__ = ["DEFAULT_AXIS", "Placement", "default_preset", "resolve_placement"]
 
@@ -81,7 +81,7 @@ class Placement:
 
 def _sizes(mesh: Any, where: str = "default_preset") -> dict[str, int]:
     """``{axis: size}`` of a ``Mesh``, ``AbstractMesh`` or ``MeshInfo``."""
-    from workbench._mesh import MeshInfo
+    from workbench._sharding.mesh import MeshInfo
 
     if isinstance(mesh, Mesh):
         return {str(k): int(v) for k, v in mesh.shape.items()}
@@ -124,7 +124,7 @@ def default_preset(mesh: Any) -> tuple[str, str]:
 
 
 def _default_mesh(devices: Sequence[Any] | None, where: str) -> tuple[Mesh, str]:
-    from workbench._mesh import make_mesh
+    from workbench._sharding.mesh import make_mesh
 
     if devices is None:
         mesh = make_mesh({DEFAULT_AXIS: -1})
@@ -138,7 +138,7 @@ def _default_mesh(devices: Sequence[Any] | None, where: str) -> tuple[Mesh, str]
 
 def _mesh(mesh: Any, devices: Sequence[Any] | None, where: str) -> tuple[Any, str]:
     """The mesh to use and where it came from."""
-    from workbench._mesh import MeshInfo, make_mesh
+    from workbench._sharding.mesh import MeshInfo, make_mesh
 
     if mesh is None:
         return _default_mesh(devices, where)

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from workbench import _tracing as tracing
+from workbench._sharding import tracing
 
 __all__ = ["CONTEXT_AXIS_NAMES", "DATA_AXIS_NAMES", "EXPERT_AXIS_NAMES", "LOGICAL_AXES",
            "MODEL_AXIS_NAMES", "PENZAI_AXES", "PRESETS", "STAGE_AXIS", "Rules",
@@ -94,6 +94,11 @@ class Rules(Mapping[str, MeshAxes]):
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Rules is immutable; use rules.replace(name=...)")
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        """Pickled (and copied) as ``Rules.from_dict(rules.to_dict())``: the default would
+        set the slot through ``__setattr__``, which refuses."""
+        return (Rules.from_dict, (self.to_dict(),))
 
     def __hash__(self) -> int:
         return hash(tuple(sorted(self._rules.items())))
@@ -272,7 +277,7 @@ class Rules(Mapping[str, MeshAxes]):
     @contextlib.contextmanager
     def activate(self, mesh: jax.sharding.Mesh) -> Iterator[Rules]:
         """Within this block (while tracing), :func:`constrain` shards activations
-        (``workbench._tracing.scoped(rules=self, mesh=mesh)``)."""
+        (``workbench._sharding.tracing.scoped(rules=self, mesh=mesh)``)."""
         self.check_mesh(mesh)
         with tracing.scoped(rules=self, mesh=mesh):
             yield self
@@ -373,7 +378,7 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None], *,
 def recording() -> Iterator[list[tracing.ActivationRecord]]:
     """Collect the :func:`constrain` calls made while tracing inside this block: each
     appends ``(name, logical axes, value, PartitionSpec)`` to the yielded list
-    (``workbench._tracing.scoped(record=[])``)."""
+    (``workbench._sharding.tracing.scoped(record=[])``)."""
     with tracing.scoped(record=[]) as ctx:
         yield ctx.record
 

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench._display import Displayable
 from workbench._validate import check_int
-from workbench._mesh import MeshInfo, mesh_info
+from workbench._sharding.mesh import MeshInfo, mesh_info
 
 __all__ = ["Layout", "layout", "normalize_spec", "format_bytes"]
 
