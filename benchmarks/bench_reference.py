@@ -17,12 +17,19 @@ is model FLOPs over that time, quoted in both FLOP conventions: causal-halved at
 row computes its loss over 8 slices of the sequence (``GPTConfig.loss_chunks``): whole,
 its float32 logits (19.6 GiB/chip) do not fit beside the rest.
 
+Each row's predicted / published tokens/s (= published / predicted step time) is also
+written to ``workbench/perf/reference_rows.json`` (:func:`write_reference_rows`): the error
+band of an uncalibrated prediction for that generation (``workbench.perf._band``;
+``tests/test_band.py`` checks the file against BENCHMARKS.md's rows).
+
 The first run compiles each 70B step for minutes; the plan cache on disk makes later runs
 fast. ``python -m benchmarks bench_reference``.
 """
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import json
 import time
 from typing import Any
 
@@ -181,13 +188,37 @@ def row(ref: Reference, p: wb.Plan, seconds: float) -> dict[str, Any]:
             and abs(tok_chip / ref.tokens_per_chip - 1) <= 0.10, "notes": notes}
 
 
+def reference_row(ref: Reference, p: wb.Plan) -> dict[str, Any]:
+    """One row of ``reference_rows.json``: the plan's predicted tokens/s per chip beside the
+    published one, and their ratio (the measured / predicted step time)."""
+    predicted = p.predicted.tokens_per_s / ref.chips
+    return {"name": ref.name,
+            "hardware": wb.hardware.hardware_spec(p.mesh.device_kind).name,
+            "predicted_tokens_per_s_per_chip": round(predicted, 1),
+            "published_tokens_per_s_per_chip": ref.tokens_per_chip,
+            "ratio": round(predicted / ref.tokens_per_chip, 4), "source": ref.source,
+            "measured": f"benchmarks/bench_reference.py, "
+                        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}"}
+
+
+def write_reference_rows(rows: list[dict[str, Any]]) -> None:
+    """Replaces the rows of these references in ``workbench/perf/reference_rows.json``
+    (the others are kept)."""
+    from workbench.perf._band import REFERENCE_ROWS
+
+    data = json.loads(REFERENCE_ROWS.read_text())
+    names = {r["name"] for r in rows}
+    data["rows"] = [r for r in data["rows"] if r["name"] not in names] + rows
+    REFERENCE_ROWS.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def logits_gib(ref: Reference) -> float:
     """Per chip: the float32 logits of the per-chip tokens, for scale."""
     return ref.per_chip_batch * ref.seq * ref.cfg.vocab_size * 4 / 2**30
 
 
 def run() -> list[dict[str, Any]]:
-    rows = []
+    rows, stored = [], []
     for ref in REFERENCES:
         t0 = time.perf_counter()
         try:
@@ -199,6 +230,8 @@ def run() -> list[dict[str, Any]]:
                                   f" ({time.perf_counter() - t0:.0f} s)"})
             continue
         rows.append(row(ref, p, time.perf_counter() - t0))
+        if p.predicted.tokens_per_s:
+            stored.append(reference_row(ref, p))
         rows.append({"name": f"reference: {ref.name} memory/chip", "value":
                      round(p.memory["total"] / 2**30, 2), "unit": "GiB",
                      "target": f"<= {p.memory['limit'] / 2**30:.1f} GiB (fits)",
@@ -210,6 +243,7 @@ def run() -> list[dict[str, Any]]:
                                         f"(loss_chunks={ref.loss_chunks})"
                                         if ref.loss_chunks > 1 else
                                         " (loss_chunks=1: held whole)"))})
+    write_reference_rows(stored)
     return rows
 
 

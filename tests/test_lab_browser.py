@@ -174,7 +174,11 @@ PREDICTION = {"step_seconds": 0.08, "mfu": 0.3, "tokens_per_s": 3200.0, "bound":
               "compiler_seconds": None, "source": "cpu-compiler", "plan_name": "tiny",
               "source_reason": "compiled for the real mesh", "hardware": "cpu",
               "breakdown": {"compute": 0.08, "memory": 0.02, "communication": 0.0,
-                            "collectives": []}, "sources": {"flops": "cost analysis"}}
+                            "collectives": []}, "sources": {"flops": "cost analysis"},
+              # how sure: measured steps were 0.9-1.2x the predicted (Prediction.band)
+              "band": {"low": 0.9, "high": 1.2, "basis": "calibration",
+                       "summary": "from 2 calibration layouts (measured/predicted 0.90-1.20x)",
+                       "source": "the calibration's residuals"}}
 
 
 # trainer.profile()'s report.json (ProfileReport.to_dict()) against PREDICTION's terms
@@ -226,7 +230,8 @@ def test_dashboard_shows_the_plan_prediction_beside_measured(lab: Lab, page: Any
     panel = show_runs_panel(page)
     hint = panel.locator(".jp-Workbench-run[data-id='runs/planned'] .jp-Workbench-pred")
     hint.wait_for(timeout=15_000)
-    assert "pred. 80 ms/step · MFU 30.0% (cpu-compiler)" in hint.get_attribute("title")
+    assert "pred. 80 ms/step (72 ms–96 ms) · MFU 30.0% (cpu-compiler)" in \
+        hint.get_attribute("title")
     bad_row = panel.locator(".jp-Workbench-run[data-id='runs/hand-edited']")
     bad_row.wait_for(timeout=15_000)
     assert bad_row.locator(".jp-Workbench-pred").is_hidden()
@@ -240,12 +245,13 @@ def test_dashboard_shows_the_plan_prediction_beside_measured(lab: Lab, page: Any
     step_card.locator(".jp-Workbench-kpiPred").wait_for(timeout=15_000)
     ratio = recent("step_time") / PREDICTION["step_seconds"]
     assert step_card.locator(".jp-Workbench-kpiPred").inner_text() == \
-        f"pred. {PREDICTION['step_seconds'] * 1e3:.0f} ms · measured {ratio:.3g}×"
+        f"pred. {PREDICTION['step_seconds'] * 1e3:.0f} ms (72 ms–96 ms) · measured {ratio:.3g}×"
     assert "compute-bound" in step_card.get_attribute("title")
+    assert "band 72 ms–96 ms, from 2 calibration layouts" in step_card.get_attribute("title")
     mfu_card = page.locator(f"{dash} .jp-Workbench-kpi", has_text="MFU").first
     ratio = recent("mfu") / PREDICTION["mfu"]
     assert mfu_card.locator(".jp-Workbench-kpiPred").inner_text() == \
-        f"pred. {PREDICTION['mfu'] * 100:.1f}% · measured {ratio:.3g}×"
+        f"pred. {PREDICTION['mfu'] * 100:.1f}% (25.0%–33.3%) · measured {ratio:.3g}×"
     charts = page.locator(f"{dash} .jp-Workbench-chart")
     time_chart = charts.filter(has_text="Step time breakdown")
     util_chart = charts.filter(has_text="Utilization")

@@ -338,7 +338,9 @@ def clean_prediction(value: Any) -> dict[str, Any] | None:
     and positive (never bools or strings); the texts ``bound``, ``source``,
     ``source_reason``, ``hardware``, ``plan_name`` when strings; the breakdown's seconds
     per term (``compute``, ``memory``, ``communication``, ...) and ``sources`` (text to
-    text). Everything else is dropped. Without a usable step time or MFU: None.
+    text), and the error ``band`` (``low`` and ``high``: finite factors > 0 with low <=
+    high, else both None; ``basis``, ``source``, ``summary`` as text). Everything else is
+    dropped. Without a usable step time or MFU: None.
 
     Example::
 
@@ -366,6 +368,24 @@ def clean_prediction(value: Any) -> dict[str, Any] | None:
         texts = {str(k)[:200]: v[:_TEXT_MAX] for k, v in sources.items() if isinstance(v, str)}
         if texts:
             out["sources"] = texts
+    band = _clean_band(value.get("band"))
+    if band is not None:
+        out["band"] = band
+    return out
+
+
+def _clean_band(value: Any) -> dict[str, Any] | None:
+    """A prediction's error band checked (``workbench.perf._band.Band.to_dict``): its
+    factors when both are finite, > 0 and in order (else None: no band), its texts."""
+    if not isinstance(value, dict):
+        return None
+    low, high = value.get("low"), value.get("high")
+    known = _positive(low) and _positive(high) and low <= high
+    out: dict[str, Any] = {"low": float(low) if known else None,
+                           "high": float(high) if known else None}
+    for key in ("basis", "source", "summary"):
+        if isinstance(value.get(key), str):
+            out[key] = value[key][:_TEXT_MAX]
     return out
 
 

@@ -5,6 +5,20 @@
  */
 import { fmtPercent, fmtSeconds } from './format';
 
+/**
+ * How sure a prediction is: the factors of the predicted step the measured one has been
+ * seen between (null: no band), and where they come from or why there is none.
+ */
+export interface IBand {
+  low: number | null;
+  high: number | null;
+  /** 'calibration', 'reference rows' or 'none'. */
+  basis: string;
+  /** 'from 3 calibration layouts (measured/predicted 0.95-1.08x)'. */
+  summary: string;
+  source: string;
+}
+
 /** The numbers of a prediction that the views use (null: absent or unusable). */
 export interface IPrediction {
   step_seconds: number | null;
@@ -18,6 +32,8 @@ export interface IPrediction {
   plan_name: string | null;
   /** Seconds per roofline term (compute, memory, communication, ...). */
   breakdown: Record<string, number>;
+  /** The error band; null when the prediction carries none (an older run). */
+  band: IBand | null;
 }
 
 const NUMBERS = ['step_seconds', 'mfu', 'tokens_per_s', 'compiler_seconds'] as const;
@@ -40,7 +56,8 @@ export function parsePrediction(value: unknown): IPrediction | null {
   const v = value as Record<string, unknown>;
   const out: IPrediction = {
     step_seconds: null, mfu: null, tokens_per_s: null, compiler_seconds: null, bound: null,
-    source: null, source_reason: null, hardware: null, plan_name: null, breakdown: {}
+    source: null, source_reason: null, hardware: null, plan_name: null, breakdown: {},
+    band: null
   };
   for (const k of NUMBERS) {
     out[k] = positive(v[k]);
@@ -60,7 +77,51 @@ export function parsePrediction(value: unknown): IPrediction | null {
       }
     }
   }
+  out.band = parseBand(v['band']);
   return out;
+}
+
+/**
+ * A prediction's `band` checked: both factors finite, positive and in order, or both
+ * null (no band); its texts as text. Null when it is no object.
+ */
+export function parseBand(value: unknown): IBand | null {
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    return null;
+  }
+  const v = value as Record<string, unknown>;
+  const low = positive(v['low']);
+  const high = positive(v['high']);
+  const known = low !== null && high !== null && low <= high;
+  const text = (k: string): string =>
+    typeof v[k] === 'string' ? (v[k] as string).slice(0, TEXT_MAX) : '';
+  return { low: known ? low : null, high: known ? high : null, basis: text('basis') || 'none',
+    summary: text('summary'), source: text('source') };
+}
+
+/**
+ * A predicted value's band as text: '9.50 ms–11.3 ms' (a time: value × the factors) or
+ * '28.1%–33.0%' (a rate: value ÷ them); null without a band.
+ */
+export function bandRange(metric: 'step_time' | 'mfu', predicted: number,
+  band: IBand | null): string | null {
+  if (band === null || band.low === null || band.high === null) {
+    return null;
+  }
+  if (metric === 'step_time') {
+    return `${fmtSeconds(predicted * band.low)}–${fmtSeconds(predicted * band.high)}`;
+  }
+  return `${fmtPercent(predicted / band.high)}–${fmtPercent(predicted / band.low)}`;
+}
+
+/** The band's line of a tooltip: 'band 9.50 ms–11.3 ms, from ...' or 'no band: why'. */
+export function describeBand(metric: 'step_time' | 'mfu', predicted: number,
+  band: IBand | null): string {
+  if (band === null) {
+    return '';
+  }
+  const range = bandRange(metric, predicted, band);
+  return range === null ? `no band: ${band.source}` : `band ${range}, ${band.summary}`;
 }
 
 /** Median of the last `n` finite values of a column (a steady measure of recent steps). */
@@ -111,12 +172,15 @@ export function versus(metric: 'step_time' | 'mfu', recent: number | null,
   }
   const fmt = metric === 'step_time' ? fmtSeconds : fmtPercent;
   const r = ratio(recent, predicted);
-  const text = `pred. ${fmt(predicted)}` + (r === null ? '' : ` · measured ${fmtRatio(r)}`);
+  const range = bandRange(metric, predicted, p.band);
+  const text = `pred. ${fmt(predicted)}` + (range === null ? '' : ` (${range})`) +
+    (r === null ? '' : ` · measured ${fmtRatio(r)}`);
   const lines = [
     `predicted ${metric === 'step_time' ? 'step time' : 'MFU'} ${fmt(predicted)}` +
       (p.bound ? ` (${p.bound}-bound)` : ''),
     `measured ${fmt(recent)} (median of the last 20 steps)` +
       (r === null ? '' : `: ${fmtRatio(r)} the prediction`),
+    describeBand(metric, predicted, p.band),
     metric === 'step_time' ? describeTerms(p) : '',
     describePrediction(p)
   ];
@@ -160,7 +224,9 @@ export function predictionHint(value: unknown): string {
   if (p === null) {
     return '';
   }
-  const bits = [p.step_seconds !== null ? `${fmtSeconds(p.step_seconds)}/step` : '',
+  const range = p.step_seconds !== null ? bandRange('step_time', p.step_seconds, p.band) : null;
+  const bits = [p.step_seconds !== null ? `${fmtSeconds(p.step_seconds)}/step` +
+    (range === null ? '' : ` (${range})`) : '',
     p.mfu !== null ? `MFU ${fmtPercent(p.mfu)}` : ''].filter(Boolean).join(' · ');
   return `pred. ${bits}${p.source ? ` (${p.source})` : ''}`;
 }

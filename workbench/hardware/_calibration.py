@@ -54,6 +54,10 @@ class Calibration:
       overlap: measured fraction of communication hidden behind local work (None: keep
         the platform's default).
       provenance: the profiles it comes from (directory, plan, mesh, date, JAX version).
+      residuals: per profile it was fitted to, its measured step beside the step this
+        calibration predicts for it: ``{"directory", "plan_name", "mesh", "measured",
+        "predicted"}`` (seconds), the basis of a calibrated prediction's error band
+        (``workbench.perf._band``); None in a file stored before they were kept.
     """
 
     device_kind: str
@@ -64,6 +68,7 @@ class Calibration:
     collectives: dict[str, dict[str, float]]
     overlap: float | None
     provenance: list[dict[str, Any]]
+    residuals: list[dict[str, Any]] | None = None
 
     @property
     def source(self) -> str:
@@ -147,7 +152,8 @@ def check_calibration(d: Any) -> dict[str, Any]:
     """
     if not isinstance(d, dict):
         raise ValueError(f"it holds a JSON {type(d).__name__}, not an object")
-    missing = [f.name for f in dataclasses.fields(Calibration) if f.name not in d]
+    missing = [f.name for f in dataclasses.fields(Calibration)
+               if f.name not in d and f.default is dataclasses.MISSING]
     if missing:
         raise ValueError(f"fields {missing} are missing")
     if not isinstance(d["device_kind"], str) or not d["device_kind"]:
@@ -184,7 +190,23 @@ def check_calibration(d: Any) -> dict[str, Any]:
         raise ValueError(f"provenance is {_short(prov)}, not a list of objects with a "
                          "'directory' (and a 'date' string)")
     out["provenance"] = prov
+    out["residuals"] = _residuals(d.get("residuals"))
     return out
+
+
+def _residuals(res: Any) -> list[dict[str, Any]] | None:
+    """A stored calibration's residuals checked: None (a file from before they were
+    kept), or a list of objects whose ``measured`` and ``predicted`` are finite seconds
+    > 0."""
+    if res is None:
+        return None
+    if not isinstance(res, list) or not all(isinstance(r, dict) for r in res):
+        raise ValueError(f"residuals is {_short(res)}, not a list of objects with the "
+                         "'measured' and 'predicted' step seconds of each profile")
+    for i, r in enumerate(res):
+        for key in ("measured", "predicted"):
+            _number(r, key, f"residuals[{i}].", positive=True)
+    return [dict(r) for r in res]
 
 
 def _short(value: Any) -> str:

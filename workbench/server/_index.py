@@ -19,7 +19,7 @@ from workbench.server import _profiles as profiles
 
 SPARK_POINTS = 64  # a sparkline keeps between 64 and 128 evenly strided points
 SUMMARY_KEYS = ("loss", "mfu", "hfu", "tokens_per_s", "step_time", "grad_norm", "lr")
-PREDICTION_SUMMARY_KEYS = ("step_seconds", "mfu", "bound", "source")
+PREDICTION_SUMMARY_KEYS = ("step_seconds", "mfu", "bound", "source", "band")
 
 
 class RunWatch:
@@ -161,7 +161,7 @@ class RunWatch:
                 "problem": self._problem,
             }
             out.update({k: _number(last.get(k)) for k in SUMMARY_KEYS})
-            pred = meta.get("prediction")
+            pred = runs.clean_prediction(meta.get("prediction"))
             out["prediction"] = None if pred is None else {
                 k: pred[k] for k in PREDICTION_SUMMARY_KEYS if k in pred}
             return out

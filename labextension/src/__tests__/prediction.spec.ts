@@ -1,6 +1,9 @@
 import {
+  bandRange,
+  describeBand,
   describeTerms,
   fmtRatio,
+  parseBand,
   parsePrediction,
   predictionHint,
   ratio,
@@ -92,6 +95,47 @@ describe('measured against predicted', () => {
     expect(predictionHint({ mfu: 0.3 })).toBe('pred. MFU 30.0%');
     expect(predictionHint(null)).toBe('');
     expect(predictionHint({ step_seconds: 'NaN' })).toBe('');
+  });
+});
+
+describe('the error band', () => {
+  const BAND = { low: 0.9, high: 1.2, basis: 'calibration',
+    summary: 'from 3 calibration layouts (measured/predicted 0.90-1.20x)',
+    source: "the calibration's residuals" };
+
+  it('shows the range on the cards, in the tooltip and in the runs list', () => {
+    const p = parsePrediction({ ...GOOD, band: BAND });
+    expect(p?.band?.low).toBe(0.9);
+    // a time is the prediction x the factors, a rate the prediction / them
+    expect(bandRange('step_time', 0.02, p?.band ?? null)).toBe('18 ms–24 ms');
+    expect(bandRange('mfu', 0.3, p?.band ?? null)).toBe('25.0%–33.3%');
+    const t = versus('step_time', 0.03, p);
+    expect(t?.text).toBe('pred. 20 ms (18 ms–24 ms) · measured 1.5×');
+    expect(t?.title).toContain('band 18 ms–24 ms, from 3 calibration layouts');
+    expect(versus('mfu', null, p)?.text).toBe('pred. 30.0% (25.0%–33.3%)');
+    expect(predictionHint({ ...GOOD, band: BAND }))
+      .toBe('pred. 20 ms/step (18 ms–24 ms) · MFU 30.0% (cpu-compiler)');
+  });
+
+  it('says why there is no band, and drops a malformed one', () => {
+    const none = parsePrediction({ ...GOOD, band: { low: null, high: null, basis: 'none',
+      source: 'uncalibrated CPU: no measured basis' } });
+    expect(none?.band?.low).toBeNull();
+    expect(versus('step_time', 0.03, none)?.text).toBe('pred. 20 ms · measured 1.5×');
+    expect(describeBand('step_time', 0.02, none?.band ?? null))
+      .toBe('no band: uncalibrated CPU: no measured basis');
+    // out of order, not finite, not numbers: no band, never a made-up one
+    for (const bad of [{ low: 1.2, high: 0.9 }, { low: NaN, high: 1 }, { low: '0.9', high: 1 },
+      { low: 0, high: 1 }, { low: true, high: 2 }]) {
+      const b = parseBand(bad);
+      expect(b?.low).toBeNull();
+      expect(b?.high).toBeNull();
+    }
+    for (const bad of [null, 'x', [BAND], 3]) {
+      expect(parseBand(bad)).toBeNull();
+    }
+    expect(parsePrediction(GOOD)?.band).toBeNull();   // an older run: no band recorded
+    expect(describeBand('step_time', 0.02, null)).toBe('');
   });
 });
 
