@@ -344,6 +344,10 @@ def test_plan_widget_shows_source_and_prediction(tpu_plan, tmp_path):
     # compute, HBM traffic, communication, and the local work by the compiler's cycles
     assert rep["classes"]["wb-pred-row"] == 4
     assert "local work (TPU compiler's cycles)" in rep["text"]
+    # how sure it is: no reference rows of v5e to give a band, and the widget says so
+    assert payload["predicted"]["band"]["low"] is None
+    assert rep["classes"]["wb-pred-noband"] == 1
+    assert "no band: uncalibrated, and no reference rows for TPU v5e" in rep["text"]
     assert rep["handlers_left"] == 0
 
 

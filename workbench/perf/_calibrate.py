@@ -27,6 +27,7 @@ reading and removing them (``Calibration``, ``load_calibration``, ``remove_calib
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections import defaultdict
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ import numpy as np
 from workbench.hardware._calibration import (Calibration, CalibrationWarning, calibration_dir,
                                             check_calibration, load_calibration,
                                             remove_calibration)
+from workbench.perf._residuals import residuals
 
 __all__ = ["Calibration", "CalibrationWarning", "calibrate", "calibration_dir",
            "check_calibration", "load_calibration", "remove_calibration"]
@@ -124,6 +126,9 @@ def calibrate(reports: Any | Sequence[Any], *, spec: Any = None, save: bool = Tr
         what the factors multiply.
       save: store it (``calibration_dir()``) so that predictions use it.
 
+    Its ``residuals`` (each profile's measured step beside the step it predicts for it)
+    are stored with it: the error band of the predictions it calibrates.
+
     Raises:
       ValueError: no report, reports of different device kinds, or a report whose
         prediction was itself calibrated (calibrate from uncalibrated predictions).
@@ -172,6 +177,7 @@ def calibrate(reports: Any | Sequence[Any], *, spec: Any = None, save: bool = Tr
                       matmul_flops=spec.peak_flops * cf,
                       hbm_bandwidth=(spec.hbm_bandwidth or 0.0) * mf, collectives=colls,
                       overlap=float(np.mean(overlaps)) if overlaps else None, provenance=prov)
+    cal = dataclasses.replace(cal, residuals=residuals(reports, cal, spec))
     if save:
         cal.save()
     return cal

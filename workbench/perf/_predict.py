@@ -38,6 +38,7 @@ from workbench.hardware._calibration import Calibration
 from workbench.hardware._catalogue import HardwareSpec
 from workbench.hardware._effective import EffectiveSpec, effective_spec
 from workbench._sharding.mesh import MeshInfo, mesh_info
+from workbench.perf._band import Band, prediction_band
 from workbench.perf._bounds import implausible
 from workbench.perf._hlo import Collective
 from workbench.perf._host import HostTime
@@ -67,6 +68,8 @@ class CollectiveTime:
         collective latency: ``count``, or on XLA:CPU ``count`` x the arrays each
         instruction carries (each array of a tuple-shaped collective is its own rendezvous
         of the device threads) x the group's share (see ``collective_seconds``).
+      exposed: on the critical path, never hidden behind compute (``exposed_axes``, or
+        run synchronously by the compiled program).
     """
 
     kind: str
@@ -81,6 +84,7 @@ class CollectiveTime:
     formula: str
     source: str
     latencies: float = 0.0
+    exposed: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -106,6 +110,10 @@ class Prediction:
       implausible: why the prediction breaks a physical bound
         (``workbench.perf._bounds``: below its own roofline, MFU above the published
         envelope, ...); empty when it holds. ``wb.search`` never ranks such a plan.
+      band: how sure it is (``workbench.perf._band.Band``): the factors of the step time
+        the measured step has been seen in, from the calibration's residuals or the
+        reference rows of the chip's generation, or why there is no band; None only in a
+        prediction made without one.
     """
 
     step_seconds: float
@@ -116,6 +124,7 @@ class Prediction:
     sources: dict[str, str]
     compiler_seconds: float | None = None
     implausible: tuple[str, ...] = ()
+    band: Band | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (run.json, the plan widget, the lab dashboard)."""
@@ -124,6 +133,7 @@ class Prediction:
                 "tokens_per_s": self.tokens_per_s, "bound": self.bound,
                 "compiler_seconds": self.compiler_seconds, "sources": dict(self.sources),
                 "implausible": list(self.implausible),
+                "band": self.band.to_dict() if self.band is not None else None,
                 "breakdown": {k: v for k, v in b.items() if k != "collectives"}
                 | {"collectives": [dataclasses.asdict(c) | {"axes": list(c.axes)}
                                    for c in b["collectives"]]}}
@@ -133,6 +143,8 @@ class Prediction:
         lines = [f"predicted step {self.step_seconds * 1e3:.3g} ms ({self.bound}-bound)"
                  + (f", MFU {self.mfu:.1%}" if self.mfu is not None else "")
                  + (f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""),
+                 *([f"  {self.band.describe(self.step_seconds)}"]
+                   if self.band is not None else []),
                  f"  compute {b['compute'] * 1e3:.3g} ms, HBM {b['memory'] * 1e3:.3g} ms, "
                  f"communication {b['communication_total'] * 1e3:.3g} ms "
                  f"({b['communication'] * 1e3:.3g} ms not overlapped)"]
@@ -406,7 +418,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     t_host = host.exposed_seconds if host is not None else 0.0
     step = t_local + t_comm - hidden + t_host
     frac = hidden / t_free if t_free else 0.0
-    times = [dataclasses.replace(t, overlap=0.0 if c else frac) for t, c in zip(times, crit)]
+    times = [dataclasses.replace(t, overlap=0.0 if c else frac, exposed=c)
+             for t, c in zip(times, crit)]
     terms = {"compute": t_compute, "memory": t_memory, "communication": t_comm - hidden}
     bound = max(BOUNDS, key=lambda k: terms[k])
     if compute_seconds is not None:   # the compiler's schedule of math and HBM traffic
@@ -442,7 +455,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                      "within the physical bounds (workbench.perf._bounds): not below "
                      "its own roofline, MFU at most the published envelope")}
         | ({"calibration": cal.source} if cal else {}),
-        compiler_seconds=compiler_seconds, implausible=flagged)
+        compiler_seconds=compiler_seconds, implausible=flagged,
+        band=prediction_band(eff, compiler_timed=compute_seconds is not None))
 
 
 def _host_source(host: HostTime | None, why: str) -> str:

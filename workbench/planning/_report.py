@@ -416,7 +416,7 @@ class PlanReport:
                 + (f", {p.tokens_per_s:,.0f} tokens/s" if p.tokens_per_s else ""))
         if p.compiler_seconds is not None:
             text += f"; TPU compiler's estimate {p.compiler_seconds * 1e3:.4g} ms"
-        return text
+        return text + (f"\n  {_band_line(p)}" if p.band is not None else "")
 
     def __str__(self) -> str:
         lines = [self.summary(), "", "memory per device (bytes)  compiled/estimate"]
@@ -489,6 +489,20 @@ class PlanReport:
             return self.predicted.to_dict()
         except (ValueError, OSError):
             return None
+
+
+def _band_line(p: Prediction) -> str:
+    """How sure the prediction is: ``band: 38.1-45.3 ms/step, MFU 11.2-13.4%, 5,640-6,720
+    tokens/s (from 3 calibration layouts ...)``, or ``band: none (why)``."""
+    band = p.band
+    if not band.known:
+        return f"band: none ({band.source})"
+    lo, hi = band.seconds(p.step_seconds)
+    mfu, rate = band.rate(p.mfu), band.rate(p.tokens_per_s)
+    return (f"band: {lo * 1e3:.4g}-{hi * 1e3:.4g} ms/step"
+            + (f", MFU {mfu[0]:.1%}-{mfu[1]:.1%}" if mfu else "")
+            + (f", {rate[0]:,.0f}-{rate[1]:,.0f} tokens/s" if rate else "")
+            + f" ({band.summary()})")
 
 
 def _ms(x: float | None) -> str:
