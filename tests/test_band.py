@@ -265,7 +265,7 @@ def test_plan_widget_draws_the_band(plans, tmp_path):
     assert rep["classes"]["wb-pred-band"] == 1
     mfu_lo, mfu_hi = pred.mfu / 1.25, pred.mfu / 0.9
     assert f"MFU {mfu_lo * 100:.1f}–{mfu_hi * 100:.1f}%" in rep["text"]
-    assert "from 2 calibration layouts (measured/predicted 0.90-1.25x)" in rep["text"]
+    assert "from 2 calibration layouts, measured/predicted 0.90-1.25x" in rep["text"]
     none = draw(plan.predict(calibration=False).to_dict())
     assert none["classes"]["wb-pred-noband"] == 1 and "no band: uncalibrated" in none["text"]
     older = draw({k: v for k, v in pred.to_dict().items() if k != "band"})

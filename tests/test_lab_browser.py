@@ -177,7 +177,7 @@ PREDICTION = {"step_seconds": 0.08, "mfu": 0.3, "tokens_per_s": 3200.0, "bound":
                             "collectives": []}, "sources": {"flops": "cost analysis"},
               # how sure: measured steps were 0.9-1.2x the predicted (Prediction.band)
               "band": {"low": 0.9, "high": 1.2, "basis": "calibration",
-                       "summary": "from 2 calibration layouts (measured/predicted 0.90-1.20x)",
+                       "summary": "from 2 calibration layouts, measured/predicted 0.90-1.20x",
                        "source": "the calibration's residuals"}}
 
 

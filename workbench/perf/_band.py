@@ -68,8 +68,8 @@ class Band:
         return f"band {_seconds(lo)}-{_seconds(hi)} per step, {self.summary()}"
 
     def summary(self) -> str:
-        """Where the band comes from, briefly: ``"from 3 calibration layouts, measured
-        0.95-1.08x"``."""
+        """Where the band comes from, briefly: ``"from 3 calibration layouts,
+        measured/predicted 0.95-1.08x"``."""
         if not self.known:
             return "no band"
         n = len(self.rows)
@@ -77,7 +77,7 @@ class Band:
         ratios = [r["ratio"] for r in self.rows]
         seen = (f"{min(ratios):.2f}-{max(ratios):.2f}x" if n > 1 else f"{ratios[0]:.2f}x") \
             if ratios else "-"
-        return f"from {n} {what}{'s' if n != 1 else ''} (measured/predicted {seen})"
+        return f"from {n} {what}{'s' if n != 1 else ''}, measured/predicted {seen}"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (run.json's prediction, the plan widget, the lab panel)."""

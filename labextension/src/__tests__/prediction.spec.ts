@@ -100,7 +100,7 @@ describe('measured against predicted', () => {
 
 describe('the error band', () => {
   const BAND = { low: 0.9, high: 1.2, basis: 'calibration',
-    summary: 'from 3 calibration layouts (measured/predicted 0.90-1.20x)',
+    summary: 'from 3 calibration layouts, measured/predicted 0.90-1.20x',
     source: "the calibration's residuals" };
 
   it('shows the range on the cards, in the tooltip and in the runs list', () => {
