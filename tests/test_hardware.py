@@ -82,7 +82,7 @@ def test_a_new_generation_is_one_catalogue_entry(monkeypatch):
     from workbench.hardware import _catalogue as catalogue
     from workbench.hardware._catalogue import GIB, Generation, HardwareSpec
     from workbench._sharding.mesh import HARDWARE_PRESETS
-    from workbench.planning._search_space import hardware as search_hardware, larger_presets
+    from workbench._search.space import hardware as search_hardware, larger_presets
     from workbench._sharding.topology import topology_name, tpu_target
 
     spec = HardwareSpec(name="Zeta z1", peak_flops=100e12, memory_bytes=16 * GIB,

@@ -237,7 +237,7 @@ def test_generate_on_an_unsharded_model():
 
 
 def test_search_spans_the_default_devices():
-    from workbench.planning._search_space import hardware
+    from workbench._search.space import hardware
 
     want = resolve_placement()
     hw = hardware(None)

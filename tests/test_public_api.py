@@ -150,7 +150,9 @@ def test_the_check_catches_a_private_import_and_a_private_attribute():
 
 @pytest.mark.parametrize("old, new", [
     ("workbench.step", "workbench._step"),
-    ("workbench.planning.search", "workbench.planning._search"),
+    ("workbench.planning.search", "workbench._search.search"),    # private, then moved
+    ("workbench.planning._search_space", "workbench._search.space"),
+    ("workbench.planning.search_result", "workbench._search.result"),
     ("workbench.perf.predict", "workbench.perf._predict"),
     ("workbench.planning.predict", "workbench.perf._predict"),    # moved, then private
     ("workbench.planning.schedule", "workbench.models._schedule"),

@@ -281,8 +281,8 @@ def test_rows_are_typed_and_read_as_dicts(res):
     """Each row is a ``SearchRow`` with the ``ROW_KEYS``; it reads (and is filled) as a dict,
     so tables, the widget and JSON take it; the options the search ran with are one typed
     ``SearchOptions`` whose checks are wb.search's."""
-    from workbench.planning._search import SearchOptions, SearchRow
-    from workbench.planning._search_result import ROW_KEYS
+    from workbench._search.search import SearchOptions, SearchRow
+    from workbench._search.result import ROW_KEYS
 
     for r in res.rows:
         assert isinstance(r, SearchRow) and set(r) == set(ROW_KEYS) and len(r) == len(ROW_KEYS)

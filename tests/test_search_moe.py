@@ -10,7 +10,7 @@ import pytest
 
 import workbench as wb
 from workbench.models import GPTConfig
-from workbench.planning._search_space import EXPERT_STRATEGIES
+from workbench._search.space import EXPERT_STRATEGIES
 
 MOE = GPTConfig.preset("moe-tiny")
 BATCH, SEQ = 8, 32

@@ -41,8 +41,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "plan": ("workbench.planning", "plan"),
     "Plan": ("workbench.planning", "Plan"),
     "compare": ("workbench.planning", "compare"),
-    "search": ("workbench.planning._search", "search"),
-    "SearchResult": ("workbench.planning._search", "SearchResult"),
+    "search": ("workbench._search.search", "search"),
+    "SearchResult": ("workbench._search.search", "SearchResult"),
     "PlanOptions": ("workbench.planning", "PlanOptions"),
     "calibrate": ("workbench.perf._calibrate", "calibrate"),
     "remove_calibration": ("workbench.perf._calibrate", "remove_calibration"),
@@ -96,7 +96,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench.models._generate import generate
     from workbench.planning import Plan, PlanOptions, compare, plan
     from workbench.perf._calibrate import calibrate, remove_calibration
-    from workbench.planning._search import SearchResult, search
+    from workbench._search.search import SearchResult, search
     from workbench.train._profile import profile_step
     from workbench._sharding.rules import Rules
     from workbench.train import TrainConfig, Trainer

@@ -50,6 +50,12 @@ MOVED: dict[str, str] = {
 SHARDING = ("mesh", "rules", "layouts", "placement", "topology", "pytrees", "tracing")
 MOVED.update({f"workbench.{prefix}{name}": f"workbench._sharding.{name}"
               for name in SHARDING for prefix in ("", "_")})
+#: The layout search left ``planning`` (round four): ``workbench.planning._search_space`` (and
+#: ``workbench.planning.search_space`` before it) is ``workbench._search.space`` now.
+MOVED.update({f"workbench.planning.{prefix}{old}": f"workbench._search.{new}"
+              for old, new in (("search", "search"), ("search_space", "space"),
+                               ("search_result", "result"))
+              for prefix in ("", "_")})
 
 
 def new_path(old: str) -> str | None:

@@ -11,12 +11,11 @@ progress, Ctrl-C, in-process and on-disk caches; ``flags``: the overlap options)
 ``report`` (``PlanReport``: the serialisable numbers with their text and dict forms, and
 ``Comparison``; ``serialise``: its JSON), ``handle`` (``Plan``: the report with the
 runnable step, ``materialize``), ``lints`` (layout mistakes), ``activations`` (the
-step's tensors and why each collective runs), ``schedule`` (a pipeline's timeline),
-``search`` / ``search_space`` / ``search_result`` (``wb.search``: layouts ranked by
-predicted step time). How long a step takes (the HLO cost reading, the roofline, the
-formulas, traces, profiles, calibration) is ``workbench.perf``; its modules' old paths
-here (``planning.predict``, ``planning.analytic``, ...) still import, with a
-DeprecationWarning.
+step's tensors and why each collective runs). The layout search (``wb.search``: layouts
+ranked by predicted step time) is built on ``plan``, in ``workbench._search``. How long a
+step takes (the HLO cost reading, the roofline, the formulas, traces, profiles,
+calibration) is ``workbench.perf``. The old paths of both here (``planning.search``,
+``planning.predict``, ``planning.analytic``, ...) still import, with a DeprecationWarning.
 """
 from workbench.perf._hlo import Collective
 from workbench.planning._lints import Lint

@@ -31,8 +31,8 @@ from workbench.planning._compile import one_tracer
 from workbench.planning._options import PlanOptions, options_of
 from workbench.planning._planner import plan as make_plan
 from workbench.planning._handle import Plan
-from workbench.planning._search_result import SearchResult, SearchRow
-from workbench.planning._search_space import (
+from workbench._search.result import SearchResult, SearchRow
+from workbench._search.space import (
     DEFAULT_REMAT, DEFAULT_STRATEGIES, EXPERT_STRATEGIES, Candidate, Hardware, SearchOptions,
     candidates, hardware as resolve_hardware, invalid, larger_presets, mesh_shape,
     check_seq, model_candidates, skip)
