@@ -47,14 +47,18 @@ from pathlib import Path
 from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET = (0.85, 1.15)
+#: predicted / measured of the layouts a calibration was not fitted on (issue 48: 20%)
+TARGET = (0.80, 1.20)
 STEPS, WARMUP = 5, 3
 #: Profiles per case on CPU, interleaved (the median is compared: a shared 2-core machine
 #: measured one case's step 190-267 ms in four runs of a few minutes).
 ROUNDS = 3
-#: (preset, rules, batch, seq): the first of each setup calibrates, the others are predicted.
-CASES_1x8 = (("tiny", "fsdp", 16, 128), ("tiny", "dp", 64, 128), ("tiny", "fsdp_tp", 32, 128))
-CASES_2x4 = (("tiny", "fsdp", 16, 128), ("tiny", "dp", 64, 128))
+#: (preset, rules, batch, seq): the first FIT of each setup calibrate (one fit over both
+#: layouts' collectives), the others are predicted.
+CASES_1x8 = (("tiny", "fsdp", 16, 128), ("tiny", "fsdp_tp", 32, 128), ("tiny", "dp", 64, 128),
+             ("tiny", "tp", 32, 128))
+CASES_2x4 = CASES_1x8
+FIT = 2
 
 
 def _mesh_axes(rules: str, n: int) -> dict[str, int]:
@@ -64,8 +68,9 @@ def _mesh_axes(rules: str, n: int) -> dict[str, int]:
 def profile_cases(cases: Sequence[Sequence[Any]], directory: Path, *, mesh: dict | None = None,
                   steps: int = STEPS, warmup: int = WARMUP, save: bool = True,
                   dtype: str | None = None, calibration: list | None = None,
-                  rounds: int = 1) -> list[dict[str, Any]]:
-    """Profile each case, calibrate from the first, predict every case with it.
+                  rounds: int = 1, fit: int = 1) -> list[dict[str, Any]]:
+    """Profile each case, calibrate from the first ``fit`` (all their rounds, one fit),
+    predict every case with it.
 
     ``rounds`` > 1 profiles every case that many times, the cases interleaved (case 1, 2,
     3, then 1, 2, 3 again: a slow minute of a shared machine falls on every case, not on
@@ -97,7 +102,10 @@ def profile_cases(cases: Sequence[Sequence[Any]], directory: Path, *, mesh: dict
             where = directory / (f"{preset}-{rules}-b{batch}-p{jax.process_index()}"
                                  + (f"-r{k}" if rounds > 1 else ""))
             reps.append(wb.profile_step(plan, steps=steps, warmup=warmup, directory=where))
-    cal = wb.calibrate(reports[0], save=save)
+    if not 1 <= fit <= len(cases):
+        raise ValueError(f"fit must be 1..{len(cases)} (cases to calibrate on), not {fit}")
+    cal = wb.calibrate([r for reps in reports[:fit] for r in reps], save=save)
+    fitted_on = " + ".join(p.name for p in plans[:fit])
     if calibration is not None:
         calibration.append(cal)
     for i, (plan, reps) in enumerate(zip(plans, reports)):
@@ -110,7 +118,9 @@ def profile_cases(cases: Sequence[Sequence[Any]], directory: Path, *, mesh: dict
                     "uncalibrated": rep.term("step").predicted,
                     "calibrated": calibrated.step_seconds, "verdict": rep.verdict(),
                     "table": rep.table(), "tokens_per_s": rep.tokens_per_s,
-                    "calibrated_on": reports[0][0].plan_name, "held_out": i > 0})
+                    "calibrated_on": fitted_on, "held_out": i >= fit,
+                    "collectives": {k: {x: v[x] for x in ("latency", "bandwidth", "fitted")}
+                                    for k, v in cal.collectives.items()}})
     return out
 
 
@@ -154,6 +164,8 @@ def rows_of(results: Sequence[dict[str, Any]], setup: str) -> list[dict[str, Any
                       f"calibrated {r['calibrated'] * 1e3:.1f} ms; uncalibrated "
                       f"{r['uncalibrated'] * 1e3:.1f} ms (x{unc:.2f}); " + _spread(r)
                       + _load_note(r) + r["verdict"])})
+    if results and results[0].get("collectives"):
+        rows.append(_fit_row(results[0], setup))
     for r in results:
         t = r["tokens_per_s"]
         if t.get("during") and t.get("outside"):
@@ -164,6 +176,24 @@ def rows_of(results: Sequence[dict[str, Any]], setup: str) -> list[dict[str, Any
                                   f"untraced ({STEPS} traced between {WARMUP} untraced steps "
                                   f"before and {WARMUP} after, the first left out)"})
     return rows
+
+
+def _fit_row(r: dict[str, Any], setup: str) -> dict[str, Any]:
+    """The collective model ``wb.calibrate`` fitted: alpha and beta per kind and link, and
+    which of them the profiles identified (the rest is the table's)."""
+    parts = []
+    for key, f in sorted(r["collectives"].items()):
+        bw = f["bandwidth"]
+        parts.append(f"{key}: alpha {f['latency'] * 1e6:.3g} us/message, beta "
+                     + (f"{bw / 1e6:.4g} MB/s" if bw != float("inf") else "inf")
+                     + f" ({' and '.join(f['fitted']) or 'nothing'} fitted)")
+    return {"name": f"collective model, {setup}: fitted on {r['calibrated_on']}",
+            "value": len(r["collectives"]), "unit": "kind@link pairs", "target": "",
+            "ok": None, "notes": "one least-squares fit over every collective of every round "
+                                 "of both layouts (alpha x messages + bytes / beta per link; "
+                                 "what a fit cannot tell apart keeps the table's value); "
+                                 "measured on the shared 2-core machine, other sessions' tests "
+                                 "running beside it. " + "; ".join(parts)}
 
 
 def _load_note(r: dict[str, Any]) -> str:
@@ -191,14 +221,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def gloo_cases(cases: Sequence[Sequence[Any]], directory: Path, timeout: float = 900,
-               rounds: int = ROUNDS) -> list[dict]:
+def gloo_cases(cases: Sequence[Sequence[Any]], directory: Path, timeout: float = 1800,
+               rounds: int = ROUNDS, fit: int = FIT) -> list[dict]:
     """``profile_cases`` in 2 processes x 4 CPU devices over gloo (process 0's devices)."""
     port = _free_port()
     cal = tempfile.mkdtemp(prefix="wb-bench-cal-")
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.bench_profile", "--worker",
                                str(port), str(i), json.dumps([list(c) for c in cases]),
-                               str(directory), str(rounds)], cwd=ROOT, stdout=subprocess.PIPE,
+                               str(directory), str(rounds), str(fit)], cwd=ROOT,
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=_env(4, cal))
              for i in range(2)]
     outs = [p.communicate(timeout=timeout) for p in procs]
@@ -208,14 +239,15 @@ def gloo_cases(cases: Sequence[Sequence[Any]], directory: Path, timeout: float =
     return json.loads((Path(directory) / "results.json").read_text())
 
 
-def _worker(port: int, pid: int, cases: list[list[Any]], directory: str, rounds: int) -> None:
+def _worker(port: int, pid: int, cases: list[list[Any]], directory: str, rounds: int,
+            fit: int) -> None:
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                                process_id=pid)
     results = profile_cases([tuple(c) for c in cases], Path(directory),
-                            mesh={"data": 4, "model": 2}, save=False, rounds=rounds)
+                            mesh={"data": 4, "model": 2}, save=False, rounds=rounds, fit=fit)
     if pid == 0:   # a file, not stdout: the profiler and JAX may print there too
         (Path(directory) / "results.json").write_text(json.dumps(results, default=float))
     # Exit without jax.distributed's shutdown barrier, process 1 first: process 0 hosts the
@@ -233,7 +265,8 @@ def run() -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["WORKBENCH_CALIBRATION"] = str(Path(tmp) / "calibration")
         rows = rows_of(profile_cases(CASES_1x8, Path(tmp) / "1x8",
-                                     mesh={"data": 4, "model": 2}, save=False, rounds=ROUNDS),
+                                     mesh={"data": 4, "model": 2}, save=False, rounds=ROUNDS,
+                                     fit=FIT),
                        "1 process x 8 devices")
         rows += rows_of(gloo_cases(CASES_2x4, Path(tmp) / "2x4"), "2 processes x 4 devices, gloo")
     return rows
@@ -260,7 +293,7 @@ def error_table(results: Sequence[dict[str, Any]], setup: str) -> list[str]:
 
 
 TABLE_HEAD = ["| setup | case | mesh | measured ms | rounds ms | other processes ms | table ms | "
-              "table / measured | calibrated ms | calibrated / measured | within 15% | "
+              "table / measured | calibrated ms | calibrated / measured | within 20% | "
               "profiler overhead |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
@@ -270,12 +303,12 @@ def cpu_table() -> str:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["WORKBENCH_CALIBRATION"] = str(Path(tmp) / "calibration")
         one = profile_cases(CASES_1x8, Path(tmp) / "1x8", mesh={"data": 4, "model": 2},
-                            save=False, rounds=ROUNDS)
+                            save=False, rounds=ROUNDS, fit=FIT)
         two = gloo_cases(CASES_2x4, Path(tmp) / "2x4")
     lines = [*TABLE_HEAD, *error_table(one, "1 process x 8 CPU devices"),
              *error_table(two, "2 processes x 4 CPU devices, gloo")]
-    return ("Calibrated on the first case of each setup (the row marked fitted on), "
-            f"predicting the others; steps {STEPS} traced between {WARMUP} untraced ones "
+    return (f"Calibrated on the first {FIT} cases of each setup (the rows marked fitted on: "
+            "one fit), predicting the others; steps {STEPS} traced between {WARMUP} untraced ones "
             f"before and after, {ROUNDS} rounds of every case interleaved. Measured: the "
             "median round's traced step less what other processes took of the host's cores "
             "meanwhile (beside it; 0 on a quiet machine); rounds: the fastest and slowest.\n\n"
@@ -340,6 +373,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 if __name__ == "__main__":  # pragma: no cover
     if sys.argv[1:2] == ["--worker"]:
         _worker(int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5],
-                int(sys.argv[6]))
+                int(sys.argv[6]), int(sys.argv[7]))
     else:
         main()

@@ -259,6 +259,7 @@ RECIPES: dict[str, Recipe] = {
                             "strategies": ("dp",), "remat": ("none",), "exact": False,
                             "progress": False},
     "wb.calibrate": lambda f: {"reports": f.report, "save": False},
+    "wb.perf.fit_collectives": lambda f: {"reports": f.report},
     "wb.remove_calibration": lambda f: {"device_kind": "cpu"},
     "wb.profile_step": lambda f: {"plan": f.compiled_plan, "steps": 1, "warmup": 0,
                                   "directory": f.fresh("profile")},
@@ -401,6 +402,7 @@ SIGNATURES["wb.search"] = tuple((p, "keyword") for p in (
 def resolve(name: str) -> Any:
     import workbench as wb
     import workbench._sharding.placement  # noqa: F401 - wb._sharding.placement.*
+    import workbench.perf  # noqa: F401 - wb.perf.fit_collectives (test_api_fuzz.EXTRA_MODULES)
     # (test_api_fuzz.EXTRA_MODULES)
     obj: Any = wb
     for part in name.split(".")[1:]:

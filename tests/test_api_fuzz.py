@@ -57,6 +57,7 @@ from hypothesis import strategies as st
 import _api_fuzz_worker as worker
 import workbench as wb
 import workbench._sharding.placement as placement
+import workbench.perf as perf
 from _api_fuzz_worker import Opaque
 
 #: ~45 s of CPU in one worker process (`make test`; `make test-fast` leaves it out).
@@ -73,7 +74,12 @@ COLLECT = os.environ.get("WORKBENCH_FUZZ_COLLECT") == "1"
 
 #: Documented modules outside ``wb.*`` whose functions are fuzzed too, as ``wb.<module>.<name>``:
 #: ``workbench._sharding.placement`` (the one default mesh and rules, issue 46).
-EXTRA_MODULES: list[tuple[str, Any]] = [("wb._sharding.placement", placement)]
+#: ``workbench.perf.fit_collectives`` too (issue 48: the collective model fitted to profiles),
+#: alone: the module's other names are formulas and result types, kept off the surface.
+EXTRA_MODULES: list[tuple[str, Any]] = [
+    ("wb._sharding.placement", placement),
+    ("wb.perf", types.SimpleNamespace(__all__=["fit_collectives"],
+                                      fit_collectives=perf.fit_collectives))]
 
 
 def walk_surface() -> dict[str, Any]:

@@ -36,6 +36,11 @@ def test_elementwise_is_memory_bound_at_hbm_bandwidth():
     assert p.bound == "memory" and p.mfu is None
 
 
+#: seconds per ring step the catalogue charges (the collective model's alpha): ICI (an
+#: estimate) and NVLink (NCCL's tuning.cc)
+ICI_STEP, NVLINK_STEP = 1e-6, 3.4e-6
+
+
 def test_lone_all_gather_on_a_torus_dimension():
     # v5p-128 = 64 chips, 4x4x4: a whole cube, so every dimension wraps around. The last
     # mesh axis runs along x (coords are x-fastest): a ring of 4 chips using both links.
@@ -44,7 +49,7 @@ def test_lone_all_gather_on_a_torus_dimension():
     p = predict(flops=0, bytes_accessed=0, collectives=[_gather(nbytes, 4, ("c",))],
                 mesh=mesh)
     expected = (4 - 1) / 4 * nbytes / (2 * 9e10)    # scaling book: 9e10 B/s per link one way
-    assert p.step_seconds == pytest.approx(expected)
+    assert p.step_seconds == pytest.approx(expected + (4 - 1) * ICI_STEP)
     assert p.bound == "communication"
     (c,) = p.breakdown["collectives"]
     assert c.bandwidth == 2 * 9e10 and c.axes == ("c",) and "torus" in c.links
@@ -56,18 +61,19 @@ def test_all_gather_without_wraparound_uses_one_link_per_dimension():
     nbytes = 3 * 2**20
     p = predict(flops=0, bytes_accessed=0, collectives=[_gather(nbytes, 4, ("data", "model"))],
                 mesh=mesh)
-    assert p.step_seconds == pytest.approx(3 / 4 * nbytes / (9e10 + 9e10))
+    assert p.step_seconds == pytest.approx(3 / 4 * nbytes / (9e10 + 9e10) + 3 * ICI_STEP)
 
 
-@pytest.mark.parametrize("kind, factor", [
-    ("all-reduce", lambda n: 2 * (n - 1) / n), ("reduce-scatter", lambda n: n - 1),
-    ("collective-permute", lambda n: 1.0)])
-def test_ring_formulas_on_gpus_in_one_server(kind, factor):
+@pytest.mark.parametrize("kind, factor, steps", [
+    ("all-reduce", lambda n: 2 * (n - 1) / n, 2 * 7), ("reduce-scatter", lambda n: n - 1, 7),
+    ("collective-permute", lambda n: 1.0, 1)])
+def test_ring_formulas_on_gpus_in_one_server(kind, factor, steps):
     mesh = wb.abstract_mesh("8xH100", data=8)
     nbytes = 2**26
     p = predict(flops=0, bytes_accessed=0, collectives=[_gather(nbytes, 8, ("data",), kind)],
                 mesh=mesh)
-    assert p.step_seconds == pytest.approx(factor(8) * nbytes / 450e9)  # NVLink 900 GB/s bidi
+    assert p.step_seconds == pytest.approx(factor(8) * nbytes / 450e9   # NVLink 900 GB/s bidi
+                                           + steps * NVLINK_STEP)
 
 
 def test_all_reduce_across_servers_is_hierarchical():
@@ -75,8 +81,9 @@ def test_all_reduce_across_servers_is_hierarchical():
     b = 2**28
     p = predict(flops=0, bytes_accessed=0, collectives=[_gather(b, 16, ("data",), "all-reduce")],
                 mesh=mesh)
-    inside = 2 * 7 / 8 * b / 450e9              # ring of 8 over NVLink
-    across = 2 * 1 / 2 * (b / 8) / 50e9         # ring of 2 over 400 Gbit/s InfiniBand, 1/8 each
+    inside = 2 * 7 / 8 * b / 450e9 + 2 * 7 * NVLINK_STEP   # ring of 8 over NVLink
+    # ring of 2 over 400 Gbit/s InfiniBand, 1/8 each
+    across = 2 * 1 / 2 * (b / 8) / 50e9 + 2 * 1 * 9.6e-6
     assert p.step_seconds == pytest.approx(inside + across)
 
 
@@ -89,8 +96,8 @@ def test_dcn_axis_of_two_slices():
     (c,) = p.breakdown["collectives"]
     assert "dcn across 2" in c.links
     # within a slice: 4 chips along y of a 4x4 v5e (no wraparound below 16) -> 1 link
-    inside = 2 * 3 / 4 * b / 4.5e10
-    across = 2 * 1 / 2 * (b / 4) / (50e9 / 8)
+    inside = 2 * 3 / 4 * b / 4.5e10 + 2 * 3 * ICI_STEP
+    across = 2 * 1 / 2 * (b / 4) / (50e9 / 8) + 2 * 1 * 9.6e-6   # DCN: 9.6 us per step
     assert p.step_seconds == pytest.approx(inside + across)
 
 

@@ -636,7 +636,7 @@ def test_cpu_collectives_pay_a_latency_per_array_and_group_hand_count():
     """XLA:CPU rendezvouses the device threads once per array of a tuple-shaped collective
     (the compiler's combined gradient all-reduce carries ~20): the latency is charged per
     array, times (g + 1) / (N + 1) for a group of g of a process's N devices; a TPU or GPU
-    entry keeps one latency per instruction. Calibration fits to these latencies."""
+    entry one per ring step. Calibration fits to these latencies."""
     from workbench.hardware import HardwareSpec
     from workbench.perf._hlo import Collective
     from workbench.perf._predict import collective_seconds
@@ -651,9 +651,12 @@ def test_cpu_collectives_pay_a_latency_per_array_and_group_hand_count():
     units = 5 * (4 + 1) / (8 + 1)                         # 5 arrays, a group of 4 of 8
     assert t.latencies == pytest.approx(2 * units)
     assert t.seconds == pytest.approx(2 * (2 * 3 / 4 * 4000 / 1e9 + 1e-4 * units))
-    gpu = collective_seconds(c, mesh, dataclasses.replace(spec, platform="gpu"))
-    assert gpu.latencies == 2 and gpu.seconds == pytest.approx(
-        2 * (2 * 3 / 4 * 4000 / 1e9 + 1e-4))
+    # a GPU pays NVLink's latency per ring step (NCCL's 2 (n-1) for an all-reduce), per
+    # instruction whatever its arrays
+    gpu = collective_seconds(c, mesh, dataclasses.replace(spec, platform="gpu",
+                                                          nvlink_latency=1e-5))
+    assert gpu.parts[0]["messages"] == 2 * (4 - 1) and gpu.seconds == pytest.approx(
+        2 * (2 * 3 / 4 * 4000 / 1e9 + 1e-5 * 6))
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads the kernel's /proc/stat")

@@ -12,7 +12,7 @@ import dataclasses
 import re
 from typing import Any, Mapping
 
-__all__ = ["GENERATIONS", "Generation", "HardwareSpec", "generation", "hardware_presets",
+__all__ = ["GENERATIONS", "LINKS", "Generation", "HardwareSpec", "generation", "hardware_presets",
            "hardware_spec"]
 
 
@@ -47,6 +47,12 @@ class HardwareSpec:
       collective_latency: seconds each collective instruction costs whatever its size
         (measured for the CPU entry, where XLA:CPU synchronises the device threads; None
         in the published tables: bandwidth-only).
+      ici_latency, dcn_latency, nvlink_latency, pcie_latency, network_latency: seconds
+        per message (one step of a ring) over that link, whatever its size: the
+        collective model's alpha (``workbench.perf._predict``: alpha x messages + bytes /
+        bandwidth); a calibration fitted to profiles overrides them per collective kind.
+        For the CPU entry ``network_latency`` is TCP loopback's (gloo between processes,
+        measured) and ``collective_latency`` the in-process rendezvous (measured).
       sources: the source of each bandwidth value, by field name.
     """
 
@@ -66,8 +72,19 @@ class HardwareSpec:
     network_bandwidth: float | None = None
     host_bandwidth: float | None = None
     collective_latency: float | None = None
+    ici_latency: float | None = None
+    dcn_latency: float | None = None
+    nvlink_latency: float | None = None
+    pcie_latency: float | None = None
+    network_latency: float | None = None
     clock_hz: float | None = None
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+
+    def link(self, name: str) -> tuple[float, float]:
+        """``(alpha seconds per message, beta bytes/s)`` of a link by name (``LINKS``);
+        0 where the table has no figure."""
+        bandwidth, latency = LINKS[name]
+        return float(getattr(self, latency) or 0.0), float(getattr(self, bandwidth) or 0.0)
 
     def source_of(self, field: str) -> str:
         """Where the value of ``field`` comes from ("unknown" when the table has none)."""
@@ -75,6 +92,18 @@ class HardwareSpec:
             return self.source
         return self.sources.get(field, "unknown")
 
+
+#: The links a collective runs over, by name -> (its bandwidth field, its latency field):
+#: TPU slices ICI inside, DCN across; GPU servers NVLink (or PCIe) inside, the scale-out
+#: network (InfiniBand) across; simulated CPU devices "memory" inside a process (XLA:CPU's
+#: rendezvous of the device threads; the entry's measured psum bandwidth) and TCP
+#: loopback across processes (gloo).
+LINKS: dict[str, tuple[str, str]] = {
+    "ici": ("ici_link_bandwidth", "ici_latency"), "dcn": ("dcn_bandwidth", "dcn_latency"),
+    "nvlink": ("nvlink_bandwidth", "nvlink_latency"), "pcie": ("host_bandwidth", "pcie_latency"),
+    "infiniband": ("network_bandwidth", "network_latency"),
+    "memory": ("nvlink_bandwidth", "collective_latency"),
+    "tcp": ("network_bandwidth", "network_latency")}
 
 GIB = 1024**3
 _GB = 1000**3
@@ -104,10 +133,24 @@ def _clock(peak: float, cores: int, mxus: int, side: int) -> tuple[float, str]:
                 "its FLOPs at peak (tests/test_fit_and_speed.py)")
 
 
+#: Per-message latencies (the collective model's alpha), by platform. NCCL's own cost
+#: model charges each step of a ring (Simple protocol) a hardware latency per link type;
+#: Google publishes no ICI or DCN figure, so those are estimates, said as such.
+_NCCL = "NCCL src/graph/tuning.cc (ncclTopoTuneModel, hwLat): per ring step, Simple protocol"
+_LATENCIES: dict[str, dict[str, tuple[float, str]]] = {
+    "tpu": {"ici_latency": (1e-6, "estimate: 1 us per ring step (neighbouring chips are "
+                            "sub-microsecond apart over ICI; no published per-step figure)"),
+            "dcn_latency": (9.6e-6, f"estimate: a data-center network hop like NCCL's ({_NCCL}:"
+                            " network 9.6 us)")},
+    "gpu": {"nvlink_latency": (3.4e-6, f"{_NCCL}: NVLink 3.4 us"),
+            "pcie_latency": (5.7e-6, f"{_NCCL}: PCI 5.7 us"),
+            "network_latency": (9.6e-6, f"{_NCCL}: network 9.6 us")}}
+
+
 def _spec(links: Mapping[str, tuple[Any, str]] | None = None, **fields: Any) -> HardwareSpec:
-    """A ``HardwareSpec`` whose sourced values (``links``: ``{field: (value, source)}``)
-    are stored beside their sources."""
-    links = links or {}
+    """A ``HardwareSpec`` whose sourced values (``links``: ``{field: (value, source)}``,
+    and the platform's per-message latencies) are stored beside their sources."""
+    links = {**_LATENCIES.get(fields.get("platform", ""), {}), **(links or {})}
     return HardwareSpec(**fields, **{k: v for k, (v, _) in links.items()},
                         sources={k: src for k, (_, src) in links.items()})
 

@@ -16,6 +16,7 @@ from workbench.hardware._libtpu import backends_started as _backends_started
 
 __all__ = ["cpu_spec", "measured_cpu_collective_bandwidth", "measured_cpu_collective_latency",
            "measured_cpu_memory_bandwidth", "measured_cpu_peak", "measured_loopback_bandwidth",
+           "measured_loopback_latency",
            "psum_seconds"]
 
 
@@ -242,6 +243,48 @@ def measured_loopback_bandwidth(*, refresh: bool = False, mib: int = 64) -> floa
     return bandwidth
 
 
+def measured_loopback_latency(*, refresh: bool = False, trips: int = 200) -> float:
+    """Seconds of one small message over TCP loopback (127.0.0.1), one way: half the median
+    round trip of a 1-byte ping-pong between two threads of this process (``trips`` after
+    a warm-up), cached per machine. What gloo pays per message between CPU processes on
+    one host, before bandwidth (the collective model's alpha of the "tcp" link)."""
+    import socket
+    import threading
+
+    import numpy as np
+
+    key = f"tcp-latency|{_platform.node()}|{_cpu_name()}|{os.cpu_count()}"
+    cached = None if refresh else _cached(key)
+    if cached is not None:
+        return cached
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname())
+    conn, _ = server.accept()
+    for s in (client, conn):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def echo() -> None:
+        for _ in range(trips + 20):
+            conn.sendall(conn.recv(1))
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    took = []
+    for _ in range(trips + 20):
+        t0 = time.perf_counter()
+        client.sendall(b"x")
+        client.recv(1)
+        took.append(time.perf_counter() - t0)
+    thread.join()
+    for s in (client, conn, server):
+        s.close()
+    latency = float(np.median(took[20:])) / 2
+    _cache_put(_cache_dir() / "cpu_peak.json", key, latency)
+    return latency
+
+
 def cpu_spec(n_devices: int | None = None) -> HardwareSpec:
     """A hardware entry for this host's (simulated) CPU devices, measured at runtime.
 
@@ -260,6 +303,7 @@ def cpu_spec(n_devices: int | None = None) -> HardwareSpec:
     psum = measured_cpu_collective_bandwidth() if started and local > 1 else None
     latency = measured_cpu_collective_latency() if started and local > 1 else None
     tcp = measured_loopback_bandwidth()
+    tcp_latency = measured_loopback_latency()
     if psum is not None:
         link, link_src = psum, (f"measured: psum of 8 MiB per device over {local} local "
                                 f"devices, ring formula ({psum / 1e9:.2f} GB/s per device)")
@@ -271,13 +315,15 @@ def cpu_spec(n_devices: int | None = None) -> HardwareSpec:
         source=f"measured: float32 1024^3 matmul ({peak / 1e9:.1f} GFLOP/s per host), "
                f"shared by {n} device(s)",
         chips_per_host=n, hbm_bandwidth=mem / n, nvlink_bandwidth=link,
-        network_bandwidth=tcp / local, collective_latency=latency,
+        network_bandwidth=tcp / local, collective_latency=latency, network_latency=tcp_latency,
         sources={"hbm_bandwidth": f"measured: numpy copy ({mem / 1e9:.1f} GB/s per host), "
                                   f"shared by {n} device(s)",
                  "nvlink_bandwidth": link_src,
                  "collective_latency": (f"measured: psum of one float32 per device over {local}"
                                         f" local devices ({latency * 1e3:.3f} ms)"
                                         if latency is not None else "none"),
+                 "network_latency": f"measured: half the median round trip of a 1-byte "
+                                    f"TCP ping-pong over 127.0.0.1 ({tcp_latency * 1e6:.1f} us)",
                  "network_bandwidth": f"measured: one TCP stream over 127.0.0.1 "
                                       f"({tcp / 1e9:.2f} GB/s), shared by the {local} "
                                       "device(s) of each process (gloo between processes)"})

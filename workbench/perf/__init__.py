@@ -14,11 +14,13 @@ bound), ``predict_plan`` (a ``PlanReport``'s numbers fed to it), ``analytic`` an
 ``attention_cost`` (formulas, public as ``formulas``), ``bounds`` (what no prediction may
 beat), ``trace`` (a ``jax.profiler`` trace read into time per category and op),
 ``profile`` (predicted vs measured, term by term), ``calibrate`` (achieved rates fitted
-to profiles). Formulas and sources: docs/predictions.md.
+to profiles; ``fit_collectives``: each collective kind's latency per message and bandwidth
+per link, fitted to several profiles at once). Formulas and sources: docs/predictions.md.
 """
 from workbench.perf import formulas
 from workbench.perf._bounds import MFU_CEILING, implausible
-from workbench.perf._calibrate import Calibration, calibrate, remove_calibration
+from workbench.perf._calibrate import (Calibration, calibrate, fit_collectives,
+                                       remove_calibration)
 from workbench.perf._hlo import Collective, parse_collectives
 from workbench.perf._predict import CollectiveTime, Prediction, collective_seconds, predict
 from workbench.perf._predict_plan import predict_plan
@@ -27,5 +29,5 @@ from workbench.perf._trace import StepProfile, read_trace, trace_files
 
 __all__ = ["MFU_CEILING", "Calibration", "Collective", "CollectiveTime", "Prediction",
            "ProfileReport", "StepProfile", "Term", "calibrate", "collective_seconds",
-           "formulas", "implausible", "parse_collectives", "predict", "predict_plan",
-           "profile_report", "read_trace", "remove_calibration", "trace_files"]
+           "fit_collectives", "formulas", "implausible", "parse_collectives", "predict",
+           "predict_plan", "profile_report", "read_trace", "remove_calibration", "trace_files"]

@@ -7,11 +7,13 @@ From one or more :class:`~workbench.perf._profile.ProfileReport` of a device kin
 
 - achieved matmul FLOP/s = the hardware entry's peak x predicted / measured compute time;
 - achieved HBM bandwidth = the entry's bandwidth x predicted / measured memory time;
-- per collective kind (and whether it crosses processes), latency ``L`` and a bandwidth
-  factor ``s``: ``measured = n x L + s x (predicted - n x L_table)``, least squares over
-  the profiles' merged collectives of that kind (``n``: the latencies each pays per step,
-  instructions, or on XLA:CPU instructions x arrays; ``s`` alone where their sizes do not
-  tell the two apart); achieved bandwidth = the entry's link bandwidth / ``s``;
+- per collective kind and link (``kind@link``: ICI, DCN, NVLink, PCIe, InfiniBand; on CPU
+  "memory" inside a process and "tcp" loopback between processes, gloo), a latency per
+  message ``alpha`` and a bandwidth ``beta``: ``measured = count x sum over the links it
+  crosses of (alpha x messages + bytes / beta)`` (``CollectiveTime.parts``: the ring's
+  messages and bytes), non-negative least squares over every merged collective of every
+  profile at once (``fit_collectives``). Several layouts tell alpha and beta apart; what
+  the profiles do not identify keeps the table's value, and the entry's ``kept`` says so;
 - overlap: op time measured running beside other ops of the same device (XLA:CPU's
   thunk executor runs independent ops side by side) / min(local, communication), in
   [0, 1]. On GPUs and TPUs the trace's collective time is what the device's op stream
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections import defaultdict
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,10 +40,11 @@ import numpy as np
 from workbench.hardware._calibration import (Calibration, CalibrationWarning, calibration_dir,
                                             check_calibration, load_calibration,
                                             remove_calibration)
+from workbench.perf._predict import ALPHA_BETA
 from workbench.perf._residuals import residuals
 
 __all__ = ["Calibration", "CalibrationWarning", "calibrate", "calibration_dir",
-           "check_calibration", "load_calibration", "remove_calibration"]
+           "check_calibration", "fit_collectives", "load_calibration", "remove_calibration"]
 
 
 # -- fitting ----------------------------------------------------------------------------
@@ -51,29 +54,8 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _fit(rows: list[tuple[float, float, float]], latency0: float) -> tuple[float, float]:
-    """(latency, scale) with measured ~ count x latency + scale x bandwidth_part, both
-    >= 0, from rows of (count, predicted seconds, measured seconds)."""
-    n = np.array([r[0] for r in rows], float)
-    x = np.array([max(0.0, r[1] - r[0] * latency0) for r in rows], float)
-    m = np.array([r[2] for r in rows], float)
-    cands = []
-    if len(rows) >= 2 and np.linalg.matrix_rank(np.stack([n, x], 1)) == 2:
-        (lat, s), *_ = np.linalg.lstsq(np.stack([n, x], 1), m, rcond=None)
-        if lat >= 0 and s >= 0:
-            cands.append((lat, s))
-    if x.sum() > 0:   # bandwidth only, the table's latency kept (scaled like the rest)
-        s = float(m.sum() / (x.sum() + n.sum() * latency0)) if latency0 else \
-            float(m.sum() / x.sum())
-        cands.append((latency0 * s, s))
-    if n.sum() > 0:
-        cands.append((float(m.sum() / n.sum()), 0.0))
-    if not cands:
-        return latency0, 1.0
-    return min(cands, key=lambda c: float(((n * c[0] + x * c[1] - m) ** 2).sum()))
-
-
-def _checked(reports: Any, spec: Any) -> tuple[list[Any], Any]:
+def _checked(reports: Any, spec: Any, *, resolve_spec: bool = True,
+             where: str = "calibrate") -> tuple[list[Any], Any]:
     """``calibrate``'s arguments checked: the reports as a list, and the spec (default the
     table's entry of their device kind, or the measured CPU).
 
@@ -84,34 +66,191 @@ def _checked(reports: Any, spec: Any) -> tuple[list[Any], Any]:
 
     many = isinstance(reports, (list, tuple))
     if many and not reports:
-        raise ValueError(f"calibrate: reports={reports!r} is empty; it needs at least one "
+        raise ValueError(f"{where}: reports={reports!r} is empty; it needs at least one "
                          "ProfileReport (trainer.profile())")
     for i, r in enumerate(reports if many else [reports]):
         if not (hasattr(r, "device_kind") and hasattr(r, "prediction")):
             name = f"reports[{i}]" if many else "reports"
-            raise TypeError(f"calibrate: {name}={_short(r)} is a {type(r).__name__}, not a "
+            raise TypeError(f"{where}: {name}={_short(r)} is a {type(r).__name__}, not a "
                             "ProfileReport; pass trainer.profile() or wb.profile_step(plan) "
                             "(or a list of them)")
     if spec is not None and not isinstance(spec, HardwareSpec):
-        raise TypeError(f"calibrate: spec={_short(spec)} is a {type(spec).__name__}, not a "
+        raise TypeError(f"{where}: spec={_short(spec)} is a {type(spec).__name__}, not a "
                         "HardwareSpec; pass wb.hardware.hardware_spec(kind), or leave spec "
                         "out for the reports' own device kind")
     reports = list(reports) if many else [reports]
     kinds = {r.device_kind for r in reports}
     if len(kinds) != 1:
-        raise ValueError(f"calibrate: the reports are of different device kinds {sorted(kinds)}"
+        raise ValueError(f"{where}: the reports are of different device kinds {sorted(kinds)}"
                          "; calibrate each kind from its own profiles")
     for r in reports:
         if "calibration" in r.prediction.get("sources", {}):
-            raise ValueError(f"calibrate: the prediction of {r.directory} was already "
+            raise ValueError(f"{where}: the prediction of {r.directory} was already "
                              "calibrated; profile with wb.remove_calibration(kind) first, or "
                              "pass the uncalibrated prediction (plan.predict(calibration=False))")
-    if spec is None:
+    _check_times(reports, many, where)
+    if spec is None and resolve_spec:
         kind = reports[0].device_kind
         spec = hardware_spec(kind) if kind and "cpu" not in kind.lower() else \
             cpu_spec(int(np.prod(list(reports[0].mesh.values()))) if reports[0].mesh
                      else reports[0].measured.devices)
     return reports, spec
+
+
+# -- the collective model: alpha x messages + bytes / beta per kind and link ---------------
+
+#: below this ratio of singular values (columns scaled to unit length) a parameter is not
+#: told apart from the others by the profiles: it keeps the table's value
+RCOND = 1e-6
+
+
+def _rows_of(reports: list[Any]) -> list[tuple[int, dict[str, Any]]]:
+    """``(report index, collective row)`` of every merged collective measured whose
+    prediction says its parts (messages and bytes per link)."""
+    return [(i, row) for i, r in enumerate(reports)
+            for row in getattr(r, "collective_rows", ()) if row.get("parts")]
+
+
+def _check_times(reports: list[Any], many: bool, where: str) -> None:
+    """Every measured and predicted time of the reports is a finite number >= 0.
+
+    Raises:
+      ValueError: naming the report (``reports[i]``), the term or collective and its value.
+    """
+    for i, r in enumerate(reports):
+        name = f"reports[{i}]" if many else "reports"
+        rows = getattr(r, "collective_rows", ())
+        checks = [(f"term {t.name!r}", v) for t in getattr(r, "terms", ())
+                  for v in (t.measured, t.predicted)]
+        checks += [(f"collective {row.get('kind')} over {','.join(row.get('axes', ())) or '-'}",
+                    row.get(k)) for row in rows for k in ("measured", "predicted")]
+        checks += [(f"collective {row.get('kind')} part {p.get('link')!r} {k}", p.get(k))
+                   for row in rows for p in row.get("parts") or ()
+                   for k in ("messages", "bytes", "latency", "bandwidth")]
+        for what, v in checks:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v < 0:
+                raise ValueError(f"{where}: {name} ({getattr(r, 'directory', '')}) has {what}"
+                                 f" = {v!r}, not a finite time >= 0: pass the report "
+                                 "trainer.profile() or wb.profile_step(plan) returned, unedited")
+
+
+def fit_collectives(reports: Any | Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """The latency and bandwidth of each collective kind over each link, fitted to the
+    collectives measured in profiles (several layouts at once tell them apart).
+
+    Every collective of a profiled step is timed, per link it crosses, as
+    ``alpha x messages + bytes / beta`` (``CollectiveTime.parts``: the ring's messages and
+    bytes per instruction, the table's alpha and beta). Over all the reports' measured
+    collectives, ``measured = sum over parts of count x (alpha[kind@link] x messages +
+    scale[kind@link] x bytes / beta_table)`` is solved by non-negative least squares, one
+    (alpha, scale) per kind and link; fitted beta = the table's / scale. A parameter the
+    profiles cannot tell apart from the others (a kind whose collectives' messages and bytes
+    grow together in every profile: one layout, one size) keeps the table's value (alpha,
+    or scale 1), and ``kept`` says so.
+
+    Args:
+      reports: ``ProfileReport``s (``trainer.profile()``, ``wb.profile_step(plan)``), of one
+        device kind, of layouts whose collectives differ in size and group.
+
+    Returns:
+      ``{"all-reduce@tcp": {"model": "alpha-beta", "kind", "link", "latency" (alpha,
+      s/message), "bandwidth" (beta, B/s per device), "scale" (the table's bandwidth /
+      beta), "fitted" (the parameters the profiles identified), "kept" (why the others are
+      the table's), "collectives" (measured rows), "table_latency", "table_bandwidth"}}``.
+
+    Raises:
+      TypeError: a report that is no ``ProfileReport`` (named ``reports[i]``).
+      ValueError: no report; a report with no collective measured (a one-device layout: its
+        step has none); a negative or non-finite time; reports of several device kinds.
+    """
+    reports, _ = _checked(reports, None, resolve_spec=False, where="fit_collectives")
+    many = len(reports) > 1
+    for i, r in enumerate(reports):
+        if not any(row.get("parts") for row in getattr(r, "collective_rows", ())):
+            name = f"reports[{i}]" if many else "reports"
+            raise ValueError(f"fit_collectives: {name} ({r.plan_name or r.directory}) has no "
+                             "collective measured (a layout whose step runs none, or a "
+                             "profile from before collectives carried their parts): profile "
+                             "layouts that communicate, e.g. fsdp and dp on several devices")
+    return _fit_alpha_beta(_rows_of(reports))
+
+
+def _fit_alpha_beta(rows: list[tuple[int, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """``fit_collectives``'s least squares over ``(report, row)`` pairs (checked)."""
+    keys: dict[str, dict[str, Any]] = {}
+    for _, row in rows:
+        for p in row["parts"]:
+            k = f"{row['kind']}@{p['link']}"
+            keys.setdefault(k, {"kind": row["kind"], "link": p["link"],
+                                "table_latency": float(p["latency"]),
+                                "table_bandwidth": float(p["bandwidth"]), "collectives": 0})
+            keys[k]["collectives"] += 1
+    names = list(keys)
+    # columns: alpha of each key (seconds per message), then its bandwidth scale
+    a = np.zeros((len(rows), 2 * len(names)))
+    table = np.zeros(2 * len(names))
+    y = np.array([float(row["measured"]) for _, row in rows])
+    for r, (_, row) in enumerate(rows):
+        for p in row["parts"]:
+            j = names.index(f"{row['kind']}@{p['link']}")
+            a[r, j] += row["count"] * p["messages"]
+            a[r, len(names) + j] += row["count"] * (p["bytes"] / p["bandwidth"]
+                                                    if p["bandwidth"] > 0 else 0.0)
+            table[j] = p["latency"]
+            table[len(names) + j] = 1.0
+    free = _identified(a)
+    fixed = [j for j in range(a.shape[1]) if j not in free]
+    theta = table.copy()
+    if free:
+        rest = y - a[:, fixed] @ table[fixed]
+        cols = a[:, free]
+        norm = np.linalg.norm(cols, axis=0)
+        from scipy.optimize import nnls
+
+        sol, _ = nnls(cols / norm, rest)
+        theta[free] = sol / norm
+    out = {}
+    for j, k in enumerate(names):
+        e = keys[k]
+        s = float(theta[len(names) + j])
+        fitted = [w for w, col in (("latency", j), ("bandwidth", len(names) + j)) if col in free]
+        kept = [w for w in ("latency", "bandwidth") if w not in fitted]
+        out[k] = {"model": ALPHA_BETA, "kind": e["kind"], "link": e["link"],
+                  "latency": float(theta[j]), "scale": s,
+                  "bandwidth": e["table_bandwidth"] / s if s > 0 else float("inf"),
+                  "fitted": fitted,
+                  "kept": (f"{' and '.join(kept)}: the table's; the profiles do not tell it "
+                           f"apart (the {e['kind']}s over {e['link']} grow in messages and bytes "
+                           "together): add a layout whose collectives of this kind differ in "
+                           "size or group" if kept else ""),
+                  "collectives": e["collectives"], "table_latency": e["table_latency"],
+                  "table_bandwidth": e["table_bandwidth"]}
+    return out
+
+
+def _identified(a: np.ndarray) -> list[int]:
+    """The columns of ``a`` the rows determine: those left after fixing, one at a time, the
+    column that weighs most in the least determined direction (an alpha before a scale
+    where both weigh alike), until the scaled columns have full rank."""
+    norm = np.linalg.norm(a, axis=0)
+    free = [j for j in range(a.shape[1]) if norm[j] > 0]
+    half = a.shape[1] // 2
+    while free:
+        _, sv, vt = np.linalg.svd(a[:, free] / norm[free], full_matrices=False)
+        if len(sv) == len(free) and sv[-1] > RCOND * sv[0]:
+            break
+        v = np.abs(vt[-1]) if len(sv) == len(free) else _null_direction(a[:, free] / norm[free])
+        heavy = [i for i in range(len(free)) if v[i] >= 0.5 * v.max()]
+        pick = min(heavy, key=lambda i: (free[i] >= half, -v[i]))
+        free.pop(pick)
+    return free
+
+
+def _null_direction(m: np.ndarray) -> np.ndarray:
+    """|components| of a direction ``m`` does not see (more columns than rows)."""
+    _, _, vt = np.linalg.svd(m, full_matrices=True)
+    return np.abs(vt[-1])
 
 
 def calibrate(reports: Any | Sequence[Any], *, spec: Any = None, save: bool = True
@@ -120,7 +259,10 @@ def calibrate(reports: Any | Sequence[Any], *, spec: Any = None, save: bool = Tr
 
     Args:
       reports: one ``ProfileReport`` (``trainer.profile()``) or several of the same device
-        kind (several layouts pin the collectives' latency and bandwidth apart).
+        kind, of one layout or several: the collectives' latency per message and bandwidth
+        per kind and link are fitted to all of them at once (``fit_collectives``), which
+        several layouts (collectives of other sizes and groups) tell apart; with one, what
+        it cannot tell apart keeps the table's value (``collectives[key]["kept"]``).
       spec: the ``HardwareSpec`` the reports' predictions used (default: the table's
         entry, or for CPUs the measured ``cpu_spec``): its peak, bandwidth and latency are
         what the factors multiply.
@@ -130,8 +272,11 @@ def calibrate(reports: Any | Sequence[Any], *, spec: Any = None, save: bool = Tr
     are stored with it: the error band of the predictions it calibrates.
 
     Raises:
-      ValueError: no report, reports of different device kinds, or a report whose
-        prediction was itself calibrated (calibrate from uncalibrated predictions).
+      ValueError: no report, reports of different device kinds, a report whose prediction
+        was itself calibrated (calibrate from uncalibrated predictions), or a negative or
+        non-finite time in one (named ``reports[i]``).
+      TypeError: a report that is no ``ProfileReport``, or a ``spec`` that is no
+        ``HardwareSpec``.
     """
     reports, spec = _checked(reports, spec)
     pc = sum(r.term("compute").predicted for r in reports)
@@ -140,25 +285,8 @@ def calibrate(reports: Any | Sequence[Any], *, spec: Any = None, save: bool = Tr
     mm = sum(r.term("memory").measured for r in reports)
     cf = pc / mc if pc > 0 and mc > 0 else 1.0
     mf = pm / mm if pm > 0 and mm > 0 else 1.0
-    rows: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for r in reports:
-        # one row per merged collective where the report has them (their sizes and array
-        # counts differ, which pins latency and bandwidth apart), else one per term
-        for t in r.collective_rows or [
-                {"kind": t.kind, "axes": t.axes, "latencies": t.latencies or t.count,
-                 "predicted": t.predicted, "measured": t.measured} for t in r.terms if t.kind]:
-            network = r.processes > 1 and _crosses_processes(r, t["axes"])
-            rows[f"{t['kind']}@network" if network else t["kind"]].append(
-                (float(t["latencies"]), float(t["predicted"]), float(t["measured"])))
-    lat0 = spec.collective_latency or 0.0
-    link = spec.nvlink_bandwidth or spec.ici_link_bandwidth or spec.hbm_bandwidth or 0.0
-    colls = {}
-    for key, rr in rows.items():
-        lat, s = _fit(rr, lat0)
-        bw = (spec.network_bandwidth if key.endswith("@network") else link) or 0.0
-        colls[key] = {"latency": float(lat), "scale": float(s),
-                      "bandwidth": float(bw / s) if s > 0 else float("inf"),
-                      "instructions": float(sum(x[0] for x in rr))}
+    rows = _rows_of(reports)
+    colls = _fit_alpha_beta(rows) if rows else {}
     overlaps = []
     for r in reports:
         local = r.term("compute").measured + r.term("memory").measured

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from workbench.hardware._calibration import Calibration
-from workbench.hardware._catalogue import HardwareSpec
+from workbench.hardware._catalogue import LINKS, HardwareSpec
 from workbench.hardware._effective import EffectiveSpec, effective_spec
 from workbench._sharding.mesh import MeshInfo, mesh_info
 from workbench.perf._band import Band, prediction_band
@@ -43,9 +43,13 @@ from workbench.perf._bounds import implausible
 from workbench.perf._hlo import Collective
 from workbench.perf._host import HostTime
 
-__all__ = ["CollectiveTime", "Prediction", "collective_seconds", "predict"]
+__all__ = ["CollectiveTime", "Prediction", "collective_seconds", "part_seconds", "predict",
+           "ring_steps"]
 
 BOUNDS = ("compute", "memory", "communication")
+#: A calibration's collective entry of the latency + bandwidth model (``kind@link``:
+#: alpha seconds per message, beta bytes/s), as ``wb.calibrate`` fits it.
+ALPHA_BETA = "alpha-beta"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,6 +74,10 @@ class CollectiveTime:
         of the device threads) x the group's share (see ``collective_seconds``).
       exposed: on the critical path, never hidden behind compute (``exposed_axes``, or
         run synchronously by the compiled program).
+      parts: per link it crosses (inside a slice or host, then across them), what one
+        instruction costs there: ``{"link", "messages", "bytes", "latency", "bandwidth"}``,
+        timed ``latency x messages + bytes / bandwidth`` (alpha and beta: the table's, or a
+        calibration's fitted per kind and link).
     """
 
     kind: str
@@ -85,6 +93,7 @@ class CollectiveTime:
     source: str
     latencies: float = 0.0
     exposed: bool = False
+    parts: tuple[dict[str, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -224,13 +233,51 @@ def _ring_seconds(kind: str, nbytes: float, n: int, bandwidth: float, torus: boo
     raise ValueError(f"unknown collective kind {kind!r}")
 
 
+#: Messages (ring steps) each device sends per instruction over a ring of n: NCCL's cost
+#: model's steps (src/graph/tuning.cc: all-reduce 2(n-1), all-gather and reduce-scatter
+#: n-1); all-to-all n-1 (one message to each peer); collective-permute 1.
+def ring_steps(kind: str, n: int) -> float:
+    """Messages one device sends in a ``kind`` over a ring of ``n`` participants."""
+    if n <= 1:
+        return 0.0
+    if kind == "all-reduce":
+        return 2.0 * (n - 1)
+    if kind == "collective-permute":
+        return 1.0
+    if kind in ("all-gather", "reduce-scatter", "all-to-all"):
+        return float(n - 1)
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def _part(link: str, messages: float, wire: float, spec: HardwareSpec,
+          bandwidth: float) -> dict[str, Any]:
+    """One link's share of a collective: its messages and bytes per instruction, and the
+    table's alpha (seconds per message) and beta (bytes/s) for it."""
+    alpha, _ = spec.link(link)
+    return {"link": link, "messages": float(messages), "bytes": float(wire),
+            "latency": alpha, "bandwidth": float(bandwidth)}
+
+
+def part_seconds(part: dict[str, Any], latency: float | None = None,
+                 bandwidth: float | None = None) -> float:
+    """alpha x messages + bytes / beta of one part (per instruction), with the part's own
+    alpha and beta unless given."""
+    alpha = part["latency"] if latency is None else latency
+    beta = part["bandwidth"] if bandwidth is None else bandwidth
+    return alpha * part["messages"] + (part["bytes"] / beta if part["bytes"] and beta else 0.0)
+
+
 def collective_seconds(c: Collective, mesh: Any, spec: HardwareSpec) -> CollectiveTime:
     """Time of one merged collective of a compiled step on ``mesh`` with ``spec``'s links.
 
-    Within one slice (TPU) or one host (GPU, CPU) a ring over the group's links; across
-    slices or hosts, hierarchically: the ring inside the slice/host on the full bytes,
-    then a ring over slices/hosts on the bytes left per device (1/n_inner of them for
-    reductions and gathers), over DCN or InfiniBand.
+    Per link it crosses: ``alpha(link) x messages + bytes / beta(link)`` (the parts of
+    ``CollectiveTime.parts``, which a calibration refits per kind and link). Within one
+    slice (TPU) or one host (GPU, CPU) a ring over the group's links; across slices or
+    hosts, hierarchically: the ring inside the slice/host on the full bytes, then a ring
+    over slices/hosts on the bytes left per device (1/n_inner of them for reductions and
+    gathers), over DCN, InfiniBand or (CPU processes, gloo) TCP loopback. Messages are the
+    ring's steps (``ring_steps``), per array on XLA:CPU (each array of a tuple-shaped
+    collective is its own exchange); bytes are the ring formula's.
     """
     info = mesh_info(mesh)
     n, b = max(1, c.group_size), float(c.bytes)
@@ -240,12 +287,17 @@ def collective_seconds(c: Collective, mesh: Any, spec: HardwareSpec) -> Collecti
         outer = math.prod(d for a, d in zip(info.axis_names, dcn) if a in c.axes) or 1
         bw_in, links, torus = _ici_bandwidth(info, spec, c.axes)
         src = spec.source_of("ici_link_bandwidth")
+        link_in, link_out = "ici", "dcn"
         bw_out, out_name, out_src = spec.dcn_bandwidth or 0.0, "dcn", spec.source_of(
             "dcn_bandwidth")
     else:
         outer = _hosts_in_group(info, c.axes) if c.axes else 1
         bw_in, torus = float(spec.nvlink_bandwidth or spec.hbm_bandwidth or 0.0), False
-        links = "loopback copy" if spec.platform == "cpu" else "nvlink"
+        cpu = spec.platform == "cpu"
+        links = "loopback copy" if cpu else "nvlink"
+        link_in, link_out = ("memory", "tcp") if cpu else ("nvlink", "infiniband")
+        if not cpu and not spec.nvlink_bandwidth and spec.host_bandwidth:
+            bw_in, links, link_in = float(spec.host_bandwidth), "pcie", "pcie"
         src = spec.source_of("nvlink_bandwidth")
         bw_out, out_name, out_src = spec.network_bandwidth or 0.0, "infiniband", \
             spec.source_of("network_bandwidth")
@@ -256,36 +308,56 @@ def collective_seconds(c: Collective, mesh: Any, spec: HardwareSpec) -> Collecti
                          f"cannot time a {c.kind} over {c.axes}")
     # reduce-scatter's result is 1/outer of what the ring inside a slice/host produces
     b_in = b * outer if c.kind == "reduce-scatter" else b
-    t_in = _ring_seconds(c.kind, b_in, inner, bw_in, torus) if inner > 1 else 0.0
     shrink = inner if c.kind in ("all-reduce", "all-gather") else 1
-    t_out = _ring_seconds(c.kind, b / shrink, outer, bw_out, False) if outer > 1 else 0.0
+    buffers = max(1, len(c.shapes)) if spec.platform == "cpu" else 1
+    local = max(1, info.size // info.n_hosts)
+    parts = []
+    if spec.platform == "cpu" and info.n_hosts > 1 and n > 1:
+        # XLA:CPU in a multi-process job runs every collective through gloo, whose ranks
+        # are the devices: even a process's own devices talk over TCP loopback. One ring
+        # over the group, a message per array and step.
+        parts.append(_part("tcp", buffers * ring_steps(c.kind, n),
+                           _ring_seconds(c.kind, b, n, 1.0, False), spec,
+                           float(spec.network_bandwidth or 0.0)))
+    elif inner > 1:
+        if spec.platform == "cpu":
+            # XLA:CPU rendezvouses the device threads once per array of a tuple-shaped
+            # collective (no ring), and a group of g of the N devices of a process (the
+            # latency is measured over all N) costs about (g + 1) / (N + 1) of that: per
+            # array, psums on 8 simulated devices (2 cores) took 0.061, 0.093, 0.169 ms
+            # for groups of 2, 4, 8 (0.36, 0.55, 1 against 0.33, 0.56, 1)
+            msgs = buffers * (min(inner, local) + 1) / (local + 1)
+        else:
+            msgs = ring_steps(c.kind, inner)
+        parts.append(_part(link_in, msgs, _ring_seconds(c.kind, b_in, inner, 1.0, torus),
+                           spec, bw_in))
+    if outer > 1 and not (parts and parts[0]["link"] == "tcp"):
+        parts.append(_part(link_out, buffers * ring_steps(c.kind, outer),
+                           _ring_seconds(c.kind, b / shrink, outer, 1.0, False), spec, bw_out))
     formula = f"{c.kind} ring, n={inner}, {b_in:.4g} B at {bw_in:.4g} B/s"
-    if outer > 1:
+    if parts and parts[0]["link"] == "tcp":
+        links = f"gloo over TCP loopback ({n} ranks in {outer} processes)"
+        formula = (f"{c.kind} ring over {n} gloo ranks, {parts[0]['bytes']:.4g} B at "
+                   f"{parts[0]['bandwidth']:.4g} B/s")
+        src, bw_in, inner = spec.source_of("network_bandwidth"), parts[0]["bandwidth"], n
+    elif outer > 1:
         links = f"{links}; {out_name} across {outer}"
         formula += f"; then n={outer}, {b / shrink:.4g} B at {bw_out:.4g} B/s ({out_name})"
         src = f"{src}; {out_src}"
-    latency = (spec.collective_latency or 0.0) if n > 1 else 0.0
-    units = 1.0 if n > 1 else 0.0   # latencies per instruction, in units of ``latency``
-    if latency and spec.platform == "cpu":
-        # XLA:CPU rendezvouses the device threads once per array of a tuple-shaped
-        # collective, and a group of g of the N devices of a process (the latency is
-        # measured over all N) costs about (g + 1) / (N + 1) of that: per array, psums on 8
-        # simulated devices (2 cores) took 0.061, 0.093, 0.169 ms for groups of 2, 4, 8
-        # (0.36, 0.55, 1 against 0.33, 0.56, 1)
-        buffers = max(1, len(c.shapes))
-        local = max(1, info.size // info.n_hosts)
-        units = buffers * (min(inner, local) + 1) / (local + 1)
-        formula += f"; + {latency * units / buffers:.3g} s per array ({buffers} per " \
-                   f"instruction, a group of {min(inner, local)} of {local} devices)"
-        src = f"{src}; {spec.source_of('collective_latency')}"
-    elif latency:
-        formula += f"; + {latency:.3g} s per instruction"
-        src = f"{src}; {spec.source_of('collective_latency')}"
-    latency *= units
+    for p in parts:
+        if p["latency"]:
+            formula += f"; + {p['latency']:.3g} s x {p['messages']:.3g} messages ({p['link']})"
+            src = f"{src}; {spec.source_of(LINKS[p['link']][1])}"
+    if buffers > 1 and any(p["latency"] for p in parts):
+        formula += f" ({buffers} arrays per instruction)"
+    seconds = sum(part_seconds(p) for p in parts) * c.count
+    # in units of the in-process latency (what calibrations stored before parts existed)
+    units = parts[0]["messages"] if parts and parts[0]["link"] == link_in else (
+        1.0 if n > 1 else 0.0)
     return CollectiveTime(kind=c.kind, axes=tuple(c.axes), group_size=n, bytes=b,
                           count=c.count, links=links, bandwidth=bw_in if inner > 1 else bw_out,
-                          seconds=(t_in + t_out + latency) * c.count, overlap=0.0,
-                          formula=formula, source=src, latencies=units * c.count)
+                          seconds=seconds, overlap=0.0, formula=formula, source=src,
+                          latencies=units * c.count, parts=tuple(parts))
 
 
 # -- the roofline ---------------------------------------------------------------------------
@@ -518,7 +590,24 @@ def _overlap_source(source: str, exposed_axes: Sequence[str], sync_exposed: bool
 
 
 def _calibrated(t: CollectiveTime, cal: Any, table_latency: float) -> CollectiveTime:
-    """``t`` at the latency and bandwidth a profile measured for its kind (and links)."""
+    """``t`` at the latency and bandwidth a profile measured for its kind and links: per
+    part, the calibration's fitted alpha and beta of ``kind@link`` where it has them (the
+    table's elsewhere); a calibration stored before parts existed scales the whole."""
+    fits = {k: f for k, f in cal.collectives.items() if f.get("model") == ALPHA_BETA}
+    if fits and t.parts:
+        parts, used = [], []
+        for p in t.parts:
+            f = fits.get(f"{t.kind}@{p['link']}")
+            if f is not None:
+                p = p | {"latency": f["latency"], "bandwidth": f["bandwidth"]}
+                used.append(p["link"])
+            parts.append(p)
+        if not used:
+            return t
+        return dataclasses.replace(
+            t, seconds=sum(part_seconds(p) for p in parts) * t.count, parts=tuple(parts),
+            formula=f"{t.formula}; calibrated alpha and beta on {', '.join(used)}",
+            source=cal.source)
     network = "dcn across" in t.links or "infiniband across" in t.links
     seconds, found = cal.collective_seconds(t.kind, network, t.seconds,
                                             t.latencies or t.count, table_latency)
@@ -526,4 +615,3 @@ def _calibrated(t: CollectiveTime, cal: Any, table_latency: float) -> Collective
         return t
     return dataclasses.replace(t, seconds=seconds, formula=f"{t.formula}; calibrated",
                                source=cal.source)
-

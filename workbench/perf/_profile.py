@@ -75,8 +75,9 @@ class ProfileReport(Displayable):
       processes: the processes of the run (for the calibration: which collectives cross).
       collective_rows: one per merged collective of the step (``hlo.Collective``), its
         predicted and measured seconds per step: ``{"kind", "axes", "bytes", "count",
-        "latencies", "predicted", "measured"}`` (what ``wb.calibrate`` fits latency and
-        bandwidth to: sizes and array counts differ between them).
+        "latencies", "predicted", "parts", "measured"}`` (what ``wb.calibrate`` fits
+        latency and bandwidth to: sizes and array counts differ between them; ``parts``:
+        the prediction's messages and bytes per link, ``CollectiveTime.parts``).
     """
 
     _view = "_profile_view:profile_widget"
@@ -280,6 +281,7 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
                      "count": int(c.count),
                      "latencies": float(p.get("latencies") or p["count"]),
                      "predicted": float(p["seconds"]),
+                     "parts": [dict(x) for x in p.get("parts") or ()],
                      "measured": m.shared if host and m.shared is not None else m.seconds})
     return ProfileReport(terms=tuple(terms), prediction=pred, measured=measured,
                          collective_rows=tuple(rows),
