@@ -144,7 +144,8 @@ class Prediction:
                 "implausible": list(self.implausible),
                 "band": self.band.to_dict() if self.band is not None else None,
                 "breakdown": {k: v for k, v in b.items() if k != "collectives"}
-                | {"collectives": [dataclasses.asdict(c) | {"axes": list(c.axes)}
+                | {"collectives": [dataclasses.asdict(c) | {"axes": list(c.axes),
+                                                           "parts": [dict(p) for p in c.parts]}
                                    for c in b["collectives"]]}}
 
     def __str__(self) -> str:
