@@ -168,9 +168,10 @@ def test_parts_of_a_two_process_collective_by_hand():
 
 
 def test_accelerator_links_carry_the_catalogues_latencies():
-    """TPU: ICI inside a slice (alpha per ring step); GPU: NVLink, NCCL's per-step figure."""
+    """GPU: NVLink, NCCL's per-step figure; TPU: ICI messages counted per ring step, no
+    latency in the table (none published) until a calibration fits one."""
     tpu = wb.hardware.hardware_spec("TPU v5p")
-    assert tpu.link("ici") == (1e-6, 9e10) and "estimate" in tpu.source_of("ici_latency")
+    assert tpu.link("ici") == (0.0, 9e10) and tpu.source_of("ici_latency") == "unknown"
     gpu = wb.hardware.hardware_spec("H100")
     assert gpu.link("nvlink")[0] == 3.4e-6 and "tuning.cc" in gpu.source_of("nvlink_latency")
     mesh = wb.abstract_mesh("v5p-16", data=8)

@@ -134,14 +134,11 @@ def _clock(peak: float, cores: int, mxus: int, side: int) -> tuple[float, str]:
 
 
 #: Per-message latencies (the collective model's alpha), by platform. NCCL's own cost
-#: model charges each step of a ring (Simple protocol) a hardware latency per link type;
-#: Google publishes no ICI or DCN figure, so those are estimates, said as such.
+#: model charges each step of a ring (Simple protocol) a hardware latency per link type.
+#: Google publishes no ICI or DCN figure: TPU entries have none (bandwidth-only) until a
+#: calibration fits one (``wb.calibrate``: alpha per kind and link).
 _NCCL = "NCCL src/graph/tuning.cc (ncclTopoTuneModel, hwLat): per ring step, Simple protocol"
 _LATENCIES: dict[str, dict[str, tuple[float, str]]] = {
-    "tpu": {"ici_latency": (1e-6, "estimate: 1 us per ring step (neighbouring chips are "
-                            "sub-microsecond apart over ICI; no published per-step figure)"),
-            "dcn_latency": (9.6e-6, f"estimate: a data-center network hop like NCCL's ({_NCCL}:"
-                            " network 9.6 us)")},
     "gpu": {"nvlink_latency": (3.4e-6, f"{_NCCL}: NVLink 3.4 us"),
             "pcie_latency": (5.7e-6, f"{_NCCL}: PCI 5.7 us"),
             "network_latency": (9.6e-6, f"{_NCCL}: network 9.6 us")}}
