@@ -28,7 +28,7 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench.models import _generate as gen
+from workbench import _generate as gen
 from workbench.models._gpt import GPT
 
 #: (B, T): a batch the mesh's data axis (4) divides, so that the batch is sharded too

@@ -220,7 +220,7 @@ def test_generation_with_and_without_cache_agree_when_sampling(hf):
 
 
 def test_sampling_filters():
-    from workbench.models._generate import sample
+    from workbench._generate import sample
 
     logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
     keys = jax.random.split(jax.random.key(0), 400)

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench.models import _generate as gen
+from workbench import _generate as gen
 from workbench.models._gpt import GPT
 
 TINY = wb.models.GPTConfig.preset("tiny").replace(seq_len=16)

@@ -209,7 +209,7 @@ def test_export_run(trained):
 
 @pytest.mark.parametrize("mesh", [None, {"data": 4, "model": 2}])
 def test_from_hf_and_generate(trained, mesh):
-    from workbench.models._generate import _layout
+    from workbench._generate import _layout
 
     root, _ = trained
     folder = wb.hf.export_run(root / "run", root / f"hf-{len(mesh or {})}", overwrite=True)
@@ -226,7 +226,7 @@ def test_from_hf_and_generate(trained, mesh):
 def test_generate_on_an_unsharded_model():
     from flax import nnx
 
-    from workbench.models._generate import _layout
+    from workbench._generate import _layout
 
     model = GPT(TINY, rngs=nnx.Rngs(0))
     device = next(iter(model.embed[...].devices()))

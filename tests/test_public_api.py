@@ -167,6 +167,8 @@ def test_the_check_catches_a_private_import_and_a_private_attribute():
     ("workbench.topology", "workbench._sharding.topology"),
     ("workbench._pytrees", "workbench._sharding.pytrees"),
     ("workbench.tracing", "workbench._sharding.tracing"),
+    ("workbench.models._generate", "workbench._generate"),     # moved above models
+    ("workbench.models.generate", "workbench._generate"),
 ])
 def test_old_module_paths_import_with_a_warning_naming_the_new_one(old, new):
     """In a fresh interpreter: the old path is the new module object (the same functions,

@@ -58,7 +58,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "TPUSlice": ("workbench.jobs", "TPUSlice"),
     "show": ("workbench.widgets", "show"),
     "exercise": ("workbench.exercises", "exercise"),
-    "generate": ("workbench.models._generate", "generate"),
+    "generate": ("workbench._generate", "generate"),
     "models": ("workbench.models", None),
     "hf": ("workbench.hf", None),
     "runs": ("workbench.runs", None),
@@ -93,7 +93,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench.jobs import Hosts, Job, Local, Slurm, TPUSlice, attach, launch
     from workbench._sharding.layouts import Layout, layout
     from workbench._sharding.mesh import MeshInfo, abstract_mesh, make_mesh
-    from workbench.models._generate import generate
+    from workbench._generate import generate
     from workbench.planning import Plan, PlanOptions, compare, plan
     from workbench.perf._calibrate import calibrate, remove_calibration
     from workbench._search.search import SearchResult, search

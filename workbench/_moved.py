@@ -44,6 +44,9 @@ MOVED: dict[str, str] = {
     "workbench.models.adapters": "workbench.any_model._spec",
     "workbench.models.penzai_adapter": "workbench.any_model._penzai",
     "workbench.models.mlp": "workbench.any_model._mlp",
+    # KV-cache decoding sits above models (round four): it uses the model, models never use it
+    "workbench.models.generate": "workbench._generate",
+    "workbench.models._generate": "workbench._generate",
 }
 #: The sharding modules (round four): public ``workbench.mesh`` before round three, private
 #: ``workbench._mesh`` in it, ``workbench._sharding.mesh`` now (both old paths still import).
