@@ -166,10 +166,12 @@ def test_hardware_row_and_cpu_entry():
 
 
 def test_two_process_mesh_is_predictable():
-    """A mesh spanning two processes (abstract CPU hosts) times its collectives over the
-    loopback entry instead of raising for a missing network bandwidth."""
+    """A mesh spanning two processes (abstract CPU hosts) times its collectives as one
+    gloo ring over TCP loopback (every rank of the group, a process's own devices too:
+    ``perf._predict``'s CPU links) instead of raising for a missing network bandwidth:
+    2 (n - 1) ring steps of the table's per-message latency and 2 (n - 1) / n of the bytes."""
     from workbench._sharding.mesh import MeshInfo
-    from workbench.perf._hlo import Collective
+    from workbench._compiled.hlo import Collective
     from workbench.perf._predict import collective_seconds
 
     jax.devices()
@@ -179,4 +181,7 @@ def test_two_process_mesh_is_predictable():
     c = Collective(kind="all-reduce", axes=("data",), aligned=True, group_size=8,
                    bytes=4 * 2**20, wire_bytes=0, count=1, shapes=(), names=())
     t = collective_seconds(c, info, hw.cpu_spec(8))
-    assert t.seconds > 0 and "infiniband across 2" in t.links
+    assert t.seconds > 0 and "gloo over TCP loopback (8 ranks in 2 processes)" in t.links
+    (part,) = t.parts
+    assert part["link"] == "tcp" and part["messages"] == 2 * (8 - 1)
+    assert part["bytes"] == pytest.approx(2 * 7 / 8 * 4 * 2**20)

@@ -13,7 +13,7 @@ import pytest
 import workbench as wb
 from workbench.hardware import HardwareSpec
 from workbench.perf import fit_collectives
-from workbench.perf._hlo import Collective
+from workbench._compiled.hlo import Collective
 from workbench.perf._predict import _calibrated, collective_seconds, ring_steps
 from workbench.perf._profile import ProfileReport, Term
 from workbench.perf._trace import StepProfile

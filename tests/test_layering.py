@@ -312,6 +312,20 @@ def test_sharding_sits_low():
     assert not found, found
 
 
+def test_the_hlo_reader_is_a_leaf():
+    """``workbench/_compiled/`` (the optimised HLO text read: collectives, loops, cycles)
+    imports nothing of Workbench but itself: the hardware catalogue, planning, perf and the
+    exercises read programs through it, so it sits below all of them."""
+    found = []
+    for path in sorted((PACKAGE / "_compiled").glob("*.py")):
+        for line, name in imports(path.read_text(), module_name(path),
+                                  is_package=path.name == "__init__.py"):
+            if _within(name, ("workbench",)) and not _within(name, ("workbench._compiled",)):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}")
+    assert (PACKAGE / "_compiled" / "hlo.py").is_file()
+    assert not found, found
+
+
 @pytest.mark.parametrize("module", ["server/_handlers.py", "server/_hub.py", "server/_index.py"])
 def test_server_modules_never_import_the_app(module):
     """The app wires hub and handlers; nothing imports it back (not even for types)."""

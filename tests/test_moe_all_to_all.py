@@ -15,7 +15,7 @@ import pytest
 import workbench as wb
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
-from workbench.perf._hlo import parse_collectives
+from workbench._compiled.hlo import parse_collectives
 from workbench._sharding.topology import tpu_compiler_available
 
 pytestmark = [

@@ -19,7 +19,7 @@ from workbench.hardware import hardware_spec
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
 from workbench.perf._bounds import MFU_CEILING
-from workbench.perf._hlo import computation_multiplicity
+from workbench._compiled.hlo import computation_multiplicity
 from workbench.perf._predict import predict
 from workbench._sharding.topology import tpu_compiler_available
 

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench.perf._hlo import groups_to_axes, parse_collectives, parse_replica_groups
+from workbench._compiled.hlo import groups_to_axes, parse_collectives, parse_replica_groups
 from workbench.models import GPTConfig, MLPClassifier, classifier_loss
 from workbench._sharding.rules import Rules
 from workbench._step import TrainState

@@ -5,7 +5,7 @@ import pytest
 
 import workbench as wb
 from workbench.hardware import hardware_spec
-from workbench.perf._hlo import Collective
+from workbench._compiled.hlo import Collective
 from workbench.perf._predict import predict
 
 

@@ -22,7 +22,7 @@ import pytest
 import workbench as wb
 import workbench.perf._profile  # noqa: F401 - wb.perf._profile below
 from workbench.perf._calibrate import calibration_dir, load_calibration
-from workbench.perf._hlo import parse_collectives
+from workbench._compiled.hlo import parse_collectives
 from workbench.perf._trace import CATEGORIES, read_trace, trace_files
 from workbench.train._profile import MAX_STEPS, ProfileError, capture, trainer_plan
 
@@ -464,7 +464,7 @@ def test_nccl_kernels_without_hlo_names_go_to_their_collectives_hand_count(tmp_p
     kernel's time, once per launch, and says how it was matched."""
     from jax.sharding import PartitionSpec as P
 
-    from workbench.perf._hlo import parse_collectives
+    from workbench._compiled.hlo import parse_collectives
     from workbench.perf._trace import _module_name
 
     mesh = jax.make_mesh((8,), ("data",))
@@ -638,7 +638,7 @@ def test_cpu_collectives_pay_a_latency_per_array_and_group_hand_count():
     array, times (g + 1) / (N + 1) for a group of g of a process's N devices; a TPU or GPU
     entry one per ring step. Calibration fits to these latencies."""
     from workbench.hardware import HardwareSpec
-    from workbench.perf._hlo import Collective
+    from workbench._compiled.hlo import Collective
     from workbench.perf._predict import collective_seconds
 
     spec = HardwareSpec(name="CPU (test)", peak_flops=1e11, memory_bytes=0, source="test",

@@ -169,6 +169,8 @@ def test_the_check_catches_a_private_import_and_a_private_attribute():
     ("workbench.tracing", "workbench._sharding.tracing"),
     ("workbench.models._generate", "workbench._generate"),     # moved above models
     ("workbench.models.generate", "workbench._generate"),
+    ("workbench.perf._hlo", "workbench._compiled.hlo"),        # a leaf below perf now
+    ("workbench.planning.hlo", "workbench._compiled.hlo"),
 ])
 def test_old_module_paths_import_with_a_warning_naming_the_new_one(old, new):
     """In a fresh interpreter: the old path is the new module object (the same functions,

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 import workbench as wb
 import workbench._sharding.mesh  # noqa: F401 - wb._sharding.mesh below
-from workbench.perf._hlo import parse_collectives
+from workbench._compiled.hlo import parse_collectives
 from workbench._sharding.topology import (topology_name, tpu_compiler_available, tpu_devices,
                                           tpu_target)
 

@@ -24,7 +24,7 @@ from workbench.planning._flags import OVERLAP_FLAGS
 from workbench._sharding.mesh import mesh_info
 from workbench.models import GPTConfig
 from workbench.planning import _compile as plan_compile
-from workbench.perf._hlo import parse_collectives
+from workbench._compiled.hlo import parse_collectives
 from workbench._sharding.rules import Rules
 from workbench._step import abstract_batch, abstract_train_state, jit_train_step, make_train_step
 from workbench._step import model_factory
@@ -356,7 +356,7 @@ def test_collectives_inside_a_scanned_loop_count_once_per_iteration():
     loop body's instructions by the trip count read from the loop condition."""
     from jax.sharding import PartitionSpec as P
 
-    from workbench.perf._hlo import loop_trip_counts
+    from workbench._compiled.hlo import loop_trip_counts
 
     mesh = wb.make_mesh(data=8)
 

@@ -31,7 +31,7 @@ MOVED: dict[str, str] = {
     "workbench.planning.attention_cost": "workbench.perf._attention_cost",
     "workbench.planning.bounds": "workbench.perf._bounds",
     "workbench.planning.calibrate": "workbench.perf._calibrate",
-    "workbench.planning.hlo": "workbench.perf._hlo",
+    "workbench.planning.hlo": "workbench._compiled.hlo",
     "workbench.planning.predict": "workbench.perf._predict",
     "workbench.planning.profile": "workbench.perf._profile",
     "workbench.planning.trace": "workbench.perf._trace",
@@ -47,6 +47,9 @@ MOVED: dict[str, str] = {
     # KV-cache decoding sits above models (round four): it uses the model, models never use it
     "workbench.models.generate": "workbench._generate",
     "workbench.models._generate": "workbench._generate",
+    # the HLO reader is a leaf below hardware, planning and perf (round four)
+    "workbench.perf.hlo": "workbench._compiled.hlo",
+    "workbench.perf._hlo": "workbench._compiled.hlo",
 }
 #: The sharding modules (round four): public ``workbench.mesh`` before round three, private
 #: ``workbench._mesh`` in it, ``workbench._sharding.mesh`` now (both old paths still import).

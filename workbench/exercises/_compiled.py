@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from workbench._flops import compiled_flops
-from workbench.perf._hlo import KINDS, Collective, parse_collectives
+from workbench._compiled.hlo import KINDS, Collective, parse_collectives
 from workbench.exercises._core import (
     Exercise,
     Result,
@@ -31,7 +31,7 @@ class Compiled:
     """What XLA made of a jitted function on a mesh.
 
     Attributes:
-      collectives: the collectives of the compiled program (``workbench.perf._hlo``).
+      collectives: the collectives of the compiled program (``workbench._compiled.hlo``).
       flops: FLOPs each device executes (``compiled.cost_analysis()``).
     """
 

@@ -21,7 +21,7 @@ from workbench.perf import formulas
 from workbench.perf._bounds import MFU_CEILING, implausible
 from workbench.perf._calibrate import (Calibration, calibrate, fit_collectives,
                                        remove_calibration)
-from workbench.perf._hlo import Collective, parse_collectives
+from workbench._compiled.hlo import Collective, parse_collectives
 from workbench.perf._predict import CollectiveTime, Prediction, collective_seconds, predict
 from workbench.perf._predict_plan import predict_plan
 from workbench.perf._profile import ProfileReport, Term, profile_report

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.perf._hlo import Collective, _wire
+from workbench._compiled.hlo import Collective, _wire
 from workbench._sharding.layouts import Layout
 from workbench._sharding.mesh import MeshInfo
 from workbench.models import _attention as attention_impl

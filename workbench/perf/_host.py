@@ -40,7 +40,7 @@ import math
 import re
 from typing import Any, Mapping, Sequence
 
-from workbench.perf._hlo import (_DTYPE_BYTES, UNKNOWN_CYCLES, _computations,
+from workbench._compiled.hlo import (_DTYPE_BYTES, UNKNOWN_CYCLES, _computations,
                                  computation_multiplicity, loop_trip_counts)
 
 __all__ = ["HostTime", "HostTraffic", "HostTransfer", "host_seconds", "host_traffic"]

@@ -40,7 +40,7 @@ from workbench.hardware._effective import EffectiveSpec, effective_spec
 from workbench._sharding.mesh import MeshInfo, mesh_info
 from workbench.perf._band import Band, prediction_band
 from workbench.perf._bounds import implausible
-from workbench.perf._hlo import Collective
+from workbench._compiled.hlo import Collective
 from workbench.perf._host import HostTime
 
 __all__ = ["CollectiveTime", "Prediction", "collective_seconds", "part_seconds", "predict",
@@ -415,7 +415,7 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
         analytic count divided by devices).
       bytes_accessed: HBM bytes read + written per device per step
         (``cost_analysis()["bytes accessed"]``).
-      collectives: the step's collectives (``workbench.perf._hlo.parse_collectives``).
+      collectives: the step's collectives (``workbench._compiled.hlo.parse_collectives``).
       mesh: the mesh (MeshInfo, Mesh or AbstractMesh); its coords, hosts and DCN axes
         decide which links each collective uses.
       hardware: the ``EffectiveSpec`` to predict with (``workbench.hardware.effective_spec``:

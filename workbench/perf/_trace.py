@@ -12,7 +12,7 @@ emitted (``loop_add_fusion_49``, ``gemm_fusion_dot_532``) or the library kernel 
 a CUDA graph (XLA's command buffers), one ``correlation_id`` per launch of the graph.
 The instruction names are looked up in the compiled step's HLO text (``compiled.as_text()``,
 what the Trainer ran) for what each op is: a collective (kind, bytes, mesh axes:
-:func:`workbench.perf._hlo.parse_collectives`),
+:func:`workbench._compiled.hlo.parse_collectives`),
 a matmul (a dot or convolution, or a fusion/custom call containing one: "compute"), or
 any other op (elementwise, reductions, copies, data movement: "memory"); and for the user
 source line of its JAX op (the HLO metadata).
@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.perf._hlo import KINDS, Collective, HloGraph, parse_collectives
+from workbench._compiled.hlo import KINDS, Collective, HloGraph, parse_collectives
 
 __all__ = ["MeasuredCollective", "OpTime", "StepProfile", "host_core_ids", "host_cores",
            "read_trace", "trace_files"]

@@ -17,7 +17,7 @@ step takes (the HLO cost reading, the roofline, the formulas, traces, profiles,
 calibration) is ``workbench.perf``. The old paths of both here (``planning.search``,
 ``planning.predict``, ``planning.analytic``, ...) still import, with a DeprecationWarning.
 """
-from workbench.perf._hlo import Collective
+from workbench._compiled.hlo import Collective
 from workbench.planning._lints import Lint
 from workbench.planning._handle import Plan
 from workbench.planning._options import PlanOptions

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec
 
 from workbench._sharding.layouts import format_bytes
 from workbench.perf._analytic import batch_axes
-from workbench.perf._hlo import Collective
+from workbench._compiled.hlo import Collective
 from workbench._sharding.rules import Rules, recording
 
 __all__ = ["Activation", "CollectiveLayouts", "collective_layouts", "explain_collectives",
@@ -287,7 +287,7 @@ def collective_layouts(plan: Any, index: int) -> CollectiveLayouts:
     in the instruction).
     """
     from workbench._sharding.layouts import layout
-    from workbench.perf._hlo import HloGraph
+    from workbench._compiled.hlo import HloGraph
 
     c = plan.collectives[index]
     axes = tuple(c.axes)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from workbench.perf._attention_cost import kv_bytes_per_device
-from workbench.perf._hlo import Collective, Reshard
+from workbench._compiled.hlo import Collective, Reshard
 from workbench.perf._analytic import (axes_size, batch_axes, fsdp_axes,
                                          weight_axes)
 from workbench._sharding.layouts import Layout, format_bytes

@@ -19,7 +19,7 @@ from workbench.perf import _analytic as analytic
 from workbench.planning._activations import explain_collectives
 from workbench.planning._compile import compile_lowered
 from workbench.planning._flags import retry_options
-from workbench.perf._hlo import Collective, parse_collectives, parse_reshards
+from workbench._compiled.hlo import Collective, parse_collectives, parse_reshards
 
 __all__ = ["CompileOutcome", "Measured", "Target", "compile_step", "measure", "say_once"]
 

@@ -19,7 +19,7 @@ from workbench.models import GPTConfig
 from workbench.models._config import REMAT_POLICIES
 from workbench.perf._analytic import compute_split, moe_padding_flops
 from workbench.perf._attention_cost import kernel_flops
-from workbench.perf._hlo import (Collective, compiler_cycles, loop_trip_counts,
+from workbench._compiled.hlo import (Collective, compiler_cycles, loop_trip_counts,
                                     unestimated_instructions)
 from workbench.perf._host import HostTraffic, host_traffic
 from workbench.planning._lints import Lint

@@ -15,7 +15,7 @@ from workbench._flops import FlopCount
 from workbench._sharding.layouts import Layout
 from workbench._sharding.mesh import MeshInfo
 from workbench.models import GPTConfig
-from workbench.perf._hlo import Collective
+from workbench._compiled.hlo import Collective
 from workbench.planning._lints import Lint
 from workbench._sharding.rules import Rules
 
