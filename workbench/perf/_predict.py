@@ -268,6 +268,29 @@ def part_seconds(part: dict[str, Any], latency: float | None = None,
     return alpha * part["messages"] + (part["bytes"] / beta if part["bytes"] and beta else 0.0)
 
 
+def _links_of(c: Collective, info: Any, spec: HardwareSpec) -> tuple[Any, ...]:
+    """The links collective ``c`` crosses on ``spec``: ``(outer, bw_in, links, torus, src,
+    link_in, link_out, bw_out, out_name, out_src)``: how many slices (TPU, over DCN) or hosts
+    (GPU, CPU) its group spans, then the link inside a slice/host (its bandwidth, name for
+    the text, whether a torus, its source, its kind in the latency table), then the link
+    across them (its kind, bandwidth, name and source)."""
+    if spec.platform == "tpu":
+        dcn = info.dcn_axis_sizes or (1,) * len(info.axis_names)
+        outer = math.prod(d for a, d in zip(info.axis_names, dcn) if a in c.axes) or 1
+        bw_in, links, torus = _ici_bandwidth(info, spec, c.axes)
+        return (outer, bw_in, links, torus, spec.source_of("ici_link_bandwidth"), "ici", "dcn",
+                spec.dcn_bandwidth or 0.0, "dcn", spec.source_of("dcn_bandwidth"))
+    outer = _hosts_in_group(info, c.axes) if c.axes else 1
+    bw_in = float(spec.nvlink_bandwidth or spec.hbm_bandwidth or 0.0)
+    cpu = spec.platform == "cpu"
+    links = "loopback copy" if cpu else "nvlink"
+    link_in, link_out = ("memory", "tcp") if cpu else ("nvlink", "infiniband")
+    if not cpu and not spec.nvlink_bandwidth and spec.host_bandwidth:
+        bw_in, links, link_in = float(spec.host_bandwidth), "pcie", "pcie"
+    return (outer, bw_in, links, False, spec.source_of("nvlink_bandwidth"), link_in, link_out,
+            spec.network_bandwidth or 0.0, "infiniband", spec.source_of("network_bandwidth"))
+
+
 def collective_seconds(c: Collective, mesh: Any, spec: HardwareSpec) -> CollectiveTime:
     """Time of one merged collective of a compiled step on ``mesh`` with ``spec``'s links.
 
@@ -282,26 +305,8 @@ def collective_seconds(c: Collective, mesh: Any, spec: HardwareSpec) -> Collecti
     """
     info = mesh_info(mesh)
     n, b = max(1, c.group_size), float(c.bytes)
-    outer, bw_out, out_name, out_src = 1, 0.0, "", ""
-    if spec.platform == "tpu":
-        dcn = info.dcn_axis_sizes or (1,) * len(info.axis_names)
-        outer = math.prod(d for a, d in zip(info.axis_names, dcn) if a in c.axes) or 1
-        bw_in, links, torus = _ici_bandwidth(info, spec, c.axes)
-        src = spec.source_of("ici_link_bandwidth")
-        link_in, link_out = "ici", "dcn"
-        bw_out, out_name, out_src = spec.dcn_bandwidth or 0.0, "dcn", spec.source_of(
-            "dcn_bandwidth")
-    else:
-        outer = _hosts_in_group(info, c.axes) if c.axes else 1
-        bw_in, torus = float(spec.nvlink_bandwidth or spec.hbm_bandwidth or 0.0), False
-        cpu = spec.platform == "cpu"
-        links = "loopback copy" if cpu else "nvlink"
-        link_in, link_out = ("memory", "tcp") if cpu else ("nvlink", "infiniband")
-        if not cpu and not spec.nvlink_bandwidth and spec.host_bandwidth:
-            bw_in, links, link_in = float(spec.host_bandwidth), "pcie", "pcie"
-        src = spec.source_of("nvlink_bandwidth")
-        bw_out, out_name, out_src = spec.network_bandwidth or 0.0, "infiniband", \
-            spec.source_of("network_bandwidth")
+    (outer, bw_in, links, torus, src, link_in, link_out, bw_out, out_name,
+     out_src) = _links_of(c, info, spec)
     inner = max(1, n // outer)
     if (inner > 1 and bw_in <= 0) or (outer > 1 and bw_out <= 0):
         missing = "link" if inner > 1 and bw_in <= 0 else out_name
