@@ -20,7 +20,7 @@ from workbench.hardware import Calibration, CalibrationWarning, effective_spec, 
 from workbench.perf._band import REFERENCE_ROWS, reference_rows
 from workbench.perf._residuals import calibrated_step
 from workbench._runs import clean_prediction
-from workbench._sharding.topology import tpu_compiler_available
+from _tpu import tpu
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = wb.models.GPTConfig.preset("tiny")
@@ -172,13 +172,6 @@ def test_stored_reference_rows_match_benchmarks_md():
         assert row["hardware"].endswith(ref.hardware.split("-")[0])
 
 
-def tpu(test):
-    """A test that compiles for an abstract TPU slice (its plan is in tests/tpu_plans)."""
-    for mark in (pytest.mark.usefixtures("wb_cache"), pytest.mark.tpu,
-                 pytest.mark.skipif(not tpu_compiler_available(),
-                                    reason="the TPU compiler (libtpu) is not installed")):
-        test = mark(test)
-    return test
 
 
 @pytest.fixture(scope="module")

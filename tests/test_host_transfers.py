@@ -18,17 +18,10 @@ import workbench as wb
 from workbench.hardware import GENERATIONS, hardware_spec
 from workbench.models import GPTConfig
 from workbench.perf._host import HostTraffic, host_seconds, host_traffic
-from workbench._sharding.topology import tpu_compiler_available
+from _tpu import tpu
 
 
 
-def tpu(test):
-    """A test that compiles for an abstract TPU slice (its plans are in tests/tpu_plans)."""
-    for mark in (pytest.mark.usefixtures("wb_cache"), pytest.mark.tpu,
-                 pytest.mark.skipif(not tpu_compiler_available(),
-                                    reason="the TPU compiler (libtpu) is not installed")):
-        test = mark(test)
-    return test
 
 
 TINY = GPTConfig.preset("tiny")
