@@ -49,7 +49,10 @@ def test_moe_search_offers_expert_parallel_layouts(res):
 
 def test_each_row_is_the_plan_of_its_layout(res):
     compiled = [r for r in res.rows if r["source"] != "estimate"]
-    assert len(compiled) == 1 and compiled[0]["source"] == "cpu-compiler"
+    # top_k=1, then the best by formula of another strategy (its compiled/formula ratio
+    # unknown, it could win), and the cap of 2 x top_k stops it
+    assert len(compiled) == 2 and {r["source"] for r in compiled} == {"cpu-compiler"}
+    assert compiled[0]["rules"] != compiled[1]["rules"]
     for r in res.rows:
         p = direct(MOE, r, compile=r["source"] != "estimate")
         assert p.source == r["source"], r["layout"]

@@ -160,7 +160,9 @@ class SearchResult(Displayable):
         limit: device memory checked against (bytes; None if unknown).
         advice: when nothing fits: by how much the closest candidate is over and what,
             planned, would fit; else None.
-        notes: what the search assumed or could not do.
+        notes: what the search assumed or could not do, and why the exact pass stopped
+            (the note starting "exact pass:": how many compiled, and that no candidate left
+            could beat the best compiled step, or which the cap of ``2 top_k`` left out).
         analytic_seconds: time of the analytic pass; seconds: the whole search.
     """
 

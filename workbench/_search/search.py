@@ -45,8 +45,8 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
            seq: int | None = None, options: PlanOptions | None = None,
            **keywords: Any) -> SearchResult:
     """Search layouts of ``cfg`` on ``hardware``: plan each by formula, keep what fits, rank
-    by predicted step time, compile the best ``top_k`` and re-rank them by their compiled
-    predictions.
+    by predicted step time, compile the best ``top_k`` and those that could still beat
+    them, and re-rank them by their compiled predictions.
 
     Args:
         cfg: the model: a ``GPTConfig`` (remat is varied with ``cfg.replace(remat=...)``),
@@ -82,12 +82,16 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             ``data x model`` with ``model`` a power of two up to ``max_model`` dividing the
             devices (dp and fsdp shard over every axis: they get ``model=1`` only).
         max_model: largest model axis of the default meshes.
-        top_k: how many of the best analytic candidates to compile (0: none). Abstract TPU
-            presets compile with the TPU compiler, real meshes with XLA; other hardware
-            (GPU presets) stays analytic, said in ``notes``. Candidates whose formula
-            prediction is above the MFU ceiling (``perf.bounds``: a roofline at peak, as
-            fsdp's often is) are compiled in their place in the formula's order: the
-            compiled program decides whether they rank.
+        top_k: how many of the best analytic candidates to compile (0: none); beyond
+            them, up to ``2 top_k`` compiles, those that could still beat the best compiled
+            step: the best by formula of each strategy not compiled yet, and any whose
+            formula step x the smallest compiled/formula ratio seen is below the best
+            (``_next_batch``). ``notes`` says why it stopped, or which analytic ranks the
+            cap left out. Abstract TPU presets compile with the TPU compiler, real meshes
+            with XLA; other hardware (GPU presets) stays analytic, said in ``notes``.
+            Candidates whose formula prediction is above the MFU ceiling (``perf.bounds``:
+            a roofline at peak, as fsdp's often is) are compiled in their place in the
+            formula's order: the compiled program decides whether they rank.
         exact: False skips compilation altogether; "all" compiles every candidate that fits
             by formula (the exhaustive reference the default's best is checked against,
             ``tests/test_search_exact.py``).
@@ -322,48 +326,40 @@ class _Search:
     def exact_pass(self, rows: list[dict[str, Any]], plans: dict[int, Plan],
                    cands: list[Candidate], top_k: int, notes: list[str]
                    ) -> list[dict[str, Any]]:
-        """Compile candidates in the formula's order until ``top_k`` of them fit (going
-        further down, up to ``2 top_k`` compiles, where the compiler says one does not
-        fit), or every candidate that fits by formula (``exact="all"``), ``workers`` at
-        once, and re-rank them by their compiled predictions. Returns the rank changes.
+        """Compile candidates, ``workers`` at once, and re-rank them by their compiled
+        predictions; returns the rank changes, and says in ``notes`` why it stopped.
 
-        The queue holds every candidate that fits by formula, also those whose formula
-        prediction is above the MFU ceiling (not ranked by formula: a roofline at peak
-        FLOP/s, which fsdp's compute-bound steps reach); their compiled prediction decides.
+        Which ones (``_next_batch``): in the formula's order until ``top_k`` of them fit
+        (going further down where the compiler says one does not fit), then those that
+        could still beat the best compiled step, up to ``2 top_k`` compiles in all; or every
+        candidate that fits by formula (``exact="all"``). The queue holds every candidate
+        that fits by formula, also those whose formula prediction is above the MFU ceiling
+        (not ranked by formula: a roofline at peak FLOP/s, which fsdp's compute-bound steps
+        reach); their compiled prediction decides.
         """
         by_id = {c.id: c for c in cands}
         every = self.opts.exact == "all"
         queue = sorted((r for r in rows if _compilable(r)), key=_key)
         tried: list[dict[str, Any]] = []
-        done, turn = 0, threading.Lock()
+        turn, stopped = threading.Lock(), None
         with concurrent.futures.ThreadPoolExecutor(self.opts.workers) as pool:
-            while done < len(queue):
-                fit = sum(t["fits"] is not False for t in tried)
-                room = len(queue) - done if every else \
-                    min(2 * top_k - len(tried), top_k - fit)
-                if room <= 0:
+            while True:
+                batch, stopped = _next_batch(queue, tried, top_k, self.opts.workers, every)
+                if not batch:
                     break
-                batch = queue[done:done + min(room, self.opts.workers)]
-                done += len(batch)
-                self.say(f"exact {len(tried) + 1}-{len(tried) + len(batch)} of "
-                         f"{len(queue) if every else top_k}: compiling "
+                self.say(f"exact {len(tried) + 1}-{len(tried) + len(batch)} of at most "
+                         f"{len(queue) if every else min(len(queue), 2 * top_k)}: compiling "
                          + ", ".join(r["layout"] for r in batch))
                 compiled = list(pool.map(lambda r: self.compile(by_id[r["id"]], turn),
                                          batch))
                 if not self._take(batch, compiled, tried, plans, notes):
+                    stopped = None   # nothing compiles here: _take said so
                     break
+        if stopped:
+            notes.append(stopped)
         ranked = sorted(filter(_rankable, tried), key=_key)
         for i, r in enumerate(ranked, 1):
             r["exact_rank"] = i
-        if ranked:
-            best = ranked[0]["step_seconds"]
-            faster = sorted(r["analytic_rank"] for r in rows if r not in tried
-                            and _rankable(r) and r["step_seconds"] < best)
-            if faster:
-                notes.append(f"analytic rank(s) {faster[:5]} (not compiled) are predicted "
-                             f"faster than the best compiled step ({best * 1e3:.4g} ms) by "
-                             "formula, which need not hold once compiled: raise top_k to "
-                             "compile them (exact='all' compiles every candidate)")
         return [{"id": r["id"], "layout": r["layout"], "analytic_rank": r["analytic_rank"],
                  "exact_rank": r["exact_rank"],
                  "analytic_step_seconds": r["analytic_step_seconds"],
@@ -482,6 +478,88 @@ def _as_spec(model: Any, loss_fn: Any, example_batch: Any, remat: Sequence[str],
             changes["example_batch"] = lambda b, t: fixed
         return model.replace(**changes)
     return from_nnx(model, loss_fn=loss_fn, example_batch=example_batch)
+
+
+# -- the exact pass's stopping rule ------------------------------------------------------------
+
+def _next_batch(queue: list[dict[str, Any]], tried: list[dict[str, Any]], top_k: int,
+                workers: int, every: bool) -> tuple[list[dict[str, Any]], str | None]:
+    """The exact pass's next candidates to compile (at most ``workers``), or none and the
+    note saying why it stops.
+
+    ``queue``: the candidates that fit by formula, in the formula's order; ``tried``: those
+    compiled so far (their rows updated: ``step_seconds`` compiled, ``analytic_step_seconds``
+    the formula's). ``exact="all"`` (``every``) compiles the whole queue. Otherwise:
+
+    1. the formula's first ``top_k`` that the compiler says fit (one it rejects as out of
+       memory is replaced by the next), as before;
+    2. then every candidate that could still beat the best compiled step ``best``: one
+       whose formula step x ``r`` is below ``best``, ``r`` being the smallest compiled /
+       formula ratio among the compiled rows that fit (the most favourable correction the
+       compiler has shown), or one of a strategy (rules preset, pipelined or not) with
+       no compiled row yet: the compiler has shown no correction for it, and corrections
+       differ by strategy (measured on tiny v5e-8 programs: 7.8-8.9x for dp and tp against
+       11.4-13.2x for fsdp; moe-tiny's fsdp 14.0x against ep's 15.4-15.9x, which made it
+       the best at analytic rank 4). The ratio test alone would never go further: ``r``
+       comes from a compiled row at least as fast by formula as any candidate left, so
+       ``formula x r`` is at least that row's compiled step. It bites when a strategy
+       compiled later shows a smaller ratio; candidates are rechecked after every batch.
+    3. at most ``2 top_k`` compiles in all (rejected ones count): where the cap stops it
+       while candidates could still win, the note names them and says to raise top_k.
+    """
+    left = [r for r in queue if all(r is not t for t in tried)]
+    if every:
+        return left[:workers], None if left else (
+            f"exact pass: {len(tried)} compiled (exact='all': every candidate that fits by "
+            "formula)")
+    room = 2 * top_k - len(tried)
+    fit = sum(t["fits"] is not False for t in tried)
+    if left and room > 0 and fit < top_k:
+        return left[:min(room, top_k - fit, workers)], None
+    if not left:
+        return [], f"exact pass: {len(tried)} compiled: every candidate that fits by formula"
+    ranked = [t for t in tried if _rankable(t)]
+    if not ranked:
+        return [], (f"exact pass: {len(tried)} compiled, the cap (2 x top_k), and the compiler "
+                    f"says none fits: {_names(left)} not compiled: raise top_k to compile "
+                    "them (exact='all' compiles every candidate)")
+    best = min(t["step_seconds"] for t in ranked)
+    r = min((t["step_seconds"] / t["analytic_step_seconds"] for t in ranked
+             if t["analytic_step_seconds"] > 0), default=0.0)   # 0: no ratio, all could
+    seen = {_strategy(t) for t in ranked}
+    could = []
+    for row in left:
+        if _strategy(row) not in seen or row["analytic_step_seconds"] * r < best:
+            could.append(row)
+            seen.add(_strategy(row))
+    at = f"{best * 1e3:.4g} ms"
+    if not could:
+        return [], (f"exact pass: {len(tried)} compiled; stopped: no remaining candidate "
+                    f"could beat {at} even at the most favourable compiled/formula ratio "
+                    f"seen ({r:.1f}x), and every strategy left has a compiled row")
+    if room <= 0:
+        return [], (f"exact pass: {len(tried)} compiled, the cap (2 x top_k); {_names(could)} "
+                    f"could still beat {at} (a strategy not compiled yet, or below it at the "
+                    f"most favourable compiled/formula ratio seen, {r:.1f}x): raise top_k to "
+                    "compile them (exact='all' compiles every candidate)")
+    return could[:min(room, workers)], None
+
+
+def _strategy(r: Mapping[str, Any]) -> str:
+    """A row's rules preset, and its pipeline stages when pipelined: what the compiler's
+    correction to the formula is taken to depend on."""
+    stages = r["mesh"].get("stage", 1)
+    return r["rules"] + (f" stage={stages}" if stages > 1 else "")
+
+
+def _names(rows: list[Mapping[str, Any]]) -> str:
+    """``analytic rank(s) 5, 7`` and the layouts of rows the formula does not rank."""
+    ranks = [str(r["analytic_rank"]) for r in rows if r["analytic_rank"] is not None]
+    other = [f"{r['layout']} (not ranked by formula)" for r in rows
+             if r["analytic_rank"] is None]
+    return " and ".join(filter(None, [
+        f"analytic rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks[:6])}" if ranks
+        else "", ", ".join(other[:3])]))
 
 
 # -- ordering ------------------------------------------------------------------------------
