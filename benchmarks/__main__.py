@@ -69,7 +69,7 @@ def _run_one(name: str) -> list[dict]:
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     for r in rows:
         r["module"] = name
-        r["measured"] = measured
+        r.setdefault("measured", measured)   # a row a module keeps from an earlier run
     print(f"{name}: {len(rows)} result(s) in {took:.0f} s", file=sys.stderr)
     return rows
 
@@ -87,18 +87,26 @@ def _now() -> str:
 
 
 def _provenance(rows: list[dict]) -> list[str]:
-    """One line per module: the machine and time its rows were measured (a run of some
+    """One line per module: the machine and times its rows were measured (a run of some
     modules keeps the others' rows, so one machine line for the whole file would be wrong
-    for them); rows recorded by hand from an accelerator say so in their notes."""
-    lines, seen = [], set()
+    for them; a module may keep rows of its own from an earlier run); rows recorded by
+    hand from an accelerator say so in their notes."""
+    by_mod: dict[str, list[dict | None]] = {}
     for r in rows:
-        mod = r.get("module", "")
-        if mod in seen or r.get("accelerator"):
+        if not r.get("accelerator"):
+            m = r.get("measured")
+            by_mod.setdefault(r.get("module", ""), []).append(m if isinstance(m, dict) else None)
+    lines = []
+    for mod, ms in by_mod.items():
+        known = [m for m in ms if m]
+        if not known:
+            lines.append(f"- {mod}: not recorded (measured before rows kept their machine).")
             continue
-        seen.add(mod)
-        m = r.get("measured")
-        lines.append(f"- {mod}: {m['machine']}, {m['when']}." if isinstance(m, dict) else
-                     f"- {mod}: not recorded (measured before rows kept their machine).")
+        machines = ", ".join(dict.fromkeys(m["machine"] for m in known))
+        whens = sorted({m["when"] for m in known})
+        lines.append(f"- {mod}: {machines}, {whens[-1]}"
+                     + (f" (some rows {', '.join(whens[:-1])})" if len(whens) > 1 else "")
+                     + "." + ("" if len(known) == len(ms) else " Some rows not recorded."))
     return lines
 
 
@@ -129,12 +137,13 @@ def main(argv: list[str]) -> int:
         print(json.dumps(rows, default=float))
         return 0
     wanted = argv or _modules()
-    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
-    # rows measured on an accelerator (``"accelerator"``: which, recorded by hand from the
+    fresh = [row for name in wanted for row in _run_one(name)]
+    # read after the run: another module's run that ended meanwhile keeps its rows; rows
+    # measured on an accelerator (``"accelerator"``: which, recorded by hand from the
     # accelerator scripts' tables) stay until an accelerator run replaces them
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     rows = [r for r in previous if r.get("accelerator") or (argv and r.get("module") not in wanted)]
-    for name in wanted:
-        rows += _run_one(name)
+    rows += fresh
     order = {m: i for i, m in enumerate(_modules())}
     rows.sort(key=lambda r: order.get(r.get("module"), 99))
     RESULTS.write_text(json.dumps(rows, indent=1, default=float))

@@ -69,7 +69,7 @@ def _pod_rows_kept() -> list[dict[str, Any]]:
     path = Path(__file__).resolve().parent / "results.json"
     small = {f"wb.search {label}: default best = exhaustive best" for label in SMALL.values()}
     rows = json.loads(path.read_text()) if path.exists() else []
-    return [{k: v for k, v in r.items() if k not in ("module", "measured")} for r in rows
+    return [{k: v for k, v in r.items() if k != "module"} for r in rows
             if r.get("module") == "bench_search" and r["name"] not in small]
 
 

@@ -101,8 +101,10 @@ print(f"one float32 score matrix per chip: {scores / GiB:.0f} GiB")
 # `wb.search` enumerates mesh splits (data x model) x sharding rules x micro-batching
 # for the same global batch (256 sequences of 4096 tokens), plans each one analytically
 # (a fraction of a second each), drops what does not fit, ranks the rest by predicted
-# step time, then compiles the best two with the TPU compiler and re-ranks them (the
-# first is the plan above: it comes from the compile cache).
+# step time, then compiles the best two with the TPU compiler (the first is the plan
+# above: it comes from the compile cache), and the candidates that could still beat them
+# (the best of a strategy not compiled yet; up to 2 x top_k compiles), and re-ranks them.
+# `result.notes` says why it stopped.
 # Micro-batching (gradient accumulation) divides the activations by the number of
 # micro-batches at the price of re-gathering the weights each time.
 
