@@ -13,9 +13,8 @@ reference's. ``pod`` runs the issue's cases: 7B on v5p-128 (batch 128 x 4096),
 Mixtral-8x7B on v5p-128 (batch 128 x 4096) and 7B at 32768 tokens (batch 16), each
 compile minutes on 2 cores, so the exhaustive references take hours there
 (``WB_BENCH_SEARCH_EXHAUSTIVE=0`` skips them, for either size); a row is the default
-search's seconds. A ``small`` run keeps the rows of the pod cases already in
-``benchmarks/results.json`` (measured by hand, hours here) until a ``pod`` run replaces
-them.
+search's seconds. Each size keeps the other's rows already in ``benchmarks/results.json``
+(the pod cases' were measured by hand, hours here) until a run of that size replaces them.
 
 Search times depend on the load of the machine (the TPU compiler's threads share it):
 each row's notes give the load average at its start and end.
@@ -64,13 +63,14 @@ def _compiled(res: Any) -> int:
     return sum(r["source"] != "estimate" for r in res.rows)
 
 
-def _pod_rows_kept() -> list[dict[str, Any]]:
-    """The pod cases' rows already in results.json (a small run does not measure them)."""
+def _rows_kept(size: str) -> list[dict[str, Any]]:
+    """The other size's rows already in results.json: a small run keeps the pod cases'
+    (measured by hand, hours here), a pod run the small cases'."""
     path = Path(__file__).resolve().parent / "results.json"
     small = {f"wb.search {label}: default best = exhaustive best" for label in SMALL.values()}
     rows = json.loads(path.read_text()) if path.exists() else []
     return [{k: v for k, v in r.items() if k != "module"} for r in rows
-            if r.get("module") == "bench_search" and r["name"] not in small]
+            if r.get("module") == "bench_search" and (r["name"] in small) == (size == "pod")]
 
 
 def run() -> list[dict[str, Any]]:
@@ -122,4 +122,4 @@ def run() -> list[dict[str, Any]]:
                          "value": _compiled(res), "unit": f"compiles (of {n_full})",
                          "target": "best = exhaustive best", "ok": same,
                          "notes": notes + "; tests/test_search_exact.py"})
-    return (_pod_rows_kept() if size != "pod" else []) + rows
+    return _rows_kept(size) + rows
