@@ -6,8 +6,8 @@ compiles every candidate that fits by formula: the same best layout at the same 
 step time, in fewer compiles. Candidates whose formula prediction is above the MFU ceiling
 are compiled in their turn (they used to be left out of the exact pass altogether), and
 ``workers`` compiles run at once without changing any row. The stopping rule itself is
-checked without a compiler, on a table of formula and compiled steps (moe-tiny's,
-measured) against the exhaustive pass over the same table.
+checked without a compiler, on tables of formula and compiled steps (moe-tiny's on v5e-8
+and the 7B's on v5p-128, measured) against the exhaustive pass over the same table.
 
 The compiled plans are read back from tests/tpu_plans (``make tpu-plans`` writes them)."""
 from __future__ import annotations
@@ -41,8 +41,8 @@ def _search(name, **extra):
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def pair(request):
-    """(the default search, the exhaustive one) of one case."""
-    return _search(request.param), _search(request.param, exact="all")
+    """(the default search, the exhaustive one, the case's name) of one case."""
+    return _search(request.param), _search(request.param, exact="all"), request.param
 
 
 def _compiled(res):
@@ -51,23 +51,34 @@ def _compiled(res):
 
 @tpu
 def test_every_candidate_that_fits_by_formula_is_compiled_exhaustively(pair):
-    _, full = pair
+    _, full, _ = pair
     for r in full.rows:
         fits_by_formula = r["analytic_memory_per_device"] <= r["limit"]
         assert (r["source"] != "estimate") == fits_by_formula, r["layout"]
     assert all(r["exact_rank"] is not None for r in full.fitting)
 
 
+#: case: (compiles of the default search, why it stopped), by the rule: dense's 8 candidates
+#: are each its own strategy and remat policy, so after the top 3 each could win until the
+#: cap (2 x top_k = 6); moe's ep/fsdp_ep/ep top 3 leave fsdp and fsdp_tp to compile, and
+#: then no candidate could win; long's 4 are each its own strategy and remat policy
+STOPS = {"dense": (6, "the cap (2 x top_k); analytic ranks"),
+         "moe": (5, "stopped: no remaining candidate could beat {at}"),
+         "long": (4, "every candidate that fits by formula")}
+
+
 @tpu
 def test_the_default_best_is_the_exhaustive_best(pair):
-    fast, full = pair
-    assert len(_compiled(fast)) < len(_compiled(full))   # it compiled fewer
+    fast, full, name = pair
     assert fast.best_row["layout"] == full.best_row["layout"]
     assert fast.best_row["step_seconds"] == full.best_row["step_seconds"]
     assert fast.best_row["source"] == "tpu-compiler"
-    # why it stopped: no candidate left could beat the best compiled step
-    (stop,) = [n for n in fast.notes if n.startswith("exact pass:")]
-    assert f"could beat {full.best_row['step_seconds'] * 1e3:.4g} ms" in stop, stop
+    # how many it compiled, and why it stopped
+    n, why = STOPS[name]
+    (stop,) = [note for note in fast.notes if note.startswith("exact pass:")]
+    at = f"{full.best_row['step_seconds'] * 1e3:.4g} ms"
+    assert len(_compiled(fast)) == n <= len(_compiled(full)), stop
+    assert stop.startswith(f"exact pass: {n} compiled") and why.format(at=at) in stop, stop
     # each row compiled by both is the same compiled plan
     by_id = {r["id"]: r for r in full.rows}
     for r in _compiled(fast):
@@ -101,14 +112,55 @@ MOE_TINY = [("ep data=1 expert=8", 0.0569, 0.9014), ("fsdp_ep data=1 expert=8", 
             ("ep data=2 expert=4", 0.0627, 0.9121), ("fsdp_ep data=4 expert=2", 0.0640, 0.8590)]
 
 
+#: the 7B on v5p-128, batch 128 x 4096 (BENCHMARKS.md bench_search, exact='all', 25
+#: compiles): (layout, formula ms, compiled ms or None where the compiler refused the step
+#: as out of memory) in the formula's order; the two fsdp rows first by formula are above
+#: the MFU ceiling (not ranked by formula, compiled in their place). The compiled/formula
+#: ratio depends on remat: fsdp_tp data=32 model=2 1.30x with none, 1.16x with dots (rank
+#: 5): the best. Of the 25, those the compiled memory says do not fit are left out.
+DENSE_7B = [
+    ("fsdp data=64 model=1 remat=none", 804.53, 1685.77),
+    ("fsdp data=64 model=1 remat=dots", 826.09, 1570.91),
+    ("fsdp_tp data=32 model=2 remat=none", 998.40, 1296.35),
+    ("tp data=32 model=2 remat=none", 998.40, None),
+    ("fsdp data=64 model=1 remat=full", 1005.75, 1641.41),
+    ("tp data=32 model=2 remat=dots", 1019.96, 1734.67),
+    ("fsdp_tp data=32 model=2 remat=dots", 1019.96, 1187.09),
+    ("tp data=16 model=4 remat=none", 1095.34, None),
+    ("fsdp_tp data=16 model=4 remat=none", 1095.34, None),
+    ("tp data=16 model=4 remat=dots", 1116.90, 1858.91),
+    ("fsdp_tp data=16 model=4 remat=dots", 1116.90, 1477.81),
+    ("tp data=32 model=2 remat=full", 1199.62, 1899.71),
+    ("fsdp_tp data=32 model=2 remat=full", 1199.62, 1394.51),
+    ("tp data=8 model=8 remat=none", 1256.90, None),
+    ("fsdp_tp data=8 model=8 remat=none", 1256.90, None),
+    ("tp data=8 model=8 remat=dots", 1278.46, 2352.26),
+    ("fsdp_tp data=8 model=8 remat=dots", 1278.46, 2189.91),
+    ("tp data=16 model=4 remat=full", 1296.56, 2069.54),
+    ("fsdp_tp data=16 model=4 remat=full", 1296.56, 1686.48),
+    ("tp data=8 model=8 remat=full", 1458.12, 2606.54),
+    ("fsdp_tp data=8 model=8 remat=full", 1458.12, 2452.02),
+    ("tp data=4 model=16 remat=full", 1732.76, 3731.83),
+    ("fsdp_tp data=4 model=16 remat=full", 1732.76, 3949.91),
+]
+
+
 class _Table(_Search):
-    """A search whose "compiler" reads each candidate's compiled step from a table."""
+    """A search whose "compiler" reads each candidate's compiled step from a table (None:
+    the compiler refuses the step as out of memory)."""
 
     def compile(self, c, turn):
-        return types.SimpleNamespace(memory={}, source="tpu-compiler", source_reason="",
+        refused = c.compiled is None
+        return types.SimpleNamespace(memory={"compiler_required_temp": 3} if refused else {},
+                                     source="tpu-compiler", source_reason="refused",
                                      step=c.compiled)
 
     def measure(self, p, microbatches, batch=None):
+        if p.step is None:
+            return {"memory_per_device": 3, "limit": 2, "accumulator": 0, "fits": False,
+                    "over_by": 1, "step_seconds": None, "mfu": None, "tokens_per_s": None,
+                    "bound": None, "no_overlap_seconds": None, "source": p.source,
+                    "problem": None, "implausible": False}
         return {"memory_per_device": 1, "limit": 2, "accumulator": 0, "fits": True,
                 "over_by": 0, "step_seconds": p.step, "mfu": None, "tokens_per_s": None,
                 "bound": None, "no_overlap_seconds": p.step, "source": p.source,
@@ -119,11 +171,13 @@ def _exact_pass(table, *, top_k=3, workers=2, exact=True):
     """exact_pass over ``table`` ((layout, formula ms, compiled ms) in the formula's order):
     (the best row, how many compiled, the "exact pass:" note)."""
     rows = [{"id": i, "layout": lay, "rules": lay.split()[0], "mesh": {}, "microbatches": 1,
+             "remat": lay.partition("remat=")[2] or "none",
              "fits": True, "step_seconds": f / 1e3, "no_overlap_seconds": f / 1e3,
              "memory_per_device": 1, "analytic_rank": i, "analytic_step_seconds": f / 1e3,
              "exact_rank": None, "note": "", "source": "estimate", "implausible": False}
             for i, (lay, f, _) in enumerate(table, 1)]
-    cands = [types.SimpleNamespace(id=i, compiled=c / 1e3) for i, (_, _, c) in enumerate(table, 1)]
+    cands = [types.SimpleNamespace(id=i, compiled=None if c is None else c / 1e3)
+             for i, (_, _, c) in enumerate(table, 1)]
     search = _Table(cfg=None, hw=None, batch=16, seq=128, plan_opts=PlanOptions(),
                     opts=SearchOptions(exact=exact, workers=workers, progress=False),
                     say=lambda *a, **k: None)
@@ -131,7 +185,8 @@ def _exact_pass(table, *, top_k=3, workers=2, exact=True):
     search.exact_pass(rows, {}, cands, top_k, notes)
     compiled = [r for r in rows if r["source"] != "estimate"]
     (note,) = [n for n in notes if n.startswith("exact pass:")]
-    return min(compiled, key=lambda r: r["step_seconds"]), len(compiled), note
+    best = min((r for r in compiled if r["fits"]), key=lambda r: r["step_seconds"])
+    return best, len(compiled), note
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -145,7 +200,7 @@ def test_the_rule_finds_the_exhaustive_best_of_moe_tiny(workers):
     assert n == 5, note
     assert note == ("exact pass: 5 compiled; stopped: no remaining candidate could beat "
                     "0.8117 ms even at the most favourable compiled/formula ratio seen "
-                    "(14.0x), and every strategy left has a compiled row")
+                    "(14.0x), and every strategy and remat policy left has a compiled row")
 
 
 def test_a_smaller_ratio_seen_later_reopens_a_skipped_candidate():
@@ -164,8 +219,33 @@ def test_the_cap_names_what_could_still_win():
     best, n, note = _exact_pass(table, top_k=1, workers=1)
     assert n == 2 and best["layout"] == "b 1" != full["layout"]   # the cap: 2 x top_k
     assert note == ("exact pass: 2 compiled, the cap (2 x top_k); analytic rank 3 could "
-                    "still beat 9.5 ms (a strategy not compiled yet, or below it at the most "
-                    "favourable compiled/formula ratio seen, 8.6x): raise top_k to compile "
-                    "them (exact='all' compiles every candidate)")
+                    "still beat 9.5 ms (a strategy or remat policy not compiled yet, or below "
+                    "it at the most favourable compiled/formula ratio seen, 8.6x): raise top_k "
+                    "to compile them (exact='all' compiles every candidate)")
     best, n, _ = _exact_pass(table, top_k=2, workers=1)
     assert (n, best["layout"]) == (3, full["layout"])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_rule_finds_the_exhaustive_best_of_the_7b(workers):
+    full, n_full, _ = _exact_pass(DENSE_7B, exact="all", workers=workers)
+    assert n_full == len(DENSE_7B) and full["layout"] == "fsdp_tp data=32 model=2 remat=dots"
+    best, n, note = _exact_pass(DENSE_7B, workers=workers)
+    # top 3 that fit (fsdp none and dots, fsdp_tp none; tp none refused), then the best by
+    # formula of each (strategy, remat) not compiled yet: fsdp full, tp dots, fsdp_tp dots.
+    # The cap names table positions 8, 12, 13 (analytic ranks 6, 10, 11: the formula does
+    # not rank the two fsdp rows above the MFU ceiling)
+    assert (best["layout"], best["step_seconds"]) == (full["layout"], full["step_seconds"])
+    assert n == 7, note
+    assert note.startswith("exact pass: 7 compiled (1 refused as out of memory), the cap "
+                           "(2 x top_k); analytic ranks 8, 12, 13 could still beat 1187 ms"), note
+
+
+def test_refused_steps_do_not_count_against_the_cap():
+    # a 1 is refused (None), as the next two of its strategy: the first that fits come
+    # after; three refusals, then two compiles that fit, make 2 x top_k = 2 that count
+    table = [("a 1", 1.0, None), ("a 2", 1.1, None), ("a 3", 1.2, None), ("b 1", 1.3, 9.0),
+             ("c 1", 1.4, 8.0), ("d 1", 1.5, 7.0)]
+    best, n, note = _exact_pass(table, top_k=1, workers=1)
+    assert (n, best["layout"]) == (5, "c 1"), note
+    assert note.startswith("exact pass: 5 compiled (3 refused as out of memory), the cap"), note

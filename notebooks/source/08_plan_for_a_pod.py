@@ -103,7 +103,8 @@ print(f"one float32 score matrix per chip: {scores / GiB:.0f} GiB")
 # (a fraction of a second each), drops what does not fit, ranks the rest by predicted
 # step time, then compiles the best two with the TPU compiler (the first is the plan
 # above: it comes from the compile cache), and the candidates that could still beat them
-# (the best of a strategy not compiled yet; up to 2 x top_k compiles), and re-ranks them.
+# (the best of a strategy or remat policy not compiled yet; up to 2 x top_k compiles),
+# and re-ranks them.
 # `result.notes` says why it stopped.
 # Micro-batching (gradient accumulation) divides the activations by the number of
 # micro-batches at the price of re-gathering the weights each time.

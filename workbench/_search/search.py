@@ -37,6 +37,9 @@ from workbench._search.space import (
     candidates, hardware as resolve_hardware, invalid, larger_presets, mesh_shape,
     check_seq, model_candidates, skip)
 
+#: a compiled row's ``source`` when the TPU compiler refused its step as out of memory
+REJECTED = "tpu-compiler (rejected)"
+
 __all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "PlanOptions", "SearchOptions", "SearchResult",
            "SearchRow", "search"]
 
@@ -84,10 +87,11 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
         max_model: largest model axis of the default meshes.
         top_k: how many of the best analytic candidates to compile (0: none); beyond
             them, up to ``2 top_k`` compiles, those that could still beat the best compiled
-            step: the best by formula of each strategy not compiled yet, and any whose
-            formula step x the smallest compiled/formula ratio seen is below the best
-            (``_next_batch``). ``notes`` says why it stopped, or which analytic ranks the
-            cap left out. Abstract TPU presets compile with the TPU compiler, real meshes
+            step: the best by formula of each strategy and remat policy not compiled yet,
+            and any whose formula step x the smallest compiled/formula ratio seen is below
+            the best (``_next_batch``); steps the compiler refuses as out of memory (an
+            early verdict) do not count. ``notes`` says why it stopped, or which analytic
+            ranks the cap left out. Abstract TPU presets compile with the TPU compiler, real meshes
             with XLA; other hardware (GPU presets) stays analytic, said in ``notes``.
             Candidates whose formula prediction is above the MFU ceiling (``perf.bounds``:
             a roofline at peak, as fsdp's often is) are compiled in their place in the
@@ -390,7 +394,7 @@ class _Search:
             r.update({k: v for k, v in m.items() if k not in ("accumulator", "problem")})
             if m["problem"]:
                 r["note"] = "; ".join(filter(None, [r["note"], m["problem"]]))
-            r["source"] = "tpu-compiler (rejected)" if rejected else p.source
+            r["source"] = REJECTED if rejected else p.source
             tried.append(r)
             if rejected:
                 r["note"] = "; ".join(filter(None, [r["note"], p.source_reason]))
@@ -497,32 +501,37 @@ def _next_batch(queue: list[dict[str, Any]], tried: list[dict[str, Any]], top_k:
        whose formula step x ``r`` is below ``best``, ``r`` being the smallest compiled /
        formula ratio among the compiled rows that fit (the most favourable correction the
        compiler has shown), or one of a strategy (rules preset, pipelined or not) with
-       no compiled row yet: the compiler has shown no correction for it, and corrections
-       differ by strategy (measured on tiny v5e-8 programs: 7.8-8.9x for dp and tp against
-       11.4-13.2x for fsdp; moe-tiny's fsdp 14.0x against ep's 15.4-15.9x, which made it
-       the best at analytic rank 4). The ratio test alone would never go further: ``r``
+       no compiled row yet, remat policy included (``_strategy``): the compiler has shown
+       no correction for it, and corrections differ by strategy (measured on tiny v5e-8
+       programs: 7.8-8.9x for dp and tp against 11.4-13.2x for fsdp; moe-tiny's fsdp 14.0x
+       against ep's 15.4-15.9x, which made it the best at analytic rank 4) and by remat
+       policy (the 7B's fsdp_tp data=32 model=2 on v5p-128: 1.30x with remat=none, 1.16x
+       with remat=dots, which made it the best at analytic rank 5). The ratio test alone would never go further: ``r``
        comes from a compiled row at least as fast by formula as any candidate left, so
        ``formula x r`` is at least that row's compiled step. It bites when a strategy
        compiled later shows a smaller ratio; candidates are rechecked after every batch.
-    3. at most ``2 top_k`` compiles in all (rejected ones count): where the cap stops it
-       while candidates could still win, the note names them and says to raise top_k.
+    3. at most ``2 top_k`` compiles in all, not counting those the compiler refused as
+       out of memory (its verdict comes early: under 10 s each for the 7B on v5p-128,
+       against 60-1,263 s for a step that fits): where the cap stops it while candidates
+       could still win, the note names them and says to raise top_k.
     """
     left = [r for r in queue if all(r is not t for t in tried)]
     if every:
         return left[:workers], None if left else (
             f"exact pass: {len(tried)} compiled (exact='all': every candidate that fits by "
             "formula)")
-    room = 2 * top_k - len(tried)
+    room = 2 * top_k - sum(not _rejected(t) for t in tried)
     fit = sum(t["fits"] is not False for t in tried)
     if left and room > 0 and fit < top_k:
         return left[:min(room, top_k - fit, workers)], None
+    done = _compiled(tried)
     if not left:
-        return [], f"exact pass: {len(tried)} compiled: every candidate that fits by formula"
+        return [], f"exact pass: {done}: every candidate that fits by formula"
     ranked = [t for t in tried if _rankable(t)]
     if not ranked:
-        return [], (f"exact pass: {len(tried)} compiled, the cap (2 x top_k), and the compiler "
-                    f"says none fits: {_names(left)} not compiled: raise top_k to compile "
-                    "them (exact='all' compiles every candidate)")
+        return [], (f"exact pass: {done}, the cap (2 x top_k), and the compiler says none "
+                    f"fits: {_names(left)} not compiled: raise top_k to compile them "
+                    "(exact='all' compiles every candidate)")
     best = min(t["step_seconds"] for t in ranked)
     r = min((t["step_seconds"] / t["analytic_step_seconds"] for t in ranked
              if t["analytic_step_seconds"] > 0), default=0.0)   # 0: no ratio, all could
@@ -534,22 +543,38 @@ def _next_batch(queue: list[dict[str, Any]], tried: list[dict[str, Any]], top_k:
             seen.add(_strategy(row))
     at = f"{best * 1e3:.4g} ms"
     if not could:
-        return [], (f"exact pass: {len(tried)} compiled; stopped: no remaining candidate "
-                    f"could beat {at} even at the most favourable compiled/formula ratio "
-                    f"seen ({r:.1f}x), and every strategy left has a compiled row")
+        return [], (f"exact pass: {done}; stopped: no remaining candidate could beat {at} "
+                    f"even at the most favourable compiled/formula ratio seen ({r:.1f}x), and "
+                    "every strategy and remat policy left has a compiled row")
     if room <= 0:
-        return [], (f"exact pass: {len(tried)} compiled, the cap (2 x top_k); {_names(could)} "
-                    f"could still beat {at} (a strategy not compiled yet, or below it at the "
-                    f"most favourable compiled/formula ratio seen, {r:.1f}x): raise top_k to "
-                    "compile them (exact='all' compiles every candidate)")
+        return [], (f"exact pass: {done}, the cap (2 x top_k); {_names(could)} could still "
+                    f"beat {at} (a strategy or remat policy not compiled yet, or below it at "
+                    f"the most favourable compiled/formula ratio seen, {r:.1f}x): raise top_k "
+                    "to compile them (exact='all' compiles every candidate)")
     return could[:min(room, workers)], None
 
 
 def _strategy(r: Mapping[str, Any]) -> str:
-    """A row's rules preset, and its pipeline stages when pipelined: what the compiler's
-    correction to the formula is taken to depend on."""
+    """A row's rules preset, its pipeline stages when pipelined, and its remat policy: what
+    the compiler's correction to the formula is taken to depend on (measured: the 7B's
+    fsdp_tp data=32 model=2 on v5p-128 compiles at 1.30x its formula step with remat=none,
+    1.16x with remat=dots)."""
     stages = r["mesh"].get("stage", 1)
-    return r["rules"] + (f" stage={stages}" if stages > 1 else "")
+    return (r["rules"] + (f" stage={stages}" if stages > 1 else "")
+            + f" remat={r['remat']}")
+
+
+def _rejected(r: Mapping[str, Any]) -> bool:
+    """The compiler refused the step as out of memory: its verdict comes early (the 7B on
+    v5p-128: under 10 s, against 60-1,263 s for a step that fits), so the cap does not
+    count it."""
+    return r["source"] == REJECTED
+
+
+def _compiled(tried: list[Mapping[str, Any]]) -> str:
+    """``7 compiled (1 refused as out of memory)``."""
+    refused = sum(map(_rejected, tried))
+    return f"{len(tried)} compiled" + (f" ({refused} refused as out of memory)" if refused else "")
 
 
 def _names(rows: list[Mapping[str, Any]]) -> str:
