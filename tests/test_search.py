@@ -121,9 +121,10 @@ def test_exact_pass_reranks_by_the_compiled_plans():
     result = wb.search(TINY, HW, batch=BATCH, seq=SEQ, strategies=("dp", "fsdp"),
                        remat=("none", "full"), top_k=2, progress=False)
     compiled = [r for r in result.rows if r["source"] != "estimate"]
-    # top_k=2 (both fsdp by formula), then dp's best by formula: a strategy not compiled
-    # yet could win, whatever its formula says (and does: dp is first compiled)
-    assert sorted(r["analytic_rank"] for r in compiled) == [1, 2, 3]
+    # top_k=2 (both fsdp by formula), then dp's best by formula with each remat policy: a
+    # strategy and remat policy not compiled yet could win, whatever its formula says (and
+    # does: dp is first compiled); 4 = the cap (2 x top_k), and every candidate
+    assert sorted(r["analytic_rank"] for r in compiled) == [1, 2, 3, 4]
     assert {r["rules"] for r in compiled} == {"dp", "fsdp"}
     for r in compiled:
         ref = direct(r, compile=None)  # the same program: the compile cache answers
@@ -131,10 +132,10 @@ def test_exact_pass_reranks_by_the_compiled_plans():
         assert r["step_seconds"] == ref.predicted.step_seconds
         assert r["memory_per_device"] == ref.memory["total"]
     by_exact = sorted(compiled, key=lambda r: r["exact_rank"])
-    assert [r["exact_rank"] for r in by_exact] == [1, 2, 3]
+    assert [r["exact_rank"] for r in by_exact] == [1, 2, 3, 4]
     steps = [r["step_seconds"] for r in by_exact]
     assert steps == sorted(steps)
-    assert result.rows[:3] == by_exact and result.best.compiled is not None
+    assert result.rows[:4] == by_exact and result.best.compiled is not None
     want = [(r["id"], r["analytic_rank"], r["exact_rank"]) for r in
             sorted(compiled, key=lambda r: r["analytic_rank"])
             if r["exact_rank"] != r["analytic_rank"]]
