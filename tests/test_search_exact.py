@@ -6,8 +6,9 @@ compiles every candidate that fits by formula: the same best layout at the same 
 step time, in fewer compiles. Candidates whose formula prediction is above the MFU ceiling
 are compiled in their turn (they used to be left out of the exact pass altogether), and
 ``workers`` compiles run at once without changing any row. The stopping rule itself is
-checked without a compiler, on tables of formula and compiled steps (moe-tiny's on v5e-8
-and the 7B's on v5p-128, measured) against the exhaustive pass over the same table.
+checked without a compiler, on tables of formula and compiled steps (moe-tiny's on v5e-8,
+the 7B's on v5p-128 at 4096 and at 32768 tokens, measured) against the exhaustive pass
+over the same table.
 
 The compiled plans are read back from tests/tpu_plans (``make tpu-plans`` writes them)."""
 from __future__ import annotations
@@ -145,6 +146,30 @@ DENSE_7B = [
 ]
 
 
+#: the 7B at 32768 tokens on v5p-128, batch 16 (BENCHMARKS.md bench_search, exact='all',
+#: 16 compiles), as DENSE_7B; a 4th item False: compiled, but its compiled memory does not
+#: fit. Every remat=none step is refused; fsdp_tp data=16 model=4 remat=dots is the best
+#: (analytic rank 4).
+LONG_7B = [
+    ("tp data=16 model=4 remat=none", 1698.99, None),
+    ("fsdp_tp data=16 model=4 remat=none", 1698.99, None),
+    ("tp data=16 model=4 remat=dots", 1854.70, 3227.29),
+    ("fsdp_tp data=16 model=4 remat=dots", 1854.70, 2510.84),
+    ("tp data=8 model=8 remat=none", 1860.55, None),
+    ("fsdp_tp data=8 model=8 remat=none", 1860.55, None),
+    ("tp data=8 model=8 remat=dots", 2016.26, 4028.40),
+    ("fsdp_tp data=8 model=8 remat=dots", 2016.26, 3733.95),
+    ("tp data=16 model=4 remat=full", 2034.36, 3311.41),
+    ("fsdp_tp data=16 model=4 remat=full", 2034.36, 2653.11),
+    ("fsdp_tp data=8 model=8 remat=full", 2195.91, 3826.84),
+    ("tp data=8 model=8 remat=full", 2195.91, 4074.65),
+    ("fsdp_tp data=4 model=16 remat=dots", 2290.90, 6167.63, False),
+    ("tp data=4 model=16 remat=dots", 2290.90, 6068.42, False),
+    ("tp data=4 model=16 remat=full", 2470.56, 5763.23),
+    ("fsdp_tp data=4 model=16 remat=full", 2470.56, 6155.19),
+]
+
+
 class _Table(_Search):
     """A search whose "compiler" reads each candidate's compiled step from a table (None:
     the compiler refuses the step as out of memory)."""
@@ -153,7 +178,7 @@ class _Table(_Search):
         refused = c.compiled is None
         return types.SimpleNamespace(memory={"compiler_required_temp": 3} if refused else {},
                                      source="tpu-compiler", source_reason="refused",
-                                     step=c.compiled)
+                                     step=c.compiled, fits=c.fits)
 
     def measure(self, p, microbatches, batch=None):
         if p.step is None:
@@ -161,7 +186,8 @@ class _Table(_Search):
                     "over_by": 1, "step_seconds": None, "mfu": None, "tokens_per_s": None,
                     "bound": None, "no_overlap_seconds": None, "source": p.source,
                     "problem": None, "implausible": False}
-        return {"memory_per_device": 1, "limit": 2, "accumulator": 0, "fits": True,
+        return {"memory_per_device": 1 if p.fits else 3, "limit": 2, "accumulator": 0,
+                "fits": p.fits,
                 "over_by": 0, "step_seconds": p.step, "mfu": None, "tokens_per_s": None,
                 "bound": None, "no_overlap_seconds": p.step, "source": p.source,
                 "problem": None, "implausible": False}
@@ -175,9 +201,10 @@ def _exact_pass(table, *, top_k=3, workers=2, exact=True):
              "fits": True, "step_seconds": f / 1e3, "no_overlap_seconds": f / 1e3,
              "memory_per_device": 1, "analytic_rank": i, "analytic_step_seconds": f / 1e3,
              "exact_rank": None, "note": "", "source": "estimate", "implausible": False}
-            for i, (lay, f, _) in enumerate(table, 1)]
-    cands = [types.SimpleNamespace(id=i, compiled=None if c is None else c / 1e3)
-             for i, (_, _, c) in enumerate(table, 1)]
+            for i, (lay, f, *_) in enumerate(table, 1)]
+    cands = [types.SimpleNamespace(id=i, compiled=None if row[2] is None else row[2] / 1e3,
+                                   fits=row[3] if len(row) > 3 else True)
+             for i, row in enumerate(table, 1)]
     search = _Table(cfg=None, hw=None, batch=16, seq=128, plan_opts=PlanOptions(),
                     opts=SearchOptions(exact=exact, workers=workers, progress=False),
                     say=lambda *a, **k: None)
@@ -249,3 +276,18 @@ def test_refused_steps_do_not_count_against_the_cap():
     best, n, note = _exact_pass(table, top_k=1, workers=1)
     assert (n, best["layout"]) == (5, "c 1"), note
     assert note.startswith("exact pass: 5 compiled (3 refused as out of memory), the cap"), note
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_rule_finds_the_exhaustive_best_of_the_7b_at_32k_tokens(workers):
+    full, n_full, _ = _exact_pass(LONG_7B, exact="all", workers=workers)
+    assert n_full == len(LONG_7B) and full["layout"] == "fsdp_tp data=16 model=4 remat=dots"
+    best, n, note = _exact_pass(LONG_7B, workers=workers)
+    # down the formula's order until 3 fit (4 refused on the way), then tp and fsdp_tp
+    # remat=full (remat policies not compiled yet); then nothing could beat 2,511 ms
+    assert (best["layout"], best["step_seconds"]) == (full["layout"], full["step_seconds"])
+    assert n == 9, note
+    assert note == ("exact pass: 9 compiled (4 refused as out of memory); stopped: no "
+                    "remaining candidate could beat 2511 ms even at the most favourable "
+                    "compiled/formula ratio seen (1.3x), and every strategy and remat policy "
+                    "left has a compiled row")
