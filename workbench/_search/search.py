@@ -91,8 +91,8 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             and any whose formula step x the smallest compiled/formula ratio seen is below
             the best (``_next_batch``); steps the compiler refuses as out of memory (an
             early verdict) do not count. ``notes`` says why it stopped, or which analytic
-            ranks the cap left out. Abstract TPU presets compile with the TPU compiler, real meshes
-            with XLA; other hardware (GPU presets) stays analytic, said in ``notes``.
+            ranks the cap left out. Abstract TPU presets compile with the TPU compiler, real
+            meshes with XLA; other hardware (GPU presets) stays analytic, said in ``notes``.
             Candidates whose formula prediction is above the MFU ceiling (``perf.bounds``:
             a roofline at peak, as fsdp's often is) are compiled in their place in the
             formula's order: the compiled program decides whether they rank.
@@ -506,10 +506,11 @@ def _next_batch(queue: list[dict[str, Any]], tried: list[dict[str, Any]], top_k:
        programs: 7.8-8.9x for dp and tp against 11.4-13.2x for fsdp; moe-tiny's fsdp 14.0x
        against ep's 15.4-15.9x, which made it the best at analytic rank 4) and by remat
        policy (the 7B's fsdp_tp data=32 model=2 on v5p-128: 1.30x with remat=none, 1.16x
-       with remat=dots, which made it the best at analytic rank 5). The ratio test alone would never go further: ``r``
-       comes from a compiled row at least as fast by formula as any candidate left, so
-       ``formula x r`` is at least that row's compiled step. It bites when a strategy
-       compiled later shows a smaller ratio; candidates are rechecked after every batch.
+       with remat=dots, which made it the best at analytic rank 5). The ratio test alone
+       would never go further: ``r`` comes from a compiled row at least as fast by formula
+       as any candidate left, so ``formula x r`` is at least that row's compiled step. It
+       bites when a strategy compiled later shows a smaller ratio; candidates are
+       rechecked after every batch.
     3. at most ``2 top_k`` compiles in all, not counting those the compiler refused as
        out of memory (its verdict comes early: under 10 s each for the 7B on v5p-128,
        against 60-1,263 s for a step that fits): where the cap stops it while candidates
