@@ -193,27 +193,41 @@ class _Table(_Search):
                 "problem": None, "implausible": False}
 
 
-def _exact_pass(table, *, top_k=3, workers=2, exact=True):
-    """exact_pass over ``table`` ((layout, formula ms, compiled ms) in the formula's order):
-    (the best row, how many compiled, the "exact pass:" note)."""
-    rows = [{"id": i, "layout": lay, "rules": lay.split()[0], "mesh": {}, "microbatches": 1,
+def _rows(table):
+    """Search rows of ``table`` ((layout, formula ms, compiled ms[, fits]) in the formula's
+    order), not compiled yet."""
+    return [{"id": i, "layout": lay, "rules": lay.split()[0], "mesh": {}, "microbatches": 1,
              "remat": lay.partition("remat=")[2] or "none",
              "fits": True, "step_seconds": f / 1e3, "no_overlap_seconds": f / 1e3,
              "memory_per_device": 1, "analytic_rank": i, "analytic_step_seconds": f / 1e3,
              "exact_rank": None, "note": "", "source": "estimate", "implausible": False}
             for i, (lay, f, *_) in enumerate(table, 1)]
-    cands = [types.SimpleNamespace(id=i, compiled=None if row[2] is None else row[2] / 1e3,
-                                   fits=row[3] if len(row) > 3 else True)
-             for i, row in enumerate(table, 1)]
-    search = _Table(cfg=None, hw=None, batch=16, seq=128, plan_opts=PlanOptions(),
-                    opts=SearchOptions(exact=exact, workers=workers, progress=False),
-                    say=lambda *a, **k: None)
+
+
+def _cands(table):
+    return [types.SimpleNamespace(id=i, compiled=None if row[2] is None else row[2] / 1e3,
+                                  fits=row[3] if len(row) > 3 else True)
+            for i, row in enumerate(table, 1)]
+
+
+def _table_search(*, exact, workers):
+    return _Table(cfg=None, hw=None, batch=16, seq=128, plan_opts=PlanOptions(),
+                  opts=SearchOptions(exact=exact, workers=workers, progress=False),
+                  say=lambda *a, **k: None)
+
+
+def _exact_pass(table, *, top_k=3, workers=2, exact=True):
+    """exact_pass over ``table`` ((layout, formula ms, compiled ms[, fits]) in the formula's
+    order): (the best row, how many compiled, the "exact pass:" note)."""
+    rows = _rows(table)
     notes = []
-    search.exact_pass(rows, {}, cands, top_k, notes)
+    _table_search(exact=exact, workers=workers).exact_pass(rows, {}, _cands(table), top_k, notes)
     compiled = [r for r in rows if r["source"] != "estimate"]
     (note,) = [n for n in notes if n.startswith("exact pass:")]
-    best = min((r for r in compiled if r["fits"]), key=lambda r: r["step_seconds"])
-    return best, len(compiled), note
+    fitting = [r for r in compiled if r["fits"]]
+    if not fitting:
+        raise ValueError(note)
+    return min(fitting, key=lambda r: r["step_seconds"]), len(compiled), note
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -269,13 +283,13 @@ def test_the_rule_finds_the_exhaustive_best_of_the_7b(workers):
 
 
 def test_refused_steps_do_not_count_against_the_cap():
-    # a 1 is refused (None), as the next two of its strategy: the first that fits come
-    # after; three refusals, then two compiles that fit, make 2 x top_k = 2 that count
-    table = [("a 1", 1.0, None), ("a 2", 1.1, None), ("a 3", 1.2, None), ("b 1", 1.3, 9.0),
-             ("c 1", 1.4, 8.0), ("d 1", 1.5, 7.0)]
+    # a 1 and a 2 are refused (None): the first that fits comes after; two refusals, then
+    # two compiles that fit, make 2 x top_k = 2 that count
+    table = [("a 1", 1.0, None), ("a 2", 1.1, None), ("b 1", 1.3, 9.0), ("c 1", 1.4, 8.0),
+             ("d 1", 1.5, 7.0)]
     best, n, note = _exact_pass(table, top_k=1, workers=1)
-    assert (n, best["layout"]) == (5, "c 1"), note
-    assert note.startswith("exact pass: 5 compiled (3 refused as out of memory), the cap"), note
+    assert (n, best["layout"]) == (4, "c 1"), note
+    assert note.startswith("exact pass: 4 compiled (2 refused as out of memory), the cap"), note
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -291,3 +305,19 @@ def test_the_rule_finds_the_exhaustive_best_of_the_7b_at_32k_tokens(workers):
                     "remaining candidate could beat 2511 ms even at the most favourable "
                     "compiled/formula ratio seen (1.3x), and every strategy and remat policy "
                     "left has a compiled row")
+
+
+def test_refusals_beyond_2_top_k_count_against_the_cap():
+    # every step refused: 2 x top_k (2) refusals are free, the next 2 count; then the cap
+    table = [(f"a {i}", 1.0 + i / 10, None) for i in range(1, 9)]
+    with pytest.raises(ValueError):   # nothing fits: no best
+        _exact_pass(table, top_k=1, workers=1)
+    rows = _rows(table)
+    search = _table_search(exact=True, workers=1)
+    notes = []
+    search.exact_pass(rows, {}, _cands(table), 1, notes)
+    assert sum(r["source"] != "estimate" for r in rows) == 4
+    (note,) = notes
+    assert note == ("exact pass: 4 compiled (4 refused as out of memory), the cap (2 x top_k), "
+                    "and the compiler says none fits: analytic ranks 5, 6, 7, 8 not compiled: "
+                    "raise top_k to compile them (exact='all' compiles every candidate)")

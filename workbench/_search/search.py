@@ -89,8 +89,8 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             them, up to ``2 top_k`` compiles, those that could still beat the best compiled
             step: the best by formula of each strategy and remat policy not compiled yet,
             and any whose formula step x the smallest compiled/formula ratio seen is below
-            the best (``_next_batch``); steps the compiler refuses as out of memory (an
-            early verdict) do not count. ``notes`` says why it stopped, or which analytic
+            the best (``_next_batch``); up to ``2 top_k`` steps the compiler refuses as out
+            of memory (an early verdict) do not count. ``notes`` says why it stopped, or which analytic
             ranks the cap left out. Abstract TPU presets compile with the TPU compiler, real
             meshes with XLA; other hardware (GPU presets) stays analytic, said in ``notes``.
             Candidates whose formula prediction is above the MFU ceiling (``perf.bounds``:
@@ -511,17 +511,19 @@ def _next_batch(queue: list[dict[str, Any]], tried: list[dict[str, Any]], top_k:
        as any candidate left, so ``formula x r`` is at least that row's compiled step. It
        bites when a strategy compiled later shows a smaller ratio; candidates are
        rechecked after every batch.
-    3. at most ``2 top_k`` compiles in all, not counting those the compiler refused as
-       out of memory (its verdict comes early: under 10 s each for the 7B on v5p-128,
-       against 60-1,263 s for a step that fits): where the cap stops it while candidates
-       could still win, the note names them and says to raise top_k.
+    3. at most ``2 top_k`` compiles in all, not counting the first ``2 top_k`` the
+       compiler refuses as out of memory (its verdict comes early: under 10 s each for the
+       7B on v5p-128, against 60-1,263 s for a step that fits; bounded all the same, for a
+       model the formula places far below its compiled memory): where the cap stops it
+       while candidates could still win, the note names them and says to raise top_k.
     """
     left = [r for r in queue if all(r is not t for t in tried)]
     if every:
         return left[:workers], None if left else (
             f"exact pass: {len(tried)} compiled (exact='all': every candidate that fits by "
             "formula)")
-    room = 2 * top_k - sum(not _rejected(t) for t in tried)
+    refused = sum(map(_rejected, tried))
+    room = 2 * top_k - (len(tried) - refused) - max(0, refused - 2 * top_k)
     fit = sum(t["fits"] is not False for t in tried)
     if left and room > 0 and fit < top_k:
         return left[:min(room, top_k - fit, workers)], None
