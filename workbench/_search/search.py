@@ -90,9 +90,10 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             step: the best by formula of each strategy and remat policy not compiled yet,
             and any whose formula step x the smallest compiled/formula ratio seen is below
             the best (``_next_batch``); up to ``2 top_k`` steps the compiler refuses as out
-            of memory (an early verdict) do not count. ``notes`` says why it stopped, or which analytic
-            ranks the cap left out. Abstract TPU presets compile with the TPU compiler, real
-            meshes with XLA; other hardware (GPU presets) stays analytic, said in ``notes``.
+            of memory (an early verdict) do not count. ``notes`` says why it stopped, or
+            which analytic ranks the cap left out. Abstract TPU presets compile with the TPU
+            compiler, real meshes with XLA; other hardware (GPU presets) stays analytic,
+            said in ``notes``.
             Candidates whose formula prediction is above the MFU ceiling (``perf.bounds``:
             a roofline at peak, as fsdp's often is) are compiled in their place in the
             formula's order: the compiled program decides whether they rank.
