@@ -103,3 +103,48 @@ def test_the_read_only_filter_drops_only_that_notice_for_that_directory(tmp_path
         f"Given directory is read only={tmp_path / 'b'}",
         f"{tmp_path / 'a'} is read only, save will be skipped",
         f"Given directory is read only={tmp_path / 'a'} (and more)"]
+
+
+def _main_thread_wait_of(manager, seconds, monkeypatch):
+    """``manager.wait_until_finished()`` on this (the main) thread, timed by Orbax's clock
+    as ``seconds``: what a finished run's wait for its last save adds to the waits Orbax
+    reports at the next save."""
+    from orbax.checkpoint import checkpoint_manager
+
+    clock = iter([1000.0, 1000.0 + seconds])
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint_manager.time, "time", lambda: next(clock, 1000.0 + seconds))
+        manager.wait_until_finished()
+
+
+@pytest.mark.parametrize("size", [4, 1 << 22], ids=["snapshot", "direct"])
+def test_a_save_after_a_long_wait_logs_no_orbax_wait_notice(tmp_path, caplog, monkeypatch,
+                                                            size):
+    """A run's end waits for its last save on the main thread (``Checkpoints.wait``); Orbax
+    adds that wait up and, at the next run's first save, logs "Waiting for previous save
+    to complete took ... consider checkpointing less frequently" (a notebook's second run
+    on a loaded machine showed it). Checkpoints' saves drop that notice, by the writer
+    thread (a small state's snapshot) and directly (a large one); Orbax's own save of the
+    same state after the same wait is the reference that logs it."""
+    import jax.numpy as jnp
+
+    from workbench.train._checkpoint import keys_to_data
+
+    ck = Checkpoints(tmp_path / "ckpt", keep=5)
+    state = {"w": jnp.ones((size,), jnp.float32)}
+    ck.save(1, state)
+    ck.wait()
+    notice = "Waiting for previous save to complete took"
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        _main_thread_wait_of(ck._manager, 5.0, monkeypatch)
+        ck.save(2, state)
+        ck.wait()
+        assert not [r.getMessage() for r in caplog.records if notice in r.getMessage()]
+        _main_thread_wait_of(ck._manager, 5.0, monkeypatch)
+        tree, impls = keys_to_data(state)
+        ck._manager.save(3, args=ck._args(3, tree, impls, None, None, None), force=True)
+        ck._manager.wait_until_finished()
+    logged = [r.getMessage() for r in caplog.records if notice in r.getMessage()]
+    assert len(logged) == 1 and "took 5.0" in logged[0], logged
+    assert ck.all_steps() == [1, 2, 3]
+    ck.close()

@@ -351,6 +351,35 @@ def _without_read_only_notice(directory: Path) -> Iterator[None]:
         absl_logger.removeFilter(drop)
 
 
+#: What Orbax's ``CheckpointManager.save`` logs (absl, WARNING) when the waits for earlier
+#: saves since its last save passed a second: it adds up every ``wait_until_finished`` on the
+#: main thread, so the wait a finished run makes for its last save (``Checkpoints.wait``) is
+#: reported at the next run's first save as "consider checkpointing less frequently". The
+#: Trainer times what a save blocks itself (``ckpt_time`` of each step's record), so
+#: ``_without_wait_notice`` drops this message during Checkpoints' own saves.
+_WAIT_NOTICE = "Waiting for previous save to complete took"
+
+
+class _DropWaitNotice(logging.Filter):
+    """Drops Orbax's "Waiting for previous save" notice; every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(_WAIT_NOTICE))
+
+
+@contextlib.contextmanager
+def _without_wait_notice() -> Iterator[None]:
+    """While one of Checkpoints' saves is handed to Orbax: its "Waiting for previous save"
+    notice is not logged (absl's logger; only that message)."""
+    absl_logger = logging.getLogger("absl")
+    drop = _DropWaitNotice()
+    absl_logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(drop)
+
+
 class Checkpoints:
     """The checkpoints of one run (an ``orbax.checkpoint.CheckpointManager``).
 
@@ -457,7 +486,8 @@ class Checkpoints:
         args = self._args(step, tree, impls, data, meta,
                           leaf_checksums(tree) if self.checksums else None)
         try:
-            saved = self._manager.save(step, args=args, force=force)
+            with _without_wait_notice():
+                saved = self._manager.save(step, args=args, force=force)
         except (OSError, ocp.checkpoint_manager.StepAlreadyExistsError) as e:
             raise self._write_error(step, e) from e
         if saved:
@@ -480,7 +510,8 @@ class Checkpoints:
         sums = leaf_checksums(snap.tree) if self.checksums else None
         tree = jax.device_get(snap.tree)  # a private copy: no later step can change it
         args = self._args(step, tree, snap.impls, snap.data, meta, sums)
-        return self._manager.save(step, args=args, force=force)
+        with _without_wait_notice():
+            return self._manager.save(step, args=args, force=force)
 
     @staticmethod
     def _args(step: int, tree: Any, impls: list[str], data: Any,
