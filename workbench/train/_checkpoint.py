@@ -339,16 +339,20 @@ class _DropReadOnlyNotice(logging.Filter):
 
 
 @contextlib.contextmanager
-def _without_read_only_notice(directory: Path) -> Iterator[None]:
-    """While Orbax opens ``directory``: its "Given directory is read only" notice for that
-    directory is not logged (absl's logger; only that message, only for that directory)."""
+def _absl_without(drop: logging.Filter) -> Iterator[None]:
+    """While inside: the records ``drop`` refuses are not logged by absl's logger."""
     absl_logger = logging.getLogger("absl")
-    drop = _DropReadOnlyNotice(directory)
     absl_logger.addFilter(drop)
     try:
         yield
     finally:
         absl_logger.removeFilter(drop)
+
+
+def _without_read_only_notice(directory: Path) -> contextlib.AbstractContextManager[None]:
+    """While Orbax opens ``directory``: its "Given directory is read only" notice for that
+    directory is not logged (absl's logger; only that message, only for that directory)."""
+    return _absl_without(_DropReadOnlyNotice(directory))
 
 
 #: What Orbax's ``CheckpointManager.save`` logs (absl, WARNING) when the waits for earlier
@@ -367,17 +371,10 @@ class _DropWaitNotice(logging.Filter):
         return not (isinstance(record.msg, str) and record.msg.startswith(_WAIT_NOTICE))
 
 
-@contextlib.contextmanager
-def _without_wait_notice() -> Iterator[None]:
+def _without_wait_notice() -> contextlib.AbstractContextManager[None]:
     """While one of Checkpoints' saves is handed to Orbax: its "Waiting for previous save"
     notice is not logged (absl's logger; only that message)."""
-    absl_logger = logging.getLogger("absl")
-    drop = _DropWaitNotice()
-    absl_logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        absl_logger.removeFilter(drop)
+    return _absl_without(_DropWaitNotice())
 
 
 class Checkpoints:
