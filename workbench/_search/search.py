@@ -570,8 +570,8 @@ def _strategy(r: Mapping[str, Any]) -> str:
 
 def _rejected(r: Mapping[str, Any]) -> bool:
     """The compiler refused the step as out of memory: its verdict comes early (the 7B on
-    v5p-128: under 10 s, against 60-1,263 s for a step that fits), so the cap does not
-    count it."""
+    v5p-128: under 10 s, against 60-1,263 s for a step that fits), so the cap counts only
+    the refusals beyond ``2 top_k``."""
     return r["source"] == REJECTED
 
 
