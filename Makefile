@@ -33,13 +33,36 @@ $(NODE_STAMP): labextension/package.json labextension/package-lock.json
 # Two steps, so that the first runs beside `npm ci` under `make -j` (`setup`): the
 # dependencies (pyproject.toml's, read by tools/requirements.py), then Workbench itself,
 # whose editable wheel builds labextension/ with npm and so needs its packages.
-EXTRAS := test,tpu-compile
-DEPS_STAMP := $(VENV)/.deps
+#
+# The accelerator's JAX (tools/accelerator.py, workbench/_accelerator.py says how it looks):
+# JAX's CUDA plugin for the driver's CUDA major version where nvidia-smi lists NVIDIA GPUs
+# (the pyproject extras cuda12 / cuda13), libtpu on a Cloud TPU VM (installed everywhere, for
+# TPU-compiled plans), the CPU build elsewhere. ACCEL=cpu|cuda12|cuda13|tpu overrides; the first
+# line make prints says what was chosen and why. Each choice has its own stamp, so changing it
+# installs again, and a CPU/TPU choice removes a CUDA plugin an earlier choice installed.
+ACCEL_LINE := $(shell ACCEL="$(ACCEL)" $(PYTHON) tools/accelerator.py)
+ACCEL_CHOICE := $(firstword $(ACCEL_LINE))
+ifeq ($(ACCEL_CHOICE),)
+$(error make: tools/accelerator.py printed nothing (is $(PYTHON) Python 3.11+?))
+endif
+ifeq ($(ACCEL_CHOICE),error)
+$(error make: $(wordlist 2,999,$(ACCEL_LINE)))
+endif
+ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),lab)),)
+$(info $(wordlist 2,999,$(ACCEL_LINE)))
+endif
+CUDA_PLUGINS := jax-cuda12-plugin jax-cuda12-pjrt jax-cuda13-plugin jax-cuda13-pjrt
+comma := ,
+EXTRAS := test,tpu-compile$(if $(filter cuda%,$(ACCEL_CHOICE)),$(comma)$(ACCEL_CHOICE))
+DEPS_STAMP := $(VENV)/.deps-$(ACCEL_CHOICE)
 $(DEPS_STAMP): pyproject.toml tools/requirements.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python tools/requirements.py $(EXTRAS) > $(VENV)/requirements.txt
+	$(BIN)/pip uninstall -y -q $(filter-out $(ACCEL_CHOICE:cuda%=jax-cuda%-plugin) \
+	  $(ACCEL_CHOICE:cuda%=jax-cuda%-pjrt),$(CUDA_PLUGINS)) 2>/dev/null || true
 	$(BIN)/pip install --no-compile -r $(VENV)/requirements.txt
+	rm -f $(VENV)/.deps-*
 	touch $@
 
 $(STAMP): $(DEPS_STAMP) $(NODE_STAMP) $(wildcard labextension/package.json labextension/src/*.ts labextension/style/* labextension/schema/*)

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
+from workbench._accelerator import warn_if_unseen
 from workbench._display import Displayable
 from workbench._validate import check_int, check_str
 from workbench.hardware import (HardwareSpec, _catalogue as catalogue, generation, hardware_presets,
@@ -115,6 +116,8 @@ def make_mesh(
     if devices is None:
         quiet_libtpu()
     devs = _check_devices(devices) if devices is not None else jax.devices()
+    if devices is None:
+        warn_if_unseen({d.platform for d in devs}, "wb.make_mesh")
     types = _axis_types(axis_types, len(spec))
     dcn = _check_dcn(dcn, spec, "make_mesh")
     if dcn:

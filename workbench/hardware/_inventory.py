@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import jax
 
+from workbench._accelerator import warn_if_unseen
 from workbench._display import Displayable
 from workbench._validate import check_int
 from workbench._xla_flags import COUNT_FLAG as _COUNT_FLAG
@@ -203,5 +204,7 @@ def devices(backend: str | None = None, *, devices: Sequence[Any] | None = None)
     except RuntimeError as e:
         raise ValueError(f"wb.devices: backend={backend!r} has no devices here ({e}); use one of "
                          f"{sorted({d.platform for d in jax.devices()})} or None") from None
+    if backend is None:
+        warn_if_unseen({d.platform for d in devs}, "wb.devices")
     return DeviceInventory(DeviceInfo.from_device(d) for d in devs)
 
