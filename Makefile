@@ -34,7 +34,7 @@ $(NODE_STAMP): labextension/package.json labextension/package-lock.json
 # dependencies (pyproject.toml's, read by tools/requirements.py), then Workbench itself,
 # whose editable wheel builds labextension/ with npm and so needs its packages.
 #
-# The accelerator's JAX (tools/accelerator.py, workbench/_accelerator.py says how it looks):
+# The accelerator's JAX (tools/accelerator.py; workbench/hardware/_accelerator.py says how):
 # JAX's CUDA plugin for the driver's CUDA major version where nvidia-smi lists NVIDIA GPUs
 # (the pyproject extras cuda12 / cuda13), libtpu on a Cloud TPU VM (installed everywhere, for
 # TPU-compiled plans), the CPU build elsewhere. ACCEL=cpu|cuda12|cuda13|tpu overrides; the first

@@ -1,5 +1,5 @@
-"""`make lab` / `make install` choose the accelerator's JAX (workbench/_accelerator.py), and
-`wb.devices()` warns when a GPU or TPU is there but JAX sees only CPUs (issue 57, item 2).
+"""`make lab` / `make install` choose the accelerator's JAX (workbench/hardware/_accelerator.py),
+and `wb.devices()` warns when a GPU or TPU is there but JAX sees only CPUs (issue 57, item 2).
 
 A stand-in ``nvidia-smi`` first on PATH (what the real one prints for ``-L`` and in its header)
 makes make's own dry run (``make -n``) name JAX's CUDA plugin; device files are stood in by a
@@ -19,7 +19,7 @@ import warnings
 import pytest
 
 import workbench as wb
-import workbench._accelerator as accelerator
+import workbench.hardware._accelerator as accelerator
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 H100 = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5b1f0c1e)"

@@ -2,9 +2,9 @@
 line, the sentence saying what is installed and why.
 
 Runs with the system's Python before ``.venv`` exists, so it loads
-``workbench/_accelerator.py`` by its path (standard library only) instead of importing the
-package. ``ACCEL`` in the environment overrides the choice; a bad ``ACCEL`` exits 2 with the
-reason.
+``workbench/hardware/_accelerator.py`` by its path (standard library only) instead of
+importing the package. ``ACCEL`` in the environment overrides the choice; a bad ``ACCEL``
+exits 2 with the reason.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parent.parent / "workbench" / "_accelerator.py"
+SOURCE = Path(__file__).resolve().parent.parent / "workbench" / "hardware" / "_accelerator.py"
 
 
 def main() -> int:

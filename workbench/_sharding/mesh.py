@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
-from workbench._accelerator import warn_if_unseen
+from workbench.hardware._accelerator import warn_if_unseen
 from workbench._display import Displayable
 from workbench._validate import check_int, check_str
 from workbench.hardware import (HardwareSpec, _catalogue as catalogue, generation, hardware_presets,

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import jax
 
-from workbench._accelerator import warn_if_unseen
+from workbench.hardware._accelerator import warn_if_unseen
 from workbench._display import Displayable
 from workbench._validate import check_int
 from workbench._xla_flags import COUNT_FLAG as _COUNT_FLAG
