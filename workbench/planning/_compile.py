@@ -16,6 +16,8 @@ A 7B step compiles for minutes on a laptop (the TPU compiler included). ``compil
   stores these executables but cannot load them back without a TPU client ("PjRtCompiler
   must be constructed with a Client"), so it is no help there. A fresh compile is handed
   back as that record too (``StoredExecutable``): its HLO text is printed once per plan.
+  A record is believed only when its key, checksum, types and ranges hold
+  (``_plan_record``); else the step compiles again and the record is replaced.
   Executables for real devices use JAX's persistent cache where the Trainer enabled it.
 """
 from __future__ import annotations
@@ -23,10 +25,8 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import contextlib
-import gzip
 import hashlib
 import json
-import os
 import re
 import threading
 import time
@@ -36,7 +36,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from workbench._cache import cache_root
+from workbench._cache import doubted
+from workbench.planning._plan_record import (load_record, make_record, record_key,
+                                             record_path, store_record)
 
 __all__ = ["CompileResult", "StoredExecutable", "clear_cache", "compile_lowered",
            "fingerprint", "one_tracer"]
@@ -105,10 +107,6 @@ def fingerprint(lowered: Any, devices: Any, options: dict[str, Any] | None = Non
     return h.hexdigest()
 
 
-_MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-                  "temp_size_in_bytes", "generated_code_size_in_bytes")
-
-
 class StoredExecutable:
     """What a plan reads of a compile-only executable, as stored in the plan cache on disk
     (or just compiled): ``memory_analysis()``, ``cost_analysis()`` and ``as_text()`` answer
@@ -131,60 +129,25 @@ class StoredExecutable:
                            "(an abstract slice); it can be inspected, not run")
 
 
-def _versions() -> str:
-    from importlib import metadata
-
-    out = []
-    for pkg in ("jax", "jaxlib", "libtpu"):
-        try:
-            out.append(f"{pkg}={metadata.version(pkg)}")
-        except metadata.PackageNotFoundError:
-            out.append(f"{pkg}=none")
-    return ",".join(out)
+def _disk_load(key: str) -> tuple[tuple[StoredExecutable, float] | None, str]:
+    """``((executable, seconds), "")`` from the plan cache on disk, ``(None, "")`` when
+    it has none, ``(None, why)`` when its record is not believed (``_plan_record``)."""
+    record, why = load_record(record_key(key))
+    if record is None:
+        return None, why
+    return (StoredExecutable(record), float(record.get("seconds", 0.0))), ""
 
 
-def _disk_path(key: str) -> Any:
-    digest = hashlib.sha256(f"{key}|{_versions()}".encode()).hexdigest()
-    return cache_root() / "plans" / f"{digest}.json.gz"
-
-
-def _disk_load(key: str) -> tuple[StoredExecutable, float] | None:
-    path = _disk_path(key)
-    try:
-        with gzip.open(path, "rt") as f:
-            record = json.load(f)
-        if not all(k in record["memory"] for k in _MEMORY_FIELDS) or \
-                not isinstance(record["hlo"], str):
-            return None
-        return StoredExecutable(record), float(record.get("seconds", 0.0))
-    except (OSError, EOFError, ValueError, KeyError, TypeError):
-        return None  # absent, truncated or hand-edited: compile again (and overwrite)
-
-
-def _disk_store(key: str, compiled: Any, seconds: float) -> StoredExecutable:
+def _disk_store(key: str, compiled: Any, seconds: float, doubt: str) -> StoredExecutable:
     """Write what a plan reads of ``compiled`` to the plan cache; returns it as the
-    ``StoredExecutable`` a later process would load (the HLO text read once: each
-    ``as_text()`` of the executable prints the whole module again)."""
-    ma = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else {}
-    record = {"memory": {k: int(getattr(ma, k)) for k in _MEMORY_FIELDS},
-              "cost": {k: float(v) for k, v in (cost or {}).items()
-                       if isinstance(v, (int, float))},
-              "hlo": compiled.as_text(), "seconds": seconds, "versions": _versions()}
-    path = _disk_path(key)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with gzip.open(tmp, "wt") as f:
-            json.dump(record, f)
-        os.replace(tmp, path)
-    except OSError:  # a full or read-only cache only costs the next process a compile
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+    ``StoredExecutable`` a later process would load. ``doubt``: why the record there was
+    not used (it is replaced, and a ``CacheWarning`` says so)."""
+    record = make_record(record_key(key), compiled, seconds)
+    failed = store_record(record)
+    if doubt:
+        doubted(record_path(record["key"]), doubt, "the step was compiled again and "
+                + (f"the record could not be replaced ({failed}): remove it" if failed
+                   else "the record replaced"), stacklevel=2)
     return StoredExecutable(record)
 
 
@@ -210,7 +173,7 @@ def _submit(key: str, lowered: Any, persist: bool, extra: dict[str, Any] | None 
         t0 = time.perf_counter()
         try:
             if persist:
-                stored = _disk_load(key)
+                stored, doubt = _disk_load(key)
                 if stored is not None:
                     fut.set_result((*stored, True))
                     return
@@ -220,7 +183,7 @@ def _submit(key: str, lowered: Any, persist: bool, extra: dict[str, Any] | None 
                         "ignore", message="Error reading persistent compilation cache")
                     compiled = lowered.compile(extra or None)
                 # the same record a later process loads: one answer either way
-                compiled = _disk_store(key, compiled, time.perf_counter() - t0)
+                compiled = _disk_store(key, compiled, time.perf_counter() - t0, doubt)
             else:
                 compiled = lowered.compile(extra or None)
         except MemoryError as err:  # the host ran short: another try may succeed
