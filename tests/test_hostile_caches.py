@@ -175,3 +175,252 @@ def test_the_committed_tpu_plans_are_believed():
     for entry in sorted(TPU_PLANS.glob("*.json.gz")):
         record = json.loads(gzip.decompress(entry.read_bytes()))
         assert _plan_record.record_problem(record, entry.name[: -len(".json.gz")]) == "", entry
+
+
+# --- token caches and text corpora -----------------------------------------------------------
+
+def _write(name, data):
+    def edit(target, tmp_path):
+        p = target / name if name else target
+        p.write_bytes(data(p.read_bytes()) if callable(data) else data)
+    return edit
+
+
+def _info(change, name="info.json"):
+    """An edit of the JSON in ``name`` (a token cache's info; "" for the target itself)."""
+    def edit(target, tmp_path):
+        p = target / name if name else target
+        info = json.loads(p.read_text())
+        change(info)
+        p.write_text(json.dumps(info))
+    return edit
+
+
+def _replace(name, how):
+    """``name`` in the folder (or the folder itself, name None) replaced by a FIFO, a
+    symlink to a copy elsewhere, or a directory."""
+    def edit(folder, tmp_path):
+        import shutil
+        p = folder / name if name else folder
+        if how == "symlink":
+            elsewhere = tmp_path / "elsewhere"
+            (shutil.copytree if p.is_dir() else shutil.copyfile)(p, elsewhere)
+        (shutil.rmtree if p.is_dir() else os.unlink)(p)
+        if how == "fifo":
+            os.mkfifo(p)
+        elif how == "symlink":
+            p.symlink_to(elsewhere)
+        else:
+            p.mkdir()
+    return edit
+
+
+def _tokens_of_other_files(folder, tmp_path):
+    """The cache folder of other files copied onto this one's name."""
+    import shutil
+
+    from workbench.data import Tokenizer, build_token_cache
+
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"text": "something else entirely"}) + "\n")
+    theirs = build_token_cache([str(other)], tokenizer=Tokenizer(), cache_dir=tmp_path / "o")
+    shutil.rmtree(folder)
+    shutil.copytree(theirs.folder, folder)
+
+
+TOKEN_EDITS = {
+    "copied from another key": _tokens_of_other_files,
+    "negative tokens": _info(lambda i: i.update(tokens=-5)),
+    "documents a string": _info(lambda i: i.update(documents="3")),
+    "another tokenizer's": _info(lambda i: i.update(tokenizer_fingerprint="0" * 16)),
+    "info a JSON list": _write("info.json", b"[1]"),
+    "info not JSON": _write("info.json", b"{"),
+    "info a FIFO": _replace("info.json", "fifo"),
+    "info a directory": _replace("info.json", "dir"),
+    "lengths edited": _write("lengths.npy", lambda raw: raw[:-8] + bytes(8)),
+    "lengths truncated": _write("lengths.npy", lambda raw: raw[: len(raw) // 2]),
+    "lengths a FIFO": _replace("lengths.npy", "fifo"),
+    "tokens truncated": _write("tokens.array_record", lambda raw: raw[: len(raw) // 2]),
+    "tokens a FIFO": _replace("tokens.array_record", "fifo"),
+    "tokens a symlink to elsewhere": _replace("tokens.array_record", "symlink"),
+    "the folder a symlink to elsewhere": _replace(None, "symlink"),
+    "the folder a file": lambda folder, tmp_path: (_replace(None, "dir")(folder, tmp_path),
+                                                   folder.rmdir(), folder.write_bytes(b"x")),
+}
+
+
+def _token_answer(cache):
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    reader = ArrayRecordReader(str(cache.path))
+    tokens = b"".join(reader.read_all())
+    reader.close()
+    keep = ("sha256", "documents", "tokens", "format", "field", "tokenizer_fingerprint")
+    return cache.lengths.tolist(), tokens, {k: cache.info[k] for k in keep}
+
+
+@pytest.fixture
+def corpus_files(tmp_path):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * (i + 1)})
+                                           + "\n" for i in range(6)))
+    (texts / "b.py").write_text("x = 1\n" * 200)
+    return texts
+
+
+@pytest.mark.parametrize("edit", list(TOKEN_EDITS.values()), ids=list(TOKEN_EDITS))
+def test_a_hostile_token_cache_is_tokenized_again_and_replaced(edit, corpus_files, tmp_path):
+    from workbench.data import Tokenizer, build_token_cache
+
+    build = lambda where: build_token_cache(  # noqa: E731
+        [str(corpus_files / "a.jsonl")], tokenizer=Tokenizer(), cache_dir=where)
+    reference = _token_answer(build(tmp_path / "fresh"))
+    cache = build(tmp_path / "cache")
+    edit(cache.folder, tmp_path)
+    with pytest.warns(CacheWarning, match=str(cache.folder)):
+        again = build(tmp_path / "cache")
+    assert _token_answer(again) == reference and again.folder == cache.folder
+    assert again.folder.is_dir() and not again.folder.is_symlink()
+    if (tmp_path / "elsewhere").exists():                   # the link's target is untouched
+        assert (tmp_path / "elsewhere").exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        assert _token_answer(build(tmp_path / "cache")) == reference
+
+
+CORPUS_EDITS = {
+    "copied from another key (seq)": _info(lambda i: i.update(seq=32), ""),
+    "another stream's sha256": _info(lambda i: i.update(sha256="0" * 64), ""),
+    "windows -1": _info(lambda i: i.update(windows=-1), ""),
+    "a path elsewhere": _info(lambda i: i.update(path="/etc/hostname"), ""),
+    "listing a JSON list": _write("", b"[]"),
+    "listing not JSON": _write("", b"{"),
+    "listing a FIFO": _replace("", "fifo"),
+    "listing a directory": _replace("", "dir"),
+}
+CORPUS_FILE_EDITS = {
+    "corpus truncated": _write("", lambda raw: raw[: len(raw) // 2]),
+    "corpus edited": _write("", lambda raw: raw[:-1] + bytes([raw[-1] ^ 1])),
+    "corpus a FIFO": _replace("", "fifo"),
+    "corpus a symlink to elsewhere": _replace("", "symlink"),
+    "corpus a directory": _replace("", "dir"),
+}
+
+
+def _corpus_answer(path, info):
+    import grain
+
+    src = grain.sources.ArrayRecordDataSource(str(path))
+    return [src[i] for i in range(len(src))], {k: v for k, v in info.items() if k != "path"}
+
+
+@pytest.mark.parametrize("which,edit", [("listing", e) for e in CORPUS_EDITS.values()]
+                         + [("corpus", e) for e in CORPUS_FILE_EDITS.values()],
+                         ids=list(CORPUS_EDITS) + list(CORPUS_FILE_EDITS))
+def test_a_hostile_text_corpus_is_written_again_and_replaced(which, edit, corpus_files,
+                                                             tmp_path):
+    from workbench.data import TextData, build_text_corpus
+
+    spec = TextData(root=str(corpus_files))
+    reference = _corpus_answer(*build_text_corpus(spec, 16, cache_dir=tmp_path / "fresh"))
+    path, _ = build_text_corpus(spec, 16, cache_dir=tmp_path / "cache")
+    (listing,) = (tmp_path / "cache").glob("listing-*.json")
+    target = listing if which == "listing" else path
+    edit(target, tmp_path)
+    with pytest.warns(CacheWarning, match=str(target)):
+        again = build_text_corpus(spec, 16, cache_dir=tmp_path / "cache")
+    assert _corpus_answer(*again) == reference
+    if target.is_dir() and not target.is_symlink():   # not Workbench's: left as it is
+        assert again[0] != target and list(target.iterdir()) == []
+        if target == listing:    # no listing can be written: the corpus is checked anew
+            return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        assert _corpus_answer(*build_text_corpus(spec, 16, cache_dir=tmp_path / "cache")) \
+            == reference
+
+
+# --- microbenchmarks and calibrations ---------------------------------------------------------
+
+def _measured(change):
+    """An edit of the stored measurement(s) in the microbenchmark file."""
+    def edit(path, tmp_path):
+        data = json.loads(path.read_text())
+        for k in data:
+            data[k] = change
+        path.write_text(json.dumps(data))
+    return edit
+
+
+MEASURE_EDITS = {
+    "negative": _measured(-1.0),
+    "huge (1e300)": _measured(1e300),
+    "a string": _measured("fast"),
+    "a bool": _measured(True),
+    "NaN": _measured(float("nan")),
+    "a JSON list": _write("", b"[1]"),
+    "not JSON": _write("", b"{"),
+    "a FIFO at the path": _replace("", "fifo"),
+    "a symlink to elsewhere": _replace("", "symlink"),
+    "a directory at the path": _replace("", "dir"),
+}
+
+
+@pytest.mark.parametrize("edit", list(MEASURE_EDITS.values()), ids=list(MEASURE_EDITS))
+def test_a_hostile_measurement_is_measured_again_and_replaced(edit, tmp_path, monkeypatch):
+    """Measurements differ run to run: the reference is what the file holds afterwards."""
+    from workbench.hardware._measure import _plausible, measured_cpu_memory_bandwidth
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    first = measured_cpu_memory_bandwidth(mib=1)
+    (path,) = (tmp_path / "cache").glob("*.json")
+    edit(path, tmp_path)
+    with pytest.warns(CacheWarning, match=str(path)):
+        again = measured_cpu_memory_bandwidth(mib=1)
+    assert again != first and _plausible("mem|", again)    # measured again, not the edit
+    if path.is_dir():                                      # not Workbench's: left as it is
+        assert not path.is_symlink() and list(path.iterdir()) == []
+        return
+    assert path.is_file() and not path.is_symlink()
+    assert list(json.loads(path.read_text()).values()) == [again]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        assert measured_cpu_memory_bandwidth(mib=1) == again
+
+
+def _other_kinds(path, tmp_path):
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "device_kind": "H100"}))
+
+
+CALIBRATION_EDITS = {
+    "copied from another device kind": (_other_kinds, "it is the calibration of 'H100'"),
+    "a FIFO at the path": (_replace("", "fifo"), r"not a regular file \(a named pipe\)"),
+    "a symlink to elsewhere": (_replace("", "symlink"), "outside"),
+    "over the size cap": (_write("", lambda raw: raw + b" " * (5 << 20)), "over the 4 MiB"),
+}
+
+
+@pytest.mark.parametrize("edit,why", list(CALIBRATION_EDITS.values()),
+                         ids=list(CALIBRATION_EDITS))
+def test_a_hostile_calibration_is_ignored_and_the_table_predicts(edit, why, tmp_path,
+                                                                 monkeypatch):
+    """A calibration cannot be rebuilt (it needs profiles): the table's prediction."""
+    import workbench as wb
+    from workbench.hardware import Calibration, CalibrationWarning, cpu_spec
+    from workbench.hardware._calibration import _file
+
+    monkeypatch.setenv("WORKBENCH_CALIBRATION", str(tmp_path / "cal"))
+    plan = wb.plan(GPTConfig.preset("tiny"), mesh=wb.make_mesh(data=8), rules="fsdp",
+                   batch=8, seq=32, compile=False)
+    kind = cpu_spec(8).name
+    Calibration(device_kind=kind, compute_factor=0.5, memory_factor=0.25, matmul_flops=1e12,
+                hbm_bandwidth=1e10, collectives={}, overlap=None,
+                provenance=[{"directory": "/profiles/3"}]).save()
+    path = _file(kind)
+    edit(path, tmp_path)
+    with pytest.warns(CalibrationWarning, match=why) as caught:
+        pred = plan.predict()
+    assert str(path) in str(caught[0].message)
+    assert pred.step_seconds == plan.predict(calibration=False).step_seconds

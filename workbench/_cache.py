@@ -10,13 +10,15 @@ it, with a :class:`CacheWarning` naming the file and what was wrong (:func:`doub
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from pathlib import Path
+from typing import BinaryIO
 
 from workbench._run_file import FileRefused, open_file
 
-__all__ = ["CacheWarning", "cache_root", "doubted", "read_cached"]
+__all__ = ["CacheWarning", "cache_root", "doubted", "hash_cached", "read_cached"]
 
 
 class CacheWarning(UserWarning):
@@ -34,20 +36,40 @@ def read_cached(path: Path, *, inside: Path, max_bytes: int) -> tuple[bytes | No
     """``(bytes, "")`` of the cache file ``path``; ``(None, "")`` when there is none;
     ``(None, why)`` when something is there that is not read (a pipe, a directory, a
     symlink out of ``inside``, over ``max_bytes``, unreadable)."""
+    f, why = _open(path, inside, max_bytes)
+    if f is None:
+        return None, why
+    with f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        return None, f"it grew past the {max_bytes} bytes a cache file may hold while read"
+    return data, ""
+
+
+def hash_cached(path: Path, *, inside: Path, max_bytes: int) -> tuple[str | None, str]:
+    """``(SHA-256 hex, "")`` of the cache file ``path`` read in blocks, or ``(None, why)``
+    as :func:`read_cached` (``why`` is "" when there is no file)."""
+    f, why = _open(path, inside, max_bytes)
+    if f is None:
+        return None, why
+    h = hashlib.sha256()
+    with f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest(), ""
+
+
+def _open(path: Path, inside: Path, max_bytes: int) -> tuple[BinaryIO | None, str]:
     try:
-        with open_file(path, inside=inside, max_bytes=max_bytes) as f:
-            data = f.read(max_bytes + 1)
+        return open_file(path, inside=inside, max_bytes=max_bytes), ""
     except FileNotFoundError:
         return None, ""
     except IsADirectoryError:
-        return None, "it is a directory"
+        return None, "Is a directory"
     except FileRefused as e:
         return None, str(e)
     except OSError as e:
         return None, f"it cannot be read ({e.strerror or e})"
-    if len(data) > max_bytes:
-        return None, f"it grew past the {max_bytes} bytes a cache file may hold while read"
-    return data, ""
 
 
 def doubted(path: Path, why: str, rebuilt: str, *, stacklevel: int = 3) -> None:

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workbench._cache import cache_root
+from workbench._cache import cache_root, doubted, read_cached
 from workbench._validate import check_int, check_path, check_str
 from workbench.data._files import DataFileNotFound
 
@@ -203,7 +203,10 @@ def build_text_corpus(spec: TextData, seq: int, cache_dir: str | os.PathLike[str
 
     A listing manifest (file paths, sizes, mtimes) finds the file of an earlier call; the
     stream's SHA-256, computed on every call, must match it (an edit that keeps a file's
-    size and mtime would otherwise serve the old text).
+    size and mtime would otherwise serve the old text), and so must every other field of
+    the listing and the SHA-256 of the ArrayRecord file it names (read with the safe
+    reader); otherwise the file is written again and the listing replaced, with a
+    ``CacheWarning`` naming the file not believed.
 
     Args:
       spec: which files.
@@ -224,35 +227,80 @@ def build_text_corpus(spec: TextData, seq: int, cache_dir: str | os.PathLike[str
     manifest = folder / f"listing-{_listing_key(spec, files, seq)}.json"
     stream = corpus_bytes(spec, files)
     digest = hashlib.sha256(stream).hexdigest()
-    try:   # the listing (sizes, mtimes) found it; the content hash decides (an edit may
-        info = json.loads(manifest.read_text())   # keep a file's size and mtime)
-        if info["sha256"] == digest and Path(info["path"]).exists():
-            return Path(info["path"]), info
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
     n_windows = (len(stream) - 1) // seq
     if n_windows < 1:
         raise ValueError(f"text corpus of {len(stream)} bytes is too short for one sequence "
                          f"of seq+1={seq + 1} bytes; raise TextData.max_bytes or lower seq")
     per_record = max(1, RECORD_BYTES // seq)
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"text-{digest[:16]}-seq{seq}.array_record"
     info = {"sha256": digest, "bytes": len(stream), "windows": n_windows, "seq": seq,
             "per_record": per_record, "root": str(corpus_root(spec)), "files": len(files),
             "path": str(path)}
-    if not path.exists():
-        # Written under a temporary name and renamed: no process ever sees half a file.
-        tmp = _own_tmp(path)
-        try:
-            writer = ArrayRecordWriter(str(tmp), "group_size:1")
-            span = per_record * seq
-            for start in range(0, n_windows * seq, span):
-                stop = min(start + span, n_windows * seq)
-                writer.write(stream[start: stop + 1])  # (windows * seq + 1,) bytes
-            writer.close()
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    _write_json(manifest, info)
+    # the listing (sizes, mtimes) found it; the content hash decides (an edit may keep a
+    # file's size and mtime), and the ArrayRecord file must be the one the listing names
+    found, doubt = _believed(manifest, info, len(stream))
+    if found is not None:
+        return Path(found["path"]), found
+    folder.mkdir(parents=True, exist_ok=True)
+    doubted_file = manifest if doubt and doubt[0] == "listing" else path
+    if os.path.isdir(path):    # not ours to remove: write beside it
+        fd, alt = tempfile.mkstemp(prefix=f"{path.stem}-", suffix=".array_record", dir=folder)
+        os.close(fd)
+        path = Path(alt)
+        info["path"] = str(path)
+    # Written under a temporary name and renamed: no process ever sees half a file.
+    tmp = _own_tmp(path)
+    try:
+        writer = ArrayRecordWriter(str(tmp), "group_size:1")
+        span = per_record * seq
+        for start in range(0, n_windows * seq, span):
+            stop = min(start + span, n_windows * seq)
+            writer.write(stream[start: stop + 1])  # (windows * seq + 1,) bytes
+        writer.close()
+        info["file_sha256"] = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
+        _write_json(manifest, info)
+        done = "the corpus was written again and the listing replaced"
+    except OSError as e:   # a directory at its name: the next call writes it again
+        done = f"the corpus was written again; the listing could not be replaced ({e})"
+    if doubt:
+        doubted(doubted_file, doubt[1], done)
     return path, info
+
+
+def _believed(manifest: Path, info: dict[str, Any], size: int
+              ) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
+    """``(stored info, None)`` when the listing ``manifest`` and the ArrayRecord file it
+    names hold the corpus ``info`` describes; else ``(None, (which file, why))``, or
+    ``(None, None)`` when there is no listing."""
+    raw, why = read_cached(manifest, inside=manifest.parent, max_bytes=1 << 20)
+    if raw is None:
+        return None, ("listing", why) if why else None
+    try:
+        stored = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return None, ("listing", f"it is not JSON ({str(e)[:80]})")
+    if not isinstance(stored, dict):
+        return None, ("listing", f"it holds a JSON {type(stored).__name__}, not an object")
+    wrong = [k for k, v in info.items() if k != "path" and stored.get(k) != v]
+    if wrong:
+        return None, ("listing", f"its {wrong[0]} is {str(stored.get(wrong[0]))[:70]!r}, the "
+                      f"corpus' is {str(info[wrong[0]])[:70]!r}")
+    path = stored.get("path")
+    expected = Path(info["path"])
+    if not isinstance(path, str) or Path(path).parent != expected.parent or \
+            not Path(path).name.startswith(expected.stem) or not path.endswith(".array_record"):
+        return None, ("listing", f"it names {str(path)[:100]!r}, not the corpus' file "
+                      f"{expected}")
+    data, why = read_cached(Path(path), inside=expected.parent, max_bytes=2 * size + (1 << 20))
+    if data is None:
+        return None, ("corpus", why or "it is missing") if why else None
+    if stored.get("file_sha256") != hashlib.sha256(data).hexdigest():
+        return None, ("corpus", "its bytes are not the ones its listing recorded (the "
+                      "file_sha256 differs)")
+    return stored, None
+

@@ -25,10 +25,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import io
 import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from workbench._cache import cache_root
+from workbench._cache import cache_root, doubted, hash_cached, read_cached
 from workbench._validate import check_int, check_path, check_str
 from workbench.data._files import (DataError, Unit, check_format, check_patterns, file_format,
                                   list_files, read_unit, units)
@@ -103,17 +105,63 @@ def _content_key(files: Sequence[Path], fmt: str, field: str, tokenizer: Tokeniz
     return h.hexdigest(), each
 
 
-def _read(folder: Path) -> TokenCache:
+def _load(folder: Path, root: Path, expect: dict[str, Any]) -> tuple[TokenCache | None, str]:
+    """The token cache in ``folder`` when it holds what ``expect`` says (its key fields)
+    and its files are the ones it recorded (SHA-256, read with the safe reader); else
+    ``(None, why)``, ``why`` "" when there is no cache."""
+    raw, why = read_cached(folder / "info.json", inside=root, max_bytes=64 << 20)
+    if raw is None:
+        return None, why and f"its info.json is not read: {why}"
     try:
-        info = json.loads((folder / "info.json").read_text())
-        lengths = np.load(folder / "lengths.npy")
-    except (OSError, ValueError) as err:   # a damaged cache: say where, never guess
-        raise DataError(f"the token cache {folder} cannot be read ({err}); delete that "
-                        "folder and run again (it is rebuilt from the files)") from None
+        info = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return None, f"its info.json is not JSON ({str(e)[:80]})"
     if not isinstance(info, dict):
-        raise DataError(f"{folder / 'info.json'} is not a JSON object; delete {folder} and "
-                        "run again (it is rebuilt from the files)")
-    return TokenCache(folder=folder, lengths=lengths, info=info)
+        return None, f"its info.json holds a JSON {type(info).__name__}, not an object"
+    wrong = next((k for k, v in expect.items() if info.get(k) != v), None)
+    if wrong is not None:
+        return None, (f"its info.json says {wrong}={str(info.get(wrong))[:70]!r}, the files "
+                      f"give {str(expect[wrong])[:70]!r}")
+    tokens, documents = info.get("tokens"), info.get("documents")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+               for v in (tokens, documents)):
+        return None, f"its tokens={tokens!r} and documents={documents!r} are not counts"
+    raw, why = read_cached(folder / "lengths.npy", inside=root, max_bytes=8 * documents + 4096)
+    digest = None if raw is None else hashlib.sha256(raw).hexdigest()
+    for name, digest, why in (("lengths.npy", digest, why), ("tokens.array_record", *hash_cached(
+            folder / "tokens.array_record", inside=root, max_bytes=8 * tokens + (1 << 24)))):
+        if digest != info.get(f"{name.split('.')[0]}_sha256"):
+            return None, f"its {name} " + (f"is not read: {why}" if why else "is missing"
+                                           if digest is None else "is not the one it recorded")
+    try:
+        lengths = np.load(io.BytesIO(raw), allow_pickle=False)
+    except ValueError as e:
+        return None, f"its lengths.npy is not a numpy array ({e})"
+    if lengths.ndim != 1 or lengths.dtype != np.int64 or len(lengths) != documents or \
+            int(lengths.sum()) != tokens or (lengths < 0).any():
+        return None, "its lengths.npy does not hold the documents' token counts"
+    return TokenCache(folder=folder, lengths=lengths, info=info), ""
+
+
+def _set_aside(folder: Path) -> str:
+    """Moves whatever is at ``folder`` out of the way (renamed beside it); removes what a
+    token cache holds from it. Returns where anything else was left ("" if nowhere)."""
+    aside = folder.with_name(f".{folder.name}.{os.getpid()}.{time.time_ns()}.stale")
+    os.rename(folder, aside)
+    if aside.is_symlink() or not aside.is_dir():
+        if aside.is_symlink() or not aside.is_file():   # a link, a pipe: nothing of yours
+            aside.unlink()
+            return ""
+        return str(aside)
+    for name in ("info.json", "lengths.npy", "tokens.array_record"):
+        p = aside / name
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+    try:
+        aside.rmdir()
+        return ""
+    except OSError:
+        return str(aside)
 
 
 def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: str = "text",
@@ -135,8 +183,6 @@ def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: s
       DataFileNotFound: a pattern matches no file.
       TypeError, ValueError: an argument of the wrong type or out of range (named).
     """
-    from array_record.python.array_record_module import ArrayRecordWriter
-
     patterns = check_patterns(patterns, "patterns")
     if not isinstance(tokenizer, Tokenizer):
         raise TypeError(f"tokenizer={tokenizer!r} is a {type(tokenizer).__name__}; give a "
@@ -150,33 +196,60 @@ def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: s
     files = list_files(patterns)
     digest, each = _content_key(files, fmt, field, tokenizer)
     folder = root / f"tokens-{digest[:16]}-{tokenizer.fingerprint}"
-    if not (folder / "info.json").exists():
-        work = [u for p in files for u in units(p, file_format(p, fmt))]   # checks empty files
-        root.mkdir(parents=True, exist_ok=True)
-        # a folder of our own (never one found there: nothing deletes what it did not make)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=root))
-        try:
-            info = _write(tmp, work, field=field, tokenizer=tokenizer, workers=workers,
-                          writer_cls=ArrayRecordWriter)
-            info.update(sha256=digest, files=[str(p) for p in files], format=fmt,
-                        field=field, tokenizer=tokenizer.to_dict(),
-                        tokenizer_fingerprint=tokenizer.fingerprint)
-            (tmp / "info.json").write_text(json.dumps(info, indent=1))
-            try:
-                os.rename(tmp, folder)
-            except OSError:   # another process finished first: use its copy
-                shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    cache = _read(folder)
-    if cache.info.get("sha256") != digest:
-        raise DataError(f"the token cache {folder} does not hold the files' tokens (its "
-                        f"info.json says sha256={cache.info.get('sha256')!r}, the files hash "
-                        f"to {digest!r}); delete that folder and run again")
+    expect = {"sha256": digest, "format": fmt, "field": field,
+              "tokenizer_fingerprint": tokenizer.fingerprint, "record_tokens": RECORD_TOKENS}
+    cache, doubt = _load(folder, root, expect)
+    if cache is None:
+        cache, left = _build(folder, root, files, expect, tokenizer=tokenizer,
+                             workers=workers)
+        if doubt:
+            doubted(folder, doubt, "the documents were tokenized again and the cache "
+                    "replaced" + (f" (what else it held is now in {left})" if left else ""))
     # the same bytes may sit at other paths than the ones that built the cache
     info = {**cache.info, "files": [str(p) for p in files], "file_sha256": each}
     return dataclasses.replace(cache, info=info)
+
+
+def _build(folder: Path, root: Path, files: list[Path], expect: dict[str, Any], *,
+           tokenizer: Tokenizer, workers: int) -> tuple[TokenCache, str]:
+    """Tokenizes ``files`` into a folder of our own, renamed to ``folder`` (whatever was
+    there set aside first: where what was not a token cache's went, or "")."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    work = [u for p in files for u in units(p, file_format(p, expect["format"]))]
+    root.mkdir(parents=True, exist_ok=True)
+    # a folder of our own (never one found there: nothing deletes what it did not make)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=root))
+    try:
+        info = _write(tmp, work, field=expect["field"], tokenizer=tokenizer, workers=workers,
+                      writer_cls=ArrayRecordWriter)
+        info.update(expect, files=[str(p) for p in files], tokenizer=tokenizer.to_dict(),
+                    lengths_sha256=_sha256(tmp / "lengths.npy"),
+                    tokens_sha256=_sha256(tmp / "tokens.array_record"))
+        (tmp / "info.json").write_text(json.dumps(info, indent=1))
+        left = _set_aside(folder) if os.path.lexists(folder) else ""
+        try:
+            os.rename(tmp, folder)
+        except OSError:   # another process finished first: use its copy
+            shutil.rmtree(tmp, ignore_errors=True)
+            cache, why = _load(folder, root, expect)
+            if cache is None:
+                raise DataError(f"the token cache {folder} cannot be used ({why}); delete "
+                                "that folder and run again") from None
+            return cache, left
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    lengths = np.load(folder / "lengths.npy", allow_pickle=False)
+    return TokenCache(folder=folder, lengths=lengths, info=info), left
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _write(folder: Path, work: list[Unit], *, field: str, tokenizer: Tokenizer, workers: int,

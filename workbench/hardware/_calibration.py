@@ -22,11 +22,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from workbench._cache import cache_root
+from workbench._cache import cache_root, read_cached
 from workbench._validate import check_str
 
 __all__ = ["Calibration", "CalibrationWarning", "calibration_dir", "check_calibration",
            "load_calibration", "remove_calibration"]
+
+
+#: Bytes a calibration file may hold (a few KiB with its provenance and residuals).
+_MAX_FILE = 4 << 20
 
 
 def calibration_dir() -> Path:
@@ -222,17 +226,15 @@ def load_calibration(device_kind: str) -> Calibration | None:
     """The stored calibration of ``device_kind``, or None.
 
     A file that cannot be used (truncated, empty, binary, not an object, a directory, a
+    pipe, a symlink out of its folder, over 4 MiB, another device kind's calibration, a
     value of the wrong type, out of range or not finite) is ignored with a
     :class:`CalibrationWarning` naming it, what is wrong and the fix; it never raises, so
     one bad file cannot break every later ``wb.plan``.
     """
     path = _file(device_kind)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as e:   # a directory, no permission
-        return _ignored(path, device_kind, e.strerror or str(e))
+    raw, why = read_cached(path, inside=path.parent, max_bytes=_MAX_FILE)
+    if raw is None:   # none; or a directory, a pipe, a symlink out, too large, no permission
+        return _ignored(path, device_kind, why) if why else None
     try:
         data = json.loads(raw)
     except UnicodeDecodeError as e:
@@ -241,9 +243,13 @@ def load_calibration(device_kind: str) -> Calibration | None:
         why = "empty" if not raw.strip() else f"not valid JSON ({e})"
         return _ignored(path, device_kind, why)
     try:
-        return Calibration.from_dict(data)
+        cal = Calibration.from_dict(data)
     except ValueError as e:
         return _ignored(path, device_kind, str(e))
+    if cal.device_kind != device_kind:   # copied from another kind's file
+        return _ignored(path, device_kind, f"it is the calibration of {cal.device_kind!r}, "
+                        f"not of {device_kind!r}")
+    return cal
 
 
 def _ignored(path: Path, device_kind: str, why: str) -> None:

@@ -3,14 +3,17 @@ latency between simulated devices, TCP loopback between processes; cached per ma
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform as _platform
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import jax
 
+from workbench._cache import cache_root, doubted, read_cached
 from workbench.hardware._catalogue import HardwareSpec
 from workbench.hardware._libtpu import backends_started as _backends_started
 
@@ -21,9 +24,7 @@ __all__ = ["cpu_spec", "measured_cpu_collective_bandwidth", "measured_cpu_collec
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("WORKBENCH_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "workbench")
-    return Path(root)
+    return cache_root()
 
 
 def _cpu_name() -> str:
@@ -94,33 +95,67 @@ def measured_cpu_memory_bandwidth(*, refresh: bool = False, mib: int = 64) -> fl
     return bandwidth
 
 
-def _cache_get(path: Path, key: str) -> float | None:
-    """The cached measurement ``key`` in ``path``, or None (missing or unreadable file)."""
+#: Bytes a measurement file may hold (a few hundred per entry).
+_MAX_FILE = 1 << 20
+
+
+def _plausible(key: str, value: Any) -> bool:
+    """A measurement a machine can give: a finite number, a latency between 1 ns and a
+    minute, a rate (FLOP/s, bytes/s) between 1 and 1e16."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value):
+        return False
+    low, high = (1e-9, 60.0) if "latency|" in key else (1.0, 1e16)
+    return low <= value <= high
+
+
+def _read_measurements(path: Path) -> tuple[dict[str, Any], str]:
+    """The measurements in ``path`` (safe reader), or ``({}, why)`` when not believed."""
+    raw, why = read_cached(path, inside=path.parent, max_bytes=_MAX_FILE)
+    if raw is None:
+        return {}, why
     try:
-        cached = json.loads(path.read_text())
-        return float(cached[key]) if key in cached else None
-    except (OSError, ValueError, TypeError, AttributeError):
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return {}, f"it is not JSON ({str(e)[:80]})"
+    if not isinstance(data, dict):
+        return {}, f"it holds a JSON {type(data).__name__}, not an object of measurements"
+    return data, ""
+
+
+def _cache_get(path: Path, key: str) -> float | None:
+    """The cached measurement ``key`` in ``path``, or None: none there, or one not believed
+    (then a ``CacheWarning`` names the file; the caller measures again and replaces it)."""
+    data, why = _read_measurements(path)
+    if not why and key in data and not _plausible(key, data[key]):
+        why = f"its {key!r} is {str(data[key])[:40]!r}, not a measurement this machine gives"
+    if why:
+        doubted(path, why, "measured again and the file replaced")
         return None
+    return float(data[key]) if key in data else None
 
 
 def _cache_put(path: Path, key: str, value: float) -> None:
+    """Stores ``value`` under ``key`` beside the file's other believable measurements
+    (a temporary file renamed over it; a full or read-only cache, or a directory at its
+    place, only costs the next process a measurement)."""
+    data, _ = _read_measurements(path)
+    data = {k: v for k, v in data.items() if _plausible(k, v)}
+    data[key] = value
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        cached = json.loads(path.read_text()) if path.exists() else {}
-        cached[key] = value
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cached, indent=1))
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=1))
         os.replace(tmp, path)
-    except (OSError, ValueError):
-        pass
+    except OSError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _cached(key: str) -> float | None:
-    try:
-        value = json.loads((_cache_dir() / "cpu_peak.json").read_text()).get(key)
-        return None if value is None else float(value)
-    except (OSError, ValueError):
-        return None
+    return _cache_get(_cache_dir() / "cpu_peak.json", key)
 
 
 def measured_cpu_collective_bandwidth(*, refresh: bool = False, mib: int = 8) -> float | None:
