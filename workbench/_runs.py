@@ -37,18 +37,18 @@ from pathlib import Path
 from typing import Any, Self
 
 from workbench._run_file import FileRefused, open_file
-from workbench._tail import METRICS, MetricsTail, _depth_ok, path_arg
+from workbench._tail import METRICS, MetricsTail, _depth_ok, path_arg, read_attempts
 
 __all__ = ["HISTORY_EVENTS", "METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunFileError",
            "RunWriter", "check_run", "clean_prediction", "columns", "config_hash",
            "effective_status", "find_run_dirs", "is_hidden", "json_safe",
-           "list_runs", "pid_alive", "pid_start_time", "read_events", "read_metrics",
-           "read_run", "resolve_run", "run_id"]
+           "list_runs", "pid_alive", "pid_start_time", "read_attempts", "read_events",
+           "read_metrics", "read_run", "resolve_run", "run_id"]
 
 RUN_JSON = "run.json"
 #: Events that change what a run is (a changed config or data, a fork): besides their line in
 #: ``metrics.jsonl`` they are kept in ``run.json``'s ``history`` list, across resumes.
-HISTORY_EVENTS = ("config_changed", "data_changed", "fork")
+HISTORY_EVENTS = ("config_changed", "data_changed", "fork", "restart")
 STATUSES = ("running", "finished", "interrupted", "failed")
 _VERSIONED = ("workbench", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
 _SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "checkpoints", ".git",
@@ -117,7 +117,9 @@ class RunWriter:
     """Writes one run directory: ``run.json`` and appended ``metrics.jsonl`` lines.
 
     Re-opening an existing run directory (resumed training) keeps its id, creation
-    time and metrics, and appends. Thread-safe. Use as a context manager: leaving the
+    time and metrics, and appends. A run started again (``meta={"attempt": 2, "step": 0}``,
+    ``Trainer(..., restart="ok")``) writes ``"attempt": n`` into every line after that, so
+    readers tell its steps from the earlier attempts'. Thread-safe. Use as a context manager: leaving the
     block closes the run as ``finished``, ``interrupted`` (KeyboardInterrupt) or
     ``failed`` (other exceptions, with the error text).
 
@@ -158,7 +160,7 @@ class RunWriter:
         }
         for key in ("target_steps", "mesh", "devices", "device_kind", "peak_flops",
                     "peak_source", "model_flops_per_step", "memory_per_device", "prediction",
-                    "history"):
+                    "history", "attempt"):
             if old.get(key) is not None:
                 self.meta[key] = _clean(old[key])
         self.meta.update(_clean(meta or {}))
@@ -186,7 +188,7 @@ class RunWriter:
                             f"({type(step).__name__}); pass int(step)")
         if "event" in record:
             raise ValueError("a step record may not have an 'event' key; use RunWriter.event()")
-        line = {"step": step, "time": time.time(), **_clean(record)}
+        line = {"step": step, "time": time.time(), **_clean(record), **self._attempt()}
         with self._lock:
             self._write_line(line)
             self.meta["step"] = max(int(self.meta.get("step") or 0), line["step"])
@@ -196,12 +198,18 @@ class RunWriter:
     def event(self, kind: str, **fields: Any) -> None:
         """Appends a non-step line ``{"event": kind, "time": ..., **fields}`` (one of
         :data:`HISTORY_EVENTS` is also appended to ``run.json``'s ``history``)."""
-        line = {"event": kind, "time": time.time(), **_clean(fields)}
+        line = {"event": kind, "time": time.time(), **_clean(fields), **self._attempt()}
         with self._lock:
             self._write_line(line)
             if kind in HISTORY_EVENTS:
                 self.meta["history"] = [*(self.meta.get("history") or []), line]
                 self._write_meta()
+
+    def _attempt(self) -> dict[str, int]:
+        """``{"attempt": n}`` for the lines of a run started again (n >= 2), else nothing
+        (a run's first attempt writes its lines as before)."""
+        n = self.meta.get("attempt")
+        return {"attempt": n} if isinstance(n, int) and not isinstance(n, bool) and n > 1 else {}
 
     def flush(self) -> None:
         """Flushes metrics to the OS and rewrites ``run.json``."""
@@ -411,6 +419,7 @@ _RUN_TYPES: dict[str, tuple[str, Any]] = {
     "created": ("a number", _as_float), "updated": ("a number", _as_float),
     "peak_flops": ("a number", _as_float), "model_flops_per_step": ("a number", _as_float),
     "step": ("an integer", int), "target_steps": ("an integer", int), "pid": ("an integer", int),
+    "attempt": ("an integer", int),
     "config": ("an object", dict), "mesh": ("an object", dict),
     "memory_per_device": ("an object", dict), "versions": ("an object", dict),
     "devices": ("a list", list), "history": ("a list", list),

@@ -73,7 +73,11 @@ class MetricsTail:
     ``poll()`` returns the step records and events appended since the last call; a
     partly written last line waits for its newline, and is not read again until the
     file grows. Step records whose step is not above every step seen so far (re-logged
-    after a resume) are dropped. Malformed lines are skipped: ``bad_lines`` counts them
+    after a resume) are dropped. A run started again (``Trainer(..., restart="ok")``)
+    writes lines with a higher ``"attempt"``: the first one starts the reading over (the
+    newest attempt is the run's curve; ``resets`` counts it, as for a replaced file) and
+    lines of older attempts after it are dropped; :func:`read_attempts` reads every
+    attempt. Malformed lines are skipped: ``bad_lines`` counts them
     and ``problem`` describes the first (``"line 7: not JSON ..."``). The reader keeps
     sparse (offset, step) marks so ``read(since)`` seeks instead of re-parsing.
     """
@@ -85,6 +89,7 @@ class MetricsTail:
         self.path = self.run_dir / METRICS  # read only inside run_dir, symlinks resolved
         self.resets = 0  # times the file shrank (replaced or truncated) and was re-read
         self.file_problem: str | None = None  # the file itself cannot be read
+        self._earlier: dict[int, list[dict[str, Any]]] | None = None  # see read_attempts
         self._reset()
 
     def _reset(self) -> None:
@@ -92,6 +97,7 @@ class MetricsTail:
         self.last_step: int | None = None
         self.last_record: dict[str, Any] | None = None
         self.records_seen = 0
+        self.attempt = 1  # the newest attempt seen (a restarted run's lines carry "attempt")
         self.lines = 0
         self.bad_lines = 0
         self.first_bad: str | None = None
@@ -175,6 +181,10 @@ class MetricsTail:
                     if self.first_bad is None:
                         self.first_bad = f"line {self.lines}: {kind.reason}"
                     continue
+                if (self.attempt > 1 or "attempt" in rec) and attempt_of(rec) != self.attempt:
+                    if attempt_of(rec) < self.attempt:
+                        continue   # an older attempt's line after a newer one began
+                    self._new_attempt(attempt_of(rec), steps)
                 if kind == "event":
                     events.append(rec)
                     continue
@@ -189,6 +199,18 @@ class MetricsTail:
                 steps.append(rec)
         except OSError as e:  # unreadable mid-read: the next poll retries
             self.file_problem = f"{METRICS} cannot be read: {e.strerror or e}"
+
+    def _new_attempt(self, attempt: int, steps: list[dict[str, Any]]) -> None:
+        """The first line of a newer attempt: the step records read so far are the older
+        attempt's (kept in ``_earlier`` by :func:`read_attempts`, else dropped)."""
+        if self._earlier is not None:
+            self._earlier[self.attempt] = list(steps)
+        steps.clear()
+        self.attempt = attempt
+        self.last_step = self.last_record = None
+        self.records_seen = 0
+        self._marks = []
+        self.resets += 1
 
     def read(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """Step records with ``step > since`` up to what ``poll`` has seen (oldest first).
@@ -206,7 +228,8 @@ class MetricsTail:
         try:
             with open_file(self.path, inside=self.run_dir) as f:
                 for _, _, rec in _records(f, offset, self.offset):
-                    if rec is None or classify(rec) != "step" or rec["step"] <= last:
+                    if rec is None or classify(rec) != "step" or rec["step"] <= last \
+                            or attempt_of(rec) != self.attempt:
                         continue
                     last = rec["step"]
                     if last > since:
@@ -216,6 +239,23 @@ class MetricsTail:
         except OSError:
             pass  # replaced, gone or refused: the next poll says why
         return out
+
+
+def attempt_of(rec: dict[str, Any]) -> int:
+    """The attempt a line belongs to: its ``"attempt"`` (written by ``RunWriter`` once a
+    run was started again), 1 when absent or not a whole number >= 1."""
+    a = rec.get("attempt", 1)
+    return a if a.__class__ is int and 1 <= a < STEP_LIMIT else 1
+
+
+def read_attempts(run_dir: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]]:
+    """Every attempt's step records, de-duplicated as :class:`MetricsTail` does each:
+    ``{1: [...], 2: [...]}`` (a run never started again has only attempt 1; an earlier
+    attempt without a step record is left out, the newest is always there)."""
+    tail = MetricsTail(run_dir)
+    tail._earlier = {}
+    steps, _ = tail.poll()
+    return {**{k: v for k, v in tail._earlier.items() if v}, tail.attempt: steps}
 
 
 def classify(rec: Any) -> str | _Bad:

@@ -245,6 +245,106 @@ def check_data(run_dir: Path, config: TrainConfig, info: dict[str, Any], *, fork
         "`workbench train --data-changed ok`).")
 
 
+#: ``Trainer(restart=...)``: None refuses to start over a run whose trained steps no
+#: checkpoint restores; "ok" starts it again from step 0 as a new attempt.
+RESTART_CHOICES = (None, "ok")
+
+
+def check_restart(value: Any) -> str | None:
+    """``Trainer(restart=...)`` checked: None or "ok"."""
+    if not (value is None or (isinstance(value, str) and value == "ok")):
+        raise ValueError(f"Trainer restart={value!r:.80}; pass restart='ok' to start a run "
+                         "whose checkpoints are gone again from step 0 (a new attempt, "
+                         "recorded in run.json's history), or leave it None to have that "
+                         "refused")
+    return value
+
+
+def recorded_steps(run_dir: Path) -> tuple[int, int]:
+    """``(last step, attempt)`` the run directory records as trained: the newest attempt
+    of ``run.json`` (``attempt``, 1 when absent) and of ``metrics.jsonl``'s lines, and
+    the last step either records for that attempt; ``(0, 1)`` for a new run directory."""
+    run: dict[str, Any] = {}
+    if os.path.lexists(run_dir / runs.RUN_JSON):
+        run = read_stored_run(run_dir)
+    attempt = run.get("attempt")
+    attempt = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) \
+        and attempt >= 1 else 1
+    tail = runs.MetricsTail(run_dir)
+    tail.poll()
+    found = {attempt: run.get("step") or 0}
+    found[tail.attempt] = max(found.get(tail.attempt, 0), tail.last_step or 0)
+    newest = max(found)
+    return max(found[newest], 0), newest
+
+
+def missing_checkpoints(directory: Path) -> str:
+    """What the checkpoint directory lacks, in words (for a refusal to start over)."""
+    try:
+        entries = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return f"{directory} does not exist (deleted?)"
+    except NotADirectoryError:
+        return f"{directory} is a file, not a folder"
+    except OSError as e:
+        return f"{directory} cannot be read ({e.strerror or e})"
+    unfinished = [e for e in entries if ".orbax-checkpoint-tmp" in e]
+    if unfinished and len(unfinished) == len(entries):
+        return (f"{directory} holds only the unfinished save {unfinished[0]} (the process "
+                "died while saving its first checkpoint)")
+    if not entries:
+        return (f"{directory} is empty (its checkpoints were deleted, or the process died "
+                "before its first save)")
+    shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+    return f"{directory} holds no checkpoint step ({shown})"
+
+
+def start_over_refused(run_dir: Path, config: TrainConfig, step: int, attempt: int,
+                       missing: str) -> str:
+    """The refusal to start a run with trained steps again from step 0: what is recorded,
+    what is missing, and the three ways on."""
+    fork = run_dir.with_name(f"{run_dir.name}-fork-{config.hash()[:6]}")
+    what = (f"records {step} trained step(s) (last step {step}"
+            f"{f' of attempt {attempt}' if attempt > 1 else ''}, in {runs.RUN_JSON} / "
+            f"{runs.METRICS}), but no checkpoint restores them" if step else
+            "has no checkpoint to continue from")
+    return (
+        f"run_dir {str(run_dir)!r} {what}: {missing}. Starting from "
+        "step 0 here would mix a new run into this run's history. Nothing was changed. Use "
+        f"a new run_dir, Trainer(..., fork=True) to start a new run in {str(fork)!r}, or "
+        f"Trainer(..., restart='ok') to start this run again from step 0 as attempt "
+        f"{attempt + 1} (recorded in run.json's history; the steps of attempt {attempt} stay "
+        f"in {runs.METRICS})")
+
+
+def fork_to_start_over(run_dir: Path, config: TrainConfig, *, fork: bool
+                       ) -> tuple[Path, dict[str, Any] | None]:
+    """With ``fork``: a run directory whose trained steps no checkpoint restores is left
+    as it is and ``<run_dir>-fork-<hash>`` starts from step 0 (an existing one continues).
+
+    Returns:
+      ``(run_dir, event)``: the directory to train in and the ``fork`` event to log.
+    """
+    if not fork or _has_steps(run_dir / "checkpoints") or \
+            recorded_steps(run_dir)[0] == 0:
+        return run_dir, None
+    new_dir = run_dir.with_name(f"{run_dir.name}-fork-{config.hash()[:6]}")
+    if os.path.lexists(new_dir / runs.RUN_JSON):   # the fork exists already: continue it
+        return new_dir, None
+    return new_dir, {"kind": "fork", "source": str(run_dir.absolute()),
+                     "start_over": missing_checkpoints(run_dir / "checkpoints")}
+
+
+def _has_steps(directory: Path) -> bool:
+    """Whether a checkpoint directory holds a step (or a step moved aside as corrupt)."""
+    try:
+        if any(p.name.isdigit() for p in directory.iterdir()):
+            return True
+        return any(True for _ in (directory / "corrupt").iterdir())
+    except OSError:
+        return False
+
+
 def read_stored_run(run_dir: Path) -> dict[str, Any]:
     """The ``run.json`` a resumed run continues, checked where the Trainer relies on it.
 

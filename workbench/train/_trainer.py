@@ -39,8 +39,13 @@ from workbench.train._setup import (
     check_data,
     check_data_changed,
     check_keep,
+    check_restart,
     check_run_dir,
     enable_compile_cache,
+    fork_to_start_over,
+    missing_checkpoints,
+    recorded_steps,
+    start_over_refused,
 )
 
 __all__ = ["DataChanged", "NonFiniteLoss", "RunConfigMismatch", "RunResult", "Trainer"]
@@ -75,6 +80,14 @@ class Trainer(Displayable):
         ``history``. ``fork=True`` starts a new run directory from the newest checkpoint
         instead. A choice for this resume, not part of the experiment: it is not in the
         config (a later resume on yet other data is refused again).
+      restart: what to do when ``run_dir`` records trained steps (``run.json``,
+        ``metrics.jsonl``) that no checkpoint restores (its checkpoints were deleted, or
+        the process died before its first save): None refuses (``CheckpointError``, naming
+        what is missing); "ok" starts the run again from step 0 as a new *attempt*
+        (``run.json``'s ``attempt`` and a ``restart`` entry in its ``history``; the new
+        attempt's ``metrics.jsonl`` lines carry ``"attempt"``, the old ones stay).
+        ``fork=True`` starts a new run directory instead. A choice for this start, not
+        part of the experiment.
       progress: "auto" (a live panel in notebooks, a progress line elsewhere), "widget",
         "line" or None.
       tensorboard: also write TensorBoard event files to ``<run_dir>/tensorboard``.
@@ -99,7 +112,7 @@ class Trainer(Displayable):
     @_no_empty_dirs_on_failure
     def __init__(self, config: TrainConfig, run_dir: str | os.PathLike[str], *,
                  fork: bool = False, force: bool = False, data_changed: str | None = None,
-                 progress: str | None = "auto",
+                 restart: str | None = None, progress: str | None = "auto",
                  tensorboard: bool = False, compile_cache: bool | str | os.PathLike[str] = True,
                  async_checkpoint: bool = True,
                  data_cache: str | os.PathLike[str] | None = None,
@@ -131,6 +144,7 @@ class Trainer(Displayable):
                             "config's model (plan.materialize(...)), or None")
         self.config = config
         check_data_changed(data_changed)
+        self._restart_ok = check_restart(restart) == "ok"
         self.run_dir, source, self._config_event = check_run_dir(
             Path(run_dir), config, fork=fork, force=force)
         self.progress, self.tensorboard = progress, tensorboard
@@ -142,6 +156,11 @@ class Trainer(Displayable):
         self.run_dir, data_source, self._data_event = check_data(
             self.run_dir, config, self.parts.data.info, fork=fork, data_changed=data_changed)
         source = source or data_source
+        if source is None:   # fork=True on a run whose trained steps no checkpoint restores
+            self.run_dir, event = fork_to_start_over(self.run_dir, config, fork=fork)
+            self._config_event = event or self._config_event
+        self._restart_event: dict[str, Any] | None = None
+        self.attempt = 1
         if self.parts.data.info.get("note"):   # e.g. documents longer than a row were split
             self._say(f"data: {self.parts.data.info['note']}")
         self.mesh, self.rules = self.parts.mesh, self.parts.rules
@@ -166,6 +185,8 @@ class Trainer(Displayable):
         self._recorded_prediction, self._prediction_event = prediction_record(prediction)
         self._plan = prediction   # the plan whose prediction trainer.profile() compares with
         self.prediction = self._recorded_prediction or self._stored_prediction()
+        # what the checkpoint folder holds before Orbax creates it or clears unfinished saves
+        self._found = missing_checkpoints(self.run_dir / "checkpoints")
         with self._writing():
             self.checkpoints = Checkpoints(self.run_dir / "checkpoints", keep=config.keep,
                                            every=config.checkpoint_every,
@@ -209,6 +230,7 @@ class Trainer(Displayable):
         ckpts = self.checkpoints
         if source is not None and not ckpts.all_steps():
             ckpts = source
+        recorded, self.attempt = recorded_steps(self.run_dir)
         if ckpts.all_steps():
             t0 = time.perf_counter()
             lora = self._lora
@@ -227,28 +249,15 @@ class Trainer(Displayable):
                 raise RuntimeError(f"checkpoint step {restored.step} holds state.step={done}, "
                                    f"expected {want} micro-steps; the checkpoint does not "
                                    "belong to this config")
+            again = (f"; {runs.METRICS} records steps up to {recorded}: steps "
+                     f"{restored.step + 1}-{recorded} are trained again from it (readers keep "
+                     "their first records)") \
+                if recorded > restored.step and ckpts is not source else ""
             self._say(f"restored checkpoint step {restored.step} from {ckpts.directory} "
-                      f"({time.perf_counter() - t0:.1f} s)")
-        elif ckpts.set_aside_steps():
-            names = ", ".join(p.name for p in ckpts.set_aside_steps())
-            raise CheckpointError(
-                f"{ckpts.directory} has no usable checkpoint: step(s) {names} were moved aside "
-                f"to {ckpts.directory / 'corrupt'} as unreadable. Starting from step 0 here "
-                "would mix a new run into this run's history: use a new run_dir, or move a "
-                "repaired step back into the checkpoint directory")
-        elif self._initial_model is not None or self.config.init is not None:
-            self._state = self._state_from_model(self._initial_model)
-            self._rng = self._new_rng()
-            self.step = 0
-            self.parts.data.set_state(self.parts.initial_data_state)
+                      f"({time.perf_counter() - t0:.1f} s){again}")
         else:
-            from workbench._step import init_state
-
-            _, self._state = init_state(self.parts.model_config, self.parts.tx, self.rules,
-                                        self.mesh, seed=self.config.seed)
-            self._rng = self._new_rng()
-            self.step = 0
-            self.parts.data.set_state(self.parts.initial_data_state)
+            self._start_over(ckpts, recorded)
+            self._init_state()
         # A fork starts with the history of its source run, up to the step it starts from.
         history_dir = ckpts.directory.parent if ckpts is source else self.run_dir
         self._inherited = ckpts is source
@@ -257,6 +266,48 @@ class Trainer(Displayable):
         else:
             self.history = []
         self._disk_mark = self._mark()
+
+    def _init_state(self) -> None:
+        """Step 0: the state from ``initial_model`` / ``config.init``, else from the seed."""
+        if self._initial_model is not None or self.config.init is not None:
+            self._state = self._state_from_model(self._initial_model)
+        else:
+            from workbench._step import init_state
+
+            _, self._state = init_state(self.parts.model_config, self.parts.tx, self.rules,
+                                        self.mesh, seed=self.config.seed)
+        self._rng = self._new_rng()
+        self.step = 0
+        self.parts.data.set_state(self.parts.initial_data_state)
+
+    def _start_over(self, ckpts: Checkpoints, recorded: int) -> None:
+        """Before starting from step 0: refuses when the run directory records trained
+        steps (``recorded`` > 0) or steps moved aside as unreadable, unless
+        ``restart="ok"``, which makes this start a new attempt (logged when training)."""
+        aside = ckpts.set_aside_steps()
+        folder = ckpts.directory
+        blocked = os.path.lexists(folder) and not folder.is_dir()   # nothing can be saved
+        missing = self._found or missing_checkpoints(folder)
+        self._found = None   # a later start (after a failure) looks again
+        if not (recorded or aside or blocked):
+            return
+        if blocked:
+            missing += f" (move it aside first, e.g. to {folder.name}.bad)"
+        if aside:
+            names = ", ".join(p.name for p in aside)
+            missing = (f"{folder} has no usable checkpoint: step(s) {names} were moved aside "
+                       f"to {folder / 'corrupt'} as unreadable (or move a repaired step back "
+                       "into the checkpoint directory)")
+        if blocked or not self._restart_ok:
+            raise CheckpointError(start_over_refused(self.run_dir, self.config, recorded,
+                                                     self.attempt, missing))
+        self.attempt += 1
+        self._restart_event = {"kind": "restart", "attempt": self.attempt,
+                               "recorded_step": recorded, "missing": missing,
+                               "accepted": "restart='ok'"}
+        self._say(f"restart='ok': {missing}; starting {self.run_dir} again from step 0 as "
+                  f"attempt {self.attempt} (the {recorded} recorded step(s) of attempt "
+                  f"{self.attempt - 1} stay in {runs.METRICS})")
 
     def _writing(self) -> contextlib.AbstractContextManager[Any]:
         """Holds the run directory's lock while this Trainer writes (re-entrant; process 0
@@ -531,10 +582,10 @@ class Trainer(Displayable):
 
     def _opening_events(self, reporters: Sequence[Sink], writer: runs.RunWriter | None,
                         compiled_now: bool) -> None:
-        """A config change or fork (once; a fork's first run also copies the source's
-        curve into the run directory), the plan's prediction (once), the compile, and the
-        step a run resumes from."""
-        for name in ("_config_event", "_data_event"):
+        """A config change, fork or restart (once; a fork's first run also copies the
+        source's curve into the run directory), the plan's prediction (once), the compile,
+        and the step a run resumes from."""
+        for name in ("_config_event", "_data_event", "_restart_event"):
             if getattr(self, name) is not None:
                 event = dict(getattr(self, name))
                 broadcast(reporters, event.pop("kind"), **event, step=self.step)
@@ -630,7 +681,9 @@ class Trainer(Displayable):
             "compiler_options": dict(p.compile_options),
             "data": p.data.info, "process_count": jax.process_count(),
             "placement": dict(p.placement),
-        } | ({} if self.config.init is None else {"init": self._init_record()}) | (
+        } | ({} if self.attempt == 1 else {"attempt": self.attempt}) | (
+            {} if self._restart_event is None else {"step": 0}) | (
+            {} if self.config.init is None else {"init": self._init_record()}) | (
             {} if self._recorded_prediction is None
              else {"prediction": self._recorded_prediction})
 

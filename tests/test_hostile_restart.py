@@ -1,0 +1,241 @@
+"""A run whose checkpoints are gone never starts over in silence (issue 56, item 4).
+
+Reference: one uninterrupted run of N steps. Each case copies one run directory trained to
+step 4 (real Orbax checkpoints 2 and 4, its ``run.json`` and ``metrics.jsonl``), takes
+away what the case says, and starts a new Trainer on it. While the directory records
+trained steps that no checkpoint restores, the Trainer refuses (``CheckpointError`` naming
+the run directory, the last recorded step, what is missing and the three ways on) and
+nothing in the directory changes; ``restart="ok"`` starts it again as attempt 2, whose
+losses are the reference's, whose ``metrics.jsonl`` lines carry ``"attempt": 2`` and hold
+no step twice, and which ``run.json``'s ``history`` records. Where an earlier checkpoint
+still restores the run, it resumes from there to the reference's losses. A run directory
+written before attempts existed resumes as it did.
+"""
+import json
+import os
+import shutil
+
+import pytest
+
+import workbench as wb
+from workbench import _runs as runs
+from workbench.train._checkpoint import CORRUPT_DIR, CheckpointError
+
+pytestmark = pytest.mark.usefixtures("wb_cache")
+
+N = 6
+CFG = wb.TrainConfig(model="tiny", model_overrides={"n_layers": 1}, mesh={"data": 8},
+                     rules="fsdp", batch=8, seq=32, steps=N, checkpoint_every=2, keep=3,
+                     data="synthetic", optimizer=wb.train.AdamW(lr=1e-2, warmup_steps=2))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(the reference losses of N uninterrupted steps, a run directory at step 4)."""
+    root = tmp_path_factory.mktemp("restart")
+    ref = wb.Trainer(CFG, run_dir=root / "reference", progress=None)
+    ref.run()
+    base = wb.Trainer(CFG, run_dir=root / "base", progress=None)
+    base.run(steps=4)
+    base.close()
+    assert sorted(os.listdir(root / "base" / "checkpoints")) == ["2", "4"]
+    return ref.losses, root / "base"
+
+
+def _lines(run_dir):
+    """metrics.jsonl's step lines, raw (every copy of a re-logged step)."""
+    text = (run_dir / runs.METRICS).read_text().splitlines()
+    return [r for r in map(json.loads, text) if "event" not in r]
+
+
+def _snapshot(run_dir):
+    """Every file under run_dir (path -> bytes), to see that a refusal changed nothing
+    (but for an unfinished Orbax save, which Orbax itself clears when it opens the folder)."""
+    out = {}
+    for folder, _, files in os.walk(run_dir):
+        if ".orbax-checkpoint-tmp" in folder:
+            continue
+        for name in files:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, run_dir)] = f.read()
+    return out
+
+
+def _no_step_twice(run_dir):
+    """No attempt's lines in metrics.jsonl hold a step twice (the raw file)."""
+    seen = {}
+    for rec in _lines(run_dir):
+        key = (rec.get("attempt", 1), rec["step"])
+        assert key not in seen, f"step {key[1]} of attempt {key[0]} is in metrics.jsonl twice"
+        seen[key] = rec
+
+
+def _rm_checkpoints(d):
+    shutil.rmtree(d / "checkpoints")
+
+
+def _rm_every_step(d):
+    for step in ("2", "4"):
+        shutil.rmtree(d / "checkpoints" / step)
+
+
+def _rm_run_json(d):
+    _rm_checkpoints(d)
+    (d / runs.RUN_JSON).unlink()
+
+
+def _rm_metrics(d):
+    _rm_checkpoints(d)
+    (d / runs.METRICS).unlink()
+
+
+def _checkpoints_file(d):
+    _rm_checkpoints(d)
+    (d / "checkpoints").write_text("not a folder\n")
+
+
+def _first_save_killed(d):
+    """What a SIGKILL during the first save leaves: steps 1-2 in metrics.jsonl, no
+    committed checkpoint (Orbax's unfinished step folder, which it cleans up)."""
+    lines = (d / runs.METRICS).read_text().splitlines(keepends=True)
+    keep = [x for x in lines if json.loads(x).get("step", 0) <= 2]
+    (d / runs.METRICS).write_text("".join(keep))
+    meta = json.loads((d / runs.RUN_JSON).read_text())
+    (d / runs.RUN_JSON).write_text(json.dumps({**meta, "step": 2, "status": "running"}))
+    shutil.rmtree(d / "checkpoints" / "4")
+    os.rename(d / "checkpoints" / "2", d / "checkpoints" / "2.orbax-checkpoint-tmp-1765083000")
+
+
+def _all_moved_aside(d):
+    (d / "checkpoints" / CORRUPT_DIR).mkdir()
+    for step in ("2", "4"):
+        os.rename(d / "checkpoints" / step, d / "checkpoints" / CORRUPT_DIR / step)
+
+
+# case -> (what is taken away, the last recorded step, words naming what is missing)
+REFUSED = {
+    "checkpoint_folder_deleted": (_rm_checkpoints, 4, "does not exist"),
+    "every_step_deleted": (_rm_every_step, 4, "is empty"),
+    "run_json_missing": (_rm_run_json, 4, "does not exist"),
+    "metrics_missing": (_rm_metrics, 4, "does not exist"),
+    "checkpoints_is_a_file": (_checkpoints_file, 4, "is a file, not a folder"),
+    "sigkill_during_first_save": (_first_save_killed, 2, "unfinished save 2.orbax"),
+    "all_steps_moved_aside": (_all_moved_aside, 4, "moved aside"),
+}
+
+
+def _copy(trained, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained[1], run_dir, symlinks=True)
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_with_the_fixes_then_restart_ok_is_a_new_attempt(trained, tmp_path, case):
+    reference = trained[0]
+    damage, last, missing = REFUSED[case]
+    run_dir = _copy(trained, tmp_path)
+    damage(run_dir)
+    before = _snapshot(run_dir)
+    with pytest.raises(CheckpointError) as err:
+        wb.Trainer(CFG, run_dir=run_dir, progress=None)
+    msg = str(err.value)
+    for words in (str(run_dir), f"last step {last}", missing, "fork=True", "new run_dir",
+                  "restart='ok'", "Nothing was changed"):
+        assert words in msg, (words, msg)
+    assert _snapshot(run_dir) == before   # nothing changed, nothing deleted
+    if case == "checkpoints_is_a_file":   # nothing can be saved there: refused even so
+        with pytest.raises(CheckpointError, match="move it aside first"):
+            wb.Trainer(CFG, run_dir=run_dir, progress=None, restart="ok")
+        assert _snapshot(run_dir) == before
+        os.rename(run_dir / "checkpoints", run_dir / "checkpoints.bad")
+    tr = wb.Trainer(CFG, run_dir=run_dir, progress=None, restart="ok")
+    assert tr.attempt == 2 and tr.step == 0
+    tr.run()
+    assert tr.losses == reference
+    attempts = runs.read_attempts(run_dir)
+    assert sorted(attempts) == ([2] if case == "metrics_missing" else [1, 2])
+    assert [r["loss"] for r in attempts[2]] == reference
+    assert all(r["attempt"] == 2 for r in attempts[2])
+    assert [r["step"] for r in runs.read_metrics(run_dir)] == list(range(1, N + 1))
+    _no_step_twice(run_dir)
+    meta = runs.read_run(run_dir)
+    assert meta["attempt"] == 2 and meta["step"] == N
+    restart = [h for h in meta["history"] if h["event"] == "restart"]
+    assert len(restart) == 1 and restart[0]["attempt"] == 2
+    assert restart[0]["recorded_step"] == last
+
+
+@pytest.mark.slow
+def test_fork_leaves_the_run_and_starts_a_new_directory(trained, tmp_path):
+    reference = trained[0]
+    run_dir = _copy(trained, tmp_path)
+    _rm_checkpoints(run_dir)
+    before = _snapshot(run_dir)
+    tr = wb.Trainer(CFG, run_dir=run_dir, progress=None, fork=True)
+    assert tr.run_dir == run_dir.with_name(f"run-fork-{CFG.hash()[:6]}")
+    tr.run()
+    assert tr.losses == reference
+    assert _snapshot(run_dir) == before
+    forks = [h for h in runs.read_run(tr.run_dir)["history"] if h["event"] == "fork"]
+    assert forks and forks[0]["source"] == str(run_dir.absolute())
+
+
+@pytest.mark.slow
+def test_same_trainer_after_its_checkpoints_were_deleted(trained, tmp_path):
+    run_dir = _copy(trained, tmp_path)
+    tr = wb.Trainer(CFG, run_dir=run_dir, progress=None)
+    assert tr.step == 4
+    _rm_checkpoints(run_dir)
+    with pytest.raises(CheckpointError, match="last step 4"):
+        tr.run()
+    _no_step_twice(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["resume_as_before", "latest_step_deleted"])
+def test_a_checkpoint_that_restores_resumes(trained, tmp_path, capsys, case):
+    """A run directory of today's format resumes; with its newest step deleted it resumes
+    from the one before and says that steps 3-4 are trained again."""
+    reference = trained[0]
+    run_dir = _copy(trained, tmp_path)
+    if case == "latest_step_deleted":
+        shutil.rmtree(run_dir / "checkpoints" / "4")
+    tr = wb.Trainer(CFG, run_dir=run_dir, progress=None)
+    said = capsys.readouterr().err
+    assert tr.attempt == 1
+    assert tr.step == (2 if case == "latest_step_deleted" else 4)
+    if case == "latest_step_deleted":
+        assert "steps 3-4 are trained again" in said, said
+    tr.run()
+    assert tr.losses == reference
+    assert [r["loss"] for r in runs.read_metrics(run_dir)] == reference
+    assert "attempt" not in runs.read_run(run_dir)
+    assert all("attempt" not in r for r in _lines(run_dir))
+
+
+@pytest.mark.slow
+def test_restarted_twice_counts_attempts(trained, tmp_path):
+    reference = trained[0]
+    run_dir = _copy(trained, tmp_path)
+    _rm_checkpoints(run_dir)
+    wb.Trainer(CFG, run_dir=run_dir, progress=None, restart="ok").run(steps=3)
+    _rm_checkpoints(run_dir)
+    with pytest.raises(CheckpointError, match="last step 3 of attempt 2"):
+        wb.Trainer(CFG, run_dir=run_dir, progress=None)
+    tr = wb.Trainer(CFG, run_dir=run_dir, progress=None, restart="ok")
+    assert tr.attempt == 3
+    tr.run()
+    assert tr.losses == reference
+    attempts = runs.read_attempts(run_dir)
+    assert {k: len(v) for k, v in attempts.items()} == {1: 4, 2: 3, 3: N}
+    _no_step_twice(run_dir)
+
+
+@pytest.mark.parametrize("value", ["yes", True, 1, "OK"])
+def test_restart_takes_only_ok(tmp_path, value):
+    with pytest.raises(ValueError, match="restart="):
+        wb.Trainer(CFG, run_dir=tmp_path / "run", progress=None, restart=value)
+    assert not (tmp_path / "run").exists()
