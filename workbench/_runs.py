@@ -30,6 +30,8 @@ import socket
 import tempfile
 import threading
 import time
+import unicodedata
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from importlib import metadata
@@ -54,6 +56,9 @@ _VERSIONED = ("workbench", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint",
 _SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages", "checkpoints", ".git",
                         ".ipynb_checkpoints"})
 _ROOT_PREFIX = re.compile(r"^(\d+):(.*)$")
+# Unicode categories a run id percent-encodes: controls, format (bidi), surrogates (bytes
+# that are not UTF-8), private and unassigned, line and paragraph separators
+_ID_ESCAPED = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 # A run.json ``prediction`` (the plan's, recorded by Trainer.from_plan): the fields readers use.
 _PREDICTION_NUMBERS = ("step_seconds", "mfu", "tokens_per_s", "compiler_seconds")
 _PREDICTION_TEXT = ("bound", "source", "source_reason", "hardware", "plan_name")
@@ -539,7 +544,9 @@ def _encodable(text: str) -> bool:
 
 # ----------------------------------------------------------------------------- finding
 def run_id(root: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> str:
-    """The run's id under ``root``: its relative POSIX path (``"runs/tiny"``).
+    """The run's id under ``root``: its relative POSIX path (``"runs/tiny"``), with every
+    byte that could not travel or would read ambiguously percent-encoded (see
+    :func:`encode_rel`), so any folder name gives an id that opens again.
 
     Raises:
       TypeError, ValueError: ``root`` or ``run_dir`` is no path, or ``run_dir`` is not
@@ -552,7 +559,38 @@ def run_id(root: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> str
     except ValueError:
         raise ValueError(f"run_id: run_dir={str(run_dir)!r} is not inside root="
                          f"{str(root)!r}; give the root the run lies under") from None
-    return rel.as_posix()
+    return encode_rel(rel.as_posix())
+
+
+def encode_rel(rel: str) -> str:
+    """A relative POSIX path as a run id: its bytes kept as text where they are printable
+    UTF-8, percent-encoded (``%3A``) for ``%``, ``:``, ``\\``, control and format characters
+    and bytes that are not UTF-8 (byte 0xFF reads ``%FF``). :func:`decode_rel` reverses it;
+    ``:`` is encoded so that ``"k:path"`` always names root ``k``."""
+    out = []
+    for ch in os.fsencode(rel).decode("utf-8", "surrogateescape"):
+        o = ord(ch)
+        if (0x20 <= o < 0x7F and ch not in "%:\\") or (
+                o >= 0x80 and unicodedata.category(ch) not in _ID_ESCAPED):
+            out.append(ch)
+        else:
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogateescape")))
+    return "".join(out)
+
+
+def decode_rel(rid: str) -> str:
+    """The relative path (``os.fsdecode`` text) of a run id's path part; ``ValueError``
+    unless ``rid`` is exactly what :func:`encode_rel` writes for that path."""
+    try:
+        rel = os.fsdecode(urllib.parse.unquote_to_bytes(rid))
+        ok = encode_rel(rel) == rid
+    except (UnicodeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"bad run id rid={rid!r}: it is not the id the server lists (ids "
+                         "percent-encode '%', ':', '\\', control characters and bytes that "
+                         "are not UTF-8, e.g. 'a%3Ab' for a folder named 'a:b')")
+    return rel
 
 
 def find_run_dirs(root: str | os.PathLike[str], max_depth: int = 4,
@@ -637,7 +675,8 @@ def resolve_run(roots: Sequence[str | os.PathLike[str]], rid: str,
 
     Raises:
       TypeError: ``roots`` is not a list of paths, or ``rid`` not a string.
-      ValueError: the id is malformed (absolute, ``..``, backslash, NUL, unknown root).
+      ValueError: the id is malformed (absolute, ``..``, not as :func:`run_id` encodes
+        it, NUL, unknown root).
       FileNotFoundError: no run directory with that id inside the root (or a hidden one).
     """
     roots = _roots_arg(roots, "resolve_run")
@@ -649,8 +688,9 @@ def resolve_run(roots: Sequence[str | os.PathLike[str]], rid: str,
     if not roots or k >= len(roots):
         raise ValueError(f"run id rid={rid!r} names root {k}, but there are {len(roots)} run "
                          "roots")
+    rel = decode_rel(rel)
     parts = rel.split("/")
-    if (not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or ":" in parts[0]
+    if (not rel or rel.startswith("/") or "\x00" in rel
             or any(p in ("", ".", "..") for p in parts) or not _encodable(rel)):
         raise ValueError(f"bad run id rid={rid!r}: use a relative path inside the run root "
                          "without '..', '.', empty parts, backslashes or lone surrogates")

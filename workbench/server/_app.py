@@ -35,6 +35,10 @@ class WorkbenchExtension(ExtensionApp):
                                          "for run.json.")
     poll_interval = Float(0.25, config=True, help="Seconds between polls of the run files "
                                                   "while a websocket listens.")
+    poll_share = Float(0.02, config=True, help="Fraction of one core a poll may spend "
+                                               "looking for changes in runs nobody has open "
+                                               "(with 10,000 runs each is looked at every "
+                                               "few seconds).")
     scan_interval = Float(2.0, config=True, help="Seconds between directory scans for new runs.")
     read_workers = Int(8, config=True, help="File reads (polls, metrics, profiles) that run at "
                                             "once; more wait for a free one.")
@@ -62,7 +66,8 @@ class WorkbenchExtension(ExtensionApp):
         index = RunIndex(self.roots(), max_depth=self.max_depth, scan_interval=self.scan_interval,
                          allow_hidden=self.allow_hidden())
         self.hub = Hub(index, self.poll_interval,
-                       reads=Reads(workers=self.read_workers, timeout=self.read_timeout))
+                       reads=Reads(workers=self.read_workers, timeout=self.read_timeout),
+                       poll_share=self.poll_share)
         self.log.info("Workbench runs from %s%s", ", ".join(map(str, index.roots)),
                       " (hidden directories included)" if index.allow_hidden else "")
 

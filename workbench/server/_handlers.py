@@ -14,6 +14,8 @@ the other requests their workers.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jupyter_core.utils import ensure_async
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 AUTH_RESOURCE = "contents"
 MAX_LIMIT = 200_000  # metrics records in one response
+PAGE, MAX_PAGE = 100, 1000  # runs in one page of the runs list: by default, at most
 EVERY_STEP = -(2**53)  # ``since`` when none is given: below every valid step
 
 
@@ -99,8 +102,10 @@ class _Base(JupyterHandler):
     async def lookup(self, rid: str) -> RunWatch:
         """The run's watch, up to date; 400 for malformed ids, 404 for unknown runs.
 
-        The refresh goes through the hub, which pushes what it read to the run's
-        websockets: a refresh of its own would consume appended lines unseen by them.
+        Only this run is read again. The refresh goes through the hub, which pushes what
+        it read to the run's websockets: a refresh of its own would consume appended
+        lines unseen by them. When the file system stalls, it answers from what the last
+        read found.
         """
         try:
             watch = self.hub.index.watch(rid)
@@ -108,7 +113,10 @@ class _Base(JupyterHandler):
             raise web.HTTPError(400, str(e)) from None
         except FileNotFoundError as e:
             raise web.HTTPError(404, str(e)) from None
-        await self.hub.poll_now(max_age=0.0)
+        try:
+            await self.hub.poll_run(watch)
+        except ReadsBusy as e:
+            self.log.warning("workbench: %s", e)
         return watch
 
     async def bounded_read(self, what: str, fn: Any, *args: Any) -> Any:
@@ -121,14 +129,38 @@ class _Base(JupyterHandler):
 
 
 class RunsHandler(_Base, APIHandler):
-    """``GET /workbench/api/runs``: a summary of every run under the run roots."""
+    """``GET /workbench/api/runs?limit=<n>&cursor=<next>``: one page of run summaries.
+
+    ``{"roots", "runs", "total", "next", "truncated"}``: at most ``limit`` runs (default
+    100, at most 1000), newest created first; ``total`` runs are listed in all; ``next``
+    is the cursor of the following page (null on the last); ``truncated``: the search
+    stopped at its folder limit, so some runs under the roots are not listed.
+    """
 
     @web.authenticated
     @authorized("read")
     async def get(self) -> None:
-        await self.hub.poll_now()
-        self.finish(dumps({"roots": [str(r) for r in self.hub.index.roots],
-                           "runs": self.hub.index.summaries()}))
+        limit = _int_arg(self, "limit", PAGE, lo=1, hi=MAX_PAGE)
+        self.finish(dumps(await runs_page(self, limit, self.get_query_argument("cursor", None))))
+
+
+async def runs_page(handler: _Base, limit: int, cursor: str | None) -> dict[str, Any]:
+    """A page of the runs list with the roots; 400 for a bad cursor. When the file system
+    stalls, the page of what earlier reads found."""
+    try:
+        try:
+            page = await handler.hub.page(limit, cursor or None)
+        except ReadsBusy as e:
+            handler.log.warning("workbench: %s", e)
+            page = handler.hub.index.page(limit, cursor or None, read=False)[0]
+    except ValueError as e:
+        raise web.HTTPError(400, str(e)) from None
+    return {"roots": [_display(r) for r in handler.hub.index.roots], **page}
+
+
+def _display(path: Path) -> str:
+    """A root as text to show (bytes that are not UTF-8 as U+FFFD)."""
+    return os.fsencode(path).decode("utf-8", "replace")
 
 
 class RunHandler(_Base, APIHandler):
@@ -260,21 +292,25 @@ class RunStreamHandler(_Socket):
 
 
 class ListStreamHandler(_Socket):
-    """``WS /workbench/api/stream``: ``{"type": "runs", "runs": [...]}`` on connect, then
-    ``{"type": "update", "runs": [changed summaries]}`` and ``{"type": "removed", "ids": [...]}``.
+    """``WS /workbench/api/stream?limit=<n>``: ``{"type": "runs", "runs": [...], "total",
+    "next"}`` on connect (the first page of ``GET /runs``; fetch the others there with
+    ``cursor=next``), then ``{"type": "update", "runs": [changed summaries]}`` (any run,
+    paged or not) and ``{"type": "removed", "ids": [...]}``.
     """
+
+    limit: int = PAGE
 
     @ws_authenticated
     async def get(self) -> None:
         await self.pre_get()
+        self.limit = _int_arg(self, "limit", PAGE, lo=1, hi=MAX_PAGE)
         res = super().get()
         if res is not None:
             await res
 
     async def open(self) -> None:  # type: ignore[override]
         super().open()
-        await self.hub.poll_now()
-        self.send({"type": "runs", "runs": self.hub.index.summaries()})
+        self.send({"type": "runs", **await runs_page(self, self.limit, None)})
         self.hub.subscribe_list(self)
 
 

@@ -6,16 +6,20 @@ metrics file never blocks the server's event loop.
 """
 from __future__ import annotations
 
+import base64
+import bisect
+import json
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench import _runs as runs
 from workbench.server import _profiles as profiles
+from workbench.server._scan import RunScan
 
 SPARK_POINTS = 64  # a sparkline keeps between 64 and 128 evenly strided points
 SUMMARY_KEYS = ("loss", "mfu", "hfu", "tokens_per_s", "step_time", "grad_norm", "lr")
@@ -39,6 +43,7 @@ class RunWatch:
         self.meta_problems: list[str] = []  # fields of run.json that were ignored
         self.internal_error: str | None = None
         self.gone = False  # run.json was missing at the last refresh
+        self.seen = False  # run.json was looked at (refresh or refresh_meta)
         self.events: list[dict[str, Any]] = []
         self._meta_stamp: tuple[int, int, int] | None = None
         self._status = ""
@@ -46,6 +51,7 @@ class RunWatch:
         self._spark_steps: list[int] = []
         self._spark_loss: list[float | None] = []
         self._stride = 1
+        self._disk: tuple[tuple[int, int, int] | None, ...] | None = None  # at last refresh
         self._profiles: tuple[tuple[str, int, int], ...] = ()
         self.profiles: list[dict[str, Any]] = []  # profiles/<step>/report.json: name, step
         self._lock = threading.Lock()
@@ -74,9 +80,37 @@ class RunWatch:
                 self._problem = self.problem
                 return [], changed, False
 
-    def _refresh(self) -> tuple[list[dict[str, Any]], bool, bool]:
+    def refresh_meta(self) -> None:
+        """Reads ``run.json`` only (what the runs list sorts by); the next :meth:`refresh`
+        reads the rest."""
+        with self._lock:
+            try:
+                self._read_meta()
+            except Exception as e:  # noqa: BLE001 - as in refresh
+                self.internal_error = f"could not be read: {type(e).__name__}: {e}"[:500]
+
+    def stale(self) -> bool:
+        """Whether :meth:`refresh` may find something: never refreshed, ``run.json`` or the
+        metrics file changed on disk since (two stats), a live run (its writer may die),
+        or the last refresh failed."""
+        return (self._disk is None or self._disk != self._disk_stamp()
+                or self._status == "running" or self.internal_error is not None)
+
+    def _disk_stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
+        out = []
+        for p in (self.path / runs.RUN_JSON, self.tail.path):
+            try:
+                st = os.stat(p)
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def _read_meta(self) -> bool:
+        """Reads ``run.json`` if it changed; whether it (or the error reading it) changed."""
         changed = False
         self.gone = False
+        self.seen = True
         try:
             st = os.stat(self.path / runs.RUN_JSON)
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -94,6 +128,11 @@ class RunWatch:
             self.gone = True  # a scan removes the run
         except OSError as e:
             changed, self.meta_error = self.meta_error != str(e), str(e)
+        return changed
+
+    def _refresh(self) -> tuple[list[dict[str, Any]], bool, bool]:
+        disk = self._disk_stamp()
+        changed = self._read_meta()
         if self.meta_error is not None:
             status = "error"
         else:
@@ -113,6 +152,7 @@ class RunWatch:
         for rec in records:
             self._add_spark(rec)
         self.internal_error = None
+        self._disk = disk
         problem = self.problem
         changed = changed or problem != self._problem
         self._problem = problem
@@ -138,7 +178,7 @@ class RunWatch:
         ``GET .../profiles`` serves)."""
         with self._lock:
             return {**self.meta, "uid": self.meta.get("id"), "id": self.id,
-                    "name": self.meta.get("name") or self.path.name,
+                    "name": self.meta.get("name") or _display(self.path.name),
                     "status": self._status or "running", "events": list(self.events),
                     "problem": self._problem, "profiles": list(self.profiles)}
 
@@ -149,7 +189,7 @@ class RunWatch:
             meta = self.meta
             out: dict[str, Any] = {
                 "id": self.id, "uid": meta.get("id"),
-                "name": meta.get("name") or self.path.name,
+                "name": meta.get("name") or _display(self.path.name),
                 "status": self._status or "running",
                 "step": max(meta.get("step") or 0, last.get("step") or 0),
                 "target_steps": meta.get("target_steps"), "created": meta.get("created"),
@@ -172,6 +212,11 @@ def _number(v: Any) -> float | int | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return v if runs._as_float(v) is not None else None
+
+
+def _display(name: str) -> str:
+    """A folder name as text to show: bytes that are not UTF-8 become U+FFFD."""
+    return os.fsencode(name).decode("utf-8", "replace")
 
 
 def _text(v: Any) -> str | None:
@@ -202,10 +247,14 @@ class RunIndex:
     """The runs under a list of roots, found by a bounded-depth scan and polled.
 
     Each real directory has one watch, however many ids (symlinked aliases, overlapping
-    roots) lead to it: the first id found keeps it.
+    roots) lead to it: the first id found keeps it. Scans are incremental
+    (:class:`~workbench.server._scan.RunScan`); a budgeted :meth:`poll` looks at the runs in
+    turn and reads only those that changed on disk, so its cost per call is bounded
+    however many runs there are.
 
     Args:
-      roots: run roots; ids under ``roots[0]`` are relative paths, ``"k:path"`` otherwise.
+      roots: run roots; ids under ``roots[0]`` are relative paths, ``"k:path"`` otherwise
+        (both as :func:`workbench._runs.run_id` encodes them).
       max_depth: how deep below each root to look for ``run.json``.
       scan_interval: seconds between directory scans for new or removed runs.
       allow_hidden: list and serve runs under hidden directories (Jupyter's
@@ -220,6 +269,9 @@ class RunIndex:
         self.allow_hidden = allow_hidden
         self.watches: dict[str, RunWatch] = {}
         self._by_real: dict[Path, RunWatch] = {}
+        self._scans = [RunScan(r, max_depth, allow_hidden) for r in self.roots]
+        self._order: list[RunWatch] = []   # the watches, in the order polls visit them
+        self._turn = 0                     # where the next budgeted poll starts in _order
         self._next_scan = -float("inf")
         self._lock = threading.RLock()
 
@@ -236,23 +288,23 @@ class RunIndex:
             if old is not None:  # the id leads elsewhere now
                 self._by_real.pop(old.path, None)
             w = self.watches[rid] = self._by_real[path] = RunWatch(rid, path)
+            self._order = list(self.watches.values())
         return w
 
     def scan(self) -> tuple[list[str], list[str]]:
-        """Re-walks the roots: ``(added ids, removed ids)``.
-
-        The next scan is due after ``scan_interval`` or ten times this scan's duration,
-        whichever is longer, so a huge root costs at most ~10% of one core.
-        """
+        """Re-walks the roots (only folders that changed are listed again): ``(added ids,
+        removed ids)``. The next scan is due after ``scan_interval`` or twenty times this
+        scan's duration, whichever is longer, so scans cost at most ~5% of one core."""
         t0 = time.monotonic()
         found: dict[Path, str] = {}
-        for k, root in enumerate(self.roots):
-            for d in runs.find_run_dirs(root, self.max_depth, hidden=self.allow_hidden):
-                rid = runs.run_id(root, d)
-                found.setdefault(Path(os.path.realpath(d)), rid if k == 0 else f"{k}:{rid}")
+        for k, (root, scan) in enumerate(zip(self.roots, self._scans)):
+            real_root = Path(os.path.realpath(root))
+            for rel in scan.scan():   # folders entered are no symlinks: real = real root/rel
+                rid = runs.encode_rel(rel) if rel else "."
+                found.setdefault(real_root / rel, rid if k == 0 else f"{k}:{rid}")
         with self._lock:
             now = time.monotonic()
-            self._next_scan = now + max(self.scan_interval, 10 * (now - t0))
+            self._next_scan = now + max(self.scan_interval, 20 * (now - t0))
             added = [rid for real, rid in found.items() if real not in self._by_real]
             removed = [rid for rid, w in self.watches.items()
                        if w.path not in found and not os.path.lexists(w.path / runs.RUN_JSON)]
@@ -266,28 +318,140 @@ class RunIndex:
                 w = self.watches.pop(rid)
                 if self._by_real.get(w.path) is w:
                     del self._by_real[w.path]
+            if added or removed:
+                self._order = list(self.watches.values())
         return added, removed
 
-    def poll(self, force_scan: bool = False) -> tuple[list[Change], list[str]]:
-        """Scans when due, then refreshes every run: ``(changes, removed ids)``."""
+    @property
+    def truncated(self) -> bool:
+        """Whether the last scan stopped at its folder limit (some runs are not listed)."""
+        return any(s.truncated for s in self._scans)
+
+    def poll(self, force_scan: bool = False, *, budget: float | None = None,
+             first: Collection[str] = ()) -> tuple[list[Change], list[str]]:
+        """Scans when due, then refreshes runs: ``(changes, removed ids)``.
+
+        Without ``budget``, every run. With one, the runs ``first`` (those someone watches)
+        and then, for at most ``budget`` seconds, the others in turn, each read only if it
+        changed on disk (:meth:`RunWatch.stale`); the next poll goes on where this one
+        stopped.
+        """
         removed: list[str] = []
         scanned = force_scan or time.monotonic() >= self._next_scan
         if scanned:
             _, removed = self.scan()
+        t0 = time.monotonic()
         with self._lock:
-            watches = list(self.watches.values())
-        changes = []
-        for w in watches:
-            records, meta_changed, reset = w.refresh()
-            if records or meta_changed or reset:
-                changes.append(Change(w, records, meta_changed, reset))
-        if not scanned and any(w.gone for w in watches):  # a run vanished: say so now
-            _, removed = self.scan()
+            order = self._order
+        changes: list[Change] = []
+        if budget is None:
+            visited = list(order)
+        else:
+            visited = [w for w in (self.watches.get(rid) for rid in first) if w is not None]
+            visited += self._turns(order, t0 + budget, set(first))
+        for w in visited:
+            self._refresh(w, changes)
+        if any(w.gone for w in visited):  # a run vanished: say so now
+            for w in visited:
+                if w.gone:
+                    self._forget(w)
+            _, more = self.scan()
+            removed += more
             changes = [c for c in changes if c.watch.id not in removed]
         return changes, removed
+
+    def _turns(self, order: list[RunWatch], deadline: float, skip: set[str]) -> list[RunWatch]:
+        """The stale runs of ``order`` from this turn on, looked at until ``deadline``."""
+        out = []
+        n = len(order)
+        i = 0
+        while i < n and time.monotonic() < deadline:
+            w = order[(self._turn + i) % n]
+            i += 1
+            if w.id not in skip and w.stale():
+                out.append(w)
+        self._turn = (self._turn + i) % n if n else 0
+        return out
+
+    def poll_run(self, watch: RunWatch) -> tuple[list[Change], list[str]]:
+        """Refreshes one run only (a request for it): ``(changes, removed ids)``."""
+        changes: list[Change] = []
+        self._refresh(watch, changes)
+        return changes, []
+
+    def _refresh(self, w: RunWatch, changes: list[Change]) -> None:
+        records, meta_changed, reset = w.refresh()
+        if records or meta_changed or reset:
+            changes.append(Change(w, records, meta_changed, reset))
+
+    def _forget(self, w: RunWatch) -> None:
+        """The next scan lists the folder of a run whose run.json went."""
+        for root, scan in zip(self.roots, self._scans):
+            try:
+                rel = w.path.relative_to(os.path.realpath(root))
+            except ValueError:
+                continue
+            scan.forget("" if rel == Path(".") else rel.as_posix())
+
+    def page(self, limit: int, cursor: str | None = None, *, read: bool = True
+             ) -> tuple[dict[str, Any], list[Change], list[str]]:
+        """One page of the runs list, newest created first (ties by id): ``({"runs",
+        "total", "next"}, changes, removed ids)``. ``next`` is the cursor of the page after
+        (None after the last); a run created after the first page comes before the cursor
+        and is not repeated, the list stream sends it instead.
+
+        Reads every run's ``run.json`` once (what the order needs) and refreshes the runs of
+        the page that changed on disk; ``changes`` are what that refresh found. With
+        ``read=False`` it reads nothing: the page of what earlier reads found.
+        """
+        after = decode_cursor(cursor) if cursor else None
+        removed: list[str] = []
+        if read and time.monotonic() >= self._next_scan:
+            _, removed = self.scan()
+        with self._lock:
+            order = self._order
+        for w in order if read else ():
+            if not w.seen:
+                w.refresh_meta()
+        listed = sorted((w for w in order if w.listed), key=_page_key)
+        start = 0 if after is None else bisect.bisect_right([_page_key(w) for w in listed],
+                                                            after)
+        chunk = listed[start:start + limit]
+        changes: list[Change] = []
+        for w in chunk if read else ():
+            if w.stale():
+                self._refresh(w, changes)
+        more = start + limit < len(listed)
+        return ({"runs": [w.summary() for w in chunk], "total": len(listed),
+                 "next": encode_cursor(_page_key(chunk[-1])) if more and chunk else None,
+                 "truncated": self.truncated}, changes, removed)
 
     def summaries(self) -> list[dict[str, Any]]:
         """Summaries of every run found, most recently updated first."""
         with self._lock:
             watches = [w for w in self.watches.values() if w.listed]
         return sorted((w.summary() for w in watches), key=lambda s: -s["updated"])
+
+
+def _page_key(w: RunWatch) -> tuple[float, str]:
+    """The runs list's order: newest ``created`` first (never changes), then id."""
+    created = _number(w.meta.get("created")) if w.meta else None
+    return (-float(created or 0.0), w.id)
+
+
+def encode_cursor(key: tuple[float, str]) -> str:
+    """A page cursor: the last run's sort key, as URL-safe base64 of JSON."""
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """The sort key in ``cursor``; ``ValueError`` naming it when it is not one of ours."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        neg_created, rid = json.loads(raw)
+        if isinstance(neg_created, (int, float)) and isinstance(rid, str):
+            return (float(neg_created), rid)
+    except (ValueError, TypeError, UnicodeError):
+        pass
+    raise ValueError(f"cursor={cursor[:60]!r} is not a runs-list cursor; pass the 'next' of "
+                     "the previous page, or no cursor for the first page")
