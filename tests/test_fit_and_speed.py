@@ -180,7 +180,8 @@ ENTRY %main (a: f32[]) -> f32[] {
 @pytest.mark.tpu
 @needs_tpu
 @pytest.mark.parametrize("topology,kind", [("v5e:2x2", "TPU v5e"), ("v5p:2x2x1", "TPU v5p"),
-                                           ("v6e:2x2", "TPU v6e"), ("v4:2x2x1", "TPU v4")])
+                                           ("v6e:2x2", "TPU v6e"), ("v4:2x2x1", "TPU v4"),
+                                           ("tpu7x:2x2x1", "TPU7x")])
 def test_a_matmuls_estimated_cycles_at_the_clock_stay_within_its_flops_at_peak(topology,
                                                                                 kind):
     """The clock in the hardware table turns the compiler's cycles into seconds: for one

@@ -22,13 +22,17 @@ class HardwareSpec:
 
     Attributes:
       name: short name ("TPU v5p", "H100 SXM").
-      peak_flops: dense bf16 FLOP/s per JAX device (a TPU v2/v3 device is one core).
+      peak_flops: dense bf16 FLOP/s per JAX device (a TPU v2/v3/TPU7x device is one core).
+      fp8_flops: dense fp8 FLOP/s per JAX device where the chip multiplies fp8 natively
+        (TPU7x, H100/H200, B200); equal to ``peak_flops`` where fp8 is accepted but runs at
+        the bf16 rate (v5p and v6e: Google's TPU7x table gives both generations the same
+        figure for both); None where fp8 matmuls are not supported (A100, v2-v5e).
       memory_bytes: HBM per JAX device.
       source: where the numbers come from.
       platform: "tpu" or "gpu".
-      cores_per_chip: JAX devices per chip (2 on TPU v2/v3, else 1).
+      cores_per_chip: JAX devices per chip (2 on TPU v2/v3 and TPU7x, else 1).
       chips_per_host: chips attached to one host in the usual VM/server shape.
-      topology_dims: 2 (v2/v3/v5e/v6e tori) or 3 (v4/v5p).
+      topology_dims: 2 (v2/v3/v5e/v6e tori) or 3 (v4/v5p/TPU7x).
       hbm_bandwidth: HBM bytes/s per JAX device.
       ici_link_bandwidth: TPU inter-chip link bytes/s, one direction, per link; a chip
         has two links (+ and -) along each torus dimension.
@@ -71,6 +75,7 @@ class HardwareSpec:
     nvlink_bandwidth: float | None = None
     network_bandwidth: float | None = None
     host_bandwidth: float | None = None
+    fp8_flops: float | None = None
     collective_latency: float | None = None
     ici_latency: float | None = None
     dcn_latency: float | None = None
@@ -118,6 +123,7 @@ _BOOK = "How to Scale Your Model (jax-ml scaling book), part 2 'How to think abo
 #: 16 and 32 GB/s each way).
 _PCIE_TPU = (1.5e10, f"{_BOOK}: PCIe 'typically around 1.5e10 bytes / second per chip' "
              "(read as each direction; no per-generation figure published)")
+_TPU7X_DOC = "Google Cloud TPU docs, 'TPU7x (Ironwood)' system architecture table"
 _PCIE_V6E = (3.2e10, f"{_BOOK}: 'Trillium (TPU v6e) has 32GB/s' of PCIe per chip (read as "
              f"each direction); {_TPU_DOC} (v6e): 'connects to the host through a PCIe "
              "Gen5 interface'")
@@ -131,6 +137,16 @@ def _clock(peak: float, cores: int, mxus: int, side: int) -> tuple[float, str]:
                 f"{side}x{side} x 2 FLOPs per cycle) = {hz / 1e9:.3g} GHz ({_BOOK}: MXU "
                 "counts and sizes); a matmul's estimated cycles at this clock stay within "
                 "its FLOPs at peak (tests/test_fit_and_speed.py)")
+
+
+def _clock_tpu7x() -> tuple[float, str]:
+    """TPU7x's TensorCore clock: Google publishes neither it nor the MXU count, so 4 MXUs of
+    256x256 per TensorCore (v6e's) are assumed; the TPU compiler's own cycle estimate agrees."""
+    hz, why = _clock(2307e12, 2, 4, 256)
+    return hz, (f"{why}. Assumed: 4 MXUs of 256x256 per TensorCore (v6e's; Google publishes "
+                "no TPU7x MXU count): libtpu 0.0.42's cycle estimate for one 8192^3 bf16 "
+                "matmul on one tpu7x device is 422k FLOPs per cycle, above the 262k that 2 "
+                "such MXUs could do and 80% of 4 MXUs' 524k (v6e: 70%, v5p: 90% of theirs)")
 
 
 #: Per-message latencies (the collective model's alpha), by platform. NCCL's own cost
@@ -266,7 +282,9 @@ GENERATIONS: tuple[Generation, ...] = (
                                       "tori"),
                        "dcn_bandwidth": (50 * _GBPS, f"{_TPU_DOC}: 200 Gbit/s per "
                                          "ct5p-hightpu-4t VM, 50 Gbit/s per chip"),
-                       "host_bandwidth": _PCIE_TPU})),
+                       "host_bandwidth": _PCIE_TPU,
+                       "fp8_flops": (459e12, f"{_TPU7X_DOC}: v5p 459 TFLOP/s fp8 per chip, the "
+                                     "bf16 figure (fp8 runs at the bf16 rate)")})),
     Generation(
         name="v5e", pattern=r"v5 ?lite|v5e", device_kind="TPU v5 lite", libtpu="v5e",
         slices=_slices("v5e", _PLANES), single_host_chips=8,
@@ -293,7 +311,34 @@ GENERATIONS: tuple[Generation, ...] = (
                        "torus_wrap": ("16", f"{_TPU_DOC}: the 16x16 pod is a 2D torus"),
                        "dcn_bandwidth": (100 * _GBPS, f"{_TPU_DOC}: 100 Gbit/s DCN per v6e "
                                          "chip"),
-                       "host_bandwidth": _PCIE_V6E})),
+                       "host_bandwidth": _PCIE_V6E,
+                       "fp8_flops": (918e12, f"{_TPU7X_DOC}: v6e 918 TFLOP/s fp8 per chip, the "
+                                     "bf16 figure (fp8 runs at the bf16 rate)")})),
+    Generation(
+        name="tpu7x", pattern=r"tpu ?7x|ironwood|v7x", device_kind="TPU7x", libtpu="tpu7x",
+        slices=_slices("tpu7x", _CUBES),
+        spec=_spec(name="TPU7x (Ironwood)", peak_flops=2307e12 / 2, memory_bytes=192 * GIB // 2,
+                   source=f"{_TPU7X_DOC}: 2307 TFLOP/s bf16 and 192 GiB HBM per chip, 2 "
+                   "TensorCores per chip (each a JAX device: libtpu's tpu7x topologies list 2 "
+                   "devices per chip)", platform="tpu", cores_per_chip=2, topology_dims=3,
+                   links={
+                       "fp8_flops": (4614e12 / 2, f"{_TPU7X_DOC}: 4614 TFLOP/s fp8 per chip, 2 "
+                                     "TensorCores"),
+                       "clock_hz": _clock_tpu7x(),
+                       "hbm_bandwidth": (7380e9 / 2, f"{_TPU7X_DOC}: 7380 GB/s HBM per chip, 2 "
+                                         "TensorCores"),
+                       "ici_link_bandwidth": (1e11, f"derived: {_TPU7X_DOC}: 1200 GB/s "
+                                              "bidirectional ICI per chip, over the 6 links of a "
+                                              "3D torus (x, y, z, each + and -), 2 directions: "
+                                              "1e11 B/s one way per link (v5p's 1200 GB/s gives "
+                                              "the scaling book's 9e10 the same way)"),
+                       "torus_wrap": ("cube", f"{_TPU7X_DOC}: 'shares many similarities with TPU "
+                                      "v5p' (4x4x4 cubes joined by optical switches); assumed: "
+                                      "slices of whole cubes are tori, as on v5p"),
+                       "dcn_bandwidth": (100 * _GBPS, f"{_TPU7X_DOC}: 100 Gbit/s DCN per chip"),
+                       "host_bandwidth": (_PCIE_V6E[0], "estimate: as v6e (PCIe Gen5, 32 GB/s "
+                                          "each way per chip); Google publishes no TPU7x host "
+                                          "link figure")})),
     Generation(
         name="A100", pattern=r"a100.*80", device_kind="NVIDIA A100-SXM4-80GB", servers=(1, 2, 4),
         spec=_spec(name="A100 80GB", peak_flops=312e12, memory_bytes=80 * _GB,
@@ -319,7 +364,9 @@ GENERATIONS: tuple[Generation, ...] = (
                        "hbm_bandwidth": (3.9e12, "NVIDIA H100 datasheet: 3.9 TB/s (NVL)"),
                        "nvlink_bandwidth": (300e9, "NVIDIA H100 datasheet: NVLink 600 GB/s "
                                             "(both directions), so 300 GB/s one way"),
-                       "host_bandwidth": _PCIE5_H100})),
+                       "host_bandwidth": _PCIE5_H100,
+                       "fp8_flops": (1670e12, "NVIDIA H100 datasheet: 3341 TFLOP/s fp8 with "
+                                     "sparsity (NVL), so 1670 dense")})),
     Generation(
         name="H100 PCIe", pattern=r"h100.*pcie", device_kind="NVIDIA H100 PCIe",
         spec=_spec(name="H100 PCIe", peak_flops=756e12, memory_bytes=80 * _GB,
@@ -328,7 +375,9 @@ GENERATIONS: tuple[Generation, ...] = (
                        "hbm_bandwidth": (2.0e12, "NVIDIA H100 datasheet: 2 TB/s (PCIe)"),
                        "nvlink_bandwidth": (300e9, "NVIDIA H100 datasheet: NVLink bridge 600 "
                                             "GB/s (both directions), so 300 GB/s one way"),
-                       "host_bandwidth": _PCIE5_H100})),
+                       "host_bandwidth": _PCIE5_H100,
+                       "fp8_flops": (1513e12, "NVIDIA H100 datasheet: 3026 TFLOP/s fp8 with "
+                                     "sparsity (PCIe), so 1513 dense")})),
     Generation(
         name="H100", pattern=r"h100", device_kind="NVIDIA H100 80GB HBM3", servers=(1, 2, 4),
         spec=_spec(name="H100 SXM", peak_flops=989e12, memory_bytes=80 * _GB,
@@ -339,7 +388,9 @@ GENERATIONS: tuple[Generation, ...] = (
                                             "(both directions), so 450 GB/s one way"),
                        "network_bandwidth": (400 * _GBPS, "NVIDIA DGX H100 datasheet: one 400 "
                                              "Gbit/s NDR InfiniBand port per GPU"),
-                       "host_bandwidth": _PCIE5_H100})),
+                       "host_bandwidth": _PCIE5_H100,
+                       "fp8_flops": (1979e12, "NVIDIA H100 datasheet: 3958 TFLOP/s fp8 with "
+                                     "sparsity (SXM), so 1979 dense")})),
     Generation(
         name="H200", pattern=r"h200", device_kind="NVIDIA H200", servers=(1, 2, 4),
         spec=_spec(name="H200", peak_flops=989e12, memory_bytes=141 * _GB,
@@ -351,7 +402,9 @@ GENERATIONS: tuple[Generation, ...] = (
                        "network_bandwidth": (400 * _GBPS, "NVIDIA DGX H200 datasheet: one 400 "
                                              "Gbit/s InfiniBand port per GPU"),
                        "host_bandwidth": (64e9, "NVIDIA H200 datasheet: PCIe Gen5 128 GB/s "
-                                          "(both directions), so 64 GB/s one way")})),
+                                          "(both directions), so 64 GB/s one way"),
+                       "fp8_flops": (1979e12, "NVIDIA H200 datasheet: 3958 TFLOP/s fp8 with "
+                                     "sparsity, so 1979 dense")})),
     Generation(
         name="B200", pattern=r"b200", device_kind="NVIDIA B200", servers=(1, 2, 4),
         spec=_spec(name="B200", peak_flops=2250e12, memory_bytes=180 * _GB,
@@ -364,7 +417,10 @@ GENERATIONS: tuple[Generation, ...] = (
                                             "TB/s per GPU (both directions), so 900 GB/s one "
                                             "way"),
                        "network_bandwidth": (400 * _GBPS, "NVIDIA DGX B200 datasheet: one 400 "
-                                             "Gbit/s ConnectX-7 port per GPU")})),
+                                             "Gbit/s ConnectX-7 port per GPU"),
+                       "fp8_flops": (4.5e15, "NVIDIA DGX B200 datasheet: 72 PFLOP/s fp8 "
+                                     "training per 8 GPUs (with sparsity), so 4.5 PFLOP/s "
+                                     "dense per GPU")})),
 )
 
 

@@ -35,9 +35,11 @@ def mesh_payload(mesh: Any) -> dict[str, Any]:
     coordinate ``np.unravel_index(i, axis_sizes)``.
     """
     info = mesh_info(mesh)
-    coords = None
+    coords = chips = cores = None
     if info.coords is not None:
-        coords = np.asarray(info.coords).reshape(info.size, -1).tolist()
+        flat = np.asarray(info.coords).reshape(info.size, -1)
+        coords = flat.tolist()
+        chips, cores = _chips_and_cores(flat, np.asarray(info.device_ids).reshape(-1))
     return {
         "kind": "mesh",
         **mesh_summary(info),
@@ -47,7 +49,22 @@ def mesh_payload(mesh: Any) -> dict[str, Any]:
         "peak_flops": info.peak_flops,
         "peak_source": info.peak_source,
         "coords": coords,
+        "chips": chips,
+        "cores": cores,
     }
+
+
+def _chips_and_cores(coords: np.ndarray, ids: np.ndarray) -> tuple[list[int], list[int] | None]:
+    """Per device (mesh order): the index of its chip (devices with the same physical chip
+    coordinates: TPU v2/v3 and TPU7x chips hold 2 TensorCores, each a JAX device) and its core
+    on that chip (by device id), or None for cores when every chip holds one device."""
+    _, first, chip = np.unique(coords, axis=0, return_index=True, return_inverse=True)
+    chip = np.argsort(np.argsort(first))[chip.reshape(-1)]   # chips numbered in mesh order
+    order = np.lexsort((ids, chip))                  # devices grouped by chip, then by id
+    core = np.empty(len(chip), np.int64)
+    starts = np.r_[0, np.flatnonzero(np.diff(chip[order])) + 1]
+    core[order] = np.arange(len(chip)) - np.repeat(starts, np.diff(np.r_[starts, len(chip)]))
+    return chip.tolist(), (core.tolist() if core.max(initial=0) > 0 else None)
 
 
 def layout_blocks(lay: Layout) -> list[dict[str, Any]]:

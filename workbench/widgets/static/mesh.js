@@ -1,4 +1,5 @@
-// Mesh widget: a grid of devices labelled with id, mesh coordinates, host and chip coords.
+// Mesh widget: a grid of devices labelled with id, mesh coordinates, host, chip coords and the
+// core on the chip (TPU v2/v3 and TPU7x chips hold 2 TensorCores, each a JAX device).
 import { colour, el, fmtBytes, ink, legend, select, tooltip, unravel } from "./common.js";
 
 const GRID_WIDTH = 760; // px available to the grid
@@ -51,8 +52,14 @@ export function gridCell(coord, sizes, grid, flat) {
 export function colourOptions(p) {
   const opts = p.axis_names.map((a, i) => [`axis:${a}`, `${a} (${p.axis_sizes[i]})`]);
   if (p.process_index && p.n_hosts > 1) opts.push(["host", `host (${p.n_hosts})`]);
+  if (p.cores) opts.push(["chip", `chip (${nChips(p)})`]);
   if (p.size <= 32) opts.push(["device", "device"]);
   return opts;
+}
+
+/** Chips of a mesh whose chips hold several devices (TPU v2/v3, TPU7x: 2 TensorCores). */
+function nChips(p) {
+  return p.chips ? Math.max(...p.chips) + 1 : p.size;
 }
 
 function defaultColour(p) {
@@ -62,6 +69,7 @@ function defaultColour(p) {
 function cellColour(mode, p, i, coord) {
   if (mode === "host") return colour(p.process_index[i], p.n_hosts);
   if (mode === "device") return colour(i, p.size);
+  if (mode === "chip") return colour(p.chips[i], nChips(p));
   const axis = p.axis_names.indexOf(mode.slice(5));
   return colour(coord[axis], p.axis_sizes[axis]);
 }
@@ -71,6 +79,7 @@ function legendFor(mode, p) {
     return legend("host", [...Array(p.n_hosts).keys()].map((h) => [colour(h, p.n_hosts), `${h}`]));
   }
   if (mode === "device") return legend("device", []);
+  if (mode === "chip") return legend(`chip (${p.size / nChips(p)} cores each)`, []);
   const axis = p.axis_names.indexOf(mode.slice(5));
   const n = p.axis_sizes[axis];
   return legend(p.axis_names[axis], [...Array(n).keys()].map((c) => [colour(c, n), `${c}`]));
@@ -82,6 +91,7 @@ function header(p) {
     p.hardware ? `${p.hardware} (${p.device_kind})` : p.device_kind,
     `${p.n_hosts} host${p.n_hosts === 1 ? "" : "s"}`,
   ];
+  if (p.cores) facts.splice(2, 0, `${nChips(p)} chips × ${p.size / nChips(p)} cores (each core a device)`);
   if (p.memory_per_device) facts.push(`${fmtBytes(p.memory_per_device)} per device`);
   if (p.peak_flops) facts.push(`peak ${(p.peak_flops / 1e12).toPrecision(3)} TFLOP/s (${p.peak_source})`);
   return el("div", { class: "wb-header" }, [
@@ -94,7 +104,7 @@ function cellText(p, i, coord) {
   const lines = [`device ${p.device_ids[i]}`,
     p.axis_names.map((a, k) => `${a}=${coord[k]}`).join(" ")];
   if (p.process_index) lines.push(`host ${p.process_index[i]}`);
-  if (p.coords) lines.push(`chip (${p.coords[i].join(", ")})`);
+  if (p.coords) lines.push(`chip (${p.coords[i].join(", ")})${p.cores ? ` core ${p.cores[i]}` : ""}`);
   return lines;
 }
 
