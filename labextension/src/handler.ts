@@ -6,11 +6,12 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { ListMessage, RunMessage } from './types';
+import { ListMessage, RunMessage, RunsPage } from './types';
 
 const API = 'workbench/api';
 
-/** The API path of a run; its id travels percent-encoded in one path segment. */
+/** The API path of a run; its id (already percent-encoded by the server where a folder
+ * name needs it, e.g. `a%3Ab`) travels percent-encoded once more in one path segment. */
 function runPath(id: string, ...rest: string[]): string {
   return ['runs', encodeURIComponent(id), ...rest].join('/');
 }
@@ -93,6 +94,18 @@ export function runStream(
 ): Stream<RunMessage> {
   const q = keys.length ? `&keys=${encodeURIComponent(keys.join(','))}` : '';
   return new Stream<RunMessage>(() => `${runPath(id, 'stream')}?since=${since()}${q}`, onMessage);
+}
+
+/** The page of the runs list after `cursor` (`GET .../runs?cursor=`, the `next` of the
+ * page before). */
+export async function fetchRunsPage(cursor: string): Promise<RunsPage> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, API, 'runs') + `?cursor=${encodeURIComponent(cursor)}`;
+  const resp = await ServerConnection.makeRequest(url, {}, settings);
+  if (!resp.ok) {
+    throw new Error(`runs list page: ${resp.status} ${resp.statusText}`);
+  }
+  return (await resp.json()) as RunsPage;
 }
 
 /** A run's profiles (`GET .../runs/<id>/profiles`): the parsed JSON answer. */

@@ -15,7 +15,7 @@ import { lineFormIcon } from '@jupyterlab/ui-components';
 
 import { CompareRuns } from './compare';
 import { RunDashboard } from './dashboard';
-import { listStream } from './handler';
+import { fetchRunsPage, listStream } from './handler';
 import { RunsPanel } from './panel';
 import { RunsModel } from './runsModel';
 import { SettingsModel } from './settings';
@@ -59,7 +59,13 @@ const runsPlugin: JupyterFrontEndPlugin<IWorkbench> = {
       settings,
       openRun: id => void commands.execute(CommandIDs.openRun, { id }),
       compare: ids => void commands.execute(CommandIDs.compareRuns, { ids }),
-      refresh: () => stream.reconnect()
+      refresh: () => stream.reconnect(),
+      loadMore: async () => {
+        const next = runs.next;
+        if (next !== null) {
+          runs.addPage(await fetchRunsPage(next));
+        }
+      }
     });
     panel.title.icon = lineFormIcon;
     shell.add(panel, 'left', { rank: 700 });

@@ -30,6 +30,8 @@ export interface IRunsPanelOptions {
   openRun: (id: string) => void;
   compare: (ids: string[]) => void;
   refresh: () => void;
+  /** Fetches the next page of the runs list (the model's `next`) into the model. */
+  loadMore: () => Promise<void>;
 }
 
 export class RunsPanel extends Widget {
@@ -38,6 +40,7 @@ export class RunsPanel extends Widget {
   private _empty: HTMLDivElement;
   private _state: HTMLSpanElement;
   private _compareBtn: HTMLButtonElement;
+  private _more: HTMLButtonElement;
   private _throttle: Throttle;
 
   constructor(private readonly _o: IRunsPanelOptions) {
@@ -55,7 +58,9 @@ export class RunsPanel extends Widget {
     this._empty = el('div', 'jp-Workbench-empty',
       'No runs yet. Train with wb.Trainer(..., run_dir="runs/name") under this server\'s ' +
       'root, or launch a job: its run directory appears here.');
-    this.node.append(head, this._empty, this._list);
+    this._more = button('', 'Load the next page of the runs list', () => void this._loadMore());
+    this._more.classList.add('jp-Workbench-moreRuns');
+    this.node.append(head, this._empty, this._list, this._more);
     this._throttle = new Throttle(() => this.render(), () => _o.settings.value.refreshRate);
     _o.model.changed.connect(() => this._throttle.schedule());
     this.render();
@@ -88,6 +93,27 @@ export class RunsPanel extends Widget {
       }
     }
     this._compareBtn.disabled = this.selected().length < 1;
+    const more = this._o.model.remaining;
+    this._more.hidden = more === 0;
+    this._more.dataset.remaining = String(more);
+    if (!this._more.disabled) {
+      this._more.textContent = `${more} more…`;
+    }
+  }
+
+  /** One page more; the button says so while it loads, and why when it fails. */
+  private async _loadMore(): Promise<void> {
+    this._more.disabled = true;
+    this._more.textContent = 'loading…';
+    try {
+      await this._o.loadMore();
+      this._more.disabled = false;
+    } catch (reason) {
+      this._more.disabled = false;
+      this._more.textContent = `${this._o.model.remaining} more… (${String(reason)}; click to retry)`;
+      return;
+    }
+    this.render();
   }
 
   protected onAfterShow(): void {

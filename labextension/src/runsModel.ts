@@ -1,12 +1,14 @@
 /** The runs list the side panel and status bar show, fed by list-stream messages. */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { ListMessage, RunSummary } from './types';
+import { ListMessage, RunsPage, RunSummary } from './types';
 
 export class RunsModel {
   private _runs = new Map<string, RunSummary>();
   private _changed = new Signal<this, void>(this);
   private _connected = false;
+  private _total = 0;
+  private _next: string | null = null;
 
   /** Emitted after every applied message. */
   get changed(): ISignal<this, void> {
@@ -32,6 +34,26 @@ export class RunsModel {
     );
   }
 
+  /** The cursor of the next page of the runs list, or null when every page is here. */
+  get next(): string | null {
+    return this._next;
+  }
+
+  /** How many runs the server lists that are not here yet (0 on the last page). */
+  get remaining(): number {
+    return this._next === null ? 0 : Math.max(this._total - this._runs.size, 1);
+  }
+
+  /** Adds a page fetched with `next` (runs already here are replaced, not doubled). */
+  addPage(page: RunsPage): void {
+    for (const r of page.runs) {
+      this._runs.set(r.id, r);
+    }
+    this._total = page.total;
+    this._next = page.next;
+    this._changed.emit();
+  }
+
   /** The run with this id, if listed. */
   get(id: string): RunSummary | undefined {
     return this._runs.get(id);
@@ -51,13 +73,17 @@ export class RunsModel {
   apply(msg: ListMessage): void {
     if (msg.type === 'runs') {
       this._runs = new Map(msg.runs.map(r => [r.id, r]));
+      this._total = msg.total;
+      this._next = msg.next;
     } else if (msg.type === 'update') {
       for (const r of msg.runs) {
         this._runs.set(r.id, r);
       }
     } else if (msg.type === 'removed') {
       for (const id of msg.ids) {
-        this._runs.delete(id);
+        if (this._runs.delete(id)) {
+          this._total = Math.max(this._total - 1, 0);
+        }
       }
     } else {
       return;

@@ -66,9 +66,17 @@ export interface MetricsPage {
   more?: boolean;
 }
 
-/** Messages of the list stream (`/workbench/api/stream`). */
+/** One page of the runs list (`GET /workbench/api/runs?cursor=...`), newest created first:
+ * `total` runs in all, `next` the cursor of the page after (null on the last). */
+export interface RunsPage {
+  runs: RunSummary[];
+  total: number;
+  next: string | null;
+}
+
+/** Messages of the list stream (`/workbench/api/stream`); `runs` is the first page. */
 export type ListMessage =
-  | { type: 'runs'; runs: RunSummary[] }
+  | ({ type: 'runs' } & RunsPage)
   | { type: 'update'; runs: RunSummary[] }
   | { type: 'removed'; ids: string[] };
 

@@ -15,7 +15,7 @@ describe('RunsModel', () => {
     const m = new RunsModel();
     let changes = 0;
     m.changed.connect(() => changes++);
-    m.apply({ type: 'runs', runs: [summary('a', 1, 'finished'), summary('b', 2)] });
+    m.apply({ type: 'runs', runs: [summary('a', 1, 'finished'), summary('b', 2)], total: 2, next: null });
     expect(m.runs.map(r => r.id)).toEqual(['b', 'a']);
     m.apply({ type: 'update', runs: [{ ...summary('a', 3), step: 7 }, summary('c', 0)] });
     expect(m.runs.map(r => r.id)).toEqual(['a', 'b', 'c']);
@@ -26,10 +26,23 @@ describe('RunsModel', () => {
     expect(changes).toBe(3);
   });
 
+  it('counts the runs of later pages and adds each page once', () => {
+    const m = new RunsModel();
+    m.apply({ type: 'runs', runs: [summary('a', 5), summary('b', 4)], total: 5, next: 'c1' });
+    expect([m.remaining, m.next]).toEqual([3, 'c1']);
+    m.apply({ type: 'update', runs: [summary('e', 9)] });   // a run of a later page changed
+    expect(m.remaining).toBe(2);
+    m.addPage({ runs: [summary('c', 3), summary('e', 9)], total: 5, next: 'c2' });
+    expect(m.runs.map(r => r.id)).toEqual(['e', 'a', 'b', 'c']);
+    expect(m.remaining).toBe(1);
+    m.addPage({ runs: [summary('d', 2)], total: 5, next: null });
+    expect([m.runs.length, m.remaining, m.next]).toEqual([5, 0, null]);
+  });
+
   it('keeps names as given (the views render them as text)', () => {
     const m = new RunsModel();
     const evil = '<img src=x onerror=alert(1)>';
-    m.apply({ type: 'runs', runs: [{ ...summary('x', 1), name: evil }] });
+    m.apply({ type: 'runs', runs: [{ ...summary('x', 1), name: evil }], total: 1, next: null });
     expect(m.get('x')?.name).toBe(evil);
   });
 });
