@@ -51,6 +51,8 @@ CASES = {
                           ("604", "MB (10^6 bytes)"), ("1 furlong", "unknown unit"),
                           ("100", "Count the moments")]),
     "megacore_devices": (["16"], [("32", "TensorCores"), ("4", "local_devices")]),
+    "ironwood_devices": (["128"], [("64", "counts chips"), ("8", "local_devices"),
+                                   ("256", "already counts TensorCores")]),
     "host_batch": (["64"], [("256", "global batch"), ("16", "one chip's share")]),
     "pipeline_bubble": (["0.3333", "33.33%", "3/9"],
                         [("1/2", "relative to the useful time"), ("2/3", "busy share"),

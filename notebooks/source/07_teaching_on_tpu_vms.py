@@ -162,6 +162,17 @@ wb.show(mesh)
 wb.exercise("megacore_devices")
 
 # %% [markdown]
+# Ironwood (TPU7x) names its slices the same way ("tpu7x-128" is 64 chips in a 4x4x4
+# cube), but each of its chips has two TensorCores that JAX shows as two devices; the mesh
+# widget draws them (colour by "chip" to see the pairs).
+
+# %%
+wb.show(wb.abstract_mesh("tpu7x-16", data=-1))
+
+# %%
+wb.exercise("ironwood_devices")
+
+# %% [markdown]
 # ### Every host runs the program, and loads only its share of the batch
 #
 # On a multi-host slice, every host must run the same program (`jax.distributed`),

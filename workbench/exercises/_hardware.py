@@ -1,4 +1,5 @@
-"""Exercises on hardware you may not have: hosts, megacore chips, per-host input batches."""
+"""Exercises on hardware you may not have: hosts, megacore and two-core chips, per-host input
+batches."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,7 @@ from workbench.exercises._core import Exercise, Result, parse_axes, parse_number
 from workbench._sharding.layouts import layout
 from workbench._sharding.mesh import abstract_mesh
 
-__all__ = ["host_batch", "megacore_devices", "tp_within_host"]
+__all__ = ["host_batch", "ironwood_devices", "megacore_devices", "tp_within_host"]
 
 
 def tp_within_host() -> Exercise:
@@ -78,6 +79,39 @@ def megacore_devices() -> Exercise:
         placeholder="a number",
         hint="the number in a v4 slice name counts TensorCores; a v4 chip has two.",
         solution="16", parse=parse_number(None), judge=judge)
+
+
+def ironwood_devices() -> Exercise:
+    hardware = "tpu7x-128"
+
+    def judge(value: float) -> Result:
+        info = abstract_mesh(hardware)
+        n, hosts = info.size, info.n_hosts
+        chips = n // 2
+        if value == n:
+            return Result(correct=True, explanation=(
+                f"{hardware} counts TensorCores too, but unlike a v4 or v5p chip (megacore: one "
+                f"device) each Ironwood chip's 2 TensorCores are 2 JAX devices: {chips} chips "
+                f"in a 4x4x4 cube, {n} devices, on {hosts} hosts of {chips // hosts} chips; "
+                f"each host's jax.local_devices() lists {n // hosts}. Memory and peak FLOP/s "
+                "per device are half a chip's (96 GiB, 1153 TFLOP/s bf16)."))
+        why = {chips: "that counts chips; each Ironwood chip shows its 2 TensorCores as 2 JAX "
+                      "devices (no megacore)",
+               n // hosts: "that is jax.local_devices() on one host; jax.devices() lists every "
+                           "host's devices",
+               256: "the name already counts TensorCores, not chips"}.get(
+            int(value), "the number in the name counts TensorCores; count JAX devices")
+        return Result(correct=False, explanation=f"{value:g}: {why}.")
+
+    return Exercise(
+        name="ironwood_devices", title="How many devices is a tpu7x-128?", notebook="07",
+        prompt=("MaxText's Ironwood recipes run on a tpu7x-128 slice (a 4x4x4 cube). How many "
+                "devices does jax.devices() list on it (after jax.distributed.initialize() on "
+                "every host)?"),
+        placeholder="a number",
+        hint="the number counts TensorCores, as for v4; but does JAX join an Ironwood chip's "
+             "two TensorCores into one device? wb.show(wb.abstract_mesh('tpu7x-128')).",
+        solution="128", parse=parse_number(None), judge=judge)
 
 
 def host_batch() -> Exercise:

@@ -31,6 +31,7 @@ _BUILDERS: dict[str, Callable[[], Exercise]] = {
     "megatron_mlp": _compiled.megatron_mlp,
     "adam_state_bytes": _memory.adam_state_bytes,
     "megacore_devices": _hardware.megacore_devices,
+    "ironwood_devices": _hardware.ironwood_devices,
     "host_batch": _hardware.host_batch,
     "pipeline_bubble": _pipeline.pipeline_bubble,
     "stage_block_bytes": _pipeline.stage_block_bytes,
