@@ -19,6 +19,7 @@ import pytest
 
 import workbench as wb
 from workbench import _runs as runs
+from workbench._tail import attempt_of
 from workbench.train._checkpoint import CORRUPT_DIR, CheckpointError
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
@@ -166,6 +167,9 @@ def test_refused_with_the_fixes_then_restart_ok_is_a_new_attempt(trained, tmp_pa
     restart = [h for h in meta["history"] if h["event"] == "restart"]
     assert len(restart) == 1 and restart[0]["attempt"] == 2
     assert restart[0]["recorded_step"] == last
+    ended = restart[0]["ended"]   # the lab panel draws attempt 1 from it
+    assert ended["attempt"] == 1 and ended["step"] == [r["step"] for r in attempts.get(1, [])]
+    assert ended["loss"] == [r["loss"] for r in attempts.get(1, [])]
 
 
 @pytest.mark.slow
@@ -232,6 +236,13 @@ def test_restarted_twice_counts_attempts(trained, tmp_path):
     attempts = runs.read_attempts(run_dir)
     assert {k: len(v) for k, v in attempts.items()} == {1: 4, 2: 3, 3: N}
     _no_step_twice(run_dir)
+    # the inline panel draws one curve per attempt: the earlier two beside the current one
+    from workbench.widgets._train_panel import train_widget
+
+    history = train_widget(tr).history
+    assert history["attempt"] == 3 and history["loss"] == reference
+    assert [(a["attempt"], len(a["loss"])) for a in history["attempts"]] == [(1, 4), (2, 3)]
+    assert history["attempts"][1]["loss"] == reference[:3]
 
 
 @pytest.mark.parametrize("value", ["yes", True, 1, "OK"])
@@ -239,3 +250,55 @@ def test_restart_takes_only_ok(tmp_path, value):
     with pytest.raises(ValueError, match="restart="):
         wb.Trainer(CFG, run_dir=tmp_path / "run", progress=None, restart=value)
     assert not (tmp_path / "run").exists()
+
+
+def _write(run_dir, lines):
+    run_dir.mkdir(exist_ok=True)
+    with open(run_dir / runs.METRICS, "a") as f:
+        f.writelines(json.dumps(x) + "\n" for x in lines)
+
+
+def _steps(a, steps, **extra):
+    return [{"step": s, "loss": 10 * a + s, **({"attempt": a} if a > 1 else {}), **extra}
+            for s in steps]
+
+
+# metrics.jsonl lines -> (what read_metrics gives: [(attempt, step)], read_attempts' steps)
+READERS = {
+    "one_attempt": (_steps(1, [1, 2, 3]), [(1, 1), (1, 2), (1, 3)], {1: [1, 2, 3]}),
+    "resumed_relogs": (_steps(1, [1, 2, 3, 2, 3, 4]), [(1, 1), (1, 2), (1, 3), (1, 4)],
+                       {1: [1, 2, 3, 4]}),
+    "restarted": (_steps(1, [1, 2, 3, 4]) + [{"event": "restart", "attempt": 2, "step": 0}]
+                  + _steps(2, [1, 2]), [(2, 1), (2, 2)], {1: [1, 2, 3, 4], 2: [1, 2]}),
+    "restart_marker_only": (_steps(1, [1, 2]) + [{"event": "restart", "attempt": 2,
+                                                   "step": 0}], [], {1: [1, 2], 2: []}),
+    "older_attempt_after_newer": (_steps(1, [1]) + _steps(2, [1, 2]) + _steps(1, [3]),
+                                  [(2, 1), (2, 2)], {1: [1], 2: [1, 2]}),
+    "bad_attempt_reads_as_first": (_steps(1, [1]) + [{"step": 2, "attempt": "x"},
+                                                     {"step": 3, "attempt": 0}],
+                                   [(1, 1), (1, 2), (1, 3)], {1: [1, 2, 3]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(READERS))
+def test_readers_follow_the_newest_attempt(tmp_path, case):
+    lines, latest, every = READERS[case]
+    _write(tmp_path / "run", lines)
+    got = runs.read_metrics(tmp_path / "run")
+    assert [(attempt_of(r), r["step"]) for r in got] == latest
+    assert {k: [r["step"] for r in v] for k, v in runs.read_attempts(tmp_path / "run").items()} \
+        == every
+    # read line by line, as the server's tail does: the same records, a reset per new attempt
+    tail = runs.MetricsTail(tmp_path / "run")
+    (tmp_path / "inc").mkdir()
+    seen = []
+    for line in lines:
+        _write(tmp_path / "inc", [line])
+        tail.path = tmp_path / "inc" / runs.METRICS
+        tail.run_dir = tmp_path / "inc"
+        resets = tail.resets
+        new, _ = tail.poll()
+        seen = new if tail.resets != resets else seen + new
+    assert [(attempt_of(r), r["step"]) for r in seen] == latest
+    assert [(attempt_of(r), r["step"]) for r in tail.read(0)] == latest
+    assert [r["step"] for r in tail.read(1)] == [s for _, s in latest if s > 1]

@@ -163,6 +163,28 @@ def test_train_panel_draws_the_eval_loss_dashed_beside_the_training_loss(tmp_pat
     assert rep["handlers_left"] == 0
 
 
+def test_train_panel_draws_each_earlier_attempt_faint_beside_the_current_one(tmp_path):
+    """A restarted run (issue 56 item 4): attempt 1's curve faint, attempt 2's solid, both
+    on the same axes, named in the chart's label."""
+    history = {"step": [1, 2], "loss": [5.0, 4.0], "mfu": [0.1, 0.2], "step_time": [0.5] * 2,
+               "data_time": [0.1] * 2, "ckpt_time": [0.0] * 2, "attempt": 2,
+               "attempts": [{"attempt": 1, "step": [1, 2, 3, 4], "loss": [6.0, 5.0, 4.0, 3.0],
+                             "mfu": [0.1, 0.1, 0.1, 0.1]}]}
+    state = {"info": {"name": "r", "run_dir": "/runs/r"},
+             "status": {"step": 2, "target": 4, "state": "running", "last": {"loss": 4.0}},
+             "history": history}
+    rep = render(tmp_path, "train_panel", state)
+    loss = rep["charts"][0]
+    main, earlier = (_vertices(d) for d in loss["d"])
+    assert len(main) == 2 and len(earlier) == 4
+    assert "loss · attempt 1 (faint) · attempt 2" in loss["texts"]
+    assert "step 1" in loss["texts"] and "step 4" in loss["texts"]   # x spans both attempts
+    assert main[0][0] == earlier[0][0] and main[1][0] == pytest.approx(earlier[1][0], abs=0.1)
+    top = min(y for _, y in main + earlier)
+    assert earlier[0][1] == top and "6.00" in loss["texts"] and "3.00" in loss["texts"]
+    assert rep["handlers_left"] == 0
+
+
 def test_charts_wait_for_the_first_step(tmp_path):
     rep = render(tmp_path, "job", {"payload": _job_payload(0, 60)})
     assert [c["d"] for c in rep["charts"]] == [[""], [""]]

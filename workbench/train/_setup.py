@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from workbench import _runs as runs
 from workbench.data import ShardedBatches, batch_keys, batch_shards, cache_root
+from workbench.train._compile_cache import check_compile_cache
 from workbench.train._config import RUN_CONTROL_FIELDS, TrainConfig
 
 
@@ -278,6 +279,24 @@ def recorded_steps(run_dir: Path) -> tuple[int, int]:
     return max(found[newest], 0), newest
 
 
+#: Points of an ended attempt's loss curve kept in its ``restart`` history entry.
+CURVE_POINTS = 256
+
+
+def attempt_curve(run_dir: Path, attempt: int) -> dict[str, Any]:
+    """An attempt's loss curve as its ``restart`` entry in ``run.json``'s history keeps it
+    (``{"attempt", "step", "loss"}``, at most ``CURVE_POINTS`` evenly strided points, the
+    last one kept), so the lab panel draws the ended attempt beside the new one."""
+    records = runs.read_attempts(run_dir).get(attempt, []) \
+        if os.path.lexists(run_dir / runs.METRICS) else []
+    stride = max(1, -(-len(records) // CURVE_POINTS))
+    kept = records[::stride]
+    if records and kept[-1] is not records[-1]:
+        kept.append(records[-1])
+    return {"attempt": attempt, "step": [r["step"] for r in kept],
+            "loss": [r.get("loss") for r in kept]}
+
+
 def missing_checkpoints(directory: Path) -> str:
     """What the checkpoint directory lacks, in words (for a refusal to start over)."""
     try:
@@ -412,8 +431,10 @@ def enable_compile_cache(setting: bool | str | os.PathLike[str]) -> str | None:
         return None
     current = jax.config.jax_compilation_cache_dir
     if setting is True and current:
+        check_compile_cache(current)
         return str(current)
     path = str(cache_root() / "jax-compile") if setting is True else os.fspath(setting)
+    check_compile_cache(path)   # no pipe, link or directory where JAX reads an entry
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

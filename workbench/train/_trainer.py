@@ -35,6 +35,7 @@ from workbench.train._sinks import History, Sink, broadcast, progress_sink, run_
 from workbench.train._setup import (
     DataChanged,
     RunConfigMismatch,
+    attempt_curve,
     build_parts,
     check_data,
     check_data_changed,
@@ -304,7 +305,8 @@ class Trainer(Displayable):
         self.attempt += 1
         self._restart_event = {"kind": "restart", "attempt": self.attempt,
                                "recorded_step": recorded, "missing": missing,
-                               "accepted": "restart='ok'"}
+                               "accepted": "restart='ok'",
+                               "ended": attempt_curve(self.run_dir, self.attempt - 1)}
         self._say(f"restart='ok': {missing}; starting {self.run_dir} again from step 0 as "
                   f"attempt {self.attempt} (the {recorded} recorded step(s) of attempt "
                   f"{self.attempt - 1} stay in {runs.METRICS})")

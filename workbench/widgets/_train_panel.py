@@ -22,7 +22,7 @@ from workbench import _runs as runs
 from workbench._notebook import in_notebook
 from workbench.widgets import _assets
 
-__all__ = ["TrainPanel", "history_columns", "train_widget"]
+__all__ = ["TrainPanel", "earlier_attempts", "history_columns", "train_widget"]
 
 STATIC = pathlib.Path(__file__).parent / "static"
 COLUMNS = ("step", "loss", "mfu", "step_time", "data_time", "ckpt_time", "eval_loss")
@@ -37,6 +37,20 @@ def history_columns(records: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {c: [clean(r.get(c)) for r in records] for c in COLUMNS}
 
 
+def earlier_attempts(attempts: dict[int, list[dict[str, Any]]], attempt: int
+                     ) -> dict[str, Any]:
+    """A restarted run's earlier attempts as the panel draws them (faint, beside the current
+    one): ``{"attempt": n, "attempts": [{"attempt", "step", "loss", "mfu"}, ...]}``; nothing
+    for a run's first attempt."""
+    earlier = []
+    for k, records in sorted(attempts.items()):
+        if k < attempt:
+            cols = history_columns(records)
+            earlier.append({"attempt": k, "step": cols["step"], "loss": cols["loss"],
+                            "mfu": cols["mfu"]})
+    return {"attempt": attempt, "attempts": earlier} if earlier else {}
+
+
 class TrainPanel(anywidget.AnyWidget):
     """Live view of one run directory while its Trainer runs.
 
@@ -47,6 +61,8 @@ class TrainPanel(anywidget.AnyWidget):
       rate: at most this many updates a second are sent to the browser.
       prediction: the plan's prediction (``Trainer.prediction``), shown beside the measured
         step time and MFU; default: the one ``run.json`` records, if any.
+      attempt: the attempt the run trains (``Trainer.attempt``); a restarted run's earlier
+        attempts are drawn faint beside it.
     """
 
     _esm = _assets.esm("train_panel")
@@ -57,12 +73,13 @@ class TrainPanel(anywidget.AnyWidget):
 
     def __init__(self, run_dir: str | os.PathLike[str], *, target: int, start: int = 0,
                  rate: float = 10.0, prediction: dict[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+                 attempt: int = 1, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run_dir = pathlib.Path(run_dir)
         self.target, self.interval = target, 1.0 / rate
-        records = [r for r in runs.read_metrics(self.run_dir) if r["step"] <= start] \
-            if (self.run_dir / runs.METRICS).exists() else []
+        attempts = runs.read_attempts(self.run_dir) \
+            if (self.run_dir / runs.METRICS).exists() else {}
+        records = [r for r in attempts.get(attempt, []) if r["step"] <= start]
         meta = runs.read_run(self.run_dir) if (self.run_dir / runs.RUN_JSON).exists() else {}
         self._rows: list[list[Any]] = []
         self._latest = None
@@ -75,7 +92,7 @@ class TrainPanel(anywidget.AnyWidget):
                          "model_flops": meta.get("model_flops_per_step"),
                          "prediction": runs.clean_prediction(
                              meta.get("prediction") if prediction is None else prediction)}
-            self.history = history_columns(records)
+            self.history = history_columns(records) | earlier_attempts(attempts, attempt)
             last = records[-1] if records else {}
             self.status = {"step": start, "target": target, "eta": None,
                            "state": meta.get("status", "idle") if records else "idle",
@@ -147,6 +164,7 @@ class TrainPanel(anywidget.AnyWidget):
 def train_widget(trainer: Any, **options: Any) -> TrainPanel:
     """``wb.show(trainer)``: the run's panel, with the whole run read from its directory."""
     options.setdefault("prediction", getattr(trainer, "prediction", None))
+    options.setdefault("attempt", getattr(trainer, "attempt", 1))
     panel = TrainPanel(trainer.run_dir, target=options.pop("target", trainer.config.steps),
                        start=trainer.step, **options)
     panel.flush(state="finished" if trainer.step >= panel.target else "idle")

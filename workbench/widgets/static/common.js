@@ -205,11 +205,18 @@ export function table(columns, rows, { onRow, sortKey = null, descending = true 
   };
 }
 
+/** Colours of a chart's faint earlier curves (see lineChart's `others`). */
+const FAINT = ["#9c9c9c", "#b07aa1", "#76b7b2", "#edc948"];
+
 /**
  * A line chart of [[step, value], ...] (steps ascending) with min/max and first/last step
  * labels; update(points) redraws it in place (no new nodes). Values are multiplied by
- * `scale` and labelled with `unit` (MFU: scale 100, unit "%").
+ * `scale` and labelled with `unit` (MFU: scale 100, unit "%"). update(points, second,
+ * secondName, others, name) also draws `second` dashed and each of `others`
+ * ([{name, points}], e.g. a restarted run's earlier attempts) faint, named in the label
+ * beside `name` (the main curve's).
  */
+
 export function lineChart(title, { width = 320, height = 140, scale = 1, unit = "" } = {}) {
   const pad = { l: 48, r: 8, t: 20, b: 18 };
   const box = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
@@ -225,10 +232,24 @@ export function lineChart(title, { width = 320, height = 140, scale = 1, unit = 
   const texts = [0, 1, 2, 3].map(() => svg("text", { "font-size": 10, fill: "#666" }));
   for (const node of [label, path, ...texts]) box.appendChild(node);
   let shown2 = false;
-  function update(points, second = [], secondName = "") {
+  // optional earlier curves (e.g. the earlier attempts of a restarted run): one thin, faint
+  // path each, on the same axes, added when the first one arrives
+  const faint = [];
+  function update(points, second = [], secondName = "", others = [], name = "") {
     const more = Array.isArray(second) ? second : [];
-    label.textContent = more.length && secondName ? `${title} · ${secondName} (dashed)` : title;
+    const rest = (Array.isArray(others) ? others : []).filter(
+      (o) => o && Array.isArray(o.points) && o.points.length);
+    const names = rest.length ? ` · ${rest.map((o) => o.name).join(", ")} (faint)` +
+      (name ? ` · ${name}` : "") : "";
+    label.textContent = title + names + (more.length && secondName ? ` · ${secondName} (dashed)` : "");
     if (more.length && !shown2) { box.appendChild(path2); shown2 = true; }
+    while (faint.length < rest.length) {
+      const p = svg("path", { d: "", fill: "none", stroke: FAINT[faint.length % FAINT.length],
+        "stroke-width": 1, opacity: 0.55, class: "wb-chart-faint" });
+      box.appendChild(p);
+      faint.push(p);
+    }
+    faint.forEach((p) => p.setAttribute("d", ""));
     if (!points || !points.length) {
       path.setAttribute("d", "");
       path2.setAttribute("d", "");
@@ -242,15 +263,18 @@ export function lineChart(title, { width = 320, height = 140, scale = 1, unit = 
     const xs = points.map((p) => p[0]);
     const ys = points.map((p) => p[1] * scale);
     const ys2 = more.map((p) => p[1] * scale);
-    const x0 = Math.min(xs[0], ...more.map((p) => p[0]));
-    const x1 = Math.max(xs[xs.length - 1], ...more.map((p) => p[0]));
-    let y0 = Math.min(...ys, ...ys2);
-    let y1 = Math.max(...ys, ...ys2);
+    const earlier = rest.flatMap((o) => o.points);
+    const x0 = Math.min(xs[0], ...more.map((p) => p[0]), ...earlier.map((p) => p[0]));
+    const x1 = Math.max(xs[xs.length - 1], ...more.map((p) => p[0]), ...earlier.map((p) => p[0]));
+    let y0 = Math.min(...ys, ...ys2, ...earlier.map((p) => p[1] * scale));
+    let y1 = Math.max(...ys, ...ys2, ...earlier.map((p) => p[1] * scale));
     if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
     const sx = (x) => pad.l + ((x - x0) / Math.max(1, x1 - x0)) * (width - pad.l - pad.r);
     const sy = (y) => height - pad.b - ((y - y0) / (y1 - y0)) * (height - pad.t - pad.b);
     path.setAttribute("d", ys.map((y, i) => `${i ? "L" : "M"}${sx(xs[i]).toFixed(1)},${sy(y).toFixed(1)}`).join(""));
     path2.setAttribute("d", ys2.map((y, i) => `${i ? "L" : "M"}${sx(more[i][0]).toFixed(1)},${sy(y).toFixed(1)}`).join(""));
+    rest.forEach((o, k) => faint[k].setAttribute("d", o.points.map((p, i) =>
+      `${i ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1] * scale).toFixed(1)}`).join("")));
     const place = [[pad.l - 4, pad.t + 4, "end", `${fmtNum(y1, 3)}${unit}`],
       [pad.l - 4, height - pad.b, "end", `${fmtNum(y0, 3)}${unit}`],
       [pad.l, height - 4, "start", `step ${x0}`], [width - pad.r, height - 4, "end", `step ${x1}`]];

@@ -10,6 +10,9 @@
 // {type: "append", rows: [[step, loss, mfu, step_time, data_time, ckpt_time, eval_loss], ...]}
 // (eval_loss null except at evaluation steps: drawn dashed beside the training loss),
 // batched by Python to at most 10 per second. Nodes are built once and updated in place.
+// A restarted run (Trainer(..., restart="ok")) also has `history.attempts`: its earlier
+// attempts [{attempt, step: [...], loss: [...], mfu: [...]}], drawn faint ("attempt 1")
+// beside the current one (`history.attempt`).
 
 import { el, fmtNum, lineChart, progressBar } from "./common.js";
 
@@ -109,9 +112,18 @@ function render({ model, el: host }) {
     el("div", { class: "wb-charts" }, [loss.node, mfu.node]), times.node, message, note]);
   host.appendChild(root);
 
+  let earlier = [];
+  let current = "";
   function loadHistory() {
     const h = model.get("history") || {};
     for (const c of COLS) cols[c] = Array.isArray(h[c]) ? h[c].slice() : [];
+    earlier = Array.isArray(h.attempts) ? h.attempts.filter((a) => a && Array.isArray(a.step)) : [];
+    current = earlier.length ? `attempt ${h.attempt}` : "";
+  }
+  /** The earlier attempts' curves of one column, named for the chart's label. */
+  function attempts(col) {
+    return earlier.map((a) => ({ name: `attempt ${a.attempt}`,
+      points: thin(a.step, Array.isArray(a[col]) ? a[col] : []) }));
   }
   function draw() {
     const info = model.get("info") || {};
@@ -133,8 +145,9 @@ function render({ model, el: host }) {
     if (typeof last.tokens_per_s === "number") bits.push(`${fmtNum(last.tokens_per_s / 1e3, 3)}k tok/s`);
     facts.textContent = bits.join(" · ");
     bar.update(target ? step / target : 0);
-    loss.update(thin(cols.step, cols.loss), thin(cols.step, cols.eval_loss), "eval");
-    mfu.update(thin(cols.step, cols.mfu));
+    loss.update(thin(cols.step, cols.loss), thin(cols.step, cols.eval_loss), "eval",
+      attempts("loss"), current);
+    mfu.update(thin(cols.step, cols.mfu), [], "", attempts("mfu"), current);
     times.update(cols);
     message.textContent = st.message || "";
     note.textContent = `run directory ${info.run_dir || "?"}` +
