@@ -424,3 +424,51 @@ def test_a_hostile_calibration_is_ignored_and_the_table_predicts(edit, why, tmp_
         pred = plan.predict()
     assert str(path) in str(caught[0].message)
     assert pred.step_seconds == plan.predict(calibration=False).step_seconds
+
+
+# --- compiled steps: JAX's persistent compilation cache as the Trainer turns it on ----------
+
+_COMPILE = """
+import json, sys, warnings
+import jax, jax.numpy as jnp
+from workbench.train._setup import enable_compile_cache
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    enable_compile_cache(sys.argv[1])
+    out = jax.jit(lambda x: jnp.tanh(x @ x.T).sum(0))(jnp.arange(12.0).reshape(3, 4))
+print(json.dumps({"out": out.tolist(), "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def _empty_file(path, tmp_path):
+    path.write_bytes(b"")
+
+
+COMPILE_EDITS = {
+    "a FIFO at the entry": _replace("", "fifo"),
+    "a directory at the entry": _replace("", "dir"),
+    "a symlink to elsewhere": _replace("", "symlink"),
+    "an empty entry": _empty_file,
+}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("edit", list(COMPILE_EDITS.values()), ids=list(COMPILE_EDITS))
+def test_a_hostile_compile_cache_entry_is_compiled_again_and_replaced(edit, tmp_path):
+    import subprocess
+    import sys
+
+    cache = tmp_path / "jax-compile"
+    run = lambda: json.loads(subprocess.run(  # noqa: E731
+        [sys.executable, "-c", _COMPILE, str(cache)], capture_output=True, text=True,
+        timeout=120, check=True).stdout.splitlines()[-1])
+    reference = run()
+    (entry,) = cache.glob("jit__lambda-*-cache")
+    edit(entry, tmp_path)
+    again = run()          # a pipe there would hang JAX's read (the timeout says so)
+    assert again["out"] == reference["out"]
+    assert any(str(entry) in w and "not an entry JAX wrote" in w for w in again["warnings"])
+    assert entry.is_file() and not entry.is_symlink() and entry.stat().st_size > 0
+    if (tmp_path / "elsewhere").exists():
+        assert (tmp_path / "elsewhere").stat().st_size > 0       # what it pointed to: kept
+    assert run() == {**reference, "warnings": []}

@@ -261,10 +261,12 @@ def check_restart(value: Any) -> str | None:
     return value
 
 
-def recorded_steps(run_dir: Path) -> tuple[int, int]:
-    """``(last step, attempt)`` the run directory records as trained: the newest attempt
-    of ``run.json`` (``attempt``, 1 when absent) and of ``metrics.jsonl``'s lines, and
-    the last step either records for that attempt; ``(0, 1)`` for a new run directory."""
+def recorded_steps(run_dir: Path) -> tuple[int, int, int]:
+    """``(last step, attempt, last saved step)`` the run directory records as trained: the
+    newest attempt of ``run.json`` (``attempt``, 1 when absent) and of ``metrics.jsonl``'s
+    lines, the last step either records for it, and the last step whose record says a
+    checkpoint was saved (``ckpt_time`` > 0; without records, the last multiple of
+    ``checkpoint_every`` reached); ``(0, 1, 0)`` for a new run directory."""
     run: dict[str, Any] = {}
     if os.path.lexists(run_dir / runs.RUN_JSON):
         run = read_stored_run(run_dir)
@@ -272,11 +274,20 @@ def recorded_steps(run_dir: Path) -> tuple[int, int]:
     attempt = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) \
         and attempt >= 1 else 1
     tail = runs.MetricsTail(run_dir)
-    tail.poll()
-    found = {attempt: run.get("step") or 0}
-    found[tail.attempt] = max(found.get(tail.attempt, 0), tail.last_step or 0)
-    newest = max(found)
-    return max(found[newest], 0), newest
+    records, _ = tail.poll()
+    if tail.attempt > attempt and not records:   # a restart began, no step of it yet
+        return 0, tail.attempt, 0
+    if tail.attempt < attempt or not records:   # run.json alone knows the newest attempt
+        step = run.get("step") or 0
+        config = run.get("config")
+        every = config.get("checkpoint_every") if isinstance(config, dict) else None
+        every = every if isinstance(every, int) and not isinstance(every, bool) \
+            and every > 0 else 0
+        return step, attempt, step - step % every if every else 0
+    saved = [r["step"] for r in records if isinstance(r.get("ckpt_time"), (int, float))
+             and not isinstance(r.get("ckpt_time"), bool) and r["ckpt_time"] > 0]
+    step = max(tail.last_step or 0, run.get("step") or 0 if attempt == tail.attempt else 0)
+    return step, tail.attempt, max(saved, default=0)
 
 
 #: Points of an ended attempt's loss curve kept in its ``restart`` history entry.
@@ -345,7 +356,7 @@ def fork_to_start_over(run_dir: Path, config: TrainConfig, *, fork: bool
       ``(run_dir, event)``: the directory to train in and the ``fork`` event to log.
     """
     if not fork or _has_steps(run_dir / "checkpoints") or \
-            recorded_steps(run_dir)[0] == 0:
+            recorded_steps(run_dir)[2] == 0:
         return run_dir, None
     new_dir = run_dir.with_name(f"{run_dir.name}-fork-{config.hash()[:6]}")
     if os.path.lexists(new_dir / runs.RUN_JSON):   # the fork exists already: continue it
