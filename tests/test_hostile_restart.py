@@ -198,21 +198,40 @@ def test_same_trainer_after_its_checkpoints_were_deleted(trained, tmp_path):
     _no_step_twice(run_dir)
 
 
+def _killed_before_first_save(d):
+    """A run killed (SIGKILL, or Ctrl-C twice) at step 1, before its first save: step 1 in
+    metrics.jsonl without a save, no checkpoint."""
+    _first_save_killed(d)
+    lines = (d / runs.METRICS).read_text().splitlines(keepends=True)
+    (d / runs.METRICS).write_text("".join(x for x in lines if json.loads(x).get("step", 0) < 2))
+    meta = json.loads((d / runs.RUN_JSON).read_text())
+    (d / runs.RUN_JSON).write_text(json.dumps({**meta, "step": 1}))
+
+
+# case -> (what is taken away, the step it resumes from, what the Trainer says)
+RESUMED = {
+    "resume_as_before": (lambda d: None, 4, "restored checkpoint step 4"),
+    "latest_step_deleted": (lambda d: shutil.rmtree(d / "checkpoints" / "4"), 2,
+                            "steps 3-4 are trained again"),
+    "killed_before_first_save": (_killed_before_first_save, 0,
+                                 "no checkpoint was saved yet: steps 1-1 are trained again"),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["resume_as_before", "latest_step_deleted"])
-def test_a_checkpoint_that_restores_resumes(trained, tmp_path, capsys, case):
-    """A run directory of today's format resumes; with its newest step deleted it resumes
-    from the one before and says that steps 3-4 are trained again."""
+@pytest.mark.parametrize("case", sorted(RESUMED))
+def test_a_run_that_can_continue_resumes(trained, tmp_path, capsys, case):
+    """A run directory of today's format resumes as it did (no attempt written); with its
+    newest step deleted it resumes from the one before, and killed before its first save
+    from step 0, saying which recorded steps are trained again; either way to the
+    reference's losses, and readers hold each step once."""
     reference = trained[0]
+    damage, start, said = RESUMED[case]
     run_dir = _copy(trained, tmp_path)
-    if case == "latest_step_deleted":
-        shutil.rmtree(run_dir / "checkpoints" / "4")
+    damage(run_dir)
     tr = wb.Trainer(CFG, run_dir=run_dir, progress=None)
-    said = capsys.readouterr().err
-    assert tr.attempt == 1
-    assert tr.step == (2 if case == "latest_step_deleted" else 4)
-    if case == "latest_step_deleted":
-        assert "steps 3-4 are trained again" in said, said
+    assert said in capsys.readouterr().err
+    assert tr.attempt == 1 and tr.step == start
     tr.run()
     assert tr.losses == reference
     assert [r["loss"] for r in runs.read_metrics(run_dir)] == reference

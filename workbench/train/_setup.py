@@ -323,20 +323,20 @@ def missing_checkpoints(directory: Path) -> str:
         return (f"{directory} holds only the unfinished save {unfinished[0]} (the process "
                 "died while saving its first checkpoint)")
     if not entries:
-        return (f"{directory} is empty (its checkpoints were deleted, or the process died "
-                "before its first save)")
+        return f"{directory} is empty (its checkpoints were deleted?)"
     shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
     return f"{directory} holds no checkpoint step ({shown})"
 
 
 def start_over_refused(run_dir: Path, config: TrainConfig, step: int, attempt: int,
-                       missing: str) -> str:
+                       saved: int, missing: str) -> str:
     """The refusal to start a run with trained steps again from step 0: what is recorded,
     what is missing, and the three ways on."""
     fork = run_dir.with_name(f"{run_dir.name}-fork-{config.hash()[:6]}")
     what = (f"records {step} trained step(s) (last step {step}"
             f"{f' of attempt {attempt}' if attempt > 1 else ''}, in {runs.RUN_JSON} / "
-            f"{runs.METRICS}), but no checkpoint restores them" if step else
+            f"{runs.METRICS}, step {saved} saved), but no checkpoint restores them"
+            if step else
             "has no checkpoint to continue from")
     return (
         f"run_dir {str(run_dir)!r} {what}: {missing}. Starting from "

@@ -231,7 +231,7 @@ class Trainer(Displayable):
         ckpts = self.checkpoints
         if source is not None and not ckpts.all_steps():
             ckpts = source
-        recorded, self.attempt = recorded_steps(self.run_dir)
+        recorded, self.attempt, saved = recorded_steps(self.run_dir)
         if ckpts.all_steps():
             t0 = time.perf_counter()
             lora = self._lora
@@ -257,7 +257,7 @@ class Trainer(Displayable):
             self._say(f"restored checkpoint step {restored.step} from {ckpts.directory} "
                       f"({time.perf_counter() - t0:.1f} s){again}")
         else:
-            self._start_over(ckpts, recorded)
+            self._start_over(ckpts, recorded, saved)
             self._init_state()
         # A fork starts with the history of its source run, up to the step it starts from.
         history_dir = ckpts.directory.parent if ckpts is source else self.run_dir
@@ -281,16 +281,22 @@ class Trainer(Displayable):
         self.step = 0
         self.parts.data.set_state(self.parts.initial_data_state)
 
-    def _start_over(self, ckpts: Checkpoints, recorded: int) -> None:
-        """Before starting from step 0: refuses when the run directory records trained
-        steps (``recorded`` > 0) or steps moved aside as unreadable, unless
-        ``restart="ok"``, which makes this start a new attempt (logged when training)."""
+    def _start_over(self, ckpts: Checkpoints, recorded: int, saved: int) -> None:
+        """Before starting from step 0: refuses when the run directory records a saved
+        checkpoint (step ``saved`` > 0) that is gone, or steps moved aside as unreadable,
+        unless ``restart="ok"``, which makes this start a new attempt (logged when
+        training). Steps recorded before any save (``recorded`` > 0: a run killed before
+        its first checkpoint) are trained again from step 0, as a resume would, and said."""
         aside = ckpts.set_aside_steps()
         folder = ckpts.directory
         blocked = os.path.lexists(folder) and not folder.is_dir()   # nothing can be saved
         missing = self._found or missing_checkpoints(folder)
         self._found = None   # a later start (after a failure) looks again
-        if not (recorded or aside or blocked):
+        if not (saved or aside or blocked):
+            if recorded:
+                self._say(f"{self.run_dir} records {recorded} step(s) but no checkpoint was "
+                          f"saved yet: steps 1-{recorded} are trained again from step 0 "
+                          "(readers keep their first records)")
             return
         if blocked:
             missing += f" (move it aside first, e.g. to {folder.name}.bad)"
@@ -301,7 +307,7 @@ class Trainer(Displayable):
                        "into the checkpoint directory)")
         if blocked or not self._restart_ok:
             raise CheckpointError(start_over_refused(self.run_dir, self.config, recorded,
-                                                     self.attempt, missing))
+                                                     self.attempt, saved, missing))
         self.attempt += 1
         self._restart_event = {"kind": "restart", "attempt": self.attempt,
                                "recorded_step": recorded, "missing": missing,
