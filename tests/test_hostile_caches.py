@@ -397,7 +397,7 @@ def _other_kinds(path, tmp_path):
 CALIBRATION_EDITS = {
     "copied from another device kind": (_other_kinds, "it is the calibration of 'H100'"),
     "a FIFO at the path": (_replace("", "fifo"), r"not a regular file \(a named pipe\)"),
-    "a symlink to elsewhere": (_replace("", "symlink"), "outside"),
+    "a symlink to elsewhere": (_replace("", "symlink"), "outside the cache folder"),
     "over the size cap": (_write("", lambda raw: raw + b" " * (5 << 20)), "over the 4 MiB"),
 }
 

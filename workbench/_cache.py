@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import BinaryIO
 
-from workbench._run_file import FileRefused, open_file
+from workbench._run_file import FileRefused, open_file, resolves_inside
 
 __all__ = ["CacheWarning", "cache_root", "doubted", "hash_cached", "read_cached"]
 
@@ -60,6 +60,9 @@ def hash_cached(path: Path, *, inside: Path, max_bytes: int) -> tuple[str | None
 
 
 def _open(path: Path, inside: Path, max_bytes: int) -> tuple[BinaryIO | None, str]:
+    if os.path.lexists(path) and not resolves_inside(path, inside):
+        return None, (f"it resolves to {os.path.realpath(path)}, outside the cache folder "
+                      f"{os.path.realpath(inside)} (a symlink leading out is not followed)")
     try:
         return open_file(path, inside=inside, max_bytes=max_bytes), ""
     except FileNotFoundError:
