@@ -200,3 +200,21 @@ def test_a_scan_lists_again_only_folders_that_changed(tmp_path: Path) -> None:
     assert (len(scan.scan()), scan.listed) == (21, 2)
     assert sorted(scan.scan()) == sorted(runs.run_id(tmp_path, d)
                                          for d in runs.find_run_dirs(tmp_path))
+
+
+def test_a_budgeted_poll_takes_the_first_scans_runs_as_known(tmp_path: Path) -> None:
+    """A budgeted poll opens none of the runs the first scan found (their pages read them)
+    and sends none of them as news; a run appearing later, or one of them changing, is."""
+    writers = [_make_run(tmp_path / f"r{k}", 1) for k in range(6)]
+    for w in writers:
+        w.close()
+    index = RunIndex([tmp_path], scan_interval=0.0)
+    index.scan()
+    changes: list[Any] = []
+    assert _opens_during(lambda: changes.extend(index.poll(budget=10.0)[0])) == []
+    assert changes == []
+    _make_run(tmp_path / "new", 1).close()
+    writers[2] = _make_run(tmp_path / "r2", 2)   # resumed: run.json and metrics change
+    changes, _ = index.poll(budget=10.0)
+    assert sorted(c.watch.id for c in changes) == ["new", "r2"]
+    writers[2].close()

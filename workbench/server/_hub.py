@@ -112,6 +112,7 @@ class Hub:
     async def page(self, limit: int, cursor: str | None) -> dict[str, Any]:
         """One page of the runs list (:meth:`RunIndex.page`); what its refreshes found goes
         to the subscribers. ValueError for a bad cursor, ReadsBusy as :meth:`poll_run`."""
+        await self.reads.run("listing the runs", self.index.read_metas)   # the long part
         return await self._exclusive("listing the runs",
                                      functools.partial(self.index.page, limit, cursor))
 

@@ -44,6 +44,7 @@ class RunWatch:
         self.internal_error: str | None = None
         self.gone = False  # run.json was missing at the last refresh
         self.seen = False  # run.json was looked at (refresh or refresh_meta)
+        self.initial = False  # found by the index's first scan (listed by pages, not news)
         self.events: list[dict[str, Any]] = []
         self._meta_stamp: tuple[int, int, int] | None = None
         self._status = ""
@@ -95,6 +96,17 @@ class RunWatch:
         or the last refresh failed."""
         return (self._disk is None or self._disk != self._disk_stamp()
                 or self._status == "running" or self.internal_error is not None)
+
+    @property
+    def refreshed(self) -> bool:
+        """Whether :meth:`refresh` ran (its summary is known)."""
+        return bool(self._status)
+
+    def baseline(self) -> None:
+        """Takes what is on disk now as known without reading it: :meth:`stale` says when
+        it changes (the first look of a budgeted poll at a run found by the first scan)."""
+        with self._lock:
+            self._disk = self._disk_stamp()
 
     def _disk_stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
         out = []
@@ -273,6 +285,7 @@ class RunIndex:
         self._order: list[RunWatch] = []   # the watches, in the order polls visit them
         self._turn = 0                     # where the next budgeted poll starts in _order
         self._next_scan = -float("inf")
+        self._found: dict[Path, str] | None = None   # what the last full scan found
         self._lock = threading.RLock()
 
     def watch(self, rid: str) -> RunWatch:
@@ -297,11 +310,17 @@ class RunIndex:
         scan's duration, whichever is longer, so scans cost at most ~5% of one core."""
         t0 = time.monotonic()
         found: dict[Path, str] = {}
-        for k, (root, scan) in enumerate(zip(self.roots, self._scans)):
+        first = self._found is None
+        listed = [scan.scan() for scan in self._scans]
+        if self._found is not None and not any(scan.listed for scan in self._scans):
+            self._next_scan = time.monotonic() + max(self.scan_interval, 20 * (time.monotonic() - t0))
+            return [], []   # no folder changed: the same runs
+        for k, (root, rels) in enumerate(zip(self.roots, listed)):
             real_root = Path(os.path.realpath(root))
-            for rel in scan.scan():   # folders entered are no symlinks: real = real root/rel
+            for rel in rels:   # folders entered are no symlinks: real = real root/rel
                 rid = runs.encode_rel(rel) if rel else "."
                 found.setdefault(real_root / rel, rid if k == 0 else f"{k}:{rid}")
+        self._found = found
         with self._lock:
             now = time.monotonic()
             self._next_scan = now + max(self.scan_interval, 20 * (now - t0))
@@ -313,7 +332,8 @@ class RunIndex:
                     old = self.watches.get(rid)
                     if old is not None:
                         self._by_real.pop(old.path, None)
-                    self.watches[rid] = self._by_real[real] = RunWatch(rid, real)
+                    w = self.watches[rid] = self._by_real[real] = RunWatch(rid, real)
+                    w.initial = first
             for rid in removed:
                 w = self.watches.pop(rid)
                 if self._by_real.get(w.path) is w:
@@ -346,11 +366,13 @@ class RunIndex:
         changes: list[Change] = []
         if budget is None:
             visited = list(order)
+            for w in visited:
+                self._refresh(w, changes)
         else:
             visited = [w for w in (self.watches.get(rid) for rid in first) if w is not None]
-            visited += self._turns(order, t0 + budget, set(first))
-        for w in visited:
-            self._refresh(w, changes)
+            for w in visited:
+                self._refresh(w, changes)
+            visited += self._turns(order, t0 + budget, set(first), changes)
         if any(w.gone for w in visited):  # a run vanished: say so now
             for w in visited:
                 if w.gone:
@@ -360,15 +382,23 @@ class RunIndex:
             changes = [c for c in changes if c.watch.id not in removed]
         return changes, removed
 
-    def _turns(self, order: list[RunWatch], deadline: float, skip: set[str]) -> list[RunWatch]:
-        """The stale runs of ``order`` from this turn on, looked at until ``deadline``."""
+    def _turns(self, order: list[RunWatch], deadline: float, skip: set[str],
+               changes: list[Change]) -> list[RunWatch]:
+        """Refreshes the stale runs of ``order`` from this turn on until ``deadline``:
+        the runs refreshed. A run of the first scan not read yet is not read: its stamp is
+        taken (its page reads it), so that only later changes are sent as updates."""
         out = []
         n = len(order)
         i = 0
         while i < n and time.monotonic() < deadline:
             w = order[(self._turn + i) % n]
             i += 1
-            if w.id not in skip and w.stale():
+            if w.id in skip:
+                continue
+            if w.initial and not w.refreshed and w._disk is None:
+                w.baseline()   # its page reads it; from now on a change is news
+            elif w.stale():
+                self._refresh(w, changes)
                 out.append(w)
         self._turn = (self._turn + i) % n if n else 0
         return out
@@ -410,21 +440,29 @@ class RunIndex:
             _, removed = self.scan()
         with self._lock:
             order = self._order
-        for w in order if read else ():
-            if not w.seen:
-                w.refresh_meta()
+        if read:
+            self.read_metas()
         listed = sorted((w for w in order if w.listed), key=_page_key)
         start = 0 if after is None else bisect.bisect_right([_page_key(w) for w in listed],
                                                             after)
         chunk = listed[start:start + limit]
         changes: list[Change] = []
         for w in chunk if read else ():
-            if w.stale():
+            if not w.refreshed or w.stale():
                 self._refresh(w, changes)
         more = start + limit < len(listed)
         return ({"runs": [w.summary() for w in chunk], "total": len(listed),
                  "next": encode_cursor(_page_key(chunk[-1])) if more and chunk else None,
                  "truncated": self.truncated}, changes, removed)
+
+    def read_metas(self) -> None:
+        """Reads the ``run.json`` of every run not read yet (what the list's order needs;
+        it consumes no metrics, so it needs no turn in the hub's order of reads)."""
+        with self._lock:
+            order = self._order
+        for w in order:
+            if not w.seen:
+                w.refresh_meta()
 
     def summaries(self) -> list[dict[str, Any]]:
         """Summaries of every run found, most recently updated first."""

@@ -13,6 +13,7 @@ two changes can share one.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,11 @@ class RunScan:
 
     def _list(self, path: str, mtime: int) -> _Folder | None:
         self.listed += 1
+        try:   # a run folder: one lstat, no listing (a symlinked run.json marks no run)
+            if not stat.S_ISLNK(os.lstat(os.path.join(path, runs.RUN_JSON)).st_mode):
+                return _Folder(mtime, True, [])
+        except OSError:
+            pass
         try:
             with os.scandir(path) as it:
                 entries = sorted(it, key=lambda e: e.name)
