@@ -7,7 +7,8 @@
  */
 import { Widget } from '@lumino/widgets';
 
-import { LineChart, PALETTE } from './chart';
+import { currentAttempt, earlierAttempts, IAttemptCurve, withAttempts } from './attempts';
+import { ISeriesSpec, LineChart, PALETTE } from './chart';
 import { button, el } from './dom';
 import { fmtBytes, fmtNumber, fmtPercent, fmtRate, fmtSeconds, fmtStep } from './format';
 import { runStream, Stream } from './handler';
@@ -45,6 +46,7 @@ export class RunDashboard extends Widget {
   private _profiles: ProfileSection;
   private _smoothLabel = el('span', 'jp-Workbench-smoothLabel');
   private _charts: Record<'loss' | 'util' | 'time' | 'tput', LineChart>;
+  private _attempts: IAttemptCurve[] = [];   // a restarted run's earlier attempts
   private _decimators = RunDashboard._newDecimators();
   private _ema = new EmaCache();
 
@@ -58,10 +60,7 @@ export class RunDashboard extends Widget {
     this.title.closable = true;
     this._smoothing = _settings.value.smoothing;
     this._charts = {
-      loss: new LineChart({ title: 'Loss', series: [
-        { label: 'loss', stroke: '#9ecae1', width: 1 },
-        { label: 'smoothed', stroke: PALETTE[0], width: 2 },
-        { label: 'held-out (eval)', stroke: PALETTE[1], width: 2, dash: [5, 3] }] }),
+      loss: lossChart([], 1),
       util: new LineChart({ title: 'Utilization', format: { y: pct }, series: [
         { label: 'MFU', stroke: PALETTE[2] }, { label: 'HFU', stroke: PALETTE[3], dash: [4, 3] },
         { label: 'predicted MFU', stroke: PALETTE[2], ...PREDICTED }] }),
@@ -72,7 +71,6 @@ export class RunDashboard extends Widget {
       tput: new LineChart({ title: 'Throughput (tokens/s)', format: { y: fmtRate }, series: [
         { label: 'tokens/s', stroke: PALETTE[1] }] })
     };
-    this._charts.loss.node.classList.add('jp-Workbench-lossChart');
     const slider = document.createElement('input');
     slider.type = 'range';
     slider.min = '0';
@@ -136,8 +134,9 @@ export class RunDashboard extends Widget {
     // the held-out loss is logged every eval_every steps: all its points are kept
     const evalLoss = s.column('eval_loss');
     const idx = withSparse(dec.loss.indices(step.length, [loss], max), evalLoss);
-    this._charts.loss.setData(idx.map(i => step[i]),
-      [loss, smooth, evalLoss].map(y => idx.map(i => drawn(y[i]))), t0);
+    const lossData = withAttempts(idx.map(i => step[i]),
+      [loss, smooth, evalLoss].map(y => idx.map(i => drawn(y[i]))), this._attempts);
+    this._charts.loss.setData(lossData.x, lossData.ys, t0);
     const pred = this.model.prediction;
     const util = dec.util.decimate(step, [s.column('mfu'), s.column('hfu')], max);
     this._charts.util.setData(util.x, [...util.ys, level(util.x, pred?.mfu ?? null)]);
@@ -232,9 +231,25 @@ export class RunDashboard extends Widget {
       this._head.append(el('pre', 'jp-Workbench-error jp-Workbench-problem',
         `Not everything of this run could be read: ${d.problem}`));
     }
+    this._renderAttempts(earlierAttempts(d['history']), currentAttempt(d['attempt']));
     this._memory.replaceChildren(memoryTable(d.memory_per_device ?? null));
     this._profiles.update(d.profiles);
     this._config.replaceChildren(tree(d.config ?? {}));
+  }
+
+  /** A restarted run: the loss chart gets one trace per earlier attempt (built again
+   * when their number changes). */
+  private _renderAttempts(earlier: IAttemptCurve[], attempt: number): void {
+    const same = earlier.length === this._attempts.length
+      && earlier.every((a, i) => a.attempt === this._attempts[i].attempt);
+    this._attempts = earlier;
+    if (same) {
+      return;
+    }
+    const old = this._charts.loss;
+    this._charts.loss = lossChart(earlier, attempt);
+    old.node.replaceWith(this._charts.loss.node);
+    old.dispose();
   }
 
   private _exportCsv(): void {
@@ -251,6 +266,24 @@ export class RunDashboard extends Widget {
     a.click();
     URL.revokeObjectURL(a.href);
   }
+}
+
+/** Colours of earlier attempts' loss traces (thin, beside the current attempt's). */
+const ATTEMPT_STROKES = ['#9c9c9c', '#b07aa1', '#76b7b2', '#edc948'];
+
+/** The loss chart: the current attempt's loss, smoothed and held-out, and for a restarted
+ * run one trace per earlier attempt ("attempt 1", ...; the current one is "attempt N"). */
+function lossChart(earlier: IAttemptCurve[], attempt: number): LineChart {
+  const traces: ISeriesSpec[] = earlier.map((a, i) => ({
+    label: `attempt ${a.attempt}`, stroke: ATTEMPT_STROKES[i % ATTEMPT_STROKES.length], width: 1
+  }));
+  const chart = new LineChart({ title: 'Loss', series: [
+    { label: earlier.length ? `attempt ${attempt}` : 'loss', stroke: '#9ecae1', width: 1 },
+    { label: 'smoothed', stroke: PALETTE[0], width: 2 },
+    { label: 'held-out (eval)', stroke: PALETTE[1], width: 2, dash: [5, 3] }, ...traces] });
+  chart.node.classList.add('jp-Workbench-lossChart');
+  chart.node.dataset.attempts = String(earlier.length + 1);
+  return chart;
 }
 
 function section(title: string, body: HTMLElement): HTMLElement {
