@@ -373,12 +373,12 @@ def test_a_hostile_measurement_is_measured_again_and_replaced(edit, tmp_path, mo
     from workbench.hardware._measure import _plausible, measured_cpu_memory_bandwidth
 
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
-    first = measured_cpu_memory_bandwidth(mib=1)
+    measured_cpu_memory_bandwidth(mib=1)
     (path,) = (tmp_path / "cache").glob("*.json")
     edit(path, tmp_path)
     with pytest.warns(CacheWarning, match=str(path)):
         again = measured_cpu_memory_bandwidth(mib=1)
-    assert again != first and _plausible("mem|", again)    # measured again, not the edit
+    assert _plausible("mem|", again)          # measured again (the edits are implausible)
     if path.is_dir():                                      # not Workbench's: left as it is
         assert not path.is_symlink() and list(path.iterdir()) == []
         return
