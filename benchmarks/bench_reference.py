@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 import workbench as wb
-from workbench.models._config import REMAT_POLICIES
+from workbench.models._remat import REMAT_POLICIES
 from workbench.planning._flags import OVERLAP_FLAGS
 from workbench._flops import gpt_flops
 from workbench.models import GPTConfig

@@ -10,7 +10,7 @@ from jax._src.ad_checkpoint import saved_residuals
 import workbench as wb
 from workbench._flops import gpt_flops
 from workbench.models import GPT, GPTConfig
-from workbench.models._config import OFFLOAD_PLATFORMS, REMAT_POLICIES, remat_policy
+from workbench.models._remat import OFFLOAD_PLATFORMS, REMAT_POLICIES, remat_policy
 from workbench.planning._flags import OVERLAP_FLAGS, compile_options
 from workbench._step import lm_loss
 

@@ -32,7 +32,8 @@ from typing import Any
 import jax
 from jax.extend import core as jax_core
 
-from workbench.models._config import REMAT_POLICIES, GPTConfig
+from workbench.models._config import GPTConfig
+from workbench.models._remat import remat_label, resolve_remat
 
 __all__ = ["FlopCount", "compiled_cost", "compiled_flops", "dot_flops", "gpt_flops",
            "jaxpr_step_flops", "mfu", "remat_recompute"]
@@ -115,7 +116,7 @@ def gpt_flops(cfg: GPTConfig, batch: int, seq: int | None = None, *, causal: boo
     recompute = remat_recompute(cfg, {k: v / mult for k, v in breakdown.items()}) \
         if training else 0.0
     if recompute:
-        what = [f"remat={cfg.remat!r} adds the forward matmuls it does not keep"] \
+        what = [f"remat={remat_label(cfg.remat)!r} adds the forward matmuls it does not keep"] \
             if cfg.remat != "none" else []
         if getattr(cfg, "loss_chunks", 1) > 1:
             what.append(f"loss_chunks={cfg.loss_chunks} recomputes the logits")
@@ -141,7 +142,7 @@ def remat_recompute(cfg: GPTConfig, forward: dict[str, float]) -> float:
     logits = forward.get("logits", 0.0) if getattr(cfg, "loss_chunks", 1) > 1 else 0.0
     if cfg.remat == "none":
         return logits
-    p = REMAT_POLICIES[cfg.remat]
+    p = resolve_remat(cfg.remat)
     kept = set(p.saved) | set(p.offloaded)
     if p.offload_dots or p.base == "dots_with_no_batch_dims_saveable":
         kept |= set(_PROJECTIONS)

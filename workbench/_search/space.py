@@ -14,7 +14,7 @@ from workbench.hardware import generation
 from workbench._validate import check_float, check_int
 from workbench._sharding.mesh import abstract_mesh, make_mesh, mesh_info
 from workbench.models import GPTConfig
-from workbench.models._config import REMAT_POLICIES
+from workbench.models._remat import REMAT_POLICIES
 from workbench.perf._analytic import axes_size
 from workbench._sharding.rules import Rules
 

@@ -1,7 +1,8 @@
 """Model zoo: Flax NNX models that name logical axes only, and their config presets; your own
 models (``from_nnx``, ``from_penzai``: :mod:`workbench.any_model`) and Hugging Face folders
 (``from_hf``: :mod:`workbench.hf`) by the same names, resolved on first use."""
-from workbench.models._config import PRESETS, REMAT_POLICIES, GPTConfig
+from workbench.models._config import PRESETS, GPTConfig
+from workbench.models._remat import REMAT_POLICIES
 from workbench.models._gpt import GPT, MLP, Attention, Block, RMSNorm, rope
 from workbench.models._pipeline import Pipeline
 from workbench.models._context import blocks_per_device, zigzag_order

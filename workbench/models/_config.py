@@ -11,115 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from workbench._validate import check_float, check_int
-
-#: Names the model gives its activations (``jax.ad_checkpoint.checkpoint_name``), which
-#: named remat policies save, offload to host memory or recompute (MaxText's names).
-CHECKPOINT_NAMES: tuple[str, ...] = (
-    "decoder_layer_input",   # a block's input (the residual stream)
-    "query_proj", "key_proj", "value_proj",   # the q, k, v projections (before RoPE)
-    "context",               # the attention output, before the output projection
-    "out_proj",              # the attention output projection (B, T, D)
-    "mlpwi_0", "mlpwi_1",    # the MLP input projections (gate, up) (B, T, F)
-    "mlpwo",                 # the MLP output projection (B, T, D)
-)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RematPolicy:
-    """What one block keeps for its backward pass.
-
-    Attributes:
-        description: one line.
-        base: a ``jax.checkpoint_policies`` policy name (saves without names), or None.
-        saved: checkpoint names kept in device memory.
-        offloaded: checkpoint names moved to host memory (``pinned_host``) after the
-            forward pass and back for the backward pass (TPU only).
-        offload_dots: ``offload_dot_with_no_batch_dims``: every matmul output to host.
-    """
-
-    description: str
-    base: str | None = None
-    saved: tuple[str, ...] = ()
-    offloaded: tuple[str, ...] = ()
-    offload_dots: bool = False
-
-    @property
-    def offloads(self) -> bool:
-        """Whether the policy moves activations to host memory."""
-        return bool(self.offloaded) or self.offload_dots
-
-
-_QKV = ("query_proj", "key_proj", "value_proj")
-
-#: Rematerialisation policies accepted by ``GPTConfig.remat`` (MaxText's names where it
-#: has them: ``maxtext/layers/decoders.py``).
-REMAT_POLICIES: dict[str, RematPolicy] = {
-    "none": RematPolicy(description="keep every activation (no remat)"),
-    "full": RematPolicy(description="recompute the whole block in the backward pass",
-                        base="nothing_saveable"),
-    "dots": RematPolicy(description="keep matmul outputs without batch dims, recompute the "
-                        "rest", base="dots_with_no_batch_dims_saveable"),
-    "minimal": RematPolicy(description="MaxText 'minimal': keep every projection (matmuls "
-                           "without batch dims), recompute norms, RoPE, attention",
-                           base="dots_with_no_batch_dims_saveable"),
-    "minimal_flash": RematPolicy(description="'minimal' plus the attention output (a fused "
-                                 "kernel's forward is not rerun)",
-                                 base="dots_with_no_batch_dims_saveable", saved=("context",)),
-    "save_dot_except_mlpwi": RematPolicy(
-        description="keep q/k/v/out projections and the MLP output; recompute the MLP "
-        "input projections", saved=(*_QKV, "out_proj", "mlpwo")),
-    "save_dot_except_mlp": RematPolicy(description="keep q/k/v/out projections",
-                                       saved=(*_QKV, "out_proj")),
-    "save_qkv_proj": RematPolicy(description="keep the q/k/v projections", saved=_QKV),
-    "qkv_proj_offloaded": RematPolicy(description="q/k/v projections to host memory",
-                                      offloaded=_QKV),
-    "minimal_offloaded": RematPolicy(description="every projection to host memory",
-                                     offload_dots=True),
-    "qkv_input_offloaded": RematPolicy(
-        description="q/k/v projections and the block input to host memory (MaxText's "
-        "Llama-3.1-70B v6e 'custom')", offloaded=(*_QKV, "decoder_layer_input")),
-    "qkvo_input_offloaded": RematPolicy(
-        description="q/k/v/out projections and the block input to host memory (MaxText's "
-        "Llama-3.1-8B v6e 'custom')", offloaded=(*_QKV, "out_proj", "decoder_layer_input")),
-}
-
-#: Platforms whose JAX backend moves activations to host memory (``pinned_host``).
-OFFLOAD_PLATFORMS: tuple[str, ...] = ("tpu",)
-
-
-def remat_policy(name: str, platform: str | None = None) -> Any:
-    """The ``jax.checkpoint`` policy for ``GPTConfig.remat`` (None: no remat).
-
-    Args:
-        name: a key of ``REMAT_POLICIES``.
-        platform: the platform compiled for; an offloading policy elsewhere than on
-            ``OFFLOAD_PLATFORMS`` raises (checked before compiling).
-    """
-    if name not in REMAT_POLICIES:
-        raise ValueError(f"remat={name!r}; choose one of {sorted(REMAT_POLICIES)}")
-    p = REMAT_POLICIES[name]
-    if p.offloads and platform is not None and platform not in OFFLOAD_PLATFORMS:
-        raise ValueError(
-            f"remat={name!r} offloads activations to host memory, which this workbench "
-            f"enables on {', '.join(OFFLOAD_PLATFORMS)} only (JAX's pinned_host memory "
-            f"kind); this step is for {platform}. Use a policy that keeps or recomputes "
-            f"them instead, e.g. 'save_qkv_proj' or 'full'")
-    cp = jax.checkpoint_policies
-    if name == "none":
-        return None
-    if p.offload_dots:
-        return cp.offload_dot_with_no_batch_dims(offload_src="device",
-                                                 offload_dst="pinned_host")
-    if p.offloaded:
-        return cp.save_and_offload_only_these_names(
-            names_which_can_be_saved=list(p.saved), names_which_can_be_offloaded=list(
-                p.offloaded), offload_src="device", offload_dst="pinned_host")
-    named = cp.save_only_these_names(*p.saved) if p.saved else None
-    base = getattr(cp, p.base) if p.base else None
-    if named is not None and base is not None:
-        return cp.save_from_both_policies(base, named)
-    return named or base or cp.nothing_saveable
-
+from workbench.models._remat import check_remat, remat_json
 
 #: Values of ``GPTConfig.attention`` (:mod:`workbench.models._attention` implements them).
 ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("xla", "splash", "cudnn", "auto")
@@ -377,12 +269,15 @@ class GPTConfig:
             Default float32, also when ``dtype`` is bfloat16 (mixed precision: each
             matmul casts its weight to ``dtype``).
         tie_embeddings: reuse the embedding table as the output projection.
-        remat: rematerialisation policy per block, a key of ``REMAT_POLICIES``: "none",
+        remat: rematerialisation policy per block: a key of ``REMAT_POLICIES``, "none",
             "full", "dots"/"minimal", named policies that keep chosen projections
             ("save_qkv_proj", "save_dot_except_mlp", "save_dot_except_mlpwi",
             "minimal_flash") and, on TPU, ones that offload them to host memory
             ("qkv_proj_offloaded", "minimal_offloaded", "qkv_input_offloaded",
-            "qkvo_input_offloaded"). The same per scanned block with ``scan_layers``.
+            "qkvo_input_offloaded"), or a custom policy tensor by tensor, as MaxText's
+            Ironwood recipes set it: ``{"save": [...], "offload": [...]}`` of checkpoint names
+            (``workbench.models._remat.CHECKPOINT_NAMES``), the rest recomputed. The same per
+            scanned block with ``scan_layers``.
         attention: "auto" (the default: the Pallas splash kernel on TPU, cuDNN flash
             attention on GPU, XLA attention on CPU, and XLA attention wherever the fused
             kernel cannot take the shapes or the layout; plans and runs say which ran and
@@ -471,7 +366,7 @@ class GPTConfig:
     dtype: str = "auto"
     param_dtype: str = "float32"
     tie_embeddings: bool = False
-    remat: str = "none"
+    remat: Any = "none"
     attention: str = "auto"
     attention_block_sizes: tuple[int, int] | None = None
     context_attention: str = "allgather"
@@ -513,8 +408,7 @@ class GPTConfig:
             if not isinstance(getattr(self, f), (bool, np.bool_)):
                 raise TypeError(f"GPTConfig.{f}={getattr(self, f)!r} must be True or False")
             set_(self, f, bool(getattr(self, f)))
-        if not isinstance(self.remat, str) or self.remat not in REMAT_POLICIES:
-            raise ValueError(f"remat={self.remat!r}; choose one of {sorted(REMAT_POLICIES)}")
+        set_(self, "remat", check_remat(self.remat))
         for f in ("rope_theta", "norm_eps"):
             value = getattr(self, f)
             if isinstance(value, (bool, np.bool_)) or not isinstance(
@@ -640,6 +534,7 @@ class GPTConfig:
         """JSON-friendly dict of the fields (``lora`` only when set: configs without
         adapters keep their hash)."""
         d = dataclasses.asdict(self)
+        d["remat"] = remat_json(self.remat)
         if self.lora is None:
             del d["lora"]
         else:

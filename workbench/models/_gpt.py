@@ -25,7 +25,8 @@ from workbench._sharding import tracing
 from workbench.models import _attention as attention_impl
 from workbench.models import _context as context_parallel
 from workbench.models import _moe as moe
-from workbench.models._config import GPTConfig, remat_policy
+from workbench.models._config import GPTConfig
+from workbench.models._remat import remat_policy
 from workbench.models._layers import (
     MLP,
     Attention,

@@ -15,7 +15,8 @@ from workbench._compiled.hlo import Collective, _wire
 from workbench._sharding.layouts import Layout
 from workbench._sharding.mesh import MeshInfo
 from workbench.models import _attention as attention_impl
-from workbench.models._config import REMAT_POLICIES, GPTConfig
+from workbench.models._config import GPTConfig
+from workbench.models._remat import resolve_remat
 from workbench._sharding.rules import Rules
 
 __all__ = ["TPU_SCRATCH_BYTES", "TRAFFIC", "activation_bytes", "analytic_collectives",
@@ -87,7 +88,7 @@ def _bytes_per_element(kind: str, b: int, remat: str) -> dict[str, float]:
     """Bytes kept per element of each per-token tensor class (``_LAYER_KEYS``)."""
     if kind == "cpu":   # XLA:CPU: remat does not lower the peak (temp_breakdown)
         return dict(zip(_LAYER_KEYS, (3 * b, 5 * b, 2 * b, 2 * b, 4 + b, 4 + b)))
-    policy = REMAT_POLICIES[remat]
+    policy = resolve_remat(remat)
     if remat not in ("none", "dots", "full"):   # named policies: what stays on the device
         if policy.base == "dots_with_no_batch_dims_saveable":
             remat = "dots"

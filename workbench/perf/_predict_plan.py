@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from workbench.hardware._effective import EffectiveSpec
-from workbench.models._config import REMAT_POLICIES
+from workbench.models._remat import resolve_remat
 from workbench.perf._analytic import batch_axes, weight_axes
 from workbench.perf._host import HostTime, host_seconds
 from workbench.perf._predict import Prediction, predict
@@ -186,7 +186,7 @@ def _weight_only_axes(report: Any) -> tuple[str, ...]:
                  if a in weight_axes(params) and a not in bat and report.mesh.shape[a] > 1)
 
 
-def _kept(remat: str) -> set[str]:
+def _kept(remat: Any) -> set[str]:
     """Checkpoint names a remat policy saves or offloads."""
-    p = REMAT_POLICIES[remat]
+    p = resolve_remat(remat)
     return set(p.saved) | set(p.offloaded)

@@ -16,7 +16,7 @@ from workbench.hardware import EffectiveSpec, effective_spec
 from workbench._sharding.layouts import Layout, format_bytes
 from workbench._sharding.mesh import MeshInfo
 from workbench.models import GPTConfig
-from workbench.models._config import REMAT_POLICIES
+from workbench.models._remat import remat_label, resolve_remat
 from workbench.perf._analytic import compute_split, moe_padding_flops
 from workbench.perf._attention_cost import kernel_flops
 from workbench._compiled.hlo import (Collective, compiler_cycles, loop_trip_counts,
@@ -382,7 +382,7 @@ class PlanReport:
                "(async)")),
             (f"  attention {self.attention or 'n/a'}; dtype "
              f"{self.dtype.partition(': ')[2] or self.dtype or 'n/a'}; remat "
-             f"{self.cfg.remat if self.cfg is not None else 'n/a'}; overlap flags: "
+             f"{remat_label(self.cfg.remat) if self.cfg is not None else 'n/a'}; overlap flags: "
              f"{len(self.compiler_options)}"
              + (f" ({', '.join(sorted(self.compiler_options))})"
                 if self.compiler_options else " (none)")),
@@ -513,9 +513,9 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def _kept(remat: str) -> set[str]:
+def _kept(remat: Any) -> set[str]:
     """Checkpoint names a remat policy saves or offloads."""
-    p = REMAT_POLICIES[remat]
+    p = resolve_remat(remat)
     return set(p.saved) | set(p.offloaded)
 
 

@@ -22,7 +22,8 @@ from workbench._sharding.mesh import MeshInfo, mesh_info
 from workbench.models import GPTConfig
 from workbench.models import _attention as attention_impl
 from workbench.any_model._spec import ModelSpec, resolve_rules
-from workbench.models._config import remat_policy, resolve_dtype
+from workbench.models._config import resolve_dtype
+from workbench.models._remat import remat_policy
 from workbench.models._pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipeline,
                                        check_rules, stages_of)
 from workbench.perf import _analytic as analytic
