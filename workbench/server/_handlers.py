@@ -30,7 +30,7 @@ from workbench.server._reads import ReadsBusy
 
 if TYPE_CHECKING:
     from workbench.server._hub import Hub
-    from workbench.server._index import RunWatch
+    from workbench.server._watch import RunWatch
 
 AUTH_RESOURCE = "contents"
 MAX_LIMIT = 200_000  # metrics records in one response

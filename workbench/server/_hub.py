@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 from tornado.ioloop import PeriodicCallback
 
-from workbench.server._index import Change, RunIndex, RunWatch
+from workbench.server._index import Change, RunIndex
+from workbench.server._watch import RunWatch
 from workbench.server._reads import Reads, ReadsBusy
 
 log = logging.getLogger(__name__)
