@@ -12,7 +12,10 @@ sizes and mtimes would serve stale tokens after an edit that keeps the size and 
 mtime (``touch -d``, a copy with ``cp -p``, a second edit within the clock's
 resolution). The per-file hashes also say which file changed when a run resumes
 (``workbench.train._setup.check_data``). The folder is written under a temporary name and
-renamed, so no process sees half a cache.
+renamed, so no process sees half a cache. A cache is believed only when its ``info.json``
+says the key it was looked up by (files' hash, format, field, tokenizer) and its files
+have the SHA-256 it recorded (read with the safe reader); otherwise the documents are
+tokenized again and the folder replaced, with a ``CacheWarning`` naming it.
 
 Why once, ahead of time, rather than in the training pipeline: packing needs every
 document's length to give each row a fixed place (a ``MapDataset`` with a global shuffle,
@@ -127,12 +130,12 @@ def _load(folder: Path, root: Path, expect: dict[str, Any]) -> tuple[TokenCache 
                for v in (tokens, documents)):
         return None, f"its tokens={tokens!r} and documents={documents!r} are not counts"
     raw, why = read_cached(folder / "lengths.npy", inside=root, max_bytes=8 * documents + 4096)
-    digest = None if raw is None else hashlib.sha256(raw).hexdigest()
-    for name, digest, why in (("lengths.npy", digest, why), ("tokens.array_record", *hash_cached(
-            folder / "tokens.array_record", inside=root, max_bytes=8 * tokens + (1 << 24)))):
-        if digest != info.get(f"{name.split('.')[0]}_sha256"):
-            return None, f"its {name} " + (f"is not read: {why}" if why else "is missing"
-                                           if digest is None else "is not the one it recorded")
+    if raw is None or hashlib.sha256(raw).hexdigest() != info.get("lengths_sha256"):
+        return None, _file_problem("lengths.npy", raw is not None, why)
+    digest, why = hash_cached(folder / "tokens.array_record", inside=root,
+                              max_bytes=8 * tokens + (1 << 24))
+    if digest is None or digest != info.get("tokens_sha256"):
+        return None, _file_problem("tokens.array_record", digest is not None, why)
     try:
         lengths = np.load(io.BytesIO(raw), allow_pickle=False)
     except ValueError as e:
@@ -141,6 +144,12 @@ def _load(folder: Path, root: Path, expect: dict[str, Any]) -> tuple[TokenCache 
             int(lengths.sum()) != tokens or (lengths < 0).any():
         return None, "its lengths.npy does not hold the documents' token counts"
     return TokenCache(folder=folder, lengths=lengths, info=info), ""
+
+
+def _file_problem(name: str, read: bool, why: str) -> str:
+    if read:
+        return f"its {name} is not the one it recorded (another SHA-256)"
+    return f"its {name} is not read: {why}" if why else f"its {name} is missing"
 
 
 def _set_aside(folder: Path) -> str:
