@@ -81,9 +81,9 @@ class Trainer(Displayable):
         ``history``. ``fork=True`` starts a new run directory from the newest checkpoint
         instead. A choice for this resume, not part of the experiment: it is not in the
         config (a later resume on yet other data is refused again).
-      restart: what to do when ``run_dir`` records trained steps (``run.json``,
+      restart: what to do when ``run_dir`` records a saved checkpoint (``run.json``,
         ``metrics.jsonl``) that no checkpoint restores (its checkpoints were deleted, or
-        the process died before its first save): None refuses (``CheckpointError``, naming
+        the process died while saving its first): None refuses (``CheckpointError``, naming
         what is missing); "ok" starts the run again from step 0 as a new *attempt*
         (``run.json``'s ``attempt`` and a ``restart`` entry in its ``history``; the new
         attempt's ``metrics.jsonl`` lines carry ``"attempt"``, the old ones stay).
