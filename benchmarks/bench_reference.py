@@ -23,20 +23,24 @@ band of an uncalibrated prediction for that generation (``workbench.perf._band``
 ``tests/test_band.py`` checks the file against BENCHMARKS.md's rows).
 
 The first run compiles each 70B step for minutes; the plan cache on disk makes later runs
-fast. ``python -m benchmarks bench_reference``.
+fast. ``python -m benchmarks bench_reference``; ``WB_BENCH_REFERENCE="Llama-3.1-70B tpu7x-128"``
+plans only the rows named (comma-separated) and keeps the others' rows from results.json.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optax
 
 import workbench as wb
-from workbench.models._remat import REMAT_POLICIES
+from workbench.models._remat import remat_label, resolve_remat
 from workbench.planning._flags import OVERLAP_FLAGS
 from workbench._flops import gpt_flops
 from workbench.models import GPTConfig
@@ -58,7 +62,7 @@ class Reference:
     chips: int
     per_chip_batch: int
     seq: int
-    remat: str             # ours (no heavier than the reference's)
+    remat: Any             # ours (no heavier than the reference's): a name or a custom policy
     reference_remat: str
     blocks: tuple[int, int] | None
     mfu: float             # published
@@ -67,11 +71,24 @@ class Reference:
     source: str
     flags: tuple[tuple[str, Any], ...] = ()   # compile options beside the overlap flags
     loss_chunks: int = 1   # GPTConfig.loss_chunks: the float32 logits 1/loss_chunks at a time
+    mu_dtype: str | None = None   # AdamW's first moment (MaxText's mu_dtype), None: float32
 
 
 #: MaxText's v6e LIBTPU_INIT_ARGS raise the kernels' scoped VMEM (the splash dkv kernel
 #: with 2048 blocks needs 32.5 MiB of the default 32 MiB).
 V6E_FLAGS = (("xla_tpu_scoped_vmem_limit_kib", 98304),)
+
+#: MaxText's Ironwood LIBTPU_INIT_ARGS (tpu-recipes training/ironwood/llama3.1-70b/
+#: 8k-bf16-tpu7x-4x4x4): scoped VMEM, native bf16 emission, collectives offloaded to the
+#: SparseCores (the installed libtpu accepts each).
+TPU7X_FLAGS = (("xla_tpu_scoped_vmem_limit_kib", 61440),
+               ("xla_tpu_bf16_emission_mode", "NATIVE_EMISSION"),
+               ("xla_tpu_enable_sparse_core_collective_offload_all_reduce", True),
+               ("xla_tpu_use_single_sparse_core_for_all_gather_offload", True))
+#: The recipe's remat_policy=custom: the block input, q, k, v and the attention output kept
+#: on the device ('device'), the rest recomputed.
+TPU7X_REMAT = {"save": ["decoder_layer_input", "query_proj", "key_proj", "value_proj",
+                        "context"]}
 
 REFERENCES = (
     Reference(name="Llama-2-70B v5p-512", cfg=LLAMA2_70B, hardware="v5p-512", chips=256,
@@ -90,6 +107,16 @@ REFERENCES = (
               blocks=(2048, 2048), mfu=0.5033, mfu_causal_halved=False,
               tokens_per_chip=960, source="MaxText v6e llama3_1_70b_8192", flags=V6E_FLAGS,
               loss_chunks=8),
+    Reference(name="Llama-3.1-70B tpu7x-128", cfg=LLAMA31_70B, hardware="tpu7x-128", chips=64,
+              per_chip_batch=4, seq=8192, remat=TPU7X_REMAT,
+              reference_remat="custom: layer input, q/k/v proj and context on the device",
+              blocks=(2048, 2048), mfu=1207.05e12 / 2307e12, mfu_causal_halved=False,
+              tokens_per_chip=2686.98, mu_dtype="bfloat16",
+              source="tpu-recipes training/ironwood/README.md (llama3.1-70b, 64 chips, GBS 256, "
+                     "8192, bf16: 12.20 s, 1,207.05 TFLOP/s/chip, 2,686.98 tokens/s/chip) and "
+                     "8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh (per_device_batch_size=2, fsdp, "
+                     "mu_dtype=bfloat16, remat custom, splash blocks 2048)",
+              flags=TPU7X_FLAGS, loss_chunks=8),
 )
 
 
@@ -99,9 +126,10 @@ def plan_reference(ref: Reference, *, attention: str = "splash", remat: str | No
     cfg = ref.cfg.replace(attention=attention, attention_block_sizes=ref.blocks,
                           remat=remat or ref.remat, scan_layers=True, seq_len=ref.seq,
                           loss_chunks=ref.loss_chunks)
+    optimizer = optax.adamw(3e-4, mu_dtype=ref.mu_dtype) if ref.mu_dtype else None
     return wb.plan(cfg, mesh=wb.abstract_mesh(ref.hardware, fsdp=-1), rules="fsdp",
                    batch=ref.per_chip_batch * ref.chips, seq=ref.seq, name=ref.name,
-                   progress=progress,
+                   progress=progress, **({"optimizer": optimizer} if optimizer else {}),
                    overlap=dict(OVERLAP_FLAGS["tpu"], **dict(ref.flags)) if overlap else False)
 
 
@@ -120,10 +148,10 @@ def _offload_width(cfg: GPTConfig, name: str) -> int:
             "mlpwi_0": cfg.d_ff, "mlpwi_1": cfg.d_ff, "mlpwo": cfg.d_model}[name]
 
 
-def host_bytes(ref: Reference, remat: str) -> float:
+def host_bytes(ref: Reference, remat: Any) -> float:
     """Bytes per chip per step a host-offloading policy moves to host memory (and back
     again for the backward pass): its offloaded tensors, every layer, every token."""
-    policy = REMAT_POLICIES[remat]
+    policy = resolve_remat(remat)
     width = sum(_offload_width(ref.cfg, n) for n in policy.offloaded)
     return ref.per_chip_batch * ref.seq * ref.cfg.n_layers * width \
         * np.dtype(ref.cfg.dtype).itemsize
@@ -149,7 +177,7 @@ def row(ref: Reference, p: wb.Plan, seconds: float) -> dict[str, Any]:
         why.append(f"{pred.breakdown['communication']:.2f} s of collectives the compiled "
                    f"program runs synchronously ({n_async} of {n_all} async) count in full")
     b = pred.breakdown
-    if REMAT_POLICIES[p.cfg.remat].offloads:
+    if resolve_remat(p.cfg.remat).offloads:
         hb = host_bytes(ref, p.cfg.remat)
         traffic = p.report.host_traffic
         why.append(f"host transfers {b['host_transfers']:.2f} s not hidden, of "
@@ -164,7 +192,7 @@ def row(ref: Reference, p: wb.Plan, seconds: float) -> dict[str, Any]:
         why.append("the splash kernel is timed at the efficiency the compiler's cycles give "
                    "the step's other FLOPs (the compiler does not model Pallas kernels)")
     notes = (f"{p.source}; {ref.per_chip_batch}x{ref.seq}/chip, {p.attention.split(':')[0]} "
-             f"attention, remat {p.cfg.remat} (reference: {ref.reference_remat})"
+             f"attention, remat {remat_label(p.cfg.remat)} (reference: {ref.reference_remat})"
              + (f", loss_chunks={p.cfg.loss_chunks}" if p.cfg.loss_chunks > 1 else "")
              + f"; memory {gib:.1f} of {p.memory['limit'] / 2**30:.1f} GiB/chip "
              f"({'fits' if p.fits else 'DOES NOT FIT'}); predicted {pred.step_seconds:.2f} "
@@ -217,9 +245,29 @@ def logits_gib(ref: Reference) -> float:
     return ref.per_chip_batch * ref.seq * ref.cfg.vocab_size * 4 / 2**30
 
 
+def _chosen() -> tuple[tuple[Reference, ...], list[dict[str, Any]]]:
+    """The references to plan now (``WB_BENCH_REFERENCE``: names, comma-separated; default
+    all) and the rows of the others already in results.json, kept (each is hours here)."""
+    names = [n.strip() for n in os.environ.get("WB_BENCH_REFERENCE", "").split(",") if n.strip()]
+    unknown = sorted(set(names) - {r.name for r in REFERENCES})
+    if unknown:
+        raise SystemExit(f"WB_BENCH_REFERENCE names {unknown}; known: "
+                         f"{[r.name for r in REFERENCES]}")
+    chosen = tuple(r for r in REFERENCES if not names or r.name in names)
+    if not names:
+        return chosen, []
+    path = Path(__file__).resolve().parent / "results.json"
+    rows = json.loads(path.read_text()) if path.exists() else []
+    others = [r.name for r in REFERENCES if r.name not in names]
+    return chosen, [{k: v for k, v in r.items() if k != "module"} for r in rows
+                    if r.get("module") == "bench_reference"
+                    and any(f"reference: {o} " in r["name"] for o in others)]
+
+
 def run() -> list[dict[str, Any]]:
-    rows, stored = [], []
-    for ref in REFERENCES:
+    chosen, rows = _chosen()
+    stored = []
+    for ref in chosen:
         t0 = time.perf_counter()
         try:
             p = plan_reference(ref)

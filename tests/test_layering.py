@@ -279,11 +279,12 @@ def test_no_package_has_an_import_cycle(folder):
 
 
 def test_models_is_a_tree_with_config_at_the_root():
-    """``models/_config.py`` is pure data: it imports no other module of ``models``; the
-    shared layers import only config and the kernels, never the models built on them."""
+    """``models/_config.py`` is pure data: of ``models`` it imports only the remat policies
+    (``_remat``, which imports none), the shared layers import only config and the kernels,
+    never the models built on them."""
     graph = package_graph(PACKAGE / "models")
     m = "workbench.models._"
-    assert graph[m + "config"] == set()
+    assert graph[m + "remat"] == set() and graph[m + "config"] == {m + "remat"}
     # ... and the LoRA adapters (Flax's nnx.LoRA on the projections), which import config only
     assert graph[m + "layers"] <= {m + "config", m + "attention", m + "context", m + "lora"}
     assert graph[m + "lora"] <= {m + "config"}
