@@ -236,7 +236,8 @@ def _scale_rows() -> list[dict]:
              "value": 100 * m["idle"], "unit": "% of a core", "target": f"< {100 * IDLE_TARGET:g}%",
              "ok": m["idle"] < IDLE_TARGET,
              "notes": f"jupyter lab process over {IDLE_SECONDS:g} s, nothing changing "
-                      f"({m['updates']} list messages); polls look at runs nobody has open "
+                      f"({m['updates']} list messages in all, the metrics run's first read "
+                      f"included); polls look at runs nobody has open "
                       f"within 2% of a core (poll_share), scans list only changed folders; "
                       f"{load} (at start {load0:.1f})"},
         ]
