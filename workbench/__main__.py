@@ -16,6 +16,7 @@ Nothing here imports JAX before it is configured.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +34,17 @@ def _count(text: str) -> int:
     return value
 
 
+def _steps(text: str) -> int:
+    """argparse type of ``--steps``: a count the int32 step counter holds."""
+    from workbench._validate import MAX_STEPS
+
+    value = _count(text)
+    if value > MAX_STEPS:
+        raise argparse.ArgumentTypeError(
+            f"{value} is past the int32 step counter's {MAX_STEPS}; give fewer steps")
+    return value
+
+
 def _index(text: str) -> int:
     """argparse type of an index: an integer >= 0."""
     try:
@@ -41,6 +53,17 @@ def _index(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """argparse type of a duration: finite seconds >= 0 (``nan``/``inf`` would never end)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be finite seconds >= 0, e.g. 30")
     return value
 
 
@@ -60,6 +83,9 @@ def _add_distributed(p: argparse.ArgumentParser) -> None:
     g.add_argument("--heartbeat-timeout", type=_count,
                    help="seconds without heartbeat before a process counts as dead "
                         "(default 15 for loopback, 60 on clusters)")
+    g.add_argument("--initialization-timeout", type=_count, default=300, metavar="SECONDS",
+                   help="seconds to wait for every process to join (default 300); then exit "
+                        "with status 69, saying what to check")
 
 
 def _spec(args: argparse.Namespace):  # -> DistributedSpec (import kept lazy)
@@ -68,7 +94,8 @@ def _spec(args: argparse.Namespace):  # -> DistributedSpec (import kept lazy)
     spec = DistributedSpec(mode=args.distributed, coordinator=args.coordinator,
                            num_processes=args.num_processes, process_id=args.process_id,
                            platform=args.platform, devices_per_process=args.devices_per_process,
-                           heartbeat_timeout=args.heartbeat_timeout)
+                           heartbeat_timeout=args.heartbeat_timeout,
+                           initialization_timeout=args.initialization_timeout)
     try:
         validate(spec)
     except ValueError as e:
@@ -86,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--config", dest="config_opt", metavar="CONFIG", help="same as CONFIG")
     t.add_argument("--run-dir", help="run directory (default: the directory of CONFIG.json); "
                                      "on shared storage when the job spans hosts")
-    t.add_argument("--steps", type=_count, help="train until this many steps in total")
+    t.add_argument("--steps", type=_steps, help="train until this many steps in total")
     t.add_argument("--data-changed", choices=("ok",),
                    help="continue the run although its data changed since it was recorded "
                         "(wb.Trainer(data_changed='ok'); recorded in run.json's history)")
@@ -98,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--run-dir", required=True)
     la.add_argument("--processes", type=_count, default=2)
     la.add_argument("--devices-per-process", type=_count)
-    la.add_argument("--steps", type=_count)
+    la.add_argument("--steps", type=_steps)
     la.add_argument("--platform", choices=("cpu", "gpu", "tpu"))
     la.set_defaults(parser=la)
 
@@ -115,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.set_defaults(parser=ex)
 
     pg = sub.add_parser("ping", help="check jax.distributed and a cross-process all-reduce")
-    pg.add_argument("--hold", type=float, default=0.0, help="keep all-reducing for SECONDS")
+    pg.add_argument("--hold", type=_seconds, default=0.0, help="keep all-reducing for SECONDS")
     _add_distributed(pg)
     pg.set_defaults(parser=pg)
 
@@ -165,8 +192,12 @@ def _launch(args: argparse.Namespace) -> int:
     from workbench.jobs import EXIT_STOPPED, launch
 
     cfg = _checked_config(args, args.config_file)
-    job = launch(cfg, processes=args.processes, devices_per_process=args.devices_per_process,
-                 run_dir=args.run_dir, steps=args.steps, platform=args.platform)
+    try:
+        job = launch(cfg, processes=args.processes, devices_per_process=args.devices_per_process,
+                     run_dir=args.run_dir, steps=args.steps, platform=args.platform)
+    except (ValueError, TypeError) as err:  # refused before any process started
+        args.parser.exit(2, f"{args.parser.prog}: error: {err}\n")
+        raise  # unreachable: exit() exits
     print(f"launched {args.processes} processes; logs in {job.run_dir / 'logs'}", flush=True)
     shown = -1
     try:

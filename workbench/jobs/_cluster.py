@@ -12,14 +12,19 @@ touches a JAX backend. Three cases:
 * neither: one process, no ``jax.distributed``.
 
 The heartbeat and shutdown timeouts are short enough that when one process dies the
-others notice it and exit instead of waiting forever in a collective.
+others notice it and exit instead of waiting forever in a collective. Joining itself is
+bounded (``initialization_timeout``): the wait is shown and ended by
+:mod:`workbench.jobs._joining`, since JAX's own timeout aborts the process from C++.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
+
+from workbench._validate import check_int
+from workbench.jobs import _joining as joining
 
 __all__ = ["LOCAL_HEARTBEAT_S", "DistributedSpec", "detect_cluster", "initialize", "validate"]
 
@@ -45,6 +50,8 @@ class DistributedSpec:
       shutdown_timeout: seconds the final shutdown barrier waits for the others.
       bind_address: where process 0's coordinator listens (default: the coordinator's
         own address for loopback launches, every interface otherwise).
+      initialization_timeout: seconds to wait for every process to join (default 300,
+        JAX's); then the process says what to check and exits with status 69.
     """
 
     mode: Literal["auto", "on", "off"] = "auto"
@@ -56,6 +63,7 @@ class DistributedSpec:
     heartbeat_timeout: int | None = None
     shutdown_timeout: int = 60
     bind_address: str | None = None
+    initialization_timeout: int = joining.DEFAULT_INITIALIZATION_TIMEOUT
 
     @property
     def explicit(self) -> bool:
@@ -107,6 +115,11 @@ def validate(spec: DistributedSpec) -> None:
         raise ValueError(f"a multi-process launch needs coordinator, num_processes and "
                          f"process_id together; got {given}; also pass {missing} "
                          "(or none of them to let jax.distributed detect the cluster)")
+    for name in ("coordinator", "bind_address"):
+        if getattr(spec, name) is not None:
+            joining.parse_address(getattr(spec, name), name)
+    check_int(spec.initialization_timeout, "initialization_timeout",
+              fix="the seconds to wait for every process to join (default 300)")
     if spec.explicit:
         n, i = spec.num_processes, spec.process_id
         assert n is not None and i is not None
@@ -117,7 +130,8 @@ def validate(spec: DistributedSpec) -> None:
         raise ValueError(f"devices_per_process must be >= 1, got {spec.devices_per_process}")
 
 
-def initialize(spec: DistributedSpec) -> str:
+def initialize(spec: DistributedSpec, *,
+               on_timeout: Callable[[int], None] | None = None) -> str:
     """Configures JAX for this worker and joins the job; call before any JAX computation.
 
     A CPU worker of a multi-process job returns with JAX's backend started, its gloo
@@ -125,6 +139,8 @@ def initialize(spec: DistributedSpec) -> str:
 
     Args:
       spec: how to join (see :class:`DistributedSpec`).
+      on_timeout: called with the exit status when joining gives up, just before the
+        process exits (:mod:`workbench.jobs._joining`).
 
     Returns:
       How the process joined: "single", "explicit" or the detected cluster's name.
@@ -158,10 +174,29 @@ def initialize(spec: DistributedSpec) -> str:
     if platform == "cpu":
         # XLA:CPU has no cross-process collectives of its own; gloo runs them over TCP.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kwargs = _initialize_kwargs(spec, platform, cluster)
+    address = spec.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+    if address is not None and spec.coordinator is None:
+        joining.parse_address(address, "JAX_COORDINATOR_ADDRESS")
+    with joining.watch(address, spec.process_id, spec.num_processes,
+                       spec.initialization_timeout, where=cluster or "explicit",
+                       on_timeout=on_timeout):
+        jax.distributed.initialize(**kwargs)  # type: ignore[arg-type]
+    if platform == "cpu":
+        jax.devices()   # starts the backend, and with it gloo's network thread
+        _lower_gloo_thread_priority(gloo_nice)
+    return "explicit" if spec.explicit else (cluster or "jax.distributed")
+
+
+def _initialize_kwargs(spec: DistributedSpec, platform: str | None,
+                       cluster: str | None) -> dict[str, object]:
+    """The arguments of ``jax.distributed.initialize`` for ``spec`` (JAX's timeout is the
+    bound plus a margin, so the watchdog of :mod:`workbench.jobs._joining` ends the wait)."""
     heartbeat = spec.heartbeat_timeout or (LOCAL_HEARTBEAT_S if spec.explicit
                                            else CLUSTER_HEARTBEAT_S)
-    kwargs: dict[str, object] = {"heartbeat_timeout_seconds": heartbeat,
-                                 "shutdown_timeout_seconds": spec.shutdown_timeout}
+    kwargs: dict[str, object] = {
+        "heartbeat_timeout_seconds": heartbeat, "shutdown_timeout_seconds": spec.shutdown_timeout,
+        "initialization_timeout": spec.initialization_timeout + joining.JAX_MARGIN_S}
     if spec.explicit:
         assert spec.coordinator is not None
         kwargs.update(coordinator_address=spec.coordinator, num_processes=spec.num_processes,
@@ -175,11 +210,7 @@ def initialize(spec: DistributedSpec) -> str:
         # drives M GPUs of its node takes GPUs localid*M .. localid*M+M-1.
         m, local = spec.devices_per_process, int(os.environ.get("SLURM_LOCALID", "0"))
         kwargs["local_device_ids"] = list(range(local * m, (local + 1) * m))
-    jax.distributed.initialize(**kwargs)  # type: ignore[arg-type]
-    if platform == "cpu":
-        jax.devices()   # starts the backend, and with it gloo's network thread
-        _lower_gloo_thread_priority(gloo_nice)
-    return "explicit" if spec.explicit else (cluster or "jax.distributed")
+    return kwargs
 
 
 #: What gloo's network thread is doing whenever it is idle: ``epoll_wait(epfd, events,

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from workbench._validate import check_int
-from workbench._xla_flags import cpu_device_flags
+from workbench._xla_flags import cpu_device_count, cpu_device_flags
 from workbench.jobs._job import Job, NoJobError, _Pid, exit_file
 from workbench.jobs._protocol import Submission, check_mesh
 from workbench.jobs._worker import EXIT_FILE_ENV, IMPORT_ROOT, train_command
@@ -132,6 +132,13 @@ class Local:
         """Devices of each worker (``devices_per_process``)."""
         return self.devices_per_process
 
+    def _local_devices(self, platform: str) -> int | None:
+        """Devices each worker gets: ``devices_per_process``, else on CPU what the workers'
+        environment gives (this process's ``XLA_FLAGS``), else unknown (None)."""
+        if self.devices_per_process or platform != "cpu":
+            return self.devices_per_process
+        return cpu_device_count(os.environ)
+
     def _argv(self, i: int, command: Sequence[str], platform: str,
               port: int | str) -> list[str]:
         """Worker ``i``'s argv: the subcommand and how it joins the job."""
@@ -161,9 +168,9 @@ class Local:
 
     def submit(self, submission: Submission) -> Job:
         """Locks the run directory, writes the submission's files, starts the workers."""
-        check_mesh(submission.mesh, self.processes, self.devices_per_process)
-        run_dir = submission.run_dir
         platform = self.platform or default_platform()
+        check_mesh(submission.mesh, self.processes, self._local_devices(platform))
+        run_dir = submission.run_dir
         _one_process_per_tpu_host(self.processes, platform)
         what, target = submission.what, submission.target_steps
         lock = RunLock(run_dir)

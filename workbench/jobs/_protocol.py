@@ -58,15 +58,23 @@ class Submission:
 
 
 def check_mesh(mesh: Mapping[str, int], processes: int, devices_per_process: int | None) -> None:
-    """Refuses a mesh larger than the devices a job gets (before any process starts)."""
-    if not devices_per_process or any(v == -1 for v in mesh.values()):
+    """Refuses a mesh whose size is not the job's processes x devices per process (the
+    workers' ``make_mesh`` needs them equal), before any process starts. Nothing is
+    checked when the devices per process are unknown (None)."""
+    sizes = list(mesh.values())
+    if not devices_per_process or not sizes or \
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
         return
-    need, have = math.prod(mesh.values()), processes * devices_per_process
-    if need > have:
-        raise ValueError(f"config.mesh {dict(mesh)} needs {need} devices, but the launch gives "
-                         f"processes={processes} x devices_per_process={devices_per_process} "
-                         f"= {have}; launch more processes/devices, or use a mesh of {have} "
-                         "devices (one axis may be -1, e.g. {'data': -1})")
+    have, known = processes * devices_per_process, math.prod(v for v in sizes if v != -1)
+    inferred = -1 in sizes
+    if (have % known if inferred else known != have) == 0:
+        return
+    need = (f"needs a multiple of {known} devices (the other axes' product, one axis -1)"
+            if inferred else f"needs {known} devices")
+    raise ValueError(f"config.mesh {dict(mesh)} {need}, but the launch gives "
+                     f"processes={processes} x devices_per_process={devices_per_process} = "
+                     f"{have}; launch processes x devices_per_process = {known} devices, or use "
+                     f"a mesh of {have} devices (one axis may be -1, e.g. {{'data': -1}})")
 
 
 @runtime_checkable

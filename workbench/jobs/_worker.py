@@ -81,7 +81,7 @@ def load_config(path: str | os.PathLike[str]) -> Any:
 
 
 def _joined(spec: cluster.DistributedSpec) -> None:
-    how = cluster.initialize(spec)
+    how = cluster.initialize(spec, on_timeout=record_exit)
     import jax
 
     _say(f"process {jax.process_index()} of {jax.process_count()} joined ({how}): "
