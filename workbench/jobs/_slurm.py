@@ -161,10 +161,10 @@ class Slurm:
             refusal.
           JobRunningError: the run directory belongs to a job still queued or running.
         """
-        check_mesh(submission.mesh, self.tasks, self.devices_per_task)
         run_dir = submission.run_dir
         check_paths(run_dir)   # a newline in a path would end a line of the script
         nodes = check(self, run_dir, checkpoint_every=submission.checkpoint_every)
+        check_mesh(submission.mesh, self.tasks, self.devices_per_task)  # after SLURM's own
         storage.warn_if_not_shared(run_dir, nodes)
         lock = RunLock(run_dir)
         lock.acquire(what="slurm")
