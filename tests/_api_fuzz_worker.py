@@ -360,6 +360,7 @@ RECIPES: dict[str, Recipe] = {
     "wb.runs.pid_alive": lambda f: {"pid": os.getpid()},
     "wb.runs.pid_start_time": lambda f: {"pid": os.getpid()},
     "wb.runs.read_events": lambda f: {"run_dir": f.written_run},
+    "wb.runs.read_attempts": lambda f: {"run_dir": f.written_run},
     "wb.runs.read_metrics": lambda f: {"run_dir": f.written_run},
     "wb.runs.read_run": lambda f: {"run_dir": f.written_run},
     "wb.runs.resolve_run": lambda f: {"roots": [str(f.dir)], "rid": "written"},
@@ -428,8 +429,9 @@ def fuzz_key(base: dict[str, Any], param: str) -> str:
     return next(iter(base.get(param) or {}), "bogus")
 
 
-def call(fx: Fixtures, name: str, param: str | None, value: Any) -> Any:
-    """``name`` called with its recipe's arguments, ``param`` replaced by ``value``."""
+def call(fx: Fixtures, name: str, hostile: dict[str, Any]) -> Any:
+    """``name`` called with its recipe's arguments, those named in ``hostile`` (one or
+    several at once) replaced by its values."""
     obj = resolve(name)
     base = RECIPES[name](fx)
     args: list[Any] = []
@@ -438,12 +440,12 @@ def call(fx: Fixtures, name: str, param: str | None, value: Any) -> Any:
     for pname, kind in parameters(name, obj):
         if kind == "var_keyword":
             extra = dict(base.get(pname) or {})
-            if pname == param:
-                extra[fuzz_key(base, pname)] = value
+            if pname in hostile:
+                extra[fuzz_key(base, pname)] = hostile[pname]
             kwargs.update(extra)
             continue
-        if pname == param:
-            v = value
+        if pname in hostile:
+            v = hostile[pname]
         elif pname in base:
             v = base[pname]
         else:
@@ -475,19 +477,29 @@ def listing(folder: Path) -> set[str]:
 
 
 def answer(fx: Fixtures, request: tuple[Any, ...]) -> dict[str, Any]:
-    _, name, param, value = request
-    sandbox, pkg = fx.sandbox, str(Path(__import__("workbench").__file__).parent)
-    top, home = set(os.listdir(sandbox)), listing(sandbox / "home")
-    out: dict[str, Any] = {"ok": True}
+    """One call: ``("call", name, {parameter: hostile value, ...})``."""
+    _, name, hostile = request
     try:
         base_ready = RECIPES[name](fx)   # fixtures built outside the measured call
         del base_ready
     except Exception:
         return {"ok": False, "setup": traceback.format_exc()}
+    return attempt(fx, lambda: call(fx, name, hostile))
+
+
+def attempt(fx: Fixtures, run: Callable[[], Any],
+            inspect_result: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """What ``run()`` did: returned (``inspect_result`` adds what it says of the result) or
+    raised (where, what), and what it wrote outside the run folder and the caches."""
+    sandbox, pkg = fx.sandbox, str(Path(__import__("workbench").__file__).parent)
+    top, home = set(os.listdir(sandbox)), listing(sandbox / "home")
+    out: dict[str, Any] = {"ok": True}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result = call(fx, name, param, value)
+            result = run()
+            if inspect_result is not None:
+                out.update(inspect_result(result))
         close(result)
         del result
     except BaseException as e:  # noqa: BLE001 - judged by the parent (SystemExit too)
@@ -514,6 +526,273 @@ def answer(fx: Fixtures, request: tuple[Any, ...]) -> dict[str, Any]:
     return out
 
 
+# --- files between calls: what a call wrote, edited by a hostile hand, read by the next -------
+
+def _rewrite_json(path: Path, change: Callable[[Any], Any]) -> None:
+    """``path``'s JSON (gzip-compressed for ``.gz``, a value a line for ``.jsonl``) with
+    ``change`` applied to it."""
+    import gzip
+    import json
+
+    raw = path.read_bytes()
+    text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode()
+    if path.suffix == ".jsonl":
+        out = "".join(json.dumps(change(json.loads(line))) + "\n"
+                      for line in text.splitlines() if line.strip())
+    else:
+        out = json.dumps(change(json.loads(text)))
+    path.write_bytes(gzip.compress(out.encode()) if path.suffix == ".gz" else out.encode())
+
+
+def _numbers(to: Callable[[float], Any]) -> Callable[[Any], Any]:
+    """Every number of a JSON value (bools aside) replaced by ``to(number)``; a record's
+    ``key`` and ``checksum`` dropped (as a plan record written before they were kept), so
+    that its type and range checks are what must catch it."""
+    def change(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: change(x) for k, x in v.items() if k not in ("key", "checksum")}
+        if isinstance(v, list):
+            return [change(x) for x in v]
+        return to(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    return change
+
+
+def _edit_numbers(to: Callable[[Any], Any]) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        if path.suffix == ".npy":
+            import numpy as np
+            np.save(path, to(np.load(path)))
+        else:
+            _rewrite_json(path, _numbers(to))
+    return edit
+
+
+def _edit_directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+    (path / "keep.txt").write_text("not Workbench's")
+
+
+def _edit_fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+#: Hostile edits of a file, by name: each a function of its path.
+EDITS: dict[str, Callable[[Path], None]] = {
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+    "garbage": lambda p: p.write_bytes(b"\x00\xff{garbage\n" * 3),
+    "empty": lambda p: p.write_bytes(b""),
+    "a directory": _edit_directory,
+    "a FIFO": _edit_fifo,
+    "negative numbers": _edit_numbers(lambda n: -abs(n) - 1),
+    "numbers as strings": _edit_numbers(lambda n: n.astype("float64") + 0.5
+                                        if hasattr(n, "astype") else str(n)),
+}
+_BYTES = ("truncated", "garbage", "empty", "a directory", "a FIFO")
+ALL_EDITS = tuple(EDITS)
+
+
+class Target:
+    """Files a call writes (``write``) under ``where`` (``run``: the user's folder, where
+    nothing saved may be lost; ``cache``), the names of those edited (``files``: basename
+    pattern -> edits), the calls that read them next (``readers``: public name ->
+    function of the fixtures and the edited file's path), and which readers must answer
+    as the writer did (``same``: their names and a summary of the result, compared)."""
+
+    def __init__(self, write: Callable[[Fixtures], Any], files: dict[str, tuple[str, ...]],
+                 readers: dict[str, Callable[[Fixtures, Path], Any]], *, where: str,
+                 same: tuple[tuple[str, ...], Callable[[Any], Any]] | None = None) -> None:
+        self.write, self.files, self.readers = write, files, readers
+        self.where, self.same = where, same
+
+
+def _write_run(fx: Fixtures) -> Any:
+    import workbench as wb
+    with wb.runs.RunWriter("files/run/r", config={"a": 1}, name="r") as w:
+        w.event("compile", seconds=1.0)
+        for step in (1, 2, 3):
+            w.log({"step": step, "loss": 3.0 - step / 2})
+
+
+def _write_trained(fx: Fixtures) -> Any:
+    shutil.copytree(fx.trained_run, "files/trained/t")
+
+
+def _plan_cfg(fx: Fixtures) -> Any:
+    return fx.cfg.replace(d_ff=48)   # a step no other call compiles: its record is new
+
+
+def _plan(fx: Fixtures) -> Any:
+    """A plan compiled for an abstract TPU slice: its record is kept on disk (``plans/``),
+    and read back by the next process (this one, its in-memory executables forgotten)."""
+    import workbench as wb
+    from workbench.planning import _compile
+
+    _compile.clear_cache()
+    return wb.plan(_plan_cfg(fx), mesh=wb.abstract_mesh("v5p-8", data=4), batch=8, seq=16,
+                   progress=False)
+
+
+def _docs2(fx: Fixtures) -> str:
+    """A corpus only these cases tokenize (its token cache is theirs alone)."""
+    import json
+    path = fx.dir / "docs2.jsonl"
+    if not path.exists():
+        path.write_text("".join(json.dumps({"text": d[::-1]}) + "\n" for d in fx.docs))
+    return str(path)
+
+
+def _token_cache(fx: Fixtures) -> Any:
+    import workbench as wb
+    return wb.data.build_token_cache([_docs2(fx)], tokenizer=fx.tokenizer)
+
+
+def _prepare(fx: Fixtures) -> Any:
+    import workbench as wb
+    return wb.data.prepare(wb.data.Dataset(files=_docs2(fx), tokenizer=fx.tok_file), seq=16,
+                           vocab_size=384)
+
+
+def _tail(d: Path) -> Any:
+    import workbench as wb
+    tail = wb.runs.MetricsTail(d)
+    tail.poll()
+    return tail.read()
+
+
+def _resume_writer(d: Path) -> Any:
+    import workbench as wb
+    with wb.runs.RunWriter(d, config={"a": 1}) as w:
+        w.log({"step": 4, "loss": 1.0})
+
+
+def _resume_trainer(fx: Fixtures, d: Path) -> Any:
+    import workbench as wb
+    trainer = wb.Trainer(fx.train_config, d, progress=None)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+
+
+def _runs() -> Any:
+    import workbench as wb
+    return wb.runs
+
+
+TARGETS: dict[str, Target] = {
+    "run directory": Target(
+        _write_run, {"run.json": ALL_EDITS, "metrics.jsonl": ALL_EDITS}, where="run",
+        readers={
+            "wb.runs.read_run": lambda fx, p: _runs().read_run(p.parent),
+            "wb.runs.read_metrics": lambda fx, p: _runs().read_metrics(p.parent),
+            "wb.runs.read_events": lambda fx, p: _runs().read_events(p.parent),
+            "wb.runs.read_attempts": lambda fx, p: _runs().read_attempts(p.parent),
+            "wb.runs.MetricsTail": lambda fx, p: _tail(p.parent),
+            "wb.runs.list_runs": lambda fx, p: _runs().list_runs([p.parent.parent]),
+            "wb.runs.resolve_run": lambda fx, p: _runs().resolve_run([p.parent.parent], "r"),
+            "wb.runs.RunWriter": lambda fx, p: _resume_writer(p.parent)}),
+    # a trained run (its checkpoint kept): resumed by a Trainer, exported
+    "trained run": Target(
+        _write_trained, {"run.json": ("garbage", "a directory", "numbers as strings"),
+                         "metrics.jsonl": ("truncated", "a FIFO")}, where="run",
+        readers={"wb.Trainer": lambda fx, p: _resume_trainer(fx, p.parent),
+                 "wb.hf.export_run": lambda fx, p: __import__("workbench").hf.export_run(
+                     p.parent, fx.fresh("files-export"))}),
+    "plan cache": Target(
+        _plan, {"*.json.gz": ALL_EDITS}, where="cache",
+        readers={"wb.plan": lambda fx, p: _plan(fx)},
+        same=(("wb.plan",), lambda plan: plan.memory)),
+    "token cache": Target(
+        _token_cache, {"info.json": ALL_EDITS, "lengths.npy": ALL_EDITS,
+                       "tokens.array_record": _BYTES}, where="cache",
+        readers={"wb.data.build_token_cache": lambda fx, p: _token_cache(fx),
+                 "wb.data.prepare": lambda fx, p: _prepare(fx)},
+        same=(("wb.data.build_token_cache",),
+              lambda c: (c.lengths.tolist(), __import__("hashlib").sha256(
+                  c.path.read_bytes()).hexdigest()))),
+}
+
+
+def file_cases() -> list[tuple[str, str, str, str]]:
+    """Every (target, file pattern, edit, reader), in a fixed order."""
+    return [(t, pattern, edit, reader) for t, target in TARGETS.items()
+            for pattern, edits in target.files.items() for edit in edits
+            for reader in target.readers]
+
+
+
+
+def _files(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _written(fx: Fixtures, name: str) -> tuple[dict[Path, bytes], Any]:
+    """What ``name``'s writer wrote (once in the sandbox: kept under ``fixtures/`` for the
+    worker started after a hang), as bytes to put back, and the summary of its answer."""
+    kept = fx.dir / f"written-{name.replace(' ', '-')}.pickle"
+    if not kept.exists():
+        target = TARGETS[name]
+        root = fx.sandbox / target.where
+        before = set(root.rglob("*"))
+        result = target.write(fx)
+        summary = target.same[1](result) if target.same else None
+        new = {p: b for p, b in _files(root).items() if p not in before}
+        kept.write_bytes(pickle.dumps((new, summary)))
+    return pickle.loads(kept.read_bytes())
+
+
+def _put_back(files: dict[Path, bytes]) -> None:
+    for path, data in files.items():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def _lost(kept: dict[Path, bytes]) -> list[str]:
+    """The saved files a call removed or cut (``run.json`` is rewritten whole; any other
+    file may only grow)."""
+    out = []
+    for path, data in kept.items():
+        if not path.is_file():
+            out.append(f"{path.name} is gone")
+        elif path.name != "run.json" and not path.read_bytes().startswith(data):
+            out.append(f"{path.name} lost bytes ({len(data)} before, "
+                       f"{path.stat().st_size} after)")
+    return out
+
+
+def answer_files(fx: Fixtures, request: tuple[Any, ...]) -> dict[str, Any]:
+    """``("files", target, pattern, edit, reader)``: the target's files as its writer left
+    them, the file matching ``pattern`` edited, then the reader called."""
+    import fnmatch
+
+    _, name, pattern, edit, reader = request
+    target = TARGETS[name]
+    try:
+        files, summary = _written(fx, name)
+        _put_back(files)
+        (path,) = [p for p in files if fnmatch.fnmatch(p.name, pattern)]
+        EDITS[edit](path)
+        kept = {p: b for p, b in files.items() if p != path} if target.where == "run" else {}
+    except Exception:
+        return {"ok": False, "setup": traceback.format_exc()}
+
+    def same(result: Any) -> dict[str, Any]:
+        if target.same is None or reader not in target.same[0]:
+            return {}
+        got = target.same[1](result)
+        return {} if got == summary else {"differs": f"{got!r:.300} != {summary!r:.300}"}
+
+    out = attempt(fx, lambda: target.readers[reader](fx, path), same)
+    out.update(lost=_lost(kept), file=path.name, folder=str(path.parent))
+    return out
+
+
 def main() -> None:
     proto = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
@@ -530,4 +809,4 @@ def main() -> None:
             request = receive(stdin)
         except EOFError:
             return
-        send(proto, answer(fx, request))
+        send(proto, (answer_files if request[0] == "files" else answer)(fx, request))

@@ -48,6 +48,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -67,6 +68,10 @@ REPO = Path(__file__).resolve().parents[1]
 #: (a first call may compile: a tiny Trainer's step is ~10 s on one loaded core).
 EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "12"))
 CALL_TIMEOUT = 90.0
+#: Calls per callable with several arguments hostile at once (2 or 3 of them).
+COMBINATIONS = int(os.environ.get("WORKBENCH_FUZZ_COMBINATIONS", "8"))
+#: A call after an edit of the files an earlier one wrote (a compile at most) answers within:
+FILES_TIMEOUT = 60.0
 COLLECT = os.environ.get("WORKBENCH_FUZZ_COLLECT") == "1"
 
 
@@ -191,13 +196,21 @@ class Worker:
         except (EOFError, OSError):
             return {"died": self.proc.wait()}
 
-    def call(self, name: str, param: str | None, value: Any) -> dict[str, Any]:
+    def call(self, name: str, hostile: dict[str, Any]) -> dict[str, Any]:
+        """``name`` called with the arguments in ``hostile`` replaced (none, one or several)."""
+        return self.request(("call", name, hostile), CALL_TIMEOUT)
+
+    def files(self, case: tuple[str, str, str, str]) -> dict[str, Any]:
+        """A target's files written, one edited, then read: ``worker.file_cases()``' row."""
+        return self.request(("files", *case), FILES_TIMEOUT)
+
+    def request(self, message: tuple[Any, ...], timeout: float) -> dict[str, Any]:
         if self.proc is None:
             self.start()
         assert self.proc is not None and self.proc.stdin is not None
-        worker.send(self.proc.stdin, ("call", name, param, value))
+        worker.send(self.proc.stdin, message)
         started = time.monotonic()
-        out = self._read(CALL_TIMEOUT)
+        out = self._read(timeout)
         if out is None:
             self.stop()
             return {"hang": round(time.monotonic() - started, 1)}
@@ -217,8 +230,8 @@ def fuzz(tmp_path_factory):
                                                                         default=repr))
 
 
-STATS: dict[str, Any] = {"calls": 0, "functions": [], "failures": [],
-                         "seconds": {}}
+STATS: dict[str, Any] = {"calls": 0, "combination_calls": 0, "file_calls": 0,
+                         "functions": [], "failures": [], "seconds": {}}
 
 
 # --- the rule -----------------------------------------------------------------------------------
@@ -227,9 +240,17 @@ def names_argument(message: str, name: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message) is not None
 
 
-def judge(out: dict[str, Any], function: str, param: str | None) -> str | None:
-    """What is wrong with one call's outcome (None: nothing)."""
-    argument = _argument_name(function, param)
+def judge(out: dict[str, Any], function: str, hostile: Sequence[str]) -> str | None:
+    """What is wrong with one call's outcome (None: nothing); ``hostile``: the parameters
+    given hostile values (the message names one of them)."""
+    arguments = [_argument_name(function, param) for param in hostile]
+    names = [n for a in arguments for n in (a, *ALIASES.get((function, a), ()))]
+    return _outcome(out) or _message(out, names, " or ".join(map(repr, arguments)))
+
+
+def _outcome(out: dict[str, Any]) -> str | None:
+    """What is wrong with an outcome whatever the call: a hang, a crash, files written
+    outside, saved files lost, an answer other than the reference's, a raw exception."""
     if "hang" in out:
         return f"no answer after {out['hang']} s (a hang)"
     if "died" in out:
@@ -242,17 +263,30 @@ def judge(out: dict[str, Any], function: str, param: str | None) -> str | None:
         if out.get(key)]
     if files:
         return "; ".join(files)
+    if out.get("lost"):
+        return "saved data lost: " + "; ".join(out["lost"])
+    if out.get("differs"):
+        return f"it answered otherwise than from the files as written: {out['differs']}"
     if out["ok"]:
         return None
-    raw = f"{out['type']}: {out['message'][:600]} (raised at {out['frame']})"
+    raw = _raw(out)
     if not (out["value_or_type_error"] or out["workbench_class"]):
         return f"a raw {raw}"
     if not out["in_workbench"]:
         return f"raised outside Workbench's code: {raw}"
-    names = (argument, *ALIASES.get((function, argument), ())) if argument else ()
-    if names and not any(names_argument(out["message"], n) for n in names):
-        return f"the message does not name {argument!r}: {raw}"
     return None
+
+
+def _raw(out: dict[str, Any]) -> str:
+    return f"{out['type']}: {out['message'][:600]} (raised at {out['frame']})"
+
+
+def _message(out: dict[str, Any], names: Sequence[str], what: str) -> str | None:
+    """What is wrong with an error's message: it names none of ``names`` (none given:
+    any message will do)."""
+    if out["ok"] or not names or any(names_argument(out["message"], n) for n in names):
+        return None
+    return f"the message does not name {what}: {_raw(out)}"
 
 
 def _argument_name(name: str, param: str | None) -> str | None:
@@ -291,42 +325,113 @@ def test_every_public_callable_is_fuzzed():
 FUZZED = sorted(set(SURFACE) - set(EXEMPT))
 
 
-@pytest.mark.parametrize("name", FUZZED)
-def test_every_call_works_or_names_its_argument(name, fuzz):
-    if name not in worker.RECIPES:
-        pytest.fail(f"{name} has no recipe (see test_every_public_callable_is_fuzzed)")
-    params = [p for p, _ in worker.parameters(name, SURFACE[name])]
-    started = time.monotonic()
-    problems: list[dict[str, Any]] = []
+class _Calls:
+    """The calls one test makes of one callable, and the problems they showed."""
 
-    def one(param: str | None, kind: str | None, value: Any) -> None:
-        STATS["calls"] += 1
-        out = fuzz.call(name, param, value)
-        problem = judge(out, name, param)
+    def __init__(self, name: str, fuzz: Worker, counter: str) -> None:
+        if name not in worker.RECIPES:
+            pytest.fail(f"{name} has no recipe (see test_every_public_callable_is_fuzzed)")
+        self.name, self.fuzz, self.counter = name, fuzz, counter
+        self.params = [p for p, _ in worker.parameters(name, SURFACE[name])]
+        self.problems: list[dict[str, Any]] = []
+        self.started = time.monotonic()
+
+    def __call__(self, hostile: dict[str, tuple[str, Any]]) -> None:
+        """One call, ``hostile``: parameter -> (kind, value)."""
+        STATS[self.counter] += 1
+        out = self.fuzz.call(self.name, {p: v for p, (_, v) in hostile.items()})
+        problem = judge(out, self.name, list(hostile))
         if problem is None:
             return
-        row = {"function": name, "argument": param, "kind": kind, "value": repr(value),
+        given = ", ".join(f"{p}={v!r}" for p, (_, v) in hostile.items())
+        row = {"function": self.name, "argument": ", ".join(hostile) or None,
+               "kind": ", ".join(k for k, _ in hostile.values()) or None,
+               "value": ", ".join(repr(v) for _, v in hostile.values()),
                "problem": problem, "traceback": out.get("traceback", "")[-1500:]}
         if COLLECT:
-            if not any(p["argument"] == param and p["kind"] == kind for p in problems):
-                problems.append(row)
+            if not any(p["argument"] == row["argument"] and p["kind"] == row["kind"]
+                       for p in self.problems):
+                self.problems.append(row)
             return
-        raise AssertionError(f"{name}({param}={value!r}): {problem}\n{row['traceback']}")
+        raise AssertionError(f"{self.name}({given}): {problem}\n{row['traceback']}")
 
-    if not params:
-        one(None, None, None)
+    def finish(self, label: str) -> None:
+        STATS["failures"] += self.problems
+        STATS["seconds"][label] = round(time.monotonic() - self.started, 1)
+        assert not self.problems, json.dumps(self.problems, indent=1)
+
+
+def _derandomized(examples: int) -> Any:
+    """Hypothesis, ``examples`` draws from a fixed seed (the same calls on every run)."""
+    def decorate(test: Any) -> Any:
+        return settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+                        phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False,
+                        suppress_health_check=list(HealthCheck))(given(data=st.data())(test))
+    return decorate
+
+
+@pytest.mark.parametrize("name", FUZZED)
+def test_every_call_works_or_names_its_argument(name, fuzz):
+    calls = _Calls(name, fuzz, "calls")
+    if not calls.params:
+        calls({})
     else:
-        @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
-                  phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False,
-                  suppress_health_check=list(HealthCheck))
-        @given(data=st.data())
+        @_derandomized(EXAMPLES)
         def draw(data: st.DataObject) -> None:
-            param = data.draw(st.sampled_from(params), label="argument")
+            param = data.draw(st.sampled_from(calls.params), label="argument")
             kind = data.draw(st.sampled_from(sorted(KINDS)), label="kind")
-            one(param, kind, data.draw(KINDS[kind], label="value"))
+            calls({param: (kind, data.draw(KINDS[kind], label="value"))})
 
         draw()
     STATS["functions"].append(name)
+    calls.finish(name)
+
+
+TOGETHER = [n for n in FUZZED if len(worker.parameters(n, SURFACE[n])) >= 2]
+
+
+@pytest.mark.parametrize("name", TOGETHER)
+def test_arguments_hostile_together(name, fuzz):
+    """Two or three arguments hostile at once (COMBINATIONS calls per callable, drawn as the
+    single ones): the call works or raises an error naming one of them."""
+    calls = _Calls(name, fuzz, "combination_calls")
+
+    @_derandomized(COMBINATIONS)
+    def draw(data: st.DataObject) -> None:
+        chosen = data.draw(st.lists(st.sampled_from(calls.params), min_size=2, max_size=3,
+                                    unique=True), label="arguments")
+        hostile = {}
+        for param in chosen:
+            kind = data.draw(st.sampled_from(sorted(KINDS)), label=f"kind of {param}")
+            hostile[param] = (kind, data.draw(KINDS[kind], label=param))
+        calls(hostile)
+
+    draw()
+    calls.finish(f"{name} (together)")
+
+
+@pytest.mark.parametrize("target", list(worker.TARGETS))
+def test_calls_after_hostile_edits_of_what_calls_wrote(target, fuzz):
+    """A run directory, a trained run, a plan-cache record and a token cache as a call
+    wrote them; one file edited (truncated, garbage, empty, a directory, a FIFO, negative
+    numbers, numbers as strings: ``worker.EDITS``); then each call that reads it
+    (``worker.TARGETS``). It works (a cache answers as from the files as written) or
+    raises a Workbench error naming the file; it never hangs, and nothing else saved in a
+    run directory is removed or cut."""
+    started, problems = time.monotonic(), []
+    for case in [c for c in worker.file_cases() if c[0] == target]:
+        STATS["file_calls"] += 1
+        out = fuzz.files(case)
+        names = [n for n in (out.get("file"), out.get("folder")) if n]
+        problem = _outcome(out) or _message(out, names, f"the file it read ({case[1]})")
+        if problem is None:
+            continue
+        row = {"function": case[3], "argument": f"{target}: {case[1]}", "kind": case[2],
+               "value": None, "problem": problem, "traceback": out.get("traceback", "")[-1500:]}
+        if not COLLECT:
+            raise AssertionError(f"{case[3]} after {case[1]} of the {target} was made "
+                                 f"{case[2]}: {problem}\n{row['traceback']}")
+        problems.append(row)
     STATS["failures"] += problems
-    STATS["seconds"][name] = round(time.monotonic() - started, 1)
+    STATS["seconds"][f"files: {target}"] = round(time.monotonic() - started, 1)
     assert not problems, json.dumps(problems, indent=1)

@@ -27,6 +27,7 @@ import os
 import platform
 import re
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -38,7 +39,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Self
 
-from workbench._run_file import FileRefused, open_file
+from workbench._run_file import FileRefused, file_kind, open_file
 from workbench._tail import METRICS, MetricsTail, _depth_ok, path_arg, read_attempts
 
 __all__ = ["HISTORY_EVENTS", "METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunFileError",
@@ -170,6 +171,7 @@ class RunWriter:
                 self.meta[key] = _clean(old[key])
         self.meta.update(_clean(meta or {}))
         path = self.run_dir / METRICS
+        _refuse_special(path)
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         if path.stat().st_size and not _ends_with_newline(path):
             self._file.write("\n")  # a line cut short by a crash stays a line of its own
@@ -265,6 +267,19 @@ class RunWriter:
         self._last_meta_write = time.monotonic()
 
 
+def _refuse_special(path: Path) -> None:
+    """Refuses a ``metrics.jsonl`` that is there but not a regular file: appending to a
+    directory raises a raw error, and opening a named pipe waits for a reader forever."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise RunFileError(f"{path} is {file_kind(mode)}, not a file; move it aside (e.g. to "
+                           f"{path.name}.bad) or delete it: the run's metrics are appended to "
+                           "a new one")
+
+
 def _ends_with_newline(path: Path) -> bool:
     with open(path, "rb") as f:
         f.seek(-1, os.SEEK_END)
@@ -273,7 +288,8 @@ def _ends_with_newline(path: Path) -> bool:
 
 # ----------------------------------------------------------------------------- reading
 class RunFileError(ValueError):
-    """A ``run.json`` that exists but cannot be used (binary, empty, not an object, ...);
+    """A ``run.json`` (or, to append to, a ``metrics.jsonl``) that exists but cannot be used
+    (binary, empty, not an object, a directory, a named pipe, ...);
     the message names the file, what is wrong and what to do."""
 
 

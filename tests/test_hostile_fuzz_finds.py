@@ -1,0 +1,71 @@
+"""What the API fuzzer found (tests/test_api_fuzz.py, issue 56 item 10), one row each: a
+hostile edit of the files an earlier call wrote, then the next call raises a Workbench
+error naming the file, within seconds, and the run's saved files stay as they were."""
+import os
+import threading
+
+import pytest
+
+from workbench import runs
+
+
+def _directory(path):
+    path.unlink()
+    path.mkdir()
+
+
+def _fifo(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _written(tmp_path):
+    run = tmp_path / "run"
+    with runs.RunWriter(run, config={"a": 1}) as w:
+        for step in (1, 2, 3):
+            w.log({"step": step, "loss": 3.0 - step / 2})
+    return run
+
+
+def _resume(run):
+    with runs.RunWriter(run, config={"a": 1}) as w:
+        w.log({"step": 4, "loss": 1.0})
+
+
+# (the file edited, the edit, the call after it, what its error says)
+CASES = {
+    # a raw IsADirectoryError from open(..., "a")
+    "RunWriter resumes a run whose metrics.jsonl is a directory": (
+        "metrics.jsonl", _directory, _resume, "is a directory, not a file"),
+    # open(..., "a") of a FIFO waits for a reader forever
+    "RunWriter resumes a run whose metrics.jsonl is a FIFO": (
+        "metrics.jsonl", _fifo, _resume, "is a named pipe, not a file"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fuzz_find(case, tmp_path):
+    name, edit, call, says = CASES[case]
+    run = _written(tmp_path)
+    edit(run / name)
+    kept = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != name}
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(_error(call, run)), daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():   # let the stuck open return, so the thread ends
+        with open(run / name, "rb", buffering=0):
+            thread.join(5)
+        pytest.fail(f"{case}: no answer after 10 s")
+    error = outcome[0]
+    assert isinstance(error, runs.RunFileError), repr(error)
+    assert name in str(error) and says in str(error) and "move it aside" in str(error)
+    assert {p: (run / p).read_bytes() for p in kept} == kept
+
+
+def _error(call, run):
+    try:
+        call(run)
+    except Exception as e:  # noqa: BLE001 - compared above
+        return e
+    return None
