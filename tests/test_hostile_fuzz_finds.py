@@ -1,11 +1,14 @@
 """What the API fuzzer found (tests/test_api_fuzz.py, issue 56 item 10), one row each: a
 hostile edit of the files an earlier call wrote, then the next call raises a Workbench
-error naming the file, within seconds, and the run's saved files stay as they were."""
+error naming the file, within seconds, and the run's saved files stay as they were; a
+hostile argument, then an error naming it."""
 import os
+import re
 import threading
 
 import pytest
 
+import workbench as wb
 from workbench import runs
 
 
@@ -69,3 +72,16 @@ def _error(call, run):
     except Exception as e:  # noqa: BLE001 - compared above
         return e
     return None
+
+
+# (the call, what its error must say): an error names the argument the fuzzer gave
+CALLS = {
+    "wb.show of an empty dict (obj={})": (lambda: wb.show({}), "wb.show(obj)"),
+}
+
+
+@pytest.mark.parametrize("case", list(CALLS))
+def test_fuzz_find_names_the_argument(case):
+    call, says = CALLS[case]
+    with pytest.raises(ValueError, match=re.escape(says)):
+        call()

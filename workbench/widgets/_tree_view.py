@@ -86,7 +86,8 @@ def tree_widget(tree: Any, *, mesh: Any = None, rules: Any = None, specs: Any = 
     """
     layouts = tree_layouts(tree, mesh, rules=rules, specs=specs)
     if not layouts.layouts:
-        raise ValueError(f"nothing to draw: the {type(tree).__name__} has no array leaves "
+        raise ValueError(f"wb.show(obj): nothing to draw: the {type(tree).__name__} has no "
+                         "array leaves "
                          f"(leaves skipped: {layouts.skipped[:5]}); wb.show draws pytrees of "
                          "arrays, ShapeDtypeStructs or an nnx.Module")
     view = TreeView(tree, layouts, title=title)
