@@ -119,9 +119,9 @@ class _FanOut:
     def submit(self, submission: Submission) -> Job:
         """Locks the run directory, writes the submission's files, starts one ssh per
         host; returns the Job once every worker has started on its host."""
-        check_mesh(submission.mesh, self.tasks, self.devices_per_task)
         run_dir, target_steps = submission.run_dir, submission.target_steps
         self.remote_argv(0, "true")  # ssh / gcloud missing: say so before touching disk
+        check_mesh(submission.mesh, self.tasks, self.devices_per_task)
         storage.warn_if_not_shared(run_dir, self.host_names())
         lock = RunLock(run_dir)
         lock.acquire(what="hosts")
