@@ -36,12 +36,12 @@ def _count(text: str) -> int:
 
 def _steps(text: str) -> int:
     """argparse type of ``--steps``: a count the int32 step counter holds."""
-    from workbench._validate import MAX_STEPS
+    from workbench._validate import MAX_TRAIN_STEPS
 
     value = _count(text)
-    if value > MAX_STEPS:
+    if value > MAX_TRAIN_STEPS:
         raise argparse.ArgumentTypeError(
-            f"{value} is past the int32 step counter's {MAX_STEPS}; give fewer steps")
+            f"{value} is past the int32 step counter's {MAX_TRAIN_STEPS}; give fewer steps")
     return value
 
 

@@ -48,7 +48,7 @@ from workbench.any_model._spec import ModelSpec, build_without_mesh, model_loss,
 from workbench.models._xent import token_cross_entropy
 from workbench.models import _lora as lora_adapters
 from workbench._sharding.pytrees import path_str
-from workbench._sharding.rules import Rules
+from workbench._sharding.rules import LOGICAL_AXES, Rules
 
 __all__ = ["AbstractTrainState", "LossFn", "ModelFactory", "TrainState", "abstract_batch",
            "abstract_model", "abstract_state", "abstract_train_state", "batch_logical_axes",
@@ -116,7 +116,19 @@ def abstract_param_state(cfg_or_factory: GPTConfig | ModelFactory
     if isinstance(cfg_or_factory, GPTConfig):
         return _abstract_gpt(cfg_or_factory)
     factory = model_factory(cfg_or_factory)
-    return _split_params(nnx.eval_shape(lambda: factory(nnx.Rngs(0))))
+    model = nnx.eval_shape(lambda: _built(factory, nnx.Rngs(0)))
+    return _split_params(model)
+
+
+def _built(factory: ModelFactory, rngs: nnx.Rngs) -> nnx.Module:
+    """``factory(rngs)``, refused unless it is an ``nnx.Module``."""
+    model = factory(rngs)
+    if not isinstance(model, nnx.Module):
+        name = getattr(factory, "__name__", None) or getattr(factory, "name", "factory")
+        raise TypeError(f"the model factory {name!r} returned {model!r:.60} (a "
+                        f"{type(model).__name__}), not an nnx.Module; a factory is rngs -> "
+                        "nnx.Module, e.g. lambda rngs: MyModel(rngs=rngs)")
+    return model
 
 
 @functools.lru_cache(maxsize=16)
@@ -227,6 +239,7 @@ def abstract_train_state(cfg_or_factory: GPTConfig | ModelFactory,
     if not isinstance(cfg_or_factory, GPTConfig):  # rules for a model's own axis names
         spec = cfg_or_factory if isinstance(cfg_or_factory, ModelSpec) else None
         rules = resolve_rules(logical, rules, mesh, spec=spec)
+    check_rule_names(rules, logical, cfg_or_factory)
     unmapped: dict[str, list[str]] = {}
     for tensor, axes in logical.items():
         for ax in rules.unmapped(axes):
@@ -249,6 +262,20 @@ def abstract_train_state(cfg_or_factory: GPTConfig | ModelFactory,
     return AbstractTrainState(graphdef=graphdef, param_state=param_state,
                               state=jax.tree.unflatten(treedef, out), logical=state_logical,
                               unmapped=unmapped)
+
+
+def check_rule_names(rules: Rules, logical: Mapping[str, tuple[str | None, ...]],
+                     cfg_or_factory: Any) -> None:
+    """Refuse a rule for a logical axis this model does not use (``Rules.check_names``):
+    its tensors' annotation names, Workbench's logical axes, and the names a model's
+    ``rules_for`` (penzai) derives from them."""
+    used = {a for axes in logical.values() for a in axes if a is not None}
+    used.update(LOGICAL_AXES)
+    to_own = getattr(cfg_or_factory, "rules_for", None)
+    if to_own is not None:
+        used.update(to_own(Rules(**dict.fromkeys(LOGICAL_AXES))))
+    name = getattr(cfg_or_factory, "name", None)
+    rules.check_names(used, model=f"model {name!r}" if isinstance(name, str) else "the model")
 
 
 def abstract_state(cfg_or_factory: GPTConfig | ModelFactory,

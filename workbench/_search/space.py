@@ -231,28 +231,48 @@ def candidates(cfg: GPTConfig, hw: Hardware, batch: int, opts: SearchOptions
     else:
         combos = [(mesh_shape(s, hw.size, hw.name), st, n) for s in mesh_shapes
                   for st, n in named]
-    piped = []
-    for st in stages:
-        if st > 1:
-            pp = {"schedule": "gpipe", "repeats": 1, "microbatches": 2 * st, **(pipeline or {})}
-            for shape, rules, name in combos:
-                if shape.get("data", 1) % st == 0:
-                    staged = {"stage": st, **shape, "data": shape["data"] // st}
-                    piped.append((staged, rules, name, pp))
-    combos = [(*c, None) for c in combos] + piped
+    combos = [(*c, None, None) for c in combos] + piped_combos(combos, stages, pipeline)
     cands, skipped, i = [], [], 0
-    for shape, rules, name, pp in combos:
+    for shape, rules, name, pp, undivided in combos:
         for r in remats:
             for m in microbatches:
                 c = Candidate(id=i, mesh=shape, rules=rules, rules_name=name, remat=r,
                               microbatches=m, pipeline=pp)
                 i += 1
-                why = invalid(cfg, c, batch)
+                why = undivided or invalid(cfg, c, batch)
                 if why:
                     skipped.append(skip(c, why))
                 else:
                     cands.append(c)
     return cands, skipped
+
+
+def piped_combos(combos: list[tuple[dict[str, int], Any, str]], stages: Sequence[int],
+                 pipeline: Mapping[str, Any] | None) -> list[tuple[Any, ...]]:
+    """``(mesh, rules, name, pipeline, reason)`` per stage count ``s > 1`` and mesh: a
+    ``stage`` axis of size ``s`` taken from ``data``; a mesh whose data axis ``s`` does not
+    divide is kept with the reason (a skipped row), and a count no mesh takes is refused."""
+    out = []
+    for k, st in enumerate(stages):
+        if st <= 1:
+            continue
+        datas = sorted({shape.get("data", 1) for shape, _, _ in combos})
+        if combos and all(d % st for d in datas):
+            fits = [d for d in range(2, max(datas) + 1) if any(x % d == 0 for x in datas)]
+            raise ValueError(
+                f"wb.search: stages[{k}]={st}: no candidate mesh's data axis (sizes "
+                f"{datas}) divides into {st} pipeline stages, so no pipelined candidate "
+                f"exists; use stage counts that divide it ({fits or 'none'}), or 1 for none")
+        pp = {"schedule": "gpipe", "repeats": 1, "microbatches": 2 * st, **(pipeline or {})}
+        for shape, rules, name in combos:
+            data = shape.get("data", 1)
+            if data % st == 0:
+                out.append(({"stage": st, **shape, "data": data // st}, rules, name, pp, None))
+            else:
+                out.append(({"stage": st, **shape}, rules, name, pp,
+                            f"stages={st} does not divide the data axis of mesh {shape} "
+                            f"({data} devices): no stage axis can be taken from it"))
+    return out
 
 
 def expert_sizes(n_experts: int, devices: int) -> list[int]:

@@ -25,12 +25,17 @@ from typing import Any
 from workbench._cache import cache_root, read_cached
 from workbench._validate import check_str
 
-__all__ = ["Calibration", "CalibrationWarning", "calibration_dir", "check_calibration",
-           "load_calibration", "remove_calibration"]
+__all__ = ["FACTOR_RANGE", "Calibration", "CalibrationWarning", "calibration_dir",
+           "check_calibration", "load_calibration", "remove_calibration"]
 
 
 #: Bytes a calibration file may hold (a few KiB with its provenance and residuals).
 _MAX_FILE = 4 << 20
+
+#: The range a fitted factor (achieved rate / the table's) may take: a device that runs
+#: 100x past its table's peak or bandwidth, or 10,000x below it, is a broken fit (a
+#: profile of the wrong step, a clock that stood still), not a calibration.
+FACTOR_RANGE: tuple[float, float] = (1e-4, 100.0)
 
 
 def calibration_dir() -> Path:
@@ -73,6 +78,10 @@ class Calibration:
     overlap: float | None
     provenance: list[dict[str, Any]]
     residuals: list[dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("compute_factor", "memory_factor"):
+            _factor(getattr(self, key), f"Calibration.{key}")
 
     @property
     def source(self) -> str:
@@ -145,8 +154,19 @@ def _number(d: dict[str, Any], key: str, where: str, *, low: float = 0.0,
     return float(v)
 
 
+def _factor(v: Any, name: str) -> float:
+    """``v`` if a number within :data:`FACTOR_RANGE`, else a ValueError naming it."""
+    low, high = FACTOR_RANGE
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high:
+        raise ValueError(f"{name} is {v!r}, not a factor in [{low:g}, {high:g}] (achieved "
+                         "rate / the hardware table's); calibrate again from a profile of "
+                         "the step (wb.calibrate(trainer.profile()))")
+    return float(v)
+
+
 def check_calibration(d: Any) -> dict[str, Any]:
-    """The fields of a stored calibration, checked: the factors finite and > 0, the
+    """The fields of a stored calibration, checked: the factors within
+    :data:`FACTOR_RANGE`, the
     achieved rates and latencies finite and >= 0, ``collectives`` an object of kind ->
     ``{"latency", "scale", "bandwidth"}`` (bandwidth may be inf: scale 0), ``overlap``
     None or in [0, 1], ``provenance`` a list of objects with a ``directory``.
@@ -164,7 +184,7 @@ def check_calibration(d: Any) -> dict[str, Any]:
         raise ValueError(f"device_kind is {d['device_kind']!r}, not a device kind's name")
     out = {"device_kind": d["device_kind"]}
     for key in ("compute_factor", "memory_factor"):
-        out[key] = _number(d, key, "", positive=True)
+        out[key] = _factor(_number(d, key, "", positive=True), key)
     for key in ("matmul_flops", "hbm_bandwidth"):
         out[key] = _number(d, key, "")
     colls = d["collectives"]

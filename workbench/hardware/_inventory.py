@@ -13,7 +13,7 @@ from workbench._display import Displayable
 from workbench._validate import check_int
 from workbench._xla_flags import COUNT_FLAG as _COUNT_FLAG
 from workbench._xla_flags import cpu_device_flags
-from workbench.hardware._catalogue import GIB, hardware_spec
+from workbench.hardware._catalogue import GENERATIONS, GIB, hardware_spec
 from workbench.hardware._libtpu import backends_started as _backends_started
 from workbench.hardware._libtpu import quiet_libtpu
 from workbench.hardware._measure import measured_cpu_peak
@@ -103,11 +103,27 @@ def peak_flops(device: Any = None) -> tuple[float, str]:
     spec = hardware_spec(kind)
     if spec is not None:
         return spec.peak_flops, f"table: {spec.source}"
+    if isinstance(device, str):
+        _check_kind(device)
     n_local = max(1, jax.local_device_count("cpu")) if _backends_started() else 1
     host = measured_cpu_peak()
     return host / n_local, (
         f"measured: float32 1024^3 matmul on this host ({host / 1e9:.1f} GFLOP/s), "
         f"shared by {n_local} CPU device(s)")
+
+
+def _check_kind(kind: str) -> None:
+    """A device-kind string the catalogue lacks must name a local device ("cpu", or an
+    unlisted accelerator this process has): else it is a typo, not this host's peak."""
+    quiet_libtpu()
+    local = {d.device_kind.lower() for d in jax.devices()} | {"cpu"}
+    if kind.lower().strip() in local:
+        return
+    known = ", ".join(g.name for g in GENERATIONS)
+    raise ValueError(
+        f"wb.peak_flops: device={kind!r} is not a device kind in the catalogue ({known}) "
+        f"nor one of this process's devices ({', '.join(sorted(local))}); give one of "
+        "them, a jax.Device, or None for jax.devices()[0]")
 
 
 # ---------------------------------------------------------------------------

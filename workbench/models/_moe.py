@@ -50,7 +50,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from workbench.models._config import MOE_DISPATCH, GPTConfig
+from workbench.models._config import DEFAULT_TOP_K, MOE_DISPATCH, GPTConfig
 from workbench.models._layers import MLP, param
 from workbench._sharding.rules import Rules, active, constrain
 
@@ -174,7 +174,8 @@ class MoE(nnx.Module):
         self.gate = param(kg, normal(d), (e, d, f), ("experts", "embed", "expert_mlp"), pd)
         self.up = param(ku, normal(d), (e, d, f), ("experts", "embed", "expert_mlp"), pd)
         self.down = param(kd, normal(f), (e, f, d), ("experts", "expert_mlp", "embed"), pd)
-        self.shared = MLP(cfg.replace(d_ff=cfg.n_shared_experts * f, n_experts=0), key=ks) \
+        self.shared = MLP(cfg.replace(d_ff=cfg.n_shared_experts * f, n_experts=0,
+                                      experts_per_token=DEFAULT_TOP_K), key=ks) \
             if cfg.n_shared_experts else None
         self.shared_gate = param(ks, normal(d), (d, 1), ("embed", None), pd) \
             if cfg.n_shared_experts and cfg.shared_expert_gate else None   # Qwen-MoE

@@ -109,6 +109,12 @@ def compile_step(jitted: Any, args: tuple[Any, ...], info: Any, target: Target,
             return CompileOutcome(target=target.estimate(
                 f"the {compiler} failed on this step ({_first_line(err)}{tried}); the "
                 "numbers are the formulas' estimates"))
+        if oom is None and "No such compile option" in str(err):
+            raise ValueError(
+                f"wb.plan: overlap={getattr(jitted, '_workbench_options', None)!r:.200}: the "
+                f"{compiler} refused it ({_first_line(err)}); give compile options it knows "
+                "(workbench.planning._flags.OVERLAP_FLAGS lists the platforms'), or "
+                "overlap=True / False") from None
         if oom is None:
             raise
         need, free = oom

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from workbench._validate import check_int, check_path, check_revision, is_hub_id
+from workbench._validate import check_int, check_path, check_revision, check_steps, is_hub_id
 from workbench.data._corpus import TextData, corpus_files
 from workbench.data._dataset import Dataset
 from workbench.data._files import list_files
@@ -151,6 +151,10 @@ class TrainConfig:
         set_(self, "lora", LoRA.of(self.lora))
         if self.pipeline is not None:
             set_(self, "pipeline", Pipeline.of(self.pipeline))
+        if not isinstance(self.model_overrides, Mapping):
+            raise TypeError(f"TrainConfig.model_overrides={self.model_overrides!r:.80} is a "
+                            f"{type(self.model_overrides).__name__}; give a dict of GPTConfig "
+                            "fields, e.g. model_overrides={'n_layers': 4}")
         set_(self, "model_overrides", _frozen_mapping(self.model_overrides))
         if isinstance(self.mesh, Mapping):
             set_(self, "mesh", _frozen_mapping(self.mesh))
@@ -180,6 +184,7 @@ class TrainConfig:
         for name in ("batch", "seq", "steps", "checkpoint_every", "keep"):
             set_(self, name, check_int(getattr(self, name), f"TrainConfig.{name}",
                                        fix=_FIXES.get(name, "")))
+        check_steps(self.steps, "TrainConfig.steps")
         set_(self, "eval_every", check_int(self.eval_every, "TrainConfig.eval_every",
                                            minimum=0, fix="0 turns evaluation off"))
         set_(self, "eval_batches", check_int(self.eval_batches, "TrainConfig.eval_batches"))
@@ -381,6 +386,10 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
         """Builds a config from :meth:`to_dict` output (unknown keys are an error)."""
+        if not isinstance(d, Mapping):
+            raise TypeError(f"TrainConfig.from_dict: {d!r:.80} is a {type(d).__name__}, not "
+                            "an object of TrainConfig fields; give TrainConfig.to_dict() "
+                            "output (or to_json() text), e.g. {'model': 'tiny', 'steps': 200}")
         fields = dict(d)
         unknown = set(fields) - {f.name for f in dataclasses.fields(cls)}
         if unknown:

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from workbench import _runs as runs
-from workbench._validate import check_int, check_path, no_new_empty_dirs
+from workbench._validate import check_int, check_path, check_steps, no_new_empty_dirs
 from workbench._display import Displayable
 from workbench._run_lock import RunLock
 from workbench.train._checkpoint import CheckpointError, Checkpoints
@@ -537,6 +537,7 @@ class Trainer(Displayable):
         target = self.config.steps if steps is None else check_int(
             steps, "steps", where="Trainer.run: ",
             fix="steps is the total number of updates the run trains to, e.g. steps=200")
+        check_steps(target, "steps", where="Trainer.run: ")
         with self._writing():  # refused while another writer holds the run directory
             self._sync_with_disk()
             try:
