@@ -60,8 +60,8 @@ import subprocess
 import sys
 import time
 import types
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
