@@ -321,6 +321,7 @@ def read_run(run_dir: str | os.PathLike[str], *, contained: bool = False) -> dic
         more than 64 levels, not a JSON object).
     """
     path = path_arg(run_dir, "run_dir", where="read_run: ") / RUN_JSON
+    contained = _flag_arg(contained, "contained", "read_run")
     fix = (f"move it aside (e.g. to {RUN_JSON}.bad) or delete it; a training run that "
            "resumes there writes a new one (its metrics.jsonl and checkpoints are kept)")
     try:
@@ -541,6 +542,16 @@ def _int_arg(value: Any, name: str, where: str) -> int:
     return value
 
 
+def _flag_arg(value: Any, name: str, where: str) -> bool:
+    """``value`` if it is a bool, else ``workbench._validate.check_bool``'s error (NumPy,
+    which it imports, is loaded only then: the Jupyter server stays light)."""
+    if type(value) is bool:
+        return value
+    from workbench._validate import check_bool
+
+    return bool(check_bool(value, name, where=f"{where}: "))
+
+
 def _roots_arg(roots: Any, where: str) -> list[Path]:
     """``roots`` as a list of paths (a str or Path alone is refused: its characters or parts
     are no roots)."""
@@ -621,6 +632,7 @@ def find_run_dirs(root: str | os.PathLike[str], max_depth: int = 4,
     root = path_arg(root, "root", where="find_run_dirs: ")
     max_depth = _int_arg(max_depth, "max_depth", "find_run_dirs")
     max_dirs = _int_arg(max_dirs, "max_dirs", "find_run_dirs")
+    hidden = _flag_arg(hidden, "hidden", "find_run_dirs")
     return _find_run_dirs(root, max_depth, max_dirs, hidden)
 
 
@@ -656,6 +668,7 @@ def list_runs(roots: Iterable[str | os.PathLike[str]], max_depth: int = 4,
     """
     roots = _roots_arg(roots, "list_runs")
     max_depth = _int_arg(max_depth, "max_depth", "list_runs")
+    hidden = _flag_arg(hidden, "hidden", "list_runs")
     out: list[dict[str, Any]] = []
     for k, root in enumerate(roots):
         for d in find_run_dirs(root, max_depth, hidden=hidden):
@@ -696,6 +709,7 @@ def resolve_run(roots: Sequence[str | os.PathLike[str]], rid: str,
       FileNotFoundError: no run directory with that id inside the root (or a hidden one).
     """
     roots = _roots_arg(roots, "resolve_run")
+    allow_hidden = _flag_arg(allow_hidden, "allow_hidden", "resolve_run")
     if not isinstance(rid, str):
         raise TypeError(f"resolve_run: rid={_short(rid)} is a {type(rid).__name__}; rid must "
                         "be a run id string (a path relative to its root, e.g. 'runs/tiny')")

@@ -11,11 +11,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_TRAIN_STEPS", "check_float", "check_int", "check_path", "check_steps",
-           "check_str", "nearest_multiples", "no_new_empty_dirs"]
-
-#: The most updates a run may train to: the train state's step counter is int32.
-MAX_TRAIN_STEPS = 2 ** 31 - 1
+__all__ = ["check_float", "check_int", "check_path", "check_str", "nearest_multiples",
+           "no_new_empty_dirs"]
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = 1, maximum: int | None = None,
@@ -67,16 +64,6 @@ def check_int(value: Any, name: str, *, minimum: int | None = 1, maximum: int | 
         raise ValueError(f"{head} is out of range; {name} must be {rng}"
                          + (f": {fix}" if fix else ""))
     return number
-
-
-def check_steps(steps: int, name: str, *, where: str = "") -> int:
-    """``steps`` (an int already checked) unless it is past :data:`MAX_TRAIN_STEPS`, the
-    int32 step counter's limit: a ValueError naming it (past it the counter wraps, and the
-    run never reaches its target)."""
-    if steps > MAX_TRAIN_STEPS:
-        raise ValueError(f"{where}{name}={steps} is past {MAX_TRAIN_STEPS} (2**31 - 1), the "
-                         "most the int32 step counter holds; give fewer steps")
-    return steps
 
 
 def check_float(value: Any, name: str, *, minimum: float | None = None,
@@ -238,3 +225,31 @@ def check_revision(revision: Any, where: str, arg: str = "revision") -> str | No
         raise TypeError(f"{where}: {arg}={revision!r} must be a branch, tag or commit hash "
                         "of the Hub repo (a non-empty str), or None for 'main'")
     return revision
+
+
+_BOOL_WORDS = {"no": False, "false": False, "0": False, "off": False, "n": False,
+               "yes": True, "true": True, "1": True, "on": True, "y": True}
+
+
+def check_bool(value: Any, name: str, *, where: str = "", none: bool = False) -> bool | None:
+    """``value`` as a Python ``bool``, or a ``TypeError`` naming the argument and the value.
+
+    Only ``True`` and ``False`` are flags (NumPy's ``np.True_`` / ``np.False_`` too: a
+    comparison's result); ``"no"``, ``1`` or ``None`` are not (``"no"`` is truthy, and
+    ``if overwrite:`` would read it as yes). ``none``: None is allowed and returned.
+
+    Raises:
+      TypeError: ``value`` is not a bool.
+    """
+    kind = type(value)
+    if kind is bool:
+        return value
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
+        return bool(value)
+    if value is None and none:
+        return None
+    fix = f"write {name}={_BOOL_WORDS[value.strip().lower()]}" if isinstance(
+        value, str) and value.strip().lower() in _BOOL_WORDS else f"give {name}=True or False"
+    also = " (or None)" if none else ""
+    raise TypeError(f"{where}{name}={value!r:.80} must be True or False{also} (it is a "
+                    f"{kind.__name__}): {fix}")

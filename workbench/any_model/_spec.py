@@ -30,6 +30,7 @@ from flax import nnx
 
 from workbench._sharding.placement import resolve_placement
 from workbench._sharding.rules import LOGICAL_AXES, MODEL_AXIS_NAMES, Rules
+from workbench._validate import check_bool
 
 __all__ = ["ModelRecord", "ModelSpec", "UnknownAxesError", "annotation_names", "build_without_mesh",
            "from_nnx", "model_loss", "resolve_rules"]
@@ -91,6 +92,9 @@ class ModelSpec:
 
     #: Marks a model the Trainer builds from a factory (``TrainConfig(model=spec)``).
     is_model_spec: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        check_bool(self.require_rules, "require_rules", where="ModelSpec: ")
 
     @property
     def seq_len(self) -> int:

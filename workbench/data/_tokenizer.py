@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workbench._validate import check_int, check_path, check_str
+from workbench._validate import check_bool, check_int, check_path, check_str
 from workbench.data._files import DataFileNotFound
 
 #: The named special tokens a chat template sees (transformers' ``special_tokens_map``).
@@ -147,15 +147,14 @@ class Tokenizer:
         """
         from workbench.data._chat import render
 
+        check_bool(add_generation_prompt, "add_generation_prompt",
+                   where="apply_chat_template: ")
         if self.chat_template is None:
             raise ValueError(
                 f"the tokenizer {self.path or '(byte-level)'} has no chat template (no "
                 "chat_template.jinja and none in tokenizer_config.json: a base model, not an "
                 "instruct one); pass a text prompt instead of messages, or use the instruct "
                 "model's tokenizer")
-        if not isinstance(add_generation_prompt, bool):
-            raise TypeError(f"add_generation_prompt={add_generation_prompt!r} must be True or "
-                            "False")
         return render(self.chat_template, messages, self.special_tokens,
                       add_generation_prompt=add_generation_prompt, where="apply_chat_template",
                       source=f"the chat template of {Path(str(self.path)).parent}", **kwargs)

@@ -9,8 +9,8 @@ from typing import Any
 import jax
 
 from workbench import _runs as runs
-from workbench._validate import check_path
-from workbench.hf._save import exists_error, to_hf
+from workbench._validate import check_bool, check_path
+from workbench.hf._save import check_writable, exists_error, to_hf
 from workbench.models._config import GPTConfig
 from workbench._sharding.placement import resolve_placement
 from workbench._step import abstract_state
@@ -45,10 +45,12 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
             passed to ``wb.hf.to_hf`` (``dtype``, ``family``, ``tokenizer``,
             ``max_shard_bytes``, ``overwrite``: replaces only a folder ``to_hf`` wrote
             before, see ``workbench.hf._save.check_replaceable``; with ``lora="peft"``
-            only a PEFT adapter folder written before, as ``wb.hf.to_peft``).
+            only an adapter folder ``wb.hf.to_peft`` wrote, see
+            ``workbench.hf._peft.check_replaceable``; ``overwrite`` must be a bool).
 
     Raises:
         FileExistsError: ``path`` exists and may not be replaced (the message says why).
+        PermissionError: ``path``'s folder cannot be written (before anything is read).
         ValueError: ``path`` is the run, holds it, or lies in its checkpoints.
         CheckpointError: no checkpoint at ``step`` (the message lists those there are).
 
@@ -60,7 +62,7 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
     path = check_path(path, "path", where="export_run: ")
     _check_destination(run_dir, path)
     lora = kwargs.pop("lora", None)
-    overwrite = bool(kwargs.get("overwrite", False))
+    overwrite = check_bool(kwargs.get("overwrite", False), "overwrite", where="export_run: ")
     if lora == "peft" and cfg_lora(run_dir) is not None:   # a PEFT adapter folder
         from workbench.hf._peft import exists_error as adapter_exists_error
 
@@ -69,6 +71,8 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
         refused = exists_error(Path(path), overwrite)
     if refused is not None:   # before the (long) restore, not after it
         raise refused
+    if jax.process_index() == 0:   # process 0 writes: a folder it cannot make, said now
+        check_writable(Path(path), where="export_run: ")
     if cfg_lora(run_dir) is None and lora is not None:
         raise ValueError(f"export_run: lora={lora!r:.60}, but run {run_dir} trained no LoRA "
                          "adapters (its config's lora is None): leave lora out")

@@ -9,6 +9,12 @@ with one ``lora_A`` / ``lora_B`` pair per adapted module, named as PEFT names th
 out) with flattened heads, whose order is the HF projections' (``n * head_dim + h``), so
 PEFT's are their transposes.
 
+``overwrite=True`` replaces only a folder ``to_peft`` wrote (:func:`check_replaceable`):
+its ``adapter_model.safetensors`` carries :data:`PEFT_MARK` in its header metadata (PEFT's
+loader reads the tensors and ignores the metadata), as ``to_hf``'s shards carry
+``workbench.hf._save.MARK``. A folder ``peft``'s own ``save_pretrained`` wrote is refused,
+never deleted.
+
 Example::
 
     wb.hf.to_peft(trainer.model, "adapter/", base_model="Qwen/Qwen3-0.6B")
@@ -27,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from workbench._validate import check_path
+from workbench._validate import check_bool, check_path
 from workbench.models._config import GPTConfig
 from workbench.models._lora import (
     ADAPTER_KEY,
@@ -37,10 +43,13 @@ from workbench.models._lora import (
     split_params,
 )
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "LORA_EXPORTS", "export_lora", "merged", "to_peft"]
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "LORA_EXPORTS", "PEFT_MARK", "check_replaceable",
+           "export_lora", "merged", "to_peft"]
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: safetensors metadata that marks adapter weights written by ``to_peft`` (``overwrite``).
+PEFT_MARK = {"format": "pt", "written_by": "workbench.hf.to_peft"}
 
 
 def _params_and_config(obj: Any, config: GPTConfig | None, where: str) -> tuple[Any, GPTConfig]:
@@ -102,19 +111,56 @@ def adapter_config(cfg: GPTConfig, base_model: str | None, revision: str | None
             "base_model_name_or_path": base_model, "revision": revision}
 
 
+def check_replaceable(folder: str | os.PathLike[str]) -> str | None:
+    """Why ``overwrite=True`` may not replace ``folder`` (None: it may).
+
+    It may when it is an adapter folder ``to_peft`` wrote: a directory (not a symlink)
+    holding exactly two regular files, ``adapter_config.json`` and
+    ``adapter_model.safetensors``, the weights carrying :data:`PEFT_MARK`; or an empty
+    directory. Anything else is refused by name: a folder ``peft.save_pretrained`` wrote
+    (no mark), and a ``to_peft`` folder the user added a file to (a README, notes): the
+    file is theirs, so the folder is not replaced (move the file out first).
+    """
+    from workbench.hf._save import _few, _marked
+
+    p = Path(folder)
+    if p.is_symlink():
+        return f"{p} is a symlink (to {os.readlink(p)}); give the folder itself, or a new folder"
+    if not p.is_dir():
+        return f"{p} exists and is not a folder"
+    try:
+        entries = sorted(os.scandir(p), key=lambda e: e.name)
+    except OSError as e:
+        return f"{p} cannot be listed ({e.strerror or e})"
+    if not entries:
+        return None
+    ours = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
+    odd = [e.name for e in entries if e.name not in ours or not e.is_file(follow_symlinks=False)]
+    if odd:
+        return (f"{p} holds entries to_peft does not write ({_few(odd)}): they are not "
+                "Workbench's and would be lost; move them out of the folder, or choose a new one")
+    if len(entries) != 2 or not _marked(p / ADAPTER_WEIGHTS, PEFT_MARK):
+        return (f"{p} is not an adapter folder wb.hf.to_peft wrote ({p / ADAPTER_WEIGHTS} "
+                f"lacks the mark {PEFT_MARK}, e.g. peft's save_pretrained wrote it): it is "
+                "never replaced")
+    return None
+
+
 def exists_error(out: Path, overwrite: bool, where: str) -> FileExistsError | None:
-    """Why ``out`` may not become a PEFT adapter folder (None: it may): it exists, and is
-    not (with ``overwrite``) a PEFT adapter folder written before: ``adapter_config.json``
-    with at most the adapter weights and a README beside it."""
+    """Why ``out`` may not become a PEFT adapter folder (None: it may): it exists and is
+    not (with ``overwrite``) one ``to_peft`` wrote (:func:`check_replaceable`)."""
     if not os.path.lexists(out):
         return None
-    if overwrite and out.is_dir() and not out.is_symlink() and \
-            (out / ADAPTER_CONFIG).is_file() and all(
-                p.name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS, "README.md") for p in out.iterdir()):
+    why = check_replaceable(out)
+    if why is not None:
+        return FileExistsError(f"{where}: {why}; choose a new folder (overwrite=True replaces "
+                               "only an adapter folder that wb.hf.to_peft wrote, or an empty "
+                               "one)")
+    if overwrite:
         return None
-    return FileExistsError(f"{where}: {out} exists; give a new folder, or overwrite=True to "
-                           "replace a PEFT adapter folder written before (nothing else is "
-                           "ever replaced)")
+    return FileExistsError(f"{where}: {out} exists; choose a new folder, or pass "
+                           "overwrite=True to replace it (an adapter folder wb.hf.to_peft "
+                           "wrote; replaced only once the new one is complete)")
 
 
 def to_peft(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = None,
@@ -125,39 +171,49 @@ def to_peft(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None 
     Args:
         obj: a GPT with adapters (``trainer.model``), ``(params, config)``, or a
             ``TrainState`` with ``config=``.
-        path: the folder to create (must not exist unless ``overwrite``: then only a
-            folder this function wrote, holding an ``adapter_config.json``, is replaced).
+        path: the folder to create (must not exist unless ``overwrite``).
         base_model: the base's Hub id or folder (``adapter_config.json``'s
             ``base_model_name_or_path``; PEFT's ``AutoPeftModelForCausalLM`` loads it).
         revision: the base's Hub commit.
+        overwrite: replace a folder ``to_peft`` wrote before, and only that (its two
+            files, the weights marked with :data:`PEFT_MARK`), once the new one is
+            complete. A folder ``peft.save_pretrained`` wrote, or a ``to_peft`` folder
+            holding a file the user added (a README), is refused with a
+            ``FileExistsError`` naming it: nothing of theirs is deleted.
 
     Returns:
         The folder (renamed from a temporary sibling once complete).
     """
     from safetensors.numpy import save_file
 
+    from workbench.hf._save import _canonical_mark, _replace, check_writable
+
     out = check_path(path, "path", where="to_peft: ")
-    if not isinstance(overwrite, bool):
-        raise TypeError(f"to_peft: overwrite={overwrite!r} must be True or False")
+    overwrite = check_bool(overwrite, "overwrite", where="to_peft: ")
     if base_model is not None and not isinstance(base_model, (str, os.PathLike)):
         raise TypeError(f"to_peft: base_model={base_model!r:.60} must be a Hub id or a folder")
     if revision is not None and not isinstance(revision, str):
         raise TypeError(f"to_peft: revision={revision!r:.60} must be a string")
     params, cfg = _params_and_config(obj, config, "to_peft")
+    if out.name in ("", ".", ".."):   # "." or "..": name the folder itself
+        out = Path(os.path.abspath(out))
     refused = exists_error(out, overwrite, "to_peft")
     if refused is not None:
         raise refused
+    check_writable(out, where="to_peft: ")
     tensors = _tensors(params, cfg)
     base = None if base_model is None else os.fspath(base_model)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata=PEFT_MARK)
+        _canonical_mark(tmp / ADAPTER_WEIGHTS, PEFT_MARK)
         (tmp / ADAPTER_CONFIG).write_text(
             json.dumps(adapter_config(cfg, base, revision), indent=2) + "\n")
         if os.path.lexists(out):
-            shutil.rmtree(out)
-        tmp.rename(out)
+            _replace(out, tmp, check_replaceable)
+        else:
+            tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

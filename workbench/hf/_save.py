@@ -22,13 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from workbench._validate import check_path
+from workbench._validate import check_bool, check_path
 from workbench.models._config import GPTConfig
 from workbench.hf._families import (check_family, export_dtype, from_gpt_config,
                                           read_config)
 from workbench.hf._tensors import INDEX, SINGLE, Mapping_, mappings
 
-__all__ = ["MARK", "TOKENIZER_FILES", "check_replaceable", "exists_error", "to_hf"]
+__all__ = ["MARK", "TOKENIZER_FILES", "check_replaceable", "check_writable", "exists_error",
+           "to_hf"]
 
 #: Files of a model folder copied along with the weights when present.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -167,6 +168,7 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         AutoModelForCausalLM.from_pretrained("exported/")      # transformers reads it
     """
     out = check_path(path, "path", where="to_hf: ")
+    overwrite = check_bool(overwrite, "overwrite", where="to_hf: ")
     if base is not None:
         base = check_path(base, "base", where="to_hf: ")
     if tokenizer is not None:
@@ -184,6 +186,8 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
     refused = exists_error(out, overwrite)
     if refused is not None:
         raise refused
+    if _writer():   # a clear error for a folder that cannot be made, before the gathers
+        check_writable(out, where="to_hf: ")
     if isinstance(obj, tuple) and len(obj) == 2:   # (params, config): wb.hf.export_run
         params, cfg = obj
     elif hasattr(obj, "params") and hasattr(obj, "opt_state"):
@@ -299,8 +303,8 @@ def _few(names: list[str]) -> str:
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
-def _marked(file: Path) -> bool:
-    """Whether a safetensors file's header metadata holds :data:`MARK` (the header only
+def _marked(file: Path, mark: dict[str, str] = MARK) -> bool:
+    """Whether a safetensors file's header metadata holds ``mark`` (the header only
     is read: 8 bytes of length, then at most ``_MAX_HEADER`` bytes of JSON)."""
     from workbench._run_file import open_file
 
@@ -312,33 +316,57 @@ def _marked(file: Path) -> bool:
             meta = json.loads(f.read(n)).get("__metadata__") or {}
     except (OSError, ValueError, AttributeError):
         return False
-    return isinstance(meta, dict) and all(meta.get(k) == v for k, v in MARK.items())
+    return isinstance(meta, dict) and all(meta.get(k) == v for k, v in mark.items())
 
 
-_MARK_JSON = [json.dumps(m, separators=(",", ":")).encode()
-              for m in (MARK, dict(reversed(MARK.items())))]
-
-
-def _canonical_mark(file: Path) -> None:
-    """Puts :data:`MARK`'s keys in one order in the header just written: safetensors keeps
+def _canonical_mark(file: Path, mark: dict[str, str] = MARK) -> None:
+    """Puts ``mark``'s two keys in one order in the header just written: safetensors keeps
     metadata in a hash map, so their order (and the file's bytes) would vary from run to
     run; both orders have the same length, so the header is rewritten in place."""
+    want, other = (json.dumps(m, separators=(",", ":")).encode()
+                   for m in (mark, dict(reversed(mark.items()))))
     with open(file, "r+b") as f:
         n = int.from_bytes(f.read(8), "little")
         header = f.read(n)
-        i = header.find(_MARK_JSON[1])
+        i = header.find(other)
         if i >= 0:
             f.seek(8 + i)
-            f.write(_MARK_JSON[0])
+            f.write(want)
 
 
-def _replace(out: Path, new: Path) -> None:
-    """Puts the complete folder ``new`` in place of the to_hf folder ``out``: ``out`` is
-    renamed aside, checked again there (nothing can change it under our feet after the
-    rename), then its files are removed one by one; anything else leaves it aside, named."""
+def check_writable(out: Path, *, where: str = "") -> None:
+    """Refuses, before anything is written, an export folder ``out`` that cannot be made:
+    its nearest existing parent is not a folder, or no file can be created in it
+    (read-only, immutable, another user's). Tried by creating (and removing) an empty
+    temporary folder there, which works as root too (``os.access`` says yes to root).
+
+    Raises:
+        NotADirectoryError: a parent of ``out`` is a file.
+        PermissionError: the parent cannot be written (the message names it).
+    """
+    parent = Path(os.path.abspath(out)).parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise NotADirectoryError(f"{where}cannot write {out}: {parent} is a file, not a "
+                                 "folder; choose a path inside a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name or 'export'}.check-", dir=parent))
+    except OSError as e:
+        raise PermissionError(e.errno, f"{where}cannot write {out}: the folder {parent} "
+                              f"cannot be written ({e.strerror or e}); choose a folder you "
+                              "can write to, or make it writable") from None
+
+
+def _replace(out: Path, new: Path, check: Any = None) -> None:
+    """Puts the complete folder ``new`` in place of the export folder ``out``: ``out`` is
+    renamed aside, checked again there by ``check`` (default :func:`check_replaceable`;
+    nothing can change it under our feet after the rename), then its files are removed
+    one by one; anything else leaves it aside, named."""
+    check = check_replaceable if check is None else check
     aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
     os.rename(out, aside)   # onto our own empty folder: atomic, same file system
-    why = check_replaceable(aside)
+    why = check(aside)
     if why is not None:
         os.rename(aside, out)   # put back what changed since the first check
         shutil.rmtree(new, ignore_errors=True)
@@ -350,7 +378,7 @@ def _replace(out: Path, new: Path) -> None:
         os.rename(aside, out)   # the old folder back where it was
         raise
     for e in os.scandir(aside):
-        os.unlink(e.path)   # regular files of the names to_hf writes (just checked)
+        os.unlink(e.path)   # regular files of the names the export writes (just checked)
     os.rmdir(aside)
 
 

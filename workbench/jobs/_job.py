@@ -23,6 +23,7 @@ from typing import Any
 from workbench._display import Displayable
 from workbench import _runs as runs
 from workbench._run_lock import RunLock, pid_alive
+from workbench._validate import check_bool
 from workbench.jobs._worker import EXIT_STOPPED
 
 __all__ = ["Job", "NoJobError", "ProcessInfo", "exit_file", "read_tail"]
@@ -117,6 +118,7 @@ class Job(Displayable):
                  logs: Sequence[Path], *, lock: RunLock | None, commands: Sequence[Any] = (),
                  devices_per_process: int | None = None, platform: str | None = None,
                  target_steps: int | None = None, attached: bool = False) -> None:
+        attached = check_bool(attached, "attached", where="wb.Job: ")
         self.run_dir, self.logs = Path(run_dir), [Path(p) for p in logs]
         self.commands, self.platform = list(commands), platform
         self.devices_per_process, self.target_steps = devices_per_process, target_steps

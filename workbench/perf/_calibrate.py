@@ -42,6 +42,7 @@ from workbench.hardware._calibration import (Calibration, CalibrationWarning, ca
                                             remove_calibration)
 from workbench.perf._predict import ALPHA_BETA
 from workbench.perf._residuals import residuals
+from workbench._validate import check_bool
 
 __all__ = ["Calibration", "CalibrationWarning", "calibrate", "calibration_dir",
            "check_calibration", "fit_collectives", "load_calibration", "remove_calibration"]
@@ -278,6 +279,7 @@ def calibrate(reports: Any | Sequence[Any], *, spec: Any = None, save: bool = Tr
       TypeError: a report that is no ``ProfileReport``, or a ``spec`` that is no
         ``HardwareSpec``.
     """
+    save = check_bool(save, "save", where="calibrate: ")
     reports, spec = _checked(reports, spec)
     pc = sum(r.term("compute").predicted for r in reports)
     mc = sum(r.term("compute").measured for r in reports)
