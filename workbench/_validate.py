@@ -11,8 +11,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_float", "check_int", "check_path", "check_str", "nearest_multiples",
-           "no_new_empty_dirs"]
+__all__ = ["MAX_TRAIN_STEPS", "check_float", "check_int", "check_path", "check_steps",
+           "check_str", "nearest_multiples", "no_new_empty_dirs"]
+
+#: The most updates a run may train to: the train state's step counter is int32.
+MAX_TRAIN_STEPS = 2 ** 31 - 1
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = 1, maximum: int | None = None,
@@ -64,6 +67,16 @@ def check_int(value: Any, name: str, *, minimum: int | None = 1, maximum: int | 
         raise ValueError(f"{head} is out of range; {name} must be {rng}"
                          + (f": {fix}" if fix else ""))
     return number
+
+
+def check_steps(steps: int, name: str, *, where: str = "") -> int:
+    """``steps`` (an int already checked) unless it is past :data:`MAX_TRAIN_STEPS`, the
+    int32 step counter's limit: a ValueError naming it (past it the counter wraps, and the
+    run never reaches its target)."""
+    if steps > MAX_TRAIN_STEPS:
+        raise ValueError(f"{where}{name}={steps} is past {MAX_TRAIN_STEPS} (2**31 - 1), the "
+                         "most the int32 step counter holds; give fewer steps")
+    return steps
 
 
 def check_float(value: Any, name: str, *, minimum: float | None = None,

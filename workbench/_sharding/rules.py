@@ -18,7 +18,8 @@ in one tensor are errors. Inside a jitted function, ``with rules.activate(mesh):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+import difflib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -269,6 +270,28 @@ class Rules(Mapping[str, MeshAxes]):
                     raise ValueError(
                         f"rule {logical}={self[logical]!r} names mesh axis {a!r}, but the mesh "
                         f"has axes {names}; use one of them or None")
+
+    def check_names(self, used: Iterable[str], *, model: str = "the model") -> None:
+        """Raise if a rule names a logical axis outside ``used`` (the names ``model``'s
+        tensors carry, and Workbench's :data:`LOGICAL_AXES`): a misspelt name leaves the
+        axis it meant without a rule, so that axis would be replicated in silence.
+
+        Example:
+            >>> Rules(embedd="data").check_names(LOGICAL_AXES)
+            Traceback (most recent call last):
+            ValueError: rules name logical axis 'embedd' (-> 'data'), which no tensor of ...
+        """
+        valid = set(used)
+        for logical in self._rules:
+            if logical in valid:
+                continue
+            near = difflib.get_close_matches(logical, sorted(valid), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(
+                f"rules name logical axis {logical!r} (-> {self[logical]!r}), which no tensor "
+                f"of {model} uses, so it would shard nothing. {hint.capitalize()}The "
+                f"logical axes it uses are: {', '.join(sorted(valid))}. Rename the rule or "
+                "drop it")
 
     def sharding(self, logical_axes: Sequence[str | None], mesh: jax.sharding.Mesh, *,
                  tensor: str = "tensor") -> NamedSharding:

@@ -21,6 +21,9 @@ CONTEXT_VARIANTS: tuple[str, ...] = ("allgather", "ring")
 MOE_DISPATCH: tuple[str, ...] = ("all_to_all", "all_gather")
 #: Values of ``GPTConfig.moe_matmul`` (:mod:`workbench.models._moe`).
 MOE_MATMUL: tuple[str, ...] = ("auto", "grouped", "dense")
+#: ``GPTConfig.experts_per_token`` by default: the one value a dense config
+#: (``n_experts=0``) takes, since it routes to no experts.
+DEFAULT_TOP_K = 2
 
 #: Dtypes the model computes and stores parameters in (``GPTConfig.dtype``/``param_dtype``).
 FLOAT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "float64")
@@ -375,7 +378,7 @@ class GPTConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     n_experts: int = 0
-    experts_per_token: int = 2
+    experts_per_token: int = DEFAULT_TOP_K
     expert_d_ff: int = 0
     n_shared_experts: int = 0
     capacity_factor: float | None = None
@@ -445,36 +448,47 @@ class GPTConfig:
             self.lora.check_model(self)
 
     def _check_moe(self) -> None:
-        """Validate the mixture-of-experts fields (before anything is built)."""
+        """Validate the mixture-of-experts fields (before anything is built), whatever the
+        model: a dense config's MoE fields are checked too, never ignored in silence."""
         for f in ("n_experts", "expert_d_ff", "n_shared_experts"):
             object.__setattr__(self, f, check_int(getattr(self, f), f"GPTConfig.{f}", minimum=0))
         object.__setattr__(self, "experts_per_token", check_int(
-            self.experts_per_token, "GPTConfig.experts_per_token"))
-        if not self.n_experts:
-            return
-        if not 1 <= self.experts_per_token <= self.n_experts:
-            raise ValueError(
-                f"experts_per_token={self.experts_per_token} must be between 1 and "
-                f"n_experts={self.n_experts} (top-k picks k distinct experts); lower "
-                f"experts_per_token or raise n_experts")
+            self.experts_per_token, "GPTConfig.experts_per_token", minimum=1))
         if self.capacity_factor is not None:
             object.__setattr__(self, "capacity_factor", check_float(
                 self.capacity_factor, "GPTConfig.capacity_factor", positive=True,
                 example="1.25 slots per expert as a multiple of its balanced share; None "
                         "for dropless routing"))
-        if self.moe_dispatch not in MOE_DISPATCH:
-            raise ValueError(f"moe_dispatch={self.moe_dispatch!r}; choose one of "
+        for f in ("router_aux_loss", "router_z_loss"):
+            object.__setattr__(self, f, check_float(getattr(self, f), f"GPTConfig.{f}",
+                                                    minimum=0.0, example="0.01"))
+        if not isinstance(self.moe_dispatch, str) or self.moe_dispatch not in MOE_DISPATCH:
+            raise ValueError(f"GPTConfig.moe_dispatch={self.moe_dispatch!r}; choose one of "
                              f"{MOE_DISPATCH}")
-        if self.moe_matmul not in MOE_MATMUL:
-            raise ValueError(f"moe_matmul={self.moe_matmul!r}; choose one of {MOE_MATMUL}")
+        if not isinstance(self.moe_matmul, str) or self.moe_matmul not in MOE_MATMUL:
+            raise ValueError(f"GPTConfig.moe_matmul={self.moe_matmul!r}; choose one of "
+                             f"{MOE_MATMUL}")
         if self.moe_matmul == "grouped" and self.capacity_factor is not None:
             raise ValueError(
                 f"moe_matmul='grouped' is dropless (every routed token is computed, no "
                 f"capacity), but capacity_factor={self.capacity_factor}; set "
                 f"capacity_factor=None, or moe_matmul='dense' to drop past the capacity")
-        for f in ("router_aux_loss", "router_z_loss"):
-            object.__setattr__(self, f, check_float(getattr(self, f), f"GPTConfig.{f}",
-                                                    minimum=0.0, example="0.01"))
+        self._check_top_k()
+
+    def _check_top_k(self) -> None:
+        """``experts_per_token`` within ``1..n_experts``; a dense config (``n_experts=0``)
+        routes nothing, so it keeps the field's default."""
+        k, default = self.experts_per_token, DEFAULT_TOP_K
+        if not self.n_experts and k != default:
+            raise ValueError(
+                f"GPTConfig.experts_per_token={k} on a dense config (n_experts=0): there are "
+                f"no experts to route to; set n_experts >= {k} for a mixture of experts, or "
+                f"leave experts_per_token at {default}")
+        if self.n_experts and not 1 <= k <= self.n_experts:
+            raise ValueError(
+                f"experts_per_token={k} must be between 1 and "
+                f"n_experts={self.n_experts} (top-k picks k distinct experts); lower "
+                f"experts_per_token or raise n_experts")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> GPTConfig:

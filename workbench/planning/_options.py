@@ -72,6 +72,7 @@ class PlanOptions:
         for f in ("progress", "compile"):   # "no" is truthy: a flag is a bool
             object.__setattr__(self, f, check_bool(getattr(self, f), f, where="PlanOptions: ",
                                                    none=f == "compile"))
+        _check_values(self)
 
     def replace(self, **changes: Any) -> PlanOptions:
         """A copy with ``changes`` (unknown names are refused with the known ones)."""
@@ -85,6 +86,29 @@ class PlanOptions:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(PlanOptions))
+
+
+def _check_values(o: PlanOptions) -> None:
+    """The options a step is traced with, checked before anything is traced: a loss is a
+    callable, a batch maps names to arrays' shapes, overlap is a bool or compile options."""
+    if o.loss_fn is not None and not callable(o.loss_fn):
+        raise TypeError(f"loss_fn={o.loss_fn!r:.60} is a {type(o.loss_fn).__name__}, not a "
+                        "callable (model, batch) -> scalar loss; give a function, or leave "
+                        "loss_fn out for next-token cross-entropy")
+    eb = o.example_batch
+    if eb is not None and not callable(eb):
+        bad = None if isinstance(eb, Mapping) else eb
+        if bad is None:
+            bad = next((f"{k!r}: {v!r:.40}" for k, v in eb.items() if not isinstance(k, str)
+                        or not hasattr(v, "shape") or not hasattr(v, "dtype")), None)
+        if bad is not None:
+            raise TypeError(f"example_batch={eb!r:.80}: {bad} is not a name -> array shape; "
+                            "give {name: jax.ShapeDtypeStruct((batch, ...), dtype)}, e.g. "
+                            "{'x': jax.ShapeDtypeStruct((16, 1024), jnp.float32)}")
+    if not isinstance(o.overlap, (bool, Mapping)) or isinstance(o.overlap, Mapping) and not all(
+            isinstance(k, str) for k in o.overlap):
+        raise TypeError(f"overlap={o.overlap!r:.80} must be True (the platform's overlap "
+                        "flags), False, or a dict of XLA compile option name -> value")
 
 
 def _check_names(given: Mapping[str, Any], where: str) -> None:
