@@ -103,6 +103,36 @@ def test_bad_start_up_arguments_are_refused_before_anything_starts(tmp_path, arg
     assert not run.exists()  # nothing written, no worker started
 
 
+MESHES = [
+    # (mesh, processes, devices per process, message); the workers' make_mesh needs them equal
+    ({"data": 4}, 2, 4, r"config.mesh \{'data': 4\} needs 4 devices, but the launch gives "
+                        r"processes=2 x devices_per_process=4 = 8; launch processes x "
+                        r"devices_per_process = 4 devices, or use a mesh of 8 devices"),
+    ({"data": 2, "model": 2}, 4, 2, r"needs 4 devices, but .*processes=4 x "
+                                    r"devices_per_process=2 = 8"),
+    ({"data": -1, "model": 3}, 2, 4, r"needs a multiple of 3 devices \(the other axes' "
+                                     r"product, one axis -1\).* = 8"),
+]
+
+
+@pytest.mark.parametrize("mesh,processes,devices,message", MESHES)
+def test_every_cluster_kind_refuses_a_mesh_that_is_not_processes_times_devices(
+        mesh, processes, devices, message):
+    from workbench.jobs._protocol import check_mesh
+
+    with pytest.raises(ValueError, match=message):
+        check_mesh(mesh, processes, devices)
+
+
+def test_meshes_that_fit_or_cannot_be_checked_are_accepted():
+    from workbench.jobs._protocol import check_mesh
+
+    check_mesh({"data": 8}, 2, 4)
+    check_mesh({"data": -1, "model": 2}, 2, 4)
+    check_mesh({}, 2, 4)              # a ping: no mesh
+    check_mesh({"data": 4}, 2, None)  # devices unknown (a GPU cluster's own share)
+
+
 # ---------------------------------------------------------------- a coordinator that never answers
 def _silent_listener() -> tuple[socket.socket, int]:
     """A loopback socket that accepts TCP connections (the kernel's backlog) and never
@@ -174,6 +204,6 @@ def test_a_worker_says_what_it_waits_for_and_gives_up_at_its_bound(kind, process
     assert bound - 0.5 <= end - first <= bound + 10, lines
     assert f"gave up joining the job after {bound} s (initialization_timeout={bound})" in text
     if bound > 5:  # repeated while it waits
-        assert re.search(rf"still waiting \(5 s of {bound} s\)", text), text
+        assert re.search(rf"still waiting \(\d+ s of {bound} s\)", text), text
     for name in names:
         assert re.search(name.format(port=port), text), (name, text)
