@@ -75,6 +75,8 @@ def test_the_same_names_as_a_named_policy_are_that_policy(named) -> None:
     custom = CFG.replace(remat={"save": list(p.saved), "offload": list(p.offloaded)}).remat
     assert (set(custom.saved), set(custom.offloaded)) == (set(p.saved), set(p.offloaded))
     assert resolve_remat(custom) is custom and remat_label(custom).startswith("custom(")
+    as_given = resolve_remat({"save": list(p.saved), "offload": list(p.offloaded)})
+    assert (as_given.saved, as_given.offloaded) == (custom.saved, custom.offloaded)
 
 
 def test_the_plan_counts_it_as_the_named_policy_with_the_same_names() -> None:

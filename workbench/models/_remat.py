@@ -156,7 +156,10 @@ def check_remat(value: Any) -> str | RematPolicy:
 
 def resolve_remat(remat: str | RematPolicy) -> RematPolicy:
     """The ``RematPolicy`` of ``GPTConfig.remat`` (a name or a custom policy)."""
-    return remat if isinstance(remat, RematPolicy) else REMAT_POLICIES[check_remat(remat)]
+    if isinstance(remat, RematPolicy):   # as GPTConfig stores a custom policy: checked
+        return remat
+    checked = check_remat(remat)
+    return checked if isinstance(checked, RematPolicy) else REMAT_POLICIES[checked]
 
 
 def remat_json(remat: str | RematPolicy) -> str | dict[str, list[str]]:
