@@ -51,6 +51,7 @@ argument at a time alone: 1,057 calls, ~23 s of CPU); first run: 6 failures, fix
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -160,7 +161,21 @@ KINDS: dict[str, st.SearchStrategy[Any]] = {
     "newline": st.lists(_TEXT, min_size=1, max_size=3).map(_with_newline),
     "wrong_type": st.sampled_from([Opaque(), b"\x00\xff", "bogus", [None], {"bogus": None},
                                    1j, [Opaque()]]),
+    # bool-like strings: truthy all, so a flag that takes one reads "no" as yes
+    "truthy_string": st.sampled_from(["no", "false", "0", "yes", "True"]),
 }
+
+
+def _flag_taken(name: str, hostile: dict[str, tuple[str, Any]], ok: bool) -> str | None:
+    """A bool argument (annotated ``bool``) that took a bool-like string without an error."""
+    try:
+        params = inspect.signature(SURFACE[name]).parameters
+    except (TypeError, ValueError):
+        return None
+    flags = [p for p, (kind, _) in hostile.items() if kind == "truthy_string" and p in params
+             and str(params[p].annotation).split("|")[0].strip() == "bool"]
+    return f"the flag {flags[0]}= took the string {hostile[flags[0]][1]!r}" if ok and flags \
+        else None
 
 
 # --- the worker ---------------------------------------------------------------------------------
@@ -353,7 +368,8 @@ class _Calls:
         """One call, ``hostile``: parameter -> (kind, value)."""
         STATS[self.counter] += 1
         out = self.fuzz.call(self.name, {p: v for p, (_, v) in hostile.items()})
-        problem = judge(out, self.name, list(hostile))
+        problem = judge(out, self.name, list(hostile)) or _flag_taken(self.name, hostile,
+                                                                      out.get("ok", False))
         if problem is None:
             return
         given = ", ".join(f"{p}={v!r}" for p, (_, v) in hostile.items())
