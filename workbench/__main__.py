@@ -117,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--data-changed", choices=("ok",),
                    help="continue the run although its data changed since it was recorded "
                         "(wb.Trainer(data_changed='ok'); recorded in run.json's history)")
+    t.add_argument("--restart", choices=("ok",),
+                   help="start a new attempt of a run whose recorded steps no checkpoint "
+                        "restores (wb.Trainer(restart='ok'); recorded in run.json's history)")
     _add_distributed(t)
     t.set_defaults(parser=t)
 
@@ -181,7 +184,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         with no_new_empty_dirs(run_dir):
             return worker.train(config, run_dir, _spec(args), steps=args.steps,
-                                data_changed=args.data_changed)
+                                data_changed=args.data_changed, restart=args.restart)
     except worker.ConfigRejected as err:  # a usage error like argparse's: no traceback
         args.parser.exit(2, f"{args.parser.prog}: error: the Trainer refused config {config} "
                             f"for run directory {run_dir}: {err}\n")

@@ -20,7 +20,7 @@ from workbench.jobs._job import Job
 from workbench.jobs._local import PLATFORMS, Local, default_platform
 from workbench.jobs._protocol import Cluster, Submission
 from workbench.jobs._slurm import Slurm
-from workbench.jobs._worker import check_data_changed, ping_command, train_args, train_command
+from workbench.jobs._worker import check_consent, ping_command, train_args, train_command
 
 __all__ = ["KINDS", "attach", "launch", "ping"]
 
@@ -75,7 +75,8 @@ def _local(processes: int, devices_per_process: int | None, platform: str | None
 def launch(config: Any, processes: int = 1, devices_per_process: int | None = None,
            run_dir: str | os.PathLike[str] | None = None, *, steps: int | None = None,
            platform: str | None = None, heartbeat_timeout: int | None = None,
-           cluster: Cluster | None = None, data_changed: str | None = None) -> Job:
+           cluster: Cluster | None = None, data_changed: str | None = None,
+           restart: str | None = None) -> Job:
     """Launches ``config`` as a multi-process ``jax.distributed`` training job on this machine,
     or on a cluster: SLURM (``cluster=wb.Slurm(...)``), hosts over ssh (``wb.Hosts``) or a
     Cloud TPU VM slice (``wb.TPUSlice``).
@@ -103,6 +104,9 @@ def launch(config: Any, processes: int = 1, devices_per_process: int | None = No
       data_changed: None, or "ok" to continue a run whose data (files or tokenizer)
         changed since it was recorded (``wb.Trainer(data_changed="ok")``; without it the
         workers refuse, naming what changed).
+      restart: None, or "ok" to start a new attempt of a run whose recorded steps no
+        checkpoint restores (its checkpoints were deleted: ``wb.Trainer(restart="ok")``,
+        recorded in run.json's history; without it the workers refuse, naming the run).
 
     Returns:
       The running :class:`Job` (``status``, ``wait()``, ``stop()``, ``tail()``; it shows
@@ -123,7 +127,8 @@ def launch(config: Any, processes: int = 1, devices_per_process: int | None = No
     local = _local(processes, devices_per_process, platform, heartbeat_timeout, where)
     if steps is not None:
         check_int(steps, "steps", where=where)
-    check_data_changed(data_changed, where)
+    check_consent("data_changed", data_changed, where)
+    check_consent("restart", restart, where)
     target = _cluster(cluster, where) if cluster is not None else local
     run_dir = Path(run_dir or f"runs/launch-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     text = _config_text(config)
@@ -139,7 +144,7 @@ def launch(config: Any, processes: int = 1, devices_per_process: int | None = No
     TrainConfig.from_dict(fields).check()
     return target.submit(Submission(
         run_dir=run_dir, command=train_command(run_dir),
-        options=tuple(train_args(steps, data_changed)), files={CONFIG_NAME: text},
+        options=tuple(train_args(steps, data_changed, restart)), files={CONFIG_NAME: text},
         what="train", target_steps=steps if steps is not None else fields.get("steps"),
         checkpoint_every=fields.get("checkpoint_every"), mesh=fields.get("mesh") or {}))
 

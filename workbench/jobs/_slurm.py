@@ -27,7 +27,7 @@ from workbench.jobs._protocol import Submission, check_mesh
 from workbench.jobs._sbatch import (SLURM_FILE, SlurmError, available, batch_script, check,
                                    check_paths, parse_time, request, run_command, worker_argv)
 from workbench.jobs._slurm_job import SlurmJob
-from workbench.jobs._worker import check_data_changed, train_args
+from workbench.jobs._worker import check_consent, train_args
 from workbench._run_lock import RunLock
 
 __all__ = ["SLURM_FILE", "Slurm", "SlurmError", "available", "batch_script", "check",
@@ -133,15 +133,16 @@ class Slurm:
         return self.platform or ("gpu" if self.gpus_per_node else None)
 
     def script(self, run_dir: str | os.PathLike[str], *, steps: int | None = None,
-               data_changed: str | None = None) -> str:
+               data_changed: str | None = None, restart: str | None = None) -> str:
         """The batch script ``wb.launch(cfg, cluster=self, run_dir=run_dir, steps=...,
-        data_changed=...)`` submits (``<token>`` stands for the run directory lock's
+        data_changed=..., restart=...)`` submits (``<token>`` stands for the run directory lock's
         token). Nothing is written."""
 
-        check_data_changed(data_changed, "Slurm.script: ")
+        check_consent("data_changed", data_changed, "Slurm.script: ")
+        check_consent("restart", restart, "Slurm.script: ")
         run_dir = Path(run_dir).absolute()
         return batch_script(self, run_dir,
-                            worker_argv(self, run_dir, train_args(steps, data_changed)),
+                            worker_argv(self, run_dir, train_args(steps, data_changed, restart)),
                             "<token>")
 
     def remote_command(self, i: int, run_dir: Path, token: str, *, steps: int | None = None,

@@ -91,10 +91,11 @@ def _joined(spec: cluster.DistributedSpec) -> None:
 
 def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
           spec: cluster.DistributedSpec, *, steps: int | None = None,
-          data_changed: str | None = None) -> int:
+          data_changed: str | None = None, restart: str | None = None) -> int:
     """Joins the job, then trains ``config`` in ``run_dir`` (resuming from its checkpoint;
     ``data_changed="ok"``: also when the data differs from what the run recorded, as
-    ``wb.Trainer(data_changed="ok")``).
+    ``wb.Trainer(data_changed="ok")``; ``restart="ok"``: a new attempt where no checkpoint
+    restores the steps the run recorded, as ``wb.Trainer(restart="ok")``).
 
     Returns:
       The exit code: 0 when the run reached its target, ``EXIT_STOPPED`` when SIGTERM
@@ -102,7 +103,8 @@ def train(config_path: str | os.PathLike[str], run_dir: str | os.PathLike[str],
     """
     _joined(spec)
     try:
-        trainer = _trainer(config_path, Path(run_dir), data_changed=data_changed)
+        trainer = _trainer(config_path, Path(run_dir), data_changed=data_changed,
+                           restart=restart)
         try:
             result = trainer.run(steps=steps)
         finally:
@@ -141,7 +143,7 @@ def export(run_dir: str | os.PathLike[str], out: str | os.PathLike[str],
 
 
 def _trainer(config_path: str | os.PathLike[str], run_dir: Path, *,
-             data_changed: str | None = None) -> Any:
+             data_changed: str | None = None, restart: str | None = None) -> Any:
     """The ``Trainer`` of ``config_path`` in ``run_dir``.
 
     Raises:
@@ -156,15 +158,17 @@ def _trainer(config_path: str | os.PathLike[str], run_dir: Path, *,
         # The Trainer of process 0 locks the run directory while it writes (workbench.jobs.
         # lock), unless the local launcher holds the lock for this job already.
         return Trainer(config, run_dir=run_dir, compile_cache=_compile_cache(),
-                       data_changed=data_changed)
+                       data_changed=data_changed, restart=restart)
     except (ValueError, TypeError) as err:
         raise ConfigRejected(str(err)) from err
 
 
-def train_args(steps: int | None, data_changed: str | None) -> list[str]:
+def train_args(steps: int | None, data_changed: str | None = None,
+               restart: str | None = None) -> list[str]:
     """The ``workbench train`` options a launch passes to every worker."""
     return ([] if steps is None else ["--steps", str(steps)]) + (
-        [] if data_changed is None else ["--data-changed", str(data_changed)])
+        [] if data_changed is None else ["--data-changed", str(data_changed)]) + (
+        [] if restart is None else ["--restart", str(restart)])
 
 
 def train_command(run_dir: Path) -> tuple[str, ...]:
@@ -178,13 +182,21 @@ def ping_command(hold: float = 0.0) -> tuple[str, ...]:
     return ("ping", "--hold", str(hold))
 
 
-def check_data_changed(value: Any, where: str) -> str | None:
-    """``data_changed`` is None or "ok" (``wb.Trainer``'s own values)."""
+#: What leaving each consent out does, and what "ok" does (``wb.Trainer``'s own values).
+_CONSENTS = {
+    "data_changed": "leave it out (a resume on changed data is refused) or pass "
+                    "data_changed='ok' to continue this run on the data as it is now",
+    "restart": "leave it out (a run whose recorded steps no checkpoint restores is refused) "
+               "or pass restart='ok' to start a new attempt, recorded in run.json's history",
+}
+
+
+def check_consent(name: str, value: Any, where: str) -> str | None:
+    """``data_changed`` / ``restart``: None or "ok" (``wb.Trainer``'s own values)."""
     if value is None or (isinstance(value, str) and value == "ok"):
         return value
     raise (ValueError if isinstance(value, str) else TypeError)(
-        f"{where}data_changed={value!r}: leave it out (a resume on changed data is refused) "
-        "or pass data_changed='ok' to continue this run on the data as it is now")
+        f"{where}{name}={value!r}: {_CONSENTS[name]}")
 
 
 def _compile_cache() -> bool:
