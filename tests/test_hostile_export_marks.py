@@ -185,6 +185,12 @@ def _tiny() -> Any:
     return wb.models.GPTConfig.preset("tiny").replace(**TINY)
 
 
+def _model() -> Any:
+    from flax import nnx
+
+    return wb.models.GPT(_tiny(), rngs=nnx.Rngs(0))
+
+
 def _gpt(**flag: Any) -> Any:
     return wb.models.GPTConfig(**{**TINY, **flag})
 
@@ -212,7 +218,7 @@ CALLS: dict[tuple[str, str], Callable[[Any, Path], Any]] = {
     ("wb.data.Tokenizer.apply_chat_template", "add_generation_prompt"):
         lambda bad, tmp: wb.data.Tokenizer().apply_chat_template(
             [{"role": "user", "content": "hi"}], add_generation_prompt=bad),
-    ("wb.generate", "cache"): lambda bad, tmp: wb.generate(None, [1, 2], cache=bad),
+    ("wb.generate", "cache"): lambda bad, tmp: wb.generate(_model(), [1, 2], cache=bad),
     ("wb.hf.from_hf", "progress"): lambda bad, tmp: wb.hf.from_hf(tmp / "none", progress=bad),
     ("wb.hf.hf_config", "progress"): lambda bad, tmp: wb.hf.hf_config(tmp / "none",
                                                                       progress=bad),

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from workbench._validate import check_bool, check_float, check_int
+from workbench._validate import check_float, check_int
 from workbench.models._gpt import GPT, KVCache
 from workbench._sharding.rules import Rules
 
@@ -212,7 +212,6 @@ def generate(model: Any, prompt: Any = None, *, messages: Any = None,
         wb.generate(trainer, "Once upon", tokenizer=tok, temperature=0.8, top_p=0.9)
         wb.generate(trainer, "Once upon", tokenizer=tok, stream=True)   # live in the cell
     """
-    cache = check_bool(cache, "cache", where="wb.generate: ")
     if not isinstance(model, GPT) and isinstance(getattr(model, "model", None), GPT):
         model = model.model
     if not isinstance(model, GPT):
