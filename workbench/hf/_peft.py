@@ -121,17 +121,12 @@ def check_replaceable(folder: str | os.PathLike[str]) -> str | None:
     (no mark), and a ``to_peft`` folder the user added a file to (a README, notes): the
     file is theirs, so the folder is not replaced (move the file out first).
     """
-    from workbench.hf._save import _few, _marked
+    from workbench.hf._save import _few, _marked, folder_entries
 
     p = Path(folder)
-    if p.is_symlink():
-        return f"{p} is a symlink (to {os.readlink(p)}); give the folder itself, or a new folder"
-    if not p.is_dir():
-        return f"{p} exists and is not a folder"
-    try:
-        entries = sorted(os.scandir(p), key=lambda e: e.name)
-    except OSError as e:
-        return f"{p} cannot be listed ({e.strerror or e})"
+    entries = folder_entries(p)
+    if isinstance(entries, str):
+        return entries
     if not entries:
         return None
     ours = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)

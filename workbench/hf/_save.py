@@ -233,6 +233,20 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
     return out
 
 
+def folder_entries(p: Path) -> list[os.DirEntry] | str:
+    """The entries of a folder an export may replace, by name, or why it is not one to list:
+    a symlink, not a folder, or a folder that cannot be listed."""
+    if p.is_symlink():
+        return (f"{p} is a symlink (to {os.readlink(p)}); give the folder itself, or a new "
+                "folder")
+    if not p.is_dir():
+        return f"{p} exists and is not a folder"
+    try:
+        return sorted(os.scandir(p), key=lambda e: e.name)
+    except OSError as e:
+        return f"{p} cannot be listed ({e.strerror or e})"
+
+
 def check_replaceable(folder: str | os.PathLike[str]) -> str | None:
     """Why ``overwrite=True`` may not replace ``folder`` (None: it may).
 
@@ -248,15 +262,9 @@ def check_replaceable(folder: str | os.PathLike[str]) -> str | None:
     from workbench._runs import RUN_JSON
 
     p = Path(folder)
-    if p.is_symlink():
-        return (f"{p} is a symlink (to {os.readlink(p)}); give the folder itself, or a new "
-                "folder")
-    if not p.is_dir():
-        return f"{p} exists and is not a folder"
-    try:
-        entries = sorted(os.scandir(p), key=lambda e: e.name)
-    except OSError as e:
-        return f"{p} cannot be listed ({e.strerror or e})"
+    entries = folder_entries(p)
+    if isinstance(entries, str):
+        return entries
     names = [e.name for e in entries]
     if not names:
         return None   # an empty folder: replacing it loses nothing
