@@ -8,16 +8,33 @@ escaping, and the globals ``raise_exception``, ``strftime_now``, ``dict`` and a
 ``namespace`` that refuses underscore names. The template sees ``messages``, ``tools``
 (None), ``documents`` (None), ``add_generation_prompt`` and the tokenizer's special tokens
 (``bos_token``, ``eos_token``, ...), as transformers passes them.
+
+A template is untrusted code, so a render is bounded (:mod:`workbench.data._chat_bounds`):
+it stops after :data:`MAX_SECONDS` seconds, and at :data:`MAX_CHARS` characters of output
+(or of any string or list it builds), with a :class:`ChatTemplateError` naming the
+template's file. Both are read at each render: set them on this module to change them
+(``workbench.data._chat.MAX_SECONDS = 30``). Messages are checked first: plain JSON data
+at most :data:`MAX_DEPTH` levels deep, no container holding itself, no lone surrogate.
 """
 from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-__all__ = ["ChatTemplateError", "check_messages", "render"]
+__all__ = ["MAX_CHARS", "MAX_DEPTH", "MAX_SECONDS", "ChatTemplateError", "check_messages",
+           "render"]
+
+#: Seconds a render may take (chat templates render in milliseconds).
+MAX_SECONDS = 10.0
+#: Characters a render may output, and items of any string or list it builds (a 1M-token
+#: context is about 4M characters).
+MAX_CHARS = 16_000_000
+#: Nesting levels of a message's data (``{"content": [{"type": "text", ...}]}`` is 3).
+MAX_DEPTH = 64
 
 #: The names a message's reasoning goes by; templates read the first (transformers'
 #: aliasing: each message with one of them gets ``reasoning_content`` and ``thinking``).
@@ -46,7 +63,8 @@ def check_messages(messages: Any, where: str = "wb.generate") -> list[dict[str, 
         if not isinstance(m.get("role"), str):
             raise ValueError(f"{where}: messages[{i}] has no string 'role' (got "
                              f"{_short(m.get('role'))}); {fix}")
-        m = {str(k): _plain(v) for k, v in m.items() if v is not None}
+        m = {str(k): _plain(v, f"{where}: messages[{i}][{k!r}]", 1, frozenset({id(m)}))
+             for k, v in m.items() if v is not None}
         reasoning = next((m[k] for k in _REASONING if m.get(k) is not None), None)
         if reasoning is not None:
             m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
@@ -59,33 +77,57 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, path: str, depth: int = 0, seen: frozenset[int] = frozenset()) -> Any:
     """Plain JSON data (what transformers lets a template see): other objects become a
-    placeholder naming their type."""
-    if value is None or type(value) in (str, int, float, bool):
+    placeholder naming their type. Raises ValueError naming ``path`` (``"wb.generate:
+    messages[0]['content']"``) for data nested deeper than :data:`MAX_DEPTH`, a container
+    holding itself, or text with a lone surrogate."""
+    if value is None or type(value) in (int, float, bool):
         return value
     if isinstance(value, str):
-        return str.__str__(value)
+        return _text(str.__str__(value), path)
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
         return int.__int__(value)
     if isinstance(value, float):
         return float.__float__(value)
+    if not isinstance(value, (Mapping, list, tuple)):
+        return f"<{type(value).__name__}>"
+    if id(value) in seen:
+        raise ValueError(f"{path} contains itself (a {type(value).__name__} that holds "
+                         "itself, which no template can render); give plain JSON data")
+    if depth >= MAX_DEPTH:
+        shown = path if len(path) <= 100 else path[:97] + "..."
+        raise ValueError(f"{shown} is nested more than {MAX_DEPTH} levels deep; give flatter "
+                         "data (or raise workbench.data._chat.MAX_DEPTH)")
+    seen = seen | {id(value)}
     if isinstance(value, Mapping):
-        return {_plain(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_plain(v) for v in value)
-    return f"<{type(value).__name__}>"
+        return {_plain(k, f"{path} (a key)", depth + 1, seen):
+                _plain(v, f"{path}[{k!r}]", depth + 1, seen) for k, v in value.items()}
+    items = [_plain(v, f"{path}[{j}]", depth + 1, seen) for j, v in enumerate(value)]
+    return items if isinstance(value, list) else tuple(items)
+
+
+def _text(text: str, path: str) -> str:
+    """``text``, unless it holds a lone surrogate (no tokenizer encodes one)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{path} holds a lone surrogate ({text[e.start]!r} at character "
+                             f"{e.start}), which is not Unicode text and no tokenizer can "
+                             "encode; fix the text where it came from, e.g. "
+                             "text.encode('utf-8', 'replace').decode()") from None
+    return text
 
 
 @functools.lru_cache(maxsize=16)
 def _compile(template: str) -> Any:
     import jinja2
     import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from workbench.data._chat_bounds import BoundedSandbox, bound_loops, check_size
 
     class Generation(jinja2.ext.Extension):
         """``{% generation %}...{% endgeneration %}``: marks assistant text for training
@@ -114,7 +156,7 @@ def _compile(template: str) -> Any:
 
         def __setitem__(self, name: str, value: Any) -> None:
             Namespace._check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
+            jinja2.utils.Namespace.__setitem__(self, name, check_size(value))
 
         @staticmethod
         def _check(name: Any) -> None:
@@ -137,20 +179,22 @@ def _compile(template: str) -> Any:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                           sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
+                         extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.globals["dict"] = Dict()
     env.globals["namespace"] = Namespace
-    return env.from_string(template)
+    env.bound_filters()
+    return env.from_string(bound_loops(env.parse(template)))
 
 
 def render(template: str, messages: Any, special_tokens: Mapping[str, str], *,
            add_generation_prompt: bool = True, where: str = "wb.generate",
            source: str = "the chat template", **kwargs: Any) -> str:
-    """``messages`` rendered by ``template`` (a Jinja chat template).
+    """``messages`` rendered by ``template`` (a Jinja chat template), within
+    :data:`MAX_SECONDS` and :data:`MAX_CHARS`.
 
     Args:
         template: the template text (``tokenizer_config.json``'s ``chat_template`` or
@@ -158,26 +202,73 @@ def render(template: str, messages: Any, special_tokens: Mapping[str, str], *,
         messages: ``[{"role": ..., "content": ...}, ...]``.
         special_tokens: ``bos_token``, ``eos_token``, ... (the template may use them).
         add_generation_prompt: end with the header of the assistant's turn.
-        where, source: named in errors.
+        where, source: named in errors (``source``: the template's file).
         **kwargs: more template variables (``enable_thinking=False`` for Qwen3).
 
     Raises:
-        ChatTemplateError: the template does not compile, or raised (its own message).
+        ValueError: a message (or a variable) is nested too deep, holds itself, or holds
+            a lone surrogate (naming it).
+        ChatTemplateError: the template does not compile, raised (its own message), ran
+            past :data:`MAX_SECONDS` or output more than :data:`MAX_CHARS`.
     """
     import jinja2
 
+    from workbench.data._chat_bounds import BoundExceeded, budget, tick
+
     msgs = check_messages(messages, where)
+    context = {**{k: _plain(v, f"{where}: special token {k!r}")
+                  for k, v in special_tokens.items()},
+               **{k: _plain(v, f"{where}: {k}=") for k, v in kwargs.items()}}
+    seconds, max_chars = _limits()
     try:
         compiled = _compile(template)
     except jinja2.TemplateSyntaxError as e:
         raise ChatTemplateError(f"{where}: {source} is not a valid Jinja template ({e.message}"
                                 f", line {e.lineno}); fix the template, or pass token ids or "
                                 "a text prompt instead of messages") from None
-    context = {**{k: _plain(v) for k, v in special_tokens.items()}, **_plain(kwargs)}
+    parts, size = [], 0
     try:
-        return str(compiled.render(messages=msgs, tools=None, documents=None,
-                                   add_generation_prompt=add_generation_prompt, **context))
+        with budget(seconds, max_chars):
+            for chunk in compiled.generate(messages=msgs, tools=None, documents=None,
+                                           add_generation_prompt=add_generation_prompt,
+                                           **context):
+                size += len(chunk)
+                if size > max_chars:
+                    raise BoundExceeded("MAX_CHARS",
+                                        f"its output passed {max_chars:,} characters")
+                tick()
+                parts.append(chunk)
+    except BoundExceeded as e:
+        raise ChatTemplateError(_bound_message(e, where, source)) from None
     except Exception as e:   # noqa: BLE001 - a template is code: whatever it raises
         raise ChatTemplateError(f"{where}: {source} refused these messages: {e}; change "
                                 "the messages (the roles and order the template expects)"
                                 ) from None
+    text = "".join(parts)
+    try:
+        return _text(text, "its output")
+    except ValueError as e:
+        raise ChatTemplateError(f"{where}: {source} rendered text that no tokenizer can "
+                                f"encode: {e}".split("; fix")[0] + "; fix the template") \
+            from None
+
+
+def _limits() -> tuple[float, int]:
+    """:data:`MAX_SECONDS` and :data:`MAX_CHARS` as set now, checked."""
+    seconds, chars = MAX_SECONDS, MAX_CHARS
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+            not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"workbench.data._chat.MAX_SECONDS={seconds!r} must be a positive "
+                         "number of seconds, e.g. 10.0")
+    if isinstance(chars, bool) or not isinstance(chars, int) or chars <= 0:
+        raise ValueError(f"workbench.data._chat.MAX_CHARS={chars!r} must be a positive int "
+                         "(characters), e.g. 16_000_000")
+    return float(seconds), chars
+
+
+def _bound_message(e: Any, where: str, source: str) -> str:
+    module = "workbench.data._chat" if e.bound in ("MAX_SECONDS", "MAX_CHARS") else \
+        "workbench.data._chat_bounds"
+    return (f"{where}: {source} was stopped: {e.detail}, past {module}.{e.bound}. A chat "
+            "template is untrusted code: check the template (use the model's own), or raise "
+            f"{module}.{e.bound} if this chat really needs more")

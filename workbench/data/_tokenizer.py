@@ -157,7 +157,7 @@ class Tokenizer:
                 "model's tokenizer")
         return render(self.chat_template, messages, self.special_tokens,
                       add_generation_prompt=add_generation_prompt, where="apply_chat_template",
-                      source=f"the chat template of {Path(str(self.path)).parent}", **kwargs)
+                      source=_template_source(Path(str(self.path)).parent), **kwargs)
 
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a prompt as ``transformers``' ``tokenizer(text)`` gives them: the
@@ -351,6 +351,14 @@ def _folder_config(folder: Path) -> tuple[dict[str, str], str | None, bool]:
             raise ValueError(f"{jinja} is not readable text ({e}); fix it or copy the "
                              "model's own") from None
     return tokens, template, found
+
+
+def _template_source(folder: Path) -> str:
+    """Where :func:`_folder_config` took the chat template from, for errors."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return f"the chat template {jinja}"
+    return f"the chat template of {folder / 'tokenizer_config.json'} ('chat_template')"
 
 
 def _config_template(value: Any, file: Path) -> str | None:
