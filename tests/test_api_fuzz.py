@@ -44,10 +44,12 @@ FILES_TIMEOUT, and no other saved file of the run is removed or cut.
 
 ``WORKBENCH_FUZZ_COLLECT=1`` records every failure instead of stopping at the first, and
 ``WORKBENCH_FUZZ_REPORT=<file>`` writes the counts and failures as JSON (the numbers of
-issue 44's closing note). Issue 56's numbers (one process, 2 loaded cores): 90 callables,
-1,069 single calls + 512 combinations + 167 file cases, ~36 s of CPU (65 s wall; one
-argument at a time alone: 1,057 calls, ~23 s of CPU); first run: 6 failures, fixed 3
-(``tests/test_hostile_fuzz_finds.py``), the other 3 routed to their owners.
+issue 44's closing note). Issue 56's numbers (one process, 2 shared cores): 90 callables,
+1,069 single calls + 512 combinations + 167 file cases: ~36 s of CPU, 42-65 s wall (one
+argument at a time alone, before: 1,057 calls, ~23 s of CPU, 30 s wall). Found while it
+grew: RunWriter on a metrics.jsonl that is a directory (raw error) or a FIFO (hung), wb.show({})
+and from_nnx(config=nan) naming no argument: fixed (``tests/test_hostile_fuzz_finds.py``);
+last run (after the other parts of the issue): 6 failures, 2 of them fixed since.
 """
 from __future__ import annotations
 

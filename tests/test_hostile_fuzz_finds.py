@@ -77,11 +77,20 @@ def _error(call, run):
 # (the call, what its error must say): an error names the argument the fuzzer gave
 CALLS = {
     "wb.show of an empty dict (obj={})": (lambda: wb.show({}), "wb.show(obj)"),
+    # a raw TypeError / ValueError of dict(config) that named nothing
+    "wb.models.from_nnx with config=nan": (
+        lambda: wb.models.from_nnx(_factory, config=float("nan")), "config=nan"),
+    "wb.models.from_nnx with config a string": (
+        lambda: wb.models.from_nnx(_factory, config="a\nb"), "config='a\\nb'"),
 }
+
+
+def _factory(rngs):
+    return None
 
 
 @pytest.mark.parametrize("case", list(CALLS))
 def test_fuzz_find_names_the_argument(case):
     call, says = CALLS[case]
-    with pytest.raises(ValueError, match=re.escape(says)):
+    with pytest.raises((ValueError, TypeError), match=re.escape(says)):
         call()

@@ -191,6 +191,9 @@ def from_nnx(factory: Callable[[nnx.Rngs], nnx.Module], *, name: str | None = No
     if not callable(factory):
         raise TypeError(f"from_nnx: factory={factory!r} is a {type(factory).__name__}; give a "
                         "callable rngs -> nnx.Module (a module class taking rngs works)")
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"from_nnx: config={config!r:.80} is a {type(config).__name__}; give a "
+                        "dict of JSON-able fields that identify the model, or None")
     if isinstance(example_batch, Mapping):
         fixed = dict(example_batch)
         example_batch = lambda b, t: fixed  # noqa: E731 - a fixed batch ignores (b, t)
