@@ -38,8 +38,8 @@ def _row(remat: Any) -> dict[str, Any]:
     pred, b = p.predicted, p.predicted.breakdown
     est = p.memory_estimate or {}
     formula = est.get("total")
-    to_host = b.get("host_bytes_to_host", 0.0)
-    by_formula = host_bytes(IRONWOOD, remat)
+    to_host = b.get("host_bytes_to_host", 0.0)       # one TensorCore's (2 per chip)
+    by_formula = host_bytes(IRONWOOD, remat) / 2        # the formula counts a chip's
     label = remat_label(remat)
     return {"name": f"remat {label}: Llama-3.1-70B tpu7x-128 memory per TensorCore",
             "value": round(p.memory["total"] / GIB, 2), "unit": "GiB",
@@ -47,7 +47,8 @@ def _row(remat: Any) -> dict[str, Any]:
             "notes": (f"{p.source}; formula {formula / GIB:.1f} GiB" if formula else p.source)
             + f" (compiled/formula {p.memory['total'] / formula:.2f}x)" * bool(formula)
             + f"; temp {p.memory['temp'] / GIB:.1f} GiB; to host {to_host / 1e9:.1f} GB per "
-            f"chip per step read from the HLO (formula {by_formula / 1e9:.1f} GB), "
+            f"TensorCore per step read from the HLO (formula {by_formula / 1e9:.1f} GB), the "
+            f"chip's link busy {b.get('host_link', 0.0):.2f} s (its 2 cores' bytes), "
             f"{b.get('host_transfers', 0.0):.2f} s of it not hidden; predicted "
             f"{pred.step_seconds:.2f} s/step, {pred.tokens_per_s / IRONWOOD.chips:,.0f} "
             f"tokens/s/chip; plan {seconds:.0f} s"}

@@ -108,6 +108,25 @@ def test_an_offloading_custom_policy_moves_the_hand_counted_bytes() -> None:
     assert plan.memory_estimate is not None
 
 
+@tpu
+def test_two_tensorcores_share_a_tpu7x_chips_host_link() -> None:
+    """On tpu7x each JAX device is one of a chip's 2 TensorCores: the HLO's transfers are one
+    device's, and both devices' cross the chip's one host link, so the link is busy for twice
+    one device's bytes at the chip's bandwidth."""
+    from workbench.hardware import hardware_spec
+
+    cfg = TINY.replace(remat={"offload": ["decoder_layer_input"]})
+    plan = wb.plan(cfg, mesh=wb.abstract_mesh("tpu7x-8", data=-1), batch=8, seq=128,
+                   progress=False)
+    assert plan.source == "tpu-compiler"
+    per_device = 64 * 128 * 2 * TINY.n_layers      # the block input, 128 tokens per device
+    traffic = host_traffic(plan.compiled.as_text())
+    assert traffic.to_host_bytes == per_device
+    spec = hardware_spec("TPU7x")
+    link = plan.predicted.breakdown["host_link"]
+    assert link == pytest.approx(2 * per_device / spec.host_bandwidth, rel=1e-9)
+
+
 @pytest.mark.parametrize(("value", "error", "match"), [
     ({"save": ["bogus"]}, ValueError, r"names 'bogus', which the model does not name; its "
                                       r"checkpoint names are \['decoder_layer_input'"),

@@ -104,14 +104,17 @@ def _host_time(report: Any, spec: EffectiveSpec, kernel_seconds: float
                       "step)")
     clock = chip.clock_hz or spec.table.clock_hz
     per_call = kernel_seconds / traffic.kernel_calls if traffic.kernel_calls else 0.0
+    # the traffic is one device's; a chip's devices (TPU7x: 2 TensorCores) share its link
+    bandwidth = chip.host_bandwidth / max(1, chip.cores_per_chip)
+    source = chip.source_of("host_bandwidth") + (
+        f"; shared by the chip's {chip.cores_per_chip} devices" if chip.cores_per_chip > 1
+        else "")
     if not clock:   # no cycles to place the compute: nothing is assumed hidden
-        t = host_seconds(traffic, bandwidth=chip.host_bandwidth, clock_hz=1.0,
-                         source=chip.source_of("host_bandwidth"))
+        t = host_seconds(traffic, bandwidth=bandwidth, clock_hz=1.0, source=source)
         return dataclasses.replace(t, exposed_seconds=t.link_seconds, hidden_seconds=0.0,
                                    formula=t.formula + "; no clock: counted in full"), ""
-    return host_seconds(traffic, bandwidth=chip.host_bandwidth, clock_hz=clock,
-                        kernel_seconds=per_call,
-                        source=chip.source_of("host_bandwidth")), ""
+    return host_seconds(traffic, bandwidth=bandwidth, clock_hz=clock,
+                        kernel_seconds=per_call, source=source), ""
 
 
 def _compiler_compute(report: Any, spec: EffectiveSpec, kernel: float, other_flops: float
