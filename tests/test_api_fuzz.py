@@ -49,7 +49,8 @@ issue 44's closing note). Issue 56's numbers (one process, 2 shared cores): 90 c
 argument at a time alone, before: 1,057 calls, ~23 s of CPU, 30 s wall). Found while it
 grew: RunWriter on a metrics.jsonl that is a directory (raw error) or a FIFO (hung), wb.show({})
 and from_nnx(config=nan) naming no argument: fixed (``tests/test_hostile_fuzz_finds.py``);
-last run (after the other parts of the issue): 6 failures, 2 of them fixed since.
+run at 06:09 (after the other parts): 6 failures; at 06:15: 4 (wb.search's hardware= and
+mesh_shapes=; FileNotFoundError from resolve_run and from_hf, left to their owners).
 """
 from __future__ import annotations
 
