@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,9 @@ TOKENIZER_PATTERNS = ["tokenizer.json", "tokenizer_config.json", "special_tokens
 #: Everything ``from_hf`` reads: config, safetensors weights (+ index), tokenizer.
 MODEL_FILES = [*CONFIG_FILES, "model.safetensors", "model-*-of-*.safetensors",
                "model.safetensors.index.json", *TOKENIZER_PATTERNS]
+
+#: A commit hash as ``huggingface_hub`` writes it in ``refs/`` (and names snapshots by).
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 _LOGIN = ("log in with `hf auth login` (or set HF_TOKEN), after accepting the model's "
           "licence on its Hub page")
@@ -102,21 +106,101 @@ def resolve(name: Any, *, revision: str | None = None, progress: bool = True,
     """
     revision = check_revision(revision, where)
     check_progress(progress, where)
+    if not is_hub_id(name) and _id_shaped(name):
+        _check_id(name, f"{where}: {arg}")
     if not is_hub_id(name):
         if revision is not None:
             raise ValueError(f"{where}: revision={revision!r} is for Hub ids; {arg}={name!r} is "
                              "a local path (or no Hub id): drop revision")
         return Resolved(Path(name))
-    folder = Path(_download(name, revision, progress, files or MODEL_FILES,
-                            f"{where}: {arg}"))
-    broken = sorted(str(f.relative_to(folder)) for f in folder.rglob("*")
-                    if f.is_symlink() and not f.exists())
+    _check_id(name, f"{where}: {arg}")
+    if offline():
+        _check_ref(name, revision, f"{where}: {arg}")
+    folder = _check_snapshot(Path(_download(name, revision, progress, files or MODEL_FILES,
+                                            f"{where}: {arg}")), name, f"{where}: {arg}")
+    return Resolved(folder, name, folder.name)
+
+
+def _id_shaped(name: Any) -> bool:
+    """``"org/name"`` in shape (one slash, relative), missing as a local path: an id."""
+    return isinstance(name, str) and name.count("/") == 1 and \
+        not name.startswith(("/", ".", "~")) and "" not in name.split("/") and \
+        not os.path.exists(os.path.expanduser(name))
+
+
+def _check_id(name: str, where: str) -> None:
+    """Raises :class:`HubError` naming ``name`` unless ``huggingface_hub`` accepts it."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        if not name.isascii() or name != name.strip():
+            raise HFValidationError("only ASCII letters, digits, '-', '_' and '.'")
+        validate_repo_id(name)
+    except HFValidationError as e:
+        raise HubError(f"{where}={name!r} is neither an existing local path nor a valid Hub "
+                       f"id ({e}); a Hub id is 'org/name' of ASCII letters, digits, '-', '_' "
+                       "and '.', without '--' or '..', each part at most 96 characters, e.g. "
+                       "'Qwen/Qwen3-0.6B'") from None
+
+
+def _repo_folder(repo_id: str) -> Path:
+    return cache_dir() / ("models--" + repo_id.replace("/", "--"))
+
+
+def _check_ref(repo_id: str, revision: str | None, where: str) -> None:
+    """The cached ``refs/<revision>`` a revision name resolves through offline must hold a
+    commit hash (40 lowercase hex digits, nothing else, as ``huggingface_hub`` writes it)."""
+    rev = revision or "main"
+    if _COMMIT.fullmatch(rev):
+        return
+    refs = _repo_folder(repo_id) / "refs"
+    ref = refs / rev
+    if not os.path.normpath(ref).startswith(os.path.normpath(refs) + os.sep):
+        raise HubError(f"{where}={repo_id!r}: revision={rev!r} leaves the repo's refs folder; "
+                       "give a branch, tag or commit hash")
+    if not ref.is_file():
+        return
+    with open(ref, "rb") as f:
+        data = f.read(100)
+    text = data.decode("utf-8", "replace")
+    if not _COMMIT.fullmatch(text):
+        raise HubError(
+            f"{where}={repo_id!r}: the cache's {ref} holds {text[:60]!r}, not a commit hash "
+            "(40 lowercase hex digits, no whitespace, as huggingface_hub writes it); delete "
+            f"the file and download again (`hf download {repo_id}`), or pass the commit as "
+            "revision=")
+
+
+def _check_snapshot(folder: Path, repo_id: str, where: str) -> Path:
+    """``folder`` if it is ``snapshots/<commit>`` of the repo in the cache and every file
+    in it resolves (symlinks followed) to a file inside the cache."""
+    snapshots = _repo_folder(repo_id) / "snapshots"
+    if not _COMMIT.fullmatch(folder.name) or \
+            os.path.normpath(folder) != os.path.normpath(snapshots / folder.name):
+        raise HubError(
+            f"{where}={repo_id!r}: the Hugging Face cache resolved it to {folder}, not a "
+            f"snapshot folder ({snapshots}/<40-hex commit>): its refs file is damaged; "
+            f"delete {snapshots.parent / 'refs'} and download again (`hf download {repo_id}`)")
+    root = cache_dir().resolve()
+    outside, broken = [], []
+    for f in [folder, *folder.rglob("*")]:
+        real = f.resolve()
+        if not real.is_relative_to(root):
+            outside.append(f"{f.relative_to(folder.parent)} -> {real}")
+        elif f.is_symlink() and not f.exists():
+            broken.append(str(f.relative_to(folder)))
+    if outside:
+        raise HubError(
+            f"{where}={repo_id!r}: the snapshot {folder} links outside the Hugging Face cache "
+            f"({root}): {outside[:3]}; a snapshot's files are links to its repo's blobs: "
+            "delete that snapshot folder and download again")
     if broken:
         raise HubError(
-            f"{where}: {arg}={name!r}: the Hugging Face cache is damaged: {broken[:3]} in "
-            f"{folder} point to missing blobs; download again with `hf download {name} "
+            f"{where}={repo_id!r}: the Hugging Face cache is damaged: {sorted(broken)[:3]} in "
+            f"{folder} point to missing blobs; download again with `hf download {repo_id} "
             "--force-download` (online), or delete that snapshot folder")
-    return Resolved(folder, name, folder.name)
+    return folder
 
 
 def _download(repo_id: str, revision: str | None, progress: bool, patterns: list[str],
