@@ -83,8 +83,8 @@ def check_size(value: Any) -> Any:
         raise BoundExceeded("MAX_CHARS", f"it built a {type(value).__name__} of {len(value):,} "
                                     f"items (the cap is {b.max_chars:,})")
     if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
-        raise BoundExceeded("MAX_INT_BITS", f"it computed an integer of {value.bit_length():,} bits "
-                                    f"(the cap is {MAX_INT_BITS:,})")
+        raise BoundExceeded("MAX_INT_BITS", f"it computed an integer of "
+                            f"{value.bit_length():,} bits (the cap is {MAX_INT_BITS:,})")
     return value
 
 
@@ -104,13 +104,15 @@ def _check_binop(op: str, left: Any, right: Any) -> None:
                 _cap(len(seq) * max(n, 0), f"{type(seq).__name__} * {n}")
         if isinstance(left, int) and isinstance(right, int) and \
                 left.bit_length() + right.bit_length() > MAX_INT_BITS:
-            raise BoundExceeded("MAX_INT_BITS", f"a product of {left.bit_length() + right.bit_length():,}"
-                                        f" bits (the cap is {MAX_INT_BITS:,})")
+            bits = left.bit_length() + right.bit_length()
+            raise BoundExceeded("MAX_INT_BITS", f"a product of {bits:,} bits (the cap is "
+                                                f"{MAX_INT_BITS:,})")
     elif op == "+" and isinstance(left, sized) and isinstance(right, sized):
         _cap(len(left) + len(right), f"{type(left).__name__} + {type(right).__name__}")
     elif op == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 \
             and right > 0 and right * math.log2(abs(left)) > MAX_INT_BITS:
-        raise BoundExceeded("MAX_INT_BITS", f"{left} ** {right} has more than {MAX_INT_BITS:,} bits")
+        raise BoundExceeded("MAX_INT_BITS",
+                            f"{left} ** {right} has more than {MAX_INT_BITS:,} bits")
     elif op == "%" and isinstance(left, str):
         _check_format(left, right if isinstance(right, tuple) else (right,), {})
 
