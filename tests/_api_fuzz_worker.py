@@ -282,6 +282,7 @@ RECIPES: dict[str, Recipe] = {
     "wb.generate": lambda f: {"model": f.model, "prompt": [1, 2, 3], "max_new_tokens": 2},
     # wb.data
     "wb.data.Dataset": lambda f: {"files": f.jsonl, "tokenizer": f.tok_file},
+    "wb.data.chat_limits": lambda f: {},
     "wb.data.ShardedBatches": lambda f: {"spec": "synthetic", "seq": 16, "batch": 8, "seed": 0,
                                          "sharding": f.sharding, "vocab_size": 384},
     "wb.data.SyntheticData": lambda f: {"vocab_size": 384, "size": 4096, "seed": 0},

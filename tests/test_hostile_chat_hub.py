@@ -259,3 +259,21 @@ def test_a_bad_hub_id_is_a_hub_error_naming_it(cache, case, name):
 def test_an_empty_id_is_the_path_check(cache):
     with pytest.raises(ValueError, match="path='' is empty"):
         wb.hf.hf_config("")
+
+
+def test_chat_limits_sets_the_bounds_a_render_stops_at(monkeypatch, tmp_path):
+    """The public setter: the next render stops at the bound it set, and says how to raise
+    it; values that would stop every chat are refused, naming them."""
+    monkeypatch.setattr(_chat, "MAX_SECONDS", _chat.MAX_SECONDS)   # restored after the test
+    monkeypatch.setattr(_chat, "MAX_CHARS", _chat.MAX_CHARS)
+    assert wb.data.chat_limits(seconds=0.5, chars=20_000) == {"seconds": 0.5, "chars": 20_000}
+    tok = tokenizer_with(tmp_path / "tok", "{% for i in range(100000) %}{{ 'x' * 1000 }}"
+                         "{% endfor %}", jinja=True)
+    with pytest.raises(ChatTemplateError, match=r"wb\.data\.chat_limits\(chars=\.\.\.\)"):
+        tok.apply_chat_template(HI)
+    for bad in ({"seconds": 0.0}, {"seconds": float("nan")}, {"seconds": "10"},
+                {"seconds": 0.01}, {"chars": 100}, {"chars": True}, {"chars": 2.5e7}):
+        (name, value), = bad.items()
+        with pytest.raises(ValueError, match=rf"chat_limits: {name}="):
+            wb.data.chat_limits(**bad)
+    assert wb.data.chat_limits() == {"seconds": 0.5, "chars": 20_000}

@@ -10,6 +10,7 @@ import pytest
 
 import workbench as wb
 from workbench import runs
+from workbench.hf._families import ModelFolderNotFound
 
 
 def _directory(path):
@@ -87,6 +88,39 @@ CALLS = {
 
 def _factory(rngs):
     return None
+
+
+_TINY = wb.models.GPTConfig.preset("tiny")
+# (the call, the error class, what its message must say): found by the fuzzer's final run
+NAMED = {
+    "wb.search(hardware=False)": (
+        lambda: wb.search(_TINY, hardware=False, batch=8, progress=False), TypeError,
+        "wb.search(hardware=False)"),
+    "wb.search(mesh_shapes=-inf)": (
+        lambda: wb.search(_TINY, hardware="v5e-8", batch=8, mesh_shapes=float("-inf"),
+                          exact=False, progress=False), TypeError, "mesh_shapes=-inf"),
+    "wb.search(mesh_shapes=False)": (
+        lambda: wb.search(_TINY, hardware="v5e-8", batch=8, mesh_shapes=False, exact=False,
+                          progress=False), TypeError, "mesh_shapes=False"),
+    "wb.search(remat=[a custom policy])": (
+        lambda: wb.search(_TINY, hardware="v5e-8", batch=8, remat=[{"save": ["key_proj"]}],
+                          exact=False, progress=False), TypeError, "plan a custom policy"),
+    # builtin FileNotFoundErrors that did not name the argument
+    "wb.runs.resolve_run(rid='0')": (
+        lambda: runs.resolve_run({"k": "/nonexistent-root"}, "0"), runs.RunNotFound, "rid='0'"),
+    "wb.runs.read_run(run_dir=missing)": (
+        lambda: runs.read_run("/nonexistent/run"), runs.RunNotFound, "run_dir="),
+    "wb.hf.from_hf(path='bogus')": (
+        lambda: wb.hf.from_hf("/nonexistent/bogus"), ModelFolderNotFound,
+        "path='/nonexistent/bogus' does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", list(NAMED))
+def test_fuzz_find_raises_a_workbench_error_naming_the_argument(case):
+    call, error, says = NAMED[case]
+    with pytest.raises(error, match=re.escape(says)):
+        call()
 
 
 @pytest.mark.parametrize("case", list(CALLS))

@@ -287,6 +287,11 @@ def _ends_with_newline(path: Path) -> bool:
 
 
 # ----------------------------------------------------------------------------- reading
+class RunNotFound(FileNotFoundError):
+    """A run directory or run id that does not exist (a ``FileNotFoundError``, so code that
+    catches that still does; the message names the argument)."""
+
+
 class RunFileError(ValueError):
     """A ``run.json`` (or, to append to, a ``metrics.jsonl``) that exists but cannot be used
     (binary, empty, not an object, a directory, a named pipe, ...);
@@ -328,8 +333,8 @@ def read_run(run_dir: str | os.PathLike[str], *, contained: bool = False) -> dic
         with open_file(path, inside=run_dir if contained else None) as f:
             raw = f.read(MAX_RUN_JSON + 1)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} not found: {run_dir} is not a run directory "
-                                "(RunWriter creates run.json)") from None
+        raise RunNotFound(f"read_run: run_dir={str(run_dir)!r}: {path} not found, so it is "
+                          "not a run directory (RunWriter creates run.json)") from None
     except IsADirectoryError:
         raise RunFileError(f"{path} is a directory, not a file; {fix}") from None
     except FileRefused as e:
@@ -729,12 +734,12 @@ def resolve_run(roots: Sequence[str | os.PathLike[str]], rid: str,
     meta = os.path.realpath(os.path.join(target, RUN_JSON))
     for p in (target, meta):
         if os.path.commonpath([root, p]) != root:
-            raise FileNotFoundError(f"run id {rid!r} resolves outside its run root")
+            raise RunNotFound(f"run id rid={rid!r} resolves outside its run root")
     if not allow_hidden and (is_hidden(rel) or is_hidden(os.path.relpath(meta, root))):
-        raise FileNotFoundError(f"no run {rid!r}: runs in hidden directories are not served "
-                                "(the server's ContentsManager.allow_hidden is False)")
+        raise RunNotFound(f"no run rid={rid!r}: runs in hidden directories are not served "
+                          "(the server's ContentsManager.allow_hidden is False)")
     if not os.path.lexists(os.path.join(target, RUN_JSON)):
-        raise FileNotFoundError(f"no run {rid!r}: {target} has no {RUN_JSON}")
+        raise RunNotFound(f"no run rid={rid!r}: {target} has no {RUN_JSON}")
     return Path(target)
 
 

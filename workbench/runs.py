@@ -12,13 +12,13 @@ Example::
     runs.list_runs("runs")                    # every run under runs/, newest first
 """
 from workbench._runs import (HISTORY_EVENTS, METRICS, RUN_JSON, STATUSES, MetricsTail,
-                             RunFileError, RunWriter, check_run, clean_prediction, columns,
-                             config_hash, effective_status, find_run_dirs, is_hidden,
+                             RunFileError, RunNotFound, RunWriter, check_run, clean_prediction,
+                             columns, config_hash, effective_status, find_run_dirs, is_hidden,
                              json_safe, list_runs, pid_alive, pid_start_time, read_attempts,
                              read_events, read_metrics, read_run, resolve_run, run_id)
 
 __all__ = ["HISTORY_EVENTS", "METRICS", "RUN_JSON", "STATUSES", "MetricsTail", "RunFileError",
-           "RunWriter", "check_run", "clean_prediction", "columns", "config_hash",
+           "RunNotFound", "RunWriter", "check_run", "clean_prediction", "columns", "config_hash",
            "effective_status", "find_run_dirs", "is_hidden", "json_safe",
            "list_runs", "pid_alive", "pid_start_time", "read_attempts", "read_events",
            "read_metrics", "read_run", "resolve_run", "run_id"]

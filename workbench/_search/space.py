@@ -82,7 +82,12 @@ def hardware(spec: Any) -> Hardware:
 
         devices = list(resolve_placement(where="wb.search").mesh.devices.flat)
     else:
-        info = mesh_info(spec)
+        try:
+            info = mesh_info(spec)
+        except TypeError as err:
+            raise TypeError(f"wb.search(hardware={spec!r:.80}): {err}; give a preset such as "
+                            "'v5p-256' or '8xH100', a mesh, or None for the devices at hand"
+                            ) from None
         if info.jax_mesh is None:
             if info.hardware is None:
                 raise ValueError("wb.search needs a hardware preset or real devices; this "
@@ -134,6 +139,10 @@ class SearchOptions:
                 raise ValueError(f"unknown strategy {s!r}; use rules presets {PRESETS} or "
                                  "wb.Rules objects")
         for r in remat:
+            if not isinstance(r, str):
+                raise TypeError(f"remat holds {r!r:.80}: wb.search compares named policies "
+                                f"({sorted(REMAT_POLICIES)}); plan a custom policy with "
+                                "wb.plan(cfg.replace(remat={'save': [...], 'offload': [...]}))")
             if r not in REMAT_POLICIES:
                 raise ValueError(f"unknown remat policy {r!r}; choose from "
                                  f"{sorted(REMAT_POLICIES)}")
@@ -165,6 +174,25 @@ class SearchOptions:
                 example="overlap=0.5 (the fraction of communication hidden)") <= 1.0:
             raise ValueError(f"overlap must be in [0, 1] or None, got {self.overlap!r}")
         check_stages(self.stages)
+        self._check_mesh_shapes()
+
+    def _check_mesh_shapes(self) -> None:
+        """None, or a non-empty list of ``{"data": d, "model": m}`` / ``(d, m)`` shapes."""
+        shapes = self.mesh_shapes
+        if shapes is None:
+            return
+        if isinstance(shapes, (str, Mapping)) or not isinstance(shapes, (list, tuple)) \
+                or not shapes:
+            raise TypeError(f"mesh_shapes={shapes!r:.80}: give a non-empty list of mesh "
+                            "shapes, e.g. mesh_shapes=[{'data': 16, 'model': 8}, (32, 4)], or "
+                            "None for every split")
+        for shape in shapes:
+            sizes = list(shape.values()) if isinstance(shape, Mapping) else shape
+            if isinstance(shape, str) or not isinstance(sizes, (list, tuple)) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in sizes):
+                raise TypeError(f"mesh_shapes holds {shape!r:.80}: each shape is a dict of "
+                                "axis sizes or a (data, model) pair of ints, e.g. "
+                                "{'data': 16, 'model': 8} or (16, 8)")
 
 
 def check_seq(seq: Any) -> None:

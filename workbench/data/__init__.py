@@ -12,6 +12,7 @@ Example::
     spec = wb.data.Dataset(files="docs/*.jsonl", field="text", tokenizer=tok,
                            eval_fraction=0.05)            # packed rows with segment ids
 """
+from workbench.data._chat import chat_limits
 from workbench.data._dataset import Dataset, prepare
 from workbench.data._files import DataError
 from workbench.data._packing import pack, row_batch
@@ -32,7 +33,7 @@ from workbench.data._pipeline import (
 
 __all__ = ["DataError", "DataSpec", "Dataset", "ShardedBatches", "SyntheticData", "TextData",
            "Tokenizer", "batch_keys", "batch_shards", "batched", "build_text_corpus", "build_token_cache",
-           "as_spec", "cache_root", "check_vocab", "corpus_bytes", "grain_dataset", "pack",
+           "as_spec", "cache_root", "chat_limits", "check_vocab", "corpus_bytes", "grain_dataset", "pack",
            "prepare", "row_batch", "source"]
 
 

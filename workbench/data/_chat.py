@@ -12,8 +12,8 @@ escaping, and the globals ``raise_exception``, ``strftime_now``, ``dict`` and a
 A template is untrusted code, so a render is bounded (:mod:`workbench.data._chat_bounds`):
 it stops after :data:`MAX_SECONDS` seconds, and at :data:`MAX_CHARS` characters of output
 (or of any string or list it builds), with a :class:`ChatTemplateError` naming the
-template's file. Both are read at each render: set them on this module to change them
-(``workbench.data._chat.MAX_SECONDS = 30``). Messages are checked first: plain JSON data
+template's file. Both are read at each render; ``wb.data.chat_limits(seconds=30,
+chars=...)`` changes them for the process. Messages are checked first: plain JSON data
 at most :data:`MAX_DEPTH` levels deep, no container holding itself, no lone surrogate.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-__all__ = ["MAX_CHARS", "MAX_DEPTH", "MAX_SECONDS", "ChatTemplateError", "check_messages",
-           "render"]
+__all__ = ["MAX_CHARS", "MAX_DEPTH", "MAX_SECONDS", "ChatTemplateError", "chat_limits",
+           "check_messages", "render"]
 
 #: Seconds a render may take (chat templates render in milliseconds).
 MAX_SECONDS = 10.0
@@ -253,6 +253,42 @@ def render(template: str, messages: Any, special_tokens: Mapping[str, str], *,
             from None
 
 
+#: The least each bound may be set to (a render takes milliseconds; a prompt thousands of
+#: characters): smaller values would stop every chat.
+MIN_SECONDS, MIN_CHARS = 0.1, 10_000
+
+
+def chat_limits(*, seconds: float | None = None, chars: int | None = None
+                ) -> dict[str, float | int]:
+    """The bounds of a chat template's render, changed for this process where given.
+
+    A chat template is untrusted code from the Hub: a render stops after ``seconds`` (default
+    10) and at ``chars`` characters of output, or of any string or list it builds (default
+    16,000,000, about 4M tokens), with a ``ChatTemplateError`` naming the template's file.
+
+    Example::
+
+        wb.data.chat_limits(seconds=30)      # {"seconds": 30.0, "chars": 16000000}
+
+    Raises:
+      ValueError: a value that is not a finite number of at least 0.1 s, or an int of at
+        least 10,000 characters.
+    """
+    global MAX_SECONDS, MAX_CHARS
+    if seconds is not None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+                not (math.isfinite(seconds) and seconds >= MIN_SECONDS):
+            raise ValueError(f"chat_limits: seconds={seconds!r} must be a finite number of "
+                             f"seconds >= {MIN_SECONDS}, e.g. seconds=30")
+        MAX_SECONDS = float(seconds)
+    if chars is not None:
+        if isinstance(chars, bool) or not isinstance(chars, int) or chars < MIN_CHARS:
+            raise ValueError(f"chat_limits: chars={chars!r} must be an int >= {MIN_CHARS:,} "
+                             "(characters), e.g. chars=64_000_000")
+        MAX_CHARS = chars
+    return {"seconds": MAX_SECONDS, "chars": MAX_CHARS}
+
+
 def _limits() -> tuple[float, int]:
     """:data:`MAX_SECONDS` and :data:`MAX_CHARS` as set now, checked."""
     seconds, chars = MAX_SECONDS, MAX_CHARS
@@ -267,8 +303,11 @@ def _limits() -> tuple[float, int]:
 
 
 def _bound_message(e: Any, where: str, source: str) -> str:
-    module = "workbench.data._chat" if e.bound in ("MAX_SECONDS", "MAX_CHARS") else \
-        "workbench.data._chat_bounds"
-    return (f"{where}: {source} was stopped: {e.detail}, past {module}.{e.bound}. A chat "
-            "template is untrusted code: check the template (use the model's own), or raise "
-            f"{module}.{e.bound} if this chat really needs more")
+    if e.bound in ("MAX_SECONDS", "MAX_CHARS"):
+        key = "seconds" if e.bound == "MAX_SECONDS" else "chars"
+        past, fix = f"its {e.bound} bound", f"wb.data.chat_limits({key}=...)"
+    else:
+        past = fix = f"workbench.data._chat_bounds.{e.bound}"
+    return (f"{where}: {source} was stopped: {e.detail}, past {past}. A chat template is "
+            f"untrusted code: check the template (use the model's own), or raise {fix} if "
+            "this chat really needs more")

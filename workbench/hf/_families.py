@@ -46,6 +46,11 @@ _READ = frozenset({
 })
 
 
+class ModelFolderNotFound(FileNotFoundError):
+    """A Hugging Face model folder (or its config.json) that is not there (a
+    ``FileNotFoundError``; the message names the path and what a folder holds)."""
+
+
 class HFConfigError(ValueError):
     """A ``config.json`` this workbench cannot represent (names the field and the fix)."""
 
@@ -55,10 +60,11 @@ def read_config(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     file = p / "config.json" if p.is_dir() else p
     if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist; give a local Hugging Face model folder "
-                                "(config.json + *.safetensors)")
+        raise ModelFolderNotFound(f"path={str(p)!r} does not exist; give a local Hugging Face "
+                                  "model folder (config.json + *.safetensors), or a Hub id "
+                                  "(org/name) that is cached or can be downloaded")
     if not file.is_file():
-        raise FileNotFoundError(
+        raise ModelFolderNotFound(
             f"{p} has no config.json: a Hugging Face model folder holds config.json and "
             "model.safetensors (or model-0000x-of-0000n.safetensors with "
             "model.safetensors.index.json); save one with save_pretrained(folder)")
