@@ -169,8 +169,9 @@ def remat_json(remat: str | RematPolicy) -> str | dict[str, list[str]]:
     return {"save": list(remat.saved), "offload": list(remat.offloaded)}
 
 
-def remat_label(remat: str | RematPolicy) -> str:
+def remat_label(remat: str | RematPolicy | Mapping[str, Any]) -> str:
     """A short label for tables and plan text: the name, or ``custom(save=...; offload=...)``."""
+    remat = check_remat(remat)
     if isinstance(remat, str):
         return remat
     parts = [f"save={','.join(remat.saved)}"] if remat.saved else []
