@@ -39,7 +39,8 @@ def _stand_in_nvidia_smi(folder: pathlib.Path, cuda: str | None, gpus: int = 1) 
 
 
 def _env(path_first: pathlib.Path | None = None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("ACCEL", "MAKEFLAGS", "MFLAGS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ACCEL", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}   # as a user's shell
     if path_first is not None:
         env["PATH"] = f"{path_first}{os.pathsep}{env.get('PATH', os.defpath)}"
     return {**env, **extra}

@@ -131,7 +131,7 @@ def test_every_source_is_named():
     with pytest.raises(ValueError, match="compile=True cannot compile .*not a TPU slice"):
         wb.plan(TINY, mesh=wb.abstract_mesh("8xH100", data=8), rules="fsdp", batch=8, seq=32,
                 compile=True)
-    with pytest.raises(TypeError, match="compile must be"):
+    with pytest.raises(TypeError, match="compile='yes' must be True or False"):
         wb.plan(TINY, mesh=wb.abstract_mesh("v5e-4", **AXES), batch=8, compile="yes")
 
 

@@ -11,10 +11,10 @@ where it cannot (a filter's or a call's result). The caller streams the output
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import math
 import re
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -53,30 +53,37 @@ class _Budget:
     max_chars: int
 
 
-_BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar(
-    "workbench_chat_budget", default=None)
+class _Open(threading.local):
+    """The budget of the render running in this thread (a render is synchronous: one thread,
+    start to end), or None."""
+
+    budget: _Budget | None = None
+
+
+_OPEN = _Open()
 
 
 @contextlib.contextmanager
 def budget(seconds: float, max_chars: int) -> Iterator[None]:
     """Renders inside this block stop after ``seconds`` and at values above ``max_chars``."""
-    token = _BUDGET.set(_Budget(time.monotonic() + seconds, seconds, max_chars))
+    outer = _OPEN.budget
+    _OPEN.budget = _Budget(time.monotonic() + seconds, seconds, max_chars)
     try:
         yield
     finally:
-        _BUDGET.reset(token)
+        _OPEN.budget = outer
 
 
 def tick() -> None:
     """Raises :class:`BoundExceeded` past the open budget's deadline."""
-    b = _BUDGET.get()
+    b = _OPEN.budget
     if b is not None and time.monotonic() > b.deadline:
         raise BoundExceeded("MAX_SECONDS", f"it ran past {b.seconds:g} s")
 
 
 def check_size(value: Any) -> Any:
     """``value``, unless it is text or a container longer than the cap (or a huge int)."""
-    b = _BUDGET.get()
+    b = _OPEN.budget
     if b is None:
         return value
     if isinstance(value, (str, list, tuple, dict)) and len(value) > b.max_chars:
@@ -89,7 +96,7 @@ def check_size(value: Any) -> Any:
 
 
 def _cap(n: float, what: str) -> None:
-    b = _BUDGET.get()
+    b = _OPEN.budget
     if b is not None and n > b.max_chars:
         raise BoundExceeded("MAX_CHARS", f"{what} would hold {n:,.0f} items (the cap is "
                                     f"{b.max_chars:,})")
