@@ -22,7 +22,10 @@ dropless and "dense" with a capacity factor): "dense" runs each expert on its fi
 ``(capacity, D)`` buffer of slots, empty ones included (dropless: ``E/k`` times the routed
 rows); "grouped" sorts the ``k*G`` assignments by expert and runs one
 ``jax.lax.ragged_dot`` per projection over exactly those rows (MaxText's megablox
-``sparse_matmul``, torchtitan's grouped GEMM), dropless with no padding. Under expert
+``sparse_matmul``, torchtitan's grouped GEMM), dropless with no padding: on TPU megablox's
+Pallas ``gmm``, whose weight gradient is its own transposed kernel ``tgmm`` over the routed
+rows, elsewhere ``jax.lax.ragged_dot`` (``GPTConfig.moe_kernel``, :func:`grouped_kernel`).
+Under expert
 parallelism its all-to-all carries fixed per-peer blocks of ``G*min(k, E/n)`` rows
 (:func:`_group_grouped` says why); the all-gather dispatch gathers as the dense one does.
 
@@ -50,7 +53,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
-from workbench.models._config import DEFAULT_TOP_K, MOE_DISPATCH, GPTConfig
+from workbench.models._config import DEFAULT_TOP_K, MOE_DISPATCH, GPTConfig, current_platform
 from workbench.models._layers import MLP, param
 from workbench._sharding.rules import Rules, active, constrain
 
@@ -357,18 +360,65 @@ def _inverse(order: jax.Array) -> jax.Array:
     return jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
 
 
-def _grouped_experts(rows: jax.Array, sizes: jax.Array, gate: jax.Array, up: jax.Array,
-                     down: jax.Array, dtype: str) -> jax.Array:
-    """SwiGLU of each expert on its rows: rows (M, D) sorted by expert, ``sizes`` (E',)
-    rows per expert (rows past their sum are in no group and come out unused) -> (M, D).
+#: megablox tiles: rows of one tile (m, rounded up to a multiple of 128 below it) and the
+#: widest contracting/output tile (k and n): MaxText's ``tile_batch_seq`` 512 and
+#: ``tile_embed_dim`` / ``tile_mlp_dim`` 1024 (configs/base.yml).
+GMM_TILE_ROWS, GMM_TILE = 512, 1024
 
-    On TPU (libtpu 0.0.42.1) the forward and input-gradient matmuls compile to kernels
-    over the routed rows, but the weight gradient (ragged contracting dim) is expanded by
-    XLA into a masked dense matmul over every expert ("fall through to
-    ragged_dot_expander"): E times its routed FLOPs. The remat policies "dots"/"minimal"
-    save neither these nor the dense path's per-expert einsums (only batch-free
-    ``dot_general``s); the checkpoint names are the same."""
-    rd = lambda a, w: jax.lax.ragged_dot(a, w.astype(dtype), sizes)
+
+def grouped_kernel(cfg: GPTConfig, platform: str | None = None) -> str:
+    """The grouped matmul of ``cfg`` on ``platform`` (default: the one traced for,
+    :func:`~workbench.models._config.current_platform`): ``cfg.moe_kernel``, "auto"
+    resolving to "megablox" on TPU and "ragged_dot" elsewhere.
+
+    On TPU, ``ragged_dot``'s weight gradient (ragged contracting dim) is expanded by XLA
+    into a masked dense matmul over every expert, E times its routed FLOPs (libtpu
+    0.0.42.1: "fall through to ragged_dot_expander"); megablox's ``tgmm`` computes it
+    over the routed rows (docs/performance.md). On GPU and CPU ``ragged_dot`` is XLA's own
+    grouped GEMM; megablox there runs in Pallas' interpret mode (tests only: slow)."""
+    if cfg.moe_kernel != "auto":
+        return cfg.moe_kernel
+    return "megablox" if (platform or current_platform()) == "tpu" else "ragged_dot"
+
+
+def _megablox(rows: jax.Array, w: jax.Array, sizes: jax.Array, interpret: bool
+              ) -> jax.Array:
+    """megablox's ``gmm`` of ``rows`` (M, K) sorted by group and ``w`` (E', K, N):
+    (M, N), rows past ``sum(sizes)`` zero.
+
+    The rows are padded to whole tiles and the rows past the groups are given to one more
+    group that ``w`` has no weights for, so the kernel zeroes them in the output and in
+    the gradients (it leaves rows outside every group uninitialized) and ``tgmm`` never
+    visits them."""
+    from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+    m, k = rows.shape
+    n = w.shape[2]
+    tm = min(GMM_TILE_ROWS, -(-m // 128) * 128)
+    pad = -m % tm
+    rows = jnp.pad(rows, ((0, pad), (0, 0)))                                # (Mp, K)
+    rest = (m + pad - jnp.sum(sizes)).astype(jnp.int32)
+    groups = jnp.concatenate([sizes.astype(jnp.int32), rest[None]])         # (E'+1,)
+    t = min(GMM_TILE, k, n)   # square: the input gradient runs the transposed problem
+    out = gmm(rows, w, groups, preferred_element_type=rows.dtype, tiling=(tm, t, t),
+              interpret=interpret)
+    return out[:m]
+
+
+def _grouped_experts(rows: jax.Array, sizes: jax.Array, gate: jax.Array, up: jax.Array,
+                     down: jax.Array, dtype: str, kernel: str) -> jax.Array:
+    """SwiGLU of each expert on its rows: rows (M, D) sorted by expert, ``sizes`` (E',)
+    rows per expert (rows past their sum are in no group and come out zero) -> (M, D),
+    with ``kernel`` ("ragged_dot" or "megablox": :func:`grouped_kernel`).
+
+    The remat policies "dots"/"minimal" save neither these nor the dense path's
+    per-expert einsums (only batch-free ``dot_general``s); the checkpoint names are the
+    same."""
+    if kernel == "megablox":
+        interpret = current_platform() != "tpu"
+        rd = lambda a, w: _megablox(a, w.astype(dtype), sizes, interpret)
+    else:
+        rd = lambda a, w: jax.lax.ragged_dot(a, w.astype(dtype), sizes)
     g = checkpoint_name(rd(rows, gate), "mlpwi_0")                          # (M, F)
     u = checkpoint_name(rd(rows, up), "mlpwi_1")                            # (M, F)
     return checkpoint_name(rd(jax.nn.silu(g) * u, down), "mlpwo")           # (M, D)
@@ -425,7 +475,7 @@ def _group_grouped(cfg: GPTConfig, x: jax.Array, idx: jax.Array, w: jax.Array,
         rows = recv.reshape(n * s, -1)[rorder]                                 # (nS, D)
     else:
         rows, sizes = x[order % g], counts                                     # (kG, D)
-    out = _grouped_experts(rows, sizes, gate, up, down, cfg.dtype)
+    out = _grouped_experts(rows, sizes, gate, up, down, cfg.dtype, grouped_kernel(cfg))
     if mlp:
         out = jax.lax.psum(out, mlp)
     if ea:
@@ -457,7 +507,8 @@ def _group_grouped_all_gather(cfg: GPTConfig, x: jax.Array, idx: jax.Array, w: j
     order = jnp.argsort(flat, stable=True)                    # this device's first
     m = ng * min(k, e_local)
     rows = xs[order[:m] % ng]                                                # (m, D)
-    out = _grouped_experts(rows, _count(flat, e_local), gate, up, down, cfg.dtype)
+    out = _grouped_experts(rows, _count(flat, e_local), gate, up, down, cfg.dtype,
+                           grouped_kernel(cfg))
     if mlp:
         out = jax.lax.psum(out, mlp)
     slot = jnp.where(mine, _inverse(order), m)
@@ -504,9 +555,13 @@ def dispatch_combine(cfg: GPTConfig, x: jax.Array, idx: jax.Array, weights: jax.
                            gate, up, down, ea, mlp)
         return y.reshape(bl, tl, d), dropped[None]
 
+    # megablox's pallas_calls give their outputs no varying mesh axes, which check_vma
+    # needs; MaxText runs them with it off too (its transposes then psum and divide over
+    # the unmentioned axes: the same gradients, tests/test_moe_gmm.py)
+    megablox = cfg.moe_matmul_resolved == "grouped" and grouped_kernel(cfg) == "megablox"
     y, dropped = jax.shard_map(
         body, mesh=mesh, in_specs=(tok, tok, tok, w_in, w_in, w_out),
-        out_specs=(tok, PartitionSpec(spec(token_axes))),
+        out_specs=(tok, PartitionSpec(spec(token_axes))), check_vma=not megablox,
     )(x, idx, weights, gate, up, down)
     return y, jnp.sum(dropped)
 
