@@ -126,18 +126,19 @@ def write_tokenizer(folder: str | Path, style: str, *, template_file: bool = Fal
 
 
 def hub_cache(cache: str | Path, repo_id: str, snapshots: dict[str, str | Path],
-              refs: dict[str, str]) -> Path:
+              refs: dict[str, str], repo_type: str = "model") -> Path:
     """A Hugging Face cache holding ``repo_id``, as ``huggingface_hub`` writes it.
 
     Args:
         cache: the cache folder (``HF_HUB_CACHE``).
         snapshots: commit hash (40 hex digits) -> a folder whose files it holds.
         refs: branch or tag -> commit hash (``refs/main``...).
+        repo_type: "model" (``models--org--name``) or "dataset" (``datasets--org--name``).
 
     Every file becomes ``blobs/<sha256>`` (its content address), and
     ``snapshots/<commit>/<name>`` a relative symlink to it; ``refs/<name>`` holds the commit.
     """
-    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    repo = Path(cache) / (f"{repo_type}s--" + repo_id.replace("/", "--"))
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
     for commit, src in snapshots.items():
         snap = repo / "snapshots" / commit

@@ -1,10 +1,12 @@
-"""``wb.data.Dataset``: your own local text, tokenized, packed, split into train and eval.
+"""``wb.data.Dataset``: your own text or a Hub dataset, tokenized, packed, split into train and eval.
 
 Example::
 
     tok = wb.data.Tokenizer("tokenizer.json")
     data = wb.data.Dataset(files="docs/*.jsonl", field="text", tokenizer=tok,
                            eval_fraction=0.05)
+    data = wb.data.Dataset(hf="roneneldan/TinyStories", split="train", field="text",
+                           tokenizer=tok)            # a Hub dataset (workbench.data._hub_dataset)
     cfg = wb.TrainConfig(model="small", data=data, eval_every=50, eval_batches=4,
                          model_overrides={"vocab_size": tok.vocab_size})
 
@@ -25,7 +27,9 @@ import grain
 import numpy as np
 
 from workbench._validate import check_int, check_path
-from workbench.data._files import FORMATS
+from workbench.data._files import FORMATS, DataError
+from workbench.data._hub_dataset import (HubSplit, check_blobs, check_hub_args, check_hub_id,
+                                         file_format, resolve_split)
 from workbench.data._packing import PackedRows, pack
 from workbench.data._tokenizer import Tokenizer, check_vocab
 from workbench.data._tokens import TokenCache, build_token_cache
@@ -76,10 +80,17 @@ def _tokenizer(value: Any) -> Tokenizer:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Dataset:
-    """Local documents as packed, tokenized training rows (and a held-out eval split).
+    """Documents as packed, tokenized training rows (and a held-out eval split): local
+    files, or a Hugging Face Hub dataset's split.
 
     Attributes:
       files: globs (``"data/*.jsonl"``, ``**`` recursive), folders or files.
+      hf: instead, a Hub dataset id (``"org/name"``); its split's Parquet or JSONL files
+        are fetched into the Hugging Face cache (``HF_HUB_OFFLINE=1``: read from it).
+      split: the Hub split (default "train"); ``hf`` only.
+      config: the Hub dataset's config (subset), None for its default; ``hf`` only.
+      revision: the Hub branch, tag or commit (default "main"); the commit read is
+        recorded in ``run.json``; ``hf`` only.
       field: the JSONL field or Parquet column holding each document's text.
       tokenizer: a ``wb.data.Tokenizer``, a path to a ``tokenizer.json`` / ``.model``, or
         None (byte-level).
@@ -93,7 +104,11 @@ class Dataset:
         process). Not part of what the run computes.
     """
 
-    files: str | tuple[str, ...]
+    files: str | tuple[str, ...] = ()
+    hf: str | None = None
+    split: str | None = None
+    config: str | None = None
+    revision: str | None = None
     field: str = "text"
     tokenizer: Tokenizer | str | None = None
     format: str = "auto"
@@ -104,7 +119,23 @@ class Dataset:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "files", _patterns(self.files, "files"))
+        if self.hf is None:
+            set_(self, "files", _patterns(self.files, "files"))
+            given = [k for k in ("split", "config", "revision") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"Dataset({given[0]}={getattr(self, given[0])!r}) is for Hub "
+                                 "datasets; give Dataset(hf='org/name', ...) or drop it")
+        else:
+            check_hub_id(self.hf)
+            if self.files:
+                raise ValueError(f"give Dataset(files=...) or Dataset(hf={self.hf!r}), not "
+                                 "both")
+            set_(self, "files", ())
+            set_(self, "split", "train" if self.split is None else self.split)
+            check_hub_args(self.split, self.config, self.revision)
+            if self.format != "auto":
+                raise ValueError(f"Dataset(hf={self.hf!r}, format={self.format!r}): a Hub "
+                                 "dataset's format is its files'; drop format")
         set_(self, "eval_files", _patterns(self.eval_files, "eval_files")
              if self.eval_files else ())
         set_(self, "tokenizer", _tokenizer(self.tokenizer))
@@ -138,7 +169,10 @@ class Dataset:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form with ``"kind": "dataset"`` (``workers`` left out)."""
         assert isinstance(self.tokenizer, Tokenizer)
-        return {"kind": "dataset", "files": list(self.files), "field": self.field,
+        where = {"files": list(self.files)} if self.hf is None else \
+            {"hf": self.hf, "split": self.split, "config": self.config,
+             "revision": self.revision}
+        return {"kind": "dataset", **where, "field": self.field,
                 "tokenizer": self.tokenizer.to_dict(), "format": self.format,
                 "eval_fraction": self.eval_fraction, "eval_files": list(self.eval_files),
                 "split_seed": self.split_seed}
@@ -162,10 +196,37 @@ class Prepared:
     info: dict[str, Any]
 
 
-def _cache(spec: Dataset, patterns: tuple[str, ...], cache_dir: Any) -> TokenCache:
+def _cache(spec: Dataset, patterns: tuple[str, ...], cache_dir: Any, fmt: str | None = None
+           ) -> TokenCache:
     assert isinstance(spec.tokenizer, Tokenizer)
     return build_token_cache(patterns, tokenizer=spec.tokenizer, field=spec.field,
-                             fmt=spec.format, workers=spec.workers, cache_dir=cache_dir)
+                             fmt=fmt or spec.format, workers=spec.workers, cache_dir=cache_dir)
+
+
+def _hub_cache(spec: Dataset, cache_dir: Any) -> tuple[TokenCache, dict[str, Any]]:
+    """The token cache of a Hub split, and what ``run.json`` records of it: the id, split,
+    config, revision and commit, and each file's SHA-256 by its ``hf://`` name."""
+    assert spec.hf is not None and spec.split is not None
+    hub = resolve_split(spec.hf, split=spec.split, config=spec.config, revision=spec.revision)
+    where = f"Dataset(hf={spec.hf!r}, split={spec.split!r})"
+    try:
+        cache = _cache(spec, tuple(map(str, hub.files)), cache_dir,
+                       file_format(hub.files, where))
+    except DataError as e:   # named by the blob it read: name the dataset's file instead
+        text = str(e)
+        for f in hub.files:
+            text = text.replace(str(f.resolve()), hub.name(f))
+        raise DataError(f"{where}: {text}") from None
+    check_blobs(cache.info.get("file_sha256") or {}, where)
+    return cache, _hub_record(hub, spec, cache)
+
+
+def _hub_record(hub: HubSplit, spec: Dataset, cache: TokenCache) -> dict[str, Any]:
+    names = {str(f.resolve()): hub.name(f) for f in hub.files}
+    each = {names.get(p, p): sha for p, sha in (cache.info.get("file_sha256") or {}).items()}
+    return {"hf": {"id": hub.repo_id, "split": hub.split, "config": hub.config,
+                   "revision": spec.revision, "commit": hub.commit},
+            **({"file_sha256": each} if len(each) <= MAX_RECORDED_FILES else {})}
 
 
 def _rows(cache: TokenCache, docs: np.ndarray, *, seq: int, seed: int, pad: int
@@ -207,7 +268,11 @@ def prepare(spec: Dataset, *, seq: int, vocab_size: int,
     assert isinstance(tok, Tokenizer)
     check_vocab(tok, vocab_size)
     pad = tok.pad_id if tok.pad_id is not None else 0
-    cache = _cache(spec, spec.files, cache_dir)
+    if spec.hf is None:
+        cache = _cache(spec, spec.files, cache_dir)
+        hashes = _file_hashes(cache)
+    else:
+        cache, hashes = _hub_cache(spec, cache_dir)
     n = cache.lengths.size
     docs = np.arange(n)
     eval_ds, eval_info, eval_sha = None, None, None
@@ -227,9 +292,10 @@ def prepare(spec: Dataset, *, seq: int, vocab_size: int,
                                    seed=spec.split_seed, pad=pad)
     train, train_info = _rows(cache, docs, seq=seq, seed=spec.split_seed, pad=pad)
     if not len(train):
-        raise ValueError(f"{spec.files}: no document has 2 or more tokens to train on")
+        raise ValueError(f"{spec.hf or spec.files}: no document has 2 or more tokens to "
+                         "train on")
     info = {"kind": "dataset", "cache": str(cache.folder), "sha256": cache.info["sha256"],
-            **_file_hashes(cache), **(eval_sha or {}),
+            **hashes, **(eval_sha or {}),
             "tokenizer": tok.to_dict(), "tokenizer_fingerprint": tok.fingerprint,
             "tokenizer_sha256": tok.sha256, "vocab_size": tok.vocab_size,
             "corpus_documents": int(n), "corpus_tokens": int(cache.info["tokens"]),

@@ -24,7 +24,7 @@ from typing import Any
 from workbench._validate import check_path, check_str
 
 __all__ = ["DataError", "DataFileNotFound", "FORMATS", "Unit", "check_patterns", "file_format",
-           "list_files", "read_unit", "units"]
+           "holds_messages", "list_files", "read_unit", "units"]
 
 #: Values of ``Dataset.format``.
 FORMATS: tuple[str, ...] = ("auto", "jsonl", "parquet", "text", "arrayrecord")
@@ -145,7 +145,7 @@ def _utf8(raw: bytes, where: str) -> str:
                         "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from err
 
 
-def _field(obj: Any, field: str, where: str) -> str:
+def _field(obj: Any, field: str, where: str, chat: bool = False) -> Any:
     if not isinstance(obj, dict):
         raise DataError(f"{where}: a JSON {type(obj).__name__}, not an object with a "
                         f"{field!r} field; write one object per line")
@@ -154,9 +154,43 @@ def _field(obj: Any, field: str, where: str) -> str:
         raise DataError(f"{where}: no field {field!r} (keys: {keys}); pass "
                         "Dataset(field=...) naming the text field")
     text = obj[field]
+    if chat:
+        if not isinstance(text, list):
+            raise DataError(f"{where}: field {field!r} is a {type(text).__name__}, not a list "
+                            "of messages like the file's first row; give every row messages")
+        return text
     if not isinstance(text, str):
-        raise DataError(f"{where}: field {field!r} is a {type(text).__name__}, not a string")
+        hint = " (a list of messages is read only when the first row's is one)" \
+            if isinstance(text, list) else ""
+        raise DataError(f"{where}: field {field!r} is a {type(text).__name__}, not a "
+                        f"string{hint}")
     return text
+
+
+def holds_messages(path: Path, fmt: str, field: str) -> bool:
+    """Whether ``field`` of the file holds chat messages (a list per row: a Parquet list
+    column, or the first JSONL row's field a JSON list) rather than text."""
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            schema = pq.read_schema(path)
+        except Exception as err:   # pyarrow raises ArrowInvalid and friends
+            raise DataError(f"{path} is not a Parquet file ({err})") from err
+        if field not in schema.names:
+            return False   # read_unit names the missing column
+        kind = schema.field(field).type
+        return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if fmt == "jsonl":
+        with open(path, "rb") as f:
+            for raw in f:
+                if raw.strip():
+                    try:
+                        return isinstance(json.loads(raw).get(field), list)
+                    except (ValueError, AttributeError, RecursionError):
+                        return False   # read_unit names the line
+    return False
 
 
 def _no_lone_surrogates(text: str, field: str, where: str) -> None:
@@ -172,8 +206,8 @@ def _no_lone_surrogates(text: str, field: str, where: str) -> None:
             "decoded text), or drop that line") from None
 
 
-def read_unit(unit: Unit, field: str) -> list[str]:
-    """The documents of one unit, in file order.
+def read_unit(unit: Unit, field: str, chat: bool = False) -> list[Any]:
+    """The documents of one unit, in file order (``chat``: each a list of messages).
 
     Raises:
       DataError: bad bytes, JSON, field or column (file and line in the message).
@@ -198,8 +232,8 @@ def read_unit(unit: Unit, field: str) -> list[str]:
                 except json.JSONDecodeError as err:
                     raise DataError(f"{where}: not JSON ({err.msg} at column {err.colno}); "
                                     "JSONL needs one JSON object per line") from err
-                text = _field(obj, field, where)
-                if "\\u" in line:   # only an escape can make a lone surrogate
+                text = _field(obj, field, where, chat)
+                if "\\u" in line and not chat:   # only an escape makes a lone surrogate
                     _no_lone_surrogates(text, field, where)
                 docs.append(text)
         return docs
@@ -212,6 +246,8 @@ def read_unit(unit: Unit, field: str) -> list[str]:
             raise DataError(f"{path}: no column {field!r} (columns: {names}); pass "
                             "Dataset(field=...) naming the text column")
         column = pf.read_row_group(start, columns=[field]).column(0)
+        if chat:
+            return [t for t in column.to_pylist() if t is not None]
         if not (str(column.type) in ("string", "large_string", "string_view")):
             raise DataError(f"{path}: column {field!r} is {column.type}, not strings")
         return [t for t in column.to_pylist() if t is not None]

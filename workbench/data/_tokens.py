@@ -44,7 +44,7 @@ import numpy as np
 from workbench._cache import cache_root, doubted, hash_cached, read_cached
 from workbench._validate import check_int, check_path, check_str
 from workbench.data._files import (DataError, Unit, check_format, check_patterns, file_format,
-                                  list_files, read_unit, units)
+                                  holds_messages, list_files, read_unit, units)
 from workbench.data._tokenizer import Tokenizer
 
 __all__ = ["RECORD_TOKENS", "TokenCache", "build_token_cache"]
@@ -81,21 +81,57 @@ class TokenCache:
         return self.folder / "tokens.array_record"
 
 
-def _tokenize_unit(unit: Unit, *, field: str, tokenizer: Tokenizer
+def _tokenize_unit(unit: Unit, *, field: str, tokenizer: Tokenizer, chat: bool = False
                    ) -> tuple[np.ndarray, np.ndarray]:
-    """``(tokens, lengths)`` of one unit's documents (empty texts dropped)."""
-    texts = [t for t in read_unit(unit, field) if t]
-    docs = tokenizer.documents(texts) if texts else []
+    """``(tokens, lengths)`` of one unit's documents (empty texts dropped). ``chat``: each
+    row is a list of messages, rendered by the tokenizer's chat template and encoded as
+    transformers' ``apply_chat_template(messages, tokenize=True)`` does (the template
+    writes the special tokens; none are added)."""
+    rows = [t for t in read_unit(unit, field, chat) if t]
+    if chat:
+        docs = tokenizer.encode_batch([_render(unit, i, m, tokenizer)
+                                       for i, m in enumerate(rows)])
+    else:
+        docs = tokenizer.documents(rows) if rows else []
     lengths = np.array([len(d) for d in docs], dtype=np.int64)
     flat = np.fromiter((i for d in docs for i in d), dtype=np.int32, count=int(lengths.sum()))
     return flat, lengths
 
 
-def _content_key(files: Sequence[Path], fmt: str, field: str, tokenizer: Tokenizer
-                 ) -> tuple[str, dict[str, str]]:
+def _render(unit: Unit, row: int, messages: Any, tokenizer: Tokenizer) -> str:
+    """A chat row's text in the tokenizer's chat template (errors name the file)."""
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=False)
+    except ValueError as e:
+        raise DataError(f"{unit[1]} (a row of unit {unit[2]}, chat row {row}): {e}") from None
+
+
+def _chat_template(files: Sequence[Path], fmt: str, field: str, tokenizer: Tokenizer
+                   ) -> str | None:
+    """The SHA-256 of the chat template the rows are rendered with when ``field`` holds
+    messages (in every file, or in none), else None."""
+    chat = {p: holds_messages(p, file_format(p, fmt), field) for p in files}
+    if len(set(chat.values())) > 1:
+        text = [str(p) for p, c in chat.items() if not c][:2]
+        raise DataError(f"field {field!r} holds chat messages in some files and text in "
+                        f"others ({text}); give files of one kind")
+    if not any(chat.values()):
+        return None
+    if tokenizer.chat_template is None:
+        raise DataError(f"field {field!r} of {files[0]} holds chat messages, and the tokenizer "
+                        f"({tokenizer.path or 'byte-level'}) has no chat template to render "
+                        "them; use the model's own tokenizer (Tokenizer.from_hf(...)), or a "
+                        "field of text")
+    return hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()
+
+
+def _content_key(files: Sequence[Path], fmt: str, field: str, tokenizer: Tokenizer,
+                 chat: str | None = None) -> tuple[str, dict[str, str]]:
     """``(key, {path: SHA-256 of its bytes})``: the key hashes the format, field, tokenizer
-    fingerprint and every file's name, size and bytes (one read of each file)."""
-    h = hashlib.sha256(json.dumps([fmt, field, tokenizer.fingerprint]).encode())
+    fingerprint (and the chat template, for chat rows) and every file's name, size and
+    bytes (one read of each file)."""
+    h = hashlib.sha256(json.dumps([fmt, field, tokenizer.fingerprint]
+                                  + (["chat", chat] if chat else [])).encode())
     each = {}
     for path in files:
         one = hashlib.sha256()
@@ -203,10 +239,12 @@ def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: s
     root = (check_path(cache_dir, "cache_dir") if cache_dir is not None
             else cache_root() / "data").absolute()
     files = list_files(patterns)
-    digest, each = _content_key(files, fmt, field, tokenizer)
+    chat = _chat_template(files, fmt, field, tokenizer)
+    digest, each = _content_key(files, fmt, field, tokenizer, chat)
     folder = root / f"tokens-{digest[:16]}-{tokenizer.fingerprint}"
     expect = {"sha256": digest, "format": fmt, "field": field,
-              "tokenizer_fingerprint": tokenizer.fingerprint, "record_tokens": RECORD_TOKENS}
+              "tokenizer_fingerprint": tokenizer.fingerprint, "record_tokens": RECORD_TOKENS,
+              **({"chat_template_sha256": chat} if chat else {})}
     cache, doubt = _load(folder, root, expect)
     if cache is None:
         cache, left = _build(folder, root, files, expect, tokenizer=tokenizer,
@@ -231,7 +269,7 @@ def _build(folder: Path, root: Path, files: list[Path], expect: dict[str, Any], 
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=root))
     try:
         info = _write(tmp, work, field=expect["field"], tokenizer=tokenizer, workers=workers,
-                      writer_cls=ArrayRecordWriter)
+                      writer_cls=ArrayRecordWriter, chat="chat_template_sha256" in expect)
         info.update(expect, files=[str(p) for p in files], tokenizer=tokenizer.to_dict(),
                     lengths_sha256=_sha256(tmp / "lengths.npy"),
                     tokens_sha256=_sha256(tmp / "tokens.array_record"))
@@ -262,10 +300,10 @@ def _sha256(path: Path) -> str:
 
 
 def _write(folder: Path, work: list[Unit], *, field: str, tokenizer: Tokenizer, workers: int,
-           writer_cls: Any) -> dict[str, Any]:
+           writer_cls: Any, chat: bool = False) -> dict[str, Any]:
     """Tokenizes ``work`` through Grain into ``folder``; returns the counts."""
     ds = grain.MapDataset.source(work).map(
-        functools.partial(_tokenize_unit, field=field, tokenizer=tokenizer))
+        functools.partial(_tokenize_unit, field=field, tokenizer=tokenizer, chat=chat))
     it: Any = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
     if workers > 0:
         from absl import flags

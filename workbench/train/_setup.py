@@ -147,6 +147,15 @@ def _file_changes(old: Any, new: Any, what: str) -> list[str]:
     return out
 
 
+def _hub_change(old: Any, new: Any) -> list[str]:
+    """A line naming the commits of a Hub dataset whose split's files changed."""
+    if not isinstance(old, dict) or not isinstance(new, dict) or \
+            old.get("commit") == new.get("commit"):
+        return []
+    return [f"Hub dataset {new.get('id')!r} split {new.get('split')!r}: commit "
+            f"{_short(old.get('commit'))} -> {_short(new.get('commit'))}"]
+
+
 def data_diff(stored: Any, info: dict[str, Any]) -> list[str]:
     """What differs between the data a run recorded (``run.json``'s ``data``) and ``info``
     (``ShardedBatches.info``), one line each; empty when they are the same.
@@ -159,7 +168,8 @@ def data_diff(stored: Any, info: dict[str, Any]) -> list[str]:
     same = all(stored[k] == info[k] for k in DATA_IDENTITY if k in stored and k in info)
     if same:
         return []
-    lines = _file_changes(stored.get("file_sha256"), info.get("file_sha256"), "file") + \
+    lines = _hub_change(stored.get("hf"), info.get("hf")) + \
+        _file_changes(stored.get("file_sha256"), info.get("file_sha256"), "file") + \
         _file_changes(stored.get("eval_file_sha256"), info.get("eval_file_sha256"),
                       "eval file")
     tok = (info.get("tokenizer") or {}).get("path") or "byte-level"
