@@ -391,9 +391,9 @@ _PLAN_OPTIONS = ("optimizer", "dtype", "name", "compile", "memory_limit",
                  "replicated_threshold", "loss_fn", "example_batch", "progress", "pipeline",
                  "overlap")
 SIGNATURES["wb.plan"] = tuple((p, "keyword") for p in (
-    "cfg_or_factory", "mesh", "rules", "batch", "seq", "options", *_PLAN_OPTIONS))
+    "cfg_or_factory", "mesh", "rules", "batch", "seq", "options", "wait", *_PLAN_OPTIONS))
 SIGNATURES["wb.search"] = tuple((p, "keyword") for p in (
-    "cfg", "hardware", "batch", "seq", "options", "strategies", "remat", "microbatches",
+    "cfg", "hardware", "batch", "seq", "options", "wait", "strategies", "remat", "microbatches",
     "mesh_shapes", "max_model", "top_k", "exact", "workers", "overlap", "stages", "pipeline",
     "memory_limit", "optimizer", "loss_fn", "example_batch", "progress", "dtype",
     "replicated_threshold"))
@@ -655,6 +655,31 @@ def _prepare(fx: Fixtures) -> Any:
                            vocab_size=384)
 
 
+#: A Hub dataset in the sandbox's Hugging Face cache (``HF_HOME/hub``), and its commit.
+HUB_DATASET, HUB_COMMIT = "fuzz-org/fuzz-text", "f" * 40
+
+
+def _hub_dataset(fx: Fixtures) -> Any:
+    """Files ``huggingface_hub`` would have downloaded (refs, snapshot, blobs), prepared."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from _chat_models import hub_cache
+    src = fx.dir / "hub-src"
+    if not src.exists():
+        (src / "data").mkdir(parents=True)
+        pq.write_table(pa.table({"text": fx.docs}), src / "data/train-00000-of-00001.parquet")
+    hub_cache(Path(os.environ["HF_HOME"]) / "hub", HUB_DATASET, {HUB_COMMIT: src},
+              {"main": HUB_COMMIT}, repo_type="dataset")
+    return _hub_prepare(fx)
+
+
+def _hub_prepare(fx: Fixtures) -> Any:
+    import workbench as wb
+    return wb.data.prepare(wb.data.Dataset(hf=HUB_DATASET, tokenizer=fx.tok_file), seq=16,
+                           vocab_size=384)
+
+
 def _tail(d: Path) -> Any:
     import workbench as wb
     tail = wb.runs.MetricsTail(d)
@@ -713,6 +738,11 @@ TARGETS: dict[str, Target] = {
         same=(("wb.data.build_token_cache",),
               lambda c: (c.lengths.tolist(), __import__("hashlib").sha256(
                   c.path.read_bytes()).hexdigest()))),
+    # a Hub dataset's cache edited by hand: its ref, its snapshot's data file
+    "hub dataset": Target(
+        _hub_dataset, {"main": _BYTES, "train-00000-of-00001.parquet": _BYTES}, where="hf",
+        readers={"wb.data.prepare": lambda fx, p: _hub_prepare(fx)},
+        same=(("wb.data.prepare",), lambda p: p.info["sha256"])),
 }
 
 

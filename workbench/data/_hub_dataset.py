@@ -208,7 +208,8 @@ def _split_files(path: str, split: str, config: str | None, where: str, *,
     files = [str(f) for f in data_files[split]]
     wrong = [f for f in files if not f.lower().endswith(SUFFIXES)]
     if wrong:
-        raise DataError(f"{where}: the split's files {[Path(f).name for f in wrong][:3]} "
+        shown = [f[len(path) + 1:] if f.startswith(path + "/") else f for f in wrong]
+        raise DataError(f"{where}: the split's files {shown[:3]} "
                         f"are not Parquet or JSONL ({', '.join(SUFFIXES)}), the formats read; "
                         "convert them, or use the Hub's Parquet export "
                         "(revision='refs/convert/parquet')")
@@ -278,8 +279,12 @@ def _check_ref(repo: Path, rev: str, where: str) -> None:
     if not os.path.normpath(ref).startswith(os.path.normpath(refs) + os.sep):
         raise DataError(f"{where}: revision={rev!r} leaves the repo's refs folder; give a "
                         "branch, tag or commit hash")
-    if not ref.is_file():
+    if not os.path.lexists(ref):
         return
+    if ref.is_symlink() or not ref.is_file():   # a directory, a FIFO (would block), a link
+        raise DataError(f"{where}: the cache's {ref} is not a file holding a commit hash (as "
+                        "huggingface_hub writes it); delete it and download again, or pass "
+                        "the commit as revision=")
     with open(ref, "rb") as f:
         text = f.read(100).decode("utf-8", "replace")
     if not _COMMIT.fullmatch(text):
@@ -308,6 +313,10 @@ def _check_snapshot(folder: Path, repo: Path, cache: Path, where: str) -> Path:
             raise DataError(f"{where}: the snapshot's {f.relative_to(folder)} points to a "
                             "missing blob (the cache was edited); delete that snapshot "
                             "folder and download again")
+        if not (f.is_file() or f.is_dir()):   # a FIFO would block its reader
+            raise DataError(f"{where}: the snapshot's {f.relative_to(folder)} is not a file "
+                            "(the cache was edited); delete that snapshot folder and "
+                            "download again")
     return folder
 
 
