@@ -234,6 +234,16 @@ _PCIE5_H100 = (64e9, "NVIDIA H100 datasheet: PCIe Gen5 128 GB/s (both directions
 _IB_A100 = (200 * _GBPS, "NVIDIA DGX A100 datasheet: one 200 Gbit/s HDR InfiniBand port per "
             "GPU")
 
+#: Blackwell pages (NVIDIA's own datasheet pages are not in the stored corpus this was
+#: looked up in; these quote them): per-GPU tables, MLPerf system descriptions, a wiki.
+_B200_BOOK = "glennklockwood.com/garden/processors/B200"
+_GB200_BOOK = _B200_BOOK
+_B200_MLPERF = ("MLPerf Inference v6.0 system description mlcommons/inference_results_v6.0 "
+                "closed/Nebius/systems/nebius_b200_n1.json")
+_GB200_MLPERF = ("MLPerf Inference v6.1 system description mlcommons/inference_results_v6.1 "
+                 "closed/Crusoe/systems/GB200-NVL72_GB200-186GB_aarch64x16_Dynamo.json")
+_GB200_WIKI = "aiwiki.ai/wiki/nvidia_gb200_nvl72"
+
 GENERATIONS: tuple[Generation, ...] = (
     Generation(
         name="v2", pattern=r"v2", device_kind="TPU v2", libtpu="v2",
@@ -406,21 +416,45 @@ GENERATIONS: tuple[Generation, ...] = (
                        "fp8_flops": (1979e12, "NVIDIA H200 datasheet: 3958 TFLOP/s fp8 with "
                                      "sparsity, so 1979 dense")})),
     Generation(
+        name="GB200", pattern=r"gb200", device_kind="NVIDIA GB200", servers=(1,),
+        spec=_spec(name="GB200", peak_flops=2500e12, memory_bytes=186 * _GB,
+                   source=f"{_GB200_BOOK}: 'the GB200 variant of B200 when configured to 1,200 "
+                   "W': BF16 2500 TFLOP/s dense (5000 sparse) per GPU (verda.com/blog/"
+                   "gb300-nvl72-architecture lists 2.25 PFLOP/s); 186 GB HBM3e per GPU: "
+                   f"{_GB200_MLPERF} ('accelerator_memory_capacity': '186 GB'), and "
+                   f"{_GB200_WIKI}: NVIDIA's 'about 13.4 TB' per 72 GPUs", platform="gpu",
+                   chips_per_host=4, links={
+                       "hbm_bandwidth": (8e12, f"{_GB200_BOOK} (B200): '8 TB/s (max)' per GPU "
+                                         "(verda.com/blog/gb300-nvl72-architecture lists 7.7 "
+                                         "TB/s for GB200)"),
+                       "nvlink_bandwidth": (900e9, "verda.com/blog/gb300-nvl72-architecture: "
+                                            "'fifth-generation NVLink with 1.8 TB/s total "
+                                            "bandwidth (900 GB/s unidirectional)'; "
+                                            f"{_GB200_WIKI}: 1.8 TB/s per GPU"),
+                       "fp8_flops": (5000e12, f"{_GB200_BOOK}: FP8 5000 TFLOP/s dense (10000 "
+                                     f"sparse) per GPU; {_GB200_WIKI}: NVIDIA's 720 PFLOP/s "
+                                     "FP8 per 72-GPU rack (sparse), 5 dense per GPU")})),
+    Generation(
         name="B200", pattern=r"b200", device_kind="NVIDIA B200", servers=(1, 2, 4),
         spec=_spec(name="B200", peak_flops=2250e12, memory_bytes=180 * _GB,
                    source="NVIDIA DGX B200 datasheet: 72 PFLOP/s fp8 training per 8 GPUs, so "
-                   "2.25 PFLOP/s dense bf16 per GPU; 180 GB", platform="gpu", chips_per_host=8,
+                   "2.25 PFLOP/s dense bf16 per GPU; 180 GB; the same figures per GPU in "
+                   f"{_B200_BOOK} (HGX B200 at 1,000 W: BF16 2250 dense) and {_B200_MLPERF} "
+                   "('NVIDIA B200-SXM-180GB')", platform="gpu", chips_per_host=8,
                    links={
                        "hbm_bandwidth": (8e12, "NVIDIA DGX B200 datasheet: 64 TB/s HBM3e per "
-                                         "8 GPUs"),
+                                         f"8 GPUs; {_B200_BOOK}: '8 TB/s (max)' (pytorch/ao "
+                                         "pull 4002 reads 7.67 TB/s from the driver's 7680-bit "
+                                         "bus at 3996 MHz)"),
                        "nvlink_bandwidth": (900e9, "NVIDIA DGX B200 datasheet: NVLink 5, 1.8 "
                                             "TB/s per GPU (both directions), so 900 GB/s one "
-                                            "way"),
+                                            f"way; {_B200_MLPERF}: '18x 5th Gen NVLink, 14.4 "
+                                            "TB/s aggregated bandwidth' per 8 GPUs"),
                        "network_bandwidth": (400 * _GBPS, "NVIDIA DGX B200 datasheet: one 400 "
                                              "Gbit/s ConnectX-7 port per GPU"),
                        "fp8_flops": (4.5e15, "NVIDIA DGX B200 datasheet: 72 PFLOP/s fp8 "
                                      "training per 8 GPUs (with sparsity), so 4.5 PFLOP/s "
-                                     "dense per GPU")})),
+                                     f"dense per GPU; {_B200_BOOK}: FP8 4500 dense")})),
 )
 
 

@@ -6,7 +6,7 @@ where each number came from. Resolved here and passed explicitly to
 Usage::
 
     spec = wb.hardware.effective_spec(plan.mesh)          # + the stored calibration, if any
-    spec = wb.hardware.effective_spec(plan.mesh, calibration=False)   # the table alone
+    spec = wb.hardware.effective_spec(plan.mesh, calibration=False)   # the catalogue alone
     print(spec)                                           # every number and its source
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from workbench.hardware._calibration import Calibration, load_calibration
 from workbench.hardware._catalogue import HardwareSpec, hardware_spec
+from workbench.hardware._efficiency import Efficiency, efficiency_origin, measured_efficiency
 from workbench.hardware._measure import cpu_spec
 
 __all__ = ["EffectiveSpec", "effective_spec"]
@@ -38,6 +39,12 @@ class EffectiveSpec:
         looked up: hardware named by the caller"``.
       for_mesh: True when it is the mesh's own device kind (``hardware`` not named): only
         then do a plan's TPU-compiler cycle estimates time its local work.
+      efficiency: the catalogue entry's efficiencies measured on a lent GPU
+        (``workbench.hardware._efficiency``), applied where no calibration is: a plan's
+        local work is timed with them; None where none was measured or a calibration is.
+      efficiency_origin: ``"measured on <run> (<date>, ...)"``, ``"table: no measured run
+        for <entry> ..."``, or why none applies (``"calibrated"``, ``"not a catalogue
+        entry"``).
     """
 
     spec: HardwareSpec
@@ -46,6 +53,8 @@ class EffectiveSpec:
     calibration: Calibration | None = None
     calibration_origin: str = "not asked (calibration=False)"
     for_mesh: bool = True
+    efficiency: Efficiency | None = None
+    efficiency_origin: str = "not a catalogue entry"
 
     @property
     def name(self) -> str:
@@ -66,7 +75,7 @@ class EffectiveSpec:
         return {"entry": f"{self.origin}: {self.table.name}",
                 "peak_flops": self.spec.source,
                 "hbm_bandwidth": self.spec.source_of("hbm_bandwidth"),
-                "calibration": cal}
+                "calibration": cal, "efficiency": self.efficiency_origin}
 
     def __str__(self) -> str:
         s = self.spec
@@ -115,9 +124,16 @@ def effective_spec(mesh: Any, *, hardware: HardwareSpec | str | None = None,
         cal, why = None, "not looked up: hardware named by the caller"
     else:
         cal, why = None, "not asked (calibration=False)"
+    if cal is not None:
+        eff, eff_why = None, "calibrated: the calibration's rates replace the measured ones"
+    elif origin == "catalogue":
+        eff, eff_why = measured_efficiency(table.name), efficiency_origin(table.name)
+    else:
+        eff, eff_why = None, f"not a catalogue entry ({origin})"
     return EffectiveSpec(spec=cal.apply_spec(table) if cal is not None else table,
                          table=table, origin=origin, calibration=cal,
-                         calibration_origin=why, for_mesh=hardware is None)
+                         calibration_origin=why, for_mesh=hardware is None, efficiency=eff,
+                         efficiency_origin=eff_why)
 
 
 def _table(hardware: HardwareSpec | str | None, mesh: Any) -> tuple[HardwareSpec, str]:

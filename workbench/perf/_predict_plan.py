@@ -14,10 +14,11 @@ from typing import Any
 from workbench.hardware._effective import EffectiveSpec
 from workbench.models._remat import resolve_remat
 from workbench.perf._analytic import batch_axes, weight_axes
+from workbench.perf._efficiency import StepNumbers, efficient_local
 from workbench.perf._host import HostTime, host_seconds
-from workbench.perf._predict import Prediction, predict
+from workbench.perf._predict import Prediction, compute_seconds_at_peak, predict
 
-__all__ = ["UNDERCOUNT", "predict_plan"]
+__all__ = ["UNDERCOUNT", "predict_plan", "step_numbers"]
 
 #: A compiled step whose cost analysis counts less than this fraction of the model's own
 #: FLOPs per device left work out (custom-call GEMMs): its prediction uses the analytic
@@ -47,8 +48,47 @@ def predict_plan(report: Any, spec: EffectiveSpec, *, overlap: float | None = No
         the calibration's measured one).
     """
     cost = report.cost
-    compiled = "bytes accessed" in cost and cost.get("flops", 0) > 0 and not report.loops
+    flops, kernel_dev, nbytes, compiled, why = _counts(report)
     label = f"{report.source} cost analysis"
+    kernel, cfg = report.kernel_flops, report.cfg
+    fp8 = _fp8_flops(report, flops - kernel_dev)
+    compute_seconds, compute_source, t_kernel = _compiler_compute(
+        report, spec, kernel, flops - kernel_dev, fp8) if spec.for_mesh \
+        else (None, "", 0.0)
+    if compute_seconds is None and spec.efficiency is not None and cfg is not None:
+        # a GPU measured on a lent run, no calibration: its efficiencies time the local work
+        compute_seconds, _, compute_source = efficient_local(StepNumbers(
+            matmul_flops=flops - kernel_dev, attention_flops=kernel_dev, hbm_bytes=nbytes,
+            d_model=cfg.d_model), spec.efficiency, spec.spec.peak_flops)
+    host, host_why = _host_time(report, spec, t_kernel)
+    return predict(
+        flops=flops,
+        bytes_accessed=nbytes,
+        collectives=report.collectives, mesh=report.mesh, hardware=spec,
+        tokens_per_step=report.batch * report.seq if cfg is not None
+        or report.flops.tokens == report.batch * report.seq else None,
+        model_flops=report.model_flops, overlap=overlap,
+        compiler_seconds=cost.get("optimal_seconds") if compiled else None,
+        compute_seconds=compute_seconds, compute_source=compute_source,
+        exposed_axes=_weight_only_axes(report),
+        flops_source=(label if compiled else why + "model FLOPs (+ remat"
+                      + (", + the experts' empty slots: analytic.moe_padding_flops"
+                         if report.padding_flops else "") + ") / compute split")
+        + (f"; + the {report.attention.split(':')[0]} kernel's FLOPs by formula "
+           "(attention_cost.kernel_flops: cost analysis does not count Pallas kernels)"
+           if kernel else ""),
+        sync_exposed=report.source == "tpu-compiler", host=host, host_source=host_why,
+        fp8_flops=fp8,
+        bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
+
+
+def _counts(report: Any) -> tuple[float, float, float, bool, str]:
+    """``(flops, kernel, bytes, compiled, why)`` of one step on one device: the FLOPs the
+    prediction divides by the peak (the fused kernel's included), the fused attention
+    kernel's share of them, the HBM bytes, whether both are the compiled program's, and
+    why not."""
+    cost = report.cost
+    compiled = "bytes accessed" in cost and cost.get("flops", 0) > 0 and not report.loops
     why = ("analytic: the compiled program loops over layers and XLA's cost analysis "
            "counts a loop body once; " if report.loops else "")
     undercount = _undercounted_flops(report) if compiled else None
@@ -64,27 +104,25 @@ def predict_plan(report: Any, spec: EffectiveSpec, *, overlap: float | None = No
     flops = (cost["flops"] + kernel / split) if compiled else \
         (report.model_flops + report.flops.recompute - attn + kernel + report.padding_flops) \
         / split * report.pipeline_factor
-    compute_seconds, compute_source, t_kernel = _compiler_compute(
-        report, spec, kernel, flops - kernel / split) if spec.for_mesh else (None, "", 0.0)
-    host, host_why = _host_time(report, spec, t_kernel)
-    return predict(
-        flops=flops,
-        bytes_accessed=cost["bytes accessed"] if compiled else report.hbm_bytes_estimate,
-        collectives=report.collectives, mesh=report.mesh, hardware=spec,
-        tokens_per_step=report.batch * report.seq if cfg is not None
-        or report.flops.tokens == report.batch * report.seq else None,
-        model_flops=report.model_flops, overlap=overlap,
-        compiler_seconds=cost.get("optimal_seconds") if compiled else None,
-        compute_seconds=compute_seconds, compute_source=compute_source,
-        exposed_axes=_weight_only_axes(report),
-        flops_source=(label if compiled else why + "model FLOPs (+ remat"
-                      + (", + the experts' empty slots: analytic.moe_padding_flops"
-                         if report.padding_flops else "") + ") / compute split")
-        + (f"; + the {report.attention.split(':')[0]} kernel's FLOPs by formula "
-           "(attention_cost.kernel_flops: cost analysis does not count Pallas kernels)"
-           if kernel else ""),
-        sync_exposed=report.source == "tpu-compiler", host=host, host_source=host_why,
-        bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
+    nbytes = cost["bytes accessed"] if compiled else report.hbm_bytes_estimate
+    return flops, kernel / split, nbytes, compiled, why
+
+
+def step_numbers(report: Any, name: str = "") -> StepNumbers:
+    """What :func:`predict_plan` counts for one step of ``report`` (a GPT plan's
+    ``PlanReport``) on one device: the FLOPs outside the fused attention kernel, the
+    kernel's FLOPs and the HBM bytes (what ``workbench.perf._efficiency`` fits to a
+    profile and predicts with).
+
+    Raises:
+      ValueError: the plan is of a model factory (no model width).
+    """
+    if report.cfg is None:
+        raise ValueError("step_numbers: the plan is of a model factory, not a GPTConfig; "
+                         "the efficiencies' shape classes need the model width")
+    flops, kernel, nbytes, _, _ = _counts(report)
+    return StepNumbers(matmul_flops=flops - kernel, attention_flops=kernel, hbm_bytes=nbytes,
+                       d_model=report.cfg.d_model, name=name)
 
 
 def _host_time(report: Any, spec: EffectiveSpec, kernel_seconds: float
@@ -117,12 +155,24 @@ def _host_time(report: Any, spec: EffectiveSpec, kernel_seconds: float
                         kernel_seconds=per_call, source=source), ""
 
 
-def _compiler_compute(report: Any, spec: EffectiveSpec, kernel: float, other_flops: float
-                      ) -> tuple[float | None, str, float]:
+def _fp8_flops(report: Any, flops: float) -> float:
+    """FLOPs per device of the step's fp8 matmuls (``GPTConfig.quantization``): the
+    projections' model FLOPs (``FlopCount.fp8``) divided as the step's compute is, at most
+    ``flops`` (the step's FLOPs besides any Pallas kernel); remat's recompute of them is
+    counted at the bf16 rate."""
+    fp8 = getattr(report.flops, "fp8", 0.0)
+    if not fp8:
+        return 0.0
+    return min(flops, fp8 / report.compute_split * report.pipeline_factor)
+
+
+def _compiler_compute(report: Any, spec: EffectiveSpec, kernel: float, other_flops: float,
+                      fp8_flops: float = 0.0) -> tuple[float | None, str, float]:
     """The local work of a step timed by the TPU compiler's cycle estimates at the chip's
     clock (the uncalibrated entry's: ``spec.table``), plus the Pallas kernels' FLOPs
     (``kernel``, all devices) at the efficiency the compiler's cycles give the rest of the
-    step's FLOPs (``other_flops``, per device), and the kernels' seconds alone;
+    step's FLOPs (``other_flops``, per device; ``fp8_flops`` of them at the fp8 peak),
+    and the kernels' seconds alone;
     (None, "", 0.0) when there are no cycles (not TPU-compiled, or no clock for this chip
     in the hardware table)."""
     cycles, n = report.compiler_cycles
@@ -132,7 +182,7 @@ def _compiler_compute(report: Any, spec: EffectiveSpec, kernel: float, other_flo
     t_cycles = cycles / chip.clock_hz
     t_unknown, unknown_why = _unestimated_seconds(report, chip)
     t_cycles += t_unknown
-    efficiency = min(1.0, other_flops / chip.peak_flops / t_cycles) \
+    efficiency = min(1.0, compute_seconds_at_peak(other_flops, fp8_flops, chip) / t_cycles) \
         if other_flops > 0 else 1.0
     t_kernel = kernel / report.compute_split / chip.peak_flops / efficiency
     why = (f"the TPU compiler's own cycle estimates: {n} instructions, {cycles:.4g} "
