@@ -1,5 +1,6 @@
-"""A Hugging Face cache holding a tiny model under a real Hub id, for tests that run code
-written for that id (notebook 13 names "Qwen/Qwen3-0.6B") without the network.
+"""A Hugging Face cache holding a tiny model (or a small dataset) under a real Hub id, for
+tests that run code written for that id (notebook 13 names "Qwen/Qwen3-0.6B", notebook 12
+the dataset "Salesforce/wikitext") without the network.
 
 The model is Qwen3-shaped (q/k norms, grouped kv heads, tied embeddings, bfloat16 as the
 release is) but 2 layers of width 64 with random weights, written by ``wb.hf.to_hf``; its
@@ -43,6 +44,36 @@ def hub_cache_with(cache: str | Path, repo_id: str = QWEN3_ID, *, seed: int = 0)
     src = tiny_qwen3_folder(cache.parent / f".{cache.name}-src", seed=seed)
     hub_cache(cache, repo_id, {COMMIT: src}, {"main": COMMIT})
     return cache / ("models--" + repo_id.replace("/", "--")) / "snapshots" / COMMIT
+
+
+#: The Hub dataset notebook 12 names (its config), and the commit its snapshot is filed under.
+WIKITEXT_ID, WIKITEXT_CONFIG = "Salesforce/wikitext", "wikitext-2-raw-v1"
+
+
+def hub_dataset_with(cache: str | Path, repo_id: str = WIKITEXT_ID,
+                     config: str = WIKITEXT_CONFIG) -> Path:
+    """``cache`` holding a small dataset filed as ``repo_id`` at :data:`COMMIT`, laid out as
+    that repo is: ``<config>/{train,validation,test}-00000-of-00001.parquet`` with a
+    ``text`` column (one line per row, as WikiText's), the splits named in the dataset
+    card's ``configs:``. The rows are lines of the standard library's ``.py`` files."""
+    import sysconfig
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cache = Path(cache)
+    src = cache.parent / f".{cache.name}-dataset-src"
+    lines = [ln for name in ("textwrap.py", "shlex.py", "fnmatch.py")
+             for ln in (Path(sysconfig.get_paths()["stdlib"]) / name).read_text().splitlines()]
+    card = ["---", "configs:", f"- config_name: {config}", "  data_files:"]
+    for i, split in enumerate(("train", "validation", "test")):
+        part = lines[i::3] if split == "train" else lines[i::12]
+        (src / config).mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": part}), src / config / f"{split}-00000-of-00001.parquet")
+        card += [f"  - split: {split}", f"    path: {config}/{split}-*"]
+    (src / "README.md").write_text("\n".join([*card, "---", f"# {repo_id} (a test stand-in)"]))
+    hub_cache(cache, repo_id, {COMMIT: src}, {"main": COMMIT}, repo_type="dataset")
+    return cache / ("datasets--" + repo_id.replace("/", "--")) / "snapshots" / COMMIT
 
 
 def offline_env(hf_home: str | Path) -> dict[str, str]:

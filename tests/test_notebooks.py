@@ -41,7 +41,8 @@ SECOND_RUN_SAYS = {
 #: Notebooks that name a Hub id: their test fills a Hugging Face cache with a tiny random
 #: model under that same id (tests/_hub_cache.py) and points the kernel at it, offline
 #: (HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE=1), so the id resolves and nothing downloads.
-ON_HUB = {"13_start_from_a_released_model": "Qwen/Qwen3-0.6B"}
+ON_HUB = {"13_start_from_a_released_model": "Qwen/Qwen3-0.6B",
+          "12_train_on_your_own_text": "Salesforce/wikitext"}   # a dataset (12 reads one)
 
 
 def _hub_for(stem: str, factory: pytest.TempPathFactory) -> dict[str, str]:
@@ -49,10 +50,11 @@ def _hub_for(stem: str, factory: pytest.TempPathFactory) -> dict[str, str]:
     holding ``ON_HUB[stem]`` for the ON_HUB notebooks (one for both runs), else nothing."""
     if stem not in ON_HUB:
         return {}
-    from _hub_cache import hub_cache_with, offline_env
+    from _hub_cache import WIKITEXT_ID, hub_cache_with, hub_dataset_with, offline_env
 
     home = factory.mktemp("hf-home")
-    hub_cache_with(home / "hub", ON_HUB[stem])
+    fill = hub_dataset_with if ON_HUB[stem] == WIKITEXT_ID else hub_cache_with
+    fill(home / "hub", ON_HUB[stem])
     return offline_env(home)
 
 

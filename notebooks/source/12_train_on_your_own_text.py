@@ -9,10 +9,14 @@
 # 2. **your files**: `wb.data.Dataset(files=..., field=..., tokenizer=...)` reads JSONL,
 #    Parquet, plain-text folders or ArrayRecord, tokenizes once into a cache, holds out
 #    documents for evaluation and **packs** documents into rows with segment ids;
+#    `wb.data.Dataset(hf="org/name", split=..., field=...)` does the same for a dataset on
+#    the Hugging Face Hub;
 # 3. **plan** the model sized to the tokenizer, **train** it with a held-out loss every
 #    few steps, **interrupt and resume**, and draw the eval curve.
 #
-# Nothing is downloaded. To use your own text, point `files=` at your folder.
+# Only the Hub dataset's split is downloaded (WikiText-2's train split, a few MB, once;
+# with `HF_HUB_OFFLINE=1` it is read from the Hugging Face cache). To use your own text,
+# point `files=` at your folder.
 
 # %%
 import workbench as wb
@@ -94,6 +98,27 @@ print("eval: ", prepared.info["eval"])
 row = prepared.train[0]
 print("segments ", row["segments"][:40])
 print("positions", row["positions"][:40])
+
+# %% [markdown]
+# ## A dataset from the Hub, beside your files
+#
+# The same `Dataset`, with a Hub id instead of files: `hf=`, the dataset's `config` (its
+# subset) and `split`, and the `field` holding the text. The split's files are resolved
+# the way the `datasets` library resolves them and fetched into the Hugging Face cache
+# (once); then they are read like local Parquet files, into the same token cache and the
+# same packed rows. `revision=` pins a branch, tag or commit; the commit actually read is
+# in `info["hf"]`, and a run records it in `run.json` (a resume on other data is refused,
+# naming the commit and the file that changed). Rows of chat `messages` are rendered with
+# the tokenizer's chat template. To train on it, pass `data=wiki` to the `TrainConfig`
+# below.
+
+# %%
+wiki = wb.data.Dataset(hf="Salesforce/wikitext", config="wikitext-2-raw-v1", split="train",
+                       field="text", tokenizer=tok)
+hub_rows = wb.data.prepare(wiki, seq=seq, vocab_size=tok.vocab_size)
+print("hub:  ", hub_rows.info["hf"])
+print("files:", list(hub_rows.info["file_sha256"]))
+print("train:", hub_rows.info["train"])
 
 # %% [markdown]
 # ## Plan a model sized to the tokenizer
