@@ -12,6 +12,7 @@ import jax
 from workbench._display import Displayable
 from workbench._sharding.layouts import format_bytes
 from workbench.models import GPTConfig
+from workbench.planning._background import Live
 from workbench.planning._handle import Plan
 
 __all__ = ["ROW_KEYS", "SearchResult", "SearchRow", "pareto_rows"]
@@ -133,7 +134,7 @@ def _ms(x: float | None) -> str:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
-class SearchResult(Displayable):
+class SearchResult(Live, Displayable):
     """Every candidate layout of a ``wb.search``, ranked (a notebook shows a sortable table
     and a chart of memory per device against predicted step time).
 
@@ -182,6 +183,33 @@ class SearchResult(Displayable):
     notes: list[str]
     analytic_seconds: float
     seconds: float
+
+    def wait(self, timeout: float | None = None) -> SearchResult:
+        """Wait for the exact pass of ``wb.search(wait=False)``; returns this result, now
+        what the blocking search returns. Ctrl-C (a kernel interrupt) cancels it.
+
+        Args:
+            timeout: seconds to wait at most (None: until the pass ends); past it a
+                ``TimeoutError`` says so and the pass goes on.
+
+        Raises:
+            RuntimeError: the pass failed (a worker died) or was cancelled; the rows keep
+                what was compiled, the rest the formula's numbers.
+            TimeoutError: ``timeout`` passed first.
+        """
+        self._wait(timeout, "result.wait")
+        return self
+
+    def _update(self, **fields: Any) -> None:
+        """Some fields replaced (a live search's rows re-ranked); its views redrawn."""
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+        self._notify()
+
+    def _land(self, other: SearchResult) -> None:
+        """Every field of ``other`` (the exact pass's final result)."""
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, getattr(other, f.name))
 
     @property
     def fitting(self) -> list[SearchRow]:

@@ -23,6 +23,8 @@ from typing import Any
 
 
 from workbench._display import status_line
+from workbench._validate import check_bool
+from workbench.planning import _background as background
 from workbench._notebook import in_notebook
 from workbench._sharding.layouts import format_bytes
 from workbench.models import GPTConfig
@@ -45,7 +47,7 @@ __all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "PlanOptions", "SearchOptions"
 
 
 def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
-           seq: int | None = None, options: PlanOptions | None = None,
+           seq: int | None = None, options: PlanOptions | None = None, wait: bool = True,
            **keywords: Any) -> SearchResult:
     """Search layouts of ``cfg`` on ``hardware``: plan each by formula, keep what fits, rank
     by predicted step time, compile the best ``top_k`` and those that could still beat
@@ -69,6 +71,13 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             and ``example_batch`` (below), ``progress`` (one status line while it works,
             and the compiler's own while compiling), ``overlap`` (the compile flags)).
             Its ``name``, ``compile`` and ``pipeline`` are the search's to set.
+        wait: True (the default, what scripts get): return when the exact pass is done.
+            False: return the formula's ranking at once while the exact pass compiles in
+            background worker processes (``wb.plan(wait=False)``, ``workers`` at once);
+            the same result, and its table, re-rank as each compile lands, and the best
+            row is the exact best once ``result.compile_state`` is "compiled".
+            ``result.ready``, ``result.wait()`` (Ctrl-C there cancels),
+            ``result.cancel()``.
         **keywords: what to vary (``SearchOptions``, below), and ``options``' fields one
             by one as before (``optimizer=``, ``memory_limit=``, ``progress=``, ...).
 
@@ -136,6 +145,7 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
         res.best.summary()
     """
     t0 = time.perf_counter()
+    wait = check_bool(wait, "wait", where="wb.search: ")
     opts, plan_opts = _options(options, keywords)
     gpt = isinstance(cfg, GPTConfig)
     if not gpt:
@@ -155,19 +165,43 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
     rows, plans = s.analytic_pass(cands, skipped)
     analytic_seconds = time.perf_counter() - t0
     notes = _notes(opts.mesh_shapes, rows) + s.attention_notes()
-    changes = s.exact_pass(rows, plans, cands, opts.top_k, notes) \
-        if opts.exact == "all" or (opts.exact and opts.top_k) else []
-    rows = _order(rows)
-    fitting = [r for r in rows if r["rank"] is not None]
-    advice = None if fitting else s.advice(rows, cands, opts.remat)
-    s.say(f"{len(rows)} candidates on {s.hw.name} in {time.perf_counter() - t0:.1f} s: "
-          f"{len(fitting)} fit" + (f"; best {fitting[0]['layout']}" if fitting else ""),
-          final=True)
-    return SearchResult(
-        hardware=s.hw.name, devices=s.hw.size, cfg=cfg, batch=batch, seq=s.seq, rows=rows,
-        skipped=skipped, plans={r["id"]: plans[r["id"]] for r in fitting},
-        rank_changes=changes, limit=rows[0]["limit"], advice=advice, notes=notes,
-        analytic_seconds=analytic_seconds, seconds=time.perf_counter() - t0)
+    exact = opts.exact == "all" or (opts.exact and opts.top_k)
+    if exact and not wait:
+        return _live(s, rows, plans, cands, skipped, notes, analytic_seconds, t0)
+    changes = s.exact_pass(rows, plans, cands, opts.top_k, notes) if exact else []
+    return s.result(rows, plans, cands, skipped, changes, notes, analytic_seconds, t0)
+
+
+def _live(s: _Search, rows: list[SearchRow], plans: dict[int, Plan], cands: list[Candidate],
+          skipped: list[dict[str, Any]], notes: list[str], analytic_seconds: float,
+          t0: float) -> SearchResult:
+    """The formula's ranking now; the exact pass in a background thread, each compile in a
+    worker process (``wb.plan(wait=False)``), the result re-ranked as each lands and made
+    equal to the blocking search's when the pass ends."""
+    live = dataclasses.replace(s, say=_Status("wb.search", False), live=True)
+    result = s.result(rows, plans, cands, skipped, [], list(notes), analytic_seconds, t0)
+    bg = background.Background(f"wb.search on {s.hw.name}")
+
+    def cancel() -> None:
+        live.stop.set()
+        for p in list(live.running):
+            p.cancel()
+
+    bg.on_cancel = cancel
+
+    def landed(tried: list[dict[str, Any]]) -> None:
+        _exact_ranks(tried)
+        result._update(rows=_order(rows), plans={r["id"]: plans[r["id"]] for r in rows
+                                                 if r["id"] in plans and _rankable(r)},
+                       seconds=time.perf_counter() - t0)
+
+    def run(b: background.Background) -> SearchResult:
+        b.mark("compiling")
+        changes = live.exact_pass(rows, plans, cands, s.opts.top_k, notes, landed=landed)
+        return live.result(rows, plans, cands, skipped, changes, notes, analytic_seconds, t0)
+
+    result._start(bg, run, result._land)
+    return result
 
 
 #: The keywords of ``wb.search`` that are search options (``SearchOptions``); the others
@@ -211,6 +245,12 @@ class _Search:
     say: Callable[..., None]
     #: ``{candidate id: the attention its plan runs, and why}`` (``Plan.attention``)
     attention: dict[int, str] = dataclasses.field(default_factory=dict)
+    #: compile in background worker processes (``wb.search(wait=False)``)
+    live: bool = False
+    #: the background plans being compiled (cancelled with the search)
+    running: list[Plan] = dataclasses.field(default_factory=list)
+    #: set when a live search is cancelled: no further candidate is planned
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def plan(self, c: Candidate, *, compile: bool | None, hw: Hardware | None = None,
              batch: int | None = None) -> Plan:
@@ -222,7 +262,25 @@ class _Search:
                          batch=batch // c.microbatches, seq=self.seq,
                          options=self.plan_opts.replace(
                              name=c.label, compile=compile, pipeline=c.pipeline,
-                             progress=self.opts.progress and compile is not False))
+                             progress=self.opts.progress and compile is not False),
+                         wait=not (self.live and compile is not False))
+
+    def result(self, rows: list[SearchRow], plans: dict[int, Plan], cands: list[Candidate],
+               skipped: list[dict[str, Any]], changes: list[dict[str, Any]],
+               notes: list[str], analytic_seconds: float, t0: float) -> SearchResult:
+        """The ``SearchResult`` of the rows as they are ranked now."""
+        rows = _order(rows)
+        fitting = [r for r in rows if r["rank"] is not None]
+        advice = None if fitting else self.advice(rows, cands, self.opts.remat)
+        self.say(f"{len(rows)} candidates on {self.hw.name} in "
+                 f"{time.perf_counter() - t0:.1f} s: {len(fitting)} fit"
+                 + (f"; best {fitting[0]['layout']}" if fitting else ""), final=True)
+        return SearchResult(
+            hardware=self.hw.name, devices=self.hw.size, cfg=self.cfg, batch=self.batch,
+            seq=self.seq, rows=rows, skipped=skipped,
+            plans={r["id"]: plans[r["id"]] for r in fitting}, rank_changes=changes,
+            limit=rows[0]["limit"], advice=advice, notes=notes,
+            analytic_seconds=analytic_seconds, seconds=time.perf_counter() - t0)
 
     def measure(self, p: Plan, microbatches: int, batch: int | None = None) -> dict[str, Any]:
         """Memory, fit and predicted time of one optimizer step of ``batch`` run as
@@ -329,7 +387,8 @@ class _Search:
                 "strategies= or mesh_shapes=")
 
     def exact_pass(self, rows: list[dict[str, Any]], plans: dict[int, Plan],
-                   cands: list[Candidate], top_k: int, notes: list[str]
+                   cands: list[Candidate], top_k: int, notes: list[str], *,
+                   landed: Callable[[list[dict[str, Any]]], None] | None = None
                    ) -> list[dict[str, Any]]:
         """Compile candidates, ``workers`` at once, and re-rank them by their compiled
         predictions; returns the rank changes, and says in ``notes`` why it stopped.
@@ -340,7 +399,8 @@ class _Search:
         candidate that fits by formula (``exact="all"``). The queue holds every candidate
         that fits by formula, also those whose formula prediction is above the MFU ceiling
         (not ranked by formula: a roofline at peak FLOP/s, which fsdp's compute-bound steps
-        reach); their compiled prediction decides.
+        reach); their compiled prediction decides. ``landed(tried)`` is called after
+        each batch is in (a live search re-ranks its table).
         """
         by_id = {c.id: c for c in cands}
         every = self.opts.exact == "all"
@@ -360,11 +420,11 @@ class _Search:
                 if not self._take(batch, compiled, tried, plans, notes):
                     stopped = None   # nothing compiles here: _take said so
                     break
+                if landed is not None:
+                    landed(tried)
         if stopped:
             notes.append(stopped)
-        ranked = sorted(filter(_rankable, tried), key=_key)
-        for i, r in enumerate(ranked, 1):
-            r["exact_rank"] = i
+        _exact_ranks(tried)
         return [{"id": r["id"], "layout": r["layout"], "analytic_rank": r["analytic_rank"],
                  "exact_rank": r["exact_rank"],
                  "analytic_step_seconds": r["analytic_step_seconds"],
@@ -379,7 +439,16 @@ class _Search:
         """``c`` planned with its compile, tracing and lowering in ``turn`` (one thread at a
         time, ``_compile.one_tracer``), the compiler beside the other workers'."""
         with one_tracer(turn):
-            return self.plan(c, compile=None)
+            if self.stop.is_set():
+                raise RuntimeError("wb.search: the exact pass was cancelled")
+            p = self.plan(c, compile=None)
+        if p.compile_state is None:
+            return p
+        self.running.append(p)   # in a worker process: cancelled with the search
+        try:
+            return p.wait()
+        finally:
+            self.running.remove(p)
 
     def _take(self, batch: list[dict[str, Any]], compiled: list[Plan],
               tried: list[dict[str, Any]], plans: dict[int, Plan], notes: list[str]) -> bool:
@@ -556,6 +625,12 @@ def _next_batch(queue: list[dict[str, Any]], tried: list[dict[str, Any]], top_k:
                     f"the most favourable compiled/formula ratio seen, {r:.1f}x): raise top_k "
                     "to compile them (exact='all' compiles every candidate)")
     return could[:min(room, workers)], None
+
+
+def _exact_ranks(tried: list[dict[str, Any]]) -> None:
+    """Number the compiled rows that rank by their compiled predictions."""
+    for i, r in enumerate(sorted(filter(_rankable, tried), key=_key), 1):
+        r["exact_rank"] = i
 
 
 def _strategy(r: Mapping[str, Any]) -> str:

@@ -15,6 +15,9 @@ import jax
 import optax
 
 from workbench._display import Displayable
+from workbench._sharding.layouts import format_bytes
+from workbench.planning._background import Live
+from workbench.planning._compile import StoredExecutable
 from workbench.planning._report import PlanReport
 from workbench._step import LossFn, ModelFactory, TrainState, sharded_init
 
@@ -37,7 +40,7 @@ def _shown(name: str) -> property:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
-class Plan(Displayable):
+class Plan(Live, Displayable):
     """One train step of a model on a mesh, planned before any parameter is allocated
     (``wb.plan``): its ``report`` and what runs it.
 
@@ -144,6 +147,53 @@ class Plan(Displayable):
         """``PlanReport.memory_rows``: one row per memory component."""
         return self.report.memory_rows()
 
+    # -- a background compile (wb.plan(wait=False); ``planning._background.Live``) ----------
+
+    def wait(self, timeout: float | None = None) -> Plan:
+        """Wait for the background compile (``wb.plan(wait=False)``); returns this plan,
+        its numbers now the compiler's. Ctrl-C (a kernel interrupt) cancels the compile.
+
+        Args:
+            timeout: seconds to wait at most (None: until it is in); past it a
+                ``TimeoutError`` says so and the compile goes on.
+
+        Raises:
+            RuntimeError: the worker died (killed, out of memory) or the compile failed
+                or was cancelled; the plan keeps the formula's numbers.
+            TimeoutError: ``timeout`` passed first.
+        """
+        self._wait(timeout, "plan.wait")
+        return self
+
+    @property
+    def formula(self) -> PlanReport | None:
+        """The formula's report a background plan was returned with (None for a plan made
+        whole at once); ``report`` is the compiler's once it is in."""
+        return self.__dict__.get("_formula")
+
+    @property
+    def changes(self) -> list[dict[str, Any]]:
+        """What the compiler's numbers changed against the formula's (a background plan
+        whose compile is in): ``{"what", "formula", "compiled", "text"}`` for the total
+        memory per device, the fit and the predicted step; empty otherwise."""
+        formula = self.formula
+        if formula is None or self.report is formula:
+            return []
+        return _changes(formula, self.report)
+
+    def _start(self, bg: Any, run: Callable[[Any], Any], land: Callable[[Any], None]) -> None:
+        """Run ``bg`` (``planning._background.Background``) for this plan."""
+        object.__setattr__(self, "_formula", self.report)
+        super()._start(bg, run, land)
+
+    def _land(self, other: Plan) -> None:
+        """Take ``other``'s numbers and step (the same plan, compiled): this plan, and its
+        widget, become the compiler's."""
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, getattr(other, f.name))
+        for cached in ("activations", "_init"):
+            self.__dict__.pop(cached, None)
+
     def __str__(self) -> str:
         return str(self.report)
 
@@ -189,12 +239,42 @@ class Plan(Displayable):
 
     def train_step(self) -> Callable[..., Any]:
         """The step this plan compiled, ``(state, batch) -> (state, metrics)``: the AOT
-        executable (donates ``state``), or the jitted function when nothing was compiled."""
+        executable (donates ``state``), or the jitted function when nothing was compiled
+        here (a background plan's worker compiled it: it compiles on its first call)."""
         self._require_devices("train_step")
-        return self.compiled if self.compiled is not None else self.jitted
+        runnable = self.compiled is not None and not isinstance(self.compiled, StoredExecutable)
+        return self.compiled if runnable else self.jitted
 
     def _require_devices(self, what: str) -> None:
         if self.report.mesh.jax_mesh is None:
             raise RuntimeError(
                 f"plan.{what}() needs real devices, but this plan is on "
                 f"{self.report.mesh.describe()}; plan on wb.make_mesh(...) to build the model")
+
+
+def _changes(formula: PlanReport, compiled: PlanReport) -> list[dict[str, Any]]:
+    """Memory per device, fit and predicted step: the formula's and the compiler's."""
+    def step(r: PlanReport) -> float | None:
+        try:
+            return r.predicted.step_seconds
+        except (ValueError, OSError):   # a hardware table without the numbers
+            return None
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.4g} ms"
+
+    def fits(x: bool | None) -> str:
+        return {True: "fits", False: "does not fit", None: "fit unknown"}[x]
+
+    rows = [("memory", formula.memory.get("total"), compiled.memory.get("total"),
+             lambda v: "-" if v is None else format_bytes(v)),
+            ("fits", formula.fits, compiled.fits, fits),
+            ("step", step(formula), step(compiled), ms)]
+    out = []
+    for what, a, b, text in rows:
+        rel = (f" ({b / a - 1:+.0%})" if isinstance(a, (int, float)) and not isinstance(a, bool)
+               and a and b is not None else "")
+        out.append({"what": what, "formula": a, "compiled": b,
+                    "text": f"{what}: {text(a)} -> {text(b)}{rel}" if a != b
+                    else f"{what}: {text(b)} (unchanged)"})
+    return out

@@ -21,7 +21,8 @@ from workbench.planning._compile import compile_lowered
 from workbench.planning._flags import retry_options
 from workbench._compiled.hlo import Collective, parse_collectives, parse_reshards
 
-__all__ = ["CompileOutcome", "Measured", "Target", "compile_step", "measure", "say_once"]
+__all__ = ["CompileOutcome", "Measured", "Target", "compile_outcome", "compile_step", "measure",
+           "say_once"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +209,20 @@ class Measured:
         return self.outcome.compiled
 
 
-def measure(inp: Any, setup: Any, step: Any, *, progress: bool) -> Measured:
+def compile_outcome(inp: Any, setup: Any, step: Any, *, progress: bool) -> CompileOutcome:
+    """The step compiled for the setup's target (``compile_step``), or the target as it
+    is when it does not compile."""
+    if not setup.target.compile:
+        return CompileOutcome(target=setup.target)
+    shown = inp.name or inp.rules_name or (inp.preset if inp.cfg is not None and inp.preset
+                                            else "plan")
+    return compile_step(step.jitted, (step.state.state, step.batch), inp.info, setup.target,
+                        step.estimate, step.limit, label=f"wb.plan({shown!r})",
+                        progress=progress)
+
+
+def measure(inp: Any, setup: Any, step: Any, *, progress: bool,
+            outcome: CompileOutcome | None = None) -> Measured:
     """Compile the step for the target and read it, or estimate it by formula (memory,
     collectives from the layouts, pipeline permutes); collectives of a compiled program
     are explained by the rule that made them.
@@ -217,15 +231,13 @@ def measure(inp: Any, setup: Any, step: Any, *, progress: bool) -> Measured:
         inp, setup, step: the records of the earlier stages (``stages.Inputs``,
             ``stages.Setup``, ``stages.AbstractStep``; this module is below them).
         progress: say when compiling starts and ends, and why a plan is an estimate.
+        outcome: the compile's outcome when it was compiled elsewhere (a background
+            worker, ``planning._background``), or the target turned into an estimate;
+            default: compiled here (``compile_outcome``).
     """
     info, rules, cfg, pipe = inp.info, inp.rules, inp.cfg, inp.pipe
-    out = CompileOutcome(target=setup.target)
-    if setup.target.compile:
-        shown = inp.name or inp.rules_name or (inp.preset if cfg is not None and inp.preset
-                                                else "plan")
-        out = compile_step(step.jitted, (step.state.state, step.batch), info, setup.target,
-                           step.estimate, step.limit, label=f"wb.plan({shown!r})",
-                           progress=progress)
+    out = outcome if outcome is not None else compile_outcome(inp, setup, step,
+                                                              progress=progress)
     memory, collectives = out.memory, out.collectives
     p_lay = step.layouts_of("params.", strip=True)
     if out.compiled is None:

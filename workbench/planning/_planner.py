@@ -22,12 +22,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from workbench._validate import check_int
+from workbench._validate import check_bool, check_int
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
 from workbench.planning._handle import Plan
 from workbench.planning._report import CompiledNumbers, Comparison, PlanReport
-from workbench.planning._measure import Measured, measure
+from workbench.planning import _background as background
+from workbench.planning._measure import CompileOutcome, Measured, compile_outcome, measure
 from workbench.planning._options import (  # noqa: F401 - the old home of the default
     DEFAULT_REPLICATED_THRESHOLD, PlanOptions, options_of)
 from workbench.planning._stages import (AbstractStep, Inputs, Setup, build_step,
@@ -40,7 +41,7 @@ __all__ = ["PlanOptions", "compare", "plan"]
 
 def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
          rules: Rules | str | None = None, batch: int, seq: int | None = None,
-         options: PlanOptions | None = None, **keywords: Any) -> Plan:
+         options: PlanOptions | None = None, wait: bool = True, **keywords: Any) -> Plan:
     """Plan one train step of a model on a mesh without allocating it.
 
     The state, its shardings, the batch shardings and the step are built by the functions
@@ -66,6 +67,14 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
         options: how to plan (``PlanOptions``: optimizer, dtype, name, compile,
             memory_limit, replicated_threshold, loss_fn, example_batch, progress,
             pipeline, overlap; each documented there). Default ``PlanOptions()``.
+        wait: True (the default, what scripts get): return when the step is compiled.
+            False: return at once with the formula's numbers (``plan.source`` "estimate",
+            ``plan.compile_state`` "queued" or "compiling") while a worker process
+            compiles the step (``planning._background``; up to one per core at once); the
+            same plan, and its widget, turn into the compiler's numbers when they land
+            (``plan.changes`` says what changed, ``plan.formula`` keeps the formula's
+            report). ``plan.ready``, ``plan.wait()`` (Ctrl-C there cancels), and
+            ``plan.cancel()``. A plan with nothing to compile is whole at once.
         **keywords: the same options one by one, as before ``PlanOptions`` (``optimizer=``,
             ``progress=``, ``compile=``, ...): they fill in ``options``; one given both ways
             must agree. ``pipeline={"microbatches": M, "schedule": ..., "repeats": R}``
@@ -81,6 +90,7 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
                        options=wb.PlanOptions(optimizer=optax.adamw(3e-4), progress=False))
     """
     t0 = time.perf_counter()
+    wait = check_bool(wait, "wait", where="wb.plan: ")
     opts = options_of(options, keywords, "wb.plan")
     replicated_threshold = check_int(opts.replicated_threshold, "replicated_threshold",
                                      minimum=0, where="wb.plan: ",
@@ -92,9 +102,57 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
                   overlap=opts.overlap)
     setup = choose_target(inp)
     step = build_step(inp, setup)
+    if not wait and setup.target.compile:
+        return _in_background(inp, setup, step, opts, replicated_threshold, t0)
     measured = measure(inp, setup, step, progress=opts.progress)
     warnings = lint(inp, setup, step, measured, replicated_threshold)
     return _assemble(inp, setup, step, measured, warnings, seconds=time.perf_counter() - t0)
+
+
+def _in_background(inp: Inputs, setup: Setup, step: AbstractStep, opts: PlanOptions,
+                   replicated_threshold: int, t0: float) -> Plan:
+    """The formula's plan now; the step compiled by a worker process (devices of another
+    platform at hand: a thread of this one), swapped into the same plan when it lands."""
+    target = setup.target
+    cpu_or_abstract = inp.info.jax_mesh is None or inp.info.platform == "cpu"
+    where = "a background worker process" if cpu_or_abstract else "a background thread"
+    compiler = target.source.replace("-", " ")
+    shown = inp.name or inp.rules_name or inp.preset or "plan"
+    formula = _measured(inp, setup, step, replicated_threshold, t0, CompileOutcome(
+        target=target.estimate(f"the formulas' numbers while the {compiler} compiles the "
+                               f"step in {where} ({target.reason}); plan.wait() for its "
+                               "numbers")))
+    bg = background.Background(f"wb.plan({shown!r})")
+    request = background.Request(model=inp.asked if inp.cfg is not None else inp.factory,
+                                 resolve=_resolve_arguments(inp, opts))
+    if cpu_or_abstract:
+        def run(b: background.Background) -> CompileOutcome:
+            return b.in_worker(request, target)
+    else:
+        def run(b: background.Background) -> CompileOutcome:
+            return b.in_thread(lambda: compile_outcome(inp, setup, step, progress=False))
+    formula._start(bg, run, lambda out: formula._land(_measured(
+        inp, setup, step, replicated_threshold, t0, out)))
+    return formula
+
+
+def _measured(inp: Inputs, setup: Setup, step: AbstractStep, replicated_threshold: int,
+              t0: float, outcome: CompileOutcome) -> Plan:
+    """The plan of the step measured with ``outcome`` (compiled elsewhere, or none)."""
+    m = measure(inp, setup, step, progress=False, outcome=outcome)
+    return _assemble(inp, setup, step, m, lint(inp, setup, step, m, replicated_threshold),
+                     seconds=time.perf_counter() - t0)
+
+
+def _resolve_arguments(inp: Inputs, opts: PlanOptions) -> dict[str, Any]:
+    """``stages.resolve``'s arguments that rebuild ``inp`` in a worker process: the mesh
+    resolved (its devices travel as platform and id), the rest as ``wb.plan`` got them."""
+    return {"mesh": inp.info.jax_mesh if inp.info.jax_mesh is not None else inp.info,
+            "rules": inp.rules, "batch": inp.batch,
+            "seq": inp.seq, "optimizer": inp.optimizer, "dtype": None, "name": inp.name,
+            "compile": inp.compile, "memory_limit": inp.memory_limit,
+            "loss_fn": inp.loss_fn, "example_batch": inp.example_batch,
+            "pipeline": opts.pipeline, "overlap": inp.overlap}
 
 
 def _assemble(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured, warnings: list,

@@ -56,6 +56,11 @@ class PlanView(ipywidgets.VBox):
             self.tensors.table.unobserve(self.tensors._on_treescope, names="want_treescope")
             self.tensors.table.observe(self._on_penzai_treescope, names="want_treescope")
         super().__init__(children=[self.summary, self.exchange, self.tensors])
+        plan._watch(self._refresh)   # a background compile landing redraws the summary
+
+    def _refresh(self) -> None:
+        """The plan's numbers again (the compiler's, once a background compile is in)."""
+        self.summary.payload = plan_payload(self.plan)
 
     def select_collective(self, index: int) -> None:
         """Draw the layouts before and after ``plan.collectives[index]`` (as a click on
@@ -127,6 +132,7 @@ def plan_payload(plan: Any) -> dict[str, Any]:
     return {
         "kind": "plan",
         "name": plan.name,
+        "background": _background(plan),
         "estimate": bool(plan.is_estimate),
         "compile_seconds": plan.compile_seconds,
         "compile_cached": bool(plan.compile_cached),
@@ -151,6 +157,24 @@ def plan_payload(plan: Any) -> dict[str, Any]:
         "warnings": [w.to_dict() | {"paths": list(w.paths[:20]), "n_paths": len(w.paths)}
                      for w in plan.warnings],
     }
+
+
+def _background(plan: Any) -> dict[str, Any] | None:
+    """A ``wb.plan(wait=False)`` plan's compile: its state, since when, what it says, and
+    what the compiler's numbers changed; None for a plan made whole at once."""
+    state = plan.compile_state
+    if state is None:
+        return None
+    bg = plan.__dict__["_background"]
+    text = {"queued": "the formula's numbers; the compile waits for a free core",
+            "compiling": "the formula's numbers; the compiler is running in the background",
+            "compiled": f"the compiler's numbers, in after {bg.seconds:.1f} s (they replaced "
+                        "the formula's)",
+            "cancelled": "the formula's numbers; the compile was cancelled",
+            "failed": "the formula's numbers; the compile failed: "
+                      + str(bg.error).splitlines()[0][:300]}[state]
+    return {"state": state, "text": text, "since": bg.started,
+            "changes": [c["text"] for c in plan.changes]}
 
 
 def _activations(plan: Any) -> dict[str, Any]:

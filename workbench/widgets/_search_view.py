@@ -11,7 +11,7 @@ import traitlets
 
 from workbench.widgets import _assets
 
-__all__ = ["SearchWidget", "search_figure", "search_payload", "search_widget"]
+__all__ = ["SearchView", "SearchWidget", "search_figure", "search_payload", "search_widget"]
 
 _UNITS = (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024), ("B", 1))
 
@@ -50,8 +50,25 @@ def search_payload(result: Any) -> dict[str, Any]:
         "limit": result.limit, "rows": rows, "skipped": result.skipped,
         "rank_changes": result.rank_changes, "advice": result.advice,
         "notes": result.notes, "seconds": result.seconds,
-        "analytic_seconds": result.analytic_seconds,
+        "analytic_seconds": result.analytic_seconds, "live": _live(result),
     })
+
+
+def _live(result: Any) -> dict[str, Any] | None:
+    """A ``wb.search(wait=False)``'s exact pass: its state and what it says (the best
+    row is the exact best once it is "compiled"); None for a search made whole at once."""
+    state = result.compile_state
+    if state is None:
+        return None
+    compiled = sum(r["source"] != "estimate" for r in result.rows)
+    text = {"queued": "formula ranking; the exact pass is starting",
+            "compiling": f"formula ranking re-ranked by {compiled} compiled so far; the "
+                         "exact pass is compiling in background workers",
+            "compiled": f"exact pass done: {compiled} compiled; the best is the exact best",
+            "cancelled": f"exact pass cancelled after {compiled} compiled",
+            "failed": "exact pass failed: " + str(
+                result.__dict__["_background"].error).splitlines()[0][:300]}[state]
+    return {"state": state, "text": text, "exact_best": state == "compiled"}
 
 
 def _unit(values: list[float]) -> tuple[str, float]:
@@ -129,9 +146,28 @@ def search_figure(result: Any) -> Any:
     return fig
 
 
-def search_widget(result: Any) -> ipywidgets.VBox:
-    """The table (sortable, filterable) above the chart."""
-    import plotly.graph_objects as go
+class SearchView(ipywidgets.VBox):
+    """The table (sortable, filterable) above the chart; redrawn as a live search's
+    compiles land (``wb.search(wait=False)``)."""
 
-    return ipywidgets.VBox([SearchWidget(payload=search_payload(result)),
-                            go.FigureWidget(search_figure(result))])
+    def __init__(self, result: Any) -> None:
+        import plotly.graph_objects as go
+
+        self.result = result
+        self.table = SearchWidget(payload=search_payload(result))
+        self.figure = go.FigureWidget(search_figure(result))
+        super().__init__(children=[self.table, self.figure])
+        result._watch(self._refresh)
+
+    def _refresh(self) -> None:
+        self.table.payload = search_payload(self.result)
+        fresh = search_figure(self.result)
+        with self.figure.batch_update():
+            self.figure.data = ()
+            self.figure.add_traces(list(fresh.data))
+            self.figure.layout = fresh.layout
+
+
+def search_widget(result: Any) -> SearchView:
+    """The table (sortable, filterable) above the chart."""
+    return SearchView(result)

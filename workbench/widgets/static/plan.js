@@ -14,9 +14,23 @@ function fmtFlops(x) {
 
 const SOURCES = { "tpu-compiler": "TPU compiler", "cpu-compiler": "CPU compiler", "gpu-compiler": "GPU compiler" };
 
+/** A wb.plan(wait=False) plan: the formula's numbers until the compiler's land, then what changed. */
+function background(p) {
+  const b = p.background;
+  if (!b) return null;
+  const lines = [el("div", { class: `wb-note wb-plan-background wb-bg-${b.state}`, text: b.text })];
+  if (b.changes.length) {
+    lines.push(el("div", { class: "wb-note wb-plan-changes", text: `formula → compiler: ${b.changes.join("; ")}` }));
+  }
+  return el("div", {}, lines);
+}
+
 function header(p) {
   const how = p.compile_cached ? "from the compile cache" : `compiled in ${p.compile_seconds.toFixed(1)} s`;
-  const badge = p.estimate
+  const pending = p.background && (p.background.state === "queued" || p.background.state === "compiling");
+  const badge = pending
+    ? el("span", { class: "wb-badge wb-estimate", text: `FORMULA — ${p.background.state} in the background`, title: p.source_reason })
+    : p.estimate
     ? el("span", { class: "wb-badge wb-estimate", text: "ESTIMATE — analytic, nothing compiled", title: p.source_reason })
     : el("span", { class: "wb-badge wb-source", text: `${SOURCES[p.source] || p.source} · ${how}`, title: p.source_reason });
   return el("div", { class: "wb-plan-head" }, [
@@ -26,6 +40,7 @@ function header(p) {
       el("span", { class: "wb-facts", text: `batch ${p.batch} × seq ${p.seq} on ${p.mesh_text}` }),
     ]),
     el("div", { class: "wb-note wb-plan-source", text: `source: ${p.source} — ${p.source_reason}` }),
+    background(p) || el("span"),
   ]);
 }
 

@@ -32,8 +32,9 @@ const FILTERS = {
 };
 
 function rowsOf(p) {
+  const best = p.live && !p.live.exact_best ? "★ best so far" : p.live ? "★ exact best" : "★ best";
   return p.rows.map((r) => ({ ...r, fits_text: fmtFits(r.fits),
-    front: r.best ? "★ best" : r.pareto ? "◆ pareto" : "" }));
+    front: r.best ? best : r.pareto ? "◆ pareto" : "" }));
 }
 
 function header(p) {
@@ -42,6 +43,7 @@ function header(p) {
     el("div", { class: "wb-header" }, [el("span", { class: "wb-title", text: "wb.search" }),
       el("span", { class: "wb-facts", text: head.replace(/^wb\.search /, "") })]),
     ...rest.map((line) => el("div", { class: p.advice ? "wb-search-advice" : "wb-search-best", text: line.trim() })),
+    p.live ? el("div", { class: `wb-note wb-search-live wb-bg-${p.live.state}`, text: p.live.text }) : el("span"),
   ]);
 }
 
