@@ -211,7 +211,7 @@ CALLS: dict[tuple[str, str], Callable[[Any, Path], Any]] = {
     ("wb.Slurm", "requeue"): lambda bad, tmp: wb.Slurm(nodes=1, requeue=bad),
     **{("wb.Trainer", f): (lambda bad, tmp, f=f: wb.Trainer(
         wb.TrainConfig(model="tiny", data="synthetic"), tmp / "run", **{f: bad}))
-       for f in ("fork", "force", "tensorboard", "async_checkpoint")},
+       for f in ("fork", "force", "async_checkpoint")},
     ("wb.calibrate", "save"): lambda bad, tmp: wb.calibrate([], save=bad),
     ("wb.data.Tokenizer.from_hf", "progress"): lambda bad, tmp: wb.data.Tokenizer.from_hf(
         tmp / "none", progress=bad),

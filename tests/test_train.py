@@ -265,7 +265,7 @@ def _tensorboard_scalars(folder):
 
 
 def test_tensorboard_export_mirrors_the_metrics(tmp_path):
-    tr = trainer(tmp_path / "run", tensorboard=True)
+    tr = trainer(tmp_path / "run", CFG.replace(trackers=["tensorboard"]))
     tr.run(steps=2)
     scalars = _tensorboard_scalars(tmp_path / "run" / "tensorboard")
     recs = runs.read_metrics(tmp_path / "run")

@@ -166,7 +166,7 @@ class RunWriter:
         }
         for key in ("target_steps", "mesh", "devices", "device_kind", "peak_flops",
                     "peak_source", "model_flops_per_step", "memory_per_device", "prediction",
-                    "history", "attempt"):
+                    "history", "attempt", "trackers"):
             if old.get(key) is not None:
                 self.meta[key] = _clean(old[key])
         self.meta.update(_clean(meta or {}))
@@ -449,6 +449,7 @@ _RUN_TYPES: dict[str, tuple[str, Any]] = {
     "attempt": ("an integer", int),
     "config": ("an object", dict), "mesh": ("an object", dict),
     "memory_per_device": ("an object", dict), "versions": ("an object", dict),
+    "trackers": ("an object", dict),
     "devices": ("a list", list), "history": ("a list", list),
 }
 

@@ -23,11 +23,12 @@ from workbench._sharding.rules import STAGE_AXIS, Rules
 from workbench._runs import config_hash
 from workbench.models._lora import LoRA
 from workbench.train._optim import AdamW
+from workbench.train._trackers import check_trackers
 
 #: Fields that may change when an existing run is continued: they do not change the
 #: numbers a step computes (checkpoint cadence, retention, the mesh layout).
 RUN_CONTROL_FIELDS: tuple[str, ...] = ("checkpoint_every", "keep", "mesh", "rules",
-                                        "pipeline", "eval_every", "eval_batches")
+                                        "pipeline", "eval_every", "eval_batches", "trackers")
 
 
 #: Names accepted by ``TrainConfig.rules`` (``wb.Rules.preset``).
@@ -110,6 +111,12 @@ class TrainConfig:
         (``init``'s weights, or the seed's) stays frozen; the optimizer state and the
         checkpoints hold the adapters only (``run.json`` records ``init``, the pointer to
         the base). ``model_config()`` carries it.
+      trackers: where the step metrics go besides ``metrics.jsonl`` and the lab panel: a
+        list of "tensorboard" (``<run_dir>/tensorboard``), "wandb" (Weights & Biases) and
+        "mlflow", each needing its library (``workbench.train._trackers``). Each gets loss,
+        eval loss, MFU, tokens/s, the config and the plan's summary from a thread of its
+        own, so none slows a step and a failing one is a warning; a resumed run continues
+        the same tracker run (its id in ``run.json``). May change when a run is continued.
 
     Every value is checked when the config is made, and nothing is read from disk:
     integers must be integers (not bools, strings or floats) in range, and the model
@@ -137,6 +144,7 @@ class TrainConfig:
     init: str | None = None
     init_revision: str | None = None
     lora: Any = None
+    trackers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Values only, in order: each field's own form and type, the numbers, then what
@@ -149,6 +157,7 @@ class TrainConfig:
         """Each field in its one form: mappings frozen, dicts made into their specs."""
         set_ = object.__setattr__
         set_(self, "lora", LoRA.of(self.lora))
+        set_(self, "trackers", check_trackers(self.trackers))
         if self.pipeline is not None:
             set_(self, "pipeline", Pipeline.of(self.pipeline))
         if not isinstance(self.model_overrides, Mapping):
@@ -381,6 +390,7 @@ class TrainConfig:
             **({"init_revision": self.init_revision} if self.init_revision is not None
                else {}),
             **({"lora": self.lora.to_dict()} if self.lora is not None else {}),
+            **({"trackers": list(self.trackers)} if self.trackers else {}),
         }
 
     @classmethod

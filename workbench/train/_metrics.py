@@ -1,4 +1,4 @@
-"""Per-step metrics of a run (throughput, MFU, HFU), the progress line, TensorBoard export.
+"""Per-step metrics of a run (throughput, MFU, HFU) and the progress line.
 
 Definitions (shown with the numbers):
 
@@ -10,6 +10,9 @@ Definitions (shown with the numbers):
 - ``mfu`` = model FLOPs per step ÷ (step_time × devices × peak FLOP/s per device), with
   the analytic model FLOPs of ``workbench._flops`` (no rematerialisation) and the peak's
   source (``workbench.hardware.peak_flops``: a table, or measured on CPUs).
+- ``mfu_fp8`` (a model with fp8 matmuls, ``GPTConfig.quantization``, on a device with an
+  fp8 peak): the same model FLOPs against the device's fp8 peak (``mfu`` stays against
+  the bf16 peak: the two conventions fp8 results are quoted in).
 - ``hfu`` = FLOPs XLA compiled for one device per step ÷ (step_time × peak): hardware
   FLOPs, rematerialisation included.
 """
@@ -28,7 +31,8 @@ from workbench._flops import mfu
 def step_record(*, step: int, loss: float, grad_norm: float, lr: float, step_time: float,
                 data_time: float, ckpt_time: float, tokens: int, model_flops: float | None,
                 n_devices: int, peak: float | None, peak_source: str | None,
-                compiled_flops: float | None) -> dict[str, Any]:
+                compiled_flops: float | None, fp8_peak: float | None = None
+                ) -> dict[str, Any]:
     """One ``metrics.jsonl`` line for step ``step`` (see the module docstring)."""
     rec: dict[str, Any] = {
         "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,
@@ -39,6 +43,8 @@ def step_record(*, step: int, loss: float, grad_norm: float, lr: float, step_tim
     if peak and step_time > 0:
         if model_flops:
             rec["mfu"] = mfu(model_flops, step_time, n_devices, peak)
+            if fp8_peak:
+                rec["mfu_fp8"] = mfu(model_flops, step_time, n_devices, fp8_peak)
         if compiled_flops:
             rec["hfu"] = compiled_flops / (step_time * peak)
     return rec
@@ -83,7 +89,9 @@ def summary_line(rec: dict[str, Any], target: int, eta: float | None) -> str:
     if rec.get("tokens_per_s"):
         parts.append(f"{rec['tokens_per_s'] / 1e3:.1f}k tok/s")
     if rec.get("mfu") is not None:
-        parts.append(f"MFU {100 * rec['mfu']:.2f}%")
+        parts.append(f"MFU {100 * rec['mfu']:.2f}%" + (
+            f" (fp8 peak {100 * rec['mfu_fp8']:.2f}%)" if rec.get("mfu_fp8") is not None
+            else ""))
     parts.append(f"ETA {fmt_duration(eta)}")
     return " | ".join(parts)
 
@@ -158,33 +166,3 @@ class ProgressLine:
         if message:
             self.stream.write(message + "\n")
         self.stream.flush()
-
-
-class TensorBoard:
-    """Mirrors every step record into TensorBoard event files (``<run_dir>/tensorboard``)."""
-
-    KEYS = ("loss", "grad_norm", "lr", "step_time", "data_time", "ckpt_time",
-            "tokens_per_s", "mfu", "hfu")
-
-    def __init__(self, logdir: Any) -> None:
-        try:
-            from tensorboardX import SummaryWriter
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError("tensorboard=True needs tensorboardX: pip install tensorboardX"
-                              ) from e
-        self.writer = SummaryWriter(str(logdir))
-
-    def event(self, kind: str, **fields: Any) -> None:
-        """Events are not scalars."""
-
-    def update(self, rec: dict[str, Any]) -> None:
-        """Writes the record's finite numbers as ``train/<key>`` scalars."""
-        for key in self.KEYS:
-            value = rec.get(key)
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                self.writer.add_scalar(f"train/{key}", value, rec["step"])
-
-    def finish(self, status: str, message: str | None = None) -> None:
-        """Flushes and closes the event file."""
-        self.writer.flush()
-        self.writer.close()

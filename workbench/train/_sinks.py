@@ -4,7 +4,8 @@ The run loop never knows who listens: it calls ``event`` for things that happen 
 (``compiling``, ``compile``, ``resume``, ``fork``, ``config_changed``), ``update`` with
 each step's record (exactly once per step, in order) and ``finish`` when the call ends.
 The Trainer builds the sinks: its history, the run writer (``run.json`` and
-``metrics.jsonl``), TensorBoard, the progress line or the inline panel, the message on how
+``metrics.jsonl``), the trackers of ``TrainConfig.trackers`` (``workbench.train._trackers``:
+TensorBoard, W&B, MLflow), the progress line or the inline panel, the message on how
 to continue, and any sinks passed to ``Trainer.run(sinks=...)``.
 
 Example, a sink of one's own::
@@ -20,12 +21,13 @@ Example, a sink of one's own::
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from workbench import _runs as runs
 from workbench._notebook import in_notebook
-from workbench.train._metrics import ProgressLine, TensorBoard
+from workbench.train._metrics import ProgressLine
+from workbench.train._trackers import tracker_sinks
 
 
 @runtime_checkable
@@ -131,15 +133,17 @@ def progress_sink(mode: str | None, target: int, *, panel: Callable[[], Any]) ->
     raise ValueError(f"progress={mode!r}; use 'auto', 'widget', 'line' or None")
 
 
-def run_sinks(writer: runs.RunWriter | None, progress: Any, *, tensorboard: bool
+def run_sinks(writer: runs.RunWriter | None, progress: Any, *, trackers: Sequence[str],
+              stored: Mapping[str, Mapping[str, Any]], history: Sequence[dict[str, Any]]
               ) -> list[Sink]:
-    """Process 0's sinks (``writer`` is None elsewhere): the run directory, TensorBoard
-    (``<run_dir>/tensorboard``) and how to continue (unless the progress line says it)."""
+    """Process 0's sinks (``writer`` is None elsewhere): the run directory, the trackers
+    (continuing the tracker runs ``stored``, ``workbench.train._trackers.stored_records``,
+    with the steps of ``history`` they lack) and how to continue (unless the progress line
+    says it)."""
     if writer is None:
         return []
-    out: list[Sink] = [RunSink(writer)]
-    if tensorboard:
-        out.append(TensorBoard(writer.run_dir / "tensorboard"))
+    out: list[Sink] = [RunSink(writer), *tracker_sinks(
+        trackers, writer, writer.meta["config"], stored, history)]
     if not isinstance(progress, ProgressLine):
         out.append(ContinueMessage())
     return out

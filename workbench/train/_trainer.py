@@ -32,6 +32,7 @@ from workbench.train._config import TrainConfig
 from workbench.train._loop import LoopInputs, NonFiniteLoss, RunResult, run_loop
 from workbench.train._metrics import step_record
 from workbench.train._sinks import History, Sink, broadcast, progress_sink, run_sinks
+from workbench.train._trackers import require, stored_records
 from workbench.train._setup import (
     DataChanged,
     RunConfigMismatch,
@@ -91,7 +92,6 @@ class Trainer(Displayable):
         part of the experiment.
       progress: "auto" (a live panel in notebooks, a progress line elsewhere), "widget",
         "line" or None.
-      tensorboard: also write TensorBoard event files to ``<run_dir>/tensorboard``.
       compile_cache: JAX's persistent compilation cache: True (``~/.cache/workbench/
         jax-compile`` unless one is configured), a directory, or False (leave JAX alone).
       async_checkpoint: write checkpoints in the background after the device-to-host copy.
@@ -114,7 +114,7 @@ class Trainer(Displayable):
     def __init__(self, config: TrainConfig, run_dir: str | os.PathLike[str], *,
                  fork: bool = False, force: bool = False, data_changed: str | None = None,
                  restart: str | None = None, progress: str | None = "auto",
-                 tensorboard: bool = False, compile_cache: bool | str | os.PathLike[str] = True,
+                 compile_cache: bool | str | os.PathLike[str] = True,
                  async_checkpoint: bool = True,
                  data_cache: str | os.PathLike[str] | None = None,
                  initial_model: Any = None, prediction: Any = None) -> None:
@@ -123,7 +123,7 @@ class Trainer(Displayable):
                             "config must be a wb.TrainConfig (use Trainer.from_plan(plan, "
                             "...) for a Plan)")
         config.check()   # the files it names (init folder, data), before anything is written
-        for name, flag in (("fork", fork), ("force", force), ("tensorboard", tensorboard),
+        for name, flag in (("fork", fork), ("force", force),
                            ("async_checkpoint", async_checkpoint)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"Trainer {name}={flag!r:.80} must be True or False")
@@ -148,9 +148,12 @@ class Trainer(Displayable):
         self._restart_ok = check_restart(restart) == "ok"
         self.run_dir, source, self._config_event = check_run_dir(
             Path(run_dir), config, fork=fork, force=force)
-        self.progress, self.tensorboard = progress, tensorboard
+        self.progress = progress
         self.compile_cache = enable_compile_cache(compile_cache)
         self.primary = jax.process_index() == 0
+        if self.primary:   # the trackers' libraries, and the runs run.json says they continue
+            require(config.trackers)
+            stored_records(self.run_dir, config.trackers)
         t0 = time.perf_counter()
         self.parts = build_parts(config, data_cache=data_cache)
         # the data read now against what the run trained on (before anything is written)
@@ -525,7 +528,7 @@ class Trainer(Displayable):
         Args:
           steps: the total number of updates to reach (a positive int; not a bool).
           sinks: further reporters (``workbench.train._sinks.Sink``: ``event``, ``update``,
-            ``finish``) beside the run directory, TensorBoard and the progress display.
+            ``finish``) beside the run directory, the trackers and the progress display.
 
         Raises:
           NonFiniteLoss: the loss or gradient norm became NaN/inf (the last good
@@ -569,7 +572,7 @@ class Trainer(Displayable):
 
     def _reporters(self, target: int, extra: Sequence[Sink]) -> list[Sink]:
         """Compiles the step if needed (showing it), opens the run directory and builds the
-        sinks of this call: history, run writer, TensorBoard, message, progress, ``extra``."""
+        sinks of this call: history, run writer, trackers, message, progress, ``extra``."""
         for sink in extra:
             if not isinstance(sink, Sink):
                 raise TypeError(f"sinks=[...] needs objects with event(kind, **fields), "
@@ -582,12 +585,24 @@ class Trainer(Displayable):
         if compiled_now:
             broadcast(shown, "compiling")
             self.compiled_step()
+        trackers = self.config.trackers
+        stored = stored_records(self.run_dir, trackers) if self.primary else {}
         writer = runs.RunWriter(self.run_dir, config=self.config.to_dict(),
                                 meta=self.run_meta(target)) if self.primary else None
         reporters = [History(self.history, on_step=self._set_step),
-                     *run_sinks(writer, progress, tensorboard=self.tensorboard), *shown]
+                     *run_sinks(writer, progress, trackers=trackers, stored=stored,
+                               history=self._tracked() if trackers else []), *shown]
         self._opening_events(reporters, writer, compiled_now)
         return reporters
+
+    def _tracked(self) -> list[dict[str, Any]]:
+        """The steps trained so far as readers of ``metrics.jsonl`` have them (the first
+        record of each step; a new fork's from its source run): the trackers' backfill."""
+        recs = runs.read_metrics(self.run_dir) \
+            if (self.run_dir / runs.METRICS).exists() else []
+        seen = {r["step"] for r in recs}
+        return sorted([*recs, *(r for r in self.history if r["step"] not in seen)],
+                      key=lambda r: r["step"])
 
     def _opening_events(self, reporters: Sequence[Sink], writer: runs.RunWriter | None,
                         compiled_now: bool) -> None:
@@ -619,7 +634,7 @@ class Trainer(Displayable):
         record = functools.partial(
             step_record, tokens=cfg.tokens_per_step, model_flops=p.model_flops,
             n_devices=p.n_devices, peak=p.peak, peak_source=p.peak_source,
-            compiled_flops=self.compiled_flops)
+            compiled_flops=self.compiled_flops, fp8_peak=p.fp8_peak)
         return LoopInputs(step_fn=self.compiled_step(), rng=self._rng, data=p.data,
                           checkpoints=self.checkpoints, accumulate=cfg.optimizer.accumulate,
                           checkpoint_every=cfg.checkpoint_every, config=cfg.to_dict(),

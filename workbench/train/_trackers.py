@@ -1,0 +1,409 @@
+"""Metrics to the trackers researchers already use: TensorBoard, Weights & Biases, MLflow.
+
+``TrainConfig(trackers=["tensorboard", "wandb", "mlflow"])``. Each tracker is a sink of the
+run (``workbench.train._sinks``) whose ``update`` only queues the step's record; a thread of
+its own sends it through the library's own client (tensorboardX's ``SummaryWriter``,
+``wandb.init``'s run, ``mlflow.MlflowClient``). So nothing in the train step waits on a
+tracker, and a failing one is a warning, not a failed run: every step stays in
+``metrics.jsonl``. Sent: the step's numbers (:data:`KEYS`: loss, eval loss, MFU, tokens/s,
+...) under :func:`tag` names, the config, and the plan's summary (:data:`SUMMARY_KEYS` of
+``run.json``). A resumed run continues the same W&B / MLflow run: its id is kept in
+``run.json``'s ``trackers`` (checked before anything is written, :func:`stored_records`),
+and gets the steps of ``metrics.jsonl`` it lacks (a run killed before its tracker had them:
+W&B and MLflow say which steps they hold; TensorBoard, which cannot, gets new steps only).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from workbench import _runs as runs
+
+#: The trackers ``TrainConfig.trackers`` names.
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+#: tracker -> (the module its client is, how to install it)
+PACKAGES = {"tensorboard": ("tensorboardX", "pip install tensorboardX"),
+            "wandb": ("wandb", "pip install wandb"),
+            "mlflow": ("mlflow", "pip install mlflow-skinny (or mlflow, with its local "
+                                 "database store and UI)")}
+#: The step record's numbers each tracker gets (``workbench.train._metrics.step_record``).
+KEYS = ("loss", "eval_loss", "eval_perplexity", "grad_norm", "lr", "step_time", "data_time",
+        "ckpt_time", "tokens_per_s", "mfu", "hfu")
+#: ``run.json`` fields sent as the plan's summary (the hardware, the model's FLOPs, the
+#: layout and, from ``Trainer.from_plan``, the prediction).
+SUMMARY_KEYS = ("mesh", "device_kind", "process_count", "peak_flops", "peak_source",
+                "model_flops_per_step", "memory_per_device", "attention", "dtype",
+                "placement", "prediction")
+#: Seconds ``finish`` waits for a tracker to send what is queued and close its run.
+FINISH_SECONDS = 60.0
+_STATUS = {"wandb": {"finished": 0, "interrupted": 130, "failed": 1},
+           "mlflow": {"finished": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}}
+
+
+def check_trackers(value: Any) -> tuple[str, ...]:
+    """``TrainConfig.trackers`` checked: a list (or tuple) of :data:`TRACKERS`, each once."""
+    where, known = "TrainConfig.trackers", ", ".join(map(repr, TRACKERS))
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{where}={value!r:.80} is a {type(value).__name__}; give a list of "
+                        f"tracker names, e.g. trackers=['wandb'] (known: {known}), or [] "
+                        "for none")
+    for name in value:
+        if not isinstance(name, str):
+            raise TypeError(f"{where} holds {name!r:.80}, a {type(name).__name__}; tracker "
+                            f"names are strings: {known}")
+        if name not in TRACKERS:
+            raise ValueError(f"{where}: unknown tracker {name!r:.80}; choose from {known}")
+    twice = sorted({n for n in value if value.count(n) > 1})
+    if twice:
+        raise ValueError(f"{where}={list(value)!r} names {', '.join(map(repr, twice))} more "
+                         "than once; name each tracker once")
+    return tuple(value)
+
+
+def require(names: Sequence[str]) -> None:
+    """Refuses trackers whose library is not installed (nothing is imported here)."""
+    for name in names:
+        module, pip = PACKAGES[name]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):   # a module set to None, a broken parent package
+            found = False
+        if not found:
+            raise ImportError(f"TrainConfig.trackers names {name!r}, which needs the "
+                              f"{module} package: {pip}; or leave {name!r} out of trackers")
+
+
+def tag(key: str) -> str:
+    """The name a step number has in every tracker: ``eval/loss`` for ``eval_loss``,
+    ``train/<key>`` for the rest (``train/loss``, ``train/mfu``, ``train/tokens_per_s``)."""
+    return "eval/" + key[5:] if key.startswith("eval_") else f"train/{key}"
+
+
+def scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """The record's finite numbers of :data:`KEYS`, by :func:`tag` name."""
+    out = {}
+    for key in KEYS:
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value):
+            out[tag(key)] = float(value)
+    return out
+
+
+# ----------------------------------------------------------------------------- run.json
+def _check_id(name: str, value: str) -> None:
+    """The tracker library's own rule for a run id (raises its error)."""
+    if name == "wandb":
+        import wandb
+
+        wandb.Settings(run_id=value)
+    else:
+        from mlflow.utils.validation import _validate_run_id
+
+        _validate_run_id(value)
+
+
+#: tracker -> (the field holding the run id, the other text fields of its record)
+_RECORD = {"wandb": ("id", ("project", "entity")),
+           "mlflow": ("run_id", ("tracking_uri", "experiment_id"))}
+
+
+def stored_records(run_dir: Path, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The tracker runs ``run_dir/run.json`` records for ``names`` (``{}`` for a new run).
+
+    Raises:
+      RunFileError: (a ValueError) the record is not what a Trainer writes (edited by
+        hand): the message names the field, the value and the fix; nothing was changed.
+    """
+    if not names or not (run_dir / runs.RUN_JSON).exists():
+        return {}
+    path = run_dir / runs.RUN_JSON
+    record = runs.read_run(run_dir).get("trackers")
+    fix = ("nothing was changed (metrics.jsonl and the checkpoints are kept). Restore what "
+           "the tracker shows for this run, or delete run.json's 'trackers' entry of that "
+           "tracker to start a new tracker run")
+    if record is None:
+        return {}
+    if not isinstance(record, dict):
+        raise runs.RunFileError(f"{path}: 'trackers' is {record!r:.80}, not an object of "
+                                f"tracker runs; {fix}")
+    out = {}
+    for name in names:
+        entry = record.get(name)
+        if entry is None:
+            continue
+        if not isinstance(entry, dict):
+            raise runs.RunFileError(f"{path}: trackers.{name} is {entry!r:.80}, not an "
+                                    f"object; {fix}")
+        key, texts = _RECORD[name]
+        for field in (key, *texts):
+            value = entry.get(field)
+            if not (isinstance(value, str) or (value is None and field != key)):
+                raise runs.RunFileError(f"{path}: trackers.{name}.{field}={value!r:.80} must "
+                                        f"be a string; {fix}")
+        try:
+            _check_id(name, entry[key])
+        except Exception as err:  # noqa: BLE001 - the library's own error type
+            raise runs.RunFileError(f"{path}: trackers.{name}.{key}={entry[key]!r:.80} is not "
+                                    f"a {name} run id ({err}); {fix}") from None
+        out[name] = {f: entry.get(f) for f in (key, *texts)}
+    return out
+
+
+# ----------------------------------------------------------------------------- clients
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+class RunInfo:
+    """What a tracker's run starts with: the run's name and folder, config and summary."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any], meta: Mapping[str, Any]) -> None:
+        self.run_dir, self.name, self.config = run_dir, run_dir.resolve().name, config
+        self.summary = runs.json_safe({k: meta.get(k) for k in SUMMARY_KEYS
+                                       if meta.get(k) is not None})
+
+
+class TensorBoardClient:
+    """tensorboardX event files in ``<run_dir>/tensorboard``; the config and summary as text."""
+
+    name = "tensorboard"
+    backfill = False   # event files cannot say which steps they hold
+
+    def start(self, stored: Mapping[str, Any], info: RunInfo) -> dict[str, Any] | None:
+        from tensorboardX import SummaryWriter
+
+        self.writer = SummaryWriter(str(info.run_dir / "tensorboard"))
+        self.writer.add_text("config", json.dumps(info.config, indent=1))
+        self.writer.add_text("plan", json.dumps(info.summary, indent=1))
+        return None
+
+    def log(self, records: list[tuple[float, dict[str, Any]]]) -> None:
+        for when, rec in records:
+            for name, value in scalars(rec).items():
+                self.writer.add_scalar(name, value, rec["step"], walltime=when)
+
+    def close(self, status: str) -> None:
+        self.writer.close()
+
+
+class WandbClient:
+    """A W&B run (``wandb.init(id=..., resume="allow")``): online, or offline with
+    ``WANDB_MODE=offline`` (``wandb sync`` uploads it). Its files go to ``WANDB_DIR``, else to
+    the run directory; the project is ``WANDB_PROJECT``'s (W&B's own default otherwise)."""
+
+    name = "wandb"
+    backfill = True   # W&B drops the steps it holds (below run.step) itself
+
+    def start(self, stored: Mapping[str, Any], info: RunInfo) -> dict[str, Any]:
+        import wandb
+
+        self.run = wandb.init(
+            id=stored.get("id"), project=stored.get("project"), entity=stored.get("entity"),
+            name=info.name, config={**info.config, "plan": info.summary},
+            dir=None if os.environ.get("WANDB_DIR") else str(info.run_dir),
+            resume="allow", reinit="create_new", allow_val_change=True)
+        return {"id": self.run.id, "project": self.run.project,
+                "entity": self.run.entity or None}
+
+    def log(self, records: list[tuple[float, dict[str, Any]]]) -> None:
+        for _, rec in records:
+            if rec["step"] >= self.run.step:   # lower steps: W&B keeps its first records
+                self.run.log(scalars(rec), step=rec["step"])
+
+    def close(self, status: str) -> None:
+        self.run.finish(exit_code=_STATUS["wandb"][status])
+
+
+class MlflowClient:
+    """An MLflow run in the tracking store MLflow is set to (``MLFLOW_TRACKING_URI``, else
+    its default) and experiment (``MLFLOW_EXPERIMENT_NAME`` / ``_ID``, else Default). The
+    config and summary are its params (``plan.*``); a resumed run goes on in the store it
+    started in, from the step after the last it holds."""
+
+    name = "mlflow"
+    backfill = True
+
+    def start(self, stored: Mapping[str, Any], info: RunInfo) -> dict[str, Any]:
+        import mlflow
+        from mlflow.entities import Param
+
+        client = self.client = mlflow.MlflowClient(
+            tracking_uri=stored.get("tracking_uri") or mlflow.get_tracking_uri())
+        if stored.get("run_id"):
+            run = client.get_run(stored["run_id"])
+            client.update_run(run.info.run_id, status="RUNNING")
+            self.last = max((m.step for m in client.get_metric_history(
+                run.info.run_id, tag("loss"))), default=0)
+        else:
+            run = client.create_run(_experiment_id(client), run_name=info.name,
+                                    tags={"workbench.run_dir": str(info.run_dir.resolve())})
+            self.last = 0
+        self.run_id = run.info.run_id
+        params = _flatten({**info.config, "plan": info.summary})
+        have = run.data.params   # MLflow params cannot change: the run's first are kept
+        new = [Param(k[:250], json.dumps(v) if not isinstance(v, str) else v)
+               for k, v in params.items() if k[:250] not in have]
+        for i in range(0, len(new), 100):   # MLflow's limit of params per batch
+            client.log_batch(self.run_id, params=[Param(p.key, p.value[:6000])
+                                                  for p in new[i:i + 100]])
+        return {"run_id": self.run_id, "tracking_uri": client.tracking_uri,
+                "experiment_id": run.info.experiment_id}
+
+    def log(self, records: list[tuple[float, dict[str, Any]]]) -> None:
+        from mlflow.entities import Metric
+
+        metrics = [Metric(name, value, int(when * 1000), rec["step"])
+                   for when, rec in records if rec["step"] > self.last
+                   for name, value in scalars(rec).items()]
+        for i in range(0, len(metrics), 1000):   # MLflow's limit of metrics per batch
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+
+    def close(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, _STATUS["mlflow"][status])
+
+
+def _experiment_id(client: Any) -> str:
+    """The experiment MLflow's environment names (created when missing), else Default."""
+    from mlflow.environment_variables import MLFLOW_EXPERIMENT_ID, MLFLOW_EXPERIMENT_NAME
+
+    if MLFLOW_EXPERIMENT_ID.get():
+        return str(MLFLOW_EXPERIMENT_ID.get())
+    name = MLFLOW_EXPERIMENT_NAME.get()
+    if not name:
+        return "0"
+    found = client.get_experiment_by_name(name)
+    return found.experiment_id if found else client.create_experiment(name)
+
+
+CLIENTS: dict[str, Callable[[], Any]] = {"tensorboard": TensorBoardClient,
+                                         "wandb": WandbClient, "mlflow": MlflowClient}
+
+
+# ----------------------------------------------------------------------------- the sink
+class _Stop:
+    def __init__(self, status: str) -> None:
+        self.status = status
+
+
+class Tracker:
+    """One tracker as a run sink: ``update`` queues the record; the tracker's own thread
+    starts its run (and has ``record`` keep the run's id), sends, and closes it at ``finish``.
+
+    A tracker that raises is warned about once and sends nothing more; one that is still
+    busy :data:`FINISH_SECONDS` after ``finish`` is warned about and left to go on in the
+    background. Training never waits for it and never fails for it.
+    """
+
+    def __init__(self, client: Any, stored: Mapping[str, Any], info: RunInfo,
+                 record: Callable[[str, dict[str, Any]], None],
+                 history: Sequence[dict[str, Any]] = ()) -> None:
+        self.client, self.name = client, client.name
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # steps trained again after a resume: readers of metrics.jsonl keep the first records
+        self._through = max((rec["step"] for rec in history), default=0)
+        if client.backfill:   # the steps trained before this call, as metrics.jsonl has them
+            for rec in history:
+                self._queue.put((rec.get("time") or time.time(), rec))
+        self._thread = threading.Thread(target=self._work, args=(stored, info, record),
+                                        name=f"workbench-{self.name}", daemon=True)
+        self._thread.start()
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Events stay in ``metrics.jsonl``."""
+
+    def update(self, record: dict[str, Any]) -> None:
+        """Queues the record (the hot path: no I/O); a step metrics.jsonl had is skipped."""
+        if record["step"] > self._through:
+            self._queue.put((time.time(), record))
+
+    def finish(self, status: str, message: str | None = None) -> None:
+        """Lets the thread send what is queued and close the run, waiting at most
+        :data:`FINISH_SECONDS`."""
+        self._queue.put(_Stop(status))
+        self._thread.join(FINISH_SECONDS)
+        if self._thread.is_alive():
+            warnings.warn(f"tracker {self.name!r} is still sending {FINISH_SECONDS:g} s "
+                          "after the run ended; every step is in metrics.jsonl, and it goes "
+                          "on in the background (until this process exits)", UserWarning,
+                          stacklevel=2)
+
+    def _work(self, stored: Mapping[str, Any], info: RunInfo,
+              record: Callable[[str, dict[str, Any]], None]) -> None:
+        started = self._call("start its run", lambda: self._start(stored, info, record))
+        sending = started
+        while True:
+            items = [self._queue.get()]
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            records = [x for x in items if not isinstance(x, _Stop)]
+            if sending and records:
+                sending = self._call("send metrics", lambda: self.client.log(records))
+            stop = next((x for x in items if isinstance(x, _Stop)), None)
+            if stop is not None:
+                if started:
+                    self._call("close its run", lambda: self.client.close(stop.status))
+                return
+
+    def _start(self, stored: Mapping[str, Any], info: RunInfo,
+               record: Callable[[str, dict[str, Any]], None]) -> None:
+        entry = self.client.start(stored, info)
+        if entry is not None and entry != dict(stored):
+            record(self.name, entry)
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> bool:
+        try:
+            fn()
+            return True
+        except Exception as err:  # noqa: BLE001 - a tracker never fails the run
+            warnings.warn(f"tracker {self.name!r} could not {what} ({type(err).__name__}: "
+                          f"{str(err)[:500]}); it gets no more of this run's metrics, "
+                          f"training goes on, and every step is in metrics.jsonl{_hint(err)}",
+                          UserWarning, stacklevel=1)
+            return False
+
+
+def _hint(err: Exception) -> str:
+    """The fix for a missing library of a tracker's store (MLflow's database store)."""
+    if isinstance(err, ModuleNotFoundError) and err.name in ("sqlalchemy", "alembic"):
+        return (f". MLflow's database store needs {err.name}: pip install mlflow (or "
+                "sqlalchemy alembic), or set MLFLOW_TRACKING_URI to your tracking server")
+    return ""
+
+
+def tracker_sinks(names: Sequence[str], writer: runs.RunWriter, config: dict[str, Any],
+                  stored: Mapping[str, Mapping[str, Any]],
+                  history: Sequence[dict[str, Any]]) -> list[Tracker]:
+    """A :class:`Tracker` per name, continuing the runs ``stored`` (:func:`stored_records`)
+    with the steps of ``history`` (what readers of ``metrics.jsonl`` have, in order) they
+    lack, and keeping the ids of new ones in ``writer``'s ``run.json``."""
+    if not names:
+        return []
+    info = RunInfo(writer.run_dir, config, writer.meta)
+    lock = threading.Lock()
+
+    def record(name: str, entry: dict[str, Any]) -> None:
+        with lock:
+            writer.update(trackers={**(writer.meta.get("trackers") or {}), name: entry})
+
+    history = list(history)
+    return [Tracker(CLIENTS[n](), stored.get(n) or {}, info, record, history)
+            for n in names]
