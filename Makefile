@@ -3,7 +3,14 @@
 #   make test   create/refresh .venv when needed, install test tools, run every test
 #   make test-fast   every test but the heavy ones (markers in pyproject.toml): the edit-test loop
 SHELL := /bin/bash
-PYTHON ?= python3
+# The Python of .venv: JAX 0.11+ and Flax 0.12.12 need 3.12+. tools/find-python.sh takes
+# python3 where it is 3.12+, else python3.12/3.13/3.14 or a pyenv version; PYTHON=... chooses.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell sh tools/find-python.sh)
+endif
+ifeq ($(PYTHON),)
+$(error make: Workbench needs Python 3.12 or newer (JAX 0.11+ and Flax 0.12.12 do), and   found none (python3 is $(shell python3 --version 2>&1)); install one, or pass PYTHON=/path/to/python3.12)
+endif
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -43,7 +50,7 @@ $(NODE_STAMP): labextension/package.json labextension/package-lock.json
 ACCEL_LINE := $(shell ACCEL="$(ACCEL)" $(PYTHON) tools/accelerator.py)
 ACCEL_CHOICE := $(firstword $(ACCEL_LINE))
 ifeq ($(ACCEL_CHOICE),)
-$(error make: tools/accelerator.py printed nothing (is $(PYTHON) Python 3.11+?))
+$(error make: tools/accelerator.py printed nothing (is $(PYTHON) Python 3.12+?))
 endif
 ifeq ($(ACCEL_CHOICE),error)
 $(error make: $(wordlist 2,999,$(ACCEL_LINE)))
@@ -55,18 +62,24 @@ CUDA_PLUGINS := jax-cuda12-plugin jax-cuda12-pjrt jax-cuda13-plugin jax-cuda13-p
 comma := ,
 EXTRAS := test,tpu-compile$(if $(filter cuda%,$(ACCEL_CHOICE)),$(comma)$(ACCEL_CHOICE))
 DEPS_STAMP := $(VENV)/.deps-$(ACCEL_CHOICE)
-$(DEPS_STAMP): pyproject.toml tools/requirements.py
+# A .venv made with an older Python (before JAX 0.11) is made again: its packages cannot move.
+# tools/lock.txt holds the JAX stack at the versions CI tests (pip constraints).
+VENV_PYTHON_OK = $(BIN)/python -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null
+$(DEPS_STAMP): pyproject.toml tools/requirements.py tools/lock.txt
+	$(VENV_PYTHON_OK) || { test ! -e $(VENV) || echo "make: $(VENV) has Python \
+	  $$($(BIN)/python -c 'import platform; print(platform.python_version())' 2>/dev/null), \
+	  Workbench now needs 3.12+: making it again with $(PYTHON)"; rm -rf $(VENV); }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python tools/requirements.py $(EXTRAS) > $(VENV)/requirements.txt
 	$(BIN)/pip uninstall -y -q $(filter-out $(ACCEL_CHOICE:cuda%=jax-cuda%-plugin) \
 	  $(ACCEL_CHOICE:cuda%=jax-cuda%-pjrt),$(CUDA_PLUGINS)) 2>/dev/null || true
-	$(BIN)/pip install --no-compile -r $(VENV)/requirements.txt
+	$(BIN)/pip install --no-compile -c tools/lock.txt -r $(VENV)/requirements.txt
 	rm -f $(VENV)/.deps-*
 	touch $@
 
 $(STAMP): $(DEPS_STAMP) $(NODE_STAMP) $(wildcard labextension/package.json labextension/src/*.ts labextension/style/* labextension/schema/*)
-	$(BIN)/pip install -e ".[$(EXTRAS)]"
+	$(BIN)/pip install -c tools/lock.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -77,7 +77,10 @@ def test_make_installs_the_plugin_for_the_drivers_cuda(tmp_path, cuda, accel, ex
     if cuda and not accel:
         assert f"driver CUDA {cuda}" in first and H100 in first, first
     deps = next(ln for ln in out.stdout.splitlines() if "tools/requirements.py" in ln)
-    editable = next(ln for ln in out.stdout.splitlines() if "pip install -e" in ln)
+    editable = next(ln for ln in out.stdout.splitlines() if "pip install" in ln and " -e " in ln)
+    installs = [ln for ln in out.stdout.splitlines() if "pip install --no-compile" in ln]
+    # the JAX stack at the versions CI tests (tools/lock.txt), whatever the accelerator
+    assert installs and all("-c tools/lock.txt" in ln for ln in installs + [editable]), installs
     if extra:
         assert f"jax[{extra}]" in first
         assert deps.split()[2] == f"test,tpu-compile,{extra}" and f",{extra}]" in editable

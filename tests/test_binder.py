@@ -1,7 +1,7 @@
 """The Binder set-up works: repo2docker's steps, replayed in a fresh virtual environment.
 
 repo2docker (what mybinder.org runs) installs ``binder/requirements.txt`` into a Python
-3.11 environment that has Node 20, runs ``binder/postBuild`` from the repository root,
+3.12 environment that has Node 20, runs ``binder/postBuild`` from the repository root,
 and starts every process through ``binder/start``. This test does the same on a clean
 copy of the repository (no ``.venv``, no ``node_modules``, no built extension): pip and
 npm use their usual caches, so it is slow only the first time.
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_binder_files_are_what_repo2docker_expects():
-    assert (BINDER / "runtime.txt").read_text().strip() == "python-3.11"
+    assert (BINDER / "runtime.txt").read_text().strip() == "python-3.12"
     for script in ("postBuild", "start"):
         text = (BINDER / script).read_text()
         assert text.startswith("#!/bin/bash\n") and os.access(BINDER / script, os.X_OK)

@@ -490,10 +490,11 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
         rec["names"].append(m.group("name"))
         ins = graph.instructions.get(m.group("name"))
         if ins is not None:
-            src = graph.source(ins)
+            meta = _described_by(graph, ins)
+            src = graph.source(meta)
             if src:
                 rec["sources"][src] = None
-            for part in _short_op(ins.op_name).strip("()").split(":"):
+            for part in _short_op(meta.op_name).strip("()").split(":"):
                 if part:
                     rec["ops"][_short_op(part)] = None
             rec["tensors"][graph.moved_tensor(ins)] = None
@@ -506,6 +507,21 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
     return sorted(out, key=lambda c: -c.total_wire_bytes)
 
 
+def _described_by(graph: HloGraph, ins: Instr) -> Instr:
+    """The instruction whose metadata says what a collective is for: its own, or, where it
+    has no source line (XLA since JAX 0.12 gives a parameter's gather the parameter's name
+    and no stack), the op that uses what it moved (the matmul that needs the weight)."""
+    todo, seen = [ins], {ins.name}
+    for _ in range(6):                      # breadth first, through copies and layout fusions
+        for cur in todo:
+            if graph.source(cur):
+                return cur
+        todo = [graph.instructions[n] for cur in todo for n in graph.users.get(cur.name, [])
+                if n in graph.instructions and n not in seen]
+        seen.update(cur.name for cur in todo)
+    return ins
+
+
 # -- op metadata: source lines, operands, users ---------------------------------------------
 
 _OP_LINE = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+"
@@ -515,8 +531,8 @@ _META_FRAME = re.compile(r"stack_frame_id=(\d+)")
 _META_FILE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
 _TABLE_ROW = re.compile(r"^(\d+)\s+(.*)$")
 #: Frames of these libraries (and Workbench's step plumbing) are not "the source line".
-_LIBRARY = re.compile(r"/(jax|jaxlib|flax|optax|numpy)/|/workbench/((_sharding/|_)?rules|_?step|"
-                      r"planning/_?planner|planning/_?activations)\.py$|^<")
+_LIBRARY = re.compile(r"/(jax|jaxlib|flax|optax|numpy|qwix)/|/workbench/((_sharding/|_)?rules|"
+                      r"_?step|planning/_?planner|planning/_?activations|models/_fp8)\.py$|^<")
 _PASS_THROUGH = {"bitcast", "copy", "reshape", "convert", "transpose", "get-tuple-element",
                  "broadcast", "slice", "dynamic-slice", "copy-start", "copy-done",
                  "all-gather-done", "all-reduce-done", "collective-permute-done",

@@ -415,7 +415,7 @@ def abstract_mesh(hardware: str | None = None, /, *, dcn: Mapping[str, int] | No
         shape = tuple(sizes.values())
         return MeshInfo(axis_names=tuple(sizes), axis_sizes=shape,
                         device_ids=np.arange(math.prod(shape)).reshape(shape),
-                        abstract=AbstractMesh(shape, tuple(sizes)))
+                        abstract=_auto_abstract(shape, tuple(sizes)))
     spec, kind, coords, hosts = _preset(hardware)
     if dcn:
         return _multislice(hardware, dict(axes or {"data": -1}), dict(dcn))
@@ -427,7 +427,13 @@ def abstract_mesh(hardware: str | None = None, /, *, dcn: Mapping[str, int] | No
         device_kind=kind, platform=spec.platform, memory_per_device=spec.memory_bytes,
         peak_flops=spec.peak_flops, peak_source=f"table: {spec.source}",
         process_index=hosts.reshape(shape), coords=coords.reshape(shape + (3,)),
-        hardware=hardware, abstract=AbstractMesh(shape, tuple(sizes)))
+        hardware=hardware, abstract=_auto_abstract(shape, tuple(sizes)))
+
+
+def _auto_abstract(shape: tuple[int, ...], names: tuple[str, ...]) -> AbstractMesh:
+    """An abstract mesh of Auto axes, as the train step needs (JAX 0.12's AbstractMesh
+    defaults to Explicit axes; its concrete Mesh to Auto)."""
+    return AbstractMesh(shape, names, axis_types=(AxisType.Auto,) * len(names))
 
 
 def _multislice(hardware: str, axes: dict[str, int], dcn: dict[str, int]) -> MeshInfo:
@@ -465,4 +471,4 @@ def _multislice(hardware: str, axes: dict[str, int], dcn: dict[str, int]) -> Mes
         one, axis_sizes=shape, device_ids=tile(one.device_ids, offsets * one.size),
         process_index=tile(one.process_index, offsets * hosts_per_slice),
         coords=tile(one.coords, offsets[:, None] * 0), dcn_axis_sizes=dcn_sizes,
-        abstract=AbstractMesh(shape, one.axis_names))
+        abstract=_auto_abstract(shape, one.axis_names))

@@ -110,10 +110,14 @@ def check_idle() -> None:
     from jax._src import profiler as _profiler   # its one record of the running session
 
     state = getattr(_profiler, "_profile_state", None)
-    if state is not None and getattr(state, "profile_session", None) is not None:
+    # JAX 0.11 keeps the running session in .profile_session (its folder in .log_dir);
+    # JAX 0.12 in .session, a ProfileSession that holds its own .log_dir
+    session = getattr(state, "session", None) or getattr(state, "profile_session", None)
+    if session is not None:
+        where = getattr(session, "log_dir", None) or getattr(state, "log_dir", "?")
         raise ProfileError(
             f"a jax.profiler trace is already running in this process (into "
-            f"{getattr(state, 'log_dir', '?')}, started with jax.profiler.start_trace or "
+            f"{where}, started with jax.profiler.start_trace or "
             "jax.profiler.trace); stop it with jax.profiler.stop_trace() and profile again")
 
 
