@@ -53,6 +53,9 @@ class FlopCount:
         formula: the formula, in words.
         recompute: FLOPs that rematerialisation adds to the step (hardware FLOPs, not
             model FLOPs: MFU never counts them); 0 without remat.
+        fp8: the part of ``total`` that runs in fp8 (``cfg.quantization="fp8"``: the
+            q/k/v, out and MLP projections; attention and the logits stay in the compute
+            dtype); 0 otherwise. The roofline times it at the chip's fp8 peak.
     """
 
     total: float
@@ -63,6 +66,7 @@ class FlopCount:
     causal: bool
     formula: str
     recompute: float = 0.0
+    fp8: float = 0.0
 
     def __float__(self) -> float:
         return float(self.total)
@@ -124,7 +128,14 @@ def gpt_flops(cfg: GPTConfig, batch: int, seq: int | None = None, *, causal: boo
     return FlopCount(total=forward * mult, forward=forward, breakdown=breakdown,
                      six_n=6.0 * cfg.n_active_params * tokens, tokens=tokens, causal=causal,
                      formula=formula if training else formula.replace("3 x forward", "forward"),
-                     recompute=recompute)
+                     recompute=recompute, fp8=_fp8_flops(cfg, breakdown))
+
+
+def _fp8_flops(cfg: GPTConfig, breakdown: dict[str, float]) -> float:
+    """The FLOPs of ``breakdown`` that ``cfg.quantization`` runs in fp8 (the projections)."""
+    if getattr(cfg, "quantization", None) is None:
+        return 0.0
+    return breakdown["qkv"] + breakdown["out_proj"] + breakdown["mlp"]
 
 
 _PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1",

@@ -792,3 +792,24 @@ def parse_reshards(hlo_text: str, axis_names: Sequence[str],
             (cons.op if cons is not None else "?"),
             consumer_source=graph.source(cons) if cons is not None else ""))
     return out
+
+
+def dot_dtypes(hlo_text: str) -> dict[tuple[str, str], int]:
+    """The matmuls of an optimized HLO module by their operands' element types: each
+    ``dot`` and ``convolution`` (fused ones included; the TPU compiler writes matmuls as
+    convolutions), ``{("f8e4m3fn", "f8e4m3fn"): 14, ("bf16", "bf16"): 3, ...}``, counted
+    once per instruction (a loop body's once). A Pallas kernel is a custom call: not here.
+
+    Example::
+
+        dot_dtypes(plan.compiled.as_text())   # fp8 projections: f8e4m3fn / f8e5m2 pairs
+    """
+    graph = _graph(hlo_text)
+    out: dict[tuple[str, str], int] = {}
+    for ins in graph.instructions.values():
+        if ins.op not in ("dot", "convolution") or len(ins.operands) < 2:
+            continue
+        types = tuple(graph.instructions[o].type.split("[")[0].strip("(")
+                      if o in graph.instructions else "?" for o in ins.operands[:2])
+        out[types] = out.get(types, 0) + 1
+    return out

@@ -20,7 +20,7 @@ __all__ = ["ROW_KEYS", "SearchResult", "SearchRow", "pareto_rows"]
 #: The keys of every row of ``SearchResult.rows``.
 ROW_KEYS = ("order", "rank", "id", "layout", "mesh", "rules", "remat", "microbatches",
             "memory_per_device", "limit", "fits", "over_by", "step_seconds", "mfu",
-            "tokens_per_s", "bound", "source", "analytic_rank", "exact_rank",
+            "mfu_fp8", "tokens_per_s", "bound", "source", "analytic_rank", "exact_rank",
             "analytic_memory_per_device", "analytic_step_seconds", "no_overlap_seconds",
             "accumulator", "implausible", "note")
 
@@ -39,6 +39,8 @@ class SearchRow(MutableMapping):
             it is over.
         step_seconds, mfu, tokens_per_s, bound, no_overlap_seconds: the prediction of one
             optimizer step (``Plan.predict``), and the step without overlap (ties).
+        mfu_fp8: MFU against the chip's fp8 peak, for a model with fp8 matmuls
+            (``Prediction.mfu_fp8``; ``mfu`` is against the bf16 peak); else None.
         source: where the numbers come from (the compiler, or "estimate").
         accumulator: bytes of the gradient accumulator (micro-batches > 1).
         analytic_memory_per_device, analytic_step_seconds: the formulas' numbers, kept
@@ -63,6 +65,7 @@ class SearchRow(MutableMapping):
     over_by: int | None
     step_seconds: float | None
     mfu: float | None
+    mfu_fp8: float | None
     tokens_per_s: float | None
     bound: str | None
     no_overlap_seconds: float | None
@@ -274,10 +277,13 @@ class SearchResult(Live, Displayable):
         lines = [self.summary(), "",
                  f"{'#':>3} {'layout':<44}{'memory/dev':>11}{'fits':>6}{'step':>13}"
                  f"{'MFU':>7}{'bound':>15}  {'rank a/e':<9}source"]
+        if any(r["mfu_fp8"] is not None for r in self.rows):
+            lines.insert(2, "MFU: bf16 peak/fp8 peak (fp8 matmuls)")
         for r in self.rows:
             fits = {True: "yes", False: "NO", None: "?"}[r["fits"]]
             ranks = f"{r['analytic_rank'] or '-'}/{r['exact_rank'] or '-'}"
-            mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
+            mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}" + (
+                "" if r["mfu_fp8"] is None else f"/{r['mfu_fp8']:.1%}")
             lines.append(f"{r['order']:>3} {r['layout']:<44}"
                          f"{format_bytes(r['memory_per_device']):>11}{fits:>6}"
                          f"{_ms(r['step_seconds']):>13}{mfu:>7}{r['bound'] or '-':>15}  "

@@ -297,8 +297,8 @@ class _Search:
         out = {"memory_per_device": total, "limit": limit, "accumulator": acc,
                "fits": None if not limit else total <= limit,
                "over_by": None if not limit else max(0, total - limit),
-               "step_seconds": None, "mfu": None, "tokens_per_s": None, "bound": None,
-               "no_overlap_seconds": None, "source": p.source, "problem": None,
+               "step_seconds": None, "mfu": None, "mfu_fp8": None, "tokens_per_s": None,
+               "bound": None, "no_overlap_seconds": None, "source": p.source, "problem": None,
                "implausible": False}
         try:
             pred = p.predict(overlap=self.opts.overlap)
@@ -308,7 +308,8 @@ class _Search:
         if pred.implausible:   # never ranked: the prediction breaks a physical bound
             out["problem"] = "implausible prediction, not ranked: " + "; ".join(pred.implausible)
         return out | {"implausible": bool(pred.implausible),
-                      "step_seconds": step, "mfu": pred.mfu, "bound": pred.bound,
+                      "step_seconds": step, "mfu": pred.mfu, "mfu_fp8": pred.mfu_fp8,
+                      "bound": pred.bound,
                       "tokens_per_s": batch * p.seq / step if step > 0 else None,
                       "no_overlap_seconds": pred.breakdown["no_overlap_step"] * microbatches}
 

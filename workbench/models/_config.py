@@ -23,6 +23,8 @@ MOE_DISPATCH: tuple[str, ...] = ("all_to_all", "all_gather")
 MOE_MATMUL: tuple[str, ...] = ("auto", "grouped", "dense")
 #: Values of ``GPTConfig.moe_kernel`` (:func:`workbench.models._moe.grouped_kernel`).
 MOE_KERNEL: tuple[str, ...] = ("auto", "megablox", "ragged_dot")
+#: Values of ``GPTConfig.quantization`` besides None (:mod:`workbench.models._fp8`).
+QUANTIZATIONS: tuple[str, ...] = ("fp8",)
 #: ``GPTConfig.experts_per_token`` by default: the one value a dense config
 #: (``n_experts=0``) takes, since it routes to no experts.
 DEFAULT_TOP_K = 2
@@ -363,6 +365,12 @@ class GPTConfig:
         lora: None, or low-rank adapters on the blocks' projections
             (``workbench.models._lora.LoRA``, or a dict of its fields): ``TrainConfig(lora=
             ...)`` sets it; the train step then trains the adapters only.
+        quantization: None (every matmul in ``dtype``) or "fp8": the blocks' projections
+            (q, k, v, o, gate, up, down) run in fp8 through qwix, as MaxText's
+            ``quantization=fp8_full``: e4m3 operands forward, e5m2 gradients backward,
+            current absmax scales (no scale state; :mod:`workbench.models._fp8`).
+            Attention's score and value matmuls, the embedding and the logits stay in
+            ``dtype``. Dense models without LoRA only (refused with the fix otherwise).
     """
 
     vocab_size: int
@@ -401,8 +409,8 @@ class GPTConfig:
     sliding_window: int | None = None
     lora: Any = None
     rope_scaling: tuple[float, float, float, int] | None = None
+    quantization: str | None = None
 
-    moe_kernel: str = "auto"
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "lora", LoRA.of(self.lora))
@@ -454,6 +462,29 @@ class GPTConfig:
         set_(self, "rope_scaling", _rope_scaling(self.rope_scaling))
         if self.lora is not None:
             self.lora.check_model(self)
+        self._check_quantization()
+
+    def _check_quantization(self) -> None:
+        """``quantization`` None or one of :data:`QUANTIZATIONS`, on a model it runs on."""
+        q = self.quantization
+        if q is None:
+            return
+        choose = f"choose None (matmuls in dtype) or one of {list(QUANTIZATIONS)}"
+        if not isinstance(q, str):
+            raise TypeError(f"GPTConfig.quantization={q!r:.80} is a {type(q).__name__}; "
+                            f"{choose}")
+        if q not in QUANTIZATIONS:
+            raise ValueError(f"GPTConfig.quantization={q!r:.80}; {choose}")
+        if self.n_experts:
+            raise ValueError(
+                f"GPTConfig.quantization={q!r} with n_experts={self.n_experts}: the experts' "
+                "grouped and dense matmuls have no fp8 path yet; set quantization=None for "
+                "a mixture of experts, or n_experts=0 for a dense model in fp8")
+        if self.lora is not None:
+            raise ValueError(
+                f"GPTConfig.quantization={q!r} with lora={self.lora.to_dict()}: fp8 here is "
+                "quantized training of the full weights, not a frozen quantized base; set "
+                "quantization=None to train adapters, or lora=None to train in fp8")
 
     def _check_moe(self) -> None:
         """Validate the mixture-of-experts fields (before anything is built), whatever the
@@ -575,6 +606,8 @@ class GPTConfig:
             del d["rope_scaling"]
         else:
             d["rope_scaling"] = list(self.rope_scaling)
+        if self.quantization is None:   # likewise: configs without fp8 keep their hash
+            del d["quantization"]
         return d
 
     @property

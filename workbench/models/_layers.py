@@ -26,6 +26,7 @@ from jax.ad_checkpoint import checkpoint_name
 from workbench._validate import check_float, check_int, check_str
 from workbench.models import _attention as attention_impl
 from workbench.models import _context as context_parallel
+from workbench.models import _fp8 as fp8
 from workbench.models import _lora as lora_adapters
 from workbench.models._attention import KVCache
 from workbench.models._config import GPTConfig, _rope_scaling
@@ -231,6 +232,7 @@ class Attention(nnx.Module):
         self.rope_scaling = cfg.rope_scaling
         self.impl, self.block_sizes = cfg.attention, cfg.attention_block_sizes
         self.context_attention, self.context_zigzag = cfg.context_attention, cfg.context_zigzag
+        self.quantization = cfg.quantization
 
     def __call__(self, x: jax.Array, segments: Segments | None = None,
                  cache: KVCache | None = None) -> Any:
@@ -247,9 +249,10 @@ class Attention(nnx.Module):
         if cache is not None and segments is not None:
             raise ValueError("Attention: packed rows (segments) have no decode mode; give "
                              "segments or cache, not both")
-        q = jnp.einsum("btd,dnh->btnh", x, self.q[...].astype(dt))   # (B, T, N, H)
-        k = jnp.einsum("btd,dkh->btkh", x, self.k[...].astype(dt))   # (B, T, K, H)
-        v = jnp.einsum("btd,dkh->btkh", x, self.v[...].astype(dt))   # (B, T, K, H)
+        fp = self.quantization
+        q = fp8.einsum("btd,dnh->btnh", x, self.q[...].astype(dt), fp)   # (B, T, N, H)
+        k = fp8.einsum("btd,dkh->btkh", x, self.k[...].astype(dt), fp)   # (B, T, K, H)
+        v = fp8.einsum("btd,dkh->btkh", x, self.v[...].astype(dt), fp)   # (B, T, K, H)
         if self.lora is not None:                                     # + B(A(x)) each
             q, k, v = (lora_adapters.add(self.lora, t, x, y) for t, y in
                        (("q", q), ("k", k), ("v", v)))
@@ -277,7 +280,7 @@ class Attention(nnx.Module):
             y = self._attend(q, k, v, segments)                          # (B, T, N, H)
         y = checkpoint_name(y, "context")
         y = constrain(y, ("batch", "seq", "heads", "head_dim"), name="attn_out")
-        out = jnp.einsum("btnh,nhd->btd", y, self.o[...].astype(dt))     # (B, T, D)
+        out = fp8.einsum("btnh,nhd->btd", y, self.o[...].astype(dt), fp)  # (B, T, D)
         out = lora_adapters.add(self.lora, "o", y, out)
         out = checkpoint_name(out, "out_proj")
         return out if cache is None else (out, cache)
@@ -316,16 +319,16 @@ class MLP(nnx.Module):
         self.down = param(kd, fan_in_init(f), (f, d), ("mlp", "embed"), pd)
         self.lora = lora_adapters.adapters(cfg, lora_adapters.MLP_TARGETS,
                                            jax.random.fold_in(key, 1))
-        self.dtype = cfg.dtype
+        self.dtype, self.quantization = cfg.dtype, cfg.quantization
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        dt = self.dtype
+        dt, fp = self.dtype, self.quantization
         lora = self.lora
-        g = jnp.einsum("btd,df->btf", x, self.gate[...].astype(dt))            # (B, T, F)
-        u = jnp.einsum("btd,df->btf", x, self.up[...].astype(dt))              # (B, T, F)
+        g = fp8.einsum("btd,df->btf", x, self.gate[...].astype(dt), fp)        # (B, T, F)
+        u = fp8.einsum("btd,df->btf", x, self.up[...].astype(dt), fp)          # (B, T, F)
         g = checkpoint_name(lora_adapters.add(lora, "gate", x, g), "mlpwi_0")
         u = checkpoint_name(lora_adapters.add(lora, "up", x, u), "mlpwi_1")
         hidden = constrain(jax.nn.silu(g) * u, ("batch", "seq", "mlp"), name="mlp_hidden")
-        out = jnp.einsum("btf,fd->btd", hidden, self.down[...].astype(dt))  # (B, T, D)
+        out = fp8.einsum("btf,fd->btd", hidden, self.down[...].astype(dt), fp)  # (B, T, D)
         out = lora_adapters.add(lora, "down", hidden, out)
         return checkpoint_name(out, "mlpwo")

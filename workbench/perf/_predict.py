@@ -102,7 +102,12 @@ class Prediction:
 
     Attributes:
       step_seconds: predicted time of one step.
-      mfu: model FLOPs / (step x devices x peak); None without model FLOPs.
+      mfu: model FLOPs / (step x devices x peak); None without model FLOPs. The peak is
+        the chip's bf16 (dense) one, also for a step with fp8 matmuls.
+      mfu_fp8: model FLOPs / (step x devices x the chip's fp8 peak), for a step with fp8
+        matmuls (``predict(fp8_flops=...)``) on a chip whose table has an fp8 peak: the
+        other convention (MaxText's Ironwood fp8 rows quote TFLOP/s against the bf16
+        peak, fp8 datasheets against the fp8 one); None otherwise.
       tokens_per_s: tokens per step / step time; None without tokens.
       bound: "compute", "memory" or "communication": the largest term.
       breakdown: seconds per term: "compute", "memory", "communication" (after overlap),
@@ -134,11 +139,17 @@ class Prediction:
     compiler_seconds: float | None = None
     implausible: tuple[str, ...] = ()
     band: Band | None = None
+    mfu_fp8: float | None = None
+
+    def mfu_text(self) -> str:
+        """``"MFU 41.2%"``, or with fp8 matmuls ``"MFU 41.2% of the bf16 peak, 20.6% of the
+        fp8 peak"``; "" without MFU."""
+        return mfu_text(self.mfu, self.mfu_fp8)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (run.json, the plan widget, the lab dashboard)."""
         b = self.breakdown
-        return {"step_seconds": self.step_seconds, "mfu": self.mfu,
+        return {"step_seconds": self.step_seconds, "mfu": self.mfu, "mfu_fp8": self.mfu_fp8,
                 "tokens_per_s": self.tokens_per_s, "bound": self.bound,
                 "compiler_seconds": self.compiler_seconds, "sources": dict(self.sources),
                 "implausible": list(self.implausible),
@@ -151,7 +162,7 @@ class Prediction:
     def __str__(self) -> str:
         b = self.breakdown
         lines = [f"predicted step {self.step_seconds * 1e3:.3g} ms ({self.bound}-bound)"
-                 + (f", MFU {self.mfu:.1%}" if self.mfu is not None else "")
+                 + (f", {self.mfu_text()}" if self.mfu is not None else "")
                  + (f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""),
                  *([f"  {self.band.describe(self.step_seconds)}"]
                    if self.band is not None else []),
@@ -412,7 +423,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
             bytes_source: str = "compiled cost analysis",
             sync_exposed: bool = False, compute_seconds: float | None = None,
             compute_source: str = "", calibration: Calibration | bool | None = None,
-            host: HostTime | None = None, host_source: str = "") -> Prediction:
+            host: HostTime | None = None, host_source: str = "",
+            fp8_flops: float = 0.0) -> Prediction:
     """Predict one training step's time, MFU and throughput (a roofline).
 
     Args:
@@ -450,6 +462,10 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
       host: the step's host transfers, timed (``workbench.perf._host.host_seconds``): its
         exposed seconds add to the step; None: nothing moves to host memory.
         ``host_source`` says why when there is no timing (no host-link bandwidth).
+      fp8_flops: the part of ``flops`` (per device) that runs in fp8 matmuls
+        (``GPTConfig.quantization``): timed at the chip's fp8 peak (``fp8_flops`` of the
+        table; the bf16 peak where the table has none), the rest at ``peak_flops``; and
+        MFU is then given against both peaks (``mfu``, ``mfu_fp8``).
       calibration: a ``Calibration`` to apply to a ``hardware`` that is not an
         ``EffectiveSpec``; None or False: none. ``predict`` never reads a stored
         calibration: ``effective_spec(mesh)`` does, for the caller that asks (as
@@ -468,7 +484,7 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     spec, cal, table_latency = eff.spec, eff.calibration, eff.table_latency
     if not spec.hbm_bandwidth:
         raise ValueError(f"{spec.name} has no HBM bandwidth in the hardware table")
-    t_compute = flops / spec.peak_flops
+    t_compute = compute_seconds_at_peak(flops, fp8_flops, spec)
     t_memory = bytes_accessed / spec.hbm_bandwidth
     overlap, overlap_src = _overlap(overlap, cal, spec.platform)
     times = [collective_seconds(c, info, spec) for c in collectives]
@@ -503,10 +519,16 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     if compute_seconds is not None:   # the compiler's schedule of math and HBM traffic
         bound = "communication" if t_comm - hidden > t_local else \
             ("compute" if t_compute >= t_memory else "memory")
-    mfu = None
+    mfu = mfu_fp8 = None
     if model_flops is not None and step > 0:
         mfu = model_flops / (step * info.size * spec.peak_flops)
-    flagged = implausible(step=step, roofline=t_roofline, local=t_local, mfu=mfu,
+        if fp8_flops > 0 and spec.fp8_flops:
+            mfu_fp8 = model_flops / (step * info.size * spec.fp8_flops)
+    # the envelope holds MFU against the peak the step's own matmuls run at (fp8 and bf16
+    # FLOPs blended as t_compute times them): the bf16-peak MFU of an fp8 step can pass 80%
+    blended = mfu * spec.peak_flops * t_compute / flops if mfu is not None and flops > 0 \
+        else mfu
+    flagged = implausible(step=step, roofline=t_roofline, local=t_local, mfu=blended,
                           compiler_local=compute_seconds is not None)
     host_terms = _host_terms(host)
     host_link_total = host_terms.pop("host_link_total")
@@ -518,7 +540,8 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                    "communication_total": t_comm, **host_terms,
                    "no_overlap_step": t_local + t_comm + host_link_total,
                    "collectives": tuple(times)},
-        sources={"flops": flops_source, "bytes": bytes_source, "peak_flops": spec.source,
+        sources={"flops": flops_source, "bytes": bytes_source,
+                 "peak_flops": spec.source + _fp8_source(flops, fp8_flops, spec),
                  "hbm_bandwidth": spec.source_of("hbm_bandwidth"),
                  "local": compute_source if compute_seconds is not None else
                  _local_source(cpu, bool(cal)),
@@ -533,8 +556,35 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                      "within the physical bounds (workbench.perf._bounds): not below "
                      "its own roofline, MFU at most the published envelope")}
         | ({"calibration": cal.source} if cal else {}),
-        compiler_seconds=compiler_seconds, implausible=flagged,
+        compiler_seconds=compiler_seconds, implausible=flagged, mfu_fp8=mfu_fp8,
         band=prediction_band(eff, compiler_timed=compute_seconds is not None))
+
+
+def compute_seconds_at_peak(flops: float, fp8_flops: float, spec: HardwareSpec) -> float:
+    """Seconds of ``flops`` at the chip's peak: ``fp8_flops`` of them (at most ``flops``)
+    at the fp8 peak (the bf16 one where the table has none), the rest at ``peak_flops``."""
+    f8 = min(max(float(fp8_flops), 0.0), flops)
+    return (flops - f8) / spec.peak_flops + f8 / (spec.fp8_flops or spec.peak_flops)
+
+
+def mfu_text(mfu: float | None, mfu_fp8: float | None) -> str:
+    """MFU as the views write it: against the bf16 peak, and the fp8 peak beside it when
+    the step has fp8 matmuls (``Prediction.mfu_fp8``, the run's ``mfu_fp8``)."""
+    if mfu is None:
+        return ""
+    if mfu_fp8 is None:
+        return f"MFU {mfu:.1%}"
+    return f"MFU {mfu:.1%} of the bf16 peak, {mfu_fp8:.1%} of the fp8 peak"
+
+
+def _fp8_source(flops: float, fp8_flops: float, spec: HardwareSpec) -> str:
+    if fp8_flops <= 0:
+        return ""
+    peak = spec.fp8_flops or spec.peak_flops
+    why = spec.source_of("fp8_flops") if spec.fp8_flops else \
+        "no fp8 peak in the table: the bf16 one"
+    return (f"; {min(fp8_flops, flops) / flops:.0%} of the FLOPs in fp8 matmuls at "
+            f"{peak / 1e12:.4g} TFLOP/s ({why})")
 
 
 def _host_source(host: HostTime | None, why: str) -> str:

@@ -412,7 +412,7 @@ class PlanReport:
         except (ValueError, OSError) as err:  # a hardware table without the numbers
             return f"predicted: unavailable ({err})"
         text = (f"predicted: {p.step_seconds * 1e3:.4g} ms/step ({p.bound}-bound)"
-                + (f", MFU {p.mfu:.1%}" if p.mfu is not None else "")
+                + (f", {p.mfu_text()}" if p.mfu is not None else "")
                 + (f", {p.tokens_per_s:,.0f} tokens/s" if p.tokens_per_s else ""))
         if p.compiler_seconds is not None:
             text += f"; TPU compiler's estimate {p.compiler_seconds * 1e3:.4g} ms"
@@ -499,8 +499,10 @@ def _band_line(p: Prediction) -> str:
         return f"band: none ({band.source})"
     lo, hi = band.seconds(p.step_seconds)
     mfu, rate = band.rate(p.mfu), band.rate(p.tokens_per_s)
+    fp8 = band.rate(p.mfu_fp8) if p.mfu_fp8 is not None else None
     return (f"band: {lo * 1e3:.4g}-{hi * 1e3:.4g} ms/step"
             + (f", MFU {mfu[0]:.1%}-{mfu[1]:.1%}" if mfu else "")
+            + (f" of the bf16 peak, {fp8[0]:.1%}-{fp8[1]:.1%} of the fp8 peak" if fp8 else "")
             + (f", {rate[0]:,.0f}-{rate[1]:,.0f} tokens/s" if rate else "")
             + f" ({band.summary()})")
 
@@ -523,8 +525,9 @@ def _predicted_columns(p: Any) -> dict[str, Any]:
     try:
         pred = p.predicted
     except (ValueError, OSError):
-        return {"step_seconds": None, "mfu": None, "bound": None}
-    return {"step_seconds": pred.step_seconds, "mfu": pred.mfu, "bound": pred.bound}
+        return {"step_seconds": None, "mfu": None, "mfu_fp8": None, "bound": None}
+    return {"step_seconds": pred.step_seconds, "mfu": pred.mfu, "mfu_fp8": pred.mfu_fp8,
+            "bound": pred.bound}
 
 
 class Comparison(Displayable):
@@ -534,7 +537,7 @@ class Comparison(Displayable):
 
     COLUMNS = ("name", "memory_per_device", "limit", "fits", "flops_per_device",
                "comm_bytes_per_device", "replicated_compute_factor", "step_seconds", "mfu",
-               "bound", "n_warnings", "estimate", "source")
+               "mfu_fp8", "bound", "n_warnings", "estimate", "source")
 
     def __init__(self, plans: list) -> None:
         self.plans = plans
@@ -564,7 +567,8 @@ class Comparison(Displayable):
                          f"{_bytes(r['comm_bytes_per_device']):>12}"
                          f"{r['replicated_compute_factor']:>11.3g}"
                          f"{_ms(r['step_seconds']):>14}{_pct(r['mfu']):>7}{r['n_warnings']:>7}"
-                         f"  {r['source']}")
+                         f"  {r['source']}" + (f" (MFU {_pct(r['mfu_fp8'])} of the fp8 peak)"
+                                               if r["mfu_fp8"] is not None else ""))
         return "\n".join(lines)
 
     __str__ = table

@@ -502,6 +502,9 @@ class Parts:
     peak_source: str | None
     device_kind: str
     n_devices: int
+    #: the device's fp8 peak FLOP/s (the catalogue's ``fp8_flops``) for a model with fp8
+    #: matmuls (``GPTConfig.quantization``), whose MFU is given against both peaks; else None
+    fp8_peak: float | None = None
     #: which attention the step runs and why (``"cudnn: auto: cuDNN flash attention on
     #: GPU"``; "" for a model that is not a wb GPT)
     attention: str = ""
@@ -578,8 +581,19 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
         model_flops=analytic_flops(model_config, config.batch, config.seq),
         peak=peak, peak_source=source, device_kind=device.device_kind,
         n_devices=mesh.devices.size, attention=attention,
+        fp8_peak=_fp8_peak(model_config, device.device_kind),
         compile_options=compile_options(device.platform), dtype=dtype,
         placement={"preset": placement.preset, "why": placement.why})
+
+
+def _fp8_peak(model_config: Any, kind: str) -> float | None:
+    """The fp8 peak FLOP/s per device of ``kind`` when ``model_config`` runs fp8 matmuls."""
+    from workbench.hardware import hardware_spec
+
+    if getattr(model_config, "quantization", None) is None:
+        return None
+    spec = hardware_spec(kind)
+    return spec.fp8_flops if spec is not None else None
 
 
 def resolve_model_dtype(model_config: Any, platform: str) -> tuple[Any, str]:

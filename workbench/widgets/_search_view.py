@@ -107,7 +107,9 @@ def search_figure(result: Any) -> Any:
     def hover(r: dict[str, Any]) -> str:
         fits = "limit unknown" if r["fits"] is None else "fits" if r["fits"] else \
             f"does NOT fit (+{r['over_by'] / scale:.3g} {unit})"
-        mfu = "" if r["mfu"] is None else f", MFU {r['mfu']:.1%}"
+        mfu = "" if r["mfu"] is None else f", MFU {r['mfu']:.1%}" + (
+            "" if r.get("mfu_fp8") is None else
+            f" of the bf16 peak, {r['mfu_fp8']:.1%} of the fp8 peak")
         ranks = f"rank {r['analytic_rank'] or '-'} analytic / {r['exact_rank'] or '-'} exact"
         return (f"<b>{r['layout']}</b><br>{r['memory_per_device'] / scale:.4g} {unit}/device, "
                 f"{fits}<br>{r['step_seconds'] * 1e3:.4g} ms/step{mfu}, {r['bound']}-bound"

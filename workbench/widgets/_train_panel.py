@@ -26,7 +26,7 @@ __all__ = ["TrainPanel", "earlier_attempts", "history_columns", "train_widget"]
 
 STATIC = pathlib.Path(__file__).parent / "static"
 COLUMNS = ("step", "loss", "mfu", "step_time", "data_time", "ckpt_time", "eval_loss")
-_LAST = ("loss", "mfu", "hfu", "step_time", "tokens_per_s", "grad_norm", "lr", "eval_loss",
+_LAST = ("loss", "mfu", "mfu_fp8", "hfu", "step_time", "tokens_per_s", "grad_norm", "lr", "eval_loss",
          "eval_perplexity")
 
 
@@ -103,6 +103,7 @@ class TrainPanel(anywidget.AnyWidget):
         st, last = self.status, self.status.get("last") or {}
         parts = [f"{st.get('state', 'idle')}: step {st.get('step', 0)}/{st.get('target')}"]
         for key, fmt in (("loss", "loss {:.4f}"), ("mfu", "MFU {:.1%}"),
+                         ("mfu_fp8", "MFU {:.1%} of the fp8 peak"),
                          ("step_time", "{:.3f} s/step"), ("tokens_per_s", "{:,.0f} tok/s")):
             if isinstance(last.get(key), (int, float)):
                 parts.append(fmt.format(last[key]))

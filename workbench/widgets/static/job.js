@@ -12,6 +12,7 @@ function header(p, onStop) {
     `step ${p.step}${target}`,
     `loss ${fmtNum(p.latest.loss)}`,
     p.latest.mfu !== null && p.latest.mfu !== undefined ? `MFU ${fmtNum(100 * p.latest.mfu, 3)}% (${p.latest.peak_source || "peak"})` : null,
+    typeof p.latest.mfu_fp8 === "number" ? `MFU ${fmtNum(100 * p.latest.mfu_fp8, 3)}% of the fp8 peak` : null,
     p.latest.step_time ? `${fmtNum(p.latest.step_time, 3)} s/step` : null,
   ];
   const stop = el("button", {

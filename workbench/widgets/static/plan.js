@@ -82,7 +82,8 @@ function predicted(p) {
   if (byCompiler) terms.unshift(["local work (TPU compiler's cycles)", b.local]);
   const top = Math.max(...terms.map((t) => t[1]), pr.step_seconds, 1e-12);
   const facts = [`${fmtSeconds(pr.step_seconds)} per step (${pr.bound}-bound)`];
-  if (pr.mfu !== null) facts.push(`MFU ${(pr.mfu * 100).toFixed(1)}%`);
+  if (pr.mfu !== null) facts.push(`MFU ${(pr.mfu * 100).toFixed(1)}%` + (typeof pr.mfu_fp8 === "number"
+    ? ` of the bf16 peak, ${(pr.mfu_fp8 * 100).toFixed(1)}% of the fp8 peak` : ""));
   if (pr.tokens_per_s) facts.push(`${Math.round(pr.tokens_per_s).toLocaleString()} tokens/s`);
   if (pr.compiler_seconds !== null) facts.push(`TPU compiler's own estimate ${fmtSeconds(pr.compiler_seconds)}`);
   const bars = terms.map(([name, t]) => el("div", { class: "wb-pred-row" }, [

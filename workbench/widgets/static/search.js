@@ -16,6 +16,7 @@ const COLUMNS = [
   { key: "over_by", label: "over by", numeric: true, format: (v) => (v ? fmtBytes(v) : "—") },
   { key: "step_seconds", label: "step (pred.)", numeric: true, format: fmtMs },
   { key: "mfu", label: "MFU", numeric: true, format: fmtPct },
+  { key: "mfu_fp8", label: "MFU (fp8 peak)", numeric: true, format: fmtPct },
   { key: "tokens_per_s", label: "tokens/s", numeric: true, format: fmtRate },
   { key: "bound", label: "bound" },
   { key: "source", label: "source" },

@@ -138,7 +138,8 @@ function render({ model, el: host }) {
     const predMfu = positive(prediction().mfu);
     if (typeof last.mfu === "number") {
       bits.push(`MFU ${fmtNum(100 * last.mfu, 3)}%` +
-        (predMfu === null ? "" : ` (pred. ${fmtNum(100 * predMfu, 3)}%)`));
+        (predMfu === null ? "" : ` (pred. ${fmtNum(100 * predMfu, 3)}%)`) +
+        (typeof last.mfu_fp8 === "number" ? ` of the bf16 peak, ${fmtNum(100 * last.mfu_fp8, 3)}% of the fp8 peak` : ""));
     } else if (predMfu !== null) {
       bits.push(`MFU pred. ${fmtNum(100 * predMfu, 3)}%`);
     }
