@@ -11,6 +11,11 @@
   device (a mesh uses every device), the rest on 8.
 - "small" (124M) steps take tens of seconds on 2 CPU cores, so its run is a few steps:
   the checkpoint cost every 20 steps is amortised from the measured blocking save time.
+- Trackers: the Trainer ÷ bare ratio of tiny (no checkpoints) with
+  ``trackers=["tensorboard", "wandb", "mlflow"]`` (W&B offline, MLflow on a SQLite file, in
+  the benchmark's temporary folder) and without, in one process: each rep runs the bare
+  loop, a window of each Trainer, and the bare loop again (each window is a ``run()``
+  call, so it includes starting and closing the tracker runs in their threads).
 - Restart ÷ cold start: seconds from ``Trainer(...)`` to the end of the first step in a
   fresh process: cold = empty caches, new run; restart = same run directory (restores the
   checkpoint) with JAX's persistent compilation cache filled by the cold run.
@@ -112,6 +117,44 @@ def _overhead(root: Path, model: str, *, panel: bool, ckpt: bool, reps: int = RE
             "bare": (before + after) / 2}
 
 
+def _tracker_env(root: Path) -> dict[str, str]:
+    """W&B offline and MLflow on a SQLite file under ``root``: nothing leaves the machine."""
+    return {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
+            "WANDB_DIR": str(root / "wandb"),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
+
+
+def _trackers_overhead(root: Path, *, reps: int = PRECISE_REPS,
+                       window: int = PRECISE_WINDOW) -> dict[str, Any]:
+    """Trainer ÷ bare of tiny without and with every tracker, the windows interleaved."""
+    import workbench as wb
+
+    (root / "wandb").mkdir(parents=True, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in _tracker_env(root)}
+    os.environ.update(_tracker_env(root))
+    try:
+        cfg = _cfg("tiny", checkpoint_every=10**6)
+        bare = _Bare(cfg)
+        sides = {name: wb.Trainer(cfg.replace(trackers=trackers), progress=None,
+                                  run_dir=root / f"trackers-{name}")
+                 for name, trackers in (("without", []),
+                                        ("with", ["tensorboard", "wandb", "mlflow"]))}
+        for tr in sides.values():
+            tr.run(steps=WARMUP)
+        ratios: dict[str, list[float]] = {name: [] for name in sides}
+        for _ in range(reps):
+            before = bare.time(window)
+            times = {name: _trainer_window(tr, window)[0] for name, tr in sides.items()}
+            after = bare.time(window)
+            for name, t in times.items():
+                ratios[name].append(t / ((before + after) / 2))
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return {name: statistics.median(r) for name, r in ratios.items()} | {
+        "ratios": ratios, "bare": (before + after) / 2}
+
+
 def _small(root: Path) -> dict[str, Any]:
     """A handful of 'small' steps: step ratio, blocking save, amortised every-20 ratio.
 
@@ -195,6 +238,7 @@ def run() -> list[dict[str, Any]]:
     # steps is then every ~5 s instead of every ~0.8 s.
     full8 = _overhead(root, "tiny", panel=True, ckpt=True, batch=64, seq=128)
     small = _small(root)
+    tracked = _trackers_overhead(root)
     first = _first_step(root)
     ms = lambda s: f"{1e3 * s:.1f} ms"
     rows = [
@@ -231,6 +275,15 @@ def run() -> list[dict[str, Any]]:
          "notes": f"tiny: device snapshot + hand-over to the writer thread; small "
                   f"(1.5 GB of state, saved from the loop's thread): {small['block']:.2f} s; "
                   "the rest is written in the background"},
+        {"name": "train: Trainer / bare loop, tiny, with and without trackers",
+         "value": tracked["with"], "unit": "x",
+         "target": "<= 1.02 x the ratio without",
+         "ok": tracked["with"] <= 1.02 * tracked["without"],
+         "notes": f"trackers tensorboard + wandb (offline) + mlflow (SQLite), each sending from "
+                  f"its own thread; without: {tracked['without']:.3f}x; bare "
+                  f"{ms(tracked['bare'])}/step, batch 16 x seq 64, no checkpoints; windows "
+                  f"with {[round(r, 3) for r in tracked['ratios']['with']]}, without "
+                  f"{[round(r, 3) for r in tracked['ratios']['without']]}"},
         {"name": "train: first step after restart / cold start (compile cache)",
          "value": first["ratio"], "unit": "x", "target": "<= 1.0", "ok": first["ratio"] <= 1.0,
          "notes": f"cold {first['cold']['first_step_s']:.1f} s (compile "

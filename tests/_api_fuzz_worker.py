@@ -266,7 +266,8 @@ RECIPES: dict[str, Recipe] = {
     # init and a Dataset: the files TrainConfig.check reads (THEN) are real ones
     "wb.TrainConfig": lambda f: {"model": f.cfg, "init": f.hf_dir, "mesh": {"data": 8},
                                  "batch": 8, "seq": 16, "steps": 1, "data": f.dataset,
-                                 "lora": {"rank": 2, "alpha": 4.0}},
+                                 "lora": {"rank": 2, "alpha": 4.0},
+                                 "trackers": ["tensorboard", "mlflow"]},
     "wb.Trainer": lambda f: {"config": f.train_config, "run_dir": f.fresh("run"),
                              "progress": None},
     "wb.launch": lambda f: {"config": f.train_config, "processes": 1,
