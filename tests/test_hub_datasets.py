@@ -182,29 +182,53 @@ def test_a_resumed_run_equals_an_uninterrupted_one_and_a_new_commit_is_refused(
         wb.Trainer(_config(data, 6), run_dir=tmp_path / "run", progress=None)
 
 
+def _stream(folder):
+    """A token cache folder's token ids, read back with ArrayRecord's own reader."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    reader = ArrayRecordReader(str(Path(folder) / "tokens.array_record"))
+    records = reader.read(list(range(reader.num_records())))
+    reader.close()
+    return np.concatenate([np.frombuffer(r, np.int32) for r in records])
+
+
 def test_chat_rows_are_rendered_with_the_models_chat_template(cache, sources):
     tok = wb.data.Tokenizer(sources["tokenizer"])
     spec = wb.data.Dataset(hf=CHAT, split="train_sft", field="messages", tokenizer=tok)
     info = wb.data.prepare(spec, seq=64, vocab_size=128).info
-    from workbench.data._tokens import build_token_cache
-
-    cached = build_token_cache([str(snapshot(cache, A, CHAT) / "sft.jsonl")], tokenizer=tok,
-                               field="messages", fmt="jsonl")
-    assert Path(info["cache"]) == cached.folder
-    want = [tok.encode(tok.apply_chat_template(r, add_generation_prompt=False))
-            for r in sources["chat_rows"]]
-    assert "<|im_start|>" in tok.apply_chat_template(sources["chat_rows"][0],
-                                                     add_generation_prompt=False)
-    np.testing.assert_array_equal(cached.lengths, [len(w) for w in want])
-    from array_record.python.array_record_module import ArrayRecordReader
-
-    reader = ArrayRecordReader(str(cached.path))
-    stream = np.concatenate([np.frombuffer(r, np.int32) for r in
-                             reader.read(list(range(reader.num_records())))])
-    np.testing.assert_array_equal(stream, np.concatenate(want))
+    texts = [tok.apply_chat_template(r, add_generation_prompt=False)
+             for r in sources["chat_rows"]]
+    assert texts[0].startswith("<|im_start|>user\n") and "<|im_end|>" in texts[0]
+    want = [tok.encode(t) for t in texts]
+    lengths = np.load(Path(info["cache"]) / "lengths.npy")
+    np.testing.assert_array_equal(lengths, [len(w) for w in want])
+    np.testing.assert_array_equal(_stream(info["cache"]), np.concatenate(want))
     with pytest.raises(DataError, match=r"holds chat messages.*no chat template"):
         wb.data.prepare(wb.data.Dataset(hf=CHAT, split="train_sft", field="messages"),
                         seq=64, vocab_size=256)
+
+
+def test_streamed_row_groups_give_the_cache_of_the_downloaded_files(cache, sources, tmp_path):
+    """Streaming reads each Parquet row group through fsspec (a URL; here file://, on the
+    Hub hf://) with the SHA-256 the Hub records: the same key, the same token ids as the
+    downloaded snapshot's files; offline, streaming=True reads the cached files."""
+    from workbench.data._tokens import hub_token_cache
+
+    tok = wb.data.Tokenizer(sources["tokenizer"])
+    info = wb.data.prepare(wb.data.Dataset(hf=REPO, tokenizer=tok), seq=32,
+                           vocab_size=128).info
+    files = sorted(snapshot(cache, A).glob("data/train-*"))
+    names = list(info["file_sha256"])
+    streamed = hub_token_cache([f.resolve().as_uri() for f in files], names, tokenizer=tok,
+                               field="text", fmt="parquet",
+                               digests=[info["file_sha256"][n] for n in names],
+                               cache_dir=tmp_path / "elsewhere")
+    assert streamed.info["sha256"] == info["sha256"]
+    assert streamed.folder.name == Path(info["cache"]).name
+    np.testing.assert_array_equal(_stream(streamed.folder), _stream(info["cache"]))
+    offline = wb.data.prepare(wb.data.Dataset(hf=REPO, tokenizer=tok, streaming=True),
+                              seq=32, vocab_size=128).info
+    assert offline["sha256"] == info["sha256"] and offline["hf"] == info["hf"]
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
@@ -306,6 +330,8 @@ def test_a_cache_edited_by_hand_is_refused(cache, how, match):
     ({"hf": REPO, "format": "jsonl"}, ValueError, r"format is its files'"),
     ({"files": "a.jsonl", "split": "train"}, ValueError, r"split='train'\) is for Hub"),
     ({"files": "a.jsonl", "revision": A}, ValueError, r"is for Hub datasets"),
+    ({"files": "a.jsonl", "streaming": True}, ValueError, r"streaming=True\) is for Hub"),
+    ({"hf": REPO, "streaming": "yes"}, TypeError, r"streaming='yes'"),
 ])
 def test_hostile_arguments_are_refused_by_name(kwargs, exc, match):
     with pytest.raises(exc, match=match):

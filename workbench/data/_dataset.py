@@ -21,18 +21,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import grain
 import numpy as np
 
-from workbench._validate import check_int, check_path
+from workbench._validate import check_bool, check_int, check_path
 from workbench.data._files import FORMATS, DataError
-from workbench.data._hub_dataset import (HubSplit, check_blobs, check_hub_args, check_hub_id,
+from workbench.data._hub_dataset import (check_blobs, check_hub_args, check_hub_id,
                                          file_format, resolve_split)
 from workbench.data._packing import PackedRows, pack
 from workbench.data._tokenizer import Tokenizer, check_vocab
-from workbench.data._tokens import TokenCache, build_token_cache
+from workbench.data._tokens import TokenCache, build_token_cache, hub_token_cache
 
 __all__ = ["Dataset", "Prepared", "prepare"]
 
@@ -91,6 +92,9 @@ class Dataset:
       config: the Hub dataset's config (subset), None for its default; ``hf`` only.
       revision: the Hub branch, tag or commit (default "main"); the commit read is
         recorded in ``run.json``; ``hf`` only.
+      streaming: read the split's Parquet files from the Hub row group by row group into
+        the token cache, downloading none of them (for splits larger than the disk should
+        hold twice); offline, the cached files are read. ``hf`` only.
       field: the JSONL field or Parquet column holding each document's text.
       tokenizer: a ``wb.data.Tokenizer``, a path to a ``tokenizer.json`` / ``.model``, or
         None (byte-level).
@@ -109,6 +113,7 @@ class Dataset:
     split: str | None = None
     config: str | None = None
     revision: str | None = None
+    streaming: bool = False
     field: str = "text"
     tokenizer: Tokenizer | str | None = None
     format: str = "auto"
@@ -122,6 +127,7 @@ class Dataset:
         if self.hf is None:
             set_(self, "files", _patterns(self.files, "files"))
             given = [k for k in ("split", "config", "revision") if getattr(self, k) is not None]
+            given += ["streaming"] if self.streaming is not False else []
             if given:
                 raise ValueError(f"Dataset({given[0]}={getattr(self, given[0])!r}) is for Hub "
                                  "datasets; give Dataset(hf='org/name', ...) or drop it")
@@ -133,6 +139,7 @@ class Dataset:
             set_(self, "files", ())
             set_(self, "split", "train" if self.split is None else self.split)
             check_hub_args(self.split, self.config, self.revision)
+            check_bool(self.streaming, "streaming", where="Dataset.")
             if self.format != "auto":
                 raise ValueError(f"Dataset(hf={self.hf!r}, format={self.format!r}): a Hub "
                                  "dataset's format is its files'; drop format")
@@ -171,7 +178,7 @@ class Dataset:
         assert isinstance(self.tokenizer, Tokenizer)
         where = {"files": list(self.files)} if self.hf is None else \
             {"hf": self.hf, "split": self.split, "config": self.config,
-             "revision": self.revision}
+             "revision": self.revision, "streaming": self.streaming}
         return {"kind": "dataset", **where, "field": self.field,
                 "tokenizer": self.tokenizer.to_dict(), "format": self.format,
                 "eval_fraction": self.eval_fraction, "eval_files": list(self.eval_files),
@@ -207,26 +214,26 @@ def _hub_cache(spec: Dataset, cache_dir: Any) -> tuple[TokenCache, dict[str, Any
     """The token cache of a Hub split, and what ``run.json`` records of it: the id, split,
     config, revision and commit, and each file's SHA-256 by its ``hf://`` name."""
     assert spec.hf is not None and spec.split is not None
-    hub = resolve_split(spec.hf, split=spec.split, config=spec.config, revision=spec.revision)
+    hub = resolve_split(spec.hf, split=spec.split, config=spec.config, revision=spec.revision,
+                        streaming=spec.streaming)
     where = f"Dataset(hf={spec.hf!r}, split={spec.split!r})"
+    names = [hub.name(f) for f in hub.files]
     try:
-        cache = _cache(spec, tuple(map(str, hub.files)), cache_dir,
-                       file_format(hub.files, where))
-    except DataError as e:   # named by the blob it read: name the dataset's file instead
+        cache = hub_token_cache([str(f) for f in hub.files], names, tokenizer=spec.tokenizer,
+                                field=spec.field, fmt=file_format(hub.files, where),
+                                digests=hub.digests, workers=spec.workers, cache_dir=cache_dir)
+    except DataError as e:   # name the dataset's file, not the snapshot's path
         text = str(e)
-        for f in hub.files:
-            text = text.replace(str(f.resolve()), hub.name(f))
+        for f, name in zip(hub.files, names):
+            text = text.replace(str(f), name)
         raise DataError(f"{where}: {text}") from None
-    check_blobs(cache.info.get("file_sha256") or {}, where)
-    return cache, _hub_record(hub, spec, cache)
-
-
-def _hub_record(hub: HubSplit, spec: Dataset, cache: TokenCache) -> dict[str, Any]:
-    names = {str(f.resolve()): hub.name(f) for f in hub.files}
-    each = {names.get(p, p): sha for p, sha in (cache.info.get("file_sha256") or {}).items()}
-    return {"hf": {"id": hub.repo_id, "split": hub.split, "config": hub.config,
-                   "revision": spec.revision, "commit": hub.commit},
-            **({"file_sha256": each} if len(each) <= MAX_RECORDED_FILES else {})}
+    each = cache.info["file_sha256"]
+    if hub.digests is None:   # a cached blob must be the file the Hub served
+        check_blobs({str(Path(f).resolve()): each[n] for f, n in zip(hub.files, names)}, where)
+    record = {"id": hub.repo_id, "split": hub.split, "config": hub.config,
+              "revision": spec.revision, "commit": hub.commit}
+    return cache, {"hf": record, **({"file_sha256": each}
+                                    if len(each) <= MAX_RECORDED_FILES else {})}
 
 
 def _rows(cache: TokenCache, docs: np.ndarray, *, seq: int, seed: int, pad: int

@@ -105,10 +105,26 @@ def list_files(patterns: Sequence[str], name: str = "patterns") -> list[Path]:
     return sorted(found)
 
 
-def units(path: Path, fmt: str) -> list[Unit]:
-    """The units of work of one file (checks it is not empty, reads no documents)."""
-    size = path.stat().st_size
-    if size == 0:
+def opened(path: str | Path) -> Any:
+    """A context giving what pyarrow reads: the path itself, or for a URL
+    (``hf://datasets/...``) a file opened through ``fsspec`` (ranged reads)."""
+    import contextlib
+
+    if isinstance(path, str) and "://" in path:
+        import fsspec
+
+        return fsspec.open(path, "rb")
+    return contextlib.nullcontext(path)
+
+
+def units(path: Path | str, fmt: str) -> list[Unit]:
+    """The units of work of one file (checks it is not empty, reads no documents); a URL
+    (:func:`opened`) is a Parquet file read by row groups."""
+    if isinstance(path, str) and "://" in path:
+        if fmt != "parquet":
+            raise DataError(f"{path}: only Parquet files are read over the network; "
+                            "download the files instead")
+    elif Path(path).stat().st_size == 0:
         raise DataError(f"{path} is empty (0 bytes); remove it from the files, or put "
                         "documents in it")
     if fmt == "text":
@@ -122,7 +138,8 @@ def units(path: Path, fmt: str) -> list[Unit]:
         import pyarrow.parquet as pq
 
         try:
-            meta = pq.ParquetFile(path).metadata
+            with opened(path) as src:
+                meta = pq.ParquetFile(src).metadata
         except Exception as err:   # pyarrow raises ArrowInvalid and friends
             raise DataError(f"{path} is not a Parquet file ({err})") from err
         return [("parquet", str(path), g, g + 1) for g in range(meta.num_row_groups)]
@@ -175,7 +192,8 @@ def holds_messages(path: Path, fmt: str, field: str) -> bool:
         import pyarrow.parquet as pq
 
         try:
-            schema = pq.read_schema(path)
+            with opened(path) as src:
+                schema = pq.read_schema(src)
         except Exception as err:   # pyarrow raises ArrowInvalid and friends
             raise DataError(f"{path} is not a Parquet file ({err})") from err
         if field not in schema.names:
@@ -240,12 +258,13 @@ def read_unit(unit: Unit, field: str, chat: bool = False) -> list[Any]:
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(path)
-        names = pf.schema_arrow.names
-        if field not in names:
-            raise DataError(f"{path}: no column {field!r} (columns: {names}); pass "
-                            "Dataset(field=...) naming the text column")
-        column = pf.read_row_group(start, columns=[field]).column(0)
+        with opened(path) as src:
+            pf = pq.ParquetFile(src)
+            names = pf.schema_arrow.names
+            if field not in names:
+                raise DataError(f"{path}: no column {field!r} (columns: {names}); pass "
+                                "Dataset(field=...) naming the text column")
+            column = pf.read_row_group(start, columns=[field]).column(0)
         if chat:
             return [t for t in column.to_pylist() if t is not None]
         if not (str(column.type) in ("string", "large_string", "string_view")):

@@ -55,21 +55,29 @@ class HubSplit:
       config: the dataset's config (subset) read, or None for its default.
       split: the split.
       commit: the commit the files were read at (40 hex digits).
-      folder: the snapshot folder (``datasets--org--name/snapshots/<commit>``).
-      files: the split's data files in the snapshot, in the order ``datasets`` reads them.
+      folder: the snapshot folder (``datasets--org--name/snapshots/<commit>``), or None
+        when streamed.
+      files: the split's data files in the snapshot, in the order ``datasets`` reads them
+        (streamed: their ``hf://datasets/org/name@<commit>/...`` URLs).
+      digests: streamed: each file's SHA-256 as the Hub gives it (its LFS object id).
     """
 
     repo_id: str
     config: str | None
     split: str
     commit: str
-    folder: Path
-    files: tuple[Path, ...]
+    folder: Path | None
+    files: tuple[Path | str, ...]
+    digests: tuple[str, ...] | None = None
 
     def name(self, path: str | Path) -> str:
-        """``hf://datasets/org/name/<file>`` of a snapshot file (the commit left out, so a
-        resume at another commit names the file that changed)."""
-        rel = Path(path).relative_to(self.folder).as_posix()
+        """``hf://datasets/org/name/<file>`` of a file (the commit left out, so a resume at
+        another commit names the file that changed)."""
+        url = f"hf://datasets/{self.repo_id}@{self.commit}/"
+        if self.folder is None:
+            rel = str(path)[len(url):] if str(path).startswith(url) else str(path)
+        else:
+            rel = Path(path).relative_to(self.folder).as_posix()
         return f"hf://datasets/{self.repo_id}/{rel}"
 
 
@@ -138,9 +146,15 @@ def check_hub_args(split: Any, config: Any, revision: Any) -> None:
 
 
 def resolve_split(repo_id: str, *, split: str, config: str | None = None,
-                  revision: str | None = None, progress: bool = True) -> HubSplit:
+                  revision: str | None = None, progress: bool = True,
+                  streaming: bool = False) -> HubSplit:
     """The data files of ``split`` of the Hub dataset ``repo_id``, fetched into the Hub
     cache unless there already (or ``HF_HUB_OFFLINE=1``: read from it only).
+
+    ``streaming``: nothing is downloaded; the split's Parquet files are named by their
+    ``hf://`` URLs at the commit (read row group by row group through
+    ``huggingface_hub.HfFileSystem``), with the SHA-256 the Hub records for each. Offline
+    there is nothing to stream from: the cached files are read.
 
     Raises:
       DataFileNotFound: not on the Hub, or (offline) not in the cache at that revision.
@@ -149,6 +163,8 @@ def resolve_split(repo_id: str, *, split: str, config: str | None = None,
         the split and the fix.
     """
     where = f"Dataset(hf={repo_id!r}, split={split!r})"
+    if streaming and not _offline():
+        return _stream(repo_id, split, config, revision, where)
     if not _offline():
         revision = _fetch(repo_id, split, config, revision, progress, where)
     folder = _snapshot(repo_id, revision, where)
@@ -216,27 +232,51 @@ def _split_files(path: str, split: str, config: str | None, where: str, *,
     return files
 
 
+def _hub_paths(repo_id: str, split: str, config: str | None, revision: str | None,
+               where: str) -> tuple[str, list[str]]:
+    """``(commit, paths in the repo)`` of the split's files, as ``datasets`` resolves them
+    on the Hub (to ``hf://datasets/org/name@<commit>/<path>``)."""
+    urls = _split_files(repo_id, split, config, where, revision=revision)
+    prefix = re.compile(rf"hf://datasets/{re.escape(repo_id)}@([0-9a-f]{{40}})/(.+)")
+    found = [prefix.fullmatch(u) for u in urls]
+    if not all(found) or len({m.group(1) for m in found if m}) != 1:
+        raise DataError(f"{where}: the datasets library resolved the split to {urls[:2]}, "
+                        "not files of one commit of the repo; give revision= a commit hash")
+    return found[0].group(1), [m.group(2) for m in found if m]   # type: ignore[union-attr]
+
+
+def _stream(repo_id: str, split: str, config: str | None, revision: str | None,
+            where: str) -> HubSplit:
+    """The split's files as URLs at their commit, with the Hub's SHA-256 of each."""
+    from huggingface_hub import HfApi
+
+    commit, paths = _hub_paths(repo_id, split, config, revision, where)
+    infos = {i.path: i for i in HfApi().get_paths_info(repo_id, paths, repo_type="dataset",
+                                                        revision=commit)}
+    plain = [p for p in paths if getattr(infos.get(p), "lfs", None) is None]
+    if plain or not all(p.lower().endswith(".parquet") for p in paths):
+        raise DataError(f"{where}: streaming reads the split's Parquet files stored by the Hub "
+                        f"with their SHA-256 (LFS); {(plain or paths)[:2]} are not; drop "
+                        "streaming=True to download the files")
+    return HubSplit(repo_id=repo_id, config=config, split=split, commit=commit, folder=None,
+                    files=tuple(f"hf://datasets/{repo_id}@{commit}/{p}" for p in paths),
+                    digests=tuple(infos[p].lfs.sha256 for p in paths))
+
+
 def _fetch(repo_id: str, split: str, config: str | None, revision: str | None,
            progress: bool, where: str) -> str:
     """Downloads the split's files (and the dataset card) into the Hub cache; returns the
     commit they were read at."""
     import huggingface_hub
     from huggingface_hub import errors
-
-    urls = _split_files(repo_id, split, config, where, revision=revision)
-    # datasets resolves to hf://datasets/org/name@<commit>/<path in the repo>
-    prefix = re.compile(rf"hf://datasets/{re.escape(repo_id)}@([0-9a-f]{{40}})/(.+)")
-    found = [prefix.fullmatch(u) for u in urls]
-    if not all(found):
-        raise DataError(f"{where}: the datasets library resolved the split to {urls[:2]}, "
-                        "not files of one commit of the repo; give revision= a commit hash")
-    commit = found[0].group(1)   # type: ignore[union-attr]
     from tqdm.auto import tqdm
+
+    commit, paths = _hub_paths(repo_id, split, config, revision, where)
 
     try:
         huggingface_hub.snapshot_download(
             repo_id, repo_type="dataset", revision=commit, cache_dir=_cache_dir(),
-            allow_patterns=["README.md", *(m.group(2) for m in found if m)],
+            allow_patterns=["README.md", *paths],
             tqdm_class=tqdm if progress else None)
     except errors.GatedRepoError:
         raise DataError(f"{where}: the dataset is gated: {_LOGIN}") from None
@@ -333,9 +373,9 @@ def check_blobs(digests: dict[str, str], where: str) -> None:
                             "snapshot and blobs and download again")
 
 
-def file_format(files: tuple[Path, ...], where: str) -> str:
+def file_format(files: tuple[Path | str, ...], where: str) -> str:
     """The one token-cache format of a split's files ("parquet" or "jsonl")."""
-    kinds = {"parquet" if f.suffix.lower() == ".parquet" else "jsonl" for f in files}
+    kinds = {"parquet" if str(f).lower().endswith(".parquet") else "jsonl" for f in files}
     if len(kinds) != 1:
         raise DataError(f"{where}: the split mixes Parquet and JSONL files; give one "
                         "format's files with Dataset(files=...)")

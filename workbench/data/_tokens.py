@@ -47,7 +47,7 @@ from workbench.data._files import (DataError, Unit, check_format, check_patterns
                                   holds_messages, list_files, read_unit, units)
 from workbench.data._tokenizer import Tokenizer
 
-__all__ = ["RECORD_TOKENS", "TokenCache", "build_token_cache"]
+__all__ = ["RECORD_TOKENS", "TokenCache", "build_token_cache", "hub_token_cache"]
 
 #: Tokens per ArrayRecord record (8 KiB of int32).
 RECORD_TOKENS = 2048
@@ -241,6 +241,40 @@ def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: s
     files = list_files(patterns)
     chat = _chat_template(files, fmt, field, tokenizer)
     digest, each = _content_key(files, fmt, field, tokenizer, chat)
+    cache = _obtain(root, files, digest, fmt, field, chat, tokenizer=tokenizer,
+                    workers=workers)
+    # the same bytes may sit at other paths than the ones that built the cache
+    info = {**cache.info, "files": [str(p) for p in files], "file_sha256": each}
+    return dataclasses.replace(cache, info=info)
+
+
+def hub_token_cache(files: Sequence[str], names: Sequence[str], *, tokenizer: Tokenizer,
+                    field: str, fmt: str, digests: Sequence[str] | None = None,
+                    workers: int = 0, cache_dir: str | os.PathLike[str] | None = None
+                    ) -> TokenCache:
+    """The token cache of a Hub split's ``files``: snapshot paths (hashed here), or URLs
+    read through ``fsspec`` (row group by row group) with the SHA-256 the Hub gives
+    (``digests``). Either way the key is the files' ``names`` (``hf://datasets/...``) and
+    SHA-256s, so a split streamed once and downloaded later is the same cache (and the
+    same data to a resumed run). ``info["file_sha256"]`` is by name."""
+    root = (check_path(cache_dir, "cache_dir") if cache_dir is not None
+            else cache_root() / "data").absolute()
+    paths: list[Any] = list(files) if digests is not None else [Path(f) for f in files]
+    chat = _chat_template(paths, fmt, field, tokenizer)
+    shas = list(digests) if digests is not None else [_sha256(p) for p in paths]
+    h = hashlib.sha256(json.dumps(["hub", fmt, field, tokenizer.fingerprint]
+                                  + (["chat", chat] if chat else [])).encode())
+    for name, sha in zip(names, shas, strict=True):
+        h.update(f"{name}|{sha}\n".encode())
+    cache = _obtain(root, paths, h.hexdigest(), fmt, field, chat, tokenizer=tokenizer,
+                    workers=workers)
+    info = {**cache.info, "files": list(names), "file_sha256": dict(zip(names, shas))}
+    return dataclasses.replace(cache, info=info)
+
+
+def _obtain(root: Path, files: list[Any], digest: str, fmt: str, field: str,
+            chat: str | None, *, tokenizer: Tokenizer, workers: int) -> TokenCache:
+    """The cache keyed by ``digest``, believed if it checks out, else built (again)."""
     folder = root / f"tokens-{digest[:16]}-{tokenizer.fingerprint}"
     expect = {"sha256": digest, "format": fmt, "field": field,
               "tokenizer_fingerprint": tokenizer.fingerprint, "record_tokens": RECORD_TOKENS,
@@ -251,10 +285,9 @@ def build_token_cache(patterns: Sequence[str], *, tokenizer: Tokenizer, field: s
                              workers=workers)
         if doubt:
             doubted(folder, doubt, "the documents were tokenized again and the cache "
-                    "replaced" + (f" (what else it held is now in {left})" if left else ""))
-    # the same bytes may sit at other paths than the ones that built the cache
-    info = {**cache.info, "files": [str(p) for p in files], "file_sha256": each}
-    return dataclasses.replace(cache, info=info)
+                    "replaced" + (f" (what else it held is now in {left})" if left else ""),
+                    stacklevel=4)
+    return cache
 
 
 def _build(folder: Path, root: Path, files: list[Path], expect: dict[str, Any], *,
