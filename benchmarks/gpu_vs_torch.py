@@ -32,6 +32,18 @@ tokens/s over PyTorch's, window medians), with the device, the versions and the 
 ``--profile`` also traces the fastest workbench variant of each case
 (``workbench.perf._trace.read_trace``: time per category and the top ops) and PyTorch
 (``torch.profiler``: top kernels), into ``DIR/profile-<case>.txt``.
+
+``--predict`` adds, per case, the Trainer's profile against its plan (uncalibrated: the
+catalogue, with its measured efficiencies where the GPU has them; then calibrated on the
+first case) and, over two cases or more, the **held-out** rows: each case's step predicted
+with the efficiencies (``workbench.perf._efficiency``: matmul fraction of peak by shape
+class, fused-attention FLOP/s, HBM bytes/s) fitted on another case alone, target within
+15%; each case's fitted record goes to ``DIR/efficiency-<case>.json``
+(``workbench.hardware._efficiency.Efficiency.from_dict`` reads it: the catalogue's next
+record). Memory (:func:`sizing`, from ``nvidia-smi`` or ``--gpu-memory``): the sides run
+beside each other where both fit (an H200), else each alone with the other's temporaries
+released, windows still interleaved (the 1b case on an H100 80 GB); the rows say which,
+and which JAX ran against the range pyproject.toml declares (:func:`jax_range`).
 """
 from __future__ import annotations
 
@@ -61,10 +73,89 @@ WARMUP, STEPS, WINDOWS = 3, 10, 5
 #: JAX side); past it the case is reported as failed
 READY_TIMEOUT = 900
 _DRIVER_SET_CPU = False
+#: ``--smoke``'s second case: the held-out rows need a case to fit on and one to predict
+SMOKE_CASES: dict[str, tuple[str, int, int]] = {"smoke": SMOKE_CASE, "smoke2": ("tiny", 2, 128)}
+#: GPU bytes each side took in the stored H200 runs (benchmarks/gpu_runs, 2026-11-28): the
+#: JAX side's compiled arguments + temporaries of the Trainer's step (1b: remat="minimal",
+#: the preset's default, 14.8 + 21.4 GB; small: 1.5 + 16.6 GB), PyTorch's
+#: ``torch.cuda.max_memory_allocated`` (46.0 and 16.2 GB)
+NEEDS: dict[str, tuple[float, float]] = {"1b": (36.3e9, 46.0e9), "small": (18.1e9, 16.3e9),
+                                         # stand-ins for the CPU smoke cases (they take a
+                                         # few MB): --gpu-memory 4 makes them run alone
+                                         "smoke": (0.5e9, 0.5e9), "smoke2": (0.5e9, 0.5e9)}
+#: bytes each process holds besides its arrays (CUDA context, cuBLAS / cuDNN workspaces)
+CONTEXT = 1.5e9
+#: share of the GPU's memory the two sides may plan on (the rest: fragmentation)
+USABLE = 0.95
+#: bytes per parameter a side keeps between its windows: fp32 weights and AdamW's two
+#: moments (PyTorch sets gradients to None; the JAX side's train state)
+RESIDENT_PER_PARAM = 12
 
 
 def log(*args: Any) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *args, file=sys.stderr, flush=True)
+
+
+def sizing(case: str, gpu_bytes: float | None, n_params: int) -> dict[str, Any]:
+    """How the two sides share one GPU of ``gpu_bytes``: ``"beside"`` each other (the
+    JAX side capped at what PyTorch leaves) when both fit (``NEEDS`` + ``CONTEXT`` each
+    within ``USABLE``), else ``"alone"``: each side's window runs while the other holds
+    only its weights and optimizer state (``RESIDENT_PER_PARAM`` x ``n_params``), the
+    JAX side freeing its temporaries after every step (XLA's platform allocator) and
+    PyTorch emptying its cache after every window; the windows stay interleaved.
+    ``"too large"`` when even that does not fit. Returns ``mode``, ``env`` (the JAX
+    side's variables), ``release`` (PyTorch empties its cache) and ``why`` (for the rows)."""
+    if gpu_bytes is None:
+        return {"mode": "beside", "env": {}, "release": False,
+                "why": "sides beside each other (no GPU memory to share: CPU)"}
+    jax_need, torch_need = NEEDS.get(case, (0.0, 0.0))
+    usable, gb = USABLE * gpu_bytes, gpu_bytes / 1e9
+    if jax_need + torch_need + 2 * CONTEXT <= usable:
+        cap = (usable - torch_need - CONTEXT) / gpu_bytes
+        return {"mode": "beside", "env": {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{cap:.2f}"},
+                "release": False,
+                "why": (f"sides beside each other: JAX {jax_need / 1e9:.1f} GB + PyTorch "
+                        f"{torch_need / 1e9:.1f} GB of the GPU's {gb:.0f} GB (the JAX side "
+                        f"capped at {cap:.2f} of it)")}
+    resident = RESIDENT_PER_PARAM * n_params
+    if max(jax_need, torch_need) + resident + 2 * CONTEXT > usable:
+        return {"mode": "too large", "env": {}, "release": False,
+                "why": (f"neither side fits beside the other's weights and AdamW state "
+                        f"({resident / 1e9:.1f} GB) on the GPU's {gb:.0f} GB")}
+    return {"mode": "alone", "env": {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"},
+            "release": True,
+            "why": (f"each side alone, windows interleaved: JAX {jax_need / 1e9:.1f} GB + "
+                    f"PyTorch {torch_need / 1e9:.1f} GB + 2 x {CONTEXT / 1e9:g} GB of context "
+                    f"exceed {USABLE:.0%} of the GPU's {gb:.0f} GB; "
+                    f"between its windows each side holds {resident / 1e9:.1f} GB (fp32 "
+                    "weights, AdamW moments): JAX frees its temporaries after each step "
+                    "(XLA_PYTHON_CLIENT_ALLOCATOR=platform), PyTorch empties its cache "
+                    "after each window")}
+
+
+def gpu_memory() -> float | None:
+    """The first GPU's memory in bytes (``nvidia-smi``), or None where there is none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=30)
+        return float(out.stdout.split()[0]) * 2**20 if out.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def jax_range(version: str) -> str:
+    """``"jax 0.11.2 (pyproject: jax>=0.11.2,<0.13: inside)"``: the JAX a run used
+    against the range the project declares."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    req = next(Requirement(d) for d in deps if Requirement(d).name == "jax")
+    inside = req.specifier.contains(version, prereleases=True)
+    return (f"jax {version} (pyproject: jax{req.specifier}: "
+            f"{'inside' if inside else 'OUTSIDE the declared range'})")
 
 
 # ----------------------------------------------------------------------------- variants
@@ -262,9 +353,19 @@ def jax_child(args: argparse.Namespace) -> None:
             before = plan.predict().step_seconds
             report = trainer.profile(steps=int(cmd.get("steps", 3)), warmup=2, plan=plan)
             state = trainer.state
+            import dataclasses
+
+            from workbench.hardware import effective_spec
+            from workbench.perf._efficiency import measured_split
+            from workbench.perf._predict_plan import step_numbers
+
             reply = {"measured": report.term("step").measured,
                      "uncalibrated": plan.predict(calibration=False).step_seconds,
-                     "calibrated": before, "table": report.table()}
+                     "uncalibrated_origin": effective_spec(
+                         plan.mesh, calibration=False).efficiency_origin,
+                     "calibrated": before, "table": report.table(),
+                     "numbers": dataclasses.asdict(step_numbers(plan.report)),
+                     "split": measured_split(report.measured)}
             if cmd.get("calibrate"):
                 wb.calibrate(report, save=True)
                 reply["self_calibrated"] = plan.predict().step_seconds
@@ -387,7 +488,10 @@ def torch_child(args: argparse.Namespace) -> None:
             for _ in range(cmd["steps"]):
                 loss = step(inputs, targets)
             sync()
-            _reply({"seconds": time.perf_counter() - t0, "loss": float(loss)})
+            seconds = time.perf_counter() - t0
+            if args.release and cuda:   # measured alone: the JAX side's window needs it
+                torch.cuda.empty_cache()
+            _reply({"seconds": seconds, "loss": float(loss)})
         elif cmd["cmd"] == "profile":
             from torch.profiler import ProfilerActivity, profile
 
@@ -402,7 +506,7 @@ def torch_child(args: argparse.Namespace) -> None:
 
 
 def _case(args: argparse.Namespace) -> tuple[str, int, int]:
-    return SMOKE_CASE if args.smoke else CASES[args.case]
+    return SMOKE_CASES[args.case] if args.smoke else CASES[args.case]
 
 
 # ----------------------------------------------------------------------------- driver
@@ -410,9 +514,12 @@ def _case(args: argparse.Namespace) -> tuple[str, int, int]:
 class Child:
     """One side's process, spoken to in JSON lines (its stderr goes to ours)."""
 
-    def __init__(self, side: str, case: str, args: argparse.Namespace) -> None:
+    def __init__(self, side: str, case: str, args: argparse.Namespace,
+                 size: dict[str, Any]) -> None:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--case", case,
                "--warmup", str(args.warmup), "--torch-backend", args.torch_backend]
+        if side == "torch" and size["release"]:
+            cmd.append("--release")
         if args.smoke:
             cmd.append("--smoke")
         if args.check_variants or args.smoke:
@@ -426,6 +533,8 @@ class Child:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         if side == "jax":
             env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+            for key, value in size["env"].items():   # the user's own setting wins
+                env.setdefault(key, value)
             if _DRIVER_SET_CPU:   # the driver's own setting, not the user's
                 env.pop("JAX_PLATFORMS", None)
             if args.smoke:   # one CPU device, as one GPU (the suite's flags simulate 8)
@@ -475,18 +584,24 @@ def run_case(case: str, args: argparse.Namespace, out: Path | None) -> dict[str,
     from workbench.hardware import cpu_spec, hardware_spec
     from workbench.models import GPTConfig
 
-    preset, batch, seq = SMOKE_CASE if args.smoke else CASES[case]
+    preset, batch, seq = SMOKE_CASES[case] if args.smoke else CASES[case]
     result: dict[str, Any] = {"case": case, "preset": preset, "batch": batch, "seq": seq,
                               "tokens_per_step": batch * seq}
+    gpu = args.gpu_memory * 1e9 if args.gpu_memory else (None if args.smoke else gpu_memory())
+    size = sizing(case, gpu, GPTConfig.preset(preset, seq_len=seq).n_params)
+    result["sizing"] = {k: size[k] for k in ("mode", "why")} | {"gpu_bytes": gpu}
+    log(f"{case}: {size['why']}")
     sides: dict[str, Child] = {}
     try:
+        if size["mode"] == "too large":
+            raise MemoryError(size["why"])
         log(f"{case}: starting the workbench side")
-        sides["jax"] = Child("jax", case, args)
+        sides["jax"] = Child("jax", case, args, size)
         jinfo = sides["jax"].read(READY_TIMEOUT * (1 + len(args.variant or ())))
         result["workbench"] = jinfo
         log(f"{case}: workbench ready: {jinfo['ready']}; starting the PyTorch side")
         if not args.no_torch:
-            sides["torch"] = Child("torch", case, args)
+            sides["torch"] = Child("torch", case, args, size)
             result["pytorch"] = sides["torch"].read(READY_TIMEOUT)
             log(f"{case}: PyTorch ready ({result['pytorch']['compile_and_warmup_s']:.0f} s)")
         order = [("jax", v) for v in jinfo["ready"]] + (
@@ -530,8 +645,9 @@ def run_case(case: str, args: argparse.Namespace, out: Path | None) -> dict[str,
         if args.predict:
             r = sides["jax"].ask({"cmd": "predict", "steps": args.profile_steps,
                                   "calibrate": case == args.first_case})
-            result["prediction"] = {k: r.get(k) for k in ("measured", "uncalibrated",
-                                                          "calibrated", "self_calibrated")}
+            result["prediction"] = {k: r.get(k) for k in (
+                "measured", "uncalibrated", "uncalibrated_origin", "calibrated",
+                "self_calibrated", "numbers", "split")}
             result["prediction"]["calibrated_on"] = args.first_case
             log(f"{case}: predicted/measured uncalibrated "
                 f"{r['uncalibrated'] / r['measured']:.2f}, with the stored calibration "
@@ -575,7 +691,9 @@ def rows_of(result: dict[str, Any], command: str, steps: int) -> list[dict[str, 
     w = result["workbench"]
     device = w["device"]
     versions = {**w.get("versions", {}), **result.get("pytorch", {}).get("versions", {})}
-    vtext = ", ".join(f"{k} {v}" for k, v in versions.items())
+    vtext = ", ".join(jax_range(v) if k == "jax" else f"{k} {v}" for k, v in versions.items())
+    if result.get("sizing"):
+        vtext += "; " + result["sizing"]["why"]
     shape = f"{result['preset']} {result['batch']} x {result['seq']}"
     when = result.get("when") or time.strftime("%Y-%m-%d")
     base = {"module": "gpu_vs_torch", "accelerator": f"1 x {device}",
@@ -606,8 +724,11 @@ def rows_of(result: dict[str, Any], command: str, steps: int) -> list[dict[str, 
         on = pred["calibrated_on"]
         own = on == result["case"]
         cal = pred.get("self_calibrated") if own else pred.get("calibrated")
+        origin = pred.get("uncalibrated_origin") or "table"
+        table = "hardware table" if origin.startswith("table") else \
+            "catalogue: measured efficiencies"
         for what, value, target in (
-                ("uncalibrated (hardware table)", pred["uncalibrated"], ""),
+                (f"uncalibrated ({table})", pred["uncalibrated"], ""),
                 (f"calibrated on {'itself' if own else on}", cal,
                  "" if own else "0.85-1.15")):
             if value is None:
@@ -617,7 +738,20 @@ def rows_of(result: dict[str, Any], command: str, steps: int) -> list[dict[str, 
                          "value": ratio, "unit": "predicted/measured", "target": target,
                          "ok": (0.85 <= ratio <= 1.15) if target else None,
                          "notes": (f"predicted {value * 1e3:.1f} ms, measured {m * 1e3:.1f} "
-                                   f"ms (trainer.profile, trace); {how}")})
+                                   f"ms (trainer.profile, trace); {how}"
+                                   + (f"; {origin}" if what.startswith("uncal") else ""))})
+    for h in result.get("held_out", ()):
+        ratio = h["predicted"] / h["measured"]
+        t = h["terms"]
+        rows.append({**base, "name": (f"predicted step, {shape}, Trainer default, held out: "
+                                      f"measured efficiencies fitted on {h['fitted_on']}"),
+                     "value": ratio, "unit": "predicted/measured", "target": "0.85-1.15",
+                     "ok": 0.85 <= ratio <= 1.15,
+                     "notes": (f"predicted {h['predicted'] * 1e3:.1f} ms = matmul "
+                               f"{t['matmul'] * 1e3:.1f} + attention {t['attention'] * 1e3:.1f} "
+                               f"+ memory {t['memory'] * 1e3:.1f} ms, measured "
+                               f"{h['measured'] * 1e3:.1f} ms (trainer.profile, trace); "
+                               f"{h['source']}; {how}")})
     if "pytorch" in med:
         for name in med:
             if name == "pytorch":
@@ -630,6 +764,59 @@ def rows_of(result: dict[str, Any], command: str, steps: int) -> list[dict[str, 
                          "notes": (f"workbench {med[name] * 1e3:.1f} ms vs pytorch "
                                    f"{med['pytorch'] * 1e3:.1f} ms per step; {how}")})
     return rows
+
+
+def held_out(results: list[dict[str, Any]], device_kind: str) -> None:
+    """Each case's step predicted with the efficiencies fitted on each other case alone
+    (``workbench.perf._efficiency``: the plan's numbers over the profile's split), into
+    ``result["held_out"]``; and per case the record fitted on it (``result["efficiency"]``)."""
+    from workbench.perf._efficiency import StepNumbers, efficient_local, fit_efficiency
+
+    fits = {}
+    for r in results:
+        pred = r.get("prediction") or {}
+        if pred.get("numbers") and pred.get("split"):
+            numbers = StepNumbers(**pred["numbers"])
+            fits[r["case"]] = (r, numbers, fit_efficiency(
+                [(numbers, pred["split"])], device_kind=device_kind,
+                peak_flops=r["peak_flops"], run=f"gpu_vs_torch {r['case']}",
+                date=r.get("when") or time.strftime("%Y-%m-%d"),
+                jax=r["workbench"].get("jax", "?")))
+    for case, (r, numbers, own) in fits.items():
+        r["efficiency"] = own.to_dict()
+        r["held_out"] = []
+        for other, (_, _, eff) in fits.items():
+            if other == case:
+                continue
+            seconds, terms, source = efficient_local(numbers, eff, r["peak_flops"])
+            r["held_out"].append({"fitted_on": other, "predicted": seconds, "terms": terms,
+                                  "measured": r["prediction"]["measured"], "source": source})
+
+
+def trace_split(run: Path, case: str, variant: str) -> dict[str, float]:
+    """The measured split (``workbench.perf._efficiency.measured_split``) of a stored run's
+    trace of one case's variant (``--profile``: ``profiles.tgz`` holds
+    ``trace-<case>-<variant>.xplane.pb`` and its ``hlo-<case>-<variant>.txt.gz``), read on
+    any machine with ``workbench.perf._trace.read_trace``."""
+    import gzip
+    import tarfile
+
+    from workbench.perf._efficiency import measured_split
+    from workbench.perf._trace import read_trace
+
+    with tarfile.open(run / "profiles.tgz") as tar, tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp) / "plugins" / "profile" / case
+        where.mkdir(parents=True)
+        trace = tar.extractfile(f"trace-{case}-{variant}.xplane.pb")
+        hlo = tar.extractfile(f"hlo-{case}-{variant}.txt.gz")
+        if trace is None or hlo is None:
+            raise ValueError(f"{run}/profiles.tgz has no trace of {case} {variant}")
+        (where / "step.xplane.pb").write_bytes(trace.read())
+        profile = read_trace(tmp, hlo_text=gzip.decompress(hlo.read()).decode(),
+                             axis_names=("data",), axis_sizes=(1,),
+                             steps=json.loads((run / "host.json").read_text()).get(
+                                 "profile_steps", 3))
+    return measured_split(profile)
 
 
 def merge(folders: list[Path]) -> None:
@@ -681,7 +868,11 @@ def main(argv: list[str] | None = None) -> int:
                          "numbers); on by default with --smoke (needs a second state in memory)")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="DIR",
                     help="add the rows of runs (their --out folders) to BENCHMARKS.md")
+    ap.add_argument("--gpu-memory", type=float, metavar="GB",
+                    help="the GPU's memory the sides share (default: nvidia-smi's): decides "
+                         "whether they run beside each other or each alone (see sizing)")
     ap.add_argument("--child", choices=("jax", "torch"), help=argparse.SUPPRESS)
+    ap.add_argument("--release", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--case", default="1b", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.merge:
@@ -706,20 +897,45 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "host.json").write_text(json.dumps(
             {"python": platform.python_version(), "command": command, "steps": args.steps}))
-    cases = ["smoke"] if args.smoke else args.cases
+    if args.gpu_memory is not None and not args.gpu_memory > 0:
+        ap.error(f"--gpu-memory must be > 0 GB, got {args.gpu_memory}")
+    cases = list(SMOKE_CASES) if args.smoke else args.cases
     args.first_case = cases[0]   # --predict calibrates on it, predicts the others
-    results, rows = [], []
+    results: list[dict[str, Any]] = []
     for case in cases:
         r = run_case(case, args, out)
         results.append(r)
         r["when"] = time.strftime("%Y-%m-%d")
-        rows += rows_of(r, command, args.steps) if not args.smoke else []
         print(json.dumps({k: r.get(k) for k in ("case", "median_step_seconds", "tokens_per_s",
                                                  "mfu", "error")}, default=float), flush=True)
-        if out is not None:   # after every case: a later case's crash keeps these
-            (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
-            (out / "rows.json").write_text(json.dumps(rows, indent=1, default=float))
+        _write(out, results, command, args.steps)   # a later case's crash keeps these
+    if args.predict and len(results) > 1:
+        held_out(results, _device_name(results, args.smoke))
+        _write(out, results, command, args.steps)
     return 1 if any("error" in r for r in results) else 0
+
+
+def _device_name(results: list[dict[str, Any]], smoke: bool) -> str:
+    """The catalogue entry's name of the run's device ("H200"), or the measured CPU's."""
+    from workbench.hardware import cpu_spec, hardware_spec
+
+    kind = next((r["workbench"]["device"] for r in results if r.get("workbench")), "")
+    spec = cpu_spec(1) if smoke else hardware_spec(kind)
+    return spec.name if spec is not None else kind
+
+
+def _write(out: Path | None, results: list[dict[str, Any]], command: str, steps: int) -> None:
+    """results.json, rows.json and each case's efficiency record (efficiency-<case>.json,
+    the form ``workbench.hardware._efficiency.Efficiency.from_dict`` reads) into ``out``."""
+    if out is None:
+        return
+    rows = [row for r in results for row in rows_of(r, command, steps)]
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    (out / "rows.json").write_text(json.dumps(rows, indent=1, default=float))
+    for r in results:
+        if r.get("efficiency"):
+            (out / f"efficiency-{r['case']}.json").write_text(json.dumps(r["efficiency"],
+                                                                         indent=1))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,14 @@
 # portpicker), which travel as wheels in .whl/ (and a pinned Flax/Optax/Orbax in
 # .whl/pinned/, used only when the machine's own cannot import Workbench). Arguments go to
 # gpu_vs_torch.py; results land in $OUT (or ./gpu-out), the profiles bundled in one file.
-#   MEMFRAC  share of GPU memory the JAX side may take (default 0.62: the 1b step's 62 GB
-#            beside PyTorch's 46 GB on an H200; an H100 holds both only with remat)
-#   LIMIT    seconds before the run is stopped (default 520)
+#   MEMFRAC  share of GPU memory the JAX side may take (default: gpu_vs_torch.sizing's,
+#            from nvidia-smi's memory: on an H200 both sides run beside each other, the JAX
+#            side capped at what PyTorch leaves; on an H100 (80 GB) the 1b case runs each
+#            side alone, windows still interleaved, as its rows say)
+#   LIMIT    seconds before the run is stopped (default 450: one device call under 8
+#            minutes with the install and the transfers)
+# The lent session's command (both cases, the held-out rows; about 6 minutes on an H200):
+#   bash benchmarks/gpu_vs_torch_device.sh --cases 1b small --windows 3 --steps 10 --predict
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
@@ -23,8 +28,10 @@ if [ -d .whl ]; then
     echo "using the carried Flax/Optax/Orbax (the machine's could not import Workbench)"
   fi
 fi
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=${MEMFRAC:-0.62}
-timeout "${LIMIT:-520}" python3 benchmarks/gpu_vs_torch.py "$@" --out "$OUT" 2>&1 \
+export PYTHONUNBUFFERED=1
+if [ -n "$MEMFRAC" ]; then export XLA_PYTHON_CLIENT_MEM_FRACTION=$MEMFRAC; fi
+python3 -c "import jax; print('jax', jax.__version__)"
+timeout "${LIMIT:-450}" python3 benchmarks/gpu_vs_torch.py "$@" --out "$OUT" 2>&1 \
   | grep -v "cuda_timer.cc" | tee "$OUT/log.txt"
 status=$?
 shopt -s nullglob
