@@ -21,9 +21,11 @@ from workbench.hardware._efficiency import (EFFICIENCIES, Efficiency, check_effi
 from workbench.models import GPTConfig
 from workbench.perf._efficiency import StepNumbers, efficient_local, fit_efficiency
 from workbench.perf._predict_plan import step_numbers
-from workbench.train._optim import AdamW
 
 ROOT = pathlib.Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.bench_gpu_predictions import plan_of  # noqa: E402
+
 RUN = ROOT / "benchmarks" / "gpu_runs" / "2026-11-28-h200-e-xent"
 INPUTS = json.loads((RUN / "efficiency-inputs.json").read_text())
 PEAK = 989e12
@@ -31,18 +33,9 @@ PEAK = 989e12
 HELD_OUT = 0.15
 
 
-def _plan(case: dict) -> object:
-    """The plan a fresh machine makes of a stored case's step: one H200, the Trainer's
-    optimizer (AdamW, warmup-cosine, clipping), its model config."""
-    cfg = GPTConfig.preset(case["preset"], seq_len=case["seq"], **case["model"])
-    return wb.plan(cfg, mesh=wb.abstract_mesh("1xH200", data=-1), rules="fsdp",
-                   batch=case["batch"], seq=case["seq"], optimizer=AdamW().build(1_000_000),
-                   progress=False)
-
-
 @pytest.fixture(scope="module")
 def traced() -> dict[str, tuple[StepNumbers, dict]]:
-    return {c["case"]: (step_numbers(_plan(c).report, name=c["case"]), c["split"])
+    return {c["case"]: (step_numbers(plan_of(c).report, name=c["case"]), c["split"])
             for c in INPUTS["traced"]}
 
 
@@ -105,7 +98,7 @@ def test_a_fresh_plan_of_the_trainers_default_step_uses_the_catalogue(case, tmp_
     prediction comes from the catalogue's measured efficiencies and lands within 15% of
     what trainer.profile measured on the H200."""
     monkeypatch.setenv("WORKBENCH_CALIBRATION", str(tmp_path / "none"))
-    plan = _plan(case)
+    plan = plan_of(case)
     pred = plan.predict()
     assert pred.sources["local"].startswith("measured on benchmarks/gpu_runs/")
     assert abs(pred.step_seconds / case["measured"] - 1) < HELD_OUT
@@ -212,7 +205,6 @@ def test_a_gb200_is_not_taken_for_a_b200():
 def test_the_stored_inputs_are_the_traces_split_again():
     """efficiency-inputs.json is what benchmarks.gpu_vs_torch.trace_split reads from the
     run's profiles.tgz (the H200's CUPTI traces, read with the profiler's own reader)."""
-    sys.path.insert(0, str(ROOT))
     from benchmarks.gpu_vs_torch import trace_split
 
     for case in INPUTS["traced"]:
