@@ -316,9 +316,10 @@ RECIPES: dict[str, Recipe] = {
                                     "param_dtype": "float32"},
     "wb.models.MLPClassifier": lambda f: {"in_features": 8, "hidden": (16,), "n_classes": 4,
                                           "rngs": _rngs()},
+    # an fp8 config (issue 58): every field fuzzed with quantization on, and it hostile too
     "wb.models.GPTConfig": lambda f: {k: getattr(f.cfg, k) for k in (
         "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
-        "seq_len")},
+        "seq_len")} | {"quantization": "fp8"},
     "wb.models.ModelSpec": lambda f: {"factory": f.nnx_factory},
     "wb.models.classifier_loss": lambda f: {"model": f.classifier,
                                             "batch": {"x": _jnp_ones((2, 8)),
