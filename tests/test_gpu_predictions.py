@@ -212,3 +212,18 @@ def test_the_stored_inputs_are_the_traces_split_again():
         assert again == pytest.approx(case["split"], rel=1e-9)
         assert again["matmul"] + again["attention"] + again["memory"] + again["rest"] == \
             pytest.approx(again["step"], rel=1e-6)
+
+
+def test_the_bench_rows_are_the_held_out_predictions(traced):
+    """bench_gpu_predictions' rows (BENCHMARKS.md) hold the predictions checked above."""
+    from benchmarks.bench_gpu_predictions import run
+
+    rows = {r["name"]: r for r in run()}
+    held = {n: r for n, r in rows.items() if "held out" in n}
+    assert len(held) == 2 and all(r["ok"] and r["target"] == "0.85-1.15" for r in held.values())
+    numbers, split = traced["small"]
+    seconds, _, _ = efficient_local(numbers, _fit([traced["1b"]]), PEAK)
+    (small,) = [r for n, r in held.items() if n.startswith("predicted step, 1 x H200: small")]
+    assert small["value"] == pytest.approx(seconds / split["step"])
+    before = [r for n, r in rows.items() if "datasheet roofline" in n]
+    assert len(before) == 2 and all(r["value"] < 0.6 for r in before)
