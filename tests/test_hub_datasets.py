@@ -192,6 +192,38 @@ def _stream(folder):
     return np.concatenate([np.frombuffer(r, np.int32) for r in records])
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sigkill_mid_run_then_resume_equals_the_uninterrupted_run(cache, sources, tmp_path):
+    """A process training on the Hub dataset (offline, from the cache) killed after a
+    checkpoint; a new Trainer on its run directory gives the uninterrupted losses."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_resume import _wait_for_checkpoint, _wait_for_step
+    from tests.test_text_train import CHILD
+    from workbench import _runs as runs
+
+    cfg = _config(wb.data.Dataset(hf=REPO, tokenizer=sources["tokenizer"]), 12)
+    ref = wb.Trainer(cfg, run_dir=tmp_path / "ref", progress=None)
+    ref.run()
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, cfg.to_json(), str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
+    _wait_for_checkpoint(proc, run_dir)
+    _wait_for_step(proc, run_dir, 5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert runs.read_metrics(run_dir)[-1]["step"] < 12
+    with pytest.warns(UserWarning, match="taking over the stale lock"):
+        trainer = wb.Trainer(cfg, run_dir=run_dir, progress=None)
+    assert trainer.step >= 2
+    trainer.run()
+    assert trainer.losses == ref.losses
+
+
 def test_chat_rows_are_rendered_with_the_models_chat_template(cache, sources):
     tok = wb.data.Tokenizer(sources["tokenizer"])
     spec = wb.data.Dataset(hf=CHAT, split="train_sft", field="messages", tokenizer=tok)
