@@ -15,6 +15,7 @@ this process instead, and cancelling it only stops waiting.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import io
 import os
@@ -43,6 +44,17 @@ _SLOTS = threading.BoundedSemaphore(os.cpu_count() or 1)
 _POLL = 0.1
 #: Characters of a dead worker's stderr quoted in its error.
 _TAIL = 1500
+
+
+#: Worker processes running now: killed when this process exits (atexit), so that no
+#: compile outlives the kernel or script that asked for it.
+_RUNNING: set[subprocess.Popen] = set()
+
+
+def _kill_running() -> None:
+    for proc in list(_RUNNING):
+        if proc.poll() is None:
+            proc.kill()
 
 
 def slots() -> int:
@@ -244,6 +256,10 @@ class Background:
                     stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                     start_new_session=True)   # Ctrl-C in a terminal reaches us, not it
                 self.pid = self._proc.pid
+                if not _RUNNING:   # registered once it matters (importing has no effects)
+                    atexit.unregister(_kill_running)
+                    atexit.register(_kill_running)
+                _RUNNING.add(self._proc)
                 self.mark("compiling")
                 while self._proc.poll() is None:
                     if self._cancel.wait(_POLL):
@@ -260,6 +276,7 @@ class Background:
             if proc is not None and proc.poll() is None:   # cancelled: the worker goes
                 proc.kill()
                 proc.wait()
+            _RUNNING.discard(proc)
             shutil.rmtree(folder, ignore_errors=True)
 
     def in_thread(self, compile: Callable[[], CompileOutcome]) -> CompileOutcome:
