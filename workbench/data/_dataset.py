@@ -1,4 +1,4 @@
-"""``wb.data.Dataset``: your own text or a Hub dataset, tokenized, packed, split into train and eval.
+"""``wb.data.Dataset``: your text or a Hub dataset, tokenized, packed, split into train and eval.
 
 Example::
 

@@ -1,4 +1,4 @@
-"""Hugging Face Hub datasets by id: a split's data files, in ``huggingface_hub``'s cache, at a commit.
+"""Hugging Face Hub datasets by id: a split's data files in huggingface_hub's cache, at a commit.
 
 ``wb.data.Dataset(hf="org/name", split="train", field="text")`` trains on a Hub dataset.
 :func:`resolve_split` finds the split's files the way the ``datasets`` library does (its
