@@ -218,9 +218,12 @@ def _recorded(run_dir):
 def test_resume_after_sigkill_continues_the_same_tracker_runs(cfg, env, tmp_path):
     cfg = cfg.replace(steps=40, checkpoint_every=2)
     run_dir = tmp_path / "run"
+    # the child starts W&B's service of its own (WANDB_SERVICE would share this process's,
+    # which would keep the killed child's run open: "run ID ... is in use")
+    child_env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, cfg.to_json(), str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
+                            env=child_env)
     try:
         _wait(proc, lambda: _recorded(run_dir), "tracker ids, a checkpoint and step 5")
         proc.send_signal(signal.SIGKILL)   # no finish: the tracker runs are left open
