@@ -227,3 +227,28 @@ def test_the_bench_rows_are_the_held_out_predictions(traced):
     assert small["value"] == pytest.approx(seconds / split["step"])
     before = [r for n, r in rows.items() if "datasheet roofline" in n]
     assert len(before) == 2 and all(r["value"] < 0.6 for r in before)
+
+
+def test_the_catalogue_residuals_are_the_checks_and_give_the_band(traced, tmp_path,
+                                                                  monkeypatch):
+    """The record's residuals are the measured / predicted steps of the checks above
+    (3 digits), and an H200 plan's error band spans them."""
+    monkeypatch.setenv("WORKBENCH_CALIBRATION", str(tmp_path / "none"))
+    stored = {r["name"]: r["ratio"] for r in EFFICIENCIES["H200"].residuals}
+    for fitted, held, name in (("small", "1b", "1b 8x2048 remat=minimal, fitted on small "
+                                "alone"), ("1b", "small", "small 32x1024 unscanned, fitted "
+                                           "on 1b alone")):
+        numbers, split = traced[held]
+        seconds, _, _ = efficient_local(numbers, _fit([traced[fitted]]), PEAK)
+        assert stored[name] == pytest.approx(split["step"] / seconds, abs=1e-3)
+    ratios = []
+    for case in INPUTS["trainer"]:
+        pred = plan_of(case).predict()
+        ratios.append(case["measured"] / pred.step_seconds)
+        assert pred.band.basis == "measured efficiencies"
+        # the band spans the stored ratios (4 digits) of these very steps
+        assert pred.band.low - 1e-3 <= ratios[-1] <= pred.band.high + 1e-3
+    assert sorted(ratios) == pytest.approx(sorted(
+        v for k, v in stored.items() if "Trainer default" in k), abs=1e-3)
+    assert pred.band.low == pytest.approx(min(stored.values()))
+    assert "checked step" in pred.band.summary()

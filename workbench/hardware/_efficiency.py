@@ -49,6 +49,9 @@ class Efficiency:
       date: when it ran (YYYY-MM-DD).
       jax: the JAX version it ran on.
       fitted_on: the cases fitted ("1b 8x2048 remat=minimal").
+      residuals: measured steps of cases it was checked on, beside what it predicted:
+        ``{"name", "ratio"}`` (measured / predicted step), the error band of the
+        predictions it makes (``workbench.perf._band``); () where none was checked.
     """
 
     device_kind: str
@@ -59,6 +62,7 @@ class Efficiency:
     date: str
     jax: str
     fitted_on: tuple[str, ...]
+    residuals: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def origin(self) -> str:
@@ -80,6 +84,7 @@ class Efficiency:
         d["matmul_fraction"], d["attention_flops"] = dict(self.matmul_fraction), \
             dict(self.attention_flops)
         d["fitted_on"] = list(self.fitted_on)
+        d["residuals"] = [dict(r) for r in self.residuals]
         return d
 
     @classmethod
@@ -131,7 +136,7 @@ def check_efficiency(d: Any) -> dict[str, Any]:
     if not isinstance(d, Mapping):
         raise ValueError(f"efficiency record is a {type(d).__name__}, not an object")
     names = [f.name for f in dataclasses.fields(Efficiency)]
-    missing = [n for n in names if n not in d]
+    missing = [n for n in names if n not in d and n != "residuals"]
     extra = [k for k in d if k not in names]
     if missing or extra:
         raise ValueError(f"efficiency record: fields {missing} missing, {extra} unknown; "
@@ -156,6 +161,13 @@ def check_efficiency(d: Any) -> dict[str, Any]:
         raise ValueError(f"efficiency record: fitted_on is {fitted!r:.60}, not a non-empty "
                          "list of the cases' names")
     out["fitted_on"] = tuple(fitted)
+    res = d.get("residuals", ())
+    if not isinstance(res, (list, tuple)) or not all(
+            isinstance(r, Mapping) and isinstance(r.get("name"), str) for r in res):
+        raise ValueError(f"efficiency record: residuals is {res!r:.60}, not a list of "
+                         "{'name', 'ratio'} objects")
+    out["residuals"] = tuple({"name": r["name"], "ratio": _positive(
+        r.get("ratio"), f"residuals[{i}].ratio")} for i, r in enumerate(res))
     return out
 
 
@@ -169,7 +181,13 @@ EFFICIENCIES: dict[str, Efficiency] = {
         device_kind="H200", matmul_fraction={"medium": 0.7485, "narrow": 0.7525},
         attention_flops={"medium": 2.912e14, "narrow": 2.355e14}, hbm_bandwidth=6.396e12,
         run=_RUN, date="2026-11-28", jax="0.11.2",
-        fitted_on=("1b 8x2048 remat=minimal", "small 32x1024 scan_layers=False")),
+        fitted_on=("1b 8x2048 remat=minimal", "small 32x1024 scan_layers=False"),
+        # measured / predicted step: the Trainer's default steps of the run (configurations
+        # neither trace had) with this record, and each trace with the other's fit alone
+        residuals=({"name": "1b 8x2048 remat=none (Trainer default)", "ratio": 1.0898},
+                   {"name": "small 32x1024 (Trainer default)", "ratio": 0.9419},
+                   {"name": "1b 8x2048 remat=minimal, fitted on small alone", "ratio": 1.0045},
+                   {"name": "small 32x1024 unscanned, fitted on 1b alone", "ratio": 0.9879})),
 }
 
 

@@ -32,7 +32,8 @@ class Band:
       low, high: the lowest and highest measured / predicted step-time ratio of the rows
         it comes from (widened to hold 1); None when there is no band.
       basis: ``"calibration"`` (the calibration's residuals), ``"reference rows"`` (the
-        published runs of the chip's generation) or ``"none"``.
+        published runs of the chip's generation), ``"measured efficiencies"`` (a GPU's,
+        from the catalogue: the steps they were checked on) or ``"none"``.
       source: where it comes from, or why there is none, in words.
       rows: the rows it comes from: ``{"name", "ratio"}`` (measured / predicted step).
     """
@@ -73,7 +74,8 @@ class Band:
         if not self.known:
             return "no band"
         n = len(self.rows)
-        what = ("calibration layout" if self.basis == "calibration" else "reference row")
+        what = {"calibration": "calibration layout",
+                "measured efficiencies": "checked step"}.get(self.basis, "reference row")
         ratios = [r["ratio"] for r in self.rows]
         seen = (f"{min(ratios):.2f}-{max(ratios):.2f}x" if n > 1 else f"{ratios[0]:.2f}x") \
             if ratios else "-"
@@ -161,10 +163,18 @@ def reference_band(hardware: str, *, compiler_timed: bool) -> Band:
 
 def prediction_band(spec: Any, *, compiler_timed: bool) -> Band:
     """The band of a prediction made with ``spec`` (an ``EffectiveSpec``): the
-    calibration's residuals when calibrated; the reference rows of the generation for an
+    calibration's residuals when calibrated; the residuals of the measured efficiencies
+    of a GPU the catalogue has them for; the reference rows of the generation for an
     uncalibrated TPU plan timed by the compiler's cycles; else none."""
     if spec.calibration is not None:
         return calibration_band(spec.calibration)
+    eff = getattr(spec, "efficiency", None)
+    if eff is not None and eff.residuals:   # a GPU's measured efficiencies, checked
+        return band_of([(r["name"], float(r["ratio"])) for r in eff.residuals],
+                       basis="measured efficiencies", source=(
+                           f"the measured efficiencies' residuals: measured / predicted step "
+                           f"of the {len(eff.residuals)} steps they were checked on "
+                           f"({eff.origin})"))
     if spec.table.platform == "tpu":
         return reference_band(spec.table.name, compiler_timed=compiler_timed)
     return Band(low=None, high=None, basis="none", source=(
