@@ -156,6 +156,8 @@ def test_a_record_round_trips_through_json():
     ({"fitted_on": []}, "fitted_on is []"),
     ({"fitted_on": "1b"}, "fitted_on is '1b'"),
     ({"extra": 1}, "['extra'] unknown"),
+    ({"residuals": [{"name": "1b", "ratio": -1}]}, "residuals[0].ratio is -1"),
+    ({"residuals": [{"ratio": 1.0}]}, "residuals is [{'ratio': 1.0}]"),
 ])
 def test_a_malformed_record_is_refused_naming_the_field(change, names):
     with pytest.raises(ValueError, match="efficiency record") as e:
