@@ -16,7 +16,9 @@ from workbench.models._remat import resolve_remat
 from workbench.perf._analytic import batch_axes, weight_axes
 from workbench.perf._efficiency import StepNumbers, efficient_local
 from workbench.perf._host import HostTime, host_seconds
+from workbench.perf._bounds import implausible
 from workbench.perf._predict import Prediction, compute_seconds_at_peak, predict
+from workbench.perf._refit import FIT_SET, refit_factor
 
 __all__ = ["UNDERCOUNT", "predict_plan", "step_numbers"]
 
@@ -61,7 +63,7 @@ def predict_plan(report: Any, spec: EffectiveSpec, *, overlap: float | None = No
             matmul_flops=flops - kernel_dev, attention_flops=kernel_dev, hbm_bytes=nbytes,
             d_model=cfg.d_model), spec.efficiency, spec.spec.peak_flops)
     host, host_why = _host_time(report, spec, t_kernel)
-    return predict(
+    pred = predict(
         flops=flops,
         bytes_accessed=nbytes,
         collectives=report.collectives, mesh=report.mesh, hardware=spec,
@@ -80,6 +82,38 @@ def predict_plan(report: Any, spec: EffectiveSpec, *, overlap: float | None = No
         sync_exposed=report.source == "tpu-compiler", host=host, host_source=host_why,
         fp8_flops=fp8,
         bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
+    if report.source == "estimate" and compute_seconds is None:
+        pred = _refitted(pred, refit_factor(report), flops, spec)
+    return pred
+
+
+def _refitted(pred: Prediction, k: float, flops: float, spec: EffectiveSpec) -> Prediction:
+    """``pred`` (a formula plan's) with its step times ``k``, the refit's compiled/formula
+    ratio for its layout (``workbench.perf._refit``); MFU and tokens/s follow, the
+    physical bounds are checked again, and the roofline's own terms stay as they were
+    (``breakdown["refit"]`` is ``k``)."""
+    if k == 1.0:
+        return pred
+    b = pred.breakdown
+    step = pred.step_seconds * k
+    mfu = None if pred.mfu is None else pred.mfu / k
+    blended = mfu * spec.spec.peak_flops * b["compute"] / flops \
+        if mfu is not None and flops > 0 else mfu
+    flagged = implausible(step=step, roofline=b["roofline_local"], local=b["local"],
+                          mfu=blended, compiler_local=False)
+    return dataclasses.replace(
+        pred, step_seconds=step, mfu=mfu,
+        mfu_fp8=None if pred.mfu_fp8 is None else pred.mfu_fp8 / k,
+        tokens_per_s=None if pred.tokens_per_s is None else pred.tokens_per_s / k,
+        breakdown={**b, "refit": k, "formula_step": pred.step_seconds,
+                   "no_overlap_step": b["no_overlap_step"] * k},
+        sources={**pred.sources, "refit": f"x{k:.3f}: the formula's step refitted to the "
+                 "TPU compiler's for this layout (workbench.perf._refit, fitted on "
+                 + FIT_SET + ")",
+                 "bounds": "; ".join(flagged) if flagged else (
+                     "within the physical bounds (workbench.perf._bounds): not below "
+                     "its own roofline, MFU at most the published envelope")},
+        implausible=flagged)
 
 
 def _counts(report: Any) -> tuple[float, float, float, bool, str]:
