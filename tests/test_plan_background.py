@@ -176,6 +176,18 @@ def test_a_killed_worker_is_a_clear_error_and_the_formula_plan_works(mesh):
 
 
 @pytest.mark.multiprocess
+def test_a_worker_without_the_meshs_devices_says_how_to_start_it(mesh, monkeypatch):
+    """The worker looks the mesh's devices up by id among its own: a worker started with
+    fewer (another XLA_FLAGS) names the device it lacks and the fix."""
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    p = wb.plan(TINY, mesh=mesh, wait=False, **PLAN)
+    with pytest.raises(RuntimeError, match=r"sees 4 cpu device\(s\).*not device [4-7] of the "
+                                           r"plan's mesh(.|\n)*XLA_FLAGS"):
+        p.wait()
+    assert p.compile_state == "failed" and p.source == "estimate"
+
+
+@pytest.mark.multiprocess
 def test_compiles_wait_for_a_free_core(mesh, monkeypatch):
     """Beyond one compile per core, a plan is queued (no worker yet) until a slot frees."""
     monkeypatch.setattr(background, "_SLOTS", threading.BoundedSemaphore(1))

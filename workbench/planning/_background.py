@@ -182,6 +182,7 @@ class Background:
                 out = run(self)
                 if not self._cancel.is_set():
                     land(out)
+                    self.seconds = time.time() - self.started
                     self.mark("compiled")
             except BaseException as err:  # noqa: BLE001 - kept for wait() to raise
                 if not self._cancel.is_set():

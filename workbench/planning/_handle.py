@@ -189,10 +189,10 @@ class Plan(Live, Displayable):
     def _land(self, other: Plan) -> None:
         """Take ``other``'s numbers and step (the same plan, compiled): this plan, and its
         widget, become the compiler's."""
+        # both plans hold the same step's objects (graphdef, shardings, loss), so what was
+        # traced from them already (activations, the jitted init) still holds
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, getattr(other, f.name))
-        for cached in ("activations", "_init"):
-            self.__dict__.pop(cached, None)
 
     def __str__(self) -> str:
         return str(self.report)
