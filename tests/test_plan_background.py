@@ -95,6 +95,23 @@ def test_background_plan_is_the_formulas_then_the_blocking_plans(mesh):
     assert p.train_step() is p.jitted       # runnable: compiled here on its first call
 
 
+@pytest.mark.slow
+def test_devices_a_worker_cannot_open_compile_in_a_thread(mesh, monkeypatch):
+    """A GPU or TPU the kernel holds: the compile runs in a thread of this process, with
+    the same answer as a blocking plan (CPU devices stand in: the switch is the mesh's
+    platform, ``_planner._in_worker``)."""
+    from workbench.planning import _planner
+
+    monkeypatch.setattr(_planner, "_in_worker", lambda info: False)
+    p = wb.plan(TINY, mesh=mesh, wait=False, **PLAN)
+    assert p.source == "estimate" and "background thread" in p.source_reason
+    p.wait()
+    blocking = wb.plan(TINY, mesh=mesh, **PLAN)
+    assert p.source == "cpu-compiler" and p.memory == blocking.memory
+    assert p.compiled is blocking.compiled     # this process's compile cache: one compile
+    assert p.__dict__["_background"].pid is None
+
+
 def test_widget_says_formula_then_what_the_compiler_changed(tmp_path, mesh):
     """The plan widget's front end draws the background state and the changes."""
     import json

@@ -114,7 +114,7 @@ def _in_background(inp: Inputs, setup: Setup, step: AbstractStep, opts: PlanOpti
     """The formula's plan now; the step compiled by a worker process (devices of another
     platform at hand: a thread of this one), swapped into the same plan when it lands."""
     target = setup.target
-    cpu_or_abstract = inp.info.jax_mesh is None or inp.info.platform == "cpu"
+    cpu_or_abstract = _in_worker(inp.info)
     where = "a background worker process" if cpu_or_abstract else "a background thread"
     compiler = target.source.replace("-", " ")
     shown = inp.name or inp.rules_name or inp.preset or "plan"
@@ -134,6 +134,12 @@ def _in_background(inp: Inputs, setup: Setup, step: AbstractStep, opts: PlanOpti
     formula._start(bg, run, lambda out: formula._land(_measured(
         inp, setup, step, replicated_threshold, t0, out)))
     return formula
+
+
+def _in_worker(info: Any) -> bool:
+    """Whether a worker process can compile for the mesh ``info``: an abstract slice or
+    CPU devices (a second process cannot open the GPU or TPU the kernel holds)."""
+    return info.jax_mesh is None or info.platform == "cpu"
 
 
 def _measured(inp: Inputs, setup: Setup, step: AbstractStep, replicated_threshold: int,
