@@ -149,6 +149,7 @@ def trained(cfg, tmp_path_factory, mlflow_db):
     return run_dir, uri
 
 
+@pytest.mark.slow
 def test_wandb_and_mlflow_read_back_equal_metrics_jsonl(trained, cfg):
     run_dir, uri = trained
     recs = runs.read_metrics(run_dir)
@@ -294,6 +295,20 @@ def _tree(folder):
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def _tracked_run(run_dir, cfg):
+    """A run directory as a Trainer leaves it for ``cfg`` (run.json with tracker runs,
+    metrics.jsonl, a checkpoint file), written directly: what the Trainer must not lose."""
+    with runs.RunWriter(run_dir, config=cfg.to_dict()) as writer:
+        writer.log({"step": 1, "loss": 5.0})
+        writer.update(trackers={"wandb": {"id": "abc123xy", "project": "p", "entity": None},
+                                "mlflow": {"run_id": "8fc1b5bdb2e4441a81628840b22027a5",
+                                           "tracking_uri": "sqlite:///x.db",
+                                           "experiment_id": "0"}})
+    (run_dir / "checkpoints" / "1").mkdir(parents=True)
+    (run_dir / "checkpoints" / "1" / "state").write_bytes(b"saved")
+    return runs.read_run(run_dir)
+
+
 @pytest.mark.parametrize("edit, match", [
     (lambda t: t["wandb"].update(id="a/b"), "trackers.wandb.id='a/b' is not a wandb run id"),
     (lambda t: t["wandb"].update(id=""), "trackers.wandb.id='' is not a wandb run id"),
@@ -302,11 +317,9 @@ def _tree(folder):
     (lambda t: t["mlflow"].update(tracking_uri=["x"]), "tracking_uri=\\['x'\\] must be a"),
     (lambda t: t.update(wandb="abc"), "trackers.wandb is 'abc', not an object"),
 ])
-def test_a_hand_edited_tracker_id_is_refused_and_nothing_is_lost(trained, cfg, tmp_path,
-                                                                 edit, match):
+def test_a_hand_edited_tracker_id_is_refused_and_nothing_is_lost(cfg, tmp_path, edit, match):
     run_dir = tmp_path / "run"
-    shutil.copytree(trained[0], run_dir)
-    meta = runs.read_run(run_dir)
+    meta = _tracked_run(run_dir, cfg)
     edit(meta["trackers"])
     (run_dir / runs.RUN_JSON).write_text(json.dumps(meta))
     before = _tree(run_dir)
@@ -316,10 +329,9 @@ def test_a_hand_edited_tracker_id_is_refused_and_nothing_is_lost(trained, cfg, t
     assert _tree(run_dir) == before                                # nothing written or lost
 
 
-def test_a_whole_trackers_field_of_the_wrong_type_is_refused(trained, cfg, tmp_path):
+def test_a_whole_trackers_field_of_the_wrong_type_is_refused(cfg, tmp_path):
     run_dir = tmp_path / "run"
-    shutil.copytree(trained[0], run_dir)
-    meta = runs.read_run(run_dir)
+    meta = _tracked_run(run_dir, cfg)
     meta["trackers"] = ["wandb"]
     (run_dir / runs.RUN_JSON).write_text(json.dumps(meta))
     with pytest.raises(runs.RunFileError, match="'trackers' is \\['wandb'\\], not an object"):
@@ -331,6 +343,7 @@ def _tiny(**kw):
                           batch=8, seq=32, steps=3, checkpoint_every=3, data="synthetic", **kw)
 
 
+@pytest.mark.slow
 def test_a_failing_tracker_is_a_warning_and_training_goes_on(env, monkeypatch, tmp_path):
     with socket.socket() as s:   # a port nothing listens on: the connection is refused
         s.bind(("127.0.0.1", 0))
@@ -349,13 +362,14 @@ def test_a_failing_tracker_is_a_warning_and_training_goes_on(env, monkeypatch, t
     assert sorted(history) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_slow_tracker_never_holds_the_run(env, monkeypatch, tmp_path):
     server = socket.socket()   # accepts connections (the backlog) and never answers
     server.bind(("127.0.0.1", 0))
     server.listen(8)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{server.getsockname()[1]}")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "6")
     monkeypatch.setattr(_trackers, "FINISH_SECONDS", 0.5)
     trainer = wb.Trainer(_tiny(trackers=["mlflow"]), tmp_path / "run", progress=None)
     try:
@@ -374,3 +388,9 @@ def test_a_slow_tracker_never_holds_the_run(env, monkeypatch, tmp_path):
         assert not stuck[0].is_alive()
     finally:
         server.close()
+
+
+def test_a_recorded_tracker_run_is_read_back_as_written(cfg, tmp_path):
+    meta = _tracked_run(tmp_path / "run", cfg)
+    assert _trackers.stored_records(tmp_path / "run", ["wandb", "mlflow"]) == meta["trackers"]
+    assert _trackers.stored_records(tmp_path / "run", ["tensorboard"]) == {}
