@@ -16,6 +16,11 @@ compile minutes on 2 cores, so the exhaustive references take hours there
 search's seconds. Each size keeps the other's rows already in ``benchmarks/results.json``
 (the pod cases' were measured by hand, hours here) until a run of that size replaces them.
 
+Each case searched exhaustively also gets a row of the formula's rank of the exhaustive
+best (``analytic_rank``: the order the exact pass compiles in; 1 when the formula ranks
+like the compiler, ``workbench.perf._refit``, so the default search's first compile is
+its final best).
+
 Search times depend on the load of the machine (the TPU compiler's threads share it):
 each row's notes give the load average at its start and end.
 """
@@ -63,11 +68,38 @@ def _compiled(res: Any) -> int:
     return sum(r["source"] != "estimate" for r in res.rows)
 
 
+def _rank_name(name: str, hw: str, batch: int, seq: int) -> str:
+    return f"wb.search {name} on {hw}, batch {batch} x {seq}: the formula's rank of the " \
+           "exhaustive best"
+
+
+def _rank_row(name: str, hw: str, batch: int, seq: int, full: Any, size: str
+              ) -> dict[str, Any]:
+    """The formula's rank (``analytic_rank``, the order the exact pass compiles in) of the
+    exhaustive search's best: 1 when the formula ranks like the compiler, so the default
+    search's first compile is its final best (issue 59 item 3)."""
+    best = full.best_row
+    rank = best["analytic_rank"]
+    first = min((r for r in full.rows if r["analytic_rank"] is not None),
+                key=lambda r: r["analytic_rank"], default=None)
+    return {"name": _rank_name(name, hw, batch, seq), "value": rank, "unit": "formula rank",
+            "target": "1 (the formula's first is the exhaustive best)", "ok": rank == 1,
+            "notes": f"exhaustive best {best['layout']} {best['step_seconds'] * 1e3:.4g} ms "
+                     f"compiled, {best['analytic_step_seconds'] * 1e3:.4g} ms by formula; "
+                     f"the formula's first: "
+                     + ("none" if first is None else
+                        f"{first['layout']} ({first['analytic_step_seconds'] * 1e3:.4g} ms)")
+                     + f"; {_compiled(full)} of {len(full.rows)} candidates compiled "
+                       "(exact='all'); workbench.perf._refit"
+                     + ("; tests/test_search_exact.py" if size == "small" else "")}
+
+
 def _rows_kept(size: str) -> list[dict[str, Any]]:
     """The other size's rows already in results.json: a small run keeps the pod cases'
     (measured by hand, hours here), a pod run the small cases'."""
     path = Path(__file__).resolve().parent / "results.json"
     small = {f"wb.search {label}: default best = exhaustive best" for label in SMALL.values()}
+    small |= {_rank_name(name, *_cases("small")[name][1:4]) for name in SMALL}
     rows = json.loads(path.read_text()) if path.exists() else []
     return [{k: v for k, v in r.items() if k != "module"} for r in rows
             if r.get("module") == "bench_search" and (r["name"] in small) == (size == "pod")]
@@ -110,6 +142,8 @@ def run() -> list[dict[str, Any]]:
                     f"{full.best_row['layout']} {full.best_row['step_seconds'] * 1e3:.4g} ms: "
                     f"{'same' if same else 'DIFFERENT'}")
                  + f"; load average {load0} at start, {load1} after the default search")
+        if full is not None:
+            rows.append(_rank_row(name, hw, batch, seq, full, size))
         if size == "pod":
             rows.append({"name": f"wb.search {name} on {hw}, batch {batch} x {seq}: default "
                                  "search (top_k 3, workers 2)",
