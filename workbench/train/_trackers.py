@@ -179,7 +179,7 @@ class RunInfo:
                                        if meta.get(k) is not None})
 
 
-class TensorBoardClient:
+class TensorBoardSender:
     """tensorboardX event files in ``<run_dir>/tensorboard``; the config and summary as text."""
 
     name = "tensorboard"
@@ -202,7 +202,7 @@ class TensorBoardClient:
         self.writer.close()
 
 
-class WandbClient:
+class WandbSender:
     """A W&B run (``wandb.init(id=..., resume="allow")``): online, or offline with
     ``WANDB_MODE=offline`` (``wandb sync`` uploads it). Its files go to ``WANDB_DIR``, else to
     the run directory; the project is ``WANDB_PROJECT``'s (W&B's own default otherwise)."""
@@ -230,7 +230,7 @@ class WandbClient:
         self.run.finish(exit_code=_STATUS["wandb"][status])
 
 
-class MlflowClient:
+class MlflowSender:
     """An MLflow run in the tracking store MLflow is set to (``MLFLOW_TRACKING_URI``, else
     its default) and experiment (``MLFLOW_EXPERIMENT_NAME`` / ``_ID``, else Default). The
     config and summary are its params (``plan.*``); a resumed run goes on in the store it
@@ -291,8 +291,8 @@ def _experiment_id(client: Any) -> str:
     return found.experiment_id if found else client.create_experiment(name)
 
 
-CLIENTS: dict[str, Callable[[], Any]] = {"tensorboard": TensorBoardClient,
-                                         "wandb": WandbClient, "mlflow": MlflowClient}
+SENDERS: dict[str, Callable[[], Any]] = {"tensorboard": TensorBoardSender,
+                                         "wandb": WandbSender, "mlflow": MlflowSender}
 
 
 # ----------------------------------------------------------------------------- the sink
@@ -405,5 +405,5 @@ def tracker_sinks(names: Sequence[str], writer: runs.RunWriter, config: dict[str
             writer.update(trackers={**(writer.meta.get("trackers") or {}), name: entry})
 
     history = list(history)
-    return [Tracker(CLIENTS[n](), stored.get(n) or {}, info, record, history)
+    return [Tracker(SENDERS[n](), stored.get(n) or {}, info, record, history)
             for n in names]
