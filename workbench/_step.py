@@ -41,6 +41,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from workbench import _param_init as param_init
 from workbench.models import GPT, GPTConfig, _moe as moe
 from workbench.models._pipeline import Pipeline, check_rules, stages_of
 from workbench.models._pipeline import activate as pipeline_context
@@ -54,7 +55,7 @@ __all__ = ["AbstractTrainState", "LossFn", "ModelFactory", "TrainState", "abstra
            "abstract_model", "abstract_state", "abstract_train_state", "batch_logical_axes",
            "batch_shardings", "init_state", "jit_train_step", "lm_loss", "lm_loss_and_stats", "logical_axes",
            "loss_and_stats", "make_train_step", "model_factory", "param_specs", "path_str", "require_auto_axes",
-           "sharded_init", "state_shardings"]
+           "seed_params", "sharded_init", "state_shardings"]
 
 ModelFactory = Callable[[nnx.Rngs], nnx.Module]
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array]], jax.Array]
@@ -350,11 +351,11 @@ def sharded_init(cfg_or_factory: GPTConfig | ModelFactory,
                  ) -> Callable[[jax.Array], Any]:
     """``jax.jit(key -> TrainState, out_shardings=shardings)``; with ``optimizer=None`` it
     returns only the params (and ``shardings`` is the params' tree)."""
-    factory = model_factory(cfg_or_factory)
+    model_factory(cfg_or_factory)   # a TypeError now, not inside jit
+    param_shardings = shardings if optimizer is None else shardings.params
 
     def _init(key: jax.Array) -> Any:
-        _, params = _split_params(factory(nnx.Rngs(params=key)))
-        params = nnx.to_pure_dict(params)
+        params = seed_params(cfg_or_factory, param_shardings, key)
         if optimizer is None:
             return params
         tx = lora_adapters.for_params(optimizer, params)   # adapters only, when present
@@ -362,6 +363,17 @@ def sharded_init(cfg_or_factory: GPTConfig | ModelFactory,
                           opt_state=tx.init(params))
 
     return jax.jit(_init, out_shardings=shardings)
+
+
+def seed_params(cfg_or_factory: GPTConfig | ModelFactory, shardings: Any, key: jax.Array
+                ) -> Any:
+    """The model's parameters from ``key`` (a pure dict), to call inside ``jax.jit`` with
+    ``shardings`` (the params' NamedShardings) as out_shardings: the values of
+    ``factory(nnx.Rngs(params=key))``, its normal weights drawn in one random expansion
+    into their shards (:mod:`workbench._param_init`)."""
+    with param_init.deferred():
+        _, params = _split_params(model_factory(cfg_or_factory)(nnx.Rngs(params=key)))
+    return param_init.draw(params, shardings)
 
 
 def lm_loss(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:

@@ -48,6 +48,9 @@ class TraceContext:
             (``workbench._sharding.rules.recording``, for the plan's activation table); None: off.
         pipeline: the ``Pipeline`` a scanned GPT's blocks run through; None: a plain scan.
         stages: the pipeline's stages (size of the ``stage`` mesh axis).
+        defer_draws: the sharded init is tracing the model: ``param()`` keeps the PRNG key
+            of each float32 normal parameter as its value, and ``workbench._param_init``
+            draws them all in one random expansion, each device only its own shards.
     """
 
     rules: Any = None   # a workbench._sharding.rules.Rules (see the module's docstring)
@@ -55,6 +58,7 @@ class TraceContext:
     record: list[ActivationRecord] | None = None
     pipeline: Any = None   # a workbench.models._pipeline.Pipeline
     stages: int = 1
+    defer_draws: bool = False
 
     @property
     def sharding(self) -> tuple[Any, Any] | None:

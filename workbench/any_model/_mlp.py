@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from workbench._validate import check_int
-from workbench.models._layers import MAX_DIM, check_dtype, param
+from workbench.models._layers import MAX_DIM, Normal, check_dtype, param
 from workbench._sharding.rules import constrain
 
 
@@ -41,10 +41,10 @@ class MLPClassifier(nnx.Module):
             # input layer (embed, mlp); hidden->hidden (None, mlp): one mesh axis never
             # shards both dims of a weight.
             ax_in = "embed" if i == 0 else None
-            init = nnx.initializers.normal(stddev=(2.0 / fan_in) ** 0.5)
+            init = Normal((2.0 / fan_in) ** 0.5)
             self.weights.append(param(keys[i], init, (fan_in, fan_out), (ax_in, "mlp"), dtype))
             self.biases.append(param(None, nnx.initializers.zeros, (fan_out,), ("mlp",), dtype))
-        init = nnx.initializers.normal(stddev=sizes[-1] ** -0.5)
+        init = Normal(sizes[-1] ** -0.5)
         self.out = param(keys[-1], init, (sizes[-1], n_classes), ("mlp", None), dtype)
         self.out_bias = param(None, nnx.initializers.zeros, (n_classes,), (None,), dtype)
 

@@ -249,11 +249,9 @@ def export_lora(restored: tuple[Any, GPTConfig, dict[str, Any]], path: str | os.
 def _base_params(config: dict[str, Any], init: dict[str, Any], adapters: Any) -> Any:
     """A LoRA run's frozen base on the export's devices: ``init``'s weights (the recorded
     Hub commit, or the folder), else the seed's (the same bits as the run's step 0)."""
-    from flax import nnx
-
     from workbench.models._lora import split_params
     from workbench._sharding.placement import resolve_placement
-    from workbench._step import abstract_train_state, model_factory
+    from workbench._step import abstract_train_state, seed_params
     from workbench.train._config import TrainConfig
 
     tc = TrainConfig.from_dict(config)
@@ -262,13 +260,11 @@ def _base_params(config: dict[str, Any], init: dict[str, Any], adapters: Any) ->
     import optax
 
     a = abstract_train_state(cfg, optax.identity(), rules, mesh)
-    shardings = split_params(jax.tree.map(lambda x: x.sharding, a.state.params))[0]
+    every = jax.tree.map(lambda x: x.sharding, a.state.params)
+    shardings = split_params(every)[0]
     if tc.init is None:
-        factory = model_factory(cfg)
-
         def init_base(key: Any) -> Any:
-            p = nnx.to_pure_dict(nnx.state(factory(nnx.Rngs(params=key)), nnx.Param))
-            return split_params(p)[0]
+            return split_params(seed_params(cfg, every, key))[0]
 
         return jax.jit(init_base, out_shardings=shardings)(jax.random.key(tc.seed))
     from workbench.hf._hub import MODEL_FILES, is_hub_id, resolve

@@ -31,6 +31,7 @@ from workbench.models._layers import (
     MLP,
     Attention,
     KVCache,
+    Normal,
     RMSNorm,
     Segments,
     check_layer_args,
@@ -111,7 +112,7 @@ class GPT(nnx.Module):
         self.cfg = cfg = cfg.resolved()
         pd = cfg.param_dtype
         keys = jax.random.split(rngs.params(), cfg.n_layers + 2)   # one draw from rngs
-        self.embed = param(keys[0], nnx.initializers.normal(stddev=0.02),
+        self.embed = param(keys[0], Normal(0.02),
                            (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), pd)
         if cfg.scan_layers:   # one Block whose params stack the n_layers blocks' params
             self.blocks = _stacked_blocks(cfg, keys[2:])

@@ -13,6 +13,7 @@ F d_ff.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,10 +31,11 @@ from workbench.models import _fp8 as fp8
 from workbench.models import _lora as lora_adapters
 from workbench.models._attention import KVCache
 from workbench.models._config import GPTConfig, _rope_scaling
+from workbench._sharding import tracing
 from workbench._sharding.rules import constrain
 
-__all__ = ["MLP", "Attention", "Init", "KVCache", "RMSNorm", "Segments", "fan_in_init", "param",
-           "rope", "rope_frequencies"]
+__all__ = ["MLP", "Attention", "Init", "KVCache", "Normal", "RMSNorm", "Segments", "fan_in_init",
+           "param", "rope", "rope_frequencies"]
 
 Init = Callable[..., jax.Array]
 #: Packed rows: ``(segment_ids, positions)``, int32 (B, T) each (``workbench.data._packing``).
@@ -99,12 +101,40 @@ def param(key: jax.Array | None, init: Init, shape: Sequence[int],
     """
     if len(shape) != len(axes):
         raise ValueError(f"shape {tuple(shape)} and logical axes {axes} differ in rank")
+    if _deferred(key, init, dtype):   # the sharded init draws it (workbench._param_init)
+        return nnx.Param(jax.random.key_data(key) if jax.dtypes.issubdtype(
+            key.dtype, jax.dtypes.prng_key) else key, out_sharding=axes,
+            eager_sharding=False, draw=(init, tuple(shape)))
     value = init(key, tuple(shape), jnp.dtype(dtype))
     return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
+def _deferred(key: jax.Array | None, init: Init, dtype: str) -> bool:
+    """Whether ``param()`` keeps ``key`` for the sharded init instead of drawing: a float32
+    :class:`Normal` from a threefry key while ``TraceContext.defer_draws`` is on."""
+    if not (isinstance(init, Normal) and tracing.current().defer_draws) or key is None \
+            or jnp.dtype(dtype) != jnp.float32:
+        return False
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return str(jax.random.key_impl(key)) == "threefry2x32" and key.shape == ()
+    return key.dtype == np.uint32 and key.shape == (2,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Normal:
+    """``stddev`` times a standard normal draw: ``nnx.initializers.normal(stddev)``, bit for
+    bit, in a form the sharded init reads (``workbench._param_init`` draws every such
+    parameter of a model in one random expansion, with the same values)."""
+
+    stddev: float
+
+    def __call__(self, key: jax.Array, shape: Sequence[int], dtype: Any = jnp.float32
+                 ) -> jax.Array:
+        return jax.random.normal(key, shape, dtype) * jnp.array(self.stddev, dtype)
+
+
 def fan_in_init(fan_in: int) -> Init:
-    return nnx.initializers.normal(stddev=fan_in ** -0.5)
+    return Normal(fan_in ** -0.5)
 
 
 class RMSNorm(nnx.Module):

@@ -54,7 +54,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
 from workbench.models._config import DEFAULT_TOP_K, MOE_DISPATCH, GPTConfig, current_platform
-from workbench.models._layers import MLP, param
+from workbench.models._layers import MLP, fan_in_init, param
 from workbench._sharding.rules import Rules, active, constrain
 
 #: Token dispatch implementations accepted by ``GPTConfig.moe_dispatch``.
@@ -172,15 +172,14 @@ class MoE(nnx.Module):
         cfg = cfg.resolved()   # dtype "auto": for the platform built for
         d, e, f, pd = cfg.d_model, cfg.n_experts, cfg.moe_d_ff, cfg.param_dtype
         kr, kg, ku, kd, ks = jax.random.split(key, 5)
-        normal = lambda fan_in: nnx.initializers.normal(stddev=fan_in ** -0.5)
-        self.router = param(kr, normal(d), (d, e), ("embed", None), pd)
-        self.gate = param(kg, normal(d), (e, d, f), ("experts", "embed", "expert_mlp"), pd)
-        self.up = param(ku, normal(d), (e, d, f), ("experts", "embed", "expert_mlp"), pd)
-        self.down = param(kd, normal(f), (e, f, d), ("experts", "expert_mlp", "embed"), pd)
+        self.router = param(kr, fan_in_init(d), (d, e), ("embed", None), pd)
+        self.gate = param(kg, fan_in_init(d), (e, d, f), ("experts", "embed", "expert_mlp"), pd)
+        self.up = param(ku, fan_in_init(d), (e, d, f), ("experts", "embed", "expert_mlp"), pd)
+        self.down = param(kd, fan_in_init(f), (e, f, d), ("experts", "expert_mlp", "embed"), pd)
         self.shared = MLP(cfg.replace(d_ff=cfg.n_shared_experts * f, n_experts=0,
                                       experts_per_token=DEFAULT_TOP_K), key=ks) \
             if cfg.n_shared_experts else None
-        self.shared_gate = param(ks, normal(d), (d, 1), ("embed", None), pd) \
+        self.shared_gate = param(ks, fan_in_init(d), (d, 1), ("embed", None), pd) \
             if cfg.n_shared_experts and cfg.shared_expert_gate else None   # Qwen-MoE
         self.cfg = cfg
 

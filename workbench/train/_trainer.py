@@ -436,18 +436,15 @@ class Trainer(Displayable):
     def _seed_params(self, *, adapters: bool) -> Any:
         """The adapters (or the base) of a LoRA model initialised from the run's seed,
         straight into their shards (XLA drops the other part's initialisation)."""
-        from flax import nnx
+        from workbench._step import seed_params
 
-        from workbench._step import model_factory
-
-        lora, factory = self._lora, model_factory(self.parts.model_config)
+        lora, every = self._lora, self.parts.shardings.params
         part = 1 if adapters else 0
 
         def init(key: Any) -> Any:
-            params = nnx.to_pure_dict(nnx.state(factory(nnx.Rngs(params=key)), nnx.Param))
-            return lora.split_params(params)[part]
+            return lora.split_params(seed_params(self.parts.model_config, every, key))[part]
 
-        shardings = lora.split_params(self.parts.shardings.params)[part]
+        shardings = lora.split_params(every)[part]
         return jax.jit(init, out_shardings=shardings)(jax.random.key(self.config.seed))
 
     @classmethod
