@@ -94,15 +94,19 @@ def _rank_row(name: str, hw: str, batch: int, seq: int, full: Any, size: str
                      + ("; tests/test_search_exact.py" if size == "small" else "")}
 
 
-def _rows_kept(size: str) -> list[dict[str, Any]]:
+def _rows_kept(size: str, exhaustive: bool) -> list[dict[str, Any]]:
     """The other size's rows already in results.json: a small run keeps the pod cases'
-    (measured by hand, hours here), a pod run the small cases'."""
+    (measured by hand, hours here), a pod run the small cases'; a run without the
+    exhaustive searches also keeps its own size's formula-rank rows (it cannot redo them)."""
     path = Path(__file__).resolve().parent / "results.json"
     small = {f"wb.search {label}: default best = exhaustive best" for label in SMALL.values()}
     small |= {_rank_name(name, *_cases("small")[name][1:4]) for name in SMALL}
+    ranks = {_rank_name(name, *case[1:4]) for name, case in _cases(size).items()}
     rows = json.loads(path.read_text()) if path.exists() else []
     return [{k: v for k, v in r.items() if k != "module"} for r in rows
-            if r.get("module") == "bench_search" and (r["name"] in small) == (size == "pod")]
+            if r.get("module") == "bench_search" and (
+                (r["name"] in small) == (size == "pod")
+                or (not exhaustive and r["name"] in ranks))]
 
 
 def run() -> list[dict[str, Any]]:
@@ -156,4 +160,4 @@ def run() -> list[dict[str, Any]]:
                          "value": _compiled(res), "unit": f"compiles (of {n_full})",
                          "target": "best = exhaustive best", "ok": same,
                          "notes": notes + "; tests/test_search_exact.py"})
-    return _rows_kept(size) + rows
+    return _rows_kept(size, exhaustive) + rows
