@@ -61,7 +61,7 @@ _ROOT_PREFIX = re.compile(r"^(\d+):(.*)$")
 # that are not UTF-8), private and unassigned, line and paragraph separators
 _ID_ESCAPED = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 # A run.json ``prediction`` (the plan's, recorded by Trainer.from_plan): the fields readers use.
-_PREDICTION_NUMBERS = ("step_seconds", "mfu", "tokens_per_s", "compiler_seconds")
+_PREDICTION_NUMBERS = ("step_seconds", "mfu", "mfu_fp8", "tokens_per_s", "compiler_seconds")
 _PREDICTION_TEXT = ("bound", "source", "source_reason", "hardware", "plan_name")
 _PREDICTION_TERMS = ("compute", "memory", "communication", "communication_total",
                      "host_transfers", "host_link", "no_overlap_step")

@@ -16,6 +16,7 @@ import { RunMessage } from './types';
 export const COMPARABLE: Record<string, { label: string; format?: (v: number) => string }> = {
   loss: { label: 'loss (smoothed)' },
   mfu: { label: 'MFU', format: v => `${(v * 100).toFixed(1)}%` },
+  mfu_fp8: { label: 'MFU (fp8 peak)', format: v => `${(v * 100).toFixed(1)}%` },
   hfu: { label: 'HFU', format: v => `${(v * 100).toFixed(1)}%` },
   tokens_per_s: { label: 'tokens/s', format: fmtRate },
   step_time: { label: 'step time', format: fmtSeconds }

@@ -23,7 +23,7 @@ import { RunMessage } from './types';
 
 /** The metric columns a dashboard streams (the charts, KPIs and CSV export). */
 export const DASHBOARD_KEYS = ['time', 'loss', 'grad_norm', 'lr', 'step_time', 'data_time',
-  'ckpt_time', 'tokens_per_s', 'mfu', 'hfu', 'eval_loss', 'eval_perplexity', ...EXPERT_KEYS];
+  'ckpt_time', 'tokens_per_s', 'mfu', 'mfu_fp8', 'hfu', 'eval_loss', 'eval_perplexity', ...EXPERT_KEYS];
 
 const pct = (v: number) => `${(v * 100).toFixed(v < 0.1 ? 1 : 0)}%`;
 
@@ -148,7 +148,10 @@ export class RunDashboard extends Widget {
     this._smoothLabel.textContent = this._smoothing.toFixed(2);
     const d = this.model.detail;
     const peak = (d?.peak_source ?? '') as string;
-    const mfu = kpi('MFU', fmtPercent(s.last('mfu')),
+    // fp8 matmuls (GPTConfig.quantization): MFU against the bf16 peak and the fp8 peak
+    const fp8 = s.last('mfu_fp8');
+    const mfu = kpi('MFU', fmtPercent(s.last('mfu')) +
+      (typeof fp8 === 'number' ? ` (fp8 peak ${fmtPercent(fp8)})` : ''),
       peak ? `peak FLOP/s from ${peak}` : undefined);
     const stepTime = kpi('step time', fmtSeconds(s.last('step_time')));
     addVersus(mfu, versus('mfu', recentMedian(s.column('mfu')), pred));

@@ -166,7 +166,8 @@ export class RunsPanel extends Widget {
     row.status.dataset.status = run.status;
     row.step.textContent = fmtStep(run.step, run.target_steps);
     row.loss.textContent = `loss ${fmtNumber(run.loss)}`;
-    row.mfu.textContent = `MFU ${fmtPercent(run.mfu)}`;
+    row.mfu.textContent = `MFU ${fmtPercent(run.mfu)}` +
+      (typeof run.mfu_fp8 === 'number' ? ` (fp8 peak ${fmtPercent(run.mfu_fp8)})` : '');
     const hint = predictionHint(run.prediction);
     row.mfu.title = [run.peak_source ? `peak FLOP/s: ${run.peak_source}` : '', hint]
       .filter(Boolean).join('\n');

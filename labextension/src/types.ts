@@ -20,6 +20,8 @@ export interface RunSummary extends RunBase {
   points: number;
   loss: number | null;
   mfu: number | null;
+  /** MFU against the fp8 peak, for a model with fp8 matmuls (`mfu` is the bf16 peak's). */
+  mfu_fp8?: number | null;
   hfu: number | null;
   tokens_per_s: number | null;
   step_time: number | null;

@@ -15,8 +15,9 @@ from workbench import _runs as runs
 from workbench.server import _profiles as profiles
 
 SPARK_POINTS = 64  # a sparkline keeps between 64 and 128 evenly strided points
-SUMMARY_KEYS = ("loss", "mfu", "hfu", "tokens_per_s", "step_time", "grad_norm", "lr")
-PREDICTION_SUMMARY_KEYS = ("step_seconds", "mfu", "bound", "source", "band")
+SUMMARY_KEYS = ("loss", "mfu", "mfu_fp8", "hfu", "tokens_per_s", "step_time", "grad_norm",
+                "lr")
+PREDICTION_SUMMARY_KEYS = ("step_seconds", "mfu", "mfu_fp8", "bound", "source", "band")
 
 
 class RunWatch:
