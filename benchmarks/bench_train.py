@@ -19,6 +19,9 @@
 - Restart ÷ cold start: seconds from ``Trainer(...)`` to the end of the first step in a
   fresh process: cold = empty caches, new run; restart = same run directory (restores the
   checkpoint) with JAX's persistent compilation cache filled by the cold run.
+- Start-up: seconds from ``import workbench`` to the first loss of a tiny Trainer in a
+  fresh process, and from a second Trainer's construction to its first loss in the same
+  process, with the XLA compile seconds (``jax.monitoring``) and the process's CPU seconds.
 """
 from __future__ import annotations
 
@@ -224,6 +227,63 @@ def _first_step(root: Path) -> dict[str, Any]:
     return {"ratio": warm["first_step_s"] / cold["first_step_s"], "cold": cold, "warm": warm}
 
 
+_START_UP = """
+import time
+t0, c0 = time.perf_counter(), time.process_time()
+import json, sys
+import jax
+import workbench as wb
+imported = time.perf_counter() - t0
+compiles = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, secs, **kw: compiles.append(secs) if event.endswith("backend_compile_duration")
+    else None)
+cfg = wb.TrainConfig.from_json(sys.argv[1])
+out = {"import_s": imported}
+for name in ("cold", "warm"):   # the process's first Trainer, then a second one in it
+    t, c, n = time.perf_counter(), time.process_time(), len(compiles)
+    tr = wb.Trainer(cfg, run_dir=f"{sys.argv[2]}/{name}", progress=None, compile_cache=False)
+    built = time.perf_counter() - t
+    tr.run(steps=1)
+    out[name] = {"first_loss_s": time.perf_counter() - (t0 if name == "cold" else t),
+                 "cpu_s": time.process_time() - (c0 if name == "cold" else c),
+                 "trainer_s": built, "compile_s": sum(compiles[n:]), "loss": tr.losses[0]}
+    tr.close()
+print(json.dumps(out))
+"""
+
+
+def _start_up(root: Path, cfg: Any = None) -> dict[str, Any]:
+    """Seconds from ``import workbench`` to the first loss of a tiny Trainer in a fresh
+    process (cold: its first Trainer, from before the import), and of a second Trainer in
+    the same process (warm: from its construction); JAX's persistent compilation cache
+    off, so each compiles its init and step."""
+    cfg = cfg or _cfg("tiny", steps=1)
+    env = {**os.environ, "WORKBENCH_CACHE": str(root / "start-up-cache")}
+    proc = subprocess.run([sys.executable, "-c", _START_UP, cfg.to_json(),
+                           str(root / "start-up")], env=env, capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parent.parent)
+    return json.loads(proc.stdout.strip().splitlines()[-1]) | {"config": cfg}
+
+
+def _start_up_rows(up: dict[str, Any]) -> list[dict[str, Any]]:
+    cfg = up["config"]
+
+    def notes(side: dict[str, Any]) -> str:
+        return (f"{side['cpu_s']:.1f} CPU s; Trainer() {side['trainer_s']:.1f} s (builds the "
+                f"state: the init's compile), XLA compiles {side['compile_s']:.1f} s in all; "
+                f"{cfg.model}, batch {cfg.batch} x seq {cfg.seq}, {cfg.rules} over "
+                f"{cfg.mesh}, compile cache off")
+    return [
+        {"name": "train: import workbench -> first loss, tiny, fresh process",
+         "value": up["cold"]["first_loss_s"], "unit": "s", "target": "", "ok": None,
+         "notes": f"import {up['import_s']:.1f} s; " + notes(up["cold"])},
+        {"name": "train: second Trainer in the same process -> first loss, tiny",
+         "value": up["warm"]["first_loss_s"], "unit": "s", "target": "", "ok": None,
+         "notes": notes(up["warm"])},
+    ]
+
+
 def run() -> list[dict[str, Any]]:
     """The Trainer benchmarks, side by side in one process (plus two fresh processes)."""
     root = Path(tempfile.mkdtemp(prefix="wb-bench-train-"))
@@ -240,6 +300,7 @@ def run() -> list[dict[str, Any]]:
     small = _small(root)
     tracked = _trackers_overhead(root)
     first = _first_step(root)
+    up = _start_up(root)
     ms = lambda s: f"{1e3 * s:.1f} ms"
     rows = [
         {"name": "train: Trainer / bare jitted loop, tiny, no checkpoints",
@@ -290,6 +351,7 @@ def run() -> list[dict[str, Any]]:
                   f"{first['cold']['compile_s']:.1f} s); restart "
                   f"{first['warm']['first_step_s']:.1f} s (compile "
                   f"{first['warm']['compile_s']:.2f} s, restored step 1)"},
+        *_start_up_rows(up),
     ]
     return rows
 
