@@ -19,8 +19,8 @@ from workbench.models._config import GPTConfig
 from workbench.models._remat import resolve_remat
 from workbench._sharding.rules import Rules
 
-__all__ = ["SCANNED_NONE_SAVED", "TPU_SCRATCH_BYTES", "TRAFFIC", "activation_bytes", "analytic_collectives",
-           "analytic_memory", "axes_size", "batch_axes", "compute_split",
+__all__ = ["SCANNED_NONE_SAVED", "TPU_SCRATCH_BYTES", "TRAFFIC", "activation_bytes",
+           "analytic_collectives", "analytic_memory", "axes_size", "batch_axes", "compute_split",
            "context_collectives", "fsdp_axes", "hbm_bytes", "moe_collectives",
            "moe_padding_flops", "moe_slots_per_token", "per_device", "pipeline_permutes",
            "pipeline_stage_activations", "temp_breakdown", "weight_axes"]
