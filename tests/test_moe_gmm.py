@@ -130,3 +130,54 @@ def test_megablox_pipelined_with_remat_equals_dense_unpipelined():
         np.testing.assert_allclose(m[k], rm[k], rtol=1e-5, err_msg=k)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(rg), strict=True):
         assert_close_at_scale(a, b, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- TPU plans
+needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),
+                               reason="the TPU compiler (libtpu) is not installed")
+PLANNED = ("grouped megablox", "capacity 1.25", "dense dropless")
+
+
+@needs_tpu
+@pytest.mark.tpu
+@pytest.mark.slow   # three TPU compiles each (2-3 minutes apiece on 2 cores)
+@pytest.mark.timeout(2400)   # compiled live only by `make tpu-plans` (tests/tpu_plans after)
+@pytest.mark.parametrize("model", ["moe-small", "mixtral-2-layers"])
+def test_megablox_plan_computes_no_more_than_capacity_1_25(model):
+    """TPU-compiled dropless plans with megablox experts (the default on TPU) against
+    capacity 1.25's and dense dropless's at the same batch (benchmarks/bench_moe_plans.py):
+    moe-small on v5p-32 (fsdp, 8192 tokens per chip) and Mixtral-8x7B's layer shapes (2
+    scanned layers, fsdp on v5p-64, remat full, 8192 tokens per chip). The kernels compute
+    the k routed rows per token (rounded up to 512-row tiles per expert) where capacity
+    1.25 pads to 1.25 k slots and dense dropless to E; the compiler's FLOPs count the
+    kernels' own cost estimates (2 M K N each, tgmm included), so an expansion over every
+    expert (ragged_dot's weight gradient under libtpu 0.0.42.1: 3.3x the routed FLOPs of a
+    projection, bench_moe_plans' kernel rows) would fail this."""
+    from benchmarks.bench_moe_plans import mixtral_plans, moe_small_plans
+
+    plans = moe_small_plans(cases=PLANNED) if model == "moe-small" else \
+        mixtral_plans(n_layers=2, tokens_per_chip=8192, cases=PLANNED)
+    gmm, capped, dense = (plans[c] for c in PLANNED)
+    assert all(r["source"] == "tpu-compiler" for r in plans.values()), plans
+    assert gmm["flops"] <= capped["flops"] < dense["flops"], plans
+    assert gmm["temp"] < dense["temp"], plans
+
+
+@needs_tpu
+@pytest.mark.tpu
+@pytest.mark.slow   # one TPU compile of the whole Mixtral-8x7B at 147,456 tokens per chip
+@pytest.mark.timeout(3600)
+@pytest.mark.xfail(strict=True, reason="libtpu 0.0.50.1 needs 138.6 GiB per chip (134.5 "
+                   "GiB temp) of 95: the recomputed layer's (k*T, F) tensors, 7.9 GiB each, "
+                   "and fp32 logits (docs/performance.md)")
+def test_published_dropless_mixtral_fits_per_chip():
+    """MaxText's published dropless Mixtral-8x7B step (v5p-128, per_device_batch_size=36
+    of 4096 tokens, bfloat16 weights, megablox experts: tpu-recipes
+    training/v5p/Mixtral-8X7B-Maxtext) planned with megablox experts, remat full: the TPU
+    compiler's memory per chip is within the chip's HBM (its own limit)."""
+    from benchmarks.bench_moe_plans import PUBLISHED, published_mixtral_plan
+
+    p = published_mixtral_plan()
+    assert p["source"] == "tpu-compiler", p
+    assert p["batch"] == PUBLISHED["per_device_batch"] * 64
+    assert p["fits"] is True and p["total"] <= p["limit"], p

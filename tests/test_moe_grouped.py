@@ -11,8 +11,8 @@ each tensor's scale to 1e-5, and the routing (an argmax of the same logits) exac
 integer loads per layer and expert, nothing dropped. A broken grouped path (a row sent to
 the wrong expert or peer, a lost assignment, a weight applied twice) moves the loss by far
 more. The exchange under expert parallelism carries ``n*G*min(k, E/n)`` rows per device
-(``moe._group_grouped``), checked in the compiled HLO; a TPU plan of a dropless Mixtral
-holds no more temporaries per chip than the capacity-1.25 plan (libtpu, marked ``tpu``).
+(``moe._group_grouped``), checked in the compiled HLO. The TPU kernel (megablox) and its
+TPU plans: test_moe_gmm.
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from workbench import _step as S
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
 from workbench._sharding.rules import Rules
-from workbench._sharding.topology import tpu_compiler_available
 
 from _tolerance import assert_trees_close_at_scale
 
@@ -187,28 +186,3 @@ def test_the_formulas_count_routed_rows_only():
     # k rows per token where capacity 1.25 keeps 1.25 k slots and dense dropless E
     assert p.memory_estimate["temp"] < capped.memory_estimate["temp"] \
         < q.memory_estimate["temp"]
-
-
-# ----------------------------------------------------------------------------- TPU plans
-@pytest.mark.tpu
-@pytest.mark.slow   # three TPU compiles of a two-layer Mixtral-width model (minutes each)
-@pytest.mark.timeout(2400)   # compiled live only by `make tpu-plans` (tests/tpu_plans after)
-@pytest.mark.skipif(not tpu_compiler_available(),
-                    reason="the TPU compiler (libtpu) is not installed")
-def test_dropless_grouped_tpu_plan_needs_no_more_than_capacity_1_25():
-    """Mixtral-8x7B's layer shapes (2 scanned layers, remat full, fsdp on v5p-64, 4096-token
-    sequences, 8192 tokens per chip), compiled by the TPU compiler: the grouped dropless
-    plan's temporaries are at most the capacity-1.25 plan's (it computes k rows per token
-    where capacity 1.25 pads to 1.25 k), well under the dense dropless plan's (E rows per
-    token). Its compiled FLOPs are under the dense dropless plan's but above capacity
-    1.25's: libtpu 0.0.42.1 runs the forward and input-gradient ragged matmuls as kernels
-    over the routed rows, but expands the weight gradient's (ragged contracting dim) into a
-    masked dense matmul over every expert ("Ragged dot with ragged contracting dim (bwd
-    grad_y) - fall through to ragged_dot_expander")."""
-    from benchmarks.bench_moe_plans import mixtral_plans
-
-    rows = mixtral_plans(n_layers=2, tokens_per_chip=8192)
-    grouped, dense, capped = rows["grouped"], rows["dense"], rows["capacity 1.25"]
-    assert all(r["source"] == "tpu-compiler" for r in rows.values()), rows
-    assert grouped["temp"] <= capped["temp"] < dense["temp"], rows
-    assert capped["flops"] < grouped["flops"] < dense["flops"], rows
