@@ -84,10 +84,12 @@ def _normal_elements_per_device(abstract):
     ("fsdp", (4, 2), {}),                 # embed over ("data", "model"): two axes on one dim
     ("fsdp_tp", (4, 2), {}),
     ("tp", (4, 2), {"scan_layers": True}),   # stacked layers: one key per layer
+    ("fsdp", {"stage": 2, "data": 4}, {"scan_layers": True, "n_layers": 4}),  # keys per stage
 ])
 def test_one_expansion_draws_the_eager_weights_into_their_shards(preset, shape, overrides):
     cfg = CFG.replace(**overrides)
-    params, abstract, jaxpr = _init(cfg, preset, _mesh(shape))
+    mesh = wb.make_mesh(**shape) if isinstance(shape, dict) else _mesh(shape)
+    params, abstract, jaxpr = _init(cfg, preset, mesh)
     want = _eager(cfg, 0)
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     assert len(flat) == len(jax.tree.leaves(want))
