@@ -45,7 +45,7 @@ import optax
 
 import workbench as wb
 from workbench.models._remat import remat_label, resolve_remat
-from workbench.planning._flags import OVERLAP_FLAGS
+from workbench.planning._flags import compile_options
 from workbench._flops import gpt_flops
 from workbench.models import GPTConfig
 
@@ -146,7 +146,8 @@ def plan_reference(ref: Reference, *, attention: str = "splash", remat: str | No
     return wb.plan(cfg, mesh=wb.abstract_mesh(ref.hardware, fsdp=-1), rules="fsdp",
                    batch=ref.per_chip_batch * ref.chips, seq=ref.seq, name=ref.name,
                    progress=progress, **({"optimizer": optimizer} if optimizer else {}),
-                   overlap=dict(OVERLAP_FLAGS["tpu"], **dict(ref.flags)) if overlap else False)
+                   overlap=dict(compile_options("tpu", device=ref.hardware), **dict(ref.flags))
+                   if overlap else False)
 
 
 def mfu_both(p: wb.Plan) -> tuple[float, float]:

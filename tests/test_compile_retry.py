@@ -13,7 +13,7 @@ import pytest
 import workbench as wb
 from workbench.models import GPTConfig
 from workbench.planning import _flags as flags
-from workbench.planning._flags import OVERLAP_FLAGS, retry_options
+from workbench.planning._flags import compile_options, retry_options
 from workbench._sharding.topology import tpu_compiler_available
 
 pytestmark = [
@@ -24,8 +24,8 @@ pytestmark = [
 
 TINY = GPTConfig.preset("tiny")
 FLAG = "xla_tpu_enable_slack_in_trough"
-BAD = {**OVERLAP_FLAGS["tpu"], FLAG: "bad"}
-FIXED = {**OVERLAP_FLAGS["tpu"], FLAG: ""}
+BAD = {**compile_options("tpu", device="v5p-8"), FLAG: "bad"}
+FIXED = {**compile_options("tpu", device="v5p-8"), FLAG: ""}
 
 
 def _plan(overlap):

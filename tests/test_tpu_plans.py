@@ -20,7 +20,7 @@ import pytest
 from jax.sharding import AxisType, Mesh
 
 import workbench as wb
-from workbench.planning._flags import OVERLAP_FLAGS
+from workbench.planning._flags import compile_options
 from workbench._sharding.mesh import mesh_info
 from workbench.models import GPTConfig
 from workbench.planning import _compile as plan_compile
@@ -58,7 +58,7 @@ def _reference(cfg, topology, rules_name, batch, seq, axes=AXES):
     b = abstract_batch(ex, rules, mesh)
     step = make_train_step(st.graphdef, opt, rules=rules, mesh=mesh)
     jitted = jit_train_step(step, st.shardings, {k: v.sharding for k, v in b.items()},
-                            compiler_options=OVERLAP_FLAGS["tpu"])   # wb.plan's default
+                            compiler_options=compile_options("tpu", device=topology))   # wb.plan's default
     return jitted.lower(st.state, b).compile()
 
 

@@ -214,7 +214,7 @@ def choose_target(inp: Inputs) -> Setup:
     cfg, info = inp.cfg, inp.info
     target = _compile_target(info, inp.compile)
     platform = "tpu" if target.source == "tpu-compiler" else info.platform
-    options = compile_options(platform, inp.overlap)
+    options = compile_options(platform, inp.overlap, device=info.hardware or info.device_kind)
     attention = _check_kernels(cfg, platform, inp.seq, rules=inp.rules, mesh=info,
                                batch=inp.batch)   # before anything is traced
     if inp.pipe is not None:

@@ -582,7 +582,8 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
         peak=peak, peak_source=source, device_kind=device.device_kind,
         n_devices=mesh.devices.size, attention=attention,
         fp8_peak=_fp8_peak(model_config, device.device_kind),
-        compile_options=compile_options(device.platform), dtype=dtype,
+        compile_options=compile_options(device.platform, device=device.device_kind),
+        dtype=dtype,
         placement={"preset": placement.preset, "why": placement.why})
 
 
