@@ -35,7 +35,8 @@ def test_activations_are_the_constraints_jax_traces(plan):
     jaxpr = jax.make_jaxpr(loss)(plan.abstract_state.params, plan.abstract_batch)
     constraints = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "sharding_constraint"]
     mine = [a for a in plan.activations if a.source == "constrain"]
-    assert len(mine) == len(constraints) == 1 + 2 * 7 + 1   # embedded, 7 per block, logits
+    # the embedding table and the embedded tokens, 7 per block, the logits
+    assert len(mine) == len(constraints) == 2 + 2 * 7 + 1
     by_order = sorted(mine, key=lambda a: (a.layer is not None, a.layer or 0))
     names = [a.name for a in mine]
     assert names.count("mlp_hidden") == 2 and "logits" in names and "embedded" in names

@@ -511,15 +511,19 @@ def _described_by(graph: HloGraph, ins: Instr) -> Instr:
     """The instruction whose metadata says what a collective is for: its own, or, where it
     has no source line (XLA since JAX 0.12 gives a parameter's gather the parameter's name
     and no stack), the op that uses what it moved (the matmul that needs the weight)."""
-    todo, seen = [ins], {ins.name}
+    if graph.source(ins):
+        return ins
+    todo, seen, first = [ins], {ins.name}, None
     for _ in range(6):                      # breadth first, through copies and layout fusions
         for cur in todo:
             if graph.source(cur):
-                return cur
+                if cur.op in ("dot", "convolution") or "dot_general" in cur.op_name:
+                    return cur              # the matmul that uses the weight
+                first = first or cur
         todo = [graph.instructions[n] for cur in todo for n in graph.users.get(cur.name, [])
                 if n in graph.instructions and n not in seen]
         seen.update(cur.name for cur in todo)
-    return ins
+    return first or ins
 
 
 # -- op metadata: source lines, operands, users ---------------------------------------------

@@ -194,7 +194,12 @@ class GPT(nnx.Module):
         """The token embeddings ``(B, T, D)`` in the compute dtype."""
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (batch, seq) int32, got shape {tokens.shape}")
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(self.cfg.dtype)  # (B, T, D)
+        # the table gathered over its embed axis first, as FSDP gathers every weight before
+        # use: its gradient is then a scatter-add into (vocab, D) and one reduce-scatter,
+        # where a table sharded on D (fsdp_tp) made XLA reshard the batch-sharded gradient
+        # of the embeddings ("Involuntary full rematerialization")
+        table = constrain(self.embed[...], ("vocab", None), name="embedding table")
+        x = jnp.take(table, tokens, axis=0).astype(self.cfg.dtype)  # (B, T, D)
         return constrain(x, ("batch", "seq", None), name="embedded")
 
     def init_cache(self, batch: int, length: int, *, sharding: Any = None) -> KVCache:
