@@ -343,13 +343,13 @@ class GPTConfig:
             group, ``E/k`` times the routed work) or "auto" (the default): "grouped" when
             ``capacity_factor`` is None, "dense" otherwise, so configs with a capacity
             factor keep their behaviour. :attr:`moe_matmul_resolved` says which runs.
-        qkv_bias: learned biases on the q, k and v projections (Qwen2, Qwen1.5/2-MoE).
-        qk_norm: an RMSNorm over ``head_dim`` on each query and key head before RoPE
         moe_kernel: the grouped matmul's kernel: "megablox" (the Pallas ``gmm``, its weight
             gradient its own ``tgmm`` over the routed rows; interpret mode off TPU: slow,
             for tests), "ragged_dot" (``jax.lax.ragged_dot``; on TPU its weight gradient
             is expanded over every expert) or "auto" (the default): "megablox" on TPU,
             "ragged_dot" on GPU and CPU. Only with grouped matmuls.
+        qkv_bias: learned biases on the q, k and v projections (Qwen2, Qwen1.5/2-MoE).
+        qk_norm: an RMSNorm over ``head_dim`` on each query and key head before RoPE
             (Qwen3, Qwen3-MoE).
         shared_expert_gate: scale the shared experts' output by ``sigmoid(x @ w)`` with a
             learned ``w`` (D,) (Qwen1.5/2-MoE).
@@ -402,6 +402,7 @@ class GPTConfig:
     router_norm_topk: bool = True
     moe_dispatch: str = "all_to_all"
     moe_matmul: str = "auto"
+    moe_kernel: str = "auto"
     loss_chunks: int = 1
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -512,6 +513,15 @@ class GPTConfig:
                 f"moe_matmul='grouped' is dropless (every routed token is computed, no "
                 f"capacity), but capacity_factor={self.capacity_factor}; set "
                 f"capacity_factor=None, or moe_matmul='dense' to drop past the capacity")
+        if not isinstance(self.moe_kernel, str) or self.moe_kernel not in MOE_KERNEL:
+            raise ValueError(f"GPTConfig.moe_kernel={self.moe_kernel!r}; choose one of "
+                             f"{MOE_KERNEL}")
+        if self.moe_kernel != "auto" and self.moe_matmul_resolved != "grouped":
+            raise ValueError(
+                f"moe_kernel={self.moe_kernel!r} is a grouped matmul's kernel, but the "
+                f"experts run dense buffers (moe_matmul={self.moe_matmul!r}, "
+                f"capacity_factor={self.capacity_factor}); set moe_matmul='grouped' and "
+                f"capacity_factor=None, or moe_kernel='auto'")
         self._check_top_k()
 
     def _check_top_k(self) -> None:
@@ -544,15 +554,6 @@ class GPTConfig:
           capacity factor 1.25 (~0.25B parameters, ~0.07B active).
         - ``mixtral-8x7b``: Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1;
           ``config.json`` of mistralai/Mixtral-8x7B-v0.1): 8 experts, top-2, 46.7B
-        if not isinstance(self.moe_kernel, str) or self.moe_kernel not in MOE_KERNEL:
-            raise ValueError(f"GPTConfig.moe_kernel={self.moe_kernel!r}; choose one of "
-                             f"{MOE_KERNEL}")
-        if self.moe_kernel != "auto" and self.moe_matmul_resolved != "grouped":
-            raise ValueError(
-                f"moe_kernel={self.moe_kernel!r} is a grouped matmul's kernel, but the "
-                f"experts run dense buffers (moe_matmul={self.moe_matmul!r}, "
-                f"capacity_factor={self.capacity_factor}); set moe_matmul='grouped' and "
-                f"capacity_factor=None, or moe_kernel='auto'")
           parameters, 12.9B active.
         - ``qwen3-30b-a3b``: Qwen3-30B-A3B, fine-grained (``config.json`` of
           Qwen/Qwen3-30B-A3B; Qwen3 technical report 2025, Table 2): 128 experts of width
