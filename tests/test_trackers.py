@@ -394,3 +394,13 @@ def test_a_recorded_tracker_run_is_read_back_as_written(cfg, tmp_path):
     meta = _tracked_run(tmp_path / "run", cfg)
     assert _trackers.stored_records(tmp_path / "run", ["wandb", "mlflow"]) == meta["trackers"]
     assert _trackers.stored_records(tmp_path / "run", ["tensorboard"]) == {}
+
+
+def test_launched_workers_do_not_share_the_launchers_wandb_service(monkeypatch):
+    """A worker inherits no W&B service of the notebook that launched it (one killed inside
+    that service leaves its run "in use", and the resumed worker cannot take it back)."""
+    from workbench.jobs._local import _child_env
+
+    monkeypatch.setenv("WANDB_SERVICE", "2-1234-tcp-localhost-5678")
+    env = _child_env("cpu", 4, "token")
+    assert "WANDB_SERVICE" not in env and env["JAX_PLATFORMS"] == "cpu"

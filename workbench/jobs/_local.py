@@ -67,6 +67,9 @@ def default_platform() -> str:
 def _child_env(platform: str, devices_per_process: int | None, token: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS=platform)
     env[LAUNCHED_ENV] = token  # the workers write under the launcher's run-dir lock
+    # a W&B service of this process (a notebook that used wandb) is not the workers': a
+    # worker killed inside it leaves its run "in use" there, and its resume fails
+    env.pop("WANDB_SERVICE", None)
     # The workers import the same workbench as this process, installed or not.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (IMPORT_ROOT, env.get("PYTHONPATH")) if p)
     if platform == "cpu" and devices_per_process:
