@@ -148,8 +148,8 @@ def test_widget_says_formula_then_what_the_compiler_changed(tmp_path, mesh):
 
 # -- cancelled, interrupted, killed ------------------------------------------------------------
 
-def _compiling(mesh):
-    p = wb.plan(TINY, mesh=mesh, wait=False, **PLAN)
+def _compiling(mesh, progress=False):
+    p = wb.plan(TINY, mesh=mesh, wait=False, **dict(PLAN, progress=progress))
     bg = p.__dict__["_background"]
     _until(lambda: bg.pid is not None or bg.done)
     assert bg.pid is not None and not bg.done
@@ -179,13 +179,17 @@ def test_an_interrupt_while_waiting_cancels_the_compile(mesh):
 
 
 @pytest.mark.multiprocess
-def test_a_killed_worker_is_a_clear_error_and_the_formula_plan_works(mesh):
+def test_a_killed_worker_is_a_clear_error_and_the_formula_plan_works(mesh, capsys):
     formula = wb.plan(TINY, mesh=mesh, compile=False, **PLAN)
-    p, pid = _compiling(mesh)
+    p, pid = _compiling(mesh, progress=True)
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(RuntimeError, match=r"killed by signal 9 \(SIGKILL.*out-of-memory"
                                            r"(.|\n)*formula's numbers"):
         p.wait()
+    said = capsys.readouterr().err.splitlines()      # progress: the line, then how it ended
+    assert "wb.plan('fsdp_tp'): the formula's numbers now; the cpu compiler" in said[0]
+    assert said[-1] == "wb.plan('fsdp_tp'): the background compile failed (plan.wait() " \
+        "raises why)"
     assert p.compile_state == "failed" and p.ready
     assert p.memory == formula.memory and p.source == "estimate"
     assert p.predicted.step_seconds == formula.predicted.step_seconds

@@ -178,9 +178,22 @@ def _live(s: _Search, rows: list[SearchRow], plans: dict[int, Plan], cands: list
     """The formula's ranking now; the exact pass in a background thread, each compile in a
     worker process (``wb.plan(wait=False)``), the result re-ranked as each lands and made
     equal to the blocking search's when the pass ends."""
-    live = dataclasses.replace(s, say=_Status("wb.search", False), live=True)
+    live = dataclasses.replace(s, say=_Status("wb.search", False), live=True,
+                               opts=dataclasses.replace(s.opts, progress=False))
     result = s.result(rows, plans, cands, skipped, [], list(notes), analytic_seconds, t0)
     bg = background.Background(f"wb.search on {s.hw.name}")
+    if s.opts.progress:   # one line, replaced when the exact pass ends
+        s.say("the formula's ranking now; the exact pass compiles in background workers "
+              "(result.wait() for the exact best)", final=True)
+        said: list[str] = []
+
+        def ended() -> None:
+            if bg.done and not said:
+                said.append(bg.state)
+                s.say(f"exact pass {bg.state} in {time.perf_counter() - t0:.1f} s"
+                      + (f": best {result.fitting[0]['layout']}" if result.fitting else ""),
+                      final=True)
+        result._watch(ended)
 
     def cancel() -> None:
         live.stop.set()

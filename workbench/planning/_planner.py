@@ -20,8 +20,10 @@ all labelled as estimates.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
+from workbench._display import status_line
 from workbench._validate import check_bool, check_int
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
@@ -131,9 +133,26 @@ def _in_background(inp: Inputs, setup: Setup, step: AbstractStep, opts: PlanOpti
     else:
         def run(b: background.Background) -> CompileOutcome:
             return b.in_thread(lambda: compile_outcome(inp, setup, step, progress=False))
+    if opts.progress:
+        formula._watch(_progress(bg, f"the formula's numbers now; the {compiler} compiles "
+                                     f"the step in {where} (plan.wait() for its numbers)"))
     formula._start(bg, run, lambda out: formula._land(_measured(
         inp, setup, step, replicated_threshold, t0, out)))
     return formula
+
+
+def _progress(bg: background.Background, text: str) -> Callable[[], None]:
+    """A status line saying ``text`` now, replaced once by how the compile ended."""
+    update, said = status_line(f"{bg.label}: {text}"), []
+
+    def changed() -> None:
+        if bg.state in ("compiled", "failed", "cancelled") and not said:
+            said.append(bg.state)
+            how = {"compiled": f"the compiler's numbers are in ({bg.seconds:.1f} s)",
+                   "failed": "the background compile failed (plan.wait() raises why)",
+                   "cancelled": "the background compile was cancelled"}[bg.state]
+            update(f"{bg.label}: {how}")
+    return changed
 
 
 def _in_worker(info: Any) -> bool:
