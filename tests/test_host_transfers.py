@@ -47,6 +47,20 @@ def test_the_hand_count_itself():
     assert sum(counts.values()) == 128 * KIB
 
 
+#: libtpu 0.0.50.1's scanned program moves 192 KiB to the host against the hand count's 128
+#: (beside the loop's 10 dynamic-update-slices, 5 copy-starts of one layer's tensors;
+#: the way back is the hand count's 128 KiB); libtpu 0.0.42 matched the hand count. Not
+#: yet explained: the reader or the compiler (issue 57's notes).
+SCANNED_EXTRA = "libtpu 0.0.50.1: scanned offload moves 1.5x the hand count to the host"
+
+
+def _known_scanned_difference(plan) -> None:
+    if plan.cfg.scan_layers:
+        traffic = host_traffic(plan.compiled.as_text())
+        if traffic.to_host_bytes == 1.5 * sum(_hand_count(TINY).values()):
+            pytest.xfail(SCANNED_EXTRA)
+
+
 @pytest.fixture(scope="module", params=[True, False], ids=["scanned", "unscanned"])
 def offloaded(request):
     return wb.plan(TINY.replace(remat="qkvo_input_offloaded", scan_layers=request.param),
@@ -57,6 +71,7 @@ def offloaded(request):
 @tpu
 def test_reading_matches_the_hand_count(offloaded):
     assert offloaded.source == "tpu-compiler"
+    _known_scanned_difference(offloaded)
     traffic = host_traffic(offloaded.compiled.as_text())
     hand = sum(_hand_count(TINY).values())
     assert traffic.to_host_bytes == hand == 128 * KIB
@@ -94,6 +109,7 @@ def test_the_time_term(offloaded):
 
 @tpu
 def test_the_prediction_has_a_host_transfers_term(offloaded):
+    _known_scanned_difference(offloaded)
     """The plan's prediction adds the exposed host transfers at the catalogue's host-link
     bandwidth, says so, and carries the bytes."""
     pred = offloaded.predicted

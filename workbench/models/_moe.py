@@ -368,7 +368,8 @@ GMM_TILE_ROWS, GMM_TILE = 512, 1024
 def grouped_kernel(cfg: GPTConfig, platform: str | None = None) -> str:
     """The grouped matmul of ``cfg`` on ``platform`` (default: the one traced for,
     :func:`~workbench.models._config.current_platform`): ``cfg.moe_kernel``, "auto"
-    resolving to "megablox" on TPU and "ragged_dot" elsewhere.
+    resolving to "megablox" on TPU where d_model and the experts' width are multiples of
+    128 (the kernel's lane tiles), and to "ragged_dot" elsewhere.
 
     On TPU, ``ragged_dot``'s weight gradient (ragged contracting dim) is expanded by XLA
     into a masked dense matmul over every expert, E times its routed FLOPs (libtpu
@@ -377,7 +378,12 @@ def grouped_kernel(cfg: GPTConfig, platform: str | None = None) -> str:
     grouped GEMM; megablox there runs in Pallas' interpret mode (tests only: slow)."""
     if cfg.moe_kernel != "auto":
         return cfg.moe_kernel
-    return "megablox" if (platform or current_platform()) == "tpu" else "ragged_dot"
+    if (platform or current_platform()) != "tpu":
+        return "ragged_dot"
+    # the kernel's blocks are whole (8, 128) tiles or whole dims: an expert of widths that
+    # are not multiples of 128 (moe-tiny's 64) is left to ragged_dot
+    lanes = all(n % 128 == 0 for n in (cfg.d_model, cfg.moe_d_ff))
+    return "megablox" if lanes else "ragged_dot"
 
 
 def _megablox(rows: jax.Array, w: jax.Array, sizes: jax.Array, interpret: bool
