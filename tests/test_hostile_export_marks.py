@@ -206,6 +206,12 @@ CALLS: dict[tuple[str, str], Callable[[Any, Path], Any]] = {
                                                       batch=8, seq=16, progress=bad),
     ("wb.search", "progress"): lambda bad, tmp: wb.search(_tiny(), "v5p-8", batch=8, seq=16,
                                                           progress=bad),
+    ("wb.plan", "wait"): lambda bad, tmp: wb.plan(_tiny(), mesh=wb.make_mesh(data=8),
+                                                  batch=8, seq=16, wait=bad),
+    ("wb.search", "wait"): lambda bad, tmp: wb.search(_tiny(), "v5p-8", batch=8, seq=16,
+                                                      wait=bad),
+    ("wb.data.Dataset", "streaming"): lambda bad, tmp: wb.data.Dataset(
+        hf="org/name", split="train", streaming=bad),
     ("wb.Rules.spec", "strict"): lambda bad, tmp: wb.Rules(batch="data").spec(("batch",),
                                                                             strict=bad),
     ("wb.Slurm", "requeue"): lambda bad, tmp: wb.Slurm(nodes=1, requeue=bad),
