@@ -53,7 +53,11 @@ def _assert_same_step(got, want, cfg, batch=16):
 # ----------------------------------------------------------------------------- kernel
 def test_auto_is_megablox_on_tpu_and_ragged_dot_elsewhere():
     assert TINY.moe_kernel == "auto"
-    assert moe.grouped_kernel(TINY, "tpu") == "megablox"
+    # megablox's blocks are whole lane tiles: widths that are multiples of 128 take it,
+    # moe-tiny's 64 (Pallas refuses its blocks) stays on ragged_dot
+    wide = TINY.replace(d_model=128, expert_d_ff=256)
+    assert moe.grouped_kernel(wide, "tpu") == "megablox"
+    assert moe.grouped_kernel(TINY, "tpu") == "ragged_dot" and TINY.d_model % 128
     assert moe.grouped_kernel(TINY, "gpu") == moe.grouped_kernel(TINY, "cpu") == "ragged_dot"
     assert moe.grouped_kernel(TINY.replace(moe_kernel="ragged_dot"), "tpu") == "ragged_dot"
     assert moe.grouped_kernel(TINY.replace(moe_kernel="megablox"), "cpu") == "megablox"
