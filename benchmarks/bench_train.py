@@ -283,9 +283,39 @@ def _start_up_rows(up: dict[str, Any]) -> list[dict[str, Any]]:
          "notes": notes(up["warm"])},
     ]
 
+TRACKER_ROW = "train: Trainer / bare loop, tiny, with and without trackers"
+
+
+def _tracker_row(tracked: dict[str, Any]) -> dict[str, Any]:
+    """The trackers' row from :func:`_trackers_overhead`'s measurement."""
+    ms = lambda s: f"{1e3 * s:.1f} ms"
+    return {"name": TRACKER_ROW,
+            "value": tracked["with"], "unit": "x",
+            "target": "<= 1.02 x the ratio without",
+            "ok": tracked["with"] <= 1.02 * tracked["without"],
+            "notes": f"trackers tensorboard + wandb (offline) + mlflow (SQLite), each sending from "
+                     f"its own thread; without: {tracked['without']:.3f}x; bare "
+                     f"{ms(tracked['bare'])}/step, batch 16 x seq 64, no checkpoints; windows "
+                     f"with {[round(r, 3) for r in tracked['ratios']['with']]}, without "
+                     f"{[round(r, 3) for r in tracked['ratios']['without']]}"}
+
+
+def _trackers_only() -> list[dict[str, Any]]:
+    """``WB_BENCH_TRAIN=trackers``: the trackers' row measured now, the module's other rows
+    kept from results.json (the whole module runs for long)."""
+    stored = Path(__file__).resolve().parent / "results.json"
+    rows = json.loads(stored.read_text()) if stored.exists() else []
+    kept = [{k: v for k, v in r.items() if k != "module"} for r in rows
+            if r.get("module") == "bench_train" and r["name"] != TRACKER_ROW]
+    return kept + [_tracker_row(_trackers_overhead(Path(tempfile.mkdtemp(
+        prefix="wb-bench-train-"))))]
+
 
 def run() -> list[dict[str, Any]]:
-    """The Trainer benchmarks, side by side in one process (plus two fresh processes)."""
+    """The Trainer benchmarks, side by side in one process (plus two fresh processes);
+    ``WB_BENCH_TRAIN=trackers``: only the trackers' row."""
+    if os.environ.get("WB_BENCH_TRAIN", "").strip() == "trackers":
+        return _trackers_only()
     root = Path(tempfile.mkdtemp(prefix="wb-bench-train-"))
     os.environ.setdefault("WORKBENCH_CACHE", str(root / "cache"))
     # The no-checkpoint rows hold a 2% target, so more and longer windows than the others:
@@ -336,15 +366,7 @@ def run() -> list[dict[str, Any]]:
          "notes": f"tiny: device snapshot + hand-over to the writer thread; small "
                   f"(1.5 GB of state, saved from the loop's thread): {small['block']:.2f} s; "
                   "the rest is written in the background"},
-        {"name": "train: Trainer / bare loop, tiny, with and without trackers",
-         "value": tracked["with"], "unit": "x",
-         "target": "<= 1.02 x the ratio without",
-         "ok": tracked["with"] <= 1.02 * tracked["without"],
-         "notes": f"trackers tensorboard + wandb (offline) + mlflow (SQLite), each sending from "
-                  f"its own thread; without: {tracked['without']:.3f}x; bare "
-                  f"{ms(tracked['bare'])}/step, batch 16 x seq 64, no checkpoints; windows "
-                  f"with {[round(r, 3) for r in tracked['ratios']['with']]}, without "
-                  f"{[round(r, 3) for r in tracked['ratios']['without']]}"},
+        _tracker_row(tracked),
         {"name": "train: first step after restart / cold start (compile cache)",
          "value": first["ratio"], "unit": "x", "target": "<= 1.0", "ok": first["ratio"] <= 1.0,
          "notes": f"cold {first['cold']['first_step_s']:.1f} s (compile "
