@@ -680,7 +680,10 @@ def current_platform() -> str:
     ctx = active()
     if ctx is not None:
         mesh = ctx[1]
-        devices = getattr(mesh, "devices", None)
+        try:
+            devices = getattr(mesh, "devices", None)
+        except ValueError:   # JAX 0.12's AbstractMesh raises it: it has no devices
+            devices = None
         if devices is not None and getattr(devices, "size", 0):
             return str(devices.flat[0].platform)
         abstract = getattr(mesh, "abstract_device", None)
