@@ -29,6 +29,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from workbench._hub_env import cache_dir, offline
 from workbench._validate import check_str
 from workbench.data._files import DataError, DataFileNotFound
 
@@ -79,29 +80,6 @@ class HubSplit:
         else:
             rel = Path(path).relative_to(self.folder).as_posix()
         return f"hf://datasets/{self.repo_id}/{rel}"
-
-
-def _cache_dir() -> Path:
-    """``huggingface_hub``'s cache folder, read from the environment now (its own constant
-    is read once, when it is imported)."""
-    from huggingface_hub import constants
-
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(var):
-            return Path(os.environ[var]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path(constants.HF_HUB_CACHE)
-
-
-def _offline() -> bool:
-    """``HF_HUB_OFFLINE`` as set now."""
-    from huggingface_hub import constants
-
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if var in os.environ:
-            return os.environ[var].strip().upper() in ("1", "ON", "YES", "TRUE")
-    return bool(constants.HF_HUB_OFFLINE)
 
 
 def check_hub_id(value: Any) -> str:
@@ -163,9 +141,9 @@ def resolve_split(repo_id: str, *, split: str, config: str | None = None,
         the split and the fix.
     """
     where = f"Dataset(hf={repo_id!r}, split={split!r})"
-    if streaming and not _offline():
+    if streaming and not offline():
         return _stream(repo_id, split, config, revision, where)
-    if not _offline():
+    if not offline():
         revision = _fetch(repo_id, split, config, revision, progress, where)
     folder = _snapshot(repo_id, revision, where)
     files = _split_files(str(folder), split, config, where, cached=True)
@@ -216,11 +194,11 @@ def _split_files(path: str, split: str, config: str | None, where: str, *,
     """The split's files as ``datasets`` resolves them (hf:// URLs, or snapshot paths)."""
     data_files = _builder(path, config, revision, where).config.data_files or {}
     if split not in data_files:
-        offline = (" in the Hugging Face cache, and HF_HUB_OFFLINE=1 reads only cached "
+        cached_only = (" in the Hugging Face cache, and HF_HUB_OFFLINE=1 reads only cached "
                    "splits: run once online to download it, or choose a cached one") \
-            if cached and _offline() else ""
+            if cached and offline() else ""
         raise DataError(f"{where}: the dataset has no split {split!r} (splits: "
-                        f"{sorted(data_files)}){offline}; pass Dataset(split=...) naming one")
+                        f"{sorted(data_files)}){cached_only}; pass Dataset(split=...) naming one")
     files = [str(f) for f in data_files[split]]
     wrong = [f for f in files if not f.lower().endswith(SUFFIXES)]
     if wrong:
@@ -275,14 +253,14 @@ def _fetch(repo_id: str, split: str, config: str | None, revision: str | None,
 
     try:
         huggingface_hub.snapshot_download(
-            repo_id, repo_type="dataset", revision=commit, cache_dir=_cache_dir(),
+            repo_id, repo_type="dataset", revision=commit, cache_dir=cache_dir(),
             allow_patterns=["README.md", *paths],
             tqdm_class=tqdm if progress else None)
     except errors.GatedRepoError:
         raise DataError(f"{where}: the dataset is gated: {_LOGIN}") from None
     except errors.LocalEntryNotFoundError:
         raise DataFileNotFound(f"{where}: the Hub could not be reached and the split is not "
-                               f"in the cache ({_cache_dir()}); check the connection") from None
+                               f"in the cache ({cache_dir()}); check the connection") from None
     return commit
 
 
@@ -291,7 +269,7 @@ def _snapshot(repo_id: str, revision: str | None, where: str) -> Path:
     import huggingface_hub
     from huggingface_hub import errors
 
-    cache = _cache_dir()
+    cache = cache_dir()
     repo = cache / ("datasets--" + repo_id.replace("/", "--"))
     rev = revision or "main"
     _check_ref(repo, rev, where)

@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from workbench._hub_env import cache_dir, offline
 from workbench._validate import check_revision, is_hub_id
 
 __all__ = ["CONFIG_FILES", "HubError", "MODEL_FILES", "Resolved", "TOKENIZER_PATTERNS",
@@ -57,28 +58,6 @@ class Resolved:
     path: Path
     repo_id: str | None = None
     revision: str | None = None
-
-
-def cache_dir() -> Path:
-    """``huggingface_hub``'s cache folder, read from the environment now."""
-    from huggingface_hub import constants
-
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(var):
-            return Path(os.environ[var]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path(constants.HF_HUB_CACHE)
-
-
-def offline() -> bool:
-    """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) as set now."""
-    from huggingface_hub import constants
-
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if var in os.environ:
-            return os.environ[var].strip().upper() in ("1", "ON", "YES", "TRUE")
-    return bool(constants.HF_HUB_OFFLINE)
 
 
 def check_progress(progress: Any, where: str) -> bool:
