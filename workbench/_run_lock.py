@@ -44,6 +44,7 @@ LAUNCHED_ENV = "WORKBENCH_JOB"
 
 _HELD: dict[str, RunLock] = {}       # lock path -> the RunLock of this process holding it
 _HELD_MUTEX = threading.Lock()
+_AT_EXIT: list[bool] = []            # [True] once _release_all is registered (first lock)
 
 
 _SLURM_FINAL = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -83,7 +84,14 @@ def _release_all() -> None:
             lock.release()
 
 
-atexit.register(_release_all)
+def _held(lock: RunLock) -> None:
+    """Records ``lock`` as held by this process; the first one registers
+    :func:`_release_all` at exit (importing this module registers nothing)."""
+    with _HELD_MUTEX:
+        _HELD[lock._key()] = lock
+        if not _AT_EXIT:
+            atexit.register(_release_all)
+            _AT_EXIT.append(True)
 
 
 class RunLock:
@@ -188,8 +196,7 @@ class RunLock:
                 self.path.unlink(missing_ok=True)
                 raise self._not_writable(e) from e
             self.held = True
-            with _HELD_MUTEX:
-                _HELD[self._key()] = self
+            _held(self)
             return
         raise JobRunningError(f"could not take {self.path}: another writer keeps taking it")
 
