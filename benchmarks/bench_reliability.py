@@ -99,7 +99,7 @@ def _checksum_rows(name: str, tree: Any, how: str) -> list[dict[str, Any]]:
     med = {on: (statistics.median(t[0] for t in times[on]),
                 statistics.median(t[1] for t in times[on])) for on in times}
     mb = _nbytes(tree) / 2**20
-    from workbench.train._checkpoint import keys_to_data, leaf_checksums
+    from workbench.train._checksum import keys_to_data, leaf_checksums
 
     data, _ = keys_to_data(tree)          # what a save checksums (PRNG keys as their data)
     leaf_checksums(data)                  # compiled by the warm-up saves already

@@ -271,7 +271,7 @@ def nine_steps(tmp_path_factory):
 
 
 def test_checksums_do_not_depend_on_the_mesh_and_see_one_flipped_bit():
-    from workbench.train._checkpoint import leaf_checksums
+    from workbench.train._checksum import leaf_checksums
 
     x = jnp.arange(64 * 16, dtype=jnp.float32).reshape(64, 16)
     a = leaf_checksums({"x": jax.device_put(x, NamedSharding(_mesh(data=8), P("data")))})

@@ -90,11 +90,11 @@ def test_read_only_checkpoints_log_nothing_and_other_absl_lines_pass(tmp_path, c
 
 
 def test_the_read_only_filter_drops_only_that_notice_for_that_directory(tmp_path, caplog):
-    from workbench.train._checkpoint import _without_read_only_notice
+    from workbench.train._orbax_notices import without_read_only_notice
 
     absl = logging.getLogger("absl")
     with caplog.at_level(logging.WARNING, logger="absl"):
-        with _without_read_only_notice(tmp_path / "a"):
+        with without_read_only_notice(tmp_path / "a"):
             absl.warning("Given directory is read only=%s", tmp_path / "a")        # dropped
             absl.warning("Given directory is read only=%s", tmp_path / "b")        # passes
             absl.warning("%s is read only, save will be skipped", tmp_path / "a")  # passes
@@ -128,7 +128,7 @@ def test_a_save_after_a_long_wait_logs_no_orbax_wait_notice(tmp_path, caplog, mo
     same state after the same wait is the reference that logs it."""
     import jax.numpy as jnp
 
-    from workbench.train._checkpoint import keys_to_data
+    from workbench.train._checksum import keys_to_data
 
     ck = Checkpoints(tmp_path / "ckpt", keep=5)
     state = {"w": jnp.ones((size,), jnp.float32)}

@@ -1,5 +1,9 @@
 """Checkpoints of a run: one composite Orbax save of state, data position and metadata.
 
+One class, one file: save, verify, fall back and set aside share one Orbax manager and its
+pending-save state; what a save records (``_checksum``) and the Orbax log notices it drops
+(``_orbax_notices``) live beside it.
+
 Each checkpoint ``<run_dir>/checkpoints/<step>/`` holds three items written by one
 ``orbax.checkpoint.CheckpointManager`` save:
 
@@ -53,22 +57,28 @@ per-shard writes; the blocking part is Orbax's device-to-host copy.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import errno
 import json
-import logging
 import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from workbench.train._checksum import (
+    CHECKSUM_ALGORITHM,
+    abstract_key_data,
+    data_to_keys,
+    keys_to_data,
+    leaf_checksums,
+    leaf_name,
+)
+from workbench.train._orbax_notices import without_read_only_notice, without_wait_notice
 
 #: Snapshots (see the module docstring) hold arrays of at most this size: each is saved
 #: as one chunk, where larger arrays are better written per shard.
@@ -79,8 +89,6 @@ SNAPSHOT_BYTES = 256 << 20
 
 #: Where unreadable or corrupt steps are moved (inside the checkpoint directory).
 CORRUPT_DIR = "corrupt"
-#: The checksum recorded at save (see :func:`leaf_checksums`).
-CHECKSUM_ALGORITHM = "wb-bitsum32x2-v1"
 
 
 class CheckpointError(RuntimeError):
@@ -110,153 +118,6 @@ class Restored:
     set_aside: list[Path] = dataclasses.field(default_factory=list)
 
 
-def _is_key(x: Any) -> bool:
-    dtype = getattr(x, "dtype", None)
-    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def keys_to_data(tree: Any) -> tuple[Any, list[str]]:
-    """Typed PRNG keys -> their ``uint32`` key data; also the implementations, in order."""
-    impls: list[str] = []
-
-    def convert(x: Any) -> Any:
-        if _is_key(x):
-            impls.append(str(jax.random.key_impl(x)))
-            return jax.random.key_data(x)
-        return x
-
-    return jax.tree.map(convert, tree), impls
-
-
-def _abstract_key_data(x: Any) -> Any:
-    """ShapeDtypeStruct of a key array -> that of its key data (sharding extended)."""
-    if not _is_key(x):
-        return x
-    data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
-    sharding = getattr(x, "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        extra = (None,) * (len(data.shape) - len(x.shape))
-        spec = jax.sharding.PartitionSpec(*sharding.spec, *extra)
-        sharding = jax.sharding.NamedSharding(sharding.mesh, spec)
-    return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
-
-
-def data_to_keys(tree: Any, target: Any, impls: list[str]) -> Any:
-    """Inverse of :func:`keys_to_data`: wraps key data where ``target`` has key leaves."""
-    it = iter(impls)
-
-    def convert(x: Any, t: Any) -> Any:
-        return jax.random.wrap_key_data(x, impl=next(it)) if _is_key(t) else x
-
-    return jax.tree.map(convert, tree, target)
-
-
-# ----------------------------------------------------------------------------- checksums
-def _key_name(key: Any) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
-def leaf_name(path: Sequence[Any]) -> str:
-    """A leaf's path as Orbax names it: keys, attributes and indices joined by dots."""
-    return ".".join(_key_name(k) for k in path)
-
-
-def _summable(dtype: Any) -> bool:
-    """Whether :func:`leaf_checksums` covers arrays of ``dtype`` (not sub-byte types)."""
-    dt = jnp.dtype(dtype)
-    if dt == jnp.bool_ or dt == jnp.complex64:
-        return True
-    try:
-        bits = (jnp.iinfo(dt) if jnp.issubdtype(dt, jnp.integer) else jnp.finfo(dt)).bits
-    except (TypeError, ValueError):
-        return False
-    return dt.itemsize in (1, 2, 4, 8) and bits == dt.itemsize * 8
-
-
-def _bits(x: jax.Array) -> jax.Array:
-    """The bits of ``x`` as uint32 (narrower types widened, 64-bit ones split in two)."""
-    dt = jnp.dtype(x.dtype)
-    if dt == jnp.bool_:
-        return x.astype(jnp.uint32)
-    if jnp.issubdtype(dt, jnp.complexfloating):
-        return jnp.stack([_bits(jnp.real(x)), _bits(jnp.imag(x))], axis=-1)
-    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[dt.itemsize]
-    return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
-
-
-def _weighted_sums(x: jax.Array) -> jax.Array:
-    """Two position-weighted sums (mod 2**32) of an array's bits, shape (2,) uint32.
-
-    The weights are odd functions of the element's flat position, so a change of any one
-    element always changes both sums; they are defined on global positions, so the sums
-    do not depend on how the array is sharded, and integer sums are exact in any order.
-    """
-    b = _bits(x)
-    idx = jnp.zeros(b.shape, jnp.uint32)
-    stride = 1
-    for d in reversed(range(b.ndim)):
-        idx = idx + jax.lax.broadcasted_iota(jnp.uint32, b.shape, d) * np.uint32(stride % 2**32)
-        stride *= b.shape[d]
-    w1 = (idx * np.uint32(0x9E3779B1)) << np.uint32(1) | np.uint32(1)
-    w2 = ((idx + np.uint32(0x632BE5AB)) * np.uint32(0x85EBCA6B)) | np.uint32(1)
-    mixed = b ^ (b >> np.uint32(16))
-    # one variadic reduce: both sums in one fused pass over the array (two jnp.sum calls
-    # made XLA:CPU materialise the shared bits and weights between them, ~150x slower on
-    # a 256 MiB state); the same numbers, integer sums mod 2**32 in any order
-    zero = jnp.zeros((), jnp.uint32)
-    s1, s2 = jax.lax.reduce((b * w1, mixed * w2), (zero, zero),
-                            lambda acc, x: (acc[0] + x[0], acc[1] + x[1]), tuple(range(b.ndim)))
-    return jnp.stack([s1, s2])
-
-
-def _checksum_arrays(arrays: list[jax.Array]) -> jax.Array:
-    return jnp.stack([_weighted_sums(a) for a in arrays]) if arrays else \
-        jnp.zeros((0, 2), jnp.uint32)
-
-
-_CHECKSUM_FNS: dict[Any, Any] = {}
-
-
-def _checksum_fn(devices: tuple[Any, ...] | None) -> Any:
-    """The jitted checksum for arrays on ``devices``: its result replicated on all of them,
-    so every process can read it (None: JAX's default placement)."""
-    key = None if devices is None else tuple(d.id for d in devices)
-    fn = _CHECKSUM_FNS.get(key)
-    if fn is None:
-        out = None if devices is None else jax.sharding.NamedSharding(
-            jax.sharding.Mesh(np.array(devices), ("all",)), jax.sharding.PartitionSpec())
-        fn = _CHECKSUM_FNS[key] = jax.jit(_checksum_arrays, out_shardings=out)
-    return fn
-
-
-def leaf_checksums(tree: Any) -> dict[str, list[int]]:
-    """Two 32-bit checksums of every array leaf of ``tree``, by leaf name.
-
-    Computed on the devices where the arrays live (one jitted pass over the state; a
-    multi-process state is summed across processes, and every process gets the same
-    numbers). Not cryptographic: it detects damage (any changed element, bytes flipped
-    inside a file), not deliberate tampering. Leaves that are not arrays are skipped.
-
-    Example::
-
-        leaf_checksums({"w": jnp.ones((2, 2))})   # {"w": [s1, s2]}
-    """
-    named = [(leaf_name(p), x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
-             if isinstance(x, (jax.Array, np.ndarray)) and _summable(x.dtype)]
-    groups: dict[Any, list[tuple[str, Any]]] = {}
-    for name, x in named:  # one jitted call per set of devices (jit takes no mixed sets)
-        where = getattr(x, "sharding", None)
-        committed = isinstance(x, jax.Array) and where is not None and x.committed
-        key = tuple(sorted(where.device_set, key=lambda d: d.id)) if committed else None
-        groups.setdefault(key, []).append((name, x))
-    out: dict[str, list[int]] = {}
-    for devices, group in groups.items():
-        sums = np.asarray(jax.device_get(_checksum_fn(devices)([x for _, x in group])))
-        out.update({name: [int(a), int(b)] for (name, _), (a, b) in zip(group, sums, strict=True)})
-    return out
 
 
 class _DataPosition:
@@ -321,62 +182,6 @@ def abstract(tree: Any) -> Any:
     return jax.tree.map(leaf, tree)
 
 
-#: What Orbax's CheckpointManager logs (absl, WARNING) on every read-only open: the
-#: ``read_only=True`` asked for, said back. ``_without_read_only_notice`` drops it.
-_READ_ONLY_NOTICE = "Given directory is read only=%s"
-
-
-class _DropReadOnlyNotice(logging.Filter):
-    """Drops Orbax's read-only notice for one directory; every other record passes."""
-
-    def __init__(self, directory: Path) -> None:
-        super().__init__()
-        self.directory = str(directory)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.msg == _READ_ONLY_NOTICE and isinstance(record.args, tuple)
-                    and len(record.args) == 1 and str(record.args[0]) == self.directory)
-
-
-@contextlib.contextmanager
-def _absl_without(drop: logging.Filter) -> Iterator[None]:
-    """While inside: the records ``drop`` refuses are not logged by absl's logger."""
-    absl_logger = logging.getLogger("absl")
-    absl_logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        absl_logger.removeFilter(drop)
-
-
-def _without_read_only_notice(directory: Path) -> contextlib.AbstractContextManager[None]:
-    """While Orbax opens ``directory``: its "Given directory is read only" notice for that
-    directory is not logged (absl's logger; only that message, only for that directory)."""
-    return _absl_without(_DropReadOnlyNotice(directory))
-
-
-#: What Orbax's ``CheckpointManager.save`` logs (absl, WARNING) when the waits for earlier
-#: saves since its last save passed a second: it adds up every ``wait_until_finished`` on the
-#: main thread, so the wait a finished run makes for its last save (``Checkpoints.wait``) is
-#: reported at the next run's first save as "consider checkpointing less frequently". The
-#: Trainer times what a save blocks itself (``ckpt_time`` of each step's record), so
-#: ``_without_wait_notice`` drops this message during Checkpoints' own saves.
-_WAIT_NOTICE = "Waiting for previous save to complete took"
-
-
-class _DropWaitNotice(logging.Filter):
-    """Drops Orbax's "Waiting for previous save" notice; every other record passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (isinstance(record.msg, str) and record.msg.startswith(_WAIT_NOTICE))
-
-
-def _without_wait_notice() -> contextlib.AbstractContextManager[None]:
-    """While one of Checkpoints' saves is handed to Orbax: its "Waiting for previous save"
-    notice is not logged (absl's logger; only that message)."""
-    return _absl_without(_DropWaitNotice())
-
-
 class Checkpoints:
     """The checkpoints of one run (an ``orbax.checkpoint.CheckpointManager``).
 
@@ -405,7 +210,7 @@ class Checkpoints:
             save_interval_steps=0 if read_only else every, create=not read_only,
             read_only=read_only, enable_async_checkpointing=async_save,
             cleanup_tmp_directories=not read_only)
-        with _without_read_only_notice(self.directory):
+        with without_read_only_notice(self.directory):
             self._manager = ocp.CheckpointManager(
                 self.directory, options=options, item_names=("state", "data", "meta"))
         self._pending: int | None = None
@@ -483,7 +288,7 @@ class Checkpoints:
         args = self._args(step, tree, impls, data, meta,
                           leaf_checksums(tree) if self.checksums else None)
         try:
-            with _without_wait_notice():
+            with without_wait_notice():
                 saved = self._manager.save(step, args=args, force=force)
         except (OSError, ocp.checkpoint_manager.StepAlreadyExistsError) as e:
             raise self._write_error(step, e) from e
@@ -507,7 +312,7 @@ class Checkpoints:
         sums = leaf_checksums(snap.tree) if self.checksums else None
         tree = jax.device_get(snap.tree)  # a private copy: no later step can change it
         args = self._args(step, tree, snap.impls, snap.data, meta, sums)
-        with _without_wait_notice():
+        with without_wait_notice():
             return self._manager.save(step, args=args, force=force)
 
     @staticmethod
@@ -627,7 +432,7 @@ class Checkpoints:
         steps = [step] if step is not None else self.all_steps()[::-1]
         if not steps:
             raise CheckpointError(f"no checkpoint in {self.directory}")
-        abstract_target = jax.tree.map(_abstract_key_data, abstract(target))
+        abstract_target = jax.tree.map(abstract_key_data, abstract(target))
         failed: list[tuple[int, str, bool]] = []   # (step, why, definitely damaged)
         if step is None:   # newer step names Orbax skips: symlinks to nothing (or loops)
             failed += [(b, "its directory is a symlink that leads to no directory (dangling, "
@@ -649,24 +454,33 @@ class Checkpoints:
                                damaged))
                 continue
             assert restored is not None
-            # An older step restored: the newer ones are damaged, not the environment.
-            moved = [m for b, w, _ in failed if (m := self._set_aside(b, w)) is not None]
-            restored.skipped, restored.set_aside = [(b, w) for b, w, _ in failed], moved
-            if failed:
-                bad = ", ".join(str(b) for b, _, _ in failed)
-                where = (f"moved aside to {', '.join(str(m) for m in moved)} (nothing deleted)"
-                         if moved else "left in place (read-only)")
-                warnings.warn(
-                    f"checkpoint step {bad} in {self.directory} is unreadable "
-                    f"({failed[0][1]}); {where}; restored step {s} instead", stacklevel=2)
-            return restored
-        # Nothing restored: only steps that read but failed verification are surely damaged;
-        # the rest stay (the cause may be here: memory, devices, a wrong target).
+            return self._fell_back(restored, failed)
+        raise self._none_restored(failed)
+
+    def _fell_back(self, restored: Restored, failed: list[tuple[int, str, bool]]) -> Restored:
+        """An older step restored, so the newer ``failed`` ones are damaged, not the
+        environment: they are moved aside and a warning names them."""
+        moved = [m for b, w, _ in failed if (m := self._set_aside(b, w)) is not None]
+        restored.skipped, restored.set_aside = [(b, w) for b, w, _ in failed], moved
+        if failed:
+            bad = ", ".join(str(b) for b, _, _ in failed)
+            where = (f"moved aside to {', '.join(str(m) for m in moved)} (nothing deleted)"
+                     if moved else "left in place (read-only)")
+            warnings.warn(
+                f"checkpoint step {bad} in {self.directory} is unreadable "
+                f"({failed[0][1]}); {where}; restored step {restored.step} instead",
+                stacklevel=3)
+        return restored
+
+    def _none_restored(self, failed: list[tuple[int, str, bool]]) -> CheckpointError:
+        """Nothing restored: only steps that read but failed verification are surely
+        damaged and moved aside; the rest stay (the cause may be here: memory, devices, a
+        wrong target). The error lists every step and why."""
         moved = [m for b, w, d in failed if d and (m := self._set_aside(b, w)) is not None]
         detail = "; ".join(f"step {s}: {why}" for s, why, _ in failed)
         where = (f" Damaged step(s) were moved aside to {self.directory / CORRUPT_DIR} "
                  "(nothing deleted)." if moved else "")
-        raise CheckpointError(
+        return CheckpointError(
             f"no readable checkpoint in {self.directory} ({detail}).{where} If the files are "
             f"damaged, move the step directories out of {self.directory} (nothing is deleted "
             "by Workbench) and start a new run_dir, or restore them from a copy")
@@ -704,7 +518,7 @@ class Checkpoints:
             leaves = jax.tree_util.tree_leaves_with_path(md)
             saved = {leaf_name(p): tuple(getattr(m, "shape", ()) or ()) for p, m in leaves}
             dtypes = {leaf_name(p): getattr(m, "dtype", None) for p, m in leaves}
-        except Exception as e:  # noqa: BLE001 - unreadable metadata: the step is unusable
+        except Exception as e:
             raise _Unusable(f"its array metadata cannot be read ({_reason(e)})") from e
         if not saved:
             raise _Unusable("its array metadata lists no arrays")
