@@ -110,7 +110,7 @@ def test_calibrate_stores_the_fit_and_predictions_use_it(tmp_path, monkeypatch):
     collective of a third layout is timed alpha x messages + bytes / beta on each link."""
     monkeypatch.setenv("WORKBENCH_CALIBRATION", str(tmp_path))
     cal = wb.calibrate(_layouts(), spec=SPEC)
-    again = wb.perf.Calibration.from_dict(json.loads(next(tmp_path.iterdir()).read_text()))
+    again = wb.hardware.Calibration.from_dict(json.loads(next(tmp_path.iterdir()).read_text()))
     assert again.collectives == cal.collectives
     mesh = wb.make_mesh(data=4, model=2)
     c = Collective(kind="all-reduce", axes=("data",), aligned=True, group_size=4, bytes=4000,
@@ -184,7 +184,7 @@ def test_accelerator_links_carry_the_catalogues_latencies():
 def test_an_old_calibration_file_still_applies():
     """A calibration stored before the alpha-beta model (kind -> latency, scale) scales a
     collective's time as it did."""
-    old = wb.perf.Calibration.from_dict({
+    old = wb.hardware.Calibration.from_dict({
         "device_kind": SPEC.name, "compute_factor": 1.0, "memory_factor": 1.0,
         "matmul_flops": 1e11, "hbm_bandwidth": 1e10, "overlap": None,
         "collectives": {"all-reduce": {"latency": 1e-4, "scale": 2.0, "bandwidth": 1e9}},

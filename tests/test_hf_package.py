@@ -1,5 +1,5 @@
-"""``wb.hf`` as a package: its public names, the aliases elsewhere, the old module paths
-(shims that warn and forward), and its place above ``models`` and ``step``.
+"""``wb.hf`` as a package: its public names, the aliases elsewhere, and its place above
+``models`` and ``step``.
 
 What the functions do is tested in test_hf.py, test_hostile_hf.py and test_hostile_export.py.
 """
@@ -10,14 +10,6 @@ import sys
 
 import workbench as wb
 from tests.test_layering import PACKAGE, imports, module_name
-
-#: old module path -> where it moved.
-MOVED = {"workbench.models.hf": "workbench.hf._load",
-         "workbench.models.hf_export": "workbench.hf._save",
-         "workbench.models.hf_families": "workbench.hf._families",
-         "workbench.models.hf_tensors": "workbench.hf._tensors",
-         "workbench.train.export": "workbench.hf._export"}
-
 
 def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -39,35 +31,6 @@ def test_the_old_public_names_are_the_same_functions():
     from workbench.models import from_hf, to_hf
     from workbench.train import export_run
     assert (from_hf, to_hf, export_run) == (wb.hf.from_hf, wb.hf.to_hf, wb.hf.export_run)
-
-
-def test_old_module_paths_warn_with_the_new_path_and_forward_every_name():
-    """In a fresh process (a module warns when it is first imported): each old path warns
-    once, naming its new path, and any of its names (public or not) is the new module's."""
-    code = ("import importlib, warnings\n"
-            f"moved = {MOVED!r}\n"
-            "for old, new in moved.items():\n"
-            "    with warnings.catch_warnings(record=True) as w:\n"
-            "        warnings.simplefilter('always')\n"
-            "        shim = importlib.import_module(old)\n"
-            "    msgs = [str(x.message) for x in w if x.category is DeprecationWarning]\n"
-            "    assert len(msgs) == 1 and new in msgs[0] and old in msgs[0], (old, msgs)\n"
-            "    mod = importlib.import_module(new)\n"
-            "    names = [n for n in vars(mod) if not n.startswith('__')]\n"
-            "    assert names and all(getattr(shim, n) is getattr(mod, n) for n in names), old\n"
-            "    assert set(names) <= set(dir(shim)), old\n"
-            "    try:\n"
-            "        shim.no_such_name\n"
-            "    except AttributeError as e:\n"
-            "        assert new in str(e), e\n"
-            "    else:\n"
-            "        raise AssertionError(old)\n"
-            "from workbench.models.hf import from_hf, CheckpointError\n"
-            "from workbench.hf._load import from_hf as f2, CheckpointError as c2\n"
-            "assert from_hf is f2 and CheckpointError is c2\n"
-            "print('ok')\n")
-    out = _run(code)
-    assert out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
 def test_importing_wb_hf_is_light():

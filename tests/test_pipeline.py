@@ -320,19 +320,11 @@ def test_search_plans_pipelined_candidates_like_wb_plan():
         (p.model_flops + p.flops.recompute) / p.compute_split / (1 - 3 / 11))
 
 
-def test_the_schedule_lives_beside_the_pipeline_and_its_old_path_warns():
+def test_the_schedule_lives_beside_the_pipeline():
     """``Pipeline`` and its timeline are one module (``models/_schedule``: no import circle
-    with planning); ``workbench.planning.schedule`` still imports as that module (its
-    warning: test_public_api's old-path test)."""
-    import warnings
-
+    with planning)."""
     from workbench.models import _schedule as schedule
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from workbench.planning import schedule as old
 
     assert Pipeline is schedule.Pipeline and isinstance(Pipeline(microbatches=2).on(2),
                                                         schedule.Schedule)
-    assert old is schedule and (old.timeline, old.BACKWARD_COST) == (
-        timeline, schedule.BACKWARD_COST)
+    assert timeline is schedule.timeline

@@ -21,7 +21,7 @@ import pytest
 
 import workbench as wb
 import workbench.perf._profile  # noqa: F401 - wb.perf._profile below
-from workbench.perf._calibrate import calibration_dir, load_calibration
+from workbench.hardware import calibration_dir, load_calibration
 from workbench._compiled.hlo import parse_collectives
 from workbench.perf._trace import CATEGORIES, read_trace, trace_files
 from workbench.train._profile import MAX_STEPS, ProfileError, capture, trainer_plan

@@ -1,23 +1,19 @@
 """The public surface: the ``wb.*`` names and the public modules (no path part with a
 leading underscore), each thin, with an ``__all__`` whose every name exists; the
 notebooks, the README and the user guides use only those names (the reference: each
-module's own ``__all__``). Old module paths still import, with a DeprecationWarning."""
+module's own ``__all__``). Old module paths are gone: tests/test_one_name.py."""
 from __future__ import annotations
 
 import ast
 import importlib
 import pathlib
-import pickle
 import pkgutil
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import workbench as wb
-from workbench._moved import MOVED
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -148,82 +144,8 @@ def test_the_check_catches_a_private_import_and_a_private_attribute():
         "workbench.rules (not in workbench.__all__)"]
 
 
-@pytest.mark.parametrize("old, new", [
-    ("workbench.step", "workbench._step"),
-    ("workbench.planning.search", "workbench._search.search"),    # private, then moved
-    ("workbench.planning._search_space", "workbench._search.space"),
-    ("workbench.planning.search_result", "workbench._search.result"),
-    ("workbench.perf.predict", "workbench.perf._predict"),
-    ("workbench.planning.predict", "workbench.perf._predict"),    # moved, then private
-    ("workbench.planning.schedule", "workbench.models._schedule"),
-    ("workbench.models.hf", "workbench.hf._load"),
-    ("workbench.models.adapters", "workbench.any_model._spec"),
-    ("workbench.data.tokenizer", "workbench.data._tokenizer"),
-    # the sharding modules: public before round three, private in it, in _sharding/ now
-    ("workbench.mesh", "workbench._sharding.mesh"),
-    ("workbench._rules", "workbench._sharding.rules"),
-    ("workbench.layouts", "workbench._sharding.layouts"),
-    ("workbench._placement", "workbench._sharding.placement"),
-    ("workbench.topology", "workbench._sharding.topology"),
-    ("workbench._pytrees", "workbench._sharding.pytrees"),
-    ("workbench.tracing", "workbench._sharding.tracing"),
-    ("workbench.models._generate", "workbench._generate"),     # moved above models
-    ("workbench.models.generate", "workbench._generate"),
-    ("workbench.perf._hlo", "workbench._compiled.hlo"),        # a leaf below perf now
-    ("workbench.planning.hlo", "workbench._compiled.hlo"),
-])
-def test_old_module_paths_import_with_a_warning_naming_the_new_one(old, new):
-    """In a fresh interpreter: the old path is the new module object (the same functions,
-    so pickles that name it load), and importing it warns once, naming both paths."""
-    code = ("import importlib, warnings, sys\n"
-            "warnings.simplefilter('always')\n"
-            "with warnings.catch_warnings(record=True) as w:\n"
-            f"    old = importlib.import_module({old!r})\n"
-            f"new = importlib.import_module({new!r})\n"
-            "assert old is new, (old, new)\n"
-            "print([str(x.message) for x in w if x.category is DeprecationWarning])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
-    assert out.returncode == 0, out.stderr
-    said = ast.literal_eval(out.stdout.strip().splitlines()[-1])
-    assert len(said) == 1 and old in said[0] and new in said[0], said
-
-
-@pytest.mark.parametrize("old, name, kwargs", [
-    ("workbench._rules", "Rules", {"batch": ("data", "fsdp"), "heads": "model", "embed": None}),
-    ("workbench.rules", "Rules", {"batch": "data"}),
-    ("workbench._tracing", "TraceContext", {"stages": 2}),
-])
-def test_a_pickle_naming_an_old_module_path_loads_the_same_class(old, name, kwargs):
-    """A pickle (or a saved config) written before a move names its classes by their old
-    module path; in a fresh interpreter it loads, as instances of today's classes."""
-    new = MOVED[old]
-    cls = getattr(importlib.import_module(new), name)
-    data = pickle.dumps(cls(**kwargs), protocol=2)   # names the class as `c<module>\n<name>\n`
-    assert f"c{new}\n{name}\n".encode() in data
-    data = data.replace(f"c{new}\n".encode(), f"c{old}\n".encode())
-    just_the_class = f"c{old}\n{name}\n.".encode()
-    code = ("import pickle, warnings\n"
-            "warnings.simplefilter('ignore', DeprecationWarning)\n"
-            f"back = pickle.loads({data!r})\n"
-            f"from {new} import {name} as cls\n"
-            f"assert type(back) is cls and back == cls(**{kwargs!r}), back\n"
-            f"assert pickle.loads({just_the_class!r}) is cls\n"
-            "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
-    assert out.stdout.strip() == "ok", out.stderr[-3000:]
-
-
 def test_a_missing_module_is_still_an_import_error():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("workbench.planning.no_such_module")
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("workbench.nope.deeper")
-
-
-def test_the_old_data_names_warn_and_are_the_new_functions():
-    with pytest.warns(DeprecationWarning, match="grain_dataset"):
-        assert wb.data.dataset is wb.data.grain_dataset
-    with pytest.warns(DeprecationWarning, match="as_spec"):
-        assert wb.data.data_spec is wb.data.as_spec

@@ -22,8 +22,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from workbench import _moved
-
 __version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None means the module itself.
@@ -45,7 +43,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "SearchResult": ("workbench._search.search", "SearchResult"),
     "PlanOptions": ("workbench.planning", "PlanOptions"),
     "calibrate": ("workbench.perf._calibrate", "calibrate"),
-    "remove_calibration": ("workbench.perf._calibrate", "remove_calibration"),
+    "remove_calibration": ("workbench.hardware._calibration", "remove_calibration"),
     "profile_step": ("workbench.train._profile", "profile_step"),
     "TrainConfig": ("workbench.train", "TrainConfig"),
     "Trainer": ("workbench.train", "Trainer"),
@@ -67,8 +65,6 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-_moved.install()   # old module paths (workbench.perf.predict, ...) import with a warning
 
 
 def __getattr__(name: str) -> Any:
@@ -95,7 +91,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from workbench._sharding.mesh import MeshInfo, abstract_mesh, make_mesh
     from workbench._generate import generate
     from workbench.planning import Plan, PlanOptions, compare, plan
-    from workbench.perf._calibrate import calibrate, remove_calibration
+    from workbench.hardware._calibration import remove_calibration
+    from workbench.perf._calibrate import calibrate
     from workbench._search.search import SearchResult, search
     from workbench.train._profile import profile_step
     from workbench._sharding.rules import Rules

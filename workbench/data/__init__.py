@@ -36,18 +36,3 @@ __all__ = ["DataError", "DataSpec", "Dataset", "ShardedBatches", "SyntheticData"
            "as_spec", "cache_root", "chat_limits", "check_vocab", "corpus_bytes", "grain_dataset", "pack",
            "prepare", "row_batch", "source"]
 
-
-#: Old names, clashing with ``Dataset`` and ``DataSpec``: they still work, with a warning.
-_RENAMED = {"dataset": "grain_dataset", "data_spec": "as_spec"}
-
-
-def __getattr__(name: str) -> object:
-    if name in _RENAMED:
-        import warnings
-
-        new = _RENAMED[name]
-        warnings.warn(f"wb.data.{name} is now wb.data.{new} (the old name clashed with "
-                      f"{'wb.data.Dataset' if name == 'dataset' else 'wb.data.DataSpec'}; "
-                      "it will go)", DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module 'workbench.data' has no attribute {name!r}")

@@ -5,7 +5,8 @@ simulated CPU devices, the measured CPU entry, and libtpu.
 Modules: ``catalogue`` (``GENERATIONS``, ``HardwareSpec``, ``hardware_spec``),
 ``inventory`` (``devices``, ``DeviceInfo``, ``simulate_devices``, ``peak_flops``),
 ``measure`` (the CPU entry, measured and cached per machine), ``calibration`` (achieved
-rates fitted to profiles, stored per device kind), ``effective`` (``effective_spec``: the
+rates fitted to profiles, stored per device kind; fitted by ``wb.calibrate``, removed by
+``wb.remove_calibration``), ``effective`` (``effective_spec``: the
 one spec a prediction uses, catalogue -> measured -> calibrated, each number with its
 source), ``libtpu`` (whether the TPU compiler is installed; ``quiet_libtpu``, called by
 the entry points that start JAX's backends). Importing this package changes nothing in
@@ -14,7 +15,7 @@ JAX or the environment.
 from workbench.hardware._catalogue import (GENERATIONS, Generation, HardwareSpec, generation,
                                           hardware_presets, hardware_spec)
 from workbench.hardware._calibration import (Calibration, CalibrationWarning, calibration_dir,
-                                            load_calibration, remove_calibration)
+                                            load_calibration)
 from workbench.hardware._effective import EffectiveSpec, effective_spec
 from workbench.hardware._inventory import (DeviceInfo, DeviceInventory, devices, peak_flops,
                                           simulate_devices)
@@ -31,5 +32,5 @@ __all__ = [
     "load_calibration",
     "measured_cpu_collective_bandwidth", "measured_cpu_collective_latency",
     "measured_cpu_memory_bandwidth", "measured_cpu_peak", "measured_loopback_bandwidth",
-    "peak_flops", "psum_seconds", "quiet_libtpu", "remove_calibration", "simulate_devices",
+    "peak_flops", "psum_seconds", "quiet_libtpu", "simulate_devices",
 ]

@@ -14,20 +14,21 @@ bound), ``predict_plan`` (a ``PlanReport``'s numbers fed to it), ``analytic`` an
 ``attention_cost`` (formulas, public as ``formulas``), ``bounds`` (what no prediction may
 beat), ``trace`` (a ``jax.profiler`` trace read into time per category and op),
 ``profile`` (predicted vs measured, term by term), ``calibrate`` (achieved rates fitted
-to profiles; ``fit_collectives``: each collective kind's latency per message and bandwidth
-per link, fitted to several profiles at once). Formulas and sources: docs/predictions.md.
+to profiles: ``wb.calibrate``, stored as a ``wb.hardware.Calibration`` and removed with
+``wb.remove_calibration``; ``fit_collectives``: each collective kind's latency per message
+and bandwidth per link, fitted to several profiles at once). Formulas and sources:
+docs/predictions.md.
 """
 from workbench.perf import formulas
 from workbench.perf._bounds import MFU_CEILING, implausible
-from workbench.perf._calibrate import (Calibration, calibrate, fit_collectives,
-                                       remove_calibration)
+from workbench.perf._calibrate import fit_collectives
 from workbench._compiled.hlo import Collective, parse_collectives
 from workbench.perf._predict import CollectiveTime, Prediction, collective_seconds, predict
 from workbench.perf._predict_plan import predict_plan
 from workbench.perf._profile import ProfileReport, Term, profile_report
 from workbench.perf._trace import StepProfile, read_trace, trace_files
 
-__all__ = ["MFU_CEILING", "Calibration", "Collective", "CollectiveTime", "Prediction",
-           "ProfileReport", "StepProfile", "Term", "calibrate", "collective_seconds",
-           "fit_collectives", "formulas", "implausible", "parse_collectives", "predict",
-           "predict_plan", "profile_report", "read_trace", "remove_calibration", "trace_files"]
+__all__ = ["MFU_CEILING", "Collective", "CollectiveTime", "Prediction", "ProfileReport",
+           "StepProfile", "Term", "collective_seconds", "fit_collectives", "formulas",
+           "implausible", "parse_collectives", "predict", "predict_plan", "profile_report",
+           "read_trace", "trace_files"]

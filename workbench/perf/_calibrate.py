@@ -25,7 +25,7 @@ From one or more :class:`~workbench.perf._profile.ProfileReport` of a device kin
 The factors are stored relative to the hardware entry (``cpu_spec`` divides one host's
 peak among its simulated devices: a calibration from 8 devices applies to 4). Storing,
 reading and removing them (``Calibration``, ``load_calibration``, ``remove_calibration``,
-``calibration_dir``) is ``workbench.hardware._calibration``'s; the names are here too.
+``calibration_dir``) is ``workbench.hardware._calibration``'s.
 """
 from __future__ import annotations
 
@@ -37,15 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from workbench.hardware._calibration import (Calibration, CalibrationWarning, calibration_dir,
-                                            check_calibration, load_calibration,
-                                            remove_calibration)
+from workbench.hardware._calibration import Calibration
 from workbench.perf._predict import ALPHA_BETA
 from workbench.perf._residuals import residuals
 from workbench._validate import check_bool
 
-__all__ = ["Calibration", "CalibrationWarning", "calibrate", "calibration_dir",
-           "check_calibration", "fit_collectives", "load_calibration", "remove_calibration"]
+__all__ = ["calibrate", "fit_collectives"]
 
 
 # -- fitting ----------------------------------------------------------------------------
