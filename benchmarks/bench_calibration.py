@@ -106,7 +106,7 @@ def memory_row(plan: Any, case: Sequence[Any], compiler: str) -> dict[str, Any]:
     from workbench.perf import _analytic as analytic
 
     preset, rules, remat, batch, seq, over = case
-    m, e = plan.memory, plan.memory_estimate
+    m, e = plan.memory, plan.report.memory_estimate
     t = analytic.temp_breakdown(plan.cfg, batch, seq, plan.rules, plan.mesh)
     ratio = e["total"] / m["total"]
     lo, hi = MEMORY_TARGET
@@ -155,9 +155,9 @@ def hbm_row(plan: Any, case: Sequence[Any]) -> dict[str, Any]:
 
     preset, rules, remat, batch, seq, over = case
     p_lay = {k[len("params."):]: v for k, v in plan.layouts.items() if k.startswith("params.")}
-    new = analytic.hbm_bytes(plan.memory_estimate, p_lay, plan.rules, plan.mesh, cfg=plan.cfg,
+    new = analytic.hbm_bytes(plan.report.memory_estimate, p_lay, plan.rules, plan.mesh, cfg=plan.cfg,
                              batch=batch, seq=seq)
-    compiled = plan.cost["bytes accessed"]
+    compiled = plan.report.cost["bytes accessed"]
     lo, hi = STEP_TARGET
     return {"name": f"HBM bytes per step, TPU compiler: {_case_name(case)}",
             "value": round(new / compiled, 3), "unit": "analytic/compiled",
@@ -186,7 +186,7 @@ def memory_rows(cases: Sequence[Sequence[Any]], mesh: Any, compiler: str) -> lis
             raise RuntimeError(f"{_case_name(case)} was not compiled: {plan.source_reason}")
         rows.append(memory_row(plan, case, compiler))
         # scanned layers: the compiler's cost analysis counts the loop body once
-        if compiler == "tpu" and preset != "tiny" and "bytes accessed" in plan.cost \
+        if compiler == "tpu" and preset != "tiny" and "bytes accessed" in plan.report.cost \
                 and not getattr(plan.cfg, "scan_layers", False):
             rows.append(hbm_row(plan, case))
     return rows
@@ -293,7 +293,7 @@ def measure_steps(cases: Sequence[Sequence[Any]], *, windows: int = WINDOWS) -> 
         out.append({"case": list(c["case"]), "seconds": c["seconds"],
                     "predicted": p.step_seconds, "bound": p.bound,
                     "compute": b["compute"], "memory": b["memory"],
-                    "communication": b["communication"], "cost": c["plan"].cost,
+                    "communication": b["communication"], "cost": c["plan"].report.cost,
                     "hosts": c["plan"].mesh.n_hosts, "latency": latency,
                     "collectives": sum(x.count for x in c["plan"].collectives),
                     "operands": sum(x.count * max(1, len(x.shapes))

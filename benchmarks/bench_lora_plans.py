@@ -135,7 +135,7 @@ def lora_plans(models: tuple[str, ...] = ("qwen3-0.6b", "1b"), *, compile: bool 
             p = wb.plan(c, mesh=mesh, rules="dp", batch=8, seq=seq,
                         optimizer=optax.adamw(1e-4), compile=compile, progress=False)
             out[f"{name} {kind}"] = {"source": p.source, "memory": dict(p.memory),
-                                     "estimate": dict(p.memory_estimate), "fits": p.fits}
+                                     "estimate": dict(p.report.memory_estimate), "fits": p.fits}
     return out
 
 

@@ -54,12 +54,12 @@ def _plans(base: Any, slice_name: str, tokens_per_chip: int, seq: int,
         p = wb.plan(base.replace(**CASES[name]), mesh=mesh, rules="fsdp", batch=batch,
                     seq=seq, progress=False)
         out[name] = {"source": p.source, "temp": p.memory["temp"],
-                     "estimate": p.memory_estimate["temp"], "total": p.memory["total"],
+                     "estimate": p.report.memory_estimate["temp"], "total": p.memory["total"],
                      "limit": p.memory.get("limit"), "fits": p.fits,
                      # the compiler's own count: the plans scan the same layers, whose
                      # body it counts once (compiled_flops_per_device is None for loops),
                      # so the counts compare with each other, not with model FLOPs
-                     "flops": p.cost.get("flops"), "batch": batch,
+                     "flops": p.report.cost.get("flops"), "batch": batch,
                      "model_flops": p.model_flops}
     return out
 

@@ -153,7 +153,7 @@ def plan_reference(ref: Reference, *, attention: str = "splash", remat: str | No
 def mfu_both(p: wb.Plan) -> tuple[float, float]:
     """Predicted MFU in the causal-halved and the full-attention FLOP conventions."""
     pred = p.predicted
-    full = gpt_flops(p.cfg, p.batch, p.seq, causal=False).total
+    full = gpt_flops(p.cfg, p.report.batch, p.report.seq, causal=False).total
     return pred.mfu, pred.mfu * full / p.model_flops
 
 

@@ -36,7 +36,7 @@ def _row(remat: Any) -> dict[str, Any]:
     p = plan_reference(IRONWOOD, remat=remat, progress=False)
     seconds = time.perf_counter() - t0
     pred, b = p.predicted, p.predicted.breakdown
-    est = p.memory_estimate or {}
+    est = p.report.memory_estimate or {}
     formula = est.get("total")
     to_host = b.get("host_bytes_to_host", 0.0)       # one TensorCore's (2 per chip)
     by_formula = host_bytes(IRONWOOD, remat) / 2        # the formula counts a chip's

@@ -33,11 +33,11 @@ def _compiled_total(plan):
 
 
 def test_tiny_fsdp_estimate_within_10_percent_of_memory_analysis(tiny_fsdp):
-    assert tiny_fsdp.memory_estimate["total"] / _compiled_total(tiny_fsdp) == \
+    assert tiny_fsdp.report.memory_estimate["total"] / _compiled_total(tiny_fsdp) == \
         pytest.approx(1.0, abs=0.10)
     # the arguments are the same layouts' shards, exactly
     ma = tiny_fsdp.compiled.memory_analysis()
-    est = tiny_fsdp.memory_estimate
+    est = tiny_fsdp.report.memory_estimate
     assert est["params"] + est["optimizer"] + est["batch"] == pytest.approx(
         ma.argument_size_in_bytes, abs=64)
 
@@ -45,7 +45,7 @@ def test_tiny_fsdp_estimate_within_10_percent_of_memory_analysis(tiny_fsdp):
 @pytest.mark.parametrize("rules", ["dp", "tp", "fsdp_tp"])
 def test_tiny_estimates_within_10_percent_on_the_cpu_mesh(mesh, rules):
     p = wb.plan(TINY, mesh=mesh, rules=rules, batch=8, seq=128)
-    assert p.memory_estimate["total"] / _compiled_total(p) == pytest.approx(1.0, abs=0.10)
+    assert p.report.memory_estimate["total"] / _compiled_total(p) == pytest.approx(1.0, abs=0.10)
 
 
 def test_cpu_gradient_all_reduce_holds_two_copies(mesh):
@@ -71,7 +71,7 @@ def test_weight_inventory_matches_the_models_layouts(preset, rules):
     cpu = wb.plan(cfg, mesh=wb.make_mesh(data=4, model=2), rules=rules, batch=8, seq=128,
                   compile=False, progress=False)
     t = analytic.temp_breakdown(cfg, 8, 128, cpu.rules, cpu.mesh)
-    assert t["gradients"] == p.memory_estimate["gradients"] == cpu.memory_estimate["gradients"]
+    assert t["gradients"] == p.report.memory_estimate["gradients"] == cpu.report.memory_estimate["gradients"]
     batch_axes = set(analytic.batch_axes(cpu.rules, cpu.mesh))
     whole_blocks = 0
     for name, lay in cpu.layouts.items():
@@ -114,7 +114,7 @@ def test_cpu_remat_lowers_the_peak_as_compiled(mesh):
     plans = {r: wb.plan(TINY.replace(remat=r), mesh=mesh, rules="fsdp_tp", batch=8, seq=128)
              for r in ("none", "dots", "full")}
     temp = {r: p.memory["temp"] for r, p in plans.items()}
-    est = {r: p.memory_estimate["temp"] for r, p in plans.items()}
+    est = {r: p.report.memory_estimate["temp"] for r, p in plans.items()}
     assert temp["full"] < 0.8 * temp["none"] and est["full"] < 0.8 * est["none"]
     assert temp["full"] == pytest.approx(temp["dots"], rel=0.01) and est["full"] == est["dots"]
     for r in plans:
@@ -133,12 +133,12 @@ def test_memory_row_shape(mesh, tiny_fsdp):
     [row] = bc.memory_rows([case], mesh, "cpu")
     _check_row(row)
     assert row["table"] == "memory" and row["compiler"] == "cpu"
-    ratio = tiny_fsdp.memory_estimate["total"] / tiny_fsdp.memory["total"]
+    ratio = tiny_fsdp.report.memory_estimate["total"] / tiny_fsdp.memory["total"]
     assert row["value"] == round(ratio, 3)
     assert row["ok"] == (0.9 <= ratio <= 1.1) and row["target"] == "0.90-1.10"
     assert "exact (same layouts)" in row["notes"] and "forward-end peak" in row["notes"]
     assert row["compiled"]["total"] == tiny_fsdp.memory["total"]
-    assert row["analytic"]["total"] == tiny_fsdp.memory_estimate["total"]
+    assert row["analytic"]["total"] == tiny_fsdp.report.memory_estimate["total"]
     assert row["terms"]["temp"] - row["terms"]["gradients"] == row["analytic"]["activations"]
 
 

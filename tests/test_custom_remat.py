@@ -87,7 +87,7 @@ def test_the_plan_counts_it_as_the_named_policy_with_the_same_names() -> None:
     custom = wb.plan(TINY.replace(remat={"save": ["query_proj", "key_proj", "value_proj"]}),
                      **opts)
     numbers = lambda f: {k: v for k, v in dataclasses.asdict(f).items() if k != "formula"}
-    assert custom.memory == named.memory and numbers(custom.flops) == numbers(named.flops)
+    assert custom.memory == named.memory and numbers(custom.report.flops) == numbers(named.report.flops)
     assert "remat custom(save=query_proj,key_proj,value_proj)" in str(custom)
 
 
@@ -105,7 +105,7 @@ def test_an_offloading_custom_policy_moves_the_hand_counted_bytes() -> None:
     assert hand == 64 * KIB
     traffic = host_traffic(plan.compiled.as_text())
     assert traffic.to_host_bytes == traffic.to_device_bytes == hand
-    assert plan.memory_estimate is not None
+    assert plan.report.memory_estimate is not None
 
 
 @tpu

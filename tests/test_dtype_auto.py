@@ -130,8 +130,8 @@ def test_an_abstract_tpu_plan_of_small_uses_bfloat16_activations():
     assert bf16.dtype == "bfloat16: bfloat16 as configured"
     assert f32.dtype == "float32: float32 as configured"
     # the analytic activations: those of the explicit bfloat16 plan, below float32's
-    assert auto.memory_estimate == bf16.memory_estimate
-    assert auto.memory_estimate["activations"] < f32.memory_estimate["activations"]
+    assert auto.report.memory_estimate == bf16.report.memory_estimate
+    assert auto.report.memory_estimate["activations"] < f32.report.memory_estimate["activations"]
     info = wb.abstract_mesh("v5p-8", data=-1)
     rules = Rules.preset("fsdp", info)
     by = {d: analytic.temp_breakdown(GPTConfig.preset("small", dtype=d), 8, 1024, rules, info)
@@ -150,14 +150,14 @@ def test_an_abstract_tpu_plan_of_small_uses_bfloat16_activations():
             dtypes[k.split(".")[0]].add(lay.dtype.name)
         assert dtypes["params"] == {"float32"}
         assert dtypes["opt_state"] <= {"float32", "int32"} and "float32" in dtypes["opt_state"]
-    assert auto.memory_estimate["params"] == f32.memory_estimate["params"]
-    assert auto.memory_estimate["optimizer"] == f32.memory_estimate["optimizer"]
+    assert auto.report.memory_estimate["params"] == f32.report.memory_estimate["params"]
+    assert auto.report.memory_estimate["optimizer"] == f32.report.memory_estimate["optimizer"]
 
 
 def test_the_plan_says_which_dtype_and_keeps_it_in_json():
     plan = _small_plan()
     assert "; dtype auto: bfloat16 on tpu; remat none" in str(plan)
-    assert plan.to_dict()["dtype"] == "bfloat16: auto: bfloat16 on tpu"
+    assert plan.report.to_dict()["dtype"] == "bfloat16: auto: bfloat16 on tpu"
     data = json.loads(json.dumps(plan.report.to_json()))
     back = PlanReport.from_json(data)
     assert back.dtype == plan.dtype and back.cfg == plan.cfg
@@ -181,9 +181,9 @@ def test_a_cpu_plan_of_tiny_compiles_the_float32_program():
     assert auto.dtype == "float32: auto: float32 on cpu"
     assert "dtype auto: float32 on cpu" in str(auto)
     assert auto.cfg.dtype == "auto" and auto.memory == f32.memory
-    assert auto.memory_estimate == f32.memory_estimate
-    assert auto.compiled_flops_per_device == f32.compiled_flops_per_device
-    assert f32.compile_cached
+    assert auto.report.memory_estimate == f32.report.memory_estimate
+    assert auto.report.compiled_flops_per_device == f32.report.compiled_flops_per_device
+    assert f32.report.compile_cached
 
 
 # -- the Trainer -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 import workbench as wb
 from workbench.hardware import Calibration, EffectiveSpec, effective_spec, hardware_spec
 from workbench._sharding.mesh import mesh_info
+from workbench.perf import StepCost
 from workbench.perf._predict import predict
 
 CAL = dict(compute_factor=0.5, memory_factor=0.25, matmul_flops=1e12, hbm_bandwidth=1e10,
@@ -51,12 +52,14 @@ def test_stored_calibration_is_applied_and_named(v5p):
 
 
 def test_predict_never_reads_a_stored_calibration(v5p):
-    args = dict(flops=1e12, bytes_accessed=1e9, collectives=[], mesh=v5p)
-    table = predict(**args)
+    cost = StepCost(flops=1e12, bytes_accessed=1e9, mesh=v5p)
+    spec = effective_spec(v5p)
+    table = predict(cost, spec)
     Calibration(device_kind="TPU v5p", **CAL).save()
-    assert predict(**args) == table                       # the file is not read
-    stored = predict(**args, hardware=effective_spec(v5p))  # the caller asks for it
-    by_hand = predict(**args, calibration=Calibration(device_kind="TPU v5p", **CAL))
+    assert predict(cost, spec) == table                  # the file is not read
+    stored = predict(cost, effective_spec(v5p))          # the caller asks for it
+    by_hand = predict(cost, effective_spec(
+        v5p, calibration=Calibration(device_kind="TPU v5p", **CAL)))
     assert stored.step_seconds == by_hand.step_seconds != table.step_seconds
     assert "calibration" in stored.sources and "calibration" not in table.sources
 
@@ -83,8 +86,7 @@ def test_bad_arguments_say_what_to_pass(v5p):
         effective_spec(v5p, hardware="abacus")
     with pytest.raises(TypeError, match="pass a Calibration"):
         effective_spec(v5p, calibration="yes")
-    with pytest.raises(ValueError, match="has its calibration already"):
-        predict(flops=1.0, bytes_accessed=1.0, collectives=[], mesh=v5p,
-                hardware=effective_spec(v5p),
-                calibration=Calibration(device_kind="TPU v5p", **CAL))
+    with pytest.raises(TypeError, match="spec=.* not an EffectiveSpec; give "
+                                        "wb.hardware.effective_spec"):
+        predict(StepCost(flops=1.0, bytes_accessed=1.0, mesh=v5p), hardware_spec("TPU v5p"))
     assert isinstance(dataclasses.replace(effective_spec(v5p)), EffectiveSpec)

@@ -115,7 +115,7 @@ def test_loss_chunks_lower_the_tpu_compiled_memory_by_the_float32_logits():
     logits_f32 = 4 // 4 * 1024 * cfg.vocab_size * 4           # per device: 128 MiB
     saved = plans[1].memory["temp"] - plans[8].memory["temp"]
     assert saved >= 0.75 * logits_f32, (saved, logits_f32)
-    est = {c: p.memory_estimate["temp"] for c, p in plans.items()}
+    est = {c: p.report.memory_estimate["temp"] for c, p in plans.items()}
     assert est[1] - est[8] >= 0.75 * logits_f32
 
 
@@ -131,7 +131,7 @@ def test_bf16_loss_holds_no_float32_logits_on_the_tpu():
                         seq=1024, progress=False) for c in (1, 8)}
     logits_bf16 = 4 // 4 * 1024 * cfg.vocab_size * 2          # per device: 64 MiB
     assert plans[1].memory["temp"] - plans[8].memory["temp"] <= 0.25 * logits_bf16
-    assert plans[1].memory_estimate["temp"] >= plans[1].memory["temp"]
+    assert plans[1].report.memory_estimate["temp"] >= plans[1].memory["temp"]
 
 
 def test_computation_multiplicity_follows_loops_and_calls():
@@ -222,7 +222,7 @@ def test_tpu_plans_time_local_work_with_the_compilers_cycles():
     assert 0.9 * cyc[False] <= cyc[True] <= 2 * cyc[False], cyc
     p = plans[True]
     pred = p.predicted
-    kernel = p.kernel_flops / p.compute_split / spec.peak_flops   # at peak
+    kernel = p.kernel_flops / p.report.compute_split / spec.peak_flops   # at peak
     t_cycles = cyc[True] / spec.clock_hz
     other = pred.breakdown["compute"] - kernel     # the rest of the step's FLOPs at peak
     efficiency = min(1.0, other / t_cycles)
@@ -307,7 +307,7 @@ def test_a_tpu_compiler_failure_on_an_abstract_slice_is_an_estimate_that_says_wh
     p = wb.plan(cfg, mesh=mesh, rules="cp", batch=4, seq=256, progress=False)
     if p.source == "tpu-compiler":
         pytest.skip("this libtpu compiles the step: nothing to fall back from")
-    assert p.source == "estimate" and p.is_estimate
+    assert p.source == "estimate" and p.report.is_estimate
     assert p.source_reason.startswith("the tpu compiler failed on this step (")
     assert p.memory["total"] > 0 and p.predicted.step_seconds > 0
     scanned = wb.plan(cfg.replace(scan_layers=True), mesh=mesh, rules="cp", batch=4,

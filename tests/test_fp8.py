@@ -18,10 +18,12 @@ from flax import nnx
 
 import workbench as wb
 from workbench._compiled.hlo import dot_dtypes
-from workbench.hardware import hardware_spec
+from workbench.hardware import effective_spec, hardware_spec
 from workbench.models import GPT, GPTConfig
 from workbench.models import _fp8 as fp8
+from workbench.perf import StepCost
 from workbench.perf._predict import predict
+from workbench._sharding.mesh import mesh_info
 from workbench.train._metrics import step_record
 
 from _tpu import tpu
@@ -160,9 +162,10 @@ def test_the_roofline_times_fp8_flops_at_the_fp8_peak_and_mfu_is_given_against_b
     mesh = wb.abstract_mesh("tpu7x-8", data=-1)
     spec = hardware_spec("TPU7x")
     flops, f8, model = 4e12, 3e12, 3e13
-    base = dict(flops=flops, bytes_accessed=1e9, collectives=(), mesh=mesh, hardware=spec,
-                model_flops=model, tokens_per_step=1024)
-    p, p0 = predict(**base, fp8_flops=f8), predict(**base)
+    base = dict(flops=flops, bytes_accessed=1e9, mesh=mesh, model_flops=model,
+                tokens_per_step=1024)
+    on = effective_spec(mesh_info(mesh), hardware=spec)
+    p, p0 = predict(StepCost(**base, fp8_flops=f8), on), predict(StepCost(**base), on)
     assert p.breakdown["compute"] == pytest.approx((flops - f8) / spec.peak_flops
                                                    + f8 / spec.fp8_flops, rel=1e-12)
     assert p0.breakdown["compute"] == pytest.approx(flops / spec.peak_flops, rel=1e-12)
@@ -174,7 +177,7 @@ def test_the_roofline_times_fp8_flops_at_the_fp8_peak_and_mfu_is_given_against_b
     assert "75% of the FLOPs in fp8 matmuls" in p.sources["peak_flops"]
     # a chip without an fp8 peak (A100) runs them at its bf16 rate and has one MFU
     a100 = hardware_spec("NVIDIA A100-SXM4-80GB")
-    pa = predict(**dict(base, hardware=a100), fp8_flops=f8)
+    pa = predict(StepCost(**base, fp8_flops=f8), effective_spec(mesh_info(mesh), hardware=a100))
     assert pa.breakdown["compute"] == pytest.approx(flops / a100.peak_flops, rel=1e-12)
     assert pa.mfu_fp8 is None
 
@@ -185,11 +188,11 @@ def test_the_mfu_envelope_holds_against_the_peak_the_matmuls_run_at() -> None:
     mesh, spec = wb.abstract_mesh("tpu7x-8", data=-1), hardware_spec("TPU7x")
     step = 1.0
     model = 0.85 * step * 8 * spec.peak_flops
-    base = dict(bytes_accessed=0.0, collectives=(), mesh=mesh, hardware=spec,
-                model_flops=model, compute_seconds=step)
-    fp8_step = predict(flops=model / 8, fp8_flops=model / 8, **base)
+    base = dict(bytes_accessed=0.0, mesh=mesh, model_flops=model, compute_seconds=step)
+    on = effective_spec(mesh_info(mesh), hardware=spec)
+    fp8_step = predict(StepCost(flops=model / 8, fp8_flops=model / 8, **base), on)
     assert fp8_step.mfu == pytest.approx(0.85) and not fp8_step.implausible
-    assert any("MFU 85%" in w for w in predict(flops=model / 8, **base).implausible)
+    assert any("MFU 85%" in w for w in predict(StepCost(flops=model / 8, **base), on).implausible)
 
 
 def test_a_run_reports_mfu_against_both_peaks() -> None:
@@ -217,15 +220,15 @@ def test_a_tpu_compiled_plan_holds_fp8_dots_and_predicts_at_the_fp8_peak(preset)
         == 2 * PROJECTIONS * layers, dots
     assert dots.get(("bf16", "bf16"), 0) == 3, dots
     p, spec = plan.predicted, hardware_spec(plan.mesh.device_kind)
-    fp8_model = plan.flops.fp8
-    proj = plan.flops.breakdown
+    fp8_model = plan.report.flops.fp8
+    proj = plan.report.flops.breakdown
     assert fp8_model == proj["qkv"] + proj["out_proj"] + proj["mlp"] > 0
     assert p.mfu_fp8 == pytest.approx(p.mfu * spec.peak_flops / spec.fp8_flops, rel=1e-9)
     assert ("of the fp8 peak" in str(plan.report)) and math.isfinite(p.step_seconds)
     bf16 = wb.plan(TPU_FP8.replace(quantization=None), mesh=wb.abstract_mesh(preset, data=-1), rules="fsdp", batch=8,
                    seq=128, progress=False, overlap=False)
     assert not any(k[0].startswith("f8") for k in dot_dtypes(bf16.compiled.as_text()))
-    assert bf16.predicted.mfu_fp8 is None and bf16.flops.fp8 == 0
+    assert bf16.predicted.mfu_fp8 is None and bf16.report.flops.fp8 == 0
 
 
 def test_fp8_plans_count_the_same_model_flops() -> None:

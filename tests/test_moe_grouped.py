@@ -184,5 +184,5 @@ def test_the_formulas_count_routed_rows_only():
     capped = wb.plan(dense.replace(remat="full", capacity_factor=1.25), mesh=mesh,
                      rules="fsdp", batch=64, compile=False, progress=False)
     # k rows per token where capacity 1.25 keeps 1.25 k slots and dense dropless E
-    assert p.memory_estimate["temp"] < capped.memory_estimate["temp"] \
-        < q.memory_estimate["temp"]
+    assert p.report.memory_estimate["temp"] < capped.report.memory_estimate["temp"] \
+        < q.report.memory_estimate["temp"]

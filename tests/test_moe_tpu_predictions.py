@@ -20,7 +20,10 @@ from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
 from workbench.perf._bounds import MFU_CEILING
 from workbench._compiled.hlo import computation_multiplicity
+from workbench.hardware import effective_spec
+from workbench.perf import StepCost
 from workbench.perf._predict import predict
+from workbench._sharding.mesh import mesh_info
 from workbench._sharding.topology import tpu_compiler_available
 
 needs_tpu = pytest.mark.skipif(not tpu_compiler_available(),
@@ -129,6 +132,11 @@ def test_moe_plans_on_tpu_move_tokens_as_the_hand_count_says(moe_plans):
         assert all(c.axes == ("expert",) for c in found), rules
 
 
+def _table(mesh):
+    """The mesh's hardware entry alone, no calibration."""
+    return effective_spec(mesh_info(mesh), calibration=False)
+
+
 def test_a_prediction_above_the_published_mfu_envelope_is_flagged():
     """The physical bounds on a prediction built by hand: model FLOPs larger than the
     step's own FLOPs give an MFU above any published run; a negative compiler estimate is
@@ -136,23 +144,23 @@ def test_a_prediction_above_the_published_mfu_envelope_is_flagged():
     mesh = wb.abstract_mesh("v5p-8", data=4)
     spec = hardware_spec("TPU v5p")
     flops = spec.peak_flops * 1e-3            # 1 ms of math per device at peak
-    ok = predict(flops=flops, bytes_accessed=0.0, collectives=[], mesh=mesh,
-                 model_flops=0.5 * 4 * flops, compiler_seconds=-4.0)
+    ok = predict(StepCost(flops=flops, bytes_accessed=0.0, collectives=[], mesh=mesh,
+                          model_flops=0.5 * 4 * flops, compiler_seconds=-4.0), _table(mesh))
     assert ok.implausible == () and ok.mfu == pytest.approx(0.5)
     assert ok.compiler_seconds is None and "-4.0" in ok.sources["compiler_seconds"]
-    bad = predict(flops=flops, bytes_accessed=0.0, collectives=[], mesh=mesh,
-                  model_flops=0.95 * 4 * flops)
+    bad = predict(StepCost(flops=flops, bytes_accessed=0.0, collectives=[], mesh=mesh,
+                           model_flops=0.95 * 4 * flops), _table(mesh))
     assert bad.mfu == pytest.approx(0.95)
     assert len(bad.implausible) == 1 and "MFU 95%" in bad.implausible[0]
     assert "IMPLAUSIBLE" in str(bad) and bad.to_dict()["implausible"] == list(bad.implausible)
     # the compiler's cycles faster than peak: raised to the roofline, and said
-    fast = predict(flops=flops, bytes_accessed=0.0, collectives=[], mesh=mesh,
-                   compute_seconds=1e-4, compute_source="cycles")
+    fast = predict(StepCost(flops=flops, bytes_accessed=0.0, collectives=[], mesh=mesh,
+                            compute_seconds=1e-4, compute_source="cycles"), _table(mesh))
     assert fast.breakdown["local"] == pytest.approx(1e-3) and fast.implausible == ()
     assert "raised to the roofline" in fast.sources["local"]
     # cycles a thousand times the roofline: an estimate the compiler could not make
-    slow = predict(flops=flops, bytes_accessed=0.0, collectives=[], mesh=mesh,
-                   compute_seconds=10.0, compute_source="cycles")
+    slow = predict(StepCost(flops=flops, bytes_accessed=0.0, collectives=[], mesh=mesh,
+                            compute_seconds=10.0, compute_source="cycles"), _table(mesh))
     assert slow.implausible and "could not make" in slow.implausible[0]
 
 

@@ -142,7 +142,7 @@ def test_plan_reports_bubble_stage_memory_and_the_compiled_permutes():
     shifts = [c for c in pp["permutes"] if c["axes"] == ["stage"]]
     assert any(c["in_loop"] for c in shifts)
     assert any(s == "f32[1,1,32,64]" for c in shifts for s in c["shapes"])   # (1, mb/2, T, D)
-    assert "pipeline:" in p.summary() and p.to_dict()["pipeline"]["stages"] == 4
+    assert "pipeline:" in p.summary() and p.report.to_dict()["pipeline"]["stages"] == 4
     # parameters of the blocks are split over the stages: a quarter of the layers each
     assert p.layouts["params.blocks.attn.q"].shard_shape[0] == 8 // 4
     # 1F1B: by formula, fewer activations held on the first stages than GPipe
@@ -150,7 +150,7 @@ def test_plan_reports_bubble_stage_memory_and_the_compiled_permutes():
                   pipeline={"microbatches": 4, "schedule": "1f1b"})
     gp = wb.plan(cfg, mesh=mesh, batch=8, seq=32, progress=False, compile=False,
                  pipeline={"microbatches": 4, "schedule": "gpipe"})
-    assert f1b.is_estimate and f1b.pipeline["in_flight"] == [4, 3, 2, 1]
+    assert f1b.report.is_estimate and f1b.pipeline["in_flight"] == [4, 3, 2, 1]
     assert f1b.pipeline["stage_memory"][3] < gp.pipeline["stage_memory"][3]
 
 
@@ -317,7 +317,7 @@ def test_search_plans_pipelined_candidates_like_wb_plan():
     assert row["memory_per_device"] == p.memory["total"]
     assert p.pipeline["bubble_formula"] == pytest.approx(3 / 11)
     assert p.flops_per_device == pytest.approx(
-        (p.model_flops + p.flops.recompute) / p.compute_split / (1 - 3 / 11))
+        (p.model_flops + p.report.flops.recompute) / p.report.compute_split / (1 - 3 / 11))
 
 
 def test_the_schedule_lives_beside_the_pipeline():

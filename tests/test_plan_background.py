@@ -231,10 +231,10 @@ def test_background_compile_writes_the_record_a_blocking_plan_reads(tmp_path, mo
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))   # empty: nothing to read back
     pod = wb.abstract_mesh("v5e-8", data=4, model=2)
     p = wb.plan(TINY, mesh=pod, wait=False, **PLAN).wait()
-    assert p.source == "tpu-compiler" and not p.compile_cached
+    assert p.source == "tpu-compiler" and not p.report.compile_cached
     assert len(list((tmp_path / "plans").glob("*.json.gz"))) == 1
     blocking = wb.plan(TINY, mesh=pod, **PLAN)
-    assert blocking.compile_cached                         # read from the worker's record
+    assert blocking.report.compile_cached                         # read from the worker's record
     assert blocking.memory == p.memory
     assert blocking.compiled.as_text() == p.compiled.as_text()
     assert blocking.predicted.step_seconds == p.predicted.step_seconds

@@ -33,7 +33,7 @@ def _round_trip(report: PlanReport) -> PlanReport:
 
 def test_an_estimated_report_survives_json(abstract_plan):
     back = _round_trip(abstract_plan.report)
-    assert back.to_dict() == abstract_plan.to_dict()
+    assert back.to_dict() == abstract_plan.report.to_dict()
     assert str(back) == str(abstract_plan)          # summary, memory rows, collectives, lints
     assert back.predicted == abstract_plan.predicted
     assert back.cfg == abstract_plan.cfg and back.rules == abstract_plan.rules
@@ -46,9 +46,10 @@ def test_an_estimated_report_survives_json(abstract_plan):
 def test_a_compiled_report_survives_json_with_the_compilers_numbers(compiled_plan):
     assert compiled_plan.compiled is not None and compiled_plan.report.compiled_numbers
     back = _round_trip(compiled_plan.report)
-    assert back.compiled_numbers is not None and back.cost == compiled_plan.cost
-    assert back.compiled_flops_per_device == compiled_plan.compiled_flops_per_device
-    assert back.to_dict() == compiled_plan.to_dict()     # memory, collectives, prediction
+    report = compiled_plan.report
+    assert back.compiled_numbers is not None and back.cost == report.cost
+    assert back.compiled_flops_per_device == report.compiled_flops_per_device
+    assert back.to_dict() == report.to_dict()     # memory, collectives, prediction
     assert back.mesh.jax_mesh is None                   # nothing to run on: abstract now
 
 
@@ -67,15 +68,16 @@ def test_the_handle_runs_and_the_report_does_not(compiled_plan):
     assert compiled_plan.predicted is report.predicted
     assert compiled_plan.summary() == report.summary() and repr(compiled_plan) == repr(report)
     assert compiled_plan.memory_rows() == report.memory_rows()
-    for name in ("source", "fits", "layouts", "memory_estimate", "cost", "compute_split",
-                 "flops_per_device", "kernel_flops", "compiler_options", "dtype"):
+    for name in ("source", "fits", "layouts", "flops_per_device", "kernel_flops",
+                 "compiler_options", "dtype", "model_flops"):
         assert isinstance(getattr(Plan, name), property), name
         assert getattr(compiled_plan, name) == getattr(report, name), name
     assert "memory" in dir(compiled_plan) and "loops" not in dir(compiled_plan)
     # ... and forwards nothing else: the rest says where it is
-    assert {"memory", "collectives", "predict", "to_json", "loops"} <= _REPORT_NAMES
+    assert {"memory", "collectives", "to_json", "loops", "batch", "cost"} <= _REPORT_NAMES
     assert "__getattr__" not in vars(PlanReport)
-    for name in ("loops", "compiler_cycles", "compiled_numbers", "to_json"):
+    for name in ("loops", "compiler_cycles", "compiled_numbers", "to_json", "batch", "seq",
+                 "memory_estimate", "cost", "compute_split", "to_dict", "is_estimate"):
         with pytest.raises(AttributeError, match=rf"no attribute '{name}': it is the "
                                                  rf"report's, plan.report.{name}"):
             getattr(compiled_plan, name)
@@ -106,7 +108,7 @@ def test_plan_is_its_stages_in_order(abstract_plan):
     step = build_step(inp, setup)
     m = measure(inp, setup, step, progress=False)
     warnings = lint(inp, setup, step, m, 16 * 1024 ** 2)
-    assert m.memory == abstract_plan.memory and step.flops == abstract_plan.flops
+    assert m.memory == abstract_plan.memory and step.flops == abstract_plan.report.flops
     assert [c.to_dict() for c in m.collectives] == \
         [c.to_dict() for c in abstract_plan.collectives]
     assert [w.to_dict() for w in warnings] == [w.to_dict() for w in abstract_plan.warnings]

@@ -34,12 +34,12 @@ def _kinds(plan, kind):
 
 def test_compiled_plan_accessors(fsdp_tp):
     p = fsdp_tp
-    assert not p.is_estimate and p.compiled is not None
+    assert not p.report.is_estimate and p.compiled is not None
     assert {"params", "optimizer", "temp", "total", "limit"} <= set(p.memory)
     cost = p.compiled.cost_analysis()
-    assert p.compiled_flops_per_device == float((cost[0] if isinstance(cost, list) else cost)["flops"])
+    assert p.report.compiled_flops_per_device == float((cost[0] if isinstance(cost, list) else cost)["flops"])
     # XLA also computes the masked half of attention and elementwise ops: factor a bit below 1
-    assert 0.75 < p.replicated_compute_factor <= 1.0
+    assert 0.75 < p.report.replicated_compute_factor <= 1.0
     assert isinstance(p.shardings, TrainState)
     assert jax.tree.structure(p.shardings) == jax.tree.structure(p.abstract_state)
     q = p.layouts["params.blocks.0.attn.q"]
@@ -47,7 +47,7 @@ def test_compiled_plan_accessors(fsdp_tp):
     assert q.partition_spec == jax.sharding.PartitionSpec("data", "model", None)
     assert p.layouts["opt_state.0.mu.blocks.0.attn.q"].logical_axes == q.logical_axes
     # compiled here, or served from this process's compile cache (another test planned it)
-    assert ("from the compile cache" if p.compile_cached else "compiled in") in str(p)
+    assert ("from the compile cache" if p.report.compile_cached else "compiled in") in str(p)
     assert "cpu-compiler" in str(p) and "fsdp_tp" in repr(p)
 
 
@@ -160,12 +160,12 @@ def test_lint_redundant_compute_is_quantified(mesh):
     assert not _kinds(good, "redundant_compute")
     # the compiled step confirms it: each device does twice the work of the dp plan (2%:
     # XLA counts the whole step's HLO, where a few small ops do not double; not float error)
-    ratio = bad.compiled_flops_per_device / good.compiled_flops_per_device
+    ratio = bad.report.compiled_flops_per_device / good.report.compiled_flops_per_device
     assert ratio == pytest.approx(2.0, rel=0.02)
     # and the estimates for a mesh of that shape split the compute as XLA does
     est_bad, est_good = _abstract(rules), _abstract("dp")
     assert est_bad.flops_per_device / est_good.flops_per_device == pytest.approx(ratio, rel=0.02)
-    assert bad.replicated_compute_factor == pytest.approx(good.replicated_compute_factor / 2,
+    assert bad.report.replicated_compute_factor == pytest.approx(good.report.replicated_compute_factor / 2,
                                                           rel=0.02)
     table = wb.compare([good, bad])
     assert [r["name"] for r in table.rows] == ["dp", "idle-model"]
@@ -215,14 +215,14 @@ def test_analytic_plan_for_a_pod():
     mesh = wb.abstract_mesh("v5p-1024", data=-1, model=4)
     p = wb.plan(GPTConfig.preset("70b"), mesh=mesh, rules="fsdp_tp", batch=512, seq=8192,
                 compile=False)
-    assert p.is_estimate and p.compiled is None and "ESTIMATE" in str(p)
+    assert p.report.is_estimate and p.compiled is None and "ESTIMATE" in str(p)
     assert p.memory["limit"] == mesh.memory_per_device
     # 70.55e9 params, f32, sharded 512 ways (embed over data=128, heads/mlp over model=4);
     # 1%: the norm scales, replicated rather than split 512 ways, and shard padding
     assert p.memory["params"] == pytest.approx(GPTConfig.preset("70b").n_params * 4 / 512,
                                                rel=0.01)
     assert p.memory["optimizer"] == pytest.approx(2 * p.memory["params"], rel=0.01)
-    assert p.replicated_compute_factor == 1.0
+    assert p.report.replicated_compute_factor == 1.0
     assert all(c.names[0].startswith("estimate") for c in p.collectives)
     with pytest.raises(RuntimeError, match="needs real devices"):
         p.materialize()
@@ -248,7 +248,7 @@ def test_plan_of_a_factory_model(mesh):
     assert p.model_flops == forward + 2 * 16 * (32 * 64 + 2 * 64 * 10)
     assert p.layouts["params.weights.0"].partition_spec == jax.sharding.PartitionSpec(None,
                                                                                         "model")
-    assert p.compiled_flops_per_device > 0 and not p.warnings
+    assert p.report.compiled_flops_per_device > 0 and not p.warnings
 
 
 def test_compare_figure_and_table(fsdp_tp):
@@ -328,7 +328,7 @@ def test_remat_estimate_matches_the_compiled_remat_step(mesh, fsdp_tp):
     cfg = TINY.replace(remat="full")
     compiled = wb.plan(cfg, mesh=mesh, rules="fsdp_tp", batch=8, seq=128)
     base, remat = _abstract("fsdp_tp"), _abstract("fsdp_tp", cfg=cfg)
-    xla = compiled.compiled_flops_per_device / fsdp_tp.compiled_flops_per_device
+    xla = compiled.report.compiled_flops_per_device / fsdp_tp.report.compiled_flops_per_device
     assert xla > 1.1                                                  # remat recomputes
     # 2%: the estimate's recompute against XLA's own count (a model, not float error)
     assert remat.flops_per_device / base.flops_per_device == pytest.approx(xla, rel=0.02)

@@ -6,7 +6,10 @@ import pytest
 import workbench as wb
 from workbench.hardware import hardware_spec
 from workbench._compiled.hlo import Collective
+from workbench.hardware import effective_spec
+from workbench.perf import StepCost
 from workbench.perf._predict import predict
+from workbench._sharding.mesh import mesh_info
 
 
 def _gather(nbytes, n, axes, kind="all-gather", count=1):
@@ -14,13 +17,18 @@ def _gather(nbytes, n, axes, kind="all-gather", count=1):
                       wire_bytes=0.0, count=count, shapes=())
 
 
+def _table(mesh):
+    """The mesh's hardware entry alone (the CPU measured here), no calibration."""
+    return effective_spec(mesh_info(mesh), calibration=False)
+
+
 def test_lone_matmul_is_compute_bound_at_peak():
     mesh = wb.abstract_mesh("v5p-8", data=4)
     m = k = n = 8192
     flops = 2 * m * k * n                      # one bf16 matmul per device
     hbm = 2 * (m * k + k * n + m * n)          # read A, B; write C
-    p = predict(flops=flops, bytes_accessed=hbm, collectives=[], mesh=mesh,
-                tokens_per_step=m, model_flops=4 * flops)
+    p = predict(StepCost(flops=flops, bytes_accessed=hbm, collectives=[], mesh=mesh,
+                         tokens_per_step=m, model_flops=4 * flops), _table(mesh))
     assert p.step_seconds == pytest.approx(flops / 459e12)
     assert p.bound == "compute"
     assert p.mfu == pytest.approx(1.0)
@@ -31,7 +39,7 @@ def test_lone_matmul_is_compute_bound_at_peak():
 def test_elementwise_is_memory_bound_at_hbm_bandwidth():
     mesh = wb.abstract_mesh("v5e-4", data=4)
     size = 2**28                                # f32 add: read 2, write 1 per element
-    p = predict(flops=size, bytes_accessed=3 * 4 * size, collectives=[], mesh=mesh)
+    p = predict(StepCost(flops=size, bytes_accessed=3 * 4 * size, mesh=mesh), _table(mesh))
     assert p.step_seconds == pytest.approx(3 * 4 * size / 8.1e11)
     assert p.bound == "memory" and p.mfu is None
 
@@ -46,8 +54,8 @@ def test_lone_all_gather_on_a_torus_dimension():
     # mesh axis runs along x (coords are x-fastest): a ring of 4 chips using both links.
     mesh = wb.abstract_mesh("v5p-128", a=4, b=4, c=4)
     nbytes = 2**30
-    p = predict(flops=0, bytes_accessed=0, collectives=[_gather(nbytes, 4, ("c",))],
-                mesh=mesh)
+    p = predict(StepCost(flops=0, bytes_accessed=0, collectives=[_gather(nbytes, 4, ("c",))],
+                         mesh=mesh), _table(mesh))
     expected = (4 - 1) / 4 * nbytes / (2 * 9e10)    # scaling book: 9e10 B/s per link one way
     assert p.step_seconds == pytest.approx(expected)   # no ICI latency published: none
     assert p.bound == "communication"
@@ -59,8 +67,9 @@ def test_all_gather_without_wraparound_uses_one_link_per_dimension():
     # v5p-8 = 2x2x1 chips: no wraparound; a group over both mesh axes spans x and y.
     mesh = wb.abstract_mesh("v5p-8", data=2, model=2)
     nbytes = 3 * 2**20
-    p = predict(flops=0, bytes_accessed=0, collectives=[_gather(nbytes, 4, ("data", "model"))],
-                mesh=mesh)
+    gather = _gather(nbytes, 4, ("data", "model"))
+    p = predict(StepCost(flops=0, bytes_accessed=0, collectives=[gather], mesh=mesh),
+                _table(mesh))
     assert p.step_seconds == pytest.approx(3 / 4 * nbytes / (9e10 + 9e10))
 
 
@@ -70,8 +79,9 @@ def test_all_gather_without_wraparound_uses_one_link_per_dimension():
 def test_ring_formulas_on_gpus_in_one_server(kind, factor, steps):
     mesh = wb.abstract_mesh("8xH100", data=8)
     nbytes = 2**26
-    p = predict(flops=0, bytes_accessed=0, collectives=[_gather(nbytes, 8, ("data",), kind)],
-                mesh=mesh)
+    gather = _gather(nbytes, 8, ("data",), kind)
+    p = predict(StepCost(flops=0, bytes_accessed=0, collectives=[gather], mesh=mesh),
+                _table(mesh))
     assert p.step_seconds == pytest.approx(factor(8) * nbytes / 450e9   # NVLink 900 GB/s bidi
                                            + steps * NVLINK_STEP)
 
@@ -79,8 +89,9 @@ def test_ring_formulas_on_gpus_in_one_server(kind, factor, steps):
 def test_all_reduce_across_servers_is_hierarchical():
     mesh = wb.abstract_mesh("2x8xH100", data=16)
     b = 2**28
-    p = predict(flops=0, bytes_accessed=0, collectives=[_gather(b, 16, ("data",), "all-reduce")],
-                mesh=mesh)
+    reduce = _gather(b, 16, ("data",), "all-reduce")
+    p = predict(StepCost(flops=0, bytes_accessed=0, collectives=[reduce], mesh=mesh),
+                _table(mesh))
     inside = 2 * 7 / 8 * b / 450e9 + 2 * 7 * NVLINK_STEP   # ring of 8 over NVLink
     # ring of 2 over 400 Gbit/s InfiniBand, 1/8 each
     across = 2 * 1 / 2 * (b / 8) / 50e9 + 2 * 1 * 9.6e-6
@@ -91,8 +102,9 @@ def test_dcn_axis_of_two_slices():
     mesh = wb.abstract_mesh("v5e-16", data=-1, model=4, dcn={"data": 2})
     assert mesh.shape == {"data": 8, "model": 4} and mesh.num_slices == 2
     b = 2**26
-    p = predict(flops=0, bytes_accessed=0, collectives=[_gather(b, 8, ("data",), "all-reduce")],
-                mesh=mesh)
+    reduce = _gather(b, 8, ("data",), "all-reduce")
+    p = predict(StepCost(flops=0, bytes_accessed=0, collectives=[reduce], mesh=mesh),
+                _table(mesh))
     (c,) = p.breakdown["collectives"]
     assert "dcn across 2" in c.links
     # within a slice: 4 chips along y of a 4x4 v5e (no wraparound below 16) -> 1 link
@@ -106,8 +118,8 @@ def test_overlap_and_bound_labels():
     spec = hardware_spec("TPU v5p")
     flops = 1e12
     coll = [_gather(2**30, 4, ("data",), "all-reduce")]
-    full = predict(flops=flops, bytes_accessed=0, collectives=coll, mesh=mesh)
-    none = predict(flops=flops, bytes_accessed=0, collectives=coll, mesh=mesh, overlap=0.0)
+    cost = StepCost(flops=flops, bytes_accessed=0, collectives=coll, mesh=mesh)
+    full, none = predict(cost, _table(mesh)), predict(cost, _table(mesh), overlap=0.0)
     t_comp, t_comm = flops / spec.peak_flops, none.breakdown["communication_total"]
     assert full.step_seconds == pytest.approx(max(t_comp, t_comm))
     assert none.step_seconds == pytest.approx(t_comp + t_comm)
@@ -128,7 +140,7 @@ def test_every_gpu_and_tpu_entry_has_sourced_bandwidths():
 
 def test_cpu_mesh_uses_measured_entry():
     mesh = wb.make_mesh(data=8)
-    p = predict(flops=1e9, bytes_accessed=0, collectives=[], mesh=mesh)
+    p = predict(StepCost(flops=1e9, bytes_accessed=0, collectives=[], mesh=mesh), _table(mesh))
     assert p.sources["peak_flops"].startswith("measured") and p.bound == "compute"
     assert p.sources["overlap"].startswith("assumed 0")
 
@@ -140,15 +152,17 @@ def test_tensor_parallel_collectives_stay_on_the_critical_path():
     flops = 0.010 * 459e12
     gather = _gather(2**28, 16, ("data",))
     reduce = _gather(2**26, 4, ("model",), kind="all-reduce")
-    both = predict(flops=flops, bytes_accessed=0, collectives=[gather, reduce], mesh=mesh,
-                   exposed_axes=("model",))
-    alone = {c.kind: predict(flops=0, bytes_accessed=0, collectives=[c], mesh=mesh).step_seconds
+    both = predict(StepCost(flops=flops, bytes_accessed=0, collectives=[gather, reduce],
+                            mesh=mesh, exposed_axes=("model",)), _table(mesh))
+    alone = {c.kind: predict(StepCost(flops=0, bytes_accessed=0, collectives=[c], mesh=mesh),
+                             _table(mesh)).step_seconds
              for c in (gather, reduce)}
     assert alone["all-gather"] < 0.010                       # fits behind the compute
     assert both.step_seconds == pytest.approx(0.010 + alone["all-reduce"])
     by_kind = {c.kind: c.overlap for c in both.breakdown["collectives"]}
     assert by_kind == {"all-gather": 1.0, "all-reduce": 0.0}
-    hidden = predict(flops=flops, bytes_accessed=0, collectives=[gather, reduce], mesh=mesh)
+    hidden = predict(StepCost(flops=flops, bytes_accessed=0, collectives=[gather, reduce],
+                              mesh=mesh), _table(mesh))
     assert hidden.step_seconds == pytest.approx(0.010)      # without exposed axes: all hidden
 
 
@@ -164,8 +178,8 @@ def test_a_cost_analysis_that_leaves_out_matmuls_gives_way_to_the_model_flops():
 
     p = wb.plan(GPTConfig.preset("tiny"), mesh=wb.make_mesh(data=4, model=2), rules="fsdp",
                 batch=16, seq=64, progress=False)
-    floor = p.model_flops / p.compute_split             # tiny: no remat, no kernel
-    counted = p.cost["flops"]
+    floor = p.model_flops / p.report.compute_split             # tiny: no remat, no kernel
+    counted = p.report.cost["flops"]
     assert counted >= floor                              # what XLA:CPU counts
     assert p.predicted.sources["flops"] == "cpu-compiler cost analysis"
     whole = p.predict(calibration=False)

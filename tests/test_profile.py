@@ -621,11 +621,15 @@ def test_cpu_devices_sharing_the_host_are_read_as_its_time_hand_count(tmp_path, 
     assert ar.seconds == pytest.approx((4000 + 3000 + 2000 + 2000) / 4 * ns)
     assert m.categories["compute"] == pytest.approx((4000 + 4000 + 2000) / 4 * ns)
     # the report lines the prediction up against the host's time
+    from workbench.hardware import effective_spec
+    from workbench.perf import StepCost
     from workbench.perf._predict import predict
     from workbench.perf._profile import profile_report
+    from workbench._sharding.mesh import mesh_info
 
-    report = profile_report(predict(flops=1e6, bytes_accessed=1e6, collectives=[],
-                                    mesh=wb.make_mesh(data=8)), m)
+    mesh = mesh_info(wb.make_mesh(data=8))
+    cost = StepCost(flops=1e6, bytes_accessed=1e6, mesh=mesh)
+    report = profile_report(predict(cost, effective_spec(mesh, calibration=False)), m)
     assert report.term("compute").measured == m.shared["compute"]
     assert report.term("other processes").measured == pytest.approx(want["others"])
     assert report.own_step_seconds == pytest.approx(
@@ -770,8 +774,11 @@ def test_a_gpu_calibration_reproduces_the_profile_it_was_fitted_on(tmp_path):
     is their sum (the measured local time), not the roofline's max of the two: on an H200
     the max gave 0.54x the measured step of the very case it was fitted on (BENCHMARKS.md)."""
     hlo, fusion = _matmul_tanh_step()
+    from workbench.hardware import effective_spec
+    from workbench.perf import StepCost
     from workbench.perf._predict import predict
     from workbench.perf._profile import profile_report
+    from workbench._sharding.mesh import mesh_info
     from workbench.perf._trace import _module_name
 
     kernels = [("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", 0, 3000), (fusion, 3000, 4000)]
@@ -780,13 +787,12 @@ def test_a_gpu_calibration_reproduces_the_profile_it_was_fitted_on(tmp_path):
     assert (m.categories["compute"], m.categories["memory"]) == pytest.approx((3e-6, 4e-6))
     mesh = wb.abstract_mesh("1xH200", data=-1)
     # the table's terms: compute 1 us, memory 2 us; step max(1, 2) = 2 us (the roofline)
-    pred = predict(flops=989e12 * 1e-6, bytes_accessed=4.8e12 * 2e-6, collectives=(),
-                   mesh=mesh, calibration=False)
+    cost = StepCost(flops=989e12 * 1e-6, bytes_accessed=4.8e12 * 2e-6, mesh=mesh)
+    pred = predict(cost, effective_spec(mesh_info(mesh), calibration=False))
     assert pred.step_seconds == pytest.approx(2e-6)
     report = profile_report(pred, m, device_kind="NVIDIA H200", mesh={"data": 1})
     cal = wb.calibrate(report, save=False)
-    again = predict(flops=989e12 * 1e-6, bytes_accessed=4.8e12 * 2e-6, collectives=(),
-                    mesh=mesh, calibration=cal)
+    again = predict(cost, effective_spec(mesh_info(mesh), calibration=cal))
     assert again.breakdown["compute"] == pytest.approx(3e-6)
     assert again.breakdown["memory"] == pytest.approx(4e-6)
     assert again.step_seconds == pytest.approx(7e-6)    # the measured 3 + 4 us of kernels

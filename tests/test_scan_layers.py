@@ -142,7 +142,7 @@ def test_plan_compiles_with_the_same_memory_and_flops():
     assert scanned.source == unrolled.source == "cpu-compiler"
     for key in ("params", "optimizer", "batch", "arguments"):
         assert scanned.memory[key] == unrolled.memory[key], key
-    assert scanned.flops.total == unrolled.flops.total
+    assert scanned.report.flops.total == unrolled.report.flops.total
     assert not [w for w in scanned.warnings if "unmapped" in str(w).lower()]
     q = scanned.layouts["params.blocks.attn.q"]
     assert q.shape[0] == cfg.n_layers and q.spec[0] == ()

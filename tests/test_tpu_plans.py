@@ -69,7 +69,7 @@ def tpu_plan():
 
 
 def test_tpu_plan_matches_the_step_compiled_directly(tpu_plan):
-    assert tpu_plan.source == "tpu-compiler" and not tpu_plan.is_estimate
+    assert tpu_plan.source == "tpu-compiler" and not tpu_plan.report.is_estimate
     assert "v5e:2x2" in tpu_plan.source_reason
     ref = _reference(TINY, "v5e:2x2", "fsdp_tp", 8, 64)
     ma = ref.memory_analysis()
@@ -80,8 +80,8 @@ def test_tpu_plan_matches_the_step_compiled_directly(tpu_plan):
     assert mem["temp"] == ma.temp_size_in_bytes
     assert mem["total"] == (ma.argument_size_in_bytes + ma.output_size_in_bytes
                             - ma.alias_size_in_bytes + ma.temp_size_in_bytes)
-    assert tpu_plan.cost["flops"] == ref.cost_analysis()["flops"]
-    assert tpu_plan.compiled_flops_per_device == ref.cost_analysis()["flops"]
+    assert tpu_plan.report.cost["flops"] == ref.cost_analysis()["flops"]
+    assert tpu_plan.report.compiled_flops_per_device == ref.cost_analysis()["flops"]
 
     text = tpu_plan.compiled.as_text()
     assert re.search(r"\{1,0:T\(\d+,128\)", text), "TPU tiled layouts in the HLO"
@@ -100,7 +100,7 @@ def test_tpu_plan_matches_the_step_compiled_directly(tpu_plan):
 
 def test_tpu_plan_predicts_with_the_tpu_table_and_shows_the_compiler_estimate(tpu_plan):
     pred = tpu_plan.predicted
-    cost = tpu_plan.cost
+    cost = tpu_plan.report.cost
     spec = wb.hardware.hardware_spec("TPU v5 lite")
     # the roofline terms are the compiler's per-device counts over the table's numbers
     assert pred.breakdown["compute"] == pytest.approx(cost["flops"] / spec.peak_flops)
@@ -111,7 +111,7 @@ def test_tpu_plan_predicts_with_the_tpu_table_and_shows_the_compiler_estimate(tp
     assert pred.sources["flops"] == "tpu-compiler cost analysis"
     text = str(tpu_plan)
     assert "source: tpu-compiler" in text and "TPU compiler's estimate" in text
-    d = json.loads(json.dumps(tpu_plan.to_dict()))
+    d = json.loads(json.dumps(tpu_plan.report.to_dict()))
     assert d["source"] == "tpu-compiler"
     assert d["predicted"]["step_seconds"] == pytest.approx(pred.step_seconds)
     row = wb.compare([tpu_plan]).rows[0]
@@ -124,7 +124,7 @@ def test_every_source_is_named():
     assert cpu.source == "cpu-compiler" and "CPU" in cpu.source_reason
     off = wb.plan(TINY, mesh=wb.abstract_mesh("v5e-4", **AXES), rules="fsdp", batch=8, seq=32,
                   compile=False, progress=False)
-    assert off.source == "estimate" and off.is_estimate and off.compiled is None
+    assert off.source == "estimate" and off.report.is_estimate and off.compiled is None
     gpu = wb.plan(TINY, mesh=wb.abstract_mesh("8xH100", data=8), rules="fsdp", batch=8, seq=32,
                   progress=False)
     assert gpu.source == "estimate" and "not a TPU slice" in gpu.source_reason
@@ -160,7 +160,7 @@ def test_missing_tpu_compiler_falls_back_and_says_so_once(monkeypatch, capsys):
 def test_same_plan_again_is_served_from_the_cache(tpu_plan):
     again = wb.plan(TINY, mesh=wb.abstract_mesh("v5e-4", **AXES), rules="fsdp_tp", batch=8,
                     seq=64, progress=False)
-    assert again.compile_cached and again.compile_seconds == 0.0
+    assert again.report.compile_cached and again.report.compile_seconds == 0.0
     assert again.compiled is tpu_plan.compiled
     assert again.memory == tpu_plan.memory
 
@@ -192,7 +192,7 @@ def test_plan_cache_on_disk_serves_a_new_process_and_the_committed_plans_are_the
     code = ("import json, workbench as wb\n"
             "p = wb.plan(wb.models.GPTConfig.preset('tiny'), mesh=wb.abstract_mesh('v5e-4', "
             "data=4), rules='fsdp', batch=8, seq=32, progress=False)\n"
-            "print(json.dumps([p.compile_cached, p.memory, p.cost.get('flops'), "
+            "print(json.dumps([p.report.compile_cached, p.memory, p.report.cost.get('flops'), "
             "len(p.collectives)]))\n")
 
     def run():
@@ -388,8 +388,8 @@ def test_scanned_layers_plan_counts_loop_collectives_and_predicts_from_the_analy
                       seq=64, progress=False)
     assert scanned.source == unrolled.source == "tpu-compiler"
     assert list(scanned.report.loops.values()) and set(scanned.report.loops.values()) == {4}
-    assert not unrolled.report.loops and unrolled.compiled_flops_per_device is not None
-    assert scanned.compiled_flops_per_device is None
+    assert not unrolled.report.loops and unrolled.report.compiled_flops_per_device is not None
+    assert scanned.report.compiled_flops_per_device is None
     assert scanned.predicted.sources["flops"].startswith("analytic: the compiled program loops")
     assert scanned.predicted.compiler_seconds is None
     in_loop = [c for c in scanned.collectives if c.in_loop]

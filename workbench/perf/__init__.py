@@ -9,8 +9,9 @@ measured CPU, then a calibration; nothing here reads a stored calibration), and 
 that against a profile.
 
 Modules: ``hlo`` (collectives, loop trip counts and the TPU compiler's cycle estimates
-read from a compiled program's text), ``predict`` (the roofline: step time, MFU, the
-bound), ``predict_plan`` (a ``PlanReport``'s numbers fed to it), ``analytic`` and
+read from a compiled program's text), ``predict`` (the roofline of a ``StepCost`` on one
+spec: step time, MFU, the bound), ``predict_plan`` (the one predictor of a plan: a
+``PlanReport``'s numbers as a ``StepCost``, fed to it), ``analytic`` and
 ``attention_cost`` (formulas, public as ``formulas``), ``bounds`` (what no prediction may
 beat), ``trace`` (a ``jax.profiler`` trace read into time per category and op),
 ``profile`` (predicted vs measured, term by term), ``calibrate`` (achieved rates fitted
@@ -23,12 +24,13 @@ from workbench.perf import formulas
 from workbench.perf._bounds import MFU_CEILING, implausible
 from workbench.perf._calibrate import fit_collectives
 from workbench._compiled.hlo import Collective, parse_collectives
+from workbench.perf._cost import StepCost
 from workbench.perf._predict import CollectiveTime, Prediction, collective_seconds, predict
 from workbench.perf._predict_plan import predict_plan
 from workbench.perf._profile import ProfileReport, Term, profile_report
 from workbench.perf._trace import StepProfile, read_trace, trace_files
 
 __all__ = ["MFU_CEILING", "Collective", "CollectiveTime", "Prediction", "ProfileReport",
-           "StepProfile", "Term", "collective_seconds", "fit_collectives", "formulas",
-           "implausible", "parse_collectives", "predict", "predict_plan", "profile_report",
-           "read_trace", "trace_files"]
+           "StepCost", "StepProfile", "Term", "collective_seconds", "fit_collectives",
+           "formulas", "implausible", "parse_collectives", "predict", "predict_plan",
+           "profile_report", "read_trace", "trace_files"]

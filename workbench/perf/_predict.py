@@ -35,12 +35,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from workbench.hardware._calibration import Calibration
+from workbench._validate import check_float
 from workbench.hardware._catalogue import LINKS, HardwareSpec
-from workbench.hardware._effective import EffectiveSpec, effective_spec
+from workbench.hardware._effective import EffectiveSpec
 from workbench._sharding.mesh import MeshInfo, mesh_info
 from workbench.perf._band import Band, prediction_band
 from workbench.perf._bounds import implausible
 from workbench._compiled.hlo import Collective
+from workbench.perf._cost import StepCost
 from workbench.perf._host import HostTime
 
 __all__ = ["CollectiveTime", "Prediction", "collective_seconds", "part_seconds", "predict",
@@ -105,7 +107,7 @@ class Prediction:
       mfu: model FLOPs / (step x devices x peak); None without model FLOPs. The peak is
         the chip's bf16 (dense) one, also for a step with fp8 matmuls.
       mfu_fp8: model FLOPs / (step x devices x the chip's fp8 peak), for a step with fp8
-        matmuls (``predict(fp8_flops=...)``) on a chip whose table has an fp8 peak: the
+        matmuls (``StepCost.fp8_flops``) on a chip whose table has an fp8 peak: the
         other convention (MaxText's Ironwood fp8 rows quote TFLOP/s against the bf16
         peak, fp8 datasheets against the fp8 one); None otherwise.
       tokens_per_s: tokens per step / step time; None without tokens.
@@ -158,6 +160,31 @@ class Prediction:
                 | {"collectives": [dataclasses.asdict(c) | {"axes": list(c.axes),
                                                            "parts": [dict(p) for p in c.parts]}
                                    for c in b["collectives"]]}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Prediction:
+        """The prediction of ``to_dict()``'s data (after a JSON round trip): equal to the
+        one written.
+
+        Raises:
+          ValueError: ``d`` is not a prediction's ``to_dict()``.
+        """
+        try:
+            b = dict(d["breakdown"])
+            b["collectives"] = tuple(CollectiveTime(**c | {
+                "axes": tuple(c["axes"]), "parts": tuple(dict(p) for p in c["parts"])})
+                for c in b["collectives"])
+            band = None if d["band"] is None else Band(
+                **{k: v for k, v in d["band"].items() if k not in ("summary", "rows")},
+                rows=tuple(dict(r) for r in d["band"]["rows"]))
+            return cls(step_seconds=d["step_seconds"], mfu=d["mfu"], mfu_fp8=d["mfu_fp8"],
+                       tokens_per_s=d["tokens_per_s"], bound=d["bound"], breakdown=b,
+                       sources=dict(d["sources"]), compiler_seconds=d["compiler_seconds"],
+                       implausible=tuple(d["implausible"]), band=band)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"Prediction.from_dict: not a prediction's to_dict() "
+                             f"({type(e).__name__}: {e}); write one with "
+                             "prediction.to_dict()") from None
 
     def __str__(self) -> str:
         b = self.breakdown
@@ -414,78 +441,59 @@ def _host_terms(host: HostTime | None) -> dict[str, float]:
             "host_link_total": (host.to_host_bytes + host.to_device_bytes) / host.bandwidth}
 
 
-def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collective],
-            mesh: Any, hardware: EffectiveSpec | HardwareSpec | str | None = None,
-            tokens_per_step: int | None = None, model_flops: float | None = None,
-            overlap: float | None = None, compiler_seconds: float | None = None,
-            exposed_axes: Sequence[str] = (),
-            flops_source: str = "compiled cost analysis",
-            bytes_source: str = "compiled cost analysis",
-            sync_exposed: bool = False, compute_seconds: float | None = None,
-            compute_source: str = "", calibration: Calibration | bool | None = None,
-            host: HostTime | None = None, host_source: str = "",
-            fp8_flops: float = 0.0) -> Prediction:
-    """Predict one training step's time, MFU and throughput (a roofline).
+def predict(cost: StepCost, spec: EffectiveSpec, *, overlap: float | None = None
+            ) -> Prediction:
+    """Predict one training step's time, MFU and throughput (a roofline) of ``cost`` on
+    ``spec``'s hardware.
 
     Args:
-      flops: FLOPs per device per step (the compiler's ``cost_analysis()["flops"]``, or an
-        analytic count divided by devices).
-      bytes_accessed: HBM bytes read + written per device per step
-        (``cost_analysis()["bytes accessed"]``).
-      collectives: the step's collectives (``workbench._compiled.hlo.parse_collectives``).
-      mesh: the mesh (MeshInfo, Mesh or AbstractMesh); its coords, hosts and DCN axes
-        decide which links each collective uses.
-      hardware: the ``EffectiveSpec`` to predict with (``workbench.hardware.effective_spec``:
-        the entry and the calibration, resolved by the caller); or a ``HardwareSpec`` or
-        device kind; default: the mesh's device kind, and for CPU meshes the
-        runtime-measured ``cpu_spec``, uncalibrated unless ``calibration`` is given.
-      tokens_per_step: global batch x sequence length, for tokens/s.
-      model_flops: analytic model FLOPs per step (all devices, no rematerialization) for
-        MFU; without it MFU is None.
+      cost: the step's numbers per device (``StepCost``: FLOPs, HBM bytes, collectives,
+        the mesh, and where each comes from); ``perf.predict_plan`` makes it from a plan.
+      spec: the ``EffectiveSpec`` to predict with (``wb.hardware.effective_spec(mesh,
+        ...)``: the catalogue's entry or the CPU measured here, then a calibration, as the
+        caller chose). ``predict`` never reads a stored calibration.
       overlap: fraction (0..1) of the shorter of local work and communication assumed
-        hidden; default by platform (0 on CPU, 1 on TPU/GPU), said in ``sources``.
-      compiler_seconds: the TPU compiler's estimate, carried beside ours.
-      exposed_axes: mesh axes whose collectives are never hidden: a collective whose axes
-        all lie in ``exposed_axes`` counts in full (tensor-parallel all-reduces of
-        activations feed the next matmul). ``Plan.predict`` passes the axes that shard
-        weights but not the batch.
-      flops_source, bytes_source: where ``flops`` and ``bytes_accessed`` come from.
-      sync_exposed: the collectives say whether the compiled program runs them
-        asynchronously (``Collective.overlapped``, read from the TPU compiler's HLO): the
-        synchronous ones block the program and count in full (``wb.plan(overlap=False)``
-        compiles without the overlap flags).
-      compute_seconds: the device's local work timed by the compiler itself (the TPU
-        compiler's per-instruction cycle estimates, ``hlo.compiler_cycles``, at the chip's
-        clock, plus kernels it does not model): replaces the roofline's
-        ``max(compute, memory)``, which stays in the breakdown (``roofline_local``) as
-        the ideal; ``compute_source`` says where it comes from.
-      host: the step's host transfers, timed (``workbench.perf._host.host_seconds``): its
-        exposed seconds add to the step; None: nothing moves to host memory.
-        ``host_source`` says why when there is no timing (no host-link bandwidth).
-      fp8_flops: the part of ``flops`` (per device) that runs in fp8 matmuls
-        (``GPTConfig.quantization``): timed at the chip's fp8 peak (``fp8_flops`` of the
-        table; the bf16 peak where the table has none), the rest at ``peak_flops``; and
-        MFU is then given against both peaks (``mfu``, ``mfu_fp8``).
-      calibration: a ``Calibration`` to apply to a ``hardware`` that is not an
-        ``EffectiveSpec``; None or False: none. ``predict`` never reads a stored
-        calibration: ``effective_spec(mesh)`` does, for the caller that asks (as
-        ``plan.predict()`` does).
+        hidden; default the calibration's measured one, else by platform (0 on CPU, 1 on
+        TPU/GPU), said in ``sources``.
+
+    Raises:
+      TypeError: ``cost`` is not a ``StepCost`` or ``spec`` not an ``EffectiveSpec``.
+      ValueError: ``overlap`` outside [0, 1], or the hardware table lacks a number the
+        step needs (HBM bandwidth, a link's bandwidth).
 
     Example::
 
         ca = compiled.cost_analysis()
-        p = predict(flops=ca["flops"], bytes_accessed=ca["bytes accessed"],
-                    collectives=parse_collectives(compiled.as_text(), names, sizes),
-                    mesh=info, tokens_per_step=batch * seq, model_flops=model_flops)
+        cost = StepCost(flops=ca["flops"], bytes_accessed=ca["bytes accessed"],
+                        collectives=parse_collectives(compiled.as_text(), names, sizes),
+                        mesh=info, tokens_per_step=batch * seq, model_flops=model_flops)
+        p = predict(cost, effective_spec(info, calibration=False))
     """
-    info = mesh_info(mesh)
-    eff = _effective(hardware, calibration, info)
+    if not isinstance(cost, StepCost):
+        raise TypeError(f"predict: cost={cost!r:.80} is a {type(cost).__name__}, not a "
+                        "StepCost; give perf.StepCost(flops=..., bytes_accessed=..., "
+                        "mesh=...), or predict a plan with perf.predict_plan(plan.report, spec)")
+    if not isinstance(spec, EffectiveSpec):
+        raise TypeError(f"predict: spec={spec!r:.80} is a {type(spec).__name__}, not an "
+                        "EffectiveSpec; give wb.hardware.effective_spec(mesh) (or "
+                        "effective_spec(mesh, hardware='TPU v5p', calibration=False))")
+    if overlap is not None:
+        overlap = check_float(overlap, "overlap", minimum=0.0, where="predict: ")
+    return _roofline(cost, spec, overlap)
+
+
+def _roofline(cost: StepCost, eff: EffectiveSpec, overlap: float | None) -> Prediction:
+    """``predict``'s roofline, its arguments checked."""
+    info, collectives = cost.mesh, cost.collectives
+    flops, fp8_flops, compute_seconds = cost.flops, cost.fp8_flops, cost.compute_seconds
+    exposed_axes, sync_exposed = cost.exposed_axes, cost.sync_exposed
+    compiler_seconds, model_flops, host = cost.compiler_seconds, cost.model_flops, cost.host
     # spec: the entry with the achieved FLOP/s and bandwidth a profile measured, if any
     spec, cal, table_latency = eff.spec, eff.calibration, eff.table_latency
     if not spec.hbm_bandwidth:
         raise ValueError(f"{spec.name} has no HBM bandwidth in the hardware table")
     t_compute = compute_seconds_at_peak(flops, fp8_flops, spec)
-    t_memory = bytes_accessed / spec.hbm_bandwidth
+    t_memory = cost.bytes_accessed / spec.hbm_bandwidth
     overlap, overlap_src = _overlap(overlap, cal, spec.platform)
     times = [collective_seconds(c, info, spec) for c in collectives]
     if cal:
@@ -499,7 +507,7 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     # (the GPU and TPU traces' overlap is 0): calibrated terms add up as well.
     t_roofline, t_local, compute_source = _local_seconds(
         t_compute, t_memory, additive=cpu or bool(cal), compute_seconds=compute_seconds,
-        compute_source=compute_source)
+        compute_source=cost.compute_source)
     compiler_note = ""
     if compiler_seconds is not None and not compiler_seconds >= 0:
         compiler_note = (f"; its optimal_seconds was {compiler_seconds!r} (the compiler's "
@@ -534,13 +542,14 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
     host_link_total = host_terms.pop("host_link_total")
     return Prediction(
         step_seconds=step, mfu=mfu,
-        tokens_per_s=tokens_per_step / step if tokens_per_step and step > 0 else None,
+        tokens_per_s=cost.tokens_per_step / step if cost.tokens_per_step and step > 0
+        else None,
         bound=bound,
         breakdown={**terms, "local": t_local, "roofline_local": t_roofline,
                    "communication_total": t_comm, **host_terms,
                    "no_overlap_step": t_local + t_comm + host_link_total,
                    "collectives": tuple(times)},
-        sources={"flops": flops_source, "bytes": bytes_source,
+        sources={"flops": cost.flops_source, "bytes": cost.bytes_source,
                  "peak_flops": spec.source + _fp8_source(flops, fp8_flops, spec),
                  "hbm_bandwidth": spec.source_of("hbm_bandwidth"),
                  "local": compute_source if compute_seconds is not None else
@@ -548,7 +557,7 @@ def predict(*, flops: float, bytes_accessed: float, collectives: Sequence[Collec
                  "overlap": _overlap_source(overlap_src, exposed_axes if t_exposed else (),
                                             sync_exposed),
                  "mfu": "model FLOPs / (step time x devices x peak FLOP/s per device)",
-                 "host_transfers": _host_source(host, host_source),
+                 "host_transfers": _host_source(host, cost.host_source),
                  "compiler_seconds": ("TPU compiler cost analysis (optimal_seconds)"
                                       if compiler_seconds is not None else "none")
                  + compiler_note,
@@ -594,18 +603,6 @@ def _host_source(host: HostTime | None, why: str) -> str:
     return (f"the compiled HLO's transfers to and from host memory (S(5)): "
             f"{host.transfers} instructions, {host.asynchronous} asynchronous; "
             f"{host.formula}; host-link bandwidth: {host.source}")
-
-
-def _effective(hardware: EffectiveSpec | HardwareSpec | str | None,
-               calibration: Calibration | bool | None, info: MeshInfo) -> EffectiveSpec:
-    """The spec ``predict`` was given, or the uncalibrated entry (plus a ``Calibration``
-    given by hand) for ``hardware``; never a stored calibration."""
-    if isinstance(hardware, EffectiveSpec):
-        if calibration is not None and calibration is not False:
-            raise ValueError("predict: hardware is an EffectiveSpec, which has its "
-                             "calibration already; pass calibration= to effective_spec")
-        return hardware
-    return effective_spec(info, hardware=hardware, calibration=calibration or False)
 
 
 def _overlap(overlap: float | None, cal: Calibration | None, platform: str

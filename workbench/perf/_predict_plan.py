@@ -2,9 +2,11 @@
 trusted, else the formulas') fed to the roofline (``workbench.perf._predict``) with one
 effective hardware spec (``workbench.hardware.effective_spec``), passed in by the caller.
 
-The report stays data plus text: ``PlanReport.predict`` resolves the spec (the mesh's
-device kind, a stored calibration) and calls :func:`predict_plan`; nothing here reads a
-file or looks a calibration up.
+This is the one predictor of a plan: ``wb.plan`` calls it once, when the plan is made,
+with ``effective_spec(mesh)`` (the mesh's device kind, the calibration stored then) and
+stores the prediction in the report (``PlanReport.predicted``); ``Plan.predict`` calls it
+again for another chip, overlap or calibration. Nothing here reads a file or looks a
+calibration up.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from workbench.perf._analytic import batch_axes, weight_axes
 from workbench.perf._efficiency import StepNumbers, efficient_local
 from workbench.perf._host import HostTime, host_seconds
 from workbench.perf._bounds import implausible
+from workbench.perf._cost import StepCost
 from workbench.perf._predict import Prediction, compute_seconds_at_peak, predict
 from workbench.perf._refit import FIT_SET, refit_factor
 
@@ -49,7 +52,7 @@ def predict_plan(report: Any, spec: EffectiveSpec, *, overlap: float | None = No
       overlap: fraction of communication hidden behind compute (default by platform, or
         the calibration's measured one).
     """
-    cost = report.cost
+    _check(report, spec)
     flops, kernel_dev, nbytes, compiled, why = _counts(report)
     label = f"{report.source} cost analysis"
     kernel, cfg = report.kernel_flops, report.cfg
@@ -63,28 +66,45 @@ def predict_plan(report: Any, spec: EffectiveSpec, *, overlap: float | None = No
             matmul_flops=flops - kernel_dev, attention_flops=kernel_dev, hbm_bytes=nbytes,
             d_model=cfg.d_model), spec.efficiency, spec.spec.peak_flops)
     host, host_why = _host_time(report, spec, t_kernel)
-    pred = predict(
-        flops=flops,
-        bytes_accessed=nbytes,
-        collectives=report.collectives, mesh=report.mesh, hardware=spec,
+    cost = StepCost(
+        flops=flops, bytes_accessed=nbytes, collectives=report.collectives, mesh=report.mesh,
         tokens_per_step=report.batch * report.seq if cfg is not None
         or report.flops.tokens == report.batch * report.seq else None,
-        model_flops=report.model_flops, overlap=overlap,
-        compiler_seconds=cost.get("optimal_seconds") if compiled else None,
+        model_flops=report.model_flops, fp8_flops=fp8,
+        compiler_seconds=report.cost.get("optimal_seconds") if compiled else None,
         compute_seconds=compute_seconds, compute_source=compute_source,
-        exposed_axes=_weight_only_axes(report),
-        flops_source=(label if compiled else why + "model FLOPs (+ remat"
-                      + (", + the experts' empty slots: analytic.moe_padding_flops"
-                         if report.padding_flops else "") + ") / compute split")
-        + (f"; + the {report.attention.split(':')[0]} kernel's FLOPs by formula "
-           "(attention_cost.kernel_flops: cost analysis does not count Pallas kernels)"
-           if kernel else ""),
-        sync_exposed=report.source == "tpu-compiler", host=host, host_source=host_why,
-        fp8_flops=fp8,
+        exposed_axes=_weight_only_axes(report), sync_exposed=report.source == "tpu-compiler",
+        host=host, host_source=host_why,
+        flops_source=_flops_source(report, compiled, why, kernel),
         bytes_source=label if compiled else why + "estimate (analytic.hbm_bytes)")
+    pred = predict(cost, spec, overlap=overlap)
     if report.source == "estimate" and compute_seconds is None:
         pred = _refitted(pred, refit_factor(report), flops, spec)
     return pred
+
+
+def _check(report: Any, spec: Any) -> None:
+    """A ``TypeError`` naming the argument that is not a plan's report or a spec."""
+    if not all(hasattr(report, a) for a in ("compiled_numbers", "collectives", "layouts")):
+        hint = " (a Plan: give plan.report)" if hasattr(report, "report") else ""
+        raise TypeError(f"predict_plan: report={report!r:.80} is a {type(report).__name__}, "
+                        f"not a PlanReport{hint}; give wb.plan(...).report")
+    if not isinstance(spec, EffectiveSpec):
+        raise TypeError(f"predict_plan: spec={spec!r:.80} is a {type(spec).__name__}, not "
+                        "an EffectiveSpec; give wb.hardware.effective_spec(report.mesh) (the "
+                        "stored calibration, if any), or with calibration=False, or "
+                        "hardware='TPU v5p' for another chip")
+
+
+def _flops_source(report: Any, compiled: bool, why: str, kernel: float) -> str:
+    """Where the prediction's FLOPs come from."""
+    label = f"{report.source} cost analysis"
+    return (label if compiled else why + "model FLOPs (+ remat"
+            + (", + the experts' empty slots: analytic.moe_padding_flops"
+               if report.padding_flops else "") + ") / compute split") + (
+        f"; + the {report.attention.split(':')[0]} kernel's FLOPs by formula "
+        "(attention_cost.kernel_flops: cost analysis does not count Pallas kernels)"
+        if kernel else "")
 
 
 def _refitted(pred: Prediction, k: float, flops: float, spec: EffectiveSpec) -> Prediction:

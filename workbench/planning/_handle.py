@@ -1,9 +1,9 @@
 """``Plan``, what ``wb.plan`` returns: the runnable handle (the abstract state and its
 shardings, the jitted and compiled step, ``materialize``, ``train_step``) around the
 serialisable ``PlanReport`` (memory, FLOPs, collectives, lints, prediction). The plan
-shows the report's numbers that users read as its own, each an explicit property
-(``plan.memory`` is ``plan.report.memory``); the rest are the report's alone
-(``plan.report.loops``)."""
+shows the report's numbers that the README and notebooks read as its own, each an
+explicit property (``plan.memory`` is ``plan.report.memory``); the rest are the report's
+alone (``plan.report.loops``). ``Plan.predict`` predicts again (``perf.predict_plan``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,6 +16,9 @@ import optax
 
 from workbench._display import Displayable
 from workbench._sharding.layouts import format_bytes
+from workbench.hardware import EffectiveSpec, effective_spec
+from workbench.perf._predict import Prediction
+from workbench.perf._predict_plan import predict_plan
 from workbench.planning._background import Live
 from workbench.planning._compile import StoredExecutable
 from workbench.planning._report import PlanReport
@@ -44,12 +47,13 @@ class Plan(Live, Displayable):
     """One train step of a model on a mesh, planned before any parameter is allocated
     (``wb.plan``): its ``report`` and what runs it.
 
-    The report's numbers that notebooks and the docs read are the plan's own, each an
-    explicit property (``plan.memory``, ``plan.model_flops``, ``plan.collectives``,
-    ``plan.warnings``, ``plan.source``, ``plan.fits``, ``plan.layouts``,
-    ``plan.predicted``, ...) or method (``predict``, ``summary``, ``to_dict``,
-    ``memory_rows``); the rest of ``PlanReport`` (``loops``, ``compiler_cycles``,
-    ``compiled_numbers``, ``padding_flops``, ``to_json``, ...) is ``plan.report.<name>``.
+    The report's numbers that the README, the notebooks and the docs read are the plan's
+    own, each an explicit property (``plan.memory``, ``plan.model_flops``,
+    ``plan.collectives``, ``plan.warnings``, ``plan.source``, ``plan.fits``,
+    ``plan.layouts``, ``plan.predicted``, ...) or method (``predict``, ``summary``,
+    ``memory_rows``); the
+    rest of ``PlanReport`` (``batch``, ``seq``, ``memory_estimate``, ``cost``, ``loops``,
+    ``compiled_numbers``, ``to_dict``, ``to_json``, ...) is ``plan.report.<name>``.
     ``repr`` is a one-line summary, ``str`` the full report; a notebook shows the plan
     widget.
 
@@ -96,52 +100,60 @@ class Plan(Live, Displayable):
                                  f"report's, plan.report.{name}")
         raise AttributeError(f"'Plan' object has no attribute {name!r}")
 
-    # the report's numbers a plan shows as its own (PlanReport documents each)
+    # the report's numbers the README, the notebooks and docs/*.md read off a plan (and
+    # DESIGN.md's model_flops, warnings); PlanReport documents each
     name = _shown("name")
     cfg = _shown("cfg")
     mesh = _shown("mesh")
     rules = _shown("rules")
-    batch = _shown("batch")
-    seq = _shown("seq")
     dtype = _shown("dtype")
     attention = _shown("attention")
     source = _shown("source")
     source_reason = _shown("source_reason")
-    is_estimate = _shown("is_estimate")
-    compile_seconds = _shown("compile_seconds")
-    compile_cached = _shown("compile_cached")
     compiler_options = _shown("compiler_options")
     memory = _shown("memory")
-    memory_estimate = _shown("memory_estimate")
     fits = _shown("fits")
     layouts = _shown("layouts")
     pipeline = _shown("pipeline")
     model_flops = _shown("model_flops")
-    flops = _shown("flops")
     flops_per_device = _shown("flops_per_device")
-    compiled_flops_per_device = _shown("compiled_flops_per_device")
-    replicated_compute_factor = _shown("replicated_compute_factor")
-    compute_split = _shown("compute_split")
     kernel_flops = _shown("kernel_flops")
-    cost = _shown("cost")
     collectives = _shown("collectives")
-    comm_bytes_per_device = _shown("comm_bytes_per_device")
     warnings = _shown("warnings")
     predicted = _shown("predicted")
 
     def predict(self, *, hardware: Any = None, overlap: float | None = None,
-                calibration: Any = None) -> Any:
-        """``PlanReport.predict``: a prediction of one step, for another chip or overlap,
-        with or without (``calibration=False``) the device kind's stored calibration."""
-        return self.report.predict(hardware=hardware, overlap=overlap, calibration=calibration)
+                calibration: Any = None) -> Prediction:
+        """A prediction of this plan's step made now: ``perf.predict_plan(plan.report,
+        spec)`` with the spec resolved here (``wb.hardware.effective_spec(plan.mesh,
+        hardware=, calibration=)``). ``plan.predicted`` is the one made with the defaults
+        when the plan was made.
+
+        Args:
+          hardware: a ``HardwareSpec`` or device kind ("TPU v5p", "H100") to predict for
+            another chip with the same program; default the mesh's device kind (measured
+            for CPU devices); or an ``EffectiveSpec`` resolved by the caller, used as it is.
+          overlap: fraction of communication hidden behind compute (default by platform,
+            or the calibration's measured one).
+          calibration: None: the calibration stored for the device kind (``wb.calibrate``)
+            now, if any; False: the hardware table alone; or a ``Calibration``.
+
+        Raises:
+          ValueError: ``calibration`` given with an ``EffectiveSpec`` (it has its own), or
+            no hardware entry for the device kind.
+        """
+        if isinstance(hardware, EffectiveSpec):
+            if calibration is not None:
+                raise ValueError("plan.predict: hardware is an EffectiveSpec, which has its "
+                                 "calibration already; pass calibration= to effective_spec")
+            spec = hardware
+        else:
+            spec = effective_spec(self.report.mesh, hardware=hardware, calibration=calibration)
+        return predict_plan(self.report, spec, overlap=overlap)
 
     def summary(self) -> str:
         """``PlanReport.summary``: a few lines."""
         return self.report.summary()
-
-    def to_dict(self) -> dict[str, Any]:
-        """``PlanReport.to_dict``: the JSON-friendly summary."""
-        return self.report.to_dict()
 
     def memory_rows(self) -> list[dict[str, Any]]:
         """``PlanReport.memory_rows``: one row per memory component."""
@@ -255,10 +267,7 @@ class Plan(Live, Displayable):
 def _changes(formula: PlanReport, compiled: PlanReport) -> list[dict[str, Any]]:
     """Memory per device, fit and predicted step: the formula's and the compiler's."""
     def step(r: PlanReport) -> float | None:
-        try:
-            return r.predicted.step_seconds
-        except (ValueError, OSError):   # a hardware table without the numbers
-            return None
+        return None if r.predicted is None else r.predicted.step_seconds
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x * 1e3:.4g} ms"

@@ -1,6 +1,7 @@
 """The plan's report: ``PlanReport``, the serialisable record of one planned step (memory,
-FLOPs, collectives, lints, the numbers read from the compiled program) with its
-prediction, text and dict forms; and ``Comparison`` of plans. The runnable handle
+FLOPs, collectives, lints, the numbers read from the compiled program, the prediction made
+when the plan was made: ``with_prediction``) with its text and dict forms; and
+``Comparison`` of plans. The runnable handle
 (``handle.Plan``) holds a report. No display imports here: notebooks draw them through
 ``_view``."""
 from __future__ import annotations
@@ -105,7 +106,8 @@ class CompiledNumbers:
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
 class PlanReport:
     """What one train step needs on a mesh, as numbers: the serialisable part of a plan
-    (``wb.plan(...).report``; the plan shows every attribute of it too).
+    (``wb.plan(...).report``; the plan shows the ones the notebooks read as its own).
+    Numbers and their text only: no attribute reads a file or changes another.
 
     ``repr`` is a one-line summary, ``str`` the full report (the plan widget draws the
     ``Plan``, which has the layouts' model too). ``to_json()`` / ``PlanReport.from_json()``
@@ -157,6 +159,13 @@ class PlanReport:
             None when nothing was compiled.
         placement: where the mesh and rules came from (``workbench._sharding.placement``): given,
             or the default and why; "" in a report written before it was recorded.
+        predicted: the predicted step (``Prediction``: time, MFU, tokens/s, bound,
+            breakdown), made once when the plan was made (:func:`with_prediction`:
+            ``perf.predict_plan(report, effective_spec(mesh))``, the mesh's hardware entry
+            and the calibration stored at that moment) and kept as data: reading it reads
+            no file. None when there is none (``prediction_error`` says why). Another
+            chip, overlap or calibration: ``perf.predict_plan(report, spec)``.
+        prediction_error: why there is no prediction ("" when there is one).
     """
 
     name: str
@@ -185,6 +194,8 @@ class PlanReport:
     dtype: str = ""
     compiled_numbers: CompiledNumbers | None = None
     placement: str = ""
+    predicted: Prediction | None = None
+    prediction_error: str = ""
 
     # -- numbers -----------------------------------------------------------------------
 
@@ -193,7 +204,7 @@ class PlanReport:
         """Analytic model FLOPs of one step, all devices (no remat; MaxText convention)."""
         return self.flops.total
 
-    @functools.cached_property
+    @property
     def loops(self) -> dict[str, int]:
         """``{loop body: trip count}`` of the compiled program's while loops (scanned
         layers); empty when analytic or unrolled."""
@@ -208,7 +219,7 @@ class PlanReport:
             return HostTraffic()
         return self.compiled_numbers.host
 
-    @functools.cached_property
+    @property
     def compiler_cycles(self) -> tuple[int, int]:
         """``(cycles, instructions)``: the TPU compiler's own cycle estimates of every
         fusion, copy and matmul it scheduled, summed over one step with loop trip counts
@@ -217,7 +228,7 @@ class PlanReport:
             return 0, 0
         return self.compiled_numbers.cycles
 
-    @functools.cached_property
+    @property
     def compiled_flops_per_device(self) -> float | None:
         """FLOPs per device from ``compiled.cost_analysis()``; None when analytic, or when
         the program loops (scanned layers): XLA's cost analysis counts a loop body once."""
@@ -226,61 +237,11 @@ class PlanReport:
         flops = self.compiled_numbers.cost.get("flops")
         return None if flops is None or flops <= 0 else float(flops)
 
-    @functools.cached_property
+    @property
     def cost(self) -> dict[str, float]:
         """The compiler's per-device cost analysis (``flops``, ``bytes accessed``, on TPU
         ``optimal_seconds``); empty when nothing was compiled."""
         return {} if self.compiled_numbers is None else self.compiled_numbers.cost
-
-    @functools.cached_property
-    def predicted(self) -> Prediction:
-        """Predicted step time, MFU, tokens/s, bound and breakdown (``predict()`` with
-        the defaults: the mesh's hardware table, overlap by platform). A prediction that
-        breaks a physical bound (``Prediction.implausible``) adds an error lint
-        ``implausible_prediction`` to ``warnings``."""
-        pred = self.predict()
-        if pred.implausible and not any(w.kind == "implausible_prediction"
-                                        for w in self.warnings):
-            self.warnings.append(Lint(
-                kind="implausible_prediction", severity="error", path="predicted",
-                message="the predicted step breaks a physical bound: "
-                        + "; ".join(pred.implausible),
-                fix="do not trust this plan's step time or MFU (wb.search does not rank "
-                    "it); compile it for the target (compile=True) or check the model's "
-                    "FLOPs and the hardware table", value=pred.step_seconds))
-        return pred
-
-    def predict(self, *, hardware: Any = None, overlap: float | None = None,
-                calibration: Any = None) -> Prediction:
-        """A prediction of one step from this plan's FLOPs, HBM bytes and collectives
-        (``workbench.perf._predict_plan``): compiled numbers where there are, else the
-        analytic ones. The hardware is resolved here, explicitly, into one
-        ``EffectiveSpec`` (``workbench.hardware.effective_spec``: the catalogue's entry or
-        the measured CPU, then the calibration) and passed down. A TPU-compiled plan times
-        its local work with the TPU compiler's own cycle estimates (``compiler_cycles``) at
-        the chip's clock, unless ``hardware`` names another chip; the roofline stays in
-        the breakdown.
-
-        Args:
-          hardware: a ``HardwareSpec`` or device kind ("TPU v5p", "H100") to predict for
-            another chip with the same program; default the mesh's device kind (measured
-            for CPU devices); or an ``EffectiveSpec`` resolved by the caller
-            (``wb.hardware.effective_spec(plan.mesh, ...)``), used as it is.
-          overlap: fraction of communication hidden behind compute (default by platform).
-          calibration: False: the hardware table alone; None: with the calibration stored
-            for the device kind (``wb.calibrate``), if any; or a ``Calibration``.
-
-        Raises:
-          ValueError: ``calibration`` given with an ``EffectiveSpec`` (it has its own), or
-            no hardware entry for the device kind.
-        """
-        if isinstance(hardware, EffectiveSpec):
-            if calibration is not None:
-                raise ValueError("predict: hardware is an EffectiveSpec, which has its "
-                                 "calibration already; pass calibration= to effective_spec")
-            return predict_plan(self, hardware, overlap=overlap)
-        spec = effective_spec(self.mesh, hardware=hardware, calibration=calibration)
-        return predict_plan(self, spec, overlap=overlap)
 
     @property
     def kernel_flops(self) -> float:
@@ -407,10 +368,9 @@ class PlanReport:
         return "\n".join(lines)
 
     def _predicted_line(self) -> str:
-        try:
-            p = self.predicted
-        except (ValueError, OSError) as err:  # a hardware table without the numbers
-            return f"predicted: unavailable ({err})"
+        p = self.predicted
+        if p is None:   # a hardware table without the numbers
+            return f"predicted: unavailable ({self.prediction_error})"
         text = (f"predicted: {p.step_seconds * 1e3:.4g} ms/step ({p.bound}-bound)"
                 + (f", {p.mfu_text()}" if p.mfu is not None else "")
                 + (f", {p.tokens_per_s:,.0f} tokens/s" if p.tokens_per_s else ""))
@@ -458,7 +418,7 @@ class PlanReport:
             "warnings": [w.to_dict() for w in self.warnings],
             "compile_seconds": self.compile_seconds,
             "source": self.source, "source_reason": self.source_reason,
-            "predicted": self._predicted_dict(),
+            "predicted": None if self.predicted is None else self.predicted.to_dict(),
             **({"pipeline": self.pipeline} if self.pipeline else {}),
             "compiler_options": dict(self.compiler_options), "attention": self.attention,
             "dtype": self.dtype, "placement": self.placement,
@@ -484,11 +444,29 @@ class PlanReport:
         return cls(**fields, compiled_numbers=None if cn is None else CompiledNumbers(
             tpu=fields["source"] == "tpu-compiler", values=cn))
 
-    def _predicted_dict(self) -> dict[str, Any] | None:
-        try:
-            return self.predicted.to_dict()
-        except (ValueError, OSError):
-            return None
+
+def with_prediction(report: PlanReport, spec: EffectiveSpec | None = None) -> PlanReport:
+    """``report`` with its prediction made now and stored (``PlanReport.predicted``):
+    ``perf.predict_plan(report, spec)``, by default with ``effective_spec(report.mesh)``
+    (the mesh's hardware entry, the CPU measured here, and the calibration stored for the
+    device kind at this moment). ``wb.plan`` calls it once, when the plan is made. A
+    prediction that breaks a physical bound (``Prediction.implausible``) adds the error
+    lint ``implausible_prediction`` to the new report's ``warnings``; a hardware table
+    without the numbers leaves ``predicted`` None and says why (``prediction_error``)."""
+    try:
+        spec = effective_spec(report.mesh) if spec is None else spec
+        pred = predict_plan(report, spec)
+    except (ValueError, OSError) as err:   # no entry, or an entry without the numbers
+        return dataclasses.replace(report, predicted=None, prediction_error=str(err))
+    warnings = list(report.warnings)
+    if pred.implausible and not any(w.kind == "implausible_prediction" for w in warnings):
+        warnings.append(Lint(
+            kind="implausible_prediction", severity="error", path="predicted",
+            message="the predicted step breaks a physical bound: " + "; ".join(pred.implausible),
+            fix="do not trust this plan's step time or MFU (wb.search does not rank it); "
+                "compile it for the target (compile=True) or check the model's FLOPs and the "
+                "hardware table", value=pred.step_seconds))
+    return dataclasses.replace(report, predicted=pred, prediction_error="", warnings=warnings)
 
 
 def _band_line(p: Prediction) -> str:
@@ -521,13 +499,23 @@ def _kept(remat: Any) -> set[str]:
     return set(p.saved) | set(p.offloaded)
 
 
-def _predicted_columns(p: Any) -> dict[str, Any]:
-    try:
-        pred = p.predicted
-    except (ValueError, OSError):
+def _predicted_columns(report: PlanReport) -> dict[str, Any]:
+    pred = report.predicted
+    if pred is None:
         return {"step_seconds": None, "mfu": None, "mfu_fp8": None, "bound": None}
     return {"step_seconds": pred.step_seconds, "mfu": pred.mfu, "mfu_fp8": pred.mfu_fp8,
             "bound": pred.bound}
+
+
+def _row(r: PlanReport) -> dict[str, Any]:
+    """One plan's row of ``Comparison.COLUMNS`` (and its memory parts)."""
+    return {"name": r.name, "memory_per_device": r.memory["total"], **_predicted_columns(r),
+            "source": r.source, "limit": r.memory.get("limit"), "fits": r.fits,
+            "flops_per_device": r.flops_per_device,
+            "comm_bytes_per_device": r.comm_bytes_per_device,
+            "replicated_compute_factor": r.replicated_compute_factor,
+            "n_warnings": len(r.warnings), "estimate": r.is_estimate,
+            "memory": {k: r.memory.get(k) for k in (*MEMORY_KEYS, "temp")}}
 
 
 class Comparison(Displayable):
@@ -545,15 +533,7 @@ class Comparison(Displayable):
     @property
     def rows(self) -> list[dict[str, Any]]:
         """One dict per plan with the ``COLUMNS``."""
-        return [{"name": p.name, "memory_per_device": p.memory["total"],
-                 **_predicted_columns(p), "source": p.source,
-                 "limit": p.memory.get("limit"), "fits": p.fits,
-                 "flops_per_device": p.flops_per_device,
-                 "comm_bytes_per_device": p.comm_bytes_per_device,
-                 "replicated_compute_factor": p.replicated_compute_factor,
-                 "n_warnings": len(p.warnings), "estimate": p.is_estimate,
-                 "memory": {k: p.memory.get(k) for k in (*MEMORY_KEYS, "temp")}}
-                for p in self.plans]
+        return [_row(p.report) for p in self.plans]
 
     def table(self) -> str:
         """The comparison as aligned text."""

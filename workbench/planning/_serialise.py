@@ -1,6 +1,7 @@
 """A ``PlanReport`` as JSON and back: every field as plain data (the mesh as its description,
 each layout as shape, dtype, spec and logical axes, the compiled program's numbers as read),
-so a report read back gives the same summary, dict form and prediction. Used by
+and the prediction made when the plan was made, so a report read back gives the same
+summary, dict form and prediction (reading it predicts nothing again). Used by
 ``PlanReport.to_json`` / ``from_json`` (this module is below ``report``)."""
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from workbench._sharding.layouts import Layout
 from workbench._sharding.mesh import MeshInfo
 from workbench.models import GPTConfig
 from workbench._compiled.hlo import Collective
+from workbench.perf._predict import Prediction
 from workbench.planning._lints import Lint
 from workbench._sharding.rules import Rules
 
@@ -27,9 +29,12 @@ FORMAT = "workbench.plan-report/1"
 _PLAIN = ("name", "batch", "seq", "is_estimate", "source", "source_reason",
           "hbm_bytes_estimate", "memory", "memory_estimate", "compile_seconds",
           "compile_cached", "plan_seconds", "pipeline", "compiler_options", "attention",
-          "dtype", "placement")
+          "dtype", "placement", "prediction_error")
 #: Fields a report written before they existed lacks, and their value then.
-_ADDED = {"dtype": "", "placement": ""}
+_ADDED = {"dtype": "", "placement": "",
+          "prediction_error": "none stored (a report written before predictions were "
+                              "kept): perf.predict_plan(report, "
+                              "wb.hardware.effective_spec(report.mesh)) makes one"}
 
 
 def report_to_json(report: Any) -> dict[str, Any]:
@@ -48,6 +53,7 @@ def report_to_json(report: Any) -> dict[str, Any]:
                     for k, v in report.layouts.items()},
         "logical": {k: list(v) for k, v in report.logical.items()},
         "compiled_numbers": None if cn is None else cn.to_dict(),
+        "predicted": None if report.predicted is None else report.predicted.to_dict(),
     }
 
 
@@ -77,7 +83,9 @@ def report_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         collectives=[Collective(**_tupled(c)) for c in data["collectives"]],
         warnings=[Lint(**_tupled(w)) for w in data["warnings"]],
         logical={k: tuple(v) for k, v in data["logical"].items()},
-        compiled_numbers=data["compiled_numbers"])
+        compiled_numbers=data["compiled_numbers"],
+        predicted=None if data.get("predicted") is None
+        else Prediction.from_dict(data["predicted"]))
 
 
 def _listed(d: Mapping[str, Any]) -> dict[str, Any]:

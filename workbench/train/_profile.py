@@ -260,7 +260,7 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
     state = plan.init_state(seed)
     batch = _tokens_batch(plan, seed)
     step = plan.compiled
-    tokens = plan.batch * plan.seq
+    tokens = plan.report.batch * plan.report.seq
     times: dict[str, list[float]] = {"outside": [], "during": []}
 
     def run(n: int, label: str) -> None:
@@ -389,7 +389,7 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 3, plan: Any 
 def _check_plan(plan: Any, trainer: Any) -> None:
     """The plan must be of the trainer's step: the same mesh, micro-batch and sequence."""
     cfg = trainer.config
-    have = (dict(plan.mesh.shape), plan.batch, plan.seq)
+    have = (dict(plan.mesh.shape), plan.report.batch, plan.report.seq)
     want = ({k: int(v) for k, v in trainer.mesh.shape.items()}, cfg.micro_batch, cfg.seq)
     if have != want:
         raise ValueError(f"Trainer.profile: plan={plan.name!r} is for mesh {have[0]}, batch "

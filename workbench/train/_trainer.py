@@ -486,7 +486,7 @@ class Trainer(Displayable):
                              "wb.make_mesh(...) to train")
         config = TrainConfig(model=plan.cfg if plan.cfg is not None else _plan_spec(plan),
                              mesh=dict(plan.mesh.shape), rules=plan.rules,
-                             batch=plan.batch, seq=plan.seq, steps=steps,
+                             batch=plan.report.batch, seq=plan.report.seq, steps=steps,
                              optimizer=optimizer if optimizer is not None else AdamW(),
                              data=data, checkpoint_every=checkpoint_every, keep=keep,
                              seed=seed, pipeline=getattr(plan, "pipeline", None))

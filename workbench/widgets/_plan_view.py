@@ -128,32 +128,32 @@ def plan_payload(plan: Any) -> dict[str, Any]:
         "activations": [int(mem.get("activations") or 0)] * plan.mesh.size,
         "batch": _per_device(plan, "batch.").tolist(),
     }
-    f = plan.flops
+    f, r = plan.report.flops, plan.report
     return {
         "kind": "plan",
         "name": plan.name,
         "background": _background(plan),
-        "estimate": bool(plan.is_estimate),
-        "compile_seconds": plan.compile_seconds,
-        "compile_cached": bool(plan.compile_cached),
+        "estimate": bool(r.is_estimate),
+        "compile_seconds": r.compile_seconds,
+        "compile_cached": bool(r.compile_cached),
         "source": plan.source, "source_reason": plan.source_reason,
-        "predicted": plan.to_dict()["predicted"],
+        "predicted": None if r.predicted is None else r.predicted.to_dict(),
         "mesh": mesh_summary(plan.mesh),
         "mesh_text": plan.mesh.describe(),
         "rules": plan.rules.to_dict(),
-        "batch": plan.batch, "seq": plan.seq,
+        "batch": r.batch, "seq": r.seq,
         "memory": {"rows": plan.memory_rows(), "per_device": per_device, "stack": list(STACK),
                    "limit": mem.get("limit"), "total": mem.get("total"), "fits": plan.fits},
         "flops": {"model": f.total, "six_n": f.six_n, "formula": f.formula,
                   "breakdown": f.breakdown, "per_device": plan.flops_per_device,
-                  "compiled_per_device": plan.compiled_flops_per_device,
-                  "replicated_compute_factor": plan.replicated_compute_factor,
+                  "compiled_per_device": r.compiled_flops_per_device,
+                  "replicated_compute_factor": r.replicated_compute_factor,
                   "tokens": f.tokens},
         "collectives": [{k: v for k, v in c.to_dict().items() if k != "names"}
                         | {"note": c.names[0] if c.names and c.names[0].startswith("estimate")
                            else None, "index": i} for i, c in enumerate(plan.collectives)],
         "activations": _activations(plan),
-        "comm_bytes_per_device": plan.comm_bytes_per_device,
+        "comm_bytes_per_device": r.comm_bytes_per_device,
         "warnings": [w.to_dict() | {"paths": list(w.paths[:20]), "n_paths": len(w.paths)}
                      for w in plan.warnings],
     }
