@@ -165,7 +165,7 @@ def _token_loss(model, batch):
 
 
 def test_trainer_trains_and_resumes_a_factory_model_bitwise(tmp_path):
-    spec = wb.models.from_nnx(_guide, loss_fn=_token_loss, vocab_size=D, name="dot_relu_dot")
+    spec = wb.any_model.from_nnx(_guide, loss_fn=_token_loss, vocab_size=D, name="dot_relu_dot")
     cfg = wb.TrainConfig(model=spec, mesh={"data": 2, "model": 4}, batch=8, seq=16, steps=4,
                          checkpoint_every=2, data="synthetic",
                          rules=wb.Rules(batch="data", model="model"))

@@ -22,7 +22,7 @@ import workbench as wb
 from tests._chat_models import hub_cache, write_tokenizer
 from tests._hf_models import PROMPT, make_model, save
 from tests._tolerance import assert_close_at_scale
-from workbench.hf._hub import HubError
+from workbench._hub import HubError
 
 pytest.importorskip("transformers", reason="the test extra installs transformers + torch (CPU)")
 
@@ -91,7 +91,6 @@ def test_from_hf_id_equals_the_snapshot_folder(cache):
     assert by_path.hf_source.repo_id is None and by_path.hf_source.revision is None
     assert src.to_dict()["repo_id"] == REPO and src.to_dict()["revision"] == A
     assert by_id.tokenizer == by_path.tokenizer and by_id.tokenizer.chat_template
-    assert wb.models.from_hf is wb.hf.from_hf
     assert wb.hf.hf_config(REPO) == wb.hf.hf_config(snapshot(cache, A))
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import workbench as wb
 from tests.test_layering import PACKAGE, imports, module_name
 
@@ -19,18 +21,22 @@ def _run(code: str) -> subprocess.CompletedProcess:
 def test_every_public_name_resolves_to_its_module():
     for name in wb.hf.__all__:
         obj = getattr(wb.hf, name)
-        assert obj.__module__.startswith("workbench.hf."), (name, obj.__module__)
+        home = "workbench._hub" if name == "HubError" else "workbench.hf."   # the Hub: below
+        assert obj.__module__.startswith(home), (name, obj.__module__)
     assert set(wb.hf.__all__) <= set(dir(wb.hf))
 
 
-def test_the_old_public_names_are_the_same_functions():
-    assert wb.models.from_hf is wb.hf.from_hf
-    assert wb.models.hf_config is wb.hf.hf_config
-    assert wb.models.to_hf is wb.hf.to_hf
-    assert wb.train.export_run is wb.hf.export_run
-    from workbench.models import from_hf, to_hf
-    from workbench.train import export_run
-    assert (from_hf, to_hf, export_run) == (wb.hf.from_hf, wb.hf.to_hf, wb.hf.export_run)
+def test_each_function_has_one_name():
+    """``wb.hf`` is the one home of from_hf / hf_config / to_hf / export_run; ``wb.models``
+    and ``wb.train`` name none of them (nor ``any_model``'s), not even lazily."""
+    for package, names in ((wb.models, ("from_hf", "hf_config", "to_hf", "from_nnx",
+                                        "from_penzai", "ModelSpec", "MLPClassifier")),
+                           (wb.train, ("export_run",))):
+        for name in names:
+            assert name not in package.__all__, name
+            with pytest.raises(AttributeError, match=name):
+                getattr(package, name)
+    assert wb.any_model.from_nnx.__module__ == "workbench.any_model._spec"
 
 
 def test_importing_wb_hf_is_light():
@@ -42,13 +48,10 @@ def test_importing_wb_hf_is_light():
 
 def test_models_and_step_never_import_hf():
     """hf sits above ``models`` and ``step``: they never import it, not even inside a
-    function. ``models/__init__`` resolves the aliases (``wb.models.from_hf``) on first
-    use; the shims of the old paths name theirs as a string."""
+    function."""
     below = sorted((PACKAGE / "models").glob("*.py")) + [PACKAGE / "_step.py"]
     found = []
     for path in below:
-        if path.relative_to(PACKAGE).as_posix() == "models/__init__.py":
-            continue
         for line, name in imports(path.read_text(), module_name(path),
                                   is_package=path.name == "__init__.py"):
             if name == "workbench.hf" or name.startswith("workbench.hf."):

@@ -18,7 +18,7 @@ import workbench as wb
 from tests._chat_models import hub_cache, write_tokenizer
 from workbench.data import _chat
 from workbench.data._chat import ChatTemplateError
-from workbench.hf._hub import HubError, resolve
+from workbench._hub import HubError, resolve
 
 SECONDS, CHARS = 0.5, 100_000
 HI = [{"role": "user", "content": "hi"}]

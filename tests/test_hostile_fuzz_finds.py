@@ -79,10 +79,10 @@ def _error(call, run):
 CALLS = {
     "wb.show of an empty dict (obj={})": (lambda: wb.show({}), "wb.show(obj)"),
     # a raw TypeError / ValueError of dict(config) that named nothing
-    "wb.models.from_nnx with config=nan": (
-        lambda: wb.models.from_nnx(_factory, config=float("nan")), "config=nan"),
-    "wb.models.from_nnx with config a string": (
-        lambda: wb.models.from_nnx(_factory, config="a\nb"), "config='a\\nb'"),
+    "wb.any_model.from_nnx with config=nan": (
+        lambda: wb.any_model.from_nnx(_factory, config=float("nan")), "config=nan"),
+    "wb.any_model.from_nnx with config a string": (
+        lambda: wb.any_model.from_nnx(_factory, config="a\nb"), "config='a\\nb'"),
 }
 
 

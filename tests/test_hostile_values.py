@@ -84,7 +84,7 @@ def test_the_trainer_refuses_a_misspelt_rule_before_writing(tmp_path):
 
 
 def test_a_user_models_own_axis_names_are_the_valid_ones():
-    spec = wb.models.from_nnx(Hidden, example_batch=X, loss_fn=mse)
+    spec = wb.any_model.from_nnx(Hidden, example_batch=X, loss_fn=mse)
     good = plan(spec, mesh=wb.make_mesh(data=2, model=4), rules=wb.Rules(batch="data",
                                                                          hidden="model"))
     assert good.shardings.params["w"].spec == jax.sharding.PartitionSpec(None, "model")
@@ -161,7 +161,7 @@ CASES = [
     ("plan(loss_fn='xent')", lambda t: plan(loss_fn="xent"),
      TypeError, r"loss_fn='xent' is a str, not a callable"),
     ("plan(example_batch={'inputs': 5})", lambda t: plan(
-        wb.models.from_nnx(Hidden), example_batch={"inputs": 5}, loss_fn=mse),
+        wb.any_model.from_nnx(Hidden), example_batch={"inputs": 5}, loss_fn=mse),
      TypeError, r"example_batch=.*'inputs': 5 is not a name -> array shape.*ShapeDtypeStruct"),
     ("plan(a factory returning 5)", lambda t: plan(lambda rngs: 5, example_batch=X,
                                                    loss_fn=mse),

@@ -95,7 +95,6 @@ def test_public_functions_are_plain_functions_whatever_was_imported_first():
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "workbench"
 DISPLAY = ("IPython", "ipywidgets", "anywidget", "plotly")
-DISPLAY_HOOK = "_display.py"  # the one core module that may import workbench.widgets (lazily)
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -167,16 +166,15 @@ def core_files() -> list[pathlib.Path]:
 
 
 def core_offenders() -> set[tuple[str, str, int]]:
-    """``(file, module, line)`` of each display import in the core (the display hook may
-    import ``workbench.widgets``; imports under ``if TYPE_CHECKING:`` never run)."""
+    """``(file, module, line)`` of each display import in the core, ``workbench.widgets``
+    included (the views register with the display hook from above; imports under
+    ``if TYPE_CHECKING:`` never run)."""
     found: dict[tuple[str, int], str] = {}
     for path in core_files():
         rel = path.relative_to(PACKAGE).as_posix()
-        allowed_widgets = rel == DISPLAY_HOOK
         for line, name in imports(path.read_text(), module_name(path),
                                   is_package=path.name == "__init__.py", type_checking=False):
-            if _within(name, DISPLAY + ("workbench.server",)) or (
-                    _within(name, ("workbench.widgets",)) and not allowed_widgets):
+            if _within(name, DISPLAY + ("workbench.server", "workbench.widgets")):
                 if (rel, line) not in found or len(name) < len(found[rel, line]):
                     found[rel, line] = name  # `from a import b`: name the module `a`
     return {(rel, name, line) for (rel, line), name in found.items()}
@@ -196,13 +194,13 @@ def test_the_import_reader_sees_lazy_relative_and_dynamic_imports():
 
 def test_core_never_imports_display_code_even_lazily():
     """The headless core never imports IPython, ipywidgets, anywidget, plotly or the server,
-    not even inside a function; workbench.widgets only through the display hook."""
+    not even inside a function, nor ``workbench.widgets``: the display hook holds what the
+    widgets register, and imports the package only the root names (``views_from``)."""
     offenders = sorted(core_offenders())
     assert not offenders, ("display imports in the headless core (file, module, line): "
                            + repr(offenders))
-    hook = PACKAGE / DISPLAY_HOOK  # and the reader does see the hook's lazy import
-    hook_imports = imports(hook.read_text(), module_name(hook))
-    assert any(_within(n, ("workbench.widgets",)) for _, n in hook_imports)
+    root = (PACKAGE / "__init__.py").read_text()   # the one place that names the views
+    assert 'views_from("workbench.widgets")' in root
 
 
 def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:

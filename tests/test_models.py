@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 
-from workbench.models import GPT, PRESETS, GPTConfig, MLPClassifier
+from workbench.any_model import MLPClassifier
+from workbench.models import GPT, PRESETS, GPTConfig
 from workbench._sharding.rules import Rules
 from workbench._step import abstract_model, param_specs
 
@@ -166,7 +167,7 @@ def test_mlp_classifier_learns_and_shards():
     assert clf(x).shape == (64, 2)
     import optax
 
-    from workbench.models import classifier_loss
+    from workbench.any_model import classifier_loss
     opt = nnx.Optimizer(clf, optax.adam(1e-2), wrt=nnx.Param)
     loss0 = classifier_loss(clf, {"x": x, "y": y})
     @nnx.jit

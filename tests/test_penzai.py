@@ -1,4 +1,4 @@
-"""penzai models through wb.models.from_penzai: the same parameter bytes per device as our
+"""penzai models through wb.any_model.from_penzai: the same parameter bytes per device as our
 GPT of the same shapes, errors for uncovered axes, training and bitwise resume, treescope."""
 import math
 
@@ -32,7 +32,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def spec(tiny):
     config = tiny_like(tiny)
-    return wb.models.from_penzai(
+    return wb.any_model.from_penzai(
         lambda key: lc.build_llamalike_transformer(config, init_base_rng=key), config=config,
         name="penzai-tiny")
 
@@ -76,7 +76,7 @@ def test_forward_matches_penzai(spec, tiny):
 
     config = tiny_like(tiny)
     model = lc.build_llamalike_transformer(config, init_base_rng=jax.random.key(3))
-    adapted = wb.models.from_penzai(model, config=config)(__import__("flax").nnx.Rngs(0))
+    adapted = wb.any_model.from_penzai(model, config=config)(__import__("flax").nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, config.vocab_size)
     want = jax.jit(lambda t: model(pz.nx.wrap(t).tag("batch", "seq")).unwrap(
         "batch", "seq", "vocabulary"))(tokens)

@@ -24,7 +24,7 @@ def plan():
         num_kv_heads=2, query_head_multiplier=2, embedding_dim=64, projection_dim=16,
         mlp_hidden_dim=128, num_decoder_blocks=LAYERS, vocab_size=256, mlp_variant="swiglu",
         tie_embedder_and_logits=False)
-    spec = wb.models.from_penzai(
+    spec = wb.any_model.from_penzai(
         lambda key: lc.build_llamalike_transformer(config, init_base_rng=key), config=config,
         name="pz")
     return wb.plan(spec, mesh=wb.make_mesh(data=4, model=2), rules="fsdp_tp", batch=B, seq=T,

@@ -267,7 +267,7 @@ def test_a_model_factory_gets_the_same_rules_from_plan_and_trainer():
         x = jax.nn.one_hot(batch["inputs"], 64).mean(1)
         return jnp.mean((model(x) - jax.nn.one_hot(batch["targets"], 64).mean(1)) ** 2)
 
-    spec = wb.models.from_nnx(lambda rngs: DotReluDot(64, rngs), loss_fn=loss, vocab_size=64,
+    spec = wb.any_model.from_nnx(lambda rngs: DotReluDot(64, rngs), loss_fn=loss, vocab_size=64,
                               name="guide")
     mesh = {"data": 2, "model": 4}
     parts = build_parts(wb.TrainConfig(model=spec, mesh=mesh, batch=8, seq=16,

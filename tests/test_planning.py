@@ -9,7 +9,8 @@ from flax import nnx
 
 import workbench as wb
 from workbench._compiled.hlo import groups_to_axes, parse_collectives, parse_replica_groups
-from workbench.models import GPTConfig, MLPClassifier, classifier_loss
+from workbench.any_model import MLPClassifier, classifier_loss
+from workbench.models import GPTConfig
 from workbench._sharding.rules import Rules
 from workbench._step import TrainState
 

@@ -22,7 +22,7 @@ LIMIT = 2 ** 30
 
 
 def guide_spec():
-    return wb.models.from_nnx(
+    return wb.any_model.from_nnx(
         lambda rngs: DotReluDot(D, rngs, constrain=False), name="guide",
         example_batch=lambda b, t: {k: jax.ShapeDtypeStruct((b, D), jnp.float32) for k in "xy"},
         loss_fn=lambda m, b: jnp.mean((m(b["x"]) - b["y"]) ** 2))
@@ -90,7 +90,7 @@ def test_penzai_model_searches_the_presets():
         num_kv_heads=2, query_head_multiplier=2, embedding_dim=64, projection_dim=16,
         mlp_hidden_dim=128, num_decoder_blocks=2, vocab_size=256, mlp_variant="swiglu",
         tie_embedder_and_logits=False)
-    spec = wb.models.from_penzai(
+    spec = wb.any_model.from_penzai(
         lambda key: lc.build_llamalike_transformer(config, init_base_rng=key), config=config,
         name="pz")
     res = wb.search(spec, batch=8, seq=32, top_k=1, memory_limit=LIMIT, progress=False)

@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from workbench._display import Displayable
 from workbench._sharding.layouts import layout
 from workbench._sharding.mesh import abstract_mesh, make_mesh, mesh_info
 from workbench._sharding.rules import Rules
 from workbench.widgets import show, view_for
-from workbench.widgets._show import _VIEWS
+from workbench.widgets._show import VIEWS
 from workbench.widgets._payload import layout_payload, mesh_payload
 from workbench._sharding.pytrees import tree_layouts
 from workbench.widgets._tree_payload import tree_payload
@@ -244,7 +245,7 @@ def test_show_dispatches_each_kind(mesh):
 
 
 def _displayable_classes():
-    """Every class in the workbench package that displays itself through ``_view``."""
+    """Every class in the workbench package that displays itself (``Displayable``)."""
     import importlib
     import pkgutil
 
@@ -259,35 +260,75 @@ def _displayable_classes():
         for sub in todo.pop().__subclasses__():
             found.add(sub)
             todo.append(sub)
-    return found
+    return {c for c in found if c.__module__.startswith("workbench.")}
 
 
 def test_every_workbench_object_displays_through_its_own_view():
-    """One route: each core class names a view function of workbench.widgets, ``show`` draws
-    it with that function, and outside a notebook the bundle is the object's text."""
+    """One route: each core class has exactly one widget view, registered from the widgets
+    side (no core class names one), ``show`` draws it with that function, and outside a
+    notebook the bundle is the object's text."""
+    from workbench import _display
     from workbench.exercises import exercise
 
     classes = _displayable_classes()
     names = {c.__name__ for c in classes}
     assert {"MeshInfo", "Layout", "DeviceInventory", "Plan", "Comparison", "Job", "Trainer",
-            "Exercise"} <= names, names
+            "Exercise", "SearchResult", "Schedule", "ProfileReport", "DeviceInfo"} <= names, names
     for cls in classes:
-        module, _, func = cls._view.partition(":")
-        assert callable(getattr(__import__(f"workbench.widgets.{module}", fromlist=[func]), func))
+        assert "_view" not in vars(cls), cls   # the core names no view
+        drawn = next(c for c in cls.__mro__ if any(_display.matches(c, p) for p in VIEWS))
+        paths = [p for p in VIEWS if _display.matches(drawn, p)]   # its own, or a base's
+        assert len(paths) == 1, (cls, paths)   # one view per class, none ambiguous
+        for target in VIEWS[paths[0]].values():
+            assert callable(_display.resolve(target)), target
+    # every registered workbench path names a class that exists
+    assert all(any(_display.matches(c, p) for c in classes)
+               for p in VIEWS if p.startswith("workbench."))
     m = make_mesh(data=4, model=2)
     lay = layout((8, 4), ("data", "model"), m)
     ex = exercise("spec_for_block")
     for obj, widget_cls in ((mesh_info(m), "MeshWidget"), (lay, "LayoutWidget"),
                             (ex, "ExerciseView")):
-        assert view_for(obj) == f"workbench.widgets.{type(obj)._view}"
-        assert type(show(obj)).__name__ == widget_cls
+        assert view_for(obj) == _display.view_target(obj) == VIEWS[
+            next(p for p in VIEWS if _display.matches(type(obj), p))]["widget"]
+        assert type(show(obj)).__name__ == widget_cls == type(obj.widget()).__name__
         assert obj._repr_mimebundle_() == {"text/plain": repr(obj)}  # not in a notebook
-    # foreign types go through the registry, which holds nothing of workbench's own
-    assert all(not k.startswith("workbench.") for k in _VIEWS)
     assert view_for(m) == "workbench.widgets._mesh_view:mesh_widget"
     code = ("import sys, workbench.widgets as w; "
             "bad = [m for m in ('anywidget', 'ipywidgets', 'IPython', 'jax', 'workbench.planning') "
             "if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class Unseen(Displayable):
+    """A displayable class no view is registered for."""
+
+
+def test_the_hook_finds_views_only_through_what_registers_them():
+    """A class with no registered view gets a TypeError naming it and the fix; one
+    registered by path (not imported by the registry) draws through its function; the
+    root's loader is what makes ``workbench.widgets`` register."""
+    import importlib
+
+    from workbench import _display
+
+    with pytest.raises(TypeError, match=r"no widget view is registered for .*Unseen.*register_view"):
+        Unseen().widget()
+    path = f"{Unseen.__module__}.{Unseen.__qualname__}"
+    _display.register_view(path, "widget", "json:dumps")
+    try:
+        with pytest.raises(TypeError, match="not JSON serializable"):   # json.dumps drew it
+            Unseen().widget()
+        assert _display.view(Unseen(), "widget") is importlib.import_module("json").dumps
+        with pytest.raises(TypeError, match="no figure view"):
+            _display.view(Unseen(), "figure")
+    finally:
+        del _display._VIEWS[path, "widget"]
+    code = ("import sys, workbench, workbench._display as d; "
+            "assert 'workbench.widgets' not in sys.modules; "
+            "assert d.view_target(workbench.make_mesh) is None; "   # a function: no view
+            "assert 'workbench.widgets' in sys.modules, 'the loader did not run'; "
+            "assert d._SINKS['status_line'].startswith('workbench.widgets.')")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

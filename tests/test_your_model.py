@@ -46,7 +46,7 @@ def classify_loss(model, batch):
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
 
 
-SPEC = wb.models.from_nnx(MLPClassifier, name="mlp_classifier", loss_fn=classify_loss,
+SPEC = wb.any_model.from_nnx(MLPClassifier, name="mlp_classifier", loss_fn=classify_loss,
                           vocab_size=VOCAB)
 
 
@@ -94,7 +94,7 @@ def _batches(trainer):
 
 
 def test_from_plan_refuses_a_batch_the_trainer_cannot_feed(tmp_path):
-    spec = wb.models.from_nnx(
+    spec = wb.any_model.from_nnx(
         MLPClassifier, name="images", vocab_size=VOCAB,
         example_batch=lambda b, t: {"images": jax.ShapeDtypeStruct((b, SIDE, SIDE), jnp.float32),
                                     "labels": jax.ShapeDtypeStruct((b,), jnp.int32)},
@@ -123,7 +123,7 @@ def image_loss(model, batch):
 def test_image_batches_through_the_plans_own_step():
     """Real image batches (no token data): plan.init_state + plan.train_step, fed with
     batches placed by plan.batch_shardings; the reference is an unsharded optax loop."""
-    spec = wb.models.from_nnx(
+    spec = wb.any_model.from_nnx(
         MLPClassifier, name="images", loss_fn=image_loss,
         example_batch=lambda b, t: {"images": jax.ShapeDtypeStruct((b, SIDE, SIDE), jnp.float32),
                                     "labels": jax.ShapeDtypeStruct((b,), jnp.int32)})
@@ -158,7 +158,7 @@ def test_penzai_plan_trains_from_plan_like_trainconfig(tmp_path):
         num_kv_heads=2, query_head_multiplier=2, embedding_dim=64, projection_dim=16,
         mlp_hidden_dim=128, num_decoder_blocks=1, vocab_size=VOCAB, mlp_variant="swiglu",
         tie_embedder_and_logits=False)
-    spec = wb.models.from_penzai(
+    spec = wb.any_model.from_penzai(
         lambda key: lc.build_llamalike_transformer(config, init_base_rng=key), config=config,
         name="pz")
     plan = wb.plan(spec, mesh=wb.make_mesh(data=4, model=2), rules="fsdp_tp", batch=8, seq=16,

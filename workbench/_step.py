@@ -471,7 +471,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     a scanned GPT's blocks run as pipeline stages over the mesh's ``stage`` axis
     (:mod:`workbench.models._pipeline`): the batch is cut into micro-batches inside the
     model; the loss is the same function of the batch. ``loss_fn`` None: the loss a
-    ``wb.models.from_nnx`` model carries, else :func:`lm_loss`. A model that is not a GPT
+    ``wb.any_model.from_nnx`` model carries, else :func:`lm_loss`. A model that is not a GPT
     is traced with ``mesh`` as the context mesh (``jax.sharding.use_abstract_mesh``), so
     its own ``with_sharding_constraint(x, PartitionSpec(...))`` calls resolve (the Flax
     sharding guide's models).

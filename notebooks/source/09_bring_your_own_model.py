@@ -6,7 +6,7 @@
 # - any **Flax NNX module** whose parameters carry sharding annotations, written the way
 #   the Flax sharding guide writes them (annotations that name mesh axes need no
 #   `Rules`, and no `with jax.set_mesh(...)` either);
-# - **penzai** models (`wb.models.from_penzai`): their named axes become logical axes,
+# - **penzai** models (`wb.any_model.from_penzai`): their named axes become logical axes,
 #   sharded by the same rules presets as Workbench's GPT.
 #
 # Then we look inside one train step: the **activations** (per layer, with their
@@ -110,7 +110,7 @@ pz_config = llamalike_common.LlamalikeTransformerConfig(
     embedding_dim=tiny.d_model, projection_dim=tiny.head_dim, mlp_hidden_dim=tiny.d_ff,
     num_decoder_blocks=tiny.n_layers, vocab_size=tiny.vocab_size, mlp_variant="swiglu",
     tie_embedder_and_logits=tiny.tie_embeddings)
-penzai_model = wb.models.from_penzai(
+penzai_model = wb.any_model.from_penzai(
     lambda key: llamalike_common.build_llamalike_transformer(pz_config, init_base_rng=key),
     config=pz_config, name="penzai llama")
 

@@ -1,15 +1,16 @@
 """``SearchResult`` of ``wb.search``: the rows, the best plan, the Pareto front and their text
-form. No display imports here: a notebook draws it through ``_view``."""
+form. No display imports here: a notebook draws it through
+the display hook (``workbench._display``)."""
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 
-from workbench._display import Displayable
+from workbench._display import Displayable, view
 from workbench._sharding.layouts import format_bytes
 from workbench.models import GPTConfig
 from workbench.planning._background import Live
@@ -170,8 +171,6 @@ class SearchResult(Live, Displayable):
         analytic_seconds: time of the analytic pass; seconds: the whole search.
     """
 
-    _view: ClassVar[str] = "_search_view:search_widget"
-
     hardware: str
     devices: int
     cfg: GPTConfig | Any
@@ -317,4 +316,4 @@ class SearchResult(Live, Displayable):
     def figure(self) -> Any:
         """A plotly figure: memory per device against predicted step time, the fitting
         region shaded, the Pareto front joined, hover naming the layout."""
-        return self._view_function("search_figure")(self)
+        return view(self, "figure")(self)

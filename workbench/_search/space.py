@@ -312,7 +312,7 @@ def expert_sizes(n_experts: int, devices: int) -> list[int]:
 
 def model_candidates(model: Any, hw: Hardware, batch: int, opts: SearchOptions
                      ) -> tuple[list[Candidate], list[dict[str, Any]]]:
-    """The candidates of a model factory (``wb.models.from_nnx`` / ``from_penzai`` spec):
+    """The candidates of a model factory (``wb.any_model.from_nnx`` / ``from_penzai`` spec):
     rules that fit the names its parameters are annotated with.
 
     - Annotations that name mesh axes (the Flax guide's ``(None, "model")``), and no

@@ -118,8 +118,6 @@ class Layout(Displayable):
       partitions: number of blocks along each dim.
     """
 
-    _view = "_layout_view:layout_widget"
-
     def __init__(self, *, shape: Sequence[int], dtype: Any, spec: Spec, mesh: MeshInfo,
                  name: str = "tensor", logical_axes: tuple[str | None, ...] | None = None):
         self.name = name

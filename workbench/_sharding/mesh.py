@@ -216,8 +216,6 @@ class MeshInfo(Displayable):
       abstract: the ``jax.sharding.AbstractMesh`` of the same shape.
     """
 
-    _view = "_mesh_view:mesh_widget"
-
     axis_names: tuple[str, ...]
     axis_sizes: tuple[int, ...]
     device_ids: np.ndarray

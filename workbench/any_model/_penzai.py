@@ -1,4 +1,4 @@
-"""penzai models as Workbench models: ``wb.models.from_penzai(builder_or_model)``.
+"""penzai models as Workbench models: ``wb.any_model.from_penzai(builder_or_model)``.
 
 A penzai model's parameters are named-axis arrays (``{"embedding": 64, "neurons": 256}``);
 their axis names become the logical axes of an NNX module that holds the same arrays as
@@ -9,7 +9,7 @@ logical axes (the presets) are turned into rules over penzai's names by
 
     from penzai.models.transformer.variants import llamalike_common as lc
     config = lc.LlamalikeTransformerConfig(num_kv_heads=2, query_head_multiplier=2, ...)
-    spec = wb.models.from_penzai(
+    spec = wb.any_model.from_penzai(
         lambda key: lc.build_llamalike_transformer(config, init_base_rng=key),
         config=config)
     plan = wb.plan(spec, mesh=wb.make_mesh(data=4, model=2), rules="fsdp_tp", batch=8, seq=64)

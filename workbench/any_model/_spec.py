@@ -1,4 +1,4 @@
-"""Any Flax NNX module as a Workbench model: ``wb.models.from_nnx(factory, ...)``.
+"""Any Flax NNX module as a Workbench model: ``wb.any_model.from_nnx(factory, ...)``.
 
 A model is a factory ``rngs -> nnx.Module`` whose parameters carry sharding annotations
 (``nnx.with_partitioning(init, (None, "model"))``, ``nnx.Param(..., out_sharding=...)``,
@@ -7,7 +7,7 @@ sharding guide's way: no ``Rules`` needed) or logical axes that ``Rules`` map to
 axes. The factory is run with Flax's eager sharding off, so no mesh context is needed:
 the plan reads the annotations and shards by them::
 
-    spec = wb.models.from_nnx(lambda rngs: DotReluDot(1024, rngs=rngs),
+    spec = wb.any_model.from_nnx(lambda rngs: DotReluDot(1024, rngs=rngs),
                               example_batch=lambda b, t: {"x": jax.ShapeDtypeStruct((b, 1024),
                                                                                     jnp.float32)},
                               loss_fn=lambda m, batch: jnp.mean(m(batch["x"]) ** 2))
@@ -167,7 +167,7 @@ class ModelRecord(dict):
     def __call__(self, rngs: nnx.Rngs) -> nnx.Module:
         raise TypeError(f"the run recorded model {self.get('name')!r} as a factory, which a "
                         "JSON record cannot rebuild; pass TrainConfig(model=<the same "
-                        "wb.models.from_nnx / from_penzai spec>)")
+                        "wb.any_model.from_nnx / from_penzai spec>)")
 
 
 def from_nnx(factory: Callable[[nnx.Rngs], nnx.Module], *, name: str | None = None,

@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from workbench._hub_env import cache_dir, offline
+from workbench._hub import cache_dir, offline
 from workbench._validate import check_str
 from workbench.data._files import DataError, DataFileNotFound
 

@@ -119,7 +119,7 @@ class Tokenizer:
             tok = wb.data.Tokenizer.from_hf("Qwen/Qwen3-0.6B")
             tok.apply_chat_template([{"role": "user", "content": "Hi!"}])
         """
-        from workbench.hf._hub import TOKENIZER_PATTERNS, resolve
+        from workbench._hub import TOKENIZER_PATTERNS, resolve
 
         check_path(name, "name", where="Tokenizer.from_hf: ")
         where = resolve(name, revision=revision, progress=progress, files=TOKENIZER_PATTERNS,

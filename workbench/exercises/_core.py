@@ -61,8 +61,6 @@ class Exercise(Displayable):
       judge: the parsed value -> ``Result`` (computed with JAX).
     """
 
-    _view = "_exercise_view:exercise_widget"
-
     name: str
     title: str
     notebook: str

@@ -146,8 +146,6 @@ class DeviceInfo(Displayable):
       host: host name of the owning process when it is this process, else None.
     """
 
-    _view = "_devices_view:devices_widget"
-
     id: int
     kind: str
     platform: str
@@ -182,8 +180,6 @@ class DeviceInfo(Displayable):
 
 class DeviceInventory(Displayable, tuple):
     """A tuple of ``DeviceInfo`` that prints as a table and shows as a widget."""
-
-    _view = "_devices_view:devices_widget"
 
     def __str__(self) -> str:
         rows = [("id", "kind", "platform", "process", "coords", "core", "memory")]

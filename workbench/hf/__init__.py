@@ -12,7 +12,6 @@ Usage::
 
 One module per concern, each importing only those before it:
 
-- :mod:`workbench.hf._hub`: a Hub id -> a snapshot folder in huggingface_hub's cache;
 - :mod:`workbench.hf._families`: ``config.json`` <-> ``GPTConfig``, per family;
 - :mod:`workbench.hf._tensors`: which HF tensors make each parameter, read slice by slice;
 - :mod:`workbench.hf._save`: ``to_hf``, the folder written tensor by tensor;
@@ -22,11 +21,11 @@ One module per concern, each importing only those before it:
 - :mod:`workbench.hf._peft`: a LoRA model's adapters in PEFT's layout (``to_peft``), merged
   weights for ``to_hf``, and ``export_run`` of a LoRA run.
 
-The package sits above ``workbench.models`` and ``workbench._step`` (it builds their
-models); nothing below imports it at import time (the Trainer's ``init=`` and
-``TrainConfig.check`` call :func:`workbench.hf._load.load_params` /
-``check_matches`` when they run). ``wb.models.from_hf`` / ``to_hf`` / ``hf_config`` and
-``wb.train.export_run`` are the same functions.
+The package sits above ``workbench.models``, ``workbench._step``, ``data``, ``planning``
+and ``train`` (``export_run`` restores a run's checkpoint); nothing below imports it, not
+even inside a function. A Hub id resolves to a snapshot folder in ``workbench._hub``,
+below it; the Trainer's ``init=`` and ``TrainConfig.check`` read a folder through
+:mod:`workbench.hf._load`, which the root package names to them (``workbench._hf_reader``).
 
 Every name is resolved on first use (PEP 562): importing ``workbench.hf`` imports neither
 JAX nor safetensors.
@@ -39,9 +38,9 @@ from typing import Any
 __all__ = ["CheckpointError", "HFConfigError", "HFSource", "HubError", "export_run", "from_hf",
            "hf_config", "to_hf", "to_peft"]
 
-#: public name -> the (private) module of this package that defines it.
+#: public name -> the (private) module of this package that defines it (or its full path).
 _WHERE = {"CheckpointError": "_tensors", "HFConfigError": "_families", "HFSource": "_load",
-          "HubError": "_hub",
+          "HubError": "workbench._hub",
           "export_run": "_export", "from_hf": "_load", "hf_config": "_load", "to_hf": "_save",
           "to_peft": "_peft"}
 
@@ -49,7 +48,9 @@ _WHERE = {"CheckpointError": "_tensors", "HFConfigError": "_families", "HFSource
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'workbench.hf' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"workbench.hf.{_WHERE[name]}"), name)
+    where = _WHERE[name]
+    module = where if where.startswith("workbench.") else f"workbench.hf.{where}"
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

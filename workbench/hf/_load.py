@@ -15,9 +15,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from workbench._hub import CONFIG_FILES, HubError, Resolved, offline, resolve
 from workbench._validate import check_path
 from workbench.hf._families import HFConfigError, family_of, read_config, to_gpt_config
-from workbench.hf._hub import CONFIG_FILES, Resolved, check_weights, resolve
 from workbench.hf._save import check_tokenizer
 from workbench.hf._tensors import (CheckpointError, Folder, Mapping_, mappings, normalize,
                                   read_core)
@@ -26,8 +26,8 @@ from workbench._sharding.placement import resolve_placement
 from workbench._sharding.rules import Rules
 from workbench._step import abstract_model, param_specs
 
-__all__ = ["CheckpointError", "HFConfigError", "HFSource", "from_hf", "hf_config",
-           "load_params"]
+__all__ = ["CheckpointError", "HFConfigError", "HFSource", "check_weights", "from_hf",
+           "hf_config", "load_params"]
 
 #: safetensors dtypes a float parameter can be loaded from.
 FLOAT_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
@@ -306,7 +306,7 @@ def load_params(path: str | Path, cfg: GPTConfig, shardings: Any, *,
     """The parameters of ``GPT(cfg)`` from an HF folder, each built in its sharding.
 
     Args:
-        path: the HF model folder (a Hub id: :func:`workbench.hf._hub.resolve` it first).
+        path: the HF model folder (a Hub id: :func:`workbench._hub.resolve` it first).
         cfg: the model's config (``hf_config(path, ...)``).
         shardings: the params' pure dict of ``NamedSharding`` (a plan's or Trainer's).
         hub: the resolved Hub id the folder is a snapshot of (recorded in the source).
@@ -424,3 +424,26 @@ def _set(tree: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
     for p in path[:-1]:
         tree = tree.setdefault(p, {})
     tree[path[-1]] = value
+
+
+def check_weights(resolved: Resolved, where: str, arg: str = "path") -> None:
+    """Raises if a Hub snapshot holds no safetensors weights (a PyTorch ``.bin``-only or
+    GGUF repo), naming the id."""
+    if resolved.repo_id is None:
+        return
+    p = resolved.path
+    if (p / "model.safetensors").is_file() or (p / "model.safetensors.index.json").is_file():
+        return
+    weights = [f.name for f in p.iterdir() if f.suffix in (".bin", ".pth", ".pt", ".gguf")]
+    if offline() and not weights:
+        raise HubError(
+            f"{where}: {arg}={resolved.repo_id!r} is in the Hugging Face cache (commit "
+            f"{resolved.revision}) without its weights (only its config was downloaded), and "
+            "HF_HUB_OFFLINE=1 forbids downloading them: load it once online, or unset "
+            "HF_HUB_OFFLINE")
+    raise CheckpointError(
+        f"{where}: {arg}={resolved.repo_id!r} (commit {resolved.revision}) has no "
+        "safetensors weights (model.safetensors or model.safetensors.index.json): only "
+        "safetensors checkpoints are read. Use a repo that has them (most do; look for a "
+        "'safetensors' tag), or convert the .bin files with transformers' "
+        "save_pretrained(..., safe_serialization=True) and pass that folder")

@@ -267,7 +267,7 @@ def _base_params(config: dict[str, Any], init: dict[str, Any], adapters: Any) ->
             return split_params(seed_params(cfg, every, key))[0]
 
         return jax.jit(init_base, out_shardings=shardings)(jax.random.key(tc.seed))
-    from workbench.hf._hub import MODEL_FILES, is_hub_id, resolve
+    from workbench._hub import MODEL_FILES, is_hub_id, resolve
     from workbench.hf._load import load_params
 
     hub = None

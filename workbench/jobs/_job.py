@@ -112,8 +112,6 @@ class Job(Displayable):
       logs: one log file per process (stdout and stderr).
     """
 
-    _view = "_job_view:job_widget"
-
     def __init__(self, run_dir: Path, procs: Sequence[subprocess.Popen[bytes] | _Pid],
                  logs: Sequence[Path], *, lock: RunLock | None, commands: Sequence[Any] = (),
                  devices_per_process: int | None = None, platform: str | None = None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from workbench._display import Displayable
 
@@ -204,8 +204,6 @@ class Schedule(Displayable):
         pipeline: micro-batches, schedule and repeats.
         stages: ``S``.
     """
-
-    _view: ClassVar[str] = "_schedule_view:schedule_widget"
 
     pipeline: Pipeline
     stages: int

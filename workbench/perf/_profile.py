@@ -80,8 +80,6 @@ class ProfileReport(Displayable):
         the prediction's messages and bytes per link, ``CollectiveTime.parts``).
     """
 
-    _view = "_profile_view:profile_widget"
-
     terms: tuple[Term, ...]
     prediction: dict[str, Any]
     measured: StepProfile

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import optax
@@ -75,8 +75,6 @@ class Plan(Live, Displayable):
             the collective, the producing and consuming ops and their source lines);
             empty when nothing was compiled.
     """
-
-    _view: ClassVar[str] = "_plan_view:plan_widget"
 
     report: PlanReport
     optimizer: optax.GradientTransformation

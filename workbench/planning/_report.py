@@ -3,7 +3,7 @@ FLOPs, collectives, lints, the numbers read from the compiled program, the predi
 when the plan was made: ``with_prediction``) with its text and dict forms; and
 ``Comparison`` of plans. The runnable handle
 (``handle.Plan``) holds a report. No display imports here: notebooks draw them through
-``_view``."""
+the display hook (``workbench._display``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from workbench._display import Displayable
+from workbench._display import Displayable, view
 from workbench._flops import FlopCount, compiled_cost
 from workbench.hardware import EffectiveSpec, effective_spec
 from workbench._sharding.layouts import Layout, format_bytes
@@ -521,8 +521,6 @@ def _row(r: PlanReport) -> dict[str, Any]:
 class Comparison(Displayable):
     """Plans side by side (``wb.compare``): ``rows``, ``table()``, ``figure()``."""
 
-    _view = "_plan_view:compare_widget"
-
     COLUMNS = ("name", "memory_per_device", "limit", "fits", "flops_per_device",
                "comm_bytes_per_device", "replicated_compute_factor", "step_seconds", "mfu",
                "mfu_fp8", "bound", "n_warnings", "estimate", "source")
@@ -558,6 +556,6 @@ class Comparison(Displayable):
 
     def figure(self) -> Any:
         """A plotly figure: memory per device (stacked, limit line), FLOPs and bytes per device."""
-        return self._view_function("compare_figure")(self)
+        return view(self, "figure")(self)
 
 

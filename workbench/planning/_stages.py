@@ -110,7 +110,7 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
         raise TypeError(f"wb.plan: cfg_or_factory={cfg_or_factory!r} is a "
                         f"{type(cfg_or_factory).__name__}; give a GPTConfig (e.g. "
                         "wb.models.GPTConfig.preset('tiny')) or a callable rngs -> nnx.Module "
-                        "(wb.models.from_nnx(...))")
+                        "(wb.any_model.from_nnx(...))")
     if optimizer is not None and not (callable(getattr(optimizer, "init", None))
                                       and callable(getattr(optimizer, "update", None))):
         raise TypeError(f"wb.plan: optimizer={optimizer!r} is a {type(optimizer).__name__}, not "
@@ -395,7 +395,7 @@ def _model_flops(graphdef: Any, loss_fn: LossFn, params: Any,
             f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Pass "
             "example_batch={name: jax.ShapeDtypeStruct(shape, dtype)} with the inputs the "
             "model takes and loss_fn=(model, batch) -> loss that feeds them (or wrap it with "
-            "wb.models.from_nnx(..., example_batch=..., loss_fn=...))") from err
+            "wb.any_model.from_nnx(..., example_batch=..., loss_fn=...))") from err
 
 
 # -- 4. measure: workbench.planning._measure.measure ---------------------------------------

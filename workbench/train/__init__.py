@@ -3,7 +3,7 @@ from workbench.train._config import RUN_CONTROL_FIELDS, TrainConfig
 from workbench.models._lora import LoRA
 from workbench.train._optim import AdamW
 
-__all__ = ["RUN_CONTROL_FIELDS", "AdamW", "LoRA", "TrainConfig", "Trainer", "export_run"]
+__all__ = ["RUN_CONTROL_FIELDS", "AdamW", "LoRA", "TrainConfig", "Trainer"]
 
 
 def __getattr__(name: str):  # the Trainer pulls in orbax and the step: load on first use
@@ -11,8 +11,4 @@ def __getattr__(name: str):  # the Trainer pulls in orbax and the step: load on 
         from workbench.train._trainer import Trainer
 
         return Trainer
-    if name == "export_run":   # wb.hf.export_run (it restores train's checkpoints)
-        from workbench.hf._export import export_run
-
-        return export_run
     raise AttributeError(f"module 'workbench.train' has no attribute {name!r}")

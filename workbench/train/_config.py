@@ -288,16 +288,16 @@ class TrainConfig:
             matches no file, or a ``TextData`` folder is missing or holds none.
         """
         if self.init is not None and is_hub_id(self.init):
-            from workbench.hf._hub import CONFIG_FILES, resolve
-            from workbench.hf._load import check_matches   # safetensors: only when used
+            from workbench._hf_reader import reader   # safetensors: only when used
+            from workbench._hub import CONFIG_FILES, resolve
 
             hub = resolve(self.init, revision=self.init_revision, files=CONFIG_FILES,
                           where="TrainConfig", arg="init")
-            check_matches(hub.path, self.model_config())
+            reader().check_matches(hub.path, self.model_config())
         elif self.init is not None and os.path.exists(self.init):
-            from workbench.hf._load import check_matches
+            from workbench._hf_reader import reader
 
-            check_matches(self.init, self.model_config())
+            reader().check_matches(self.init, self.model_config())
         if isinstance(self.data, Dataset):
             for patterns in (self.data.files, self.data.eval_files):
                 if patterns:
@@ -308,7 +308,7 @@ class TrainConfig:
 
     def _checked_model(self) -> Any:
         """The resolved ``GPTConfig``; raises for a bad preset, override or model."""
-        if getattr(self.model, "is_model_spec", False):  # wb.models.from_nnx / from_penzai
+        if getattr(self.model, "is_model_spec", False):  # wb.any_model.from_nnx / from_penzai
             return self.model.replace(**dict(self.model_overrides))
         if not isinstance(self.model, (str, GPTConfig)):
             raise TypeError(f"TrainConfig.model={self.model!r} must be a preset name "

@@ -108,8 +108,6 @@ class Trainer(Displayable):
         trainer.run(steps=200)   # after Ctrl-C or a restart, the same cell continues
     """
 
-    _view = "_train_panel:train_widget"
-
     @_no_empty_dirs_on_failure
     def __init__(self, config: TrainConfig, run_dir: str | os.PathLike[str], *,
                  fork: bool = False, force: bool = False, data_changed: str | None = None,
@@ -375,12 +373,12 @@ class Trainer(Displayable):
         from workbench._step import TrainState
 
         if model is None:   # TrainConfig.init: an HF folder, read into this run's shardings
-            from workbench.hf._hub import MODEL_FILES, check_weights
-            from workbench.hf._load import load_params
+            from workbench._hf_reader import reader
+            from workbench._hub import MODEL_FILES
 
             hub = self._init_hub(MODEL_FILES)
             if hub is not None:
-                check_weights(hub, "TrainConfig", arg="init")
+                reader().check_weights(hub, "TrainConfig", arg="init")
                 self._init_resolved = hub
             params = self._base_params(hub)
             if self._lora:   # fresh adapters (B = 0) on the loaded base
@@ -419,15 +417,15 @@ class Trainer(Displayable):
             cfg = cfg.replace(lora=None)
         if self.config.init is None:
             return self._seed_params(adapters=False)
-        from workbench.hf._hub import MODEL_FILES, check_weights
-        from workbench.hf._load import load_params
+        from workbench._hf_reader import reader
+        from workbench._hub import MODEL_FILES
 
         if hub is None:
             hub = self._init_hub(MODEL_FILES)
         if hub is not None:
-            check_weights(hub, "TrainConfig", arg="init")
+            reader().check_weights(hub, "TrainConfig", arg="init")
             self._init_resolved = hub
-        params, source = load_params(hub.path if hub else self.config.init, cfg, shardings,
+        params, source = reader().load_params(hub.path if hub else self.config.init, cfg, shardings,
                                      hub=hub)
         self._say(f"initialised from {source.family} checkpoint {source.path}"
                   + (f" ({hub.repo_id} at commit {hub.revision})" if hub else ""))
@@ -456,7 +454,7 @@ class Trainer(Displayable):
 
         Args:
           plan: a ``wb.plan(...)`` on real devices of a ``GPTConfig`` or of a model
-            factory (``wb.models.from_nnx`` / ``from_penzai`` spec, trained on token
+            factory (``wb.any_model.from_nnx`` / ``from_penzai`` spec, trained on token
             batches; see ``_plan_spec``).
           run_dir: the run directory.
           model: ``plan.materialize(...)``: its parameters start the run (when the run has
@@ -722,7 +720,7 @@ class Trainer(Displayable):
         """``TrainConfig.init``'s Hub snapshot (None for a local folder), at the commit the
         run recorded when it started (a resume loads the same weights), else at
         ``init_revision`` ("main")."""
-        from workbench.hf._hub import is_hub_id, resolve
+        from workbench._hub import is_hub_id, resolve
 
         if not is_hub_id(self.config.init):
             return None
@@ -732,7 +730,7 @@ class Trainer(Displayable):
 
     def _init_record(self) -> dict[str, Any]:
         """``run.json``'s ``init``: the folder, and for a Hub id the id and commit."""
-        from workbench.hf._hub import CONFIG_FILES
+        from workbench._hub import CONFIG_FILES
 
         hub = getattr(self, "_init_resolved", None) or self._recorded_init() or \
             self._init_hub(CONFIG_FILES)
@@ -770,7 +768,7 @@ class Trainer(Displayable):
 
 def _plan_spec(plan: Any) -> Any:
     """The ``ModelSpec`` a factory plan trains: the plan's own spec, or its factory and
-    loss wrapped by ``wb.models.from_nnx``. The Trainer feeds token batches (``{"inputs",
+    loss wrapped by ``wb.any_model.from_nnx``. The Trainer feeds token batches (``{"inputs",
     "targets"}`` int32 ``(batch, seq)``), so a plan of another batch is refused with the
     supported way: a ``loss_fn`` that makes the model's inputs from the token batch."""
     from workbench.any_model._spec import ModelSpec, from_nnx
@@ -791,7 +789,7 @@ def _plan_spec(plan: Any) -> Any:
                         loss_fn=None if plan.loss_fn is lm_loss else plan.loss_fn)
     if spec.vocab_size is None:
         raise ValueError(f"Trainer.from_plan: model {spec.name!r} has no vocab_size, which the "
-                         "Trainer's token data needs; plan wb.models.from_nnx(factory, "
+                         "Trainer's token data needs; plan wb.any_model.from_nnx(factory, "
                          "vocab_size=..., loss_fn=...) instead of the bare factory")
     return spec
 

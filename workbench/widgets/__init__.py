@@ -1,11 +1,10 @@
 """Notebook widgets of Workbench objects; ``show(obj)`` picks the view by the object's type.
 
 Every view lives in its own module and is imported only when first used, so importing
-this package imports neither anywidget nor the objects' modules. A Workbench object names
-its view itself (``_view = "_mesh_view:mesh_widget"``, see ``workbench._display``) and
-displays through ``show``; only foreign types (JAX meshes) are mapped to views here. A
-view function takes the object (plus any keyword options of ``show``) and returns a
-widget.
+this package imports neither anywidget nor the objects' modules. Importing it registers
+the views with the core's display hook (``workbench._display``; the table is
+``_show.VIEWS``, classes named by path), so no core module names a view. A view function
+takes the object (plus any keyword options of ``show``) and returns a widget.
 """
 from __future__ import annotations
 

@@ -2,49 +2,54 @@
 :mod:`workbench.widgets`)."""
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import Any
 
-_VIEWS: dict[str, str] = {
-    "jax.sharding.Mesh": "workbench.widgets._mesh_view:mesh_widget",
-    "jax.sharding.AbstractMesh": "workbench.widgets._mesh_view:mesh_widget",
-}
+from workbench import _display
 
-# Structural fallbacks, tried in order when no class in the object's MRO is in _VIEWS.
+#: What draws each class: its path (the package exporting it, or the module defining it;
+#: see ``_display.matches``) -> {kind: "module:function"}. Registered with the display hook
+#: when this package is imported, so no core module names a view.
+VIEWS: dict[str, dict[str, str]] = {
+    "jax.sharding.Mesh": {"widget": "workbench.widgets._mesh_view:mesh_widget"},
+    "jax.sharding.AbstractMesh": {"widget": "workbench.widgets._mesh_view:mesh_widget"},
+    "workbench._sharding.MeshInfo": {"widget": "workbench.widgets._mesh_view:mesh_widget"},
+    "workbench._sharding.Layout": {"widget": "workbench.widgets._layout_view:layout_widget"},
+    "workbench.hardware.DeviceInfo": {"widget": "workbench.widgets._devices_view:devices_widget"},
+    "workbench.hardware.DeviceInventory": {
+        "widget": "workbench.widgets._devices_view:devices_widget"},
+    "workbench.models.Schedule": {"widget": "workbench.widgets._schedule_view:schedule_widget"},
+    "workbench.perf.ProfileReport": {"widget": "workbench.widgets._profile_view:profile_widget"},
+    "workbench.planning.Plan": {"widget": "workbench.widgets._plan_view:plan_widget"},
+    "workbench.planning.Comparison": {"widget": "workbench.widgets._plan_view:compare_widget",
+                                      "figure": "workbench.widgets._plan_view:compare_figure"},
+    "workbench._search.SearchResult": {"widget": "workbench.widgets._search_view:search_widget",
+                                       "figure": "workbench.widgets._search_view:search_figure"},
+    "workbench.exercises.Exercise": {"widget": "workbench.widgets._exercise_view:exercise_widget"},
+    "workbench.train.Trainer": {"widget": "workbench.widgets._train_panel:train_widget"},
+    "workbench.jobs.Job": {"widget": "workbench.widgets._job_view:job_widget"},
+}
+#: The notebook's sinks the core calls (``_display.status_line``, ``_display.text_stream``).
+SINKS = {"status_line": "workbench.widgets._show:status_line",
+         "text_stream": "workbench.widgets._generation_view:stream_widget"}
+
+for _path, _kinds in VIEWS.items():
+    for _kind, _target in _kinds.items():
+        _display.register_view(_path, _kind, _target)
+for _name, _target in SINKS.items():
+    _display.register_sink(_name, _target)
+
+# Structural fallbacks, tried in order when no class in the object's MRO has a view.
 _ARRAY_VIEW = "workbench.widgets._layout_view:layout_widget"
 _DEVICES_VIEW = "workbench.widgets._devices_view:devices_widget"
 _TREE_VIEW = "workbench.widgets._tree_view:tree_widget"
 
 
-def _matches(cls: type, key: str) -> bool:
-    """Whether ``cls`` is the class named by ``key`` ("pkg.mod.Name"), without importing.
-
-    The class may be defined in a submodule of ``pkg.mod`` (``workbench.train._trainer``)
-    or re-exported by it (``jax.sharding.Mesh`` is defined in ``jax._src.mesh``).
-    """
-    module, _, name = key.rpartition(".")
-    if cls.__qualname__ == name and (cls.__module__ == module
-                                     or cls.__module__.startswith(module + ".")):
-        return True
-    loaded = sys.modules.get(module)
-    return loaded is not None and getattr(loaded, name, None) is cls
-
-
-def _resolve(target: str) -> Any:
-    module, _, func = target.partition(":")
-    return getattr(importlib.import_module(module), func)
-
-
 def view_for(obj: Any) -> str:
     """The ``"module:function"`` that draws ``obj``."""
-    own = getattr(type(obj), "_view", None)
-    if isinstance(own, str):  # a Workbench object names its view
-        return f"workbench.widgets.{own}"
-    for cls in type(obj).__mro__:
-        for key, target in _VIEWS.items():
-            if _matches(cls, key):
-                return target
+    registered = _display.view_target(obj)
+    if registered is not None:
+        return registered
     if hasattr(obj, "sharding") and hasattr(obj, "shape") and hasattr(obj, "dtype"):
         return _ARRAY_VIEW
     if isinstance(obj, (list, tuple)) and obj and all(
@@ -94,7 +99,7 @@ def show(obj: Any, **options: Any) -> Any:
         wb.show(wb.layout((64, 2048, 12288), ("data", None, "model"), mesh), dims=(0, 2))
         wb.show(model, rules=wb.Rules(embed="data", mlp="model"))
     """
-    return _resolve(view_for(obj))(obj, **options)
+    return _display.resolve(view_for(obj))(obj, **options)
 
 
 def status_line(text: str) -> Any:

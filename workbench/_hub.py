@@ -1,4 +1,5 @@
-"""Hugging Face Hub ids -> local snapshot folders, through ``huggingface_hub``'s own cache.
+"""Hugging Face Hub ids -> local snapshot folders, through ``huggingface_hub``'s own cache:
+below ``data`` (datasets by Hub id), ``hf`` (models) and ``train`` (``init=``).
 
 ``from_hf``, ``hf_config``, ``Tokenizer.from_hf`` and ``TrainConfig(init=...)`` take either
 a local folder or a Hub id (``"Qwen/Qwen3-0.6B"``). :func:`resolve` decides which:
@@ -23,7 +24,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from workbench._hub_env import cache_dir, offline
 from workbench._validate import check_revision, is_hub_id
 
 __all__ = ["CONFIG_FILES", "HubError", "MODEL_FILES", "Resolved", "TOKENIZER_PATTERNS",
@@ -43,6 +43,28 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 _LOGIN = ("log in with `hf auth login` (or set HF_TOKEN), after accepting the model's "
           "licence on its Hub page")
+
+
+def cache_dir() -> Path:
+    """``huggingface_hub``'s cache folder, read from the environment now."""
+    from huggingface_hub import constants
+
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path(constants.HF_HUB_CACHE)
+
+
+def offline() -> bool:
+    """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) as set now."""
+    from huggingface_hub import constants
+
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if var in os.environ:
+            return os.environ[var].strip().upper() in ("1", "ON", "YES", "TRUE")
+    return bool(constants.HF_HUB_OFFLINE)
 
 
 class HubError(OSError):
@@ -233,28 +255,3 @@ def _bar(progress: bool) -> type:
             super().__init__(*args, **kwargs)
 
     return Quiet
-
-
-def check_weights(resolved: Resolved, where: str, arg: str = "path") -> None:
-    """Raises if a Hub snapshot holds no safetensors weights (a PyTorch ``.bin``-only or
-    GGUF repo), naming the id."""
-    if resolved.repo_id is None:
-        return
-    p = resolved.path
-    if (p / "model.safetensors").is_file() or (p / "model.safetensors.index.json").is_file():
-        return
-    from workbench.hf._tensors import CheckpointError
-
-    weights = [f.name for f in p.iterdir() if f.suffix in (".bin", ".pth", ".pt", ".gguf")]
-    if offline() and not weights:
-        raise HubError(
-            f"{where}: {arg}={resolved.repo_id!r} is in the Hugging Face cache (commit "
-            f"{resolved.revision}) without its weights (only its config was downloaded), and "
-            "HF_HUB_OFFLINE=1 forbids downloading them: load it once online, or unset "
-            "HF_HUB_OFFLINE")
-    raise CheckpointError(
-        f"{where}: {arg}={resolved.repo_id!r} (commit {resolved.revision}) has no "
-        "safetensors weights (model.safetensors or model.safetensors.index.json): only "
-        "safetensors checkpoints are read. Use a repo that has them (most do; look for a "
-        "'safetensors' tag), or convert the .bin files with transformers' "
-        "save_pretrained(..., safe_serialization=True) and pass that folder")
