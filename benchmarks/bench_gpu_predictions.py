@@ -25,7 +25,7 @@ def plan_of(case: dict[str, Any]) -> Any:
     """The plan a fresh machine makes of a stored case's step on one H200."""
     import workbench as wb
     from workbench.models import GPTConfig
-    from workbench.train._optim import AdamW
+    from workbench._optimizer import AdamW
 
     cfg = GPTConfig.preset(case["preset"], seq_len=case["seq"], **case["model"])
     return wb.plan(cfg, mesh=wb.abstract_mesh("1xH200", data=-1), rules="fsdp",

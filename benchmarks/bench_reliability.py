@@ -38,7 +38,7 @@ def _tiny_state() -> Any:
     from workbench.models._config import GPTConfig
     from workbench._sharding.rules import Rules
     from workbench._step import init_state
-    from workbench.train._optim import AdamW
+    from workbench._optimizer import AdamW
 
     mesh = make_mesh({"data": 8})
     _, state = init_state(GPTConfig.preset("tiny"), AdamW().build(1000),

@@ -428,7 +428,7 @@ def torch_child(args: argparse.Namespace) -> None:
     with device:   # built where it trains (a 1B model's init on the host takes long)
         g, model = _torch_model(preset, seq)   # fp32 master weights; bf16 under autocast
     model.train()
-    from workbench.train._optim import AdamW
+    from workbench._optimizer import AdamW
 
     spec = AdamW()
     decay = [p for p in model.parameters() if p.ndim >= 2]

@@ -75,7 +75,8 @@ def trainer(tmp: pathlib.Path, **fields: object) -> Trainer:
 CASES = [
     ("wb.plan(batch=12) on data=8 (raw IndivisibleError)",
      lambda tmp: plan(batch=12), ValueError,
-     r"wb.plan: batch=12 is not divisible by the data-parallel size 8: .* mesh axes "
+     r"wb.plan: batch=12 is not divisible by the 8 devices that split the batch dim .* "
+     r"mesh axes "
      r"\('data',\) .*use batch=8 or batch=16 \(a multiple of 8\)"),
     ("wb.plan(batch=8.0) (raw jit error)",
      lambda tmp: plan(batch=8.0), TypeError,
@@ -132,8 +133,8 @@ CASES = [
     ("CLI config errors: a batch the mesh cannot split (found when the Trainer starts)",
      lambda tmp: cli_process("train", config_file(tmp, json.dumps({**GOOD, "batch": 12})),
                              "--run-dir", tmp / "runs" / "cli"), CliError,
-     r"batch=12 is not divisible by the 8 devices that split the batch dim .*use a batch "
-     r"that is a multiple of 8"),
+     r"TrainConfig: batch=12 is not divisible by the 8 devices that split the batch dim .*"
+     r"use batch=8 or batch=16 \(a multiple of 8\)"),
     ("wb.launch with a bad config (starts workers that fail)",
      lambda tmp: wb.launch({"seed": -1}, run_dir=tmp / "runs" / "job"), ValueError,
      r"TrainConfig.seed=-1 is out of range"),

@@ -5,7 +5,6 @@ small function of the previous stages' records."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 from warnings import warn
@@ -15,30 +14,23 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from workbench._validate import check_int, nearest_multiples
+from workbench._validate import check_int
 from workbench._flops import FlopCount, gpt_flops, jaxpr_step_flops
 from workbench._sharding.layouts import Layout
-from workbench._sharding.mesh import MeshInfo, mesh_info
+from workbench._sharding.mesh import MeshInfo
 from workbench.models import GPTConfig
-from workbench.models import _attention as attention_impl
-from workbench.any_model._spec import ModelSpec, resolve_rules
-from workbench.models._config import resolve_dtype
-from workbench.models._remat import remat_policy
-from workbench.models._pipeline import (TRAINABLE_SCHEDULES, Pipeline, check_pipeline,
-                                       check_rules, stages_of)
+from workbench.any_model._spec import ModelSpec
+from workbench.models._pipeline import TRAINABLE_SCHEDULES, Pipeline, stages_of
 from workbench.perf import _analytic as analytic
 from workbench.planning import _lints as lints
-from workbench.planning._flags import compile_options
 from workbench.planning._lints import Lint
 from workbench.planning._measure import Measured, Target, measure
+from workbench.planning._step_inputs import StepInputs, resolve_step
 from workbench.models._schedule import in_flight, schedule_bubble, timeline
 from workbench._sharding.pytrees import tree_layouts
-from workbench._sharding.placement import Placement, resolve_placement
 from workbench._sharding.rules import Rules
-from workbench._step import (LossFn, ModelFactory, abstract_batch,
-                            abstract_param_state, abstract_train_state, batch_logical_axes,
-                            jit_train_step, lm_loss, logical_axes, make_train_step,
-                            model_factory, require_auto_axes)
+from workbench._step import (LossFn, ModelFactory, abstract_batch, abstract_train_state,
+                            batch_logical_axes, jit_train_step, lm_loss, make_train_step)
 from workbench._sharding.topology import tpu_target
 
 __all__ = ["AbstractStep", "Inputs", "Setup", "build_step", "choose_target", "lint",
@@ -78,18 +70,20 @@ class Inputs:
     placement: str = ""
     #: the rules' preset name, given or chosen by default (None for a given ``Rules``)
     preset: str | None = None
+    #: the step's inputs as the Trainer resolves them (``planning._step_inputs``)
+    step: StepInputs
 
 
 def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules | str | None,
-            batch: int, seq: int | None, optimizer: optax.GradientTransformation | None,
-            dtype: str | None, name: str | None, compile: bool | None,
-            memory_limit: int | None, loss_fn: LossFn,
+            batch: int, seq: int | None, optimizer: Any, dtype: str | None, name: str | None,
+            compile: bool | None, memory_limit: int | None, loss_fn: LossFn,
             example_batch: Mapping[str, jax.ShapeDtypeStruct] | None,
             pipeline: Pipeline | Mapping[str, Any] | None,
             overlap: bool | Mapping[str, Any]) -> Inputs:
     """Check and complete ``wb.plan``'s arguments (before anything is traced): ints, the
-    rules for the mesh, the model (a GPTConfig or a factory whose annotations pick its
-    rules), a batch the data-parallel devices divide, the sequence length, defaults."""
+    sequence length, the dtype override, then the step's inputs by the resolver the Trainer
+    uses too (``planning._step_inputs.resolve_step``: placement, rules, optimizer, batch,
+    kernels, pipeline), and a model factory's own loss and example batch."""
     batch = check_int(batch, "batch", where="wb.plan: ",
                       fix="batch is the global number of sequences per step, e.g. batch=8")
     if seq is not None:
@@ -98,92 +92,47 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
     if memory_limit is not None:
         memory_limit = check_int(memory_limit, "memory_limit", where="wb.plan: ",
                                  fix="bytes per device, e.g. memory_limit=16 * 2**30")
-    given_rules = rules
-    placement = resolve_placement(mesh, rules, where="wb.plan")   # the one default
-    info = mesh_info(placement.mesh)
-    rules_name = rules if isinstance(rules, str) else None
-    rules = placement.rules
-    if info.jax_mesh is not None:
-        require_auto_axes(info.jax_mesh)
-    cfg = cfg_or_factory if isinstance(cfg_or_factory, GPTConfig) else None
-    if cfg is None and not callable(cfg_or_factory):
-        raise TypeError(f"wb.plan: cfg_or_factory={cfg_or_factory!r} is a "
-                        f"{type(cfg_or_factory).__name__}; give a GPTConfig (e.g. "
-                        "wb.models.GPTConfig.preset('tiny')) or a callable rngs -> nnx.Module "
-                        "(wb.any_model.from_nnx(...))")
-    if optimizer is not None and not (callable(getattr(optimizer, "init", None))
-                                      and callable(getattr(optimizer, "update", None))):
-        raise TypeError(f"wb.plan: optimizer={optimizer!r} is a {type(optimizer).__name__}, not "
-                        "an optax transformation (with init and update); give e.g. "
-                        "optimizer=optax.adamw(3e-4), or leave it out for that default")
+    if compile is not None and not isinstance(compile, bool):
+        raise TypeError(f"compile must be True, False or None, got {compile!r}")
+    asked = cfg_or_factory if isinstance(cfg_or_factory, GPTConfig) else None
     if dtype is not None:
-        if cfg is None:
+        if asked is None:
             raise ValueError(f"dtype={dtype!r} applies to a GPTConfig; a model factory sets "
                              "its own dtypes")
-        cfg = cfg.replace(dtype=dtype)
-    compute, asked = "", cfg
-    if cfg is not None:   # dtype "auto" for the platform planned for (abstract TPU: tpu)
-        concrete, why = resolve_dtype(cfg.dtype, info.platform)
-        cfg, compute = cfg.replace(dtype=concrete), f"{concrete}: {why}"
-    factory = model_factory(cfg if cfg is not None else cfg_or_factory)
-    abstract = None
-    if cfg is None:  # any NNX module: its annotations name mesh axes or logical axes
-        spec = factory if isinstance(factory, ModelSpec) else None
-        abstract = abstract_param_state(factory)
-        rules = resolve_rules(logical_axes(abstract[1]), given_rules, info, spec=spec)
-        rules.check_mesh(info)
-        if spec is not None:
-            loss_fn = spec.loss_fn if spec.loss_fn is not None and loss_fn is lm_loss \
-                else loss_fn
-            if example_batch is None and spec.example_batch is not None:
-                example_batch = spec.batch(batch, int(seq or 1))
-    _check_batch_divides(batch, rules, info, rules_name, given_rules,
-                         placement.preset if cfg is not None else None)
+        asked = asked.replace(dtype=dtype)
+    seq = _plan_seq(seq, asked)
+    pipe = Pipeline.of(pipeline)
+    if pipe is not None and compile is None and pipe.schedule not in TRAINABLE_SCHEDULES:
+        compile = False   # planned by formula: the step has no 1F1B program
+    step = resolve_step(asked if asked is not None else cfg_or_factory, mesh=mesh,
+                        rules=rules, batch=batch, seq=seq, optimizer=optimizer,
+                        where="wb.plan", pipeline=pipe, overlap=overlap,
+                        compile=compile is not False)
+    spec = step.factory if isinstance(step.factory, ModelSpec) else None
+    if spec is not None:   # a wb.any_model.from_nnx model carries its loss and batch
+        loss_fn = spec.loss_fn if spec.loss_fn is not None and loss_fn is lm_loss else loss_fn
+        if example_batch is None and spec.example_batch is not None:
+            example_batch = spec.batch(step.micro_batch, seq)
+    return Inputs(cfg=step.cfg, factory=step.factory, abstract=step.abstract, info=step.info,
+                  rules=step.rules, rules_name=rules if isinstance(rules, str) else None,
+                  batch=step.micro_batch, seq=seq, optimizer=step.optimizer, loss_fn=loss_fn,
+                  example_batch=example_batch, pipe=pipe, compile=compile, name=name,
+                  memory_limit=memory_limit, overlap=overlap, asked=asked, dtype=step.dtype,
+                  placement=step.placement.why, preset=step.placement.preset, step=step)
+
+
+def _plan_seq(seq: int | None, cfg: GPTConfig | None) -> int:
+    """The planned sequence length: ``seq``, else the model's ``seq_len`` (1 for a factory);
+    longer than the model's ``seq_len`` is planned with a warning naming both."""
     if seq is None:
-        seq = cfg.seq_len if cfg else 1
-    elif cfg is not None and seq > cfg.seq_len:
+        return cfg.seq_len if cfg is not None else 1
+    if cfg is not None and seq > cfg.seq_len:
         warn(
             f"wb.plan: seq={seq} is longer than the model's seq_len={cfg.seq_len}; the plan is "
             f"for {seq} tokens (RoPE has no length limit, attention costs grow as seq**2). "
             f"Plan cfg.replace(seq_len={seq}) to say so and silence this warning",
-            UserWarning, stacklevel=3)
-    pipe = Pipeline.of(pipeline)
-    if pipe is not None and compile is None and pipe.schedule not in TRAINABLE_SCHEDULES:
-        compile = False   # planned by formula: the step has no 1F1B program
-    return Inputs(cfg=cfg, factory=factory, abstract=abstract, info=info, rules=rules,
-                  rules_name=rules_name, batch=batch, seq=seq,
-                  optimizer=optimizer if optimizer is not None else optax.adamw(3e-4),
-                  loss_fn=loss_fn, example_batch=example_batch, pipe=pipe, compile=compile,
-                  name=name, memory_limit=memory_limit, overlap=overlap, asked=asked, dtype=compute,
-                  placement=_placement_why(placement, given_rules, cfg),
-                  preset=placement.preset)
-
-
-def _placement_why(placement: Placement, given_rules: Any, cfg: GPTConfig | None) -> str:
-    """The placement's reason; a model factory without rules gets rules from its
-    annotations (``adapters.resolve_rules``), not the preset named."""
-    if cfg is None and given_rules is None:
-        return placement.from_annotations().why
-    return placement.why
-
-
-def _check_batch_divides(batch: int, rules: Rules, info: Any, rules_name: str | None,
-                         given: Any, default: str | None) -> None:
-    """Refuses a batch its data-parallel devices do not divide, naming the nearest ones
-    that work (JAX cannot lay out the batch otherwise, and the Trainer refuses it too)."""
-    axes = rules.axes("batch")
-    shards = math.prod(info.shape[a] for a in axes)
-    if batch % shards == 0:
-        return
-    near = " or ".join(f"batch={b}" for b in nearest_multiples(batch, shards))
-    how = f"rules {rules_name!r}" if rules_name else \
-        "the rules" if given is not None else \
-        f"the default rules {default!r}" if default else "the default rules"
-    raise ValueError(
-        f"wb.plan: batch={batch} is not divisible by the data-parallel size {shards}: "
-        f"{how} split the batch over mesh axes {axes} of mesh "
-        f"{' x '.join(f'{n}={s}' for n, s in info.shape.items())}; use {near} (a multiple "
-        f"of {shards}), or rules/mesh axes whose sizes divide {batch}")
+            UserWarning, stacklevel=4)
+    return seq
 
 
 # -- 2. choose the compile target ----------------------------------------------------------
@@ -208,33 +157,22 @@ class Setup:
 
 def choose_target(inp: Inputs) -> Setup:
     """Where the step is compiled (the devices at hand, the TPU compiler for an abstract
-    TPU slice, or nowhere: formulas), and the checks that need the platform: attention
-    kernels and remat policies, the pipeline, context-parallel and MoE layouts. An error
-    lint of an abstract mesh turns the target into an estimate that says it."""
-    cfg, info = inp.cfg, inp.info
-    target = _compile_target(info, inp.compile)
-    platform = "tpu" if target.source == "tpu-compiler" else info.platform
-    options = compile_options(platform, inp.overlap, device=info.hardware or info.device_kind)
-    attention = _check_kernels(cfg, platform, inp.seq, rules=inp.rules, mesh=info,
-                               batch=inp.batch)   # before anything is traced
-    if inp.pipe is not None:
-        _check_pipeline_plan(inp.pipe, cfg, inp.rules, info, inp.batch, train=target.compile)
-    early = ((lints.context_parallel(cfg, inp.rules, info, inp.seq, inp.batch)
-              if cfg is not None else []) + lints.moe(cfg, inp.rules, info, inp.batch, inp.seq))
+    TPU slice, or nowhere: formulas), with what the resolver checked for the mesh's
+    platform (attention, compile options, context-parallel and MoE lints). An error lint
+    of an abstract mesh turns the target into an estimate that says it."""
+    target = _compile_target(inp.info, inp.compile)
+    platform = "tpu" if target.source == "tpu-compiler" else inp.info.platform
+    early = inp.step.early_lints
     error = next((w for w in early if w.severity == "error"), None)
-    if error is not None and target.compile:   # before anything is traced
-        if info.jax_mesh is not None:
-            raise ValueError(f"{error.message}; {error.fix}")
+    if error is not None and target.compile:   # (on real devices the resolver raised)
         target = target.estimate(f"analytic estimate: {error.message}")
-    return Setup(target=target, platform=platform, options=options, attention=attention,
-                 early_lints=early)
+    return Setup(target=target, platform=platform, options=inp.step.compile_options,
+                 attention=inp.step.attention, early_lints=early)
 
 
 def _compile_target(info: Any, compile: bool | None) -> Target:
     """Real devices compile on themselves; an abstract TPU preset compiles for its
     topology with the TPU compiler when it is installed; anything else is estimated."""
-    if compile is not None and not isinstance(compile, bool):
-        raise TypeError(f"compile must be True, False or None, got {compile!r}")
     if info.jax_mesh is not None:
         platform = info.platform
         return Target(mesh=info.jax_mesh, compile=compile is not False,
@@ -252,37 +190,6 @@ def _compile_target(info: Any, compile: bool | None) -> Target:
                       reason=f"analytic estimate: {tgt.reason}")
     return Target(mesh=tgt.mesh, compile=True, source="tpu-compiler", topology=tgt.topology,
                   reason=tgt.reason)
-
-
-def _check_kernels(cfg: GPTConfig | None, platform: str, seq: int, *, rules: Rules,
-                   mesh: Any, batch: int) -> str:
-    """The attention kernel and remat policy checked for ``platform`` before tracing
-    (splash off TPU/CPU, blocks that don't divide ``seq``, host offload without host
-    memory raise); returns which attention runs and why (``"auto"`` on a layout the
-    splash kernel cannot take says so: the step then runs XLA attention)."""
-    if cfg is None:
-        return ""
-    remat_policy(cfg.remat, platform)
-    problem = attention_impl.splash_layout_problem(
-        (batch, seq, cfg.n_heads, cfg.head_dim), cfg.n_kv_heads, rules=rules,
-        mesh=mesh) if cfg.attention == "auto" else None
-    r = attention_impl.check(cfg.attention, platform, seq=seq, head_dim=cfg.head_dim,
-                             n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
-                             block_sizes=cfg.attention_block_sizes, layout_problem=problem)
-    return f"{r.impl}: {r.reason}"
-
-
-def _check_pipeline_plan(pipe: Pipeline, cfg: GPTConfig | None, rules: Rules, info: Any,
-                         batch: int, *, train: bool) -> None:
-    """The pipeline's errors, before anything is traced or compiled."""
-    if cfg is None or not cfg.scan_layers:
-        raise ValueError(
-            f"pipeline={pipe.to_dict()} splits stacked layers into stages: plan a GPTConfig "
-            f"with scan_layers=True (cfg.replace(scan_layers=True))")
-    check_rules(pipe, rules, info)
-    shards = analytic.axes_size(info, [a for a in rules.axes("batch") if a in info.shape])
-    check_pipeline(pipe, n_layers=cfg.n_layers, stages=stages_of(info), batch=batch,
-                   batch_shards=shards, train=train)
 
 
 # -- 3. build the abstract step --------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Resumable training: TrainConfig, the optimizer spec, the Trainer and its checkpoints."""
 from workbench.train._config import RUN_CONTROL_FIELDS, TrainConfig
 from workbench.models._lora import LoRA
-from workbench.train._optim import AdamW
+from workbench._optimizer import AdamW
 
 __all__ = ["RUN_CONTROL_FIELDS", "AdamW", "LoRA", "TrainConfig", "Trainer"]
 

@@ -22,7 +22,7 @@ from workbench._sharding.rules import PRESETS as rules_presets
 from workbench._sharding.rules import STAGE_AXIS, Rules
 from workbench._runs import config_hash
 from workbench.models._lora import LoRA
-from workbench.train._optim import AdamW
+from workbench._optimizer import DEFAULT_STEPS, AdamW
 from workbench.train._trackers import check_trackers
 
 #: Fields that may change when an existing run is continued: they do not change the
@@ -134,7 +134,7 @@ class TrainConfig:
     data: str | DataSpec = "text"
     batch: int = 8
     seq: int = 128
-    steps: int = 200
+    steps: int = DEFAULT_STEPS
     checkpoint_every: int = 20
     keep: int = 3
     seed: int = 0

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from workbench import _runs as runs
-from workbench.data import ShardedBatches, batch_keys, batch_shards, cache_root
+from workbench.data import ShardedBatches, batch_keys, cache_root
 from workbench.train._compile_cache import check_compile_cache
 from workbench.train._config import RUN_CONTROL_FIELDS, TrainConfig
 
@@ -462,14 +462,6 @@ def enable_compile_cache(setting: bool | str | os.PathLike[str]) -> str | None:
     return path
 
 
-def resolve_rules(rules: Any, mesh: jax.sharding.Mesh) -> Any:
-    """A ``Rules`` from a preset name, a ``Rules``, a mapping, or None (the default for
-    ``mesh``, ``workbench._sharding.placement``)."""
-    from workbench._sharding.placement import resolve_placement
-
-    return resolve_placement(mesh, rules, where="TrainConfig").rules
-
-
 def analytic_flops(model_config: Any, batch: int, seq: int) -> float | None:
     """Model FLOPs of one update (``workbench._flops.gpt_flops``: 3 x forward, no remat)."""
     from workbench._flops import gpt_flops
@@ -522,69 +514,40 @@ class Parts:
 
 def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | None = None
                 ) -> Parts:
-    """Mesh, rules, optimizer, abstract sharded state, step shardings and the data."""
+    """Mesh, rules, optimizer, abstract sharded state, step shardings and the data: the
+    step's inputs by the resolver ``wb.plan`` uses too (``planning._step_inputs``), so the
+    Trainer runs the step a plan of the same model compiles."""
     from workbench.hardware import peak_flops
-    from workbench._sharding.placement import resolve_placement
-    from workbench.planning._flags import compile_options
+    from workbench.planning._step_inputs import resolve_step
     from workbench._step import abstract_state, batch_shardings
 
-    placement = resolve_placement(dict(config.mesh), config.rules, where="TrainConfig")
-    mesh, rules = placement
-    model_config, dtype = resolve_model_dtype(config.model_config(),
-                                              mesh.devices.flat[0].platform)
-    from workbench.models._config import GPTConfig
-
-    if config.rules is None and not isinstance(model_config, GPTConfig):
-        # a model factory: its annotations pick the rules, as wb.plan picks them
-        from workbench.any_model._spec import ModelSpec
-        from workbench.any_model._spec import resolve_rules as annotated_rules
-        from workbench._step import abstract_param_state, logical_axes
-
-        rules = annotated_rules(logical_axes(abstract_param_state(model_config)[1]), None,
-                                mesh, spec=model_config if isinstance(model_config, ModelSpec)
-                                else None)
-        placement = placement.from_annotations()
-    from workbench.models._context import check_layout
-
-    check_layout(config.seq, dict(mesh.shape), rules,
-                 zigzag=bool(getattr(model_config, "context_zigzag", False)))
-    tx = config.optimizer.build(config.steps)
-    graphdef, abstract = abstract_state(model_config, tx, rules, mesh)
-    shardings = jax.tree.map(lambda a: a.sharding, abstract)
+    inputs = resolve_step(config.model_config(), mesh=dict(config.mesh), rules=config.rules,
+                          batch=config.batch, seq=config.seq, optimizer=config.optimizer,
+                          steps=config.steps, where="TrainConfig", pipeline=config.pipeline)
+    mesh, rules, model_config = inputs.info.jax_mesh, inputs.rules, inputs.model
+    graphdef, abstract = abstract_state(model_config, inputs.optimizer, rules, mesh)
     bsh = batch_shardings(rules, mesh, keys=batch_keys(config.data))
-    micro = config.micro_batch
-    shards = batch_shards(bsh["inputs"])
-    if micro % shards:
-        acc = config.optimizer.accumulate
-        what = f"batch={config.batch}" if acc == 1 else \
-            f"the micro-batch batch/accumulate={config.batch}/{acc}={micro}"
-        raise ValueError(
-            f"{what} is not divisible by the {shards} devices that split the batch dim "
-            f"(mesh axes {bsh['inputs'].spec[0]!r} of mesh {dict(mesh.shape)}); use a batch "
-            f"that is a multiple of {shards * acc}, or a mesh with fewer data devices")
-    attention = _check_model_for_mesh(config, model_config, mesh, shards, rules)
-    abstract_batch = {k: jax.ShapeDtypeStruct((micro, config.seq), jnp.int32, sharding=s)
-                      for k, s in bsh.items()}
-    data = ShardedBatches(config.data, seq=config.seq, batch=micro, seed=config.seed,
-                          sharding=bsh["inputs"], vocab_size=model_config.vocab_size,
-                          cache_dir=data_cache)
+    abstract_batch = {k: jax.ShapeDtypeStruct((inputs.micro_batch, config.seq), jnp.int32,
+                                              sharding=s) for k, s in bsh.items()}
+    data = ShardedBatches(config.data, seq=config.seq, batch=inputs.micro_batch,
+                          seed=config.seed, sharding=bsh["inputs"],
+                          vocab_size=model_config.vocab_size, cache_dir=data_cache)
     # the held-out batches, read (and checked: enough rows?) before anything is written
     eval_data = data.eval_batches(config.eval_batches) if config.eval_every else []
     device = mesh.devices.flat[0]
     peak, source = peak_flops(device)
     return Parts(
-        mesh=mesh, rules=rules, model_config=model_config, tx=tx,
-        schedule=config.optimizer.schedule(config.steps), graphdef=graphdef,
-        abstract_state=abstract, shardings=shardings, batch_shardings=bsh,
+        mesh=mesh, rules=rules, model_config=model_config, tx=inputs.optimizer,
+        schedule=inputs.schedule, graphdef=graphdef, abstract_state=abstract,
+        shardings=jax.tree.map(lambda a: a.sharding, abstract), batch_shardings=bsh,
         abstract_batch=abstract_batch, data=data, initial_data_state=data.get_state(),
         eval_data=eval_data,
         model_flops=analytic_flops(model_config, config.batch, config.seq),
         peak=peak, peak_source=source, device_kind=device.device_kind,
-        n_devices=mesh.devices.size, attention=attention,
+        n_devices=mesh.devices.size, attention=inputs.attention,
         fp8_peak=_fp8_peak(model_config, device.device_kind),
-        compile_options=compile_options(device.platform, device=device.device_kind),
-        dtype=dtype,
-        placement={"preset": placement.preset, "why": placement.why})
+        compile_options=inputs.compile_options, dtype=inputs.dtype,
+        placement={"preset": inputs.placement.preset, "why": inputs.placement.why})
 
 
 def _fp8_peak(model_config: Any, kind: str) -> float | None:
@@ -595,49 +558,3 @@ def _fp8_peak(model_config: Any, kind: str) -> float | None:
         return None
     spec = hardware_spec(kind)
     return spec.fp8_flops if spec is not None else None
-
-
-def resolve_model_dtype(model_config: Any, platform: str) -> tuple[Any, str]:
-    """``(model config, "dtype: why")``: a GPTConfig with ``dtype="auto"`` made concrete
-    for ``platform`` (bfloat16 on GPU/TPU, float32 on CPU) before the model is built, so
-    every layer, the step and the run's records see one dtype; other models unchanged
-    (and "")."""
-    from workbench.models._config import GPTConfig, resolve_dtype
-
-    if not isinstance(model_config, GPTConfig):
-        return model_config, ""
-    concrete, why = resolve_dtype(model_config.dtype, platform)
-    return model_config.replace(dtype=concrete), f"{concrete}: {why}"
-
-
-def _check_model_for_mesh(config: TrainConfig, model_config: Any, mesh: Any,
-                          shards: int, rules: Any) -> str:
-    """What the model and the resolved mesh decide together, checked before the Trainer
-    writes anything: the pipeline's stages (a ``-1`` axis now has its size) and its
-    micro-batches against the batch axes, the loss chunks and the attention kernel's
-    blocks against ``seq``. Returns which attention the step runs and why."""
-    from workbench.models._config import GPTConfig
-
-    if not isinstance(model_config, GPTConfig):
-        return ""
-    if config.pipeline is not None:
-        from workbench.models._pipeline import check_pipeline
-        from workbench._sharding.rules import STAGE_AXIS
-
-        check_pipeline(config.pipeline, n_layers=model_config.n_layers,
-                       stages=int(dict(mesh.shape).get(STAGE_AXIS, 1)),
-                       batch=config.micro_batch, batch_shards=shards)
-    from workbench.models import _attention as attention_impl
-    from workbench._step import check_loss_chunks
-
-    check_loss_chunks(model_config.loss_chunks, config.seq)
-    problem = attention_impl.splash_layout_problem(
-        (config.micro_batch, config.seq, model_config.n_heads, model_config.head_dim),
-        model_config.n_kv_heads, rules=rules, mesh=mesh) \
-        if model_config.attention == "auto" else None
-    r = attention_impl.check(model_config.attention, mesh.devices.flat[0].platform,
-                             seq=config.seq, head_dim=model_config.head_dim,
-                             n_heads=model_config.n_heads, n_kv_heads=model_config.n_kv_heads,
-                             block_sizes=model_config.attention_block_sizes,
-                             layout_problem=problem, dtype=model_config.dtype)
-    return f"{r.impl}: {r.reason}"

@@ -474,7 +474,7 @@ class Trainer(Displayable):
             plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=128)
             trainer = wb.Trainer.from_plan(plan, "runs/p", model=plan.materialize(seed=0))
         """
-        from workbench.train._optim import AdamW
+        from workbench._optimizer import AdamW
 
         if getattr(plan, "cfg", None) is None and getattr(plan, "factory", None) is None:
             raise TypeError(f"Trainer.from_plan needs a wb.plan(...) Plan, got "

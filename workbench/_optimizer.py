@@ -1,4 +1,5 @@
-"""The optimizer spec: AdamW with warmup-cosine, clipping and accumulation, built with optax."""
+"""The optimizer spec: AdamW with warmup-cosine, clipping and accumulation, built with optax
+(below both ``wb.plan`` and the Trainer, whose default step it is)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +10,10 @@ import numpy as np
 import optax
 
 from workbench._validate import check_int
+
+#: The updates a run trains to by default (``TrainConfig.steps``); the schedule of the default
+#: optimizer spans them, so ``wb.plan``'s default step is the Trainer's.
+DEFAULT_STEPS = 200
 
 
 def _decay_mask(params: Any) -> Any:
@@ -109,12 +114,3 @@ class AdamW:
             return optax.MultiSteps(tx, every_k_schedule=self.accumulate).gradient_transformation()
         return tx
 
-
-def adapter_optimizer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-    """``tx`` for LoRA: it updates the adapters only and keeps state for them only
-    (``optax.multi_transform`` with ``optax.set_to_zero`` on the frozen base;
-    :func:`workbench.models._lora.adapter_optimizer`). The train step applies it by itself
-    to a model with adapters."""
-    from workbench.models._lora import adapter_optimizer as wrap
-
-    return wrap(tx)
