@@ -1,5 +1,7 @@
 """No import circle across the whole package: the import-time graph of every module under
-``workbench/`` is a DAG (test_layering.py checks each package alone, lazy imports too).
+``workbench/`` is a DAG (test_layering.py checks each package alone, lazy imports too), and
+so is the graph of its packages with every import counted, lazy ones and module paths in
+strings too (the end of this file).
 
 The graph, read from the source (``ast``), has an edge ``a -> b`` when importing ``a``
 needs ``b``:
@@ -32,9 +34,13 @@ level from inside the package, would run its module at import time without an ed
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
+import re
 
-from tests.test_layering import PACKAGE, import_cycle, module_name
+import pytest
+
+from tests.test_layering import PACKAGE, import_cycle, imports, module_name
 
 
 def _type_checking(test: ast.expr) -> bool:
@@ -192,3 +198,108 @@ def test_no_module_level_import_of_a_lazy_name():
                     found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} "
                                  f"from {node.module} import {a.name}")
     assert not found, found
+
+
+# ------------------------------------------------------------------ the graph of packages
+
+#: A string that is a whole module path (``"workbench.hf._load"``, or a view's
+#: ``"workbench.widgets._plan_view:plan_widget"``): what importlib is handed.
+_MODULE_STRING = re.compile(r"workbench(\.[A-Za-z_][A-Za-z0-9_]*)+(:[A-Za-z_][A-Za-z0-9_]*)?")
+
+
+def _unit(module: str) -> str | None:
+    """The package-level node of a module: ``workbench.hf._load`` -> ``hf``,
+    ``workbench._step`` -> ``_step``; None for the root (it sits above all of them)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "workbench" else None
+
+
+def package_edges(root: pathlib.Path = PACKAGE) -> dict[str, dict[str, str]]:
+    """``unit -> {unit it needs: "file:line" of the first such use}`` over every module
+    under ``root`` but the root ``__init__``: every import (inside functions, under
+    ``if TYPE_CHECKING:``), every ``import_module("...")``, and every string constant that
+    is a whole module path (a table handed to importlib later counts too)."""
+    edges: dict[str, dict[str, str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" in path.parts or path == root / "__init__.py":
+            continue
+        mod = module_name(path) if root == PACKAGE else _name_under(path, root)
+        source, src = path.read_text(), _unit(mod)
+        named = [(line, name) for line, name in imports(source, mod,
+                                                         is_package=path.name == "__init__.py")]
+        named += [(n.lineno, n.value.partition(":")[0]) for n in ast.walk(ast.parse(source))
+                  if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                  and _MODULE_STRING.fullmatch(n.value)]
+        where = path.relative_to(root.parent).as_posix()
+        for line, name in named:
+            dst = _unit(name)
+            if dst is not None and src is not None and dst != src:
+                edges.setdefault(src, {}).setdefault(dst, f"{where}:{line}")
+    return edges
+
+
+def _name_under(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.cache
+def _workbench_edges() -> dict[str, dict[str, str]]:
+    return package_edges()
+
+
+def _circle(edges: dict[str, dict[str, str]]) -> str | None:
+    cycle = import_cycle({a: set(b) for a, b in edges.items()})
+    if cycle is None:
+        return None
+    return " -> ".join(f"{a} ({edges[a][b]})" for a, b in zip(cycle, cycle[1:], strict=False)
+                       ) + f" -> {cycle[-1]}"
+
+
+def test_the_packages_form_no_circle():
+    """The graph of packages (each subpackage and top-level module of ``workbench/`` one
+    node) has no circle, every way a module can reach another counted: lazy imports,
+    ``import_module`` and module paths in strings. Views register with the display hook
+    from ``widgets``; ``train`` reads Hugging Face folders through the module the root
+    names (``workbench._hf_reader``), so no arrow runs back up."""
+    edges = _workbench_edges()
+    assert {"widgets", "hf", "train", "_display", "_hub"} <= set(edges) | {
+        d for e in edges.values() for d in e}
+    assert "train" in edges["hf"] and "_hub" in edges["data"]   # hf/export_run restores runs
+    assert _circle(edges) is None, f"package circle: {_circle(edges)}"
+
+
+@pytest.mark.parametrize("lower, upper", [
+    ("_display", "widgets"), ("hardware", "widgets"), ("planning", "widgets"),
+    ("train", "hf"), ("data", "hf"), ("models", "hf"), ("models", "any_model"),
+    ("_hub", "hf"), ("_hf_reader", "hf")])
+def test_no_arrow_runs_back_up(lower, upper):
+    """The arrows the layering forbids (docs/architecture.md, "Which way imports go")."""
+    edges = _workbench_edges()
+    assert upper not in edges.get(lower, {}), edges[lower][upper]
+
+
+def _tree(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
+    root = tmp_path / "workbench"
+    for rel, text in {"__init__.py": "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_the_package_check_fails_on_a_made_up_circle(tmp_path):
+    """A circle hidden in a lazy import and a string handed to importlib later is found,
+    with the file and line of each arrow; the same tree without the string has none."""
+    low = "def f():\n    from workbench.high import _view\n"
+    high = "import workbench.low\n"
+    table = 'VIEWS = {"x": "workbench.high._view:draw"}\n'
+    root = _tree(tmp_path, {"low.py": low, "high/__init__.py": "", "high/_view.py": high})
+    circle = _circle(package_edges(root))
+    assert circle == ("high (workbench/high/_view.py:1) -> low (workbench/low.py:2) -> high")
+    root = _tree(tmp_path / "b", {"low.py": table, "high/__init__.py": "", "high/_view.py": high})
+    assert _circle(package_edges(root)) == (
+        "high (workbench/high/_view.py:1) -> low (workbench/low.py:1) -> high")
+    root = _tree(tmp_path / "c", {"low.py": "X = 1\n", "high/__init__.py": "",
+                                  "high/_view.py": high})
+    assert _circle(package_edges(root)) is None and package_edges(root) == {
+        "high": {"low": "workbench/high/_view.py:1"}}
