@@ -378,7 +378,7 @@ def test_a_slow_tracker_never_holds_the_run(env, monkeypatch, tmp_path):
             t0 = time.monotonic()
             result = trainer.run()
             took = time.monotonic() - t0
-        stuck = [t for t in threading.enumerate() if t.name == "workbench-mlflow"]
+        stuck = [t for t in threading.enumerate() if t.name == "workbench-trackers"]
         assert stuck and stuck[0].is_alive()        # still waiting for the server's answer
         assert result.status == "finished" and took < 20
         assert [r["step"] for r in runs.read_metrics(tmp_path / "run")] == [1, 2, 3]

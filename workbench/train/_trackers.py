@@ -1,16 +1,19 @@
 """Metrics to the trackers researchers already use: TensorBoard, Weights & Biases, MLflow.
 
-``TrainConfig(trackers=["tensorboard", "wandb", "mlflow"])``. Each tracker is a sink of the
-run (``workbench.train._sinks``) whose ``update`` only queues the step's record; a thread of
-its own sends it through the library's own client (tensorboardX's ``SummaryWriter``,
-``wandb.init``'s run, ``mlflow.MlflowClient``). So nothing in the train step waits on a
-tracker, and a failing one is a warning, not a failed run: every step stays in
-``metrics.jsonl``. Sent: the step's numbers (:data:`KEYS`: loss, eval loss, MFU, tokens/s,
-...) under :func:`tag` names, the config, and the plan's summary (:data:`SUMMARY_KEYS` of
-``run.json``). A resumed run continues the same W&B / MLflow run: its id is kept in
-``run.json``'s ``trackers`` (checked before anything is written, :func:`stored_records`),
-and gets the steps of ``metrics.jsonl`` it lacks (a run killed before its tracker had them:
-W&B and MLflow say which steps they hold; TensorBoard, which cannot, gets new steps only).
+``TrainConfig(trackers=["tensorboard", "wandb", "mlflow"])``. The trackers are one sink of
+the run (``workbench.train._sinks``, :class:`Trackers`) whose ``update`` does no I/O: one
+background thread reads the new steps of ``metrics.jsonl`` and sends them, in one batch per
+tracker, every :data:`FLUSH_SECONDS` (and after an eval or a checkpoint, and at the end),
+through each library's own client (tensorboardX's ``EventsWriter``, ``wandb.init``'s run,
+``mlflow.MlflowClient.log_batch``). So nothing in the train step waits on a tracker, and a
+failing one is a warning, not a failed run: every step stays in ``metrics.jsonl``. Sent: the
+step's numbers (:data:`KEYS`: loss, eval loss, MFU, tokens/s, ...) under :func:`tag` names,
+the config, and the plan's summary (:data:`SUMMARY_KEYS` of ``run.json``). A resumed run
+continues the same W&B / MLflow run: its id is kept in ``run.json``'s ``trackers`` (checked
+before anything is written, :func:`stored_records`), and gets the steps of ``metrics.jsonl``
+it lacks (a run killed before its tracker had them: W&B and MLflow say which steps they
+hold; TensorBoard, which cannot, gets new steps only, so a SIGKILL costs its curve the
+steps of the last :data:`FLUSH_SECONDS`).
 """
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ import importlib.util
 import json
 import math
 import os
-import queue
 import threading
 import time
 import warnings
@@ -43,8 +45,15 @@ KEYS = ("loss", "eval_loss", "eval_perplexity", "grad_norm", "lr", "step_time", 
 SUMMARY_KEYS = ("mesh", "device_kind", "process_count", "peak_flops", "peak_source",
                 "model_flops_per_step", "memory_per_device", "attention", "dtype",
                 "placement", "prediction")
-#: Seconds ``finish`` waits for a tracker to send what is queued and close its run.
+#: Seconds between the trackers' sends (also after a step with an eval or a checkpoint, and
+#: at the end of a ``run()`` call): what a SIGKILL can lose of a tracker's curve.
+FLUSH_SECONDS = 10.0
+#: Seconds ``finish`` waits for the trackers to send the last steps and close their runs.
 FINISH_SECONDS = 60.0
+#: The Trainer's W&B run: no system metrics, console capture or list of installed packages
+#: (``run.json`` keeps the versions; W&B's init spends ~0.1 s of CPU listing them), and its
+#: ``.wandb`` file written as often as the Trainer sends (``FLUSH_SECONDS``, added at init).
+WANDB_SETTINGS = {"x_disable_stats": True, "console": "off", "x_save_requirements": False}
 _STATUS = {"wandb": {"finished": 0, "interrupted": 130, "failed": 1},
            "mlflow": {"finished": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}}
 
@@ -180,23 +189,39 @@ class RunInfo:
 
 
 class TensorBoardSender:
-    """tensorboardX event files in ``<run_dir>/tensorboard``; the config and summary as text."""
+    """TensorBoard event files in ``<run_dir>/tensorboard`` (tensorboardX's ``EventsWriter``,
+    written and flushed from the trackers' thread: ``SummaryWriter`` would add a thread and
+    a process queue of its own); the config and summary as text. A file per call."""
 
     name = "tensorboard"
     backfill = False   # event files cannot say which steps they hold
 
     def start(self, stored: Mapping[str, Any], info: RunInfo) -> dict[str, Any] | None:
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.summary import text
 
-        self.writer = SummaryWriter(str(info.run_dir / "tensorboard"))
-        self.writer.add_text("config", json.dumps(info.config, indent=1))
-        self.writer.add_text("plan", json.dumps(info.summary, indent=1))
+        folder = info.run_dir / "tensorboard"
+        folder.mkdir(parents=True, exist_ok=True)
+        # the suffix keeps two calls within a second from sharing (truncating) a file
+        self.writer = EventsWriter(str(folder / "events"), f".{time.time_ns()}")
+        now = time.time()
+        self._write([(text("config", json.dumps(info.config, indent=1)), 0, now),
+                     (text("plan", json.dumps(info.summary, indent=1)), 0, now)])
         return None
 
-    def log(self, records: list[tuple[float, dict[str, Any]]]) -> None:
-        for when, rec in records:
-            for name, value in scalars(rec).items():
-                self.writer.add_scalar(name, value, rec["step"], walltime=when)
+    def log(self, records: list[dict[str, Any]]) -> None:
+        from tensorboardX.summary import scalar
+
+        self._write([(scalar(name, value), rec["step"], rec.get("time") or time.time())
+                     for rec in records for name, value in scalars(rec).items()])
+
+    def _write(self, summaries: list[tuple[Any, int, float]]) -> None:
+        """Writes ``(summary, step, walltime)`` events and flushes the file."""
+        from tensorboardX.proto.event_pb2 import Event
+
+        for summary, step, when in summaries:
+            self.writer.write_event(Event(summary=summary, step=step, wall_time=when))
+        self.writer.flush()
 
     def close(self, status: str) -> None:
         self.writer.close()
@@ -217,12 +242,14 @@ class WandbSender:
             id=stored.get("id"), project=stored.get("project"), entity=stored.get("entity"),
             name=info.name, config={**info.config, "plan": info.summary},
             dir=None if os.environ.get("WANDB_DIR") else str(info.run_dir),
-            resume="allow", reinit="create_new", allow_val_change=True)
+            resume="allow", reinit="create_new", allow_val_change=True,
+            settings=wandb.Settings(**WANDB_SETTINGS,
+                                    x_transaction_log_flush_interval=FLUSH_SECONDS))
         return {"id": self.run.id, "project": self.run.project,
                 "entity": self.run.entity or None}
 
-    def log(self, records: list[tuple[float, dict[str, Any]]]) -> None:
-        for _, rec in records:
+    def log(self, records: list[dict[str, Any]]) -> None:
+        for rec in records:
             if rec["step"] >= self.run.step:   # lower steps: W&B keeps its first records
                 self.run.log(scalars(rec), step=rec["step"])
 
@@ -265,11 +292,11 @@ class MlflowSender:
         return {"run_id": self.run_id, "tracking_uri": client.tracking_uri,
                 "experiment_id": run.info.experiment_id}
 
-    def log(self, records: list[tuple[float, dict[str, Any]]]) -> None:
+    def log(self, records: list[dict[str, Any]]) -> None:
         from mlflow.entities import Metric
 
-        metrics = [Metric(name, value, int(when * 1000), rec["step"])
-                   for when, rec in records if rec["step"] > self.last
+        metrics = [Metric(name, value, int(rec.get("time", time.time()) * 1000), rec["step"])
+                   for rec in records if rec["step"] > self.last
                    for name, value in scalars(rec).items()]
         for i in range(0, len(metrics), 1000):   # MLflow's limit of metrics per batch
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
@@ -296,89 +323,90 @@ SENDERS: dict[str, Callable[[], Any]] = {"tensorboard": TensorBoardSender,
 
 
 # ----------------------------------------------------------------------------- the sink
-class _Stop:
-    def __init__(self, status: str) -> None:
-        self.status = status
+class Trackers:
+    """Every tracker of a run as one run sink, sent to by one background thread.
 
-
-class Tracker:
-    """One tracker as a run sink: ``update`` queues the record; the tracker's own thread
-    starts its run (and has ``record`` keep the run's id), sends, and closes it at ``finish``.
-
-    A tracker that raises is warned about once and sends nothing more; one that is still
-    busy :data:`FINISH_SECONDS` after ``finish`` is warned about and left to go on in the
-    background. Training never waits for it and never fails for it.
+    ``update`` does no I/O and holds nothing: the thread reads the steps from
+    ``metrics.jsonl`` itself (``runs.MetricsTail``: each step once, as readers of the file
+    have it) and sends what each tracker lacks in one batch, every :data:`FLUSH_SECONDS`,
+    after a step with an eval or a checkpoint, and at ``finish``. It starts the tracker
+    runs first (``record`` keeps their ids) and closes them at ``finish``. A tracker that
+    raises is warned about once and sends nothing more; one still busy
+    :data:`FINISH_SECONDS` after ``finish`` is warned about and left to go on in the
+    background. Training never waits for them and never fails for them.
     """
 
-    def __init__(self, client: Any, stored: Mapping[str, Any], info: RunInfo,
-                 record: Callable[[str, dict[str, Any]], None],
-                 history: Sequence[dict[str, Any]] = ()) -> None:
-        self.client, self.name = client, client.name
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        # steps trained again after a resume: readers of metrics.jsonl keep the first records
-        self._through = max((rec["step"] for rec in history), default=0)
-        if client.backfill:   # the steps trained before this call, as metrics.jsonl has them
-            for rec in history:
-                self._queue.put((rec.get("time") or time.time(), rec))
-        self._thread = threading.Thread(target=self._work, args=(stored, info, record),
-                                        name=f"workbench-{self.name}", daemon=True)
+    def __init__(self, clients: Sequence[Any], stored: Mapping[str, Mapping[str, Any]],
+                 info: RunInfo, record: Callable[[str, dict[str, Any]], None],
+                 through: int) -> None:
+        self.names = tuple(c.name for c in clients)
+        self._wake = threading.Event()
+        self._stop: str | None = None
+        self._busy = self.names[0]   # the tracker the thread is calling
+        self._thread = threading.Thread(
+            target=self._work, args=(list(clients), stored, info, record, through),
+            name="workbench-trackers", daemon=True)
         self._thread.start()
 
     def event(self, kind: str, **fields: Any) -> None:
         """Events stay in ``metrics.jsonl``."""
 
     def update(self, record: dict[str, Any]) -> None:
-        """Queues the record (the hot path: no I/O); a step metrics.jsonl had is skipped."""
-        if record["step"] > self._through:
-            self._queue.put((time.time(), record))
+        """The hot path: a step with an eval or a checkpoint wakes the thread; that is all."""
+        if record.get("ckpt_time") or "eval_loss" in record:
+            self._wake.set()
 
     def finish(self, status: str, message: str | None = None) -> None:
-        """Lets the thread send what is queued and close the run, waiting at most
+        """Lets the thread send the last steps and close the runs, waiting at most
         :data:`FINISH_SECONDS`."""
-        self._queue.put(_Stop(status))
+        self._stop = status
+        self._wake.set()
         self._thread.join(FINISH_SECONDS)
         if self._thread.is_alive():
-            warnings.warn(f"tracker {self.name!r} is still sending {FINISH_SECONDS:g} s "
+            warnings.warn(f"tracker {self._busy!r} is still sending {FINISH_SECONDS:g} s "
                           "after the run ended; every step is in metrics.jsonl, and it goes "
                           "on in the background (until this process exits)", UserWarning,
                           stacklevel=2)
 
-    def _work(self, stored: Mapping[str, Any], info: RunInfo,
-              record: Callable[[str, dict[str, Any]], None]) -> None:
-        started = self._call("start its run", lambda: self._start(stored, info, record))
-        sending = started
+    def _work(self, clients: list[Any], stored: Mapping[str, Mapping[str, Any]],
+              info: RunInfo, record: Callable[[str, dict[str, Any]], None],
+              through: int) -> None:
+        started = [c for c in clients if self._call(c, "start its run", lambda c=c: _start(
+            c, stored.get(c.name) or {}, info, record))]
+        sending, tail = list(started), runs.MetricsTail(info.run_dir)
         while True:
-            items = [self._queue.get()]
-            while True:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            records = [x for x in items if not isinstance(x, _Stop)]
-            if sending and records:
-                sending = self._call("send metrics", lambda: self.client.log(records))
-            stop = next((x for x in items if isinstance(x, _Stop)), None)
+            stop = self._stop   # read before the poll: every step of the call is in the file
+            steps, _ = tail.poll()
+            for client in list(sending):
+                todo = steps if client.backfill else [r for r in steps if r["step"] > through]
+                if todo and not self._call(client, "send metrics", lambda: client.log(todo)):
+                    sending.remove(client)
             if stop is not None:
-                if started:
-                    self._call("close its run", lambda: self.client.close(stop.status))
+                for client in started:
+                    self._call(client, "close its run", lambda: client.close(stop))
                 return
+            self._wake.wait(FLUSH_SECONDS)
+            self._wake.clear()
 
-    def _start(self, stored: Mapping[str, Any], info: RunInfo,
-               record: Callable[[str, dict[str, Any]], None]) -> None:
-        entry = self.client.start(stored, info)
-        if entry is not None and entry != dict(stored):
-            record(self.name, entry)
-
-    def _call(self, what: str, fn: Callable[[], Any]) -> bool:
+    def _call(self, client: Any, what: str, fn: Callable[[], Any]) -> bool:
+        self._busy = client.name
         try:
             fn()
             return True
         except Exception as err:  # noqa: BLE001 - a tracker never fails the run
-            warnings.warn(f"tracker {self.name!r} could not {what} ({type(err).__name__}: "
+            warnings.warn(f"tracker {client.name!r} could not {what} ({type(err).__name__}: "
                           f"{str(err)[:500]}); it gets no more of this run's metrics, "
                           f"training goes on, and every step is in metrics.jsonl{_hint(err)}",
                           UserWarning, stacklevel=1)
             return False
+
+
+def _start(client: Any, stored: Mapping[str, Any], info: RunInfo,
+           record: Callable[[str, dict[str, Any]], None]) -> None:
+    """Starts ``client``'s run; a new run's id goes to ``run.json``."""
+    entry = client.start(stored, info)
+    if entry is not None and entry != dict(stored):
+        record(client.name, entry)
 
 
 def _hint(err: Exception) -> str:
@@ -391,19 +419,20 @@ def _hint(err: Exception) -> str:
 
 def tracker_sinks(names: Sequence[str], writer: runs.RunWriter, config: dict[str, Any],
                   stored: Mapping[str, Mapping[str, Any]],
-                  history: Sequence[dict[str, Any]]) -> list[Tracker]:
-    """A :class:`Tracker` per name, continuing the runs ``stored`` (:func:`stored_records`)
-    with the steps of ``history`` (what readers of ``metrics.jsonl`` have, in order) they
-    lack, and keeping the ids of new ones in ``writer``'s ``run.json``."""
+                  history: Sequence[dict[str, Any]]) -> list[Trackers]:
+    """One :class:`Trackers` sink for ``names`` (none without), continuing the runs
+    ``stored`` (:func:`stored_records`) with the steps of ``metrics.jsonl`` they lack and
+    keeping the ids of new ones in ``writer``'s ``run.json``. ``history`` is what readers of
+    ``metrics.jsonl`` had before this call: TensorBoard, which cannot say what it holds,
+    gets only the steps after it."""
     if not names:
         return []
-    info = RunInfo(writer.run_dir, config, writer.meta)
     lock = threading.Lock()
 
     def record(name: str, entry: dict[str, Any]) -> None:
         with lock:
             writer.update(trackers={**(writer.meta.get("trackers") or {}), name: entry})
 
-    history = list(history)
-    return [Tracker(SENDERS[n](), stored.get(n) or {}, info, record, history)
-            for n in names]
+    through = max((rec["step"] for rec in history), default=0)
+    return [Trackers([SENDERS[n]() for n in names], stored,
+                     RunInfo(writer.run_dir, config, writer.meta), record, through)]
