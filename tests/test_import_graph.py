@@ -219,6 +219,7 @@ def package_edges(root: pathlib.Path = PACKAGE) -> dict[str, dict[str, str]]:
     under ``root`` but the root ``__init__``: every import (inside functions, under
     ``if TYPE_CHECKING:``), every ``import_module("...")``, and every string constant that
     is a whole module path (a table handed to importlib later counts too)."""
+    units = {p.stem for p in root.glob("*.py")} | {p.parent.name for p in root.glob("*/__init__.py")}
     edges: dict[str, dict[str, str]] = {}
     for path in sorted(root.rglob("*.py")):
         if "__pycache__" in path.parts or path == root / "__init__.py":
@@ -233,7 +234,7 @@ def package_edges(root: pathlib.Path = PACKAGE) -> dict[str, dict[str, str]]:
         where = path.relative_to(root.parent).as_posix()
         for line, name in named:
             dst = _unit(name)
-            if dst is not None and src is not None and dst != src:
+            if dst in units and src is not None and dst != src:   # a module, not a word
                 edges.setdefault(src, {}).setdefault(dst, f"{where}:{line}")
     return edges
 
