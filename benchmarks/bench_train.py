@@ -11,11 +11,14 @@
   device (a mesh uses every device), the rest on 8.
 - "small" (124M) steps take tens of seconds on 2 CPU cores, so its run is a few steps:
   the checkpoint cost every 20 steps is amortised from the measured blocking save time.
-- Trackers: the Trainer ÷ bare ratio of tiny (no checkpoints) with
+- Trackers: the Trainer ÷ bare ratio of tiny (no checkpoints) with each tracker alone, with
   ``trackers=["tensorboard", "wandb", "mlflow"]`` (W&B offline, MLflow on a SQLite file, in
   the benchmark's temporary folder) and without, in one process: each rep runs the bare
-  loop, a window of each Trainer, and the bare loop again (each window is a ``run()``
-  call, so it includes starting and closing the tracker runs in their threads).
+  loop, a window of each Trainer (in a turned order), and the bare loop again. Each window
+  is a ``run()`` call, so it includes starting and closing the tracker runs in their
+  thread, which sends every ``TRACKER_FLUSH_SECONDS`` (1 s, not the default 10 s: each
+  window holds sends, as a long run's do); beside it, the CPU seconds per step of the call
+  (this process and W&B's service), wherever the trackers' work lands.
 - Restart ÷ cold start: seconds from ``Trainer(...)`` to the end of the first step in a
   fresh process: cold = empty caches, new run; restart = same run directory (restores the
   checkpoint) with JAX's persistent compilation cache filled by the cold run.
@@ -127,35 +130,67 @@ def _tracker_env(root: Path) -> dict[str, str]:
             "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
 
 
-def _trackers_overhead(root: Path, *, reps: int = PRECISE_REPS,
-                       window: int = PRECISE_WINDOW) -> dict[str, Any]:
-    """Trainer ÷ bare of tiny without and with every tracker, the windows interleaved."""
+#: The trackers' sides: the Trainer without, each tracker alone, all three ("with").
+TRACKER_SIDES = {"without": [], "tensorboard": ["tensorboard"], "wandb": ["wandb"],
+                 "mlflow": ["mlflow"], "with": ["tensorboard", "wandb", "mlflow"]}
+#: Seconds between the trackers' sends while measured (the default is 10): a window of
+#: ~3 s then holds ~3 sends besides the run's start and end, as a long run's windows do.
+TRACKER_FLUSH_SECONDS = 1.0
+
+
+def _children_cpu(pid: int | None = None) -> float:
+    """CPU seconds of the live processes under ``pid`` (W&B's service), read from /proc."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid or os.getpid()}/task").glob("*/children"):
+        for child in task.read_text().split():
+            try:
+                fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick + _children_cpu(int(child))
+    return total
+
+
+def _trackers_overhead(root: Path, *, reps: int = PRECISE_REPS, window: int = PRECISE_WINDOW,
+                       sides: dict[str, list[str]] = TRACKER_SIDES) -> dict[str, Any]:
+    """Trainer ÷ bare of tiny without trackers, with each alone and with all three, the
+    windows interleaved (their order turned each rep), with the CPU seconds per step of the
+    whole call (this process and W&B's service: the trackers' cost wherever it lands)."""
     import workbench as wb
+    from workbench.train import _trackers
 
     (root / "wandb").mkdir(parents=True, exist_ok=True)
     saved = {k: os.environ.get(k) for k in _tracker_env(root)}
     os.environ.update(_tracker_env(root))
+    flush, _trackers.FLUSH_SECONDS = _trackers.FLUSH_SECONDS, TRACKER_FLUSH_SECONDS
     try:
         cfg = _cfg("tiny", checkpoint_every=10**6)
         bare = _Bare(cfg)
-        sides = {name: wb.Trainer(cfg.replace(trackers=trackers), progress=None,
-                                  run_dir=root / f"trackers-{name}")
-                 for name, trackers in (("without", []),
-                                        ("with", ["tensorboard", "wandb", "mlflow"]))}
-        for tr in sides.values():
+        trainers = {name: wb.Trainer(cfg.replace(trackers=trackers), progress=None,
+                                     run_dir=root / f"trackers-{name}")
+                    for name, trackers in sides.items()}
+        for tr in trainers.values():
             tr.run(steps=WARMUP)
-        ratios: dict[str, list[float]] = {name: [] for name in sides}
-        for _ in range(reps):
+        ratios: dict[str, list[float]] = {name: [] for name in trainers}
+        cpu: dict[str, list[float]] = {name: [] for name in trainers}
+        names = list(trainers)
+        for rep in range(reps):
             before = bare.time(window)
-            times = {name: _trainer_window(tr, window)[0] for name, tr in sides.items()}
+            times = {}
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
+                c0 = time.process_time() + _children_cpu()
+                times[name] = _trainer_window(trainers[name], window)[0]
+                cpu[name].append((time.process_time() + _children_cpu() - c0) / (window + 1))
             after = bare.time(window)
             for name, t in times.items():
                 ratios[name].append(t / ((before + after) / 2))
     finally:
+        _trackers.FLUSH_SECONDS = flush
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     return {name: statistics.median(r) for name, r in ratios.items()} | {
-        "ratios": ratios, "bare": (before + after) / 2}
+        "ratios": ratios, "cpu": {n: statistics.median(c) for n, c in cpu.items()},
+        "bare": (before + after) / 2}
 
 
 def _small(root: Path) -> dict[str, Any]:
@@ -286,29 +321,44 @@ def _start_up_rows(up: dict[str, Any]) -> list[dict[str, Any]]:
 TRACKER_ROW = "train: Trainer / bare loop, tiny, with and without trackers"
 
 
-def _tracker_row(tracked: dict[str, Any]) -> dict[str, Any]:
-    """The trackers' row from :func:`_trackers_overhead`'s measurement."""
+def _tracker_row_name(side: str) -> str:
+    """All three trackers keep the row's first name; one alone: its own row."""
+    return TRACKER_ROW if side == "with" else \
+        f"train: Trainer / bare loop, tiny, {side} tracker alone"
+
+
+def _tracker_rows(tracked: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trackers' rows from :func:`_trackers_overhead`'s measurement: each tracker alone
+    and all three, each against the Trainer without."""
     ms = lambda s: f"{1e3 * s:.1f} ms"
-    return {"name": TRACKER_ROW,
-            "value": tracked["with"], "unit": "x",
-            "target": "<= 1.02 x the ratio without",
-            "ok": tracked["with"] <= 1.02 * tracked["without"],
-            "notes": f"trackers tensorboard + wandb (offline) + mlflow (SQLite), each sending from "
-                     f"its own thread; without: {tracked['without']:.3f}x; bare "
-                     f"{ms(tracked['bare'])}/step, batch 16 x seq 64, no checkpoints; windows "
-                     f"with {[round(r, 3) for r in tracked['ratios']['with']]}, without "
-                     f"{[round(r, 3) for r in tracked['ratios']['without']]}"}
+    without = tracked["without"]
+    what = {"tensorboard": "tensorboard", "wandb": "wandb (offline)", "mlflow": "mlflow (SQLite)",
+            "with": "tensorboard + wandb (offline) + mlflow (SQLite)"}
+    return [{"name": _tracker_row_name(side), "value": tracked[side], "unit": "x",
+             "target": "<= 1.02 x the ratio without", "ok": tracked[side] <= 1.02 * without,
+             "notes": f"trackers {what[side]}, sent from one thread every "
+                      f"{TRACKER_FLUSH_SECONDS:g} s (the default is 10 s); without: "
+                      f"{without:.3f}x; CPU per step (the call, W&B's service included) "
+                      f"{ms(tracked['cpu'][side])} vs {ms(tracked['cpu']['without'])} "
+                      f"without; bare {ms(tracked['bare'])}/step, batch 16 x seq 64, no "
+                      f"checkpoints; windows {[round(r, 3) for r in tracked['ratios'][side]]}, "
+                      f"without {[round(r, 3) for r in tracked['ratios']['without']]}"}
+            for side in tracked["ratios"] if side != "without"]
 
 
 def _trackers_only() -> list[dict[str, Any]]:
-    """``WB_BENCH_TRAIN=trackers``: the trackers' row measured now, the module's other rows
-    kept from results.json (the whole module runs for long)."""
+    """``WB_BENCH_TRAIN=trackers``: the trackers' rows measured now, the module's other rows
+    kept from results.json (the whole module runs for long). ``WB_BENCH_TRAIN_WINDOW`` /
+    ``_REPS`` shorten it (a check that it runs)."""
     stored = Path(__file__).resolve().parent / "results.json"
     rows = json.loads(stored.read_text()) if stored.exists() else []
+    names = {_tracker_row_name(side) for side in TRACKER_SIDES}
     kept = [{k: v for k, v in r.items() if k != "module"} for r in rows
-            if r.get("module") == "bench_train" and r["name"] != TRACKER_ROW]
-    return kept + [_tracker_row(_trackers_overhead(Path(tempfile.mkdtemp(
-        prefix="wb-bench-train-"))))]
+            if r.get("module") == "bench_train" and r["name"] not in names]
+    window = int(os.environ.get("WB_BENCH_TRAIN_WINDOW", PRECISE_WINDOW))
+    reps = int(os.environ.get("WB_BENCH_TRAIN_REPS", PRECISE_REPS))
+    return kept + _tracker_rows(_trackers_overhead(
+        Path(tempfile.mkdtemp(prefix="wb-bench-train-")), reps=reps, window=window))
 
 
 def run() -> list[dict[str, Any]]:
@@ -366,7 +416,7 @@ def run() -> list[dict[str, Any]]:
          "notes": f"tiny: device snapshot + hand-over to the writer thread; small "
                   f"(1.5 GB of state, saved from the loop's thread): {small['block']:.2f} s; "
                   "the rest is written in the background"},
-        _tracker_row(tracked),
+        *_tracker_rows(tracked),
         {"name": "train: first step after restart / cold start (compile cache)",
          "value": first["ratio"], "unit": "x", "target": "<= 1.0", "ok": first["ratio"] <= 1.0,
          "notes": f"cold {first['cold']['first_step_s']:.1f} s (compile "
