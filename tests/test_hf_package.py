@@ -1,5 +1,5 @@
-"""``wb.hf`` as a package: its public names, the aliases elsewhere, and its place above
-``models`` and ``step``.
+"""``wb.hf`` as a package: its public names (the one name of each), and its place above
+``models``, ``step`` and ``train``.
 
 What the functions do is tested in test_hf.py, test_hostile_hf.py and test_hostile_export.py.
 """
@@ -57,3 +57,18 @@ def test_models_and_step_never_import_hf():
             if name == "workbench.hf" or name.startswith("workbench.hf."):
                 found.append((path.relative_to(PACKAGE).as_posix(), line, name))
     assert not found, found
+
+
+def test_train_reads_hf_folders_through_the_reader_the_root_names(monkeypatch):
+    """``train`` never imports ``hf`` (it sits below: ``export_run`` restores runs); the
+    root names the module that reads ``TrainConfig.init``'s folder, and without it the
+    reader says where it is named."""
+    from workbench import _hf_reader
+    from workbench.hf import _load
+
+    assert _hf_reader.reader() is _load
+    assert all(callable(getattr(_load, n)) for n in ("check_matches", "check_weights",
+                                                      "load_params"))
+    monkeypatch.setitem(_hf_reader._READER, "module", None)
+    with pytest.raises(RuntimeError, match=r"workbench/__init__.py.*read_with"):
+        _hf_reader.reader()

@@ -223,7 +223,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
 
 
 def is_hub_id(name: Any) -> bool:
-    """Whether ``name`` is looked up on the Hugging Face Hub (:mod:`workbench.hf._hub`): an
+    """Whether ``name`` is looked up on the Hugging Face Hub (:mod:`workbench._hub`): an
     ``org/name`` string that is not an existing local path (a local path always wins)."""
     if not isinstance(name, str) or not _HUB_ID.match(name) or "--" in name or ".." in name:
         return False
