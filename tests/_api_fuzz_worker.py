@@ -198,7 +198,7 @@ class Fixtures:
         return wb.runs.read_run(self.written_run)
 
     def _make_nnx_factory(self) -> Callable[..., Any]:
-        from workbench.any_model import MLPClassifier
+        from workbench.models import MLPClassifier
         return lambda rngs: MLPClassifier(8, (16,), 4, rngs=rngs)
 
     def _make_classifier(self) -> Any:
@@ -254,7 +254,6 @@ RECIPES: dict[str, Recipe] = {
     "wb.plan": lambda f: {"cfg_or_factory": f.cfg, "mesh": f.mesh, "batch": 8, "seq": 16,
                           "compile": False, "progress": False},
     "wb.compare": lambda f: {"plans": [f.plan, f.plan]},
-    "wb.PlanOptions": lambda f: {"progress": False},
     "wb.search": lambda f: {"cfg": f.cfg, "hardware": "v5p-8", "batch": 8, "seq": 16,
                             "strategies": ("dp",), "remat": ("none",), "exact": False,
                             "progress": False},
@@ -314,18 +313,18 @@ RECIPES: dict[str, Recipe] = {
     "wb.models.Block": lambda f: {"cfg": f.cfg, "key": _key()},
     "wb.models.RMSNorm": lambda f: {"dim": 16, "eps": 1e-5, "dtype": "float32",
                                     "param_dtype": "float32"},
-    "wb.any_model.MLPClassifier": lambda f: {"in_features": 8, "hidden": (16,), "n_classes": 4,
+    "wb.models.MLPClassifier": lambda f: {"in_features": 8, "hidden": (16,), "n_classes": 4,
                                           "rngs": _rngs()},
     # an fp8 config (issue 58): every field fuzzed with quantization on, and it hostile too
     "wb.models.GPTConfig": lambda f: {k: getattr(f.cfg, k) for k in (
         "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
         "seq_len")} | {"quantization": "fp8"},
-    "wb.any_model.ModelSpec": lambda f: {"factory": f.nnx_factory},
-    "wb.any_model.classifier_loss": lambda f: {"model": f.classifier,
+    "wb.models.ModelSpec": lambda f: {"factory": f.nnx_factory},
+    "wb.models.classifier_loss": lambda f: {"model": f.classifier,
                                             "batch": {"x": _jnp_ones((2, 8)),
                                                       "y": _np([0, 1])}},
-    "wb.any_model.from_nnx": lambda f: {"factory": f.nnx_factory},
-    "wb.any_model.from_penzai": lambda f: {"model_or_builder": f.penzai_builder, "vocab_size": 8},
+    "wb.models.from_nnx": lambda f: {"factory": f.nnx_factory},
+    "wb.models.from_penzai": lambda f: {"model_or_builder": f.penzai_builder, "vocab_size": 8},
     "wb.models.rope": lambda f: {"x": _jnp_ones((1, 4, 2, 8)), "theta": 10000.0},
     "wb.models.Pipeline": lambda f: {"microbatches": 2, "schedule": "gpipe", "repeats": 1},
     "wb.models.blocks_per_device": lambda f: {"size": 4, "zigzag": True},
@@ -333,7 +332,7 @@ RECIPES: dict[str, Recipe] = {
                                       "name": "x"},
     "wb.models.penzai_rules": lambda f: {"rules": _rules_preset("fsdp", f.mesh)},
     "wb.models.zigzag_order": lambda f: {"seq": 64, "size": 4},
-    # wb.hf
+    # wb.hf (wb.models.from_hf / hf_config / to_hf and wb.train.export_run are these)
     "wb.hf.export_run": lambda f: {"run_dir": f.trained_run, "path": f.fresh("export")},
     "wb.hf.from_hf": lambda f: {"path": f.hf_dir},
     # workbench._sharding.placement (a documented module; test_api_fuzz.EXTRA_MODULES)
@@ -384,21 +383,9 @@ SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
 SIGNATURES["wb.models.GPT"] = (("cfg", "positional"), ("rngs", "keyword"))
 SIGNATURES["wb.models.RMSNorm"] = (("dim", "positional"), ("eps", "keyword"),
                                    ("dtype", "keyword"), ("param_dtype", "keyword"))
-SIGNATURES["wb.any_model.MLPClassifier"] = (
+SIGNATURES["wb.models.MLPClassifier"] = (
     ("in_features", "positional"), ("hidden", "positional"), ("n_classes", "positional"),
     ("rngs", "keyword"), ("dtype", "keyword"))
-#: wb.plan and wb.search take ``PlanOptions``' fields one by one as keywords (``**keywords``,
-#: beside ``options=``): each is fuzzed by name, as when they were parameters of their own.
-_PLAN_OPTIONS = ("optimizer", "dtype", "name", "compile", "memory_limit",
-                 "replicated_threshold", "loss_fn", "example_batch", "progress", "pipeline",
-                 "overlap")
-SIGNATURES["wb.plan"] = tuple((p, "keyword") for p in (
-    "cfg_or_factory", "mesh", "rules", "batch", "seq", "options", "wait", *_PLAN_OPTIONS))
-SIGNATURES["wb.search"] = tuple((p, "keyword") for p in (
-    "cfg", "hardware", "batch", "seq", "options", "wait", "strategies", "remat", "microbatches",
-    "mesh_shapes", "max_model", "top_k", "exact", "workers", "overlap", "stages", "pipeline",
-    "memory_limit", "optimizer", "loss_fn", "example_batch", "progress", "dtype",
-    "replicated_threshold"))
 
 
 # --- the call ---------------------------------------------------------------------------------

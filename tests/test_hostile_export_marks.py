@@ -199,15 +199,18 @@ def _gpt(**flag: Any) -> Any:
 #: checked after it); what ``tmp`` holds is the call's.
 CALLS: dict[tuple[str, str], Callable[[Any, Path], Any]] = {
     ("wb.Job", "attached"): lambda bad, tmp: wb.Job(tmp, [], [], lock=None, attached=bad),
-    ("wb.PlanOptions", "compile"): lambda bad, tmp: wb.PlanOptions(compile=bad),
-    ("wb.PlanOptions", "progress"): lambda bad, tmp: wb.PlanOptions(progress=bad),
-    ("wb.PlanOptions", "overlap"): lambda bad, tmp: wb.PlanOptions(overlap=bad),
+    ("wb.plan", "compile"): lambda bad, tmp: wb.plan(_tiny(), mesh=wb.make_mesh(data=8),
+                                                     batch=8, seq=16, compile=bad),
+    ("wb.plan", "overlap"): lambda bad, tmp: wb.plan(_tiny(), mesh=wb.make_mesh(data=8),
+                                                     batch=8, seq=16, overlap=bad),
     ("wb.plan", "progress"): lambda bad, tmp: wb.plan(_tiny(), mesh=wb.make_mesh(data=8),
                                                       batch=8, seq=16, progress=bad),
     ("wb.search", "progress"): lambda bad, tmp: wb.search(_tiny(), "v5p-8", batch=8, seq=16,
                                                           progress=bad),
     ("wb.plan", "wait"): lambda bad, tmp: wb.plan(_tiny(), mesh=wb.make_mesh(data=8),
                                                   batch=8, seq=16, wait=bad),
+    ("wb.search", "wait"): lambda bad, tmp: wb.search(_tiny(), "v5p-8", batch=8, seq=16,
+                                                      wait=bad),
     ("wb.search", "wait"): lambda bad, tmp: wb.search(_tiny(), "v5p-8", batch=8, seq=16,
                                                       wait=bad),
     ("wb.data.Dataset", "streaming"): lambda bad, tmp: wb.data.Dataset(
@@ -236,7 +239,7 @@ CALLS: dict[tuple[str, str], Callable[[Any, Path], Any]] = {
     **{("wb.models.GPTConfig", f): (lambda bad, tmp, f=f: _gpt(**{f: bad}))
        for f in ("tie_embeddings", "context_zigzag", "scan_layers", "router_norm_topk",
                  "qkv_bias", "qk_norm", "shared_expert_gate")},
-    ("wb.any_model.ModelSpec", "require_rules"): lambda bad, tmp: wb.any_model.ModelSpec(
+    ("wb.models.ModelSpec", "require_rules"): lambda bad, tmp: wb.models.ModelSpec(
         factory=lambda rngs: None, require_rules=bad),
     ("wb.models.blocks_per_device", "zigzag"): lambda bad, tmp: wb.models.blocks_per_device(
         4, zigzag=bad),
@@ -248,12 +251,13 @@ CALLS: dict[tuple[str, str], Callable[[Any, Path], Any]] = {
         [tmp], "x", allow_hidden=bad),
 }
 #: Flags reached through ``**keywords`` (not in any signature): rows of their own.
-KEYWORDS = {("wb.plan", "progress"), ("wb.search", "progress"), ("wb.hf.export_run", "overwrite")}
+KEYWORDS = {("wb.hf.export_run", "overwrite")}
 #: Arguments whose annotation says ``bool | None``: None is a value.
-NONE_OK = {("wb.PlanOptions", "compile")}
+NONE_OK = {("wb.plan", "compile")}
 #: Bool-typed arguments that are not flags, and why.
 NOT_FLAGS = {
     ("wb.Trainer", "compile_cache"): "True, False or the cache's folder: a string is a path",
+    ("wb.search", "exact"): "True, False or 'all': a ValueError names the three",
 }
 
 
@@ -286,7 +290,8 @@ def test_numpy_bools_are_flags() -> None:
     from workbench._validate import check_bool
 
     assert check_bool(np.True_, "x") is True and check_bool(np.False_, "x") is False
-    assert wb.PlanOptions(progress=np.False_).progress is False
+    assert isinstance(wb.plan(_tiny(), mesh=wb.make_mesh(data=8), batch=8, seq=16,
+                              compile=False, progress=np.False_), wb.Plan)
 
 
 # ----------------------------------------------------------------------------- unwritable

@@ -10,7 +10,9 @@ step 2, copying the run directory, and training the original on to step 4).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import json
 import os
 import re
@@ -23,13 +25,17 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 import workbench as wb
 from tests.test_public_api import PUBLIC_MODULES
+from workbench._search.space import SearchOptions
+from workbench.planning._options import PlanOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_RUN = Path(__file__).parent / "old_paths_run"
+TINY = wb.models.GPTConfig.preset("tiny")
 
 #: A sample of the old paths ``workbench/_moved.py`` answered: its MOVED table (modules
 #: moved to another package, private paths too) ...
@@ -204,3 +210,71 @@ def test_a_run_saved_before_the_old_paths_went_resumes(tmp_path):
     else:
         np.testing.assert_allclose(tr.losses[2:], expected["losses"][2:], rtol=1e-3)
     assert isinstance(wb.generate, types.FunctionType)
+
+
+# --- one way to pass each option: wb.plan's and wb.search's real signatures -------------------
+
+def _keywords(fn) -> dict[str, object]:
+    """``{name: default}`` of ``fn``'s keyword parameters (inspect: what an editor shows)."""
+    params = inspect.signature(fn).parameters.values()
+    assert not [p for p in params if p.kind is p.VAR_KEYWORD], f"{fn.__name__} has **keywords"
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+
+
+def _defaults(cls) -> dict[str, object]:
+    return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+def test_plan_and_search_show_every_option_in_their_signatures():
+    """Each option is a keyword of its own with the record's default (``PlanOptions``,
+    ``SearchOptions``), and ``options=`` is gone; ``wb.PlanOptions`` is not public."""
+    plan, search = _keywords(wb.plan), _keywords(wb.search)
+    assert "options" not in plan and "options" not in search
+    assert _defaults(PlanOptions).items() <= plan.items()
+    assert set(plan) - set(_defaults(PlanOptions)) == {"mesh", "rules", "batch", "seq", "wait"}
+    searched = {k: v for k, v in _defaults(PlanOptions).items()
+                if k not in ("name", "compile", "pipeline", "overlap")}
+    assert searched.items() <= search.items()
+    assert _defaults(SearchOptions).items() <= search.items()
+    assert "name" not in search and "compile" not in search
+    assert not hasattr(wb, "PlanOptions") and "PlanOptions" not in wb.planning.__all__
+
+
+@pytest.mark.parametrize("call", [
+    lambda: wb.plan(TINY, batch=8, optimiser=optax.sgd(1e-2)),
+    lambda: wb.plan(TINY, batch=8, options={"progress": False}),
+    lambda: wb.search(TINY, "v5p-8", batch=8, strategy="dp"),
+    lambda: wb.search(TINY, "v5p-8", batch=8, compile=False),
+], ids=["plan-optimiser", "plan-options", "search-strategy", "search-compile"])
+def test_a_wrong_keyword_is_pythons_type_error_naming_it(call):
+    with pytest.raises(TypeError, match=r"got an unexpected keyword argument '(optimiser|"
+                                        r"options|strategy|compile)'"):
+        call()
+
+
+@pytest.mark.parametrize("fn, args", [(wb.plan, ()), (wb.search, ("v5p-8",))],
+                         ids=["plan", "search"])
+def test_a_flag_that_is_not_a_bool_names_itself(fn, args):
+    with pytest.raises(TypeError, match=r"progress='no' must be True or False.*progress=False"):
+        fn(TINY, *args, batch=8, progress="no")
+
+
+def test_each_keyword_reaches_the_plan():
+    """A hand count: SGD keeps no optimizer state, AdamW two float32 moments per parameter
+    (the default plan's optimizer memory is twice its parameter memory)."""
+    mesh = wb.abstract_mesh("v5p-8", data=4)
+    kw = dict(mesh=mesh, rules="fsdp", batch=8, seq=64, compile=False, progress=False)
+    sgd = wb.plan(TINY, optimizer=optax.sgd(1e-2), name="sgd", memory_limit=2**30, **kw)
+    adam = wb.plan(TINY, **kw)
+    assert (sgd.memory["optimizer"], sgd.memory["limit"], sgd.report.name) == (0, 2**30, "sgd")
+    assert adam.memory["optimizer"] > 2 * adam.memory["params"] * 0.99
+
+
+def test_search_hands_its_plan_keywords_to_every_candidate():
+    kw = dict(batch=8, seq=64, strategies=("dp", "fsdp"), remat=("none",), top_k=0,
+              progress=False)
+    sgd = wb.search(TINY, "v5p-8", optimizer=optax.sgd(1e-2), **kw)
+    adam = wb.search(TINY, "v5p-8", **kw)
+    assert sgd.plans and all(p.memory["optimizer"] == 0 for p in sgd.plans.values())
+    assert all(p.memory["optimizer"] > 0 for p in adam.plans.values())
+    assert sorted(r["layout"] for r in sgd.rows) == sorted(r["layout"] for r in adam.rows)

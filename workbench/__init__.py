@@ -22,8 +22,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from workbench import _display, _hf_reader
-
 __version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None means the module itself.
@@ -43,7 +41,6 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "compare": ("workbench.planning", "compare"),
     "search": ("workbench._search.search", "search"),
     "SearchResult": ("workbench._search.search", "SearchResult"),
-    "PlanOptions": ("workbench.planning", "PlanOptions"),
     "calibrate": ("workbench.perf._calibrate", "calibrate"),
     "remove_calibration": ("workbench.hardware._calibration", "remove_calibration"),
     "profile_step": ("workbench.train._profile", "profile_step"),
@@ -61,19 +58,12 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "generate": ("workbench._generate", "generate"),
     "models": ("workbench.models", None),
     "hf": ("workbench.hf", None),
-    "any_model": ("workbench.any_model", None),
     "runs": ("workbench.runs", None),
     "data": ("workbench.data", None),
     "train": ("workbench.train", None),
 }
 
 __all__ = sorted(_EXPORTS)
-
-# The root sits above every package: the one place that tells the layers below what is
-# above them: where the views are (workbench.widgets registers them when first imported,
-# in a notebook) and what reads TrainConfig.init's Hugging Face folder.
-_display.views_from("workbench.widgets")
-_hf_reader.read_with("workbench.hf._load")
 
 
 def __getattr__(name: str) -> Any:
@@ -92,14 +82,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from workbench import any_model, data, hf, models, runs, train
+    from workbench import data, hf, models, runs, train
     from workbench.hardware import DeviceInfo, devices, peak_flops, simulate_devices
     from workbench.exercises import exercise
     from workbench.jobs import Hosts, Job, Local, Slurm, TPUSlice, attach, launch
     from workbench._sharding.layouts import Layout, layout
     from workbench._sharding.mesh import MeshInfo, abstract_mesh, make_mesh
     from workbench._generate import generate
-    from workbench.planning import Plan, PlanOptions, compare, plan
+    from workbench.planning import Plan, compare, plan
     from workbench.hardware._calibration import remove_calibration
     from workbench.perf._calibrate import calibrate
     from workbench._search.search import SearchResult, search

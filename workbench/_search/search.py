@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import optax
 
 from workbench._display import status_line
 from workbench._validate import check_bool
@@ -30,7 +31,7 @@ from workbench._sharding.layouts import format_bytes
 from workbench.models import GPTConfig
 from workbench.any_model._spec import ModelSpec, from_nnx
 from workbench.planning._compile import one_tracer
-from workbench.planning._options import PlanOptions, options_of
+from workbench.planning._options import DEFAULT_REPLICATED_THRESHOLD, PlanOptions
 from workbench.planning._planner import plan as make_plan
 from workbench.planning._handle import Plan
 from workbench._search.result import SearchResult, SearchRow
@@ -38,24 +39,35 @@ from workbench._search.space import (
     DEFAULT_REMAT, DEFAULT_STRATEGIES, EXPERT_STRATEGIES, Candidate, Hardware, SearchOptions,
     candidates, hardware as resolve_hardware, invalid, larger_presets, mesh_shape,
     check_seq, model_candidates, skip)
+from workbench._sharding.rules import Rules
+from workbench._step import LossFn
 
 #: a compiled row's ``source`` when the TPU compiler refused its step as out of memory
 REJECTED = "tpu-compiler (rejected)"
 
-__all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "PlanOptions", "SearchOptions", "SearchResult",
-           "SearchRow", "search"]
+__all__ = ["DEFAULT_REMAT", "DEFAULT_STRATEGIES", "SearchOptions", "SearchResult", "SearchRow",
+           "search"]
 
 
 def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
-           seq: int | None = None, options: PlanOptions | None = None, wait: bool = True,
-           **keywords: Any) -> SearchResult:
+           seq: int | None = None,
+           strategies: Sequence[str | Rules] = DEFAULT_STRATEGIES,
+           remat: Sequence[str] = DEFAULT_REMAT, microbatches: Sequence[int] = (1,),
+           mesh_shapes: Sequence[Mapping[str, int] | tuple[int, int]] | None = None,
+           max_model: int = 16, top_k: int = 3, exact: bool | str = True, workers: int = 2,
+           overlap: float | None = None, stages: Sequence[int] = (1,),
+           pipeline: Mapping[str, Any] | None = None, memory_limit: int | None = None,
+           optimizer: optax.GradientTransformation | None = None, dtype: str | None = None,
+           replicated_threshold: int = DEFAULT_REPLICATED_THRESHOLD,
+           loss_fn: LossFn | None = None, example_batch: Any = None, progress: bool = True,
+           wait: bool = True) -> SearchResult:
     """Search layouts of ``cfg`` on ``hardware``: plan each by formula, keep what fits, rank
     by predicted step time, compile the best ``top_k`` and those that could still beat
     them, and re-rank them by their compiled predictions.
 
     Args:
         cfg: the model: a ``GPTConfig`` (remat is varied with ``cfg.replace(remat=...)``),
-            or anything ``wb.plan`` takes (a ``wb.any_model.from_nnx`` / ``from_penzai`` spec,
+            or anything ``wb.plan`` takes (a ``wb.models.from_nnx`` / ``from_penzai`` spec,
             a factory ``rngs -> nnx.Module``): its remat is its own, and the candidates are
             the rules that fit its annotations (``search_space.model_candidates``: meshes
             with the mesh axes the annotations name, or the presets for logical and penzai
@@ -65,12 +77,6 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             ``workbench._sharding.placement``'s default mesh, as ``wb.plan`` without a mesh).
         batch: global batch (sequences per optimizer step).
         seq: sequence length (default ``cfg.seq_len``).
-        options: how each candidate is planned, shared with ``wb.plan``
-            (``PlanOptions``: ``optimizer``, ``dtype``, ``memory_limit`` (bytes per device
-            to fit in; default the device's memory), ``replicated_threshold``, ``loss_fn``
-            and ``example_batch`` (below), ``progress`` (one status line while it works,
-            and the compiler's own while compiling), ``overlap`` (the compile flags)).
-            Its ``name``, ``compile`` and ``pipeline`` are the search's to set.
         wait: True (the default, what scripts get): return when the exact pass is done.
             False: return the formula's ranking at once while the exact pass compiles in
             background worker processes (``wb.plan(wait=False)``, ``workers`` at once);
@@ -78,10 +84,6 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             row is the exact best once ``result.compile_state`` is "compiled".
             ``result.ready``, ``result.wait()`` (Ctrl-C there cancels),
             ``result.cancel()``.
-        **keywords: what to vary (``SearchOptions``, below), and ``options``' fields one
-            by one as before (``optimizer=``, ``memory_limit=``, ``progress=``, ...).
-
-    Search options (keywords):
         strategies: rules presets ("dp", "fsdp", "tp", "fsdp_tp"; "ep", "fsdp_ep", "ep_tp"
             for a mixture-of-experts config) or ``Rules`` naming the mesh axes ``data``
             and ``model``. A MoE config (``cfg.n_experts > 0``) searched with the default
@@ -121,11 +123,14 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
             ``scan_layers=True`` and ``pipeline``.
         pipeline: the pipelined candidates' ``{"microbatches", "schedule", "repeats"}``
             (default GPipe with ``2 x stages`` micro-batches).
-
-    Of ``options``, ``loss_fn`` is a factory's ``(model, batch) -> loss`` (as ``wb.plan``; a
-    spec's own otherwise) and ``example_batch`` a factory's batch, ``(batch, seq) -> {name:
-    ShapeDtypeStruct}`` or a fixed dict (as ``wb.any_model.from_nnx``; micro-batches need the
-    callable).
+        memory_limit: bytes per device to fit in (default: the device's memory).
+        optimizer, dtype, replicated_threshold: as ``wb.plan``'s, for every candidate
+            (each compiles with the platform's overlap flags, ``wb.plan``'s default).
+        loss_fn: a factory's ``(model, batch) -> loss`` (as ``wb.plan``; a spec's own
+            otherwise).
+        example_batch: a factory's batch, ``(batch, seq) -> {name: ShapeDtypeStruct}`` or a
+            fixed dict (as ``wb.any_model.from_nnx``; micro-batches need the callable).
+        progress: one status line while it works, and the compiler's own while compiling.
 
     Returns:
         A ``SearchResult``: ``.rows``, ``.best`` (a Plan), ``.pareto``, ``.rank_changes``,
@@ -134,9 +139,10 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
 
     Raises:
         ValueError: unknown hardware/strategy/remat, a micro-batch count that does not
-            divide ``batch``, ``top_k < 0``, an empty option, ``options`` naming a plan,
-            its compilation or pipeline, or no candidate can be planned.
-        TypeError: a keyword that is neither a search option nor a ``PlanOptions`` field.
+            divide ``batch``, ``top_k < 0``, an empty option, or no candidate can be
+            planned.
+        TypeError: a flag that is not a bool, a ``loss_fn`` that is not callable (an
+            unknown keyword: Python's own TypeError naming it).
 
     Example::
 
@@ -146,7 +152,13 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
     """
     t0 = time.perf_counter()
     wait = check_bool(wait, "wait", where="wb.search: ")
-    opts, plan_opts = _options(options, keywords)
+    opts = SearchOptions(strategies=strategies, remat=remat, microbatches=microbatches,
+                         mesh_shapes=mesh_shapes, max_model=max_model, stages=stages,
+                         pipeline=pipeline, top_k=top_k, exact=exact, workers=workers,
+                         memory_limit=memory_limit, overlap=overlap, progress=progress)
+    plan_opts = PlanOptions(optimizer=optimizer, dtype=dtype, memory_limit=memory_limit,
+                            replicated_threshold=replicated_threshold, loss_fn=loss_fn,
+                            example_batch=example_batch, progress=progress)
     gpt = isinstance(cfg, GPTConfig)
     if not gpt:
         cfg = _as_spec(cfg, plan_opts.loss_fn, plan_opts.example_batch, opts.remat,
@@ -217,34 +229,6 @@ def _live(s: _Search, rows: list[SearchRow], plans: dict[int, Plan], cands: list
     return result
 
 
-#: The keywords of ``wb.search`` that are search options (``SearchOptions``); the others
-#: are ``PlanOptions`` fields (``memory_limit`` and ``progress`` serve both).
-_SEARCH_KEYWORDS = frozenset(f.name for f in dataclasses.fields(SearchOptions)) \
-    - {"memory_limit", "progress"}
-
-
-def _options(options: PlanOptions | None, keywords: Mapping[str, Any]
-             ) -> tuple[SearchOptions, PlanOptions]:
-    """``wb.search``'s keywords split into what to vary and how to plan each candidate.
-
-    Raises:
-        ValueError: ``options`` names a plan, its compilation or its pipeline (the
-            search's to set per candidate).
-        TypeError: a keyword that is neither.
-    """
-    plan_opts = options_of(options, {k: v for k, v in keywords.items()
-                                     if k not in _SEARCH_KEYWORDS}, "wb.search")
-    for name in ("name", "compile", "pipeline"):
-        if getattr(plan_opts, name) is not None:
-            raise ValueError(f"wb.search: options.{name}={getattr(plan_opts, name)!r} is the "
-                             "search's to set per candidate (pipelines: stages= and "
-                             "pipeline= keywords; compilation: top_k= and exact=); leave it "
-                             "out")
-    opts = SearchOptions(**{k: v for k, v in keywords.items() if k in _SEARCH_KEYWORDS},
-                         memory_limit=plan_opts.memory_limit, progress=plan_opts.progress)
-    return opts, plan_opts
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Search:
     """One search's fixed settings: plans candidates and measures them."""
@@ -273,9 +257,10 @@ class _Search:
             remat=c.remat, **({"scan_layers": True} if c.pipeline else {}))
         return make_plan(model, mesh=hw.mesh(c.mesh), rules=c.rules,
                          batch=batch // c.microbatches, seq=self.seq,
-                         options=self.plan_opts.replace(
+                         **self.plan_opts.replace(
                              name=c.label, compile=compile, pipeline=c.pipeline,
-                             progress=self.opts.progress and compile is not False),
+                             progress=self.opts.progress and compile is not False
+                         ).as_keywords(),
                          wait=not (self.live and compile is not False))
 
     def result(self, rows: list[SearchRow], plans: dict[int, Plan], cands: list[Candidate],
@@ -323,7 +308,7 @@ class _Search:
         return out | {"implausible": bool(pred.implausible),
                       "step_seconds": step, "mfu": pred.mfu, "mfu_fp8": pred.mfu_fp8,
                       "bound": pred.bound,
-                      "tokens_per_s": batch * p.report.seq / step if step > 0 else None,
+                      "tokens_per_s": batch * p.seq / step if step > 0 else None,
                       "no_overlap_seconds": pred.breakdown["no_overlap_step"] * microbatches}
 
     def row(self, c: Candidate, p: Plan) -> SearchRow:
@@ -549,7 +534,7 @@ def _as_spec(model: Any, loss_fn: Any, example_batch: Any, remat: Sequence[str],
     """A factory (or spec) as the ``ModelSpec`` every candidate is planned with."""
     if not callable(model):
         raise TypeError(f"wb.search: cfg={model!r} is a {type(model).__name__}; cfg must be a "
-                        "GPTConfig or a model factory (rngs -> nnx.Module, wb.any_model.from_nnx "
+                        "GPTConfig or a model factory (rngs -> nnx.Module, wb.models.from_nnx "
                         "/ from_penzai)")
     if tuple(remat) != DEFAULT_REMAT:
         raise ValueError(f"remat={tuple(remat)!r}: a model factory sets its own remat "

@@ -2,8 +2,8 @@
 formula on hardware you do not have) -> memory, FLOPs, collectives and layout lints per
 device; ``Plan.materialize()`` builds the sharded model.
 
-Modules: ``planner`` (``plan()``, ``compare()``; ``options``: ``PlanOptions``, how
-``plan()`` and ``wb.search`` plan a step) runs the ``stages``: resolve the inputs,
+Modules: ``planner`` (``plan()``, ``compare()``; ``options``: ``PlanOptions``, the record
+of ``plan()``'s and ``wb.search``'s keyword arguments) runs the ``stages``: resolve the inputs,
 choose the compile target (the devices at hand, the TPU compiler for an abstract TPU
 slice, or formulas), build the abstract step (the Trainer's own, from ``workbench._step``),
 ``measure`` (compile, or estimate), lint; ``compile`` (compiles in a worker thread:
@@ -14,15 +14,12 @@ runnable step, ``materialize``), ``lints`` (layout mistakes), ``activations`` (t
 step's tensors and why each collective runs). The layout search (``wb.search``: layouts
 ranked by predicted step time) is built on ``plan``, in ``workbench._search``. How long a
 step takes (the HLO cost reading, the roofline, the formulas, traces, profiles,
-calibration) is ``workbench.perf``. The old paths of both here (``planning.search``,
-``planning.predict``, ``planning.analytic``, ...) still import, with a DeprecationWarning.
+calibration) is ``workbench.perf``.
 """
 from workbench._compiled.hlo import Collective
 from workbench.planning._lints import Lint
 from workbench.planning._handle import Plan
-from workbench.planning._options import PlanOptions
 from workbench.planning._planner import compare, plan
 from workbench.planning._report import Comparison, PlanReport
 
-__all__ = ["Collective", "Comparison", "Lint", "Plan", "PlanOptions", "PlanReport", "compare",
-           "plan"]
+__all__ = ["Collective", "Comparison", "Lint", "Plan", "PlanReport", "compare", "plan"]

@@ -1,12 +1,8 @@
-"""``PlanOptions``: how ``wb.plan`` and ``wb.search`` plan a step, apart from what is planned
-(the model, mesh, rules, batch and sequence length). One frozen object both take, changed
-with ``.replace(...)``; their old keyword arguments still work and fill it in.
-
-Usage::
-
-    opts = wb.PlanOptions(optimizer=optax.adamw(3e-4), progress=False)
-    plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=128, options=opts)
-    res = wb.search(cfg, "v5p-8", batch=8, seq=128, options=opts.replace(dtype="bfloat16"))
+"""``PlanOptions``: how a step is planned apart from what is planned (the model, mesh, rules,
+batch and sequence length), checked once. ``wb.plan`` and ``wb.search`` take these as their
+own keyword arguments (``wb.plan(cfg, batch=8, optimizer=optax.sgd(1e-2), progress=False)``)
+and hold them in one frozen record inside (``wb.search`` hands each candidate's plan its
+``as_keywords()``).
 """
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ import optax
 from workbench._step import LossFn, lm_loss
 from workbench._validate import check_bool
 
-__all__ = ["DEFAULT_REPLICATED_THRESHOLD", "PlanOptions", "options_of"]
+__all__ = ["DEFAULT_REPLICATED_THRESHOLD", "PlanOptions"]
 
 #: Parameters at least this large (elements) must not be replicated (a lint says so).
 DEFAULT_REPLICATED_THRESHOLD = 16 * 1024 ** 2
@@ -28,7 +24,8 @@ DEFAULT_REPLICATED_THRESHOLD = 16 * 1024 ** 2
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PlanOptions:
-    """How a step is planned (``wb.plan(..., options=)``, ``wb.search(..., options=)``).
+    """How a step is planned: ``wb.plan``'s keyword arguments of that name (``wb.search``
+    takes all but ``name``, ``compile`` and ``pipeline``, which it sets per candidate).
 
     Attributes:
         optimizer: optax transformation whose state is planned (default
@@ -70,7 +67,7 @@ class PlanOptions:
 
     def __post_init__(self) -> None:
         for f in ("progress", "compile"):   # "no" is truthy: a flag is a bool
-            object.__setattr__(self, f, check_bool(getattr(self, f), f, where="PlanOptions: ",
+            object.__setattr__(self, f, check_bool(getattr(self, f), f,
                                                    none=f == "compile"))
         _check_values(self)
 
@@ -78,6 +75,10 @@ class PlanOptions:
         """A copy with ``changes`` (unknown names are refused with the known ones)."""
         _check_names(changes, "PlanOptions.replace")
         return dataclasses.replace(self, **changes)
+
+    def as_keywords(self) -> dict[str, Any]:
+        """These options as ``wb.plan``'s keyword arguments."""
+        return {f: getattr(self, f) for f in FIELDS}
 
     @property
     def loss(self) -> LossFn:
@@ -116,29 +117,3 @@ def _check_names(given: Mapping[str, Any], where: str) -> None:
     if unknown:
         raise TypeError(f"{where}: unknown option(s) {unknown}; PlanOptions has "
                         f"{', '.join(FIELDS)}")
-
-
-def options_of(options: PlanOptions | None, keywords: Mapping[str, Any], where: str
-               ) -> PlanOptions:
-    """``options`` (default ``PlanOptions()``) with the old keyword arguments of ``where``
-    (``optimizer=``, ``progress=``, ...) filled in; a keyword given both ways must agree.
-
-    Raises:
-        TypeError: ``options`` is not a ``PlanOptions``, or a keyword is not one of its
-            fields.
-        ValueError: a keyword contradicts the same field of ``options``.
-    """
-    if options is not None and not isinstance(options, PlanOptions):
-        raise TypeError(f"{where}: options is a {type(options).__name__}, not a PlanOptions; "
-                        "pass wb.PlanOptions(optimizer=..., progress=...)")
-    _check_names(keywords, where)
-    if options is None:
-        return PlanOptions(**keywords)
-    default = PlanOptions()
-    clash = [k for k, v in keywords.items()
-             if getattr(options, k) is not getattr(default, k)
-             and getattr(options, k) != getattr(default, k) and getattr(options, k) != v]
-    if clash:
-        raise ValueError(f"{where}: {clash[0]}= is given twice, as a keyword and in "
-                         f"options, with different values; give it once")
-    return dataclasses.replace(options, **keywords)

@@ -11,7 +11,7 @@ collectives and layout lints per device; ``materialize()`` builds the sharded mo
 
 ``plan()`` runs the stages of ``workbench.planning._stages`` in order (resolve the inputs,
 choose the compile target, build the abstract step, measure, lint) and assembles the
-``PlanReport`` (predicted when it is made) inside the runnable ``Plan``.
+``PlanReport`` (predicted on first use) inside the runnable ``Plan``.
 
 On a mesh larger than the machine (``wb.abstract_mesh("v5p-1024", data=-1, model=4)``)
 the plan is analytic: memory by formula, FLOPs, and collectives estimated from layouts,
@@ -20,31 +20,39 @@ all labelled as estimates.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import jax
+import optax
 
 from workbench._display import status_line
 from workbench._validate import check_bool, check_int
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
 from workbench.planning._handle import Plan
-from workbench.planning._report import (CompiledNumbers, Comparison, PlanReport,
-                                        with_prediction)
+from workbench.planning._report import CompiledNumbers, Comparison, PlanReport
 from workbench.planning import _background as background
 from workbench.planning._measure import CompileOutcome, Measured, compile_outcome, measure
-from workbench.planning._options import (  # noqa: F401 - the old home of the default
-    DEFAULT_REPLICATED_THRESHOLD, PlanOptions, options_of)
+from workbench.planning._options import DEFAULT_REPLICATED_THRESHOLD, PlanOptions
 from workbench.planning._stages import (AbstractStep, Inputs, Setup, build_step,
                                        choose_target, lint, resolve)
 from workbench._sharding.rules import Rules
-from workbench._step import ModelFactory
+from workbench._step import LossFn, ModelFactory
 
-__all__ = ["PlanOptions", "compare", "plan"]
+__all__ = ["compare", "plan"]
 
 
 def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
          rules: Rules | str | None = None, batch: int, seq: int | None = None,
-         options: PlanOptions | None = None, wait: bool = True, **keywords: Any) -> Plan:
+         optimizer: optax.GradientTransformation | None = None, dtype: str | None = None,
+         name: str | None = None, compile: bool | None = None,
+         memory_limit: int | None = None,
+         replicated_threshold: int = DEFAULT_REPLICATED_THRESHOLD,
+         loss_fn: LossFn | None = None,
+         example_batch: Mapping[str, jax.ShapeDtypeStruct] | None = None,
+         progress: bool = True, pipeline: Mapping[str, Any] | None = None,
+         overlap: bool | Mapping[str, Any] = True, wait: bool = True) -> Plan:
     """Plan one train step of a model on a mesh without allocating it.
 
     The state, its shardings, the batch shardings and the step are built by the functions
@@ -67,9 +75,25 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
             model's ``seq_len`` is planned with a warning naming both: the model computes
             at any length (RoPE has no position table), so it is a legitimate experiment,
             but one the config does not state; ``cfg.replace(seq_len=seq)`` states it.
-        options: how to plan (``PlanOptions``: optimizer, dtype, name, compile,
-            memory_limit, replicated_threshold, loss_fn, example_batch, progress,
-            pipeline, overlap; each documented there). Default ``PlanOptions()``.
+        optimizer: the optax transformation whose state is planned (default
+            ``optax.adamw(3e-4)``).
+        dtype: compute dtype override for a GPTConfig ("bfloat16", "auto", ...); "auto" is
+            resolved for the mesh's platform (``plan.dtype`` says which).
+        name: label for ``wb.compare`` (default: the rules' preset name).
+        compile: force (True) or skip (False) compilation; default: compile when the mesh
+            has real devices.
+        memory_limit: bytes per device to check against (default: the device's memory).
+        replicated_threshold: parameters at least this large (elements) must not be
+            replicated (a lint says so).
+        loss_fn: ``(model, batch) -> loss`` of a model factory (default next-token
+            cross-entropy).
+        example_batch: ShapeDtypeStructs of a factory model's batch (dim 0 is "batch").
+        progress: say when compilation starts and how long it took.
+        pipeline: ``{"microbatches": M, "schedule": ..., "repeats": R}`` of pipeline stages
+            over the mesh's ``stage`` axis; adds ``plan.pipeline``.
+        overlap: compile with the platform's flags that overlap collectives with compute
+            (``workbench.planning._flags.OVERLAP_FLAGS``); False: without; a dict: exactly
+            these XLA compile options (``Plan.compiler_options`` shows them).
         wait: True (the default, what scripts get): return when the step is compiled.
             False: return at once with the formula's numbers (``plan.source`` "estimate",
             ``plan.compile_state`` "queued" or "compiling") while a worker process
@@ -78,23 +102,23 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
             (``plan.changes`` says what changed, ``plan.formula`` keeps the formula's
             report). ``plan.ready``, ``plan.wait()`` (Ctrl-C there cancels), and
             ``plan.cancel()``. A plan with nothing to compile is whole at once.
-        **keywords: the same options one by one, as before ``PlanOptions`` (``optimizer=``,
-            ``progress=``, ``compile=``, ...): they fill in ``options``; one given both ways
-            must agree. ``pipeline={"microbatches": M, "schedule": ..., "repeats": R}``
-            adds ``plan.pipeline``; ``overlap`` picks the compile flags
-            (``Plan.compiler_options`` shows them).
 
     Raises:
-        TypeError: an unknown keyword (the message lists ``PlanOptions``' fields).
+        TypeError: a flag that is not a bool, a ``loss_fn`` that is not callable, an
+            ``example_batch`` that is not names -> shapes (an unknown keyword: Python's
+            own TypeError naming it).
 
     Example::
 
         plan = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=128,
-                       options=wb.PlanOptions(optimizer=optax.adamw(3e-4), progress=False))
+                       optimizer=optax.adamw(3e-4), progress=False)
     """
     t0 = time.perf_counter()
     wait = check_bool(wait, "wait", where="wb.plan: ")
-    opts = options_of(options, keywords, "wb.plan")
+    opts = PlanOptions(optimizer=optimizer, dtype=dtype, name=name, compile=compile,
+                       memory_limit=memory_limit, replicated_threshold=replicated_threshold,
+                       loss_fn=loss_fn, example_batch=example_batch, progress=progress,
+                       pipeline=pipeline, overlap=overlap)
     replicated_threshold = check_int(opts.replicated_threshold, "replicated_threshold",
                                      minimum=0, where="wb.plan: ",
                                      fix="a parameter count, e.g. 2**24")
@@ -183,10 +207,9 @@ def _resolve_arguments(inp: Inputs, opts: PlanOptions) -> dict[str, Any]:
 
 def _assemble(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured, warnings: list,
               *, seconds: float) -> Plan:
-    """The report of the stages' records, predicted now (``with_prediction``), in its
-    runnable handle."""
+    """The report of the stages' records (predicted on first use), in its runnable handle."""
     compiled, target, st = m.compiled, m.target, step.state
-    report = with_prediction(PlanReport(
+    report = PlanReport(
         name=inp.name or inp.rules_name or "plan", cfg=inp.asked, mesh=inp.info,
         rules=inp.rules, batch=inp.batch, seq=inp.seq, is_estimate=compiled is None,
         flops=step.flops, source=target.source if compiled is not None else "estimate",
@@ -201,7 +224,7 @@ def _assemble(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured, warnin
         compiler_options={**setup.options, **m.outcome.extra_options},
         attention=setup.attention, dtype=inp.dtype, placement=inp.placement,
         compiled_numbers=None if compiled is None else CompiledNumbers(
-            compiled, tpu=target.source == "tpu-compiler")))
+            compiled, tpu=target.source == "tpu-compiler"))
     return Plan(report=report, optimizer=inp.optimizer, graphdef=st.graphdef,
                 param_state=st.param_state, abstract_state=st.state,
                 shardings=st.shardings, abstract_batch=step.batch,
