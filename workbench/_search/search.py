@@ -24,6 +24,7 @@ from typing import Any
 import optax
 
 from workbench._display import status_line
+from workbench._optimizer import AdamW
 from workbench._validate import check_bool
 from workbench.planning import _background as background
 from workbench._notebook import in_notebook
@@ -57,7 +58,8 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
            max_model: int = 16, top_k: int = 3, exact: bool | str = True, workers: int = 2,
            overlap: float | None = None, stages: Sequence[int] = (1,),
            pipeline: Mapping[str, Any] | None = None, memory_limit: int | None = None,
-           optimizer: optax.GradientTransformation | None = None, dtype: str | None = None,
+           optimizer: optax.GradientTransformation | AdamW | None = None,
+           dtype: str | None = None,
            replicated_threshold: int = DEFAULT_REPLICATED_THRESHOLD,
            loss_fn: LossFn | None = None, example_batch: Any = None, progress: bool = True,
            wait: bool = True) -> SearchResult:

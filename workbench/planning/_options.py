@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import optax
 
+from workbench._optimizer import AdamW
 from workbench._step import LossFn, lm_loss
 from workbench._validate import check_bool
 
@@ -28,8 +29,8 @@ class PlanOptions:
     takes all but ``name``, ``compile`` and ``pipeline``, which it sets per candidate).
 
     Attributes:
-        optimizer: optax transformation whose state is planned (default
-            ``optax.adamw(3e-4)``).
+        optimizer: optax transformation, or a ``wb.train.AdamW`` spec, whose state is
+            planned (default ``wb.train.AdamW()``: the Trainer's).
         dtype: compute dtype override for a GPTConfig ("bfloat16", "auto", ...); "auto"
             is resolved for the mesh's platform (``plan.dtype`` says which).
         name: label for ``wb.compare`` (default: the rules' preset name); ``wb.search``
@@ -53,7 +54,7 @@ class PlanOptions:
             overlap fraction, a search option.)
     """
 
-    optimizer: optax.GradientTransformation | None = None
+    optimizer: optax.GradientTransformation | AdamW | None = None
     dtype: str | None = None
     name: str | None = None
     compile: bool | None = None

@@ -27,6 +27,7 @@ import jax
 import optax
 
 from workbench._display import status_line
+from workbench._optimizer import AdamW
 from workbench._validate import check_bool, check_int
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
@@ -45,7 +46,8 @@ __all__ = ["compare", "plan"]
 
 def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
          rules: Rules | str | None = None, batch: int, seq: int | None = None,
-         optimizer: optax.GradientTransformation | None = None, dtype: str | None = None,
+         optimizer: optax.GradientTransformation | AdamW | None = None,
+         dtype: str | None = None,
          name: str | None = None, compile: bool | None = None,
          memory_limit: int | None = None,
          replicated_threshold: int = DEFAULT_REPLICATED_THRESHOLD,
@@ -75,8 +77,8 @@ def plan(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any = None,
             model's ``seq_len`` is planned with a warning naming both: the model computes
             at any length (RoPE has no position table), so it is a legitimate experiment,
             but one the config does not state; ``cfg.replace(seq_len=seq)`` states it.
-        optimizer: the optax transformation whose state is planned (default
-            ``optax.adamw(3e-4)``).
+        optimizer: the optax transformation, or a ``wb.train.AdamW`` spec, whose state is
+            planned (default ``wb.train.AdamW()``: the Trainer's).
         dtype: compute dtype override for a GPTConfig ("bfloat16", "auto", ...); "auto" is
             resolved for the mesh's platform (``plan.dtype`` says which).
         name: label for ``wb.compare`` (default: the rules' preset name).
