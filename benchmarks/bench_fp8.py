@@ -1,8 +1,8 @@
 """Which library runs fp8 matmuls on TPU: one Llama-3.1-70B MLP projection (8192 tokens x
 8192 -> 28672, bfloat16 operands) forward and backward, compiled by the TPU compiler for one
 tpu7x device through each candidate, and the matmuls' operand types in the optimized HLO
-(``workbench._compiled.hlo.dot_dtypes``) beside the compiler's own cycle estimates of the
-program (``hlo.compiler_cycles``, at the catalogue's clock).
+(``workbench._compiled.graph.dot_dtypes``) beside the compiler's own cycle estimates of the
+program (``loops.compiler_cycles``, at the catalogue's clock).
 
 Candidates: plain bfloat16 (the reference); qwix's quantized-training dot_general as
 ``GPTConfig(quantization="fp8")`` calls it (MaxText's ``fp8_full``: e4m3 operands, e5m2
@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import workbench as wb
-from workbench._compiled.hlo import compiler_cycles, dot_dtypes
+from workbench._compiled.graph import dot_dtypes
+from workbench._compiled.loops import compiler_cycles
 from workbench._sharding.topology import tpu_compiler_available, tpu_mesh
 from workbench.hardware import hardware_spec
 from workbench.models import _fp8

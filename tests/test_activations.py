@@ -84,7 +84,7 @@ def test_collectives_name_source_lines_tensors_and_rules(plan):
         if c.kind == "all-gather" or any("->" in op for op in c.ops):
             assert c.sources, c     # the ops of the model's own lines have them
         for src, op in zip(c.sources, c.ops, strict=False):
-            # a source line is the model's, never Workbench's plumbing (_compiled.hlo._LIBRARY)
+            # a source line is the model's, never Workbench's plumbing (_compiled.graph._LIBRARY)
             assert not src.startswith(("_step.py", "rules.py", "_planner.py",
                                        "_activations.py")), src
             spec = re.search(r"\(([a-z,]+->[a-z]+)\)", op)

@@ -17,7 +17,7 @@ import workbench as wb
 import workbench._flops  # noqa: F401 - wb._flops below
 from workbench.hardware import hardware_spec
 from workbench.models import GPT, GPTConfig
-from workbench._compiled.hlo import compiler_cycles, computation_multiplicity
+from workbench._compiled.loops import compiler_cycles, computation_multiplicity
 from workbench._step import lm_loss, make_train_step
 from workbench._sharding.topology import tpu_compiler_available
 

@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench._compiled.hlo import dot_dtypes
+from workbench._compiled.graph import dot_dtypes
 from workbench.hardware import effective_spec, hardware_spec
 from workbench.models import GPT, GPTConfig
 from workbench.models import _fp8 as fp8

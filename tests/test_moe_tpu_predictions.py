@@ -19,7 +19,7 @@ from workbench.hardware import hardware_spec
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
 from workbench.perf._bounds import MFU_CEILING
-from workbench._compiled.hlo import computation_multiplicity
+from workbench._compiled.loops import computation_multiplicity
 from workbench.hardware import effective_spec
 from workbench.perf import StepCost
 from workbench.perf._predict import predict

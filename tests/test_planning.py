@@ -4,11 +4,13 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench._compiled.hlo import groups_to_axes, parse_collectives, parse_replica_groups
+from workbench._compiled.groups import groups_to_axes, parse_replica_groups
+from workbench._compiled.hlo import parse_collectives
 from workbench.any_model import MLPClassifier, classifier_loss
 from workbench.models import GPTConfig
 from workbench._sharding.rules import Rules
@@ -24,7 +26,10 @@ def mesh():
 
 @pytest.fixture(scope="module")
 def fsdp_tp(mesh):
-    return wb.plan(TINY, mesh=mesh, rules="fsdp_tp", batch=8, seq=128)
+    # plain AdamW (not the default's clipping): the tests below name its state
+    # (opt_state.0.mu) and the all-reduces of the activations alone
+    return wb.plan(TINY, mesh=mesh, rules="fsdp_tp", batch=8, seq=128,
+                   optimizer=optax.adamw(3e-4))
 
 
 def _kinds(plan, kind):

@@ -356,7 +356,7 @@ def test_collectives_inside_a_scanned_loop_count_once_per_iteration():
     loop body's instructions by the trip count read from the loop condition."""
     from jax.sharding import PartitionSpec as P
 
-    from workbench._compiled.hlo import loop_trip_counts
+    from workbench._compiled.loops import loop_trip_counts
 
     mesh = wb.make_mesh(data=8)
 

@@ -47,7 +47,7 @@ class HardwareSpec:
         (``workbench.perf._host``); None where no figure is published.
         (For the CPU entry, ``nvlink_bandwidth`` is the in-process copy bandwidth.)
       clock_hz: TPU TensorCore clock (cycles/s): converts the TPU compiler's per-instruction
-        ``estimated_cycles`` into seconds (``workbench._compiled.hlo.compiler_cycles``).
+        ``estimated_cycles`` into seconds (``workbench._compiled.loops.compiler_cycles``).
       collective_latency: seconds each collective instruction costs whatever its size
         (measured for the CPU entry, where XLA:CPU synchronises the device threads; None
         in the published tables: bandwidth-only).

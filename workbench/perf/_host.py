@@ -40,8 +40,8 @@ import math
 import re
 from typing import Any, Mapping, Sequence
 
-from workbench._compiled.hlo import (_DTYPE_BYTES, UNKNOWN_CYCLES, _computations,
-                                 computation_multiplicity, loop_trip_counts)
+from workbench._compiled.loops import UNKNOWN_CYCLES, computation_multiplicity, loop_trip_counts
+from workbench._compiled.text import DTYPE_BYTES, computations
 
 __all__ = ["HostTime", "HostTraffic", "HostTransfer", "host_seconds", "host_traffic"]
 
@@ -200,10 +200,10 @@ def _elements(type_text: str) -> list[str]:
 def _array(element: str) -> tuple[int, str, bool] | None:
     """(bytes, "dtype[dims]", in host memory?) of one array type, or None."""
     m = _ARRAY.search(element)
-    if m is None or m.group(1) not in _DTYPE_BYTES:
+    if m is None or m.group(1) not in DTYPE_BYTES:
         return None
     dims = [int(x) for x in m.group(2).split(",") if x]
-    nbytes = int(_DTYPE_BYTES[m.group(1)] * math.prod(dims))
+    nbytes = int(DTYPE_BYTES[m.group(1)] * math.prod(dims))
     return nbytes, f"{m.group(1)}[{m.group(2)}]", HOST_SPACE in (m.group(3) or "")
 
 
@@ -270,7 +270,7 @@ def host_traffic(hlo_text: str) -> HostTraffic:
     schedule ``host_seconds`` needs to time them; empty when nothing is in ``S(5)``."""
     if HOST_SPACE not in hlo_text:
         return HostTraffic()
-    comps = _computations(hlo_text)
+    comps = computations(hlo_text)
     mult = computation_multiplicity(hlo_text)
     trips = loop_trip_counts(hlo_text)
     memo: dict[str, tuple[int, int]] = {}

@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench._compiled.hlo import KINDS, Collective, HloGraph, parse_collectives
+from workbench._compiled.graph import HloGraph
+from workbench._compiled.hlo import KINDS, Collective, parse_collectives
 
 __all__ = ["MeasuredCollective", "OpTime", "StepProfile", "host_core_ids", "host_cores",
            "read_trace", "trace_files"]

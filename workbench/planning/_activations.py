@@ -287,7 +287,7 @@ def collective_layouts(plan: Any, index: int) -> CollectiveLayouts:
     in the instruction).
     """
     from workbench._sharding.layouts import layout
-    from workbench._compiled.hlo import HloGraph
+    from workbench._compiled.graph import HloGraph
 
     c = plan.collectives[index]
     axes = tuple(c.axes)
