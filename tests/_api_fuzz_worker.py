@@ -198,7 +198,7 @@ class Fixtures:
         return wb.runs.read_run(self.written_run)
 
     def _make_nnx_factory(self) -> Callable[..., Any]:
-        from workbench.models import MLPClassifier
+        from workbench.any_model import MLPClassifier
         return lambda rngs: MLPClassifier(8, (16,), 4, rngs=rngs)
 
     def _make_classifier(self) -> Any:
@@ -313,18 +313,18 @@ RECIPES: dict[str, Recipe] = {
     "wb.models.Block": lambda f: {"cfg": f.cfg, "key": _key()},
     "wb.models.RMSNorm": lambda f: {"dim": 16, "eps": 1e-5, "dtype": "float32",
                                     "param_dtype": "float32"},
-    "wb.models.MLPClassifier": lambda f: {"in_features": 8, "hidden": (16,), "n_classes": 4,
+    "wb.any_model.MLPClassifier": lambda f: {"in_features": 8, "hidden": (16,), "n_classes": 4,
                                           "rngs": _rngs()},
     # an fp8 config (issue 58): every field fuzzed with quantization on, and it hostile too
     "wb.models.GPTConfig": lambda f: {k: getattr(f.cfg, k) for k in (
         "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
         "seq_len")} | {"quantization": "fp8"},
-    "wb.models.ModelSpec": lambda f: {"factory": f.nnx_factory},
-    "wb.models.classifier_loss": lambda f: {"model": f.classifier,
+    "wb.any_model.ModelSpec": lambda f: {"factory": f.nnx_factory},
+    "wb.any_model.classifier_loss": lambda f: {"model": f.classifier,
                                             "batch": {"x": _jnp_ones((2, 8)),
                                                       "y": _np([0, 1])}},
-    "wb.models.from_nnx": lambda f: {"factory": f.nnx_factory},
-    "wb.models.from_penzai": lambda f: {"model_or_builder": f.penzai_builder, "vocab_size": 8},
+    "wb.any_model.from_nnx": lambda f: {"factory": f.nnx_factory},
+    "wb.any_model.from_penzai": lambda f: {"model_or_builder": f.penzai_builder, "vocab_size": 8},
     "wb.models.rope": lambda f: {"x": _jnp_ones((1, 4, 2, 8)), "theta": 10000.0},
     "wb.models.Pipeline": lambda f: {"microbatches": 2, "schedule": "gpipe", "repeats": 1},
     "wb.models.blocks_per_device": lambda f: {"size": 4, "zigzag": True},
@@ -332,7 +332,7 @@ RECIPES: dict[str, Recipe] = {
                                       "name": "x"},
     "wb.models.penzai_rules": lambda f: {"rules": _rules_preset("fsdp", f.mesh)},
     "wb.models.zigzag_order": lambda f: {"seq": 64, "size": 4},
-    # wb.hf (wb.models.from_hf / hf_config / to_hf and wb.train.export_run are these)
+    # wb.hf
     "wb.hf.export_run": lambda f: {"run_dir": f.trained_run, "path": f.fresh("export")},
     "wb.hf.from_hf": lambda f: {"path": f.hf_dir},
     # workbench._sharding.placement (a documented module; test_api_fuzz.EXTRA_MODULES)
@@ -383,7 +383,7 @@ SIGNATURES: dict[str, tuple[tuple[str, str], ...]] = {
 SIGNATURES["wb.models.GPT"] = (("cfg", "positional"), ("rngs", "keyword"))
 SIGNATURES["wb.models.RMSNorm"] = (("dim", "positional"), ("eps", "keyword"),
                                    ("dtype", "keyword"), ("param_dtype", "keyword"))
-SIGNATURES["wb.models.MLPClassifier"] = (
+SIGNATURES["wb.any_model.MLPClassifier"] = (
     ("in_features", "positional"), ("hidden", "positional"), ("n_classes", "positional"),
     ("rngs", "keyword"), ("dtype", "keyword"))
 

@@ -239,7 +239,7 @@ CALLS: dict[tuple[str, str], Callable[[Any, Path], Any]] = {
     **{("wb.models.GPTConfig", f): (lambda bad, tmp, f=f: _gpt(**{f: bad}))
        for f in ("tie_embeddings", "context_zigzag", "scan_layers", "router_norm_topk",
                  "qkv_bias", "qk_norm", "shared_expert_gate")},
-    ("wb.models.ModelSpec", "require_rules"): lambda bad, tmp: wb.models.ModelSpec(
+    ("wb.any_model.ModelSpec", "require_rules"): lambda bad, tmp: wb.any_model.ModelSpec(
         factory=lambda rngs: None, require_rules=bad),
     ("wb.models.blocks_per_device", "zigzag"): lambda bad, tmp: wb.models.blocks_per_device(
         4, zigzag=bad),

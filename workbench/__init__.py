@@ -22,6 +22,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from workbench import _display, _hf_reader
+
 __version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None means the module itself.
@@ -58,12 +60,19 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "generate": ("workbench._generate", "generate"),
     "models": ("workbench.models", None),
     "hf": ("workbench.hf", None),
+    "any_model": ("workbench.any_model", None),
     "runs": ("workbench.runs", None),
     "data": ("workbench.data", None),
     "train": ("workbench.train", None),
 }
 
 __all__ = sorted(_EXPORTS)
+
+# The root sits above every package: the one place that tells the layers below what is
+# above them: where the views are (workbench.widgets registers them when first imported,
+# in a notebook) and what reads TrainConfig.init's Hugging Face folder.
+_display.views_from("workbench.widgets")
+_hf_reader.read_with("workbench.hf._load")
 
 
 def __getattr__(name: str) -> Any:
@@ -82,7 +91,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from workbench import data, hf, models, runs, train
+    from workbench import any_model, data, hf, models, runs, train
     from workbench.hardware import DeviceInfo, devices, peak_flops, simulate_devices
     from workbench.exercises import exercise
     from workbench.jobs import Hosts, Job, Local, Slurm, TPUSlice, attach, launch

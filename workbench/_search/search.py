@@ -69,7 +69,7 @@ def search(cfg: GPTConfig | Any, hardware: str | Any = None, *, batch: int,
 
     Args:
         cfg: the model: a ``GPTConfig`` (remat is varied with ``cfg.replace(remat=...)``),
-            or anything ``wb.plan`` takes (a ``wb.models.from_nnx`` / ``from_penzai`` spec,
+            or anything ``wb.plan`` takes (a ``wb.any_model.from_nnx`` / ``from_penzai`` spec,
             a factory ``rngs -> nnx.Module``): its remat is its own, and the candidates are
             the rules that fit its annotations (``search_space.model_candidates``: meshes
             with the mesh axes the annotations name, or the presets for logical and penzai
@@ -536,7 +536,7 @@ def _as_spec(model: Any, loss_fn: Any, example_batch: Any, remat: Sequence[str],
     """A factory (or spec) as the ``ModelSpec`` every candidate is planned with."""
     if not callable(model):
         raise TypeError(f"wb.search: cfg={model!r} is a {type(model).__name__}; cfg must be a "
-                        "GPTConfig or a model factory (rngs -> nnx.Module, wb.models.from_nnx "
+                        "GPTConfig or a model factory (rngs -> nnx.Module, wb.any_model.from_nnx "
                         "/ from_penzai)")
     if tuple(remat) != DEFAULT_REMAT:
         raise ValueError(f"remat={tuple(remat)!r}: a model factory sets its own remat "
