@@ -310,7 +310,7 @@ class _Search:
         return out | {"implausible": bool(pred.implausible),
                       "step_seconds": step, "mfu": pred.mfu, "mfu_fp8": pred.mfu_fp8,
                       "bound": pred.bound,
-                      "tokens_per_s": batch * p.seq / step if step > 0 else None,
+                      "tokens_per_s": batch * p.report.seq / step if step > 0 else None,
                       "no_overlap_seconds": pred.breakdown["no_overlap_step"] * microbatches}
 
     def row(self, c: Candidate, p: Plan) -> SearchRow:

@@ -11,7 +11,7 @@ collectives and layout lints per device; ``materialize()`` builds the sharded mo
 
 ``plan()`` runs the stages of ``workbench.planning._stages`` in order (resolve the inputs,
 choose the compile target, build the abstract step, measure, lint) and assembles the
-``PlanReport`` (predicted on first use) inside the runnable ``Plan``.
+``PlanReport`` (predicted when it is made) inside the runnable ``Plan``.
 
 On a mesh larger than the machine (``wb.abstract_mesh("v5p-1024", data=-1, model=4)``)
 the plan is analytic: memory by formula, FLOPs, and collectives estimated from layouts,
@@ -32,7 +32,8 @@ from workbench._validate import check_bool, check_int
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
 from workbench.planning._handle import Plan
-from workbench.planning._report import CompiledNumbers, Comparison, PlanReport
+from workbench.planning._report import (CompiledNumbers, Comparison, PlanReport,
+                                        with_prediction)
 from workbench.planning import _background as background
 from workbench.planning._measure import CompileOutcome, Measured, compile_outcome, measure
 from workbench.planning._options import DEFAULT_REPLICATED_THRESHOLD, PlanOptions
@@ -209,9 +210,10 @@ def _resolve_arguments(inp: Inputs, opts: PlanOptions) -> dict[str, Any]:
 
 def _assemble(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured, warnings: list,
               *, seconds: float) -> Plan:
-    """The report of the stages' records (predicted on first use), in its runnable handle."""
+    """The report of the stages' records, predicted now (``with_prediction``), in its
+    runnable handle."""
     compiled, target, st = m.compiled, m.target, step.state
-    report = PlanReport(
+    report = with_prediction(PlanReport(
         name=inp.name or inp.rules_name or "plan", cfg=inp.asked, mesh=inp.info,
         rules=inp.rules, batch=inp.batch, seq=inp.seq, is_estimate=compiled is None,
         flops=step.flops, source=target.source if compiled is not None else "estimate",
@@ -226,7 +228,7 @@ def _assemble(inp: Inputs, setup: Setup, step: AbstractStep, m: Measured, warnin
         compiler_options={**setup.options, **m.outcome.extra_options},
         attention=setup.attention, dtype=inp.dtype, placement=inp.placement,
         compiled_numbers=None if compiled is None else CompiledNumbers(
-            compiled, tpu=target.source == "tpu-compiler"))
+            compiled, tpu=target.source == "tpu-compiler")))
     return Plan(report=report, optimizer=inp.optimizer, graphdef=st.graphdef,
                 param_state=st.param_state, abstract_state=st.state,
                 shardings=st.shardings, abstract_batch=step.batch,
