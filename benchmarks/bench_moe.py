@@ -10,7 +10,7 @@ bytes of the compiled program vs the hand count.
   memory), not a speed-up.
 - Bytes: ``wb.plan`` compiles the EP step; the all-to-alls over the ``expert`` axis in its
   optimized HLO (``plan.collectives``), bytes x count per step, against
-  ``workbench.perf._analytic.moe_collectives`` (4 per MoE layer of the ``(E, C, D)``
+  ``workbench.perf._analytic_collectives.moe_collectives`` (4 per MoE layer of the ``(E, C, D)``
   buffer; all-gather dispatch: 2 gathers of ``n*G*D`` and 2 reduce-scatters of ``G*D``).
 
 The TPU plans of grouped MoE at Mixtral's shapes are ``bench_moe_plans``.
@@ -85,14 +85,14 @@ def _step_times(cfg: Any) -> dict[str, Any]:
 
 def _bytes(cfg: Any) -> dict[str, Any]:
     import workbench as wb
-    from workbench.perf import _analytic as analytic
+    from workbench.perf._analytic_collectives import moe_collectives
 
     out = {}
     for dispatch in ("all_to_all", "all_gather"):
         c = cfg.replace(moe_dispatch=dispatch)
         p = wb.plan(c, mesh=wb.make_mesh(expert=4, data=2), rules="ep", batch=BATCH, seq=SEQ,
                     progress=False)
-        hand = analytic.moe_collectives(c, p.rules, p.mesh, BATCH, SEQ)
+        hand = moe_collectives(c, p.rules, p.mesh, BATCH, SEQ)
         kinds = {h.kind for h in hand}
         sizes = {(h.kind, h.bytes) for h in hand}
         hlo = sum(x.bytes * x.count for x in p.collectives

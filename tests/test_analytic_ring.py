@@ -1,6 +1,7 @@
-"""The analytic plan's context-parallel collectives (``analytic.context_collectives``)
-against the compiled step's: ring attention's K/V and dK/dV permutes, the all-gather
-variant's gathers and reduce-scatters, and the zig-zag reorders, per step and per device.
+"""The analytic plan's context-parallel collectives
+(``_analytic_collectives.context_collectives``) against the compiled step's: ring
+attention's K/V and dK/dV permutes, the all-gather variant's gathers and reduce-scatters,
+and the zig-zag reorders, per step and per device.
 
 References: the same config compiled for 8 CPU devices (``plan.collectives``, read from
 the HLO with ``parse_collectives``), the TPU compiler's HLO where it is installed, and the
@@ -15,7 +16,7 @@ import workbench as wb
 from workbench.models import GPTConfig
 from workbench.models import _context as C
 from workbench.perf import _attention_cost as attention_cost
-from workbench.perf import _analytic as analytic
+from workbench.perf._analytic_collectives import context_collectives
 from workbench._sharding.topology import tpu_compiler_available
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
@@ -61,7 +62,7 @@ def test_ring_permutes_equal_the_compiled_ones(zigzag, scan):
     hand = attention_cost.kv_bytes_per_device(batch=BATCH, seq=SEQ, n_kv_heads=cfg.n_kv_heads,
                                  head_dim=cfg.head_dim, itemsize=4, size=n, variant="ring",
                                  batch_shards=2)
-    ring = sum(c.total_bytes for c in analytic.context_collectives(
+    ring = sum(c.total_bytes for c in context_collectives(
         cfg, estimate.rules, estimate.mesh, BATCH, SEQ) if "ring" in c.names[0])
     assert ring == L * (hand["received"] + hand["received_backward"])
 
@@ -76,7 +77,7 @@ def test_remat_reruns_the_forward_collectives(variant, scan):
     got = _context_collectives(compiled)
     assert _context_collectives(estimate) == got
     kind = "collective-permute" if variant == "ring" else "all-gather"
-    hand = analytic.context_collectives(cfg, estimate.rules, estimate.mesh, BATCH, SEQ)
+    hand = context_collectives(cfg, estimate.rules, estimate.mesh, BATCH, SEQ)
     forward = sum(c.count for c in hand if c.kind == kind
                   and "forward" in c.names[0] and "zig-zag" not in c.names[0])
     per_layer = 2 * 3 if variant == "ring" else 2      # K and V, (n - 1) steps or gathered
@@ -125,5 +126,5 @@ def test_no_context_axis_no_context_collectives():
     cfg = TINY.replace(context_attention="ring", context_zigzag=True)
     p = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=SEQ, compile=False,
                 progress=False)
-    assert analytic.context_collectives(cfg, p.rules, p.mesh, 8, SEQ) == []
+    assert context_collectives(cfg, p.rules, p.mesh, 8, SEQ) == []
     assert not [c for c in p.collectives if c.kind == "collective-permute"]

@@ -24,7 +24,7 @@ from workbench import _runs as runs
 from workbench import _step as S
 from workbench.models import GPTConfig
 from workbench.models._moe import capacity
-from workbench.perf import _analytic as analytic
+from workbench.perf._analytic_collectives import moe_collectives
 from workbench._sharding.rules import Rules
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
@@ -218,7 +218,7 @@ def test_dispatch_collectives_in_the_hlo_equal_the_hand_count(dispatch):
     else:   # tokens gathered, outputs reduce-scattered, forward and backward
         assert count("all-gather", n * g * d * 4) == 2 * L
         assert count("reduce-scatter", g * d * 4) == 2 * L
-    hand = analytic.moe_collectives(cfg, p.rules, p.mesh, batch, seq)
+    hand = moe_collectives(cfg, p.rules, p.mesh, batch, seq)
     assert hand
     for c in hand:
         assert count(c.kind, c.bytes) == c.count

@@ -6,7 +6,7 @@ another, and shard_map gives every all-to-all ``channel_id=1``: a dedupe by chan
 computations (meant for the TPU compiler's async collective fusion clones) used to drop
 the backward's, so the plan showed 2 per layer. Reference: the all-to-all instructions in
 the HLO text, each counted once per run of its loop (``/while/body/`` in its op name: the
-layer scan, ``n_layers`` trips), and the hand count ``analytic.moe_collectives``.
+layer scan, ``n_layers`` trips), and the hand count ``_analytic_collectives.moe_collectives``.
 """
 import re
 
@@ -14,7 +14,7 @@ import pytest
 
 import workbench as wb
 from workbench.models import GPTConfig
-from workbench.perf import _analytic as analytic
+from workbench.perf._analytic_collectives import moe_collectives
 from workbench._compiled.hlo import parse_collectives
 from workbench._sharding.topology import tpu_compiler_available
 
@@ -65,7 +65,7 @@ def test_four_all_to_alls_per_layer_as_in_the_hlo(scan, rules, axes):
     direct = parse_collectives(text, p.mesh.axis_names, p.mesh.axis_sizes)
     assert [(c.count, c.bytes) for c in direct if c.kind == "all-to-all"] == \
         [(c.count, c.bytes) for c in parsed]
-    hand = analytic.moe_collectives(cfg, p.rules, p.mesh, batch, seq)
+    hand = moe_collectives(cfg, p.rules, p.mesh, batch, seq)
     assert [c.count for c in hand] == [4 * cfg.n_layers]
     # the (E, C, D) buffer: float32 where the hand count has it; the TPU compiler sends
     # one of each pair already converted to bfloat16 for its matmul (half the bytes)

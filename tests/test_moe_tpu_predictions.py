@@ -7,7 +7,7 @@ best. Here, for ep, fsdp_ep, ep_tp and fsdp, dropless and with a capacity factor
 work is checked against an independent count read from the HLO text by this file's own
 parse (the known cycles at the clock, plus each unknown instruction's operand and result
 bytes at the HBM bandwidth), the prediction against its physical bounds, and the
-all-to-alls against the hand count ``analytic.moe_collectives``.
+all-to-alls against the hand count ``_analytic_collectives.moe_collectives``.
 """
 import math
 import re
@@ -17,7 +17,7 @@ import pytest
 import workbench as wb
 from workbench.hardware import hardware_spec
 from workbench.models import GPTConfig
-from workbench.perf import _analytic as analytic
+from workbench.perf._analytic_collectives import moe_collectives
 from workbench.perf._bounds import MFU_CEILING
 from workbench._compiled.loops import computation_multiplicity
 from workbench.hardware import effective_spec
@@ -122,7 +122,7 @@ def test_moe_plans_on_tpu_time_unknown_instructions_by_their_roofline(moe_plans)
 def test_moe_plans_on_tpu_move_tokens_as_the_hand_count_says(moe_plans):
     cfg, plans = moe_plans
     for rules, p in plans.items():
-        hand = analytic.moe_collectives(cfg, p.rules, p.mesh, 8, 128)
+        hand = moe_collectives(cfg, p.rules, p.mesh, 8, 128)
         found = [c for c in p.collectives if c.kind == "all-to-all"]
         if "expert" not in p.mesh.axis_names:   # fsdp: every device holds every expert
             assert not hand and not [c for c in found if "expert" in c.axes], rules

@@ -50,10 +50,11 @@ def test_formulas_are_public_and_the_same_functions():
     import workbench.perf as perf
     from workbench import _flops as flops
     from workbench.perf import _analytic as analytic, _attention_cost as attention_cost, formulas
+    from workbench.perf import _analytic_collectives as analytic_collectives
 
     assert perf.formulas is formulas and "formulas" in perf.__all__
     for name in formulas.__all__:
-        impl = getattr(analytic, name, None) or getattr(attention_cost, name, None) \
-            or getattr(flops, name)
+        impl = getattr(analytic, name, None) or getattr(analytic_collectives, name, None) \
+            or getattr(attention_cost, name, None) or getattr(flops, name)
         assert getattr(formulas, name) is impl, name
     assert formulas.moe_collectives.__doc__

@@ -1,28 +1,28 @@
-"""Analytic plan estimates: memory per device, compute split and collectives from layouts.
+"""Analytic plan estimates: memory per device and the compute split, from layouts (the
+collectives by formula are ``_analytic_collectives``).
 
 Used beside the compiled numbers, and alone for meshes larger than the machine. Every
 number here is an estimate by formula; the formulas are in the docstrings.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from workbench._compiled.hlo import Collective, _wire
 from workbench._sharding.layouts import Layout
 from workbench._sharding.mesh import MeshInfo
+from workbench._sharding.rules import Rules
 from workbench.models import _attention as attention_impl
 from workbench.models._config import GPTConfig
 from workbench.models._remat import resolve_remat
-from workbench._sharding.rules import Rules
 
 __all__ = ["SCANNED_NONE_SAVED", "TPU_SCRATCH_BYTES", "TRAFFIC", "activation_bytes",
-           "analytic_collectives", "analytic_memory", "axes_size", "batch_axes", "compute_split",
-           "context_collectives", "fsdp_axes", "hbm_bytes", "moe_collectives",
-           "moe_padding_flops", "moe_slots_per_token", "per_device", "pipeline_permutes",
+           "analytic_memory", "axes_size", "batch_axes", "compute_split", "fsdp_axes",
+           "hbm_bytes", "moe_padding_flops", "moe_slots_per_token", "per_device",
            "pipeline_stage_activations", "temp_breakdown", "weight_axes"]
 
 
@@ -156,7 +156,8 @@ def compute_dtype(cfg: GPTConfig, mesh: MeshInfo) -> np.dtype:
     return np.dtype(cfg.compute_dtype(mesh.platform))
 
 
-def _ceil_div(n: int, d: int) -> int:
+def ceil_div(n: int, d: int) -> int:
+    """``ceil(n / d)`` in integers (``d`` at least 1)."""
     return -(-int(n) // max(1, int(d)))
 
 
@@ -204,169 +205,194 @@ def _weight_bytes(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, itemsize: int,
                     if a in mesh.shape and a not in used]
             used.update(axes)
             skip = skip_axes if lg != "experts" else set()   # expert shards stay put
-            elems *= _ceil_div(dim, axes_size(mesh, [a for a in axes if a not in skip]))
+            elems *= ceil_div(dim, axes_size(mesh, [a for a in axes if a not in skip]))
         out[name] = elems * itemsize * copies
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+    """Per-device sizes :func:`temp_breakdown`'s terms are counted in (``b``: the compute
+    dtype's bytes; ``tokens``: batch x seq over their shards; ``span``: the attention
+    scores' width; ``f``: the MLP's width, for a mixture of experts ``slots`` expert
+    widths plus the shared experts' ``shared``; heads, kv heads and vocab over their
+    shards)."""
+
+    kind: str
+    b: int
+    tokens: int
+    span: int
+    d: int
+    f: int
+    shared: int
+    slots: float
+    heads: int
+    nh: int
+    kh: int
+    vocab: int
+
+
+def _sizes(cfg: GPTConfig, batch: int, seq: int, rules: Rules, mesh: MeshInfo) -> _Sizes:
+    """The per-device sizes of ``cfg``'s tensors for one step (see :class:`_Sizes`)."""
+    kind = _kind(mesh)
+    shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
+    tokens = ceil_div(batch, shard("batch")) * ceil_div(seq, shard("seq"))
+    # attention span: ring attention (context parallelism) scores one T/n block at a time
+    span = ceil_div(seq, shard("seq")) \
+        if getattr(cfg, "context_attention", "") == "ring" else seq
+    if kind == "accelerator" and _fused_attention(cfg, mesh, seq, rules, batch):
+        span = 0   # a fused kernel (splash, cuDNN) never holds the T x T scores
+    f = ceil_div(cfg.d_ff, shard("mlp"))
+    heads = ceil_div(cfg.n_heads, shard("heads"))
+    s, shared = 0.0, 0
+    if cfg.n_experts:   # MoE: F-sized tensors per slot, slots = E * capacity / group
+        ea = [a for a in rules.axes("experts") if a in mesh.shape]
+        s = moe_slots_per_token(cfg, tokens * (axes_size(mesh, ea)
+                                               if cfg.moe_dispatch == "all_gather" else 1),
+                                expert_shards=axes_size(mesh, ea))
+        shared = ceil_div(cfg.n_shared_experts * cfg.moe_d_ff, shard("mlp"))
+        f = int(s * ceil_div(cfg.moe_d_ff, shard("expert_mlp"))) + shared
+    return _Sizes(kind=kind, b=compute_dtype(cfg, mesh).itemsize, tokens=tokens, span=span,
+                  d=cfg.d_model, f=f, shared=shared, slots=s, heads=heads,
+                  nh=heads * cfg.head_dim,
+                  kh=ceil_div(cfg.n_kv_heads, shard("kv_heads")) * cfg.head_dim,
+                  vocab=ceil_div(cfg.vocab_size, shard("vocab")))
+
+
+def _per_token(cfg: GPTConfig, z: _Sizes, remat: str) -> float:
+    """Bytes one layer keeps per token under ``remat``: ``cD·D + cF·F + cN·NH + cK·KH +
+    cS·heads·T`` (``_bytes_per_element``), plus, for a mixture of experts where the
+    policy keeps the MLP's tensors, each slot's D-sized input ``b·slots·D``, the token's
+    ``k`` picked outputs in float32 ``4·k·D`` (the combine's operand) and the router's
+    float32 logits, probabilities and one-hot counts ``12·E`` (remat="full": none)."""
+    c = _bytes_per_element(z.kind, z.b, remat)
+    moe = (z.b * z.slots * z.d + 4 * cfg.experts_per_token * z.d + 3 * 4 * cfg.n_experts) \
+        if cfg.n_experts and c["F"] else 0
+    return c["D"] * z.d + c["F"] * z.f + c["NH"] * z.nh + c["KH"] * z.kh \
+        + c["scores"] * z.heads * z.span + moe
+
+
+def _saved(cfg: GPTConfig, z: _Sizes, remat: str) -> tuple[int, int]:
+    """``(saved, stacked)``: the activations kept for the backward pass, all layers
+    (:func:`_per_token` by platform, dtype and ``remat``; ``T`` the attention span: the
+    sequence, or one ``T/n`` block for ring attention over a context axis of size ``n``).
+    Scanned layers without remat on an accelerator keep ``SCANNED_NONE_SAVED`` times that
+    set (the loop's stacked residuals); ``stacked`` is the part above it, included in
+    ``saved``."""
+    saved = int(z.tokens * _per_token(cfg, z, remat)) * cfg.n_layers
+    stacked = int(saved * (SCANNED_NONE_SAVED - 1)) if z.kind == "accelerator" \
+        and remat == "none" and getattr(cfg, "scan_layers", False) else 0
+    return saved + stacked, stacked
+
+
+def _transient(cfg: GPTConfig, z: _Sizes, remat: str) -> tuple[int, int, int]:
+    """``(backward, softmax, expert_grads)`` of the last layer's backward pass.
+
+    ``backward``: its recomputed set under remat, else the gradients of its MLP
+    activations and output, ``cF·F + b·D`` per token. ``softmax`` (accelerator): the
+    gradients of the attention scores and probabilities, ``heads·T·(4 + b)``.
+    ``expert_grads``: under remat, a mixture of experts holds, while its MLP's backward
+    runs (before the attention's, so in place of the softmax's gradients when larger),
+    the gradients of the recomputed expert slots' F-sized tensors, ``cF·slots·expert_d_ff``
+    (dropless, ``slots = E``: these dominate the step). This is what remat needs at least:
+    where HBM is to spare the TPU compiler recomputes several layers ahead and uses more
+    (1b, remat="full", 2048 tokens per sequence on v5p-16: 13.4 GiB of temp for ~7.8)."""
+    none = _bytes_per_element(z.kind, z.b, "none")
+    backward = int(z.tokens * _per_token(cfg, z, "none")) if remat != "none" else \
+        int(z.tokens * (none["F"] * z.f + z.b * z.d))
+    softmax = int(z.tokens * z.heads * z.span * (4 + z.b)) if z.kind == "accelerator" else 0
+    expert_grads = int(z.tokens * none["F"] * (z.f - z.shared)) \
+        if remat != "none" and cfg.n_experts else 0
+    return backward, softmax, expert_grads
+
+
+def _weight_terms(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, z: _Sizes) -> dict[str, int]:
+    """The weights' and gradients' terms: ``gathered``, ``embedding_grads``, ``gradients``,
+    ``reduction`` and ``layer_grads``.
+
+    ``gathered``: FSDP gather buffers (weights sharded over a batch axis). The TPU compiler
+    gathers each layer's weights just before use, in the matmul dtype: the output
+    projection plus two layers (one in use, one prefetched). XLA:CPU gathers every layer
+    once and keeps it for the backward pass: all block weights, in the parameter dtype.
+    ``embedding_grads`` (CPU): the output projection's gradient and the embedding's
+    scatter-add buffer (with FSDP: the gathered table), whole over the batch axes.
+    ``reduction``: XLA:CPU all-reduces every gradient replicated over a batch axis at once
+    and holds the unreduced and the reduced copy (a tied embedding's two partial gradients
+    count twice): ``2 x`` those gradients plus the other gradient shards; on an
+    accelerator the reduction runs layer by layer beside the backward pass: the gradient
+    shards (``gradients``). ``layer_grads`` (accelerator, FSDP): one layer's whole weight
+    gradient in the parameter dtype before its reduce-scatter (a mixture of experts holds
+    it with its slots' gradients: every expert's, E times a dense MLP's)."""
+    pbytes = np.dtype(cfg.param_dtype).itemsize
+    bat = set(batch_axes(rules, mesh))
+    shards = _weight_bytes(cfg, rules, mesh, pbytes, set())
+    whole = _weight_bytes(cfg, rules, mesh, pbytes, bat)
+    fsdp = {k for k, full in whole.items() if full != shards[k]}
+    out_proj = "embed" if cfg.tie_embeddings else "lm_head"
+    blocks = sum(v for k, v in whole.items()
+                 if k in fsdp and k not in ("embed", "lm_head", "final_norm"))
+    out = {"gathered": 0, "embedding_grads": 0, "gradients": sum(shards.values()),
+           "layer_grads": 0}
+    if z.kind == "cpu":
+        reduced = sum(v for k, v in whole.items() if k not in fsdp)
+        if cfg.tie_embeddings and "embed" not in fsdp:
+            reduced += whole["embed"]
+        return {**out, "gathered": blocks, "embedding_grads": 2 * whole[out_proj],
+                "reduction": 2 * reduced + sum(v for k, v in shards.items() if k in fsdp)}
+    if fsdp:
+        mm = min(z.b, 2) if mesh.platform == "tpu" else z.b   # the MXU takes bfloat16 operands
+        per_layer = blocks * mm // (pbytes * cfg.n_layers)
+        out["gathered"] = (whole[out_proj] * mm // pbytes if out_proj in fsdp else 0) \
+            + 2 * per_layer
+        out["layer_grads"] = blocks // cfg.n_layers
+    return {**out, "reduction": out["gradients"]}
 
 
 def temp_breakdown(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
                    mesh: MeshInfo) -> dict[str, int | str]:
     """What holds XLA's temporary memory at its peak, per device (estimate, bytes).
 
-    One function of about 90 lines, on purpose: each term below is a few lines of code, in
-    the order this docstring gives them, so the code can be read against the formula.
-
     Two phases can be the peak: the end of the forward pass (everything kept for the
     backward pass) and the gradient reduction. ``temp = max(forward_peak,
-    reduction_peak)``; ``phase`` says which. Terms (``b``: compute dtype bytes; tokens per
-    device = batch x seq over their shards; d_ff, heads, kv heads and vocab over theirs):
-
-    - ``saved``: activations kept for the backward pass, all layers: per token and layer
-      ``cD·D + cF·F + cN·NH + cK·KH + cS·heads·T`` bytes (mixture of experts: ``F`` is
-      ``slots · expert_d_ff`` plus the shared experts' width, and where the policy keeps
-      the MLP's tensors each slot adds its D-sized input, ``b·slots·D``, each token its
-      ``k`` picked outputs in float32, ``4·k·D``, and the router's float32 logits,
-      probabilities and one-hot counts, ``12·E``; :func:`moe_slots_per_token`; under
-      remat="full" none of it stays) (``_bytes_per_element`` by
-      platform, dtype and ``cfg.remat``; ``T`` the attention span: the sequence, or one
-      ``T/n`` block for ring attention over a context axis of size ``n``). XLA:CPU schedules
-      every rematerialisation right after the forward pass, so remat does not lower its
-      peak: the CPU keeps the ``"none"`` set. Scanned layers without remat on an
-      accelerator keep ``SCANNED_NONE_SAVED`` times that set (the loop's stacked
-      residuals; ``stacked`` is the part above it).
-    - ``transient``: the last layer's backward pass: its recomputed set under remat, else
-      the gradients of its MLP activations and output, ``cF·F + b·D`` per token; on an
-      accelerator also the gradients of the attention scores and probabilities,
-      ``heads·T·(4 + b)``; under remat a mixture of experts holds, while its MLP's
-      backward runs (before the attention's, so in place of the softmax's gradients when
-      larger), the gradients of the recomputed expert slots' F-sized tensors,
-      ``cF·slots·expert_d_ff`` (dropless, ``slots = E``: these dominate the step), and
-      with FSDP the layer's whole weight gradient in the parameter dtype before its
-      reduce-scatter (every expert's: E times a dense MLP's). It runs once the logits are
-      freed, so the peak holds
-      ``max(logits, transient)``. This is what remat needs at least: where HBM is to
-      spare the TPU compiler recomputes several layers ahead and uses more (1b,
-      remat="full", 2048 tokens per sequence on v5p-16: 13.4 GiB of temp for ~7.8).
-    - ``logits``: the logits and their gradient in the compute dtype (a float32 copy too
-      on XLA:CPU), ``cL·V`` per token
-      (of one ``1/loss_chunks`` slice of the tokens with ``GPTConfig.loss_chunks``).
-    - ``gathered``: FSDP gather buffers (weights sharded over a batch axis). The TPU
-      compiler gathers each layer's weights just before use, in the matmul dtype: the
-      output projection plus two layers (one in use, one prefetched). XLA:CPU gathers
-      every layer once and keeps it for the backward pass: all block weights, in the
-      parameter dtype.
-    - ``embedding_grads`` (CPU): the output projection's gradient and the embedding's
-      scatter-add buffer (with FSDP: the gathered table), whole over the batch axes.
-    - ``scratch`` (TPU): on-chip scratch the compiler counts in temp
-      (``TPU_SCRATCH_BYTES``).
-    - ``reduction_peak``: XLA:CPU all-reduces every gradient replicated over a batch axis
-      at once and holds the unreduced and the reduced copy (a tied embedding's two partial
-      gradients count twice): ``2 x`` those gradients plus the other gradient shards. On
-      an accelerator the reduction runs layer by layer beside the backward pass: the
-      gradient shards (``gradients``) and the scratch.
+    reduction_peak)``; ``phase`` says which. ``forward_peak = saved + max(logits,
+    transient) + gathered + embedding_grads + scratch``: the last layer's backward pass
+    (``transient``) runs once the logits are freed. Each term's formula is in the helper
+    that counts it: :func:`_saved` (``saved``, ``stacked``), :func:`_transient`,
+    :func:`_weight_terms` (``gathered``, ``embedding_grads``, ``gradients`` and the
+    ``reduction_peak``, plus the scratch on an accelerator); sizes per device as in
+    :class:`_Sizes`. ``logits``: the logits and their gradient in the compute dtype (a
+    float32 copy too on XLA:CPU), ``cL·V`` per token of one ``1/loss_chunks`` slice of the
+    tokens. ``scratch`` (TPU): on-chip scratch the compiler counts in temp
+    (``TPU_SCRATCH_BYTES``). XLA:CPU schedules every rematerialisation right after the
+    forward pass, so remat does not lower its peak as much.
 
     Calibrated against the CPU and TPU compilers' buffer assignments; the ratios over a
     matrix of presets, strategies and meshes are in BENCHMARKS.md and the method in
     docs/predictions.md ("Calibration"). GPUs use the accelerator (TPU) coefficients,
     unchecked.
     """
-    kind = _kind(mesh)
-    b = compute_dtype(cfg, mesh).itemsize
-    pbytes = np.dtype(cfg.param_dtype).itemsize
-    shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
-    tokens = _ceil_div(batch, shard("batch")) * _ceil_div(seq, shard("seq"))
-    # attention span: ring attention (context parallelism) scores one T/n block at a time
-    span = _ceil_div(seq, shard("seq")) \
-        if getattr(cfg, "context_attention", "") == "ring" else seq
-    if kind == "accelerator" and _fused_attention(cfg, mesh, seq, rules, batch):
-        span = 0   # a fused kernel (splash, cuDNN) never holds the T x T scores
-    d = cfg.d_model
-    f = _ceil_div(cfg.d_ff, shard("mlp"))
-    heads = _ceil_div(cfg.n_heads, shard("heads"))
-    nh = heads * cfg.head_dim
-    kh = _ceil_div(cfg.n_kv_heads, shard("kv_heads")) * cfg.head_dim
-    vocab = _ceil_div(cfg.vocab_size, shard("vocab"))
-
-    s = 0.0
-    if cfg.n_experts:   # MoE: F-sized tensors per slot, slots = E * capacity / group
-        ea = [a for a in rules.axes("experts") if a in mesh.shape]
-        s = moe_slots_per_token(cfg, tokens * (axes_size(mesh, ea)
-                                               if cfg.moe_dispatch == "all_gather" else 1),
-                                expert_shards=axes_size(mesh, ea))
-        f = int(s * _ceil_div(cfg.moe_d_ff, shard("expert_mlp"))) \
-            + _ceil_div(cfg.n_shared_experts * cfg.moe_d_ff, shard("mlp"))
-
-    def per_token(remat: str) -> float:
-        c = _bytes_per_element(kind, b, remat)
-        # the experts' input slots, each token's k picked outputs in float32 (the
-        # combine's operand) and the router's float32 logits, probabilities and counts:
-        # kept where the policy keeps the MLP's tensors (remat="full" keeps none of them)
-        moe = (b * s * d + 4 * cfg.experts_per_token * d + 3 * 4 * cfg.n_experts) \
-            if cfg.n_experts and c["F"] else 0
-        return c["D"] * d + c["F"] * f + c["NH"] * nh + c["KH"] * kh \
-            + c["scores"] * heads * span + moe
-
+    z = _sizes(cfg, batch, seq, rules, mesh)
     # XLA:CPU honours remat too since JAX 0.12 (0.10's kept the whole set), and keeps the
     # same set under "full" as under "dots" (compiled temp equal within 0.2%: tiny and small,
     # fsdp_tp on 8 CPU devices)
-    remat = "dots" if kind == "cpu" and cfg.remat == "full" else cfg.remat
-    saved = int(tokens * per_token(remat)) * cfg.n_layers
-    # scanned layers without remat: the loop's stacked residuals (SCANNED_NONE_SAVED)
-    stacked = int(saved * (SCANNED_NONE_SAVED - 1)) if kind == "accelerator" \
-        and remat == "none" and getattr(cfg, "scan_layers", False) else 0
-    saved += stacked
-    # the backward pass of the last layer: its recomputed set under remat, else the
-    # gradients of its MLP activations and of its output
-    none = _bytes_per_element(kind, b, "none")
-    transient = int(tokens * per_token("none")) if remat != "none" else \
-        int(tokens * (none["F"] * f + b * d))
-    # the softmax's backward (accelerator): gradients of scores and probabilities
-    softmax = int(tokens * heads * span * (4 + b)) if kind == "accelerator" else 0
-    moe_grads = int(tokens * none["F"] * (f - _ceil_div(
-        cfg.n_shared_experts * cfg.moe_d_ff, shard("mlp")))) \
-        if remat != "none" and cfg.n_experts else 0
+    remat = "dots" if z.kind == "cpu" and cfg.remat == "full" else cfg.remat
+    saved, stacked = _saved(cfg, z, remat)
+    transient, softmax, expert_grads = _transient(cfg, z, remat)
     # loss_chunks: one slice of the sequence's logits at a time (step.chunked_token_losses)
-    logits = int(_ceil_div(tokens, max(1, getattr(cfg, "loss_chunks", 1))) * vocab
-                 * none["logits"])
+    logits = int(ceil_div(z.tokens, max(1, getattr(cfg, "loss_chunks", 1))) * z.vocab
+                 * _bytes_per_element(z.kind, z.b, "none")["logits"])
     scratch = TPU_SCRATCH_BYTES if mesh.platform == "tpu" else 0
-
-    bat = set(batch_axes(rules, mesh))
-    shards = _weight_bytes(cfg, rules, mesh, pbytes, set())
-    grads = sum(shards.values())
-    fsdp = {k for k, full in _weight_bytes(cfg, rules, mesh, pbytes, bat).items()
-            if full != shards[k]}
-    out_proj = "embed" if cfg.tie_embeddings else "lm_head"
-    whole = _weight_bytes(cfg, rules, mesh, pbytes, bat)
-    blocks = sum(v for k, v in whole.items()
-                 if k in fsdp and k not in ("embed", "lm_head", "final_norm"))
-    gathered = embedding_grads = 0
-    if kind == "cpu":
-        gathered = blocks
-        embedding_grads = 2 * whole[out_proj]
-    elif fsdp:
-        mm = min(b, 2) if mesh.platform == "tpu" else b   # the MXU takes bfloat16 operands
-        per_layer = blocks * mm // (pbytes * cfg.n_layers)
-        gathered = (whole[out_proj] * mm // pbytes if out_proj in fsdp else 0) \
-            + 2 * per_layer
-        if moe_grads:   # a layer's whole weight gradient before its reduce-scatter:
-            moe_grads += blocks // cfg.n_layers   # every expert's (E x a dense MLP)
-    # a recomputed MoE layer's backward runs its MLP's (the slots' gradients) before its
-    # attention's (the softmax's): the two are not live at once
-    transient += max(moe_grads, softmax) if moe_grads else softmax
-    forward = saved + max(logits, transient) + gathered + embedding_grads + scratch
-    if kind == "cpu":
-        reduced = sum(v for k, v in whole.items() if k not in fsdp)
-        if cfg.tie_embeddings and "embed" not in fsdp:
-            reduced += whole["embed"]
-        reduction = 2 * reduced + sum(v for k, v in shards.items() if k in fsdp)
-    else:
-        reduction = grads + scratch
-    temp = max(forward, reduction)
+    w = _weight_terms(cfg, rules, mesh, z)
+    if expert_grads:   # a recomputed MoE layer's MLP backward runs before its softmax's
+        expert_grads += w["layer_grads"]
+    transient += max(expert_grads, softmax) if expert_grads else softmax
+    forward = saved + max(logits, transient) + w["gathered"] + w["embedding_grads"] + scratch
+    reduction = w["reduction"] + (scratch if z.kind == "accelerator" else 0)
     return {"saved": saved, "stacked": stacked, "transient": transient, "logits": logits,
-            "gathered": gathered, "embedding_grads": embedding_grads, "scratch": scratch,
-            "forward_peak": forward, "reduction_peak": reduction, "gradients": grads,
-            "temp": temp, "phase": "forward" if forward >= reduction else "reduction",
-            "model": kind}
+            "gathered": w["gathered"], "embedding_grads": w["embedding_grads"],
+            "scratch": scratch, "forward_peak": forward, "reduction_peak": reduction,
+            "gradients": w["gradients"], "temp": max(forward, reduction),
+            "phase": "forward" if forward >= reduction else "reduction", "model": z.kind}
 
 
 def moe_slots_per_token(cfg: GPTConfig, group: int, expert_shards: int = 1) -> float:
@@ -401,7 +427,7 @@ def moe_padding_flops(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
 
     ea = [a for a in rules.axes("experts") if a in mesh.shape]
     shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
-    group = _ceil_div(batch, shard("batch")) * _ceil_div(seq, shard("seq")) \
+    group = ceil_div(batch, shard("batch")) * ceil_div(seq, shard("seq")) \
         * (axes_size(mesh, ea) if cfg.moe_dispatch == "all_gather" else 1)
     k = cfg.experts_per_token
     empty = max(0.0, moe_slots_per_token(cfg, group) - k)
@@ -486,219 +512,6 @@ def hbm_bytes(memory: Mapping[str, int | None], param_layouts: Mapping[str, Layo
                + per_byte * (int(t["saved"]) - int(t["stacked"]) + int(t["logits"])))
 
 
-def _merge(records: list[Collective]) -> list[Collective]:
-    merged: dict[tuple, Collective] = {}
-    for r in records:
-        key = (r.kind, r.axes, r.shapes)
-        if key in merged:
-            old = merged[key]
-            r = Collective(kind=r.kind, axes=r.axes, aligned=True, group_size=r.group_size,
-                           bytes=r.bytes, wire_bytes=r.wire_bytes, count=old.count + r.count,
-                           shapes=r.shapes, names=old.names + r.names)
-        merged[key] = r
-    return sorted(merged.values(), key=lambda c: -c.total_wire_bytes)
-
-
-def _record(kind: str, axes: tuple[str, ...], mesh: MeshInfo, nbytes: int, count: int,
-            shape: str, why: str) -> Collective:
-    n = axes_size(mesh, axes)
-    return Collective(kind=kind, axes=axes, aligned=True, group_size=n, bytes=int(nbytes),
-                      wire_bytes=_wire(kind, int(nbytes), n), count=count, shapes=(shape,),
-                      names=(f"estimate: {why}",))
-
-
-def _shape_str(dtype: np.dtype, shape: Sequence[int]) -> str:
-    short = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "s32"}
-    return f"{short.get(np.dtype(dtype).name, np.dtype(dtype).name)}[{','.join(map(str, shape))}]"
-
-
-def analytic_collectives(param_layouts: Mapping[str, Layout], rules: Rules, mesh: MeshInfo,
-                         cfg: GPTConfig | None, batch: int, seq: int) -> list[Collective]:
-    """Collectives one step needs, by formula from the layouts (estimates).
-
-    - weights sharded over a batch axis (FSDP): all-gather before the forward and again
-      in the backward (2 per step), reduce-scatter of the gradient (1);
-    - weights replicated over a batch axis (DP): all-reduce of the gradient (1);
-    - GPT with heads / mlp sharded over a non-batch axis (TP): per layer one all-reduce of
-      the (B/batch shards, T, D) activation after attention and one after the MLP, each
-      again in the backward pass; a vocab-sharded embedding adds one of each.
-    """
-    bat = set(batch_axes(rules, mesh))
-    out: list[Collective] = []
-    for name, lay in param_layouts.items():
-        sharded = {a for axes in lay.spec for a in axes}
-        fsdp = tuple(a for a in mesh.axis_names if a in fsdp_axes(lay, bat))
-        dp = tuple(a for a in mesh.axis_names if a in bat and a not in sharded)
-        shard = lay.padded_bytes_per_device
-        if fsdp:
-            full = shard * axes_size(mesh, fsdp)
-            gathered = [s * axes_size(mesh, [a for a in axes if a in fsdp])
-                        for s, axes in zip(lay.shard_shape, lay.spec)]
-            out.append(_record("all-gather", fsdp, mesh, full, 2,
-                               _shape_str(lay.dtype, gathered), f"FSDP gather of {name}"))
-            out.append(_record("reduce-scatter", fsdp, mesh, shard, 1,
-                               _shape_str(lay.dtype, lay.shard_shape), f"grad of {name}"))
-        if dp:
-            out.append(_record("all-reduce", dp, mesh, shard, 1,
-                               _shape_str(lay.dtype, lay.shard_shape), f"grad of {name}"))
-    if cfg is not None:
-        tok_shards = axes_size(mesh, batch_axes(rules, mesh))
-        act_shape = (max(1, batch // tok_shards), seq, cfg.d_model)
-        dt = compute_dtype(cfg, mesh)
-        act = int(dt.itemsize * math.prod(act_shape))
-        shp = _shape_str(dt, act_shape)
-        for logical, what in (("heads", "attention output"), ("mlp", "MLP output")):
-            axes = tuple(a for a in rules.axes(logical)
-                         if a not in bat and mesh.shape.get(a, 1) > 1)
-            if axes:
-                out.append(_record("all-reduce", axes, mesh, act, 2 * cfg.n_layers, shp,
-                                   f"tensor-parallel {what}, forward and backward"))
-        axes = tuple(a for a in rules.axes("vocab")
-                     if a not in bat and mesh.shape.get(a, 1) > 1)
-        if axes:
-            out.append(_record("all-reduce", axes, mesh, act, 2, shp,
-                               "vocab-sharded embedding lookup, forward and backward"))
-        out += moe_collectives(cfg, rules, mesh, batch, seq)
-        out += context_collectives(cfg, rules, mesh, batch, seq)
-    return _merge(out)
-
-
-def moe_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
-                    seq: int) -> list[Collective]:
-    """Hand count of the MoE token dispatch's collectives per step (per device).
-
-    With ``G`` tokens per device (batch x seq over the axes that shard them), ``n``
-    devices on the expert axes, capacity ``C`` (:func:`workbench.models._moe.capacity`)
-    and a compute dtype of ``b`` bytes, per MoE layer:
-
-    - ``all_to_all``: 4 all-to-alls (dispatch and return, forward and backward) of the
-      ``(E, C, D)`` buffer, ``E·C·D·b`` bytes each;
-    - ``all_gather``: 2 all-gathers of the group's tokens, ``n·G·D·b`` (forward, and the
-      backward of the reduce-scatter) and 2 reduce-scatters to ``G·D·b`` (forward, and the
-      backward of the gather); the routes' small gathers are left out.
-
-    With grouped matmuls (``moe_matmul="grouped"``) the all-to-alls carry ``n`` blocks of
-    ``S = G·min(k, E/n)`` rows instead of the ``(E, C, D)`` buffer, ``n·S·D·b`` bytes,
-    and one more per layer (forward only) carries the ``(n, E/n)`` int32 row counts.
-    """
-    from workbench.models._moe import capacity
-
-    ea = rules.axes("experts", mesh.shape)
-    if not cfg.n_experts or not ea:
-        return []
-    n = axes_size(mesh, ea)
-    shards = axes_size(mesh, [a for a in rules.axes("batch") + rules.axes("seq")
-                              if a in mesh.shape])
-    g, d, e = max(1, batch * seq // shards), cfg.d_model, cfg.n_experts
-    dt = compute_dtype(cfg, mesh)
-    layers = cfg.n_layers
-    if cfg.moe_dispatch == "all_gather":
-        return [_record("all-gather", ea, mesh, n * g * d * dt.itemsize, 2 * layers,
-                        _shape_str(dt, (n * g, d)), "MoE token all-gather, fwd + bwd"),
-                _record("reduce-scatter", ea, mesh, g * d * dt.itemsize, 2 * layers,
-                        _shape_str(dt, (g, d)), "MoE output reduce-scatter, fwd + bwd")]
-    if cfg.moe_matmul_resolved == "grouped":
-        rows = n * g * min(cfg.experts_per_token, e // n)
-        return [_record("all-to-all", ea, mesh, rows * d * dt.itemsize, 4 * layers,
-                        _shape_str(dt, (n, rows // n, d)),
-                        "MoE routed rows (grouped) dispatch + return, fwd + bwd"),
-                _record("all-to-all", ea, mesh, n * (e // n) * 4, layers,
-                        _shape_str(np.dtype("int32"), (n, e // n)),
-                        "MoE rows per expert (grouped), fwd")]
-    c = capacity(cfg, g)
-    return [_record("all-to-all", ea, mesh, e * c * d * dt.itemsize, 4 * layers,
-                    _shape_str(dt, (e, c, d)), "MoE dispatch + return, fwd + bwd")]
-
-
-def _context_axes(rules: Rules, mesh: MeshInfo, logical: str, ctx: tuple[str, ...]
-                  ) -> tuple[str, ...]:
-    """Mesh axes (size > 1) of ``logical`` other than the context axes ``ctx``."""
-    return tuple(a for a in rules.axes(logical)
-                 if a not in ctx and mesh.shape.get(a, 1) > 1)
-
-
-def context_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
-                        seq: int) -> list[Collective]:
-    """Hand count of context parallelism's collectives per step (per device), as
-    :mod:`workbench.models._context` issues them (``n`` devices on the context axes, ``L``
-    layers, a K/V block ``(B/b, T/n, K/h, H)``: the local batch rows and kv heads).
-
-    - ``ring``: forward, ``n - 1`` ring steps each permuting K and V (``2(n-1)`` per
-      layer; causal block skipping and zig-zag change the compute, not the permutes);
-      backward, ``n - 1`` steps permuting K/V stacked ``(2, B/b, T/n, K/h, H)`` plus dK
-      and dV (float32), then dK and dV home (``n - 1`` stacked, ``2n`` float32 per layer);
-      a rematerialised layer (``remat != "none"``) reruns the forward ring in the
-      backward (another ``2(n-1)``).
-    - ``allgather``: 2 all-gathers of K and V ``(B/b, T, K/h, H)`` per layer (again in the
-      backward under remat) and their transposes, 2 reduce-scatters of dK/dV.
-    - ``context_zigzag``: the residual stream reordered after the embedding and before
-      the output head, 2 permutes of ``(B/b, T/2n, D)`` each, and their transposes in the
-      backward: 8 per step (4 with ``n = 2``, where one permute of each keeps its chunks
-      home).
-
-    XLA may merge a recomputed permute with the forward's (unscanned layers under a
-    remat policy that saves some dots): the compiled count is then lower.
-    """
-    from workbench.models import _context as context_parallel
-
-    ctx = tuple(a for a in context_parallel.seq_axes(rules, mesh.shape)
-                if mesh.shape.get(a, 1) > 1)
-    n = axes_size(mesh, ctx)
-    if n <= 1:
-        return []
-    # the shard_map's specs, as context.attend picks them
-    bat = _context_axes(rules, mesh, "batch", ctx)
-    if batch % axes_size(mesh, bat):
-        bat = ()
-    hd = _context_axes(rules, mesh, "heads", ctx)
-    heads = axes_size(mesh, hd)
-    if hd != _context_axes(rules, mesh, "kv_heads", ctx) or set(hd) & set(bat) \
-            or cfg.n_heads % heads or cfg.n_kv_heads % heads:
-        heads = 1
-    b = batch // axes_size(mesh, bat)
-    dt, f32 = compute_dtype(cfg, mesh), np.dtype(np.float32)
-    block = (b, seq // n, cfg.n_kv_heads // heads, cfg.head_dim)
-    size = lambda shape, d: int(math.prod(shape)) * d.itemsize
-    L, rerun = cfg.n_layers, 2 if cfg.remat != "none" else 1
-    out = []
-    if cfg.context_attention == "ring":
-        stacked = (2, *block)
-        out += [_record("collective-permute", ctx, mesh, size(block, dt),
-                        2 * (n - 1) * L * rerun, _shape_str(dt, block),
-                        "ring attention: K and V blocks, forward"
-                        + (" (rerun in the backward by remat)" if rerun > 1 else "")),
-                _record("collective-permute", ctx, mesh, size(stacked, dt), (n - 1) * L,
-                        _shape_str(dt, stacked), "ring attention: K/V stacked, backward"),
-                _record("collective-permute", ctx, mesh, size(block, f32), 2 * n * L,
-                        _shape_str(f32, block), "ring attention: dK and dV, backward")]
-    else:
-        full = (b, seq, *block[2:])
-        out += [_record("all-gather", ctx, mesh, size(full, dt), 2 * L * rerun,
-                        _shape_str(dt, full), "context all-gather of K and V, forward"
-                        + (" (again in the backward by remat)" if rerun > 1 else "")),
-                _record("reduce-scatter", ctx, mesh, size(block, dt), 2 * L,
-                        _shape_str(dt, block), "context reduce-scatter of dK and dV")]
-    if cfg.context_zigzag:
-        half = (b, seq // (2 * n), cfg.d_model)
-        out.append(_record("collective-permute", ctx, mesh, size(half, dt),
-                           2 * _zigzag_permutes(n), _shape_str(dt, half),
-                           "zig-zag reorder of the residual stream (2 chunks, to and from "
-                           "zig-zag order), forward and backward"))
-    return out
-
-
-def _zigzag_permutes(n: int) -> int:
-    """Permutes of the two zig-zag reorders that move data (``context._reorder``'s four
-    permutations, less those that keep every chunk home, which XLA drops: with ``n = 2``
-    the first half of each shard stays)."""
-    home = lambda c: c if c < n else 2 * n - 1 - c       # device of chunk c, zig-zag
-    even_src = [e if e % 2 == 0 else 2 * n - 1 - e for e in range(n)]
-    odd_src = [2 * n - 1 - e if e % 2 == 0 else e for e in range(n)]
-    perms = ([home(2 * d) for d in range(n)], [home(2 * d + 1) for d in range(n)],
-             [even_src[d] // 2 for d in range(n)], [odd_src[d] // 2 for d in range(n)])
-    return sum(p != list(range(n)) for p in perms)
-
-
 def pipeline_stage_activations(cfg: GPTConfig, batch: int, seq: int, rules: Rules,
                                mesh: MeshInfo, in_flight: Sequence[int], chunks: int
                                ) -> list[int]:
@@ -723,16 +536,3 @@ def pipeline_stage_activations(cfg: GPTConfig, batch: int, seq: int, rules: Rule
     return out
 
 
-def pipeline_permutes(cfg: GPTConfig, batch: int, seq: int, rules: Rules, mesh: MeshInfo,
-                      iterations: int, microbatches: int) -> list[Collective]:
-    """The pipeline's collective permutes (estimate): each loop iteration shifts every
-    stage's micro-batch activation ``(batch / M, T, D)`` (its shard) to the next stage,
-    forward and again backward: ``2 x iterations`` permutes over the ``stage`` axis."""
-    shard = lambda name: axes_size(mesh, [a for a in rules.axes(name) if a in mesh.shape])
-    shape = (_ceil_div(batch // microbatches, shard("batch")), _ceil_div(seq, shard("seq")),
-             cfg.d_model)
-    dt = compute_dtype(cfg, mesh)
-    nbytes = int(np.prod(shape)) * dt.itemsize
-    return [_record("collective-permute", ("stage",), mesh, nbytes, 2 * iterations,
-                    _shape_str(dt, shape),
-                    "pipeline: micro-batch activations to the next stage, forward and backward")]

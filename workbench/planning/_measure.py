@@ -15,7 +15,7 @@ import jax
 from workbench._display import status_line
 from workbench._notebook import in_notebook
 from workbench._sharding.layouts import format_bytes
-from workbench.perf import _analytic as analytic
+from workbench.perf._analytic_collectives import analytic_collectives, pipeline_permutes
 from workbench.planning._activations import explain_collectives
 from workbench.planning._compile import compile_lowered
 from workbench.planning._flags import retry_options
@@ -245,10 +245,9 @@ def measure(inp: Any, setup: Any, step: Any, *, progress: bool,
             memory = dict(step.estimate)
             if progress:
                 say_once(out.target.reason)
-        collectives = analytic.analytic_collectives(p_lay, rules, info, cfg, inp.batch,
-                                                    inp.seq)
+        collectives = analytic_collectives(p_lay, rules, info, cfg, inp.batch, inp.seq)
         if pipe is not None and cfg is not None:
-            collectives = collectives + analytic.pipeline_permutes(
+            collectives = collectives + pipeline_permutes(
                 cfg, inp.batch, inp.seq, rules, info, step.pipeline["iterations"],
                 pipe.microbatches)
     pipe_info = None
