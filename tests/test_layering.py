@@ -282,12 +282,13 @@ def test_models_is_a_tree_with_config_at_the_root():
     never the models built on them."""
     graph = package_graph(PACKAGE / "models")
     m = "workbench.models._"
-    assert graph[m + "remat"] == set() and graph[m + "config"] == {m + "remat"}
+    assert graph[m + "remat"] == set() and graph[m + "config"] == {m + "remat", m + "dtypes",
+                                                                  m + "lora_spec"}
     # ... and the LoRA adapters (Flax's nnx.LoRA on the projections), which import config
     # only, and the fp8 matmuls (qwix), which import no models module
     assert graph[m + "layers"] <= {m + "config", m + "attention", m + "context", m + "lora",
-                                   m + "fp8"}
-    assert graph[m + "lora"] <= {m + "config"} and graph[m + "fp8"] == set()
+                                   m + "fp8", m + "dtypes"}
+    assert graph[m + "lora"] <= {m + "config", m + "lora_spec"} and graph[m + "fp8"] == set()
     assert {m + "config", m + "layers", m + "moe", m + "pipeline"} <= graph[m + "gpt"]
     assert m + "layers" in graph[m + "moe"]
     assert m + "gpt" not in graph[m + "moe"] | graph[m + "pipeline"] | graph[m + "layers"]

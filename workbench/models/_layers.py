@@ -71,7 +71,7 @@ def check_layer_args(cfg: object, key: object, where: str) -> None:
 def check_dtype(value: object, name: str, where: str) -> str:
     """The name of a floating-point dtype (``"float32"``, ``jnp.bfloat16``), or an error
     naming ``name`` and the dtypes that work."""
-    from workbench.models._config import FLOAT_DTYPES
+    from workbench.models._dtypes import FLOAT_DTYPES
 
     want = f"give one of {', '.join(repr(d) for d in FLOAT_DTYPES)}"
     dt = None

@@ -30,11 +30,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workbench.models._config import (
+from workbench.models._lora_spec import (
     ATTENTION_TARGETS,
     MLP_TARGETS,
     PROJECTIONS,
     LoRA,
+)
+from workbench.models._lora_spec import (
     lora_features as features,
 )
 
