@@ -46,7 +46,9 @@ class Inputs:
     rules, batch and sequence, the optimizer and loss, the batch's shapes, the pipeline and
     the options that pick the compile target; ``asked``: the GPTConfig as given (with
     ``wb.plan(dtype=)``), which the report keeps; ``dtype``: the compute dtype and why
-    ("bfloat16: auto: bfloat16 on tpu"; "" for a model factory)."""
+    ("bfloat16: auto: bfloat16 on tpu"; "" for a model factory); ``batch``: the compiled
+    step's (``batch / accumulate`` for an ``AdamW`` spec that accumulates); ``step``: the
+    resolver's record, the Trainer's too."""
 
     cfg: GPTConfig | None
     factory: ModelFactory
