@@ -37,26 +37,23 @@ idle, and what other processes took is "others" (``workbench.train._profile.Host
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from workbench._compiled.graph import HloGraph
 from workbench._compiled.hlo import KINDS, Collective, parse_collectives
+from workbench.perf._shared_cores import host_cores, shared_time
+from workbench.perf._trace_events import OpEvent, op_events
 
-__all__ = ["MeasuredCollective", "OpTime", "StepProfile", "host_core_ids", "host_cores",
-           "read_trace", "trace_files"]
+__all__ = ["MeasuredCollective", "OpTime", "StepProfile", "read_trace", "trace_files"]
 
 CATEGORIES = ("compute", "memory", "collectives", "other")
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
 _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _MATMUL_TARGET = re.compile(r"gemm|matmul|cublas|dot|conv", re.I)
-_WAIT = "Wait: pending_threads"   # XLA:CPU's rendezvous, waiting for the group's devices
 #: library kernels (cuBLAS, cuDNN, CUTLASS, NCCL) that are no HLO instruction's name
 _KERNEL_KIND = ((re.compile(r"nccl", re.I), "collectives"),
                 (re.compile(r"nvjet|gemm|cutlass|xmma|wgmma|hmma|cublas|cudnn", re.I), "compute"))
@@ -294,114 +291,6 @@ def _instruction_kinds(hlo_text: str) -> tuple[HloGraph, dict[str, tuple[str, st
     return graph, kinds
 
 
-# -- events ---------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class _Event:
-    name: str
-    device: int
-    execution: Any
-    start: float   # seconds
-    end: float
-    self_time: float = 0.0
-    wait: float = 0.0   # inside a collective: waiting for the other devices to arrive
-    host: bool = False  # an XLA:CPU op on the host's threads (devices share its cores)
-    children: list = dataclasses.field(default_factory=list)   # nested ops' (start, end)
-
-
-def _module_runs(plane: Any, module: str) -> list[tuple[float, float]]:
-    """(start, end) seconds of each execution of ``module`` on a device plane (its "XLA
-    Modules" line: one event per execution, named ``jit_train_step(<program id>)``)."""
-    runs = []
-    for line in plane.lines:
-        if line.name == "XLA Modules":
-            for e in line.events:
-                if e.name.split("(")[0] == module:
-                    start = float(e.start_ns) * 1e-9
-                    runs.append((start, start + float(e.duration_ns) * 1e-9))
-    return sorted(runs)
-
-
-def _stream_events(plane: Any, module: str, p_index: int) -> list[_Event]:
-    """Kernel events of ``module`` on a GPU plane's CUPTI stream lines (no "XLA Modules"
-    line). An execution is one launch of the step's CUDA graph (its ``correlation_id``);
-    kernels launched one by one start a new execution where the program's first kernel
-    runs again."""
-    out: list[_Event] = []
-    for line in plane.lines:
-        for e in line.events:
-            stats = dict(e.stats)
-            if stats.get("hlo_module") != module:
-                continue
-            op = str(stats.get("hlo_op", ""))
-            name = e.name if not op or op.startswith("command_buffer") else op
-            start = float(e.start_ns) * 1e-9
-            graph = stats.get("correlation_id") if "cuda_graph_id" in stats else None
-            out.append(_Event(name, p_index, graph, start,
-                              start + float(e.duration_ns) * 1e-9))
-    out.sort(key=lambda ev: ev.start)
-    if out and any(ev.execution is None for ev in out):
-        first, k = out[0].name, -1
-        for ev in out:
-            k += ev.name == first
-            ev.execution = ("launch", k)
-    for ev in out:      # kernels of one stream do not nest: self time is the whole kernel
-        ev.self_time = ev.end - ev.start
-    return out
-
-
-def _events(files: Sequence[Path], module: str) -> list[_Event]:
-    """Op events of ``module`` with their self time (nested events on one thread line,
-    a loop's body inside its while, are subtracted from their parent).
-
-    Host plane (XLA:CPU): events carrying ``hlo_op`` of ``module``; the execution is the
-    event's ``run_id``. Device planes (GPU, TPU): the "XLA Ops" line; the execution is the
-    "XLA Modules" event of ``module`` that contains the op.
-    """
-    from jax.profiler import ProfileData
-
-    out: list[_Event] = []
-    for f in files:
-        data = ProfileData.from_file(str(f))
-        for p_index, plane in enumerate(data.planes):
-            device_plane = plane.name.startswith("/device:") and "CUSTOM" not in plane.name
-            if device_plane and not any(ln.name in ("XLA Modules", "XLA Ops")
-                                        for ln in plane.lines):
-                out += _stream_events(plane, module, p_index)
-                continue
-            runs = _module_runs(plane, module) if device_plane else []
-            for line in plane.lines:
-                if device_plane and line.name != "XLA Ops":
-                    continue
-                stack: list[_Event] = []
-                for e in line.events:
-                    stats = dict(e.stats)
-                    start = float(e.start_ns) * 1e-9
-                    if device_plane:
-                        run = next((i for i, (s, t) in enumerate(runs) if s <= start <= t), None)
-                        if run is None:
-                            continue   # an op of another program
-                        name, dev, exe = str(stats.get("hlo_op", e.name)), p_index, run
-                    else:
-                        if stats.get("hlo_module") != module or "hlo_op" not in stats:
-                            # XLA:CPU's rendezvous: a collective waiting for its peers
-                            if e.name.startswith(_WAIT) and stack and \
-                                    stack[-1].end >= start >= stack[-1].start:
-                                stack[-1].wait += float(e.duration_ns) * 1e-9
-                            continue
-                        name, dev = str(stats["hlo_op"]), int(stats.get("device_ordinal", 0))
-                        exe = stats.get("run_id")
-                    ev = _Event(name, dev, exe, start, start + float(e.duration_ns) * 1e-9,
-                                host=not device_plane)
-                    ev.self_time = ev.end - ev.start
-                    while stack and stack[-1].end <= ev.start:
-                        stack.pop()
-                    if stack and ev.end <= stack[-1].end + 1e-12:
-                        stack[-1].self_time -= ev.end - ev.start
-                        stack[-1].children.append((ev.start, ev.end))
-                    stack.append(ev)
-                    out.append(ev)
-    return out
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -416,72 +305,6 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total + ((cur_e - cur_s) if cur_e is not None else 0.0)
 
 
-def _shared_time(events: Sequence[_Event], collective: Sequence[bool], cores: float,
-                 available: float) -> tuple[dict[str, float], float, float, float, float]:
-    """The host's time of XLA:CPU ops whose devices share ``cores``: ``(seconds per op
-    name, idle, host, others, window)`` over the window from the first op to the last,
-    with ``sum(per op) + idle + host + others == window``.
-
-    At each instant the running non-collective ops split the ``available`` cores (those
-    other processes left) evenly, one op on at most one core, and each op is charged its
-    core time / ``cores``: the time it would take with the cores to itself. Cores they
-    leave unused go to the collectives in progress, else to ``idle``; ``host`` is time no
-    op runs at all; ``others`` the (``cores - available``) / ``cores`` other processes
-    took. An op's nested ops (a loop body in its while) are its own, not its parent's.
-    """
-    segs: list[tuple[float, float, str, bool]] = []
-    for ev, coll in zip(events, collective):
-        cur = ev.start
-        for s, e in sorted(ev.children):
-            if s > cur:
-                segs.append((cur, s, ev.name, coll))
-            cur = max(cur, e)
-        if ev.end > cur:
-            segs.append((cur, ev.end, ev.name, coll))
-    if not segs:
-        return {}, 0.0, 0.0, 0.0, 0.0
-    starts = np.array([x[0] for x in segs])
-    ends = np.array([x[1] for x in segs])
-    is_coll = np.array([x[3] for x in segs])
-    pts = np.unique(np.concatenate([starts, ends]))
-    i0, i1 = np.searchsorted(pts, starts), np.searchsorted(pts, ends)
-    running = np.zeros((2, len(pts)))
-    for row, mask in ((0, ~is_coll), (1, is_coll)):
-        np.add.at(running[row], i0[mask], 1.0)
-        np.add.at(running[row], i1[mask], -1.0)
-    local, comm = np.cumsum(running, axis=1)[:, :-1].round()
-    dt = np.diff(pts)
-    used = np.minimum(local, available)
-    rate_local = np.where(local > 0, used / np.maximum(local, 1.0), 0.0) / cores
-    rate_comm = np.where(comm > 0, (available - used) / np.maximum(comm, 1.0), 0.0) / cores
-    idle = float(np.sum(np.where((comm == 0) & (local > 0), (available - used) / cores, 0.0)
-                        * dt))
-    host = float(np.sum(np.where((comm == 0) & (local == 0), dt * available / cores, 0.0)))
-    others = float(np.sum(dt)) * (cores - available) / cores
-    cum_local = np.concatenate([[0.0], np.cumsum(rate_local * dt)])
-    cum_comm = np.concatenate([[0.0], np.cumsum(rate_comm * dt)])
-    share = np.where(is_coll, cum_comm[i1] - cum_comm[i0], cum_local[i1] - cum_local[i0])
-    out: dict[str, float] = defaultdict(float)
-    for (_, _, name, _), v in zip(segs, share):
-        out[name] += float(v)
-    return dict(out), idle, host, others, float(pts[-1] - pts[0])
-
-
-def host_core_ids() -> list[int] | None:
-    """The cores this process may run on (its CPU affinity), or None where the OS does not
-    say."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-
-
-def host_cores() -> int:
-    """How many cores this process may run on, what its simulated devices share."""
-    ids = host_core_ids()
-    return len(ids) if ids else os.cpu_count() or 1
-
-
 def _module_name(hlo_text: str) -> str:
     m = re.match(r"\s*HloModule\s+([\w.\-]+)", hlo_text)
     if m is None:
@@ -490,17 +313,106 @@ def _module_name(hlo_text: str) -> str:
     return m.group(1)
 
 
+def _executions(events: Sequence[OpEvent], steps: int | None,
+                executions_per_step: int) -> dict[int, list[list[OpEvent]]]:
+    """Per device, its executions of the program (each a list of events) in time order;
+    on a GPU, consecutive graph launches grouped into ``steps x executions_per_step``
+    executions when the launches found are a multiple of that (see :func:`read_trace`)."""
+    by_exe: dict[tuple[int, Any], list[OpEvent]] = defaultdict(list)
+    for ev in events:
+        by_exe[(ev.device, ev.execution)].append(ev)
+    devices = sorted({d for d, _ in by_exe})
+    per_device: dict[int, list[list[OpEvent]]] = {
+        d: sorted((evs for (dd, _), evs in by_exe.items() if dd == d),
+                  key=lambda evs: min(e.start for e in evs)) for d in devices}
+    want = steps * executions_per_step if steps else None
+    for d, runs in per_device.items():   # several graph launches per execution (GPU)
+        if want and len(runs) > want and len(runs) % want == 0:
+            g = len(runs) // want
+            per_device[d] = [[e for r in runs[i * g:(i + 1) * g] for e in r]
+                             for i in range(want)]
+    return per_device
+
+
+def _tally(runs: Sequence[Sequence[OpEvent]], kinds: dict[str, tuple[str, str]]
+           ) -> tuple[dict[str, float], dict[str, list[float]], float]:
+    """``(self seconds per category, [self seconds, events, wait] per op name, covered
+    seconds)`` summed over the executions ``runs`` (covered: the union of each one's op
+    intervals)."""
+    cats = dict.fromkeys(CATEGORIES, 0.0)
+    per_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    union = 0.0
+    for evs in runs:
+        union += _union([(e.start, e.end) for e in evs])
+        for e in evs:
+            cats[kinds.get(e.name, (_kernel_category(e.name), "?"))[0]] += e.self_time
+            per_op[e.name][0] += e.self_time
+            per_op[e.name][1] += 1
+            per_op[e.name][2] += e.wait
+    return cats, per_op, union
+
+
+def _op_times(per_op: dict[str, list[float]], kinds: dict[str, tuple[str, str]],
+              graph: HloGraph, scale: float) -> list[OpTime]:
+    """Each op's time per device and step (``scale``), slowest first, with its JAX op and
+    source line from the HLO metadata."""
+    ops = []
+    for name, (secs, count, _) in per_op.items():
+        ins = graph.instructions.get(name)
+        ops.append(OpTime(name=name, category=kinds.get(name, (_kernel_category(name), "?"))[0],
+                          opcode=kinds.get(name, ("", "?"))[1], seconds=secs * scale,
+                          count=count * scale, op=re.sub(r"^jit\([^)]*\)/", "", ins.op_name)
+                          if ins else "", source=graph.source(ins) if ins else ""))
+    return sorted(ops, key=lambda o: -o.seconds)
+
+
+def _shared(traced: Sequence[OpEvent], kinds: dict[str, tuple[str, str]], cores: float,
+            available: float | None, steps: int
+            ) -> tuple[dict[str, float], dict[str, float], float]:
+    """XLA:CPU's host accounting (``StepProfile.shared``): ``(seconds per category and
+    idle/host/others per step, seconds per op name, step seconds)`` (:func:`shared_time`)."""
+    available = min(cores, float(available or cores))
+    cat_of = [kinds.get(e.name, ("memory", "?"))[0] for e in traced]
+    by_name, idle, gap, others, window = shared_time(
+        traced, [c == "collectives" for c in cat_of], cores, available)
+    shared = dict.fromkeys(CATEGORIES, 0.0)
+    for name, v in by_name.items():
+        shared[kinds.get(name, ("memory", "?"))[0]] += v / steps
+    shared["idle"], shared["host"] = idle / steps, gap / steps
+    shared["others"] = others / steps
+    return shared, by_name, window / steps
+
+
+def _measured(collectives: Sequence[Collective], ops: Sequence[OpTime],
+              waits: dict[str, float], kinds: dict[str, tuple[str, str]],
+              by_name: dict[str, float] | None, steps: int) -> list[MeasuredCollective]:
+    """Each compiled collective with the time of its events (start and done); collective
+    kernels no HLO instruction names are apportioned among them (:func:`_apportion`)."""
+    times = {o.name: o for o in ops}
+    measured = []
+    for c in collectives:
+        names = [n for n in c.names] + [n.replace("-start", "-done") for n in c.names
+                                        if "-start" in n]
+        measured.append(MeasuredCollective(
+            collective=c, seconds=sum(times[n].seconds for n in names if n in times),
+            events=sum(times[n].count for n in names if n in times),
+            wait=sum(waits.get(n, 0.0) for n in names),
+            shared=sum(by_name.get(n, 0.0) for n in names) / steps
+            if by_name is not None else None))
+    unnamed = [o for o in ops if o.category == "collectives" and o.name not in kinds]
+    return _apportion(measured, unnamed) if unnamed else measured
+
+
 def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str],
                axis_sizes: Sequence[int], executions_per_step: int = 1,
                cores: float | None = None, available: float | None = None,
                steps: int | None = None) -> StepProfile:
     """Read the trace under ``directory`` into per-step time by category, collective and op.
 
-    One function of about 100 lines, on purpose: it is one accounting whose terms must add
-    up to the step (``step = compute + memory + collectives + other - concurrent + idle +
-    host``, see the module docstring), kept together so that identity can be checked by
-    reading; the parts that stand alone are helpers (``_events``, ``_shared_time``,
-    ``_apportion``).
+    The accounting whose terms add up to the step (``step = compute + memory + collectives
+    + other - concurrent + idle + host``, see the module docstring) is this function's, so
+    that identity can be checked by reading; the parts that stand alone are helpers
+    (``_executions``, ``_tally``, ``_op_times``, ``_shared``, ``_measured``).
 
     Args:
       directory: where ``jax.profiler`` wrote the trace (``Trainer.profile``'s
@@ -531,30 +443,18 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
         raise FileNotFoundError(f"no jax.profiler trace (plugins/profile/*/*.xplane.pb) under "
                                 f"{directory}; capture one with trainer.profile(steps=N)")
     module = _module_name(hlo_text)
-    events = _events(files, module)
+    events = op_events(files, module)
     if not events:
         raise ValueError(f"the trace in {directory} has no op of module {module!r}: it was "
                          "captured while another program ran, or with another step")
     graph, kinds = _instruction_kinds(hlo_text)
-    collectives = parse_collectives(hlo_text, axis_names, axis_sizes)
-
-    by_exe: dict[tuple[int, Any], list[_Event]] = defaultdict(list)
-    for ev in events:
-        by_exe[(ev.device, ev.execution)].append(ev)
-    devices = sorted({d for d, _ in by_exe})
-    per_device: dict[int, list[list[_Event]]] = {
-        d: sorted((evs for (dd, _), evs in by_exe.items() if dd == d),
-                  key=lambda evs: min(e.start for e in evs)) for d in devices}
-    want = steps * executions_per_step if steps else None
-    for d, runs in per_device.items():   # several graph launches per execution (GPU)
-        if want and len(runs) > want and len(runs) % want == 0:
-            g = len(runs) // want
-            per_device[d] = [[e for r in runs[i * g:(i + 1) * g] for e in r]
-                             for i in range(want)]
+    per_device = _executions(events, steps, executions_per_step)
+    devices = sorted(per_device)
     n_exec = min(len(v) for v in per_device.values())
     steps = max(1, n_exec // executions_per_step)
-    exec_span = sum(max(e.end for e in per_device[d][k]) - min(e.start for e in per_device[d][k])
-                    for d in devices for k in range(n_exec)) / len(devices)
+    runs = [evs for d in devices for evs in per_device[d][:n_exec]]
+    exec_span = sum(max(e.end for e in evs) - min(e.start for e in evs)
+                    for evs in runs) / len(devices)
     # per device: the first execution's start to the last one's end (the host's gaps
     # between executions inside; the gap after the last one is not seen)
     window = sum(max(e.end for e in per_device[d][n_exec - 1])
@@ -562,67 +462,25 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
     step_s = window / steps
     scale = 1.0 / (len(devices) * steps)
 
-    cats = dict.fromkeys(CATEGORIES, 0.0)
-    per_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    union = 0.0
-    for d in devices:
-        for evs in per_device[d][:n_exec]:
-            union += _union([(e.start, e.end) for e in evs])
-            for e in evs:
-                cat = kinds.get(e.name, (_kernel_category(e.name), "?"))[0]
-                cats[cat] += e.self_time
-                per_op[e.name][0] += e.self_time
-                per_op[e.name][1] += 1
-                per_op[e.name][2] += e.wait
+    cats, per_op, union = _tally(runs, kinds)
     busy = sum(cats.values())
     cats = {k: v * scale for k, v in cats.items()}
     cats["concurrent"] = max(0.0, busy - union) * scale
     cats["idle"] = max(0.0, exec_span - union / len(devices)) / steps
     cats["host"] = max(0.0, step_s - exec_span / steps)
+    ops = _op_times(per_op, kinds, graph, scale)
 
-    ops = []
-    waits = {name: w * scale for name, (_, _, w) in per_op.items()}
-    for name, (secs, count, _) in per_op.items():
-        ins = graph.instructions.get(name)
-        cat = kinds.get(name, (_kernel_category(name), "?"))[0]
-        ops.append(OpTime(name=name, category=cat,
-                          opcode=kinds.get(name, ("", "?"))[1], seconds=secs * scale,
-                          count=count * scale, op=re.sub(r"^jit\([^)]*\)/", "", ins.op_name)
-                          if ins else "", source=graph.source(ins) if ins else ""))
-    ops.sort(key=lambda o: -o.seconds)
-    times = {o.name: o for o in ops}
-
+    traced = [e for evs in runs for e in evs]
     shared: dict[str, float] = {}
-    by_name: dict[str, float] = {}
-    shared_step = None
-    traced = [e for d in devices for evs in per_device[d][:n_exec] for e in evs]
+    by_name, shared_step = None, None
     if traced and all(e.host for e in traced):   # XLA:CPU: the devices share the cores
         cores = float(cores or host_cores())
-        available = min(cores, float(available or cores))
-        cat_of = [kinds.get(e.name, ("memory", "?"))[0] for e in traced]
-        by_name, idle, gap, others, window = _shared_time(
-            traced, [c == "collectives" for c in cat_of], cores, available)
-        shared = dict.fromkeys(CATEGORIES, 0.0)
-        for name, v in by_name.items():
-            shared[kinds.get(name, ("memory", "?"))[0]] += v / steps
-        shared["idle"], shared["host"] = idle / steps, gap / steps
-        shared["others"] = others / steps
-        shared_step = window / steps
+        shared, by_name, shared_step = _shared(traced, kinds, cores, available, steps)
     else:
         cores = None
-
-    measured = []
-    for c in collectives:
-        names = [n for n in c.names] + [n.replace("-start", "-done") for n in c.names
-                                        if "-start" in n]
-        measured.append(MeasuredCollective(
-            collective=c, seconds=sum(times[n].seconds for n in names if n in times),
-            events=sum(times[n].count for n in names if n in times),
-            wait=sum(waits.get(n, 0.0) for n in names),
-            shared=sum(by_name.get(n, 0.0) for n in names) / steps if shared else None))
-    unnamed = [o for o in ops if o.category == "collectives" and o.name not in kinds]
-    if unnamed:
-        measured = _apportion(measured, unnamed)
+    waits = {name: w * scale for name, (_, _, w) in per_op.items()}
+    measured = _measured(parse_collectives(hlo_text, axis_names, axis_sizes), ops, waits,
+                         kinds, by_name, steps)
     return StepProfile(directory=str(directory), files=tuple(str(f) for f in files),
                        module=module, steps=steps, devices=len(devices), step_seconds=step_s,
                        execution_seconds=exec_span / steps, categories=cats,

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from workbench._validate import check_int, check_path
-from workbench.perf._trace import host_core_ids, host_cores
+from workbench.perf._shared_cores import host_core_ids, host_cores
 
 __all__ = ["MAX_STEPS", "ProfileError", "capture", "check_directory", "check_idle",
            "profile_step"]
