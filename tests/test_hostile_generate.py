@@ -17,6 +17,7 @@ from flax import nnx
 
 import workbench as wb
 from workbench import _generate as gen
+from workbench import _generate_checks as generate_checks
 from workbench.models._gpt import GPT
 
 TINY = wb.models.GPTConfig.preset("tiny").replace(seq_len=16)
@@ -120,7 +121,8 @@ def test_kv_cache_bytes_against_free_memory(model, monkeypatch):
     room for exactly 3 + 5 positions, 5 new tokens run and 6 are refused naming 5."""
     per_position = 2 * TINY.n_layers * 2 * TINY.n_kv_heads * TINY.head_dim * \
         jnp.dtype(TINY.resolved().dtype).itemsize   # batch 2
-    monkeypatch.setattr(gen, "_free_bytes", lambda d: (per_position * (3 + 5), "the test's"))
+    monkeypatch.setattr(generate_checks, "free_bytes",
+                        lambda d: (per_position * (3 + 5), "the test's"))
     prompt = np.array([PROMPT, PROMPT])
     assert wb.generate(model, prompt, max_new_tokens=5).shape == (2, 8)
     with pytest.raises(ValueError, match=rf"max_new_tokens=6 needs .* batch 2 x 9 positions.*: "
@@ -129,7 +131,8 @@ def test_kv_cache_bytes_against_free_memory(model, monkeypatch):
                                          r"max_new_tokens=5 fits"):
         wb.generate(model, prompt, max_new_tokens=6)
     # without the cache: one layer's scores (B, N, S, S) in float32, every token
-    monkeypatch.setattr(gen, "_free_bytes", lambda d: (4 * 2 * TINY.n_heads * 8 * 8, "the test's"))
+    monkeypatch.setattr(generate_checks, "free_bytes",
+                        lambda d: (4 * 2 * TINY.n_heads * 8 * 8, "the test's"))
     assert wb.generate(model, prompt, max_new_tokens=5, cache=False).shape == (2, 8)
     with pytest.raises(ValueError, match=r"attention scores of batch 2 x 4 heads x 9\^2 .*"
                                          r"use cache=True"):
@@ -137,7 +140,7 @@ def test_kv_cache_bytes_against_free_memory(model, monkeypatch):
 
 
 def test_free_bytes_reads_the_host_for_cpu_devices():
-    free, where = gen._free_bytes(jax.devices("cpu")[0])
+    free, where = generate_checks.free_bytes(jax.devices("cpu")[0])
     assert 0 < free and where.startswith("this host")
 
 
