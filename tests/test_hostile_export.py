@@ -28,7 +28,7 @@ import pytest
 import workbench as wb
 from workbench.data._tokens import build_token_cache
 from workbench.hardware import _calibration as calibrate
-from workbench.hf import _save as hf_save
+from workbench.hf import _export_folder as export_folder
 from workbench.hf._export import restore_params
 from workbench.train._checkpoint import CheckpointError, Checkpoints
 
@@ -246,7 +246,7 @@ def test_a_previous_to_hf_folder_is_still_overwritten(tree: Tree) -> None:
     want = {p.name: p.read_bytes() for p in fresh.iterdir()}
     assert {p.name: p.read_bytes() for p in out.iterdir()} == want
     assert sorted(p.name for p in tree.root.iterdir()) == ["exported", "fresh", "runs"]
-    assert hf_save.check_replaceable(out) is None
+    assert export_folder.check_replaceable(out) is None
     res = _cli("export", str(tree.run), str(tree.exported), "--step", "2", "--overwrite")
     assert res.returncode == 0, res.stderr[-2000:]
     again = wb.hf.export_run(tree.run, tree.root / "fresh2", step=2)
@@ -269,7 +269,7 @@ def test_every_shard_carries_the_mark_in_one_order(tree: Tree) -> None:
     assert len(files) > 1
     for f in files:
         with safe_open(str(outs[0] / f), "np") as st:
-            assert st.metadata() == hf_save.MARK
+            assert st.metadata() == export_folder.MARK
         assert len({(o / f).read_bytes() for o in outs}) == 1, f
 
 

@@ -10,7 +10,8 @@ import jax
 
 from workbench import _runs as runs
 from workbench._validate import check_bool, check_path
-from workbench.hf._save import check_writable, exists_error, to_hf
+from workbench.hf._export_folder import check_writable, exists_error
+from workbench.hf._save import to_hf
 from workbench.models._config import GPTConfig
 from workbench._sharding.placement import resolve_placement
 from workbench._step import abstract_state
@@ -44,7 +45,7 @@ def export_run(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], *,
             "peft" (the adapters in PEFT's layout, ``workbench.hf._peft``); the rest are
             passed to ``wb.hf.to_hf`` (``dtype``, ``family``, ``tokenizer``,
             ``max_shard_bytes``, ``overwrite``: replaces only a folder ``to_hf`` wrote
-            before, see ``workbench.hf._save.check_replaceable``; with ``lora="peft"``
+            before, see ``workbench.hf._export_folder.check_replaceable``; with ``lora="peft"``
             only an adapter folder ``wb.hf.to_peft`` wrote, see
             ``workbench.hf._peft.check_replaceable``; ``overwrite`` must be a bool).
 

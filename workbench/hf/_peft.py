@@ -12,7 +12,7 @@ PEFT's are their transposes.
 ``overwrite=True`` replaces only a folder ``to_peft`` wrote (:func:`check_replaceable`):
 its ``adapter_model.safetensors`` carries :data:`PEFT_MARK` in its header metadata (PEFT's
 loader reads the tensors and ignores the metadata), as ``to_hf``'s shards carry
-``workbench.hf._save.MARK``. A folder ``peft``'s own ``save_pretrained`` wrote is refused,
+``workbench.hf._export_folder.MARK``. A folder ``peft``'s own ``save_pretrained`` wrote is refused,
 never deleted.
 
 Example::
@@ -121,7 +121,7 @@ def check_replaceable(folder: str | os.PathLike[str]) -> str | None:
     (no mark), and a ``to_peft`` folder the user added a file to (a README, notes): the
     file is theirs, so the folder is not replaced (move the file out first).
     """
-    from workbench.hf._save import _few, _marked, folder_entries
+    from workbench.hf._export_folder import few, folder_entries, marked
 
     p = Path(folder)
     entries = folder_entries(p)
@@ -132,9 +132,9 @@ def check_replaceable(folder: str | os.PathLike[str]) -> str | None:
     ours = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
     odd = [e.name for e in entries if e.name not in ours or not e.is_file(follow_symlinks=False)]
     if odd:
-        return (f"{p} holds entries to_peft does not write ({_few(odd)}): they are not "
+        return (f"{p} holds entries to_peft does not write ({few(odd)}): they are not "
                 "Workbench's and would be lost; move them out of the folder, or choose a new one")
-    if len(entries) != 2 or not _marked(p / ADAPTER_WEIGHTS, PEFT_MARK):
+    if len(entries) != 2 or not marked(p / ADAPTER_WEIGHTS, PEFT_MARK):
         return (f"{p} is not an adapter folder wb.hf.to_peft wrote ({p / ADAPTER_WEIGHTS} "
                 f"lacks the mark {PEFT_MARK}, e.g. peft's save_pretrained wrote it): it is "
                 "never replaced")
@@ -181,7 +181,7 @@ def to_peft(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None 
     """
     from safetensors.numpy import save_file
 
-    from workbench.hf._save import _canonical_mark, _replace, check_writable
+    from workbench.hf._export_folder import canonical_mark, check_writable, replace_folder
 
     out = check_path(path, "path", where="to_peft: ")
     overwrite = check_bool(overwrite, "overwrite", where="to_peft: ")
@@ -202,11 +202,11 @@ def to_peft(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata=PEFT_MARK)
-        _canonical_mark(tmp / ADAPTER_WEIGHTS, PEFT_MARK)
+        canonical_mark(tmp / ADAPTER_WEIGHTS, PEFT_MARK)
         (tmp / ADAPTER_CONFIG).write_text(
             json.dumps(adapter_config(cfg, base, revision), indent=2) + "\n")
         if os.path.lexists(out):
-            _replace(out, tmp, check_replaceable)
+            replace_folder(out, tmp, check_replaceable)
         else:
             tmp.rename(out)
     except BaseException:
