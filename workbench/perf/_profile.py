@@ -189,9 +189,10 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
                    tokens_per_s: dict[str, float] | None = None) -> ProfileReport:
     """Line a prediction up against a profile, term by term.
 
-    One function of about 85 lines, on purpose: it builds the rows of one table in the
-    order of the prediction's breakdown, each predicted term beside its measured one, so
-    the table and the code read the same way.
+    The rows of one table in the order of the prediction's breakdown, each predicted term
+    beside its measured one: compute and memory, the collectives by kind and axes
+    (:func:`_collective_terms`), overlap and idle (:func:`_rest_terms`), the step; and
+    each predicted collective beside the measured one it is (:func:`_collective_rows`).
 
     Args:
       prediction: ``plan.predicted`` (a ``Prediction``) or its dict (``run.json``'s
@@ -206,6 +207,29 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
     # XLA:CPU: the host's time (the devices share its cores, as the prediction models them)
     host = bool(measured.shared)
     cats = measured.shared if host else measured.categories
+    how = " (the host's time: the cores it took, shared with the other devices' ops)" \
+        if host else ""
+    terms = [Term(name="compute", predicted=float(b["compute"]), measured=cats["compute"],
+                  note="ops that are, or fuse, a dot or convolution" + how),
+             Term(name="memory", predicted=float(b["memory"]),
+                  measured=cats["memory"] + cats["other"],
+                  note="every other op: elementwise, reductions, copies, control flow" + how)]
+    terms += _collective_terms(b, measured, host)
+    terms += _rest_terms(b, measured, sum(t.measured for t in terms), host)
+    terms += [Term(name="step", predicted=float(pred["step_seconds"]),
+                   measured=measured.step_seconds,
+                   note="wall time per step: first op to last op of the traced steps")]
+    return ProfileReport(terms=tuple(terms), prediction=pred, measured=measured,
+                         collective_rows=tuple(_collective_rows(b, measured, host)),
+                         directory=measured.directory, tokens_per_s=dict(tokens_per_s or {}),
+                         plan_name=plan_name, mesh=dict(mesh or {}), device_kind=device_kind,
+                         processes=processes)
+
+
+def _collective_terms(b: dict[str, Any], measured: StepProfile, host: bool) -> list[Term]:
+    """One term per collective kind and mesh axes: the predicted seconds, count and
+    latencies beside the measured seconds and wait (on XLA:CPU the host's time), largest
+    measured first."""
     by_key: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(
         lambda: [0.0, 0.0, 0, 0.0, 0])
     for c in b.get("collectives", ()):
@@ -222,48 +246,50 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
         if not any((c["kind"], tuple(c["axes"])) == (m.kind, tuple(m.axes))
                    for c in b.get("collectives", ())):
             rec[2] += m.collective.count
+    return [Term(name=_axes_name(k, axes), predicted=p, measured=m, kind=k, axes=axes,
+                 count=n, wait=w, latencies=nl,
+                 note="collective instructions of this kind and mesh axes" + (
+                     " (the host's time: the cores local work left unused while they ran)"
+                     if host else "") + (
+                     "; includes library kernels with no HLO name (NCCL), shared among "
+                     "the step's collectives of their kind by bytes"
+                     if (k, axes) in shared_out else ""))
+            for (k, axes), (p, m, n, w, nl) in sorted(by_key.items(),
+                                                      key=lambda kv: -kv[1][1])]
+
+
+def _rest_terms(b: dict[str, Any], measured: StepProfile, accounted: float,
+                host: bool) -> list[Term]:
+    """The overlap (predicted hidden communication) and the time no op of the step ran
+    (``accounted``: the measured seconds of the terms before); on XLA:CPU also what other
+    processes took of the host's cores."""
     hidden = float(b.get("communication_total", 0.0)) - float(b.get("communication", 0.0))
-    how = " (the host's time: the cores it took, shared with the other devices' ops)" \
-        if host else ""
-    terms = [Term(name="compute", predicted=float(b["compute"]), measured=cats["compute"],
-                  note="ops that are, or fuse, a dot or convolution" + how),
-             Term(name="memory", predicted=float(b["memory"]),
-                  measured=cats["memory"] + cats["other"],
-                  note="every other op: elementwise, reductions, copies, control flow" + how)]
-    terms += [Term(name=_axes_name(k, axes), predicted=p, measured=m, kind=k, axes=axes,
-                   count=n, wait=w, latencies=nl,
-                   note="collective instructions of this kind and mesh axes" + (
-                       " (the host's time: the cores local work left unused while they ran)"
-                       if host else "") + (
-                       "; includes library kernels with no HLO name (NCCL), shared among "
-                       "the step's collectives of their kind by bytes"
-                       if (k, axes) in shared_out else ""))
-              for (k, axes), (p, m, n, w, nl) in sorted(by_key.items(),
-                                                        key=lambda kv: -kv[1][1])]
     if host:
-        others = float(cats.get("others", 0.0))
-        accounted = sum(t.measured for t in terms) + others
-        terms += [Term(name="overlap (hidden)", predicted=hidden, measured=0.0,
-                       note="time subtracted: predicted hidden communication; measured 0: "
-                            "the host's time of a collective is only what local work left "
-                            "unused, the exposed part"),
-                  Term(name="idle + host", predicted=0.0,
-                       measured=max(0.0, measured.step_seconds - accounted),
-                       note="the step less the host's time of its ops: cores no op used, "
-                            "and between steps (data, dispatch, metrics)"),
-                  Term(name="other processes", predicted=0.0, measured=others,
-                       note="the host's cores other processes took while the steps ran "
-                            "(/proc/stat less this process's CPU time): a loaded machine")]
-    else:
-        terms += [Term(name="overlap (hidden)", predicted=hidden, measured=cats["concurrent"],
-                       note="time subtracted: predicted hidden communication; measured op "
-                            "time that ran beside other ops of the same device"),
-                  Term(name="idle + host", predicted=0.0, measured=cats["idle"] + cats["host"],
-                       note="no op of the step running: between ops, and between steps "
-                            "(data, dispatch, metrics)")]
-    terms += [Term(name="step", predicted=float(pred["step_seconds"]),
-                   measured=measured.step_seconds,
-                   note="wall time per step: first op to last op of the traced steps")]
+        others = float(measured.shared.get("others", 0.0))
+        return [Term(name="overlap (hidden)", predicted=hidden, measured=0.0,
+                     note="time subtracted: predicted hidden communication; measured 0: "
+                          "the host's time of a collective is only what local work left "
+                          "unused, the exposed part"),
+                Term(name="idle + host", predicted=0.0,
+                     measured=max(0.0, measured.step_seconds - (accounted + others)),
+                     note="the step less the host's time of its ops: cores no op used, "
+                          "and between steps (data, dispatch, metrics)"),
+                Term(name="other processes", predicted=0.0, measured=others,
+                     note="the host's cores other processes took while the steps ran "
+                          "(/proc/stat less this process's CPU time): a loaded machine")]
+    cats = measured.categories
+    return [Term(name="overlap (hidden)", predicted=hidden, measured=cats["concurrent"],
+                 note="time subtracted: predicted hidden communication; measured op "
+                      "time that ran beside other ops of the same device"),
+            Term(name="idle + host", predicted=0.0, measured=cats["idle"] + cats["host"],
+                 note="no op of the step running: between ops, and between steps "
+                      "(data, dispatch, metrics)")]
+
+
+def _collective_rows(b: dict[str, Any], measured: StepProfile, host: bool
+                     ) -> list[dict[str, Any]]:
+    """Each predicted collective (kind, axes, bytes, count) beside the measured one it
+    is, with the prediction's parts."""
     pending: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for c in b.get("collectives", ()):
         if "bytes" in c:   # a prediction's CollectiveTime (a hand-made dict may lack it)
@@ -281,8 +307,4 @@ def profile_report(prediction: Any, measured: StepProfile, *, plan_name: str = "
                      "predicted": float(p["seconds"]),
                      "parts": [dict(x) for x in p.get("parts") or ()],
                      "measured": m.shared if host and m.shared is not None else m.seconds})
-    return ProfileReport(terms=tuple(terms), prediction=pred, measured=measured,
-                         collective_rows=tuple(rows),
-                         directory=measured.directory, tokens_per_s=dict(tokens_per_s or {}),
-                         plan_name=plan_name, mesh=dict(mesh or {}), device_kind=device_kind,
-                         processes=processes)
+    return rows
