@@ -4,7 +4,7 @@ measured step time on this machine's simulated CPU devices.
 (a) Memory: for each preset x strategy x mesh (x remat) the plan is compiled (XLA:CPU on
     the 8 simulated devices, data=4 x model=2; the TPU compiler for an abstract v5p-16
     slice, data=4 x model=2, in a second process while the CPU compiles run) and the
-    analytic estimate (``plan.memory_estimate``, ``analytic.temp_breakdown``) is compared
+    analytic estimate (``plan.report.memory_estimate``, ``analytic.temp_breakdown``) is compared
     with ``compiled.memory_analysis()``: the row's value is analytic total / compiled
     total, target 0.90-1.10. Params, optimizer and batch are argument shards of the same
     layouts (exact by construction); gradients are their shards; "activations" is temp
@@ -155,8 +155,8 @@ def hbm_row(plan: Any, case: Sequence[Any]) -> dict[str, Any]:
 
     preset, rules, remat, batch, seq, over = case
     p_lay = {k[len("params."):]: v for k, v in plan.layouts.items() if k.startswith("params.")}
-    new = analytic.hbm_bytes(plan.report.memory_estimate, p_lay, plan.rules, plan.mesh, cfg=plan.cfg,
-                             batch=batch, seq=seq)
+    new = analytic.hbm_bytes(plan.report.memory_estimate, p_lay, plan.rules, plan.mesh,
+                             cfg=plan.cfg, batch=batch, seq=seq)
     compiled = plan.report.cost["bytes accessed"]
     lo, hi = STEP_TARGET
     return {"name": f"HBM bytes per step, TPU compiler: {_case_name(case)}",

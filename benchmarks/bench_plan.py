@@ -48,8 +48,8 @@ def run() -> list[dict[str, Any]]:
         {"name": "compiled plan of tiny on 8 devices (first in process)", "value": round(first, 2),
          "unit": "s", "target": "< 20 s", "ok": first < 20,
          "notes": (f"fsdp_tp on data=4 x model=2, batch 8 x 128; compile "
-                   f"{plans[0].report.compile_seconds:.1f} s, {len(plans[0].collectives)} collective "
-                   f"kinds, {len(plans[0].layouts)} tensors")},
+                   f"{plans[0].report.compile_seconds:.1f} s, "
+                   f"{len(plans[0].collectives)} collective kinds, {len(plans[0].layouts)} tensors")},
         {"name": "compiled plan of tiny on 8 devices (median of fsdp_tp/fsdp/tp)",
          "value": round(statistics.median(times), 2), "unit": "s", "target": "< 20 s",
          "ok": statistics.median(times) < 20,
@@ -75,9 +75,11 @@ wall = time.perf_counter() - t
 t = time.perf_counter()
 again = wb.plan(GPTConfig.preset(cfg).replace(remat="full", scan_layers=scan), mesh=wb.abstract_mesh(preset, data=-1, model=model),
                 rules="fsdp_tp", batch=batch, seq=seq, progress=False)
-print(json.dumps({"wall": wall, "compile": p.report.compile_seconds, "cached": p.report.compile_cached,
+print(json.dumps({"wall": wall, "compile": p.report.compile_seconds,
+                  "cached": p.report.compile_cached,
                   "again": time.perf_counter() - t, "again_cached": again.report.compile_cached,
-                  "source": p.source, "total": p.memory["total"], "estimate": p.report.memory_estimate["total"],
+                  "source": p.source, "total": p.memory["total"],
+                  "estimate": p.report.memory_estimate["total"],
                   "fits": p.fits, "step": p.predicted.step_seconds, "mfu": p.predicted.mfu,
                   "compiler_seconds": p.predicted.compiler_seconds}))
 """

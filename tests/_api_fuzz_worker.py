@@ -106,6 +106,15 @@ class Fixtures:
         import workbench as wb
         return wb.plan(self.cfg, mesh=self.mesh, batch=8, seq=16, progress=False)
 
+    def _make_spec(self) -> Any:
+        from workbench.hardware import effective_spec
+        return effective_spec(self.plan.report.mesh, calibration=False)
+
+    def _make_step_cost(self) -> Any:
+        from workbench.perf import StepCost
+        return StepCost(flops=1e9, bytes_accessed=1e8, mesh=self.mesh,
+                        collectives=list(self.plan.collectives), tokens_per_step=128)
+
     def _make_report(self) -> Any:
         import workbench as wb
         return wb.profile_step(self.compiled_plan, steps=1, warmup=0,
@@ -259,6 +268,12 @@ RECIPES: dict[str, Recipe] = {
                             "progress": False},
     "wb.calibrate": lambda f: {"reports": f.report, "save": False},
     "wb.perf.fit_collectives": lambda f: {"reports": f.report},
+    "wb.perf.predict": lambda f: {"cost": f.step_cost, "spec": f.spec},
+    "wb.perf.predict_plan": lambda f: {"report": f.plan.report, "spec": f.spec},
+    "wb.perf.StepCost": lambda f: {"flops": 1e9, "bytes_accessed": 1e8, "mesh": f.mesh,
+                                   "collectives": list(f.plan.collectives),
+                                   "tokens_per_step": 128, "model_flops": 8e9,
+                                   "exposed_axes": ("data",)},
     "wb.remove_calibration": lambda f: {"device_kind": "cpu"},
     "wb.profile_step": lambda f: {"plan": f.compiled_plan, "steps": 1, "warmup": 0,
                                   "directory": f.fresh("profile")},

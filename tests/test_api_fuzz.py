@@ -97,11 +97,14 @@ COLLECT = os.environ.get("WORKBENCH_FUZZ_COLLECT") == "1"
 #: Documented modules outside ``wb.*`` whose functions are fuzzed too, as ``wb.<module>.<name>``:
 #: ``workbench._sharding.placement`` (the one default mesh and rules, issue 46).
 #: ``workbench.perf.fit_collectives`` too (issue 48: the collective model fitted to profiles),
-#: alone: the module's other names are formulas and result types, kept off the surface.
+#: and the predictors with their cost record (issue 60: ``predict(StepCost, spec)``,
+#: ``predict_plan(report, spec)``); the module's other names are formulas and result types,
+#: kept off the surface.
+_PERF = ("fit_collectives", "predict", "predict_plan", "StepCost")
 EXTRA_MODULES: list[tuple[str, Any]] = [
     ("wb._sharding.placement", placement),
-    ("wb.perf", types.SimpleNamespace(__all__=["fit_collectives"],
-                                      fit_collectives=perf.fit_collectives))]
+    ("wb.perf", types.SimpleNamespace(__all__=list(_PERF),
+                                      **{n: getattr(perf, n) for n in _PERF}))]
 
 
 def walk_surface() -> dict[str, Any]:

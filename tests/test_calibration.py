@@ -71,7 +71,8 @@ def test_weight_inventory_matches_the_models_layouts(preset, rules):
     cpu = wb.plan(cfg, mesh=wb.make_mesh(data=4, model=2), rules=rules, batch=8, seq=128,
                   compile=False, progress=False)
     t = analytic.temp_breakdown(cfg, 8, 128, cpu.rules, cpu.mesh)
-    assert t["gradients"] == p.report.memory_estimate["gradients"] == cpu.report.memory_estimate["gradients"]
+    assert t["gradients"] == p.report.memory_estimate["gradients"] \
+        == cpu.report.memory_estimate["gradients"]
     batch_axes = set(analytic.batch_axes(cpu.rules, cpu.mesh))
     whole_blocks = 0
     for name, lay in cpu.layouts.items():

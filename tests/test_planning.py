@@ -43,7 +43,8 @@ def test_compiled_plan_accessors(fsdp_tp):
     assert not p.report.is_estimate and p.compiled is not None
     assert {"params", "optimizer", "temp", "total", "limit"} <= set(p.memory)
     cost = p.compiled.cost_analysis()
-    assert p.report.compiled_flops_per_device == float((cost[0] if isinstance(cost, list) else cost)["flops"])
+    assert p.report.compiled_flops_per_device == float(
+        (cost[0] if isinstance(cost, list) else cost)["flops"])
     # XLA also computes the masked half of attention and elementwise ops: factor a bit below 1
     assert 0.75 < p.report.replicated_compute_factor <= 1.0
     assert isinstance(p.shardings, TrainState)
@@ -171,8 +172,8 @@ def test_lint_redundant_compute_is_quantified(mesh):
     # and the estimates for a mesh of that shape split the compute as XLA does
     est_bad, est_good = _abstract(rules), _abstract("dp")
     assert est_bad.flops_per_device / est_good.flops_per_device == pytest.approx(ratio, rel=0.02)
-    assert bad.report.replicated_compute_factor == pytest.approx(good.report.replicated_compute_factor / 2,
-                                                          rel=0.02)
+    assert bad.report.replicated_compute_factor == pytest.approx(
+        good.report.replicated_compute_factor / 2, rel=0.02)
     table = wb.compare([good, bad])
     assert [r["name"] for r in table.rows] == ["dp", "idle-model"]
     assert "idle-model" in table.table()

@@ -2,6 +2,7 @@
 on resume, and serves it checked: to the lab's API and to the inline train panel."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -47,18 +48,16 @@ def plan() -> Any:
                    progress=False)
 
 
-class NoHardwareNumbers:
-    """A plan whose prediction raises, as one for a chip without table numbers does."""
+def without_hardware_numbers(plan: Any) -> Any:
+    """``plan`` predicted, when made, for a chip whose table has no HBM bandwidth: its
+    report keeps no prediction and says why (``prediction_error``)."""
+    from workbench.hardware import effective_spec, hardware_spec
+    from workbench.planning._report import with_prediction
 
-    def __init__(self, plan: Any) -> None:
-        self._plan = plan
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._plan, name)
-
-    @property
-    def predicted(self) -> Any:
-        raise ValueError("TPU v2 has no HBM bandwidth in the hardware table")
+    chip = dataclasses.replace(hardware_spec("TPU v5p"), name="TPU v2", hbm_bandwidth=None)
+    report = with_prediction(plan.report, effective_spec(plan.report.mesh, hardware=chip))
+    assert report.predicted is None and "no HBM bandwidth" in report.prediction_error
+    return dataclasses.replace(plan, report=report)
 
 
 @pytest.mark.usefixtures("wb_cache")
@@ -99,7 +98,7 @@ def test_from_plan_records_the_plan_prediction_and_resume_keeps_it(plan: Any,
 @pytest.mark.slow
 def test_a_plan_without_a_prediction_never_fails_the_run(plan: Any, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    tr = _from_plan(NoHardwareNumbers(plan), run_dir)
+    tr = _from_plan(without_hardware_numbers(plan), run_dir)
     assert tr.prediction is None
     result = tr.run(steps=1)
     assert result.status == "finished"

@@ -289,7 +289,7 @@ def test_ctrl_c_while_compiling_returns_at_once_and_the_compile_is_kept(tmp_path
         planner.compile_lowered = real
     assert any("interrupted" in line for line in lines)
     p = wb.plan(cfg, mesh=mesh, rules="fsdp", batch=8, seq=64, progress=False)
-    assert p.source == "tpu-compiler" and p.compile_cached   # the background compile's result
+    assert p.source == "tpu-compiler" and p.report.compile_cached   # the background compile's result
 
 
 def test_a_step_the_tpu_compiler_cannot_fit_is_a_plan_that_says_by_how_much():

@@ -484,22 +484,16 @@ def predict(cost: StepCost, spec: EffectiveSpec, *, overlap: float | None = None
 
 def _roofline(cost: StepCost, eff: EffectiveSpec, overlap: float | None) -> Prediction:
     """``predict``'s roofline, its arguments checked."""
-    info, collectives = cost.mesh, cost.collectives
-    flops, fp8_flops, compute_seconds = cost.flops, cost.fp8_flops, cost.compute_seconds
-    exposed_axes, sync_exposed = cost.exposed_axes, cost.sync_exposed
-    compiler_seconds, model_flops, host = cost.compiler_seconds, cost.model_flops, cost.host
+    flops, fp8_flops = cost.flops, cost.fp8_flops
+    compute_seconds, host = cost.compute_seconds, cost.host
     # spec: the entry with the achieved FLOP/s and bandwidth a profile measured, if any
-    spec, cal, table_latency = eff.spec, eff.calibration, eff.table_latency
+    spec, cal = eff.spec, eff.calibration
     if not spec.hbm_bandwidth:
         raise ValueError(f"{spec.name} has no HBM bandwidth in the hardware table")
     t_compute = compute_seconds_at_peak(flops, fp8_flops, spec)
     t_memory = cost.bytes_accessed / spec.hbm_bandwidth
     overlap, overlap_src = _overlap(overlap, cal, spec.platform)
-    times = [collective_seconds(c, info, spec) for c in collectives]
-    if cal:
-        times = [_calibrated(t, cal, table_latency) for t in times]
-    crit = [(bool(t.axes) and set(t.axes) <= set(exposed_axes))
-            or (sync_exposed and not c.overlapped) for t, c in zip(times, collectives)]
+    times, crit = _collective_times(cost, eff)
     cpu = spec.platform == "cpu"
     # XLA:CPU's devices share the host's cores: math and memory traffic take turns. A
     # calibration's factors turn the terms into the time a profile measured in matmul
@@ -508,11 +502,7 @@ def _roofline(cost: StepCost, eff: EffectiveSpec, overlap: float | None) -> Pred
     t_roofline, t_local, compute_source = _local_seconds(
         t_compute, t_memory, additive=cpu or bool(cal), compute_seconds=compute_seconds,
         compute_source=cost.compute_source)
-    compiler_note = ""
-    if compiler_seconds is not None and not compiler_seconds >= 0:
-        compiler_note = (f"; its optimal_seconds was {compiler_seconds!r} (the compiler's "
-                         "'unknown'): not shown")
-        compiler_seconds = None
+    compiler_seconds, compiler_note = _compiler_estimate(cost.compiler_seconds)
     t_comm = sum(t.seconds for t in times)
     t_exposed = sum(t.seconds for t, c in zip(times, crit) if c)
     t_free = t_comm - t_exposed
@@ -527,11 +517,7 @@ def _roofline(cost: StepCost, eff: EffectiveSpec, overlap: float | None) -> Pred
     if compute_seconds is not None:   # the compiler's schedule of math and HBM traffic
         bound = "communication" if t_comm - hidden > t_local else \
             ("compute" if t_compute >= t_memory else "memory")
-    mfu = mfu_fp8 = None
-    if model_flops is not None and step > 0:
-        mfu = model_flops / (step * info.size * spec.peak_flops)
-        if fp8_flops > 0 and spec.fp8_flops:
-            mfu_fp8 = model_flops / (step * info.size * spec.fp8_flops)
+    mfu, mfu_fp8 = _mfus(cost, step, spec)
     # the envelope holds MFU against the peak the step's own matmuls run at (fp8 and bf16
     # FLOPs blended as t_compute times them): the bf16-peak MFU of an fp8 step can pass 80%
     blended = mfu * spec.peak_flops * t_compute / flops if mfu is not None and flops > 0 \
@@ -549,24 +535,68 @@ def _roofline(cost: StepCost, eff: EffectiveSpec, overlap: float | None) -> Pred
                    "communication_total": t_comm, **host_terms,
                    "no_overlap_step": t_local + t_comm + host_link_total,
                    "collectives": tuple(times)},
-        sources={"flops": cost.flops_source, "bytes": cost.bytes_source,
-                 "peak_flops": spec.source + _fp8_source(flops, fp8_flops, spec),
-                 "hbm_bandwidth": spec.source_of("hbm_bandwidth"),
-                 "local": compute_source if compute_seconds is not None else
-                 _local_source(cpu, bool(cal)),
-                 "overlap": _overlap_source(overlap_src, exposed_axes if t_exposed else (),
-                                            sync_exposed),
-                 "mfu": "model FLOPs / (step time x devices x peak FLOP/s per device)",
-                 "host_transfers": _host_source(host, cost.host_source),
-                 "compiler_seconds": ("TPU compiler cost analysis (optimal_seconds)"
-                                      if compiler_seconds is not None else "none")
-                 + compiler_note,
-                 "bounds": "; ".join(flagged) if flagged else (
-                     "within the physical bounds (workbench.perf._bounds): not below "
-                     "its own roofline, MFU at most the published envelope")}
-        | ({"calibration": cal.source} if cal else {}),
+        sources=_sources(cost, eff, local=compute_source if compute_seconds is not None
+                         else _local_source(cpu, bool(cal)),
+                         overlap=_overlap_source(overlap_src, cost.exposed_axes if t_exposed
+                                                 else (), cost.sync_exposed),
+                         compiler=("TPU compiler cost analysis (optimal_seconds)"
+                                   if compiler_seconds is not None else "none") + compiler_note,
+                         flagged=flagged),
         compiler_seconds=compiler_seconds, implausible=flagged, mfu_fp8=mfu_fp8,
         band=prediction_band(eff, compiler_timed=compute_seconds is not None))
+
+
+def _mfus(cost: StepCost, step: float, spec: HardwareSpec) -> tuple[float | None,
+                                                                    float | None]:
+    """MFU against the bf16 peak, and against the fp8 peak for a step with fp8 matmuls on
+    a chip whose table has one; None without model FLOPs."""
+    if cost.model_flops is None or step <= 0:
+        return None, None
+    devices = cost.mesh.size
+    mfu = cost.model_flops / (step * devices * spec.peak_flops)
+    fp8 = cost.model_flops / (step * devices * spec.fp8_flops) \
+        if cost.fp8_flops > 0 and spec.fp8_flops else None
+    return mfu, fp8
+
+
+def _collective_times(cost: StepCost, eff: EffectiveSpec
+                      ) -> tuple[list[CollectiveTime], list[bool]]:
+    """Each collective of ``cost`` timed on ``eff``'s links (calibrated where it has a
+    calibration), and whether it is on the critical path: over ``exposed_axes`` only, or
+    run synchronously by a program that says (``sync_exposed``)."""
+    times = [collective_seconds(c, cost.mesh, eff.spec) for c in cost.collectives]
+    if eff.calibration:
+        times = [_calibrated(t, eff.calibration, eff.table_latency) for t in times]
+    crit = [(bool(t.axes) and set(t.axes) <= set(cost.exposed_axes))
+            or (cost.sync_exposed and not c.overlapped)
+            for t, c in zip(times, cost.collectives)]
+    return times, crit
+
+
+def _compiler_estimate(seconds: float | None) -> tuple[float | None, str]:
+    """The TPU compiler's estimate to show, or None and why not (negative or NaN: the
+    compiler's "unknown")."""
+    if seconds is not None and not seconds >= 0:
+        return None, f"; its optimal_seconds was {seconds!r} (the compiler's 'unknown'): " \
+                     "not shown"
+    return seconds, ""
+
+
+def _sources(cost: StepCost, eff: EffectiveSpec, *, local: str, overlap: str, compiler: str,
+             flagged: tuple[str, ...]) -> dict[str, str]:
+    """Where each number of the prediction comes from, by name."""
+    spec = eff.spec
+    return {"flops": cost.flops_source, "bytes": cost.bytes_source,
+            "peak_flops": spec.source + _fp8_source(cost.flops, cost.fp8_flops, spec),
+            "hbm_bandwidth": spec.source_of("hbm_bandwidth"), "local": local,
+            "overlap": overlap,
+            "mfu": "model FLOPs / (step time x devices x peak FLOP/s per device)",
+            "host_transfers": _host_source(cost.host, cost.host_source),
+            "compiler_seconds": compiler,
+            "bounds": "; ".join(flagged) if flagged else (
+                "within the physical bounds (workbench.perf._bounds): not below "
+                "its own roofline, MFU at most the published envelope")} | (
+        {"calibration": eff.calibration.source} if eff.calibration else {})
 
 
 def compute_seconds_at_peak(flops: float, fp8_flops: float, spec: HardwareSpec) -> float:

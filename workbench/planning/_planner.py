@@ -6,7 +6,7 @@ collectives and layout lints per device; ``materialize()`` builds the sharded mo
     plan = wb.plan(cfg, mesh=mesh, rules="fsdp_tp", batch=8, seq=128)
     plan.memory              # per-device bytes: params, optimizer, temp, total, limit, ...
     plan.model_flops         # analytic, whole step, all devices
-    plan.compiled_flops_per_device, plan.collectives, plan.warnings, plan.shardings
+    plan.flops_per_device, plan.collectives, plan.warnings, plan.shardings
     model = plan.materialize(seed=0)   # sharded init; no device ever holds the whole model
 
 ``plan()`` runs the stages of ``workbench.planning._stages`` in order (resolve the inputs,

@@ -804,19 +804,18 @@ def prediction_record(plan: Any) -> tuple[dict[str, Any] | None, dict[str, Any] 
     The record is ``plan.predicted.to_dict()`` (``step_seconds``, ``mfu``,
     ``tokens_per_s``, ``bound``, ``compiler_seconds``, ``sources``, ``breakdown``) plus
     ``source`` and ``source_reason`` (compiler or estimate), ``hardware`` and
-    ``plan_name``. A plan whose prediction raises (a hardware table without the numbers)
-    never stops the run: the event carries the error instead.
+    ``plan_name``. A plan without a prediction (a hardware table without the numbers:
+    ``plan.report.prediction_error``) never stops the run: the event says why instead.
     """
     if plan is None:
         return None, None
     if not hasattr(type(plan), "predicted"):  # the class: reading it may raise
         raise TypeError(f"prediction= needs a wb.plan(...) Plan, got {type(plan).__name__}; "
                         "use Trainer.from_plan(plan, run_dir)")
-    try:
-        predicted = plan.predicted.to_dict()
-    except Exception as err:  # noqa: BLE001 - a missing prediction never fails the run
-        reason = f"{type(err).__name__}: {err}"
-        return None, {"recorded": False, "reason": f"the plan has no prediction ({reason})"}
+    if plan.predicted is None:   # a hardware table without the numbers: said, not raised
+        return None, {"recorded": False, "reason": "the plan has no prediction "
+                      f"({plan.report.prediction_error})"}
+    predicted = plan.predicted.to_dict()
     mesh = plan.mesh
     record = {**predicted, "source": plan.source, "source_reason": plan.source_reason,
               "hardware": getattr(mesh, "hardware", None) or getattr(mesh, "device_kind", None),
