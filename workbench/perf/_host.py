@@ -42,6 +42,7 @@ from typing import Any, Mapping, Sequence
 
 from workbench._compiled.loops import UNKNOWN_CYCLES, computation_multiplicity, loop_trip_counts
 from workbench._compiled.text import DTYPE_BYTES, computations
+from workbench.perf._host_link import walk
 
 __all__ = ["HostTime", "HostTraffic", "HostTransfer", "host_seconds", "host_traffic"]
 
@@ -279,61 +280,79 @@ def host_traffic(hlo_text: str) -> HostTraffic:
     for comp, lines in comps.items():
         if not mult.get(comp) or not any(HOST_SPACE in ln for ln in lines):
             continue
-        events: list[list[Any]] = []
-        started: dict[str, tuple[str, int, str, str]] = {}
-        done_of: set[str] = set()
-        moves = False
-        cyc = ker = 0
-
-        def flush() -> None:
-            nonlocal cyc, ker
-            if cyc or ker:
-                events.append(["c", cyc, ker])
-            cyc = ker = 0
-
-        for line in lines:
-            head = _LINE.match(line)
-            if head is None:
-                continue
-            name, type_text, op = head.group("name"), head.group("type"), head.group("op")
-            if op in _STARTS and HOST_SPACE in type_text:
-                moved = _start_transfer(op, type_text)
-                if moved is not None:
-                    flush()
-                    started[name] = (*moved, op)
-                    events.append(["s", name, moved[0], moved[1]])
-                    moves = True
-                    continue
-            if op in _DONES:
-                operand = re.match(r"\s*%?([\w.\-]+)", head.group("args"))
-                if operand and operand.group(1) in started:
-                    flush()
-                    events.append(["d", operand.group(1)])
-                    done_of.add(operand.group(1))
-                    continue
-            if op not in _NO_TRAFFIC and op not in _STARTS:
-                arr = _array(_elements(type_text)[0])
-                operands = re.findall(r"%([\w.\-]+)", head.group("args").split("),")[0])
-                if arr is not None and arr[2] and operands:
-                    flush()
-                    events.append(["x", "to_host", arr[0]])
-                    transfers.append(HostTransfer(
-                        name=name, computation=comp, op=op, direction="to_host",
-                        bytes=arr[0], count=mult[comp], asynchronous=False, shape=arr[1]))
-                    moves = True
-                    continue
-            c, k = _line_cost(comps, line, trips, memo, 0)
-            cyc, ker = cyc + c, ker + k
-        flush()
-        for name, (direction, nbytes, shape, op) in started.items():
-            transfers.append(HostTransfer(
-                name=name, computation=comp, op=op, direction=direction, bytes=nbytes,
-                count=mult[comp], asynchronous=name in done_of, shape=shape))
+        events, found, moves = _schedule_of(comp, lines, comps, trips, memo, mult[comp])
+        transfers += found
         if moves:
             schedule[comp] = {"count": mult[comp], "events": events}
     kernels = sum(mult.get(comp, 0) for comp, lines in comps.items() for ln in lines
                   if "tpu_custom_call" in ln and _LINE.match(ln))
     return HostTraffic(transfers=tuple(transfers), schedule=schedule, kernel_calls=kernels)
+
+
+def _schedule_of(comp: str, lines: Sequence[str], comps: Mapping[str, list[str]],
+                 trips: Mapping[str, int], memo: dict[str, tuple[int, int]], count: int
+                 ) -> tuple[list[list[Any]], list[HostTransfer], bool]:
+    """One computation's schedule: its transfer events in order (:func:`_line_event`), the
+    compiler's cycles and Pallas kernel calls between them as ``["c", cycles, kernels]``;
+    its transfers (each run ``count`` times per step); whether it moves anything."""
+    events: list[list[Any]] = []
+    started: dict[str, tuple[str, int, str, str]] = {}
+    done_of: set[str] = set()
+    transfers: list[HostTransfer] = []
+    cost = [0, 0]   # since the last event: cycles, kernel calls
+    for line in lines:
+        head = _LINE.match(line)
+        if head is None:
+            continue
+        found = _line_event(head, started)
+        if found is None:
+            c, k = _line_cost(comps, line, trips, memo, 0)
+            cost = [cost[0] + c, cost[1] + k]
+            continue
+        event, what = found
+        if cost != [0, 0]:
+            events.append(["c", *cost])
+        cost = [0, 0]
+        events.append(event)
+        if event[0] == "s":
+            started[event[1]] = what
+        elif event[0] == "d":
+            done_of.add(event[1])
+        else:
+            transfers.append(HostTransfer(
+                name=head.group("name"), computation=comp, op=head.group("op"),
+                direction="to_host", bytes=what[0], count=count, asynchronous=False,
+                shape=what[1]))
+    if cost != [0, 0]:
+        events.append(["c", *cost])
+    for name, (direction, nbytes, shape, op) in started.items():
+        transfers.append(HostTransfer(
+            name=name, computation=comp, op=op, direction=direction, bytes=nbytes,
+            count=count, asynchronous=name in done_of, shape=shape))
+    return events, transfers, bool(started) or any(e[0] == "x" for e in events)
+
+
+def _line_event(head: re.Match[str], started: Mapping[str, Any]
+                ) -> tuple[list[Any], Any] | None:
+    """The host-transfer event of one instruction, None where it computes: ``["s", name,
+    direction, bytes]`` an async start to or from S(5) (with its ``(direction, bytes,
+    shape, op)``), ``["d", name]`` the done of one started, ``["x", "to_host", bytes]``
+    any other instruction whose result is in S(5) (with its ``(bytes, shape)``)."""
+    name, type_text, op = head.group("name"), head.group("type"), head.group("op")
+    if op in _STARTS and HOST_SPACE in type_text:
+        moved = _start_transfer(op, type_text)
+        if moved is not None:
+            return ["s", name, moved[0], moved[1]], (*moved, op)
+    if op in _DONES:
+        operand = re.match(r"\s*%?([\w.\-]+)", head.group("args"))
+        if operand and operand.group(1) in started:
+            return ["d", operand.group(1)], None
+    if op not in _NO_TRAFFIC and op not in _STARTS:
+        arr = _array(_elements(type_text)[0])
+        operands = re.findall(r"%([\w.\-]+)", head.group("args").split("),")[0])
+        if arr is not None and arr[2] and operands:
+            return ["x", "to_host", arr[0]], (arr[0], arr[1])
+    return None
 
 
 # -- timing ---------------------------------------------------------------------------------
@@ -360,7 +379,7 @@ def host_seconds(traffic: HostTraffic, *, bandwidth: float, clock_hz: float,
                          f"{bandwidth!r} B/s and {clock_hz!r} Hz")
     exposed = 0.0
     for entry in traffic.schedule.values():
-        exposed += entry["count"] * _walk(entry["events"], bandwidth, clock_hz,
+        exposed += entry["count"] * walk(entry["events"], bandwidth, clock_hz,
                                           kernel_seconds)
     up, down = float(traffic.to_host_bytes), float(traffic.to_device_bytes)
     link = max(up, down) / bandwidth
@@ -379,64 +398,3 @@ def host_seconds(traffic: HostTraffic, *, bandwidth: float, clock_hz: float,
                     formula=formula, source=source)
 
 
-def _walk(events: Sequence[Sequence[Any]], bandwidth: float, clock_hz: float,
-          kernel_seconds: float) -> float:
-    """Seconds one run of a computation's schedule waits for its host transfers. The
-    transfers in flight in one direction share its bandwidth equally (DMAs run
-    concurrently: the compiler waits for the small ones first)."""
-    now, wait = 0.0, 0.0
-    left: dict[str, dict[str, float]] = {"to_host": {}, "to_device": {}}   # bytes to go
-    where: dict[str, str] = {}
-
-    def advance(dt: float) -> None:   # the link moves bytes for dt seconds
-        for flows in left.values():
-            t = dt
-            while flows and t > 1e-15:
-                share = bandwidth / len(flows)
-                first = min(flows.values())
-                step = min(t, first / share)
-                for k in list(flows):
-                    flows[k] -= share * step
-                    if flows[k] <= 1e-6:
-                        del flows[k]
-                t -= step
-
-    def until_done(name: str) -> float:   # seconds until ``name`` has crossed
-        flows = left[where[name]]
-        saved, t = dict(flows), 0.0
-        while name in flows:
-            share = bandwidth / len(flows)
-            step = min(flows.values()) / share
-            for k in list(flows):
-                flows[k] -= share * step
-                if flows[k] <= 1e-6:
-                    del flows[k]
-            t += step
-        flows.clear()
-        flows.update(saved)
-        return t
-
-    for ev in events:
-        kind = ev[0]
-        if kind == "c":
-            dt = ev[1] / clock_hz + ev[2] * kernel_seconds
-            advance(dt)
-            now += dt
-        elif kind == "s":
-            where[ev[1]] = ev[2]
-            left[ev[2]][ev[1]] = float(ev[3])
-        elif kind == "d":
-            if ev[1] in where and ev[1] in left[where[ev[1]]]:
-                dt = until_done(ev[1])
-                advance(dt)
-                wait, now = wait + dt, now + dt
-        elif kind == "x":   # synchronous: the program waits for it (sharing the link)
-            key = f"sync-{now}"
-            where[key] = ev[1]
-            left[ev[1]][key] = float(ev[2])
-            dt = until_done(key)
-            advance(dt)
-            wait, now = wait + dt, now + dt
-    # started here, done elsewhere: assumed to wait at the end of this run
-    rest = max((until_done(k) for k in where if k in left[where[k]]), default=0.0)
-    return wait + rest
