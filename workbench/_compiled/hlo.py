@@ -7,8 +7,16 @@ import dataclasses
 import math
 import re
 from collections.abc import Sequence
+from typing import Any
 
-from workbench._compiled.graph import described_by, module_graph, param_path, short_op
+from workbench._compiled.graph import (
+    HloGraph,
+    Instr,
+    described_by,
+    module_graph,
+    param_path,
+    short_op,
+)
 from workbench._compiled.groups import groups_to_axes, pairs_axes, parse_replica_groups
 from workbench._compiled.loops import computation_multiplicity, loop_computations
 from workbench._compiled.text import COMPUTATION, DEFINES, array_bytes, computations
@@ -199,14 +207,7 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
         rec["names"].append(m.group("name"))
         ins = graph.instructions.get(m.group("name"))
         if ins is not None:
-            meta = described_by(graph, ins)
-            src = graph.source(meta)
-            if src:
-                rec["sources"][src] = None
-            for part in short_op(meta.op_name).strip("()").split(":"):
-                if part:
-                    rec["ops"][short_op(part)] = None
-            rec["tensors"][graph.moved_tensor(ins)] = None
+            _describe(rec, graph, ins)
     out = [Collective(kind=k[0], axes=k[1], aligned=k[2], group_size=k[3], bytes=r["bytes"],
                       wire_bytes=_wire(k[0], r["bytes"], k[3]), count=r["count"],
                       shapes=k[4], in_loop=k[5], names=tuple(r["names"]), overlapped=k[6],
@@ -214,6 +215,20 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
                       tensors=tuple(r["tensors"]))
            for k, r in merged.items()]
     return sorted(out, key=lambda c: -c.total_wire_bytes)
+
+
+def _describe(rec: dict[str, Any], graph: HloGraph, ins: Instr) -> None:
+    """Adds to a merged collective's record what instruction ``ins`` is for: the source
+    line and JAX ops of the op that describes it (:func:`described_by`), and the tensor it
+    moves."""
+    meta = described_by(graph, ins)
+    src = graph.source(meta)
+    if src:
+        rec["sources"][src] = None
+    for part in short_op(meta.op_name).strip("()").split(":"):
+        if part:
+            rec["ops"][short_op(part)] = None
+    rec["tensors"][graph.moved_tensor(ins)] = None
 
 
 # -- op metadata: source lines, operands, users ---------------------------------------------
