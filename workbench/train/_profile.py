@@ -240,6 +240,29 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
     seed = check_int(seed, "seed", minimum=0, maximum=2**32 - 1, where="profile_step: ")
     if directory is not None:
         check_path(directory, "directory", where="profile_step: ")
+    _check_runnable(plan)
+    directory = check_directory(Path(directory) if directory is not None else Path(
+        "profiles") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_idle()
+    cores = shared_cores()
+    step = plan.compiled
+    times, load = _timed_steps(step, plan.init_state(seed), _tokens_batch(plan, seed),
+                               steps, warmup, directory)
+    tokens = plan.report.batch * plan.report.seq
+    measured = read_trace(directory, hlo_text=step.as_text(), axis_names=plan.mesh.axis_names,
+                          axis_sizes=plan.mesh.axis_sizes, cores=cores,
+                          available=_available(host_cores(), cores, load), steps=steps)
+    tps = {k: tokens / float(np.median(v)) for k, v in times.items() if v}
+    report = profile_report(plan.predict(calibration=False), measured, plan_name=plan.name,
+                            mesh=dict(plan.mesh.shape), device_kind=_kind(plan.mesh),
+                            processes=jax.process_count(), tokens_per_s=tps)
+    write_report(report)
+    return report
+
+
+def _check_runnable(plan: Any) -> None:
+    """Refuses a plan ``profile_step`` cannot run: not a Plan, not compiled for devices at
+    hand, or a step that does not take token batches."""
     from workbench.planning import Plan
 
     if not isinstance(plan, Plan):
@@ -253,14 +276,13 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
                                                                                "targets"}:
         raise ProfileError("profile_step feeds token batches {inputs, targets}; profile a "
                            "factory model's step through a Trainer (trainer.profile())")
-    directory = check_directory(Path(directory) if directory is not None else Path(
-        "profiles") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    check_idle()
-    cores = shared_cores()
-    state = plan.init_state(seed)
-    batch = _tokens_batch(plan, seed)
-    step = plan.compiled
-    tokens = plan.report.batch * plan.report.seq
+
+
+def _timed_steps(step: Any, state: Any, batch: Any, steps: int, warmup: int,
+                 directory: Path) -> tuple[dict[str, list[float]], HostLoad]:
+    """Runs ``warmup`` untraced steps, ``steps`` traced into ``directory``, and ``warmup``
+    untraced again: each step's seconds (``"outside"``: the untraced ones but the very
+    first, ``"during"``: the traced), and the host's load while the trace ran."""
     times: dict[str, list[float]] = {"outside": [], "during": []}
 
     def run(n: int, label: str) -> None:
@@ -279,15 +301,7 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
     # traced ones look faster (bench_profile read 1.06-1.38x); the first step is left out
     run(warmup, "outside")
     times["outside"] = times["outside"][1:]
-    measured = read_trace(directory, hlo_text=step.as_text(), axis_names=plan.mesh.axis_names,
-                          axis_sizes=plan.mesh.axis_sizes, cores=cores,
-                          available=_available(host_cores(), cores, load), steps=steps)
-    tps = {k: tokens / float(np.median(v)) for k, v in times.items() if v}
-    report = profile_report(plan.predict(calibration=False), measured, plan_name=plan.name,
-                            mesh=dict(plan.mesh.shape), device_kind=_kind(plan.mesh),
-                            processes=jax.process_count(), tokens_per_s=tps)
-    write_report(report)
-    return report
+    return times, load
 
 
 def shared_cores() -> float:
