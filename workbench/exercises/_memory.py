@@ -13,26 +13,28 @@ __all__ = ["adam_state_bytes"]
 _MIB = 2**20
 
 
+def _adam_mib(shape: tuple[int, int], spec: PartitionSpec, axes: dict[str, int]
+              ) -> tuple[float, float]:
+    """(MiB of Adam state per device, MiB of one moment unsharded) from optax itself."""
+    mesh = AbstractMesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,))
+    param = jax.ShapeDtypeStruct(shape, jnp.float32)
+    state = jax.eval_shape(optax.adam(1e-4).init, param)
+    per_device = 0
+    for leaf in jax.tree.leaves(state):
+        leaf_spec = spec if leaf.shape == shape else PartitionSpec()  # moments follow w
+        block = NamedSharding(mesh, leaf_spec).shard_shape(leaf.shape)
+        n = 1
+        for s in block:
+            n *= s
+        per_device += n * leaf.dtype.itemsize
+    return per_device / _MIB, shape[0] * shape[1] * 4 / _MIB
+
+
 def adam_state_bytes() -> Exercise:
     shape, spec, axes = (12288, 49152), PartitionSpec(None, "model"), {"model": 8}
 
-    def reference() -> tuple[float, float]:
-        """(MiB of Adam state per device, MiB of one moment unsharded) from optax itself."""
-        mesh = AbstractMesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,))
-        param = jax.ShapeDtypeStruct(shape, jnp.float32)
-        state = jax.eval_shape(optax.adam(1e-4).init, param)
-        per_device = 0
-        for leaf in jax.tree.leaves(state):
-            leaf_spec = spec if leaf.shape == shape else PartitionSpec()  # moments follow w
-            block = NamedSharding(mesh, leaf_spec).shard_shape(leaf.shape)
-            n = 1
-            for s in block:
-                n *= s
-            per_device += n * leaf.dtype.itemsize
-        return per_device / _MIB, shape[0] * shape[1] * 4 / _MIB
-
     def judge(mib: float) -> Result:
-        want, moment = reference()
+        want, moment = _adam_mib(shape, spec, axes)
         if close(mib, want):
             return Result(correct=True, explanation=(
                 f"optax.adam keeps two float32 moments (mu, nu) shaped like w, plus a step "

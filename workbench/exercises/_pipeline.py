@@ -67,39 +67,40 @@ def pipeline_bubble() -> Exercise:
         solution="1/3", parse=_fraction, judge=judge)
 
 
+def _stage_block_kib(n_layers: int, stages: int, data: int) -> tuple[float, float]:
+    """(KiB of block parameters per device, KiB of all block parameters), from the
+    stacked model's abstract state sharded by the fsdp preset on stage x data."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    from workbench._sharding.mesh import abstract_mesh
+    from workbench.models import GPTConfig
+    from workbench._sharding.pytrees import path_str
+    from workbench._sharding.rules import Rules
+    from workbench._step import abstract_model
+
+    cfg = GPTConfig.preset("tiny", n_layers=n_layers, scan_layers=True)
+    mesh = abstract_mesh(stage=stages, data=data)
+    rules = Rules.preset("fsdp", mesh)
+    _, params, logical = abstract_model(cfg)
+    per_device = whole = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params["blocks"])[0]:
+        name = "blocks." + path_str(path)
+        spec = rules.spec(logical[name], tensor=name)
+        block = NamedSharding(mesh.abstract, spec).shard_shape(leaf.shape)
+        n = 1
+        for s in block:
+            n *= s
+        per_device += n * leaf.dtype.itemsize
+        whole += leaf.size * leaf.dtype.itemsize
+    return per_device / _KIB, whole / _KIB
+
+
 def stage_block_bytes() -> Exercise:
     n_layers, stages, data = 8, 4, 2
 
-    def reference() -> tuple[float, float]:
-        """(KiB of block parameters per device, KiB of all block parameters), from the
-        stacked model's abstract state sharded by the fsdp preset on stage x data."""
-        import jax
-        from jax.sharding import NamedSharding
-
-        from workbench._sharding.mesh import abstract_mesh
-        from workbench.models import GPTConfig
-        from workbench._sharding.pytrees import path_str
-        from workbench._sharding.rules import Rules
-        from workbench._step import abstract_model
-
-        cfg = GPTConfig.preset("tiny", n_layers=n_layers, scan_layers=True)
-        mesh = abstract_mesh(stage=stages, data=data)
-        rules = Rules.preset("fsdp", mesh)
-        _, params, logical = abstract_model(cfg)
-        per_device = whole = 0
-        for path, leaf in jax.tree_util.tree_flatten_with_path(params["blocks"])[0]:
-            name = "blocks." + path_str(path)
-            spec = rules.spec(logical[name], tensor=name)
-            block = NamedSharding(mesh.abstract, spec).shard_shape(leaf.shape)
-            n = 1
-            for s in block:
-                n *= s
-            per_device += n * leaf.dtype.itemsize
-            whole += leaf.size * leaf.dtype.itemsize
-        return per_device / _KIB, whole / _KIB
-
     def judge(kib: float) -> Result:
-        want, whole = reference()
+        want, whole = _stage_block_kib(n_layers, stages, data)
         if close(kib, want):
             return Result(correct=True, explanation=(
                 f"The 8 stacked layers ({whole:,.0f} KiB of block weights in float32) are "
