@@ -25,7 +25,9 @@ rows); "grouped" sorts the ``k*G`` assignments by expert and runs one
 ``sparse_matmul``, torchtitan's grouped GEMM), dropless with no padding: on TPU megablox's
 Pallas ``gmm``, whose weight gradient is its own transposed kernel ``tgmm`` over the routed
 rows, elsewhere ``jax.lax.ragged_dot`` (``GPTConfig.moe_kernel``, :func:`grouped_kernel`).
-Under expert
+A group of more than :data:`GROUPED_CHUNK_ROWS` routed rows whose experts the block's remat
+recomputes runs them over equal slices of its tokens, one at a time (:func:`expert_chunks`):
+the backward then holds one slice's ``(k*G/c, F)`` tensors. Under expert
 parallelism its all-to-all carries fixed per-peer blocks of ``G*min(k, E/n)`` rows
 (:func:`_group_grouped` says why); the all-gather dispatch gathers as the dense one does.
 
@@ -43,8 +45,9 @@ token, G tokens of one group, C capacity (slots per expert and group).
 """
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -55,6 +58,7 @@ from jax.sharding import PartitionSpec
 
 from workbench.models._config import DEFAULT_TOP_K, MOE_DISPATCH, GPTConfig, current_platform
 from workbench.models._layers import MLP, fan_in_init, param
+from workbench.models._remat import resolve_remat
 from workbench._sharding.rules import Rules, active, constrain
 
 #: Token dispatch implementations accepted by ``GPTConfig.moe_dispatch``.
@@ -540,8 +544,9 @@ def dispatch_combine(cfg: GPTConfig, x: jax.Array, idx: jax.Array, weights: jax.
     k = idx.shape[-1]
     ctx = active()
     if ctx is None:
-        y, dropped = _group_for(cfg, False)(cfg, x.reshape(-1, d), idx.reshape(-1, k),
-                                       weights.reshape(-1, k), gate, up, down, (), ())
+        run = in_chunks(_group_for(cfg, False), expert_chunks(cfg, b * t))
+        y, dropped = run(cfg, x.reshape(-1, d), idx.reshape(-1, k), weights.reshape(-1, k),
+                         gate, up, down, (), ())
         return y.reshape(b, t, d), dropped
     rules, mesh = ctx
     check_layout(cfg, rules, mesh)
@@ -556,8 +561,9 @@ def dispatch_combine(cfg: GPTConfig, x: jax.Array, idx: jax.Array, weights: jax.
 
     def body(x, idx, w, gate, up, down):
         bl, tl, _ = x.shape
-        y, dropped = group(cfg, x.reshape(-1, d), idx.reshape(-1, k), w.reshape(-1, k),
-                           gate, up, down, ea, mlp)
+        run = in_chunks(group, expert_chunks(cfg, bl * tl))
+        y, dropped = run(cfg, x.reshape(-1, d), idx.reshape(-1, k), w.reshape(-1, k),
+                         gate, up, down, ea, mlp)
         return y.reshape(bl, tl, d), dropped[None]
 
     # megablox's pallas_calls give their outputs no varying mesh axes, which check_vma
@@ -577,3 +583,65 @@ def _group_for(cfg: GPTConfig, expert_parallel: bool) -> Any:
     if cfg.moe_matmul_resolved == "grouped":
         return _group_grouped_all_gather if gather else _group_grouped
     return _group_all_gather if gather else _group_all_to_all
+
+
+# -- chunks of a group (dropless grouped experts under remat) ----------------------------------
+
+#: The most routed rows (k * tokens) one pass of the grouped experts holds when the block's
+#: remat recomputes them: a larger group runs in :func:`expert_chunks` slices.
+GROUPED_CHUNK_ROWS = 65536
+
+#: The checkpoint names of the expert projections (a remat policy that keeps or offloads one
+#: of them keeps what chunks would recompute: such groups run whole).
+_EXPERT_NAMES = ("mlpwi_0", "mlpwi_1", "mlpwo")
+
+
+def expert_chunks(cfg: GPTConfig, group: int) -> int:
+    """Slices of a ``group``-token group that the experts run one after another: 1 unless
+    the experts are grouped (dropless), the block's remat recomputes them, and the
+    ``k * group`` routed rows exceed :data:`GROUPED_CHUNK_ROWS`; then the fewest slices of
+    equal size (a divisor of ``group``) with at most that many rows each, or 1 if no
+    divisor up to 8 times the fewest needed has them (slices of a few tokens would pad
+    every expert's rows to the kernel's tiles).
+
+    Under remat the backward pass recomputes a whole layer, and a group's grouped experts
+    hold several ``(k*G, F)`` tensors at once (gate, up, their product, its gradient):
+    7.9 GiB each for Mixtral-8x7B at 147,456 tokens per chip. A token's output depends on
+    its own routes only, so dropless slices compute exactly the whole group's outputs, and
+    under :func:`in_chunks` the backward holds one slice's tensors at a time. (Dense
+    experts with a capacity factor run whole: a slice would get its own capacity.)
+    """
+    p = resolve_remat(cfg.remat)
+    recomputed = cfg.remat != "none" and not set(_EXPERT_NAMES) & set(p.saved + p.offloaded)
+    rows = cfg.experts_per_token * group
+    if cfg.moe_matmul_resolved != "grouped" or not recomputed or rows <= GROUPED_CHUNK_ROWS:
+        return 1
+    need = -(-rows // GROUPED_CHUNK_ROWS)
+    return next((c for c in range(need, 8 * need + 1) if group % c == 0), 1)
+
+
+def in_chunks(group_fn: Callable[..., tuple[jax.Array, jax.Array]], chunks: int
+              ) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """``group_fn`` (a per-group function of :func:`_group_for`) over ``chunks`` equal
+    slices of its tokens in a ``jax.lax.scan``, each slice under ``jax.checkpoint``: the
+    forward keeps a slice's inputs only and the backward recomputes one slice at a time.
+    The outputs are the slices' outputs in token order, ``dropped`` their sum; the weight
+    gradients are summed over the slices by the scan's transpose."""
+    if chunks == 1:
+        return group_fn
+
+    def run(cfg: GPTConfig, x: jax.Array, idx: jax.Array, w: jax.Array, gate: jax.Array,
+            up: jax.Array, down: jax.Array, ea: tuple[str, ...], mlp: tuple[str, ...]
+            ) -> tuple[jax.Array, jax.Array]:
+        g = x.shape[0]
+        split = lambda a: a.reshape(chunks, g // chunks, *a.shape[1:])     # (c, G/c, ...)
+
+        @functools.partial(jax.checkpoint, prevent_cse=False)
+        def one(xc: jax.Array, ic: jax.Array, wc: jax.Array) -> tuple[jax.Array, jax.Array]:
+            return group_fn(cfg, xc, ic, wc, gate, up, down, ea, mlp)
+
+        _, (ys, dropped) = jax.lax.scan(lambda c, a: (c, one(*a)), None,
+                                        (split(x), split(idx), split(w)))
+        return ys.reshape(g, -1), jnp.sum(dropped)                          # (G, D)
+
+    return run
