@@ -209,34 +209,8 @@ def batch_script(slurm: Any, run_dir: Path, worker: Sequence[str], token: str) -
     """
     check_paths(run_dir)
     logs = run_dir / "logs"
-    q = shlex.quote
-    opts = [f"--job-name={slurm.job_name or default_job_name(run_dir)}",
-            f"--nodes={slurm.nodes}", f"--ntasks-per-node={slurm.tasks_per_node}",
-            f"--chdir={os.getcwd()}", f"--output={logs}/slurm-%j.out", "--open-mode=append",
-            "--requeue" if slurm.requeue else "--no-requeue"]
-    for flag, value in (("--gpus-per-node", slurm.gpus_per_node),
-                        ("--cpus-per-task", slurm.cpus_per_task),
-                        ("--partition", slurm.partition), ("--account", slurm.account),
-                        ("--time", None if slurm.time is None else str(slurm.time).strip())):
-        if value is not None:
-            opts.append(f"{flag}={value}")
-    if slurm.requeue:
-        opts.append(f"--signal=TERM@{slurm.signal_before}")
-    opts += list(slurm.extra)
-    env = {"PYTHONUNBUFFERED": "1", LAUNCHED_ENV: token}
-    platform = slurm.worker_platform
-    if platform:
-        env["JAX_PLATFORMS"] = platform
-    if platform == "cpu" and slurm.devices_per_task:
-        # the submitter's other XLA flags travel on (sbatch exports its environment too);
-        # only the device count is the task's own
-        env["XLA_FLAGS"] = cpu_device_flags(os.environ.get("XLA_FLAGS", ""),
-                                            slurm.devices_per_task)
-    env.update(slurm.env)
-    # this workbench first on the path, unless env= gives the whole PYTHONPATH
-    exports = ([] if "PYTHONPATH" in env else
-               [f'export PYTHONPATH={q(IMPORT_ROOT)}"${{PYTHONPATH:+:$PYTHONPATH}}"'])
-    exports += [f"export {k}={q(str(v))}" for k, v in env.items()]
+    opts = _sbatch_options(slurm, run_dir, logs)
+    exports = _exports(slurm, token)
     task = ("export WORKBENCH_EXIT_FILE=" + shlex.quote(str(logs)) +
             "/process-$SLURM_PROCID.exit; exec \"$@\"")
     lines = ["#!/bin/bash",
@@ -267,6 +241,43 @@ def batch_script(slurm: Any, run_dir: Path, worker: Sequence[str], token: str) -
                  "fi"]),
              "exit $rc", ""]
     return "\n".join(lines)
+
+
+def _sbatch_options(slurm: Any, run_dir: Path, logs: Path) -> list[str]:
+    """The ``#SBATCH`` options of ``slurm``'s job, unquoted (``batch_script`` quotes)."""
+    opts = [f"--job-name={slurm.job_name or default_job_name(run_dir)}",
+            f"--nodes={slurm.nodes}", f"--ntasks-per-node={slurm.tasks_per_node}",
+            f"--chdir={os.getcwd()}", f"--output={logs}/slurm-%j.out", "--open-mode=append",
+            "--requeue" if slurm.requeue else "--no-requeue"]
+    for flag, value in (("--gpus-per-node", slurm.gpus_per_node),
+                        ("--cpus-per-task", slurm.cpus_per_task),
+                        ("--partition", slurm.partition), ("--account", slurm.account),
+                        ("--time", None if slurm.time is None else str(slurm.time).strip())):
+        if value is not None:
+            opts.append(f"{flag}={value}")
+    if slurm.requeue:
+        opts.append(f"--signal=TERM@{slurm.signal_before}")
+    return opts + list(slurm.extra)
+
+
+def _exports(slurm: Any, token: str) -> list[str]:
+    """The ``export`` lines of the tasks' environment, shell-quoted: unbuffered output,
+    the launch token, the platform and CPU device count, ``slurm.env``, and this
+    workbench first on ``PYTHONPATH`` (unless ``env`` gives the whole of it)."""
+    q = shlex.quote
+    env = {"PYTHONUNBUFFERED": "1", LAUNCHED_ENV: token}
+    platform = slurm.worker_platform
+    if platform:
+        env["JAX_PLATFORMS"] = platform
+    if platform == "cpu" and slurm.devices_per_task:
+        # the submitter's other XLA flags travel on (sbatch exports its environment too);
+        # only the device count is the task's own
+        env["XLA_FLAGS"] = cpu_device_flags(os.environ.get("XLA_FLAGS", ""),
+                                            slurm.devices_per_task)
+    env.update(slurm.env)
+    exports = ([] if "PYTHONPATH" in env else
+               [f'export PYTHONPATH={q(IMPORT_ROOT)}"${{PYTHONPATH:+:$PYTHONPATH}}"'])
+    return exports + [f"export {k}={q(str(v))}" for k, v in env.items()]
 
 
 def request(slurm: Any) -> dict[str, Any]:
