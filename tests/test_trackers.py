@@ -1,15 +1,14 @@
 """Metrics to the trackers (issue 61 item 2): W&B offline and MLflow's local database store,
 each read back with the library's own reader (``wandb leet inspect --json`` on the offline
-run file; ``MlflowClient``) and equal to ``metrics.jsonl``; a resume after SIGKILL continues
-the same tracker runs; a missing library, a hand-edited tracker id, a failing and a slow
-tracker. No network: W&B runs offline, MLflow on a SQLite file, the slow and failing MLflow
-servers are sockets of the test's own.
+run file; ``MlflowClient``) and equal to ``metrics.jsonl``; a missing library, a hand-edited
+tracker id, a failing and a slow tracker (a resume after SIGKILL, and when the steps are
+sent: tests/test_tracker_flush.py). No network: W&B runs offline, MLflow on a SQLite file,
+the slow and failing MLflow servers are sockets of the test's own.
 """
 import hashlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -178,20 +177,6 @@ def test_wandb_and_mlflow_read_back_equal_metrics_jsonl(trained, cfg):
     assert params["plan.mesh.data"] == "8" and params["trackers"] == '["wandb", "mlflow"]'
 
 
-CHILD = """
-import sys, time
-import workbench as wb
-
-class Slow:   # the child's own sink: steps slow enough to be killed mid-run
-    def event(self, kind, **fields): pass
-    def update(self, record): time.sleep(0.25)
-    def finish(self, status, message=None): pass
-
-cfg = wb.TrainConfig.from_json(sys.argv[1])
-wb.Trainer(cfg, run_dir=sys.argv[2], progress=None).run(sinks=[Slow()])
-"""
-
-
 def _wait(proc, found, what, timeout=240):
     t_end = time.monotonic() + timeout
     while time.monotonic() < t_end:
@@ -201,55 +186,6 @@ def _wait(proc, found, what, timeout=240):
             return
         time.sleep(0.02)
     pytest.fail(f"no {what} within {timeout} s")
-
-
-def _recorded(run_dir):
-    try:
-        ids = runs.read_run(run_dir).get("trackers") or {}
-        seen = [r["step"] for r in runs.read_metrics(run_dir)]
-    except (OSError, ValueError):
-        return False
-    ckpts = run_dir / "checkpoints"
-    saved = ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
-    return {"wandb", "mlflow"} <= set(ids) and saved and seen and seen[-1] >= 5
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_resume_after_sigkill_continues_the_same_tracker_runs(cfg, env, tmp_path):
-    cfg = cfg.replace(steps=40, checkpoint_every=2)
-    run_dir = tmp_path / "run"
-    # the child starts W&B's service of its own (WANDB_SERVICE would share this process's,
-    # which would keep the killed child's run open: "run ID ... is in use")
-    child_env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, cfg.to_json(), str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env)
-    try:
-        _wait(proc, lambda: _recorded(run_dir), "tracker ids, a checkpoint and step 5")
-        proc.send_signal(signal.SIGKILL)   # no finish: the tracker runs are left open
-        proc.wait(timeout=60)
-    finally:
-        proc.kill()
-    before = runs.read_run(run_dir)["trackers"]
-    killed_at = runs.read_metrics(run_dir)[-1]["step"]
-    assert killed_at < 40
-    wb.Trainer(cfg, run_dir, progress=None).run()
-    assert runs.read_run(run_dir)["trackers"] == before          # the same tracker runs
-    recs = runs.read_metrics(run_dir)
-    assert [r["step"] for r in recs] == list(range(1, 41))
-    mlrun, numbers = _mlflow_numbers(env, before["mlflow"]["run_id"])
-    assert mlrun.info.status == "FINISHED" and sorted(numbers["train/loss"]) == recs_steps(recs)
-    _assert_same_numbers(numbers, recs)
-    files = _wandb_files(run_dir, before["wandb"]["id"])
-    assert len(files) == 2 and files[-1][0]["run_id"] == before["wandb"]["id"]
-    merged = _first_per_step(files)
-    assert sorted(merged) == recs_steps(recs)
-    _assert_same_numbers(_wandb_numbers(merged), recs)
-
-
-def recs_steps(recs):
-    return [r["step"] for r in recs]
 
 
 # ----------------------------------------------------------------------------- hostile
