@@ -217,8 +217,6 @@ def build_text_corpus(spec: TextData, seq: int, cache_dir: str | os.PathLike[str
       ``(path, info)``: the ArrayRecord file and a description (``sha256``, ``bytes``,
       ``files``, ``windows``, ``per_record``, ``root``), also stored beside it as JSON.
     """
-    from array_record.python.array_record_module import ArrayRecordWriter
-
     _check_spec(spec)
     check_int(seq, "seq", fix="give the tokens per training sequence")
     folder = (check_path(cache_dir, "cache_dir") if cache_dir is not None
@@ -248,20 +246,7 @@ def build_text_corpus(spec: TextData, seq: int, cache_dir: str | os.PathLike[str
         os.close(fd)
         path = Path(alt)
         info["path"] = str(path)
-    # Written under a temporary name and renamed: no process ever sees half a file.
-    tmp = _own_tmp(path)
-    try:
-        writer = ArrayRecordWriter(str(tmp), "group_size:1")
-        span = per_record * seq
-        for start in range(0, n_windows * seq, span):
-            stop = min(start + span, n_windows * seq)
-            writer.write(stream[start: stop + 1])  # (windows * seq + 1,) bytes
-        writer.close()
-        info["file_sha256"] = hashlib.sha256(tmp.read_bytes()).hexdigest()
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    info["file_sha256"] = _write_windows(path, stream, seq, n_windows, per_record)
     try:
         _write_json(manifest, info)
         done = "the corpus was written again and the listing replaced"
@@ -270,6 +255,30 @@ def build_text_corpus(spec: TextData, seq: int, cache_dir: str | os.PathLike[str
     if doubt:
         doubted(doubted_file, doubt[1], done)
     return path, info
+
+
+def _write_windows(path: Path, stream: bytes, seq: int, n_windows: int,
+                   per_record: int) -> str:
+    """Writes ``n_windows`` windows of ``seq + 1`` bytes of ``stream`` to ``path`` as
+    ArrayRecord, ``per_record`` windows a record (each record ``per_record * seq + 1``
+    bytes: consecutive windows overlap by one), under a temporary name renamed when
+    complete (no process ever sees half a file); returns the file's SHA-256."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    tmp = _own_tmp(path)
+    try:
+        writer = ArrayRecordWriter(str(tmp), "group_size:1")
+        span = per_record * seq
+        for start in range(0, n_windows * seq, span):
+            stop = min(start + span, n_windows * seq)
+            writer.write(stream[start: stop + 1])  # (windows * seq + 1,) bytes
+        writer.close()
+        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return digest
 
 
 def _believed(manifest: Path, info: dict[str, Any], size: int
