@@ -125,6 +125,14 @@ class SearchOptions:
         checked for a GPTConfig only: a model factory sets its own)."""
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
+        self._check_layouts(batch, gpt=gpt)
+        self._check_pass()
+        check_stages(self.stages)
+        self._check_mesh_shapes()
+
+    def _check_layouts(self, batch: int, *, gpt: bool) -> None:
+        """``strategies``, ``remat`` (a GPTConfig's) and ``microbatches``: non-empty lists
+        of presets or Rules, named policies, and counts that divide ``batch``."""
         examples = {"strategies": DEFAULT_STRATEGIES, "remat": DEFAULT_REMAT,
                     "microbatches": (1, 2)}
         remat = self.remat if gpt else DEFAULT_REMAT
@@ -151,6 +159,10 @@ class SearchOptions:
                 ok = [d for d in range(1, batch + 1) if batch % d == 0][:12]
                 raise ValueError(f"batch {batch} is not divisible by microbatches={m!r}; use "
                                  f"micro-batch counts that divide the batch: {ok}")
+
+    def _check_pass(self) -> None:
+        """The exact pass and the fit: ``memory_limit``, ``top_k``, ``exact``, ``workers``,
+        ``max_model`` and ``overlap``."""
         if self.memory_limit is not None:
             check_int(self.memory_limit, "memory_limit", where="wb.search: ",
                       fix="bytes per device, e.g. memory_limit=16 * 2**30")
@@ -173,8 +185,6 @@ class SearchOptions:
                 self.overlap, "overlap", where="wb.search: ",
                 example="overlap=0.5 (the fraction of communication hidden)") <= 1.0:
             raise ValueError(f"overlap must be in [0, 1] or None, got {self.overlap!r}")
-        check_stages(self.stages)
-        self._check_mesh_shapes()
 
     def _check_mesh_shapes(self) -> None:
         """None, or a non-empty list of ``{"data": d, "model": m}`` / ``(d, m)`` shapes."""
@@ -310,6 +320,24 @@ def expert_sizes(n_experts: int, devices: int) -> list[int]:
             if n_experts % e == 0 and devices % e == 0]
 
 
+def _annotation_meshes(direct: Sequence[str], hw: Hardware,
+                       mesh_shapes: Sequence[Any] | None, max_model: int
+                       ) -> list[dict[str, int]]:
+    """The meshes a model annotated with mesh axes ``direct`` is tried on: ``mesh_shapes``
+    if given, else ``data`` x each named axis at powers of two whose product is at most
+    ``max_model`` and divides the hardware."""
+    if mesh_shapes is not None:
+        return [mesh_shape(s, hw.size, hw.name) for s in mesh_shapes]
+    axes = [a for a in direct if a != "data"]
+    sizes = [m for m in (2 ** k for k in range(16)) if m <= max_model]
+    meshes = []
+    for combo in itertools.product(sizes, repeat=len(axes)):
+        n = math.prod(combo)
+        if n <= max_model and hw.size % n == 0:
+            meshes.append({"data": hw.size // n, **dict(zip(axes, combo))})
+    return meshes
+
+
 def model_candidates(model: Any, hw: Hardware, batch: int, opts: SearchOptions
                      ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """The candidates of a model factory (``wb.any_model.from_nnx`` / ``from_penzai`` spec):
@@ -348,18 +376,8 @@ def model_candidates(model: Any, hw: Hardware, batch: int, opts: SearchOptions
             why = _indivisible(model, logical, shapes, c)
             (skipped.append(skip(c, why)) if why else kept.append(c))
         return kept, skipped
-    if mesh_shapes is not None:
-        meshes = [mesh_shape(s, hw.size, hw.name) for s in mesh_shapes]
-    else:
-        axes = [a for a in direct if a != "data"]
-        sizes = [m for m in (2 ** k for k in range(16)) if m <= max_model]
-        meshes = []
-        for combo in itertools.product(sizes, repeat=len(axes)):
-            n = math.prod(combo)
-            if n <= max_model and hw.size % n == 0:
-                meshes.append({"data": hw.size // n, **dict(zip(axes, combo))})
     cands, skipped, i = [], [], 0
-    for shape in meshes:
+    for shape in _annotation_meshes(direct, hw, mesh_shapes, max_model):
         try:
             rules = resolve_rules(logical, None, mesh_info(abstract_mesh(**shape)))
         except ValueError as err:
