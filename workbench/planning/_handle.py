@@ -35,8 +35,8 @@ _REPORT_NAMES = frozenset(
 def _shown(name: str) -> property:
     """A read-only property of the plan that is ``plan.report.<name>`` (documented as the
     report's own attribute is)."""
-    doc = (getattr(PlanReport, name, None).__doc__ if isinstance(
-        getattr(PlanReport, name, None), (property, functools.cached_property)) else None)
+    attr = getattr(PlanReport, name, None)
+    doc = attr.__doc__ if isinstance(attr, property) else None
     summary = (doc or "").strip().split("\n\n")[0]
     return property(lambda self: getattr(self.report, name),
                     doc=f"``plan.report.{name}``" + (f": {summary}" if summary else ""))
