@@ -146,6 +146,8 @@ def test_a_model_of_the_wrong_kind_is_refused(model):
     with pytest.raises(TypeError, match=r"TrainConfig: model=.* give a GPTConfig"):
         resolve_step(model, mesh={"data": 8}, rules=None, batch=8, seq=32,
                      where="TrainConfig")
+    with pytest.raises(TypeError, match=r"wb.plan: cfg_or_factory=.* give a GPTConfig"):
+        wb.plan(model, batch=8, compile=False)
 
 
 def test_defaults_are_the_trainers():

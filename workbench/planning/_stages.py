@@ -109,7 +109,7 @@ def resolve(cfg_or_factory: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules
     step = resolve_step(asked if asked is not None else cfg_or_factory, mesh=mesh,
                         rules=rules, batch=batch, seq=seq, optimizer=optimizer,
                         where="wb.plan", pipeline=pipe, overlap=overlap,
-                        compile=compile is not False)
+                        compile=compile is not False, model_arg="cfg_or_factory")
     spec = step.factory if isinstance(step.factory, ModelSpec) else None
     if spec is not None:   # a wb.any_model.from_nnx model carries its loss and batch
         loss_fn = spec.loss_fn if spec.loss_fn is not None and loss_fn is lm_loss else loss_fn

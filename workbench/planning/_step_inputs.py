@@ -90,8 +90,8 @@ class StepInputs:
 def resolve_step(model: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules | str | None,
                  batch: int, seq: int, optimizer: Any = None, steps: int = DEFAULT_STEPS,
                  where: str, pipeline: Pipeline | Mapping[str, Any] | None = None,
-                 overlap: bool | Mapping[str, Any] = True, compile: bool = True
-                 ) -> StepInputs:
+                 overlap: bool | Mapping[str, Any] = True, compile: bool = True,
+                 model_arg: str = "model") -> StepInputs:
     """The step's inputs, checked before anything is traced.
 
     Args:
@@ -104,6 +104,8 @@ def resolve_step(model: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules | s
         optimizer: an optax transformation, a ``wb.train.AdamW`` spec (built for ``steps``
             updates), or None: ``AdamW()``, the Trainer's default.
         where: who asks ("wb.plan", "TrainConfig"), for the messages.
+        model_arg: the name ``model`` was given under there (``wb.plan``'s
+            "cfg_or_factory"), for the messages.
         pipeline: ``wb.models.Pipeline`` or its dict.
         overlap: the compile options' overlap flags (``planning._flags.compile_options``).
         compile: whether the step is compiled (not only estimated): a pipeline must then be
@@ -119,7 +121,7 @@ def resolve_step(model: GPTConfig | ModelFactory, *, mesh: Any, rules: Rules | s
     if info.jax_mesh is not None:
         require_auto_axes(info.jax_mesh)
     tx, schedule, accumulate = _optimizer(optimizer, steps, where)
-    cfg, dtype = _model(model, info, where)
+    cfg, dtype = _model(model, info, f"{where}: {model_arg}")
     factory = model_factory(cfg if cfg is not None else model)
     abstract, step_rules = None, placement.rules
     if cfg is None:   # any NNX module: its annotations name mesh axes or logical axes
@@ -156,14 +158,14 @@ def _optimizer(optimizer: Any, steps: int, where: str
                     "optax.adamw(3e-4), or leave it out for AdamW(), the Trainer's default")
 
 
-def _model(model: Any, info: MeshInfo, where: str) -> tuple[GPTConfig | None, str]:
+def _model(model: Any, info: MeshInfo, named: str) -> tuple[GPTConfig | None, str]:
     """``(GPTConfig with a concrete dtype, "dtype: why")``, or ``(None, "")`` for a
-    factory; anything else is refused."""
+    factory; anything else is refused (``named``: "wb.plan: cfg_or_factory")."""
     if isinstance(model, GPTConfig):
         concrete, why = resolve_dtype(model.dtype, info.platform)
         return model.replace(dtype=concrete), f"{concrete}: {why}"
     if not callable(model):
-        raise TypeError(f"{where}: model={model!r:.80} is a {type(model).__name__}; give a "
+        raise TypeError(f"{named}={model!r:.80} is a {type(model).__name__}; give a "
                         "GPTConfig (e.g. wb.models.GPTConfig.preset('tiny')) or a callable "
                         "rngs -> nnx.Module (wb.any_model.from_nnx(...))")
     return None, ""
