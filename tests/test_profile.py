@@ -668,7 +668,7 @@ def test_host_load_counts_other_processes_not_this_one():
     """``HostLoad``: cores other processes kept busy (``/proc/stat`` less this process's
     CPU time). A spinning child process is about one core of it; this process spinning
     on its own is not counted."""
-    from workbench.train._profile import HostLoad
+    from workbench.train._host_load import HostLoad
 
     spin = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 0.8: pass"
     child = subprocess.Popen([sys.executable, "-c", spin])
@@ -688,7 +688,7 @@ def test_host_load_counts_other_processes_not_this_one():
 
 def test_busy_core_seconds_reads_the_cores_asked_for():
     """``/proc/stat``'s per-core lines, by hand: busy is every field but idle and iowait."""
-    from workbench.train._profile import busy_core_seconds
+    from workbench.train._host_load import busy_core_seconds
 
     stat = ("cpu  30 0 10 500 7 0 2 0 0 0\n"
             "cpu0 20 0 5 200 3 0 1 0 0 0\n"
@@ -719,7 +719,7 @@ def test_host_load_counts_only_the_cores_this_process_may_use():
     not load taken from it. Measured from this thread bound to core a while a child spins on
     core b and this thread spins too: the busy cores counted are at most the one core (the
     whole machine's count reads ~2)."""
-    from workbench.train._profile import HostLoad
+    from workbench.train._host_load import HostLoad
 
     before = os.sched_getaffinity(0)
     # a: a core of this process's own (a pinned worker's other core is the other worker's,

@@ -32,7 +32,7 @@ host's cores): at each instant the cores other processes left are split evenly a
 running non-collective ops, one op on at most one core, and each op is charged its core
 time / the host's cores; what they leave unused while a collective is in progress goes to
 those collectives (time the host spent on, or waiting in, communication), the rest is
-idle, and what other processes took is "others" (``workbench.train._profile.HostLoad``).
+idle, and what other processes took is "others" (``workbench.train._host_load.HostLoad``).
 """
 from __future__ import annotations
 
@@ -425,7 +425,7 @@ def read_trace(directory: str | Path, *, hlo_text: str, axis_names: Sequence[str
         (default ``host_cores()``; ``profile_step`` divides them among the processes
         running on the host): the ``shared`` accounting. Ignored for device traces.
       available: of ``cores``, those the traced steps had on average: other processes'
-        use of them (``workbench.train._profile.HostLoad``) goes to ``shared["others"]``
+        use of them (``workbench.train._host_load.HostLoad``) goes to ``shared["others"]``
         (default: all of them).
       steps: the steps traced, when the caller knows them. On a GPU one step can launch
         several CUDA graphs (XLA's command buffers: a scanned model's loop body is one,

@@ -17,7 +17,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,8 @@ import jax
 import numpy as np
 
 from workbench._validate import check_int, check_path
-from workbench.perf._shared_cores import host_core_ids, host_cores
+from workbench.perf._shared_cores import host_cores
+from workbench.train._host_load import HostLoad, available_cores, shared_cores
 
 __all__ = ["MAX_STEPS", "ProfileError", "capture", "check_directory", "check_idle",
            "profile_step"]
@@ -107,7 +108,7 @@ def check_idle() -> None:
         raise ProfileError(f"a profile is already being captured (into {_ACTIVE[0]}); one "
                            "jax.profiler trace runs at a time per process: wait for it to "
                            "finish, then profile again")
-    from jax._src import profiler as _profiler   # its one record of the running session
+    from jax._src import profiler as _profiler  # its one record of the running session
 
     state = getattr(_profiler, "_profile_state", None)
     # JAX 0.11 keeps the running session in .profile_session (its folder in .log_dir);
@@ -140,69 +141,6 @@ def capture(directory: Path) -> Iterator[Path]:
     finally:
         _ACTIVE.clear()
         jax.profiler.stop_trace()
-
-
-def busy_core_seconds(stat: str, cores: Collection[int] | None) -> float | None:
-    """Busy core-seconds since boot from the text of ``/proc/stat``: of the cores in
-    ``cores`` (their ``cpuN`` lines), or of the whole machine (the ``cpu`` line) where
-    ``cores`` is None. Idle and iowait are not busy. None where a core's line is missing."""
-    rows = {}
-    for line in stat.splitlines():
-        name, _, rest = line.partition(" ")
-        if name.startswith("cpu"):
-            rows[name] = [int(x) for x in rest.split()[:8]]
-    names = ["cpu"] if cores is None else [f"cpu{c}" for c in cores]
-    if not names or any(n not in rows or len(rows[n]) < 5 for n in names):
-        return None
-    ticks = sum(sum(v) - v[3] - v[4] for v in (rows[n] for n in names))
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_times() -> tuple[float, float, float] | None:
-    """(wall seconds, busy core-seconds of the cores this process may run on, from
-    ``/proc/stat``, this process's CPU seconds); None where there is no ``/proc/stat``.
-    Only those cores: a process bound to some of the machine's (``taskset``, a cgroup
-    cpuset, a SLURM task with core binding) shares only them, and counting the others'
-    load as taken from it made its own step look shorter than it was, even negative."""
-    try:
-        stat = Path("/proc/stat").read_text()
-        busy = busy_core_seconds(stat, host_core_ids())
-        if busy is None:   # a core without its own line: the whole machine's
-            busy = busy_core_seconds(stat, None)
-    except (OSError, ValueError):
-        return None
-    if busy is None:
-        return None
-    return time.perf_counter(), busy, time.process_time()
-
-
-class HostLoad:
-    """Cores other processes kept busy while the block ran (``with HostLoad() as load:``,
-    then ``load.others``): the busy cores of those this process may run on (``load.busy``,
-    from ``/proc/stat``) less this process's (``load.own``, its CPU time), averaged over
-    the wall time. All 0.0 where the kernel does not say."""
-
-    others: float = 0.0
-    busy: float = 0.0
-    own: float = 0.0
-
-    def __enter__(self) -> HostLoad:
-        self._t0 = _cpu_times()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        t1 = _cpu_times()
-        if self._t0 is not None and t1 is not None and t1[0] > self._t0[0]:
-            wall = t1[0] - self._t0[0]
-            self.busy = (t1[1] - self._t0[1]) / wall
-            self.own = (t1[2] - self._t0[2]) / wall
-            self.others = max(0.0, self.busy - self.own)
-
-
-def _available(cores_total: float, per_process: float, load: HostLoad) -> float:
-    """Cores the traced steps had: the host's less what other processes used (on CPU,
-    the run's other processes on this host included), at most this process's share."""
-    return min(per_process, max(0.05 * per_process, cores_total - load.others))
 
 
 def _tokens_batch(plan: Any, seed: int) -> dict[str, Any]:
@@ -251,7 +189,7 @@ def profile_step(plan: Any, *, steps: int = 3, warmup: int = 2, directory: Any =
     tokens = plan.report.batch * plan.report.seq
     measured = read_trace(directory, hlo_text=step.as_text(), axis_names=plan.mesh.axis_names,
                           axis_sizes=plan.mesh.axis_sizes, cores=cores,
-                          available=_available(host_cores(), cores, load), steps=steps)
+                          available=available_cores(host_cores(), cores, load), steps=steps)
     tps = {k: tokens / float(np.median(v)) for k, v in times.items() if v}
     report = profile_report(plan.predict(calibration=False), measured, plan_name=plan.name,
                             mesh=dict(plan.mesh.shape), device_kind=_kind(plan.mesh),
@@ -302,23 +240,6 @@ def _timed_steps(step: Any, state: Any, batch: Any, steps: int, warmup: int,
     run(warmup, "outside")
     times["outside"] = times["outside"][1:]
     return times, load
-
-
-def shared_cores() -> float:
-    """The host cores this process's CPU devices get: its cores (affinity) divided among
-    the processes of the run on this host (2 processes over gloo on one machine share
-    it); on GPUs and TPUs, unused. Every process must call it (it gathers host names)."""
-    cores = float(host_cores())
-    if jax.process_count() == 1 or jax.devices()[0].platform != "cpu":
-        return cores
-    import hashlib
-    import socket
-
-    from jax.experimental import multihost_utils
-
-    me = int.from_bytes(hashlib.sha1(socket.gethostname().encode()).digest()[:3], "little")
-    hosts = np.asarray(multihost_utils.process_allgather(np.array(me, np.int32)))
-    return cores / max(1, int((hosts == me).sum()))
 
 
 def _kind(info: Any) -> str:
@@ -387,7 +308,7 @@ def profile_trainer(trainer: Any, *, steps: int = 3, warmup: int = 3, plan: Any 
     measured = read_trace(directory, hlo_text=trainer.compiled_step().as_text(),
                           axis_names=tuple(mesh.axis_names),
                           axis_sizes=tuple(int(s) for s in mesh.devices.shape), cores=cores,
-                          available=_available(host_cores(), cores, load),
+                          available=available_cores(host_cores(), cores, load),
                           steps=steps * trainer.config.optimizer.accumulate)
     tps = _throughput(trainer.history, first, warmup, steps, trainer.config.tokens_per_step)
     from workbench._sharding.mesh import mesh_info
