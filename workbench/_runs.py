@@ -1,5 +1,10 @@
 """The run directory: run.json metadata plus append-only metrics.jsonl; write, read, list.
 
+One module on purpose: it is the run directory's format (writing, reading and checking,
+finding, the writer's process), imported as ``runs`` by the server extension, the jobs,
+the Trainer and the widgets alike, standard library only; its parts share the file names,
+limits and error types.
+
 A run directory holds ``run.json`` (replaced atomically) and ``metrics.jsonl`` (one JSON
 object per line, appended and flushed on every record). Lines with an ``"event"`` key
 (``compile``, ``resume``, ...) are not steps. After a resume, re-logged steps that were
@@ -329,19 +334,7 @@ def read_run(run_dir: str | os.PathLike[str], *, contained: bool = False) -> dic
     contained = _flag_arg(contained, "contained", "read_run")
     fix = (f"move it aside (e.g. to {RUN_JSON}.bad) or delete it; a training run that "
            "resumes there writes a new one (its metrics.jsonl and checkpoints are kept)")
-    try:
-        with open_file(path, inside=run_dir if contained else None) as f:
-            raw = f.read(MAX_RUN_JSON + 1)
-    except FileNotFoundError:
-        raise RunNotFound(f"read_run: run_dir={str(run_dir)!r}: {path} not found, so it is "
-                          "not a run directory (RunWriter creates run.json)") from None
-    except IsADirectoryError:
-        raise RunFileError(f"{path} is a directory, not a file; {fix}") from None
-    except FileRefused as e:
-        raise RunFileError(f"{e}; or {fix}") from None
-    except OSError as e:
-        raise RunFileError(f"{path} cannot be read ({e.strerror or e}); check its "
-                           "permissions, or " + fix) from None
+    raw = _run_json_bytes(path, run_dir, contained, fix)
     if len(raw) > MAX_RUN_JSON:
         raise RunFileError(f"{path} is larger than {MAX_RUN_JSON >> 20} MiB, far more than "
                            f"a run.json holds; {fix}")
@@ -362,6 +355,24 @@ def read_run(run_dir: str | os.PathLike[str], *, contained: bool = False) -> dic
     if not _depth_ok(data, RUN_JSON_DEPTH):
         raise RunFileError(f"{path} is nested more than {RUN_JSON_DEPTH} levels deep; {fix}")
     return data
+
+
+def _run_json_bytes(path: Path, run_dir: Any, contained: bool, fix: str) -> bytes:
+    """At most ``MAX_RUN_JSON + 1`` bytes of ``path`` through the safe reader, or the
+    error saying why it cannot be read (``fix``: what to do about it)."""
+    try:
+        with open_file(path, inside=run_dir if contained else None) as f:
+            return f.read(MAX_RUN_JSON + 1)
+    except FileNotFoundError:
+        raise RunNotFound(f"read_run: run_dir={str(run_dir)!r}: {path} not found, so it is "
+                          "not a run directory (RunWriter creates run.json)") from None
+    except IsADirectoryError:
+        raise RunFileError(f"{path} is a directory, not a file; {fix}") from None
+    except FileRefused as e:
+        raise RunFileError(f"{e}; or {fix}") from None
+    except OSError as e:
+        raise RunFileError(f"{path} cannot be read ({e.strerror or e}); check its "
+                           "permissions, or " + fix) from None
 
 
 def clean_prediction(value: Any) -> dict[str, Any] | None:
