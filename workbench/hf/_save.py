@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from workbench._validate import check_bool, check_path
+from workbench.hf._export_config import check_family, export_dtype, from_gpt_config
 from workbench.hf._export_folder import (
     MARK,
     TOKENIZER_FILES,
@@ -31,7 +32,7 @@ from workbench.hf._export_folder import (
     exists_error,
     replace_folder,
 )
-from workbench.hf._families import check_family, export_dtype, from_gpt_config, read_config
+from workbench.hf._families import read_config
 from workbench.hf._tensors import INDEX, SINGLE, Mapping_, mappings
 from workbench.models._config import GPTConfig
 
@@ -140,7 +141,7 @@ def to_hf(obj: Any, path: str | os.PathLike[str], *, config: GPTConfig | None = 
         path: the folder to create (must not exist unless ``overwrite``).
         config: the model config of a ``TrainState``.
         family: the HF family (default: the one ``config`` belongs to:
-            :func:`workbench.hf._families.family_for`).
+            :func:`workbench.hf._export_config.family_for`).
         dtype: tensor dtype written (default the parameters' own).
         base: an HF folder whose config.json fields that do not change the model (token
             ids, ...) and tokenizer files are kept (default: where the model was imported
