@@ -272,3 +272,18 @@ def test_a_sigkill_loses_at_most_the_last_window_and_the_resume_sends_it(
     # TensorBoard, which cannot say what it holds, lacks the lost window only
     lost = set(range(max(tb_before) + 1, max(times) + 1))
     assert _held(tb) == set(steps) - lost
+
+
+def test_calls_within_one_second_keep_every_event_file(tmp_path):
+    """Each call writes a file of its own: two in the same second do not share (truncate) one."""
+    with runs.RunWriter(tmp_path / "run", config={}) as writer:
+        for steps in ((1, 2), (3, 4)):
+            history = runs.read_metrics(tmp_path / "run")
+            [sink] = _trackers.tracker_sinks(["tensorboard"], writer, {}, {}, history)
+            for step in steps:
+                writer.log({"step": step, "loss": step / 8})
+                sink.update({"step": step, "loss": step / 8})
+            sink.finish("finished")
+    assert len(list((tmp_path / "run" / "tensorboard").glob("events.*"))) == 2
+    assert _tb_numbers(tmp_path / "run" / "tensorboard")["train/loss"] == {
+        1: 0.125, 2: 0.25, 3: 0.375, 4: 0.5}
