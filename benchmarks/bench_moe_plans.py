@@ -12,8 +12,8 @@ temporary (activation) memory per chip.
 - MaxText's published dropless Mixtral-8x7B on v5p-128 (tpu-recipes
   training/v5p/Mixtral-8X7B-Maxtext/scripts/run_mixtral-8x7b.sh: per_device_batch_size=36,
   max_target_length=4096, weight_dtype=bfloat16, MaxText's default megablox dropless
-  experts and full remat; 251.94 TFLOP/s per chip in MaxText's Run_Mixtral.md): does it fit
-  per chip?
+  experts and full remat; 251.94 TFLOP/s per chip in MaxText's Run_Mixtral.md), with the
+  loss in 4 slices: does it fit per chip?
 
 Compiled with libtpu on this CPU (minutes per plan); nothing is timed, so the rows do not
 depend on how loaded the machine is. ``python -m benchmarks bench_moe_plans``.
@@ -91,13 +91,20 @@ def moe_small_plans(tokens_per_chip: int = 8192, cases: tuple[str, ...] = tuple(
     return _plans(GPTConfig.preset("moe-small"), "v5p-32", tokens_per_chip, 1024, cases)
 
 
+#: The published step's loss in this many slices of the sequence (``GPTConfig.loss_chunks``,
+#: MaxText's ``num_vocab_tiling``; the recipe leaves it at 1): whole, XLA keeps the
+#: (B, T, V) logits through the layers' backward pass (docs/performance.md).
+PUBLISHED_LOSS_CHUNKS = 4
+
+
 def published_mixtral_plan() -> dict[str, Any]:
     """MaxText's published dropless Mixtral-8x7B step (:data:`PUBLISHED`) planned with
-    megablox experts, bfloat16 weights, remat full and splash attention."""
+    megablox experts, bfloat16 weights, remat full, splash attention and the loss in
+    :data:`PUBLISHED_LOSS_CHUNKS` slices."""
     from workbench.models import GPTConfig
 
     base = GPTConfig.preset("mixtral-8x7b", attention="splash", remat="full",
-                            param_dtype="bfloat16")
+                            param_dtype="bfloat16", loss_chunks=PUBLISHED_LOSS_CHUNKS)
     tokens = PUBLISHED["per_device_batch"] * PUBLISHED["seq"]
     return _plans(base, PUBLISHED["slice"], tokens, PUBLISHED["seq"],
                   ("grouped megablox",))["grouped megablox"]
@@ -226,7 +233,8 @@ def _published_row() -> dict[str, Any]:
         "ok": r["fits"],
         "notes": f"{r['source']}: {_gib(r['total'])} of {_gib(limit)} "
                  f"({_gib(r['temp'])} temp); fsdp, remat full, splash attention, bfloat16 "
-                 f"weights (weight_dtype=bfloat16); tpu-recipes "
+                 f"weights (weight_dtype=bfloat16), loss_chunks={PUBLISHED_LOSS_CHUNKS}, "
+                 f"experts in 6 token slices (moe.expert_chunks); tpu-recipes "
                  f"training/v5p/Mixtral-8X7B-Maxtext; batch {r['batch']}"}
 
 
