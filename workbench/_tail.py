@@ -3,6 +3,9 @@
 Standard library only: the Jupyter server extension uses it. Every line is judged on its
 own: a malformed one (not JSON, not an object, nested too deeply, a step that is no
 integer, longer than ``MAX_LINE``) is skipped and counted, never fatal to its neighbours.
+
+One mechanism, one file: the tail's state (offset, marks, attempts) and the bounded line
+reader and parser it calls move together (tests patch the chunk size and reader here).
 """
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """What ``wb.search`` enumerates: the hardware, its mesh splits, the candidates (rules x
-remat x micro-batches) and why a candidate cannot be planned as asked."""
+remat x micro-batches) and why a candidate cannot be planned as asked.
+
+One file on purpose: the search space is one thing (the hardware, the options that bound it,
+the candidates and why one is skipped), and its parts share the candidate record and the
+options' checks."""
 from __future__ import annotations
 
 import dataclasses

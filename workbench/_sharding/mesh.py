@@ -1,4 +1,9 @@
-"""Meshes: named device meshes, hardware you do not have, and one description of both."""
+"""Meshes: named device meshes, hardware you do not have, and one description of both.
+
+One idea, one file: a real mesh (``make_mesh``), hardware you do not have
+(``abstract_mesh``), and ``MeshInfo``, the one description of both that the rest of
+Workbench reads.
+"""
 from __future__ import annotations
 
 import collections

@@ -14,6 +14,10 @@ vocab``, ``layers`` for the stacked blocks of ``GPTConfig(scan_layers=True)``, a
 Nothing is replicated silently: a logical name without a rule and a mesh axis used twice
 in one tensor are errors. Inside a jitted function, ``with rules.activate(mesh):`` makes
 :func:`constrain` put ``with_sharding_constraint`` on activations (a no-op otherwise).
+
+One class, one file: ``Rules`` and its presets are the one mapping of logical to mesh axes,
+and the trace-time functions that apply it (``constrain``, ``recording``) read the active
+one.
 """
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ reports; libtpu's topology name; and the mesh presets (TPU slices, GPU servers) 
 ``wb.abstract_mesh``, the TPU compiler target (``workbench._sharding.topology``) and ``wb.search``
 read. Adding a generation is adding one ``Generation`` to ``GENERATIONS``. The CPU entry is
 measured at runtime instead (``workbench.hardware.cpu_spec``).
+
+One table, one file: most of its lines are ``GENERATIONS`` itself, each value beside its
+source, read through the two small types and three lookups above and below it.
 """
 from __future__ import annotations
 

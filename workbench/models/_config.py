@@ -1,4 +1,9 @@
-"""GPTConfig: the frozen description of a decoder-only GPT, with named presets."""
+"""GPTConfig: the frozen description of a decoder-only GPT, with named presets.
+
+One class, one file: ``GPTConfig``'s fields, their documentation (most of the file) and
+checks, and the presets are one frozen description; LoRA's is ``_lora_spec``, the dtype
+names ``_dtypes``.
+"""
 from __future__ import annotations
 
 import dataclasses

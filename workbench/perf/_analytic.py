@@ -3,6 +3,10 @@ collectives by formula are ``_analytic_collectives``).
 
 Used beside the compiled numbers, and alone for meshes larger than the machine. Every
 number here is an estimate by formula; the formulas are in the docstrings.
+
+One idea, one file: memory per device by formula (weights, optimizer state, activations,
+XLA's temporaries term by term) and the per-device sizes those formulas share; the
+collectives by formula are ``_analytic_collectives``.
 """
 from __future__ import annotations
 

@@ -33,6 +33,10 @@ running non-collective ops, one op on at most one core, and each op is charged i
 time / the host's cores; what they leave unused while a collective is in progress goes to
 those collectives (time the host spent on, or waiting in, communication), the rest is
 idle, and what other processes took is "others" (``workbench.train._host_load.HostLoad``).
+
+One accounting, one file: the record types (``OpTime``, ``MeasuredCollective``,
+``StepProfile``) and ``read_trace``'s terms that add up to the step; the trace's events are
+``_trace_events``, the shared cores ``_shared_cores``.
 """
 from __future__ import annotations
 
