@@ -159,16 +159,20 @@ def from_gpt_config(cfg: GPTConfig, *, family: str | None = None,
     if fam == "qwen2_moe":
         hf["qkv_bias"] = cfg.qkv_bias
     if fam in MOE_FAMILIES:
-        hf.update(num_experts_per_tok=cfg.experts_per_token,
-                  router_aux_loss_coef=cfg.router_aux_loss)
-        if fam == "mixtral":
-            hf.update(num_local_experts=cfg.n_experts, intermediate_size=cfg.moe_d_ff)
-        else:
-            hf.update(num_experts=cfg.n_experts, moe_intermediate_size=cfg.moe_d_ff,
-                      norm_topk_prob=cfg.router_norm_topk, decoder_sparse_step=1,
-                      mlp_only_layers=[])
-            if fam == "qwen3_moe":
-                hf["num_local_experts"] = cfg.n_experts
-            if cfg.n_shared_experts:
-                hf["shared_expert_intermediate_size"] = cfg.n_shared_experts * cfg.moe_d_ff
+        hf.update(_moe_config(cfg, fam))
     return hf
+
+
+def _moe_config(cfg: GPTConfig, fam: str) -> dict[str, Any]:
+    """The mixture-of-experts fields of family ``fam``'s config.json for ``cfg``."""
+    out: dict[str, Any] = {"num_experts_per_tok": cfg.experts_per_token,
+                           "router_aux_loss_coef": cfg.router_aux_loss}
+    if fam == "mixtral":
+        return {**out, "num_local_experts": cfg.n_experts, "intermediate_size": cfg.moe_d_ff}
+    out.update(num_experts=cfg.n_experts, moe_intermediate_size=cfg.moe_d_ff,
+               norm_topk_prob=cfg.router_norm_topk, decoder_sparse_step=1, mlp_only_layers=[])
+    if fam == "qwen3_moe":
+        out["num_local_experts"] = cfg.n_experts
+    if cfg.n_shared_experts:
+        out["shared_expert_intermediate_size"] = cfg.n_shared_experts * cfg.moe_d_ff
+    return out

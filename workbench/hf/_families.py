@@ -194,15 +194,7 @@ def to_gpt_config(hf: Mapping[str, Any], *, where: str = "config.json",
         raise HFConfigError(
             f"{where}: fields {unknown} are unknown to this importer ({fam}); if they do not "
             f"change the forward pass, pass from_hf(..., ignore_fields={unknown!r})")
-    if _field(hf, "hidden_act", where, "str", default="silu") != "silu":
-        _refuse(where, "hidden_act", hf["hidden_act"], "the MLP is SwiGLU (silu)")
-    for f in ("mlp_bias", "attention_bias"):
-        if _field(hf, f, where, "bool", default=False):
-            _refuse(where, f, hf[f], "the model has no MLP or output-projection biases "
-                    "(Qwen2's q/k/v biases are supported)")
-    types = _field(hf, "layer_types", where, "list", default=None) or ["full_attention"]
-    if not all(isinstance(t, str) for t in types) or set(types) != {"full_attention"}:
-        _refuse(where, "layer_types", types, "only full attention layers are built")
+    _refuse_unbuilt(hf, where)
     use_window = fam in ("mistral", "mixtral") or _field(hf, "use_sliding_window", where,
                                                            "bool", default=False)
     window = _field(hf, "sliding_window", where, "int", default=None, minimum=0) \
@@ -235,6 +227,20 @@ def to_gpt_config(hf: Mapping[str, Any], *, where: str = "config.json",
         return GPTConfig(**fields)
     except (TypeError, ValueError) as e:   # a value GPTConfig refuses (heads, sizes, ...)
         raise HFConfigError(f"{where}: {e}") from None
+
+
+def _refuse_unbuilt(hf: Mapping[str, Any], where: str) -> None:
+    """Refuses, by field, what the model does not build: another activation than SwiGLU's
+    silu, MLP or output-projection biases, layers other than full attention."""
+    if _field(hf, "hidden_act", where, "str", default="silu") != "silu":
+        _refuse(where, "hidden_act", hf["hidden_act"], "the MLP is SwiGLU (silu)")
+    for f in ("mlp_bias", "attention_bias"):
+        if _field(hf, f, where, "bool", default=False):
+            _refuse(where, f, hf[f], "the model has no MLP or output-projection biases "
+                    "(Qwen2's q/k/v biases are supported)")
+    types = _field(hf, "layer_types", where, "list", default=None) or ["full_attention"]
+    if not all(isinstance(t, str) for t in types) or set(types) != {"full_attention"}:
+        _refuse(where, "layer_types", types, "only full attention layers are built")
 
 
 #: config.json ``dtype`` / ``torch_dtype`` values a model's parameters may have.
