@@ -180,10 +180,10 @@ def test_update_never_waits_while_a_tracker_hangs(env, monkeypatch, tmp_path):  
             assert took < 1.0, took          # microseconds each: no I/O, no queue to fill
             with pytest.warns(UserWarning, match="tracker 'mlflow' is still sending"):
                 sink.finish("finished")
+            with pytest.warns(UserWarning, match="tracker 'mlflow' could not start its run"):
+                sink._thread.join(60)            # the client's timeout ends it
         finally:
             server.close()
-    with pytest.warns(UserWarning, match="tracker 'mlflow' could not start its run"):
-        sink._thread.join(60)                # the client's timeout ends it
 
 
 CHILD = """
