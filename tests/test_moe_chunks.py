@@ -115,11 +115,12 @@ def test_chunked_group_without_rules(monkeypatch):
                                  cfg.experts_per_token)
     gate, up = (jax.random.normal(k, (e, d, f)) / d ** 0.5 for k in ks[2:4])
     down = jax.random.normal(ks[4], (e, f, d)) / f ** 0.5
+    probe = jax.random.normal(jax.random.key(3), x.shape)   # each token its own weight
 
     def run():
         def loss(x, w, gate, up, down):
             y, _ = moe.dispatch_combine(cfg, x, idx, w, gate, up, down)
-            return jnp.sum(jnp.sin(y))
+            return jnp.sum(jnp.sin(y) * probe)
         return jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3, 4)))(x, weights, gate, up, down)
 
     want = run()
