@@ -234,42 +234,9 @@ def read_unit(unit: Unit, field: str, chat: bool = False) -> list[Any]:
     if fmt == "text":
         return [_utf8(Path(path).read_bytes(), path)]
     if fmt == "jsonl":
-        docs = []
-        with open(path, "rb") as f:
-            for i, raw in enumerate(f):
-                if i < start:
-                    continue
-                if i >= stop:
-                    break
-                where = f"{path}:{i + 1}"
-                line = _utf8(raw, where).strip()
-                if not line:
-                    continue   # blank lines are allowed (a trailing newline, spacing)
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{where}: not JSON ({err.msg} at column {err.colno}); "
-                                    "JSONL needs one JSON object per line") from err
-                text = _field(obj, field, where, chat)
-                if "\\u" in line and not chat:   # only an escape makes a lone surrogate
-                    _no_lone_surrogates(text, field, where)
-                docs.append(text)
-        return docs
+        return _jsonl_docs(path, start, stop, field, chat)
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        with opened(path) as src:
-            pf = pq.ParquetFile(src)
-            names = pf.schema_arrow.names
-            if field not in names:
-                raise DataError(f"{path}: no column {field!r} (columns: {names}); pass "
-                                "Dataset(field=...) naming the text column")
-            column = pf.read_row_group(start, columns=[field]).column(0)
-        if chat:
-            return [t for t in column.to_pylist() if t is not None]
-        if not (str(column.type) in ("string", "large_string", "string_view")):
-            raise DataError(f"{path}: column {field!r} is {column.type}, not strings")
-        return [t for t in column.to_pylist() if t is not None]
+        return _parquet_docs(path, start, field, chat)
     if fmt == "arrayrecord":
         from array_record.python.array_record_module import ArrayRecordReader
 
@@ -280,3 +247,46 @@ def read_unit(unit: Unit, field: str, chat: bool = False) -> list[Any]:
             reader.close()
         return [_utf8(raw, f"{path} record {start + i}") for i, raw in enumerate(raws)]
     raise ValueError(f"unknown format {fmt!r}; choose one of {FORMATS}")
+
+
+def _jsonl_docs(path: str, start: int, stop: int, field: str, chat: bool) -> list[Any]:
+    """``field`` of lines ``start`` to ``stop`` of a JSONL file (blank lines skipped)."""
+    docs = []
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f):
+            if i < start:
+                continue
+            if i >= stop:
+                break
+            where = f"{path}:{i + 1}"
+            line = _utf8(raw, where).strip()
+            if not line:
+                continue   # blank lines are allowed (a trailing newline, spacing)
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: not JSON ({err.msg} at column {err.colno}); "
+                                "JSONL needs one JSON object per line") from err
+            text = _field(obj, field, where, chat)
+            if "\\u" in line and not chat:   # only an escape makes a lone surrogate
+                _no_lone_surrogates(text, field, where)
+            docs.append(text)
+    return docs
+
+
+def _parquet_docs(path: str, group: int, field: str, chat: bool) -> list[Any]:
+    """Column ``field`` of row group ``group`` of a Parquet file (nulls dropped)."""
+    import pyarrow.parquet as pq
+
+    with opened(path) as src:
+        pf = pq.ParquetFile(src)
+        names = pf.schema_arrow.names
+        if field not in names:
+            raise DataError(f"{path}: no column {field!r} (columns: {names}); pass "
+                            "Dataset(field=...) naming the text column")
+        column = pf.read_row_group(group, columns=[field]).column(0)
+    if chat:
+        return [t for t in column.to_pylist() if t is not None]
+    if not (str(column.type) in ("string", "large_string", "string_view")):
+        raise DataError(f"{path}: column {field!r} is {column.type}, not strings")
+    return [t for t in column.to_pylist() if t is not None]
