@@ -226,6 +226,25 @@ def check_stages(stages: Any) -> None:
                   fix="a stage count: 1 for no pipeline, s > 1 for s pipeline stages")
 
 
+def _default_combos(named: Sequence[tuple[Any, str]], hw: Hardware, max_model: int,
+                    experts: int) -> list[tuple[dict[str, int], Any, str]]:
+    """(mesh, rules, name) of the default meshes (see :func:`candidates`): ``data x model``
+    for the dense strategies, ``data x expert`` (ep, fsdp_ep) and ``data x expert x
+    model`` (ep_tp) for the expert-parallel ones."""
+    models = [m for m in (2 ** k for k in range(16)) if m <= max_model and hw.size % m == 0]
+    dense = [(s, n) for s, n in named if not (isinstance(s, str) and s in EXPERT_STRATEGIES)]
+    combos = [({"data": hw.size // m, "model": m}, s, n) for m in models for s, n in dense
+              if not isinstance(s, str) or (m == 1) == (s in ("dp", "fsdp"))]
+    for e in expert_sizes(experts, hw.size):
+        for s, n in named:
+            if s in ("ep", "fsdp_ep"):
+                combos.append(({"data": hw.size // e, "expert": e}, s, n))
+            elif s == "ep_tp":
+                combos += [({"data": hw.size // (e * m), "expert": e, "model": m}, s, n)
+                           for m in models if m > 1 and hw.size % (e * m) == 0]
+    return combos
+
+
 def candidates(cfg: GPTConfig, hw: Hardware, batch: int, opts: SearchOptions
                ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """Every combination to plan, and those skipped before planning (with the reason).
@@ -259,17 +278,7 @@ def candidates(cfg: GPTConfig, hw: Hardware, batch: int, opts: SearchOptions
         strategies = (*strategies, *EXPERT_STRATEGIES)
     named = [(s, s if isinstance(s, str) else f"rules#{i}") for i, s in enumerate(strategies, 1)]
     if mesh_shapes is None:
-        models = [m for m in (2 ** k for k in range(16)) if m <= max_model and hw.size % m == 0]
-        dense = [(s, n) for s, n in named if not (isinstance(s, str) and s in EXPERT_STRATEGIES)]
-        combos = [({"data": hw.size // m, "model": m}, s, n) for m in models for s, n in dense
-                  if not isinstance(s, str) or (m == 1) == (s in ("dp", "fsdp"))]
-        for e in expert_sizes(experts, hw.size):
-            for s, n in named:
-                if s in ("ep", "fsdp_ep"):
-                    combos.append(({"data": hw.size // e, "expert": e}, s, n))
-                elif s == "ep_tp":
-                    combos += [({"data": hw.size // (e * m), "expert": e, "model": m}, s, n)
-                               for m in models if m > 1 and hw.size % (e * m) == 0]
+        combos = _default_combos(named, hw, max_model, experts)
     else:
         combos = [(mesh_shape(s, hw.size, hw.name), st, n) for s in mesh_shapes
                   for st, n in named]
