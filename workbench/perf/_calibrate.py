@@ -174,6 +174,24 @@ def fit_collectives(reports: Any | Sequence[Any]) -> dict[str, dict[str, Any]]:
     return _fit_alpha_beta(_rows_of(reports))
 
 
+def _alpha_beta_system(rows: list[tuple[int, dict[str, Any]]], names: list[str]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """The least-squares system of :func:`_fit_alpha_beta`: one row per measured
+    collective, columns the latency of each ``kind@link`` in ``names`` (seconds per
+    message) and then its bandwidth scale; and the table's values of those columns."""
+    a = np.zeros((len(rows), 2 * len(names)))
+    table = np.zeros(2 * len(names))
+    for r, (_, row) in enumerate(rows):
+        for p in row["parts"]:
+            j = names.index(f"{row['kind']}@{p['link']}")
+            a[r, j] += row["count"] * p["messages"]
+            a[r, len(names) + j] += row["count"] * (p["bytes"] / p["bandwidth"]
+                                                    if p["bandwidth"] > 0 else 0.0)
+            table[j] = p["latency"]
+            table[len(names) + j] = 1.0
+    return a, table
+
+
 def _fit_alpha_beta(rows: list[tuple[int, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """``fit_collectives``'s least squares over ``(report, row)`` pairs (checked)."""
     keys: dict[str, dict[str, Any]] = {}
@@ -185,18 +203,8 @@ def _fit_alpha_beta(rows: list[tuple[int, dict[str, Any]]]) -> dict[str, dict[st
                                 "table_bandwidth": float(p["bandwidth"]), "collectives": 0})
             keys[k]["collectives"] += 1
     names = list(keys)
-    # columns: alpha of each key (seconds per message), then its bandwidth scale
-    a = np.zeros((len(rows), 2 * len(names)))
-    table = np.zeros(2 * len(names))
+    a, table = _alpha_beta_system(rows, names)
     y = np.array([float(row["measured"]) for _, row in rows])
-    for r, (_, row) in enumerate(rows):
-        for p in row["parts"]:
-            j = names.index(f"{row['kind']}@{p['link']}")
-            a[r, j] += row["count"] * p["messages"]
-            a[r, len(names) + j] += row["count"] * (p["bytes"] / p["bandwidth"]
-                                                    if p["bandwidth"] > 0 else 0.0)
-            table[j] = p["latency"]
-            table[len(names) + j] = 1.0
     free = _identified(a)
     fixed = [j for j in range(a.shape[1]) if j not in free]
     theta = table.copy()
