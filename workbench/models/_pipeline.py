@@ -168,6 +168,29 @@ def _activation_spec(rank: int) -> tuple[Any, ...]:
                  for a, s in zip(axes, spec, strict=True))
 
 
+def _batch_shards() -> int:
+    """Devices the batch is split over under the active rules (1 outside them)."""
+    ctx = active_rules()
+    if ctx is None:
+        return 1
+    sizes = dict(ctx[1].shape)
+    return int(np.prod([sizes[a] for a in ctx[0].axes("batch")], dtype=int))
+
+
+def _stage_weights(params: Any, state: Any, r_: int, s_: int, k_: int,
+                   stage_axis: str | None) -> Any:
+    """The stacked weights ``(L, ...) -> (R, S, K, ...)``: logical layer ``r S K + s K + k``
+    runs on stage ``s`` in round ``r``; the stage dimension over ``stage_axis``, the rest
+    as the weights' own annotations say."""
+    specs = _param_specs(state)
+
+    def split_layers(path: Any, w: jax.Array) -> jax.Array:
+        w = w.reshape(r_, s_, k_, *w.shape[1:])
+        rest = specs.get(_path(path), (None,) * (w.ndim - 3))
+        return _constrain(w, PartitionSpec(None, stage_axis, None, *rest))
+    return jax.tree_util.tree_map_with_path(split_layers, params)
+
+
 def run_pipeline(run_block: Callable[[Any, jax.Array], tuple[jax.Array, dict[str, jax.Array]]],
                  blocks: nnx.Module, x: jax.Array, pipe: Pipeline, stages: int
                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -192,28 +215,12 @@ def run_pipeline(run_block: Callable[[Any, jax.Array], tuple[jax.Array, dict[str
     """
     graphdef, state = nnx.split(blocks)
     params = nnx.to_pure_dict(state)
-    leaves = jax.tree.leaves(params)
-    n_layers = leaves[0].shape[0]
-    ctx = active_rules()
-    shards = 1
-    if ctx is not None:
-        sizes = dict(ctx[1].shape)
-        shards = int(np.prod([sizes[a] for a in ctx[0].axes("batch")], dtype=int))
+    n_layers = jax.tree.leaves(params)[0].shape[0]
     check_pipeline(pipe, n_layers=n_layers, stages=stages, batch=x.shape[0],
-                   batch_shards=shards)
+                   batch_shards=_batch_shards())
     s_, r_, m_ = stages, pipe.repeats, pipe.microbatches
-    k_ = n_layers // (s_ * r_)
-    mesh_ctx = active_rules() is not None
-    stage_axis = STAGE_AXIS if mesh_ctx else None
-
-    # (L, ...) -> (R, S, K, ...): logical layer r S K + s K + k runs on stage s in round r.
-    specs = _param_specs(state)
-
-    def split_layers(path: Any, w: jax.Array) -> jax.Array:
-        w = w.reshape(r_, s_, k_, *w.shape[1:])
-        rest = specs.get(_path(path), (None,) * (w.ndim - 3))
-        return _constrain(w, PartitionSpec(None, stage_axis, None, *rest))
-    w = jax.tree_util.tree_map_with_path(split_layers, params)
+    stage_axis = STAGE_AXIS if active_rules() is not None else None
+    w = _stage_weights(params, state, r_, s_, n_layers // (s_ * r_), stage_axis)
 
     batch, *feat = x.shape
     mb = batch // m_
