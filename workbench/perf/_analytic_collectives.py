@@ -151,6 +151,23 @@ def _context_axes(rules: Rules, mesh: MeshInfo, logical: str, ctx: tuple[str, ..
                  if a not in ctx and mesh.shape.get(a, 1) > 1)
 
 
+def _context_block_split(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
+                         ctx: tuple[str, ...]) -> tuple[int, int]:
+    """``(local batch rows, kv head shards)`` of a K/V block, from the shard_map's specs
+    as ``context.attend`` picks them: the batch axes where they divide the batch, the
+    heads' axes where they are the kv heads' too, apart from the batch's, and divide
+    both head counts."""
+    bat = _context_axes(rules, mesh, "batch", ctx)
+    if batch % axes_size(mesh, bat):
+        bat = ()
+    hd = _context_axes(rules, mesh, "heads", ctx)
+    heads = axes_size(mesh, hd)
+    if hd != _context_axes(rules, mesh, "kv_heads", ctx) or set(hd) & set(bat) \
+            or cfg.n_heads % heads or cfg.n_kv_heads % heads:
+        heads = 1
+    return batch // axes_size(mesh, bat), heads
+
+
 def context_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
                         seq: int) -> list[Collective]:
     """Hand count of context parallelism's collectives per step (per device), as
@@ -180,16 +197,7 @@ def context_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int
     n = axes_size(mesh, ctx)
     if n <= 1:
         return []
-    # the shard_map's specs, as context.attend picks them
-    bat = _context_axes(rules, mesh, "batch", ctx)
-    if batch % axes_size(mesh, bat):
-        bat = ()
-    hd = _context_axes(rules, mesh, "heads", ctx)
-    heads = axes_size(mesh, hd)
-    if hd != _context_axes(rules, mesh, "kv_heads", ctx) or set(hd) & set(bat) \
-            or cfg.n_heads % heads or cfg.n_kv_heads % heads:
-        heads = 1
-    b = batch // axes_size(mesh, bat)
+    b, heads = _context_block_split(cfg, rules, mesh, batch, ctx)
     dt, f32 = compute_dtype(cfg, mesh), np.dtype(np.float32)
     block = (b, seq // n, cfg.n_kv_heads // heads, cfg.head_dim)
     size = lambda shape, d: int(math.prod(shape)) * d.itemsize
