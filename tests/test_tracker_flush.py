@@ -287,3 +287,29 @@ def test_calls_within_one_second_keep_every_event_file(tmp_path):
     assert len(list((tmp_path / "run" / "tensorboard").glob("events.*"))) == 2
     assert _tb_numbers(tmp_path / "run" / "tensorboard")["train/loss"] == {
         1: 0.125, 2: 0.25, 3: 0.375, 4: 0.5}
+
+
+def test_mlflow_batches_hold_whole_steps(env, tmp_path):  # noqa: F811
+    """Each ``log_batch`` (one transaction) holds whole steps within MLflow's 1000 metrics:
+    a run killed between two batches leaves no step half sent, which the resume (going on
+    after the last step the store holds) would never complete."""
+    sender = _trackers.MlflowSender()
+    sender.start({}, _trackers.RunInfo(tmp_path, {}, {}))
+    batches, log_batch = [], sender.client.log_batch
+
+    def spy(run_id, metrics):   # the store's own call, watched
+        batches.append([(m.step, m.key) for m in metrics])
+        return log_batch(run_id, metrics=metrics)
+
+    sender.client.log_batch = spy
+    keys = [k for k in _trackers.KEYS if not k.startswith("eval_")]
+    recs = [{"step": s, "time": 1.0e9 + s, **{k: s / 7 for k in keys}} for s in range(1, 251)]
+    sender.log(recs)
+    sender.close("finished")
+    assert len(batches) == 3 and all(len(b) <= 1000 for b in batches)
+    for batch in batches:
+        steps = {s for s, _ in batch}
+        assert len(batch) == len(keys) * len(steps)               # no step split
+    _, numbers = _mlflow_numbers(env, sender.run_id)
+    assert sorted(numbers["train/loss"]) == list(range(1, 251))
+    _assert_same_numbers(numbers, recs)

@@ -299,11 +299,19 @@ class MlflowSender:
     def log(self, records: list[dict[str, Any]]) -> None:
         from mlflow.entities import Metric
 
-        metrics = [Metric(name, value, int(rec.get("time", time.time()) * 1000), rec["step"])
-                   for rec in records if rec["step"] > self.last
-                   for name, value in scalars(rec).items()]
-        for i in range(0, len(metrics), 1000):   # MLflow's limit of metrics per batch
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+        # whole steps per batch (MLflow's limit: 1000 metrics), each batch one transaction:
+        # a resume, which goes on after the last step the store holds, then misses none
+        batch: list[Any] = []
+        for rec in records:
+            if rec["step"] > self.last:
+                when = int(rec.get("time", time.time()) * 1000)
+                step = [Metric(k, v, when, rec["step"]) for k, v in scalars(rec).items()]
+                if len(batch) + len(step) > 1000:
+                    self.client.log_batch(self.run_id, metrics=batch)
+                    batch = []
+                batch += step
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
 
     def close(self, status: str) -> None:
         self.client.set_terminated(self.run_id, _STATUS["mlflow"][status])
