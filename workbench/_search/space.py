@@ -283,6 +283,14 @@ def candidates(cfg: GPTConfig, hw: Hardware, batch: int, opts: SearchOptions
         combos = [(mesh_shape(s, hw.size, hw.name), st, n) for s in mesh_shapes
                   for st, n in named]
     combos = [(*c, None, None) for c in combos] + piped_combos(combos, stages, pipeline)
+    return _expand(cfg, combos, remats, microbatches, batch)
+
+
+def _expand(cfg: GPTConfig, combos: Sequence[tuple[Any, ...]], remats: Sequence[Any],
+            microbatches: Sequence[int], batch: int
+            ) -> tuple[list[Candidate], list[dict[str, Any]]]:
+    """Each (mesh, rules, name, pipeline, why undivided) combination x remat x
+    micro-batches as a numbered candidate: kept, or skipped with the reason."""
     cands, skipped, i = [], [], 0
     for shape, rules, name, pp, undivided in combos:
         for r in remats:

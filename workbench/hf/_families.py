@@ -189,16 +189,8 @@ def to_gpt_config(hf: Mapping[str, Any], *, where: str = "config.json",
             math in a way ``GPTConfig`` cannot express (named, with the fix).
     """
     fam = family_of(hf, where)
-    unknown = sorted(set(hf) - HARMLESS - _READ - set(ignore_fields))
-    if unknown:
-        raise HFConfigError(
-            f"{where}: fields {unknown} are unknown to this importer ({fam}); if they do not "
-            f"change the forward pass, pass from_hf(..., ignore_fields={unknown!r})")
-    _refuse_unbuilt(hf, where)
-    use_window = fam in ("mistral", "mixtral") or _field(hf, "use_sliding_window", where,
-                                                           "bool", default=False)
-    window = _field(hf, "sliding_window", where, "int", default=None, minimum=0) \
-        if use_window else None
+    _refuse_unbuilt(hf, fam, where, ignore_fields)
+    window = _window(hf, fam, where)
     d = _field(hf, "hidden_size", where, "int", minimum=1)
     n = _field(hf, "num_attention_heads", where, "int", minimum=1)
     head_dim = _field(hf, "head_dim", where, "int", default=None, minimum=1) or d // n
@@ -229,9 +221,25 @@ def to_gpt_config(hf: Mapping[str, Any], *, where: str = "config.json",
         raise HFConfigError(f"{where}: {e}") from None
 
 
-def _refuse_unbuilt(hf: Mapping[str, Any], where: str) -> None:
-    """Refuses, by field, what the model does not build: another activation than SwiGLU's
-    silu, MLP or output-projection biases, layers other than full attention."""
+def _window(hf: Mapping[str, Any], fam: str, where: str) -> int | None:
+    """The sliding window a family's config asks for (Mistral's and Mixtral's always),
+    or None."""
+    use_window = fam in ("mistral", "mixtral") or _field(hf, "use_sliding_window", where,
+                                                           "bool", default=False)
+    return _field(hf, "sliding_window", where, "int", default=None, minimum=0) \
+        if use_window else None
+
+
+def _refuse_unbuilt(hf: Mapping[str, Any], fam: str, where: str,
+                    ignore_fields: Iterable[str]) -> None:
+    """Refuses, by field, what the importer does not know (unless ``ignore_fields`` names
+    it) and what the model does not build: another activation than SwiGLU's silu, MLP or
+    output-projection biases, layers other than full attention."""
+    unknown = sorted(set(hf) - HARMLESS - _READ - set(ignore_fields))
+    if unknown:
+        raise HFConfigError(
+            f"{where}: fields {unknown} are unknown to this importer ({fam}); if they do not "
+            f"change the forward pass, pass from_hf(..., ignore_fields={unknown!r})")
     if _field(hf, "hidden_act", where, "str", default="silu") != "silu":
         _refuse(where, "hidden_act", hf["hidden_act"], "the MLP is SwiGLU (silu)")
     for f in ("mlp_bias", "attention_bias"):
