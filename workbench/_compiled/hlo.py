@@ -167,7 +167,6 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
     count. A tuple-shaped instruction (the compiler's combined all-reduces, a variadic
     all-to-all) counts once, its ``bytes`` summed over the arrays it carries.
     """
-    n = math.prod(axis_sizes)
     loops = loop_computations(hlo_text)
     runs = computation_multiplicity(hlo_text)
     asyncs = _async_computations(hlo_text)
@@ -193,13 +192,7 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
         overlapped = bool(m.group("suffix")) or computation in asyncs or (
             channel is not None and (kind, channel.group(1)) in async_channels)
         nbytes, shapes = array_bytes(m.group("type"), kind, bool(m.group("suffix")))
-        if kind == "collective-permute":
-            axes, size = pairs_axes(attrs, axis_names, axis_sizes)
-            aligned = True
-        else:
-            groups = parse_replica_groups(attrs, n) or [list(range(n))]
-            axes, aligned = groups_to_axes(groups, axis_names, axis_sizes)
-            size = len(groups[0])
+        axes, aligned, size = _axes_of(kind, attrs, axis_names, axis_sizes)
         key = (kind, axes, aligned, size, shapes, computation in loops, overlapped)
         rec = merged.setdefault(key, {"count": 0, "bytes": nbytes, "names": [],
                                       "sources": {}, "ops": {}, "tensors": {}})
@@ -215,6 +208,19 @@ def parse_collectives(hlo_text: str, axis_names: Sequence[str],
                       tensors=tuple(r["tensors"]))
            for k, r in merged.items()]
     return sorted(out, key=lambda c: -c.total_wire_bytes)
+
+
+def _axes_of(kind: str, attrs: str, axis_names: Sequence[str], axis_sizes: Sequence[int]
+             ) -> tuple[tuple[str, ...], bool, int]:
+    """``(mesh axes, aligned, group size)`` of one collective from its attributes: a
+    permute's source-target pairs, any other's replica groups (none: every device)."""
+    if kind == "collective-permute":
+        axes, size = pairs_axes(attrs, axis_names, axis_sizes)
+        return axes, True, size
+    n = math.prod(axis_sizes)
+    groups = parse_replica_groups(attrs, n) or [list(range(n))]
+    axes, aligned = groups_to_axes(groups, axis_names, axis_sizes)
+    return axes, aligned, len(groups[0])
 
 
 def _describe(rec: dict[str, Any], graph: HloGraph, ins: Instr) -> None:
