@@ -1,6 +1,6 @@
 """The run directory: run.json metadata plus append-only metrics.jsonl; write, read, list.
 
-One module on purpose: it is the run directory's format (writing, reading and checking,
+One format, one file: it is the run directory's format (writing, reading and checking,
 finding, the writer's process), imported as ``runs`` by the server extension, the jobs,
 the Trainer and the widgets alike, standard library only; its parts share the file names,
 limits and error types.
