@@ -168,19 +168,20 @@ def test_search_never_ranks_a_plan_with_an_implausible_prediction(monkeypatch):
     """wb.search over a small MoE on an abstract v5p slice (formulas only): the analytic
     best, made implausible, drops out of the ranking, says why, and another row is best;
     when every row is implausible, ``best`` raises and says so."""
-    from workbench.planning import _report as report
+    from workbench.planning import _handle as handle, _report as report
 
-    real = report.PlanReport.predict
+    real = report.predict_plan   # the one predictor: as each plan is made, and Plan.predict
     res = wb.search(MOE, hardware="v5p-8", batch=8, seq=128, top_k=0, progress=False)
     first = res.best_row["layout"]
 
-    def flagged(self, **kw):
-        pred = real(self, **kw)
-        if self.name == first or flag_all:
+    def flagged(rep, spec, **kw):
+        pred = real(rep, spec, **kw)
+        if rep.name == first or flag_all:
             return type(pred)(**{**pred.__dict__, "implausible": ("MFU 97% ...",)})
         return pred
 
-    monkeypatch.setattr(report.PlanReport, "predict", flagged)
+    monkeypatch.setattr(report, "predict_plan", flagged)
+    monkeypatch.setattr(handle, "predict_plan", flagged)
     flag_all = False
     res2 = wb.search(MOE, hardware="v5p-8", batch=8, seq=128, top_k=0, progress=False)
     row = next(r for r in res2.rows if r["layout"] == first)
