@@ -31,7 +31,7 @@ from tests.test_trackers import (
     mlflow_db,  # noqa: F401 - the fixture
 )
 from workbench import _runs as runs
-from workbench.train import _trackers
+from workbench.train import _tracker_clients, _trackers
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 #: Seconds a send may take beyond its window on this shared 2-core machine (the thread
@@ -68,9 +68,9 @@ def _tb_numbers(folder):
 def _assert_same_float32(got, recs):
     """``got[tag][step]`` is each number of the records as TensorBoard keeps it: float32."""
     for rec in recs:
-        for key in _trackers.KEYS:
+        for key in _tracker_clients.KEYS:
             if isinstance(rec.get(key), float):
-                assert got[_trackers.tag(key)][rec["step"]] == np.float32(rec[key]), key
+                assert got[_tracker_clients.tag(key)][rec["step"]] == np.float32(rec[key]), key
 
 
 def _held(folder):
@@ -189,7 +189,7 @@ def test_update_never_waits_while_a_tracker_hangs(env, monkeypatch, tmp_path):  
 CHILD = """
 import sys, time
 import workbench as wb
-from workbench.train import _trackers
+from workbench.train import _tracker_clients, _trackers
 
 class Slow:   # the child's own sink: steps slow enough to be killed mid-run
     def event(self, kind, **fields): pass
@@ -293,8 +293,8 @@ def test_mlflow_batches_hold_whole_steps(env, tmp_path):  # noqa: F811
     """Each ``log_batch`` (one transaction) holds whole steps within MLflow's 1000 metrics:
     a run killed between two batches leaves no step half sent, which the resume (going on
     after the last step the store holds) would never complete."""
-    sender = _trackers.MlflowSender()
-    sender.start({}, _trackers.RunInfo(tmp_path, {}, {}))
+    sender = _tracker_clients.MlflowSender()
+    sender.start({}, _tracker_clients.RunInfo(tmp_path, {}, {}))
     batches, log_batch = [], sender.client.log_batch
 
     def spy(run_id, metrics):   # the store's own call, watched
@@ -302,7 +302,7 @@ def test_mlflow_batches_hold_whole_steps(env, tmp_path):  # noqa: F811
         return log_batch(run_id, metrics=metrics)
 
     sender.client.log_batch = spy
-    keys = [k for k in _trackers.KEYS if not k.startswith("eval_")]
+    keys = [k for k in _tracker_clients.KEYS if not k.startswith("eval_")]
     recs = [{"step": s, "time": 1.0e9 + s, **{k: s / 7 for k in keys}} for s in range(1, 251)]
     sender.log(recs)
     sender.close("finished")

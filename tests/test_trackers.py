@@ -21,7 +21,7 @@ import pytest
 
 import workbench as wb
 from workbench import _runs as runs
-from workbench.train import _trackers
+from workbench.train import _tracker_clients, _trackers
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 WANDB = Path(sys.executable).with_name("wandb")
@@ -112,9 +112,9 @@ def _first_per_step(files):
 def _assert_same_numbers(got, recs):
     """``got[tag][step]`` equals every number of the ``metrics.jsonl`` records."""
     for rec in recs:
-        for key in _trackers.KEYS:
+        for key in _tracker_clients.KEYS:
             if isinstance(rec.get(key), float):
-                assert got[_trackers.tag(key)][rec["step"]] == rec[key], (key, rec["step"])
+                assert got[_tracker_clients.tag(key)][rec["step"]] == rec[key], (key, rec["step"])
 
 
 def _mlflow_numbers(uri, run_id):
@@ -122,16 +122,16 @@ def _mlflow_numbers(uri, run_id):
 
     client = MlflowClient(tracking_uri=uri)
     out = {}
-    for key in _trackers.KEYS:
-        history = client.get_metric_history(run_id, _trackers.tag(key))
+    for key in _tracker_clients.KEYS:
+        history = client.get_metric_history(run_id, _tracker_clients.tag(key))
         steps = [m.step for m in history]
         assert len(steps) == len(set(steps)), (key, steps)   # each step once
-        out[_trackers.tag(key)] = {m.step: m.value for m in history}
+        out[_tracker_clients.tag(key)] = {m.step: m.value for m in history}
     return client.get_run(run_id), out
 
 
 def _wandb_numbers(history):
-    tags = {_trackers.tag(k) for k in _trackers.KEYS}
+    tags = {_tracker_clients.tag(k) for k in _tracker_clients.KEYS}
     return {t: {s: item[t] for s, item in history.items() if t in item} for t in tags}
 
 
