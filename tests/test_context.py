@@ -200,7 +200,7 @@ def test_plan_lints_name_uneven_context_and_ring_over_slow_links():
     info = wb._sharding.mesh.mesh_info(big)
     slow = wb._sharding.mesh.MeshInfo(axis_names=info.axis_names, axis_sizes=info.axis_sizes,
                             device_ids=info.device_ids, dcn_axis_sizes=(1, 2))
-    from workbench.planning import _lints as lints
+    from workbench.planning import _parallel_lints as lints
 
     kinds = [w.kind for w in lints.context_parallel(cfg, wb.Rules.preset("cp", big), slow,
                                                     8192, 16)]

@@ -1,20 +1,20 @@
-"""Layout lints of a plan: each names the tensor, says why it matters with numbers, and a fix."""
+"""Layout lints of a plan: each names the tensor, says why it matters with numbers, and a fix.
+
+``Lint`` is the record; the functions here read the step as built and compiled (its
+layouts, memory, collectives, reshards). The lints of context parallelism and mixtures of
+experts, which the config, rules and mesh decide before anything is traced, are in
+``planning._parallel_lints``."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from workbench.perf._attention_cost import kv_bytes_per_device
 from workbench._compiled.hlo import Collective, Reshard
-from workbench.perf._analytic import (axes_size, batch_axes, fsdp_axes,
-                                         weight_axes)
+from workbench.perf._analytic import axes_size, batch_axes, fsdp_axes, weight_axes
 from workbench._sharding.layouts import Layout, format_bytes
 from workbench._sharding.mesh import MeshInfo
-from workbench._sharding.rules import EXPERT_AXIS_NAMES, Rules
+from workbench._sharding.rules import Rules
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -56,7 +56,8 @@ class Lint:
         return {**dataclasses.asdict(self), "paths": list(self.paths)}
 
 
-def _fmt_axes(axes: Sequence[str]) -> str:
+def axes_text(axes: Sequence[str]) -> str:
+    """``'data'`` for one mesh axis, ``('data', 'model')`` for several."""
     return repr(axes[0]) if len(axes) == 1 else repr(tuple(axes))
 
 
@@ -85,7 +86,7 @@ def uneven(layouts: Mapping[str, Layout]) -> list[Lint]:
             kind="uneven", severity="warning", path=lays[0].name, value=float(waste),
             paths=tuple(lay.name for lay in lays),
             message=(f"dim {d} of {lays[0].name!r}{many} ({what}size {size}) is not divisible by "
-                     f"mesh axes {_fmt_axes(axes)} (size {k}): {blocks}; padding wastes "
+                     f"mesh axes {axes_text(axes)} (size {k}): {blocks}; padding wastes "
                      f"{format_bytes(waste)} over all devices"),
             fix=f"use a size divisible by {k} (e.g. {-(-size // k) * k}), or {target}"))
     return out
@@ -111,10 +112,10 @@ def replicated(layouts: Mapping[str, Layout], threshold: int) -> list[Lint]:
             value=float(per_dev * (k - 1) / k), paths=tuple(lay.name for lay in lays),
             message=(f"{len(lays)} parameter(s) of >= {format_bytes(threshold)} "
                      f"({format_bytes(per_dev)} per device) are replicated over mesh axes "
-                     f"{_fmt_axes(axes)}: {k} devices hold identical copies, so "
+                     f"{axes_text(axes)}: {k} devices hold identical copies, so "
                      f"{format_bytes(per_dev * (k - 1) / k)} per device is redundant; largest "
                      f"{big.name!r} ({format_bytes(big.total_bytes)})"),
-            fix=(f"shard them over {_fmt_axes(axes)}: map 'embed' to {_fmt_axes(axes)} (FSDP, "
+            fix=(f"shard them over {axes_text(axes)}: map 'embed' to {axes_text(axes)} (FSDP, "
                  f"Rules.preset('fsdp' or 'fsdp_tp')) or heads/mlp/vocab to it (tensor "
                  f"parallel); raise replicated_threshold= to accept it")))
     return out
@@ -132,11 +133,11 @@ def redundant_compute(rules: Rules, mesh: MeshInfo,
     suggestion = tuple(batch_now) + tuple(idle)
     return [Lint(
         kind="redundant_compute", severity="warning", path=", ".join(idle), value=1.0 / k,
-        message=(f"the batch is not sharded over mesh axes {_fmt_axes(idle)} ({k} devices) and "
+        message=(f"the batch is not sharded over mesh axes {axes_text(idle)} ({k} devices) and "
                  f"no weight is sharded over them: those devices compute identical results; "
                  f"replicated compute factor 1/{k} = {1 / k:.3g}, so {1 - 1 / k:.0%} of the "
                  f"mesh's FLOPs repeat other devices' work"),
-        fix=(f"add them to the batch rule (batch={_fmt_axes(suggestion)}), shard weights over "
+        fix=(f"add them to the batch rule (batch={axes_text(suggestion)}), shard weights over "
              f"them (tensor parallel: heads/mlp='{idle[0]}'), or build a smaller mesh"))]
 
 
@@ -162,7 +163,7 @@ def fsdp_gathers(param_layouts: Mapping[str, Layout], rules: Rules, mesh: MeshIn
             kind="fsdp_gather", severity="info", path=big.name, value=0.0,
             paths=tuple(lay.name for lay in lays),
             message=(f"{len(lays)} weight(s) ({format_bytes(full)} in total) are sharded over "
-                     f"batch axes {_fmt_axes(axes)} (FSDP), but the compiled step gathers none "
+                     f"batch axes {axes_text(axes)} (FSDP), but the compiled step gathers none "
                      "of them: XLA computes with the sharded weights and communicates "
                      "activations instead (see the collectives table)"),
             fix=("nothing to fix; with a larger batch per device XLA usually switches to "
@@ -171,7 +172,7 @@ def fsdp_gathers(param_layouts: Mapping[str, Layout], rules: Rules, mesh: MeshIn
         kind="fsdp_gather", severity="info", path=big.name, value=float(received),
         paths=tuple(lay.name for lay in lays),
         message=(f"{len(lays)} weight(s) ({format_bytes(full)} in total) are sharded over batch "
-                 f"axes {_fmt_axes(axes)} (FSDP) and gathered every step: {n} all-gather(s), "
+                 f"axes {axes_text(axes)} (FSDP) and gathered every step: {n} all-gather(s), "
                  f"{format_bytes(received)} received per device per step ({src}); largest "
                  f"{big.name!r}"),
         fix=("expected with FSDP; if communication dominates, raise the batch per device, or "
@@ -223,153 +224,6 @@ def unmapped(unmapped_names: Mapping[str, Sequence[str]]) -> list[Lint]:
                      f"{tensors[0]!r} were planned with that dim replicated on every device"),
             fix=(f"add {logical}=<mesh axis> to the Rules to shard it, or {logical}=None to "
                  f"replicate it on purpose")))
-    return out
-
-
-def _crosses_slow_links(mesh: MeshInfo, axis: str) -> str | None:
-    """Why ``axis`` spans slow links (DCN between slices, or several hosts), else None."""
-    i = mesh.axis_names.index(axis)
-    if mesh.dcn_axis_sizes and mesh.dcn_axis_sizes[i] > 1:
-        return f"it spans {mesh.dcn_axis_sizes[i]} slices over DCN"
-    procs = mesh.process_index
-    if procs is not None and mesh.n_hosts > 1:
-        rows = np.moveaxis(np.asarray(procs), i, -1).reshape(-1, mesh.axis_sizes[i])
-        if any(len(set(r.tolist())) > 1 for r in rows):
-            return "its devices sit on different hosts (processes), joined by the network"
-    return None
-
-
-def context_parallel(cfg: Any, rules: Rules, mesh: MeshInfo, seq: int,
-                     batch: int) -> list[Lint]:
-    """Context parallelism (``seq`` sharded over mesh axes): a sequence the context axes do
-    not divide (error), ring attention over slow links (warning), and the K/V bytes each
-    device receives per layer (info; hand count of :mod:`workbench.perf._attention_cost`)."""
-    axes = rules.axes("seq", mesh.shape)
-    if not axes:
-        return []
-    n = axes_size(mesh, axes)
-    zigzag = bool(getattr(cfg, "context_zigzag", False))
-    variant = getattr(cfg, "context_attention", "allgather")
-    parts = n * (2 if zigzag else 1)
-    path = _fmt_axes(axes)
-    if seq % parts:
-        ok = max(parts, seq - seq % parts)
-        return [Lint(
-            kind="context_uneven", severity="error", path=path, value=float(seq % parts),
-            message=(f"sequence length {seq} is not divisible by the context axis {path} of "
-                     f"size {n}" + (f" (x2 zig-zag chunks = {parts})" if zigzag else "")
-                     + ": every device must hold an equal slice of each sequence"),
-            fix=(f"use seq={ok} or {ok + parts}, a context axis that divides {seq}"
-                 + (", or context_zigzag=False" if zigzag and seq % n == 0 else "")))]
-    out = []
-    slow = [(a, why) for a in axes if (why := _crosses_slow_links(mesh, a))]
-    if variant == "ring" and slow:
-        a, why = slow[0]
-        out.append(Lint(
-            kind="ring_slow_links", severity="warning", path=a, value=float(n - 1),
-            message=(f"ring attention passes K/V blocks around context axis {a!r} in {n - 1} "
-                     f"dependent collective permutes per layer (and {n} more in the backward "
-                     f"pass), but {why}: each step waits on the slowest link"),
-            fix=(f"put the context axis inside a slice/host (mesh axis order: make {a!r} "
-                 f"minor, data/fsdp over DCN), or use context_attention='allgather' (one "
-                 "collective per layer)")))
-    if cfg is not None and hasattr(cfg, "n_kv_heads"):
-        bsh = axes_size(mesh, [a for a in rules.axes("batch")
-                               if mesh.shape.get(a, 1) > 1 and a not in axes])
-        hsh = axes_size(mesh, [a for a in rules.axes("kv_heads")
-                               if mesh.shape.get(a, 1) > 1])
-        kv = kv_bytes_per_device(
-            batch=batch, seq=seq, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-            itemsize=int(np.dtype(cfg.compute_dtype(mesh.platform)).itemsize), size=n,
-            variant=variant,
-            batch_shards=bsh if batch % bsh == 0 else 1,
-            head_shards=hsh if cfg.n_kv_heads % hsh == 0 else 1)
-        how = ("all-gathered: every device holds the whole sequence's K/V"
-               if variant == "allgather" else
-               "ring: a device holds its own K/V block and the one in flight")
-        out.append(Lint(
-            kind="context_kv", severity="info", path=path, value=float(kv["received"]),
-            message=(f"context parallelism over {path} ({n} devices, {variant}"
-                     + (", zig-zag" if zigzag else "") + f"): per layer each device receives "
-                     f"{format_bytes(kv['received'])} of K/V in the forward pass ({n - 1} "
-                     f"blocks of {format_bytes(kv['block'])}) and holds "
-                     f"{format_bytes(kv['held'])} ({how})"),
-            fix=("nothing to fix" if variant == "ring" or zigzag else
-                 "for long sequences, context_attention='ring' holds 2 blocks instead of "
-                 f"{n}; context_zigzag=True balances causal work")))
-    return out
-
-
-def moe(cfg: Any, rules: Rules, mesh: MeshInfo, batch: int, seq: int) -> list[Lint]:
-    """Mixture-of-experts layouts: experts the expert axes do not divide (error), an expert
-    axis that shards the experts but not the tokens, or the tokens but not the experts
-    (warnings), and capacity overflow: a capacity below the balanced share drops tokens
-    even when routing is perfectly balanced (warning), else how much imbalance it absorbs
-    (info). Hand counts of :mod:`workbench.models._moe`."""
-    from workbench.models._moe import capacity
-
-    if cfg is None or not getattr(cfg, "n_experts", 0):
-        return []
-    e, k = cfg.n_experts, cfg.experts_per_token
-    ea = tuple(a for a in rules.axes("experts") if a in mesh.shape)
-    n = axes_size(mesh, ea)
-    if e % n:
-        fits = [d for d in range(1, e + 1) if e % d == 0 and d <= math.prod(mesh.axis_sizes)]
-        return [Lint(
-            kind="moe_experts_uneven", severity="error", path=_fmt_axes(ea), value=float(e % n),
-            message=(f"n_experts={e} is not divisible by the expert mesh axes {_fmt_axes(ea)} "
-                     f"(size {n}): each device must hold a whole number of experts"),
-            fix=f"use an expert axis of size in {fits}, or n_experts a multiple of {n}")]
-    out = []
-    tokens = set(batch_axes(rules, mesh))
-    big = tuple(a for a in ea if mesh.shape[a] > 1)
-    lost = [a for a in big if a not in tokens]
-    if lost:
-        out.append(Lint(
-            kind="moe_expert_batch", severity="warning", path=_fmt_axes(lost),
-            value=float(axes_size(mesh, lost)),
-            message=(f"the experts are sharded over {_fmt_axes(lost)} but the batch is not: "
-                     f"the {axes_size(mesh, lost)} devices along it hold the same tokens, so "
-                     f"attention and the router repeat the same work and the all-to-all "
-                     f"moves duplicate tokens"),
-            fix=(f"add {_fmt_axes(lost)} to the batch rule (Rules.preset('ep' or "
-                 f"'fsdp_ep') does)")))
-    idle = [a for a in rules.axes("batch") if a in EXPERT_AXIS_NAMES and
-            mesh.shape.get(a, 1) > 1 and a not in ea]
-    if idle:
-        out.append(Lint(
-            kind="moe_expert_batch", severity="warning", path=_fmt_axes(idle),
-            value=float(axes_size(mesh, idle)),
-            message=(f"mesh axis {_fmt_axes(idle)} shards the batch but not the experts: every "
-                     f"device along it holds all {e} experts ({cfg.n_params / 1e9:.3g}B "
-                     f"parameters in all), acting as plain data parallelism"),
-            fix=f"map experts={idle[0]!r} (Rules.preset('ep' or 'fsdp_ep'))"))
-    shards = axes_size(mesh, [a for a in rules.axes("batch") + rules.axes("seq")
-                              if a in mesh.shape])
-    group = max(1, batch * seq // max(1, shards))
-    if cfg.moe_dispatch == "all_gather" and ea:
-        group *= n
-    if cfg.capacity_factor is not None:
-        cap = capacity(cfg, group)
-        share = group * k / e
-        if cap < share:
-            out.append(Lint(
-                kind="moe_capacity", severity="warning", path="capacity_factor",
-                value=float(1 - cap / share),
-                message=(f"capacity {cap} slots per expert for groups of {group} tokens is "
-                         f"below the balanced share {share:.1f} (capacity_factor="
-                         f"{cfg.capacity_factor}): at least {1 - cap / share:.0%} of the "
-                         f"assignments are dropped even with perfectly balanced routing"),
-                fix="raise capacity_factor to >= 1 (1.25 is common), or None for dropless"))
-        else:
-            out.append(Lint(
-                kind="moe_capacity", severity="info", path="capacity_factor",
-                value=float(cap / share),
-                message=(f"capacity {cap} slots per expert per group of {group} tokens "
-                         f"({cap / share:.2f}x the balanced share {share:.1f}): an expert "
-                         f"drops what it receives beyond that (see moe_dropped in the "
-                         f"metrics)"),
-                fix="capacity_factor=None routes dropless (more memory, no drops)"))
     return out
 
 

@@ -34,7 +34,7 @@ from workbench.models import _moe as moe
 from workbench.models._config import resolve_dtype
 from workbench.models._pipeline import Pipeline, check_pipeline, check_rules, stages_of
 from workbench.models._remat import remat_policy
-from workbench.planning import _lints as lints
+from workbench.planning import _parallel_lints as lints
 from workbench.planning._flags import compile_options
 from workbench.planning._lints import Lint
 
