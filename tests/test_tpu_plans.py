@@ -15,13 +15,13 @@ import threading
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from jax.sharding import AxisType, Mesh
 
 import workbench as wb
 from workbench.planning._flags import compile_options
 from workbench._sharding.mesh import mesh_info
+from workbench._optimizer import DEFAULT_STEPS, AdamW
 from workbench.models import GPTConfig
 from workbench.planning import _compile as plan_compile
 from workbench._compiled.hlo import parse_collectives
@@ -51,7 +51,7 @@ def _reference(cfg, topology, rules_name, batch, seq, axes=AXES):
     mesh = Mesh(np.array(devs).reshape(tuple(axes.values())), tuple(axes),
                 axis_types=(AxisType.Auto,) * len(axes))
     rules = Rules.preset(rules_name, mesh_info(mesh))
-    opt = optax.adamw(3e-4)
+    opt = AdamW().build(DEFAULT_STEPS)   # wb.plan's default optimizer (the Trainer's)
     cfg = cfg.resolved("tpu")   # dtype "auto" as on a TPU (bfloat16), as wb.plan does
     st = abstract_train_state(model_factory(cfg), opt, rules, mesh, strict=False)
     ex = {k: jax.ShapeDtypeStruct((batch, seq), jnp.int32) for k in ("inputs", "targets")}
