@@ -8,9 +8,11 @@ choose the compile target (the devices at hand, the TPU compiler for an abstract
 slice, or formulas), build the abstract step (the Trainer's own, from ``workbench._step``),
 ``measure`` (compile, or estimate), lint; ``compile`` (compiles in a worker thread:
 progress, Ctrl-C, in-process and on-disk caches; ``flags``: the overlap options),
-``report`` (``PlanReport``: the serialisable numbers with their text and dict forms, and
-``Comparison``; ``serialise``: its JSON), ``handle`` (``Plan``: the report with the
-runnable step, ``materialize``), ``lints`` (layout mistakes), ``activations`` (the
+``report`` (``PlanReport``: the serialisable numbers with their text and dict forms;
+``compiled_numbers``: what it read from the compiled program; ``serialise``: its JSON),
+``comparison`` (``Comparison``), ``handle`` (``Plan``: the report with the runnable step,
+``materialize``), ``lints`` (layout mistakes; ``parallel_lints``: those of context
+parallelism and mixtures of experts, known before tracing), ``activations`` (the
 step's tensors and why each collective runs). The layout search (``wb.search``: layouts
 ranked by predicted step time) is built on ``plan``, in ``workbench._search``. How long a
 step takes (the HLO cost reading, the roofline, the formulas, traces, profiles,
@@ -18,8 +20,9 @@ calibration) is ``workbench.perf``.
 """
 from workbench._compiled.hlo import Collective
 from workbench.planning._lints import Lint
+from workbench.planning._comparison import Comparison
 from workbench.planning._handle import Plan
 from workbench.planning._planner import compare, plan
-from workbench.planning._report import Comparison, PlanReport
+from workbench.planning._report import PlanReport
 
 __all__ = ["Collective", "Comparison", "Lint", "Plan", "PlanReport", "compare", "plan"]

@@ -32,8 +32,9 @@ from workbench._validate import check_bool, check_int
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
 from workbench.planning._handle import Plan
-from workbench.planning._report import (CompiledNumbers, Comparison, PlanReport,
-                                        with_prediction)
+from workbench.planning._comparison import Comparison
+from workbench.planning._compiled_numbers import CompiledNumbers
+from workbench.planning._report import PlanReport, with_prediction
 from workbench.planning import _background as background
 from workbench.planning._measure import CompileOutcome, Measured, compile_outcome, measure
 from workbench.planning._options import DEFAULT_REPLICATED_THRESHOLD, PlanOptions

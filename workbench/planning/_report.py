@@ -1,17 +1,22 @@
 """The plan's report: ``PlanReport``, the serialisable record of one planned step (memory,
 FLOPs, collectives, lints, the numbers read from the compiled program, the prediction made
-when the plan was made: ``with_prediction``) with its text and dict forms; and
-``Comparison`` of plans. The runnable handle
-(``handle.Plan``) holds a report. No display imports here: notebooks draw them through
-the display hook (``workbench._display``)."""
+when the plan was made: ``with_prediction``) with its text and dict forms. The runnable
+handle (``handle.Plan``) holds a report; ``comparison.Comparison`` sets reports side by
+side. No display imports here: notebooks draw them through the display hook
+(``workbench._display``).
+
+One report, one file: its fields, the numbers derived from them (FLOPs per device, the
+replicated compute factor, the fit) and its text (``summary``, ``str``, ``to_dict``) read
+the same fields and change together when a field is added; what it is made from (the
+compiled program's numbers, ``compiled_numbers``; its JSON, ``serialise``) and what reads
+many of them (``comparison``) are beside it."""
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from workbench._display import Displayable, view
-from workbench._flops import FlopCount, compiled_cost
+from workbench._flops import FlopCount
 from workbench.hardware import EffectiveSpec, effective_spec
 from workbench._sharding.layouts import Layout, format_bytes
 from workbench._sharding.mesh import MeshInfo
@@ -20,8 +25,8 @@ from workbench.models._remat import remat_label, resolve_remat
 from workbench.perf._analytic import compute_split, moe_padding_flops
 from workbench.perf._attention_cost import kernel_flops
 from workbench._compiled.hlo import Collective
-from workbench._compiled.loops import compiler_cycles, loop_trip_counts, unestimated_instructions
-from workbench.perf._host import HostTraffic, host_traffic
+from workbench.perf._host import HostTraffic
+from workbench.planning._compiled_numbers import CompiledNumbers
 from workbench.planning._lints import Lint
 from workbench.perf._predict import Prediction
 from workbench.perf._predict_plan import predict_plan
@@ -31,7 +36,8 @@ from workbench._sharding.rules import Rules
 MEMORY_KEYS = ("params", "optimizer", "gradients", "activations", "batch")
 
 
-def _flops(x: float | None) -> str:
+def flops_text(x: float | None) -> str:
+    """``"1.23 TFLOP"``; ``"-"`` for None."""
     if x is None:
         return "-"
     for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
@@ -40,60 +46,9 @@ def _flops(x: float | None) -> str:
     return f"{x:.3g} FLOP"
 
 
-def _bytes(x: float | None) -> str:
+def bytes_text(x: float | None) -> str:
+    """``format_bytes(x)``; ``"-"`` for None."""
     return "-" if x is None else format_bytes(x)
-
-
-class CompiledNumbers:
-    """What a plan reads from its compiled executable, read once when the plan is made
-    (its program text printed once): the cost analysis, the while loops' trip counts, the
-    TPU compiler's own cycle estimates, the instructions it left without one and the
-    transfers to host memory; or given (a report read back from JSON). Plain data: it
-    keeps no reference to the executable.
-
-    Args:
-        compiled: the ``jax.stages.Compiled`` step, or None when ``values`` are given.
-        tpu: whether the TPU compiler compiled it (only its programs carry cycles).
-        values: ``to_dict()`` of an earlier instance.
-
-    Attributes:
-        cost: per-device ``compiled.cost_analysis()`` (``flops``, ``bytes accessed``, ...).
-        loops: ``{loop body: trip count}`` of the program's while loops (scanned layers).
-        cycles: ``(cycles, instructions)`` of the TPU compiler's estimates; (0, 0) off TPU.
-        unknown: ``(name, bytes, runs per step)`` of each instruction the TPU compiler
-            left without a cycle estimate (``unestimated_instructions``); empty off TPU.
-        host: what the step moves between device and host memory (activations a remat
-            policy offloads), with the schedule around it (``perf._host.host_traffic``);
-            empty off TPU.
-    """
-
-    def __init__(self, compiled: Any = None, *, tpu: bool = False,
-                 values: Mapping[str, Any] | None = None) -> None:
-        if values is None:
-            values = _read_compiled(compiled, tpu)
-        self.cost: dict[str, float] = dict(values["cost"])
-        self.loops: dict[str, int] = dict(values["loops"])
-        self.cycles: tuple[int, int] = tuple(values["cycles"])
-        self.unknown: list[tuple[str, int, int]] = [tuple(u) for u in values.get("unknown", [])]
-        host = values.get("host")
-        self.host: HostTraffic = host if isinstance(host, HostTraffic) \
-            else HostTraffic.from_dict(host)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly values."""
-        return {"cost": dict(self.cost), "loops": dict(self.loops),
-                "cycles": list(self.cycles), "unknown": [list(u) for u in self.unknown],
-                "host": self.host.to_dict()}
-
-
-def _read_compiled(compiled: Any, tpu: bool) -> dict[str, Any]:
-    """``CompiledNumbers``' values read from ``compiled`` (its text printed once)."""
-    text = compiled.as_text()
-    unknown = [[u.name, u.bytes, u.count] for u in unestimated_instructions(text)] if tpu \
-        else []
-    return {"cost": compiled_cost(compiled), "loops": loop_trip_counts(text),
-            "cycles": compiler_cycles(text) if tpu else (0, 0), "unknown": unknown,
-            "host": host_traffic(text) if tpu else HostTraffic()}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False, eq=False)
@@ -315,25 +270,22 @@ class PlanReport:
         label = "ESTIMATE (analytic, nothing compiled)" if self.is_estimate else \
             (f"{self.source}, from the compile cache" if self.compile_cached
              else f"{self.source}, compiled in {self.compile_seconds:.1f} s")
-        mem = self.memory
-        fits = {True: "fits", False: "DOES NOT FIT", None: "limit unknown"}[self.fits]
         lines = [
             (f"Plan {self.name!r}: batch {self.batch} x seq {self.seq} on {self.mesh.describe()}"
             f" — {label}"),
             f"  rules: {self.rules!r}",
-            (f"  memory/device: total {_bytes(mem['total'])} of {_bytes(mem.get('limit'))} "
-            f"({fits}): params {_bytes(mem['params'])}, optimizer {_bytes(mem['optimizer'])}, "
-            f"temp {_bytes(mem['temp'])} (gradients {_bytes(mem.get('gradients'))})"),
-            (f"  model FLOPs/step {_flops(self.model_flops)} (6N: {_flops(self.flops.six_n)}); "
-            f"per device {_flops(self.flops_per_device)}"
-            f"{'' if self.compiled_flops_per_device is not None else ' (estimate)'}; "
-            f"replicated compute factor {self.replicated_compute_factor:.3g}"),
-            (f"  communication/device/step {_bytes(self.comm_bytes_per_device)} in "
-            f"{sum(c.count for c in self.collectives)} collective(s)"
-            f"{' (estimate)' if self.is_estimate else ''}"
-            + ("" if self.is_estimate else
-               f", {sum(c.count for c in self.collectives if c.overlapped)} overlapped "
-               "(async)")),
+            "  " + self._memory_line(),
+            (f"  model FLOPs/step {flops_text(self.model_flops)} "
+             f"(6N: {flops_text(self.flops.six_n)}); per device "
+             f"{flops_text(self.flops_per_device)}"
+             f"{'' if self.compiled_flops_per_device is not None else ' (estimate)'}; "
+             f"replicated compute factor {self.replicated_compute_factor:.3g}"),
+            (f"  communication/device/step {bytes_text(self.comm_bytes_per_device)} in "
+             f"{sum(c.count for c in self.collectives)} collective(s)"
+             f"{' (estimate)' if self.is_estimate else ''}"
+             + ("" if self.is_estimate else
+                f", {sum(c.count for c in self.collectives if c.overlapped)} overlapped "
+                "(async)")),
             (f"  attention {self.attention or 'n/a'}; dtype "
              f"{self.dtype.partition(': ')[2] or self.dtype or 'n/a'}; remat "
              f"{remat_label(self.cfg.remat) if self.cfg is not None else 'n/a'}; overlap flags: "
@@ -343,22 +295,18 @@ class PlanReport:
             f"  source: {self.source} — {self.source_reason}",
             "  " + self._predicted_line(),
             *([f"  placement: {self.placement}"] if self.placement else []),
+            *([f"  {_pipeline_line(self.pipeline)}"] if self.pipeline else []),
+            *([f"  {_lints_line(self.warnings)}"] if self.warnings else []),
         ]
-        if self.pipeline:
-            pp = self.pipeline
-            lines.append(
-                f"  pipeline: {pp['stages']} stages x {pp['microbatches']} micro-batches, "
-                f"{pp['schedule']}" + (f" x{pp['repeats']}" if pp['repeats'] > 1 else "")
-                + f"; bubble {pp['bubble_formula']:.1%} (formula), "
-                f"{pp['bubble_schedule']:.1%} (schedule); stage memory "
-                + "/".join(_bytes(m) for m in pp["stage_memory"])
-                + f"; {sum(c['count'] for c in pp['permutes'])} collective permute(s)")
-        if self.warnings:
-            counts = {}
-            for w in self.warnings:
-                counts[w.severity] = counts.get(w.severity, 0) + 1
-            lines.append("  lints: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
         return "\n".join(lines)
+
+    def _memory_line(self) -> str:
+        """``memory/device: total ... of ... (fits): params ..., optimizer ..., temp ...``."""
+        mem, b = self.memory, bytes_text
+        fits = {True: "fits", False: "DOES NOT FIT", None: "limit unknown"}[self.fits]
+        return (f"memory/device: total {b(mem['total'])} of {b(mem.get('limit'))} ({fits}): "
+                f"params {b(mem['params'])}, optimizer {b(mem['optimizer'])}, "
+                f"temp {b(mem['temp'])} (gradients {b(mem.get('gradients'))})")
 
     def _predicted_line(self) -> str:
         p = self.predicted
@@ -374,13 +322,15 @@ class PlanReport:
     def __str__(self) -> str:
         lines = [self.summary(), "", "memory per device (bytes)  compiled/estimate"]
         for row in self.memory_rows():
-            lines.append(f"  {row['key']:<12} {_bytes(row['bytes']):>12} {_bytes(row['estimate']):>12}")
+            lines.append(f"  {row['key']:<12} {bytes_text(row['bytes']):>12} "
+                         f"{bytes_text(row['estimate']):>12}")
         lines += ["", f"FLOPs: {self.flops}"]
         if self.collectives:
             lines += ["", "collectives (per device):"]
             for c in self.collectives[:12]:
                 lines.append(f"  {c.kind:<18} over {','.join(c.axes) or '-':<12} x{c.count:<4} "
-                             f"{_bytes(c.bytes):>10} each, sends {_bytes(c.total_wire_bytes)}  "
+                             f"{bytes_text(c.bytes):>10} each, sends "
+                             f"{bytes_text(c.total_wire_bytes)}  "
                              f"{' '.join(c.shapes[:2])}")
                 if c.sources or c.rule:
                     lines.append(f"      {c.tensors[0] if c.tensors else ''}"
@@ -478,77 +428,25 @@ def _band_line(p: Prediction) -> str:
             + f" ({band.summary()})")
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1e3:.4g} ms"
+def _pipeline_line(pp: Mapping[str, Any]) -> str:
+    """The pipeline's stages, schedule, bubble, stage memory and permutes, on one line."""
+    return (f"pipeline: {pp['stages']} stages x {pp['microbatches']} micro-batches, "
+            f"{pp['schedule']}" + (f" x{pp['repeats']}" if pp['repeats'] > 1 else "")
+            + f"; bubble {pp['bubble_formula']:.1%} (formula), "
+            f"{pp['bubble_schedule']:.1%} (schedule); stage memory "
+            + "/".join(bytes_text(m) for m in pp["stage_memory"])
+            + f"; {sum(c['count'] for c in pp['permutes'])} collective permute(s)")
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
+def _lints_line(warnings: list[Lint]) -> str:
+    """``lints: 1 error, 2 warning``: how many of each severity, in order of appearance."""
+    counts: dict[str, int] = {}
+    for w in warnings:
+        counts[w.severity] = counts.get(w.severity, 0) + 1
+    return "lints: " + ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
 def _kept(remat: Any) -> set[str]:
     """Checkpoint names a remat policy saves or offloads."""
     p = resolve_remat(remat)
     return set(p.saved) | set(p.offloaded)
-
-
-def _predicted_columns(report: PlanReport) -> dict[str, Any]:
-    pred = report.predicted
-    if pred is None:
-        return {"step_seconds": None, "mfu": None, "mfu_fp8": None, "bound": None}
-    return {"step_seconds": pred.step_seconds, "mfu": pred.mfu, "mfu_fp8": pred.mfu_fp8,
-            "bound": pred.bound}
-
-
-def _row(r: PlanReport) -> dict[str, Any]:
-    """One plan's row of ``Comparison.COLUMNS`` (and its memory parts)."""
-    return {"name": r.name, "memory_per_device": r.memory["total"], **_predicted_columns(r),
-            "source": r.source, "limit": r.memory.get("limit"), "fits": r.fits,
-            "flops_per_device": r.flops_per_device,
-            "comm_bytes_per_device": r.comm_bytes_per_device,
-            "replicated_compute_factor": r.replicated_compute_factor,
-            "n_warnings": len(r.warnings), "estimate": r.is_estimate,
-            "memory": {k: r.memory.get(k) for k in (*MEMORY_KEYS, "temp")}}
-
-
-class Comparison(Displayable):
-    """Plans side by side (``wb.compare``): ``rows``, ``table()``, ``figure()``."""
-
-    COLUMNS = ("name", "memory_per_device", "limit", "fits", "flops_per_device",
-               "comm_bytes_per_device", "replicated_compute_factor", "step_seconds", "mfu",
-               "mfu_fp8", "bound", "n_warnings", "estimate", "source")
-
-    def __init__(self, plans: list) -> None:
-        self.plans = plans
-
-    @property
-    def rows(self) -> list[dict[str, Any]]:
-        """One dict per plan with the ``COLUMNS``."""
-        return [_row(p.report) for p in self.plans]
-
-    def table(self) -> str:
-        """The comparison as aligned text."""
-        head = (f"{'plan':<14}{'memory/dev':>12}{'fits':>8}{'FLOPs/dev':>13}{'comm/dev':>12}"
-                f"{'compute x':>11}{'step (pred.)':>14}{'MFU':>7}{'lints':>7}  source")
-        lines = [head]
-        for r in self.rows:
-            fits = {True: "yes", False: "NO", None: "?"}[r["fits"]]
-            lines.append(f"{r['name']:<14}{_bytes(r['memory_per_device']):>12}{fits:>8}"
-                         f"{_flops(r['flops_per_device']):>13}"
-                         f"{_bytes(r['comm_bytes_per_device']):>12}"
-                         f"{r['replicated_compute_factor']:>11.3g}"
-                         f"{_ms(r['step_seconds']):>14}{_pct(r['mfu']):>7}{r['n_warnings']:>7}"
-                         f"  {r['source']}" + (f" (MFU {_pct(r['mfu_fp8'])} of the fp8 peak)"
-                                               if r["mfu_fp8"] is not None else ""))
-        return "\n".join(lines)
-
-    __str__ = table
-
-    def __repr__(self) -> str:
-        return self.table()
-
-    def figure(self) -> Any:
-        """A plotly figure: memory per device (stacked, limit line), FLOPs and bytes per device."""
-        return view(self, "figure")(self)
-
-
