@@ -15,7 +15,7 @@ import workbench as wb
 from workbench import _runs as runs
 from workbench.models import GPT, GPTConfig
 from workbench.models._config import AUTO_DTYPES, resolve_dtype
-from workbench.hf._families import to_gpt_config
+from workbench._hf_format.families import to_gpt_config
 from workbench.perf import _analytic as analytic
 from workbench.planning._report import PlanReport
 from workbench._sharding.rules import Rules

@@ -17,8 +17,8 @@ import pytest
 import workbench as wb
 from tests._hf_models import FAMILIES, PROMPT, make_model, reference, save
 from tests._tolerance import assert_close_at_scale
-from workbench.hf._families import HFConfigError
-from workbench.hf._tensors import CheckpointError
+from workbench._hf_format.families import HFConfigError
+from workbench._hf_format.tensors import CheckpointError
 
 pytest.importorskip("transformers", reason="the test extra installs transformers + torch (CPU)")
 
@@ -87,7 +87,7 @@ def test_scanned_layers_and_other_layouts_equal_transformers(hf, family, axes, r
 def test_each_device_reads_only_its_block(hf, monkeypatch):
     """Every parameter is read once in total (its devices' distinct blocks), never whole
     per device, and each device holds exactly its slice of the HF tensor."""
-    from workbench.hf import _tensors as hf_tensors
+    from workbench._hf_format import tensors as hf_tensors
 
     folder, _, _ = hf["llama"]
     read: dict[str, int] = {}

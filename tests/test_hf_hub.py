@@ -147,7 +147,7 @@ def test_a_repo_without_safetensors(cache, folders, tmp_path):
     shutil.copy(folders[A] / "config.json", bins)
     (bins / "pytorch_model.bin").write_bytes(b"\0" * 16)
     hub_cache(cache, "tiny-org/bin-only", {A: bins}, {"main": A})
-    from workbench.hf._tensors import CheckpointError
+    from workbench._hf_format.tensors import CheckpointError
     with pytest.raises(CheckpointError, match=r"path='tiny-org/bin-only' \(commit a+\) has no "
                        r"safetensors weights.*safe_serialization=True"):
         wb.hf.from_hf("tiny-org/bin-only")
@@ -307,7 +307,7 @@ def _replace_blob(cache, commit, name, text):
 
 
 def test_malformed_files_in_a_snapshot(cache):
-    from workbench.hf._families import HFConfigError
+    from workbench._hf_format.families import HFConfigError
 
     _replace_blob(cache, A, "tokenizer_config.json", "{not json")
     with pytest.raises(ValueError, match=r"tokenizer_config.json is not readable JSON"):

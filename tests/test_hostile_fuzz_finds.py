@@ -10,7 +10,7 @@ import pytest
 
 import workbench as wb
 from workbench import runs
-from workbench.hf._families import ModelFolderNotFound
+from workbench._hf_format.families import ModelFolderNotFound
 
 
 def _directory(path):

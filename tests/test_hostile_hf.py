@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench.hf._load import CheckpointError, HFConfigError
+from workbench.hf import CheckpointError, HFConfigError
 
 CFG = wb.models.GPTConfig.preset("tiny").replace(n_layers=1, vocab_size=128)
 

@@ -261,23 +261,51 @@ def test_the_packages_form_no_circle():
     """The graph of packages (each subpackage and top-level module of ``workbench/`` one
     node) has no circle, every way a module can reach another counted: lazy imports,
     ``import_module`` and module paths in strings. Views register with the display hook
-    from ``widgets``; ``train`` reads Hugging Face folders through the module the root
-    names (``workbench._hf_reader``), so no arrow runs back up."""
+    from ``widgets``; ``train`` reads Hugging Face folders through ``_hf_format``, below
+    it and below ``hf``, so no arrow runs back up."""
     edges = _workbench_edges()
-    assert {"widgets", "hf", "train", "_display", "_hub"} <= set(edges) | {
+    assert {"widgets", "hf", "train", "_display", "_hub", "_hf_format"} <= set(edges) | {
         d for e in edges.values() for d in e}
     assert "train" in edges["hf"] and "_hub" in edges["data"]   # hf/export_run restores runs
+    assert "_hf_format" in edges["train"] and "_hf_format" in edges["hf"]
     assert _circle(edges) is None, f"package circle: {_circle(edges)}"
 
 
-@pytest.mark.parametrize("lower, upper", [
-    ("_display", "widgets"), ("hardware", "widgets"), ("planning", "widgets"),
-    ("train", "hf"), ("data", "hf"), ("models", "hf"), ("models", "any_model"),
-    ("_hub", "hf"), ("_hf_reader", "hf")])
+#: The arrows the layering forbids (docs/architecture.md, "Which way imports go"):
+#: (lower, upper) means the lower package never imports the upper one.
+BACK_UP = [("_display", "widgets"), ("hardware", "widgets"), ("planning", "widgets"),
+           ("train", "hf"), ("data", "hf"), ("models", "hf"), ("models", "any_model"),
+           ("_hub", "hf"), ("_hf_format", "hf"), ("_hf_format", "train"),
+           ("_hf_format", "planning"), ("models", "_hf_format"), ("_hub", "_hf_format")]
+
+
+@pytest.mark.parametrize("lower, upper", BACK_UP)
 def test_no_arrow_runs_back_up(lower, upper):
-    """The arrows the layering forbids (docs/architecture.md, "Which way imports go")."""
     edges = _workbench_edges()
     assert upper not in edges.get(lower, {}), edges[lower][upper]
+
+
+def test_an_arrow_back_up_is_found_in_the_real_tree(tmp_path):
+    """The check can fail: the package's own sources, copied, with one lazy import of
+    ``workbench.hf`` added to ``train/_config.py`` (where ``TrainConfig.check`` reads the
+    ``init`` folder), give the arrow ``train -> hf`` and the circle it closes, which the
+    copy as it was has not."""
+    copy = tmp_path / "workbench"
+    for path in PACKAGE.rglob("*.py"):
+        if "__pycache__" not in path.parts:
+            (copy / path.relative_to(PACKAGE)).parent.mkdir(parents=True, exist_ok=True)
+            (copy / path.relative_to(PACKAGE)).write_text(path.read_text())
+    before = package_edges(copy)
+    assert "hf" not in before["train"] and "_hf_format" in before["train"]
+    assert _circle(before) is None
+    config = copy / "train" / "_config.py"
+    lines = config.read_text().splitlines()
+    config.write_text("\n".join(lines + ["", "", "def _read_init(path):",
+                                          "    from workbench.hf import _load",
+                                          "    return _load"]) + "\n")
+    edges = package_edges(copy)
+    assert edges["train"]["hf"] == f"workbench/train/_config.py:{len(lines) + 4}"
+    assert _circle(edges) is not None and "hf" in _circle(edges)
 
 
 def _tree(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:

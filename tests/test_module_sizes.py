@@ -38,7 +38,13 @@ MOVED = [
     ("workbench._generate", "check_memory", "workbench._generate_checks"),
     ("workbench.hf._save", "check_replaceable", "workbench.hf._export_folder"),
     ("workbench.hf._save", "check_writable", "workbench.hf._export_folder"),
-    ("workbench.hf._families", "from_gpt_config", "workbench.hf._export_config"),
+    ("workbench._hf_format.families", "from_gpt_config", "workbench.hf._export_config"),
+    ("workbench.hf._load", "load_params", "workbench._hf_format.load"),
+    ("workbench.hf._load", "check_weights", "workbench._hf_format.load"),
+    ("workbench.hf._load", "HFSource", "workbench._hf_format.load"),
+    ("workbench.hf._load", "hf_config", "workbench._hf_format.config"),
+    ("workbench.hf._load", "check_matches", "workbench._hf_format.config"),
+    ("workbench.hf._save", "check_tokenizer", "workbench._hf_format.vocab"),
     ("workbench.perf._host", "walk", "workbench.perf._host_link"),
     ("workbench.train._profile", "HostLoad", "workbench.train._host_load"),
     ("workbench.data._tokenizer", "folder_config", "workbench.data._tokenizer_folder"),
@@ -53,10 +59,11 @@ MODULES = [
     "models/_config.py", "models/_lora_spec.py", "models/_dtypes.py", "perf/_trace.py",
     "perf/_trace_events.py", "perf/_shared_cores.py", "_generate.py", "_generate_checks.py",
     "hardware/_catalogue.py", "_tail.py", "hf/_save.py", "hf/_export_folder.py",
-    "hf/_families.py", "hf/_export_config.py", "perf/_host.py", "perf/_host_link.py",
+    "_hf_format/families.py", "hf/_export_config.py", "perf/_host.py", "perf/_host_link.py",
     "train/_profile.py", "train/_host_load.py", "data/_tokenizer.py",
     "data/_tokenizer_folder.py", "data/_chat.py", "data/_chat_env.py",
     "_sharding/mesh.py", "_sharding/rules.py", "_search/space.py",
+    "hf/_load.py", "_hf_format/load.py", "_hf_format/config.py", "train/_config.py",
 ]
 
 #: Functions the round brought within MAX_FUNCTION lines: (module path, name).
@@ -68,7 +75,7 @@ SHORTENED = [
     ("exercises/_pipeline.py", "stage_block_bytes"), ("exercises/_memory.py", "adam_state_bytes"),
     ("_search/space.py", "check"), ("_search/space.py", "candidates"),
     ("data/_files.py", "read_unit"), ("perf/_calibrate.py", "_fit_alpha_beta"),
-    ("hf/_families.py", "to_gpt_config"), ("hf/_export_config.py", "from_gpt_config"),
+    ("_hf_format/families.py", "to_gpt_config"), ("hf/_export_config.py", "from_gpt_config"),
     ("_runs.py", "read_run"), ("models/_config.py", "__post_init__"),
 ]
 

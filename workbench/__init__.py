@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from workbench import _display, _hf_reader
+from workbench import _display
 
 __version__ = "0.1.0"
 
@@ -68,11 +68,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 
 __all__ = sorted(_EXPORTS)
 
-# The root sits above every package: the one place that tells the layers below what is
-# above them: where the views are (workbench.widgets registers them when first imported,
-# in a notebook) and what reads TrainConfig.init's Hugging Face folder.
+# The root sits above every package: the one place that tells the layers below where the
+# views are (workbench.widgets registers them when first imported, in a notebook).
 _display.views_from("workbench.widgets")
-_hf_reader.read_with("workbench.hf._load")
 
 
 def __getattr__(name: str) -> Any:

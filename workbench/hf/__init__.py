@@ -10,22 +10,23 @@ Usage::
     wb.hf.to_hf(model, "exported/")
     wb.hf.export_run("runs/ft", "exported-ft/", step=200)   # a run's checkpoint
 
-One module per concern, each importing only those before it:
+One module per concern:
 
-- :mod:`workbench.hf._families`: ``config.json`` <-> ``GPTConfig``, per family;
-- :mod:`workbench.hf._tensors`: which HF tensors make each parameter, read slice by slice;
+- :mod:`workbench.hf._load`: ``from_hf``, the folder read into a sharded model;
+- :mod:`workbench.hf._export_config`: ``GPTConfig`` -> ``config.json``, per family;
+- :mod:`workbench.hf._export_folder`: the folder ``to_hf`` writes, and what it may replace;
 - :mod:`workbench.hf._save`: ``to_hf``, the folder written tensor by tensor;
-- :mod:`workbench.hf._load`: ``from_hf`` / ``hf_config`` / ``load_params``, the folder read
-  into a sharded model;
 - :mod:`workbench.hf._export`: ``export_run``, a run's checkpoint restored, then ``to_hf``;
 - :mod:`workbench.hf._peft`: a LoRA model's adapters in PEFT's layout (``to_peft``), merged
   weights for ``to_hf``, and ``export_run`` of a LoRA run.
 
 The package sits above ``workbench.models``, ``workbench._step``, ``data``, ``planning``
 and ``train`` (``export_run`` restores a run's checkpoint); nothing below imports it, not
-even inside a function. A Hub id resolves to a snapshot folder in ``workbench._hub``,
-below it; the Trainer's ``init=`` and ``TrainConfig.check`` read a folder through
-:mod:`workbench.hf._load`, which the root package names to them (``workbench._hf_reader``).
+even inside a function. The format it reads and writes sits below ``train``, in the private
+package ``workbench._hf_format`` (``config.json`` <-> ``GPTConfig`` per family, which HF
+tensors make each parameter, sliced safetensors reads, ``hf_config`` and ``load_params``):
+the Trainer's ``init=`` and ``TrainConfig.check`` read a folder through it, and a Hub id
+resolves to a snapshot folder in ``workbench._hub``, below both.
 
 Every name is resolved on first use (PEP 562): importing ``workbench.hf`` imports neither
 JAX nor safetensors.
@@ -38,11 +39,13 @@ from typing import Any
 __all__ = ["CheckpointError", "HFConfigError", "HFSource", "HubError", "export_run", "from_hf",
            "hf_config", "to_hf", "to_peft"]
 
-#: public name -> the (private) module of this package that defines it (or its full path).
-_WHERE = {"CheckpointError": "_tensors", "HFConfigError": "_families", "HFSource": "_load",
-          "HubError": "workbench._hub",
-          "export_run": "_export", "from_hf": "_load", "hf_config": "_load", "to_hf": "_save",
-          "to_peft": "_peft"}
+#: public name -> the module that defines it: one of this package (by its name here) or
+#: below it (by its full path).
+_WHERE = {"CheckpointError": "workbench._hf_format.tensors",
+          "HFConfigError": "workbench._hf_format.families",
+          "HFSource": "workbench._hf_format.load", "HubError": "workbench._hub",
+          "export_run": "_export", "from_hf": "_load",
+          "hf_config": "workbench._hf_format.config", "to_hf": "_save", "to_peft": "_peft"}
 
 
 def __getattr__(name: str) -> Any:

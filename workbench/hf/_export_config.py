@@ -1,11 +1,12 @@
 """``GPTConfig`` -> Hugging Face ``config.json``: the family a config belongs to, the check
-that it fits one, the dtype written, and the config itself (the way in is ``_families``)."""
+that it fits one, the dtype written, and the config itself (the way in is
+``workbench._hf_format.families``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from workbench.hf._families import (
+from workbench._hf_format.families import (
     FAMILIES,
     HARMLESS,
     LLAMA3_ROPE,

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workbench.hf._tensors import INDEX
+from workbench._hf_format.tensors import INDEX
 
 #: Files of a model folder copied along with the weights when present.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

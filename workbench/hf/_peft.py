@@ -268,7 +268,7 @@ def _base_params(config: dict[str, Any], init: dict[str, Any], adapters: Any) ->
 
         return jax.jit(init_base, out_shardings=shardings)(jax.random.key(tc.seed))
     from workbench._hub import MODEL_FILES, is_hub_id, resolve
-    from workbench.hf._load import load_params
+    from workbench._hf_format.load import load_params
 
     hub = None
     folder = init.get("path") or tc.init

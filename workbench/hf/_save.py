@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from workbench._hf_format.families import read_config
+from workbench._hf_format.tensors import INDEX, SINGLE, Mapping_, mappings
+from workbench._hf_format.vocab import check_tokenizer
 from workbench._validate import check_bool, check_path
 from workbench.hf._export_config import check_family, export_dtype, from_gpt_config
 from workbench.hf._export_folder import (
@@ -32,15 +35,11 @@ from workbench.hf._export_folder import (
     exists_error,
     replace_folder,
 )
-from workbench.hf._families import read_config
-from workbench.hf._tensors import INDEX, SINGLE, Mapping_, mappings
 from workbench.models._config import GPTConfig
 
 __all__ = ["to_hf"]
 
 DEFAULT_SHARD_BYTES = 2 << 30
-_NOT_TOKENIZERS = ("tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "generation_config.json", "config.json")
 
 
 def _host_block(arr: Any, stack_idx: tuple[int, ...]) -> np.ndarray:
@@ -248,44 +247,6 @@ def _weights_of(obj: Any, config: GPTConfig | None, base: Path | None
 
         params, cfg = merge_params(params, cfg.lora), cfg.replace(lora=None)
     return params, cfg, base
-
-
-def tokenizer_vocab(file: Path) -> int | None:
-    """How many token ids a ``tokenizer.json`` / SentencePiece ``.model`` file has (None
-    for other files)."""
-    try:
-        if file.suffix == ".json" and file.name not in _NOT_TOKENIZERS:
-            from tokenizers import Tokenizer
-
-            return int(Tokenizer.from_file(str(file)).get_vocab_size(with_added_tokens=True))
-        if file.suffix == ".model":
-            import sentencepiece as spm
-
-            return int(spm.SentencePieceProcessor(model_file=str(file)).GetPieceSize())
-    except Exception as e:   # the Rust / C++ sides raise plain exceptions
-        raise ValueError(f"{file} is not a readable tokenizer ({e}); give the model's own "
-                         "tokenizer.json (or its folder)") from None
-    return None
-
-
-def check_tokenizer(files: list[Path], vocab_size: int, *, where: str,
-                    fix: str = "use the tokenizer the model was trained with",
-                    unreadable_ok: bool = False) -> None:
-    """Raises if a tokenizer among ``files`` has more token ids than the model's vocab
-    (ids past the embedding table; a tokenizer of another model), or cannot be read
-    (unless ``unreadable_ok``)."""
-    for f in files:
-        try:
-            n = tokenizer_vocab(f)
-        except ValueError:
-            if unreadable_ok:
-                continue
-            raise
-        if n is not None and n > vocab_size:
-            raise ValueError(
-                f"{where}: the tokenizer {f} has {n} token ids but the model's vocab_size is "
-                f"{vocab_size}; ids from {vocab_size} up would index past the embedding "
-                f"table: {fix}")
 
 
 def _tokenizer_files(src: str | os.PathLike[str] | None) -> list[Path]:

@@ -1,4 +1,11 @@
-"""TrainConfig: the frozen, JSON-round-trippable description of one training experiment."""
+"""TrainConfig: the frozen, JSON-round-trippable description of one training experiment.
+
+One record, one file: the fields and what each means (the class docstring, a sixth of
+the file), the checks made when a config is made (each value, then what the fields say of
+each other), ``check`` of the files it names, and its JSON form (``to_dict``,
+``from_dict``, ``hash``, ``diff``). Each check reads several fields and sets their one
+form on the frozen record; moved apart, the record and its rules would be read in two
+places."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +16,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from workbench._hf_format.config import check_matches
+from workbench._hub import CONFIG_FILES, resolve
 from workbench._validate import check_int, check_path, check_revision, check_steps, is_hub_id
 from workbench.data._corpus import TextData, corpus_files
 from workbench.data._dataset import Dataset
@@ -288,16 +297,11 @@ class TrainConfig:
             matches no file, or a ``TextData`` folder is missing or holds none.
         """
         if self.init is not None and is_hub_id(self.init):
-            from workbench._hf_reader import reader   # safetensors: only when used
-            from workbench._hub import CONFIG_FILES, resolve
-
             hub = resolve(self.init, revision=self.init_revision, files=CONFIG_FILES,
                           where="TrainConfig", arg="init")
-            reader().check_matches(hub.path, self.model_config())
+            check_matches(hub.path, self.model_config())
         elif self.init is not None and os.path.exists(self.init):
-            from workbench._hf_reader import reader
-
-            reader().check_matches(self.init, self.model_config())
+            check_matches(self.init, self.model_config())
         if isinstance(self.data, Dataset):
             for patterns in (self.data.files, self.data.eval_files):
                 if patterns:

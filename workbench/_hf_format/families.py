@@ -1,6 +1,6 @@
 """Hugging Face ``config.json`` -> ``GPTConfig`` for the Llama, Mistral, Qwen2, Qwen3,
 Mixtral, Qwen2-MoE and Qwen3-MoE families (fields that change the math are mapped or
-refused by name; nothing is guessed). The way out is ``_export_config``."""
+refused by name; nothing is guessed). The way out is ``workbench.hf._export_config``."""
 from __future__ import annotations
 
 import json
