@@ -90,6 +90,7 @@ print(json.dumps({"hf": sorted(m for m in sys.modules if m.split(".")[:2] == ["w
 """
 
 
+@pytest.mark.slow
 def test_a_trainer_starts_from_a_folder_without_importing_hf(tmp_path):
     """``train`` sits below ``hf`` (``export_run`` restores runs) and reads ``init=``'s folder
     through ``workbench._hf_format``: a Trainer started from a Hugging Face folder in a fresh
