@@ -15,7 +15,8 @@ import pytest
 
 CORE = ["workbench", "workbench.hardware", "workbench._sharding.mesh", "workbench._sharding.layouts",
         "workbench._sharding.rules", "workbench._sharding.placement", "workbench._sharding.pytrees",
-        "workbench._sharding.topology", "workbench._search.search", "workbench.models", "workbench.hf._load", "workbench.hf._export", "workbench._flops",
+        "workbench._sharding.topology", "workbench._search.search", "workbench.models", "workbench.hf._load", "workbench._hf_format.load",
+        "workbench.hf._export", "workbench._flops",
         "workbench._step", "workbench.perf", "workbench.planning", "workbench._runs",
         "workbench.train", "workbench.data", "workbench.jobs"]
 BLOCK = """
