@@ -177,7 +177,7 @@ def test_two_process_mesh_is_predictable():
     2 (n - 1) ring steps of the table's per-message latency and 2 (n - 1) / n of the bytes."""
     from workbench._sharding.mesh import MeshInfo
     from workbench._compiled.hlo import Collective
-    from workbench.perf._predict import collective_seconds
+    from workbench.perf._collective_time import collective_seconds
 
     jax.devices()
     info = MeshInfo(axis_names=("data",), axis_sizes=(8,), device_ids=np.arange(8),

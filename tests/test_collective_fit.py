@@ -14,7 +14,7 @@ import workbench as wb
 from workbench.hardware import HardwareSpec
 from workbench.perf import fit_collectives
 from workbench._compiled.hlo import Collective
-from workbench.perf._predict import _calibrated, collective_seconds, ring_steps
+from workbench.perf._collective_time import _calibrated, collective_seconds, ring_steps
 from workbench.perf._profile import ProfileReport, Term
 from workbench.perf._trace import StepProfile
 

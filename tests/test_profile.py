@@ -643,7 +643,7 @@ def test_cpu_collectives_pay_a_latency_per_array_and_group_hand_count():
     entry one per ring step. Calibration fits to these latencies."""
     from workbench.hardware import HardwareSpec
     from workbench._compiled.hlo import Collective
-    from workbench.perf._predict import collective_seconds
+    from workbench.perf._collective_time import collective_seconds
 
     spec = HardwareSpec(name="CPU (test)", peak_flops=1e11, memory_bytes=0, source="test",
                         platform="cpu", chips_per_host=8, hbm_bandwidth=1e10,

@@ -17,7 +17,7 @@ import workbench as wb
 from workbench.hardware import Calibration, effective_spec, hardware_spec
 from workbench.perf import StepCost, predict, predict_plan
 from workbench.perf._band import Band
-from workbench.perf._predict import Prediction
+from workbench.perf._prediction import Prediction
 from workbench.planning import PlanReport
 from workbench.planning._report import with_prediction
 from workbench._sharding.mesh import mesh_info

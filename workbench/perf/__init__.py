@@ -25,7 +25,9 @@ from workbench.perf._bounds import MFU_CEILING, implausible
 from workbench.perf._calibrate import fit_collectives
 from workbench._compiled.hlo import Collective, parse_collectives
 from workbench.perf._cost import StepCost
-from workbench.perf._predict import CollectiveTime, Prediction, collective_seconds, predict
+from workbench.perf._collective_time import CollectiveTime, collective_seconds
+from workbench.perf._predict import predict
+from workbench.perf._prediction import Prediction
 from workbench.perf._predict_plan import predict_plan
 from workbench.perf._profile import ProfileReport, Term, profile_report
 from workbench.perf._trace import StepProfile, read_trace, trace_files

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from workbench.hardware._calibration import Calibration
-from workbench.perf._predict import ALPHA_BETA
+from workbench.perf._collective_time import ALPHA_BETA
 from workbench.perf._residuals import residuals
 from workbench._validate import check_bool
 

@@ -20,7 +20,8 @@ from workbench.perf._efficiency import StepNumbers, efficient_local
 from workbench.perf._host import HostTime, host_seconds
 from workbench.perf._bounds import implausible
 from workbench.perf._cost import StepCost
-from workbench.perf._predict import Prediction, compute_seconds_at_peak, predict
+from workbench.perf._predict import compute_seconds_at_peak, predict
+from workbench.perf._prediction import Prediction
 from workbench.perf._refit import FIT_SET, refit_factor
 
 __all__ = ["UNDERCOUNT", "predict_plan", "step_numbers"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from workbench.perf._predict import CollectiveTime, _calibrated, _local_seconds, _overlap
+from workbench.perf._collective_time import CollectiveTime, _calibrated
+from workbench.perf._predict import _local_seconds, _overlap
 
 __all__ = ["calibrated_step", "residuals"]
 

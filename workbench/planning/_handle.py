@@ -17,7 +17,7 @@ import optax
 from workbench._display import Displayable
 from workbench._sharding.layouts import format_bytes
 from workbench.hardware import EffectiveSpec, effective_spec
-from workbench.perf._predict import Prediction
+from workbench.perf._prediction import Prediction
 from workbench.perf._predict_plan import predict_plan
 from workbench.planning._background import Live
 from workbench.planning._compile import StoredExecutable

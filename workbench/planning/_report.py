@@ -28,7 +28,7 @@ from workbench._compiled.hlo import Collective
 from workbench.perf._host import HostTraffic
 from workbench.planning._compiled_numbers import CompiledNumbers
 from workbench.planning._lints import Lint
-from workbench.perf._predict import Prediction
+from workbench.perf._prediction import Prediction
 from workbench.perf._predict_plan import predict_plan
 from workbench.planning._serialise import report_fields, report_to_json
 from workbench._sharding.rules import Rules

@@ -17,7 +17,7 @@ from workbench._sharding.layouts import Layout
 from workbench._sharding.mesh import MeshInfo
 from workbench.models import GPTConfig
 from workbench._compiled.hlo import Collective
-from workbench.perf._predict import Prediction
+from workbench.perf._prediction import Prediction
 from workbench.planning._lints import Lint
 from workbench._sharding.rules import Rules
 
