@@ -15,10 +15,11 @@
   ``trackers=["tensorboard", "wandb", "mlflow"]`` (W&B offline, MLflow on a SQLite file, in
   the benchmark's temporary folder) and without, in one process: each rep runs the bare
   loop, a window of each Trainer (in a turned order), and the bare loop again. Each window
-  is a ``run()`` call, so it includes starting and closing the tracker runs in their
-  thread, which sends every ``TRACKER_FLUSH_SECONDS`` (1 s, not the default 10 s: each
-  window holds sends, as a long run's do); beside it, the CPU seconds per step of the call
-  (this process and W&B's service), wherever the trackers' work lands.
+  is a ``run()`` call of a Trainer whose tracker runs started in its warm-up call and stay
+  open (as they do for a Trainer); their thread sends every ``TRACKER_FLUSH_SECONDS`` (1 s,
+  not the default 10 s: each window holds sends, as a long run's do) and after each call;
+  beside it, the CPU seconds per step of the call (this process and W&B's service),
+  wherever the trackers' work lands.
 - Restart ÷ cold start: seconds from ``Trainer(...)`` to the end of the first step in a
   fresh process: cold = empty caches, new run; restart = same run directory (restores the
   checkpoint) with JAX's persistent compilation cache filled by the cold run.
@@ -62,13 +63,8 @@ class _Bare:
         from workbench.data import ShardedBatches
         from workbench._sharding.mesh import make_mesh
         from workbench._sharding.rules import Rules
-        from workbench._step import (
-            batch_shardings,
-            init_state,
-            jit_train_step,
-            make_train_step,
-            state_shardings,
-        )
+        from workbench._step import init_state, jit_train_step, make_train_step
+        from workbench._train_state import batch_shardings, state_shardings
 
         mesh = make_mesh(dict(cfg.mesh))
         rules = Rules.preset(cfg.rules, mesh)
@@ -184,6 +180,8 @@ def _trackers_overhead(root: Path, *, reps: int = PRECISE_REPS, window: int = PR
             after = bare.time(window)
             for name, t in times.items():
                 ratios[name].append(t / ((before + after) / 2))
+        for tr in trainers.values():
+            tr.close()   # the tracker runs finish (their last sends)
     finally:
         _trackers.FLUSH_SECONDS = flush
         for k, v in saved.items():

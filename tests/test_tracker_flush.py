@@ -107,8 +107,10 @@ def _assert_window(held, times, at, window):
 def test_the_steps_are_sent_every_flush_seconds(monkeypatch, tmp_path):
     monkeypatch.setattr(_trackers, "FLUSH_SECONDS", 0.5)
     watch = Watch(tmp_path / "run" / "tensorboard", delay=0.15)
-    wb.Trainer(_tiny(trackers=["tensorboard"]).replace(steps=30, checkpoint_every=100),
-               tmp_path / "run", progress=None).run(sinks=[watch])
+    trainer = wb.Trainer(_tiny(trackers=["tensorboard"]).replace(steps=30, checkpoint_every=100),
+                         tmp_path / "run", progress=None)
+    trainer.run(sinks=[watch])
+    trainer.close()
     recs = runs.read_metrics(tmp_path / "run")
     times = {r["step"]: r["time"] for r in recs}
     for at, _, held in watch.seen:
@@ -156,7 +158,9 @@ def test_a_checkpoint_or_an_eval_sends_at_once(cfg, monkeypatch, tmp_path, trigg
               "eval": {"checkpoint_every": 100, "eval_every": 3}}[trigger]
     run_cfg = cfg.replace(trackers=["tensorboard"], steps=6, **fields)
     wait = WaitFor(tmp_path / "run" / "tensorboard", at=5, step=3)
-    wb.Trainer(run_cfg, tmp_path / "run", progress=None).run(sinks=[wait])
+    trainer = wb.Trainer(run_cfg, tmp_path / "run", progress=None)
+    trainer.run(sinks=[wait])
+    trainer.close()
     assert wait.held == {1, 2, 3}                # sent after step 3; step 4 waits for a send
     assert sorted(_held(tmp_path / "run" / "tensorboard")) == list(range(1, 7))
 
@@ -170,7 +174,7 @@ def test_update_never_waits_while_a_tracker_hangs(env, monkeypatch, tmp_path):  
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     monkeypatch.setattr(_trackers, "FINISH_SECONDS", 0.2)
     with runs.RunWriter(tmp_path / "run", config={}) as writer:
-        [sink] = _trackers.tracker_sinks(["mlflow"], writer, {}, {}, [])
+        sink = _trackers.open_trackers(["mlflow"], writer, 0)
         try:
             t0 = time.perf_counter()
             for step in range(1, 5001):      # each a step with an eval and a checkpoint
@@ -178,8 +182,10 @@ def test_update_never_waits_while_a_tracker_hangs(env, monkeypatch, tmp_path):  
             took = time.perf_counter() - t0
             assert sink._thread.is_alive()   # still waiting for the server's answer
             assert took < 1.0, took          # microseconds each: no I/O, no queue to fill
+            with pytest.warns(UserWarning, match="tracker 'mlflow' is still starting"):
+                sink.finish("finished")       # the end of a run() call: waits for no send
             with pytest.warns(UserWarning, match="tracker 'mlflow' is still sending"):
-                sink.finish("finished")
+                sink.close()
             with pytest.warns(UserWarning, match="tracker 'mlflow' could not start its run"):
                 sink._thread.join(60)            # the client's timeout ends it
         finally:
@@ -258,7 +264,9 @@ def test_a_sigkill_loses_at_most_the_last_window_and_the_resume_sends_it(
     _assert_window(set(history), times, killed, 2 * flush + SLACK)
     tb_before = _held(tb)
 
-    wb.Trainer(cfg, run_dir, progress=None).run()
+    trainer = wb.Trainer(cfg, run_dir, progress=None)
+    trainer.run()
+    trainer.close()
     assert runs.read_run(run_dir)["trackers"] == ids                # the same tracker runs
     recs = runs.read_metrics(run_dir)
     steps = [r["step"] for r in recs]
@@ -275,15 +283,16 @@ def test_a_sigkill_loses_at_most_the_last_window_and_the_resume_sends_it(
 
 
 def test_calls_within_one_second_keep_every_event_file(tmp_path):
-    """Each call writes a file of its own: two in the same second do not share (truncate) one."""
+    """Each session (a Trainer's) writes a file of its own: two in the same second do not
+    share (truncate) one; the second gets only the steps the first did not have."""
     with runs.RunWriter(tmp_path / "run", config={}) as writer:
         for steps in ((1, 2), (3, 4)):
-            history = runs.read_metrics(tmp_path / "run")
-            [sink] = _trackers.tracker_sinks(["tensorboard"], writer, {}, {}, history)
+            sink = _trackers.open_trackers(["tensorboard"], writer, 0)
             for step in steps:
                 writer.log({"step": step, "loss": step / 8})
                 sink.update({"step": step, "loss": step / 8})
             sink.finish("finished")
+            sink.close()
     assert len(list((tmp_path / "run" / "tensorboard").glob("events.*"))) == 2
     assert _tb_numbers(tmp_path / "run" / "tensorboard")["train/loss"] == {
         1: 0.125, 2: 0.25, 3: 0.375, 4: 0.5}

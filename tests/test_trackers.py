@@ -142,7 +142,9 @@ def trained(cfg, tmp_path_factory, mlflow_db):
     try:
         uri = _offline(tmp_path_factory.mktemp("env"), mp, mlflow_db)
         run_dir = tmp_path_factory.mktemp("trained") / "run"
-        wb.Trainer(cfg, run_dir, progress=None).run()
+        trainer = wb.Trainer(cfg, run_dir, progress=None)
+        trainer.run()
+        trainer.close()   # the tracker runs finish
     finally:
         mp.undo()
     return run_dir, uri
@@ -288,8 +290,10 @@ def test_a_failing_tracker_is_a_warning_and_training_goes_on(env, monkeypatch, t
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     with pytest.warns(UserWarning, match="tracker 'mlflow' could not start its run .*training "
                                          "goes on, and every step is in metrics.jsonl"):
-        result = wb.Trainer(_tiny(trackers=["mlflow", "wandb"]), tmp_path / "run",
-                            progress=None).run()
+        trainer = wb.Trainer(_tiny(trackers=["mlflow", "wandb"]), tmp_path / "run",
+                             progress=None)
+        result = trainer.run()
+        trainer.close()   # the warning comes from the trackers' thread
     assert result.status == "finished"
     assert [r["step"] for r in runs.read_metrics(tmp_path / "run")] == [1, 2, 3]
     ids = runs.read_run(tmp_path / "run")["trackers"]
@@ -309,11 +313,14 @@ def test_a_slow_tracker_never_holds_the_run(env, monkeypatch, tmp_path):
     monkeypatch.setattr(_trackers, "FINISH_SECONDS", 0.5)
     trainer = wb.Trainer(_tiny(trackers=["mlflow"]), tmp_path / "run", progress=None)
     try:
-        with pytest.warns(UserWarning, match="tracker 'mlflow' is still sending 0.5 s after the "
-                                             "run ended; every step is in metrics.jsonl"):
+        with pytest.warns(UserWarning, match="tracker 'mlflow' is still starting its run 0.5 s "
+                                             "after the run\\(\\) call ended"):
             t0 = time.monotonic()
-            result = trainer.run()
+            result = trainer.run()        # waits for a start, at most FINISH_SECONDS
             took = time.monotonic() - t0
+        with pytest.warns(UserWarning, match="tracker 'mlflow' is still sending 0.5 s after the "
+                                             "run was closed; every step is in metrics.jsonl"):
+            trainer.close()
         stuck = [t for t in threading.enumerate() if t.name == "workbench-trackers"]
         assert stuck and stuck[0].is_alive()        # still waiting for the server's answer
         assert result.status == "finished" and took < 20

@@ -21,13 +21,13 @@ Example, a sink of one's own::
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from workbench import _runs as runs
 from workbench._notebook import in_notebook
 from workbench.train._metrics import ProgressLine
-from workbench.train._trackers import tracker_sinks
+from workbench.train._trackers import Trackers
 
 
 @runtime_checkable
@@ -133,17 +133,14 @@ def progress_sink(mode: str | None, target: int, *, panel: Callable[[], Any]) ->
     raise ValueError(f"progress={mode!r}; use 'auto', 'widget', 'line' or None")
 
 
-def run_sinks(writer: runs.RunWriter | None, progress: Any, *, trackers: Sequence[str],
-              stored: Mapping[str, Mapping[str, Any]], history: Sequence[dict[str, Any]]
-              ) -> list[Sink]:
-    """Process 0's sinks (``writer`` is None elsewhere): the run directory, the trackers
-    (continuing the tracker runs ``stored``, ``workbench.train._trackers.stored_records``,
-    with the steps of ``history`` they lack) and how to continue (unless the progress line
-    says it)."""
+def run_sinks(writer: runs.RunWriter | None, progress: Any,
+              trackers: Trackers | None) -> list[Sink]:
+    """Process 0's sinks (``writer`` is None elsewhere): the run directory, the Trainer's
+    trackers (``workbench.train._trackers.open_trackers``, None without) and how to
+    continue (unless the progress line says it)."""
     if writer is None:
         return []
-    out: list[Sink] = [RunSink(writer), *tracker_sinks(
-        trackers, writer, writer.meta["config"], stored, history)]
+    out: list[Sink] = [RunSink(writer), *([trackers] if trackers is not None else [])]
     if not isinstance(progress, ProgressLine):
         out.append(ContinueMessage())
     return out

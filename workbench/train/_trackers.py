@@ -1,15 +1,18 @@
 """Metrics to the trackers researchers already use: TensorBoard, Weights & Biases, MLflow.
 
 ``TrainConfig(trackers=["tensorboard", "wandb", "mlflow"])``. The trackers are one sink of
-the run (``workbench.train._sinks``, :class:`Trackers`) whose ``update`` does no I/O: one
-background thread reads the new steps of ``metrics.jsonl`` and sends them, in one batch per
-tracker, every :data:`FLUSH_SECONDS` (and after an eval or a checkpoint, and at the end),
-through each library's own client (``workbench.train._tracker_clients``: tensorboardX's
-``EventsWriter``, ``wandb.init``'s run, ``mlflow.MlflowClient.log_batch``). So nothing in the
-train step waits on a tracker, and a failing one is a warning, not a failed run: every step
-stays in ``metrics.jsonl``. Sent: the step's numbers (``KEYS``: loss, eval loss, MFU,
-tokens/s, ...) under ``tag`` names, the config, and the plan's summary (``SUMMARY_KEYS`` of
-``run.json``). A resumed run
+the run (``workbench.train._sinks``, :class:`Trackers`) that lives for the Trainer and whose
+``update`` does no I/O: one background thread starts the tracker runs once (importing the
+libraries there), reads the new steps of ``metrics.jsonl`` and sends them, in one batch per
+tracker, every :data:`FLUSH_SECONDS` (and after an eval or a checkpoint, and after each
+``run()`` call, which does not wait for it), through each library's own client
+(``workbench.train._tracker_clients``: tensorboardX's ``EventsWriter``, ``wandb.init``'s run,
+``mlflow.MlflowClient.log_batch``). ``Trainer.close()``, the end of the interpreter (a
+notebook kernel's shutdown) and a newer Trainer of the same run directory send the last
+steps and finish the tracker runs. So nothing in the train step waits on a tracker, and a
+failing one is a warning, not a failed run: every step stays in ``metrics.jsonl``. Sent:
+the step's numbers (``KEYS``: loss, eval loss, MFU, tokens/s, ...) under ``tag`` names, the
+config, and the plan's summary (``SUMMARY_KEYS`` of ``run.json``). A resumed run
 continues the same W&B / MLflow run: its id is kept in ``run.json``'s ``trackers`` (checked
 before anything is written, :func:`stored_records`), and gets the steps of ``metrics.jsonl``
 it lacks (a run killed before its tracker had them: W&B and MLflow say which steps they
@@ -18,8 +21,10 @@ steps of the last :data:`FLUSH_SECONDS`).
 """
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -36,9 +41,10 @@ PACKAGES = {"tensorboard": ("tensorboardX", "pip install tensorboardX"),
             "mlflow": ("mlflow", "pip install mlflow-skinny (or mlflow, with its local "
                                  "database store and UI)")}
 #: Seconds between the trackers' sends (also after a step with an eval or a checkpoint, and
-#: at the end of a ``run()`` call): what a SIGKILL can lose of a tracker's curve.
+#: after a ``run()`` call): what a SIGKILL can lose of a tracker's curve.
 FLUSH_SECONDS = 10.0
-#: Seconds ``finish`` waits for the trackers to send the last steps and close their runs.
+#: Seconds ``Trackers.close`` (and the interpreter's exit) waits for the trackers to send the
+#: last steps and finish their runs.
 FINISH_SECONDS = 60.0
 def check_trackers(value: Any) -> tuple[str, ...]:
     """``TrainConfig.trackers`` checked: a list (or tuple) of :data:`TRACKERS`, each once."""
@@ -133,32 +139,60 @@ def stored_records(run_dir: Path, names: Sequence[str]) -> dict[str, dict[str, A
     return out
 
 
-# ----------------------------------------------------------------------------- clients
 # ----------------------------------------------------------------------------- the sink
-class Trackers:
-    """Every tracker of a run as one run sink, sent to by one background thread.
+#: This process's tracker sessions by run directory: a newer one (a Trainer of the same
+#: directory made again, e.g. by re-running a notebook cell) takes the runs over.
+_OPEN: dict[Path, Trackers] = {}
+#: Every session whose thread is still sending or closing (finished at interpreter exit).
+_LIVE: set[Trackers] = set()
+_LOCK = threading.Lock()   # _OPEN, _LIVE, and each session's writer and records
 
-    ``update`` does no I/O and holds nothing: the thread reads the steps from
-    ``metrics.jsonl`` itself (``runs.MetricsTail``: each step once, as readers of the file
-    have it) and sends what each tracker lacks in one batch, every :data:`FLUSH_SECONDS`,
-    after a step with an eval or a checkpoint, and at ``finish``. It starts the tracker
-    runs first (``record`` keeps their ids) and closes them at ``finish``. A tracker that
-    raises is warned about once and sends nothing more; one still busy
-    :data:`FINISH_SECONDS` after ``finish`` is warned about and left to go on in the
-    background. Training never waits for them and never fails for them.
+
+class Trackers:
+    """Every tracker of a Trainer's run as one run sink, sent to by one background thread.
+
+    Opened at the Trainer's first ``run()`` with trackers (:func:`open_trackers`) and kept
+    for the Trainer: the thread starts the tracker runs once (importing their libraries
+    there) and they stay open across ``run()`` calls. ``update`` does no I/O and holds
+    nothing: the thread reads the steps from ``metrics.jsonl`` itself (``runs.MetricsTail``:
+    each step once, as readers of the file have it) and sends what each tracker lacks in
+    one batch, every :data:`FLUSH_SECONDS`, after a step with an eval or a checkpoint, and
+    after each ``run()`` call (``finish`` asks for that send and returns at once).
+    :meth:`close` sends the last steps and finishes the tracker runs with the last call's
+    status: ``Trainer.close()``, the end of the interpreter (a notebook kernel's shutdown
+    included) and a newer session of the same run directory call it. A tracker that raises
+    is warned about once and sends nothing more; one still busy :data:`FINISH_SECONDS`
+    after ``close`` is warned about and left to go on in the background. Training never
+    waits for them and never fails for them.
     """
 
-    def __init__(self, clients: Sequence[Any], stored: Mapping[str, Mapping[str, Any]],
-                 info: RunInfo, record: Callable[[str, dict[str, Any]], None],
-                 through: int) -> None:
-        self.names = tuple(c.name for c in clients)
+    def __init__(self, names: Sequence[str], info: RunInfo,
+                 stored: Mapping[str, Mapping[str, Any]], through: int) -> None:
+        self.names, self.key = tuple(names), info.run_dir.resolve()
         self._wake = threading.Event()
-        self._stop: str | None = None
+        self._started = threading.Event()   # the tracker runs started (or failed to)
+        self._closing = False
+        self._status = "finished"    # the last run() call's: the tracker runs end with it
         self._busy = self.names[0]   # the tracker the thread is calling
+        self._writer: runs.RunWriter | None = None   # the run() call's, for new run ids
+        self._entries: dict[str, dict[str, Any]] = {}   # the run ids this session recorded
+        with _LOCK:
+            before = _OPEN.get(self.key)
+            _OPEN[self.key] = self
+            _LIVE.add(self)
+        if before is not None:
+            before.close(wait=False)   # its new run ids come to this session (_record)
+        _register_exit()
         self._thread = threading.Thread(
-            target=self._work, args=(list(clients), stored, info, record, through),
+            target=self._work, args=(info, stored, through, before, time.time()),
             name="workbench-trackers", daemon=True)
         self._thread.start()
+
+    def attach(self, writer: runs.RunWriter) -> None:
+        """The ``run()`` call's run writer: the run ids recorded go to its ``run.json``."""
+        with _LOCK:
+            self._writer = writer
+            self._write_entries()
 
     def event(self, kind: str, **fields: Any) -> None:
         """Events stay in ``metrics.jsonl``."""
@@ -169,36 +203,95 @@ class Trackers:
             self._wake.set()
 
     def finish(self, status: str, message: str | None = None) -> None:
-        """Lets the thread send the last steps and close the runs, waiting at most
-        :data:`FINISH_SECONDS`."""
-        self._stop = status
+        """The end of a ``run()`` call: the thread sends its last steps soon, unwaited for.
+        Only tracker runs still starting are waited for (at most :data:`FINISH_SECONDS`):
+        their libraries start threads, which an exiting interpreter refuses, so a script
+        that ends after this call would lose them."""
+        self._status = status
         self._wake.set()
-        self._thread.join(FINISH_SECONDS)
-        if self._thread.is_alive():
-            warnings.warn(f"tracker {self._busy!r} is still sending {FINISH_SECONDS:g} s "
-                          "after the run ended; every step is in metrics.jsonl, and it goes "
-                          "on in the background (until this process exits)", UserWarning,
+        if not self._started.wait(FINISH_SECONDS):
+            warnings.warn(f"tracker {self._busy!r} is still starting its run "
+                          f"{FINISH_SECONDS:g} s after the run() call ended; every step is in "
+                          "metrics.jsonl, and it goes on in the background", UserWarning,
                           stacklevel=2)
 
-    def _work(self, clients: list[Any], stored: Mapping[str, Mapping[str, Any]],
-              info: RunInfo, record: Callable[[str, dict[str, Any]], None],
-              through: int) -> None:
-        started = [c for c in clients if self._call(c, "start its run", lambda c=c: _start(
-            c, stored.get(c.name) or {}, info, record))]
-        sending, tail = list(started), runs.MetricsTail(info.run_dir)
+    def close(self, *, wait: bool = True) -> None:
+        """Sends the last steps and finishes the tracker runs; with ``wait``, waits at most
+        :data:`FINISH_SECONDS` for that (then warns and leaves it to the background)."""
+        self._closing = True
+        self._wake.set()
+        with _LOCK:
+            if _OPEN.get(self.key) is self:
+                del _OPEN[self.key]
+        if wait:
+            self._thread.join(FINISH_SECONDS)
+            if self._thread.is_alive():
+                self._still_busy()
+
+    def _still_busy(self) -> None:
+        warnings.warn(f"tracker {self._busy!r} is still sending {FINISH_SECONDS:g} s after "
+                      "the run was closed; every step is in metrics.jsonl, and it goes on in "
+                      "the background (until this process exits)", UserWarning, stacklevel=3)
+
+    def _record(self, name: str, entry: dict[str, Any]) -> None:
+        """Keeps a new tracker run's id in ``run.json`` (through the newest session of the
+        run directory, whose writer is the current one)."""
+        with _LOCK:
+            target = _OPEN.get(self.key) or self
+            target._entries[name] = entry
+            target._write_entries()
+
+    def _write_entries(self) -> None:
+        """The recorded run ids into the writer's ``run.json`` (called holding ``_LOCK``)."""
+        if self._writer is None:
+            return
+        have = self._writer.meta.get("trackers") or {}
+        if any(have.get(n) != e for n, e in self._entries.items()):
+            self._writer.update(trackers={**have, **self._entries})
+
+    def _work(self, info: RunInfo, stored: Mapping[str, Mapping[str, Any]], through: int,
+              before: Trackers | None, since: float) -> None:
+        try:
+            if before is not None:   # its runs end first: this session continues them
+                before._thread.join()
+                stored = {**_stored_again(info.run_dir, self.names, stored), **self._entries}
+            self._send(info, stored, through, since)
+        finally:
+            self._started.set()
+            with _LOCK:
+                _LIVE.discard(self)
+
+    def _send(self, info: RunInfo, stored: Mapping[str, Mapping[str, Any]], through: int,
+              since: float) -> None:
+        started = [c for c in (SENDERS[n]() for n in self.names)
+                   if self._call(c, "start its run", lambda c=c: self._start(c, stored, info))]
+        _register_exit()   # after the libraries' own exit hooks: this one runs before them
+        self._started.set()
+        sending, tail, first = list(started), runs.MetricsTail(info.run_dir), True
         while True:
-            stop = self._stop   # read before the poll: every step of the call is in the file
+            self._wake.clear()
+            closing = self._closing   # read before the poll: every step written is in the file
             steps, _ = tail.poll()
+            if first:   # the steps readers had before this session: TensorBoard has them
+                through = max([through, *(r["step"] for r in steps if r.get("time", 0) < since)])
+                first = False
             for client in list(sending):
                 todo = steps if client.backfill else [r for r in steps if r["step"] > through]
                 if todo and not self._call(client, "send metrics", lambda: client.log(todo)):
                     sending.remove(client)
-            if stop is not None:
+            if closing:
                 for client in started:
-                    self._call(client, "close its run", lambda: client.close(stop))
+                    self._call(client, "close its run", lambda: client.close(self._status))
                 return
             self._wake.wait(FLUSH_SECONDS)
-            self._wake.clear()
+
+    def _start(self, client: Any, stored: Mapping[str, Mapping[str, Any]],
+               info: RunInfo) -> None:
+        """Starts ``client``'s run; a new run's id goes to ``run.json``."""
+        before = dict(stored.get(client.name) or {})
+        entry = client.start(before, info)
+        if entry is not None and entry != before:
+            self._record(client.name, entry)
 
     def _call(self, client: Any, what: str, fn: Callable[[], Any]) -> bool:
         self._busy = client.name
@@ -213,12 +306,14 @@ class Trackers:
             return False
 
 
-def _start(client: Any, stored: Mapping[str, Any], info: RunInfo,
-           record: Callable[[str, dict[str, Any]], None]) -> None:
-    """Starts ``client``'s run; a new run's id goes to ``run.json``."""
-    entry = client.start(stored, info)
-    if entry is not None and entry != dict(stored):
-        record(client.name, entry)
+def _stored_again(run_dir: Path, names: Sequence[str],
+                  stored: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
+    """``run.json``'s tracker runs read after an older session closed (it may have
+    recorded one since); ``stored`` where the file cannot be read."""
+    try:
+        return {**stored, **stored_records(run_dir, names)}
+    except (OSError, ValueError):
+        return stored
 
 
 def _hint(err: Exception) -> str:
@@ -229,22 +324,37 @@ def _hint(err: Exception) -> str:
     return ""
 
 
-def tracker_sinks(names: Sequence[str], writer: runs.RunWriter, config: dict[str, Any],
-                  stored: Mapping[str, Mapping[str, Any]],
-                  history: Sequence[dict[str, Any]]) -> list[Trackers]:
-    """One :class:`Trackers` sink for ``names`` (none without), continuing the runs
-    ``stored`` (:func:`stored_records`) with the steps of ``metrics.jsonl`` they lack and
-    keeping the ids of new ones in ``writer``'s ``run.json``. ``history`` is what readers of
-    ``metrics.jsonl`` had before this call: TensorBoard, which cannot say what it holds,
-    gets only the steps after it."""
+def _register_exit() -> None:
+    """Puts :func:`_close_all` last among the exit hooks, so it runs first (before W&B's,
+    which its service registers at the first ``wandb.init``)."""
+    atexit.unregister(_close_all)
+    atexit.register(_close_all)
+
+
+def _close_all() -> None:
+    """At interpreter exit: every session sends its last steps and finishes its runs,
+    within :data:`FINISH_SECONDS` in all."""
+    with _LOCK:
+        live = list(_LIVE)
+    for session in live:
+        session.close(wait=False)
+    deadline = time.monotonic() + FINISH_SECONDS
+    for session in live:
+        session._thread.join(max(0.0, deadline - time.monotonic()))
+        if session._thread.is_alive():
+            session._still_busy()
+
+
+def open_trackers(names: Sequence[str], writer: runs.RunWriter,
+                  through: int) -> Trackers | None:
+    """The :class:`Trackers` of ``names`` for a Trainer (None without), continuing the
+    tracker runs ``run.json`` records (:func:`stored_records`) with the steps of
+    ``metrics.jsonl`` they lack, and keeping the ids of new ones in ``writer``'s
+    ``run.json``. TensorBoard, which cannot say what it holds, gets only the steps after
+    ``through`` and after those ``metrics.jsonl`` holds now."""
     if not names:
-        return []
-    lock = threading.Lock()
-
-    def record(name: str, entry: dict[str, Any]) -> None:
-        with lock:
-            writer.update(trackers={**(writer.meta.get("trackers") or {}), name: entry})
-
-    through = max((rec["step"] for rec in history), default=0)
-    info = RunInfo(writer.run_dir, config, writer.meta, FLUSH_SECONDS)
-    return [Trackers([SENDERS[n]() for n in names], stored, info, record, through)]
+        return None
+    info = RunInfo(writer.run_dir, writer.meta["config"], writer.meta, FLUSH_SECONDS)
+    session = Trackers(names, info, stored_records(writer.run_dir, names), through)
+    session.attach(writer)
+    return session
