@@ -1,7 +1,7 @@
 """wb.search's best against the exhaustive exact run (issue 48 item 3): on three small
 cases compiled by the TPU compiler (a dense model, a mixture of experts, a long sequence),
 the default search, which compiles the analytic best ``top_k`` and then the candidates that
-could still beat them (``search._next_batch``), is checked against ``exact="all"``, which
+could still beat them (``ranking.next_batch``), is checked against ``exact="all"``, which
 compiles every candidate that fits by formula: the same best layout at the same compiled
 step time, in fewer compiles. Candidates whose formula prediction is above the MFU ceiling
 are compiled in their turn (they used to be left out of the exact pass altogether), and
@@ -19,7 +19,7 @@ import pytest
 
 import workbench as wb
 from _tpu import tpu
-from workbench._search.search import _Search
+from workbench._search.passes import Search
 from workbench._search.space import SearchOptions
 from workbench.models import GPTConfig
 from workbench.planning._options import PlanOptions
@@ -170,7 +170,7 @@ LONG_7B = [
 ]
 
 
-class _Table(_Search):
+class _Table(Search):
     """A search whose "compiler" reads each candidate's compiled step from a table (None:
     the compiler refuses the step as out of memory)."""
 

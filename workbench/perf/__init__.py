@@ -10,8 +10,9 @@ that against a profile.
 
 Modules: ``hlo`` (collectives, loop trip counts and the TPU compiler's cycle estimates
 read from a compiled program's text), ``predict`` (the roofline of a ``StepCost`` on one
-spec: step time, MFU, the bound), ``predict_plan`` (the one predictor of a plan: a
-``PlanReport``'s numbers as a ``StepCost``, fed to it), ``analytic`` and
+spec: step time, MFU, the bound; ``prediction``: the ``Prediction`` it returns;
+``collective_time``: one collective timed over its links), ``predict_plan`` (the one
+predictor of a plan: a ``PlanReport``'s numbers as a ``StepCost``, fed to it), ``analytic`` and
 ``attention_cost`` (formulas, public as ``formulas``), ``bounds`` (what no prediction may
 beat), ``trace`` (a ``jax.profiler`` trace read into time per category and op),
 ``profile`` (predicted vs measured, term by term), ``calibrate`` (achieved rates fitted
