@@ -121,7 +121,8 @@ def _generation() -> tuple[float, float, str]:
 
     import workbench as wb
     from workbench.models import GPTConfig
-    from workbench._step import abstract_model, param_specs, sharded_init
+    from workbench._step import sharded_init
+    from workbench._train_state import abstract_model, param_specs
 
     cfg = GPTConfig(vocab_size=32000, d_model=512, n_layers=4, n_heads=8, n_kv_heads=4,
                     head_dim=64, d_ff=2048, seq_len=256)

@@ -32,8 +32,8 @@ def _step(cfg: Any, axes: dict[str, int], rules: str) -> Any:
 
     from workbench._sharding.mesh import make_mesh
     from workbench._sharding.rules import Rules
-    from workbench._step import (batch_shardings, init_state, jit_train_step, make_train_step,
-                                state_shardings)
+    from workbench._step import init_state, jit_train_step, make_train_step
+    from workbench._train_state import batch_shardings, state_shardings
 
     n = 1
     for v in axes.values():

@@ -119,9 +119,9 @@ def _kernels() -> dict[str, Any]:
     """The grouped matmuls to compare: (rows (M, K), weights (E, K, N), sizes) -> (M, N)."""
     import jax
     import jax.numpy as jnp
-    from workbench.models import _moe
+    from workbench.models import _moe_grouped
 
-    out = {"megablox": lambda x, w, s: _moe._megablox(x, w, s, interpret=False),
+    out = {"megablox": lambda x, w, s: _moe_grouped._megablox(x, w, s, interpret=False),
            "ragged_dot": lambda x, w, s: jax.lax.ragged_dot(x, w, s)}
     try:   # needs jax >= 0.11.1
         import tokamax

@@ -40,8 +40,8 @@ def run_one(name: str, n_gpus: int, platform: str = "gpu") -> dict:
     from workbench.models import GPTConfig
     from workbench.planning._flags import compile_options
     from workbench._sharding.rules import Rules
-    from workbench._step import (batch_shardings, init_state, jit_train_step,
-                                make_train_step, state_shardings)
+    from workbench._step import init_state, jit_train_step, make_train_step
+    from workbench._train_state import batch_shardings, state_shardings
 
     shape = SHAPES[name] if platform == "gpu" else SMOKE
     cfg = GPTConfig.preset(shape["preset"], remat=shape["remat"], dtype="bfloat16",

@@ -222,7 +222,8 @@ def jax_child(args: argparse.Namespace) -> None:
     import numpy as np
 
     import workbench as wb
-    from workbench._step import abstract_state, jit_train_step, make_train_step
+    from workbench._step import jit_train_step, make_train_step
+    from workbench._train_state import abstract_state
 
     preset, batch, seq = _case(args)
     smoke = args.smoke

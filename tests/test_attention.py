@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import workbench as wb
-from workbench.models import GPTConfig, _attention as A
+from workbench.models import GPTConfig, _attention as A, _attention_choice as choice
 from workbench.perf import _attention_cost as attention_cost
 from workbench._sharding.rules import Rules
 from workbench._step import init_state, make_train_step
@@ -93,13 +93,13 @@ def test_tiny_model_trains_the_same_with_splash():
 
 
 def test_resolve_auto_by_platform():
-    assert A.resolve("auto", "tpu", seq=4096).impl == "splash"
-    assert A.resolve("auto", "gpu", seq=4096).impl == "cudnn"
-    assert A.resolve("auto", "cpu", seq=4096).impl == "xla"
-    r = A.resolve("auto", "tpu", seq=4096, block_sizes=(2048, 2048))
+    assert choice.resolve("auto", "tpu", seq=4096).impl == "splash"
+    assert choice.resolve("auto", "gpu", seq=4096).impl == "cudnn"
+    assert choice.resolve("auto", "cpu", seq=4096).impl == "xla"
+    r = choice.resolve("auto", "tpu", seq=4096, block_sizes=(2048, 2048))
     assert (r.block_q, r.block_kv) == (2048, 2048)
-    assert A.resolve("auto", "tpu", seq=4000).impl == "xla"  # 512 does not divide 4000
-    assert A.resolve("splash", "cpu", seq=256).interpret
+    assert choice.resolve("auto", "tpu", seq=4000).impl == "xla"  # 512 does not divide 4000
+    assert choice.resolve("splash", "cpu", seq=256).interpret
 
 
 @pytest.mark.parametrize("dtype, want", [("float32", "xla"), (jnp.float32, "xla"),
@@ -108,16 +108,16 @@ def test_resolve_auto_by_platform():
 def test_auto_on_gpu_takes_cudnn_only_for_the_dtypes_it_computes(dtype, want):
     """cuDNN's flash kernel takes bfloat16 and float16: a float32 GPU step (dtype="float32"
     given) runs XLA attention under "auto" and is refused under "cudnn", naming the fix."""
-    r = A.resolve("auto", "gpu", seq=2048, head_dim=64, dtype=dtype)
+    r = choice.resolve("auto", "gpu", seq=2048, head_dim=64, dtype=dtype)
     assert r.impl == want
     if want == "xla":
         assert "computes in float32" in r.reason
         with pytest.raises(ValueError, match=r"cudnn'.*float32.*dtype='auto'"):
-            A.check("cudnn", "gpu", seq=2048, head_dim=64, n_heads=4, n_kv_heads=2,
-                    dtype=dtype)
+            choice.check("cudnn", "gpu", seq=2048, head_dim=64, n_heads=4, n_kv_heads=2,
+                         dtype=dtype)
     else:
-        assert A.check("cudnn", "gpu", seq=2048, head_dim=64, n_heads=4, n_kv_heads=2,
-                       dtype=dtype).impl == "cudnn"
+        assert choice.check("cudnn", "gpu", seq=2048, head_dim=64, n_heads=4, n_kv_heads=2,
+                            dtype=dtype).impl == "cudnn"
 
 
 def test_bad_choices_fail_before_compiling():
@@ -125,15 +125,15 @@ def test_bad_choices_fail_before_compiling():
     with pytest.raises(ValueError, match="does not divide the sequence length 256"):
         A.attend(q, k, v, impl="splash", block_sizes=(96, 128))
     with pytest.raises(ValueError, match="Pallas TPU kernel; gpu has none"):
-        A.check("splash", "gpu", seq=256, head_dim=32, n_heads=4, n_kv_heads=2)
+        choice.check("splash", "gpu", seq=256, head_dim=32, n_heads=4, n_kv_heads=2)
     with pytest.raises(ValueError, match="GPUs only"):
         A.attend(q, k, v, impl="cudnn")
     with pytest.raises(ValueError, match="multiples of 128"):
-        A.check("splash", "tpu", seq=256, head_dim=32, n_heads=4, n_kv_heads=2,
-                block_sizes=(64, 128))
+        choice.check("splash", "tpu", seq=256, head_dim=32, n_heads=4, n_kv_heads=2,
+                     block_sizes=(64, 128))
     with pytest.raises(ValueError, match="block_kv=64: the kernel tiles keys"):
-        A.check("splash", "cpu", seq=256, head_dim=32, n_heads=4, n_kv_heads=2,
-                block_sizes=(128, 64))
+        choice.check("splash", "cpu", seq=256, head_dim=32, n_heads=4, n_kv_heads=2,
+                     block_sizes=(128, 64))
     with pytest.raises(ValueError, match="attention='flash'"):
         GPTConfig.preset("tiny", attention="flash")
     with pytest.raises(ValueError, match="two positive ints"):

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import workbench as wb
 import workbench._sharding.mesh  # noqa: F401 - wb._sharding.mesh below
-from workbench import _step as S
+from workbench import _step as S, _train_state as TS
 from workbench.models import GPTConfig
 from workbench.models import _context as C
 from workbench.perf import _attention_cost as attention_cost
@@ -94,9 +94,9 @@ def test_zigzag_reorder_is_the_permutation_and_its_inverse():
 def _train(cfg, mesh, rules, batch, steps=2):
     tx = optax.adamw(1e-2)
     graphdef, state = S.init_state(cfg, tx, rules, mesh, seed=0)
-    shardings = S.state_shardings(cfg, tx, rules, mesh)
+    shardings = TS.state_shardings(cfg, tx, rules, mesh)
     step = S.jit_train_step(S.make_train_step(graphdef, tx, rules=rules, mesh=mesh),
-                            shardings, S.batch_shardings(rules, mesh, example=batch))
+                            shardings, TS.batch_shardings(rules, mesh, example=batch))
     losses = []
     for _ in range(steps):
         state, m = step(state, batch)

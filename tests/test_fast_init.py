@@ -28,7 +28,7 @@ from jax.sharding import AxisType
 
 import workbench as wb
 from workbench import _param_init as param_init
-from workbench import _step
+from workbench import _step, _train_state
 from workbench._sharding.pytrees import path_str
 from workbench._sharding.rules import Rules
 from workbench.models import GPT, GPTConfig
@@ -49,8 +49,8 @@ def _eager(cfg, seed):
 
 def _init(cfg, preset, mesh, seed=0):
     """``(params, abstract params, jaxpr)`` of the Trainer's init for ``preset``."""
-    graphdef, abstract = _step.abstract_state(cfg, optax.adamw(1e-3),
-                                              Rules.preset(preset, mesh), mesh)
+    graphdef, abstract = _train_state.abstract_state(cfg, optax.adamw(1e-3),
+                                                     Rules.preset(preset, mesh), mesh)
     shardings = jax.tree.map(lambda a: a.sharding, abstract)
     f = _step.sharded_init(cfg, optax.adamw(1e-3), shardings)
     key = jax.random.key(seed)
@@ -125,7 +125,7 @@ def test_parameters_off_a_mesh_are_drawn_as_before():
     """A sharding the expansion cannot use (one device, no mesh): jax.random.normal under
     the jit, as before; the values are the same."""
     cfg = CFG.replace(n_layers=1)
-    _, abstract, _ = _step.abstract_model(cfg)
+    _, abstract, _ = _train_state.abstract_model(cfg)
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     shardings = jax.tree.map(lambda _: one, abstract)
     got = _step.sharded_init(cfg, None, shardings)(jax.random.key(5))

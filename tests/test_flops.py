@@ -9,7 +9,8 @@ from jax.sharding import AxisType
 from workbench._flops import dot_flops, gpt_flops, mfu
 from workbench.models import GPT, GPTConfig
 from workbench._sharding.rules import Rules
-from workbench._step import abstract_state, batch_shardings, jit_train_step, make_train_step
+from workbench._step import jit_train_step, make_train_step
+from workbench._train_state import abstract_state, batch_shardings
 
 
 def test_tiny_flops_equal_hand_count():

@@ -52,7 +52,8 @@ def _cfg(name: str) -> wb.models.GPTConfig:
 
 def _sharded(cfg: wb.models.GPTConfig, mesh, rules) -> GPT:
     """``GPT(cfg)`` from ``nnx.Rngs(0)`` with its parameters placed by ``rules``."""
-    from workbench._step import abstract_model, param_specs, sharded_init
+    from workbench._step import sharded_init
+    from workbench._train_state import abstract_model, param_specs
 
     graphdef, abstract, logical = abstract_model(cfg)
     specs = param_specs(abstract, logical, rules)

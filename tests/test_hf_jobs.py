@@ -63,7 +63,7 @@ def test_two_process_run_exports_like_one_process_and_transformers_reads_it(tmp_
     from flax import nnx
 
     from tests.test_hf import RTOL, logits
-    from workbench._step import abstract_model
+    from workbench._train_state import abstract_model
     from workbench.hf._export import restore_params
 
     params, cfg, _ = restore_params(run_dir)                # step 2, onto 8 devices here

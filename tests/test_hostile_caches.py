@@ -16,8 +16,8 @@ from jax.sharding import AxisType, Mesh
 from workbench._cache import CacheWarning
 from workbench._sharding.mesh import mesh_info
 from workbench._sharding.rules import Rules
-from workbench._step import (abstract_batch, abstract_train_state, jit_train_step,
-                             make_train_step, model_factory)
+from workbench._step import jit_train_step, make_train_step
+from workbench._train_state import abstract_batch, abstract_train_state, model_factory
 from workbench.models import GPTConfig
 from workbench.planning import _compile, _plan_record
 

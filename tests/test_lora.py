@@ -22,7 +22,8 @@ import workbench as wb
 import workbench._step  # noqa: F401 - wb._step below
 from workbench.models import GPT, GPTConfig
 from workbench.models._lora import LoRA, merge_params, split_params
-from workbench._step import opt_state_params, path_str
+from workbench._train_state import opt_state_params
+from workbench._sharding.pytrees import path_str
 from workbench.train._setup import RunConfigMismatch
 from tests._tolerance import assert_close_at_scale
 

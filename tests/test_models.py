@@ -11,7 +11,7 @@ from jax.sharding import AxisType, NamedSharding
 from workbench.any_model import MLPClassifier
 from workbench.models import GPT, PRESETS, GPTConfig
 from workbench._sharding.rules import Rules
-from workbench._step import abstract_model, param_specs
+from workbench._train_state import abstract_model, param_specs
 
 from _tolerance import assert_close_at_scale, assert_trees_close_at_scale
 

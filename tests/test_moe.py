@@ -21,9 +21,9 @@ from flax import nnx
 import workbench as wb
 import workbench._flops  # noqa: F401 - wb._flops below
 from workbench import _runs as runs
-from workbench import _step as S
+from workbench import _step as S, _train_state as TS
 from workbench.models import GPTConfig
-from workbench.models._moe import capacity
+from workbench.models._moe_choice import capacity
 from workbench.perf._analytic_collectives import moe_collectives
 from workbench._sharding.rules import Rules
 
@@ -68,7 +68,7 @@ def test_experts_not_divisible_by_the_expert_axis_fail_before_anything_is_writte
 @pytest.mark.parametrize("name", ["moe-tiny", "moe-small", "qwen1.5-moe-a2.7b"])
 def test_param_counts_match_the_built_model(name):
     cfg = GPTConfig.preset(name, scan_layers=False)   # unrolled: blocks[0] is one block
-    _, params, _ = S.abstract_model(cfg)
+    _, params, _ = TS.abstract_model(cfg)
     assert cfg.n_params == sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     blocks = params["blocks"][0]["mlp"]
     per_expert = sum(math.prod(blocks[w].shape[1:]) for w in ("gate", "up", "down"))
@@ -124,9 +124,9 @@ def _train(cfg, mesh, rules, steps=3):
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
     rules = Rules.preset(rules, mesh) if isinstance(rules, str) else rules
     graphdef, state = S.init_state(cfg, opt, rules, mesh, seed=0)
-    sh = S.state_shardings(cfg, opt, rules, mesh)
+    sh = TS.state_shardings(cfg, opt, rules, mesh)
     step = S.jit_train_step(S.make_train_step(graphdef, opt, rules=rules, mesh=mesh), sh,
-                            S.batch_shardings(rules, mesh))
+                            TS.batch_shardings(rules, mesh))
     out = []
     for _ in range(steps):
         state, m = step(state, batch)
@@ -171,7 +171,7 @@ def test_router_losses_are_in_the_loss(one_device):
     rules = Rules.preset("dp", mesh)
     _, state = S.init_state(cfg, opt, rules, mesh, seed=0)
     tokens = jax.random.randint(jax.random.key(1), (8, cfg.seq_len + 1), 0, cfg.vocab_size)
-    graphdef = S.abstract_model(cfg)[0]
+    graphdef = TS.abstract_model(cfg)[0]
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
     ce = float(jax.jit(lambda p: S.lm_loss(nnx.merge(graphdef, p), batch))(state.params))
     m = one_device[0]

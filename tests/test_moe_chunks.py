@@ -1,6 +1,6 @@
-"""Dropless grouped experts in slices of the group (``moe.expert_chunks`` / ``moe.in_chunks``).
+"""Dropless grouped experts in slices of the group (``_moe_choice.expert_chunks``, ``in_chunks``).
 
-Under remat a group whose ``k*G`` routed rows exceed ``moe.GROUPED_CHUNK_ROWS`` runs the
+Under remat a group whose ``k*G`` routed rows exceed ``GROUPED_CHUNK_ROWS`` runs the
 experts over equal slices of its tokens in a checkpointed scan, so the recomputed layer's
 backward holds one slice's ``(k*G/c, F)`` tensors instead of the whole group's (Mixtral-8x7B
 at MaxText's published 147,456 tokens per chip: 7.9 GiB each; docs/performance.md).
@@ -24,9 +24,9 @@ import optax
 import pytest
 
 import workbench as wb
-from workbench import _step as S
+from workbench import _step as S, _train_state as TS
 from workbench.models import GPTConfig
-from workbench.models import _moe as moe
+from workbench.models import _moe as moe, _moe_choice as moe_choice
 from workbench._sharding.rules import Rules
 
 from _tolerance import assert_trees_close_at_scale
@@ -57,8 +57,8 @@ def _one_step(cfg, axes, rules):
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
     graphdef, state = S.init_state(cfg, opt, rules, mesh, seed=0)
     step = S.jit_train_step(S.make_train_step(graphdef, opt, rules=rules, mesh=mesh),
-                            S.state_shardings(cfg, opt, rules, mesh),
-                            S.batch_shardings(rules, mesh))
+                            TS.state_shardings(cfg, opt, rules, mesh),
+                            TS.batch_shardings(rules, mesh))
     state, metrics = step(state, batch)
     return jax.device_get(metrics), jax.device_get(state.opt_state)
 
@@ -68,20 +68,20 @@ def test_expert_chunks_by_hand():
     the result (a capacity factor, dense experts) or save nothing (remat keeps them)."""
     # MaxText's published Mixtral step: 147,456 tokens per chip, k=2 -> 294,912 rows;
     # 65,536 rows a slice needs >= 5 slices, and 6 is the first divisor of 147,456
-    assert moe.GROUPED_CHUNK_ROWS == 65536
-    assert moe.expert_chunks(MIXTRAL, 36 * 4096) == 6
-    assert moe.expert_chunks(MIXTRAL, 2 * 4096) == 1                 # 16,384 rows: whole
-    assert moe.expert_chunks(MIXTRAL, 32768) == 1                    # 65,536 rows: whole
-    assert moe.expert_chunks(MIXTRAL, 32769) == 3                    # 3 * 3 * 11 * 331
-    assert moe.expert_chunks(MIXTRAL, 32771) == 1                    # a prime: no slices
-    assert moe.expert_chunks(MIXTRAL, 17 * 2053) == 1                # 2 needed, 17 > 8 * 2
-    assert moe.expert_chunks(MIXTRAL, 65536) == 2                    # 131,072 rows
-    assert moe.expert_chunks(MIXTRAL.replace(moe_matmul="dense"), 36 * 4096) == 1
-    assert moe.expert_chunks(MIXTRAL.replace(moe_matmul="dense", capacity_factor=1.25),
+    assert moe_choice.GROUPED_CHUNK_ROWS == 65536
+    assert moe_choice.expert_chunks(MIXTRAL, 36 * 4096) == 6
+    assert moe_choice.expert_chunks(MIXTRAL, 2 * 4096) == 1                 # 16,384 rows: whole
+    assert moe_choice.expert_chunks(MIXTRAL, 32768) == 1                    # 65,536 rows: whole
+    assert moe_choice.expert_chunks(MIXTRAL, 32769) == 3                    # 3 * 3 * 11 * 331
+    assert moe_choice.expert_chunks(MIXTRAL, 32771) == 1                    # a prime: no slices
+    assert moe_choice.expert_chunks(MIXTRAL, 17 * 2053) == 1                # 2 needed, 17 > 8 * 2
+    assert moe_choice.expert_chunks(MIXTRAL, 65536) == 2                    # 131,072 rows
+    assert moe_choice.expert_chunks(MIXTRAL.replace(moe_matmul="dense"), 36 * 4096) == 1
+    assert moe_choice.expert_chunks(MIXTRAL.replace(moe_matmul="dense", capacity_factor=1.25),
                              36 * 4096) == 1
-    assert moe.expert_chunks(MIXTRAL.replace(remat="none"), 36 * 4096) == 1
-    assert moe.expert_chunks(MIXTRAL.replace(remat={"save": ["mlpwi_0"]}), 36 * 4096) == 1
-    assert moe.expert_chunks(MIXTRAL.replace(remat="save_qkv_proj"), 36 * 4096) == 6
+    assert moe_choice.expert_chunks(MIXTRAL.replace(remat="none"), 36 * 4096) == 1
+    assert moe_choice.expert_chunks(MIXTRAL.replace(remat={"save": ["mlpwi_0"]}), 36 * 4096) == 1
+    assert moe_choice.expert_chunks(MIXTRAL.replace(remat="save_qkv_proj"), 36 * 4096) == 6
 
 
 @pytest.mark.parametrize("axes,rules", [({"data": 4}, "fsdp"), ({"expert": 4}, "ep"),
@@ -93,8 +93,8 @@ def test_chunked_step_equals_whole_group(monkeypatch, axes, rules):
     want = _one_step(TINY, axes, rules)
     group = BATCH * TINY.seq_len // math.prod(v for a, v in axes.items() if a == "data") \
         // (axes.get("expert", 1))
-    monkeypatch.setattr(moe, "GROUPED_CHUNK_ROWS", TINY.experts_per_token * group // 4)
-    assert moe.expert_chunks(TINY, group) == 4
+    monkeypatch.setattr(moe_choice, "GROUPED_CHUNK_ROWS", TINY.experts_per_token * group // 4)
+    assert moe_choice.expert_chunks(TINY, group) == 4
     (m, g), (rm, rg) = _one_step(TINY, axes, rules), want
     np.testing.assert_array_equal(m["moe_tokens_per_expert"], rm["moe_tokens_per_expert"])
     assert m["moe_dropped"] == rm["moe_dropped"] == 0
@@ -124,8 +124,8 @@ def test_chunked_group_without_rules(monkeypatch):
         return jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3, 4)))(x, weights, gate, up, down)
 
     want = run()
-    monkeypatch.setattr(moe, "GROUPED_CHUNK_ROWS", 2 * 64 // 8)
-    assert moe.expert_chunks(cfg, 64) == 8
+    monkeypatch.setattr(moe_choice, "GROUPED_CHUNK_ROWS", 2 * 64 // 8)
+    assert moe_choice.expert_chunks(cfg, 64) == 8
     got = run()
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
     assert_trees_close_at_scale(got[1], want[1], rtol=1e-5)

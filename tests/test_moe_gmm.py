@@ -4,7 +4,7 @@ the default on TPU): the dense dropless path's step, on CPU in Pallas' interpret
 Reference: the same train step with ``moe_matmul="dense"`` and ``capacity_factor=None`` on
 the same mesh, rules and batch. Both run the same router and SwiGLU on the same (token,
 expert) pairs; the kernel sums each row's dot products in tiles of up to 1024 terms
-(``moe.GMM_TILE``), the einsum in its own order, and the weight gradient (``tgmm``) sums
+(``grouped.GMM_TILE``), the einsum in its own order, and the weight gradient (``tgmm``) sums
 each expert's rows tile by tile, so the step agrees to float32 reordering: the loss to
 rtol 1e-6 (8 eps of a sum of positive terms), gradients at each tensor's scale to 1e-5
 (tests/_tolerance.py), the routing exactly. A row in the wrong group, a padded row read as
@@ -24,7 +24,7 @@ import pytest
 
 import workbench as wb
 from workbench.models import GPTConfig
-from workbench.models import _moe as moe
+from workbench.models import _moe_choice as moe_choice, _moe_grouped as grouped
 from workbench._sharding.topology import tpu_compiler_available
 
 from _tolerance import assert_close_at_scale
@@ -56,11 +56,12 @@ def test_auto_is_megablox_on_tpu_and_ragged_dot_elsewhere():
     # megablox's blocks are whole lane tiles: widths that are multiples of 128 take it,
     # moe-tiny's 64 (Pallas refuses its blocks) stays on ragged_dot
     wide = TINY.replace(d_model=128, expert_d_ff=256)
-    assert moe.grouped_kernel(wide, "tpu") == "megablox"
-    assert moe.grouped_kernel(TINY, "tpu") == "ragged_dot" and TINY.d_model % 128
-    assert moe.grouped_kernel(TINY, "gpu") == moe.grouped_kernel(TINY, "cpu") == "ragged_dot"
-    assert moe.grouped_kernel(TINY.replace(moe_kernel="ragged_dot"), "tpu") == "ragged_dot"
-    assert moe.grouped_kernel(TINY.replace(moe_kernel="megablox"), "cpu") == "megablox"
+    assert moe_choice.grouped_kernel(wide, "tpu") == "megablox"
+    assert moe_choice.grouped_kernel(TINY, "tpu") == "ragged_dot" and TINY.d_model % 128
+    assert moe_choice.grouped_kernel(TINY, "gpu") == moe_choice.grouped_kernel(TINY, "cpu") \
+        == "ragged_dot"
+    assert moe_choice.grouped_kernel(TINY.replace(moe_kernel="ragged_dot"), "tpu") == "ragged_dot"
+    assert moe_choice.grouped_kernel(TINY.replace(moe_kernel="megablox"), "cpu") == "megablox"
 
 
 @pytest.mark.parametrize("value,error,match", [
@@ -91,7 +92,7 @@ def test_megablox_equals_ragged_dot_and_zeroes_rows_past_the_groups(sizes):
     x = jax.random.normal(jax.random.key(0), (64, 40))
     w = jax.random.normal(jax.random.key(1), (4, 40, 24))
     s = jnp.array(sizes, jnp.int32)
-    mine = lambda a, b: moe._megablox(a, b, s, interpret=True)
+    mine = lambda a, b: grouped._megablox(a, b, s, interpret=True)
     ref = lambda a, b: jax.lax.ragged_dot(a, b, s)
     loss = lambda f: lambda a, b: jnp.sum(jnp.sin(f(a, b)))
     got, want = mine(x, w), ref(x, w)
@@ -177,7 +178,7 @@ def test_published_dropless_mixtral_fits_per_chip():
     training/v5p/Mixtral-8X7B-Maxtext) planned with megablox experts, remat full and the
     loss in 4 slices: the TPU compiler's memory per chip is within the chip's HBM (its own
     limit). libtpu 0.0.50.1: 88.4 GiB of 95 (84.3 GiB temp); with each group's experts
-    whole (moe.expert_chunks at 1) 127.9 GiB, and with the loss whole 105.7 GiB
+    whole (moe_choice.expert_chunks at 1) 127.9 GiB, and with the loss whole 105.7 GiB
     (docs/performance.md)."""
     from benchmarks.bench_moe_plans import PUBLISHED, published_mixtral_plan
 

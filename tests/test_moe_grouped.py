@@ -11,7 +11,7 @@ each tensor's scale to 1e-5, and the routing (an argmax of the same logits) exac
 integer loads per layer and expert, nothing dropped. A broken grouped path (a row sent to
 the wrong expert or peer, a lost assignment, a weight applied twice) moves the loss by far
 more. The exchange under expert parallelism carries ``n*G*min(k, E/n)`` rows per device
-(``moe._group_grouped``), checked in the compiled HLO. The TPU kernel (megablox) and its
+(``_moe_grouped.group_grouped``), checked in the compiled HLO. The TPU kernel (megablox) and its
 TPU plans: test_moe_gmm.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import optax
 import pytest
 
 import workbench as wb
-from workbench import _step as S
+from workbench import _step as S, _train_state as TS
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
 from workbench.perf._analytic_collectives import moe_collectives
@@ -61,7 +61,7 @@ def _one_step(cfg, axes, rules, pipeline=None):
     graphdef, state = S.init_state(cfg, opt, rules, mesh, seed=0)
     step = S.jit_train_step(
         S.make_train_step(graphdef, opt, rules=rules, mesh=mesh, pipeline=pipeline),
-        S.state_shardings(cfg, opt, rules, mesh), S.batch_shardings(rules, mesh))
+        TS.state_shardings(cfg, opt, rules, mesh), TS.batch_shardings(rules, mesh))
     state, metrics = step(state, batch)
     return jax.device_get(metrics), jax.device_get(state.opt_state)
 

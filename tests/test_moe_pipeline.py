@@ -18,8 +18,8 @@ import pytest
 
 import workbench as wb
 from workbench import _runs as runs
-from workbench import _step as S
-from workbench.models import GPTConfig, _moe as moe
+from workbench import _step as S, _train_state as TS
+from workbench.models import GPTConfig, _moe_stats as moe_stats
 from workbench._sharding.rules import Rules
 
 from _tolerance import assert_trees_close_at_scale
@@ -57,7 +57,7 @@ def _one_step(axes, pipeline=None):
     graphdef, state = S.init_state(CFG, opt, rules, mesh, seed=0)
     step = S.jit_train_step(
         S.make_train_step(graphdef, opt, rules=rules, mesh=mesh, pipeline=pipeline),
-        S.state_shardings(CFG, opt, rules, mesh), S.batch_shardings(rules, mesh))
+        TS.state_shardings(CFG, opt, rules, mesh), TS.batch_shardings(rules, mesh))
     state, metrics = step(state, batch)
     return jax.device_get(metrics), jax.device_get(state.opt_state)
 
@@ -71,16 +71,16 @@ def test_merged_microbatch_stats_are_the_whole_batch_stats():
 
     def stats(lg):
         probs = jax.nn.softmax(lg, axis=-1)
-        out = moe.router_stats(lg, probs, jax.lax.top_k(probs, k)[1], e)
-        out["router_loss"] = moe.router_loss(CFG, out["aux_loss"], out["z_loss"])
+        out = moe_stats.router_stats(lg, probs, jax.lax.top_k(probs, k)[1], e)
+        out["router_loss"] = moe_stats.router_loss(CFG, out["aux_loss"], out["z_loss"])
         out["dropped"] = jnp.float32(1.0)
         return out
 
     whole = stats(logits.reshape(-1, 16, e))
     parts = jax.vmap(stats)(logits)
-    merged = moe.merge_microbatches(parts, CFG)
-    assert set(merged) == set(whole) == set(moe.STAT_KEYS)
-    for key in moe.STAT_KEYS:
+    merged = moe_stats.merge_microbatches(parts, CFG)
+    assert set(merged) == set(whole) == set(moe_stats.STAT_KEYS)
+    for key in moe_stats.STAT_KEYS:
         want = m * whole[key] if key == "dropped" else whole[key]
         # one mean over micro-batches instead of over all tokens: a few eps (8 allowed)
         np.testing.assert_allclose(merged[key], want, rtol=1e-6, err_msg=key)

@@ -13,7 +13,7 @@ import workbench as wb
 from workbench.models import GPT, GPTConfig
 from workbench._sharding.placement import DEFAULT_AXIS, Placement, default_preset, resolve_placement
 from workbench._sharding.rules import Rules
-from workbench._step import abstract_model, param_specs
+from workbench._train_state import abstract_model, param_specs
 
 TINY = GPTConfig.preset("tiny", n_layers=1)
 NONE = dict.fromkeys(("seq", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers",

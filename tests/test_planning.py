@@ -14,7 +14,7 @@ from workbench._compiled.hlo import parse_collectives
 from workbench.any_model import MLPClassifier, classifier_loss
 from workbench.models import GPTConfig
 from workbench._sharding.rules import Rules
-from workbench._step import TrainState
+from workbench._train_state import TrainState
 
 TINY = GPTConfig.preset("tiny")
 

@@ -10,7 +10,8 @@ from workbench._flops import jaxpr_step_flops
 from workbench.models import GPT, GPTConfig
 from workbench.models._gpt import stack_blocks, unstack_blocks
 from workbench._sharding.rules import Rules
-from workbench._step import abstract_model, lm_loss
+from workbench._step import lm_loss
+from workbench._train_state import abstract_model
 
 from _tolerance import assert_close_at_scale, assert_trees_close_at_scale
 

@@ -10,18 +10,9 @@ from jax.sharding import PartitionSpec as P
 
 from workbench.models import GPTConfig
 from workbench._sharding.rules import Rules
-from workbench._step import (
-    TrainState,
-    abstract_model,
-    abstract_state,
-    abstract_train_state,
-    batch_shardings,
-    init_state,
-    jit_train_step,
-    lm_loss,
-    make_train_step,
-    state_shardings,
-)
+from workbench._step import init_state, jit_train_step, lm_loss, make_train_step
+from workbench._train_state import (TrainState, abstract_model, abstract_state,
+                                    abstract_train_state, batch_shardings, state_shardings)
 
 from _tolerance import assert_close_at_scale
 

@@ -26,8 +26,8 @@ from workbench.models import GPTConfig
 from workbench.planning import _compile as plan_compile
 from workbench._compiled.hlo import parse_collectives
 from workbench._sharding.rules import Rules
-from workbench._step import abstract_batch, abstract_train_state, jit_train_step, make_train_step
-from workbench._step import model_factory
+from workbench._step import jit_train_step, make_train_step
+from workbench._train_state import abstract_batch, abstract_train_state, model_factory
 from workbench._sharding.topology import tpu_compiler_available
 
 pytestmark = [

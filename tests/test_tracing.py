@@ -18,9 +18,9 @@ import pytest
 from flax import nnx
 
 import workbench as wb
-from workbench import _step as S
+from workbench import _step as S, _train_state as TS
 from workbench._sharding import tracing
-from workbench.models import GPT, GPTConfig, _moe as moe
+from workbench.models import GPT, GPTConfig, _moe_stats as moe_stats
 from workbench.models._gpt import stack_blocks
 from workbench.models._pipeline import Pipeline, activate
 from workbench._sharding.rules import Rules, constrain, recording
@@ -75,7 +75,7 @@ def test_router_statistics_leave_scan_and_remat_as_values():
     unrolled, *others = _models()
     inputs = TOKENS[:, :-1]
     x_ref, ref = jax.jit(lambda: unrolled.hidden_and_stats(inputs))()
-    assert set(ref) == set(moe.STAT_KEYS)
+    assert set(ref) == set(moe_stats.STAT_KEYS)
     assert ref["tokens_per_expert"].shape == (CFG.n_layers, CFG.n_experts)
     np.testing.assert_array_equal(ref["tokens_per_expert"].sum(axis=1),
                                   inputs.size * CFG.experts_per_token)   # hand count
@@ -83,12 +83,12 @@ def test_router_statistics_leave_scan_and_remat_as_values():
     h = unrolled.embed[...][inputs]
     for i, block in enumerate(unrolled.blocks):
         h, own = block(h)
-        for k in moe.STAT_KEYS:
+        for k in moe_stats.STAT_KEYS:
             assert_close_at_scale(ref[k][i], own[k], rtol=1e-6)
     for model in others:
         x, stats = jax.jit(lambda model=model: model.hidden_and_stats(inputs))()
         assert_close_at_scale(x, x_ref, rtol=1e-5)
-        for k in moe.STAT_KEYS:
+        for k in moe_stats.STAT_KEYS:
             assert_close_at_scale(stats[k], ref[k], rtol=1e-5)
     dense = GPT(GPTConfig.preset("tiny", seq_len=16), rngs=nnx.Rngs(0))
     assert dense.hidden_and_stats(inputs)[1] == {}
@@ -110,7 +110,7 @@ def test_a_custom_moe_loss_returns_the_statistics_beside_the_loss():
 
     opt = optax.sgd(0.0)
     graphdef, params = nnx.split(model, nnx.Param)
-    state = S.TrainState(step=jnp.zeros((), jnp.int32), params=nnx.to_pure_dict(params),
+    state = TS.TrainState(step=jnp.zeros((), jnp.int32), params=nnx.to_pure_dict(params),
                          opt_state=opt.init(nnx.to_pure_dict(params)))
     _, ours = jax.jit(S.make_train_step(graphdef, opt, loss_fn=with_stats))(state, batch)
     _, default = jax.jit(S.make_train_step(graphdef, opt))(state, batch)

@@ -19,13 +19,8 @@ from workbench.data import ShardedBatches
 from workbench._flops import gpt_flops
 from workbench._sharding.mesh import make_mesh
 from workbench._sharding.rules import Rules
-from workbench._step import (
-    batch_shardings,
-    init_state,
-    jit_train_step,
-    make_train_step,
-    state_shardings,
-)
+from workbench._step import init_state, jit_train_step, make_train_step
+from workbench._train_state import batch_shardings, state_shardings
 from workbench.train._setup import RunConfigMismatch
 
 from _tolerance import assert_close_at_scale

@@ -1,13 +1,11 @@
-"""The one train step: state pytree, shardings from logical axes, sharded init, pure step.
+"""The one train step: the sharded init of the train state and the pure step that updates it.
 
-The plan (:mod:`workbench.planning`) compiles exactly this step and the Trainer runs it.
+The plan (:mod:`workbench.planning`) compiles exactly this step and the Trainer runs it;
+the state it reads and writes, before anything is allocated, is
+:mod:`workbench._train_state` (shapes, logical axes, shardings).
 
 API::
 
-    factory = model_factory(cfg)                   # GPTConfig or (rngs -> nnx.Module)
-    graphdef, abstract = abstract_state(factory, optimizer, rules, mesh)
-    #   abstract: TrainState of ShapeDtypeStruct with NamedSharding; nothing allocated
-    shardings = state_shardings(factory, optimizer, rules, mesh)   # TrainState of NamedSharding
     graphdef, state = init_state(factory, optimizer, rules, mesh, seed=0)
     #   jitted with out_shardings: each device only ever holds its own shards
     train_step = make_train_step(graphdef, optimizer, rules=rules, mesh=mesh)
@@ -16,320 +14,41 @@ API::
     state, metrics = step(state, batch)            # metrics: loss, grad_norm (scalars)
     model = nnx.merge(graphdef, state.params)      # an nnx.Module again, for eval/inspection
 
-    st = abstract_train_state(factory, optimizer, rules, mesh, strict=False)
-    #   the same plus logical axes of every sharded leaf and the axes without a rule (the plan)
-    batch_abs = abstract_batch(example, rules, mesh)   # any batch: dim 0 "batch", tokens' dim 1 "seq"
-
-``TrainState(step, params, opt_state)``: ``params`` is a plain nested dict of arrays
-(``nnx.to_pure_dict`` of the model's ``nnx.Param`` state), so optax and Orbax see an
-ordinary pytree. A batch is ``{"inputs": int32 (B, T), "targets": int32 (B, T)}`` with an
-optional float ``"mask"`` (B, T); ``{"tokens": int32 (B, T+1)}`` is split into the two.
-Batch entries are sharded by the rules for ``("batch", "seq")`` when they are integer
-arrays of rank >= 2 (tokens), else for ``("batch", None, ...)`` (:func:`batch_logical_axes`).
-Gradient accumulation: wrap the optimizer in ``optax.MultiSteps`` before calling these.
+(``shardings = state_shardings(...)`` and ``batch_shardings`` from
+:mod:`workbench._train_state`.) A batch is ``{"inputs": int32 (B, T), "targets": int32 (B,
+T)}`` with an optional float ``"mask"`` (B, T); ``{"tokens": int32 (B, T+1)}`` is split
+into the two. Gradient accumulation: wrap the optimizer in ``optax.MultiSteps`` before
+calling these.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from workbench import _param_init as param_init
-from workbench.models import GPT, GPTConfig, _moe as moe
+from workbench.models import GPT, GPTConfig, _moe_stats as moe_stats
 from workbench.models._pipeline import Pipeline, check_rules, stages_of
 from workbench.models._pipeline import activate as pipeline_context
-from workbench.any_model._spec import ModelSpec, build_without_mesh, model_loss, resolve_rules
+from workbench.any_model._spec import model_loss
 from workbench.models._xent import token_cross_entropy
 from workbench.models import _lora as lora_adapters
-from workbench._sharding.pytrees import path_str
-from workbench._sharding.rules import LOGICAL_AXES, Rules
+from workbench._sharding.rules import Rules
+from workbench._train_state import (ModelFactory, TrainState, abstract_state, model_factory,
+                                    require_auto_axes, split_param_state)
 
-__all__ = ["AbstractTrainState", "LossFn", "ModelFactory", "TrainState", "abstract_batch",
-           "abstract_model", "abstract_state", "abstract_train_state", "batch_logical_axes",
-           "batch_shardings", "init_state", "jit_train_step", "lm_loss", "lm_loss_and_stats", "logical_axes",
-           "loss_and_stats", "make_train_step", "model_factory", "param_specs", "path_str", "require_auto_axes",
-           "seed_params", "sharded_init", "state_shardings"]
+__all__ = ["LossFn", "check_loss_chunks", "chunked_token_losses", "init_state", "jit_train_step",
+           "lm_loss", "lm_loss_and_stats", "loss_and_stats", "make_train_step", "seed_params",
+           "sharded_init"]
 
-ModelFactory = Callable[[nnx.Rngs], nnx.Module]
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array]], jax.Array]
-
-
-class TrainState(NamedTuple):
-    """Everything a train step reads and writes.
-
-    Attributes:
-        step: int32 scalar, optimizer steps taken.
-        params: plain nested dict of parameter arrays (same tree as ``nnx.to_pure_dict``).
-        opt_state: the optax state for ``params``.
-    """
-
-    step: Any
-    params: Any
-    opt_state: Any
-
-
-def model_factory(cfg_or_factory: GPTConfig | ModelFactory) -> ModelFactory:
-    """``rngs -> model``: a GPTConfig becomes ``GPT(cfg, rngs=rngs)``; callables pass through."""
-    if isinstance(cfg_or_factory, GPTConfig):
-        cfg = cfg_or_factory
-        return lambda rngs: GPT(cfg, rngs=rngs)
-    if callable(cfg_or_factory):
-        if isinstance(cfg_or_factory, ModelSpec):
-            return cfg_or_factory
-        factory = cfg_or_factory
-        return functools.wraps(factory)(lambda rngs: build_without_mesh(factory, rngs))
-    raise TypeError(f"expected a GPTConfig or a callable rngs -> nnx.Module, got "
-                    f"{type(cfg_or_factory).__name__}")
-
-
-def require_auto_axes(mesh: Any) -> None:
-    """Raise unless every axis of ``mesh`` is ``AxisType.Auto`` (what the step relies on)."""
-    types = tuple(getattr(mesh, "axis_types", ()) or ())
-    if any(t != jax.sharding.AxisType.Auto for t in types):
-        names = tuple(mesh.axis_names)
-        raise ValueError(
-            f"mesh axes {names} have axis types {tuple(t.name for t in types)}; the train step "
-            f"names logical axes and lets GSPMD propagate shardings, so it needs Auto axes: "
-            f"build the mesh with wb.make_mesh(...) or jax.make_mesh(..., axis_types="
-            f"(jax.sharding.AxisType.Auto,) * {len(names)})")
-
-
-def _split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    if jax.tree.leaves(rest):
-        kinds = sorted({type(v).__name__ for _, v in nnx.to_flat_state(rest)})
-        raise TypeError(f"the train step handles models whose state is nnx.Param only; "
-                        f"this model also holds {kinds}")
-    return graphdef, params
-
-
-def abstract_param_state(cfg_or_factory: GPTConfig | ModelFactory
-                         ) -> tuple[nnx.GraphDef, nnx.State]:
-    """``(graphdef, nnx.State of abstract nnx.Param)`` via ``nnx.eval_shape`` (no allocation);
-    the Variables keep their logical axes as ``out_sharding`` metadata."""
-    if isinstance(cfg_or_factory, GPTConfig):
-        return _abstract_gpt(cfg_or_factory)
-    factory = model_factory(cfg_or_factory)
-    model = nnx.eval_shape(lambda: _built(factory, nnx.Rngs(0)))
-    return _split_params(model)
-
-
-def _built(factory: ModelFactory, rngs: nnx.Rngs) -> nnx.Module:
-    """``factory(rngs)``, refused unless it is an ``nnx.Module``."""
-    model = factory(rngs)
-    if not isinstance(model, nnx.Module):
-        name = getattr(factory, "__name__", None) or getattr(factory, "name", "factory")
-        raise TypeError(f"the model factory {name!r} returned {model!r:.60} (a "
-                        f"{type(model).__name__}), not an nnx.Module; a factory is rngs -> "
-                        "nnx.Module, e.g. lambda rngs: MyModel(rngs=rngs)")
-    return model
-
-
-@functools.lru_cache(maxsize=16)
-def _abstract_gpt(cfg: GPTConfig) -> tuple[nnx.GraphDef, nnx.State]:
-    """The abstract GPT of a config, built once per config: shapes and logical axes do not
-    depend on the mesh or the rules, and ``wb.search`` plans one config many times.
-    Callers must not mutate the returned state."""
-    factory = model_factory(cfg)
-    return _split_params(nnx.eval_shape(lambda: factory(nnx.Rngs(0))))
-
-
-def logical_axes(param_state: nnx.State) -> dict[str, tuple[str | None, ...]]:
-    """``{'blocks.0.attn.q': ('embed', 'heads', 'head_dim'), ...}`` from Param metadata."""
-    logical: dict[str, tuple[str | None, ...]] = {}
-    for path, var in nnx.to_flat_state(param_state):
-        axes = var.get_metadata().get("out_sharding")
-        logical[path_str(path)] = tuple(axes) if axes is not None else (None,) * len(var.shape)
-    return logical
-
-
-def abstract_model(cfg_or_factory: GPTConfig | ModelFactory
-                   ) -> tuple[nnx.GraphDef, Any, dict[str, tuple[str | None, ...]]]:
-    """Build the model with ``nnx.eval_shape`` (no allocation).
-
-    Returns:
-        ``(graphdef, params, logical)``: ``params`` a pure dict of ShapeDtypeStruct;
-        ``logical`` maps each parameter path (``'blocks.0.attn.q'``) to its logical axes.
-    """
-    graphdef, params = abstract_param_state(cfg_or_factory)
-    return graphdef, nnx.to_pure_dict(params), logical_axes(params)
-
-
-def param_specs(params: Any, logical: Mapping[str, tuple[str | None, ...]], rules: Rules, *,
-                strict: bool = True) -> Any:
-    """Tree of PartitionSpec for ``params`` from their logical axes and ``rules``."""
-    def spec(path: tuple[Any, ...], leaf: Any) -> PartitionSpec:
-        name = path_str(path)
-        return rules.spec(logical[name], tensor=name, strict=strict)
-    return jax.tree_util.tree_map_with_path(spec, params)
-
-
-def opt_state_params(opt_state: Any, params: Any) -> list[str | None]:
-    """For each leaf of an optax state (flattened order), the path of the parameter it
-    mirrors: the longest parameter path its key path ends with, of the same shape (Adam's
-    mu/nu, MultiSteps' buffers); None for counts, scalars and factored moments."""
-    shapes = {path_str(p): tuple(x.shape)
-              for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    depths = sorted({k.count(".") + 1 for k in shapes}, reverse=True)
-    out: list[str | None] = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
-        parts = path_str(path).split(".")
-        shape = tuple(getattr(leaf, "shape", ()))
-        out.append(next((c for d in depths if shapes.get(c := ".".join(parts[-d:])) == shape),
-                        None))
-    return out
-
-
-class AbstractTrainState(NamedTuple):
-    """The train state before anything is allocated (:func:`abstract_train_state`).
-
-    Attributes:
-        graphdef: the model's ``nnx.GraphDef``.
-        param_state: ``nnx.State`` of abstract ``nnx.Param`` (logical axes in metadata).
-        state: ``TrainState`` of ``ShapeDtypeStruct`` carrying their ``NamedSharding``.
-        logical: ``{path: logical axes}`` of every sharded leaf of ``state``
-            (``'params.blocks.0.attn.q'``, ``'opt_state.0.mu.blocks.0.attn.q'``); leaves
-            not listed (step, counts) are replicated.
-        unmapped: ``{logical axis: [parameter paths]}`` for logical axes without a rule
-            (replicated; only non-empty with ``strict=False``).
-    """
-
-    graphdef: nnx.GraphDef
-    param_state: nnx.State
-    state: TrainState
-    logical: dict[str, tuple[str | None, ...]]
-    unmapped: dict[str, list[str]]
-
-    @property
-    def shardings(self) -> TrainState:
-        """``TrainState`` of ``NamedSharding``."""
-        return jax.tree.map(lambda a: a.sharding, self.state)
-
-
-def abstract_train_state(cfg_or_factory: GPTConfig | ModelFactory,
-                         optimizer: optax.GradientTransformation, rules: Rules,
-                         mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, *,
-                         strict: bool = True,
-                         abstract: tuple[nnx.GraphDef, nnx.State] | None = None
-                         ) -> AbstractTrainState:
-    """Params and optimizer state as ShapeDtypeStructs with their shardings; no allocation.
-
-    Parameters are sharded by ``rules`` from their logical axes; an optimizer leaf that
-    mirrors a parameter (:func:`opt_state_params`) like that parameter; the rest replicated.
-
-    Args:
-        mesh: a ``Mesh``, or an ``AbstractMesh`` to plan hardware you do not have.
-        strict: raise on logical axes without a rule (False replicates them and lists them
-            in ``unmapped``; the plan reports them as a lint).
-        abstract: ``abstract_param_state(cfg_or_factory)`` when the caller has it already.
-    """
-    rules.check_mesh(mesh)
-    require_auto_axes(mesh)
-    if strict and isinstance(cfg_or_factory, GPTConfig):   # (plans: a lint instead)
-        moe.check_layout(cfg_or_factory, rules, mesh)   # experts vs the expert axis
-    graphdef, param_state = abstract if abstract is not None else \
-        abstract_param_state(cfg_or_factory)
-    params, logical = nnx.to_pure_dict(param_state), logical_axes(param_state)
-    if not isinstance(cfg_or_factory, GPTConfig):  # rules for a model's own axis names
-        spec = cfg_or_factory if isinstance(cfg_or_factory, ModelSpec) else None
-        rules = resolve_rules(logical, rules, mesh, spec=spec)
-    check_rule_names(rules, logical, cfg_or_factory)
-    unmapped: dict[str, list[str]] = {}
-    for tensor, axes in logical.items():
-        for ax in rules.unmapped(axes):
-            unmapped.setdefault(ax, []).append(tensor)
-    specs = {k: rules.spec(v, tensor=k, strict=strict) for k, v in logical.items()}
-    # a model with LoRA adapters: the optimizer (and its state) covers the adapters only
-    optimizer = lora_adapters.for_params(optimizer, params)
-    opt_state = jax.eval_shape(optimizer.init, params)
-    param_paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    mirrors = [None, *param_paths, *opt_state_params(opt_state, params)]  # step, params, opt
-    state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-                       opt_state=opt_state)
-    flat, treedef = jax.tree_util.tree_flatten_with_path(state)
-    out, state_logical = [], {}
-    for (path, a), param in zip(flat, mirrors, strict=True):
-        if param is not None:
-            state_logical[path_str(path)] = logical[param]
-        spec = specs[param] if param is not None else PartitionSpec()
-        out.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec)))
-    return AbstractTrainState(graphdef=graphdef, param_state=param_state,
-                              state=jax.tree.unflatten(treedef, out), logical=state_logical,
-                              unmapped=unmapped)
-
-
-def check_rule_names(rules: Rules, logical: Mapping[str, tuple[str | None, ...]],
-                     cfg_or_factory: Any) -> None:
-    """Refuse a rule for a logical axis this model does not use (``Rules.check_names``):
-    its tensors' annotation names, Workbench's logical axes, and the names a model's
-    ``rules_for`` (penzai) derives from them."""
-    used = {a for axes in logical.values() for a in axes if a is not None}
-    used.update(LOGICAL_AXES)
-    to_own = getattr(cfg_or_factory, "rules_for", None)
-    if to_own is not None:
-        used.update(to_own(Rules(**dict.fromkeys(LOGICAL_AXES))))
-    name = getattr(cfg_or_factory, "name", None)
-    rules.check_names(used, model=f"model {name!r}" if isinstance(name, str) else "the model")
-
-
-def abstract_state(cfg_or_factory: GPTConfig | ModelFactory,
-                   optimizer: optax.GradientTransformation, rules: Rules,
-                   mesh: jax.sharding.Mesh, *, strict: bool = True
-                   ) -> tuple[nnx.GraphDef, TrainState]:
-    """``(graphdef, TrainState of ShapeDtypeStruct carrying NamedSharding)``; no allocation
-    (:func:`abstract_train_state` without the logical axes)."""
-    a = abstract_train_state(cfg_or_factory, optimizer, rules, mesh, strict=strict)
-    return a.graphdef, a.state
-
-
-def state_shardings(cfg_or_factory: GPTConfig | ModelFactory,
-                    optimizer: optax.GradientTransformation, rules: Rules,
-                    mesh: jax.sharding.Mesh, *, strict: bool = True) -> TrainState:
-    """TrainState-shaped pytree of NamedSharding (from the parameters' logical axes)."""
-    return abstract_train_state(cfg_or_factory, optimizer, rules, mesh, strict=strict).shardings
-
-
-def batch_logical_axes(x: Any) -> tuple[str | None, ...]:
-    """Logical axes of one batch entry: dim 0 is ``"batch"``; dim 1 of an integer array of
-    rank >= 2 (token ids, ``(B, T)``) is ``"seq"``; every other dim is None (features,
-    float masks). A ``seq`` rule thus shards token arrays along the sequence."""
-    rank = len(x.shape)
-    if rank == 0:
-        return ()
-    seq = rank >= 2 and jnp.issubdtype(x.dtype, jnp.integer)
-    return ("batch", "seq" if seq else None, *([None] * (rank - 2)))[:rank]
-
-
-def batch_shardings(rules: Rules, mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, *,
-                    keys: tuple[str, ...] = ("inputs", "targets"),
-                    example: Mapping[str, Any] | None = None) -> dict[str, NamedSharding]:
-    """NamedSharding per batch entry, by the rules for :func:`batch_logical_axes`.
-
-    Args:
-        keys: the entries of a language-model batch, each int32 ``(B, T)``: sharded by the
-            rules for ``("batch", "seq")``.
-        example: instead of ``keys``, any batch (arrays or ShapeDtypeStructs).
-    """
-    if example is None:
-        example = {k: jax.ShapeDtypeStruct((1, 1), jnp.int32) for k in keys}
-    return {k: NamedSharding(mesh, rules.spec(batch_logical_axes(v), tensor=f"batch.{k}",
-                                              strict=False))
-            for k, v in example.items()}
-
-
-def abstract_batch(example: Mapping[str, Any], rules: Rules,
-                   mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh
-                   ) -> dict[str, jax.ShapeDtypeStruct]:
-    """``example``'s entries as ShapeDtypeStructs carrying :func:`batch_shardings`."""
-    sh = batch_shardings(rules, mesh, example=example)
-    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh[k]) for k, v in example.items()}
 
 
 def init_state(cfg_or_factory: GPTConfig | ModelFactory,
@@ -372,7 +91,7 @@ def seed_params(cfg_or_factory: GPTConfig | ModelFactory, shardings: Any, key: j
     ``factory(nnx.Rngs(params=key))``, its normal weights drawn in one random expansion
     into their shards (:mod:`workbench._param_init`)."""
     with param_init.deferred():
-        _, params = _split_params(model_factory(cfg_or_factory)(nnx.Rngs(params=key)))
+        _, params = split_param_state(model_factory(cfg_or_factory)(nnx.Rngs(params=key)))
     return param_init.draw(params, shardings)
 
 
@@ -464,7 +183,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     (``moe_router_loss``: load balance and z-loss, weighted by the config) and the metrics
     add ``moe_aux_loss``, ``moe_z_loss``, ``moe_entropy``, ``moe_dropped`` and
     ``moe_tokens_per_expert`` (int32 ``(moe layers, experts)``); see
-    :func:`workbench.models._moe.summarize`.
+    :func:`workbench.models._moe_stats.summarize`.
 
     With ``rules`` and ``mesh``, activations are constrained by their logical axes while
     the step is traced. With ``pipeline`` (``{"microbatches", "schedule", "repeats"}``),
@@ -478,14 +197,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     """
     if mesh is not None:
         require_auto_axes(mesh)
-    pipe = Pipeline.of(pipeline)
-    pipe_ctx: Callable[[], Any] = contextlib.nullcontext
-    if pipe is not None:
-        if rules is None or mesh is None:
-            raise ValueError("make_train_step(pipeline=...) needs rules= and mesh= (the "
-                             "stage axis)")
-        check_rules(pipe, rules, mesh)
-        pipe_ctx = functools.partial(pipeline_context, pipe, stages_of(mesh))
+    pipe_ctx = _pipeline_context(pipeline, rules, mesh)
+
     def train_step(state: TrainState, batch: Mapping[str, jax.Array]
                    ) -> tuple[TrainState, dict[str, jax.Array]]:
         ctx = rules.activate(mesh) if rules is not None and mesh is not None \
@@ -497,7 +210,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         with ctx, own, pipe_ctx():
             def loss_of(params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
                 loss, stats = loss_and_stats(fn, nnx.merge(graphdef, params), batch)
-                moe_metrics = moe.summarize(stats)   # {} when dense
+                moe_metrics = moe_stats.summarize(stats)   # {} when dense
                 if moe_metrics:
                     loss = loss + moe_metrics["router_loss"]
                 return loss, moe_metrics
@@ -513,6 +226,21 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                    **{f"moe_{k}": v for k, v in moe_metrics.items()}}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
     return train_step
+
+
+
+def _pipeline_context(pipeline: Pipeline | Mapping[str, Any] | None, rules: Rules | None,
+                      mesh: jax.sharding.Mesh | None) -> Callable[[], Any]:
+    """The context the step runs its model in for ``pipeline`` (checked against the rules
+    and the mesh's ``stage`` axis now, before tracing); a no-op without one."""
+    pipe = Pipeline.of(pipeline)
+    if pipe is None:
+        return contextlib.nullcontext
+    if rules is None or mesh is None:
+        raise ValueError("make_train_step(pipeline=...) needs rules= and mesh= (the "
+                         "stage axis)")
+    check_rules(pipe, rules, mesh)
+    return functools.partial(pipeline_context, pipe, stages_of(mesh))
 
 
 def _adapter_update(loss_of: Callable[[Any], Any], optimizer: optax.GradientTransformation,

@@ -377,7 +377,7 @@ def model_candidates(model: Any, hw: Hardware, batch: int, opts: SearchOptions
     """
     from workbench.any_model._spec import annotation_names, resolve_rules
     from workbench._sharding.rules import LOGICAL_AXES
-    from workbench._step import abstract_param_state, logical_axes
+    from workbench._train_state import abstract_param_state, logical_axes
 
     strategies, microbatches = opts.strategies, opts.microbatches
     mesh_shapes, max_model = opts.mesh_shapes, opts.max_model
@@ -456,7 +456,7 @@ def mesh_shape(s: Mapping[str, int] | Sequence[int], size: int, where: str) -> d
 def invalid(cfg: GPTConfig, c: Candidate, batch: int) -> str | None:
     """Why a candidate cannot be planned as asked (the batch per micro-batch does not
     divide over the devices that split it; heads or the MLP do not divide over the model
-    axis; the experts do not divide over the expert axes, ``moe.check_layout``), or
+    axis; the experts do not divide over the expert axes, ``_moe_choice.check_layout``), or
     None."""
     info = mesh_info(abstract_mesh(**c.mesh))
     try:
@@ -476,7 +476,7 @@ def invalid(cfg: GPTConfig, c: Candidate, batch: int) -> str | None:
         if size % n:
             return f"cfg.{field}={size} does not divide over {logical} shards of size {n}"
     if isinstance(cfg, GPTConfig) and cfg.n_experts:
-        from workbench.models._moe import check_layout
+        from workbench.models._moe_choice import check_layout
 
         try:
             check_layout(cfg, rules, info)

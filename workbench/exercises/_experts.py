@@ -97,7 +97,7 @@ def moe_dispatch_bytes() -> Exercise:
 
     def judge(mib: float) -> Result:
         from workbench.models import GPTConfig
-        from workbench.models._moe import capacity
+        from workbench.models._moe_choice import capacity
 
         cfg = GPTConfig.preset("mixtral-8x7b")
         found = traced_dispatch(cfg, axes, "fsdp_ep", batch=batch, seq=seq)

@@ -77,7 +77,7 @@ def _stage_block_kib(n_layers: int, stages: int, data: int) -> tuple[float, floa
     from workbench.models import GPTConfig
     from workbench._sharding.pytrees import path_str
     from workbench._sharding.rules import Rules
-    from workbench._step import abstract_model
+    from workbench._train_state import abstract_model
 
     cfg = GPTConfig.preset("tiny", n_layers=n_layers, scan_layers=True)
     mesh = abstract_mesh(stage=stages, data=data)

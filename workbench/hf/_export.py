@@ -14,7 +14,7 @@ from workbench.hf._export_folder import check_writable, exists_error
 from workbench.hf._save import to_hf
 from workbench.models._config import GPTConfig
 from workbench._sharding.placement import resolve_placement
-from workbench._step import abstract_state
+from workbench._train_state import abstract_state
 from workbench.train._checkpoint import CheckpointError, Checkpoints
 from workbench.train._config import TrainConfig
 

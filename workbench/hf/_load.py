@@ -19,7 +19,7 @@ from workbench._hf_format.load import check_weights, load_params
 from workbench._hub import resolve
 from workbench._sharding.placement import resolve_placement
 from workbench._sharding.rules import Rules
-from workbench._step import abstract_model, param_specs
+from workbench._train_state import abstract_model, param_specs
 from workbench._validate import check_path
 
 __all__ = ["from_hf"]

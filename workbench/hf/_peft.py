@@ -251,7 +251,8 @@ def _base_params(config: dict[str, Any], init: dict[str, Any], adapters: Any) ->
     Hub commit, or the folder), else the seed's (the same bits as the run's step 0)."""
     from workbench.models._lora import split_params
     from workbench._sharding.placement import resolve_placement
-    from workbench._step import abstract_train_state, seed_params
+    from workbench._step import seed_params
+    from workbench._train_state import abstract_train_state
     from workbench.train._config import TrainConfig
 
     tc = TrainConfig.from_dict(config)

@@ -24,7 +24,7 @@ from jax.ad_checkpoint import checkpoint_name
 from workbench._sharding import tracing
 from workbench.models import _attention as attention_impl
 from workbench.models import _context as context_parallel
-from workbench.models import _moe as moe
+from workbench.models import _moe as moe, _moe_stats as moe_stats
 from workbench.models._config import GPTConfig
 from workbench.models._remat import remat_policy
 from workbench.models._layers import (
@@ -45,7 +45,7 @@ from workbench._sharding.rules import constrain
 __all__ = ["GPT", "LAYERS_AXIS", "MLP", "Attention", "Block", "KVCache", "RMSNorm",
            "RouterStats", "rope", "stack_blocks", "unstack_blocks"]
 
-#: MoE router statistics by name (:data:`workbench.models._moe.STAT_KEYS`); ``{}`` for a
+#: MoE router statistics by name (:data:`workbench.models._moe_stats.STAT_KEYS`); ``{}`` for a
 #: dense block or model.
 RouterStats = dict[str, jax.Array]
 #: A block applied to the residual stream: ``(block, x) -> (x, router statistics)``.
@@ -158,7 +158,7 @@ class GPT(nnx.Module):
         """:meth:`hidden` and the router statistics of the MoE layers, each stacked over
         layers in layer order (``tokens_per_expert`` ``(n_layers, n_experts)``; ``{}`` for
         a dense model): what the train step adds to the loss and reports
-        (:func:`workbench.models._moe.summarize`)."""
+        (:func:`workbench.models._moe_stats.summarize`)."""
         cfg = self.cfg
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (batch, seq) int32, got shape {tokens.shape}")
@@ -178,7 +178,7 @@ class GPT(nnx.Module):
                 raise ValueError("packed rows (segment_ids) are not supported with pipeline "
                                  "parallelism; train packed data without TrainConfig.pipeline")
             x, per_micro = run_pipeline(run_block, self.blocks, x, ctx.pipeline, ctx.stages)
-            stats = moe.merge_microbatches(per_micro, cfg) if per_micro else {}
+            stats = moe_stats.merge_microbatches(per_micro, cfg) if per_micro else {}
         elif cfg.scan_layers:
             x, stats = _scan_blocks(run_block, self.blocks, x)
         else:

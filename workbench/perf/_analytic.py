@@ -20,7 +20,7 @@ import numpy as np
 from workbench._sharding.layouts import Layout
 from workbench._sharding.mesh import MeshInfo
 from workbench._sharding.rules import Rules
-from workbench.models import _attention as attention_impl
+from workbench.models import _attention_choice as attention_choice
 from workbench.models._config import GPTConfig
 from workbench.models._remat import resolve_remat
 
@@ -120,14 +120,14 @@ def _fused_attention(cfg: GPTConfig, mesh: MeshInfo, seq: int, rules: Any = None
     """Whether ``cfg.attention`` runs a fused kernel on ``mesh``'s platform (and, for
     ``"auto"`` with ``rules``, on this layout)."""
     impl = getattr(cfg, "attention", "xla")
-    problem = attention_impl.splash_layout_problem(
+    problem = attention_choice.splash_layout_problem(
         (batch, seq, cfg.n_heads, cfg.head_dim), cfg.n_kv_heads, rules=rules,
         mesh=mesh) if impl == "auto" and rules is not None else None
     try:
-        r = attention_impl.resolve(impl, mesh.platform, seq=seq,
-                                   block_sizes=getattr(cfg, "attention_block_sizes", None),
-                                   head_dim=cfg.head_dim, layout_problem=problem,
-                                   dtype=getattr(cfg, "dtype", None))
+        r = attention_choice.resolve(impl, mesh.platform, seq=seq,
+                                     block_sizes=getattr(cfg, "attention_block_sizes", None),
+                                     head_dim=cfg.head_dim, layout_problem=problem,
+                                     dtype=getattr(cfg, "dtype", None))
     except ValueError:
         return False
     return r.impl != "xla"
@@ -407,8 +407,8 @@ def moe_slots_per_token(cfg: GPTConfig, group: int, expert_shards: int = 1) -> f
     (``GPTConfig.moe_matmul_resolved == "grouped"``) hold rows, not slots: ``k`` per
     token, and over ``expert_shards`` devices ``n`` on the expert axes, the rows a device's
     peers could owe its experts, ``min(n*k, E)`` per token of its own
-    (``models.moe._group_grouped``)."""
-    from workbench.models._moe import capacity
+    (``workbench.models._moe_grouped.group_grouped``)."""
+    from workbench.models._moe_choice import capacity
 
     if cfg.moe_matmul_resolved == "grouped":
         return float(min(max(1, expert_shards) * cfg.experts_per_token, cfg.n_experts))

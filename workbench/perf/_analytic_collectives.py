@@ -102,7 +102,7 @@ def moe_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
     """Hand count of the MoE token dispatch's collectives per step (per device).
 
     With ``G`` tokens per device (batch x seq over the axes that shard them), ``n``
-    devices on the expert axes, capacity ``C`` (:func:`workbench.models._moe.capacity`)
+    devices on the expert axes, capacity ``C`` (:func:`workbench.models._moe_choice.capacity`)
     and a compute dtype of ``b`` bytes, per MoE layer:
 
     - ``all_to_all``: 4 all-to-alls (dispatch and return, forward and backward) of the
@@ -115,7 +115,7 @@ def moe_collectives(cfg: GPTConfig, rules: Rules, mesh: MeshInfo, batch: int,
     ``S = G·min(k, E/n)`` rows instead of the ``(E, C, D)`` buffer, ``n·S·D·b`` bytes,
     and one more per layer (forward only) carries the ``(n, E/n)`` int32 row counts.
     """
-    from workbench.models._moe import capacity
+    from workbench.models._moe_choice import capacity
 
     ea = rules.axes("experts", mesh.shape)
     if not cfg.n_experts or not ea:

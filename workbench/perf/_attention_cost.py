@@ -8,7 +8,7 @@ holds and receives under context parallelism follow from the layout alone
 """
 from __future__ import annotations
 
-from workbench.models import _attention as attention, _context as context
+from workbench.models import _attention_choice as attention_choice, _context as context
 
 __all__ = ["kernel_flops", "kv_bytes_per_device"]
 
@@ -28,7 +28,7 @@ def kernel_flops(impl: str, platform: str, *, batch: int, seq: int, n_heads: int
     kernel's output) adds the forward again. cuDNN is counted the same way with an exact
     causal half.
     """
-    r = attention.resolve(impl, platform, seq=seq, block_sizes=block_sizes)
+    r = attention_choice.resolve(impl, platform, seq=seq, block_sizes=block_sizes)
     if r.impl == "xla":
         return 0.0
     if r.impl == "splash":

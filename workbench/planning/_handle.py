@@ -22,7 +22,8 @@ from workbench.perf._predict_plan import predict_plan
 from workbench.planning._background import Live
 from workbench.planning._compile import StoredExecutable
 from workbench.planning._report import PlanReport
-from workbench._step import LossFn, ModelFactory, TrainState, sharded_init
+from workbench._step import LossFn, sharded_init
+from workbench._train_state import ModelFactory, TrainState
 
 __all__ = ["Plan"]
 

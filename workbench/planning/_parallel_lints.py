@@ -171,7 +171,7 @@ def _experts_vs_batch(cfg: Any, rules: Rules, mesh: MeshInfo,
 def _capacity(cfg: Any, group: int) -> Lint:
     """The expert capacity for routing groups of ``group`` tokens against the balanced
     share: a warning below it (tokens dropped even when balanced), else info."""
-    from workbench.models._moe import capacity
+    from workbench.models._moe_choice import capacity
 
     cap = capacity(cfg, group)
     share = group * cfg.experts_per_token / cfg.n_experts

@@ -41,7 +41,8 @@ from workbench.planning._options import DEFAULT_REPLICATED_THRESHOLD, PlanOption
 from workbench.planning._stages import (AbstractStep, Inputs, Setup, build_step,
                                        choose_target, lint, resolve)
 from workbench._sharding.rules import Rules
-from workbench._step import LossFn, ModelFactory
+from workbench._step import LossFn
+from workbench._train_state import ModelFactory
 
 __all__ = ["compare", "plan"]
 

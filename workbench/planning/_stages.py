@@ -29,8 +29,9 @@ from workbench.planning._step_inputs import StepInputs, resolve_step
 from workbench.models._schedule import in_flight, schedule_bubble, timeline
 from workbench._sharding.pytrees import tree_layouts
 from workbench._sharding.rules import Rules
-from workbench._step import (LossFn, ModelFactory, abstract_batch, abstract_train_state,
-                            batch_logical_axes, jit_train_step, lm_loss, make_train_step)
+from workbench._step import LossFn, jit_train_step, lm_loss, make_train_step
+from workbench._train_state import (ModelFactory, abstract_batch, abstract_train_state,
+                                    batch_logical_axes)
 from workbench._sharding.topology import tpu_target
 
 __all__ = ["AbstractStep", "Inputs", "Setup", "build_step", "choose_target", "lint",

@@ -24,13 +24,14 @@ from workbench._optimizer import DEFAULT_STEPS, AdamW
 from workbench._sharding.mesh import MeshInfo, mesh_info
 from workbench._sharding.placement import Placement, resolve_placement
 from workbench._sharding.rules import Rules
-from workbench._step import (ModelFactory, abstract_param_state, check_loss_chunks,
-                             logical_axes, model_factory, require_auto_axes)
+from workbench._step import check_loss_chunks
+from workbench._train_state import (ModelFactory, abstract_param_state, logical_axes, model_factory,
+                                    require_auto_axes)
 from workbench._validate import nearest_multiples
 from workbench.any_model._spec import ModelSpec, resolve_rules
 from workbench.models import GPTConfig
-from workbench.models import _attention as attention_impl
-from workbench.models import _moe as moe
+from workbench.models import _attention_choice as attention_choice
+from workbench.models import _moe_choice as moe_choice
 from workbench.models._config import resolve_dtype
 from workbench.models._pipeline import Pipeline, check_pipeline, check_rules, stages_of
 from workbench.models._remat import remat_policy
@@ -210,16 +211,16 @@ def _check_model(cfg: GPTConfig | None, rules: Rules, info: MeshInfo, batch: int
         return "", []
     check_loss_chunks(cfg.loss_chunks, seq)
     remat_policy(cfg.remat, info.platform)
-    problem = attention_impl.splash_layout_problem(
+    problem = attention_choice.splash_layout_problem(
         (batch, seq, cfg.n_heads, cfg.head_dim), cfg.n_kv_heads, rules=rules,
         mesh=info) if cfg.attention == "auto" else None
-    r = attention_impl.check(cfg.attention, info.platform, seq=seq, head_dim=cfg.head_dim,
-                             n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
-                             block_sizes=cfg.attention_block_sizes, layout_problem=problem,
-                             dtype=cfg.dtype)
+    r = attention_choice.check(cfg.attention, info.platform, seq=seq, head_dim=cfg.head_dim,
+                               n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                               block_sizes=cfg.attention_block_sizes, layout_problem=problem,
+                               dtype=cfg.dtype)
     real = compile and info.jax_mesh is not None
     if real:
-        moe.check_layout(cfg, rules, info)   # experts vs the expert axis
+        moe_choice.check_layout(cfg, rules, info)   # experts vs the expert axis
     early = (lints.context_parallel(cfg, rules, info, seq, batch)
              + lints.moe(cfg, rules, info, batch, seq))
     error = next((w for w in early if w.severity == "error"), None)

@@ -1,7 +1,14 @@
-"""What a Trainer is built from: run-directory checks, compile cache, mesh, state, data."""
+"""Before a Trainer runs: the run directory checked against what it is given, then built.
+
+The checks refuse (naming the fix), fork, or accept and record a run directory whose config
+(:func:`check_run_dir`), data (:func:`check_data`), checkpoints (a restart from step 0,
+:func:`fork_to_start_over`) or retention (:func:`check_keep`) differ from the given ones,
+before anything is written; the differences themselves are :mod:`workbench.train._run_diff`.
+Then the compile cache, and :func:`build_parts`: mesh, rules, optimizer, abstract sharded
+state and the data (:class:`workbench.train._parts.Parts`).
+"""
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -12,58 +19,13 @@ import jax.numpy as jnp
 from workbench import _runs as runs
 from workbench.data import ShardedBatches, batch_keys, cache_root
 from workbench.train._compile_cache import check_compile_cache
-from workbench.train._config import RUN_CONTROL_FIELDS, TrainConfig
+from workbench.train._config import TrainConfig
+from workbench.train._parts import Parts, analytic_flops, device_fp8_peak
+from workbench.train._run_diff import DATA_IDENTITY, config_diff, data_diff
 
 
 class RunConfigMismatch(ValueError):
     """The run directory holds a run of a different experiment."""
-
-
-def identity_fields(config: TrainConfig) -> tuple[str, ...]:
-    """Fields that may differ when continuing a run: cadence, retention, the mesh layout,
-    and ``steps`` when the learning-rate schedule does not depend on it."""
-    if config.optimizer.decay_steps is not None:
-        return (*RUN_CONTROL_FIELDS, "steps")
-    return RUN_CONTROL_FIELDS
-
-
-def config_diff(stored: dict[str, Any], config: TrainConfig, *,
-                recorded_dtype: str | None = None) -> dict[str, tuple[Any, Any]]:
-    """Differences that matter between a stored config (dict) and ``config``.
-
-    ``model.dtype`` compares what the step computes in: a run recorded with "float32" (the
-    default before "auto") continues under "auto" where "auto" resolves to float32 (on CPU),
-    and a run recorded under "auto" continues with the dtype it resolved to
-    (``recorded_dtype``, run.json's ``dtype``)."""
-    try:
-        old = TrainConfig.from_dict(stored)
-    except (TypeError, ValueError) as e:
-        return {"config": (f"unreadable: {e}", "given")}
-    skip = set(identity_fields(old)) & set(identity_fields(config))
-    diff = {k: v for k, v in old.diff(config).items() if k.split(".")[0] not in skip}
-    dtype_keys = [k for k in ("model.dtype", "model_overrides.dtype") if k in diff]
-    if dtype_keys and _same_compute_dtype(old, config, recorded_dtype):
-        for k in dtype_keys:
-            del diff[k]
-    return diff
-
-
-def _same_compute_dtype(stored: TrainConfig, given: TrainConfig, recorded: str | None
-                        ) -> bool:
-    """Whether the stored run's model (whose dtype resolved to ``recorded``, if known) and
-    the given one on this process's platform compute in the same dtype."""
-    from workbench.models._config import current_platform, resolve_dtype
-
-    try:
-        old, new = (getattr(c.model_config(), "dtype", None) for c in (stored, given))
-    except Exception:  # noqa: BLE001 - a model that cannot be built here differs anyway
-        return False
-    if not (isinstance(old, str) and isinstance(new, str)) or "auto" not in (old, new):
-        return False
-    platform = current_platform()
-    if old == "auto":
-        old = recorded or resolve_dtype(old, platform)[0]
-    return old == resolve_dtype(new, platform)[0]
 
 
 def check_run_dir(run_dir: Path, config: TrainConfig, *, fork: bool, force: bool
@@ -111,11 +73,6 @@ class DataChanged(RunConfigMismatch):
     """The run directory was trained on other data (documents or tokenizer) than given now."""
 
 
-#: What identifies the data a run trains on (``run.json``'s ``data``), compared on resume:
-#: the documents' combined hash (which includes the tokenizer's fingerprint), the eval
-#: files', the tokenizer's fingerprint and its vocabulary.
-DATA_IDENTITY = ("sha256", "eval_sha256", "tokenizer_fingerprint", "vocab_size")
-
 #: ``Trainer(data_changed=...)``: None refuses a resume on changed data, "ok" accepts it.
 DATA_CHANGED_CHOICES = (None, "ok")
 
@@ -127,70 +84,6 @@ def check_data_changed(value: Any) -> str | None:
                          "a run on changed data (recorded in run.json's history), or leave it "
                          "None to have such a resume refused")
     return value
-
-
-def _short(sha: Any) -> str:
-    return str(sha)[:12] if sha else "none"
-
-
-def _file_changes(old: Any, new: Any, what: str) -> list[str]:
-    """Lines naming the files added, removed or changed between two ``{path: sha256}``."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return []
-    out = []
-    for path in sorted(set(old) | set(new)):
-        a, b = old.get(path), new.get(path)
-        if a == b:
-            continue
-        out.append(f"{what} {path}: " + ("added" if a is None else "removed" if b is None
-                   else f"content changed (sha256 {_short(a)} -> {_short(b)})"))
-    return out
-
-
-def _hub_change(old: Any, new: Any) -> list[str]:
-    """A line naming the commits of a Hub dataset whose split's files changed."""
-    if not isinstance(old, dict) or not isinstance(new, dict) or \
-            old.get("commit") == new.get("commit"):
-        return []
-    return [f"Hub dataset {new.get('id')!r} split {new.get('split')!r}: commit "
-            f"{_short(old.get('commit'))} -> {_short(new.get('commit'))}"]
-
-
-def data_diff(stored: Any, info: dict[str, Any]) -> list[str]:
-    """What differs between the data a run recorded (``run.json``'s ``data``) and ``info``
-    (``ShardedBatches.info``), one line each; empty when they are the same.
-
-    Only identity fields present in both are compared (a run recorded before a field
-    existed is compared on the others).
-    """
-    if not isinstance(stored, dict) or stored.get("kind") != info.get("kind"):
-        return []   # another kind of data is a config change (TrainConfig.data)
-    same = all(stored[k] == info[k] for k in DATA_IDENTITY if k in stored and k in info)
-    if same:
-        return []
-    lines = _hub_change(stored.get("hf"), info.get("hf")) + \
-        _file_changes(stored.get("file_sha256"), info.get("file_sha256"), "file") + \
-        _file_changes(stored.get("eval_file_sha256"), info.get("eval_file_sha256"),
-                      "eval file")
-    tok = (info.get("tokenizer") or {}).get("path") or "byte-level"
-    if stored.get("tokenizer_sha256", info.get("tokenizer_sha256")) != \
-            info.get("tokenizer_sha256"):
-        lines.append(f"tokenizer {tok}: the file changed (sha256 "
-                     f"{_short(stored['tokenizer_sha256'])} -> "
-                     f"{_short(info.get('tokenizer_sha256'))})")
-    elif stored.get("tokenizer_fingerprint", info.get("tokenizer_fingerprint")) != \
-            info.get("tokenizer_fingerprint"):
-        lines.append(f"tokenizer {tok}: its special tokens changed (fingerprint "
-                     f"{stored['tokenizer_fingerprint']} -> {info.get('tokenizer_fingerprint')})")
-    if stored.get("vocab_size", info.get("vocab_size")) != info.get("vocab_size"):
-        lines.append(f"vocab_size: {stored['vocab_size']} -> {info.get('vocab_size')}")
-    if not lines:   # a run recorded before the per-file hashes: the combined one
-        for k in ("sha256", "eval_sha256"):
-            if k in stored and k in info and stored[k] != info[k]:
-                what = "the eval files" if k == "eval_sha256" else "the documents"
-                lines.append(f"{what}: their combined hash changed (sha256 "
-                             f"{_short(stored[k])} -> {_short(info[k])})")
-    return lines
 
 
 def _trained(run_dir: Path, run: dict[str, Any]) -> bool:
@@ -462,56 +355,6 @@ def enable_compile_cache(setting: bool | str | os.PathLike[str]) -> str | None:
     return path
 
 
-def analytic_flops(model_config: Any, batch: int, seq: int) -> float | None:
-    """Model FLOPs of one update (``workbench._flops.gpt_flops``: 3 x forward, no remat)."""
-    from workbench._flops import gpt_flops
-    from workbench.models._config import GPTConfig
-
-    if not isinstance(model_config, GPTConfig):
-        return None
-    return gpt_flops(model_config, batch=batch, seq=seq).total
-
-
-@dataclasses.dataclass
-class Parts:
-    """Everything a Trainer is built from (computed once per Trainer)."""
-
-    mesh: jax.sharding.Mesh
-    rules: Any
-    model_config: Any
-    tx: Any
-    schedule: Any
-    graphdef: Any
-    abstract_state: Any
-    shardings: Any
-    batch_shardings: dict[str, Any]
-    abstract_batch: dict[str, jax.ShapeDtypeStruct]
-    data: ShardedBatches
-    initial_data_state: bytes
-    eval_data: list[dict[str, Any]]
-    model_flops: float | None
-    peak: float | None
-    peak_source: str | None
-    device_kind: str
-    n_devices: int
-    #: the device's fp8 peak FLOP/s (the catalogue's ``fp8_flops``) for a model with fp8
-    #: matmuls (``GPTConfig.quantization``), whose MFU is given against both peaks; else None
-    fp8_peak: float | None = None
-    #: which attention the step runs and why (``"cudnn: auto: cuDNN flash attention on
-    #: GPU"``; "" for a model that is not a wb GPT)
-    attention: str = ""
-    #: the XLA compile options the step is compiled with (``planning.flags``: the
-    #: platform's overlap flags, as plans use)
-    compile_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: the compute dtype and why (``"bfloat16: auto: bfloat16 on gpu"``: ``dtype="auto"``
-    #: resolved for the mesh's platform, as ``model_config.dtype`` holds it; "" for a model
-    #: that is not a wb GPT)
-    dtype: str = ""
-    #: the rules' preset name (None for a table) and where mesh and rules came from
-    #: (``workbench._sharding.placement``: given, or the default and why)
-    placement: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
 def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | None = None
                 ) -> Parts:
     """Mesh, rules, optimizer, abstract sharded state, step shardings and the data: the
@@ -519,7 +362,7 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
     Trainer runs the step a plan of the same model compiles."""
     from workbench.hardware import peak_flops
     from workbench.planning._step_inputs import resolve_step
-    from workbench._step import abstract_state, batch_shardings
+    from workbench._train_state import abstract_state, batch_shardings
 
     inputs = resolve_step(config.model_config(), mesh=dict(config.mesh), rules=config.rules,
                           batch=config.batch, seq=config.seq, optimizer=config.optimizer,
@@ -545,16 +388,8 @@ def build_parts(config: TrainConfig, *, data_cache: str | os.PathLike[str] | Non
         model_flops=analytic_flops(model_config, config.batch, config.seq),
         peak=peak, peak_source=source, device_kind=device.device_kind,
         n_devices=mesh.devices.size, attention=inputs.attention,
-        fp8_peak=_fp8_peak(model_config, device.device_kind),
+        fp8_peak=device_fp8_peak(model_config, device.device_kind),
         compile_options=inputs.compile_options, dtype=inputs.dtype,
         placement={"preset": inputs.placement.preset, "why": inputs.placement.why})
 
 
-def _fp8_peak(model_config: Any, kind: str) -> float | None:
-    """The fp8 peak FLOP/s per device of ``kind`` when ``model_config`` runs fp8 matmuls."""
-    from workbench.hardware import hardware_spec
-
-    if getattr(model_config, "quantization", None) is None:
-        return None
-    spec = hardware_spec(kind)
-    return spec.fp8_flops if spec is not None else None
