@@ -63,6 +63,38 @@ def _no_empty_dirs_on_failure(init: Any) -> Any:
     return wrapper
 
 
+def _check_arguments(config: Any, *, flags: dict[str, Any], progress: Any, compile_cache: Any,
+                     data_cache: Any, initial_model: Any) -> bool | str | os.PathLike[str]:
+    """``Trainer``'s arguments checked, and ``config``'s files (before anything is written):
+    raises naming the argument and what it takes. Returns ``compile_cache`` (a bool or a
+    directory)."""
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"Trainer config={config!r:.80} is a {type(config).__name__}; "
+                        "config must be a wb.TrainConfig (use Trainer.from_plan(plan, "
+                        "...) for a Plan)")
+    config.check()   # the files it names (init folder, data), before anything is written
+    for name, flag in flags.items():
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"Trainer {name}={flag!r:.80} must be True or False")
+    if progress is not None and (not isinstance(progress, str)
+                                 or progress not in ("auto", "widget", "line")):
+        raise ValueError(f"Trainer progress={progress!r:.80}; use 'auto', 'widget', "
+                         "'line' or None")
+    if isinstance(compile_cache, (bool, np.bool_)):
+        compile_cache = bool(compile_cache)
+    else:
+        check_path(compile_cache, "compile_cache", where="Trainer ")
+    if data_cache is not None:
+        check_path(data_cache, "data_cache", where="Trainer ")
+    from flax import nnx
+
+    if initial_model is not None and not isinstance(initial_model, nnx.Module):
+        raise TypeError(f"Trainer initial_model={initial_model!r:.80} is a "
+                        f"{type(initial_model).__name__}; give an nnx.Module of the "
+                        "config's model (plan.materialize(...)), or None")
+    return compile_cache
+
+
 class Trainer(Compiled, Reporting, Resume, StartState, Displayable):
     """Trains ``config`` in ``run_dir``, resuming from its checkpoints.
 
@@ -113,31 +145,10 @@ class Trainer(Compiled, Reporting, Resume, StartState, Displayable):
                  async_checkpoint: bool = True,
                  data_cache: str | os.PathLike[str] | None = None,
                  initial_model: Any = None, prediction: Any = None) -> None:
-        if not isinstance(config, TrainConfig):
-            raise TypeError(f"Trainer config={config!r:.80} is a {type(config).__name__}; "
-                            "config must be a wb.TrainConfig (use Trainer.from_plan(plan, "
-                            "...) for a Plan)")
-        config.check()   # the files it names (init folder, data), before anything is written
-        for name, flag in (("fork", fork), ("force", force),
-                           ("async_checkpoint", async_checkpoint)):
-            if not isinstance(flag, (bool, np.bool_)):
-                raise TypeError(f"Trainer {name}={flag!r:.80} must be True or False")
-        if progress is not None and (not isinstance(progress, str)
-                                     or progress not in ("auto", "widget", "line")):
-            raise ValueError(f"Trainer progress={progress!r:.80}; use 'auto', 'widget', "
-                             "'line' or None")
-        if isinstance(compile_cache, (bool, np.bool_)):
-            compile_cache = bool(compile_cache)
-        else:
-            check_path(compile_cache, "compile_cache", where="Trainer ")
-        if data_cache is not None:
-            check_path(data_cache, "data_cache", where="Trainer ")
-        from flax import nnx
-
-        if initial_model is not None and not isinstance(initial_model, nnx.Module):
-            raise TypeError(f"Trainer initial_model={initial_model!r:.80} is a "
-                            f"{type(initial_model).__name__}; give an nnx.Module of the "
-                            "config's model (plan.materialize(...)), or None")
+        compile_cache = _check_arguments(
+            config, flags={"fork": fork, "force": force, "async_checkpoint": async_checkpoint},
+            progress=progress, compile_cache=compile_cache, data_cache=data_cache,
+            initial_model=initial_model)
         self.config = config
         check_data_changed(data_changed)
         self._restart_ok = check_restart(restart) == "ok"
