@@ -20,7 +20,7 @@ REJECTED = "tpu-compiler (rejected)"
 
 
 def next_batch(queue: list[dict[str, Any]], tried: list[dict[str, Any]], top_k: int,
-                workers: int, every: bool) -> tuple[list[dict[str, Any]], str | None]:
+               workers: int, every: bool) -> tuple[list[dict[str, Any]], str | None]:
     """The exact pass's next candidates to compile (at most ``workers``), or none and the
     note saying why it stops.
 

@@ -216,7 +216,7 @@ def _live(s: Search, rows: list[SearchRow], plans: dict[int, Plan], cands: list[
     def landed(tried: list[dict[str, Any]]) -> None:
         exact_ranks(tried)
         result._update(rows=order(rows), plans={r["id"]: plans[r["id"]] for r in rows
-                                                 if r["id"] in plans and rankable(r)},
+                                                if r["id"] in plans and rankable(r)},
                        seconds=time.perf_counter() - t0)
 
     def run(b: background.Background) -> SearchResult:
