@@ -14,7 +14,7 @@ import workbench as wb
 from workbench.hardware import HardwareSpec
 from workbench.perf import fit_collectives
 from workbench._compiled.hlo import Collective
-from workbench.perf._collective_time import _calibrated, collective_seconds, ring_steps
+from workbench.perf._collective_time import calibrated_time, collective_seconds, ring_steps
 from workbench.perf._profile import ProfileReport, Term
 from workbench.perf._trace import StepProfile
 
@@ -120,7 +120,7 @@ def test_calibrate_stores_the_fit_and_predictions_use_it(tmp_path, monkeypatch):
     assert part["link"] == "memory" and part["bytes"] == pytest.approx(2 * 3 / 4 * 4000)
     assert part["messages"] == pytest.approx(2 * (4 + 1) / (8 + 1))   # arrays x group share
     alpha, beta = TRUE["all-reduce@memory"]
-    assert _calibrated(t, cal, SPEC.collective_latency).seconds == pytest.approx(
+    assert calibrated_time(t, cal, SPEC.collective_latency).seconds == pytest.approx(
         3 * (alpha * part["messages"] + part["bytes"] / beta), rel=1e-6)
 
 
@@ -193,7 +193,7 @@ def test_an_old_calibration_file_still_applies():
                    wire_bytes=0.0, count=1, shapes=("f32[1000]",))
     t = collective_seconds(c, wb.make_mesh(data=8), SPEC)
     bw = t.seconds - SPEC.collective_latency * t.latencies
-    assert _calibrated(t, old, SPEC.collective_latency).seconds == pytest.approx(
+    assert calibrated_time(t, old, SPEC.collective_latency).seconds == pytest.approx(
         1e-4 * t.latencies + 2.0 * bw)
 
 

@@ -8,7 +8,7 @@ all-to-all (n-1)/n b/W on a switch and n b/(4W) on a torus ring, collective-perm
 A group that spans slices (TPU, over DCN) or hosts (GPU and CPU processes) runs the ring
 inside each, then one across them on the bytes left per device. Each collective is timed
 with the hardware table's links, or a calibration's fitted latency and bandwidth per kind
-and link (``_calibrated``); the roofline (``perf._predict``) adds them up. Formulas and
+and link (``calibrated_time``); the roofline (``perf._predict``) adds them up. Formulas and
 their sources: docs/predictions.md.
 """
 from __future__ import annotations
@@ -308,7 +308,7 @@ def _describe(c: Collective, spec: HardwareSpec, ln: _Links, parts: list[dict[st
     return links, formula, src, bw_in if inner > 1 else ln.bw_out
 
 
-def _calibrated(t: CollectiveTime, cal: Any, table_latency: float) -> CollectiveTime:
+def calibrated_time(t: CollectiveTime, cal: Any, table_latency: float) -> CollectiveTime:
     """``t`` at the latency and bandwidth a profile measured for its kind and links: per
     part, the calibration's fitted alpha and beta of ``kind@link`` where it has them (the
     table's elsewhere); a calibration stored before parts existed scales the whole."""

@@ -35,7 +35,7 @@ from workbench.hardware._catalogue import HardwareSpec
 from workbench.hardware._effective import EffectiveSpec
 from workbench.perf._band import prediction_band
 from workbench.perf._bounds import implausible
-from workbench.perf._collective_time import CollectiveTime, _calibrated, collective_seconds
+from workbench.perf._collective_time import CollectiveTime, calibrated_time, collective_seconds
 from workbench.perf._cost import StepCost
 from workbench.perf._host import HostTime
 from workbench.perf._prediction import Prediction
@@ -55,7 +55,7 @@ def _default_overlap(platform: str) -> tuple[float, str]:
                  "'no_overlap_step' is the upper bound)")
 
 
-def _local_seconds(t_compute: float, t_memory: float, *, additive: bool,
+def local_seconds(t_compute: float, t_memory: float, *, additive: bool,
                    compute_seconds: float | None, compute_source: str) -> tuple[float, float, str]:
     """``(roofline, local, source)``: the roofline's local work (compute and memory added
     where they take turns, else the larger), and the local work the step uses: the
@@ -132,14 +132,14 @@ def _roofline(cost: StepCost, eff: EffectiveSpec, overlap: float | None) -> Pred
         raise ValueError(f"{spec.name} has no HBM bandwidth in the hardware table")
     t_compute = compute_seconds_at_peak(cost.flops, cost.fp8_flops, spec)
     t_memory = cost.bytes_accessed / spec.hbm_bandwidth
-    overlap, overlap_src = _overlap(overlap, cal, spec.platform)
+    overlap, overlap_src = overlap_of(overlap, cal, spec.platform)
     times, crit = _collective_times(cost, eff)
     cpu = spec.platform == "cpu"
     # XLA:CPU's devices share the host's cores: math and memory traffic take turns. A
     # calibration's factors turn the terms into the time a profile measured in matmul
     # kernels and in memory-bound fusions, which a device's stream runs one after the other
     # (the GPU and TPU traces' overlap is 0): calibrated terms add up as well.
-    t_roofline, t_local, compute_source = _local_seconds(
+    t_roofline, t_local, compute_source = local_seconds(
         t_compute, t_memory, additive=cpu or bool(cal), compute_seconds=compute_seconds,
         compute_source=cost.compute_source)
     t_comm = sum(t.seconds for t in times)
@@ -218,7 +218,7 @@ def _collective_times(cost: StepCost, eff: EffectiveSpec
     run synchronously by a program that says (``sync_exposed``)."""
     times = [collective_seconds(c, cost.mesh, eff.spec) for c in cost.collectives]
     if eff.calibration:
-        times = [_calibrated(t, eff.calibration, eff.table_latency) for t in times]
+        times = [calibrated_time(t, eff.calibration, eff.table_latency) for t in times]
     crit = [(bool(t.axes) and set(t.axes) <= set(cost.exposed_axes))
             or (cost.sync_exposed and not c.overlapped)
             for t, c in zip(times, cost.collectives)]
@@ -279,7 +279,7 @@ def _host_source(host: HostTime | None, why: str) -> str:
             f"{host.formula}; host-link bandwidth: {host.source}")
 
 
-def _overlap(overlap: float | None, cal: Calibration | None, platform: str
+def overlap_of(overlap: float | None, cal: Calibration | None, platform: str
              ) -> tuple[float, str]:
     """The overlap fraction and its source: given, a calibration's measured one, or the
     platform's default."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from workbench.perf._collective_time import CollectiveTime, _calibrated
-from workbench.perf._predict import _local_seconds, _overlap
+from workbench.perf._collective_time import CollectiveTime, calibrated_time
+from workbench.perf._predict import local_seconds, overlap_of
 
 __all__ = ["calibrated_step", "residuals"]
 
@@ -32,15 +32,15 @@ def calibrated_step(prediction: dict[str, Any], cal: Any, spec: Any) -> float:
     ``plan.predict(calibration=cal).step_seconds`` from the prediction's terms alone."""
     b = prediction["breakdown"]
     compiler = str(prediction["sources"].get("local", "")).startswith("the TPU compiler")
-    _, t_local, _ = _local_seconds(
+    _, t_local, _ = local_seconds(
         b["compute"] / cal.compute_factor, b["memory"] / cal.memory_factor, additive=True,
         compute_seconds=b["local"] if compiler else None, compute_source="")
     lat0 = spec.collective_latency or 0.0
-    times = [_calibrated(_collective(c), cal, lat0) for c in b["collectives"]]
+    times = [calibrated_time(_collective(c), cal, lat0) for c in b["collectives"]]
     # an old prediction without ``exposed``: the ones it left unhidden while others were
     exposed = [c.get("exposed", c["overlap"] == 0.0 and any(
         o["overlap"] > 0 for o in b["collectives"])) for c in b["collectives"]]
-    overlap, _ = _overlap(None, cal, spec.platform)
+    overlap, _ = overlap_of(None, cal, spec.platform)
     t_comm = sum(t.seconds for t in times)
     t_free = t_comm - sum(t.seconds for t, e in zip(times, exposed) if e)
     return t_local + t_comm - overlap * min(t_local, t_free) + b.get("host_transfers", 0.0)
