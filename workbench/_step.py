@@ -179,25 +179,18 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                                   tuple[TrainState, dict[str, jax.Array]]]:
     """A pure ``train_step(state, batch) -> (state, {"loss", "grad_norm"})`` (not jitted).
 
-    For a mixture-of-experts model the loss includes the router losses
-    (``moe_router_loss``: load balance and z-loss, weighted by the config) and the metrics
-    add ``moe_aux_loss``, ``moe_z_loss``, ``moe_entropy``, ``moe_dropped`` and
-    ``moe_tokens_per_expert`` (int32 ``(moe layers, experts)``); see
-    :func:`workbench.models._moe_stats.summarize`.
-
-    With ``rules`` and ``mesh``, activations are constrained by their logical axes while
-    the step is traced. With ``pipeline`` (``{"microbatches", "schedule", "repeats"}``),
-    a scanned GPT's blocks run as pipeline stages over the mesh's ``stage`` axis
-    (:mod:`workbench.models._pipeline`): the batch is cut into micro-batches inside the
-    model; the loss is the same function of the batch. ``loss_fn`` None: the loss a
+    For a mixture-of-experts model the loss includes the router losses (``moe_router_loss``)
+    and the metrics add ``moe_aux_loss``, ``moe_z_loss``, ``moe_entropy``, ``moe_dropped``
+    and ``moe_tokens_per_expert`` (:func:`workbench.models._moe_stats.summarize`). With
+    ``rules`` and ``mesh``, activations are constrained by their logical axes while the step
+    is traced; with ``pipeline`` (``{"microbatches", "schedule", "repeats"}``) a scanned
+    GPT's blocks run as stages over the ``stage`` axis (:mod:`workbench.models._pipeline`),
+    the loss the same function of the batch. ``loss_fn`` None: the loss a
     ``wb.any_model.from_nnx`` model carries, else :func:`lm_loss`. A model that is not a GPT
-    is traced with ``mesh`` as the context mesh (``jax.sharding.use_abstract_mesh``), so
-    its own ``with_sharding_constraint(x, PartitionSpec(...))`` calls resolve (the Flax
-    sharding guide's models).
+    is traced with ``mesh`` as the context mesh (``jax.sharding.use_abstract_mesh``), so its
+    own ``with_sharding_constraint(x, PartitionSpec(...))`` calls resolve.
     """
-    if mesh is not None:
-        require_auto_axes(mesh)
-    pipe_ctx = _pipeline_context(pipeline, rules, mesh)
+    pipe_ctx = _checked_context(pipeline, rules, mesh)
 
     def train_step(state: TrainState, batch: Mapping[str, jax.Array]
                    ) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -229,10 +222,13 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
 
 
-def _pipeline_context(pipeline: Pipeline | Mapping[str, Any] | None, rules: Rules | None,
-                      mesh: jax.sharding.Mesh | None) -> Callable[[], Any]:
-    """The context the step runs its model in for ``pipeline`` (checked against the rules
-    and the mesh's ``stage`` axis now, before tracing); a no-op without one."""
+def _checked_context(pipeline: Pipeline | Mapping[str, Any] | None, rules: Rules | None,
+                     mesh: jax.sharding.Mesh | None) -> Callable[[], Any]:
+    """The context the step runs its model in for ``pipeline`` (a no-op without one), with
+    the mesh's axis types and the pipeline against the rules and the ``stage`` axis checked
+    now, before tracing."""
+    if mesh is not None:
+        require_auto_axes(mesh)
     pipe = Pipeline.of(pipeline)
     if pipe is None:
         return contextlib.nullcontext

@@ -104,8 +104,9 @@ def expert_chunks(cfg: GPTConfig, group: int) -> int:
     hold several ``(k*G, F)`` tensors at once (gate, up, their product, its gradient):
     7.9 GiB each for Mixtral-8x7B at 147,456 tokens per chip. A token's output depends on
     its own routes only, so dropless slices compute exactly the whole group's outputs, and
-    under :func:`in_chunks` the backward holds one slice's tensors at a time. (Dense
-    experts with a capacity factor run whole: a slice would get its own capacity.)
+    under :func:`workbench.models._moe.in_chunks` the backward holds one slice's tensors at
+    a time. (Dense experts with a capacity factor run whole: a slice would get its own
+    capacity.)
     """
     p = resolve_remat(cfg.remat)
     recomputed = cfg.remat != "none" and not set(_EXPERT_NAMES) & set(p.saved + p.offloaded)
