@@ -27,7 +27,7 @@ CONTEXT_VARIANTS: tuple[str, ...] = ("allgather", "ring")
 MOE_DISPATCH: tuple[str, ...] = ("all_to_all", "all_gather")
 #: Values of ``GPTConfig.moe_matmul`` (:mod:`workbench.models._moe`).
 MOE_MATMUL: tuple[str, ...] = ("auto", "grouped", "dense")
-#: Values of ``GPTConfig.moe_kernel`` (:func:`workbench.models._moe.grouped_kernel`).
+#: Values of ``GPTConfig.moe_kernel`` (:func:`workbench.models._moe_choice.grouped_kernel`).
 MOE_KERNEL: tuple[str, ...] = ("auto", "megablox", "ragged_dot")
 #: Values of ``GPTConfig.quantization`` besides None (:mod:`workbench.models._fp8`).
 QUANTIZATIONS: tuple[str, ...] = ("fp8",)

@@ -14,7 +14,7 @@ Mixture-of-experts blocks train too: the router statistics each layer returns (s
 :mod:`workbench.models._moe`) leave the loop as outputs, one per stage and iteration; the
 slots of real micro-batches are picked out (the bubble's are never read) and returned per
 micro-batch and layer, for the model to merge into the statistics of the whole batch
-(:func:`workbench.models._moe.merge_microbatches`).
+(:func:`workbench.models._moe_stats.merge_microbatches`).
 
 Schedules:
 
@@ -211,7 +211,7 @@ def run_pipeline(run_block: Callable[[Any, jax.Array], tuple[jax.Array, dict[str
         ``(y, stats)``: ``y`` (B, T, D), and each entry of the blocks' ``stats`` with
         leading axes ``(M, L)``: micro-batch, then layer in layer order (bubble iterations
         left out), to be merged over micro-batches by the caller
-        (:func:`workbench.models._moe.merge_microbatches` gives the whole batch's).
+        (:func:`workbench.models._moe_stats.merge_microbatches` gives the whole batch's).
     """
     graphdef, state = nnx.split(blocks)
     params = nnx.to_pure_dict(state)

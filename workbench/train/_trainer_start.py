@@ -52,7 +52,7 @@ class StartState:
         """A fresh TrainState whose params are ``model``'s, laid out by this run's rules."""
         from flax import nnx
 
-        from workbench._step import TrainState
+        from workbench._train_state import TrainState
 
         if model is None:   # TrainConfig.init: an HF folder, read into this run's shardings
             from workbench._hf_format.load import check_weights
