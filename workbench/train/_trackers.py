@@ -145,7 +145,9 @@ def stored_records(run_dir: Path, names: Sequence[str]) -> dict[str, dict[str, A
 _OPEN: dict[Path, Trackers] = {}
 #: Every session whose thread is still sending or closing (finished at interpreter exit).
 _LIVE: set[Trackers] = set()
-_LOCK = threading.Lock()   # _OPEN, _LIVE, and each session's writer and records
+#: Guards _OPEN, _LIVE, and each session's writer and records; re-entrant, as a collected
+#: Trainer's finalizer (``Trackers.close``) may run in a thread that holds it.
+_LOCK = threading.RLock()
 
 
 class Trackers:
