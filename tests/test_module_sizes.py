@@ -101,6 +101,8 @@ MOVED = [
     ("workbench.train._setup", "Parts", "workbench.train._parts"),
     ("workbench.train._setup", "analytic_flops", "workbench.train._parts"),
     ("workbench.train._setup", "device_fp8_peak", "workbench.train._parts"),
+    ("workbench.train._trainer", "prediction_record", "workbench.train._trainer_plan"),
+    ("workbench.train._trainer", "_plan_spec", "workbench.train._trainer_plan"),
 ]
 
 #: Every module of the package, as paths under workbench/.

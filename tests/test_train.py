@@ -262,6 +262,7 @@ def _tensorboard_scalars(folder):
 def test_tensorboard_export_mirrors_the_metrics(tmp_path):
     tr = trainer(tmp_path / "run", CFG.replace(trackers=["tensorboard"]))
     tr.run(steps=2)
+    tr.close()   # the trackers send after run() returns; close() delivers the rest
     scalars = _tensorboard_scalars(tmp_path / "run" / "tensorboard")
     recs = runs.read_metrics(tmp_path / "run")
     assert [s for s, _ in scalars["train/loss"]] == [1, 2]
