@@ -107,6 +107,22 @@ def test_a_newer_trainer_of_the_run_directory_takes_the_runs_over(env, tmp_path)
     assert first.step == 3
 
 
+
+@pytest.mark.slow
+def test_the_first_trainer_continues_the_runs_after_a_newer_one_trained(env, tmp_path):  # noqa: F811
+    """The earlier cell's Trainer used again after a newer one trained the run directory: it
+    continues from the newest checkpoint and its trackers continue the same runs."""
+    run_dir, cfg = tmp_path / "run", _tiny(trackers=ALL).replace(steps=9, checkpoint_every=1)
+    first = wb.Trainer(cfg, run_dir, progress=None)
+    first.run(steps=3)
+    second = wb.Trainer(cfg, run_dir, progress=None)
+    second.run(steps=6)
+    second.close()
+    first.run(steps=9)   # noticed: continues from step 6 with new tracker sessions
+    first.close()
+    assert first.step == 9
+    _assert_all_sent(run_dir, env, list(range(1, 10)), sessions=3)
+
 CHILD = """
 import sys, time
 import workbench as wb
