@@ -1,5 +1,6 @@
 """Every notebook runs top to bottom in a fresh kernel on CPU, as a learner would run it,
-and then a second time in the same folder."""
+and then a second time in the same folder: the cells that meet what the first run left
+there (tests/_notebook_cells.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +17,7 @@ import pytest
 from nbclient import NotebookClient
 
 from _noise import THIRD_PARTY_NOISE
+from _notebook_cells import audit_cell, second_run, second_run_cells, touched_cells
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -197,13 +199,26 @@ def _marks(stem: str) -> list[pytest.MarkDecorator]:
 
 
 def run_notebook(path: pathlib.Path, cwd: pathlib.Path, cache: pathlib.Path,
-                 env: dict[str, str] | None = None) -> tuple[nbformat.NotebookNode, float]:
+                 env: dict[str, str] | None = None, *, audit: pathlib.Path | None = None,
+                 keep: list[int] | None = None) -> tuple[nbformat.NotebookNode, float]:
+    """Runs the notebook at ``path`` in a fresh kernel in ``cwd``: only its code cells
+    ``keep`` where given; with ``audit``, first the cell recording which cells touch
+    ``cwd`` into that file (tests/_notebook_cells.py; not in the notebook returned)."""
     nb = nbformat.read(path, as_version=4)
     _shrink(nb, path.stem)
+    if keep is not None:
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        nb.cells = [code[i] for i in keep]
+    if audit is not None:
+        nb.cells.insert(0, nbformat.v4.new_code_cell(audit_cell(audit)))
     client = NotebookClient(nb, timeout=HEAVY_S.get(path.stem, CELL_S), kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}})
     t0 = time.perf_counter()
-    client.execute(env={**kernel_env(cache), **(env or {})}, cwd=str(cwd))
+    try:
+        client.execute(env={**kernel_env(cache), **(env or {})}, cwd=str(cwd))
+    finally:
+        if audit is not None:
+            nb.cells.pop(0)
     return nb, time.perf_counter() - t0
 
 
@@ -246,18 +261,30 @@ def test_notebook_runs_top_to_bottom_and_again_in_the_same_folder(path, tmp_path
                                                                   tmp_path_factory):
     """A learner runs the notebook, then runs it again from the top in the same folder:
     both runs finish without an error, whatever the first left behind in the folder (run
-    directories, checkpoints, config files), reading the plans and compiled steps it
-    cached. A first run that left nothing in the folder leaves the second nothing new to
-    trip over (a cached plan read back in a new process is tests/test_tpu_plans.py's
-    test_plan_cache_on_disk_serves_a_new_process), so it is not run."""
+    directories, checkpoints, config files, job folders). The second run runs the cells
+    that meet what the first left: those that touched the folder in the first run (an audit
+    hook in the kernel records it), those naming an entry the folder now holds, and the
+    cells binding the names those read (tests/_notebook_cells.py says how they are
+    chosen); a cell that never looked at the folder meets nothing new in it (a cached plan
+    read back in a new process is tests/test_tpu_plans.py's
+    test_plan_cache_on_disk_serves_a_new_process). A first run that left nothing in the
+    folder has no second run."""
     hub = _hub_for(path.stem, tmp_path_factory)
+    report = tmp_path_factory.mktemp("audit") / "touched.json"
+    keep = None
     for attempt in ("first run", "second run in the same folder"):
-        if attempt != "first run" and not any(tmp_path.iterdir()):
-            assert SECOND_RUN_SAYS.get(path.stem) is None, f"{path.stem} left nothing behind"
-            print(f"{path.stem}: the first run left nothing in its folder; no second run")
-            return
+        if attempt != "first run":
+            if not any(tmp_path.iterdir()):
+                assert SECOND_RUN_SAYS.get(path.stem) is None, f"{path.stem} left nothing behind"
+                print(f"{path.stem}: the first run left nothing in its folder; no second run")
+                return
+            sources = [c.source for c in nb.cells if c.cell_type == "code"]
+            keep, why = second_run(tmp_path, sources, report)
+            print(f"{path.stem}, second run: {len(keep)} of {len(sources)} code cells: "
+                  + "; ".join(f"{i} ({why[i]})" for i in keep))
         with _cluster_for(path.stem, tmp_path_factory) as env:
-            nb, seconds = run_notebook(path, tmp_path, cache_dir, {**env, **hub})
+            nb, seconds = run_notebook(path, tmp_path, cache_dir, {**env, **hub},
+                                       audit=report if keep is None else None, keep=keep)
         on_slurm = "SLURM_CONF" in env
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
                   if o.output_type == "error"]
@@ -356,3 +383,58 @@ def _processes_in(directory: pathlib.Path) -> list[str]:
         if str(directory) in cmd or cwd.startswith(str(directory)):
             found.append(f"{proc.name}: {cmd[:120]}")
     return found
+
+
+def test_second_run_keeps_what_met_the_folder_and_the_cells_binding_what_those_read():
+    """Hand-picked against tests/_notebook_cells.py's three rules."""
+    sources = [
+        "import workbench as wb\nwb.simulate_devices(8)\nimport numpy as np",   # 0 first
+        "cfg = wb.models.GPTConfig.preset('tiny')",       # 1 binds cfg (read by 4)
+        "plan = wb.plan(cfg, mesh=wb.make_mesh())\nplan",  # 2 nothing kept reads plan
+        "RUN = 'runs/a'",                                 # 3 names runs/, binds RUN
+        "trainer = wb.Trainer(cfg, run_dir=RUN)",         # 4 touched
+        "x = np.arange(3)\ntrainer.fit(steps=3)",         # 5 touched (binds x)
+        "trainer.config.lr = 1.0",                        # 6 changes trainer (read by 8)
+        "print(plan.summary(), x)",                       # 7 reads plan: not kept
+        "%time trainer.fit(steps=6)",                     # 8 touched, a magic
+        "import os\nos.path.exists('./runs/a')",          # 9 names runs/
+        "y = [1]\ny.append(2)",                           # 10 nothing
+        "def f():\n    return y\nf()",                    # 11 touched: needs 10's y
+    ]
+    keep, why = second_run_cells(sources, {4, 5, 8, 11}, {"runs", "data.txt"})
+    assert keep == [0, 1, 3, 4, 5, 6, 8, 9, 10, 11]
+    assert why[0] == "the first cell" and why[1] == "binds cfg" and why[6] == "changes trainer"
+    assert why[9] == "names 'runs'" and why[8] == "touched the folder"
+    assert second_run_cells(sources, set(), set()) == ([0], {0: "the first cell"})
+
+
+@pytest.mark.multiprocess
+def test_the_audit_records_each_cell_that_touches_the_folder(tmp_path):
+    """The first run's audit cell in a real kernel: writes, listings, removals and
+    processes started in the folder count; the same calls elsewhere do not, nor an
+    import's search of the folder, nor a name opened relative to another directory."""
+    folder, outside = tmp_path / "nb", tmp_path / "elsewhere"
+    folder.mkdir(), outside.mkdir()
+    sources = [
+        "x = 1",                                                             # 0
+        "import pathlib\npathlib.Path('a.txt').write_text('hi')",            # 1 open
+        f"open({str(outside / 'b.txt')!r}, 'w').close()",                    # 2 elsewhere
+        "import os\nos.listdir('.')",                                        # 3 listing
+        f"import subprocess\nsubprocess.run(['true'], cwd={str(outside)!r})",  # 4 elsewhere
+        "subprocess.run(['true'])",                                          # 5 cwd: folder
+        f"os.makedirs({str(folder / 'runs' / 'r')!r})",                      # 6 absolute
+        "import shutil\nshutil.rmtree('runs')",                              # 7 removal
+        "print(x)",                                                          # 8
+        "import colorsys",                      # 9 the import system lists the folder
+        f"d = os.open({str(outside)!r}, os.O_RDONLY)\n"                       # 10 elsewhere,
+        "os.close(os.open('b.txt', os.O_RDONLY, dir_fd=d))",                   # by dir_fd
+    ]
+    report = tmp_path / "touched.json"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(audit_cell(report))]
+                                  + [nbformat.v4.new_code_cell(s) for s in sources])
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute(cwd=str(folder))
+    errors = [o for c in nb.cells for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    touched = touched_cells(report, sources)
+    assert set(touched) == {1, 3, 5, 6, 7}, touched
+    assert touched[1].startswith("open (") and touched[7].startswith("shutil.rmtree (")
