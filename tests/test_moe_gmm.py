@@ -10,7 +10,8 @@ rtol 1e-6 (8 eps of a sum of positive terms), gradients at each tensor's scale t
 (tests/_tolerance.py), the routing exactly. A row in the wrong group, a padded row read as
 a token, or an uninitialized row (the kernel leaves rows outside every group unwritten;
 interpret mode fills them with NaN) moves them by far more. Interpret mode runs each grid
-step in Python, so the shapes are tiny: moe-tiny at 8-token sequences.
+step in Python, so the shapes are tiny: moe-tiny at test_moe_grouped's 16-token sequences
+(the same dense reference steps, computed once per process: tests/_moe_steps.py).
 
 On TPU: the compiled step's FLOPs and temporaries against the capacity-1.25 and dense
 dropless plans (libtpu, marked ``tpu``; plans in tests/tpu_plans).
@@ -27,12 +28,10 @@ from workbench.models import GPTConfig
 from workbench.models import _moe_choice as moe_choice, _moe_grouped as grouped
 from workbench._sharding.topology import tpu_compiler_available
 
+from _moe_steps import MOE_KEYS, TINY, dense_step, one_step as _one_step
 from _tolerance import assert_close_at_scale
-from test_moe_grouped import MOE_KEYS, _one_step
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
-
-TINY = GPTConfig.preset("moe-tiny", seq_len=8)
 
 
 def _assert_same_step(got, want, cfg, batch=16):
@@ -114,7 +113,7 @@ def test_megablox_equals_ragged_dot_and_zeroes_rows_past_the_groups(sizes):
 def test_megablox_step_equals_the_dense_dropless_step(axes, rules, changes):
     cfg = TINY.replace(**changes)
     got = _one_step(cfg.replace(moe_matmul="grouped", moe_kernel="megablox"), axes, rules)
-    want = _one_step(cfg.replace(moe_matmul="dense"), axes, rules)
+    want = dense_step(cfg, axes, rules)   # test_moe_grouped's reference too (_moe_steps)
     _assert_same_step(got, want, cfg)
 
 
@@ -126,7 +125,7 @@ def test_megablox_pipelined_with_remat_equals_dense_unpipelined():
     got = _one_step(cfg.replace(moe_matmul="grouped", moe_kernel="megablox", remat="full"),
                     {"stage": 2, "expert": 2, "data": 2}, "ep",
                     pipeline={"microbatches": 2, "schedule": "gpipe"})
-    want = _one_step(cfg.replace(moe_matmul="dense"), {"expert": 2, "data": 4}, "ep")
+    want = dense_step(cfg, {"expert": 2, "data": 4}, "ep")
     (m, g), (rm, rg) = got, want
     np.testing.assert_array_equal(m["moe_tokens_per_expert"], rm["moe_tokens_per_expert"])
     assert m["moe_dropped"] == 0

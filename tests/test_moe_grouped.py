@@ -16,54 +16,20 @@ TPU plans: test_moe_gmm.
 """
 from __future__ import annotations
 
-import math
-
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import workbench as wb
-from workbench import _step as S, _train_state as TS
 from workbench.models import GPTConfig
 from workbench.perf import _analytic as analytic
 from workbench.perf._analytic_collectives import moe_collectives
 from workbench._sharding.rules import Rules
 
+from _moe_steps import BATCH, MOE_KEYS, TINY, dense_step, mesh as _mesh, one_step as _one_step
 from _tolerance import assert_trees_close_at_scale
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
-
-TINY = GPTConfig.preset("moe-tiny", seq_len=16)
-BATCH = 16
-MOE_KEYS = ("moe_router_loss", "moe_aux_loss", "moe_z_loss", "moe_entropy")
-
-
-def _mesh(axes):
-    return wb.make_mesh(axes, devices=jax.devices()[:math.prod(axes.values())])
-
-
-def _keep_grads() -> optax.GradientTransformation:
-    """An optimizer whose state is the last gradients and whose updates are zero."""
-    return optax.GradientTransformation(
-        lambda params: jax.tree.map(jnp.zeros_like, params),
-        lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads))
-
-
-def _one_step(cfg, axes, rules, pipeline=None):
-    """Metrics and gradients of one train step of ``cfg`` on a fixed batch."""
-    opt, mesh = _keep_grads(), _mesh(axes)
-    rules = Rules.preset(rules, mesh)
-    tokens = jax.random.randint(jax.random.key(1), (BATCH, cfg.seq_len + 1), 0,
-                                cfg.vocab_size)
-    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-    graphdef, state = S.init_state(cfg, opt, rules, mesh, seed=0)
-    step = S.jit_train_step(
-        S.make_train_step(graphdef, opt, rules=rules, mesh=mesh, pipeline=pipeline),
-        TS.state_shardings(cfg, opt, rules, mesh), TS.batch_shardings(rules, mesh))
-    state, metrics = step(state, batch)
-    return jax.device_get(metrics), jax.device_get(state.opt_state)
 
 
 def _assert_same_step(got, want, cfg):
@@ -105,7 +71,7 @@ def test_auto_is_grouped_when_dropless_and_dense_with_a_capacity():
 def test_grouped_step_equals_the_dense_dropless_step(axes, rules, changes):
     cfg = TINY.replace(**changes)
     got = _one_step(cfg.replace(moe_matmul="grouped"), axes, rules)
-    want = _one_step(cfg.replace(moe_matmul="dense"), axes, rules)
+    want = dense_step(cfg, axes, rules)   # test_moe_gmm's reference too (_moe_steps)
     _assert_same_step(got, want, cfg)
 
 
@@ -117,7 +83,7 @@ def test_grouped_pipelined_with_remat_equals_dense_unpipelined():
     got = _one_step(cfg.replace(moe_matmul="grouped", remat="full"),
                     {"stage": 2, "expert": 2, "data": 2}, "ep",
                     pipeline={"microbatches": 2, "schedule": "gpipe"})
-    want = _one_step(cfg.replace(moe_matmul="dense"), {"expert": 2, "data": 4}, "ep")
+    want = dense_step(cfg, {"expert": 2, "data": 4}, "ep")
     (m, g), (rm, rg) = got, want
     np.testing.assert_array_equal(m["moe_tokens_per_expert"], rm["moe_tokens_per_expert"])
     assert m["moe_dropped"] == 0
