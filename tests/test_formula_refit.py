@@ -28,7 +28,7 @@ import pytest
 from scipy import stats
 
 import workbench as wb
-from test_search_exact import DENSE_7B, LONG_7B
+from test_search_exact import DENSE_7B, LONG_7B, _cands, _rows, _table_search
 from workbench.models import GPTConfig
 from workbench.perf import _analytic, _refit
 from workbench.perf._band import reference_rows
@@ -84,9 +84,10 @@ def _interval(fit, xi) -> float:
 
 
 def test_the_coefficients_are_the_fit_of_the_fit_set(fit):
-    _, y, w, _ = fit
+    _, y, w, sd = fit
     assert len(y) == 18
     np.testing.assert_allclose(w, _refit.COEFFICIENTS, atol=5e-4)
+    assert sd == pytest.approx(_refit.RESIDUAL_SD, abs=5e-5)
 
 
 def test_held_out_long_sequence_steps_are_within_the_fit_interval(fit):
@@ -135,6 +136,69 @@ def test_the_exhaustive_best_is_the_formulas_first(name):
     first = min((r for r in res.rows if r["analytic_rank"] is not None),
                 key=lambda r: r["analytic_rank"])
     assert first["layout"] == best[0]
+    # every row's formula is refitted: the stopping rule's spread is the refit's
+    assert [r["refit_spread"] for r in res.rows] == \
+        [pytest.approx(math.exp(_refit.RESIDUAL_SD))] * len(res.rows)
+
+
+def _refitted_table(name: str) -> list[tuple]:
+    """``name``'s table with the live refitted formula's steps (ms), in its order."""
+    seq, batch = SHAPES[name]
+    rows = [(r[0], _plan(r[0], seq, batch).predict().step_seconds * 1e3, *r[2:])
+            for r in TABLES[name]]
+    return sorted(rows, key=lambda r: r[1])
+
+
+def _refit_pass(table, *, top_k=3, workers=2, spread=math.exp(_refit.RESIDUAL_SD)):
+    """The exact pass over ``table`` (layout, formula ms, compiled ms or None[, fits]) whose
+    rows carry ``spread`` (None: not refitted): (best row, compiles, its note)."""
+    rows = _rows(table)
+    for r in rows:
+        r["refit_spread"] = spread
+    notes = []
+    _table_search(exact=True, workers=workers).exact_pass(rows, {}, _cands(table), top_k,
+                                                         notes)
+    compiled = [r for r in rows if r["source"] != "estimate"]
+    (note,) = [n for n in notes if n.startswith("exact pass:")]
+    best = min((r for r in compiled if r["fits"]), key=lambda r: r["step_seconds"])
+    return best, len(compiled), note
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("name, compiles, refused", [("DENSE_7B", 3, 0), ("LONG_7B", 4, 1)])
+def test_the_refitted_rule_finds_the_exhaustive_best_in_fewer_compiles(name, compiles,
+                                                                       refused, workers):
+    """The stopping rule on the refitted formula's order of the measured tables: the first
+    three that fit, then nothing could beat the best (the old rule compiled 7 and 9:
+    tests/test_search_exact.py)."""
+    table = _refitted_table(name)
+    exhaustive = min((r for r in table if r[2] is not None and (len(r) < 4 or r[3])),
+                     key=lambda r: r[2])
+    best, n, note = _refit_pass(table, workers=workers)
+    assert (best["layout"], best["step_seconds"]) == (exhaustive[0], exhaustive[2] / 1e3)
+    assert n == compiles, note
+    assert note.startswith(f"exact pass: {compiles} compiled"
+                           + (f" ({refused} refused as out of memory)" if refused else "")
+                           + "; stopped: no remaining candidate could beat"), note
+    assert note.endswith("or 1.10x below its refitted formula step (the refit's residual "
+                         "spread, workbench.perf._refit)"), note
+
+
+def test_a_refitted_candidate_is_compiled_only_where_it_could_win():
+    # a 1 compiled (10 ms, ratio 1.0); b 1, a strategy not compiled: 10.5 x min(1.0, 1/1.1)
+    # = 9.55 ms could beat it, compiled; c 1: 11.5 x 0.909 = 10.45 ms could not
+    table = [("a 1", 10.0, 10.0), ("b 1", 10.5, 9.8), ("c 1", 11.5, 9.0)]
+    best, n, note = _refit_pass(table, top_k=1, workers=1)
+    assert (n, best["layout"]) == (2, "b 1"), note
+    assert note == ("exact pass: 2 compiled; stopped: no remaining candidate could beat 9.8 "
+                    "ms even at the most favourable compiled/formula ratio seen (0.93x) or "
+                    "1.10x below its refitted formula step (the refit's residual spread, "
+                    "workbench.perf._refit)")
+    # top 2: the same; not refitted, c 1 is a strategy with no compiled row: compiled
+    # (it is the best: the refit's rule trusts the fit for it, the old rule did not)
+    assert _refit_pass(table, top_k=2, workers=1)[1] == 2
+    best, n, _ = _refit_pass(table, top_k=2, workers=1, spread=None)
+    assert (n, best["layout"]) == (3, "c 1")
 
 
 def test_the_memory_fit_point_and_the_compilers_verdicts_it_was_not_fitted_on():

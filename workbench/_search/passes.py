@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 
 from workbench._sharding.layouts import format_bytes
 from workbench.models import GPTConfig
+from workbench.perf._refit import RESIDUAL_SD
 from workbench.any_model._spec import ModelSpec
 from workbench.planning._compile import one_tracer
 from workbench.planning._options import PlanOptions
@@ -103,7 +105,7 @@ class Search:
                "over_by": None if not limit else max(0, total - limit),
                "step_seconds": None, "mfu": None, "mfu_fp8": None, "tokens_per_s": None,
                "bound": None, "no_overlap_seconds": None, "source": p.source, "problem": None,
-               "implausible": False}
+               "implausible": False, "refit_spread": None}
         try:
             pred = p.predict(overlap=self.opts.overlap)
         except (ValueError, OSError) as err:  # a hardware table without the numbers
@@ -115,7 +117,9 @@ class Search:
                       "step_seconds": step, "mfu": pred.mfu, "mfu_fp8": pred.mfu_fp8,
                       "bound": pred.bound,
                       "tokens_per_s": batch * p.report.seq / step if step > 0 else None,
-                      "no_overlap_seconds": pred.breakdown["no_overlap_step"] * microbatches}
+                      "no_overlap_seconds": pred.breakdown["no_overlap_step"] * microbatches,
+                      "refit_spread": math.exp(RESIDUAL_SD) if "refit" in pred.breakdown
+                      else None}
 
     def row(self, c: Candidate, p: Plan) -> SearchRow:
         """The result row of candidate ``c`` planned as ``p``."""
@@ -266,7 +270,8 @@ class Search:
                 notes.append(f"exact pass: nothing compiled ({why}); the ranking is analytic")
                 return False
             m = self.measure(p, r["microbatches"])
-            r.update({k: v for k, v in m.items() if k not in ("accumulator", "problem")})
+            r.update({k: v for k, v in m.items()
+                      if k not in ("accumulator", "problem", "refit_spread")})
             if m["problem"]:
                 r["note"] = "; ".join(filter(None, [r["note"], m["problem"]]))
             r["source"] = REJECTED if rejected else p.source

@@ -44,6 +44,14 @@ def next_batch(queue: list[dict[str, Any]], tried: list[dict[str, Any]], top_k: 
        as any candidate left, so ``formula x r`` is at least that row's compiled step. It
        bites when a strategy compiled later shows a smaller ratio; candidates are
        rechecked after every batch.
+       Where the formula's step is refitted to the compiler's (``refit_spread``: GPT
+       plans of scanned layers on a TPU slice, ``workbench.perf._refit``), the refit
+       already models what the strategy and remat policy add (fitted on the 7B's 18
+       compiled steps at 4096 tokens, within its interval on the 32k table and the
+       reference rows it was not fitted on), so such a candidate is compiled only when its
+       formula step x the smaller of ``r`` and 1 / ``refit_spread`` (a step one residual
+       spread below its formula) is below ``best``: the 7B on v5p-128 takes 3 compiles
+       (it took 7, 1 refused, before), the 7B at 32768 tokens 4 (1 refused; 9 before).
     3. at most ``2 top_k`` compiles in all, not counting the first ``2 top_k`` the
        compiler refuses as out of memory (its verdict comes early: under 10 s each for the
        7B on v5p-128, against 60-1,263 s for a step that fits; bounded all the same, for a
@@ -71,9 +79,19 @@ def next_batch(queue: list[dict[str, Any]], tried: list[dict[str, Any]], top_k: 
     could, best, r = _could_win(left, ranked)
     at = f"{best * 1e3:.4g} ms"
     if not could:
+        refitted = [row["refit_spread"] for row in left if row.get("refit_spread")]
+        if not refitted:
+            return [], (f"exact pass: {done}; stopped: no remaining candidate could beat "
+                        f"{at} even at the most favourable compiled/formula ratio seen "
+                        f"({r:.1f}x), and every strategy and remat policy left has a "
+                        "compiled row")
         return [], (f"exact pass: {done}; stopped: no remaining candidate could beat {at} "
-                    f"even at the most favourable compiled/formula ratio seen ({r:.1f}x), and "
-                    "every strategy and remat policy left has a compiled row")
+                    f"even at the most favourable compiled/formula ratio seen ({r:.2f}x) or "
+                    f"{max(refitted):.2f}x below its refitted formula step (the refit's "
+                    "residual spread, workbench.perf._refit)"
+                    + ("" if len(refitted) == len(left) else
+                       ", and every strategy and remat policy left without a refit has a "
+                       "compiled row"))
     if room <= 0:
         return [], (f"exact pass: {done}, the cap (2 x top_k); {_names(could)} could still "
                     f"beat {at} (a strategy or remat policy not compiled yet, or below it at "
@@ -94,7 +112,11 @@ def _could_win(left: list[dict[str, Any]], ranked: list[dict[str, Any]]
     seen = {_strategy(t) for t in ranked}
     could = []
     for row in left:
-        if _strategy(row) not in seen or row["analytic_step_seconds"] * r < best:
+        spread = row.get("refit_spread")
+        if spread:   # the refit models what the strategy and remat policy add
+            if row["analytic_step_seconds"] * min(r, 1 / spread) < best:
+                could.append(row)
+        elif _strategy(row) not in seen or row["analytic_step_seconds"] * r < best:
             could.append(row)
             seen.add(_strategy(row))
     return could, best, r

@@ -23,7 +23,7 @@ ROW_KEYS = ("order", "rank", "id", "layout", "mesh", "rules", "remat", "microbat
             "memory_per_device", "limit", "fits", "over_by", "step_seconds", "mfu",
             "mfu_fp8", "tokens_per_s", "bound", "source", "analytic_rank", "exact_rank",
             "analytic_memory_per_device", "analytic_step_seconds", "no_overlap_seconds",
-            "accumulator", "implausible", "note")
+            "accumulator", "refit_spread", "implausible", "note")
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -46,6 +46,11 @@ class SearchRow(MutableMapping):
         accumulator: bytes of the gradient accumulator (micro-batches > 1).
         analytic_memory_per_device, analytic_step_seconds: the formulas' numbers, kept
             when a compiled plan replaced them.
+        refit_spread: where the formula's step is refitted to the TPU compiler's
+            (``workbench.perf._refit``: GPT plans of scanned layers on a TPU slice), the
+            refit's residual spread as a factor (exp(``RESIDUAL_SD``), 1.10); else None.
+            The exact pass's stopping rule allows a compiled step that far below its
+            formula step (``_search.ranking.next_batch``).
         analytic_rank, exact_rank, rank, order: ranks by formula, among the compiled, in
             the result; position in ``rows``.
         implausible: the prediction breaks a physical bound (``Prediction.implausible``,
@@ -73,6 +78,7 @@ class SearchRow(MutableMapping):
     source: str
     analytic_memory_per_device: int
     analytic_step_seconds: float | None
+    refit_spread: float | None = None
     analytic_rank: int | None = None
     exact_rank: int | None = None
     rank: int | None = None
