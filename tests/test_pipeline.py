@@ -16,7 +16,7 @@ from flax import nnx
 import workbench as wb
 from workbench import _runs as runs
 from workbench.models import GPT, GPTConfig
-from workbench.models._pipeline import Pipeline, activate
+from workbench.models._pipeline import Pipeline, activate, active
 from workbench.models._schedule import in_flight, schedule_bubble, timeline
 
 from _tolerance import assert_close_at_scale
@@ -35,25 +35,45 @@ PIPE = wb.TrainConfig(**COMMON, mesh={"stage": 4, "data": 2}, rules="fsdp", step
 
 
 # ------------------------------------------------------------------ the function
+def _logits_and_grads(graphdef, tokens, traced):
+    """``params -> (logits, gradients of mean(logits**2))``, a new function each call:
+    jax.jit keeps traces per function and the pipeline is read while tracing, so a
+    function traced once without a pipeline would run unpipelined under ``activate`` too.
+    Each trace appends the active pipeline to ``traced``."""
+    def loss(p):
+        return jnp.mean(nnx.merge(graphdef, p)(tokens) ** 2)
+
+    def logits_and_grads(p):
+        traced.append(active())
+        return nnx.merge(graphdef, p)(tokens), jax.grad(loss)(p)
+    return logits_and_grads
+
+
+@pytest.fixture(scope="module")
+def scanned():
+    """The plain scan's (graphdef, params, tokens, logits, gradients) on one device: the
+    reference of every pipeline below, computed once."""
+    model = GPT(GPTConfig.preset("tiny", **MODEL), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    tokens = jax.random.randint(jax.random.key(1), (12, 16), 0, 256)
+    traced = []
+    logits, grads = jax.jit(_logits_and_grads(graphdef, tokens, traced))(params)
+    assert traced == [None]
+    return graphdef, params, tokens, logits, grads
+
+
 @pytest.mark.parametrize("pipe,stages", [
     (Pipeline(microbatches=4), 4),
     (Pipeline(microbatches=6, schedule="circular", repeats=2), 2),   # M > S: a delay buffer
 ])
 @pytest.mark.slow
-def test_pipelined_model_is_the_scanned_model(pipe, stages):
+def test_pipelined_model_is_the_scanned_model(scanned, pipe, stages):
     """Logits and gradients of the pipelined blocks equal the plain scan (one device)."""
-    model = GPT(GPTConfig.preset("tiny", **MODEL), rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model)
-    tokens = jax.random.randint(jax.random.key(1), (12, 16), 0, 256)
-
-    def logits_and_grads(p):
-        def loss(p):
-            return jnp.mean(nnx.merge(graphdef, p)(tokens) ** 2)
-        return nnx.merge(graphdef, p)(tokens), jax.grad(loss)(p)
-
-    ref_logits, ref_grads = jax.jit(logits_and_grads)(params)
+    graphdef, params, tokens, ref_logits, ref_grads = scanned
+    traced = []
     with activate(pipe, stages):   # active while jit traces
-        logits, grads = jax.jit(logits_and_grads)(params)
+        logits, grads = jax.jit(_logits_and_grads(graphdef, tokens, traced))(params)
+    assert traced == [(pipe, stages)]   # traced here, through the pipeline
     # micro-batched matmuls sum in another order, the gradients over 4-6 micro-batches:
     # each tensor at its own scale, 80 eps of it (seen: bitwise equal on one device)
     assert_close_at_scale(logits, ref_logits, rtol=1e-5)
