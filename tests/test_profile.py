@@ -740,7 +740,9 @@ def test_host_load_counts_only_the_cores_this_process_may_use():
         os.sched_setaffinity(0, before)
         child.wait(timeout=30)
     assert child.returncode == 0   # it spun on core b all along
-    assert load.own >= 0.15   # it ran (half of its 0.5 s where its core is shared)
+    # it ran, and its own time is part of its one core's busy time: how much of the 0.5 s
+    # it got depends on what else shares core a (0.087 with four processes on two cores)
+    assert 0 < load.own <= load.busy + 0.05, (load.own, load.busy)
     assert load.busy <= 1.1, load.busy   # one core (and the clock ticks' rounding)
 
 
