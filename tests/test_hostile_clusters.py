@@ -333,8 +333,10 @@ STARTS = [
     ("hangs", ["node1"], lambda _s: dict(start_timeout=1), r"worker\(s\) 0 \(node1\) did not "
      r"start within start_timeout=1 s.*'\[workbench\] worker pid' line.*raise start_timeout",
      15),
+    # both die alike: the message starts with worker 0 whichever ended first, and names 1
     ("dies", ["node1", "node2"], lambda _s: dict(), r"worker 0 did not start on node1: ssh "
-     r"exited with 255 .*ssh: Could not resolve hostname", 15),
+     r"exited with 255 .*ssh: Could not resolve hostname.*; worker 1 did not start on node2 "
+     r"either: ssh exited with 255 .*Could not resolve hostname", 15),
 ]
 
 

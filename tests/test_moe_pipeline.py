@@ -8,58 +8,30 @@ rounding; and the plan of a pipelined MoE shows its all-to-alls in the compiled 
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import workbench as wb
 from workbench import _runs as runs
-from workbench import _step as S, _train_state as TS
 from workbench.models import GPTConfig, _moe_stats as moe_stats
-from workbench._sharding.rules import Rules
 
+from _moe_steps import BATCH, mesh as _mesh, one_step
 from _tolerance import assert_trees_close_at_scale
 
 pytestmark = pytest.mark.usefixtures("wb_cache")
 
 CFG = GPTConfig.preset("moe-tiny", n_layers=4, scan_layers=True, seq_len=16)
-BATCH = 16
 PIPE_MESH = {"stage": 2, "expert": 2, "data": 2}
 FLAT_MESH = {"expert": 2, "data": 4}
 MOE_KEYS = ("moe_router_loss", "moe_aux_loss", "moe_z_loss", "moe_entropy", "moe_dropped",
             "moe_tokens_per_expert")
 
 
-def _mesh(axes):
-    n = math.prod(axes.values())
-    return wb.make_mesh(axes, devices=jax.devices()[:n])
-
-
-def _keep_grads() -> optax.GradientTransformation:
-    """An optimizer whose state is the last gradients and whose updates are zero: the
-    step's gradients come back exactly, in the parameters' shardings."""
-    return optax.GradientTransformation(
-        lambda params: jax.tree.map(jnp.zeros_like, params),
-        lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads))
-
-
 def _one_step(axes, pipeline=None):
-    """Metrics and gradients of one train step of CFG on the fixed batch."""
-    opt, mesh = _keep_grads(), _mesh(axes)
-    rules = Rules.preset("ep", mesh)
-    tokens = jax.random.randint(jax.random.key(1), (BATCH, CFG.seq_len + 1), 0,
-                                CFG.vocab_size)
-    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-    graphdef, state = S.init_state(CFG, opt, rules, mesh, seed=0)
-    step = S.jit_train_step(
-        S.make_train_step(graphdef, opt, rules=rules, mesh=mesh, pipeline=pipeline),
-        TS.state_shardings(CFG, opt, rules, mesh), TS.batch_shardings(rules, mesh))
-    state, metrics = step(state, batch)
-    return jax.device_get(metrics), jax.device_get(state.opt_state)
+    """Metrics and gradients of one train step of CFG on the fixed batch (ep rules)."""
+    return one_step(CFG, axes, "ep", pipeline)
 
 
 @pytest.mark.slow

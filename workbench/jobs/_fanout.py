@@ -183,11 +183,7 @@ class _FanOut:
                 if _remote_pid(procs[i].log) is not None:
                     pending.remove(i)
                 elif rc is not None:
-                    tail = " | ".join(line.strip() for line in _log_lines(procs[i].log)[-4:])
-                    raise HostsError(
-                        f"worker {i} did not start on {hosts[i]}: {tool} exited with {rc} "
-                        f"before the worker ran ({tail or 'no output'}; log "
-                        f"{procs[i].log}). {self.start_fix(i)}")
+                    raise HostsError(self._start_failure(procs, pending))
             if pending and time.monotonic() > t_end:
                 names = ", ".join(f"{i} ({hosts[i]})" for i in pending)
                 raise HostsError(
@@ -198,6 +194,32 @@ class _FanOut:
                     "take longer, raise start_timeout")
             if pending:
                 time.sleep(0.05)
+
+    def _start_failure(self, procs: list[_Remote], pending: list[int],
+                       grace: float = 1.0) -> str:
+        """The message for workers whose ssh (or gcloud) ended before they started: every
+        pending one that has ended within ``grace`` seconds of the first, in worker order
+        (two hosts that fail alike fail in either order; the message starts with the
+        lowest), each with its exit status and the last lines of its log."""
+        t_end = time.monotonic() + grace
+        while True:
+            ended = [i for i in pending if _remote_pid(procs[i].log) is None
+                     and procs[i].popen.poll() is not None]
+            if len(ended) == len(pending) or time.monotonic() > t_end:
+                break
+            time.sleep(0.05)
+        hosts, tool = self.host_names(), self.tool
+
+        def why(i: int) -> str:
+            tail = " | ".join(line.strip() for line in _log_lines(procs[i].log)[-4:])
+            return (f"{tool} exited with {procs[i].popen.returncode} before the worker ran "
+                    f"({tail or 'no output'}; log {procs[i].log})")
+
+        first, *others = ended
+        also = "".join(f"; worker {i} did not start on {hosts[i]} either: {why(i)}"
+                       for i in others)
+        return (f"worker {first} did not start on {hosts[first]}: {why(first)}{also}. "
+                f"{self.start_fix(first)}")
 
     def signal_worker(self, i: int, log: Path, sig: int) -> None:
         """Sends ``sig`` to worker ``i`` on its host (its pid is the first line it printed)."""
