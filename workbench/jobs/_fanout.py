@@ -176,7 +176,7 @@ class _FanOut:
         """
         t_end = time.monotonic() + self.start_timeout
         pending = list(range(len(procs)))
-        hosts, tool = self.host_names(), self.tool
+        hosts = self.host_names()
         while pending:
             for i in list(pending):
                 rc = procs[i].popen.poll()   # before the log: an ended one has written all
